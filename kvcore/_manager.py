@@ -1,0 +1,206 @@
+"""The plugin-manager factory: built-ins, entry points and explicit plugins, in a fixed order.
+
+There is no global plugin manager. :func:`get_plugin_manager` builds a fresh one each time; hold
+the result (or the :class:`~kvcore.registry.Registry` built from it) where you need it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import os
+import sys
+from collections.abc import Iterable
+from types import ModuleType
+
+import attrs
+import pluggy
+
+from kvcore import hookspecs
+from kvcore.errors import PluginLoadError, PluginValidationError
+
+#: Built-in plugin modules, registered under these names exactly like third-party plugins.
+#: Any of them can be blocked by name (``block=`` or ``KVCORE_BLOCK_PLUGINS``).
+BUILTIN_PLUGINS: tuple[str, ...] = (
+    "kvcore.plugins.attention",
+    "kvcore.plugins.full_attention",
+    "kvcore.plugins.sliding_window",
+    "kvcore.plugins.chunked_local_attention",
+    "kvcore.plugins.mla",
+    "kvcore.policies.uniform",
+    "kvcore.policies.shared_buffer",
+)
+
+#: Entry-point group third-party packages register plugins under.
+ENTRY_POINT_GROUP = hookspecs.PROJECT_NAME
+
+#: Environment switches read by :func:`get_plugin_manager`.
+ENV_DISABLE_AUTOLOAD = "KVCORE_DISABLE_PLUGIN_AUTOLOAD"
+ENV_BLOCK = "KVCORE_BLOCK_PLUGINS"
+ENV_TRACE = "KVCORE_TRACE_PLUGINS"
+
+
+@attrs.frozen(kw_only=True)
+class PluginOrigin:
+    """Where a registered plugin came from.
+
+    Attributes:
+        name: the name it is registered under.
+        source: ``"builtin"``, ``"entry point"`` or ``"explicit"``.
+        module: the plugin's module (or the type of a plugin object).
+        distribution: the installed distribution that declared the entry point, if any.
+        version: that distribution's version, if any.
+    """
+
+    name: str
+    source: str
+    module: str
+    distribution: str | None = None
+    version: str | None = None
+
+    def describe(self) -> str:
+        """``'acme-kv 1.2 (entry point acme)'`` or ``'builtin kvcore.plugins.mla'``."""
+        if self.distribution:
+            return f"{self.distribution} {self.version or ''} ({self.source} {self.name})".replace("  ", " ")
+        return f"{self.source} {self.name}"
+
+
+class KVCorePluginManager(pluggy.PluginManager):
+    """A pluggy manager for the ``kvcore`` project that remembers where each plugin came from."""
+
+    def __init__(self) -> None:
+        super().__init__(hookspecs.PROJECT_NAME)
+        self.origins: dict[str, PluginOrigin] = {}
+
+    def register_plugin(self, plugin: object, name: str, origin: PluginOrigin) -> None:
+        """Register ``plugin`` under ``name`` and record its origin.
+
+        Raises:
+            PluginValidationError: the plugin implements a hook with a wrong signature.
+        """
+        try:
+            self.register(plugin, name=name)
+        except pluggy.PluginValidationError as exc:
+            raise PluginValidationError(f"plugin {origin.describe()}: {exc}") from exc
+        except ValueError as exc:  # pluggy: name or object already registered
+            raise PluginLoadError(f"plugin {origin.describe()} cannot be registered: {exc}") from exc
+        self.origins[name] = origin
+
+    def origin_of(self, plugin: object) -> PluginOrigin:
+        """The origin of a registered plugin object."""
+        name = self.get_name(plugin)
+        if name is not None and name in self.origins:
+            return self.origins[name]
+        return PluginOrigin(name=name or repr(plugin), source="unknown", module=_module_of(plugin))
+
+
+def _module_of(plugin: object) -> str:
+    if isinstance(plugin, ModuleType):
+        return plugin.__name__
+    return f"{type(plugin).__module__}:{type(plugin).__qualname__}"
+
+
+def _env_list(name: str) -> list[str]:
+    return [item.strip() for item in os.environ.get(name, "").split(",") if item.strip()]
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no")
+
+
+def get_plugin_manager(
+    *,
+    autoload: bool | None = None,
+    plugins: Iterable[object] = (),
+    block: Iterable[str] = (),
+    trace: bool | None = None,
+) -> KVCorePluginManager:
+    """Build a plugin manager with kvcore's hooks and plugins, in this order:
+
+    1. create the manager and add :mod:`kvcore.hookspecs`;
+    2. block the names in ``block`` and in ``$KVCORE_BLOCK_PLUGINS`` (comma-separated);
+    3. register the built-ins (:data:`BUILTIN_PLUGINS`) that are not blocked;
+    4. load the entry points of group ``kvcore`` unless autoloading is off;
+    5. register ``plugins`` (modules or objects), named after their module or class;
+    6. check that every hook implementation matches a hook.
+
+    Args:
+        autoload: load entry points; default: yes unless ``$KVCORE_DISABLE_PLUGIN_AUTOLOAD``
+            is set.
+        plugins: extra plugins to register explicitly.
+        block: plugin names (built-in or entry-point names) not to register.
+        trace: print every hook call to stderr; default: ``$KVCORE_TRACE_PLUGINS``.
+
+    Raises:
+        PluginLoadError: an entry point failed to import; the message names it and its
+            distribution, and the original error is chained.
+        PluginValidationError: a plugin implements a hook wrongly.
+    """
+    pm = KVCorePluginManager()
+    pm.add_hookspecs(hookspecs)
+    for name in (*block, *_env_list(ENV_BLOCK)):
+        pm.set_blocked(name)
+    if trace if trace is not None else _env_flag(ENV_TRACE):
+        pm.trace.root.setwriter(sys.stderr.write)
+        pm.enable_tracing()
+
+    for modname in BUILTIN_PLUGINS:
+        if pm.is_blocked(modname):
+            continue
+        module = importlib.import_module(modname)
+        pm.register_plugin(module, modname, PluginOrigin(name=modname, source="builtin", module=modname))
+
+    if autoload if autoload is not None else not _env_flag(ENV_DISABLE_AUTOLOAD):
+        load_entry_points(pm)
+
+    for plugin in plugins:
+        name = plugin.__name__ if isinstance(plugin, ModuleType) else _module_of(plugin)
+        if pm.is_blocked(name):
+            continue
+        pm.register_plugin(
+            plugin, name, PluginOrigin(name=name, source="explicit", module=_module_of(plugin))
+        )
+
+    try:
+        pm.check_pending()
+    except pluggy.PluginValidationError as exc:
+        origin = pm.origin_of(exc.plugin)
+        raise PluginValidationError(
+            f"plugin {origin.describe()} implements a hook kvcore does not have: {exc}; "
+            "check the spelling against kvcore.hookspecs"
+        ) from exc
+    return pm
+
+
+def load_entry_points(pm: KVCorePluginManager, group: str = ENTRY_POINT_GROUP) -> int:
+    """Register every plugin declared under entry-point ``group``; return how many were loaded.
+
+    Names that are already registered or blocked are skipped.
+
+    Raises:
+        PluginLoadError: naming the entry point and its distribution.
+    """
+    loaded = 0
+    for ep in importlib.metadata.entry_points(group=group):
+        if pm.is_blocked(ep.name) or pm.has_plugin(ep.name):
+            continue
+        dist = getattr(ep, "dist", None)
+        dist_name = dist.metadata["Name"] if dist is not None else None
+        version = dist.version if dist is not None else None
+        where = f"entry point '{ep.name} = {ep.value}'" + (
+            f" of distribution {dist_name} {version}" if dist_name else ""
+        )
+        try:
+            plugin = ep.load()
+        except Exception as exc:
+            raise PluginLoadError(
+                f"kvcore plugin {ep.name!r} ({where}) failed to import: "
+                f"{type(exc).__name__}: {exc}; fix or uninstall it, or skip it with "
+                f"{ENV_BLOCK}={ep.name}"
+            ) from exc
+        origin = PluginOrigin(
+            name=ep.name, source="entry point", module=ep.value, distribution=dist_name, version=version
+        )
+        pm.register_plugin(plugin, ep.name, origin)
+        loaded += 1
+    return loaded

@@ -1,0 +1,74 @@
+"""The ``kvcore`` command line: ``kvcore plan``, ``kvcore plugins``, ...
+
+Each sub-command is a module with ``add_parser(subparsers)`` and ``run(args, registry)``.
+Errors kvcore knows about are printed as one line (``kvcore: error: ...``) with exit status 1;
+usage errors exit with status 2, as argparse does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from types import ModuleType
+
+from kvcore.errors import KVCoreError
+
+#: Sub-command modules, in the order ``kvcore --help`` lists them.
+COMMANDS: tuple[str, ...] = ("plan", "plugins")
+
+
+def _command_modules() -> list[ModuleType]:
+    import importlib
+
+    return [importlib.import_module(f"kvcore.cli.{name}") for name in COMMANDS]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of every sub-command."""
+    parser = argparse.ArgumentParser(
+        prog="kvcore",
+        description="Plan, allocate and bind the KV cache of an LLM inference engine.",
+    )
+    parser.add_argument(
+        "--no-plugin-autoload",
+        action="store_true",
+        help="do not load third-party plugins from the 'kvcore' entry-point group",
+    )
+    parser.add_argument(
+        "--block-plugin",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="do not register this plugin (built-in module or entry-point name); repeatable",
+    )
+    parser.add_argument("--trace-plugins", action="store_true", help="print every hook call to stderr")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for module in _command_modules():
+        module.add_parser(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; return the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        from kvcore.registry import Registry
+
+        registry = Registry.default(
+            autoload=False if args.no_plugin_autoload else None,
+            block=args.block_plugin,
+            trace=True if args.trace_plugins else None,
+        )
+        status: int = args.run(args, registry)
+    except KVCoreError as exc:
+        print(f"kvcore: error: {exc}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:  # pragma: no cover - e.g. `kvcore plan ... | head`
+        return 0
+    return status
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

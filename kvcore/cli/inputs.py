@@ -1,0 +1,139 @@
+"""Options shared by the commands that plan: where the specs come from, and sizing knobs."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping
+
+from kvcore.errors import InvalidInputError
+from kvcore.policy import PlanOptions
+from kvcore.registry import Registry
+from kvcore.spec import DEFAULT_MAX_NUM_BATCHED_TOKENS, KVCacheSpec, SizingContext
+from kvcore.specfile import read_spec_file
+from kvcore.units import parse_size
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an int >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a number >= 1, got {value}")
+    return value
+
+
+def size(text: str) -> int:
+    """argparse type: a byte size such as ``24GiB``."""
+    try:
+        return parse_size(text)
+    except InvalidInputError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def fraction(text: str) -> float:
+    """argparse type: a number in [0, 1)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {value}")
+    return value
+
+
+def add_spec_source(parser: argparse.ArgumentParser) -> None:
+    """``--specs FILE``: where the layer specs come from."""
+    parser.add_argument(
+        "--specs",
+        metavar="FILE",
+        required=True,
+        help='spec file: {"layers": {"<layer>": {"kind": ..., ...}}} (docs/reference/json-formats.md)',
+    )
+
+
+def add_planning_options(parser: argparse.ArgumentParser, *, memory_required: bool = True) -> None:
+    """The sizing and policy options every planning command takes."""
+    parser.add_argument(
+        "--memory",
+        type=size,
+        required=memory_required,
+        metavar="SIZE",
+        help="KV-cache byte budget: bytes or a unit, e.g. 24GiB, 500MB",
+    )
+    parser.add_argument(
+        "--max-model-len",
+        type=positive_int,
+        required=True,
+        metavar="N",
+        help="longest request (prompt + output) in tokens; one such request must fit",
+    )
+    parser.add_argument(
+        "--max-num-batched-tokens",
+        type=positive_int,
+        default=DEFAULT_MAX_NUM_BATCHED_TOKENS,
+        metavar="N",
+        help=(
+            "tokens scheduled per engine step; a sliding window keeps window-1 earlier tokens for "
+            f"each, so its worst case grows with this (default {DEFAULT_MAX_NUM_BATCHED_TOKENS})"
+        ),
+    )
+    parser.add_argument(
+        "--policy", default="auto", metavar="NAME", help="allocation policy, or auto (default)"
+    )
+    parser.add_argument(
+        "--block-size",
+        type=positive_int,
+        metavar="N",
+        help="tokens per block for every attention-like layer (default: as the specs say)",
+    )
+    parser.add_argument(
+        "--num-blocks",
+        type=positive_int,
+        metavar="N",
+        help="force this many blocks instead of filling the budget (checked against max-model-len)",
+    )
+    parser.add_argument(
+        "--grouping-tolerance",
+        type=fraction,
+        default=PlanOptions().grouping_tolerance,
+        metavar="F",
+        help=(
+            "capacity the planner may give up, relative to its best layout, to use fewer groups "
+            "(block tables); 0 = highest capacity whatever the group count (default %(default)s)"
+        ),
+    )
+    parser.add_argument(
+        "--max-block-size",
+        type=positive_int,
+        default=PlanOptions().max_block_size,
+        metavar="N",
+        help="largest block size a policy may give a group to even out pages (default %(default)s)",
+    )
+
+
+def load_layer_specs(args: argparse.Namespace, registry: Registry) -> dict[str, KVCacheSpec]:
+    """Read the specs named on the command line and apply ``--block-size``."""
+    specs = read_spec_file(args.specs, registry)
+    return apply_block_size(specs, getattr(args, "block_size", None))
+
+
+def apply_block_size(specs: Mapping[str, KVCacheSpec], block_size: int | None) -> dict[str, KVCacheSpec]:
+    """Give every spec whose page grows with its block size the block size ``block_size``."""
+    if block_size is None:
+        return dict(specs)
+    return {
+        name: spec.with_block_size(block_size) if spec.page_scales_with_block_size else spec
+        for name, spec in specs.items()
+    }
+
+
+def sizing_context(args: argparse.Namespace) -> SizingContext:
+    """The :class:`SizingContext` the options describe."""
+    return SizingContext(max_model_len=args.max_model_len, max_num_batched_tokens=args.max_num_batched_tokens)
+
+
+def plan_options(args: argparse.Namespace) -> PlanOptions:
+    """The :class:`PlanOptions` the options describe."""
+    return PlanOptions(grouping_tolerance=args.grouping_tolerance, max_block_size=args.max_block_size)

@@ -1,0 +1,104 @@
+"""The exception hierarchy: every error kvcore raises derives from :class:`KVCoreError`.
+
+Leaves also derive from the built-in exception a caller would expect (``ValueError`` for bad
+values, ``LookupError`` for unknown names, ``ImportError`` for plugins that fail to import), so
+code that already catches those keeps working. Messages name the offending object, state the
+rule, show what was received, and end with the fix where there is one.
+"""
+
+from __future__ import annotations
+
+
+class KVCoreError(Exception):
+    """Base class of every error raised by kvcore."""
+
+
+class InvalidSpecError(KVCoreError, ValueError):
+    """A KV-cache spec (or a spec file) has a missing, mistyped or out-of-range field."""
+
+
+class InvalidInputError(KVCoreError, ValueError):
+    """Input other than a spec is unusable: a size string, a JSON file, an option value."""
+
+
+class UnknownSpecKindError(KVCoreError, LookupError):
+    """A spec names a ``kind`` that no registered plugin provides."""
+
+
+class UnknownPolicyError(KVCoreError, LookupError):
+    """A policy name that no registered plugin provides."""
+
+
+class DuplicateRegistrationError(KVCoreError, ValueError):
+    """Two plugins registered the same spec kind or policy name."""
+
+
+class PluginLoadError(KVCoreError, ImportError):
+    """A plugin (usually an entry point) failed to import or to register.
+
+    The original exception is chained as ``__cause__`` so its traceback is kept.
+    """
+
+
+class PluginValidationError(KVCoreError, TypeError):
+    """A plugin implements a hook wrongly or contributes an object of the wrong type."""
+
+
+class PolicyNotApplicableError(KVCoreError, ValueError):
+    """The chosen allocation policy cannot plan these specs; the message says why."""
+
+
+class SpecMismatchError(KVCoreError, ValueError):
+    """Specs that must agree do not (e.g. the same layer reported differently by two ranks)."""
+
+
+class InsufficientMemoryError(KVCoreError, ValueError):
+    """The KV-cache budget cannot hold one request of ``max_model_len`` tokens.
+
+    Attributes:
+        required_bytes: bytes the plan needs for one request of ``max_model_len`` tokens.
+        available_bytes: bytes the plan may use.
+        max_model_len: the length that was asked for.
+        largest_fitting_len: the largest ``max_model_len`` that fits (0 if not even one token).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        required_bytes: int,
+        available_bytes: int,
+        max_model_len: int,
+        largest_fitting_len: int,
+    ) -> None:
+        super().__init__(message)
+        self.required_bytes = required_bytes
+        self.available_bytes = available_bytes
+        self.max_model_len = max_model_len
+        self.largest_fitting_len = largest_fitting_len
+
+
+class PlanValidationError(KVCoreError, ValueError):
+    """A plan breaks one or more layout invariants; ``problems`` lists every one of them."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = list(problems)
+        shown = "; ".join(self.problems[:10])
+        more = f" (and {len(self.problems) - 10} more)" if len(self.problems) > 10 else ""
+        super().__init__(f"the plan is invalid: {shown}{more}")
+
+
+__all__ = [
+    "DuplicateRegistrationError",
+    "InsufficientMemoryError",
+    "InvalidInputError",
+    "InvalidSpecError",
+    "KVCoreError",
+    "PlanValidationError",
+    "PluginLoadError",
+    "PluginValidationError",
+    "PolicyNotApplicableError",
+    "SpecMismatchError",
+    "UnknownPolicyError",
+    "UnknownSpecKindError",
+]

@@ -1,0 +1,204 @@
+"""JSON for specs and plans, through a cattrs converter built from a registry.
+
+Spec classes never import cattrs ("validation belongs to the edges"). The converter is built
+*after* every plugin is loaded, because a tagged union only knows the kinds registered when it
+is made; :attr:`kvcore.Registry.converter` does that.
+
+Formats (documented in ``docs/reference/json-formats.md``):
+
+- a spec: ``{"kind": "full_attention", "block_size": 16, "num_kv_heads": 8, ...}``;
+- a group: ``{"layers": [...], "blocks_per_page": 1, "page_size_bytes": ..., <the spec>}``;
+- a plan: the attrs fields of :class:`~kvcore.plan.KVCacheConfig`, groups as above.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import cattrs
+import torch
+from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn
+
+from kvcore.dtypes import dtype_name, to_dtype
+from kvcore.errors import InvalidInputError, InvalidSpecError, KVCoreError, PlanValidationError
+from kvcore.plan import KVCacheConfig, KVCacheGroup
+from kvcore.spec import KVCacheSpec
+
+if TYPE_CHECKING:
+    from kvcore.registry import Registry
+
+#: The abstract spec base as a plain type (mypy will not pass an abstract class as ``type[T]``).
+_SPEC_BASE: Any = KVCacheSpec
+
+#: Keys of a group object that are not fields of its spec (the last two are report figures,
+#: ignored when reading).
+GROUP_KEYS = ("layers", "blocks_per_page", "page_size_bytes", "blocks_per_request", "tokens_held")
+
+
+def _error_text(exc: BaseException) -> str:
+    if isinstance(exc, cattrs.BaseValidationError):
+        return "; ".join(cattrs.transform_error(exc))
+    return str(exc)
+
+
+def _first_kvcore_error(exc: BaseException) -> KVCoreError | None:
+    """The first KVCoreError inside a cattrs validation error (a spec validator's own message)."""
+    if isinstance(exc, KVCoreError):
+        return exc
+    for inner in getattr(exc, "exceptions", ()):
+        found = _first_kvcore_error(inner)
+        if found is not None:
+            return found
+    return None
+
+
+def _strict_int(value: Any, _: Any) -> int:
+    # cattrs would call int() and accept "16" or 16.7; a spec file must say what it means.
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"expected an integer, got {value!r}")
+    return value
+
+
+def _strict_bool(value: Any, _: Any) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"expected true or false, got {value!r}")
+    return value
+
+
+def make_converter(registry: Registry) -> cattrs.Converter:
+    """A converter that (un)structures every kind in ``registry``, groups and plans.
+
+    Unknown keys in a spec are an error (a typo in an optional field must not pass silently);
+    unknown keys in a plan are ignored, so a report with extra figures reads back as a plan.
+    """
+    conv = cattrs.Converter()
+    conv.register_structure_hook(int, _strict_int)
+    conv.register_structure_hook(bool, _strict_bool)
+    conv.register_unstructure_hook(torch.dtype, dtype_name)
+    conv.register_structure_hook(torch.dtype, lambda value, _: to_dtype(value))
+
+    def is_spec_class(t: Any) -> bool:
+        return isinstance(t, type) and issubclass(t, KVCacheSpec)
+
+    def unstructure_spec_factory(cls: type[KVCacheSpec]) -> Any:
+        base = make_dict_unstructure_fn(cls, conv)
+
+        def unstructure(spec: KVCacheSpec) -> dict[str, Any]:
+            return {"kind": spec.kind, **base(spec)}
+
+        return unstructure
+
+    structure_fns: dict[type[KVCacheSpec], Any] = {}
+
+    def structure_spec(data: Any, cls: type[KVCacheSpec]) -> KVCacheSpec:
+        if not isinstance(data, Mapping):
+            raise InvalidSpecError(f"a spec must be a JSON object (got {type(data).__name__} {data!r})")
+        kind = data.get("kind")
+        if not isinstance(kind, str):
+            raise InvalidSpecError(f"a spec needs a string 'kind' (got {kind!r})")
+        target = registry.spec_class(kind)
+        if cls is not KVCacheSpec and not issubclass(target, cls):
+            raise InvalidSpecError(f"expected a {cls.__name__} but the spec's kind is {kind!r}")
+        fn = structure_fns.get(target)
+        if fn is None:
+            fn = make_dict_structure_fn(target, conv, _cattrs_forbid_extra_keys=True)
+            structure_fns[target] = fn
+        fields = {k: v for k, v in data.items() if k != "kind"}
+        try:
+            return fn(fields, target)  # type: ignore[no-any-return]
+        except KVCoreError:
+            raise
+        except (cattrs.BaseValidationError, TypeError, ValueError) as exc:
+            inner = _first_kvcore_error(exc)
+            if inner is not None:
+                raise inner from None
+            allowed = ", ".join(a.name for a in attrs.fields(target))
+            raise InvalidSpecError(f"{kind}: {_error_text(exc)} (fields of {kind}: {allowed})") from None
+
+    conv.register_unstructure_hook_factory(is_spec_class, unstructure_spec_factory)
+    conv.register_structure_hook_func(is_spec_class, structure_spec)
+
+    def unstructure_group(group: KVCacheGroup) -> dict[str, Any]:
+        return {
+            "layers": list(group.layer_names),
+            **conv.unstructure(group.spec),
+            "page_size_bytes": group.spec.page_size_bytes,
+            "blocks_per_page": group.blocks_per_page,
+        }
+
+    def structure_group(data: Any, _: Any) -> KVCacheGroup:
+        if not isinstance(data, Mapping):
+            raise InvalidInputError(f"a group must be a JSON object (got {data!r})")
+        spec = structure_spec({k: v for k, v in data.items() if k not in GROUP_KEYS}, _SPEC_BASE)
+        group = KVCacheGroup(
+            layer_names=tuple(data.get("layers", ())),
+            spec=spec,
+            blocks_per_page=data.get("blocks_per_page", 1),
+        )
+        stated = data.get("page_size_bytes")
+        if stated is not None and stated != spec.page_size_bytes:
+            raise PlanValidationError(
+                [
+                    f"group {list(group.layer_names)[:3]}... states page_size_bytes {stated} but its "
+                    f"spec has {spec.page_size_bytes}"
+                ]
+            )
+        return group
+
+    conv.register_unstructure_hook(KVCacheGroup, unstructure_group)
+    conv.register_structure_hook(KVCacheGroup, structure_group)
+    return conv
+
+
+def spec_to_dict(spec: KVCacheSpec, registry: Registry) -> dict[str, Any]:
+    """A spec as a JSON-ready dict with its ``kind`` tag."""
+    return registry.converter.unstructure(spec)  # type: ignore[no-any-return]
+
+
+def spec_from_dict(data: Mapping[str, Any], registry: Registry) -> KVCacheSpec:
+    """Build a spec from its JSON dict (the ``kind`` key picks the class).
+
+    Raises:
+        UnknownSpecKindError: no plugin registered that kind.
+        InvalidSpecError: a field is missing, unknown or invalid.
+    """
+    return registry.converter.structure(data, _SPEC_BASE)  # type: ignore[no-any-return]
+
+
+def plan_to_dict(plan: KVCacheConfig, registry: Registry) -> dict[str, Any]:
+    """A plan as a JSON-ready dict (lossless: :func:`plan_from_dict` gives an equal plan)."""
+    return registry.converter.unstructure(plan)  # type: ignore[no-any-return]
+
+
+def plan_from_dict(data: Mapping[str, Any], registry: Registry) -> KVCacheConfig:
+    """Read a plan back from :func:`plan_to_dict` output (extra keys are ignored).
+
+    Raises:
+        InvalidInputError: a field is missing or mistyped.
+        PlanValidationError: the plan breaks a structural invariant.
+    """
+    try:
+        return registry.converter.structure(data, KVCacheConfig)
+    except KVCoreError:
+        raise
+    except (cattrs.BaseValidationError, TypeError, ValueError, KeyError) as exc:
+        raise InvalidInputError(f"not a kvcore plan: {_error_text(exc)}") from None
+
+
+def plan_to_json(plan: KVCacheConfig, registry: Registry, **dumps_kwargs: Any) -> str:
+    """:func:`plan_to_dict` as a JSON string."""
+    return json.dumps(plan_to_dict(plan, registry), **dumps_kwargs)
+
+
+def plan_from_json(text: str, registry: Registry) -> KVCacheConfig:
+    """Read a plan from a JSON string."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidInputError(f"plan is not valid JSON: {exc}") from None
+    if not isinstance(data, Mapping):
+        raise InvalidInputError(f"a plan must be a JSON object (got {type(data).__name__})")
+    return plan_from_dict(data, registry)

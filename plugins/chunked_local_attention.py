@@ -1,0 +1,40 @@
+"""Built-in kind ``chunked_local_attention`` (Llama 4's local layers): attention within a chunk."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import attrs
+from kvcore.plugins.attention import AttentionSpec
+
+from kvcore.hookspecs import hookimpl
+from kvcore.spec import KVCacheSpec, SizingContext, cdiv, positive_int
+
+
+@attrs.frozen(kw_only=True)
+class ChunkedLocalAttentionSpec(AttentionSpec):
+    """Attention over the current chunk: position ``p`` sees ``[floor(p / C) * C, p]``.
+
+    Worst case per request: a step of ``T`` new tokens may start late in a chunk, so it needs
+    up to ``C - 1`` earlier tokens of that chunk plus the ``T`` new ones. When ``C`` is not a
+    multiple of the block size a chunk starts mid-block, which costs one more block. Never more
+    than a full-attention layer: ``min(ceil(min(C - 1 + T, L) / B) + [C % B != 0], ceil(L / B))``.
+
+    Attributes:
+        attention_chunk_size: the chunk, in tokens.
+    """
+
+    kind = "chunked_local_attention"
+
+    attention_chunk_size: int = attrs.field(validator=positive_int)
+
+    def max_num_blocks(self, context: SizingContext) -> int:
+        length = context.max_model_len
+        live = min(self.attention_chunk_size - 1 + context.max_tokens_per_step, length)
+        misaligned = 1 if self.attention_chunk_size % self.block_size else 0
+        return min(cdiv(live, self.block_size) + misaligned, cdiv(length, self.block_size))
+
+
+@hookimpl
+def kvcore_register_spec_kinds(register: Callable[[type[KVCacheSpec]], None]) -> None:
+    register(ChunkedLocalAttentionSpec)

@@ -1,0 +1,62 @@
+"""Built-in kind ``mla``: multi-head latent attention (DeepSeek V2/V3), one latent per token."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import attrs
+import torch
+
+from kvcore.dtypes import dtype_size, to_dtype
+from kvcore.hookspecs import hookimpl
+from kvcore.layout import CacheLayout
+from kvcore.spec import KVCacheSpec, SizingContext, cdiv, positive_int
+
+
+@attrs.frozen(kw_only=True)
+class MLAAttentionSpec(KVCacheSpec):
+    """One compressed latent vector per token, shared by every head (no separate V).
+
+    Page size: ``block_size x (kv_lora_rank + qk_rope_head_dim) x dtype bytes``. The latent is
+    not sharded by tensor parallelism: every rank holds all of it.
+
+    Attributes:
+        kv_lora_rank: size of the compressed KV latent (512 on DeepSeek-V3).
+        qk_rope_head_dim: size of the decoupled rotary key (64 on DeepSeek-V3).
+        dtype: element type of the cache.
+    """
+
+    kind = "mla"
+
+    kv_lora_rank: int = attrs.field(validator=positive_int)
+    qk_rope_head_dim: int = attrs.field(validator=positive_int)
+    dtype: torch.dtype = attrs.field(converter=to_dtype)
+
+    @property
+    def latent_size(self) -> int:
+        """Elements cached per token: ``kv_lora_rank + qk_rope_head_dim``."""
+        return self.kv_lora_rank + self.qk_rope_head_dim
+
+    @property
+    def page_size_bytes(self) -> int:
+        return self.block_size * self.latent_size * dtype_size(self.dtype)
+
+    @property
+    def alignment_bytes(self) -> int:
+        return dtype_size(self.dtype)
+
+    def max_num_blocks(self, context: SizingContext) -> int:
+        return cdiv(context.max_model_len, self.block_size)
+
+
+@hookimpl
+def kvcore_register_spec_kinds(register: Callable[[type[KVCacheSpec]], None]) -> None:
+    register(MLAAttentionSpec)
+
+
+@hookimpl(trylast=True)
+def kvcore_cache_layout(spec: KVCacheSpec) -> CacheLayout | None:
+    """``(num_blocks, block_size, kv_lora_rank + qk_rope_head_dim)``."""
+    if not isinstance(spec, MLAAttentionSpec):
+        return None
+    return CacheLayout.single("latent", (spec.block_size, spec.latent_size), spec.dtype, block_dim=0)

@@ -1,0 +1,40 @@
+"""Built-in kind ``sliding_window``: a layer that attends to the last ``sliding_window`` tokens."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import attrs
+from kvcore.plugins.attention import AttentionSpec
+
+from kvcore.hookspecs import hookimpl
+from kvcore.spec import KVCacheSpec, SizingContext, cdiv, positive_int
+
+
+@attrs.frozen(kw_only=True)
+class SlidingWindowSpec(AttentionSpec):
+    """Attention over a window of ``sliding_window`` tokens (the token itself included).
+
+    Worst case per request: while one engine step computes ``T`` new tokens (the context's
+    ``max_tokens_per_step``), the earliest of them still needs the ``sliding_window - 1``
+    tokens before it, so ``sliding_window - 1 + T`` tokens are live. The window rarely starts
+    on a block boundary, which costs one more block. It is never more than a full-attention
+    layer would hold: ``min(ceil(min(W - 1 + T, L) / B) + 1, ceil(L / B))``.
+
+    Attributes:
+        sliding_window: the window, in tokens.
+    """
+
+    kind = "sliding_window"
+
+    sliding_window: int = attrs.field(validator=positive_int)
+
+    def max_num_blocks(self, context: SizingContext) -> int:
+        length = context.max_model_len
+        live = min(self.sliding_window - 1 + context.max_tokens_per_step, length)
+        return min(cdiv(live, self.block_size) + 1, cdiv(length, self.block_size))
+
+
+@hookimpl
+def kvcore_register_spec_kinds(register: Callable[[type[KVCacheSpec]], None]) -> None:
+    register(SlidingWindowSpec)

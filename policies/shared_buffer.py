@@ -1,0 +1,240 @@
+"""Built-in policy ``shared_buffer``: layers of different kinds in one buffer whose bytes the
+groups share.
+
+How it works (the picture is in ``docs/explanation/shared-buffer.md``):
+
+- The buffer is ``num_blocks`` *rows* of ``W`` bytes. Block id ``b`` is row ``b``.
+- A block id belongs to one group at a time, so every group lays its pages out in the same
+  rows: a group of ``m`` layers puts page ``b`` of its layers side by side in row ``b``. Groups
+  of different kinds therefore share bytes, and no layout can waste less than the part of a row
+  a group leaves empty.
+- Layers are first bucketed by spec (equal ``group_key``); each bucket is cut into groups.
+- *Row width.* The policy tries every row width ``W = c x page`` that makes ``c`` layers of
+  some bucket fill a row exactly, cuts every bucket for that width, and scores the result by
+  its efficiency: useful bytes over allocated bytes for one request of ``max_model_len``.
+  A bucket whose layer count does not divide evenly leaves a remainder group; that group gets
+  a larger block size (``k x block_size``, up to ``max_block_size``) so that its fewer layers
+  still fill the row. Among widths within ``grouping_tolerance`` of the best efficiency, the
+  one with the fewest groups wins.
+- *Pages of different sizes.* Each group fills a row with its own pages, whatever their size,
+  so MLA beside full attention, or sliding layers with another head size, need no padding
+  beyond the unfilled part of a row.
+- *State pages* (SSM/linear-attention state, fixed per request) do not grow with the block
+  size. All state layers of one spec form one group whose page is an aligned run of
+  ``blocks_per_page`` rows, so attention keeps its small block size however large the state.
+- Within a bucket, groups take layers strided through the model (layer ``i`` of a bucket goes
+  to group ``i mod g``), so every pipeline stage holds a share of every group.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+
+import attrs
+
+from kvcore.hookspecs import hookimpl
+from kvcore.plan import KVCacheGroup, KVCacheTensor
+from kvcore.policy import AllocationPolicy, Layout, PlanOptions
+from kvcore.spec import KVCacheSpec, SizingContext, cdiv
+
+#: Row widths tried per bucket: every layer count up to this, plus the divisors of the bucket
+#: size. Keeps planning of 10,000-layer models fast without losing the exact fits.
+_MAX_DENSE_CANDIDATES = 512
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return cdiv(value, multiple) * multiple
+
+
+def _divisors(n: int) -> list[int]:
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted({*small, *(n // d for d in small)})
+
+
+@attrs.frozen(kw_only=True)
+class _Shape:
+    """``count`` groups of ``layers`` layers each, at ``factor`` x block size, ``span`` rows per page."""
+
+    layers: int
+    count: int
+    factor: int = 1
+    span: int = 1
+
+
+class _Bucket:
+    """Layers with one spec, and cached figures per block-size factor."""
+
+    def __init__(
+        self, spec: KVCacheSpec, layers: list[str], context: SizingContext, options: PlanOptions
+    ) -> None:
+        self.spec = spec
+        self.layers = layers
+        self.context = context
+        self.scalable = spec.page_scales_with_block_size
+        limit = max(1, options.max_block_size // spec.block_size) if self.scalable else 1
+        #: block-size factors this bucket may use: powers of two (kernels take such block sizes)
+        self.factors = [1 << i for i in range(limit.bit_length()) if 1 << i <= limit]
+        self._specs: dict[int, KVCacheSpec] = {}
+
+    def spec_at(self, factor: int) -> KVCacheSpec:
+        spec = self._specs.get(factor)
+        if spec is None:
+            spec = self.spec if factor == 1 else self.spec.with_block_size(self.spec.block_size * factor)
+            self._specs[factor] = spec
+        return spec
+
+    def page(self, factor: int = 1) -> int:
+        """Page bytes at ``factor`` x block size, rounded up to the spec's alignment."""
+        spec = self.spec_at(factor)
+        return _round_up(spec.page_size_bytes, spec.alignment_bytes)
+
+    def pages_per_request(self, factor: int = 1) -> int:
+        return self.spec_at(factor).max_num_blocks(self.context)
+
+    def cut(self, row: int) -> tuple[_Shape, ...]:
+        """How this bucket is cut into groups when a row holds ``row`` bytes."""
+        n = len(self.layers)
+        page = self.page()
+        if not self.scalable:
+            return (_Shape(layers=n, count=1, span=cdiv(n * page, row)),)
+        per_row = row // page
+        if per_row == 0:  # a page larger than a row spans several rows
+            return (_Shape(layers=1, count=n, span=cdiv(page, row)),)
+        full, rest = divmod(n, per_row)
+        shapes = [_Shape(layers=per_row, count=full)] if full else []
+        if rest:
+            factor = max(f for f in self.factors if f == 1 or rest * self.page(f) <= row)
+            shapes.append(_Shape(layers=rest, count=1, factor=factor))
+        return tuple(shapes)
+
+    def rows_per_request(self, shapes: Iterable[_Shape]) -> int:
+        return sum(s.count * s.span * self.pages_per_request(s.factor) for s in shapes)
+
+
+def _buckets(specs: Mapping[str, KVCacheSpec], context: SizingContext, options: PlanOptions) -> list[_Bucket]:
+    by_key: dict[object, tuple[KVCacheSpec, list[str]]] = {}
+    for name, spec in specs.items():
+        by_key.setdefault(spec.group_key, (spec, []))[1].append(name)
+    return [_Bucket(spec, layers, context, options) for spec, layers in by_key.values()]
+
+
+def _candidate_rows(buckets: Sequence[_Bucket]) -> list[int]:
+    rows: set[int] = set()
+    for bucket in buckets:
+        n = len(bucket.layers)
+        counts = {*range(1, min(n, _MAX_DENSE_CANDIDATES) + 1), *_divisors(n)}
+        page = bucket.page()
+        rows.update(c * page for c in counts)
+    return sorted(rows)
+
+
+@attrs.frozen(kw_only=True)
+class _Score:
+    row: int
+    groups: int
+    efficiency: float
+    cuts: tuple[tuple[_Shape, ...], ...]
+
+
+def _score(buckets: Sequence[_Bucket], row: int, need: int) -> _Score:
+    cuts = tuple(bucket.cut(row) for bucket in buckets)
+    rows = sum(b.rows_per_request(c) for b, c in zip(buckets, cuts, strict=True))
+    groups = sum(s.count for c in cuts for s in c)
+    return _Score(row=row, groups=groups, efficiency=need / (row * rows) if rows else 1.0, cuts=cuts)
+
+
+def _assign(layers: list[str], shapes: Sequence[_Shape]) -> list[tuple[list[str], _Shape]]:
+    """Distribute a bucket's layers (model order) over its groups.
+
+    The remainder group (fewer layers) takes evenly spaced layers; the equal groups take the rest
+    strided (``i mod count``), so each group reaches across the whole model.
+    """
+    remaining = list(layers)
+    out: list[tuple[list[str], _Shape]] = []
+    for shape in sorted(shapes, key=lambda s: s.layers):
+        if shape.count == 1 and shape.layers < len(remaining):
+            n = len(remaining)
+            picks = sorted({(2 * i + 1) * n // (2 * shape.layers) for i in range(shape.layers)})
+            chosen = [remaining[i] for i in picks]
+            remaining = [name for i, name in enumerate(remaining) if i not in set(picks)]
+            out.append((chosen, shape))
+        else:
+            for j in range(shape.count):
+                out.append((remaining[j :: shape.count], shape))
+            remaining = []
+    return out
+
+
+class SharedBufferPolicy:
+    """Groups of any kinds in one buffer; groups share bytes, rows are filled evenly."""
+
+    name = "shared_buffer"
+    description = "hybrid models: one buffer, groups share its bytes; row width chosen for capacity"
+
+    def why_not(self, specs: Mapping[str, KVCacheSpec]) -> str | None:
+        return None
+
+    def group(
+        self, specs: Mapping[str, KVCacheSpec], context: SizingContext, options: PlanOptions
+    ) -> Sequence[KVCacheGroup]:
+        buckets = _buckets(specs, context, options)
+        need = sum(spec.max_memory_usage_bytes(context) for spec in specs.values())
+        scores = [_score(buckets, row, need) for row in _candidate_rows(buckets)]
+        best = max(s.efficiency for s in scores)
+        floor = best * (1.0 - options.grouping_tolerance)
+        chosen = min(
+            (s for s in scores if s.efficiency >= floor),
+            key=lambda s: (s.groups, -s.efficiency, s.row),
+        )
+        position = {name: i for i, name in enumerate(specs)}
+        groups = []
+        for bucket, shapes in zip(buckets, chosen.cuts, strict=True):
+            for names, shape in _assign(bucket.layers, shapes):
+                groups.append(
+                    KVCacheGroup(
+                        layer_names=tuple(names),
+                        spec=bucket.spec_at(shape.factor),
+                        blocks_per_page=shape.span,
+                    )
+                )
+        groups.sort(key=lambda g: position[g.layer_names[0]])
+        return tuple(groups)
+
+    def layout(self, groups: Sequence[KVCacheGroup], num_blocks: int) -> Layout:
+        align = 1
+        placements: list[tuple[str, int, KVCacheGroup]] = []
+        row = 0
+        for group in groups:
+            spec = group.spec
+            align = math.lcm(align, spec.alignment_bytes)
+            offset = 0
+            for name in group.layer_names:
+                offset = _round_up(offset, spec.alignment_bytes)
+                placements.append((name, offset, group))
+                offset += spec.page_size_bytes
+            row = max(row, cdiv(offset, group.blocks_per_page))
+        row = _round_up(row, align)
+        lanes: dict[tuple[int, int], list[tuple[str, int, int]]] = {}
+        for name, offset, group in placements:
+            stride = row * group.blocks_per_page
+            pages = num_blocks // group.blocks_per_page
+            lanes.setdefault((offset, stride), []).append((name, group.spec.page_size_bytes, pages))
+        tensors = []
+        for (offset, stride), members in lanes.items():
+            pages = min(p for _, _, p in members)
+            largest = max(page for _, page, _ in members)
+            tensors.append(
+                KVCacheTensor(
+                    size=(pages - 1) * stride + largest if pages else 0,
+                    offset=offset,
+                    page_stride=stride,
+                    shared_by=tuple(name for name, _, _ in members),
+                )
+            )
+        return Layout(bytes_per_block=row, single_buffer=True, tensors=tuple(tensors))
+
+
+@hookimpl
+def kvcore_register_policies(register: Callable[[AllocationPolicy], None]) -> None:
+    register(SharedBufferPolicy())

@@ -1,0 +1,45 @@
+"""Small builders shared by tests (not fixtures: plain functions are easier to read inline)."""
+
+from __future__ import annotations
+
+from kvcore.plugins.chunked_local_attention import ChunkedLocalAttentionSpec
+from kvcore.plugins.full_attention import FullAttentionSpec
+from kvcore.plugins.mla import MLAAttentionSpec
+from kvcore.plugins.sliding_window import SlidingWindowSpec
+
+
+def full(block_size=16, heads=8, head_size=128, dtype="bfloat16"):
+    return FullAttentionSpec(block_size=block_size, num_kv_heads=heads, head_size=head_size, dtype=dtype)
+
+
+def sliding(window, block_size=16, heads=8, head_size=128, dtype="bfloat16"):
+    return SlidingWindowSpec(
+        block_size=block_size, num_kv_heads=heads, head_size=head_size, dtype=dtype, sliding_window=window
+    )
+
+
+def chunked(chunk, block_size=16, heads=8, head_size=128, dtype="bfloat16"):
+    return ChunkedLocalAttentionSpec(
+        block_size=block_size,
+        num_kv_heads=heads,
+        head_size=head_size,
+        dtype=dtype,
+        attention_chunk_size=chunk,
+    )
+
+
+def mla(block_size=16, rank=512, rope=64, dtype="bfloat16"):
+    return MLAAttentionSpec(block_size=block_size, kv_lora_rank=rank, qk_rope_head_dim=rope, dtype=dtype)
+
+
+def mix(*parts):
+    """``mix((10, full()), (52, sliding(1024)))`` -> layer map; kinds interleave like real models.
+
+    Layers are spread evenly: each part's layers are placed at evenly spaced positions.
+    """
+    total = sum(n for n, _ in parts)
+    slots = []
+    for index, (n, spec) in enumerate(parts):
+        slots.extend(((k + 0.5) * total / n, index, spec) for k in range(n))
+    slots.sort(key=lambda s: (s[0], s[1]))
+    return {f"model.layers.{i}": spec for i, (_, _, spec) in enumerate(slots)}

@@ -1,0 +1,268 @@
+"""Plugin loading and registration: built-ins, entry points, duplicates, failures."""
+
+import importlib.metadata
+import sys
+import types
+
+import attrs
+import pytest
+from kvcore.plugins.full_attention import FullAttentionSpec
+
+from kvcore import (
+    DuplicateRegistrationError,
+    KVCacheSpec,
+    PluginLoadError,
+    PluginValidationError,
+    PolicyNotApplicableError,
+    Registry,
+    UnknownPolicyError,
+    UnknownSpecKindError,
+    get_plugin_manager,
+    hookimpl,
+)
+from kvcore._manager import BUILTIN_PLUGINS
+from kvcore.spec import SizingContext, cdiv
+from tests.helpers import full, sliding
+
+
+def test_builtins_register_through_hooks(registry):
+    assert list(registry.kinds) == ["full_attention", "sliding_window", "chunked_local_attention", "mla"]
+    assert list(registry.policies) == ["uniform", "shared_buffer"]
+    entry = {e.name: e for e in registry.kind_entries()}["mla"]
+    assert entry.origin.source == "builtin"
+    assert entry.origin.name == "kvcore.plugins.mla"
+    assert entry.qualname == "kvcore.plugins.mla:MLAAttentionSpec"
+
+
+def test_no_global_state_between_managers():
+    a = get_plugin_manager(autoload=False)
+    b = get_plugin_manager(autoload=False)
+    assert a is not b
+    a.unregister(name="kvcore.plugins.mla")
+    assert "mla" in Registry(b).kinds
+    assert "mla" not in Registry(a).kinds
+
+
+def test_blocking_a_builtin(make_registry):
+    reg = make_registry(block=["kvcore.plugins.mla"])
+    assert "mla" not in reg.kinds
+    with pytest.raises(UnknownSpecKindError, match="unknown spec kind 'mla'; registered kinds: chunked"):
+        reg.spec_class("mla")
+
+
+def test_blocking_from_environment(monkeypatch):
+    monkeypatch.setenv("KVCORE_BLOCK_PLUGINS", "kvcore.policies.uniform, kvcore.plugins.mla")
+    reg = Registry.default(autoload=False)
+    assert "uniform" not in reg.policies
+    assert "mla" not in reg.kinds
+
+
+@attrs.frozen(kw_only=True)
+class AcmeSpec(KVCacheSpec):
+    kind = "acme.ring"
+    slots: int = 4
+
+    @property
+    def page_size_bytes(self) -> int:
+        return self.block_size * self.slots
+
+    def max_num_blocks(self, context: SizingContext) -> int:
+        return cdiv(min(context.max_model_len, 64), self.block_size)
+
+
+class AcmePlugin:
+    @hookimpl
+    def kvcore_register_spec_kinds(self, register):
+        register(AcmeSpec)
+
+
+def test_third_party_kind_registers(make_registry):
+    reg = make_registry(AcmePlugin())
+    assert reg.spec_class("acme.ring") is AcmeSpec
+    entry = {e.name: e for e in reg.kind_entries()}["acme.ring"]
+    assert entry.origin.source == "explicit"
+
+
+def test_duplicate_kind_names_both_sources(make_registry):
+    class Clash:
+        @hookimpl
+        def kvcore_register_spec_kinds(self, register):
+            register(Imposter)
+
+    @attrs.frozen(kw_only=True)
+    class Imposter(FullAttentionSpec):
+        kind = "full_attention"
+
+    with pytest.raises(DuplicateRegistrationError) as info:
+        make_registry(Clash())
+    message = str(info.value)
+    assert (
+        "kvcore.plugins.full_attention:FullAttentionSpec from builtin kvcore.plugins.full_attention"
+        in message
+    )
+    assert "Imposter" in message and "explicit" in message
+
+
+def test_duplicate_policy_names_both_sources(make_registry):
+    from kvcore.policies.uniform import UniformPolicy
+
+    class Again:
+        @hookimpl
+        def kvcore_register_policies(self, register):
+            register(UniformPolicy())
+
+    with pytest.raises(
+        DuplicateRegistrationError, match=r"policy 'uniform' is registered twice: by .* and by"
+    ):
+        make_registry(Again())
+
+
+@pytest.mark.parametrize(
+    ("obj", "match"),
+    [
+        (int, "subclass of kvcore.KVCacheSpec"),
+        (FullAttentionSpec(block_size=1, num_kv_heads=1, head_size=1, dtype="float32"), "subclass"),
+    ],
+)
+def test_bad_kind_registration(make_registry, obj, match):
+    class Bad:
+        @hookimpl
+        def kvcore_register_spec_kinds(self, register):
+            register(obj)
+
+    with pytest.raises(PluginValidationError, match=match):
+        make_registry(Bad())
+
+
+def test_kind_needs_a_name_and_implementations(make_registry):
+    @attrs.frozen(kw_only=True)
+    class Nameless(AcmeSpec):
+        kind = ""
+
+    @attrs.frozen(kw_only=True)
+    class Abstract(KVCacheSpec):
+        kind = "acme.abstract"
+
+    class Bad:
+        def __init__(self, cls):
+            self.cls = cls
+
+        @hookimpl
+        def kvcore_register_spec_kinds(self, register):
+            register(self.cls)
+
+    with pytest.raises(PluginValidationError, match="non-empty 'kind'"):
+        make_registry(Bad(Nameless))
+    with pytest.raises(PluginValidationError, match="does not implement max_num_blocks, page_size_bytes"):
+        make_registry(Bad(Abstract))
+
+
+def test_policy_registration_checks(make_registry):
+    from kvcore.policies.uniform import UniformPolicy
+
+    class ClassNotInstance:
+        @hookimpl
+        def kvcore_register_policies(self, register):
+            register(UniformPolicy)
+
+    class NotAPolicy:
+        @hookimpl
+        def kvcore_register_policies(self, register):
+            register(object())
+
+    with pytest.raises(PluginValidationError, match="register\\(MyPolicy\\(\\)\\)"):
+        make_registry(ClassNotInstance())
+    with pytest.raises(PluginValidationError, match="not an allocation policy"):
+        make_registry(NotAPolicy())
+
+
+def test_misspelled_hook_is_reported(make_registry):
+    class Typo:
+        @hookimpl
+        def kvcore_register_spec_kind(self, register):  # missing "s"
+            pass
+
+    with pytest.raises(PluginValidationError, match="does not have"):
+        make_registry(Typo())
+
+
+def test_failure_inside_a_hook_names_the_plugin(make_registry):
+    class Broken:
+        @hookimpl
+        def kvcore_register_policies(self, register):
+            raise RuntimeError("boom")
+
+    with pytest.raises(
+        PluginLoadError, match=r"Broken.*failed in kvcore_register_policies: RuntimeError: boom"
+    ):
+        make_registry(Broken())
+
+
+class _FakeDist:
+    def __init__(self, name, version="1.0"):
+        self.metadata = {"Name": name}
+        self.version = version
+
+
+def _fake_entry_points(monkeypatch, *eps):
+    def entry_points(group=None):
+        return [ep for ep in eps if ep.group == group]
+
+    monkeypatch.setattr(importlib.metadata, "entry_points", entry_points)
+
+
+def _ep(name, value, dist):
+    ep = importlib.metadata.EntryPoint(name=name, value=value, group="kvcore")
+    return ep._for(dist) if hasattr(ep, "_for") else ep
+
+
+def test_entry_point_plugins_load_with_their_distribution(monkeypatch):
+    module = types.ModuleType("acme_kv_plugin")
+    module.kvcore_register_spec_kinds = hookimpl(lambda register: register(AcmeSpec))
+    monkeypatch.setitem(sys.modules, "acme_kv_plugin", module)
+    _fake_entry_points(monkeypatch, _ep("acme", "acme_kv_plugin", _FakeDist("kvcore-acme", "2.1")))
+    reg = Registry.default()
+    entry = {e.name: e for e in reg.kind_entries()}["acme.ring"]
+    assert entry.origin.source == "entry point"
+    assert entry.origin.distribution == "kvcore-acme"
+    assert entry.origin.version == "2.1"
+    assert "acme" not in Registry.default(autoload=False).kinds
+
+
+def test_entry_point_import_failure_names_the_plugin(monkeypatch):
+    _fake_entry_points(monkeypatch, _ep("broken", "no_such_module_xyz", _FakeDist("kvcore-broken")))
+    with pytest.raises(PluginLoadError) as info:
+        get_plugin_manager()
+    message = str(info.value)
+    assert "'broken'" in message and "kvcore-broken" in message and "no_such_module_xyz" in message
+    assert isinstance(info.value.__cause__, ImportError)
+    # and the environment switch turns autoloading off
+    monkeypatch.setenv("KVCORE_DISABLE_PLUGIN_AUTOLOAD", "1")
+    get_plugin_manager()
+
+
+def test_select_auto(registry):
+    assert registry.select({"a": full(), "b": full()}).name == "uniform"
+    assert registry.select({"a": full(), "b": sliding(128)}).name == "shared_buffer"
+
+
+def test_select_named_and_errors(registry):
+    assert registry.select({"a": full(), "b": full()}, "shared_buffer").name == "shared_buffer"
+    with pytest.raises(UnknownPolicyError, match="choose one of auto, uniform, shared_buffer"):
+        registry.select({"a": full()}, "greedy")
+    with pytest.raises(PolicyNotApplicableError) as info:
+        registry.select({"a": full(), "b": sliding(128)}, "uniform")
+    message = str(info.value)
+    assert message.count(".") <= 3  # one sentence (dots in dtype names aside)
+    assert "'a' is full_attention" in message and "'b' is sliding_window" in message
+    assert "use the shared_buffer policy" in message
+
+
+def test_auto_falls_back_when_preferred_policy_is_blocked(make_registry):
+    reg = make_registry(block=["kvcore.policies.uniform"])
+    assert reg.select({"a": full()}).name == "shared_buffer"
+
+
+def test_builtin_list_names_real_modules():
+    for name in BUILTIN_PLUGINS:
+        assert name.startswith(("kvcore.plugins.", "kvcore.policies."))
