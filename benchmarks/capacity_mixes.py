@@ -17,11 +17,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from _mixes import TARGET_MIXES  # noqa: E402
+from _mixes import TARGET_MIXES
 
-from kvcore import PlanOptions, Registry, SizingContext, ideal_concurrency, plan_kv_cache  # noqa: E402
-from kvcore.spec import KVCacheSpec, cdiv  # noqa: E402
-from kvcore.table import render_table  # noqa: E402
+from kvcore import PlanOptions, Registry, SizingContext, ideal_concurrency, plan_kv_cache
+from kvcore.spec import KVCacheSpec, cdiv
+from kvcore.table import render_table
 
 GIB = 2**30
 BUDGET = 40 * GIB

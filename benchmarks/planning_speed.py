@@ -16,11 +16,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from _mixes import chunked, full, sliding  # noqa: E402
+from _mixes import chunked, full, sliding
 
-from kvcore import Registry, SizingContext, plan_kv_cache  # noqa: E402
-from kvcore.spec import KVCacheSpec  # noqa: E402
-from kvcore.table import render_table  # noqa: E402
+from kvcore import Registry, SizingContext, plan_kv_cache
+from kvcore.spec import KVCacheSpec
+from kvcore.table import render_table
 
 CONTEXT = SizingContext(max_model_len=32768)
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import attrs
-from kvcore.plugins.attention import AttentionSpec
 
 from kvcore.hookspecs import hookimpl
+from kvcore.plugins.attention import AttentionSpec
 from kvcore.spec import KVCacheSpec, SizingContext, cdiv
 
 

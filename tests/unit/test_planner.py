@@ -1,7 +1,6 @@
 """The core planning path shared by every policy: budget, forced blocks, admission."""
 
 import pytest
-from kvcore.policies.uniform import UniformPolicy
 
 from kvcore import (
     InsufficientMemoryError,
@@ -15,6 +14,7 @@ from kvcore import (
 )
 from kvcore.invariants import check_plan
 from kvcore.plan import KVCacheGroup
+from kvcore.policies.uniform import UniformPolicy
 from tests.helpers import full, mix, sliding
 
 SPEC = full(block_size=16, heads=2, head_size=64, dtype="float32")

@@ -6,7 +6,6 @@ import types
 
 import attrs
 import pytest
-from kvcore.plugins.full_attention import FullAttentionSpec
 
 from kvcore import (
     DuplicateRegistrationError,
@@ -21,6 +20,7 @@ from kvcore import (
     hookimpl,
 )
 from kvcore._manager import BUILTIN_PLUGINS
+from kvcore.plugins.full_attention import FullAttentionSpec
 from kvcore.spec import SizingContext, cdiv
 from tests.helpers import full, sliding
 
