@@ -53,8 +53,8 @@ def add_spec_source(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def add_planning_options(parser: argparse.ArgumentParser, *, memory_required: bool = True) -> None:
-    """The sizing and policy options every planning command takes."""
+def add_sizing_options(parser: argparse.ArgumentParser, *, memory_required: bool = True) -> None:
+    """Budget, request length and grouping knobs: what every planning command takes."""
     parser.add_argument(
         "--memory",
         type=size,
@@ -80,21 +80,6 @@ def add_planning_options(parser: argparse.ArgumentParser, *, memory_required: bo
         ),
     )
     parser.add_argument(
-        "--policy", default="auto", metavar="NAME", help="allocation policy, or auto (default)"
-    )
-    parser.add_argument(
-        "--block-size",
-        type=positive_int,
-        metavar="N",
-        help="tokens per block for every attention-like layer (default: as the specs say)",
-    )
-    parser.add_argument(
-        "--num-blocks",
-        type=positive_int,
-        metavar="N",
-        help="force this many blocks instead of filling the budget (checked against max-model-len)",
-    )
-    parser.add_argument(
         "--grouping-tolerance",
         type=fraction,
         default=PlanOptions().grouping_tolerance,
@@ -110,6 +95,26 @@ def add_planning_options(parser: argparse.ArgumentParser, *, memory_required: bo
         default=PlanOptions().max_block_size,
         metavar="N",
         help="largest block size a policy may give a group to even out pages (default %(default)s)",
+    )
+
+
+def add_planning_options(parser: argparse.ArgumentParser, *, memory_required: bool = True) -> None:
+    """The sizing options plus the choices of one plan: policy, block size, forced block count."""
+    add_sizing_options(parser, memory_required=memory_required)
+    parser.add_argument(
+        "--policy", default="auto", metavar="NAME", help="allocation policy, or auto (default)"
+    )
+    parser.add_argument(
+        "--block-size",
+        type=positive_int,
+        metavar="N",
+        help="tokens per block for every attention-like layer (default: as the specs say)",
+    )
+    parser.add_argument(
+        "--num-blocks",
+        type=positive_int,
+        metavar="N",
+        help="force this many blocks instead of filling the budget (checked against max-model-len)",
     )
 
 

@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 from kvcore.cli import inputs
+from kvcore.memory_map import render_memory_map
 from kvcore.planner import plan_kv_cache
 from kvcore.registry import Registry
 from kvcore.report import format_plan, plan_report, policy_reason
@@ -26,6 +27,11 @@ def add_parser(sub: Any) -> None:
     parser.add_argument(
         "--json", action="store_true", help="print the plan and its figures as one JSON object"
     )
+    parser.add_argument(
+        "--map",
+        metavar="FILE",
+        help="also draw the plan's memory map into FILE (.png or .svg; needs the 'plot' extra)",
+    )
     parser.set_defaults(run=run)
 
 
@@ -40,6 +46,8 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
         options=inputs.plan_options(args),
         num_blocks=args.num_blocks,
     )
+    if args.map:
+        render_memory_map(plan, args.map)
     if args.json:
         print(json.dumps(plan_report(plan, specs, registry), indent=2))
     else:

@@ -124,3 +124,28 @@ def test_unreadable_sizes_are_usage_errors(run_cli, capsys, memory):
     assert info.value.code == 2
     err = capsys.readouterr().err
     assert "--memory" in err and "Traceback" not in err
+
+
+def test_map_flag_writes_a_picture(run_cli, tmp_path):
+    pytest.importorskip("matplotlib")
+    target = tmp_path / "plan.svg"
+    status, out, _ = run_cli(
+        "plan", "--specs", EXAMPLE, "--memory", "40GiB", "--max-model-len", "32768", "--map", target
+    )
+    assert status == 0 and "max concurrency" in out
+    assert target.read_text().lstrip().startswith("<?xml")
+
+
+def test_map_flag_rejects_other_formats(run_cli, tmp_path):
+    status, _, err = run_cli(
+        "plan",
+        "--specs",
+        EXAMPLE,
+        "--memory",
+        "40GiB",
+        "--max-model-len",
+        "32768",
+        "--map",
+        tmp_path / "x.gif",
+    )
+    assert status == 1 and ".png or .svg" in err

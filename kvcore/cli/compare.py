@@ -1,0 +1,151 @@
+"""``kvcore compare``: every policy side by side, optionally across block sizes and KV dtypes."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from kvcore.cli import inputs
+from kvcore.compare import Candidate, compare_policies
+from kvcore.dtypes import dtype_name, to_dtype
+from kvcore.errors import InvalidSpecError
+from kvcore.registry import Registry
+from kvcore.report import plan_report
+from kvcore.table import render_table
+from kvcore.units import format_bytes
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [inputs.positive_int(part) for part in text.split(",") if part.strip()]
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated whole numbers >= 1, got {text!r}"
+        ) from None
+    if not values:
+        raise argparse.ArgumentTypeError("expected at least one value")
+    return values
+
+
+def _dtype_list(text: str) -> list[str]:
+    values = [part.strip() for part in text.split(",") if part.strip()]
+    for value in values:
+        if value != "auto":
+            try:
+                to_dtype(value)
+            except InvalidSpecError as exc:
+                raise argparse.ArgumentTypeError(str(exc)) from None
+    if not values:
+        raise argparse.ArgumentTypeError("expected at least one dtype")
+    return values
+
+
+def add_parser(sub: Any) -> None:
+    parser = sub.add_parser(
+        "compare",
+        help="compare every policy (and block sizes, KV dtypes) on one model and budget",
+        description=(
+            "Plan the same layers with every policy that can, side by side: concurrency, "
+            "efficiency against the ideal bound, groups, padding, tokens per group. Each row is "
+            "exactly what `kvcore plan --policy NAME` reports."
+        ),
+    )
+    inputs.add_spec_source(parser)
+    inputs.add_sizing_options(parser)
+    parser.add_argument(
+        "--policies", metavar="A,B", help="policies to compare (default: every registered policy)"
+    )
+    parser.add_argument(
+        "--block-sizes", type=_int_list, metavar="N,M", help="also compare these block sizes, e.g. 16,32,64"
+    )
+    parser.add_argument(
+        "--kv-cache-dtypes",
+        type=_dtype_list,
+        metavar="D,E",
+        help="also compare these cache dtypes, e.g. auto,fp8 (auto = as the specs say)",
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.set_defaults(run=run)
+
+
+def candidate_row(candidate: Candidate) -> dict[str, Any]:
+    """One comparison row as JSON (the plan's figures come from :func:`plan_report`)."""
+    plan = candidate.plan
+    return {
+        "policy": candidate.policy,
+        "block_size": candidate.block_size,
+        "kv_cache_dtype": dtype_name(candidate.kv_cache_dtype) if candidate.kv_cache_dtype else None,
+        "ideal_concurrency": candidate.ideal_concurrency,
+        "max_concurrency": candidate.max_concurrency if plan else None,
+        "efficiency": candidate.efficiency if plan else None,
+        "groups": len(plan.groups) if plan else None,
+        "padding_bytes_per_request": candidate.padding_bytes,
+        "tokens_per_group": [plan.tokens_held(g) for g in plan.groups] if plan else None,
+        "error": candidate.error,
+    }
+
+
+def run(args: argparse.Namespace, registry: Registry) -> int:
+    specs = inputs.load_layer_specs(args, registry)
+    dtypes = [None if d == "auto" else to_dtype(d) for d in (args.kv_cache_dtypes or ["auto"])]
+    policies = [p.strip() for p in args.policies.split(",")] if args.policies else None
+    candidates = compare_policies(
+        specs,
+        args.memory,
+        inputs.sizing_context(args),
+        registry=registry,
+        policies=policies,
+        block_sizes=args.block_sizes or [None],
+        kv_cache_dtypes=dtypes,
+        options=inputs.plan_options(args),
+    )
+    if args.json:
+        payload = {
+            "available_memory_bytes": args.memory,
+            "max_model_len": args.max_model_len,
+            "candidates": [
+                {**candidate_row(c), "plan": plan_report(c.plan, specs, registry) if c.plan else None}
+                for c in candidates
+            ],
+        }
+        print(json.dumps(payload, indent=2))
+        return 0
+    rows = []
+    for c in candidates:
+        plan = c.plan
+        rows.append(
+            [
+                c.policy,
+                c.block_size or "as specs",
+                dtype_name(c.kv_cache_dtype) if c.kv_cache_dtype else "as specs",
+                len(plan.groups) if plan else "-",
+                f"{c.max_concurrency:,.2f}" if plan else "-",
+                f"{c.ideal_concurrency:,.2f}",
+                f"{100 * c.efficiency:.2f}%" if plan else "-",
+                format_bytes(c.padding_bytes) if c.padding_bytes is not None else "-",
+                f"{int(c.max_concurrency * args.max_model_len):,}" if plan else (c.error or "")[:60],
+            ]
+        )
+    print(
+        f"budget {format_bytes(args.memory)}, max_model_len {args.max_model_len:,}; "
+        "concurrency = requests of max_model_len held at once"
+    )
+    print(
+        render_table(
+            [
+                "policy",
+                "block",
+                "kv dtype",
+                "groups",
+                "concurrency",
+                "ideal",
+                "efficiency",
+                "padding/request",
+                "KV tokens",
+            ],
+            rows,
+            align="lllrrrrrr",
+        )
+    )
+    return 0

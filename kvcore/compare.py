@@ -1,0 +1,132 @@
+"""Compare policies (and block sizes, KV dtypes) on one model and budget.
+
+Every figure comes from a real plan made by :func:`kvcore.plan_kv_cache`, exactly as
+``kvcore plan --policy NAME`` would make it, so the two commands always agree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+
+import attrs
+import torch
+
+from kvcore.capacity import ideal_concurrency, request_bytes
+from kvcore.errors import InvalidSpecError, KVCoreError
+from kvcore.plan import KVCacheConfig
+from kvcore.planner import plan_kv_cache
+from kvcore.policy import PlanOptions
+from kvcore.registry import Registry
+from kvcore.spec import KVCacheSpec, SizingContext
+
+
+@attrs.frozen(kw_only=True)
+class Candidate:
+    """One policy's plan for one variant of the model (block size, KV dtype).
+
+    Attributes:
+        policy: the policy name.
+        block_size: the block size asked for (``None``: as the specs say).
+        kv_cache_dtype: the KV dtype asked for (``None``: as the specs say).
+        plan: the plan, or ``None`` when the policy could not make one.
+        ideal_concurrency: the bound for these specs and budget.
+        error: why there is no plan (one sentence), else ``None``.
+    """
+
+    policy: str
+    block_size: int | None
+    kv_cache_dtype: torch.dtype | None
+    plan: KVCacheConfig | None
+    ideal_concurrency: float
+    need_bytes: int
+    error: str | None = None
+
+    @property
+    def max_concurrency(self) -> float:
+        """Requests of ``max_model_len`` the plan holds (0 without a plan)."""
+        return self.plan.max_concurrency() if self.plan is not None else 0.0
+
+    @property
+    def efficiency(self) -> float:
+        """``max_concurrency / ideal_concurrency``."""
+        return self.max_concurrency / self.ideal_concurrency if self.ideal_concurrency else 0.0
+
+    @property
+    def padding_bytes(self) -> int | None:
+        """Bytes one request of ``max_model_len`` takes beyond what its layers need."""
+        if self.plan is None:
+            return None
+        return self.plan.blocks_per_request() * self.plan.bytes_per_block - self.need_bytes
+
+
+def with_kv_dtype(specs: Mapping[str, KVCacheSpec], dtype: torch.dtype) -> dict[str, KVCacheSpec]:
+    """Give every spec that has a ``dtype`` field the cache dtype ``dtype``."""
+    out: dict[str, KVCacheSpec] = {}
+    for name, spec in specs.items():
+        if "dtype" in attrs.fields_dict(type(spec)):
+            out[name] = attrs.evolve(spec, dtype=dtype)  # type: ignore[call-arg]
+        else:
+            out[name] = spec
+    return out
+
+
+def with_block_size(specs: Mapping[str, KVCacheSpec], block_size: int) -> dict[str, KVCacheSpec]:
+    """Give every spec whose page grows with its block size the block size ``block_size``."""
+    return {
+        name: spec.with_block_size(block_size) if spec.page_scales_with_block_size else spec
+        for name, spec in specs.items()
+    }
+
+
+def compare_policies(
+    specs: Mapping[str, KVCacheSpec],
+    available_bytes: int,
+    context: SizingContext,
+    *,
+    registry: Registry,
+    policies: Sequence[str] | None = None,
+    block_sizes: Iterable[int | None] = (None,),
+    kv_cache_dtypes: Iterable[torch.dtype | None] = (None,),
+    options: PlanOptions | None = None,
+) -> list[Candidate]:
+    """Plan ``specs`` with every policy (default: all registered), for every variant.
+
+    A policy that cannot plan the specs, or whose plan cannot hold one request of
+    ``max_model_len``, appears with ``plan=None`` and the reason in ``error``.
+
+    Returns:
+        Candidates, variant by variant, policies in registry order.
+    """
+    names = list(policies) if policies is not None else list(registry.policies)
+    out: list[Candidate] = []
+    for dtype in kv_cache_dtypes:
+        for block_size in block_sizes:
+            variant = dict(specs)
+            if dtype is not None:
+                variant = with_kv_dtype(variant, dtype)
+            if block_size is not None:
+                variant = with_block_size(variant, block_size)
+            ideal = ideal_concurrency(variant, available_bytes, context)
+            need = request_bytes(variant, context)
+            for name in names:
+                try:
+                    plan: KVCacheConfig | None = plan_kv_cache(
+                        variant, available_bytes, context, registry=registry, policy=name, options=options
+                    )
+                    error = None
+                except InvalidSpecError:
+                    raise
+                except KVCoreError as exc:
+                    plan, error = None, str(exc)
+                out.append(
+                    Candidate(
+                        policy=name,
+                        block_size=block_size,
+                        kv_cache_dtype=dtype,
+                        plan=plan,
+                        ideal_concurrency=ideal,
+                        need_bytes=need,
+                        error=error,
+                    )
+                )
+    return out

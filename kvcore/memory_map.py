@@ -1,0 +1,229 @@
+"""A picture of a plan's memory: which bytes each tensor's pages take, coloured by group.
+
+:func:`memory_map` computes the rectangles (no plotting library needed, so it is tested
+directly); :func:`render_memory_map` draws them with matplotlib (the optional extra
+``kvcore[plot]``) into a PNG or SVG file.
+
+The picture has two panels:
+
+- **buffer**: the first ``rows`` block ids of the buffer along the x axis, one horizontal track
+  per tensor. A tensor shared by layers of several groups is split into one thin band per
+  layer, so bytes that groups share show as stacked colours at the same x.
+- **one row per group**: how each group fills one block row: its layers' pages side by side,
+  and the part of the row it leaves empty (padding, hatched) whenever it holds a block.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from kvcore.errors import InvalidInputError
+from kvcore.plan import KVCacheConfig
+from kvcore.units import format_bytes
+
+#: Most tensor tracks drawn; larger plans show the first ones and say how many were left out.
+MAX_TRACKS = 64
+
+
+@attrs.frozen(kw_only=True)
+class Box:
+    """One rectangle: ``[x0, x1)`` bytes on a track band, filled for a group or as padding.
+
+    Attributes:
+        track: index of the track (tensor, or group in the row panel).
+        band: index of the band within the track (one per sharing layer).
+        bands: how many bands the track has.
+        x0: first byte.
+        x1: byte after the last.
+        group: group index, or ``None`` for padding.
+        label: the layer (or ``"padding"``).
+    """
+
+    track: int
+    band: int
+    bands: int
+    x0: int
+    x1: int
+    group: int | None
+    label: str
+
+
+@attrs.frozen(kw_only=True)
+class MemoryMap:
+    """Everything the picture shows."""
+
+    buffer_boxes: tuple[Box, ...]
+    buffer_tracks: tuple[str, ...]
+    buffer_bytes: int
+    row_boxes: tuple[Box, ...]
+    row_tracks: tuple[str, ...]
+    row_bytes: int
+    rows: int
+    hidden_tracks: int
+    title: str
+    legend: tuple[str, ...]
+
+
+def memory_map(plan: KVCacheConfig, *, rows: int = 4) -> MemoryMap:
+    """Compute the boxes of the picture for the first ``rows`` block ids of ``plan``."""
+    if rows < 1:
+        raise InvalidInputError(f"'rows' must be >= 1 (got {rows})")
+    groups = {name: index for index, g in enumerate(plan.groups) for name in g.layer_names}
+    shown_rows = min(rows, max(plan.num_blocks, 1))
+    if plan.single_buffer:
+        window = shown_rows * plan.bytes_per_block
+    else:  # separate allocations: show the first pages of each, side by side on one scale
+        window = shown_rows * max((t.page_stride for t in plan.tensors), default=0)
+    buffer_boxes: list[Box] = []
+    tracks: list[str] = []
+    for ti, tensor in enumerate(plan.tensors[:MAX_TRACKS]):
+        tracks.append(f"@{format_bytes(tensor.offset)}" if plan.single_buffer else tensor.shared_by[0])
+        end_of_window = window if plan.single_buffer else tensor.offset + shown_rows * tensor.page_stride
+        for band, name in enumerate(tensor.shared_by):
+            group = plan.groups[groups[name]]
+            page = group.spec.page_size_bytes
+            for j in range(plan.num_pages(group)):
+                start = tensor.offset + j * tensor.page_stride
+                if start >= end_of_window:
+                    break
+                buffer_boxes.append(
+                    Box(
+                        track=ti,
+                        band=band,
+                        bands=len(tensor.shared_by),
+                        x0=start - (0 if plan.single_buffer else tensor.offset),
+                        x1=min(start + page, end_of_window) - (0 if plan.single_buffer else tensor.offset),
+                        group=groups[name],
+                        label=name,
+                    )
+                )
+    row_boxes: list[Box] = []
+    row_tracks: list[str] = []
+    row_bytes = plan.bytes_per_block
+    for gi, group in enumerate(plan.groups):
+        row_tracks.append(f"group {gi}")
+        width = group.blocks_per_page * row_bytes
+        used = 0
+        offsets = sorted(
+            (plan.tensor_of(name).offset if plan.single_buffer else 0, name) for name in group.layer_names
+        )
+        if not plan.single_buffer:  # separate tensors: a block id spans every layer's page in turn
+            offsets = [(i * group.spec.page_size_bytes, name) for i, (_, name) in enumerate(offsets)]
+        for offset, name in offsets:
+            end = offset + group.spec.page_size_bytes
+            row_boxes.append(Box(track=gi, band=0, bands=1, x0=offset, x1=end, group=gi, label=name))
+            used = max(used, end)
+        if used < width:
+            row_boxes.append(Box(track=gi, band=0, bands=1, x0=used, x1=width, group=None, label="padding"))
+    legend = tuple(
+        f"group {gi}: {g.spec.kind}, {len(g.layer_names)} layers, block {g.spec.block_size}, "
+        f"page {format_bytes(g.spec.page_size_bytes)}"
+        + (f", {g.blocks_per_page} blocks per page" if g.blocks_per_page > 1 else "")
+        for gi, g in enumerate(plan.groups)
+    )
+    title = (
+        f"{plan.policy}: {plan.num_blocks:,} blocks x {format_bytes(plan.bytes_per_block)} = "
+        f"{format_bytes(plan.kv_cache_bytes)}; {plan.max_concurrency():.2f} requests of "
+        f"{plan.context.max_model_len:,} tokens"
+    )
+    return MemoryMap(
+        buffer_boxes=tuple(buffer_boxes),
+        buffer_tracks=tuple(tracks),
+        buffer_bytes=window,
+        row_boxes=tuple(row_boxes),
+        row_tracks=tuple(row_tracks),
+        row_bytes=max((g.blocks_per_page for g in plan.groups), default=1) * row_bytes,
+        rows=shown_rows,
+        hidden_tracks=max(0, len(plan.tensors) - MAX_TRACKS),
+        title=title,
+        legend=legend,
+    )
+
+
+def render_memory_map(plan: KVCacheConfig, path: str | os.PathLike[str], *, rows: int = 4) -> Path:
+    """Draw the memory map of ``plan`` into ``path`` (``.png`` or ``.svg``).
+
+    Raises:
+        InvalidInputError: the suffix is not ``.png``/``.svg``, or matplotlib is missing (the
+            message says which extra to install).
+    """
+    out = Path(path)
+    if out.suffix.lower() not in (".png", ".svg"):
+        raise InvalidInputError(f"the memory map is written as .png or .svg (got {out.name!r})")
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        from matplotlib.patches import Patch, Rectangle
+        from matplotlib.ticker import FuncFormatter
+    except ImportError:
+        raise InvalidInputError(
+            "drawing the memory map needs matplotlib; install it with: pip install 'kvcore[plot]'"
+        ) from None
+
+    data = memory_map(plan, rows=rows)
+    colors = plt.get_cmap("tab20")
+    legend_rows = (len(data.legend) + 2) // 2
+    heights = [max(len(data.buffer_tracks), 1), max(len(data.row_tracks), 1)]
+    legend_in = 0.16 * legend_rows + 0.15
+    fig_h = 1.6 + 0.28 * sum(heights) + legend_in
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(12, fig_h), gridspec_kw={"height_ratios": heights})
+    byte_ticks = FuncFormatter(lambda value, _pos: format_bytes(int(value), precision=0) if value else "0")
+
+    def draw(ax: Any, boxes: tuple[Box, ...], tracks: tuple[str, ...], width: int, xlabel: str) -> None:
+        for box in boxes:
+            band_h = 0.8 / box.bands
+            y = box.track - 0.4 + box.band * band_h
+            padding = box.group is None
+            ax.add_patch(
+                Rectangle(
+                    (box.x0, y),
+                    box.x1 - box.x0,
+                    band_h,
+                    facecolor="white" if padding else colors((box.group or 0) % 20),
+                    edgecolor="grey" if padding else "black",
+                    hatch="///" if padding else None,
+                    linewidth=0.5 if padding else 0.3,
+                )
+            )
+        ax.set_xlim(0, max(width, 1))
+        ax.set_ylim(len(tracks) - 0.5, -0.5)
+        ax.set_yticks(range(len(tracks)), tracks, fontsize=7)
+        ax.set_xlabel(xlabel, fontsize=8)
+        ax.xaxis.set_major_formatter(byte_ticks)
+        ax.tick_params(axis="x", labelsize=7)
+
+    shown = f"the first {data.rows} block ids" + (
+        f"; {data.hidden_tracks} more tensors not drawn" if data.hidden_tracks else ""
+    )
+    draw(top, data.buffer_boxes, data.buffer_tracks, data.buffer_bytes, f"buffer bytes ({shown})")
+    if plan.single_buffer:
+        for row in range(1, data.rows):
+            top.axvline(row * plan.bytes_per_block, color="grey", linestyle=":", linewidth=0.8)
+        top.set_xticks([row * plan.bytes_per_block for row in range(data.rows + 1)])
+    smallest = min((g.spec.page_size_bytes for g in plan.groups), default=0)
+    if smallest and data.row_bytes // smallest <= 16:
+        bottom.set_xticks(range(0, data.row_bytes + 1, smallest))
+    top.set_title(data.title, fontsize=9)
+    draw(bottom, data.row_boxes, data.row_tracks, data.row_bytes, "one block row, as each group fills it")
+    handles = [
+        Patch(facecolor=colors(i % 20), edgecolor="black", label=text) for i, text in enumerate(data.legend)
+    ]
+    handles.append(
+        Patch(
+            facecolor="white",
+            edgecolor="grey",
+            hatch="///",
+            label="padding: unused while the group holds the block",
+        )
+    )
+    fig.legend(handles=handles, loc="lower center", fontsize=7, ncol=2, frameon=False)
+    fig.tight_layout(rect=(0, legend_in / fig_h, 1, 1))
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out

@@ -1,0 +1,57 @@
+"""A progress line for steps that can take seconds (profiling, allocating large buffers).
+
+On a terminal it shows a spinner with the elapsed time and ends with ``done in 1.23 s``;
+elsewhere (pipes, CI logs) it prints one line when the step ends, so logs stay readable.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TextIO
+
+_FRAMES = "|/-\\"
+
+
+@contextmanager
+def progress(label: str, *, stream: TextIO | None = None, interval: float = 0.1) -> Iterator[None]:
+    """Show ``label`` while the block runs; report the elapsed time when it ends.
+
+    Args:
+        label: what is happening, e.g. ``"allocating 40.00 GiB on cuda:0"``.
+        stream: where to write (default ``sys.stderr``).
+        interval: seconds between spinner frames on a terminal.
+    """
+    out = stream if stream is not None else sys.stderr
+    live = bool(getattr(out, "isatty", lambda: False)())
+    start = time.perf_counter()
+    stop = threading.Event()
+
+    def spin() -> None:
+        frame = 0
+        while not stop.wait(interval):
+            elapsed = time.perf_counter() - start
+            out.write(f"\r{_FRAMES[frame % len(_FRAMES)]} {label} ({elapsed:.1f} s)")
+            out.flush()
+            frame += 1
+
+    thread = threading.Thread(target=spin, daemon=True) if live else None
+    if thread is not None:
+        thread.start()
+    failed = False
+    try:
+        yield
+    except BaseException:
+        failed = True
+        raise
+    finally:
+        stop.set()
+        if thread is not None:
+            thread.join()
+        elapsed = time.perf_counter() - start
+        status = "failed after" if failed else "done in"
+        out.write(f"{chr(13) if live else ''}{label}: {status} {elapsed:.2f} s\n")
+        out.flush()
