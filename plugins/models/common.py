@@ -1,0 +1,475 @@
+"""What the model-family plugins share: reading config fields, layer types, attention and state.
+
+A family plugin reads its config through :class:`ConfigFields` (every error names the model
+type and the field, e.g. ``gemma3 config: 'text_config.num_key_value_heads' must be an int >= 1
+(got 0)``), decides each layer's type (transformers' vocabulary: ``full_attention``,
+``sliding_attention``, ``chunked_attention``, ``linear_attention``, ``mlp``, ``moe``) and turns
+the types into specs with :func:`build_layers`.
+
+The rules every family follows (``docs/reference/models.md``):
+
+- *Sizes are required, rules have defaults.* Layer counts, head counts and sizes, windows,
+  chunks, MLA ranks and state sizes must be in the config (or follow from the family's documented
+  fallback, e.g. ``head_dim = hidden_size // num_attention_heads``); pattern knobs such as
+  ``sliding_window_pattern`` take transformers' defaults, as published configs rely on them.
+- *An explicit ``layer_types`` always wins* over the family's own pattern fields.
+- *Tensor parallelism*: an attention layer keeps ``max(1, kv_heads // tp)`` KV heads per rank,
+  an MLA latent is replicated, state channels and heads are sharded and must divide by ``tp``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import attrs
+import torch
+
+from kvcore.dtypes import to_dtype
+from kvcore.errors import InvalidSpecError, ModelConfigError
+from kvcore.models import DEFAULT_MODEL_DTYPE, ModelOptions
+from kvcore.plugins.chunked_local_attention import ChunkedLocalAttentionSpec
+from kvcore.plugins.full_attention import FullAttentionSpec
+from kvcore.plugins.mla import MLAAttentionSpec
+from kvcore.plugins.sliding_window import SlidingWindowSpec
+from kvcore.plugins.state import StatePart, StateSpec
+from kvcore.spec import KVCacheSpec
+
+#: transformers' layer types that kvcore knows how to cache.
+FULL = "full_attention"
+SLIDING = "sliding_attention"
+CHUNKED = "chunked_attention"
+LINEAR = "linear_attention"
+#: Layer types that hold no cache (Nemotron-H's MLP and MoE blocks).
+NO_CACHE = frozenset({"mlp", "moe"})
+#: Older spellings transformers still reads (``configuration_utils._LEGACY_LAYER_TYPE_REMAP``).
+LEGACY_LAYER_TYPES = {"attention": FULL, "mamba": LINEAR}
+
+_MISSING: Any = object()
+
+
+class ConfigFields:
+    """Typed reads of one config object; errors name the model type and the field's path.
+
+    Args:
+        data: the config (or a nested part of it, such as ``text_config``).
+        model_type: the family name used in messages.
+        prefix: the path of ``data`` inside the whole config (``"text_config."``).
+        label: what messages start with; default ``"<model_type> config"``.
+    """
+
+    def __init__(
+        self, data: Mapping[str, Any], model_type: str, prefix: str = "", label: str | None = None
+    ) -> None:
+        self.data = data
+        self.model_type = model_type
+        self.prefix = prefix
+        self.label = label if label is not None else f"{model_type} config"
+
+    def path(self, key: str) -> str:
+        """The field's full path, e.g. ``text_config.sliding_window``."""
+        return f"{self.prefix}{key}"
+
+    def error(self, key: str, problem: str) -> ModelConfigError:
+        """A :class:`ModelConfigError` about field ``key``: ``<type> config: '<path>' <problem>``."""
+        return ModelConfigError(f"{self.label}: {self.path(key)!r} {problem}")
+
+    def has(self, key: str) -> bool:
+        """Whether ``key`` is present and not ``null``."""
+        return self.data.get(key) is not None
+
+    def section(self, key: str) -> ConfigFields:
+        """The nested object ``key`` (``text_config``), read with the same model type.
+
+        Raises:
+            ModelConfigError: it is missing or not an object.
+        """
+        value = self.data.get(key)
+        if not isinstance(value, Mapping):
+            what = "is missing" if value is None else f"must be a JSON object (got {value!r})"
+            raise self.error(key, f"{what}; {self.model_type} configs keep their language model there")
+        return ConfigFields(value, self.model_type, f"{self.path(key)}.", self.label)
+
+    def integer(self, key: str, default: int = _MISSING, *, minimum: int = 1) -> int:
+        """The int at ``key`` (``default`` when absent or null).
+
+        Raises:
+            ModelConfigError: missing without a default, not an int, or below ``minimum``.
+        """
+        value = self.data.get(key)
+        if value is None:
+            if default is _MISSING:
+                raise self.error(key, "is missing; kvcore needs it to size the KV cache")
+            return int(default)
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise self.error(key, f"must be an int (got {value!r})")
+        if value < minimum:
+            raise self.error(key, f"must be an int >= {minimum} (got {value})")
+        return value
+
+    def optional_integer(self, key: str, *, absent: int | None = None, minimum: int = 1) -> int | None:
+        """The int at ``key``; ``None`` when it is ``null``, ``absent`` when the key is missing."""
+        if key not in self.data:
+            return absent
+        if self.data[key] is None:
+            return None
+        return self.integer(key, minimum=minimum)
+
+    def boolean(self, key: str, default: bool) -> bool:
+        """The bool at ``key`` (``default`` when absent or null)."""
+        value = self.data.get(key)
+        if value is None:
+            return default
+        if not isinstance(value, bool):
+            raise self.error(key, f"must be true or false (got {value!r})")
+        return value
+
+    def integers(self, key: str) -> list[int] | None:
+        """The list of ints at ``key``, or ``None`` when absent or null."""
+        value = self.data.get(key)
+        if value is None:
+            return None
+        if not isinstance(value, list) or any(not isinstance(v, int) or isinstance(v, bool) for v in value):
+            raise self.error(key, f"must be a list of ints (got {value!r})")
+        return list(value)
+
+    def string(self, key: str) -> str | None:
+        """The string at ``key``, or ``None`` when absent or null."""
+        value = self.data.get(key)
+        if value is None:
+            return None
+        if not isinstance(value, str):
+            raise self.error(key, f"must be a string (got {value!r})")
+        return value
+
+    def layer_types(self, num_layers: int, key: str = "layer_types") -> list[str] | None:
+        """The explicit ``layer_types`` (legacy names mapped), or ``None`` when absent.
+
+        Args:
+            num_layers: the layer count the list must match.
+            key: where the list is (Nemotron-H dumps it as ``layers_block_type``).
+
+        Raises:
+            ModelConfigError: not a list of strings, or its length is not ``num_layers``.
+        """
+        value = self.data.get(key)
+        if value is None:
+            return None
+        if not isinstance(value, list) or any(not isinstance(v, str) for v in value):
+            raise self.error(key, f"must be a list of strings (got {value!r})")
+        if len(value) != num_layers:
+            raise self.error(
+                key, f"lists {len(value)} layers but {self.path('num_hidden_layers')!r} is {num_layers}"
+            )
+        names: list[str] = value
+        return [LEGACY_LAYER_TYPES.get(name, name) for name in names]
+
+    def dtype(self, *fallbacks: ConfigFields) -> torch.dtype:
+        """The model's dtype: ``dtype`` (transformers 5) or ``torch_dtype``, here or in
+        ``fallbacks`` (e.g. the wrapper of a ``text_config``); :data:`DEFAULT_MODEL_DTYPE` if none."""
+        for fields in (self, *fallbacks):
+            for key in ("dtype", "torch_dtype"):
+                value = fields.data.get(key)
+                if value is None:
+                    continue
+                if not isinstance(value, str):
+                    raise fields.error(key, f"must be a dtype name such as 'bfloat16' (got {value!r})")
+                try:
+                    return to_dtype(value)
+                except InvalidSpecError as exc:
+                    raise fields.error(key, f"is not a cache dtype: {exc}") from None
+        return DEFAULT_MODEL_DTYPE
+
+
+def claim(
+    config: Mapping[str, Any],
+    options: Mapping[str, Any],
+    model_types: Sequence[str],
+    derive: Callable[[Mapping[str, Any], ModelOptions], dict[str, KVCacheSpec]],
+) -> dict[str, KVCacheSpec] | None:
+    """The body of a family's ``kvcore_layer_specs``: ``derive`` the specs if ``config`` has one
+    of ``model_types``, else ``None`` (let another plugin answer)."""
+    if config.get("model_type") not in model_types:
+        return None
+    return derive(config, ModelOptions.from_hook_options(options))
+
+
+# -- attention -----------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class Attention:
+    """What the attention layers of a model share, per tensor-parallel rank.
+
+    Attributes:
+        num_kv_heads: KV heads one rank holds.
+        head_size: elements per head.
+        dtype: the cache's element type.
+        block_size: tokens per block.
+    """
+
+    num_kv_heads: int
+    head_size: int
+    dtype: torch.dtype
+    block_size: int
+
+    def _fields(self) -> dict[str, Any]:
+        return {
+            "block_size": self.block_size,
+            "num_kv_heads": self.num_kv_heads,
+            "head_size": self.head_size,
+            "dtype": self.dtype,
+        }
+
+    def full(self) -> FullAttentionSpec:
+        """A full-attention spec."""
+        return FullAttentionSpec(**self._fields())
+
+    def sliding(self, window: int) -> SlidingWindowSpec:
+        """A sliding-window spec of ``window`` tokens."""
+        return SlidingWindowSpec(**self._fields(), sliding_window=window)
+
+    def chunked(self, chunk: int) -> ChunkedLocalAttentionSpec:
+        """A chunked-local spec of ``chunk`` tokens."""
+        return ChunkedLocalAttentionSpec(**self._fields(), attention_chunk_size=chunk)
+
+
+def head_size(cfg: ConfigFields, *, keys: Sequence[str] = ("head_dim",), derive: bool = True) -> int:
+    """The attention head size: the first of ``keys`` present, else (when ``derive``)
+    ``hidden_size // num_attention_heads`` as transformers derives it.
+
+    Raises:
+        ModelConfigError: naming the missing or bad field.
+    """
+    for key in keys:
+        if cfg.has(key):
+            return cfg.integer(key)
+    if not derive:
+        raise cfg.error(
+            keys[0], f"is missing; {cfg.model_type} configs state their attention head size there"
+        )
+    hidden = cfg.integer("hidden_size")
+    heads = cfg.integer("num_attention_heads")
+    if hidden // heads < 1:
+        raise cfg.error(
+            "hidden_size",
+            f"({hidden}) divided by 'num_attention_heads' ({heads}) gives a head size of 0; set 'head_dim'",
+        )
+    return hidden // heads
+
+
+def kv_heads(cfg: ConfigFields) -> int:
+    """``num_key_value_heads``, or ``num_attention_heads`` when it is absent (multi-head)."""
+    heads = cfg.integer("num_attention_heads")
+    return cfg.integer("num_key_value_heads", default=heads)
+
+
+def attention(
+    cfg: ConfigFields,
+    options: ModelOptions,
+    model_dtype: torch.dtype,
+    *,
+    head_dim_keys: Sequence[str] = ("head_dim",),
+    derive_head_dim: bool = True,
+) -> Attention:
+    """The attention geometry of a config for one tensor-parallel rank."""
+    return Attention(
+        num_kv_heads=options.kv_heads_per_rank(kv_heads(cfg)),
+        head_size=head_size(cfg, keys=head_dim_keys, derive=derive_head_dim),
+        dtype=options.cache_dtype(model_dtype),
+        block_size=options.block_size,
+    )
+
+
+# -- layers --------------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class LayerNames:
+    """How cache-holding modules are named: ``f"{prefix}.{i}.{attribute}"``.
+
+    Attributes:
+        prefix: the decoder layer list, e.g. ``model.layers`` or
+            ``model.language_model.layers``.
+        attention: the attribute of an attention layer's module (``self_attn``).
+        state: the attribute of an SSM / linear-attention module (``mamba``, ``linear_attn``).
+    """
+
+    prefix: str = "model.layers"
+    attention: str = "self_attn"
+    state: str = "self_attn"
+
+    def name(self, index: int, layer_type: str) -> str:
+        """The module name of layer ``index`` of type ``layer_type``."""
+        attribute = self.state if layer_type == LINEAR else self.attention
+        return f"{self.prefix}.{index}.{attribute}"
+
+
+def build_layers(
+    cfg: ConfigFields,
+    layer_types: Sequence[str],
+    builders: Mapping[str, Callable[[], KVCacheSpec]],
+    names: LayerNames,
+    *,
+    hint: str = "",
+) -> dict[str, KVCacheSpec]:
+    """``{layer name: spec}`` for the layers' types; each builder is called once, when a layer
+    of its type first appears (so a window is only required when a sliding layer exists).
+
+    Args:
+        hint: appended to the error about a layer type without a builder.
+
+    Raises:
+        ModelConfigError: a layer type this family has no builder for, naming ``layer_types[i]``.
+    """
+    built: dict[str, KVCacheSpec] = {}
+    specs: dict[str, KVCacheSpec] = {}
+    for index, layer_type in enumerate(layer_types):
+        if layer_type in NO_CACHE:
+            continue
+        if layer_type not in built:
+            builder = builders.get(layer_type)
+            if builder is None:
+                known = ", ".join(sorted({*builders, *NO_CACHE}))
+                raise cfg.error(
+                    f"layer_types[{index}]",
+                    f"is {layer_type!r}, which a {cfg.model_type} model cannot cache; use one of {known}"
+                    + (f"; {hint}" if hint else ""),
+                )
+            built[layer_type] = builder()
+        specs[names.name(index, layer_type)] = built[layer_type]
+    if not specs:
+        raise ModelConfigError(
+            f"{cfg.label}: no layer holds a KV cache or a state (layer types "
+            f"{sorted(set(layer_types))}), so there is nothing to plan"
+        )
+    return specs
+
+
+def attention_builders(cfg: ConfigFields, geometry: Attention) -> dict[str, Callable[[], KVCacheSpec]]:
+    """Builders for the three attention layer types; windows and chunks are read on first use."""
+    return {
+        FULL: geometry.full,
+        SLIDING: lambda: geometry.sliding(cfg.integer("sliding_window")),
+        CHUNKED: lambda: geometry.chunked(cfg.integer("attention_chunk_size")),
+    }
+
+
+# -- states (SSM and linear attention) -----------------------------------------------------
+
+
+def shard(cfg: ConfigFields, key: str, value: int, options: ModelOptions) -> int:
+    """``value // tp`` for a state dimension that tensor parallelism splits.
+
+    Raises:
+        ModelConfigError: ``value`` does not divide by ``tp``; names the field and the tp.
+    """
+    if value % options.tp:
+        raise cfg.error(
+            key, f"is {value}, which tp={options.tp} does not divide; choose a tp that divides it"
+        )
+    return value // options.tp
+
+
+def mamba1_state(
+    cfg: ConfigFields,
+    options: ModelOptions,
+    dtype: torch.dtype,
+    *,
+    inner: tuple[str, int],
+    state_size: int,
+    conv_kernel: int,
+) -> StateSpec:
+    """A Mamba-1 state: conv ``(conv_kernel - 1, inner / tp)`` and SSM ``(inner / tp, state_size)``.
+
+    The convolution keeps the last ``conv_kernel - 1`` inputs (the current one is computed), as
+    inference engines store it (vLLM's ``mamba1_state_shape``; transformers keeps
+    ``conv_kernel``).
+
+    Args:
+        inner: ``(field, value)`` of the inner width (``d_inner = expand * hidden_size``).
+    """
+    width = shard(cfg, inner[0], inner[1], options)
+    return StateSpec(
+        block_size=options.block_size,
+        parts=(
+            StatePart(name="conv", shape=(conv_kernel - 1, width), dtype=dtype),
+            StatePart(name="ssm", shape=(width, state_size), dtype=dtype),
+        ),
+    )
+
+
+def mamba2_groups(cfg: ConfigFields, key: str, n_groups: int, options: ModelOptions) -> int:
+    """Groups after tensor parallelism: as they are when ``tp`` divides them; replicated up to
+    ``tp`` when they divide ``tp`` (every rank then holds one group's B and C); else an error."""
+    if n_groups % options.tp == 0:
+        return n_groups
+    if options.tp % n_groups == 0:
+        return options.tp
+    raise cfg.error(key, f"({n_groups}) and tp={options.tp} must divide one another; choose another tp")
+
+
+def mamba2_state(
+    cfg: ConfigFields,
+    options: ModelOptions,
+    dtype: torch.dtype,
+    *,
+    heads: tuple[str, int],
+    head_dim: int,
+    n_groups: tuple[str, int],
+    state_size: int,
+    conv_kernel: int,
+) -> StateSpec:
+    """A Mamba-2 state: conv ``(conv_kernel - 1, (heads*head_dim + 2*groups*state_size) / tp)``
+    and SSM ``(heads / tp, head_dim, state_size)`` (vLLM's ``mamba2_state_shape``).
+
+    Heads must divide by ``tp``; groups follow :func:`mamba2_groups`, so the conv channels
+    divide too.
+    """
+    heads_per_rank = shard(cfg, heads[0], heads[1], options)
+    groups_per_rank = mamba2_groups(cfg, n_groups[0], n_groups[1], options) // options.tp
+    conv_channels = heads_per_rank * head_dim + 2 * groups_per_rank * state_size
+    return StateSpec(
+        block_size=options.block_size,
+        parts=(
+            StatePart(name="conv", shape=(conv_kernel - 1, conv_channels), dtype=dtype),
+            StatePart(name="ssm", shape=(heads_per_rank, head_dim, state_size), dtype=dtype),
+        ),
+    )
+
+
+def gated_delta_net_state(
+    cfg: ConfigFields,
+    options: ModelOptions,
+    dtype: torch.dtype,
+    *,
+    key_heads: tuple[str, int],
+    value_heads: tuple[str, int],
+    key_head_dim: int,
+    value_head_dim: int,
+    conv_kernel: int,
+) -> StateSpec:
+    """A gated-delta-net state (Qwen3-Next): conv ``(conv_kernel - 1, (2*kh*kd + vh*vd) / tp)``
+    and recurrent ``(vh / tp, vd, kd)`` (vLLM's ``gated_delta_net_state_shape``); key and value
+    heads must divide by ``tp``."""
+    kh = shard(cfg, key_heads[0], key_heads[1], options)
+    vh = shard(cfg, value_heads[0], value_heads[1], options)
+    return StateSpec(
+        block_size=options.block_size,
+        parts=(
+            StatePart(
+                name="conv", shape=(conv_kernel - 1, 2 * kh * key_head_dim + vh * value_head_dim), dtype=dtype
+            ),
+            StatePart(name="recurrent", shape=(vh, value_head_dim, key_head_dim), dtype=dtype),
+        ),
+    )
+
+
+def mla(cfg: ConfigFields, options: ModelOptions, model_dtype: torch.dtype) -> MLAAttentionSpec:
+    """An MLA spec from ``kv_lora_rank`` and ``qk_rope_head_dim`` (replicated across tp ranks)."""
+    return MLAAttentionSpec(
+        block_size=options.block_size,
+        kv_lora_rank=cfg.integer("kv_lora_rank"),
+        qk_rope_head_dim=cfg.integer("qk_rope_head_dim"),
+        dtype=options.cache_dtype(model_dtype),
+    )

@@ -1,0 +1,52 @@
+"""The fallback family: any config with ``layer_types`` whose model type no family claims.
+
+It honours transformers' attention layer types: ``full_attention``, ``sliding_attention``
+(window ``sliding_window``) and ``chunked_attention`` (chunk ``attention_chunk_size``);
+``mlp`` / ``moe`` blocks hold no cache. A ``linear_attention`` layer (an SSM or linear-attention
+state) needs a family plugin that knows the state's shapes, as does any other type: the error
+says so. Head sizes and KV heads as ``llama`` (``head_dim``, else ``hidden_size //
+num_attention_heads``; ``num_key_value_heads``, else the attention heads). The model's language
+model may sit under ``text_config``. Layers are named ``model.layers.{i}.self_attn``.
+
+It is registered last and its hook runs last (``trylast``), so every family wins over it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from kvcore.hookspecs import hookimpl
+from kvcore.models import ADD_FAMILY_DOC, ModelOptions
+from kvcore.plugins.models.common import ConfigFields, LayerNames, attention, attention_builders, build_layers
+from kvcore.spec import KVCacheSpec
+
+#: Added to the error for a layer type the fallback cannot cache.
+HINT = f"other types, such as state layers, need a family plugin for the model type ({ADD_FAMILY_DOC})"
+
+
+def layer_specs(config: Mapping[str, Any], options: ModelOptions) -> dict[str, KVCacheSpec]:
+    """The specs of a config that lists its ``layer_types``."""
+    top = ConfigFields(config, str(config.get("model_type") or "unknown"))
+    nested = config.get("layer_types") is None and isinstance(config.get("text_config"), Mapping)
+    cfg = top.section("text_config") if nested else top
+    n = cfg.integer("num_hidden_layers")
+    types = cfg.layer_types(n) or []
+    geometry = attention(cfg, options, cfg.dtype(top))
+    return build_layers(cfg, types, attention_builders(cfg, geometry), LayerNames(), hint=HINT)
+
+
+def _has_layer_types(config: Mapping[str, Any]) -> bool:
+    inner = config.get("text_config")
+    return config.get("layer_types") is not None or (
+        isinstance(inner, Mapping) and inner.get("layer_types") is not None
+    )
+
+
+@hookimpl(trylast=True)
+def kvcore_layer_specs(
+    config: Mapping[str, Any], options: Mapping[str, Any]
+) -> Mapping[str, KVCacheSpec] | None:
+    if not _has_layer_types(config):
+        return None
+    return layer_specs(config, ModelOptions.from_hook_options(options))

@@ -1,0 +1,76 @@
+"""Family ``jamba``: Mamba-1 layers with an attention layer every ``attn_layer_period`` layers.
+
+Layer ``i`` is attention iff ``i % attn_layer_period == attn_layer_offset`` (defaults 8 and 4:
+layers 4, 12, 20, 28 of 32), else Mamba-1. An attention layer is full attention (transformers
+ignores Jamba's ``sliding_window``). A Mamba layer holds a fixed state per request, with
+``d_inner = mamba_expand * hidden_size``: a conv state ``(mamba_d_conv - 1, d_inner)`` and an
+SSM state ``(d_inner, mamba_d_state)``; ``mamba_dt_rank`` is a weight dimension only. An
+explicit ``layer_types`` wins (``linear_attention`` = Mamba).
+
+Layers are named ``model.layers.{i}.self_attn`` and ``model.layers.{i}.mamba``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from kvcore.hookspecs import hookimpl
+from kvcore.models import ModelOptions
+from kvcore.plugins.models.common import (
+    FULL,
+    LINEAR,
+    ConfigFields,
+    LayerNames,
+    attention,
+    build_layers,
+    claim,
+    mamba1_state,
+)
+from kvcore.spec import KVCacheSpec
+
+MODEL_TYPES = ("jamba",)
+#: ``JambaConfig``'s defaults.
+DEFAULT_ATTN_LAYER_PERIOD = 8
+DEFAULT_ATTN_LAYER_OFFSET = 4
+
+
+def layer_types(cfg: ConfigFields, n: int) -> list[str]:
+    """``full_attention`` where ``i % period == offset``, ``linear_attention`` (Mamba) elsewhere."""
+    period = cfg.integer("attn_layer_period", DEFAULT_ATTN_LAYER_PERIOD)
+    offset = cfg.integer("attn_layer_offset", DEFAULT_ATTN_LAYER_OFFSET, minimum=0)
+    if offset >= period:
+        raise cfg.error(
+            "attn_layer_offset", f"({offset}) must be smaller than 'attn_layer_period' ({period})"
+        )
+    return [FULL if i % period == offset else LINEAR for i in range(n)]
+
+
+def layer_specs(config: Mapping[str, Any], options: ModelOptions) -> dict[str, KVCacheSpec]:
+    """The specs of a Jamba config."""
+    cfg = ConfigFields(config, "jamba")
+    n = cfg.integer("num_hidden_layers")
+    types = cfg.layer_types(n) or layer_types(cfg, n)
+    dtype = cfg.dtype()
+    geometry = attention(cfg, options, dtype)
+
+    def state() -> KVCacheSpec:
+        inner = cfg.integer("mamba_expand") * cfg.integer("hidden_size")
+        return mamba1_state(
+            cfg,
+            options,
+            options.state_cache_dtype(dtype),
+            inner=("mamba_expand * hidden_size", inner),
+            state_size=cfg.integer("mamba_d_state"),
+            conv_kernel=cfg.integer("mamba_d_conv", minimum=2),
+        )
+
+    names = LayerNames(state="mamba")
+    return build_layers(cfg, types, {FULL: geometry.full, LINEAR: state}, names)
+
+
+@hookimpl
+def kvcore_layer_specs(
+    config: Mapping[str, Any], options: Mapping[str, Any]
+) -> Mapping[str, KVCacheSpec] | None:
+    return claim(config, options, MODEL_TYPES, layer_specs)

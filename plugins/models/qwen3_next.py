@@ -1,0 +1,71 @@
+"""Family ``qwen3_next``: gated-delta-net (linear attention) layers with a full-attention layer
+every ``full_attention_interval`` layers.
+
+Layer ``i`` is full attention iff ``(i + 1) % full_attention_interval == 0`` (default 4), else
+a gated delta net; an explicit ``layer_types`` wins. Full layers use ``num_key_value_heads`` x
+``head_dim`` (required). A gated-delta-net layer holds a conv state ``(linear_conv_kernel_dim -
+1, 2*kh*kd + vh*vd)`` and a recurrent state ``(vh, vd, kd)``, with ``kh, vh =
+linear_num_key_heads, linear_num_value_heads`` and ``kd, vd = linear_key_head_dim,
+linear_value_head_dim``. ``partial_rotary_factor`` does not change the cache.
+
+Layers are named ``model.layers.{i}.self_attn`` and ``model.layers.{i}.linear_attn``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from kvcore.hookspecs import hookimpl
+from kvcore.models import ModelOptions
+from kvcore.plugins.models.common import (
+    FULL,
+    LINEAR,
+    ConfigFields,
+    LayerNames,
+    attention,
+    build_layers,
+    claim,
+    gated_delta_net_state,
+)
+from kvcore.spec import KVCacheSpec
+
+MODEL_TYPES = ("qwen3_next",)
+#: ``Qwen3NextConfig``'s default: every 4th layer is full attention.
+DEFAULT_FULL_ATTENTION_INTERVAL = 4
+
+
+def layer_specs(config: Mapping[str, Any], options: ModelOptions) -> dict[str, KVCacheSpec]:
+    """The specs of a Qwen3-Next config."""
+    cfg = ConfigFields(config, "qwen3_next")
+    n = cfg.integer("num_hidden_layers")
+    types = cfg.layer_types(n)
+    if types is None:
+        interval = cfg.integer("full_attention_interval", DEFAULT_FULL_ATTENTION_INTERVAL)
+        types = [LINEAR if (i + 1) % interval else FULL for i in range(n)]
+    dtype = cfg.dtype()
+
+    def attention_spec() -> KVCacheSpec:
+        return attention(cfg, options, dtype, derive_head_dim=False).full()
+
+    def state() -> KVCacheSpec:
+        return gated_delta_net_state(
+            cfg,
+            options,
+            options.state_cache_dtype(dtype),
+            key_heads=("linear_num_key_heads", cfg.integer("linear_num_key_heads")),
+            value_heads=("linear_num_value_heads", cfg.integer("linear_num_value_heads")),
+            key_head_dim=cfg.integer("linear_key_head_dim"),
+            value_head_dim=cfg.integer("linear_value_head_dim"),
+            conv_kernel=cfg.integer("linear_conv_kernel_dim", minimum=2),
+        )
+
+    names = LayerNames(state="linear_attn")
+    return build_layers(cfg, types, {FULL: attention_spec, LINEAR: state}, names)
+
+
+@hookimpl
+def kvcore_layer_specs(
+    config: Mapping[str, Any], options: Mapping[str, Any]
+) -> Mapping[str, KVCacheSpec] | None:
+    return claim(config, options, MODEL_TYPES, layer_specs)

@@ -1,0 +1,157 @@
+"""Built-in kind ``state``: a fixed per-request state (SSM / linear-attention layers).
+
+A Mamba-1, Mamba-2 or gated-delta-net layer keeps no per-token cache. Each request holds one
+state of fixed shapes (a short convolution window and a recurrent state), whatever its length.
+Its page is that whole state, so the page does not grow with the block size, a request holds
+exactly one page, and the page holds no tokens.
+
+How the page sits beside attention pages is the policy's business: ``shared_buffer`` gives all
+state layers of one spec one group whose page spans an aligned run of ``blocks_per_page`` block
+ids, so attention layers keep their own small block size (``docs/reference/models.md``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+
+import attrs
+import torch
+
+from kvcore.dtypes import dtype_name, dtype_size, to_dtype
+from kvcore.errors import InvalidSpecError
+from kvcore.hookspecs import hookimpl
+from kvcore.layout import CacheLayout, PagePart
+from kvcore.spec import KVCacheSpec, SizingContext, cdiv
+
+
+def _shape(value: object) -> tuple[int, ...]:
+    if not isinstance(value, (tuple, list)) or not value:
+        raise InvalidSpecError(f"state: a part's 'shape' must be a non-empty list of ints (got {value!r})")
+    for dim in value:
+        if not isinstance(dim, int) or isinstance(dim, bool) or dim < 1:
+            raise InvalidSpecError(
+                f"state: every dimension of a part's 'shape' must be an int >= 1 (got {value!r})"
+            )
+    return tuple(value)
+
+
+def _name(instance: object, attribute: attrs.Attribute[str], value: object) -> None:
+    if not isinstance(value, str) or not value:
+        raise InvalidSpecError(f"state: a part's 'name' must be a non-empty string (got {value!r})")
+
+
+@attrs.frozen(kw_only=True, repr=False)
+class StatePart:
+    """One tensor of a layer's per-request state.
+
+    Attributes:
+        name: a label, unique within the spec (``"conv"``, ``"ssm"``, ``"recurrent"``).
+        shape: the tensor's shape for one request.
+        dtype: its element type.
+    """
+
+    name: str = attrs.field(validator=_name)
+    shape: tuple[int, ...] = attrs.field(converter=_shape)
+    dtype: torch.dtype = attrs.field(converter=to_dtype)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of this tensor for one request."""
+        return math.prod(self.shape) * dtype_size(self.dtype)
+
+    def __repr__(self) -> str:
+        dims = "x".join(str(d) for d in self.shape)
+        return f"{self.name}[{dims} {dtype_name(self.dtype)}]"
+
+
+def _parts(value: object) -> tuple[StatePart, ...]:
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise InvalidSpecError(f"state: 'parts' must be a list of state tensors (got {value!r})")
+    parts = tuple(value)
+    if not parts:
+        raise InvalidSpecError("state: 'parts' must list at least one state tensor (got none)")
+    for part in parts:
+        if not isinstance(part, StatePart):
+            raise InvalidSpecError(f"state: every entry of 'parts' must be a StatePart (got {part!r})")
+    names = [part.name for part in parts]
+    if len(set(names)) != len(names):
+        raise InvalidSpecError(f"state: part names must be unique (got {names})")
+    return parts
+
+
+def _align(offset: int, alignment: int) -> int:
+    return cdiv(offset, alignment) * alignment
+
+
+@attrs.frozen(kw_only=True)
+class StateSpec(KVCacheSpec):
+    """A fixed per-request state: one page per request, independent of its length.
+
+    Page size: the parts laid end to end, each at an offset that is a multiple of its element
+    size, the total rounded up to the largest element size (:attr:`alignment_bytes`). A Mamba
+    state of a conv part ``(3, 8192)`` and an SSM part ``(8192, 16)``, both bfloat16, takes
+    ``3*8192*2 + 8192*16*2 = 311,296`` bytes.
+
+    ``block_size`` is kept so that a state layer can be written in a spec file like any other
+    and so that its group reports the model's block size; the page does not depend on it.
+
+    Attributes:
+        parts: the state tensors, in page order.
+    """
+
+    kind = "state"
+    page_scales_with_block_size = False
+
+    parts: tuple[StatePart, ...] = attrs.field(converter=_parts)
+
+    @property
+    def part_offsets(self) -> tuple[int, ...]:
+        """Byte offset of each part inside the page."""
+        offsets = []
+        offset = 0
+        for part in self.parts:
+            offset = _align(offset, dtype_size(part.dtype))
+            offsets.append(offset)
+            offset += part.nbytes
+        return tuple(offsets)
+
+    @property
+    def state_bytes(self) -> int:
+        """Bytes of the state itself: the parts without alignment padding."""
+        return sum(part.nbytes for part in self.parts)
+
+    @property
+    def page_size_bytes(self) -> int:
+        end = self.part_offsets[-1] + self.parts[-1].nbytes
+        return _align(end, self.alignment_bytes)
+
+    @property
+    def alignment_bytes(self) -> int:
+        return max(dtype_size(part.dtype) for part in self.parts)
+
+    @property
+    def tokens_per_page(self) -> None:
+        return None
+
+    def max_num_blocks(self, context: SizingContext) -> int:
+        """One page per request, whatever its length."""
+        return 1
+
+
+@hookimpl
+def kvcore_register_spec_kinds(register: Callable[[type[KVCacheSpec]], None]) -> None:
+    register(StateSpec)
+
+
+@hookimpl(trylast=True)
+def kvcore_cache_layout(spec: KVCacheSpec) -> CacheLayout | None:
+    """One part per state tensor, at its aligned offset; the page dimension comes first."""
+    if not isinstance(spec, StateSpec):
+        return None
+    return CacheLayout(
+        parts=tuple(
+            PagePart(name=part.name, shape=part.shape, dtype=part.dtype, offset_bytes=offset, block_dim=0)
+            for part, offset in zip(spec.parts, spec.part_offsets, strict=True)
+        )
+    )
