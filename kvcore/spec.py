@@ -125,6 +125,26 @@ class KVCacheSpec(abc.ABC):
         """Bytes one request of ``context.max_model_len`` tokens needs at most in this layer."""
         return self.max_num_blocks(context) * self.page_size_bytes
 
+    def first_retained_token(self, num_tokens: int) -> int:
+        """The first token position this layer may still read once ``num_tokens`` are cached.
+
+        ``num_tokens`` counts the tokens of a request whose K/V are already in the cache
+        (positions ``0 .. num_tokens - 1``); the next token to be computed is at position
+        ``num_tokens``, and every later step only computes later positions. The layer never
+        reads a token before the returned position again for the rest of the request, so a
+        page that holds only such tokens can be freed (a block pool does that as decoding moves
+        on). The result is at most ``num_tokens`` and never decreases as ``num_tokens`` grows.
+
+        The default, ``0``, keeps every token (full attention, MLA, per-request states).
+
+        Args:
+            num_tokens: tokens of the request already in the cache (``>= 0``).
+
+        Returns:
+            The position of the earliest token that must stay cached.
+        """
+        return 0
+
     @property
     def tokens_per_page(self) -> int | None:
         """Tokens one page holds, or ``None`` for a per-request state that does not grow."""

@@ -34,6 +34,14 @@ class ChunkedLocalAttentionSpec(AttentionSpec):
         misaligned = 1 if self.attention_chunk_size % self.block_size else 0
         return min(cdiv(live, self.block_size) + misaligned, cdiv(length, self.block_size))
 
+    def first_retained_token(self, num_tokens: int) -> int:
+        """``(num_tokens // C) * C``: the start of the chunk the next token falls in.
+
+        The next token (position ``num_tokens``) reads its own chunk from its start; earlier
+        chunks are never read again.
+        """
+        return num_tokens // self.attention_chunk_size * self.attention_chunk_size
+
 
 @hookimpl
 def kvcore_register_spec_kinds(register: Callable[[type[KVCacheSpec]], None]) -> None:

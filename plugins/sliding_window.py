@@ -34,6 +34,14 @@ class SlidingWindowSpec(AttentionSpec):
         live = min(self.sliding_window - 1 + context.max_tokens_per_step, length)
         return min(cdiv(live, self.block_size) + 1, cdiv(length, self.block_size))
 
+    def first_retained_token(self, num_tokens: int) -> int:
+        """``max(0, num_tokens - sliding_window + 1)``: the window of the next token.
+
+        The next token (position ``num_tokens``) reads ``[num_tokens - W + 1, num_tokens]``;
+        later tokens read later windows, so nothing before that window is read again.
+        """
+        return max(0, num_tokens - self.sliding_window + 1)
+
 
 @hookimpl
 def kvcore_register_spec_kinds(register: Callable[[type[KVCacheSpec]], None]) -> None:

@@ -1,0 +1,108 @@
+"""``kvcore allocate`` on the CPU: plans, allocates for real, binds stand-in layers, times it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from kvcore.cli import main
+from kvcore.cli.allocate import stand_in_model
+
+LAYER = {"block_size": 16, "num_kv_heads": 2, "head_size": 64, "dtype": "bfloat16"}
+
+
+@pytest.fixture
+def run_cli(capsys, monkeypatch):
+    monkeypatch.setenv("KVCORE_DISABLE_PLUGIN_AUTOLOAD", "1")
+
+    def run(*argv):
+        status = main([str(a) for a in argv])
+        out, err = capsys.readouterr()
+        return status, out, err
+
+    return run
+
+
+@pytest.fixture
+def specs(tmp_path):
+    layers = {
+        f"model.layers.{i}.self_attn": {**LAYER, "kind": "full_attention"}
+        if i % 3 == 2
+        else {**LAYER, "kind": "sliding_window", "sliding_window": 256}
+        for i in range(6)
+    }
+    path = tmp_path / "specs.json"
+    path.write_text(json.dumps({"layers": layers}))
+    return path
+
+
+def test_allocate_with_a_fixed_size(run_cli, specs):
+    status, out, err = run_cli(
+        "allocate", "--specs", specs, "--device", "cpu", "--memory", "8MiB", "--max-model-len", "1024"
+    )
+    assert status == 0, err
+    assert "policy shared_buffer" in out and "max concurrency" in out
+    assert "allocated 8.00 MiB (8,388,608 bytes) on cpu in 1 tensor(s), zero-filled; bound 6 layers" in out
+    for step in ("read specs", "memory", "plan", "allocate", "bind"):
+        assert f"  {step}" in out
+    assert "fixed at 8.00 MiB" in out
+
+
+def test_allocate_with_a_utilization_profiles_the_device(run_cli, specs, monkeypatch):
+    from kvcore.memory import HostMemory
+
+    share = 8 * 2**20 / HostMemory().sample().free_bytes
+    status, out, err = run_cli(
+        "allocate", "--specs", specs, "--utilization", f"{share:.8f}", "--max-model-len", "512", "--no-zero"
+    )
+    assert status == 0, err
+    assert "cap (" in out and "of available)" in out and "KV cache budget" in out
+    assert "zero-filled" not in out
+
+
+def test_uniform_specs_get_one_tensor_per_layer(run_cli, tmp_path):
+    path = tmp_path / "uniform.json"
+    path.write_text(json.dumps({"layers": {f"l{i}": {**LAYER, "kind": "full_attention"} for i in range(3)}}))
+    status, out, err = run_cli("allocate", "--specs", path, "--memory", "3MiB", "--max-model-len", "256")
+    assert status == 0, err
+    assert "in 3 tensor(s)" in out and "policy uniform" in out
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ([], "exactly one of the two"),
+        (["--memory", "8MiB", "--utilization", "0.5"], "exactly one of the two"),
+        (["--memory", "1MiB"], "lower --max-model-len"),
+    ],
+)
+def test_budget_mistakes_are_one_line_errors(run_cli, specs, extra, message):
+    status, out, err = run_cli("allocate", "--specs", specs, "--max-model-len", "1024", *extra)
+    assert status == 1 and out == ""
+    assert err.startswith("kvcore: error:") and message in err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error when CUDA is absent")
+def test_cuda_without_a_gpu_is_a_clear_error(run_cli, specs):
+    status, _, err = run_cli(
+        "allocate", "--specs", specs, "--device", "cuda:0", "--memory", "8MiB", "--max-model-len", "64"
+    )
+    assert status == 1 and "needs a CUDA GPU" in err and "use the cpu device" in err
+
+
+@pytest.mark.parametrize(
+    ("option", "value"), [("--device", "tpu"), ("--utilization", "0"), ("--utilization", "1.5")]
+)
+def test_bad_option_values_are_usage_errors(run_cli, specs, option, value):
+    with pytest.raises(SystemExit) as info:
+        run_cli("allocate", "--specs", specs, "--max-model-len", "64", option, value)
+    assert info.value.code == 2
+
+
+def test_stand_in_model_has_a_module_for_every_layer_name():
+    names = ["model.layers.0.self_attn", "model.layers.1.self_attn", "model.layers.1", "lm"]
+    model = stand_in_model(names)
+    modules = dict(model.named_modules())
+    assert all(name in modules for name in names)
