@@ -1,0 +1,407 @@
+"""Conformance checks for spec kinds and allocation policies, as plain functions.
+
+Each check takes concrete objects and returns nothing when they conform. When they do not, it
+raises :class:`AssertionError` with one sentence that names the rule, shows what it saw and says
+what to fix. The pytest suites in :mod:`kvcore.testing.conformance` draw the objects with
+hypothesis and call these functions; any test may call them directly.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from typing import Any, NoReturn
+
+import attrs
+import torch
+
+from kvcore.capacity import ideal_concurrency
+from kvcore.dtypes import dtype_size
+from kvcore.errors import (
+    DuplicateRegistrationError,
+    InvalidInputError,
+    InvalidSpecError,
+    KVCoreError,
+    PolicyNotApplicableError,
+)
+from kvcore.invariants import plan_problems
+from kvcore.plan import KVCacheConfig, _structural_problems
+from kvcore.policy import AllocationPolicy
+from kvcore.registry import Registry
+from kvcore.serialization import plan_from_json, plan_to_json, spec_from_dict, spec_to_dict
+from kvcore.spec import KVCacheSpec, SizingContext, describe_spec
+from kvcore.testing.registries import build_registry
+from kvcore.testing.strategies import PlanningProblem
+
+#: Block sizes and JSON values every spec kind must reject (``block_size`` is a base field).
+BAD_BLOCK_SIZES: tuple[object, ...] = (0, -16, "16", 16.0, True, None)
+
+
+def _fail(message: str) -> NoReturn:
+    raise AssertionError(message)
+
+
+def init_fields(spec: KVCacheSpec) -> dict[str, Any]:
+    """The keyword arguments that rebuild ``spec`` (its ``init`` fields)."""
+    return {a.name: getattr(spec, a.name) for a in attrs.fields(type(spec)) if a.init}
+
+
+# -- spec kinds ----------------------------------------------------------------------------
+
+
+def check_frozen_and_hashable(spec: KVCacheSpec) -> None:
+    """A spec is a frozen attrs instance: no field can be assigned, and equal copies hash equal."""
+    cls = type(spec)
+    if not attrs.has(cls):
+        _fail(f"{cls.__qualname__} is not an attrs class; decorate it with @attrs.frozen(kw_only=True)")
+    for field in attrs.fields(cls):
+        try:
+            setattr(spec, field.name, getattr(spec, field.name))
+        except attrs.exceptions.FrozenInstanceError:
+            continue
+        _fail(
+            f"{cls.__qualname__} accepts assignments to {field.name!r}; specs are shared between "
+            "layers, groups and plans, so they must be frozen: use @attrs.frozen(kw_only=True)"
+        )
+    copy = attrs.evolve(spec)
+    if copy != spec:
+        _fail(f"{describe_spec(spec)} differs from an identical copy of itself; keep eq=True")
+    try:
+        hashes = {hash(spec), hash(copy)}
+    except TypeError as exc:
+        _fail(f"{cls.__qualname__} is not hashable ({exc}); a frozen attrs class is")
+    if len(hashes) != 1:
+        _fail(f"{describe_spec(spec)} and an equal copy have different hashes")
+
+
+def check_kind_registered(spec_cls: type[KVCacheSpec], registry: Registry) -> None:
+    """``spec_cls.kind`` is a non-empty name that ``registry`` maps to ``spec_cls``."""
+    kind = getattr(spec_cls, "kind", None)
+    if not isinstance(kind, str) or not kind:
+        _fail(f"{spec_cls.__qualname__} needs a non-empty 'kind' class attribute (got {kind!r})")
+    if kind not in registry.kinds:
+        _fail(
+            f"spec kind {kind!r} is not in the registry (it has {', '.join(registry.kinds)}); register "
+            "the class from a kvcore_register_spec_kinds hook and list the plugin in kvcore_plugins"
+        )
+    if registry.spec_class(kind) is not spec_cls:
+        _fail(f"spec kind {kind!r} is registered for {registry.spec_class(kind)!r}, not {spec_cls!r}")
+
+
+def check_kind_unique(spec_cls: type[KVCacheSpec], plugins: Iterable[object]) -> None:
+    """No installed plugin registers ``spec_cls.kind`` besides ``spec_cls`` itself."""
+    try:
+        installed = build_registry(*plugins, autoload=True)
+    except DuplicateRegistrationError as exc:
+        _fail(f"{exc}")
+    check_kind_registered(spec_cls, installed)
+
+
+def check_json_round_trip(spec: KVCacheSpec, registry: Registry) -> None:
+    """A spec written as JSON through the registry's converter reads back equal, same class."""
+    data = spec_to_dict(spec, registry)
+    if data.get("kind") != spec.kind:
+        _fail(f"{describe_spec(spec)} is written with kind {data.get('kind')!r}, not {spec.kind!r}")
+    try:
+        text = json.dumps(data)
+    except TypeError as exc:
+        _fail(f"{describe_spec(spec)} does not turn into JSON ({exc}); give its fields JSON types")
+    back = spec_from_dict(json.loads(text), registry)
+    if type(back) is not type(spec) or back != spec or hash(back) != hash(spec):
+        _fail(f"{describe_spec(spec)} reads back from {text} as {describe_spec(back)}")
+
+
+def check_page_size(spec: KVCacheSpec) -> None:
+    """``page_size_bytes`` is a positive ``int`` (bytes are counted in whole integers)."""
+    page = spec.page_size_bytes
+    if not isinstance(page, int) or isinstance(page, bool) or page < 1:
+        _fail(f"{describe_spec(spec)}: page_size_bytes must be an int >= 1 (got {page!r})")
+
+
+def check_page_size_vs_block_size(spec: KVCacheSpec, larger_block_size: int) -> None:
+    """A larger block size gives a larger page, or the same page for a per-request state."""
+    if larger_block_size <= spec.block_size:
+        raise InvalidInputError(f"larger_block_size must exceed {spec.block_size} (got {larger_block_size})")
+    other = spec.with_block_size(larger_block_size)
+    small, large = spec.page_size_bytes, other.page_size_bytes
+    if spec.page_scales_with_block_size and large <= small:
+        _fail(
+            f"{describe_spec(spec)}: the page must grow with the block size (block {spec.block_size} "
+            f"-> {small} bytes, block {larger_block_size} -> {large} bytes); if it is a fixed state, "
+            "set page_scales_with_block_size = False"
+        )
+    if not spec.page_scales_with_block_size and large != small:
+        _fail(
+            f"{describe_spec(spec)} sets page_scales_with_block_size = False but its page changes "
+            f"with the block size ({small} bytes at {spec.block_size}, {large} at {larger_block_size})"
+        )
+
+
+def check_with_block_size(spec: KVCacheSpec, block_size: int) -> None:
+    """``with_block_size`` returns the same class with only ``block_size`` changed."""
+    other = spec.with_block_size(block_size)
+    if type(other) is not type(spec) or other.block_size != block_size:
+        _fail(f"{describe_spec(spec)}.with_block_size({block_size}) gave {describe_spec(other)}")
+    before, after = init_fields(spec), init_fields(other)
+    changed = [name for name in before if name != "block_size" and before[name] != after[name]]
+    if changed:
+        _fail(f"{describe_spec(spec)}.with_block_size({block_size}) also changed {changed}")
+
+
+def check_max_usage_monotone(spec: KVCacheSpec, shorter: SizingContext, longer: SizingContext) -> None:
+    """A request of at least one token holds at least one block, and a longer one never needs less."""
+    if shorter.max_model_len > longer.max_model_len:
+        raise InvalidInputError("'shorter' must not be longer than 'longer'")
+    for context in (shorter, longer):
+        blocks = spec.max_num_blocks(context)
+        if not isinstance(blocks, int) or isinstance(blocks, bool) or blocks < 1:
+            _fail(
+                f"{describe_spec(spec)}: max_num_blocks must be an int >= 1 for a request of "
+                f"{context.max_model_len} tokens (got {blocks!r})"
+            )
+    short, long = spec.max_memory_usage_bytes(shorter), spec.max_memory_usage_bytes(longer)
+    if long < short:
+        _fail(
+            f"{describe_spec(spec)}: a request of {longer.max_model_len} tokens needs {long} bytes but "
+            f"one of {shorter.max_model_len} tokens needs {short}; the worst case must not shrink "
+            "as requests grow"
+        )
+
+
+def check_group_key_stable(spec: KVCacheSpec, registry: Registry) -> None:
+    """Equal specs (a copy, a JSON round trip, the same block size again) have one hashable key."""
+    key = spec.group_key
+    try:
+        hash(key)
+    except TypeError as exc:
+        _fail(f"{describe_spec(spec)}: group_key {key!r} is not hashable ({exc})")
+    copies = {
+        "a second read": spec,
+        "an equal copy": attrs.evolve(spec),
+        "a JSON round trip": spec_from_dict(spec_to_dict(spec, registry), registry),
+        "with_block_size(block_size)": spec.with_block_size(spec.block_size),
+    }
+    for how, copy in copies.items():
+        if copy.group_key != key:
+            _fail(f"{describe_spec(spec)}: group_key changes after {how} ({key!r} vs {copy.group_key!r})")
+
+
+def check_merge_of_equal_specs(spec: KVCacheSpec) -> None:
+    """Merging the equal specs several workers report for one layer gives an equal spec."""
+    merged = type(spec).merge([spec, attrs.evolve(spec)])
+    if not isinstance(merged, type(spec)) or merged.group_key != spec.group_key:
+        _fail(f"merging two copies of {describe_spec(spec)} gave {merged!r}")
+
+
+def check_rejects_arguments(spec: KVCacheSpec, overlay: Mapping[str, Any]) -> None:
+    """Building ``type(spec)`` from ``spec``'s fields updated with ``overlay`` raises InvalidSpecError."""
+    fields = init_fields(spec)
+    unknown = sorted(set(overlay) - set(fields))
+    if unknown:
+        raise InvalidInputError(
+            f"invalid kwargs {dict(overlay)} name fields {type(spec).__name__} lacks: {unknown}"
+        )
+    kwargs = {**fields, **overlay}
+    try:
+        built = type(spec)(**kwargs)
+    except InvalidSpecError:
+        return
+    except Exception as exc:
+        _fail(
+            f"{type(spec).__qualname__}(**{kwargs!r}) raised {type(exc).__name__}: {exc}; bad arguments "
+            "must raise kvcore.InvalidSpecError (use the validators in kvcore.spec, never assert)"
+        )
+    _fail(
+        f"{type(spec).__qualname__} accepted bad arguments {dict(overlay)} and built {describe_spec(built)}"
+    )
+
+
+def check_bad_json_rejected(spec: KVCacheSpec, registry: Registry) -> None:
+    """A spec file entry with a missing field, an unknown key or a bad block size raises InvalidSpecError."""
+    data = spec_to_dict(spec, registry)
+    cases: dict[str, dict[str, Any]] = {}
+    for field in attrs.fields(type(spec)):
+        if field.init and field.default is attrs.NOTHING and field.name in data:
+            cases[f"without {field.name!r}"] = {k: v for k, v in data.items() if k != field.name}
+    cases["with an unknown key 'bogus_field'"] = {**data, "bogus_field": 1}
+    for value in BAD_BLOCK_SIZES:
+        cases[f"with block_size {value!r}"] = {**data, "block_size": value}
+    for how, entry in cases.items():
+        try:
+            read = spec_from_dict(entry, registry)
+        except InvalidSpecError:
+            continue
+        except Exception as exc:
+            _fail(
+                f"{spec.kind}: reading {entry} ({how}) raised {type(exc).__name__}: {exc}; it must raise "
+                "kvcore.InvalidSpecError"
+            )
+        _fail(f"{spec.kind}: the entry {entry} ({how}) was accepted as {describe_spec(read)}")
+
+
+def _contiguous_strides(shape: tuple[int, ...]) -> list[int]:
+    return [math.prod(shape[i + 1 :]) for i in range(len(shape))]
+
+
+def check_cache_layout(spec: KVCacheSpec, registry: Registry, *, pages: int = 2) -> None:
+    """The ``kvcore_cache_layout`` answer for ``spec`` can be viewed over pages, each part in its page.
+
+    Builds the layer view of every part over ``pages`` real pages of a CPU byte buffer (the
+    ``num_pages`` dimension inserted at ``block_dim``), and checks that page ``j`` of every part
+    lies inside page ``j`` and that no two parts share a byte.
+
+    Args:
+        spec: the spec whose layout is checked.
+        registry: whose ``kvcore_cache_layout`` implementations answer.
+        pages: how many pages the views span.
+
+    Raises:
+        AssertionError: no plugin gives a layout, a part leaves its page, two parts overlap, or
+            the page is not a whole number of a part's elements.
+    """
+    try:
+        layout = registry.cache_layout(spec)
+    except KVCoreError as exc:
+        _fail(f"{describe_spec(spec)}: {exc}")
+    if not layout.parts:
+        _fail(f"{describe_spec(spec)}: the cache layout has no parts")
+    page = spec.page_size_bytes
+    buffer = torch.zeros(pages * page, dtype=torch.uint8)
+    owner = torch.full((pages * page,), -1, dtype=torch.int16)
+    for index, part in enumerate(layout.parts):
+        size = dtype_size(part.dtype)
+        if page % size:
+            _fail(
+                f"{describe_spec(spec)}: its page of {page} bytes is not a whole number of "
+                f"{part.dtype} elements (part {part.name!r}); pad page_size_bytes to a multiple of {size}"
+            )
+        strides = _contiguous_strides(part.shape)
+        view_shape = [*part.shape[: part.block_dim], pages, *part.shape[part.block_dim :]]
+        view_strides = [*strides[: part.block_dim], page // size, *strides[part.block_dim :]]
+        try:
+            view = torch.as_strided(
+                buffer.view(part.dtype), view_shape, view_strides, part.offset_bytes // size
+            )
+        except RuntimeError as exc:
+            _fail(f"{describe_spec(spec)}: part {part.name!r} cannot be viewed over {pages} pages: {exc}")
+        for j in range(pages):
+            block = view.select(part.block_dim, j)
+            start = block.data_ptr() - buffer.data_ptr()
+            end = start + size * (
+                1 + sum((d - 1) * s for d, s in zip(block.shape, block.stride(), strict=True))
+            )
+            if start < j * page or end > (j + 1) * page:
+                _fail(
+                    f"{describe_spec(spec)}: page {j} of part {part.name!r} spans bytes {start}..{end}, "
+                    f"outside its page {j * page}..{(j + 1) * page}"
+                )
+            taken = owner[start:end]
+            clash = taken[taken >= 0]
+            if clash.numel():
+                other = layout.parts[int(clash[0])].name
+                _fail(f"{describe_spec(spec)}: parts {other!r} and {part.name!r} overlap in page {j}")
+            taken.fill_(index)
+
+
+# -- policies ------------------------------------------------------------------------------
+
+
+def check_refusal(policy: AllocationPolicy, problem: PlanningProblem, registry: Registry) -> bool:
+    """``why_not`` is ``None`` or one sentence, and planning a refused problem raises with it.
+
+    Returns:
+        ``True`` when the policy accepts the problem.
+    """
+    reason = policy.why_not(problem.specs)
+    if reason is None:
+        return True
+    if not isinstance(reason, str) or not reason.strip():
+        _fail(f"policy {policy.name!r}: why_not must return None or a non-empty sentence (got {reason!r})")
+    try:
+        problem.plan(policy.name, registry)
+    except PolicyNotApplicableError as exc:
+        if reason not in str(exc):
+            _fail(f"policy {policy.name!r}: the refusal {exc} does not give why_not's reason {reason!r}")
+        return False
+    _fail(f"policy {policy.name!r} planned specs its why_not refused ({reason})")
+
+
+def check_within_budget(plan: KVCacheConfig, problem: PlanningProblem) -> None:
+    """The plan allocates no more bytes than the budget it was given."""
+    if plan.available_memory_bytes != problem.available_bytes:
+        _fail(
+            f"the plan records a budget of {plan.available_memory_bytes} bytes, not {problem.available_bytes}"
+        )
+    if plan.kv_cache_bytes > problem.available_bytes:
+        _fail(
+            f"policy {plan.policy!r} allocates {plan.kv_cache_bytes} bytes ({plan.num_blocks} blocks of "
+            f"{plan.bytes_per_block}) but the budget is {problem.available_bytes}"
+        )
+
+
+def check_every_layer_placed_once(plan: KVCacheConfig, problem: PlanningProblem) -> None:
+    """Every layer is in exactly one group and viewed through exactly one tensor."""
+    wanted = Counter(list(problem.specs))
+    for what, names in (
+        ("groups", [n for g in plan.groups for n in g.layer_names]),
+        ("tensors", [n for t in plan.tensors for n in t.shared_by]),
+    ):
+        seen = Counter(names)
+        if seen != wanted:
+            missing = sorted(wanted - seen)[:5]
+            extra = sorted(seen - wanted)[:5]
+            _fail(f"policy {plan.policy!r}: the {what} miss layers {missing} or repeat/invent {extra}")
+
+
+def check_ranges_in_bounds(plan: KVCacheConfig) -> None:
+    """Every page of every layer lies inside its tensor, and every tensor inside its memory.
+
+    These are the plan's own structural invariants (a :class:`~kvcore.KVCacheConfig` checks
+    them when it is built); this re-checks a plan however it was obtained.
+    """
+    problems = list(_structural_problems(plan))
+    if problems:
+        _fail(f"policy {plan.policy!r} made a plan whose ranges break: {'; '.join(problems[:3])}")
+
+
+def check_no_live_overlap(plan: KVCacheConfig) -> None:
+    """No two pages that can be live at once share a byte (:func:`kvcore.invariants.plan_problems`)."""
+    problems = plan_problems(plan)
+    if problems:
+        _fail(f"policy {plan.policy!r} overlaps live pages: {'; '.join(problems[:3])}")
+
+
+def check_not_above_ideal(plan: KVCacheConfig, problem: PlanningProblem) -> None:
+    """The plan never claims more concurrency than the ideal bound allows (an accounting bug)."""
+    ideal = ideal_concurrency(problem.specs, problem.available_bytes, problem.context)
+    if plan.num_blocks and plan.max_concurrency() > ideal * (1 + 1e-9):
+        _fail(
+            f"policy {plan.policy!r} claims {plan.max_concurrency():.4f} requests at once but no layout "
+            f"can hold more than {ideal:.4f}; its blocks_per_request or bytes_per_block undercount"
+        )
+
+
+def check_same_plan(first: KVCacheConfig, second: KVCacheConfig) -> None:
+    """Planning equal inputs twice gives equal plans."""
+    if first != second:
+        _fail(f"policy {first.policy!r} made two different plans from equal inputs: {first} vs {second}")
+
+
+def check_more_memory_not_worse(small: KVCacheConfig, large: KVCacheConfig) -> None:
+    """A larger budget never gives fewer blocks or less concurrency."""
+    if large.num_blocks < small.num_blocks or large.max_concurrency() < small.max_concurrency():
+        _fail(
+            f"policy {small.policy!r}: {large.available_memory_bytes} bytes give {large.num_blocks} blocks "
+            f"({large.max_concurrency():.3f} requests) but {small.available_memory_bytes} bytes give "
+            f"{small.num_blocks} ({small.max_concurrency():.3f})"
+        )
+
+
+def check_plan_json_round_trip(plan: KVCacheConfig, registry: Registry) -> None:
+    """A plan written as JSON reads back equal."""
+    text = plan_to_json(plan, registry)
+    back = plan_from_json(text, registry)
+    if back != plan:
+        _fail(f"policy {plan.policy!r}: the plan reads back from JSON as a different plan: {text[:300]}")

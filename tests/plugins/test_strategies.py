@@ -1,0 +1,125 @@
+"""The public strategies: specs of any registered kind, planning problems and plans."""
+
+import attrs
+import pytest
+from hypothesis import find, given
+from hypothesis import strategies as st
+from hypothesis.errors import NoSuchExample, Unsatisfiable
+
+from kvcore import (
+    InvalidInputError,
+    KVCacheSpec,
+    Registry,
+    SizingContext,
+    UnknownSpecKindError,
+    hookimpl,
+    request_bytes,
+)
+from kvcore.spec import cdiv, positive_int
+from kvcore.testing import strategies as kst
+from kvcore.testing.strategies import MissingStrategyError
+from tests.helpers import full, sliding
+
+
+@attrs.frozen(kw_only=True)
+class Ring(KVCacheSpec):
+    kind = "test.ring"
+    slots: int = attrs.field(validator=positive_int)
+
+    @property
+    def page_size_bytes(self):
+        return self.block_size * self.slots
+
+    def max_num_blocks(self, context):
+        return cdiv(min(context.max_model_len, 64), self.block_size)
+
+
+class RingPlugin:
+    @hookimpl
+    def kvcore_register_spec_kinds(self, register):
+        register(Ring)
+
+
+RINGS = st.builds(Ring, block_size=st.sampled_from([1, 16]), slots=st.integers(1, 8))
+
+
+@pytest.fixture
+def ring_registry(make_kvcore_registry):
+    return make_kvcore_registry(RingPlugin())
+
+
+@pytest.fixture
+def clean_registrations(monkeypatch):
+    """register_spec_strategy registers for the process; keep it to this test."""
+    monkeypatch.setattr(kst, "_REGISTERED_SPEC_STRATEGIES", {})
+
+
+def test_a_plugin_kind_without_a_strategy_says_how_to_add_one(ring_registry):
+    with pytest.raises(MissingStrategyError, match=r"strategy for spec kind 'test\.ring'") as exc:
+        kst.specs(registry=ring_registry)
+    assert "register_spec_strategy(cls, my_specs())" in str(exc.value)
+    assert "strategies={'test.ring': my_specs()}" in str(exc.value)
+
+
+def test_specs_of_every_registered_kind(ring_registry, clean_registrations):
+    kst.register_spec_strategy(Ring, RINGS)
+    every_kind = set(ring_registry.kinds)
+    seen = find(
+        st.lists(kst.specs(registry=ring_registry), min_size=len(every_kind)),
+        lambda drawn: {spec.kind for spec in drawn} == every_kind,
+    )
+    assert {spec.kind for spec in seen} == every_kind
+
+
+@given(data=st.data())
+def test_explicit_strategies_win_and_kinds_narrow(data):
+    only = st.builds(Ring, block_size=st.just(7), slots=st.just(3))
+    spec = data.draw(kst.specs(["test.ring", "mla"], strategies={"test.ring": only}))
+    assert spec.kind in {"test.ring", "mla"}
+    if spec.kind == "test.ring":
+        assert (spec.block_size, spec.slots) == (7, 3)
+
+
+def test_kinds_are_checked_against_the_registry(registry):
+    with pytest.raises(UnknownSpecKindError, match="unknown spec kind 'nope'"):
+        kst.specs(["nope"], registry=registry)
+    with pytest.raises(MissingStrategyError, match="'nope'"):
+        kst.specs(["nope"])
+
+
+@pytest.mark.parametrize(
+    ("cls", "strategy", "match"),
+    [
+        (int, RINGS, "takes a KVCacheSpec subclass with a 'kind'"),
+        (Ring, kst.dtypes, r"takes a hypothesis strategy .*pass e\.g\. my_specs\(\), not my_specs"),
+    ],
+)
+def test_register_spec_strategy_checks_its_arguments(clean_registrations, cls, strategy, match):
+    with pytest.raises(InvalidInputError, match=match):
+        kst.register_spec_strategy(cls, strategy)
+
+
+@given(problem=kst.planning_problems(max_requests=2))
+def test_problem_budgets_are_sized_to_the_specs(problem):
+    assert 0 <= problem.available_bytes <= 2 * request_bytes(problem.specs, problem.context) + 64 * 2**10
+    assert 1 <= len(problem.specs) <= 12
+
+
+@given(plan=kst.plans("uniform", problems=kst.planning_problems(layer_maps=kst.layer_specs(max_distinct=1))))
+def test_plans_come_from_the_named_policy(plan):
+    assert plan.policy == "uniform"
+    assert len(plan.groups) == 1
+    assert plan.kv_cache_bytes <= plan.available_memory_bytes
+
+
+def test_plans_reject_problems_the_policy_refuses():
+    mixed = kst.PlanningProblem(
+        specs={"a": full(), "b": sliding(128)},
+        context=SizingContext(max_model_len=256),
+        available_bytes=2**24,
+    )
+    # uniform refuses two specs, so this strategy has nothing to give
+    with pytest.raises((Unsatisfiable, NoSuchExample)):
+        find(kst.plans("uniform", problems=st.just(mixed)), lambda plan: True)
+    plan = find(kst.plans("shared_buffer", problems=st.just(mixed)), lambda plan: True)
+    assert plan == mixed.plan("shared_buffer", Registry.default(autoload=False))
