@@ -55,44 +55,111 @@ def plan_kv_cache(
             request of ``max_model_len`` tokens, or the forced blocks exceed the budget.
     """
     check_layer_specs(specs)
-    if isinstance(available_bytes, bool) or not isinstance(available_bytes, int) or available_bytes < 0:
-        raise InvalidInputError(
-            f"available memory must be a non-negative int of bytes (got {available_bytes!r})"
-        )
-    options = options if options is not None else PlanOptions()
-    chosen = registry.select(specs, policy) if isinstance(policy, str) else policy
-    if not isinstance(policy, str):
-        reason = chosen.why_not(specs)
-        if reason is not None:
-            raise PolicyNotApplicableError(f"policy {chosen.name!r} cannot plan these layers: {reason}")
-
-    groups = tuple(chosen.group(specs, context, options))
-    check_groups(chosen.name, specs, groups)
+    check_budget(available_bytes)
+    chosen = resolve_policy(specs, policy, registry)
+    groups = group_layers(chosen, specs, context, options)
     per_block = layout_for(chosen, groups, 1).bytes_per_block
 
     if num_blocks is None:
         blocks = available_bytes // per_block if per_block else 0
     else:
-        blocks = _check_forced_blocks(num_blocks, per_block, available_bytes, context)
-    layout = layout_for(chosen, groups, blocks)
-    if layout.bytes_per_block != per_block:
-        raise PluginValidationError(
-            f"policy {chosen.name!r} reports {layout.bytes_per_block} bytes per block for "
-            f"{blocks} blocks but {per_block} for one; bytes_per_block must not depend on num_blocks"
+        blocks = check_forced_blocks(num_blocks, per_block, available_bytes, context)
+    plan = build_plan(chosen, groups, blocks, per_block, context, available_bytes)
+    if check_fit:
+        check_admission(plan, forced_num_blocks=num_blocks is not None)
+    return plan
+
+
+def check_budget(available_bytes: int, owner: str = "") -> None:
+    """Check a byte budget: a non-negative ``int``.
+
+    Args:
+        available_bytes: the budget.
+        owner: who reported it, for the message (e.g. ``"rank 3: "``).
+
+    Raises:
+        InvalidInputError: anything else.
+    """
+    if isinstance(available_bytes, bool) or not isinstance(available_bytes, int) or available_bytes < 0:
+        raise InvalidInputError(
+            f"{owner}available memory must be a non-negative int of bytes (got {available_bytes!r})"
         )
-    plan = KVCacheConfig(
-        policy=chosen.name,
-        num_blocks=blocks,
-        bytes_per_block=per_block,
+
+
+def resolve_policy(
+    specs: Mapping[str, KVCacheSpec], policy: str | AllocationPolicy, registry: Registry
+) -> AllocationPolicy:
+    """The policy to plan ``specs`` with: a name (or ``"auto"``) looked up, or an object checked.
+
+    Raises:
+        UnknownPolicyError: no policy of that name.
+        PolicyNotApplicableError: the policy cannot plan these specs (says why).
+    """
+    if isinstance(policy, str):
+        return registry.select(specs, policy)
+    reason = policy.why_not(specs)
+    if reason is not None:
+        raise PolicyNotApplicableError(f"policy {policy.name!r} cannot plan these layers: {reason}")
+    return policy
+
+
+def group_layers(
+    policy: AllocationPolicy,
+    specs: Mapping[str, KVCacheSpec],
+    context: SizingContext,
+    options: PlanOptions | None = None,
+) -> tuple[KVCacheGroup, ...]:
+    """``policy.group(...)``, checked with :func:`check_groups`.
+
+    Raises:
+        PluginValidationError: the grouping leaves out, repeats or changes a layer.
+    """
+    groups = tuple(policy.group(specs, context, options if options is not None else PlanOptions()))
+    check_groups(policy.name, specs, groups)
+    return groups
+
+
+def build_plan(
+    policy: AllocationPolicy,
+    groups: Sequence[KVCacheGroup],
+    num_blocks: int,
+    bytes_per_block: int,
+    context: SizingContext,
+    available_bytes: int,
+) -> KVCacheConfig:
+    """Lay ``groups`` out for ``num_blocks`` and wrap the result in a plan (no admission check).
+
+    Args:
+        policy: the policy that made ``groups``.
+        groups: the groups (possibly a projection onto one rank's layers).
+        num_blocks: the block count.
+        bytes_per_block: what ``policy.layout(groups, 1)`` reported.
+        context: the request length the plan is sized for.
+        available_bytes: the budget the plan is made for.
+
+    Returns:
+        The plan.
+
+    Raises:
+        PluginValidationError: the layout's bytes per block depend on the block count.
+        PlanValidationError: the layout breaks a structural invariant.
+    """
+    layout = layout_for(policy, groups, num_blocks)
+    if layout.bytes_per_block != bytes_per_block:
+        raise PluginValidationError(
+            f"policy {policy.name!r} reports {layout.bytes_per_block} bytes per block for {num_blocks} "
+            f"blocks but {bytes_per_block} for one; bytes_per_block must not depend on num_blocks"
+        )
+    return KVCacheConfig(
+        policy=policy.name,
+        num_blocks=num_blocks,
+        bytes_per_block=bytes_per_block,
         single_buffer=layout.single_buffer,
         groups=groups,
         tensors=layout.tensors,
         context=context,
         available_memory_bytes=available_bytes,
     )
-    if check_fit:
-        check_admission(plan, forced_num_blocks=num_blocks is not None)
-    return plan
 
 
 def layout_for(policy: AllocationPolicy, groups: Sequence[KVCacheGroup], num_blocks: int) -> Layout:
@@ -147,9 +214,13 @@ def check_groups(policy_name: str, specs: Mapping[str, KVCacheSpec], groups: Seq
         raise PluginValidationError(f"policy {policy_name!r} left layers out of every group: {missing[:5]}")
 
 
-def _check_forced_blocks(
-    num_blocks: int, per_block: int, available_bytes: int, context: SizingContext
-) -> int:
+def check_forced_blocks(num_blocks: int, per_block: int, available_bytes: int, context: SizingContext) -> int:
+    """Check a forced block count against a budget; return it.
+
+    Raises:
+        InvalidInputError: not an int >= 1.
+        InsufficientMemoryError: ``num_blocks * per_block`` exceeds ``available_bytes``.
+    """
     if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 1:
         raise InvalidInputError(f"'num_blocks' must be an int >= 1 (got {num_blocks!r})")
     need = num_blocks * per_block

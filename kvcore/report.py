@@ -5,12 +5,15 @@ Both are computed from the plan and the specs it was made from; nothing is store
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from kvcore.binding import layer_index
 from kvcore.capacity import ideal_concurrency, request_bytes
+from kvcore.errors import KVCacheBindingError
+from kvcore.parallel import RankLayout, tightest_rank
 from kvcore.plan import KVCacheConfig, KVCacheGroup
 from kvcore.serialization import plan_to_dict
 from kvcore.spec import KVCacheSpec, format_value, is_kv_cache_type_uniform
@@ -110,3 +113,106 @@ def format_plan(plan: KVCacheConfig, specs: Mapping[str, KVCacheSpec], *, reason
         f"(ideal {ideal:,.2f}, efficiency {100 * concurrency / ideal if ideal else 0:.2f}%)",
     ]
     return "\n".join(lines)
+
+
+# -- several ranks -------------------------------------------------------------------------
+
+
+def _indices(names: Sequence[str]) -> list[int] | None:
+    try:
+        return [layer_index(name) for name in names]
+    except KVCacheBindingError:
+        return None
+
+
+def model_order(names: Sequence[str]) -> list[str]:
+    """``names`` by layer index (``model.layers.12.attn`` -> 12) when every name has one."""
+    indices = _indices(names)
+    if indices is None:
+        return list(names)
+    return [name for _, name in sorted(zip(indices, names, strict=True))]
+
+
+def layer_ranges(names: Sequence[str]) -> str:
+    """Layer indices as runs, ``'0-7, 12'``; ``'first .. last'`` for names without an index."""
+    indices = _indices(names)
+    if not names:
+        return "-"
+    if indices is None:
+        return names[0] if len(names) == 1 else f"{names[0]} .. {names[-1]}"
+    runs: list[list[int]] = []
+    for index in sorted(set(indices)):
+        if runs and index == runs[-1][1] + 1:
+            runs[-1][1] = index
+        else:
+            runs.append([index, index])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
+def ranks_report(plans: Sequence[KVCacheConfig], layout: RankLayout) -> list[dict[str, Any]]:
+    """One JSON object per rank: its place in the layout, its layers and its figures.
+
+    Keys: ``rank``, ``pp_rank``, ``tp_rank``, ``layers`` (model order), ``layer_ranges``,
+    ``available_memory_bytes``, ``bytes_per_block``, ``num_blocks`` (equal on every rank),
+    ``kv_cache_bytes``, ``tensors`` (how many), ``holds_fewest_blocks`` (``true`` for the rank
+    whose memory holds the fewest blocks: it sets the common block count unless it was forced).
+    """
+    tightest = tightest_rank(plans)
+    return [
+        {
+            "rank": rank,
+            "pp_rank": layout.pp_rank(rank),
+            "tp_rank": layout.tp_rank(rank),
+            "layers": model_order(plan.layer_names),
+            "layer_ranges": layer_ranges(plan.layer_names),
+            "available_memory_bytes": plan.available_memory_bytes,
+            "bytes_per_block": plan.bytes_per_block,
+            "num_blocks": plan.num_blocks,
+            "kv_cache_bytes": plan.kv_cache_bytes,
+            "tensors": len(plan.tensors),
+            "holds_fewest_blocks": rank == tightest,
+        }
+        for rank, plan in enumerate(plans)
+    ]
+
+
+def format_ranks(plans: Sequence[KVCacheConfig], layout: RankLayout) -> str:
+    """A readable per-rank summary: one row per rank (stage, layers, memory, bytes per block,
+    blocks, bytes used), then which rank sets the common block count."""
+    tightest = tightest_rank(plans)
+    rows = [
+        [
+            rank,
+            layout.pp_rank(rank),
+            layout.tp_rank(rank),
+            f"{layer_ranges(plan.layer_names)} ({len(plan.layer_names)})",
+            format_bytes(plan.available_memory_bytes),
+            format_bytes(plan.bytes_per_block),
+            f"{plan.num_blocks:,}",
+            format_bytes(plan.kv_cache_bytes),
+        ]
+        for rank, plan in enumerate(plans)
+    ]
+    table = render_table(
+        ["rank", "pp stage", "tp rank", "layers", "memory", "bytes/block", "blocks", "KV cache"],
+        rows,
+        align="rrrlrrrr",
+    )
+    first = plans[tightest]
+    fit = first.available_memory_bytes // first.bytes_per_block if first.bytes_per_block else 0
+    why = (
+        f"{layout.describe(tightest)} holds the fewest blocks and sets the count"
+        if fit == first.num_blocks
+        else f"the block count was forced; {layout.describe(tightest)} has the least room"
+    )
+    return "\n".join(
+        [
+            f"ranks: tp {layout.tp_size} x pp {layout.pp_size} = {layout.world_size}, one block pool of "
+            f"{first.num_blocks:,} blocks on every rank",
+            "",
+            table,
+            "",
+            f"  {why}: {format_bytes(first.available_memory_bytes)} // "
+            f"{format_bytes(first.bytes_per_block)} = {fit:,} blocks",
+        ]
+    )

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from kvcore.cli import inputs
 from kvcore.memory_map import render_memory_map
+from kvcore.parallel import RankLayout, plan_for_ranks, simulate_rank_specs, tightest_rank
 from kvcore.planner import plan_kv_cache
 from kvcore.registry import Registry
-from kvcore.report import format_plan, plan_report, policy_reason
+from kvcore.report import format_plan, format_ranks, plan_report, policy_reason, ranks_report
+from kvcore.spec import KVCacheSpec
 
 
 def add_parser(sub: Any) -> None:
@@ -23,6 +26,7 @@ def add_parser(sub: Any) -> None:
         ),
     )
     inputs.add_spec_source(parser)
+    inputs.add_pipeline_option(parser)
     inputs.add_planning_options(parser)
     parser.add_argument(
         "--json", action="store_true", help="print the plan and its figures as one JSON object"
@@ -37,6 +41,9 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace, registry: Registry) -> int:
     specs = inputs.load_layer_specs(args, registry)
+    layout = inputs.rank_layout(args)
+    if layout.world_size > 1:
+        return run_ranks(args, registry, specs, layout)
     plan = plan_kv_cache(
         specs,
         args.memory,
@@ -52,4 +59,36 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
         print(json.dumps(plan_report(plan, specs, registry), indent=2))
     else:
         print(format_plan(plan, specs, reason=policy_reason(specs, args.policy)))
+    return 0
+
+
+def run_ranks(
+    args: argparse.Namespace, registry: Registry, specs: Mapping[str, KVCacheSpec], layout: RankLayout
+) -> int:
+    """``--tp`` x ``--pp`` > 1: plan every simulated rank, show the ranks, then the plan of the
+    rank with the fewest blocks (its groups are every rank's; its layers its own)."""
+    rank_specs = simulate_rank_specs(specs, layout)
+    plans = plan_for_ranks(
+        rank_specs,
+        [args.memory] * layout.world_size,
+        inputs.sizing_context(args),
+        registry=registry,
+        policy=args.policy,
+        options=inputs.plan_options(args),
+        num_blocks=args.num_blocks,
+        tp_size=layout.tp_size,
+    )
+    rank = tightest_rank(plans)
+    plan, own = plans[rank], rank_specs[rank]
+    if args.map:
+        render_memory_map(plan, args.map)
+    if args.json:
+        report = plan_report(plan, own, registry)
+        report.update(tp=layout.tp_size, pp=layout.pp_size, rank=rank, ranks=ranks_report(plans, layout))
+        print(json.dumps(report, indent=2))
+        return 0
+    print(format_ranks(plans, layout))
+    print()
+    print(f"plan of {layout.describe(rank)}: every rank has these groups; 'layers' counts this rank's")
+    print(format_plan(plan, own, reason=policy_reason(specs, args.policy)))
     return 0

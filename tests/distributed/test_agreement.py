@@ -1,0 +1,173 @@
+"""The store protocol and the executor, in one process: ranks are threads over one store."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+
+import pytest
+import torch.distributed as dist
+
+from kvcore import InvalidInputError, KVCacheAllocationError, initialize_kv_caches
+from kvcore.distributed import DistributedExecutor, StoreAgreement, store_from_env
+from kvcore.errors import DistributedAgreementError
+from tests.distributed._ranks import RankExecutor, Scenario, toy_registry
+
+
+def _on_threads(world, work):
+    """Run ``work(rank)`` on one thread per rank; return ``{rank: result or exception}``."""
+    out = {}
+
+    def run(rank):
+        try:
+            out[rank] = work(rank)
+        except Exception as exc:
+            out[rank] = exc
+
+    threads = [threading.Thread(target=run, args=(rank,), daemon=True) for rank in range(world)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert not any(thread.is_alive() for thread in threads), "a rank thread hangs"
+    return out
+
+
+def test_every_rank_gets_every_payload_in_rank_order_and_rounds_never_mix():
+    store = dist.HashStore()
+    agreements = [StoreAgreement(store, rank, 3, timeout_s=10) for rank in range(3)]
+    first = _on_threads(3, lambda r: agreements[r].exchange("x", {"rank": r}))
+    second = _on_threads(3, lambda r: agreements[r].exchange("x", [r, "again"]))
+    assert all(first[r] == [{"rank": 0}, {"rank": 1}, {"rank": 2}] for r in range(3))
+    assert all(second[r] == [[0, "again"], [1, "again"], [2, "again"]] for r in range(3))
+    # new agreement objects on the same store (a second executor) start a new round too
+    fresh = _on_threads(3, lambda r: StoreAgreement(store, r, 3, timeout_s=10).exchange("x", r * 10))
+    assert fresh[1] == [0, 10, 20]
+
+
+def test_ranks_that_do_not_answer_are_named_when_the_timeout_expires():
+    store = dist.HashStore()
+    out = _on_threads(
+        4,
+        lambda r: None if r in (1, 3) else StoreAgreement(store, r, 4, timeout_s=0.3).exchange("plan", r),
+    )
+    for rank in (0, 2):
+        error = out[rank]
+        assert isinstance(error, DistributedAgreementError)
+        assert error.ranks == (1, 3) and error.round_id == "plan/1"
+        assert str(error).startswith("rank 1, rank 3 did not answer within 0.3 s in agreement round 'plan/1'")
+        assert "(2 of 4 ranks did); they died, hang or are not running this agreement" in str(error)
+
+
+def test_a_rank_that_fails_stops_the_others_at_once_with_its_error():
+    store = dist.HashStore()
+
+    def work(rank):
+        agreement = StoreAgreement(store, rank, 3, timeout_s=600, describe=lambda r: f"worker #{r}")
+        if rank == 2:
+            agreement.fail("plan", ValueError("no room left\nsecond line"))
+            return "failed"
+        return agreement.exchange("plan", rank)
+
+    out = _on_threads(3, work)
+    assert out[2] == "failed"
+    for rank in (0, 1):
+        assert isinstance(out[rank], DistributedAgreementError) and out[rank].ranks == (2,)
+        assert f"stopped on worker #{rank} because worker #2 failed: ValueError: no room left;" in str(
+            out[rank]
+        )
+
+
+def test_a_lost_store_is_an_agreement_error_not_a_hang():
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    client = dist.TCPStore("127.0.0.1", server.port, is_master=False, timeout=timedelta(seconds=5))
+    agreement = StoreAgreement(client, 0, 2, timeout_s=600)
+    del server
+    with pytest.raises(DistributedAgreementError) as info:
+        agreement.exchange("plan", {})
+    assert str(info.value).startswith("rank 0 lost the key-value store in agreement round 'plan'")
+    assert "while waiting for rank 0, rank 1" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"rank": 2, "world_size": 2}, "rank must be an int in [0, 2) (got 2)"),
+        ({"rank": 0, "world_size": 0}, "world size must be an int >= 1"),
+        ({"rank": 0, "world_size": 1, "timeout_s": 0}, "'timeout_s' must be a number of seconds > 0"),
+    ],
+)
+def test_bad_agreement_arguments(kwargs, message):
+    with pytest.raises(InvalidInputError) as info:
+        StoreAgreement(dist.HashStore(), **kwargs)
+    assert message in str(info.value)
+
+
+def test_store_from_env_needs_what_torchrun_sets(monkeypatch):
+    for name in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(InvalidInputError, match="MASTER_ADDR is not set; launch the program with torchrun"):
+        store_from_env()
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "twelve")
+    with pytest.raises(InvalidInputError, match="MASTER_PORT must be an integer"):
+        store_from_env()
+
+
+def test_store_from_env_is_a_client_of_the_agent_store_under_torchrun(monkeypatch):
+    agent = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(agent.port))
+    monkeypatch.setenv("RANK", "0")  # rank 0 too: the agent hosts the store, not a rank
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
+    store = store_from_env(timeout_s=5)
+    store.set("probe", "1")
+    assert agent.get("kvcore/probe") == b"1"  # every kvcore key is under kvcore/
+
+
+def test_from_process_group_needs_an_initialized_group():
+    assert not dist.is_initialized()
+    with pytest.raises(InvalidInputError, match="init_process_group"):
+        DistributedExecutor.from_process_group(RankExecutor(Scenario(), 0, toy_registry()))
+
+
+def test_an_allocation_failure_on_one_rank_stops_every_rank():
+    scenario = Scenario(tp=2)
+    registry = toy_registry()
+    store = dist.HashStore()
+
+    def no_memory(nbytes, device):
+        raise RuntimeError("out of memory (injected)")
+
+    def work(rank):
+        local = RankExecutor(scenario, rank, registry)
+        if rank == 1:
+            local.allocator = no_memory
+        executor = DistributedExecutor(local, rank=rank, world_size=2, store=store, tp_size=2, timeout_s=600)
+        plan = initialize_kv_caches(executor, registry=registry, max_model_len=scenario.max_model_len)
+        return plan, executor
+
+    out = _on_threads(2, work)
+    assert isinstance(out[1], KVCacheAllocationError)  # rank 1's own error, as is
+    assert isinstance(out[0], DistributedAgreementError) and out[0].ranks == (1,)
+    assert out[0].round_id == "ready/1"
+    assert "rank 1 failed: KVCacheAllocationError: allocating the KV cache on cpu failed" in str(out[0])
+
+
+def test_ranks_agree_and_keep_every_plan():
+    scenario = Scenario(tp=1, pp=2, windows={5: 32, 6: 32})
+    registry = toy_registry()
+    store = dist.HashStore()
+
+    def work(rank):
+        executor = DistributedExecutor(
+            RankExecutor(scenario, rank, registry), rank=rank, world_size=2, store=store, timeout_s=30
+        )
+        plan = initialize_kv_caches(executor, registry=registry, max_model_len=scenario.max_model_len)
+        assert executor.plan is plan and executor.local.plan is plan
+        return executor.rank_plans
+
+    out = _on_threads(2, work)
+    assert out[0] == out[1] and len(out[0]) == 2
+    assert out[0][0].num_blocks == out[0][1].num_blocks
