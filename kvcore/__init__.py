@@ -3,84 +3,231 @@
 Spec kinds and allocation policies are plugins (pluggy); the built-ins register through the
 same hooks a third-party package uses. Start with :func:`get_plugin_manager` /
 :class:`Registry`, then :func:`plan_kv_cache`.
+
+Everything that needs torch is imported on first use (module ``__getattr__``), so ``import
+kvcore`` stays cheap: pytest imports it at start-up wherever kvcore is installed, because of its
+pytest plugin.
 """
 
-from __future__ import annotations
+import importlib as _importlib
+import typing as _typing
 
-from typing import Any
-
-from kvcore._manager import PluginOrigin, get_plugin_manager
-from kvcore.capacity import efficiency, ideal_concurrency, request_bytes
 from kvcore.errors import (
+    BlockPoolExhaustedError,
+    DeviceUnavailableError,
+    DistributedAgreementError,
     DuplicateRegistrationError,
     InsufficientMemoryError,
     InvalidInputError,
     InvalidSpecError,
+    KVCacheAllocationError,
+    KVCacheBindingError,
     KVCoreError,
+    MemoryProfilingError,
+    ModelConfigError,
     PlanValidationError,
     PluginLoadError,
     PluginValidationError,
     PolicyNotApplicableError,
     SpecMismatchError,
+    UnknownModelError,
     UnknownPolicyError,
     UnknownSpecKindError,
 )
-from kvcore.hookspecs import hookimpl, hookspec
-from kvcore.layout import CacheLayout, PagePart
-from kvcore.plan import KVCacheConfig, KVCacheGroup, KVCacheTensor
-from kvcore.planner import plan_kv_cache
-from kvcore.policy import AllocationPolicy, Layout, PlanOptions
-from kvcore.registry import Registry
-from kvcore.spec import (
-    DEFAULT_MAX_NUM_BATCHED_TOKENS,
-    KVCacheSpec,
-    SizingContext,
-    is_kv_cache_type_uniform,
+from kvcore.hookspecs import (
+    hookimpl,
+    hookspec,
 )
-from kvcore.units import format_bytes, parse_size
+
+#: Public names imported on first use, and the module that holds each.
+_LAZY: dict[str, str] = {
+    "PluginOrigin": "kvcore._manager",
+    "get_plugin_manager": "kvcore._manager",
+    "PartViews": "kvcore.allocation",
+    "allocate": "kvcore.allocation",
+    "bind_to_forward_context": "kvcore.binding",
+    "bind_to_modules": "kvcore.binding",
+    "bind_to_runner_list": "kvcore.binding",
+    "NULL_PAGE": "kvcore.block_pool",
+    "BlockPool": "kvcore.block_pool",
+    "efficiency": "kvcore.capacity",
+    "ideal_concurrency": "kvcore.capacity",
+    "request_bytes": "kvcore.capacity",
+    "DistributedExecutor": "kvcore.distributed",
+    "Executor": "kvcore.engine",
+    "LocalExecutor": "kvcore.engine",
+    "initialize_kv_caches": "kvcore.engine",
+    "CacheLayout": "kvcore.layout",
+    "PagePart": "kvcore.layout",
+    "MemoryProfile": "kvcore.memory",
+    "determine_available_memory": "kvcore.memory",
+    "ModelOptions": "kvcore.models",
+    "layer_specs_from_config": "kvcore.models",
+    "model_layer_specs": "kvcore.models",
+    "scan_module": "kvcore.module_scan",
+    "KVCacheConfig": "kvcore.plan",
+    "KVCacheGroup": "kvcore.plan",
+    "KVCacheTensor": "kvcore.plan",
+    "RankLayout": "kvcore.parallel",
+    "plan_for_ranks": "kvcore.parallel",
+    "plan_kv_cache": "kvcore.planner",
+    "AllocationPolicy": "kvcore.policy",
+    "Layout": "kvcore.policy",
+    "PlanOptions": "kvcore.policy",
+    "Registry": "kvcore.registry",
+    "DEFAULT_MAX_NUM_BATCHED_TOKENS": "kvcore.spec",
+    "KVCacheSpec": "kvcore.spec",
+    "SizingContext": "kvcore.spec",
+    "is_kv_cache_type_uniform": "kvcore.spec",
+    "format_bytes": "kvcore.units",
+    "parse_size": "kvcore.units",
+}
+
+if _typing.TYPE_CHECKING:
+    from kvcore._manager import (
+        PluginOrigin,
+        get_plugin_manager,
+    )
+    from kvcore.allocation import (
+        PartViews,
+        allocate,
+    )
+    from kvcore.binding import (
+        bind_to_forward_context,
+        bind_to_modules,
+        bind_to_runner_list,
+    )
+    from kvcore.block_pool import (
+        NULL_PAGE,
+        BlockPool,
+    )
+    from kvcore.capacity import (
+        efficiency,
+        ideal_concurrency,
+        request_bytes,
+    )
+    from kvcore.distributed import DistributedExecutor
+    from kvcore.engine import (
+        Executor,
+        LocalExecutor,
+        initialize_kv_caches,
+    )
+    from kvcore.layout import (
+        CacheLayout,
+        PagePart,
+    )
+    from kvcore.memory import (
+        MemoryProfile,
+        determine_available_memory,
+    )
+    from kvcore.models import (
+        ModelOptions,
+        layer_specs_from_config,
+        model_layer_specs,
+    )
+    from kvcore.module_scan import scan_module
+    from kvcore.parallel import RankLayout, plan_for_ranks
+    from kvcore.plan import (
+        KVCacheConfig,
+        KVCacheGroup,
+        KVCacheTensor,
+    )
+    from kvcore.planner import plan_kv_cache
+    from kvcore.policy import (
+        AllocationPolicy,
+        Layout,
+        PlanOptions,
+    )
+    from kvcore.registry import Registry
+    from kvcore.spec import (
+        DEFAULT_MAX_NUM_BATCHED_TOKENS,
+        KVCacheSpec,
+        SizingContext,
+        is_kv_cache_type_uniform,
+    )
+    from kvcore.units import (
+        format_bytes,
+        parse_size,
+    )
 
 __all__ = [
     "DEFAULT_MAX_NUM_BATCHED_TOKENS",
+    "NULL_PAGE",
     "AllocationPolicy",
+    "BlockPool",
+    "BlockPoolExhaustedError",
     "CacheLayout",
+    "DeviceUnavailableError",
+    "DistributedAgreementError",
+    "DistributedExecutor",
     "DuplicateRegistrationError",
+    "Executor",
     "InsufficientMemoryError",
     "InvalidInputError",
     "InvalidSpecError",
+    "KVCacheAllocationError",
+    "KVCacheBindingError",
     "KVCacheConfig",
     "KVCacheGroup",
     "KVCacheSpec",
     "KVCacheTensor",
     "KVCoreError",
     "Layout",
+    "LocalExecutor",
+    "MemoryProfile",
+    "MemoryProfilingError",
+    "ModelConfigError",
+    "ModelOptions",
     "PagePart",
+    "PartViews",
     "PlanOptions",
     "PlanValidationError",
     "PluginLoadError",
     "PluginOrigin",
     "PluginValidationError",
     "PolicyNotApplicableError",
+    "RankLayout",
     "Registry",
     "SizingContext",
     "SpecMismatchError",
+    "UnknownModelError",
     "UnknownPolicyError",
     "UnknownSpecKindError",
+    "allocate",
+    "bind_to_forward_context",
+    "bind_to_modules",
+    "bind_to_runner_list",
+    "determine_available_memory",
     "efficiency",
     "format_bytes",
     "get_plugin_manager",
     "hookimpl",
     "hookspec",
     "ideal_concurrency",
+    "initialize_kv_caches",
     "is_kv_cache_type_uniform",
+    "layer_specs_from_config",
+    "model_layer_specs",
     "parse_size",
+    "plan_for_ranks",
     "plan_kv_cache",
     "request_bytes",
+    "scan_module",
 ]
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> _typing.Any:
     if name == "__version__":
         from importlib.metadata import version
 
         return version("kvcore")
-    raise AttributeError(f"module 'kvcore' has no attribute {name!r}")
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'kvcore' has no attribute {name!r}")
+    value = getattr(_importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})

@@ -10,7 +10,7 @@ import importlib
 import importlib.metadata
 import os
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import ModuleType
 
 import attrs
@@ -27,6 +27,22 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "kvcore.plugins.sliding_window",
     "kvcore.plugins.chunked_local_attention",
     "kvcore.plugins.mla",
+    "kvcore.plugins.state",
+    # model families (kvcore_layer_specs), then the module front end and the generic fallback
+    "kvcore.plugins.models.llama",
+    "kvcore.plugins.models.mistral",
+    "kvcore.plugins.models.qwen",
+    "kvcore.plugins.models.phi3",
+    "kvcore.plugins.models.gemma2",
+    "kvcore.plugins.models.gemma3",
+    "kvcore.plugins.models.gpt_oss",
+    "kvcore.plugins.models.llama4",
+    "kvcore.plugins.models.deepseek",
+    "kvcore.plugins.models.jamba",
+    "kvcore.plugins.models.nemotron_h",
+    "kvcore.plugins.models.qwen3_next",
+    "kvcore.plugins.transformers_modules",
+    "kvcore.plugins.models.generic",
     "kvcore.policies.uniform",
     "kvcore.policies.shared_buffer",
 )
@@ -108,6 +124,50 @@ def _env_flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no")
 
 
+def _short(value: object, limit: int = 160) -> str:
+    text = f"<{type(value).__name__}>" if callable(value) and not isinstance(value, type) else repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def trace_hook_calls(
+    pm: pluggy.PluginManager, write: Callable[[str], object] | None = None
+) -> Callable[[], None]:
+    """Report every hook call: its arguments, the plugins it reaches (in call order), its result.
+
+    Each call writes two lines, ``kvcore trace: HOOK(ARGS) -> PLUGIN, PLUGIN`` and
+    ``kvcore trace: HOOK returned RESULT`` (or ``raised ERROR``). For a first-result hook the
+    first plugin in the list whose answer is not ``None`` wins.
+
+    Args:
+        pm: the plugin manager to watch.
+        write: where the lines go (default: whatever ``sys.stderr`` is at the time of the call).
+
+    Returns:
+        A function that stops the tracing.
+    """
+
+    def out(line: str) -> None:
+        (write or sys.stderr.write)(f"kvcore trace: {line}\n")
+
+    def before(hook_name: str, hook_impls: Sequence[pluggy.HookImpl], kwargs: Mapping[str, object]) -> None:
+        plugins = ", ".join(impl.plugin_name for impl in reversed(hook_impls)) or "no plugin"
+        args = ", ".join(f"{key}={_short(value)}" for key, value in kwargs.items())
+        out(f"{hook_name}({args}) -> {plugins}")
+
+    def after(
+        outcome: pluggy.Result[object],
+        hook_name: str,
+        hook_impls: Sequence[pluggy.HookImpl],
+        kwargs: Mapping[str, object],
+    ) -> None:
+        if outcome.exception is not None:
+            out(f"{hook_name} raised {type(outcome.exception).__name__}: {outcome.exception}")
+        else:
+            out(f"{hook_name} returned {_short(outcome.get_result())}")
+
+    return pm.add_hookcall_monitoring(before, after)
+
+
 def get_plugin_manager(
     *,
     autoload: bool | None = None,
@@ -141,8 +201,7 @@ def get_plugin_manager(
     for name in (*block, *_env_list(ENV_BLOCK)):
         pm.set_blocked(name)
     if trace if trace is not None else _env_flag(ENV_TRACE):
-        pm.trace.root.setwriter(sys.stderr.write)
-        pm.enable_tracing()
+        trace_hook_calls(pm)
 
     for modname in BUILTIN_PLUGINS:
         if pm.is_blocked(modname):

@@ -52,6 +52,17 @@ class SpecMismatchError(KVCoreError, ValueError):
     """Specs that must agree do not (e.g. the same layer reported differently by two ranks)."""
 
 
+class ModelConfigError(KVCoreError, ValueError):
+    """A model's ``config.json`` lacks a field, has one out of range, or is not a JSON object.
+
+    The message names the model type and the field (``text_config.num_key_value_heads``).
+    """
+
+
+class UnknownModelError(KVCoreError, LookupError):
+    """No bundled model has that name, or no model-family plugin knows the config's model type."""
+
+
 class InsufficientMemoryError(KVCoreError, ValueError):
     """The KV-cache budget cannot hold one request of ``max_model_len`` tokens.
 
@@ -88,17 +99,86 @@ class PlanValidationError(KVCoreError, ValueError):
         super().__init__(f"the plan is invalid: {shown}{more}")
 
 
+class DeviceUnavailableError(KVCoreError, RuntimeError):
+    """The device asked for does not exist here (e.g. ``cuda`` without a visible GPU)."""
+
+
+class MemoryProfilingError(KVCoreError, RuntimeError):
+    """Profiling found no room for a KV cache, or device memory changed under it; the message
+    has the numbers (total, free, held outside torch, the profile run's peak, the cap)."""
+
+
+class KVCacheAllocationError(KVCoreError, MemoryError):
+    """Allocating the KV cache failed; everything allocated so far was released.
+
+    Attributes:
+        requested_bytes: bytes the plan asked for in all.
+        allocated_bytes: bytes that had been allocated (and were released) when it failed.
+        free_bytes: free device memory after the release, or ``None`` where unknown.
+    """
+
+    def __init__(
+        self, message: str, *, requested_bytes: int, allocated_bytes: int, free_bytes: int | None
+    ) -> None:
+        super().__init__(message)
+        self.requested_bytes = requested_bytes
+        self.allocated_bytes = allocated_bytes
+        self.free_bytes = free_bytes
+
+
+class KVCacheBindingError(KVCoreError, LookupError):
+    """Views could not be bound: a layer has no target, a target has no view, or two layers
+    claim one slot. The message names every missing and extra layer."""
+
+
+class BlockPoolExhaustedError(KVCoreError, RuntimeError):
+    """The block pool has too few free block ids (or no free aligned run) for a request.
+
+    Attributes:
+        requested_blocks: block ids the operation needed.
+        free_blocks: block ids free at the time.
+    """
+
+    def __init__(self, message: str, *, requested_blocks: int, free_blocks: int) -> None:
+        super().__init__(message)
+        self.requested_blocks = requested_blocks
+        self.free_blocks = free_blocks
+
+
+class DistributedAgreementError(KVCoreError, RuntimeError):
+    """Ranks could not agree on a plan: some did not answer in time, one raised, or the store
+    that carries the agreement went away. The message names the ranks.
+
+    Attributes:
+        ranks: the ranks at fault (those that did not answer, or that raised).
+        round_id: the agreement round (``"plan/3"``) in which it happened.
+    """
+
+    def __init__(self, message: str, *, ranks: tuple[int, ...], round_id: str) -> None:
+        super().__init__(message)
+        self.ranks = ranks
+        self.round_id = round_id
+
+
 __all__ = [
+    "BlockPoolExhaustedError",
+    "DeviceUnavailableError",
+    "DistributedAgreementError",
     "DuplicateRegistrationError",
     "InsufficientMemoryError",
     "InvalidInputError",
     "InvalidSpecError",
+    "KVCacheAllocationError",
+    "KVCacheBindingError",
     "KVCoreError",
+    "MemoryProfilingError",
+    "ModelConfigError",
     "PlanValidationError",
     "PluginLoadError",
     "PluginValidationError",
     "PolicyNotApplicableError",
     "SpecMismatchError",
+    "UnknownModelError",
     "UnknownPolicyError",
     "UnknownSpecKindError",
 ]

@@ -74,7 +74,9 @@ def make_converter(registry: Registry) -> cattrs.Converter:
     Unknown keys in a spec are an error (a typo in an optional field must not pass silently);
     unknown keys in a plan are ignored, so a report with extra figures reads back as a plan.
     """
-    conv = cattrs.Converter()
+    # Unknown keys are an error at every level (a typo must not pass silently), except at the
+    # top of a plan, which may carry report figures (kvcore.report.plan_report).
+    conv = cattrs.Converter(forbid_extra_keys=True)
     conv.register_structure_hook(int, _strict_int)
     conv.register_structure_hook(bool, _strict_bool)
     conv.register_unstructure_hook(torch.dtype, dtype_name)
@@ -150,6 +152,9 @@ def make_converter(registry: Registry) -> cattrs.Converter:
 
     conv.register_unstructure_hook(KVCacheGroup, unstructure_group)
     conv.register_structure_hook(KVCacheGroup, structure_group)
+    conv.register_structure_hook(
+        KVCacheConfig, make_dict_structure_fn(KVCacheConfig, conv, _cattrs_forbid_extra_keys=False)
+    )
     return conv
 
 

@@ -15,7 +15,7 @@ from types import ModuleType
 from kvcore.errors import KVCoreError
 
 #: Sub-command modules, in the order ``kvcore --help`` lists them.
-COMMANDS: tuple[str, ...] = ("plan", "compare", "plugins")
+COMMANDS: tuple[str, ...] = ("plan", "compare", "allocate", "models", "plugins")
 
 
 def _command_modules() -> list[ModuleType]:

@@ -112,19 +112,23 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
         print(json.dumps(payload, indent=2))
         return 0
     rows = []
+    failures: dict[str, str] = {}  # first reason per policy; variants usually fail alike
     for c in candidates:
         plan = c.plan
+        if plan is None:
+            failures.setdefault(c.policy, c.error or "no plan")
+            continue
         rows.append(
             [
                 c.policy,
                 c.block_size or "as specs",
                 dtype_name(c.kv_cache_dtype) if c.kv_cache_dtype else "as specs",
-                len(plan.groups) if plan else "-",
-                f"{c.max_concurrency:,.2f}" if plan else "-",
+                len(plan.groups),
+                f"{c.max_concurrency:,.2f}",
                 f"{c.ideal_concurrency:,.2f}",
-                f"{100 * c.efficiency:.2f}%" if plan else "-",
-                format_bytes(c.padding_bytes) if c.padding_bytes is not None else "-",
-                f"{int(c.max_concurrency * args.max_model_len):,}" if plan else (c.error or "")[:60],
+                f"{100 * c.efficiency:.2f}%",
+                format_bytes(c.padding_bytes or 0),
+                f"{int(c.max_concurrency * args.max_model_len):,}",
             ]
         )
     print(
@@ -148,4 +152,6 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
             align="lllrrrrrr",
         )
     )
+    for policy, error in failures.items():
+        print(f"  {policy}: no plan: {error}")
     return 0

@@ -6,6 +6,8 @@ import argparse
 from collections.abc import Mapping
 
 from kvcore.errors import InvalidInputError
+from kvcore.models import ModelOptions, model_layer_specs
+from kvcore.parallel import RankLayout
 from kvcore.policy import PlanOptions
 from kvcore.registry import Registry
 from kvcore.spec import DEFAULT_MAX_NUM_BATCHED_TOKENS, KVCacheSpec, SizingContext
@@ -44,13 +46,55 @@ def fraction(text: str) -> float:
 
 
 def add_spec_source(parser: argparse.ArgumentParser) -> None:
-    """``--specs FILE``: where the layer specs come from."""
-    parser.add_argument(
+    """Where the layer specs come from: ``--specs FILE`` or ``--model NAME|PATH`` (one of
+    them), and the model options ``--tp``, ``--kv-cache-dtype``, ``--state-dtype``."""
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument(
         "--specs",
         metavar="FILE",
-        required=True,
         help='spec file: {"layers": {"<layer>": {"kind": ..., ...}}} (docs/reference/json-formats.md)',
     )
+    source.add_argument(
+        "--model",
+        metavar="NAME|PATH",
+        help="a Hugging Face config.json, a folder holding one, or a bundled model (see `kvcore models`)",
+    )
+    parser.add_argument(
+        "--tp",
+        type=positive_int,
+        metavar="N",
+        help="with --model: tensor-parallel size; KV heads per rank = max(1, kv_heads // N) (default 1)",
+    )
+    parser.add_argument(
+        "--kv-cache-dtype",
+        metavar="DTYPE",
+        help="with --model: attention cache dtype, auto (the model's), bfloat16, fp8, fp8_e5m2, ...",
+    )
+    parser.add_argument(
+        "--state-dtype",
+        metavar="DTYPE",
+        help="with --model: SSM / linear-attention state dtype, auto (the model's), float32, ...",
+    )
+
+
+def add_pipeline_option(parser: argparse.ArgumentParser) -> None:
+    """``--pp N``: plan every rank of a ``--tp`` x ``--pp`` layout (simulated, no GPU)."""
+    parser.add_argument(
+        "--pp",
+        type=positive_int,
+        default=1,
+        metavar="N",
+        help=(
+            "pipeline-parallel stages: the layers are cut, in model order, into N contiguous stages of "
+            "about equal layer counts, and every rank of --tp x --pp is planned; --memory is each "
+            "rank's budget (default 1)"
+        ),
+    )
+
+
+def rank_layout(args: argparse.Namespace) -> RankLayout:
+    """The :class:`~kvcore.parallel.RankLayout` of ``--tp`` and ``--pp`` (1 where not given)."""
+    return RankLayout(tp_size=getattr(args, "tp", None) or 1, pp_size=getattr(args, "pp", None) or 1)
 
 
 def add_sizing_options(parser: argparse.ArgumentParser, *, memory_required: bool = True) -> None:
@@ -108,7 +152,7 @@ def add_planning_options(parser: argparse.ArgumentParser, *, memory_required: bo
         "--block-size",
         type=positive_int,
         metavar="N",
-        help="tokens per block for every attention-like layer (default: as the specs say)",
+        help="tokens per block for every attention-like layer (default: as the specs say; 16 for --model)",
     )
     parser.add_argument(
         "--num-blocks",
@@ -118,8 +162,35 @@ def add_planning_options(parser: argparse.ArgumentParser, *, memory_required: bo
     )
 
 
+def model_options(args: argparse.Namespace) -> ModelOptions:
+    """The :class:`~kvcore.models.ModelOptions` of ``--tp``, ``--kv-cache-dtype``,
+    ``--state-dtype`` and ``--block-size``.
+
+    Raises:
+        InvalidInputError: a model option without ``--model``, or a bad dtype.
+    """
+    given = {
+        "tp": getattr(args, "tp", None),
+        "kv_cache_dtype": getattr(args, "kv_cache_dtype", None),
+        "state_dtype": getattr(args, "state_dtype", None),
+    }
+    if getattr(args, "model", None) is None:
+        named = [f"--{key.replace('_', '-')}" for key, value in given.items() if value is not None]
+        if named:
+            raise InvalidInputError(
+                f"{', '.join(named)} {'applies' if len(named) == 1 else 'apply'} to --model only; "
+                "a spec file states its own sizes"
+            )
+    block_size = getattr(args, "block_size", None)
+    values = {key: value for key, value in given.items() if value is not None}
+    return ModelOptions(**values, **({"block_size": block_size} if block_size is not None else {}))
+
+
 def load_layer_specs(args: argparse.Namespace, registry: Registry) -> dict[str, KVCacheSpec]:
-    """Read the specs named on the command line and apply ``--block-size``."""
+    """The specs of ``--model`` (with the model options) or of ``--specs`` (with ``--block-size``)."""
+    options = model_options(args)
+    if getattr(args, "model", None) is not None:
+        return model_layer_specs(args.model, registry, options)
     specs = read_spec_file(args.specs, registry)
     return apply_block_size(specs, getattr(args, "block_size", None))
 

@@ -26,7 +26,13 @@ from tests.helpers import full, sliding
 
 
 def test_builtins_register_through_hooks(registry):
-    assert list(registry.kinds) == ["full_attention", "sliding_window", "chunked_local_attention", "mla"]
+    assert list(registry.kinds) == [
+        "full_attention",
+        "sliding_window",
+        "chunked_local_attention",
+        "mla",
+        "state",
+    ]
     assert list(registry.policies) == ["uniform", "shared_buffer"]
     entry = {e.name: e for e in registry.kind_entries()}["mla"]
     assert entry.origin.source == "builtin"

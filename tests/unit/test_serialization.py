@@ -124,3 +124,24 @@ def test_bad_plan_json(registry):
         plan_from_json("{", registry)
     with pytest.raises(InvalidInputError, match="not a kvcore plan"):
         plan_from_json('{"policy": "uniform"}', registry)
+
+
+def test_unknown_keys_inside_nested_values_are_errors(registry):
+    data = {
+        "kind": "state",
+        "block_size": 16,
+        "parts": [{"name": "conv", "shape": [3, 8], "dtype": "bfloat16", "bogus": 1}],
+    }
+    with pytest.raises(InvalidSpecError, match="bogus"):
+        spec_from_dict(data, registry)
+
+
+def test_unknown_keys_inside_a_plan_are_errors_but_top_level_figures_are_not(registry):
+    from kvcore.serialization import plan_from_dict, plan_to_dict
+
+    plan = plan_kv_cache({"a": full()}, 2**24, SizingContext(max_model_len=64), registry=registry)
+    data = plan_to_dict(plan, registry)
+    assert plan_from_dict({**data, "max_concurrency": 1.0}, registry) == plan
+    data["tensors"][0]["strides"] = 1
+    with pytest.raises(InvalidInputError, match="strides"):
+        plan_from_dict(data, registry)
