@@ -1,0 +1,154 @@
+"""Greedy decoding of several requests at once on a reference runner, scheduled like an engine.
+
+:func:`decode_greedy` is a small continuous-batching scheduler:
+
+- **admission**: requests are admitted in arrival order while the pool can hold every admitted
+  request at its worst (:meth:`kvcore.BlockPool.blocks_needed` for prompt plus output, per
+  group: a sliding-window group counts its window, not the whole request); a request that does
+  not fit waits until running ones finish and give their blocks back;
+- **steps**: each step gives every decoding request one token, then fills the rest of the
+  step budget (the plan's ``max_num_batched_tokens``) with prompt chunks (chunked prefill), so
+  requests in different phases share steps and their pages interleave in the pool;
+- **sampling**: the argmax of the last token's logits, as greedy ``generate()`` does.
+
+Admission by worst case means the pool is never exhausted mid-request (no preemption needed);
+if it is, the pool or a spec's sizing is wrong and the error surfaces.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Hashable, Sequence
+
+import attrs
+import torch
+
+from kvcore.errors import InsufficientMemoryError, InvalidInputError
+from kvcore.testing.reference.requests import DecodeRequest, ScheduledRequest
+from kvcore.testing.reference.runner import PagedAttentionRunner
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class Generation:
+    """What one request produced.
+
+    Attributes:
+        request_id: the request.
+        tokens: the generated token ids.
+        logits: ``(max_new_tokens, vocab)``: the logits each token was picked from.
+        admitted_step: the runner step of its first chunk.
+        finished_step: the runner step that produced its last token.
+    """
+
+    request_id: Hashable
+    tokens: tuple[int, ...]
+    logits: torch.Tensor
+    admitted_step: int
+    finished_step: int
+
+
+@attrs.define
+class _Running:
+    request: DecodeRequest
+    need: int
+    admitted_step: int
+    computed: int = 0
+    tokens: list[int] = attrs.Factory(list)
+    logits: list[torch.Tensor] = attrs.Factory(list)
+
+    @property
+    def prefilling(self) -> bool:
+        return self.computed < len(self.request.prompt)
+
+    def next_tokens(self, budget: int) -> tuple[int, ...]:
+        if self.prefilling:
+            return self.request.prompt[self.computed : self.computed + budget]
+        return (self.tokens[-1],)
+
+
+def decode_greedy(
+    runner: PagedAttentionRunner,
+    requests: Sequence[DecodeRequest],
+    *,
+    max_num_batched_tokens: int | None = None,
+) -> dict[Hashable, Generation]:
+    """Decode every request greedily, interleaved step by step.
+
+    Args:
+        runner: the runner (its pool must be empty of these requests).
+        requests: the requests, in arrival order.
+        max_num_batched_tokens: tokens per step; default the plan's ``max_num_batched_tokens``
+            (larger would break the plan's sizing of sliding-window groups).
+
+    Returns:
+        ``{request: Generation}``.
+
+    Raises:
+        InvalidInputError: duplicate request ids, or a step budget above the plan's.
+        InsufficientMemoryError: a request needs more blocks than the whole pool has.
+    """
+    plan_budget = runner.plan.context.max_num_batched_tokens
+    budget = plan_budget if max_num_batched_tokens is None else max_num_batched_tokens
+    if not 1 <= budget <= plan_budget:
+        raise InvalidInputError(
+            f"'max_num_batched_tokens' must be in 1..{plan_budget} (the plan's step size; got {budget})"
+        )
+    if len({r.request_id for r in requests}) != len(requests):
+        raise InvalidInputError(f"request ids must be unique (got {[r.request_id for r in requests]})")
+    pool = runner.pool
+    waiting = deque(requests)
+    running: list[_Running] = []
+    done: dict[Hashable, Generation] = {}
+    committed = 0
+    while waiting or running:
+        while waiting:
+            request = waiting[0]
+            length = len(request.prompt) + request.max_new_tokens
+            need = sum(pool.blocks_needed(group, length) for group in range(len(runner.plan.groups)))
+            if need > pool.num_blocks:
+                raise InsufficientMemoryError(
+                    f"request {request.request_id!r} of {length} tokens needs {need} blocks at its worst but "
+                    f"the pool has {pool.num_blocks}; plan more blocks or shorten the request",
+                    required_bytes=need * runner.plan.bytes_per_block,
+                    available_bytes=runner.plan.kv_cache_bytes,
+                    max_model_len=length,
+                    largest_fitting_len=runner.plan.largest_fitting_len(length),
+                )
+            if committed + need > pool.num_blocks:
+                break
+            waiting.popleft()
+            committed += need
+            running.append(_Running(request=request, need=need, admitted_step=runner.num_steps))
+        batch: list[tuple[_Running, tuple[int, ...]]] = []
+        left = budget
+        for state in sorted(running, key=lambda s: s.prefilling):  # decodes first, then prefill chunks
+            if left == 0:
+                break
+            tokens = state.next_tokens(left)
+            batch.append((state, tokens))
+            left -= len(tokens)
+        logits = runner.step(
+            [
+                ScheduledRequest(request_id=s.request.request_id, token_ids=tokens, num_computed=s.computed)
+                for s, tokens in batch
+            ]
+        )
+        for state, tokens in batch:
+            state.computed += len(tokens)
+            if state.prefilling:
+                continue
+            row = logits[state.request.request_id]
+            state.logits.append(row.float().cpu())
+            state.tokens.append(int(torch.argmax(row)))
+            if len(state.tokens) == state.request.max_new_tokens:
+                runner.finish(state.request.request_id)
+                running.remove(state)
+                committed -= state.need
+                done[state.request.request_id] = Generation(
+                    request_id=state.request.request_id,
+                    tokens=tuple(state.tokens),
+                    logits=torch.stack(state.logits),
+                    admitted_step=state.admitted_step,
+                    finished_step=runner.num_steps - 1,
+                )
+    return done

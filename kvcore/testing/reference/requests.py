@@ -1,0 +1,58 @@
+"""What the reference runner and its scheduler are asked to compute: requests and their steps."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any
+
+import attrs
+
+from kvcore.errors import InvalidInputError
+
+
+def _token_ids(value: Sequence[int]) -> tuple[int, ...]:
+    return tuple(int(token) for token in value)
+
+
+def _non_empty(instance: object, attribute: attrs.Attribute[tuple[int, ...]], value: tuple[int, ...]) -> None:
+    if not value:
+        raise InvalidInputError(f"{attribute.name!r} must hold at least one token (got none)")
+
+
+def _int_at_least(minimum: int) -> Callable[[object, attrs.Attribute[Any], object], None]:
+    def check(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+        if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+            raise InvalidInputError(f"{attribute.name!r} must be an int >= {minimum} (got {value!r})")
+
+    return check
+
+
+@attrs.frozen(kw_only=True)
+class DecodeRequest:
+    """A request to decode greedily.
+
+    Attributes:
+        request_id: its name.
+        prompt: the prompt's token ids.
+        max_new_tokens: tokens to generate (no stop token: exactly this many).
+    """
+
+    request_id: Hashable
+    prompt: tuple[int, ...] = attrs.field(converter=_token_ids, validator=_non_empty)
+    max_new_tokens: int = attrs.field(validator=_int_at_least(1))
+
+
+@attrs.frozen(kw_only=True)
+class ScheduledRequest:
+    """One request's share of an engine step.
+
+    Attributes:
+        request_id: the request.
+        token_ids: the tokens computed this step (a prompt chunk, or the last sampled token).
+        num_computed: tokens of the request already in the cache; the step's tokens take
+            positions ``num_computed ..``.
+    """
+
+    request_id: Hashable
+    token_ids: tuple[int, ...] = attrs.field(converter=_token_ids, validator=_non_empty)
+    num_computed: int = attrs.field(validator=_int_at_least(0))
