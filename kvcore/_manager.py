@@ -45,6 +45,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "kvcore.plugins.models.generic",
     "kvcore.policies.uniform",
     "kvcore.policies.shared_buffer",
+    "kvcore.policies.equal_groups",
 )
 
 #: Entry-point group third-party packages register plugins under.

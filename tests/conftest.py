@@ -37,3 +37,15 @@ def make_registry():
         return Registry.from_plugin_manager(get_plugin_manager(autoload=False, plugins=plugins, block=block))
 
     return make
+
+
+@pytest.fixture(scope="session", autouse=True)
+def one_intra_op_thread():
+    """One torch thread for the whole run: the tensors in tests are small, and on a busy 2-core
+    CI box two spinning intra-op threads per process make the suite many times slower."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
