@@ -52,3 +52,17 @@ def test_bad_lists_are_usage_errors(run_cli, flag, value, capsys):
     with pytest.raises(SystemExit) as info:
         run_cli("compare", *BASE, flag, value)
     assert info.value.code == 2
+
+
+def test_a_bundled_hybrid_shows_two_policies_each_as_plan_reports_it(run_cli):
+    model = ("--model", "google/gemma-3-27b-it", "--memory", "80GiB", "--max-model-len", "32768")
+    status, out, err = run_cli("compare", *model, "--json")
+    assert status == 0, err
+    planned = {c["policy"]: c for c in json.loads(out)["candidates"] if c["plan"] is not None}
+    assert {"shared_buffer", "equal_groups"} <= set(planned)
+    figures = {name: (c["max_concurrency"], c["groups"]) for name, c in planned.items()}
+    assert figures["shared_buffer"] != figures["equal_groups"]
+    for name, (concurrency, groups) in figures.items():
+        status, out, _ = run_cli("plan", *model, "--policy", name, "--json")
+        plan = json.loads(out)
+        assert (plan["max_concurrency"], len(plan["groups"])) == (concurrency, groups)
