@@ -17,7 +17,7 @@ from kvcore.plan import KVCacheConfig
 from kvcore.planner import plan_kv_cache
 from kvcore.policy import PlanOptions
 from kvcore.registry import Registry
-from kvcore.spec import KVCacheSpec, SizingContext
+from kvcore.spec import KVCacheSpec, SizingContext, resize_blocks
 
 
 @attrs.frozen(kw_only=True)
@@ -70,14 +70,6 @@ def with_kv_dtype(specs: Mapping[str, KVCacheSpec], dtype: torch.dtype) -> dict[
     return out
 
 
-def with_block_size(specs: Mapping[str, KVCacheSpec], block_size: int) -> dict[str, KVCacheSpec]:
-    """Give every spec whose page grows with its block size the block size ``block_size``."""
-    return {
-        name: spec.with_block_size(block_size) if spec.page_scales_with_block_size else spec
-        for name, spec in specs.items()
-    }
-
-
 def compare_policies(
     specs: Mapping[str, KVCacheSpec],
     available_bytes: int,
@@ -105,7 +97,7 @@ def compare_policies(
             if dtype is not None:
                 variant = with_kv_dtype(variant, dtype)
             if block_size is not None:
-                variant = with_block_size(variant, block_size)
+                variant = resize_blocks(variant, block_size)
             ideal = ideal_concurrency(variant, available_bytes, context)
             need = request_bytes(variant, context)
             for name in names:

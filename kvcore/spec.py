@@ -223,6 +223,27 @@ def is_kv_cache_type_uniform(specs: Mapping[str, KVCacheSpec]) -> bool:
     return len(keys) <= 1
 
 
+def specs_by_group_key(specs: Mapping[str, KVCacheSpec]) -> list[tuple[KVCacheSpec, list[str]]]:
+    """Bucket layers by :attr:`KVCacheSpec.group_key`: ``[(spec, [layer, ...]), ...]``.
+
+    Buckets come in the order their first layer appears, layers in model order; the spec is the
+    first layer's. Policies start from these buckets.
+    """
+    by_key: dict[Hashable, tuple[KVCacheSpec, list[str]]] = {}
+    for name, spec in specs.items():
+        by_key.setdefault(spec.group_key, (spec, []))[1].append(name)
+    return list(by_key.values())
+
+
+def resize_blocks(specs: Mapping[str, KVCacheSpec], block_size: int) -> dict[str, KVCacheSpec]:
+    """Give every spec whose page grows with its block size the block size ``block_size``
+    (per-request states keep theirs)."""
+    return {
+        name: spec.with_block_size(block_size) if spec.page_scales_with_block_size else spec
+        for name, spec in specs.items()
+    }
+
+
 def check_layer_specs(specs: Mapping[str, KVCacheSpec]) -> None:
     """Check that ``specs`` maps non-empty layer names to spec instances.
 

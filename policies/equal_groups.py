@@ -21,15 +21,8 @@ from collections.abc import Callable, Mapping, Sequence
 from kvcore.hookspecs import hookimpl
 from kvcore.plan import KVCacheGroup, KVCacheTensor
 from kvcore.policy import AllocationPolicy, Layout, PlanOptions
-from kvcore.spec import KVCacheSpec, SizingContext, cdiv
+from kvcore.spec import KVCacheSpec, SizingContext, cdiv, specs_by_group_key
 from kvcore.units import format_bytes
-
-
-def _buckets(specs: Mapping[str, KVCacheSpec]) -> list[tuple[KVCacheSpec, list[str]]]:
-    by_key: dict[object, tuple[KVCacheSpec, list[str]]] = {}
-    for name, spec in specs.items():
-        by_key.setdefault(spec.group_key, (spec, []))[1].append(name)
-    return list(by_key.values())
 
 
 class EqualGroupsPolicy:
@@ -53,7 +46,7 @@ class EqualGroupsPolicy:
     def group(
         self, specs: Mapping[str, KVCacheSpec], context: SizingContext, options: PlanOptions
     ) -> Sequence[KVCacheGroup]:
-        buckets = _buckets(specs)
+        buckets = specs_by_group_key(specs)
         blocks = [spec.max_num_blocks(context) for spec, _ in buckets]
         need = sum(len(layers) * b for (_, layers), b in zip(buckets, blocks, strict=True))
 

@@ -36,7 +36,7 @@ import attrs
 from kvcore.hookspecs import hookimpl
 from kvcore.plan import KVCacheGroup, KVCacheTensor
 from kvcore.policy import AllocationPolicy, Layout, PlanOptions
-from kvcore.spec import KVCacheSpec, SizingContext, cdiv
+from kvcore.spec import KVCacheSpec, SizingContext, cdiv, specs_by_group_key
 
 #: Row widths tried per bucket: every layer count up to this, plus the divisors of the bucket
 #: size. Keeps planning of 10,000-layer models fast without losing the exact fits.
@@ -113,10 +113,7 @@ class _Bucket:
 
 
 def _buckets(specs: Mapping[str, KVCacheSpec], context: SizingContext, options: PlanOptions) -> list[_Bucket]:
-    by_key: dict[object, tuple[KVCacheSpec, list[str]]] = {}
-    for name, spec in specs.items():
-        by_key.setdefault(spec.group_key, (spec, []))[1].append(name)
-    return [_Bucket(spec, layers, context, options) for spec, layers in by_key.values()]
+    return [_Bucket(spec, layers, context, options) for spec, layers in specs_by_group_key(specs)]
 
 
 def _candidate_rows(buckets: Sequence[_Bucket]) -> list[int]:

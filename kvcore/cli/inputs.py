@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import argparse
-from collections.abc import Mapping
 
 from kvcore.errors import InvalidInputError
 from kvcore.models import ModelOptions, model_layer_specs
 from kvcore.parallel import RankLayout
 from kvcore.policy import PlanOptions
 from kvcore.registry import Registry
-from kvcore.spec import DEFAULT_MAX_NUM_BATCHED_TOKENS, KVCacheSpec, SizingContext
+from kvcore.spec import DEFAULT_MAX_NUM_BATCHED_TOKENS, KVCacheSpec, SizingContext, resize_blocks
 from kvcore.specfile import read_spec_file
 from kvcore.units import parse_size
 
@@ -192,17 +191,8 @@ def load_layer_specs(args: argparse.Namespace, registry: Registry) -> dict[str, 
     if getattr(args, "model", None) is not None:
         return model_layer_specs(args.model, registry, options)
     specs = read_spec_file(args.specs, registry)
-    return apply_block_size(specs, getattr(args, "block_size", None))
-
-
-def apply_block_size(specs: Mapping[str, KVCacheSpec], block_size: int | None) -> dict[str, KVCacheSpec]:
-    """Give every spec whose page grows with its block size the block size ``block_size``."""
-    if block_size is None:
-        return dict(specs)
-    return {
-        name: spec.with_block_size(block_size) if spec.page_scales_with_block_size else spec
-        for name, spec in specs.items()
-    }
+    block_size = getattr(args, "block_size", None)
+    return specs if block_size is None else resize_blocks(specs, block_size)
 
 
 def sizing_context(args: argparse.Namespace) -> SizingContext:
