@@ -104,12 +104,13 @@ def memory_map(plan: KVCacheConfig, *, rows: int = 4) -> MemoryMap:
     row_boxes: list[Box] = []
     row_tracks: list[str] = []
     row_bytes = plan.bytes_per_block
+    tensor_of = {name: tensor for name, _, tensor in plan.iter_layers()}
     for gi, group in enumerate(plan.groups):
         row_tracks.append(f"group {gi}")
         width = group.blocks_per_page * row_bytes
         used = 0
         offsets = sorted(
-            (plan.tensor_of(name).offset if plan.single_buffer else 0, name) for name in group.layer_names
+            (tensor_of[name].offset if plan.single_buffer else 0, name) for name in group.layer_names
         )
         if not plan.single_buffer:  # separate tensors: a block id spans every layer's page in turn
             offsets = [(i * group.spec.page_size_bytes, name) for i, (_, name) in enumerate(offsets)]

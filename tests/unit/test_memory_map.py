@@ -51,13 +51,14 @@ def test_png_is_valid_and_not_trivial(hybrid_plan, tmp_path):
     assert len(colours) > 8  # group colours, hatching, text: not a blank canvas
 
 
-def test_svg_has_one_rectangle_per_box(hybrid_plan, tmp_path):
+def test_svg_draws_every_box_of_a_group_in_its_colour(hybrid_plan, tmp_path):
     pytest.importorskip("matplotlib")
     path = render_memory_map(hybrid_plan, tmp_path / "map.svg")
     root = ET.parse(path).getroot()
-    paths = [e for e in root.iter() if e.tag.endswith("path")]
+    group0 = [e for e in root.iter() if "fill: #1f77b4" in e.get("style", "")]  # tab20 colour 0
     data = memory_map(hybrid_plan)
-    assert len(paths) >= len(data.buffer_boxes) + len(data.row_boxes)
+    boxes = [b for b in (*data.buffer_boxes, *data.row_boxes) if b.group == 0]
+    assert len(group0) == len(boxes) + 1  # and its legend patch
 
 
 def test_bad_suffix(hybrid_plan, tmp_path):
