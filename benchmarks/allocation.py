@@ -29,13 +29,13 @@ import time
 import torch
 
 from kvcore import Registry, SizingContext, allocate, bind_to_modules, parse_size, plan_kv_cache
-from kvcore.allocation import allocation_sizes
 from kvcore.cli.allocate import stand_in_model
-from kvcore.memory import HostMemory
+from kvcore.cli.table import render_table
 from kvcore.plugins.full_attention import FullAttentionSpec
 from kvcore.plugins.sliding_window import SlidingWindowSpec
+from kvcore.runtime.allocation import allocation_sizes
+from kvcore.runtime.memory import HostMemory
 from kvcore.spec import KVCacheSpec
-from kvcore.table import render_table
 from kvcore.units import format_bytes
 
 CONTEXT = SizingContext(max_model_len=2048, max_num_batched_tokens=512)

@@ -20,8 +20,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _mixes import TARGET_MIXES
 
 from kvcore import PlanOptions, Registry, SizingContext, ideal_concurrency, plan_kv_cache
+from kvcore.cli.table import render_table
 from kvcore.spec import KVCacheSpec, cdiv
-from kvcore.table import render_table
 
 GIB = 2**30
 BUDGET = 40 * GIB

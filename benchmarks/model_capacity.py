@@ -16,8 +16,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from kvcore import Registry, SizingContext, ideal_concurrency, plan_kv_cache, request_bytes
-from kvcore.models import bundled_models, layer_specs_from_config, max_position_embeddings, read_config_file
-from kvcore.table import render_table
+from kvcore.cli.table import render_table
+from kvcore.frontends.hf_config import (
+    bundled_models,
+    layer_specs_from_config,
+    max_position_embeddings,
+    read_config_file,
+)
 from kvcore.units import format_bytes
 
 GIB = 2**30

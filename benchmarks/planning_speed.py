@@ -19,8 +19,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _mixes import chunked, full, sliding
 
 from kvcore import Registry, SizingContext, plan_kv_cache
+from kvcore.cli.table import render_table
 from kvcore.spec import KVCacheSpec
-from kvcore.table import render_table
 
 CONTEXT = SizingContext(max_model_len=32768)
 

@@ -9,7 +9,7 @@ cuda`` on GPUs)::
 Every rank reads the model's config (a bundled name or a ``config.json``), keeps the layers of
 its pipeline stage (kvcore's rule: contiguous stages, balanced by layer count) with the specs
 of one tensor-parallel rank, and stands in a parameter-free module for each of them. The ranks
-then agree on the plan through :class:`kvcore.distributed.DistributedExecutor`; each one
+then agree on the plan through :class:`kvcore.engine.distributed.DistributedExecutor`; each one
 allocates and binds only its own layers. Rank 0 prints the ranks' plans and what each rank
 allocated (gathered over the process group).
 
@@ -27,14 +27,15 @@ import torch
 import torch.distributed as dist
 
 from kvcore import LocalExecutor, ModelOptions, Registry, initialize_kv_caches, model_layer_specs
-from kvcore.allocation import allocation_sizes
 from kvcore.cli.allocate import stand_in_model
 from kvcore.cli.inputs import positive_int, size
-from kvcore.distributed import DEFAULT_TIMEOUT_S, DistributedExecutor
-from kvcore.engine import capacity_summary
+from kvcore.cli.report import format_ranks, layer_ranges
+from kvcore.engine.agreement import DEFAULT_TIMEOUT_S
+from kvcore.engine.distributed import DistributedExecutor
+from kvcore.engine.workflow import capacity_summary
 from kvcore.errors import KVCoreError, MemoryProfilingError
-from kvcore.parallel import RankLayout, simulate_rank_specs
-from kvcore.report import format_ranks, layer_ranges
+from kvcore.planning.ranks import RankLayout, simulate_rank_specs
+from kvcore.runtime.allocation import allocation_sizes
 from kvcore.units import format_bytes
 
 

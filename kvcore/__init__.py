@@ -41,40 +41,40 @@ from kvcore.hookspecs import (
 
 #: Public names imported on first use, and the module that holds each.
 _LAZY: dict[str, str] = {
-    "PluginOrigin": "kvcore._manager",
-    "get_plugin_manager": "kvcore._manager",
-    "PartViews": "kvcore.allocation",
-    "allocate": "kvcore.allocation",
-    "bind_to_forward_context": "kvcore.binding",
-    "bind_to_modules": "kvcore.binding",
-    "bind_to_runner_list": "kvcore.binding",
-    "NULL_PAGE": "kvcore.block_pool",
-    "BlockPool": "kvcore.block_pool",
-    "efficiency": "kvcore.capacity",
-    "ideal_concurrency": "kvcore.capacity",
-    "request_bytes": "kvcore.capacity",
-    "DistributedExecutor": "kvcore.distributed",
-    "Executor": "kvcore.engine",
-    "LocalExecutor": "kvcore.engine",
-    "initialize_kv_caches": "kvcore.engine",
-    "CacheLayout": "kvcore.layout",
-    "PagePart": "kvcore.layout",
-    "MemoryProfile": "kvcore.memory",
-    "determine_available_memory": "kvcore.memory",
-    "ModelOptions": "kvcore.models",
-    "layer_specs_from_config": "kvcore.models",
-    "model_layer_specs": "kvcore.models",
-    "scan_module": "kvcore.module_scan",
+    "PluginOrigin": "kvcore.planning.manager",
+    "get_plugin_manager": "kvcore.planning.manager",
+    "PartViews": "kvcore.runtime.allocation",
+    "allocate": "kvcore.runtime.allocation",
+    "bind_to_forward_context": "kvcore.runtime.binding",
+    "bind_to_modules": "kvcore.runtime.binding",
+    "bind_to_runner_list": "kvcore.runtime.binding",
+    "NULL_PAGE": "kvcore.runtime.block_pool",
+    "BlockPool": "kvcore.runtime.block_pool",
+    "efficiency": "kvcore.planning.capacity",
+    "ideal_concurrency": "kvcore.planning.capacity",
+    "request_bytes": "kvcore.planning.capacity",
+    "DistributedExecutor": "kvcore.engine.distributed",
+    "Executor": "kvcore.engine.workflow",
+    "LocalExecutor": "kvcore.engine.local",
+    "initialize_kv_caches": "kvcore.engine.workflow",
+    "CacheLayout": "kvcore.cache_layout",
+    "PagePart": "kvcore.cache_layout",
+    "MemoryProfile": "kvcore.runtime.memory",
+    "determine_available_memory": "kvcore.runtime.memory",
+    "ModelOptions": "kvcore.frontends.hf_config",
+    "layer_specs_from_config": "kvcore.frontends.hf_config",
+    "model_layer_specs": "kvcore.frontends.hf_config",
+    "scan_module": "kvcore.frontends.module_scan",
     "KVCacheConfig": "kvcore.plan",
     "KVCacheGroup": "kvcore.plan",
     "KVCacheTensor": "kvcore.plan",
-    "RankLayout": "kvcore.parallel",
-    "plan_for_ranks": "kvcore.parallel",
-    "plan_kv_cache": "kvcore.planner",
+    "RankLayout": "kvcore.planning.ranks",
+    "plan_for_ranks": "kvcore.planning.ranks",
+    "plan_kv_cache": "kvcore.planning.planner",
     "AllocationPolicy": "kvcore.policy",
     "Layout": "kvcore.policy",
     "PlanOptions": "kvcore.policy",
-    "Registry": "kvcore.registry",
+    "Registry": "kvcore.planning.registry",
     "DEFAULT_MAX_NUM_BATCHED_TOKENS": "kvcore.spec",
     "KVCacheSpec": "kvcore.spec",
     "SizingContext": "kvcore.spec",
@@ -84,61 +84,61 @@ _LAZY: dict[str, str] = {
 }
 
 if _typing.TYPE_CHECKING:
-    from kvcore._manager import (
-        PluginOrigin,
-        get_plugin_manager,
-    )
-    from kvcore.allocation import (
-        PartViews,
-        allocate,
-    )
-    from kvcore.binding import (
-        bind_to_forward_context,
-        bind_to_modules,
-        bind_to_runner_list,
-    )
-    from kvcore.block_pool import (
-        NULL_PAGE,
-        BlockPool,
-    )
-    from kvcore.capacity import (
-        efficiency,
-        ideal_concurrency,
-        request_bytes,
-    )
-    from kvcore.distributed import DistributedExecutor
-    from kvcore.engine import (
-        Executor,
-        LocalExecutor,
-        initialize_kv_caches,
-    )
-    from kvcore.layout import (
+    from kvcore.cache_layout import (
         CacheLayout,
         PagePart,
     )
-    from kvcore.memory import (
-        MemoryProfile,
-        determine_available_memory,
+    from kvcore.engine.distributed import DistributedExecutor
+    from kvcore.engine.local import LocalExecutor
+    from kvcore.engine.workflow import (
+        Executor,
+        initialize_kv_caches,
     )
-    from kvcore.models import (
+    from kvcore.frontends.hf_config import (
         ModelOptions,
         layer_specs_from_config,
         model_layer_specs,
     )
-    from kvcore.module_scan import scan_module
-    from kvcore.parallel import RankLayout, plan_for_ranks
+    from kvcore.frontends.module_scan import scan_module
     from kvcore.plan import (
         KVCacheConfig,
         KVCacheGroup,
         KVCacheTensor,
     )
-    from kvcore.planner import plan_kv_cache
+    from kvcore.planning.capacity import (
+        efficiency,
+        ideal_concurrency,
+        request_bytes,
+    )
+    from kvcore.planning.manager import (
+        PluginOrigin,
+        get_plugin_manager,
+    )
+    from kvcore.planning.planner import plan_kv_cache
+    from kvcore.planning.ranks import RankLayout, plan_for_ranks
+    from kvcore.planning.registry import Registry
     from kvcore.policy import (
         AllocationPolicy,
         Layout,
         PlanOptions,
     )
-    from kvcore.registry import Registry
+    from kvcore.runtime.allocation import (
+        PartViews,
+        allocate,
+    )
+    from kvcore.runtime.binding import (
+        bind_to_forward_context,
+        bind_to_modules,
+        bind_to_runner_list,
+    )
+    from kvcore.runtime.block_pool import (
+        NULL_PAGE,
+        BlockPool,
+    )
+    from kvcore.runtime.memory import (
+        MemoryProfile,
+        determine_available_memory,
+    )
     from kvcore.spec import (
         DEFAULT_MAX_NUM_BATCHED_TOKENS,
         KVCacheSpec,

@@ -23,7 +23,7 @@ import pluggy
 if TYPE_CHECKING:
     import torch
 
-    from kvcore.layout import CacheLayout
+    from kvcore.cache_layout import CacheLayout
     from kvcore.policy import AllocationPolicy
     from kvcore.spec import KVCacheSpec
 
@@ -80,7 +80,7 @@ def kvcore_layer_specs(
     :param config: the parsed ``config.json`` of the whole model (wrappers included: read
         ``text_config`` yourself if your family nests the language model).
     :param options: model options such as ``tp`` (tensor-parallel size), ``kv_cache_dtype``
-        and ``block_size``; see :mod:`kvcore.models`.
+        and ``block_size``; see :mod:`kvcore.frontends.hf_config`.
     :returns: the specs of every layer that needs a cache, in model order, or ``None`` when
         this plugin does not know the model (look at ``model_type`` / ``architectures``).
 
@@ -116,7 +116,7 @@ def kvcore_cache_layout(spec: KVCacheSpec) -> CacheLayout | None:
     """Say how one page of a layer with ``spec`` is seen as tensors (shape, dtype, block dim).
 
     :param spec: the layer's spec (as planned: its block size is the group's).
-    :returns: a :class:`kvcore.layout.CacheLayout` whose parts all lie inside one page of
+    :returns: a :class:`kvcore.cache_layout.CacheLayout` whose parts all lie inside one page of
         ``spec.page_size_bytes`` bytes, or ``None`` to leave the decision to other plugins.
 
     Stops at the first non-None result. Built-in kinds implement it with ``trylast=True`` so an

@@ -1,8 +1,8 @@
 """The plan: how many blocks there are, which layers share a block table, and where bytes live.
 
 A :class:`KVCacheConfig` is what a policy produces and what allocation consumes. It is a frozen
-value: it can be logged, compared, serialized (:mod:`kvcore.serialization`) and checked
-(:mod:`kvcore.invariants`) without any device.
+value: it can be logged, compared, serialized (:mod:`kvcore.planning.serialization`) and checked
+(:mod:`kvcore.planning.invariants`) without any device.
 
 The block model: there is one pool of ``num_blocks`` block ids shared by every group. A block id
 belongs to one group at a time, so layers of different groups may place their pages on the same
@@ -187,7 +187,7 @@ class KVCacheConfig:
 
 
 def _structural_problems(plan: KVCacheConfig) -> Iterator[str]:
-    """Cheap checks that every plan must pass; the byte-overlap check is in kvcore.invariants."""
+    """Cheap checks that every plan must pass; the byte-overlap check is in kvcore.planning.invariants."""
     grouped: dict[str, int] = {}
     for index, group in enumerate(plan.groups):
         for name in group.layer_names:

@@ -11,10 +11,10 @@ from __future__ import annotations
 import attrs
 import torch
 
+from kvcore.cache_layout import CacheLayout
 from kvcore.dtypes import dtype_size, to_dtype
 from kvcore.errors import InvalidSpecError
 from kvcore.hookspecs import hookimpl
-from kvcore.layout import CacheLayout
 from kvcore.spec import KVCacheSpec, positive_int
 
 

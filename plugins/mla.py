@@ -7,9 +7,9 @@ from collections.abc import Callable
 import attrs
 import torch
 
+from kvcore.cache_layout import CacheLayout
 from kvcore.dtypes import dtype_size, to_dtype
 from kvcore.hookspecs import hookimpl
-from kvcore.layout import CacheLayout
 from kvcore.spec import KVCacheSpec, SizingContext, cdiv, positive_int
 
 

@@ -18,10 +18,10 @@ from collections.abc import Callable, Iterable
 import attrs
 import torch
 
+from kvcore.cache_layout import CacheLayout, PagePart
 from kvcore.dtypes import dtype_name, dtype_size, to_dtype
 from kvcore.errors import InvalidSpecError
 from kvcore.hookspecs import hookimpl
-from kvcore.layout import CacheLayout, PagePart
 from kvcore.spec import KVCacheSpec, SizingContext, cdiv
 
 

@@ -1,6 +1,6 @@
 """The module front end for Hugging Face transformers: attention and state modules to specs.
 
-:func:`kvcore.module_scan.scan_module` offers every submodule of a model to the
+:func:`kvcore.frontends.module_scan.scan_module` offers every submodule of a model to the
 ``kvcore_spec_for_module`` hook. This plugin answers for modules defined by transformers
 (``type(module).__module__`` starts with ``transformers.``) that carry an int ``layer_idx``,
 reading sizes from the module's own weights and attributes, not from a config:
@@ -33,8 +33,8 @@ from typing import Any
 import torch
 
 from kvcore.errors import ModelConfigError
+from kvcore.frontends.hf_config import ModelOptions
 from kvcore.hookspecs import hookimpl
-from kvcore.models import ModelOptions
 from kvcore.plugins.mla import MLAAttentionSpec
 from kvcore.plugins.models.common import (
     CHUNKED,

@@ -54,7 +54,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        from kvcore.registry import Registry
+        from kvcore.planning.registry import Registry
 
         registry = Registry.default(
             autoload=False if args.no_plugin_autoload else None,

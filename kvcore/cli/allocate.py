@@ -10,16 +10,16 @@ from typing import Any
 
 import torch
 
-from kvcore.allocation import allocation_sizes
 from kvcore.cli import inputs
-from kvcore.engine import LocalExecutor
+from kvcore.cli.progress import progress
+from kvcore.cli.report import format_plan, policy_reason
+from kvcore.cli.table import render_table
+from kvcore.engine.local import LocalExecutor
 from kvcore.errors import InvalidInputError
-from kvcore.memory import DEFAULT_UTILIZATION
-from kvcore.planner import plan_kv_cache
-from kvcore.progress import progress
-from kvcore.registry import Registry
-from kvcore.report import format_plan, policy_reason
-from kvcore.table import render_table
+from kvcore.planning.planner import plan_kv_cache
+from kvcore.planning.registry import Registry
+from kvcore.runtime.allocation import allocation_sizes
+from kvcore.runtime.memory import DEFAULT_UTILIZATION
 from kvcore.units import format_bytes
 
 _DEVICE = re.compile(r"^(cpu|cuda(:\d+)?)$")

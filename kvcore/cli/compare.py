@@ -7,12 +7,12 @@ import json
 from typing import Any
 
 from kvcore.cli import inputs
-from kvcore.compare import Candidate, compare_policies
+from kvcore.cli.report import plan_report
+from kvcore.cli.table import render_table
 from kvcore.dtypes import dtype_name, to_dtype
 from kvcore.errors import InvalidSpecError
-from kvcore.registry import Registry
-from kvcore.report import plan_report
-from kvcore.table import render_table
+from kvcore.planning.compare import Candidate, compare_policies
+from kvcore.planning.registry import Registry
 from kvcore.units import format_bytes
 
 

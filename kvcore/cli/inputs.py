@@ -5,12 +5,12 @@ from __future__ import annotations
 import argparse
 
 from kvcore.errors import InvalidInputError
-from kvcore.models import ModelOptions, model_layer_specs
-from kvcore.parallel import RankLayout
+from kvcore.frontends.hf_config import ModelOptions, model_layer_specs
+from kvcore.frontends.specfile import read_spec_file
+from kvcore.planning.ranks import RankLayout
+from kvcore.planning.registry import Registry
 from kvcore.policy import PlanOptions
-from kvcore.registry import Registry
 from kvcore.spec import DEFAULT_MAX_NUM_BATCHED_TOKENS, KVCacheSpec, SizingContext, resize_blocks
-from kvcore.specfile import read_spec_file
 from kvcore.units import parse_size
 
 
@@ -92,7 +92,7 @@ def add_pipeline_option(parser: argparse.ArgumentParser) -> None:
 
 
 def rank_layout(args: argparse.Namespace) -> RankLayout:
-    """The :class:`~kvcore.parallel.RankLayout` of ``--tp`` and ``--pp`` (1 where not given)."""
+    """The :class:`~kvcore.planning.ranks.RankLayout` of ``--tp`` and ``--pp`` (1 where not given)."""
     return RankLayout(tp_size=getattr(args, "tp", None) or 1, pp_size=getattr(args, "pp", None) or 1)
 
 
@@ -162,7 +162,7 @@ def add_planning_options(parser: argparse.ArgumentParser, *, memory_required: bo
 
 
 def model_options(args: argparse.Namespace) -> ModelOptions:
-    """The :class:`~kvcore.models.ModelOptions` of ``--tp``, ``--kv-cache-dtype``,
+    """The :class:`~kvcore.frontends.hf_config.ModelOptions` of ``--tp``, ``--kv-cache-dtype``,
     ``--state-dtype`` and ``--block-size``.
 
     Raises:

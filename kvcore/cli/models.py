@@ -9,7 +9,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from kvcore.cli import inputs
-from kvcore.models import (
+from kvcore.cli.table import render_table
+from kvcore.frontends.hf_config import (
     ModelOptions,
     bundled_models,
     layer_specs_from_config,
@@ -17,10 +18,9 @@ from kvcore.models import (
     max_position_embeddings,
     model_layer_specs,
 )
-from kvcore.registry import Registry
+from kvcore.frontends.specfile import specs_to_dict
+from kvcore.planning.registry import Registry
 from kvcore.spec import KVCacheSpec, describe_spec
-from kvcore.specfile import specs_to_dict
-from kvcore.table import render_table
 from kvcore.units import format_bytes
 
 

@@ -8,11 +8,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from kvcore.cli import inputs
-from kvcore.memory_map import render_memory_map
-from kvcore.parallel import RankLayout, plan_for_ranks, simulate_rank_specs, tightest_rank
-from kvcore.planner import plan_kv_cache
-from kvcore.registry import Registry
-from kvcore.report import format_plan, format_ranks, plan_report, policy_reason, ranks_report
+from kvcore.cli.memory_map import render_memory_map
+from kvcore.cli.report import format_plan, format_ranks, plan_report, policy_reason, ranks_report
+from kvcore.planning.planner import plan_kv_cache
+from kvcore.planning.ranks import RankLayout, plan_for_ranks, simulate_rank_specs, tightest_rank
+from kvcore.planning.registry import Registry
 from kvcore.spec import KVCacheSpec
 
 

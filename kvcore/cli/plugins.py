@@ -6,8 +6,8 @@ import argparse
 import json
 from typing import Any
 
-from kvcore.registry import Registry
-from kvcore.table import render_table
+from kvcore.cli.table import render_table
+from kvcore.planning.registry import Registry
 
 
 def add_parser(sub: Any) -> None:

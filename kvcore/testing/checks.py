@@ -17,7 +17,6 @@ from typing import Any, NoReturn
 import attrs
 import torch
 
-from kvcore.capacity import ideal_concurrency
 from kvcore.dtypes import dtype_size
 from kvcore.errors import (
     DuplicateRegistrationError,
@@ -26,11 +25,12 @@ from kvcore.errors import (
     KVCoreError,
     PolicyNotApplicableError,
 )
-from kvcore.invariants import plan_problems
 from kvcore.plan import KVCacheConfig, _structural_problems
+from kvcore.planning.capacity import ideal_concurrency
+from kvcore.planning.invariants import plan_problems
+from kvcore.planning.registry import Registry
+from kvcore.planning.serialization import plan_from_json, plan_to_json, spec_from_dict, spec_to_dict
 from kvcore.policy import AllocationPolicy
-from kvcore.registry import Registry
-from kvcore.serialization import plan_from_json, plan_to_json, spec_from_dict, spec_to_dict
 from kvcore.spec import KVCacheSpec, SizingContext, describe_spec
 from kvcore.testing.registries import build_registry
 from kvcore.testing.strategies import PlanningProblem
@@ -367,7 +367,10 @@ def check_ranges_in_bounds(plan: KVCacheConfig) -> None:
 
 
 def check_no_live_overlap(plan: KVCacheConfig) -> None:
-    """No two pages that can be live at once share a byte (:func:`kvcore.invariants.plan_problems`)."""
+    """No two pages that can be live at once share a byte.
+
+    See :func:`kvcore.planning.invariants.plan_problems`.
+    """
     problems = plan_problems(plan)
     if problems:
         _fail(f"policy {plan.policy!r} overlaps live pages: {'; '.join(problems[:3])}")

@@ -37,8 +37,8 @@ from hypothesis import strategies as st
 
 from kvcore.errors import KVCoreError, UnknownPolicyError
 from kvcore.plan import KVCacheConfig
+from kvcore.planning.registry import Registry
 from kvcore.policy import AllocationPolicy, PlanOptions
-from kvcore.registry import Registry
 from kvcore.spec import KVCacheSpec, SizingContext
 from kvcore.testing import checks
 from kvcore.testing.registries import build_registry

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
-    from kvcore.registry import Registry
+    from kvcore.planning.registry import Registry
 
 
 @pytest.fixture

@@ -12,9 +12,9 @@ from types import ModuleType
 
 import pluggy
 
-from kvcore._manager import PluginOrigin, get_plugin_manager
 from kvcore.errors import PluginValidationError
-from kvcore.registry import Registry
+from kvcore.planning.manager import PluginOrigin, get_plugin_manager
+from kvcore.planning.registry import Registry
 
 
 def _plugin_name(plugin: object) -> str:

@@ -29,17 +29,17 @@ import torch
 from hypothesis import reject
 from hypothesis import strategies as st
 
-from kvcore.capacity import request_bytes
 from kvcore.errors import InvalidInputError, KVCoreError, PolicyNotApplicableError
 from kvcore.plan import KVCacheConfig
-from kvcore.planner import plan_kv_cache
+from kvcore.planning.capacity import request_bytes
+from kvcore.planning.planner import plan_kv_cache
+from kvcore.planning.registry import Registry
 from kvcore.plugins.chunked_local_attention import ChunkedLocalAttentionSpec
 from kvcore.plugins.full_attention import FullAttentionSpec
 from kvcore.plugins.mla import MLAAttentionSpec
 from kvcore.plugins.sliding_window import SlidingWindowSpec
 from kvcore.plugins.state import StatePart, StateSpec
 from kvcore.policy import AllocationPolicy, PlanOptions
-from kvcore.registry import Registry
 from kvcore.spec import KVCacheSpec, SizingContext
 
 #: Dtypes drawn for caches: the common ones, fp8 included.

@@ -27,7 +27,7 @@ import torch
 
 from kvcore.dtypes import to_dtype
 from kvcore.errors import InvalidSpecError, ModelConfigError
-from kvcore.models import DEFAULT_MODEL_DTYPE, ModelOptions
+from kvcore.frontends.hf_config import DEFAULT_MODEL_DTYPE, ModelOptions
 from kvcore.plugins.chunked_local_attention import ChunkedLocalAttentionSpec
 from kvcore.plugins.full_attention import FullAttentionSpec
 from kvcore.plugins.mla import MLAAttentionSpec

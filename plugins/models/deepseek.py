@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from kvcore.frontends.hf_config import ModelOptions
 from kvcore.hookspecs import hookimpl
-from kvcore.models import ModelOptions
 from kvcore.plugins.models.common import FULL, ConfigFields, LayerNames, build_layers, claim, mla
 from kvcore.spec import KVCacheSpec
 

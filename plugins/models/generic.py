@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from kvcore.frontends.hf_config import ADD_FAMILY_DOC, ModelOptions
 from kvcore.hookspecs import hookimpl
-from kvcore.models import ADD_FAMILY_DOC, ModelOptions
 from kvcore.plugins.models.common import ConfigFields, LayerNames, attention, attention_builders, build_layers
 from kvcore.spec import KVCacheSpec
 

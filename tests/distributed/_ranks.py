@@ -3,7 +3,7 @@
 The parent plays torchrun's agent: it hosts the TCP store (port 0: the OS picks a free port)
 and sets the environment torchrun sets (``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``,
 ``WORLD_SIZE``, ``TORCHELASTIC_USE_AGENT_STORE=True``), so the ranks run the documented path:
-``init_process_group("gloo")`` and :func:`kvcore.distributed.store_from_env`. The store
+``init_process_group("gloo")`` and :func:`kvcore.engine.distributed.store_from_env`. The store
 outlives any rank, as the agent's does.
 
 Ranks start from a ``forkserver`` that has imported torch and kvcore once: a fresh ``spawn``
@@ -32,10 +32,10 @@ import torch
 import torch.distributed as dist
 
 from kvcore import LocalExecutor, Registry, get_plugin_manager, initialize_kv_caches
-from kvcore.distributed import DistributedExecutor
+from kvcore.engine.distributed import DistributedExecutor
 from kvcore.errors import MemoryProfilingError
-from kvcore.parallel import RankLayout, partition_layers
-from kvcore.serialization import plan_to_dict
+from kvcore.planning.ranks import RankLayout, partition_layers
+from kvcore.planning.serialization import plan_to_dict
 from tests.runtime._kinds import ToyAttention, ToyAttentionPlugin
 
 HIDDEN = 32
@@ -266,5 +266,11 @@ def run_example(argv: list[str], world: int, *, guard_s: float = 60.0) -> dict[i
 def preload_forkserver() -> None:
     """Import torch and kvcore once in the forkserver, before it starts."""
     mp.set_forkserver_preload(
-        ["torch", "torch.distributed", "kvcore.distributed", "tests.distributed._ranks"]
+        [
+            "torch",
+            "torch.distributed",
+            "kvcore.engine.distributed",
+            "kvcore.engine.agreement",
+            "tests.distributed._ranks",
+        ]
     )

@@ -9,7 +9,8 @@ import pytest
 import torch.distributed as dist
 
 from kvcore import InvalidInputError, KVCacheAllocationError, initialize_kv_caches
-from kvcore.distributed import DistributedExecutor, StoreAgreement, store_from_env
+from kvcore.engine.agreement import StoreAgreement, store_from_env
+from kvcore.engine.distributed import DistributedExecutor
 from kvcore.errors import DistributedAgreementError
 from tests.distributed._ranks import RankExecutor, Scenario, toy_registry
 

@@ -14,8 +14,8 @@ from kvcore import (
     SpecMismatchError,
     plan_kv_cache,
 )
-from kvcore.invariants import check_plan
-from kvcore.parallel import (
+from kvcore.planning.invariants import check_plan
+from kvcore.planning.ranks import (
     RankLayout,
     merge_rank_specs,
     partition_layers,

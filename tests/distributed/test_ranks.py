@@ -1,17 +1,17 @@
 """Real CPU ranks over gloo: agreement on one plan, and every fault named on every live rank.
 
 Each rank runs :func:`kvcore.initialize_kv_caches` with a
-:class:`~kvcore.distributed.DistributedExecutor` over its own stage of a small model (see
+:class:`~kvcore.engine.distributed.DistributedExecutor` over its own stage of a small model (see
 ``_ranks.py``). The expected plans are computed here, in the test process, with the pure
-:func:`~kvcore.parallel.plan_for_ranks` on what each rank's executor reports.
+:func:`~kvcore.planning.ranks.plan_for_ranks` on what each rank's executor reports.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from kvcore.parallel import plan_for_ranks
-from kvcore.serialization import plan_from_dict
+from kvcore.planning.ranks import plan_for_ranks
+from kvcore.planning.serialization import plan_from_dict
 from kvcore.spec import SizingContext
 from tests.distributed._ranks import DEAD, Scenario, preload_forkserver, rank_specs, run_ranks, toy_registry
 

@@ -21,7 +21,7 @@ from kvcore import (
     plan_kv_cache,
 )
 from kvcore.cli import main
-from kvcore.memory import CudaMemory
+from kvcore.runtime.memory import CudaMemory
 from tests.helpers import full, mix, mla, sliding
 from tests.runtime._kinds import ToyAttention, ToyAttentionPlugin, ToyModel, ToyStatePlugin, ToyStateSpec
 from tests.runtime._workload import run_workload

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from kvcore import Registry, hookspecs, scan_module
-from kvcore._manager import BUILTIN_PLUGINS, ENV_BLOCK, ENV_DISABLE_AUTOLOAD, ENV_TRACE
 from kvcore.cli import build_parser, main
+from kvcore.planning.manager import BUILTIN_PLUGINS, ENV_BLOCK, ENV_DISABLE_AUTOLOAD, ENV_TRACE
 from kvcore.plugins.full_attention import FullAttentionSpec
 from kvcore.testing import checks
 from kvcore.testing.conformance import PolicyConformance, SpecKindConformance

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kvcore.models import bundled_models, read_config_file
+from kvcore.frontends.hf_config import bundled_models, read_config_file
 
 #: Synthetic configs (test data, not published models): see the "_synthetic" key of each.
 SYNTHETIC = Path(__file__).parent / "configs"

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from kvcore import SizingContext, efficiency, layer_specs_from_config, plan_kv_cache
-from kvcore.invariants import check_plan
-from kvcore.models import bundled_models, max_position_embeddings
+from kvcore.frontends.hf_config import bundled_models, max_position_embeddings
+from kvcore.planning.invariants import check_plan
 
 GIB = 2**30
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from kvcore.models import bundled_models
+from kvcore.frontends.hf_config import bundled_models
 
 
 def test_models_lists_every_bundled_model(run_cli):

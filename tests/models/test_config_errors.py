@@ -17,7 +17,7 @@ from kvcore import (
     layer_specs_from_config,
 )
 from kvcore.errors import InvalidInputError
-from kvcore.models import bundled_models
+from kvcore.frontends.hf_config import bundled_models
 from kvcore.spec import KVCacheSpec
 from tests.models.conftest import NEMOTRON_H_LIKE, QWEN3_NEXT_LIKE, bundled, synthetic
 

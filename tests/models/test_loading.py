@@ -14,7 +14,7 @@ import pytest
 
 from kvcore import ModelConfigError, UnknownModelError, model_layer_specs
 from kvcore.errors import InvalidInputError
-from kvcore.models import (
+from kvcore.frontends.hf_config import (
     bundled_models,
     find_bundled_model,
     load_model_config,
@@ -122,7 +122,7 @@ def test_plugins_load_without_transformers():
         sys.modules["transformers"] = None  # any import of transformers now fails
         import torch
         from kvcore import Registry, layer_specs_from_config
-        from kvcore.models import bundled_models
+        from kvcore.frontends.hf_config import bundled_models
         registry = Registry.default(autoload=False)
         assert "kvcore.plugins.transformers_modules" in dict(registry.pm.list_name_plugin())
         config = next(m for m in bundled_models() if m.name == "Qwen/Qwen3-8B").config()

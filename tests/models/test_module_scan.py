@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from kvcore import InvalidSpecError, ModelOptions, layer_specs_from_config, scan_module
-from kvcore.models import bundled_models
+from kvcore.frontends.hf_config import bundled_models
 from tests.models.conftest import NEMOTRON_H_LIKE, QWEN3_NEXT_LIKE, synthetic
 
 transformers = pytest.importorskip("transformers")

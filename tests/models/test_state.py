@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from kvcore import InvalidSpecError, SizingContext, efficiency, layer_specs_from_config, plan_kv_cache
-from kvcore.invariants import check_plan
+from kvcore.frontends.specfile import specs_from_dict, specs_to_dict
+from kvcore.planning.invariants import check_plan
 from kvcore.plugins.state import StatePart, StateSpec
 from kvcore.spec import cdiv
-from kvcore.specfile import specs_from_dict, specs_to_dict
 from tests.models.conftest import NEMOTRON_H_LIKE, QWEN3_NEXT_LIKE, bundled, synthetic
 
 GIB = 2**30

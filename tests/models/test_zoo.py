@@ -13,7 +13,7 @@ from typing import NamedTuple
 import pytest
 
 from kvcore import layer_specs_from_config
-from kvcore.models import bundled_models
+from kvcore.frontends.hf_config import bundled_models
 from kvcore.plugins.state import StatePart
 from tests.models.conftest import bundled
 

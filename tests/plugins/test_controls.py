@@ -6,8 +6,8 @@ import json
 import pytest
 
 from kvcore import PluginLoadError, Registry, hookimpl
-from kvcore._manager import trace_hook_calls
 from kvcore.cli import main
+from kvcore.planning.manager import trace_hook_calls
 from tests.helpers import full
 
 SWITCHES = ("KVCORE_DISABLE_PLUGIN_AUTOLOAD", "KVCORE_BLOCK_PLUGINS", "KVCORE_TRACE_PLUGINS")

@@ -3,7 +3,7 @@
 import pytest
 
 from kvcore import PolicyNotApplicableError, SizingContext, efficiency, plan_kv_cache
-from kvcore.invariants import check_plan
+from kvcore.planning.invariants import check_plan
 from tests.helpers import full, mix, mla, sliding
 from tests.policies.test_shared_buffer import CTX, GIB, TARGET_MIXES
 

@@ -4,7 +4,7 @@ import attrs
 import pytest
 
 from kvcore import KVCacheSpec, PlanOptions, SizingContext, efficiency, plan_kv_cache
-from kvcore.invariants import check_plan
+from kvcore.planning.invariants import check_plan
 from kvcore.spec import cdiv
 from tests.helpers import chunked, full, mix, mla, sliding
 

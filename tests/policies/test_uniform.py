@@ -1,5 +1,5 @@
 from kvcore import SizingContext, plan_kv_cache
-from kvcore.invariants import check_plan
+from kvcore.planning.invariants import check_plan
 from tests.helpers import full, mla
 
 

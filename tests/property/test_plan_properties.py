@@ -15,8 +15,8 @@ from kvcore import (
     plan_kv_cache,
     request_bytes,
 )
-from kvcore.invariants import plan_problems
-from kvcore.serialization import plan_from_json, plan_to_json, spec_from_dict
+from kvcore.planning.invariants import plan_problems
+from kvcore.planning.serialization import plan_from_json, plan_to_json, spec_from_dict
 from kvcore.testing import strategies as kst
 
 POLICIES = ["auto", "shared_buffer"]

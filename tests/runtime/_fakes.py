@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from kvcore.memory import MemorySample
+from kvcore.runtime.memory import MemorySample
 
 
 class FakeGpu:

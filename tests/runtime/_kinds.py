@@ -7,8 +7,8 @@ import attrs
 import torch
 
 from kvcore import hookimpl
+from kvcore.cache_layout import CacheLayout, PagePart
 from kvcore.dtypes import dtype_size, to_dtype
-from kvcore.layout import CacheLayout, PagePart
 from kvcore.plugins.full_attention import FullAttentionSpec
 from kvcore.plugins.sliding_window import SlidingWindowSpec
 from kvcore.spec import KVCacheSpec, SizingContext, positive_int

@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kvcore import BlockPool, Registry, SizingContext, get_plugin_manager, plan_kv_cache
-from kvcore.invariants import plan_problems
+from kvcore.planning.invariants import plan_problems
 from kvcore.plugins.chunked_local_attention import ChunkedLocalAttentionSpec
 from kvcore.plugins.full_attention import FullAttentionSpec
 from kvcore.plugins.mla import MLAAttentionSpec

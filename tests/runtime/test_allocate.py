@@ -18,7 +18,7 @@ from kvcore import (
     get_plugin_manager,
     plan_kv_cache,
 )
-from kvcore.allocation import allocation_sizes, empty_bytes, view_specs
+from kvcore.runtime.allocation import allocation_sizes, empty_bytes, view_specs
 from tests.helpers import full, mix, mla, sliding
 from tests.runtime._kinds import ToyStatePlugin, ToyStateSpec
 

@@ -51,7 +51,7 @@ def test_allocate_with_a_fixed_size(run_cli, specs):
 
 
 def test_allocate_with_a_utilization_profiles_the_device(run_cli, specs, monkeypatch):
-    from kvcore.memory import HostMemory
+    from kvcore.runtime.memory import HostMemory
 
     share = 8 * 2**20 / HostMemory().sample().free_bytes
     status, out, err = run_cli(

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from kvcore import KVCacheBindingError, bind_to_forward_context, bind_to_modules, bind_to_runner_list
-from kvcore.binding import layer_index, module_targets, resolve_kv_sharing
+from kvcore.runtime.binding import layer_index, module_targets, resolve_kv_sharing
 
 
 def _model(n=4):

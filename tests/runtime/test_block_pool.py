@@ -17,7 +17,7 @@ from kvcore import (
     SizingContext,
     plan_kv_cache,
 )
-from kvcore.block_pool import first_retained_page, logical_pages
+from kvcore.runtime.block_pool import first_retained_page, logical_pages
 from tests.helpers import chunked, full, mla, sliding
 from tests.runtime._kinds import ToyStateSpec
 

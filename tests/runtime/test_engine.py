@@ -19,8 +19,8 @@ from kvcore import (
     initialize_kv_caches,
     plan_kv_cache,
 )
-from kvcore.engine import capacity_summary, merge_worker_specs
-from kvcore.memory import HostMemory
+from kvcore.engine.workflow import capacity_summary, merge_worker_specs
+from kvcore.runtime.memory import HostMemory
 from tests.helpers import full, sliding
 from tests.runtime._fakes import FakeHost
 from tests.runtime._kinds import ToyAttention, ToyAttentionPlugin, ToyModel

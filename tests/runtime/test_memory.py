@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from kvcore import DeviceUnavailableError, InvalidInputError, MemoryProfile, MemoryProfilingError
-from kvcore.memory import (
+from kvcore.runtime.memory import (
     DeviceMemory,
     HostMemory,
     check_device,

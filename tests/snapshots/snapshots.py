@@ -39,15 +39,17 @@ RANKED = (("meta-llama/Llama-3.1-8B", 2, 2), ("google/gemma-3-27b-it", 4, 1), ("
 
 def cases() -> Iterator[tuple[str, dict[str, Any]]]:
     """``(case name, plan JSON or {"error": class name})`` for every snapshot case."""
-    import kvcore
     from _mixes import TARGET_MIXES
-    from kvcore.models import bundled_models
-    from kvcore.parallel import simulate_rank_specs
-    from kvcore.serialization import plan_to_dict
+
+    import kvcore
+    from kvcore.frontends.hf_config import bundled_models
+    from kvcore.planning.ranks import simulate_rank_specs
+    from kvcore.planning.serialization import plan_to_dict
 
     registry = kvcore.Registry.default()
     models = {m.name: kvcore.model_layer_specs(m.name, registry) for m in bundled_models()}
-    inputs = {**{f"model {k}": v for k, v in models.items()}, **{f"mix {k}": v for k, v in TARGET_MIXES.items()}}
+    inputs = {f"model {k}": v for k, v in models.items()}
+    inputs.update({f"mix {k}": v for k, v in TARGET_MIXES.items()})
     for label, specs in inputs.items():
         for length in LENGTHS:
             context = kvcore.SizingContext(max_model_len=length)

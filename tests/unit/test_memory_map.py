@@ -4,7 +4,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from kvcore import InvalidInputError, SizingContext, plan_kv_cache
-from kvcore.memory_map import memory_map, render_memory_map
+from kvcore.cli.memory_map import memory_map, render_memory_map
 from tests.helpers import full, mix, sliding
 
 CTX = SizingContext(max_model_len=32768)

@@ -12,8 +12,8 @@ from kvcore import (
     SizingContext,
     plan_kv_cache,
 )
-from kvcore.invariants import check_plan
 from kvcore.plan import KVCacheGroup
+from kvcore.planning.invariants import check_plan
 from kvcore.policies.uniform import UniformPolicy
 from tests.helpers import full, mix, sliding
 

@@ -2,7 +2,7 @@ import io
 
 import pytest
 
-from kvcore.progress import progress
+from kvcore.cli.progress import progress
 
 
 class _Tty(io.StringIO):

@@ -19,7 +19,7 @@ from kvcore import (
     get_plugin_manager,
     hookimpl,
 )
-from kvcore._manager import BUILTIN_PLUGINS
+from kvcore.planning.manager import BUILTIN_PLUGINS
 from kvcore.plugins.full_attention import FullAttentionSpec
 from kvcore.spec import SizingContext, cdiv
 from tests.helpers import full, sliding

@@ -3,8 +3,8 @@ import json
 import pytest
 
 from kvcore import InvalidInputError, InvalidSpecError, SizingContext, UnknownSpecKindError, plan_kv_cache
-from kvcore.serialization import plan_from_json, plan_to_json, spec_from_dict, spec_to_dict
-from kvcore.specfile import read_spec_file, specs_to_dict
+from kvcore.frontends.specfile import read_spec_file, specs_to_dict
+from kvcore.planning.serialization import plan_from_json, plan_to_json, spec_from_dict, spec_to_dict
 from tests.helpers import chunked, full, mix, mla, sliding
 
 
@@ -92,7 +92,7 @@ def test_missing_spec_file(registry, tmp_path):
 
 
 def test_json_files_are_read_like_transformers_reads_them(tmp_path):
-    from kvcore.specfile import load_json_file
+    from kvcore.frontends.specfile import load_json_file
 
     path = tmp_path / "config.json"
     path.write_text('{"time_step_limit": [0.0, Infinity], "x": NaN}')
@@ -111,7 +111,7 @@ def test_plan_round_trip(registry, policy):
 
 
 def test_plan_json_reads_back_with_report_keys(registry):
-    from kvcore.report import plan_report
+    from kvcore.cli.report import plan_report
 
     specs = mix((2, full()), (2, sliding(64)))
     plan = plan_kv_cache(specs, 2**28, SizingContext(max_model_len=2048), registry=registry)
@@ -137,7 +137,7 @@ def test_unknown_keys_inside_nested_values_are_errors(registry):
 
 
 def test_unknown_keys_inside_a_plan_are_errors_but_top_level_figures_are_not(registry):
-    from kvcore.serialization import plan_from_dict, plan_to_dict
+    from kvcore.planning.serialization import plan_from_dict, plan_to_dict
 
     plan = plan_kv_cache({"a": full()}, 2**24, SizingContext(max_model_len=64), registry=registry)
     data = plan_to_dict(plan, registry)

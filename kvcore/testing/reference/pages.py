@@ -1,6 +1,6 @@
 """A request's K and V in one attention layer's pages, written and read through a block table.
 
-A layer's view is what :func:`kvcore.allocation.allocate` returned for it, used as is: the
+A layer's view is what :func:`kvcore.runtime.allocation.allocate` returned for it, used as is: the
 default attention layout ``(2, num_pages, block_size, num_kv_heads, head_size)`` (K at index 0,
 V at 1), or a layout with two parts named ``k`` and ``v`` of ``(num_pages, block_size,
 num_kv_heads, head_size)`` each. Both are strided windows on the plan's memory (in a
@@ -18,11 +18,11 @@ from __future__ import annotations
 import attrs
 import torch
 
-from kvcore.allocation import LayerView, PartViews
-from kvcore.block_pool import NULL_PAGE
 from kvcore.dtypes import dtype_name
 from kvcore.errors import InvalidInputError, KVCacheBindingError
 from kvcore.plugins.attention import AttentionSpec
+from kvcore.runtime.allocation import LayerView, PartViews
+from kvcore.runtime.block_pool import NULL_PAGE
 
 
 def _describe(view: object) -> str:
@@ -68,7 +68,7 @@ class LayerPages:
 
         Args:
             name: the layer name (for messages).
-            view: the layer's view, as :func:`kvcore.allocation.allocate` returned it.
+            view: the layer's view, as :func:`kvcore.runtime.allocation.allocate` returned it.
             spec: the layer's group spec.
             num_pages: pages the plan gives the layer's group.
 
@@ -102,7 +102,7 @@ class LayerPages:
 
         Raises:
             InvalidInputError: a position lies past the table, or in an entry that was freed
-                (:data:`~kvcore.block_pool.NULL_PAGE`): the pool let go of a page still in use.
+                (:data:`~kvcore.runtime.block_pool.NULL_PAGE`): the pool let go of a page still in use.
         """
         positions = torch.arange(start, end, device=table.device)
         entries = positions // self.block_size

@@ -28,12 +28,12 @@ from typing import TYPE_CHECKING, Any, Final
 import attrs
 import torch
 
-from kvcore.binding import layer_index
-from kvcore.block_pool import BlockPool
 from kvcore.errors import InvalidInputError, KVCacheBindingError, SpecMismatchError
 from kvcore.plan import KVCacheConfig
 from kvcore.plugins.attention import AttentionSpec
 from kvcore.plugins.sliding_window import SlidingWindowSpec
+from kvcore.runtime.binding import layer_index
+from kvcore.runtime.block_pool import BlockPool
 from kvcore.spec import describe_spec
 from kvcore.testing.reference.attention import causal_attention, check_supported, visible_start
 from kvcore.testing.reference.pages import LayerPages
@@ -41,7 +41,7 @@ from kvcore.testing.reference.requests import ScheduledRequest
 from kvcore.testing.reference.transformers_attention import STEP_KWARG, register_attention
 
 if TYPE_CHECKING:
-    from kvcore.engine import LocalExecutor
+    from kvcore.engine.local import LocalExecutor
 
 #: Why a page changed hands (:attr:`PageEvent.action`).
 TAKE: Final = "take"

@@ -11,12 +11,12 @@ from collections.abc import Iterable, Mapping, Sequence
 import attrs
 import torch
 
-from kvcore.capacity import ideal_concurrency, request_bytes
 from kvcore.errors import InvalidSpecError, KVCoreError
 from kvcore.plan import KVCacheConfig
-from kvcore.planner import plan_kv_cache
+from kvcore.planning.capacity import ideal_concurrency, request_bytes
+from kvcore.planning.planner import plan_kv_cache
+from kvcore.planning.registry import Registry
 from kvcore.policy import PlanOptions
-from kvcore.registry import Registry
 from kvcore.spec import KVCacheSpec, SizingContext, resize_blocks
 
 

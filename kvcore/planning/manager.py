@@ -1,7 +1,7 @@
 """The plugin-manager factory: built-ins, entry points and explicit plugins, in a fixed order.
 
 There is no global plugin manager. :func:`get_plugin_manager` builds a fresh one each time; hold
-the result (or the :class:`~kvcore.registry.Registry` built from it) where you need it.
+the result (or the :class:`~kvcore.planning.registry.Registry` built from it) where you need it.
 """
 
 from __future__ import annotations

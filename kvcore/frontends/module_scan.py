@@ -16,7 +16,7 @@ from kvcore.spec import KVCacheSpec
 if TYPE_CHECKING:
     import torch
 
-    from kvcore.registry import Registry
+    from kvcore.planning.registry import Registry
 
 
 def scan_module(

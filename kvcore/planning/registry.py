@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from kvcore._manager import KVCorePluginManager, PluginOrigin, get_plugin_manager
 from kvcore.errors import (
     DuplicateRegistrationError,
     KVCoreError,
@@ -25,13 +24,14 @@ from kvcore.errors import (
     UnknownPolicyError,
     UnknownSpecKindError,
 )
+from kvcore.planning.manager import KVCorePluginManager, PluginOrigin, get_plugin_manager
 from kvcore.policy import AllocationPolicy
 from kvcore.spec import KVCacheSpec, is_kv_cache_type_uniform
 
 if TYPE_CHECKING:
     import cattrs
 
-    from kvcore.layout import CacheLayout
+    from kvcore.cache_layout import CacheLayout
 
 #: The policy ``auto`` picks for specs that can all share one block table, and otherwise.
 AUTO_UNIFORM = "uniform"
@@ -244,7 +244,7 @@ class Registry:
     @cached_property
     def converter(self) -> cattrs.Converter:
         """The JSON converter for this registry's kinds (built after all plugins loaded)."""
-        from kvcore.serialization import make_converter
+        from kvcore.planning.serialization import make_converter
 
         return make_converter(self)
 
@@ -255,7 +255,7 @@ class Registry:
             PluginValidationError: no plugin gives a layout for this kind.
             InvalidSpecError: the layout does not fit in one page.
         """
-        from kvcore.layout import CacheLayout
+        from kvcore.cache_layout import CacheLayout
 
         layout = self.pm.hook.kvcore_cache_layout(spec=spec)
         if layout is None:
@@ -266,7 +266,7 @@ class Registry:
         if not isinstance(layout, CacheLayout):
             raise PluginValidationError(
                 f"kvcore_cache_layout returned {layout!r} for kind {spec.kind!r}; expected a "
-                "kvcore.layout.CacheLayout"
+                "kvcore.cache_layout.CacheLayout"
             )
         layout.check_fits(spec.page_size_bytes, f"spec kind {spec.kind!r}")
         return layout

@@ -21,13 +21,13 @@ import torch
 
 from kvcore.dtypes import dtype_name, dtype_size
 from kvcore.errors import KVCacheAllocationError, KVCoreError, PlanValidationError
-from kvcore.memory import check_device, device_memory
+from kvcore.runtime.memory import check_device, device_memory
 from kvcore.units import format_bytes
 
 if TYPE_CHECKING:
-    from kvcore.layout import PagePart
+    from kvcore.cache_layout import PagePart
     from kvcore.plan import KVCacheConfig
-    from kvcore.registry import Registry
+    from kvcore.planning.registry import Registry
 
 #: Allocates ``nbytes`` bytes on ``device`` as a 1-D ``uint8`` tensor. Injectable, so a test
 #: can fail the k-th allocation or an engine can allocate from its own memory pool.

@@ -10,18 +10,18 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from kvcore.binding import layer_index
-from kvcore.capacity import ideal_concurrency, request_bytes
+from kvcore.cli.table import render_table
 from kvcore.errors import KVCacheBindingError
-from kvcore.parallel import RankLayout, tightest_rank
 from kvcore.plan import KVCacheConfig, KVCacheGroup
-from kvcore.serialization import plan_to_dict
+from kvcore.planning.capacity import ideal_concurrency, request_bytes
+from kvcore.planning.ranks import RankLayout, tightest_rank
+from kvcore.planning.serialization import plan_to_dict
+from kvcore.runtime.binding import layer_index
 from kvcore.spec import KVCacheSpec, format_value, is_kv_cache_type_uniform
-from kvcore.table import render_table
 from kvcore.units import format_bytes
 
 if TYPE_CHECKING:
-    from kvcore.registry import Registry
+    from kvcore.planning.registry import Registry
 
 
 def group_details(group: KVCacheGroup) -> str:
@@ -40,7 +40,7 @@ def plan_report(plan: KVCacheConfig, specs: Mapping[str, KVCacheSpec], registry:
     ``max_concurrency`` (requests of ``max_model_len`` held at once), ``ideal_concurrency``
     (the bound no layout can beat), ``efficiency`` (their ratio), ``kv_cache_tokens``; and per
     group ``blocks_per_request`` and ``tokens_held`` (``null`` for a state group). The result
-    reads back as a plan with :func:`kvcore.serialization.plan_from_dict`.
+    reads back as a plan with :func:`kvcore.planning.serialization.plan_from_dict`.
     """
     data = plan_to_dict(plan, registry)
     ideal = ideal_concurrency(specs, plan.available_memory_bytes, plan.context)

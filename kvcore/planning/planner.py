@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from kvcore.admission import check_admission
 from kvcore.errors import (
     InsufficientMemoryError,
     InvalidInputError,
@@ -17,8 +16,9 @@ from kvcore.errors import (
     PolicyNotApplicableError,
 )
 from kvcore.plan import KVCacheConfig, KVCacheGroup
+from kvcore.planning.admission import check_admission
+from kvcore.planning.registry import Registry
 from kvcore.policy import AllocationPolicy, Layout, PlanOptions
-from kvcore.registry import Registry
 from kvcore.spec import KVCacheSpec, SizingContext, check_layer_specs, spec_differences
 from kvcore.units import format_bytes
 

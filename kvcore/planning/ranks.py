@@ -1,6 +1,6 @@
 """Plans for several ranks at once: the tensor x pipeline rank layout, and one plan per rank.
 
-Pure planning, no ``torch.distributed``: :mod:`kvcore.distributed` gathers what every rank
+Pure planning, no ``torch.distributed``: :mod:`kvcore.engine.distributed` gathers what every rank
 reports and calls :func:`plan_for_ranks`; ``kvcore plan --tp N --pp M`` calls it on simulated
 ranks (:func:`simulate_rank_specs`).
 
@@ -27,10 +27,10 @@ from collections.abc import Mapping, Sequence
 
 import attrs
 
-from kvcore.admission import check_admission
 from kvcore.errors import InsufficientMemoryError, InvalidInputError, InvalidSpecError, SpecMismatchError
 from kvcore.plan import KVCacheConfig, KVCacheGroup
-from kvcore.planner import (
+from kvcore.planning.admission import check_admission
+from kvcore.planning.planner import (
     build_plan,
     check_budget,
     check_forced_blocks,
@@ -38,8 +38,8 @@ from kvcore.planner import (
     layout_for,
     resolve_policy,
 )
+from kvcore.planning.registry import Registry
 from kvcore.policy import AllocationPolicy, PlanOptions
-from kvcore.registry import Registry
 from kvcore.spec import KVCacheSpec, SizingContext, check_layer_specs, describe_spec, spec_differences
 
 

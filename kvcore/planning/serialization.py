@@ -28,7 +28,7 @@ from kvcore.plan import KVCacheConfig, KVCacheGroup
 from kvcore.spec import KVCacheSpec
 
 if TYPE_CHECKING:
-    from kvcore.registry import Registry
+    from kvcore.planning.registry import Registry
 
 #: The abstract spec base as a plain type (mypy will not pass an abstract class as ``type[T]``).
 _SPEC_BASE: Any = KVCacheSpec
@@ -75,7 +75,7 @@ def make_converter(registry: Registry) -> cattrs.Converter:
     unknown keys in a plan are ignored, so a report with extra figures reads back as a plan.
     """
     # Unknown keys are an error at every level (a typo must not pass silently), except at the
-    # top of a plan, which may carry report figures (kvcore.report.plan_report).
+    # top of a plan, which may carry report figures (kvcore.cli.report.plan_report).
     conv = cattrs.Converter(forbid_extra_keys=True)
     conv.register_structure_hook(int, _strict_int)
     conv.register_structure_hook(bool, _strict_bool)

@@ -121,7 +121,7 @@ def bind_to_modules(
 
     Args:
         model: the model; layer names are qualified submodule names (``model.layers.3.attn``).
-        views: ``{layer: view}`` from :func:`kvcore.allocation.allocate`.
+        views: ``{layer: view}`` from :func:`kvcore.runtime.allocation.allocate`.
         kv_sharing: ``{layer: target}``; sharing layers get their target's view.
         attribute: the attribute to set.
         expected: the layers that must be bound (default: the views' and sharing layers' names);

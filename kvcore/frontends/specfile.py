@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kvcore.errors import InvalidInputError, InvalidSpecError, KVCoreError
-from kvcore.serialization import spec_from_dict, spec_to_dict
+from kvcore.planning.serialization import spec_from_dict, spec_to_dict
 from kvcore.spec import KVCacheSpec, check_layer_specs
 
 if TYPE_CHECKING:
-    from kvcore.registry import Registry
+    from kvcore.planning.registry import Registry
 
 
 def load_json_file(path: str | os.PathLike[str]) -> Any:

@@ -13,7 +13,7 @@ every family shares:
 
 Layer names are the qualified names of the modules that hold the cache in the transformers
 model class the config's ``architectures`` names, e.g. ``model.layers.3.self_attn``, so that a
-scan of the instantiated model (:func:`kvcore.module_scan.scan_module`) gives the same names.
+scan of the instantiated model (:func:`kvcore.frontends.module_scan.scan_module`) gives the same names.
 """
 
 from __future__ import annotations
@@ -37,11 +37,11 @@ from kvcore.errors import (
     PluginValidationError,
     UnknownModelError,
 )
+from kvcore.frontends.specfile import load_json_file
 from kvcore.spec import KVCacheSpec, check_layer_specs
-from kvcore.specfile import load_json_file
 
 if TYPE_CHECKING:
-    from kvcore.registry import Registry
+    from kvcore.planning.registry import Registry
 
 #: Value of a dtype option that means "the model's own dtype".
 AUTO = "auto"

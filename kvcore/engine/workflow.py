@@ -1,0 +1,163 @@
+"""The start-up workflow an engine core runs, and the executor that serves it on one device.
+
+::
+
+    specs  = executor.get_kv_cache_spec()            # {layer: spec}
+    memory = executor.determine_available_memory()   # bytes for the KV cache
+    plan   = plan_for_ranks([specs], [memory], ...)[0]  # or executor.agree_on_plan(...)
+    executor.initialize(plan)                        # allocate, bind, warm up
+
+:func:`initialize_kv_caches` runs it. An executor whose ranks must agree on the plan (an
+:class:`AgreeingExecutor`, e.g. :class:`kvcore.distributed.DistributedExecutor`) plans through
+its own ``agree_on_plan``: it gathers every rank's specs and memory and returns this rank's
+plan (:func:`kvcore.parallel.plan_for_ranks`); the workflow stays the same.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Protocol, runtime_checkable
+
+from kvcore.errors import InvalidInputError
+from kvcore.plan import KVCacheConfig
+from kvcore.planning.ranks import merge_worker_specs as merge_worker_specs
+from kvcore.planning.ranks import plan_for_ranks
+from kvcore.planning.registry import Registry
+from kvcore.policy import AllocationPolicy, PlanOptions
+from kvcore.spec import KVCacheSpec, SizingContext
+from kvcore.units import format_bytes
+
+#: One logger for the whole start-up workflow, whichever module logs.
+logger = logging.getLogger("kvcore.engine")
+
+
+@runtime_checkable
+class Executor(Protocol):
+    """What the workflow asks of whatever runs the model (one device, or many workers)."""
+
+    def get_kv_cache_spec(self) -> Mapping[str, KVCacheSpec]:
+        """``{layer name: spec}`` of every layer that needs cache memory, in model order."""
+        ...
+
+    def determine_available_memory(self) -> int:
+        """Bytes the KV cache may take (profiled, or fixed by configuration)."""
+        ...
+
+    def initialize(self, plan: KVCacheConfig) -> None:
+        """Allocate ``plan``, bind every layer to its view, and warm up."""
+        ...
+
+
+@runtime_checkable
+class AgreeingExecutor(Executor, Protocol):
+    """An executor whose ranks agree on the plan (several processes, one block pool).
+
+    :func:`initialize_kv_caches` calls :meth:`agree_on_plan` instead of planning alone.
+    """
+
+    def agree_on_plan(
+        self,
+        specs: Mapping[str, KVCacheSpec],
+        memory: int,
+        context: SizingContext,
+        *,
+        registry: Registry,
+        policy: str | AllocationPolicy = "auto",
+        options: PlanOptions | None = None,
+        num_blocks: int | None = None,
+    ) -> KVCacheConfig:
+        """Share ``specs`` and ``memory`` with every rank, and return this rank's plan."""
+        ...
+
+
+def capacity_summary(plan: KVCacheConfig) -> str:
+    """The plan's capacity in a few lines: blocks and bytes, tokens per group, max concurrency.
+
+    Args:
+        plan: the plan; every number comes from its own figures (``tokens_held``,
+            ``max_concurrency``).
+
+    Returns:
+        The lines, joined with newlines (what :func:`initialize_kv_caches` logs).
+    """
+    lines = [
+        f"KV cache: {plan.num_blocks:,} blocks x {format_bytes(plan.bytes_per_block)} = "
+        f"{format_bytes(plan.kv_cache_bytes)} (policy {plan.policy}, {len(plan.groups)} groups)"
+    ]
+    for index, group in enumerate(plan.groups):
+        held = plan.tokens_held(group)
+        what = f"{held:,} tokens" if held is not None else f"{plan.num_pages(group):,} request states"
+        count = len(group.layer_names)
+        layers = f"{count} layer" + ("" if count == 1 else "s")
+        lines.append(f"  group {index} {group.spec.kind} ({layers}): {what}")
+    length = plan.context.max_model_len
+    lines.append(f"  max concurrency: {plan.max_concurrency():,.2f} requests of {length:,} tokens")
+    return "\n".join(lines)
+
+
+def _sizing(context: SizingContext | None, max_model_len: int | None) -> SizingContext:
+    if context is not None and max_model_len is not None and context.max_model_len != max_model_len:
+        raise InvalidInputError(
+            f"got context.max_model_len={context.max_model_len} and max_model_len={max_model_len}; "
+            "give one of them"
+        )
+    if context is not None:
+        return context
+    if max_model_len is None:
+        raise InvalidInputError(
+            "give the request length to size for: max_model_len=N or context=SizingContext(...)"
+        )
+    return SizingContext(max_model_len=max_model_len)
+
+
+def initialize_kv_caches(
+    executor: Executor,
+    *,
+    registry: Registry,
+    policy: str | AllocationPolicy = "auto",
+    context: SizingContext | None = None,
+    max_model_len: int | None = None,
+    options: PlanOptions | None = None,
+    num_blocks: int | None = None,
+) -> KVCacheConfig:
+    """Run the workflow: specs, available memory, plan, initialize. Logs the capacity.
+
+    Args:
+        executor: what runs the model (e.g. a :class:`LocalExecutor`); an
+            :class:`AgreeingExecutor` (one rank of several) plans with its ``agree_on_plan``.
+        registry: spec kinds, policies and layouts.
+        policy: a policy name, ``"auto"`` or a policy object.
+        context: the request length and step size to size for ...
+        max_model_len: ... or just the request length (default step size).
+        options: policy knobs.
+        num_blocks: force this many block ids (still checked against the memory).
+
+    Returns:
+        The plan the executor was initialized with. The executor holds the views (for a
+        :class:`LocalExecutor`: ``executor.kv_caches`` and ``executor.bound``).
+
+    Raises:
+        InvalidInputError: neither or conflicting ``context`` / ``max_model_len``.
+        MemoryProfilingError: profiling left nothing for the KV cache.
+        InsufficientMemoryError: one request of ``max_model_len`` does not fit.
+        KVCacheAllocationError: allocation failed (nothing stays allocated).
+        KVCacheBindingError: a layer could not be bound.
+        SpecMismatchError: ranks of an :class:`AgreeingExecutor` disagree on a layer.
+        DistributedAgreementError: ranks of an :class:`AgreeingExecutor` did not answer in
+            time, or one of them failed; names the ranks.
+    """
+    ctx = _sizing(context, max_model_len)
+    specs = executor.get_kv_cache_spec()
+    memory = executor.determine_available_memory()
+    if isinstance(executor, AgreeingExecutor):
+        plan = executor.agree_on_plan(
+            specs, memory, ctx, registry=registry, policy=policy, options=options, num_blocks=num_blocks
+        )
+    else:
+        (plan,) = plan_for_ranks(
+            [specs], [memory], ctx, registry=registry, policy=policy, options=options, num_blocks=num_blocks
+        )
+    logger.info("%s", capacity_summary(plan))
+    executor.initialize(plan)
+    return plan
