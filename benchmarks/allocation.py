@@ -29,8 +29,8 @@ import time
 import torch
 
 from kvcore import Registry, SizingContext, allocate, bind_to_modules, parse_size, plan_kv_cache
-from kvcore.cli.allocate import stand_in_model
 from kvcore.cli.table import render_table
+from kvcore.engine.stand_in import stand_in_model
 from kvcore.plugins.full_attention import FullAttentionSpec
 from kvcore.plugins.sliding_window import SlidingWindowSpec
 from kvcore.runtime.allocation import allocation_sizes

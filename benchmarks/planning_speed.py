@@ -1,52 +1,134 @@
-"""How planning time grows with the number of layers.
+"""How planning time grows with the number of layers, per layer mix and per built-in policy.
 
-Each model repeats a hybrid pattern (5 sliding(1024) : 1 full, plus one chunked(8192) layer in
-every 12) to the given depth; the table shows the median of several plans and the time per
-layer, so linear growth shows as a flat last column.
+Three mixes, each repeated to 1,000, 2,000, 5,000 and 10,000 layers:
 
-    python benchmarks/planning_speed.py
+- ``all full``: every layer full attention (``uniform`` applies);
+- ``gemma 5sw:1full``: the Gemma pattern, 5 sliding(1024) layers then 1 full;
+- ``3 windows + full``: sliding(512), sliding(1024), sliding(4096) and full in turn.
+
+Each row is one mix and one policy (``uniform`` only where every layer has one spec): the
+median of several :func:`kvcore.plan_kv_cache` calls at each depth, then the time per layer at
+each depth, so planning that is linear in the layers shows as a flat run of per-layer figures.
+The target (issue 11): 10,000 layers in under 50 ms on one core, e.g.
+
+    taskset -c 0 python benchmarks/planning_speed.py
 """
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from _mixes import chunked, full, sliding
+from _mixes import full, sliding
 
 from kvcore import Registry, SizingContext, plan_kv_cache
 from kvcore.cli.table import render_table
 from kvcore.spec import KVCacheSpec
 
 CONTEXT = SizingContext(max_model_len=32768)
+DEPTHS = (1_000, 2_000, 5_000, 10_000)
+TARGET_MS = 50.0
 
 
-def model(num_layers: int) -> dict[str, KVCacheSpec]:
-    kinds = [sliding(1024), full(), chunked(8192)]
-    pattern = [0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 2]
-    return {f"model.layers.{i}": kinds[pattern[i % len(pattern)]] for i in range(num_layers)}
+#: ``--distinct-specs``: one spec object per layer (equal, not identical) instead of one per
+#: kind as the config front ends make them; planning then hashes each layer's spec once.
+DISTINCT = False
+
+
+def _repeat(pattern: list[KVCacheSpec]) -> Callable[[int], dict[str, KVCacheSpec]]:
+    def build(num_layers: int) -> dict[str, KVCacheSpec]:
+        def spec(i: int) -> KVCacheSpec:
+            kind = pattern[i % len(pattern)]
+            return kind.with_block_size(kind.block_size) if DISTINCT else kind
+
+        return {f"model.layers.{i}": spec(i) for i in range(num_layers)}
+
+    return build
+
+
+MIXES: dict[str, tuple[Callable[[int], dict[str, KVCacheSpec]], tuple[str, ...]]] = {
+    "all full": (_repeat([full()]), ("uniform", "shared_buffer", "equal_groups")),
+    "gemma 5sw:1full": (_repeat([*[sliding(1024)] * 5, full()]), ("shared_buffer", "equal_groups")),
+    "3 windows + full": (
+        _repeat([sliding(512), sliding(1024), sliding(4096), full()]),
+        ("shared_buffer", "equal_groups"),
+    ),
+}
+
+
+def budget(num_layers: int) -> int:
+    """80 GiB per 64 layers: about ten requests of 32,768 tokens in every mix."""
+    return 80 * 2**30 * max(1, num_layers // 64)
+
+
+def time_plan(
+    specs: dict[str, KVCacheSpec], policy: str, registry: Registry, repeat: int
+) -> tuple[float, int]:
+    """Median seconds of ``repeat`` plans, and the plan's group count."""
+    times = []
+    groups = 0
+    for _ in range(repeat):
+        start = time.perf_counter()
+        plan = plan_kv_cache(specs, budget(len(specs)), CONTEXT, registry=registry, policy=policy)
+        times.append(time.perf_counter() - start)
+        groups = len(plan.groups)
+    return statistics.median(times), groups
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=7, help="plans per cell; the median is shown")
+    parser.add_argument(
+        "--distinct-specs", action="store_true", help="one spec object per layer instead of one per kind"
+    )
+    args = parser.parse_args()
+    global DISTINCT
+    DISTINCT = args.distinct_specs
     registry = Registry.default(autoload=False)
     rows = []
-    for layers in (32, 100, 1_000, 10_000):
-        specs = model(layers)
-        budget = 80 * 2**30 * max(1, layers // 64)
-        times = []
-        for _ in range(5):
-            start = time.perf_counter()
-            plan = plan_kv_cache(specs, budget, CONTEXT, registry=registry)
-            times.append(time.perf_counter() - start)
-        median = statistics.median(times)
-        rows.append(
-            [layers, len(plan.groups), f"{median * 1e3:.1f}", f"{median / layers * 1e6:.1f}"]
+    for mix, (build, policies) in MIXES.items():
+        models = {depth: build(depth) for depth in DEPTHS}
+        for policy in policies:
+            seconds = []
+            groups = 0
+            for depth in DEPTHS:
+                median, groups = time_plan(models[depth], policy, registry, args.repeat)
+                seconds.append(median)
+            rows.append(
+                [
+                    mix,
+                    policy,
+                    groups,
+                    *(f"{s * 1e3:.1f}" for s in seconds),
+                    *(f"{s / d * 1e6:.2f}" for s, d in zip(seconds, DEPTHS, strict=True)),
+                    "yes" if seconds[-1] * 1e3 < TARGET_MS else "NO",
+                ]
+            )
+    labels = [f"{d // 1000}k" for d in DEPTHS]
+    print(
+        render_table(
+            [
+                "mix",
+                "policy",
+                "groups",
+                *(f"{label} ms" for label in labels),
+                *(f"us/layer {label}" for label in labels),
+                f"10k < {TARGET_MS:.0f} ms",
+            ],
+            rows,
+            align="llr" + "r" * (2 * len(DEPTHS)) + "r",
         )
-    print(render_table(["layers", "groups", "plan ms (median of 5)", "us per layer"], rows, align="rrrr"))
+    )
+    print(
+        f"median of {args.repeat} plans per cell; max_model_len {CONTEXT.max_model_len:,}, "
+        f"80 GiB per 64 layers; {'one spec object per layer' if DISTINCT else 'one spec object per kind'}"
+    )
 
 
 if __name__ == "__main__":

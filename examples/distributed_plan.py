@@ -27,11 +27,11 @@ import torch
 import torch.distributed as dist
 
 from kvcore import LocalExecutor, ModelOptions, Registry, initialize_kv_caches, model_layer_specs
-from kvcore.cli.allocate import stand_in_model
 from kvcore.cli.inputs import positive_int, size
 from kvcore.cli.report import format_ranks, layer_ranges
 from kvcore.engine.agreement import DEFAULT_TIMEOUT_S
 from kvcore.engine.distributed import DistributedExecutor
+from kvcore.engine.stand_in import stand_in_model
 from kvcore.engine.workflow import capacity_summary
 from kvcore.errors import KVCoreError, MemoryProfilingError
 from kvcore.planning.ranks import RankLayout, simulate_rank_specs

@@ -50,6 +50,7 @@ _LAZY: dict[str, str] = {
     "bind_to_runner_list": "kvcore.runtime.binding",
     "NULL_PAGE": "kvcore.runtime.block_pool",
     "BlockPool": "kvcore.runtime.block_pool",
+    "Capacity": "kvcore.planning.capacity",
     "efficiency": "kvcore.planning.capacity",
     "ideal_concurrency": "kvcore.planning.capacity",
     "request_bytes": "kvcore.planning.capacity",
@@ -61,7 +62,8 @@ _LAZY: dict[str, str] = {
     "PagePart": "kvcore.cache_layout",
     "MemoryProfile": "kvcore.runtime.memory",
     "determine_available_memory": "kvcore.runtime.memory",
-    "ModelOptions": "kvcore.frontends.hf_config",
+    "ModelFamily": "kvcore.model_family",
+    "ModelOptions": "kvcore.model_options",
     "layer_specs_from_config": "kvcore.frontends.hf_config",
     "model_layer_specs": "kvcore.frontends.hf_config",
     "scan_module": "kvcore.frontends.module_scan",
@@ -74,6 +76,8 @@ _LAZY: dict[str, str] = {
     "AllocationPolicy": "kvcore.policy",
     "Layout": "kvcore.policy",
     "PlanOptions": "kvcore.policy",
+    "PolicyChoice": "kvcore.policy",
+    "TensorPlacement": "kvcore.policy",
     "Registry": "kvcore.planning.registry",
     "DEFAULT_MAX_NUM_BATCHED_TOKENS": "kvcore.spec",
     "KVCacheSpec": "kvcore.spec",
@@ -95,17 +99,19 @@ if _typing.TYPE_CHECKING:
         initialize_kv_caches,
     )
     from kvcore.frontends.hf_config import (
-        ModelOptions,
         layer_specs_from_config,
         model_layer_specs,
     )
     from kvcore.frontends.module_scan import scan_module
+    from kvcore.model_family import ModelFamily
+    from kvcore.model_options import ModelOptions
     from kvcore.plan import (
         KVCacheConfig,
         KVCacheGroup,
         KVCacheTensor,
     )
     from kvcore.planning.capacity import (
+        Capacity,
         efficiency,
         ideal_concurrency,
         request_bytes,
@@ -121,6 +127,8 @@ if _typing.TYPE_CHECKING:
         AllocationPolicy,
         Layout,
         PlanOptions,
+        PolicyChoice,
+        TensorPlacement,
     )
     from kvcore.runtime.allocation import (
         PartViews,
@@ -157,6 +165,7 @@ __all__ = [
     "BlockPool",
     "BlockPoolExhaustedError",
     "CacheLayout",
+    "Capacity",
     "DeviceUnavailableError",
     "DistributedAgreementError",
     "DistributedExecutor",
@@ -177,6 +186,7 @@ __all__ = [
     "MemoryProfile",
     "MemoryProfilingError",
     "ModelConfigError",
+    "ModelFamily",
     "ModelOptions",
     "PagePart",
     "PartViews",
@@ -185,11 +195,13 @@ __all__ = [
     "PluginLoadError",
     "PluginOrigin",
     "PluginValidationError",
+    "PolicyChoice",
     "PolicyNotApplicableError",
     "RankLayout",
     "Registry",
     "SizingContext",
     "SpecMismatchError",
+    "TensorPlacement",
     "UnknownModelError",
     "UnknownPolicyError",
     "UnknownSpecKindError",

@@ -16,9 +16,8 @@ import math
 from collections.abc import Iterable
 
 import attrs
-import torch
 
-from kvcore.dtypes import dtype_size
+from kvcore.dtypes import DType, DTypeLike, dtype_size, to_dtype
 from kvcore.errors import InvalidSpecError
 
 
@@ -35,14 +34,15 @@ class PagePart:
     Attributes:
         name: a label (``"kv"``, ``"latent"``, ``"conv"``, ``"ssm"``, ...).
         shape: the part's shape for one block, without the block dimension.
-        dtype: element type of the view.
+        dtype: element type of the view (a name such as ``"bfloat16"`` or a ``torch.dtype``
+            is converted).
         offset_bytes: where the part starts inside the page; a multiple of the dtype size.
         block_dim: where the ``num_blocks`` dimension goes in the view (0 ... ``len(shape)``).
     """
 
     name: str
     shape: tuple[int, ...] = attrs.field(converter=_shape)
-    dtype: torch.dtype
+    dtype: DType = attrs.field(converter=to_dtype)
     offset_bytes: int = 0
     block_dim: int = 0
 
@@ -88,6 +88,6 @@ class CacheLayout:
                 )
 
     @classmethod
-    def single(cls, name: str, shape: tuple[int, ...], dtype: torch.dtype, block_dim: int = 0) -> CacheLayout:
+    def single(cls, name: str, shape: tuple[int, ...], dtype: DTypeLike, block_dim: int = 0) -> CacheLayout:
         """A layout with one part at the start of the page."""
         return cls(parts=(PagePart(name=name, shape=shape, dtype=dtype, block_dim=block_dim),))

@@ -3,10 +3,15 @@
 Leaves also derive from the built-in exception a caller would expect (``ValueError`` for bad
 values, ``LookupError`` for unknown names, ``ImportError`` for plugins that fail to import), so
 code that already catches those keeps working. Messages name the offending object, state the
-rule, show what was received, and end with the fix where there is one.
+rule, show what was received, and end with the fix where there is one, in a Python caller's
+terms (``lower max_model_len to 8192``, ``num_blocks=16``), never a command-line flag. Errors
+whose fix is a setting carry every figure as an attribute, so :mod:`kvcore.error_messages` can
+word the same error for the command line (``lower --max-model-len to 8192``).
 """
 
 from __future__ import annotations
+
+from typing import Literal
 
 
 class KVCoreError(Exception):
@@ -30,7 +35,7 @@ class UnknownPolicyError(KVCoreError, LookupError):
 
 
 class DuplicateRegistrationError(KVCoreError, ValueError):
-    """Two plugins registered the same spec kind or policy name."""
+    """Two plugins registered the same spec kind or policy name, or claimed the same model type."""
 
 
 class PluginLoadError(KVCoreError, ImportError):
@@ -63,30 +68,81 @@ class UnknownModelError(KVCoreError, LookupError):
     """No bundled model has that name, or no model-family plugin knows the config's model type."""
 
 
+#: What did not fit, and so what an :class:`InsufficientMemoryError` suggests changing:
+#: ``"memory"``: one request of ``max_model_len`` tokens needs more blocks than the memory holds
+#: (lower ``max_model_len``, or give the KV cache more memory); ``"num_blocks"``: it needs more
+#: blocks than a forced ``num_blocks`` (lower ``max_model_len``, or raise ``num_blocks``);
+#: ``"forced_num_blocks"``: a forced ``num_blocks`` needs more bytes than the memory (lower
+#: ``num_blocks``, or give the KV cache more memory).
+ShortfallReason = Literal["memory", "num_blocks", "forced_num_blocks"]
+
+
 class InsufficientMemoryError(KVCoreError, ValueError):
-    """The KV-cache budget cannot hold one request of ``max_model_len`` tokens.
+    """The KV cache cannot hold one request of ``max_model_len`` tokens, or a forced block count.
+
+    The errors kvcore raises carry every figure of their message, and ``reason`` says which fix
+    applies, so a caller can act on them (retry with ``largest_fitting_len``) and the command line
+    can word the message with its flags (:func:`kvcore.error_messages.render`). kvcore builds
+    them without a message and words it with :func:`kvcore.error_messages.with_message`.
 
     Attributes:
-        required_bytes: bytes the plan needs for one request of ``max_model_len`` tokens.
-        available_bytes: bytes the plan may use.
-        max_model_len: the length that was asked for.
-        largest_fitting_len: the largest ``max_model_len`` that fits (0 if not even one token).
+        reason: what did not fit (:data:`ShortfallReason`), or ``None`` where the raiser wrote
+            its own message and gave only the first four figures.
+        required_bytes: bytes needed: one request's, or the forced blocks'.
+        available_bytes: bytes there are: the budget, or what the forced blocks hold.
+        max_model_len: the request length asked for.
+        largest_fitting_len: the largest ``max_model_len`` that fits (0 if not even one token,
+            and for ``"forced_num_blocks"``, where no request was sized).
+        required_blocks: block ids needed: by one request, or forced.
+        available_blocks: block ids there are: that the budget holds, or forced.
+        bytes_per_block: bytes of one block id, all groups together.
+        where: the rank the figures are of, as the message starts (``"rank 2 (pp stage 1, tp
+            rank 0) has the fewest blocks"``); empty for one worker.
     """
 
     def __init__(
         self,
-        message: str,
+        message: str = "",
         *,
         required_bytes: int,
         available_bytes: int,
         max_model_len: int,
         largest_fitting_len: int,
+        reason: ShortfallReason | None = None,
+        required_blocks: int | None = None,
+        available_blocks: int | None = None,
+        bytes_per_block: int | None = None,
+        where: str = "",
     ) -> None:
         super().__init__(message)
         self.required_bytes = required_bytes
         self.available_bytes = available_bytes
         self.max_model_len = max_model_len
         self.largest_fitting_len = largest_fitting_len
+        self.reason = reason
+        self.required_blocks = required_blocks
+        self.available_blocks = available_blocks
+        self.bytes_per_block = bytes_per_block
+        self.where = where
+
+    def on_rank(self, where: str) -> InsufficientMemoryError:
+        """This error, said of one rank: the same figures, ``where`` set, the message prefixed.
+
+        Args:
+            where: the rank, as the message should start (``"rank 1 (pp stage 0, tp rank 1)"``).
+        """
+        return InsufficientMemoryError(
+            f"{where}: {self}",
+            required_bytes=self.required_bytes,
+            available_bytes=self.available_bytes,
+            max_model_len=self.max_model_len,
+            largest_fitting_len=self.largest_fitting_len,
+            reason=self.reason,
+            required_blocks=self.required_blocks,
+            available_blocks=self.available_blocks,
+            bytes_per_block=self.bytes_per_block,
+            where=where,
+        )
 
 
 class PlanValidationError(KVCoreError, ValueError):
@@ -100,7 +156,16 @@ class PlanValidationError(KVCoreError, ValueError):
 
 
 class DeviceUnavailableError(KVCoreError, RuntimeError):
-    """The device asked for does not exist here (e.g. ``cuda`` without a visible GPU)."""
+    """The device asked for does not exist here (e.g. ``cuda`` without a visible GPU), or kvcore
+    cannot measure its memory (``meta``, ``mps``: give the KV cache a fixed size instead).
+
+    Attributes:
+        device: the device asked for (``"cuda:3"``), or ``None`` where not given.
+    """
+
+    def __init__(self, message: str, *, device: str | None = None) -> None:
+        super().__init__(message)
+        self.device = device
 
 
 class MemoryProfilingError(KVCoreError, RuntimeError):
@@ -115,15 +180,31 @@ class KVCacheAllocationError(KVCoreError, MemoryError):
         requested_bytes: bytes the plan asked for in all.
         allocated_bytes: bytes that had been allocated (and were released) when it failed.
         free_bytes: free device memory after the release, or ``None`` where unknown.
+        device: where it was allocating (``"cuda:0"``), or ``None`` where not given.
+        num_allocations: how many allocations were asked for, or ``None`` where not given.
+        failure: the allocator's error in one line (``"OutOfMemoryError: CUDA out of memory"``),
+            or ``None`` where the raiser wrote its own message (no fix to suggest): with it,
+            :func:`kvcore.error_messages.render` words the message and its fix.
     """
 
     def __init__(
-        self, message: str, *, requested_bytes: int, allocated_bytes: int, free_bytes: int | None
+        self,
+        message: str = "",
+        *,
+        requested_bytes: int,
+        allocated_bytes: int,
+        free_bytes: int | None,
+        device: str | None = None,
+        num_allocations: int | None = None,
+        failure: str | None = None,
     ) -> None:
         super().__init__(message)
         self.requested_bytes = requested_bytes
         self.allocated_bytes = allocated_bytes
         self.free_bytes = free_bytes
+        self.device = device
+        self.num_allocations = num_allocations
+        self.failure = failure
 
 
 class KVCacheBindingError(KVCoreError, LookupError):
@@ -177,6 +258,7 @@ __all__ = [
     "PluginLoadError",
     "PluginValidationError",
     "PolicyNotApplicableError",
+    "ShortfallReason",
     "SpecMismatchError",
     "UnknownModelError",
     "UnknownPolicyError",

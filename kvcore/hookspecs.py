@@ -15,15 +15,18 @@ a hook's arguments (opt-in arguments), so hooks can gain arguments without break
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import pluggy
 
 if TYPE_CHECKING:
-    import torch
+    from hypothesis.strategies import SearchStrategy
 
     from kvcore.cache_layout import CacheLayout
+    from kvcore.dtypes import DType
+    from kvcore.model_family import ModelFamily
+    from kvcore.model_options import ModelOptions
     from kvcore.policy import AllocationPolicy
     from kvcore.spec import KVCacheSpec
 
@@ -68,41 +71,68 @@ def kvcore_register_policies(register: Callable[[AllocationPolicy], None]) -> No
     """
 
 
+@hookspec
+def kvcore_register_spec_strategies(
+    register: Callable[[type[KVCacheSpec], SearchStrategy[KVCacheSpec]], None],
+    block_sizes: SearchStrategy[int],
+    dtypes: SearchStrategy[DType],
+) -> None:
+    """Register a hypothesis strategy for each spec kind this plugin contributes (tests only).
+
+    :param register: call it once per spec class with a strategy that draws valid instances
+        of it: ``register(MySpec, my_specs())``.
+    :param block_sizes: the testing kit's strategy for block sizes; draw ``block_size`` from it
+        so that every kind is drawn alike.
+    :param dtypes: the testing kit's strategy for cache dtypes.
+    :returns: nothing; results are ignored.
+
+    Only :mod:`kvcore.testing.strategies` calls it, when a test first asks for the strategy
+    of a kind (``specs(registry=...)``, the conformance suites); kvcore never calls it at
+    run time. Import hypothesis inside the implementation, never at module level, so that
+    the plugin loads where hypothesis is not installed. When two plugins register a strategy
+    for one class, the first one called wins (plugins registered later are called first, so
+    a third-party plugin can narrow a built-in kind's strategy).
+
+    .. versionadded:: 0.2
+    """
+
+
 # -- model front ends ----------------------------------------------------------------------
 
 
-@hookspec(firstresult=True)
-def kvcore_layer_specs(
-    config: Mapping[str, Any], options: Mapping[str, Any]
-) -> Mapping[str, KVCacheSpec] | None:
-    """Turn a Hugging Face ``config.json`` (as a dict) into ``{layer name: spec}``.
+@hookspec
+def kvcore_register_model_families(register: Callable[[ModelFamily], None]) -> None:
+    """Register the model families this plugin contributes: what reads a ``config.json``.
 
-    :param config: the parsed ``config.json`` of the whole model (wrappers included: read
-        ``text_config`` yourself if your family nests the language model).
-    :param options: model options such as ``tp`` (tensor-parallel size), ``kv_cache_dtype``
-        and ``block_size``; see :mod:`kvcore.frontends.hf_config`.
-    :returns: the specs of every layer that needs a cache, in model order, or ``None`` when
-        this plugin does not know the model (look at ``model_type`` / ``architectures``).
+    :param register: call it once per :class:`kvcore.ModelFamily`: a name, the
+        ``model_type`` values it claims, and ``layer_specs(config, options)`` that turns a
+        config (and the :class:`kvcore.ModelOptions`) into ``{layer name: spec}``. kvcore
+        checks it at once: a model type another plugin's family already claims raises
+        :class:`~kvcore.errors.DuplicateRegistrationError` naming both families and plugins.
+        A family with a ``fallback`` test reads configs whose model type nobody claims.
+    :returns: nothing; results are ignored.
 
-    Stops at the first non-None result. Called once per model that is read.
+    All implementations are called, once per plugin manager, when the registry is built;
+    :meth:`kvcore.planning.registry.Registry.layer_specs` then calls the family that claims a
+    config's model type.
 
-    .. versionadded:: 0.1
+    .. versionadded:: 0.2
     """
 
 
 @hookspec(firstresult=True)
-def kvcore_spec_for_module(
-    module: torch.nn.Module, name: str, options: Mapping[str, Any]
-) -> KVCacheSpec | None:
+def kvcore_spec_for_module(module: Any, name: str, options: ModelOptions) -> KVCacheSpec | None:
     """Turn one ``torch.nn.Module`` (an attention or state layer) into its spec.
 
-    :param module: a submodule of the model being scanned.
+    :param module: a submodule of the model being scanned (a ``torch.nn.Module``).
     :param name: its qualified name in the model (``model.layers.3.self_attn``).
-    :param options: model options as for :func:`kvcore_layer_specs`.
+    :param options: the :class:`kvcore.ModelOptions` of the scan (tensor parallelism, dtypes,
+        block size).
     :returns: the layer's spec, or ``None`` when the module is not a cache-holding layer this
         plugin recognises.
 
-    Stops at the first non-None result. Called once per submodule during a model scan.
+    Stops at the first non-None result. Called once per submodule during a model scan
+    (:meth:`kvcore.planning.registry.Registry.spec_for_module`).
 
     .. versionadded:: 0.1
     """

@@ -71,10 +71,22 @@ class KVCacheTensor:
         shared_by: the layers that view this region.
     """
 
-    size: int = attrs.field(validator=non_negative_int)
-    offset: int = attrs.field(default=0, validator=non_negative_int)
-    page_stride: int = attrs.field(validator=positive_int)
+    size: int
+    offset: int = 0
+    page_stride: int
     shared_by: tuple[str, ...] = attrs.field(converter=_names)
+
+    def __attrs_post_init__(self) -> None:
+        # one check for the usual case (a plan has a tensor per layer, so this is hot); the
+        # validators word the problem otherwise
+        size, offset, stride = self.size, self.offset, self.page_stride
+        ints = type(size) is type(offset) is type(stride) is int
+        if ints and size >= 0 and offset >= 0 and stride >= 1:
+            return
+        fields = attrs.fields(KVCacheTensor)
+        non_negative_int(self, fields.size, size)
+        non_negative_int(self, fields.offset, offset)
+        positive_int(self, fields.page_stride, stride)
 
 
 @attrs.frozen(kw_only=True)
@@ -104,7 +116,7 @@ class KVCacheConfig:
     available_memory_bytes: int = attrs.field(validator=non_negative_int)
 
     def __attrs_post_init__(self) -> None:
-        problems = list(_structural_problems(self))
+        problems = list(structural_problems(self))
         if problems:
             raise PlanValidationError(problems)
 
@@ -186,8 +198,18 @@ class KVCacheConfig:
                 yield name, group, tensors[name]
 
 
-def _structural_problems(plan: KVCacheConfig) -> Iterator[str]:
-    """Cheap checks that every plan must pass; the byte-overlap check is in kvcore.planning.invariants."""
+def structural_problems(plan: KVCacheConfig) -> Iterator[str]:
+    """Cheap checks that every plan must pass; the byte-overlap check is in kvcore.planning.invariants.
+
+    A plan checks these when it is built; this re-checks a plan however it was obtained.
+
+    Args:
+        plan: the plan to check.
+
+    Yields:
+        One sentence per broken rule (a layer in two groups or tensors, a page outside its
+        tensor, a tensor outside its memory); nothing for a sound plan.
+    """
     grouped: dict[str, int] = {}
     for index, group in enumerate(plan.groups):
         for name in group.layer_names:
@@ -211,14 +233,14 @@ def _structural_problems(plan: KVCacheConfig) -> Iterator[str]:
                 )
         elif tensor.offset != 0:
             yield f"tensor {index} is its own allocation but has offset {tensor.offset}"
+    # (page bytes, pages) per group, computed once rather than per layer
+    figures = [(g.spec.page_size_bytes, plan.num_blocks // g.blocks_per_page) for g in plan.groups]
     for name, gi in grouped.items():
         if name not in placed:
             yield f"layer {name!r} (group {gi}) is not covered by any tensor"
             continue
-        group = plan.groups[gi]
         tensor = plan.tensors[placed[name]]
-        page = group.spec.page_size_bytes
-        pages = plan.num_blocks // group.blocks_per_page
+        page, pages = figures[gi]
         if pages and page > tensor.page_stride:
             yield (
                 f"layer {name!r}: its page of {page} bytes is larger than the tensor's page "

@@ -5,20 +5,27 @@ the byte budget, forced block counts, admission checks and multi-rank agreement:
 
 1. :meth:`AllocationPolicy.group` decides which layers share a block table (memory does not
    enter: grouping is judged by the *ratio* of useful bytes to allocated bytes);
-2. :meth:`AllocationPolicy.layout` places the groups' pages in memory for a block count.
+2. :meth:`AllocationPolicy.layout` places the pages of one block id: where each layer's page
+   starts, the stride from one page to the next, and the bytes one block id costs. None of it
+   depends on the block count.
 
-The core then picks ``num_blocks`` from the budget and ``layout(groups, 1).bytes_per_block``.
+The core calls ``layout`` once per plan, picks ``num_blocks`` from the budget and the layout's
+``bytes_per_block``, and sizes every tensor for that many blocks.
+
+When a plan is asked for with ``policy="auto"``, the registry tries the policies by their
+:attr:`AllocationPolicy.auto_priority` and records what it chose, and why, in a
+:class:`PolicyChoice`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
 import attrs
 
 from kvcore.errors import InvalidInputError
-from kvcore.plan import KVCacheGroup, KVCacheTensor, _tensors
+from kvcore.plan import KVCacheGroup
 from kvcore.spec import KVCacheSpec, SizingContext, positive_int
 
 
@@ -45,20 +52,52 @@ class PlanOptions:
     max_block_size: int = attrs.field(default=128, validator=positive_int)
 
 
+def _names(value: Iterable[str]) -> tuple[str, ...]:
+    return tuple(value)
+
+
+@attrs.frozen
+class TensorPlacement:
+    """Where the pages of the layers sharing one tensor go, whatever the block count.
+
+    Page ``j`` of every layer in ``shared_by`` starts at byte ``offset + j * page_stride`` of
+    the backing memory (the shared buffer, or the tensor's own allocation). kvcore sizes the
+    tensor for the plan's block count: it ends where the last page of its largest layer ends.
+    The fields are checked then, when the plan's :class:`~kvcore.plan.KVCacheTensor` is made.
+    A layout has one per tensor, often one per layer, so it is cheap to make and may be made
+    positionally: ``TensorPlacement(offset, page_stride, shared_by)``.
+
+    Attributes:
+        offset: where page 0 starts.
+        page_stride: bytes from one page to the next.
+        shared_by: the layers that view this region (layers of different groups, never the
+            same page at the same time).
+    """
+
+    offset: int
+    page_stride: int
+    shared_by: tuple[str, ...] = attrs.field(converter=_names)
+
+
+def _placements(value: Iterable[TensorPlacement]) -> tuple[TensorPlacement, ...]:
+    return tuple(value)
+
+
 @attrs.frozen(kw_only=True)
 class Layout:
-    """Where a policy puts the pages of a set of groups, for one block count.
+    """Where a policy puts the pages of a set of groups: one block id's worth.
 
     Attributes:
         bytes_per_block: device bytes each block id accounts for.
         single_buffer: whether the tensors are views into one buffer (of
             ``num_blocks * bytes_per_block`` bytes) or separate allocations.
-        tensors: the byte regions and the layers that view them.
+        tensors: the byte regions and the layers that view them, in the order the plan lists
+            them.
     """
 
     bytes_per_block: int
     single_buffer: bool
-    tensors: tuple[KVCacheTensor, ...] = attrs.field(converter=_tensors)
+    tensors: tuple[TensorPlacement, ...] = attrs.field(converter=_placements)
 
 
 @runtime_checkable
@@ -68,10 +107,22 @@ class AllocationPolicy(Protocol):
     Attributes:
         name: unique name used to select the policy (``--policy NAME``).
         description: one line for ``kvcore plugins``.
+        auto_priority: how eagerly ``auto`` picks this policy. ``auto`` asks the registered
+            policies from the highest priority down (equal priorities in registration order)
+            and takes the first whose :meth:`why_not` is ``None``; ``None`` means ``auto``
+            never picks it (it must be named). The built-ins: ``uniform`` 200 (it refuses
+            unless every layer has one spec), ``shared_buffer`` 100 (plans any mix),
+            ``equal_groups`` 0 (a last resort). A policy that should win for the layers it
+            accepts declares a priority above the one it should beat.
     """
 
     name: str
     description: str
+
+    @property
+    def auto_priority(self) -> int | None:
+        """How eagerly ``auto`` picks this policy (see above); a class attribute will do."""
+        ...
 
     def why_not(self, specs: Mapping[str, KVCacheSpec]) -> str | None:
         """``None`` if this policy can plan ``specs``, else one sentence saying why not."""
@@ -91,10 +142,36 @@ class AllocationPolicy(Protocol):
         """
         ...
 
-    def layout(self, groups: Sequence[KVCacheGroup], num_blocks: int) -> Layout:
-        """Place the pages of ``groups`` for ``num_blocks`` block ids.
+    def layout(self, groups: Sequence[KVCacheGroup]) -> Layout:
+        """Place the pages of ``groups``: offsets and strides, and the bytes one block id costs.
 
-        ``bytes_per_block`` must not depend on ``num_blocks``. The groups may be a projection
-        of the policy's own grouping onto one worker's layers (layers removed, possibly empty).
+        kvcore calls it once per plan (per rank) and sizes the tensors for the block count
+        itself. The groups may be a projection of the policy's own grouping onto one worker's
+        layers (layers removed, possibly empty groups); an empty group gets no tensor.
         """
         ...
+
+
+@attrs.frozen(kw_only=True)
+class PolicyChoice:
+    """The policy a plan is made with, and why it was chosen.
+
+    Attributes:
+        policy: the chosen policy.
+        auto: whether ``auto`` chose it (``False``: it was named, or given as an object).
+        reason: why: for ``auto``, what it saw in the layers (``'the layers have 2
+            different specs'``); otherwise how it was given (``'named'``, ``'given as an
+            object'``).
+        passed_over: the policies ``auto`` asked first, each with the reason it gave for not
+            planning these layers (its ``why_not``).
+    """
+
+    policy: AllocationPolicy
+    auto: bool
+    reason: str
+    passed_over: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def name(self) -> str:
+        """The chosen policy's name."""
+        return self.policy.name

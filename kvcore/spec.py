@@ -16,9 +16,8 @@ from collections.abc import Hashable, Mapping, Sequence
 from typing import Any, ClassVar, TypeVar
 
 import attrs
-import torch
 
-from kvcore.dtypes import dtype_name
+from kvcore.dtypes import DType, dtype_name, is_torch_dtype
 from kvcore.errors import InvalidSpecError, SpecMismatchError
 
 #: Default tokens scheduled per engine step (chunked prefill), the ``T`` that a sliding
@@ -159,9 +158,11 @@ class KVCacheSpec(abc.ABC):
     def group_key(self) -> Hashable:
         """Specs with equal keys may share one block table (be in one group).
 
-        The default is the spec's type and every field, i.e. equal specs group together.
+        The default is the spec itself (a frozen value compared by type and every field), i.e.
+        equal specs group together. An override must depend on the spec's fields only: planners
+        compute it once per distinct spec, not once per layer.
         """
-        return (type(self), attrs.astuple(self, recurse=False))
+        return self
 
     def with_block_size(self: _S, block_size: int) -> _S:
         """A copy with another block size (page size changes accordingly)."""
@@ -191,7 +192,7 @@ class KVCacheSpec(abc.ABC):
 
 def format_value(value: object) -> str:
     """A field value as shown in messages and tables (dtypes by their torch name)."""
-    if isinstance(value, torch.dtype):
+    if isinstance(value, DType) or is_torch_dtype(value):
         return dtype_name(value)
     return repr(value)
 
@@ -219,8 +220,7 @@ def is_kv_cache_type_uniform(specs: Mapping[str, KVCacheSpec]) -> bool:
 
     An empty mapping counts as uniform.
     """
-    keys = {spec.group_key for spec in specs.values()}
-    return len(keys) <= 1
+    return len(specs_by_group_key(specs)) <= 1
 
 
 def specs_by_group_key(specs: Mapping[str, KVCacheSpec]) -> list[tuple[KVCacheSpec, list[str]]]:
@@ -230,8 +230,12 @@ def specs_by_group_key(specs: Mapping[str, KVCacheSpec]) -> list[tuple[KVCacheSp
     first layer's. Policies start from these buckets.
     """
     by_key: dict[Hashable, tuple[KVCacheSpec, list[str]]] = {}
+    by_id: dict[int, list[str]] = {}  # the layers of each spec object's bucket: one key per object
     for name, spec in specs.items():
-        by_key.setdefault(spec.group_key, (spec, []))[1].append(name)
+        layers = by_id.get(id(spec))
+        if layers is None:
+            layers = by_id[id(spec)] = by_key.setdefault(spec.group_key, (spec, []))[1]
+        layers.append(name)
     return list(by_key.values())
 
 

@@ -8,19 +8,22 @@ default page layout ``(2, block_size, num_kv_heads, head_size)``, viewed over th
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, TypeVar
+
 import attrs
-import torch
 
 from kvcore.cache_layout import CacheLayout
-from kvcore.dtypes import dtype_size, to_dtype
-from kvcore.errors import InvalidSpecError
+from kvcore.dtypes import DType, dtype_size, to_dtype
 from kvcore.hookspecs import hookimpl
 from kvcore.spec import KVCacheSpec, positive_int
 
+if TYPE_CHECKING:
+    from hypothesis.strategies import SearchStrategy
 
-def _is_dtype(instance: object, attribute: attrs.Attribute[torch.dtype], value: object) -> None:
-    if not isinstance(value, torch.dtype):  # pragma: no cover - the converter guarantees it
-        raise InvalidSpecError(f"{attribute.name!r} must be a torch.dtype (got {value!r})")
+_A = TypeVar("_A", bound="AttentionSpec")
+
+#: Head sizes :func:`attention_specs` draws from (those up to its ``max_head_size``).
+HEAD_SIZES: tuple[int, ...] = (8, 16, 32, 64, 96, 128, 256)
 
 
 @attrs.frozen(kw_only=True)
@@ -32,13 +35,13 @@ class AttentionSpec(KVCacheSpec):
     Attributes:
         num_kv_heads: KV heads this worker holds (after tensor-parallel sharding).
         head_size: elements per head.
-        dtype: element type of the cache (``torch.bfloat16``, ``torch.float8_e4m3fn``, ...);
-            strings such as ``"bfloat16"`` or ``"fp8"`` are converted.
+        dtype: element type of the cache, a :class:`~kvcore.dtypes.DType`; names such as
+            ``"bfloat16"`` or ``"fp8"`` and torch dtypes (``torch.bfloat16``) are converted.
     """
 
     num_kv_heads: int = attrs.field(validator=positive_int)
     head_size: int = attrs.field(validator=positive_int)
-    dtype: torch.dtype = attrs.field(converter=to_dtype, validator=_is_dtype)
+    dtype: DType = attrs.field(converter=to_dtype)
 
     @property
     def page_size_bytes(self) -> int:
@@ -61,4 +64,38 @@ def kvcore_cache_layout(spec: KVCacheSpec) -> CacheLayout | None:
         return None
     return CacheLayout.single(
         "kv", (2, spec.block_size, spec.num_kv_heads, spec.head_size), spec.dtype, block_dim=1
+    )
+
+
+def attention_specs(
+    spec_cls: type[_A],
+    *,
+    block_sizes: SearchStrategy[int],
+    dtypes: SearchStrategy[DType],
+    max_heads: int = 8,
+    max_head_size: int = 128,
+    **fields: SearchStrategy[object],
+) -> SearchStrategy[_A]:
+    """A hypothesis strategy for an attention kind (tests only; imports hypothesis when called).
+
+    Args:
+        spec_cls: the attention kind to draw.
+        block_sizes: where ``block_size`` comes from (the testing kit's ``block_sizes()``).
+        dtypes: where ``dtype`` comes from (the testing kit's ``dtypes()``).
+        max_heads: most KV heads.
+        max_head_size: largest head size, from :data:`HEAD_SIZES`.
+        fields: strategies for the kind's own fields (``sliding_window=...``).
+
+    Returns:
+        A strategy drawing valid instances of ``spec_cls``.
+    """
+    from hypothesis import strategies as st
+
+    return st.builds(
+        spec_cls,
+        block_size=block_sizes,
+        num_kv_heads=st.integers(1, max_heads),
+        head_size=st.sampled_from([d for d in HEAD_SIZES if d <= max_head_size] or [1]),
+        dtype=dtypes,
+        **fields,
     )

@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import attrs
 
 from kvcore.hookspecs import hookimpl
-from kvcore.plugins.attention import AttentionSpec
+from kvcore.plugins.attention import AttentionSpec, attention_specs
 from kvcore.spec import KVCacheSpec, SizingContext, cdiv, positive_int
+
+if TYPE_CHECKING:
+    from hypothesis.strategies import SearchStrategy
+
+    from kvcore.dtypes import DType
 
 
 @attrs.frozen(kw_only=True)
@@ -46,3 +52,34 @@ class ChunkedLocalAttentionSpec(AttentionSpec):
 @hookimpl
 def kvcore_register_spec_kinds(register: Callable[[type[KVCacheSpec]], None]) -> None:
     register(ChunkedLocalAttentionSpec)
+
+
+def chunked_local_attention_specs(
+    *,
+    block_sizes: SearchStrategy[int],
+    dtypes: SearchStrategy[DType],
+    max_heads: int = 8,
+    max_head_size: int = 128,
+    max_chunk: int = 8192,
+) -> SearchStrategy[ChunkedLocalAttentionSpec]:
+    """A hypothesis strategy for ``chunked_local_attention`` specs of chunks up to ``max_chunk``
+    (see :func:`~kvcore.plugins.attention.attention_specs`)."""
+    from hypothesis import strategies as st
+
+    return attention_specs(
+        ChunkedLocalAttentionSpec,
+        block_sizes=block_sizes,
+        dtypes=dtypes,
+        max_heads=max_heads,
+        max_head_size=max_head_size,
+        attention_chunk_size=st.integers(1, max_chunk),
+    )
+
+
+@hookimpl
+def kvcore_register_spec_strategies(
+    register: Callable[[type[KVCacheSpec], SearchStrategy[KVCacheSpec]], None],
+    block_sizes: SearchStrategy[int],
+    dtypes: SearchStrategy[DType],
+) -> None:
+    register(ChunkedLocalAttentionSpec, chunked_local_attention_specs(block_sizes=block_sizes, dtypes=dtypes))

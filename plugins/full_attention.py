@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import attrs
 
 from kvcore.hookspecs import hookimpl
-from kvcore.plugins.attention import AttentionSpec
+from kvcore.plugins.attention import AttentionSpec, attention_specs
 from kvcore.spec import KVCacheSpec, SizingContext, cdiv
+
+if TYPE_CHECKING:
+    from hypothesis.strategies import SearchStrategy
+
+    from kvcore.dtypes import DType
 
 
 @attrs.frozen(kw_only=True)
@@ -24,3 +30,29 @@ class FullAttentionSpec(AttentionSpec):
 @hookimpl
 def kvcore_register_spec_kinds(register: Callable[[type[KVCacheSpec]], None]) -> None:
     register(FullAttentionSpec)
+
+
+def full_attention_specs(
+    *,
+    block_sizes: SearchStrategy[int],
+    dtypes: SearchStrategy[DType],
+    max_heads: int = 8,
+    max_head_size: int = 128,
+) -> SearchStrategy[FullAttentionSpec]:
+    """A hypothesis strategy for ``full_attention`` specs (see :func:`attention_specs`)."""
+    return attention_specs(
+        FullAttentionSpec,
+        block_sizes=block_sizes,
+        dtypes=dtypes,
+        max_heads=max_heads,
+        max_head_size=max_head_size,
+    )
+
+
+@hookimpl
+def kvcore_register_spec_strategies(
+    register: Callable[[type[KVCacheSpec], SearchStrategy[KVCacheSpec]], None],
+    block_sizes: SearchStrategy[int],
+    dtypes: SearchStrategy[DType],
+) -> None:
+    register(FullAttentionSpec, full_attention_specs(block_sizes=block_sizes, dtypes=dtypes))

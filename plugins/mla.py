@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import attrs
-import torch
 
 from kvcore.cache_layout import CacheLayout
-from kvcore.dtypes import dtype_size, to_dtype
+from kvcore.dtypes import DType, dtype_size, to_dtype
 from kvcore.hookspecs import hookimpl
 from kvcore.spec import KVCacheSpec, SizingContext, cdiv, positive_int
+
+if TYPE_CHECKING:
+    from hypothesis.strategies import SearchStrategy
 
 
 @attrs.frozen(kw_only=True)
@@ -23,14 +26,14 @@ class MLAAttentionSpec(KVCacheSpec):
     Attributes:
         kv_lora_rank: size of the compressed KV latent (512 on DeepSeek-V3).
         qk_rope_head_dim: size of the decoupled rotary key (64 on DeepSeek-V3).
-        dtype: element type of the cache.
+        dtype: element type of the cache (a name or a torch dtype is converted).
     """
 
     kind = "mla"
 
     kv_lora_rank: int = attrs.field(validator=positive_int)
     qk_rope_head_dim: int = attrs.field(validator=positive_int)
-    dtype: torch.dtype = attrs.field(converter=to_dtype)
+    dtype: DType = attrs.field(converter=to_dtype)
 
     @property
     def latent_size(self) -> int:
@@ -60,3 +63,36 @@ def kvcore_cache_layout(spec: KVCacheSpec) -> CacheLayout | None:
     if not isinstance(spec, MLAAttentionSpec):
         return None
     return CacheLayout.single("latent", (spec.block_size, spec.latent_size), spec.dtype, block_dim=0)
+
+
+def mla_specs(
+    *, block_sizes: SearchStrategy[int], dtypes: SearchStrategy[DType]
+) -> SearchStrategy[MLAAttentionSpec]:
+    """A hypothesis strategy for ``mla`` specs: latent sizes around DeepSeek's, scaled down
+    (tests only; imports hypothesis when called).
+
+    Args:
+        block_sizes: where ``block_size`` comes from (the testing kit's ``block_sizes()``).
+        dtypes: where ``dtype`` comes from (the testing kit's ``dtypes()``).
+
+    Returns:
+        A strategy drawing valid :class:`MLAAttentionSpec` instances.
+    """
+    from hypothesis import strategies as st
+
+    return st.builds(
+        MLAAttentionSpec,
+        block_size=block_sizes,
+        kv_lora_rank=st.sampled_from([16, 32, 64, 128, 512]),
+        qk_rope_head_dim=st.sampled_from([8, 16, 32, 64]),
+        dtype=dtypes,
+    )
+
+
+@hookimpl
+def kvcore_register_spec_strategies(
+    register: Callable[[type[KVCacheSpec], SearchStrategy[KVCacheSpec]], None],
+    block_sizes: SearchStrategy[int],
+    dtypes: SearchStrategy[DType],
+) -> None:
+    register(MLAAttentionSpec, mla_specs(block_sizes=block_sizes, dtypes=dtypes))

@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import attrs
 
 from kvcore.hookspecs import hookimpl
-from kvcore.plugins.attention import AttentionSpec
+from kvcore.plugins.attention import AttentionSpec, attention_specs
 from kvcore.spec import KVCacheSpec, SizingContext, cdiv, positive_int
+
+if TYPE_CHECKING:
+    from hypothesis.strategies import SearchStrategy
+
+    from kvcore.dtypes import DType
 
 
 @attrs.frozen(kw_only=True)
@@ -46,3 +52,34 @@ class SlidingWindowSpec(AttentionSpec):
 @hookimpl
 def kvcore_register_spec_kinds(register: Callable[[type[KVCacheSpec]], None]) -> None:
     register(SlidingWindowSpec)
+
+
+def sliding_window_specs(
+    *,
+    block_sizes: SearchStrategy[int],
+    dtypes: SearchStrategy[DType],
+    max_heads: int = 8,
+    max_head_size: int = 128,
+    max_window: int = 4096,
+) -> SearchStrategy[SlidingWindowSpec]:
+    """A hypothesis strategy for ``sliding_window`` specs of windows up to ``max_window``
+    (see :func:`~kvcore.plugins.attention.attention_specs`)."""
+    from hypothesis import strategies as st
+
+    return attention_specs(
+        SlidingWindowSpec,
+        block_sizes=block_sizes,
+        dtypes=dtypes,
+        max_heads=max_heads,
+        max_head_size=max_head_size,
+        sliding_window=st.integers(1, max_window),
+    )
+
+
+@hookimpl
+def kvcore_register_spec_strategies(
+    register: Callable[[type[KVCacheSpec], SearchStrategy[KVCacheSpec]], None],
+    block_sizes: SearchStrategy[int],
+    dtypes: SearchStrategy[DType],
+) -> None:
+    register(SlidingWindowSpec, sliding_window_specs(block_sizes=block_sizes, dtypes=dtypes))

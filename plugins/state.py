@@ -14,15 +14,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 import attrs
-import torch
 
 from kvcore.cache_layout import CacheLayout, PagePart
-from kvcore.dtypes import dtype_name, dtype_size, to_dtype
+from kvcore.dtypes import DType, dtype_name, dtype_size, to_dtype
 from kvcore.errors import InvalidSpecError
 from kvcore.hookspecs import hookimpl
 from kvcore.spec import KVCacheSpec, SizingContext, cdiv
+
+if TYPE_CHECKING:
+    from hypothesis.strategies import SearchStrategy
 
 
 def _shape(value: object) -> tuple[int, ...]:
@@ -48,12 +51,12 @@ class StatePart:
     Attributes:
         name: a label, unique within the spec (``"conv"``, ``"ssm"``, ``"recurrent"``).
         shape: the tensor's shape for one request.
-        dtype: its element type.
+        dtype: its element type (a name or a torch dtype is converted).
     """
 
     name: str = attrs.field(validator=_name)
     shape: tuple[int, ...] = attrs.field(converter=_shape)
-    dtype: torch.dtype = attrs.field(converter=to_dtype)
+    dtype: DType = attrs.field(converter=to_dtype)
 
     @property
     def nbytes(self) -> int:
@@ -155,3 +158,42 @@ def kvcore_cache_layout(spec: KVCacheSpec) -> CacheLayout | None:
             for part, offset in zip(spec.parts, spec.part_offsets, strict=True)
         )
     )
+
+
+def state_specs(
+    *,
+    block_sizes: SearchStrategy[int],
+    dtypes: SearchStrategy[DType],
+    max_parts: int = 3,
+    max_dim: int = 32,
+) -> SearchStrategy[StateSpec]:
+    """A hypothesis strategy for ``state`` specs (tests only; imports hypothesis when called).
+
+    Args:
+        block_sizes: where ``block_size`` comes from (the testing kit's ``block_sizes()``).
+        dtypes: where each part's dtype comes from (the testing kit's ``dtypes()``); parts of
+            different dtypes need alignment.
+        max_parts: most state tensors (``conv``, ``ssm``, ``extra``), at least one.
+        max_dim: largest dimension of a part's shape (one to three dimensions).
+
+    Returns:
+        A strategy drawing valid :class:`StateSpec` instances.
+    """
+    from hypothesis import strategies as st
+
+    def part(name: str) -> SearchStrategy[StatePart]:
+        shape = st.lists(st.integers(1, max_dim), min_size=1, max_size=3).map(tuple)
+        return st.builds(StatePart, name=st.just(name), shape=shape, dtype=dtypes)
+
+    names = ("conv", "ssm", "extra")[: max(1, max_parts)]
+    parts = st.integers(1, len(names)).flatmap(lambda count: st.tuples(*(part(n) for n in names[:count])))
+    return st.builds(StateSpec, block_size=block_sizes, parts=parts)
+
+
+@hookimpl
+def kvcore_register_spec_strategies(
+    register: Callable[[type[KVCacheSpec], SearchStrategy[KVCacheSpec]], None],
+    block_sizes: SearchStrategy[int],
+    dtypes: SearchStrategy[DType],
+) -> None:
+    register(StateSpec, state_specs(block_sizes=block_sizes, dtypes=dtypes))

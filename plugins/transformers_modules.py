@@ -17,26 +17,24 @@ reading sizes from the module's own weights and attributes, not from a config:
   and ``sliding_window``, else from its config's ``layer_types``, else the config's uniform
   ``sliding_window``. Non-causal modules (vision towers) are skipped.
 
-State shapes and tensor parallelism follow the config families
-(:mod:`kvcore.plugins.models.common`), so a scan of a model equals
-``layer_specs_from_config`` of its config. With ``kv_cache_dtype`` / ``state_dtype`` ``"auto"``
-the dtype is that of the module's weights. transformers itself is never imported here: the
-plugin loads, and answers ``None``, where it is not installed (``pip install
-kvcore[transformers]`` to scan transformers models).
+State shapes and tensor parallelism follow the config families (the family kit,
+:mod:`kvcore.plugins.models.kit`), so a scan of a model equals ``layer_specs_from_config`` of its
+config. With ``kv_cache_dtype`` / ``state_dtype`` ``"auto"`` the dtype is that of the module's
+weights. transformers itself is never imported here: the plugin loads, and answers ``None``,
+where it is not installed (``pip install kvcore[transformers]`` to scan transformers models).
+torch is imported only when a transformers module is offered, so loading the plugin (every
+registry does) costs no torch import.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING
 
 from kvcore.errors import ModelConfigError
-from kvcore.frontends.hf_config import ModelOptions
 from kvcore.hookspecs import hookimpl
+from kvcore.model_options import ModelOptions
 from kvcore.plugins.mla import MLAAttentionSpec
-from kvcore.plugins.models.common import (
+from kvcore.plugins.models.kit import (
     CHUNKED,
     FULL,
     LEGACY_LAYER_TYPES,
@@ -49,18 +47,25 @@ from kvcore.plugins.models.common import (
 )
 from kvcore.spec import KVCacheSpec
 
+if TYPE_CHECKING:
+    import torch
+
 
 def _is_transformers_module(module: object) -> bool:
     return type(module).__module__.startswith("transformers.")
 
 
 def _linear(module: torch.nn.Module, attribute: str) -> torch.nn.Linear | None:
+    import torch
+
     child = getattr(module, attribute, None)
     return child if isinstance(child, torch.nn.Linear) else None
 
 
 def _weight_dtype(module: torch.nn.Module, *attributes: str) -> torch.dtype:
     """The dtype of the first named child's weight (else of the module's first parameter)."""
+    import torch
+
     for attribute in attributes:
         child = getattr(module, attribute, None)
         weight = getattr(child, "weight", None)
@@ -143,6 +148,8 @@ def mla_spec(module: torch.nn.Module, name: str, options: ModelOptions) -> KVCac
 
 def state_spec(module: torch.nn.Module, name: str, options: ModelOptions) -> KVCacheSpec | None:
     """The spec of a Mamba-1, Mamba-2 or gated-delta-net module (found by ``A_log``)."""
+    import torch
+
     a_log = getattr(module, "A_log", None)
     conv = getattr(module, "conv1d", None)
     if not isinstance(a_log, torch.Tensor) or not isinstance(conv, torch.nn.Conv1d):
@@ -180,14 +187,11 @@ def state_spec(module: torch.nn.Module, name: str, options: ModelOptions) -> KVC
 
 
 @hookimpl(trylast=True)
-def kvcore_spec_for_module(
-    module: torch.nn.Module, name: str, options: Mapping[str, Any]
-) -> KVCacheSpec | None:
+def kvcore_spec_for_module(module: torch.nn.Module, name: str, options: ModelOptions) -> KVCacheSpec | None:
     if not _is_transformers_module(module) or not isinstance(getattr(module, "layer_idx", None), int):
         return None
-    opts = ModelOptions.from_hook_options(options)
     for recognise in (mla_spec, state_spec, attention_spec):
-        spec = recognise(module, name, opts)
+        spec = recognise(module, name, options)
         if spec is not None:
             return spec
     return None

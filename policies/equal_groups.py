@@ -10,19 +10,37 @@ need a contiguous ``(num_blocks, ...)`` tensor per layer can use it directly; ``
 shows what it costs.
 
 The group size is chosen like ``shared_buffer``'s row width: every ``g`` from 1 to the largest
-layer count is scored by capacity against the ideal bound, and among those within
+layer count that can win is scored by capacity against the ideal bound, and among those within
 ``grouping_tolerance`` of the best the one with the fewest groups wins.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 
 from kvcore.hookspecs import hookimpl
-from kvcore.plan import KVCacheGroup, KVCacheTensor
-from kvcore.policy import AllocationPolicy, Layout, PlanOptions
+from kvcore.plan import KVCacheGroup
+from kvcore.policy import AllocationPolicy, Layout, PlanOptions, TensorPlacement
 from kvcore.spec import KVCacheSpec, SizingContext, cdiv, specs_by_group_key
 from kvcore.units import format_bytes
+
+
+def _sizes_worth_scoring(layer_counts: Sequence[int]) -> list[int]:
+    """The group sizes ``g`` that can win, out of 1 .. the largest layer count.
+
+    While ``g`` grows and no kind's group count ``cdiv(n, g)`` drops, the rows a request needs
+    stay the same and the efficiency only falls, so only the smallest ``g`` of each such run can
+    win. Those are ``cdiv(n, q)`` for the counts ``q``; the ones for ``q`` above ``sqrt(n)`` are
+    all at most ``sqrt(n) + 1``, so scoring every ``g`` up to there and ``cdiv(n, q)`` for the
+    smaller ``q`` covers them: O(sqrt(n)) sizes instead of ``n``.
+    """
+    sizes: set[int] = set()
+    for n in layer_counts:
+        root = math.isqrt(n) + 1
+        sizes.update(range(1, min(n, root) + 1))
+        sizes.update(cdiv(n, q) for q in range(1, min(n, root) + 1))
+    return sorted(sizes)
 
 
 class EqualGroupsPolicy:
@@ -30,11 +48,16 @@ class EqualGroupsPolicy:
 
     name = "equal_groups"
     description = "one page size: equal-size groups, a contiguous tensor per layer slot (vLLM-style)"
+    #: ``auto`` asks it last: ``shared_buffer`` plans the same layers with at least its capacity.
+    auto_priority = 0
 
     def why_not(self, specs: Mapping[str, KVCacheSpec]) -> str | None:
         first: dict[int, str] = {}
+        asked: set[int] = set()  # each spec object once
         for name, spec in specs.items():
-            first.setdefault(spec.page_size_bytes, name)
+            if id(spec) not in asked:
+                asked.add(id(spec))
+                first.setdefault(spec.page_size_bytes, name)
         if len(first) <= 1:
             return None
         (page_a, layer_a), (page_b, layer_b) = list(first.items())[:2]
@@ -55,8 +78,7 @@ class EqualGroupsPolicy:
             rows = sum(c * b for c, b in zip(counts, blocks, strict=True))
             return sum(counts), need / (size * rows) if rows else 1.0
 
-        sizes = range(1, max(len(layers) for _, layers in buckets) + 1)
-        scored = {size: score(size) for size in sizes}
+        scored = {size: score(size) for size in _sizes_worth_scoring([len(layers) for _, layers in buckets])}
         best = max(eff for _, eff in scored.values())
         floor = best * (1.0 - options.grouping_tolerance)
         size = min(
@@ -73,18 +95,14 @@ class EqualGroupsPolicy:
         groups.sort(key=lambda g: position[g.layer_names[0]])
         return tuple(groups)
 
-    def layout(self, groups: Sequence[KVCacheGroup], num_blocks: int) -> Layout:
+    def layout(self, groups: Sequence[KVCacheGroup]) -> Layout:
         width = max((len(g.layer_names) for g in groups), default=0)
         page = next((g.spec.page_size_bytes for g in groups if g.layer_names), 0)
-        tensors = tuple(
-            KVCacheTensor(
-                size=num_blocks * page,
-                offset=0,
-                page_stride=page,
-                shared_by=tuple(g.layer_names[i] for g in groups if len(g.layer_names) > i),
-            )
-            for i in range(width)
-        )
+        slots: list[list[str]] = [[] for _ in range(width)]  # slot i: layer i of every group
+        for group in groups:
+            for slot, name in zip(slots, group.layer_names, strict=False):
+                slot.append(name)
+        tensors = tuple(TensorPlacement(0, page, slot) for slot in slots)
         return Layout(bytes_per_block=width * page, single_buffer=False, tensors=tensors)
 
 

@@ -30,12 +30,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import NamedTuple
 
 import attrs
 
 from kvcore.hookspecs import hookimpl
-from kvcore.plan import KVCacheGroup, KVCacheTensor
-from kvcore.policy import AllocationPolicy, Layout, PlanOptions
+from kvcore.plan import KVCacheGroup
+from kvcore.policy import AllocationPolicy, Layout, PlanOptions, TensorPlacement
 from kvcore.spec import KVCacheSpec, SizingContext, cdiv, specs_by_group_key
 
 #: Row widths tried per bucket: every layer count up to this, plus the divisors of the bucket
@@ -76,6 +77,8 @@ class _Bucket:
         #: block-size factors this bucket may use: powers of two (kernels take such block sizes)
         self.factors = [1 << i for i in range(limit.bit_length()) if 1 << i <= limit]
         self._specs: dict[int, KVCacheSpec] = {}
+        self._pages: dict[int, int] = {}
+        self._per_request: dict[int, int] = {}
 
     def spec_at(self, factor: int) -> KVCacheSpec:
         spec = self._specs.get(factor)
@@ -86,11 +89,17 @@ class _Bucket:
 
     def page(self, factor: int = 1) -> int:
         """Page bytes at ``factor`` x block size, rounded up to the spec's alignment."""
-        spec = self.spec_at(factor)
-        return _round_up(spec.page_size_bytes, spec.alignment_bytes)
+        page = self._pages.get(factor)
+        if page is None:
+            spec = self.spec_at(factor)
+            page = self._pages[factor] = _round_up(spec.page_size_bytes, spec.alignment_bytes)
+        return page
 
     def pages_per_request(self, factor: int = 1) -> int:
-        return self.spec_at(factor).max_num_blocks(self.context)
+        pages = self._per_request.get(factor)
+        if pages is None:
+            pages = self._per_request[factor] = self.spec_at(factor).max_num_blocks(self.context)
+        return pages
 
     def cut(self, row: int) -> tuple[_Shape, ...]:
         """How this bucket is cut into groups when a row holds ``row`` bytes."""
@@ -102,11 +111,30 @@ class _Bucket:
         if per_row == 0:  # a page larger than a row spans several rows
             return (_Shape(layers=1, count=n, span=cdiv(page, row)),)
         full, rest = divmod(n, per_row)
-        shapes = [_Shape(layers=per_row, count=full)] if full else []
-        if rest:
-            factor = max(f for f in self.factors if f == 1 or rest * self.page(f) <= row)
-            shapes.append(_Shape(layers=rest, count=1, factor=factor))
-        return tuple(shapes)
+        if not rest:
+            return (_Shape(layers=per_row, count=full),)
+        remainder = _Shape(layers=rest, count=1, factor=self._remainder_factor(rest, row))
+        return (_Shape(layers=per_row, count=full), remainder) if full else (remainder,)
+
+    def _remainder_factor(self, rest: int, row: int) -> int:
+        """The largest factor whose enlarged pages of ``rest`` layers still fit in a row."""
+        return next((f for f in reversed(self.factors) if rest * self.page(f) <= row), 1)
+
+    def tally(self, row: int) -> tuple[int, int]:
+        """``(groups, rows one request holds)`` of :meth:`cut` ``(row)``, without making the
+        shapes: every candidate row width is tallied, only the chosen one is cut."""
+        n = len(self.layers)
+        page = self.page()
+        if not self.scalable:
+            return 1, cdiv(n * page, row) * self.pages_per_request()
+        per_row = row // page
+        if per_row == 0:
+            return n, n * cdiv(page, row) * self.pages_per_request()
+        full, rest = divmod(n, per_row)
+        if not rest:
+            return full, full * self.pages_per_request()
+        factor = self._remainder_factor(rest, row)
+        return full + 1, full * self.pages_per_request() + self.pages_per_request(factor)
 
     def rows_per_request(self, shapes: Iterable[_Shape]) -> int:
         return sum(s.count * s.span * self.pages_per_request(s.factor) for s in shapes)
@@ -126,19 +154,21 @@ def _candidate_rows(buckets: Sequence[_Bucket]) -> list[int]:
     return sorted(rows)
 
 
-@attrs.frozen(kw_only=True)
-class _Score:
+class _Score(NamedTuple):
+    """One candidate row width, scored (a named tuple: there are hundreds per plan)."""
+
     row: int
     groups: int
     efficiency: float
-    cuts: tuple[tuple[_Shape, ...], ...]
 
 
 def _score(buckets: Sequence[_Bucket], row: int, need: int) -> _Score:
-    cuts = tuple(bucket.cut(row) for bucket in buckets)
-    rows = sum(b.rows_per_request(c) for b, c in zip(buckets, cuts, strict=True))
-    groups = sum(s.count for c in cuts for s in c)
-    return _Score(row=row, groups=groups, efficiency=need / (row * rows) if rows else 1.0, cuts=cuts)
+    rows = groups = 0
+    for bucket in buckets:
+        bucket_groups, bucket_rows = bucket.tally(row)
+        groups += bucket_groups
+        rows += bucket_rows
+    return _Score(row=row, groups=groups, efficiency=need / (row * rows) if rows else 1.0)
 
 
 def _assign(layers: list[str], shapes: Sequence[_Shape]) -> list[tuple[list[str], _Shape]]:
@@ -153,8 +183,9 @@ def _assign(layers: list[str], shapes: Sequence[_Shape]) -> list[tuple[list[str]
         if shape.count == 1 and shape.layers < len(remaining):
             n = len(remaining)
             picks = sorted({(2 * i + 1) * n // (2 * shape.layers) for i in range(shape.layers)})
+            picked = set(picks)
             chosen = [remaining[i] for i in picks]
-            remaining = [name for i, name in enumerate(remaining) if i not in set(picks)]
+            remaining = [name for i, name in enumerate(remaining) if i not in picked]
             out.append((chosen, shape))
         else:
             for j in range(shape.count):
@@ -168,6 +199,8 @@ class SharedBufferPolicy:
 
     name = "shared_buffer"
     description = "hybrid models: one buffer, groups share its bytes; row width chosen for capacity"
+    #: ``auto`` asks it after ``uniform``: it plans any mix of kinds.
+    auto_priority = 100
 
     def why_not(self, specs: Mapping[str, KVCacheSpec]) -> str | None:
         return None
@@ -176,7 +209,7 @@ class SharedBufferPolicy:
         self, specs: Mapping[str, KVCacheSpec], context: SizingContext, options: PlanOptions
     ) -> Sequence[KVCacheGroup]:
         buckets = _buckets(specs, context, options)
-        need = sum(spec.max_memory_usage_bytes(context) for spec in specs.values())
+        need = sum(len(b.layers) * b.spec.max_memory_usage_bytes(context) for b in buckets)
         scores = [_score(buckets, row, need) for row in _candidate_rows(buckets)]
         best = max(s.efficiency for s in scores)
         floor = best * (1.0 - options.grouping_tolerance)
@@ -186,8 +219,8 @@ class SharedBufferPolicy:
         )
         position = {name: i for i, name in enumerate(specs)}
         groups = []
-        for bucket, shapes in zip(buckets, chosen.cuts, strict=True):
-            for names, shape in _assign(bucket.layers, shapes):
+        for bucket in buckets:
+            for names, shape in _assign(bucket.layers, bucket.cut(chosen.row)):
                 groups.append(
                     KVCacheGroup(
                         layer_names=tuple(names),
@@ -198,38 +231,38 @@ class SharedBufferPolicy:
         groups.sort(key=lambda g: position[g.layer_names[0]])
         return tuple(groups)
 
-    def layout(self, groups: Sequence[KVCacheGroup], num_blocks: int) -> Layout:
+    def layout(self, groups: Sequence[KVCacheGroup]) -> Layout:
+        # A group puts its layers' pages side by side, each on a multiple of its alignment;
+        # layer i of a group starts at i x (page rounded up to the alignment).
         align = 1
-        placements: list[tuple[str, int, KVCacheGroup]] = []
         row = 0
         for group in groups:
             spec = group.spec
             align = math.lcm(align, spec.alignment_bytes)
-            offset = 0
-            for name in group.layer_names:
-                offset = _round_up(offset, spec.alignment_bytes)
-                placements.append((name, offset, group))
-                offset += spec.page_size_bytes
-            row = max(row, cdiv(offset, group.blocks_per_page))
+            count = len(group.layer_names)
+            if count:
+                slot = _round_up(spec.page_size_bytes, spec.alignment_bytes)
+                end = (count - 1) * slot + spec.page_size_bytes
+                row = max(row, cdiv(end, group.blocks_per_page))
         row = _round_up(row, align)
-        lanes: dict[tuple[int, int], list[tuple[str, int, int]]] = {}
-        for name, offset, group in placements:
+        # one tensor per (offset, stride): the layers of different groups at the same place,
+        # in the order the places first appear
+        lanes: list[tuple[int, int, list[str]]] = []
+        at: dict[int, dict[int, list[str]]] = {}  # stride -> offset -> the lane's layers
+        for group in groups:
+            spec = group.spec
+            slot = _round_up(spec.page_size_bytes, spec.alignment_bytes)
             stride = row * group.blocks_per_page
-            pages = num_blocks // group.blocks_per_page
-            lanes.setdefault((offset, stride), []).append((name, group.spec.page_size_bytes, pages))
-        tensors = []
-        for (offset, stride), members in lanes.items():
-            pages = min(p for _, _, p in members)
-            largest = max(page for _, page, _ in members)
-            tensors.append(
-                KVCacheTensor(
-                    size=(pages - 1) * stride + largest if pages else 0,
-                    offset=offset,
-                    page_stride=stride,
-                    shared_by=tuple(name for name, _, _ in members),
-                )
-            )
-        return Layout(bytes_per_block=row, single_buffer=True, tensors=tuple(tensors))
+            by_offset = at.setdefault(stride, {})
+            for i, name in enumerate(group.layer_names):
+                lane = by_offset.get(i * slot)
+                if lane is None:
+                    lane = by_offset[i * slot] = [name]
+                    lanes.append((i * slot, stride, lane))
+                else:
+                    lane.append(name)
+        tensors = tuple(TensorPlacement(offset, stride, names) for offset, stride, names in lanes)
+        return Layout(bytes_per_block=row, single_buffer=True, tensors=tensors)
 
 
 @hookimpl

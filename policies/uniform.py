@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 
 from kvcore.hookspecs import hookimpl
-from kvcore.plan import KVCacheGroup, KVCacheTensor
-from kvcore.policy import AllocationPolicy, Layout, PlanOptions
-from kvcore.spec import KVCacheSpec, SizingContext, describe_spec, is_kv_cache_type_uniform
+from kvcore.plan import KVCacheGroup
+from kvcore.policy import AllocationPolicy, Layout, PlanOptions, TensorPlacement
+from kvcore.spec import KVCacheSpec, SizingContext, describe_spec, specs_by_group_key
 
 
 class UniformPolicy:
@@ -20,35 +20,34 @@ class UniformPolicy:
 
     name = "uniform"
     description = "all layers share one spec: one group, one tensor of num_blocks pages per layer"
+    #: ``auto`` asks it first: it plans only layers that all have one spec.
+    auto_priority = 200
 
     def why_not(self, specs: Mapping[str, KVCacheSpec]) -> str | None:
-        if is_kv_cache_type_uniform(specs):
+        buckets = specs_by_group_key(specs)
+        if len(buckets) <= 1:
             return None
-        first_name, first = next(iter(specs.items()))
-        other_name, other = next((n, s) for n, s in specs.items() if s.group_key != first.group_key)
-        distinct = len({s.group_key for s in specs.values()})
+        (first, first_layers), (other, other_layers) = buckets[:2]
         return (
-            f"it needs every layer to have the same spec, but the layers have {distinct} different "
-            f"specs (e.g. {first_name!r} is {describe_spec(first)} and {other_name!r} is "
+            f"it needs every layer to have the same spec, but the layers have {len(buckets)} different "
+            f"specs (e.g. {first_layers[0]!r} is {describe_spec(first)} and {other_layers[0]!r} is "
             f"{describe_spec(other)}); use the shared_buffer policy"
         )
 
     def group(
         self, specs: Mapping[str, KVCacheSpec], context: SizingContext, options: PlanOptions
     ) -> Sequence[KVCacheGroup]:
-        spec = next(iter(specs.values())).merge(list(specs.values()))
+        distinct = list({id(spec): spec for spec in specs.values()}.values())  # each spec object once
+        spec = distinct[0].merge(distinct)
         return (KVCacheGroup(layer_names=tuple(specs), spec=spec),)
 
-    def layout(self, groups: Sequence[KVCacheGroup], num_blocks: int) -> Layout:
-        tensors = []
+    def layout(self, groups: Sequence[KVCacheGroup]) -> Layout:
+        tensors: list[TensorPlacement] = []
         per_block = 0
         for group in groups:
             page = group.spec.page_size_bytes
             per_block += page * len(group.layer_names)
-            for name in group.layer_names:
-                tensors.append(
-                    KVCacheTensor(size=num_blocks * page, offset=0, page_stride=page, shared_by=(name,))
-                )
+            tensors.extend(TensorPlacement(0, page, (name,)) for name in group.layer_names)
         return Layout(bytes_per_block=per_block, single_buffer=False, tensors=tuple(tensors))
 
 

@@ -1,8 +1,9 @@
 """The ``kvcore`` command line: ``kvcore plan``, ``kvcore plugins``, ...
 
 Each sub-command is a module with ``add_parser(subparsers)`` and ``run(args, registry)``.
-Errors kvcore knows about are printed as one line (``kvcore: error: ...``) with exit status 1;
-usage errors exit with status 2, as argparse does.
+Errors kvcore knows about are printed as one line (``kvcore: error: ...``) with exit status 1,
+naming the options to change where the Python message names parameters
+(:data:`kvcore.cli.inputs.FLAG_NAMES`); usage errors exit with status 2, as argparse does.
 """
 
 from __future__ import annotations
@@ -63,7 +64,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         status: int = args.run(args, registry)
     except KVCoreError as exc:
-        print(f"kvcore: error: {exc}", file=sys.stderr)
+        from kvcore.cli.inputs import FLAG_NAMES
+        from kvcore.error_messages import render
+
+        print(f"kvcore: error: {render(exc, FLAG_NAMES)}", file=sys.stderr)
         return 1
     except BrokenPipeError:  # pragma: no cover - e.g. `kvcore plan ... | head`
         return 0

@@ -5,22 +5,19 @@ from __future__ import annotations
 import argparse
 import re
 import time
-from collections.abc import Iterable
 from typing import Any
-
-import torch
 
 from kvcore.cli import inputs
 from kvcore.cli.progress import progress
 from kvcore.cli.report import format_plan, policy_reason
 from kvcore.cli.table import render_table
-from kvcore.engine.local import LocalExecutor
 from kvcore.errors import InvalidInputError
-from kvcore.planning.planner import plan_kv_cache
 from kvcore.planning.registry import Registry
-from kvcore.runtime.allocation import allocation_sizes
-from kvcore.runtime.memory import DEFAULT_UTILIZATION
+from kvcore.runtime import DEFAULT_UTILIZATION
 from kvcore.units import format_bytes
+
+#: The workflow's steps as :func:`~kvcore.initialize_kv_caches` times them, in order.
+WORKFLOW_STEPS = ("specs", "memory", "plan", "allocate", "bind", "warmup")
 
 _DEVICE = re.compile(r"^(cpu|cuda(:\d+)?)$")
 
@@ -70,30 +67,16 @@ def add_parser(sub: Any) -> None:
     parser.set_defaults(run=run)
 
 
-class StandIn(torch.nn.Module):
-    """A module with no parameters that only receives a bound view (``kv_cache``)."""
-
-
-def stand_in_model(layer_names: Iterable[str]) -> torch.nn.Module:
-    """A tree of :class:`StandIn` modules in which every layer name is a qualified module name."""
-    root = StandIn()
-    nodes: dict[str, torch.nn.Module] = {"": root}
-    for name in layer_names:
-        path = ""
-        for part in name.split("."):
-            parent, path = nodes[path], f"{path}.{part}" if path else part
-            if path not in nodes:
-                nodes[path] = StandIn()
-                parent.add_module(part, nodes[path])
-    return root
-
-
 def run(args: argparse.Namespace, registry: Registry) -> int:
     if (args.memory is None) == (args.utilization is None):
         raise InvalidInputError(
             "give the KV-cache budget as --memory SIZE (fixed) or as --utilization F (a share of the "
             "device's memory, profiled); exactly one of the two"
         )
+    from kvcore.engine.local import LocalExecutor
+    from kvcore.engine.stand_in import stand_in_model
+    from kvcore.engine.workflow import initialize_kv_caches
+
     timings: list[tuple[str, float]] = []
     start = time.perf_counter()
     specs = inputs.load_layer_specs(args, registry)
@@ -101,6 +84,7 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
 
     start = time.perf_counter()
     model = stand_in_model(specs)
+    timings.append(("stand-in layers", time.perf_counter() - start))
     executor = LocalExecutor(
         model,
         args.device,
@@ -110,35 +94,24 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
         kv_cache_bytes=args.memory,
         zero=not args.no_zero,
     )
-    executor.get_kv_cache_spec()
-    timings.append(("stand-in layers", time.perf_counter() - start))
-
-    start = time.perf_counter()
-    if args.utilization is None:  # a fixed budget: nothing to profile
-        memory = executor.determine_available_memory()
-    else:
-        with progress(f"profiling memory on {args.device} (utilization {args.utilization})"):
-            memory = executor.determine_available_memory()
-    timings.append(("memory", time.perf_counter() - start))
-
-    start = time.perf_counter()
-    plan = plan_kv_cache(
-        specs,
-        memory,
-        inputs.sizing_context(args),
-        registry=registry,
-        policy=args.policy,
-        options=inputs.plan_options(args),
-        num_blocks=args.num_blocks,
+    what = "planning, allocating and binding" if args.utilization is None else (
+        f"profiling memory on {args.device} (utilization {args.utilization}), allocating and binding"
     )
-    timings.append(("plan", time.perf_counter() - start))
+    with progress(what):
+        plan = initialize_kv_caches(
+            executor,
+            registry=registry,
+            policy=args.policy,
+            context=inputs.sizing_context(args),
+            options=inputs.plan_options(args),
+            num_blocks=args.num_blocks,
+        )
+    timings += [(step, executor.timings[step]) for step in WORKFLOW_STEPS if step in executor.timings]
 
-    with progress(f"allocating and binding {format_bytes(plan.kv_cache_bytes)} on {args.device}"):
-        executor.initialize(plan)
-    timings += [(step, executor.timings[step]) for step in ("allocate", "bind")]
+    from kvcore.runtime.allocation import allocation_sizes
 
     sizes = allocation_sizes(plan)
-    print(format_plan(plan, specs, reason=policy_reason(specs, args.policy)))
+    print(format_plan(plan, specs, reason=policy_reason(registry.select(specs, args.policy))))
     print()
     print(executor.memory_profile)
     print(

@@ -71,17 +71,17 @@ def add_parser(sub: Any) -> None:
 
 def candidate_row(candidate: Candidate) -> dict[str, Any]:
     """One comparison row as JSON (the plan's figures come from :func:`plan_report`)."""
-    plan = candidate.plan
+    plan, capacity = candidate.plan, candidate.capacity
     return {
         "policy": candidate.policy,
         "block_size": candidate.block_size,
         "kv_cache_dtype": dtype_name(candidate.kv_cache_dtype) if candidate.kv_cache_dtype else None,
         "ideal_concurrency": candidate.ideal_concurrency,
-        "max_concurrency": candidate.max_concurrency if plan else None,
-        "efficiency": candidate.efficiency if plan else None,
+        "max_concurrency": capacity.max_concurrency if capacity else None,
+        "efficiency": capacity.efficiency if capacity else None,
         "groups": len(plan.groups) if plan else None,
-        "padding_bytes_per_request": candidate.padding_bytes,
-        "tokens_per_group": [plan.tokens_held(g) for g in plan.groups] if plan else None,
+        "padding_bytes_per_request": capacity.padding_bytes if capacity else None,
+        "tokens_per_group": list(capacity.tokens_held) if capacity else None,
         "error": candidate.error,
     }
 
@@ -105,7 +105,10 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
             "available_memory_bytes": args.memory,
             "max_model_len": args.max_model_len,
             "candidates": [
-                {**candidate_row(c), "plan": plan_report(c.plan, specs, registry) if c.plan else None}
+                {
+                    **candidate_row(c),
+                    "plan": plan_report(c.plan, specs, registry, capacity=c.capacity) if c.plan else None,
+                }
                 for c in candidates
             ],
         }
@@ -114,8 +117,8 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
     rows = []
     failures: dict[str, str] = {}  # first reason per policy; variants usually fail alike
     for c in candidates:
-        plan = c.plan
-        if plan is None:
+        plan, capacity = c.plan, c.capacity
+        if plan is None or capacity is None:
             failures.setdefault(c.policy, c.error or "no plan")
             continue
         rows.append(
@@ -124,11 +127,11 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
                 c.block_size or "as specs",
                 dtype_name(c.kv_cache_dtype) if c.kv_cache_dtype else "as specs",
                 len(plan.groups),
-                f"{c.max_concurrency:,.2f}",
-                f"{c.ideal_concurrency:,.2f}",
-                f"{100 * c.efficiency:.2f}%",
-                format_bytes(c.padding_bytes or 0),
-                f"{int(c.max_concurrency * args.max_model_len):,}",
+                f"{capacity.max_concurrency:,.2f}",
+                f"{capacity.ideal_concurrency:,.2f}",
+                f"{100 * capacity.efficiency:.2f}%",
+                format_bytes(capacity.padding_bytes),
+                f"{capacity.kv_cache_tokens:,}",
             ]
         )
     print(

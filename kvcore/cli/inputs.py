@@ -4,14 +4,28 @@ from __future__ import annotations
 
 import argparse
 
+from kvcore.error_messages import ParameterNames
 from kvcore.errors import InvalidInputError
-from kvcore.frontends.hf_config import ModelOptions, model_layer_specs
+from kvcore.frontends.hf_config import model_layer_specs
 from kvcore.frontends.specfile import read_spec_file
+from kvcore.model_options import ModelOptions
 from kvcore.planning.ranks import RankLayout
 from kvcore.planning.registry import Registry
 from kvcore.policy import PlanOptions
 from kvcore.spec import DEFAULT_MAX_NUM_BATCHED_TOKENS, KVCacheSpec, SizingContext, resize_blocks
 from kvcore.units import parse_size
+
+#: How error messages name the settings to change on the command line: the options below
+#: (``lower --max-model-len to 8192``, ``--num-blocks 16 holds ...``) instead of the Python
+#: parameters (:data:`~kvcore.error_messages.PYTHON_NAMES`). ``utilization`` stays a word: only
+#: ``kvcore allocate`` has the option.
+FLAG_NAMES = ParameterNames(
+    max_model_len="--max-model-len",
+    num_blocks="--num-blocks",
+    memory="--memory",
+    utilization="utilization",
+    assign="{name} {value}",
+)
 
 
 def positive_int(text: str) -> int:
@@ -162,7 +176,7 @@ def add_planning_options(parser: argparse.ArgumentParser, *, memory_required: bo
 
 
 def model_options(args: argparse.Namespace) -> ModelOptions:
-    """The :class:`~kvcore.frontends.hf_config.ModelOptions` of ``--tp``, ``--kv-cache-dtype``,
+    """The :class:`~kvcore.model_options.ModelOptions` of ``--tp``, ``--kv-cache-dtype``,
     ``--state-dtype`` and ``--block-size``.
 
     Raises:

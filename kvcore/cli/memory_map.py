@@ -23,6 +23,7 @@ import attrs
 
 from kvcore.errors import InvalidInputError
 from kvcore.plan import KVCacheConfig
+from kvcore.planning.capacity import Capacity
 from kvcore.units import format_bytes
 
 #: Most tensor tracks drawn; larger plans show the first ones and say how many were left out.
@@ -126,10 +127,11 @@ def memory_map(plan: KVCacheConfig, *, rows: int = 4) -> MemoryMap:
         + (f", {g.blocks_per_page} blocks per page" if g.blocks_per_page > 1 else "")
         for gi, g in enumerate(plan.groups)
     )
+    capacity = Capacity.of(plan)
     title = (
         f"{plan.policy}: {plan.num_blocks:,} blocks x {format_bytes(plan.bytes_per_block)} = "
-        f"{format_bytes(plan.kv_cache_bytes)}; {plan.max_concurrency():.2f} requests of "
-        f"{plan.context.max_model_len:,} tokens"
+        f"{format_bytes(plan.kv_cache_bytes)}; {capacity.max_concurrency:.2f} requests of "
+        f"{capacity.max_model_len:,} tokens"
     )
     return MemoryMap(
         buffer_boxes=tuple(buffer_boxes),

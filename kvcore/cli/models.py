@@ -11,7 +11,6 @@ from typing import Any
 from kvcore.cli import inputs
 from kvcore.cli.table import render_table
 from kvcore.frontends.hf_config import (
-    ModelOptions,
     bundled_models,
     layer_specs_from_config,
     load_model_config,
@@ -19,6 +18,7 @@ from kvcore.frontends.hf_config import (
     model_layer_specs,
 )
 from kvcore.frontends.specfile import specs_to_dict
+from kvcore.model_options import ModelOptions
 from kvcore.planning.registry import Registry
 from kvcore.spec import KVCacheSpec, describe_spec
 from kvcore.units import format_bytes

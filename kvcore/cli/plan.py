@@ -10,8 +10,8 @@ from typing import Any
 from kvcore.cli import inputs
 from kvcore.cli.memory_map import render_memory_map
 from kvcore.cli.report import format_plan, format_ranks, plan_report, policy_reason, ranks_report
-from kvcore.planning.planner import plan_kv_cache
-from kvcore.planning.ranks import RankLayout, plan_for_ranks, simulate_rank_specs, tightest_rank
+from kvcore.planning.planner import plan_model
+from kvcore.planning.ranks import RankLayout, simulate_rank_specs, tightest_rank
 from kvcore.planning.registry import Registry
 from kvcore.spec import KVCacheSpec
 
@@ -44,21 +44,22 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
     layout = inputs.rank_layout(args)
     if layout.world_size > 1:
         return run_ranks(args, registry, specs, layout)
-    plan = plan_kv_cache(
+    result = plan_model(
         specs,
-        args.memory,
+        [args.memory],
         inputs.sizing_context(args),
         registry=registry,
         policy=args.policy,
         options=inputs.plan_options(args),
         num_blocks=args.num_blocks,
     )
+    (plan,) = result.plans
     if args.map:
         render_memory_map(plan, args.map)
     if args.json:
         print(json.dumps(plan_report(plan, specs, registry), indent=2))
     else:
-        print(format_plan(plan, specs, reason=policy_reason(specs, args.policy)))
+        print(format_plan(plan, specs, reason=policy_reason(result.choice)))
     return 0
 
 
@@ -66,18 +67,24 @@ def run_ranks(
     args: argparse.Namespace, registry: Registry, specs: Mapping[str, KVCacheSpec], layout: RankLayout
 ) -> int:
     """``--tp`` x ``--pp`` > 1: plan every simulated rank, show the ranks, then the plan of the
-    rank with the fewest blocks (its groups are every rank's; its layers its own)."""
+    rank with the fewest blocks (its groups are every rank's; its layers its own).
+
+    The simulated ranks report ``specs`` split into stages, so the whole model they make up is
+    ``specs`` itself: it is planned as :func:`~kvcore.plan_for_ranks` plans merged ranks.
+    """
     rank_specs = simulate_rank_specs(specs, layout)
-    plans = plan_for_ranks(
-        rank_specs,
+    result = plan_model(
+        specs,
         [args.memory] * layout.world_size,
         inputs.sizing_context(args),
         registry=registry,
         policy=args.policy,
         options=inputs.plan_options(args),
         num_blocks=args.num_blocks,
-        tp_size=layout.tp_size,
+        rank_layers=rank_specs,
+        rank_names=[layout.describe(rank) for rank in range(layout.world_size)],
     )
+    plans = result.plans
     rank = tightest_rank(plans)
     plan, own = plans[rank], rank_specs[rank]
     if args.map:
@@ -90,5 +97,5 @@ def run_ranks(
     print(format_ranks(plans, layout))
     print()
     print(f"plan of {layout.describe(rank)}: every rank has these groups; 'layers' counts this rank's")
-    print(format_plan(plan, own, reason=policy_reason(specs, args.policy)))
+    print(format_plan(plan, own, reason=policy_reason(result.choice)))
     return 0

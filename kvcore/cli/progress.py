@@ -1,7 +1,8 @@
 """A progress line for steps that can take seconds (profiling, allocating large buffers).
 
 On a terminal it shows a spinner with the elapsed time and ends with ``done in 1.23 s``;
-elsewhere (pipes, CI logs) it prints one line when the step ends, so logs stay readable.
+elsewhere (pipes, CI logs) it prints one line when the step ends, so logs stay readable, and
+nothing when it fails (the error message that follows says what went wrong).
 """
 
 from __future__ import annotations
@@ -52,6 +53,8 @@ def progress(label: str, *, stream: TextIO | None = None, interval: float = 0.1)
         if thread is not None:
             thread.join()
         elapsed = time.perf_counter() - start
-        status = "failed after" if failed else "done in"
-        out.write(f"{chr(13) if live else ''}{label}: {status} {elapsed:.2f} s\n")
-        out.flush()
+        # A failure off a terminal prints nothing: the error that follows is the one line to read.
+        if live or not failed:
+            status = "failed after" if failed else "done in"
+            out.write(f"{chr(13) if live else ''}{label}: {status} {elapsed:.2f} s\n")
+            out.flush()

@@ -1,6 +1,7 @@
 """What a plan means for capacity, as a JSON object and as a readable summary.
 
-Both are computed from the plan and the specs it was made from; nothing is stored twice.
+Both read the plan's :class:`~kvcore.planning.capacity.Capacity`, computed once from the plan
+and the specs it was made from; nothing is computed twice.
 """
 
 from __future__ import annotations
@@ -13,11 +14,12 @@ import attrs
 from kvcore.cli.table import render_table
 from kvcore.errors import KVCacheBindingError
 from kvcore.plan import KVCacheConfig, KVCacheGroup
-from kvcore.planning.capacity import ideal_concurrency, request_bytes
+from kvcore.planning.capacity import Capacity, blocks_that_fit
 from kvcore.planning.ranks import RankLayout, tightest_rank
 from kvcore.planning.serialization import plan_to_dict
+from kvcore.policy import PolicyChoice
 from kvcore.runtime.binding import layer_index
-from kvcore.spec import KVCacheSpec, format_value, is_kv_cache_type_uniform
+from kvcore.spec import KVCacheSpec, format_value
 from kvcore.units import format_bytes
 
 if TYPE_CHECKING:
@@ -33,7 +35,13 @@ def group_details(group: KVCacheGroup) -> str:
     )
 
 
-def plan_report(plan: KVCacheConfig, specs: Mapping[str, KVCacheSpec], registry: Registry) -> dict[str, Any]:
+def plan_report(
+    plan: KVCacheConfig,
+    specs: Mapping[str, KVCacheSpec],
+    registry: Registry,
+    *,
+    capacity: Capacity | None = None,
+) -> dict[str, Any]:
     """The plan as JSON plus its capacity figures.
 
     Keys beyond the plan's own: ``max_model_len``, ``kv_cache_bytes``, ``blocks_per_request``,
@@ -41,43 +49,54 @@ def plan_report(plan: KVCacheConfig, specs: Mapping[str, KVCacheSpec], registry:
     (the bound no layout can beat), ``efficiency`` (their ratio), ``kv_cache_tokens``; and per
     group ``blocks_per_request`` and ``tokens_held`` (``null`` for a state group). The result
     reads back as a plan with :func:`kvcore.planning.serialization.plan_from_dict`.
+
+    Args:
+        plan: the plan.
+        specs: the layer specs it was made from.
+        registry: the kinds, for the JSON.
+        capacity: the plan's figures if already computed (default :meth:`Capacity.of` the plan
+            and ``specs``).
+
+    Returns:
+        The JSON object.
     """
     data = plan_to_dict(plan, registry)
-    ideal = ideal_concurrency(specs, plan.available_memory_bytes, plan.context)
-    concurrency = plan.max_concurrency()
-    for entry, group in zip(data["groups"], plan.groups, strict=True):
+    if capacity is None:
+        capacity = Capacity.of(plan, specs)
+    for entry, group, held in zip(data["groups"], plan.groups, capacity.tokens_held, strict=True):
         entry["blocks_per_request"] = group.blocks_per_request(plan.context)
-        entry["tokens_held"] = plan.tokens_held(group)
+        entry["tokens_held"] = held
     figures = {
-        "max_model_len": plan.context.max_model_len,
+        "max_model_len": capacity.max_model_len,
         "kv_cache_bytes": plan.kv_cache_bytes,
-        "blocks_per_request": plan.blocks_per_request(),
-        "max_concurrency": concurrency,
-        "ideal_concurrency": ideal,
-        "efficiency": concurrency / ideal if ideal else 0.0,
-        "kv_cache_tokens": int(concurrency * plan.context.max_model_len),
+        "blocks_per_request": capacity.blocks_per_request,
+        "max_concurrency": capacity.max_concurrency,
+        "ideal_concurrency": capacity.ideal_concurrency,
+        "efficiency": capacity.efficiency,
+        "kv_cache_tokens": capacity.kv_cache_tokens,
     }
     return {"policy": data.pop("policy"), "num_blocks": data.pop("num_blocks"), **figures, **data}
 
 
-def policy_reason(specs: Mapping[str, KVCacheSpec], requested: str) -> str:
-    """Why this policy was used: ``'named'`` or what ``auto`` saw."""
-    if requested != "auto":
-        return "named on the command line"
-    if is_kv_cache_type_uniform(specs):
-        return "auto: every layer has the same spec"
-    kinds = len({spec.group_key for spec in specs.values()})
-    return f"auto: the layers have {kinds} different specs"
+def policy_reason(choice: PolicyChoice) -> str:
+    """Why the policy was used, for the first line of :func:`format_plan`: what ``auto`` saw
+    (``'auto: the layers have 2 different specs'``), or ``'named on the command line'``.
+
+    Args:
+        choice: the choice the plan was made with (:meth:`Registry.select`).
+
+    Returns:
+        The reason, as the report words it.
+    """
+    return f"auto: {choice.reason}" if choice.auto else "named on the command line"
 
 
 def format_plan(plan: KVCacheConfig, specs: Mapping[str, KVCacheSpec], *, reason: str = "") -> str:
     """A readable summary: one row per group, then totals and capacity."""
     ctx = plan.context
-    ideal = ideal_concurrency(specs, plan.available_memory_bytes, ctx)
-    concurrency = plan.max_concurrency()
+    capacity = Capacity.of(plan, specs)
     rows = []
-    for index, group in enumerate(plan.groups):
-        held = plan.tokens_held(group)
+    for index, (group, held) in enumerate(zip(plan.groups, capacity.tokens_held, strict=True)):
         rows.append(
             [
                 index,
@@ -95,7 +114,7 @@ def format_plan(plan: KVCacheConfig, specs: Mapping[str, KVCacheSpec], *, reason
         rows,
         align="rlrrrrrl",
     )
-    per_request = plan.blocks_per_request()
+    per_request = capacity.blocks_per_request
     layout = "one shared buffer" if plan.single_buffer else "one tensor per layer"
     lines = [
         f"policy {plan.policy}" + (f" ({reason})" if reason else ""),
@@ -107,10 +126,10 @@ def format_plan(plan: KVCacheConfig, specs: Mapping[str, KVCacheSpec], *, reason
         f"  blocks           {plan.num_blocks:,} x {format_bytes(plan.bytes_per_block)} = "
         f"{format_bytes(plan.kv_cache_bytes)} ({layout}, {len(plan.groups)} groups, "
         f"{len(plan.tensors)} tensors)",
-        f"  one request      {per_request:,} blocks = {format_bytes(per_request * plan.bytes_per_block)} "
-        f"(ideal {format_bytes(request_bytes(specs, ctx))}) for {ctx.max_model_len:,} tokens",
-        f"  max concurrency  {concurrency:,.2f} requests of {ctx.max_model_len:,} tokens "
-        f"(ideal {ideal:,.2f}, efficiency {100 * concurrency / ideal if ideal else 0:.2f}%)",
+        f"  one request      {per_request:,} blocks = {format_bytes(capacity.request_bytes)} "
+        f"(ideal {format_bytes(capacity.ideal_request_bytes)}) for {ctx.max_model_len:,} tokens",
+        f"  max concurrency  {capacity.max_concurrency:,.2f} requests of {ctx.max_model_len:,} tokens "
+        f"(ideal {capacity.ideal_concurrency:,.2f}, efficiency {100 * capacity.efficiency:.2f}%)",
     ]
     return "\n".join(lines)
 
@@ -199,7 +218,7 @@ def format_ranks(plans: Sequence[KVCacheConfig], layout: RankLayout) -> str:
         align="rrrlrrrr",
     )
     first = plans[tightest]
-    fit = first.available_memory_bytes // first.bytes_per_block if first.bytes_per_block else 0
+    fit = blocks_that_fit(first.available_memory_bytes, first.bytes_per_block)
     why = (
         f"{layout.describe(tightest)} holds the fewest blocks and sets the count"
         if fit == first.num_blocks

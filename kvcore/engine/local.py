@@ -13,12 +13,14 @@ import torch
 
 from kvcore.errors import KVCacheBindingError
 from kvcore.frontends.module_scan import scan_module
+from kvcore.model_options import ModelOptions, to_model_options
 from kvcore.plan import KVCacheConfig
 from kvcore.planning.ranks import merge_worker_specs as merge_worker_specs
 from kvcore.planning.registry import Registry
+from kvcore.runtime import DEFAULT_UTILIZATION
 from kvcore.runtime.allocation import Allocator, LayerView, allocate, allocation_sizes
 from kvcore.runtime.binding import DEFAULT_ATTRIBUTE, bind_to_modules, module_targets, resolve_kv_sharing
-from kvcore.runtime.memory import DEFAULT_UTILIZATION, DeviceMemory, MemoryProfile, check_device
+from kvcore.runtime.memory import DeviceMemory, MemoryProfile, check_device
 from kvcore.runtime.memory import determine_available_memory as profile_memory
 from kvcore.spec import KVCacheSpec
 from kvcore.units import format_bytes
@@ -35,7 +37,9 @@ class LocalExecutor:
         device: where the caches go (``"cuda:0"``, ``"cpu"``, ``"meta"`` with a fixed size).
         registry: spec kinds, layouts, and the module hook that scans the model.
         specs: ``{layer: spec}``; default: :func:`~kvcore.module_scan.scan_module`.
-        scan_options: options for the module hook (``tp``, ``kv_cache_dtype``, ...).
+        scan_options: the :class:`~kvcore.model_options.ModelOptions` the module hook receives
+            when the model is scanned, or a plain mapping of them (``{"block_size": 4}``),
+            validated here: an unknown key is an ``InvalidInputError`` naming the known ones.
         kv_sharing: ``{layer: target layer}``: layers that reuse another layer's cache. They
             are left out of the specs and bound to the target's view.
         profile_fn: ``profile_fn(model)`` runs the largest forward pass the engine will run
@@ -61,7 +65,7 @@ class LocalExecutor:
         *,
         registry: Registry,
         specs: Mapping[str, KVCacheSpec] | None = None,
-        scan_options: Mapping[str, Any] | None = None,
+        scan_options: ModelOptions | Mapping[str, Any] | None = None,
         kv_sharing: Mapping[str, str] | None = None,
         profile_fn: Callable[[torch.nn.Module], object] | None = None,
         warmup_fn: Callable[[torch.nn.Module], object] | None = None,
@@ -85,7 +89,7 @@ class LocalExecutor:
         self.allocator = allocator
         self.memory = memory
         self._given_specs = dict(specs) if specs is not None else None
-        self._scan_options = dict(scan_options or {})
+        self._scan_options = to_model_options(scan_options)
         self.plan: KVCacheConfig | None = None
         self.memory_profile: MemoryProfile | None = None
         self.kv_caches: dict[str, LayerView] = {}

@@ -4,25 +4,28 @@
 
     specs  = executor.get_kv_cache_spec()            # {layer: spec}
     memory = executor.determine_available_memory()   # bytes for the KV cache
-    plan   = plan_for_ranks([specs], [memory], ...)[0]  # or executor.agree_on_plan(...)
+    plan   = plan_kv_cache(specs, memory, ...)         # or executor.agree_on_plan(...)
     executor.initialize(plan)                        # allocate, bind, warm up
 
 :func:`initialize_kv_caches` runs it. An executor whose ranks must agree on the plan (an
 :class:`AgreeingExecutor`, e.g. :class:`kvcore.distributed.DistributedExecutor`) plans through
 its own ``agree_on_plan``: it gathers every rank's specs and memory and returns this rank's
-plan (:func:`kvcore.parallel.plan_for_ranks`); the workflow stays the same.
+plan (:func:`kvcore.planning.ranks.plan_for_ranks`); the workflow stays the same. Both plan
+with the one implementation, :func:`kvcore.planning.planner.plan_model`.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping
 from typing import Protocol, runtime_checkable
 
 from kvcore.errors import InvalidInputError
 from kvcore.plan import KVCacheConfig
+from kvcore.planning.capacity import Capacity
+from kvcore.planning.planner import plan_kv_cache
 from kvcore.planning.ranks import merge_worker_specs as merge_worker_specs
-from kvcore.planning.ranks import plan_for_ranks
 from kvcore.planning.registry import Registry
 from kvcore.policy import AllocationPolicy, PlanOptions
 from kvcore.spec import KVCacheSpec, SizingContext
@@ -71,28 +74,30 @@ class AgreeingExecutor(Executor, Protocol):
         ...
 
 
-def capacity_summary(plan: KVCacheConfig) -> str:
+def capacity_summary(plan: KVCacheConfig, specs: Mapping[str, KVCacheSpec] | None = None) -> str:
     """The plan's capacity in a few lines: blocks and bytes, tokens per group, max concurrency.
 
     Args:
-        plan: the plan; every number comes from its own figures (``tokens_held``,
-            ``max_concurrency``).
+        plan: the plan; every number comes from its :class:`~kvcore.planning.capacity.Capacity`.
+        specs: the layer specs it was made from (the summary shows no ideal figure, so they may
+            be left out).
 
     Returns:
         The lines, joined with newlines (what :func:`initialize_kv_caches` logs).
     """
+    capacity = Capacity.of(plan, specs)
     lines = [
         f"KV cache: {plan.num_blocks:,} blocks x {format_bytes(plan.bytes_per_block)} = "
         f"{format_bytes(plan.kv_cache_bytes)} (policy {plan.policy}, {len(plan.groups)} groups)"
     ]
-    for index, group in enumerate(plan.groups):
-        held = plan.tokens_held(group)
+    for index, (group, held) in enumerate(zip(plan.groups, capacity.tokens_held, strict=True)):
         what = f"{held:,} tokens" if held is not None else f"{plan.num_pages(group):,} request states"
         count = len(group.layer_names)
         layers = f"{count} layer" + ("" if count == 1 else "s")
         lines.append(f"  group {index} {group.spec.kind} ({layers}): {what}")
-    length = plan.context.max_model_len
-    lines.append(f"  max concurrency: {plan.max_concurrency():,.2f} requests of {length:,} tokens")
+    lines.append(
+        f"  max concurrency: {capacity.max_concurrency:,.2f} requests of {capacity.max_model_len:,} tokens"
+    )
     return "\n".join(lines)
 
 
@@ -150,14 +155,18 @@ def initialize_kv_caches(
     ctx = _sizing(context, max_model_len)
     specs = executor.get_kv_cache_spec()
     memory = executor.determine_available_memory()
+    start = time.perf_counter()
     if isinstance(executor, AgreeingExecutor):
         plan = executor.agree_on_plan(
             specs, memory, ctx, registry=registry, policy=policy, options=options, num_blocks=num_blocks
         )
     else:
-        (plan,) = plan_for_ranks(
-            [specs], [memory], ctx, registry=registry, policy=policy, options=options, num_blocks=num_blocks
+        plan = plan_kv_cache(
+            specs, memory, ctx, registry=registry, policy=policy, options=options, num_blocks=num_blocks
         )
-    logger.info("%s", capacity_summary(plan))
+    timings = getattr(executor, "timings", None)
+    if isinstance(timings, dict):  # executors that time their steps also get the planning time
+        timings["plan"] = time.perf_counter() - start
+    logger.info("%s", capacity_summary(plan, specs))
     executor.initialize(plan)
     return plan

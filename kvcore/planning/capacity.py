@@ -1,34 +1,135 @@
-"""The ideal capacity bound a plan is judged against.
+"""What a plan means for capacity: one :class:`Capacity` value per plan, and the bound it is
+judged against.
 
 For a request length ``L``, no layout can hold more than
 ``available_bytes / sum over layers of max_memory_usage_bytes(L)`` requests at once: that is
 the *ideal concurrency*. A plan's efficiency is its own concurrency divided by this bound.
+
+Every figure the command line, ``kvcore compare``, the engine log and the memory map show is
+read from :meth:`Capacity.of`, computed once per plan.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
+import attrs
+
 from kvcore.plan import KVCacheConfig
 from kvcore.spec import KVCacheSpec, SizingContext
 
 
+def blocks_that_fit(available_bytes: int, bytes_per_block: int) -> int:
+    """Block ids of ``bytes_per_block`` bytes that ``available_bytes`` holds (0 for a free block).
+
+    Args:
+        available_bytes: the byte budget.
+        bytes_per_block: what one block id costs (0 when there is nothing to place).
+
+    Returns:
+        ``available_bytes // bytes_per_block``, or 0 when ``bytes_per_block`` is 0.
+    """
+    return available_bytes // bytes_per_block if bytes_per_block else 0
+
+
 def request_bytes(specs: Mapping[str, KVCacheSpec], context: SizingContext) -> int:
-    """Bytes one request of ``context.max_model_len`` tokens needs, summed over layers."""
-    return sum(spec.max_memory_usage_bytes(context) for spec in specs.values())
+    """Bytes one request of ``context.max_model_len`` tokens needs, summed over layers.
+
+    Each distinct spec object is asked once, however many layers share it.
+    """
+    need = 0
+    known: dict[int, int] = {}
+    for spec in specs.values():
+        bytes_ = known.get(id(spec))
+        if bytes_ is None:
+            bytes_ = known[id(spec)] = spec.max_memory_usage_bytes(context)
+        need += bytes_
+    return need
+
+
+def _ideal(available_bytes: int, need: int) -> float:
+    return available_bytes / need if need else float("inf")
 
 
 def ideal_concurrency(
     specs: Mapping[str, KVCacheSpec], available_bytes: int, context: SizingContext
 ) -> float:
     """The most requests of ``context.max_model_len`` tokens any layout could hold."""
-    need = request_bytes(specs, context)
-    return available_bytes / need if need else float("inf")
+    return _ideal(available_bytes, request_bytes(specs, context))
+
+
+@attrs.frozen(kw_only=True)
+class Capacity:
+    """What one plan holds, beside the bound no layout can beat (for the plan's own budget and
+    request length).
+
+    Attributes:
+        max_model_len: the request length the figures are for.
+        blocks_per_request: block ids one request holds at most, over all groups.
+        request_bytes: the bytes those block ids account for (``blocks_per_request x
+            bytes_per_block``).
+        ideal_request_bytes: the bytes one request's layers need, summed over layers.
+        padding_bytes: ``request_bytes - ideal_request_bytes``: what the layout costs a request
+            beyond what its layers need.
+        max_concurrency: requests of ``max_model_len`` tokens the pool holds at once.
+        ideal_concurrency: the budget over ``ideal_request_bytes``.
+        efficiency: ``max_concurrency / ideal_concurrency`` (0 when the bound is 0).
+        kv_cache_tokens: tokens the pool holds in requests of ``max_model_len``
+            (``int(max_concurrency x max_model_len)``).
+        blocks_that_fit: block ids the budget holds (the block count unless it was forced).
+        tokens_held: per group, the tokens the whole pool could hold for its layers (``None``
+            for a per-request state).
+    """
+
+    max_model_len: int
+    blocks_per_request: int
+    request_bytes: int
+    ideal_request_bytes: int
+    padding_bytes: int
+    max_concurrency: float
+    ideal_concurrency: float
+    efficiency: float
+    kv_cache_tokens: int
+    blocks_that_fit: int
+    tokens_held: tuple[int | None, ...]
+
+    @classmethod
+    def of(cls, plan: KVCacheConfig, specs: Mapping[str, KVCacheSpec] | None = None) -> Capacity:
+        """The capacity of ``plan``.
+
+        Args:
+            plan: the plan.
+            specs: the layer specs it was made from, for the ideal figures. By default each
+                layer's group spec stands in for its own, which is exact unless the policy
+                enlarged the group's block size (only the ideal figures depend on it).
+
+        Returns:
+            The figures.
+        """
+        context = plan.context
+        if specs is not None:
+            need = request_bytes(specs, context)
+        else:
+            need = sum(len(g.layer_names) * g.spec.max_memory_usage_bytes(context) for g in plan.groups)
+        blocks = plan.blocks_per_request()
+        concurrency = plan.max_concurrency()
+        ideal = _ideal(plan.available_memory_bytes, need)
+        return cls(
+            max_model_len=context.max_model_len,
+            blocks_per_request=blocks,
+            request_bytes=blocks * plan.bytes_per_block,
+            ideal_request_bytes=need,
+            padding_bytes=blocks * plan.bytes_per_block - need,
+            max_concurrency=concurrency,
+            ideal_concurrency=ideal,
+            efficiency=concurrency / ideal if ideal else 0.0,
+            kv_cache_tokens=int(concurrency * context.max_model_len),
+            blocks_that_fit=blocks_that_fit(plan.available_memory_bytes, plan.bytes_per_block),
+            tokens_held=tuple(plan.tokens_held(g) for g in plan.groups),
+        )
 
 
 def efficiency(plan: KVCacheConfig, specs: Mapping[str, KVCacheSpec]) -> float:
-    """``plan.max_concurrency() / ideal_concurrency(...)`` for the plan's own budget and context."""
-    ideal = ideal_concurrency(specs, plan.available_memory_bytes, plan.context)
-    if ideal == 0:
-        return 0.0
-    return plan.max_concurrency() / ideal
+    """``plan.max_concurrency() / ideal_concurrency(...)`` for the plan's own budget and context
+    (:attr:`Capacity.efficiency`)."""
+    return Capacity.of(plan, specs).efficiency

@@ -9,11 +9,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 
 import attrs
-import torch
 
+from kvcore.dtypes import DType, DTypeLike, to_dtype
 from kvcore.errors import InvalidSpecError, KVCoreError
 from kvcore.plan import KVCacheConfig
-from kvcore.planning.capacity import ideal_concurrency, request_bytes
+from kvcore.planning.capacity import Capacity, ideal_concurrency
 from kvcore.planning.planner import plan_kv_cache
 from kvcore.planning.registry import Registry
 from kvcore.policy import PlanOptions
@@ -29,38 +29,51 @@ class Candidate:
         block_size: the block size asked for (``None``: as the specs say).
         kv_cache_dtype: the KV dtype asked for (``None``: as the specs say).
         plan: the plan, or ``None`` when the policy could not make one.
-        ideal_concurrency: the bound for these specs and budget.
+        capacity: the plan's figures (:meth:`Capacity.of` the plan and this variant's specs),
+            or ``None`` without a plan.
+        ideal_concurrency: the bound for these specs and budget (with or without a plan).
         error: why there is no plan (one sentence), else ``None``.
     """
 
     policy: str
     block_size: int | None
-    kv_cache_dtype: torch.dtype | None
+    kv_cache_dtype: DType | None
     plan: KVCacheConfig | None
+    capacity: Capacity | None
     ideal_concurrency: float
-    need_bytes: int
     error: str | None = None
 
     @property
     def max_concurrency(self) -> float:
         """Requests of ``max_model_len`` the plan holds (0 without a plan)."""
-        return self.plan.max_concurrency() if self.plan is not None else 0.0
+        return self.capacity.max_concurrency if self.capacity is not None else 0.0
 
     @property
     def efficiency(self) -> float:
-        """``max_concurrency / ideal_concurrency``."""
-        return self.max_concurrency / self.ideal_concurrency if self.ideal_concurrency else 0.0
+        """``max_concurrency / ideal_concurrency`` (0 without a plan)."""
+        return self.capacity.efficiency if self.capacity is not None else 0.0
 
     @property
     def padding_bytes(self) -> int | None:
         """Bytes one request of ``max_model_len`` takes beyond what its layers need."""
-        if self.plan is None:
-            return None
-        return self.plan.blocks_per_request() * self.plan.bytes_per_block - self.need_bytes
+        return self.capacity.padding_bytes if self.capacity is not None else None
 
 
-def with_kv_dtype(specs: Mapping[str, KVCacheSpec], dtype: torch.dtype) -> dict[str, KVCacheSpec]:
-    """Give every spec that has a ``dtype`` field the cache dtype ``dtype``."""
+def with_kv_dtype(specs: Mapping[str, KVCacheSpec], dtype: DTypeLike) -> dict[str, KVCacheSpec]:
+    """Give every spec that has a ``dtype`` field the cache dtype ``dtype``.
+
+    Args:
+        specs: ``{layer name: spec}``.
+        dtype: the cache dtype: a :class:`~kvcore.dtypes.DType`, its name (``"fp8"``) or a
+            ``torch.dtype``.
+
+    Returns:
+        The specs, those with a ``dtype`` field in the new dtype.
+
+    Raises:
+        InvalidSpecError: ``dtype`` cannot hold a cache.
+    """
+    dtype = to_dtype(dtype)
     out: dict[str, KVCacheSpec] = {}
     for name, spec in specs.items():
         if "dtype" in attrs.fields_dict(type(spec)):
@@ -78,7 +91,7 @@ def compare_policies(
     registry: Registry,
     policies: Sequence[str] | None = None,
     block_sizes: Iterable[int | None] = (None,),
-    kv_cache_dtypes: Iterable[torch.dtype | None] = (None,),
+    kv_cache_dtypes: Iterable[DTypeLike | None] = (None,),
     options: PlanOptions | None = None,
 ) -> list[Candidate]:
     """Plan ``specs`` with every policy (default: all registered), for every variant.
@@ -91,7 +104,8 @@ def compare_policies(
     """
     names = list(policies) if policies is not None else list(registry.policies)
     out: list[Candidate] = []
-    for dtype in kv_cache_dtypes:
+    for wanted in kv_cache_dtypes:
+        dtype = to_dtype(wanted) if wanted is not None else None
         for block_size in block_sizes:
             variant = dict(specs)
             if dtype is not None:
@@ -99,7 +113,6 @@ def compare_policies(
             if block_size is not None:
                 variant = resize_blocks(variant, block_size)
             ideal = ideal_concurrency(variant, available_bytes, context)
-            need = request_bytes(variant, context)
             for name in names:
                 try:
                     plan: KVCacheConfig | None = plan_kv_cache(
@@ -116,8 +129,8 @@ def compare_policies(
                         block_size=block_size,
                         kv_cache_dtype=dtype,
                         plan=plan,
+                        capacity=Capacity.of(plan, variant) if plan is not None else None,
                         ideal_concurrency=ideal,
-                        need_bytes=need,
                         error=error,
                     )
                 )

@@ -28,14 +28,8 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "kvcore.plugins.chunked_local_attention",
     "kvcore.plugins.mla",
     "kvcore.plugins.state",
-    # model families (kvcore_layer_specs), then the module front end and the generic fallback
-    "kvcore.plugins.models.llama",
-    "kvcore.plugins.models.mistral",
-    "kvcore.plugins.models.qwen",
-    "kvcore.plugins.models.phi3",
-    "kvcore.plugins.models.gemma2",
-    "kvcore.plugins.models.gemma3",
-    "kvcore.plugins.models.gpt_oss",
+    # model families (kvcore_register_model_families), the module front end, the generic fallback
+    "kvcore.plugins.models.attention_only",
     "kvcore.plugins.models.llama4",
     "kvcore.plugins.models.deepseek",
     "kvcore.plugins.models.jamba",

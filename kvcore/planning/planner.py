@@ -1,26 +1,57 @@
-"""Turn layer specs and a byte budget into a plan, with any registered policy.
+"""Turn layer specs and a byte budget into plans, with any registered policy: the one planning
+implementation, for one rank and for many.
 
 The policy decides grouping and layout; this module owns what every policy shares: choosing
-``num_blocks`` from the budget (or honouring a forced count), checking what the policy
-returned, and admission (one request of ``max_model_len`` must fit).
+the policy (:meth:`Registry.select`), checking what the policy returned, sizing the tensors for
+the block count, choosing ``num_blocks`` from the budget (or honouring a forced count), and
+admission (one request of ``max_model_len`` must fit).
+
+:func:`plan_model` is the implementation: it groups the whole model once, asks the policy for
+each rank's layout once (the groups projected onto the rank's layers), gives every rank the
+same block count and checks admission on the rank with the fewest blocks.
+:func:`plan_kv_cache` (one worker) and :func:`kvcore.planning.ranks.plan_for_ranks` (a tensor x
+pipeline world) are thin wrappers around it.
+
+Planning works per distinct spec, not per layer, where it can: equal specs are made one object
+first (:func:`share_equal_specs`), so group keys, grouping checks and page sizes are computed
+once per distinct spec or per group, and what is left per layer is bookkeeping (a name in a
+group, a tensor per layer). Planning time grows linearly with the number of layers;
+``benchmarks/planning_speed.py`` measures it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
+import attrs
+
+from kvcore.error_messages import with_message
 from kvcore.errors import (
     InsufficientMemoryError,
     InvalidInputError,
+    InvalidSpecError,
     PluginValidationError,
     PolicyNotApplicableError,
 )
-from kvcore.plan import KVCacheConfig, KVCacheGroup
+from kvcore.plan import KVCacheConfig, KVCacheGroup, KVCacheTensor
 from kvcore.planning.admission import check_admission
+from kvcore.planning.capacity import blocks_that_fit
 from kvcore.planning.registry import Registry
-from kvcore.policy import AllocationPolicy, Layout, PlanOptions
+from kvcore.policy import AllocationPolicy, Layout, PlanOptions, PolicyChoice
 from kvcore.spec import KVCacheSpec, SizingContext, check_layer_specs, spec_differences
-from kvcore.units import format_bytes
+
+
+@attrs.frozen(kw_only=True)
+class PlanningResult:
+    """What :func:`plan_model` made: the policy choice and one plan per rank.
+
+    Attributes:
+        choice: the policy and why it was chosen (``auto``'s reason, for a report).
+        plans: one plan per rank, in rank order (one for a single worker).
+    """
+
+    choice: PolicyChoice
+    plans: tuple[KVCacheConfig, ...]
 
 
 def plan_kv_cache(
@@ -54,20 +85,146 @@ def plan_kv_cache(
         InsufficientMemoryError: the budget (or the forced block count) cannot hold one
             request of ``max_model_len`` tokens, or the forced blocks exceed the budget.
     """
+    result = plan_model(
+        specs,
+        [available_bytes],
+        context,
+        registry=registry,
+        policy=policy,
+        options=options,
+        num_blocks=num_blocks,
+        check_fit=check_fit,
+    )
+    return result.plans[0]
+
+
+def plan_model(
+    specs: Mapping[str, KVCacheSpec],
+    rank_memory: Sequence[int],
+    context: SizingContext,
+    *,
+    registry: Registry,
+    policy: str | AllocationPolicy = "auto",
+    options: PlanOptions | None = None,
+    num_blocks: int | None = None,
+    check_fit: bool = True,
+    rank_layers: Sequence[Collection[str]] | None = None,
+    rank_names: Sequence[str] | None = None,
+) -> PlanningResult:
+    """Plan a model's KV cache on one rank or several: the one planning implementation.
+
+    The policy groups the whole model once; each rank's plan holds every group, projected onto
+    the rank's own layers (a group may be empty there), laid out by one ``policy.layout`` call;
+    every rank gets the same ``num_blocks``: the forced count, else the smallest number of
+    blocks any rank's budget holds.
+
+    Args:
+        specs: the whole model's ``{layer name: spec}`` in model order.
+        rank_memory: one byte budget per rank.
+        context: the request length (and step size) to size for.
+        registry: where policies are looked up.
+        policy: a policy name, ``"auto"``, or a policy object (it plans the whole model).
+        options: policy knobs; defaults to :class:`PlanOptions`'s defaults.
+        num_blocks: force this many block ids (checked against every rank's budget).
+        check_fit: raise unless one request of ``context.max_model_len`` fits.
+        rank_layers: the layers each rank holds, in rank order; ``None`` for one rank that
+            holds every layer.
+        rank_names: how messages name each rank (``'rank 3 (pp stage 1)'``); ``None`` when
+            there is one rank and messages name none.
+
+    Returns:
+        The policy choice and one plan per rank.
+
+    Raises:
+        InvalidSpecError: ``specs`` is not a non-empty mapping of layer names to specs.
+        InvalidInputError: a budget is not a non-negative int, or the per-rank lists do not
+            match ``rank_memory``.
+        UnknownPolicyError: no policy of that name.
+        PolicyNotApplicableError: the policy cannot plan the whole model (says why).
+        PluginValidationError: the policy's grouping or layout breaks the protocol.
+        InsufficientMemoryError: a forced block count exceeds a rank's budget, or one request
+            does not fit in the common block count (names the rank with the fewest blocks).
+    """
+    if rank_layers is not None and len(rank_layers) != len(rank_memory):
+        raise InvalidInputError(
+            f"got the layers of {len(rank_layers)} rank(s) but memory of {len(rank_memory)}; "
+            "every rank needs both"
+        )
+    if rank_names is not None and len(rank_names) != len(rank_memory):
+        raise InvalidInputError(f"got {len(rank_names)} rank names for {len(rank_memory)} ranks")
+    if not rank_memory:
+        raise InvalidInputError("no rank budgets given (got an empty list)")
+
+    def prefix(rank: int) -> str:
+        return f"{rank_names[rank]}: " if rank_names is not None else ""
+
     check_layer_specs(specs)
-    check_budget(available_bytes)
-    chosen = resolve_policy(specs, policy, registry)
+    for rank, memory in enumerate(rank_memory):
+        check_budget(memory, prefix(rank))
+    specs = share_equal_specs(specs)
+    choice = resolve_policy(specs, policy, registry)
+    chosen = choice.policy
     groups = group_layers(chosen, specs, context, options)
-    per_block = layout_for(chosen, groups, 1).bytes_per_block
+    rank_groups = [groups] if rank_layers is None else [project_groups(groups, own) for own in rank_layers]
+    layouts = [layout_for(chosen, own) for own in rank_groups]
 
     if num_blocks is None:
-        blocks = available_bytes // per_block if per_block else 0
+        blocks = min(
+            blocks_that_fit(memory, layout.bytes_per_block)
+            for memory, layout in zip(rank_memory, layouts, strict=True)
+        )
     else:
-        blocks = check_forced_blocks(num_blocks, per_block, available_bytes, context)
-    plan = build_plan(chosen, groups, blocks, per_block, context, available_bytes)
+        for rank, (memory, layout) in enumerate(zip(rank_memory, layouts, strict=True)):
+            try:
+                check_forced_blocks(num_blocks, layout.bytes_per_block, memory, context)
+            except InsufficientMemoryError as exc:
+                raise _on_rank(exc, prefix(rank)) from None
+        blocks = num_blocks
+    plans = tuple(
+        build_plan(chosen, own, layout, blocks, context, memory)
+        for own, layout, memory in zip(rank_groups, layouts, rank_memory, strict=True)
+    )
     if check_fit:
-        check_admission(plan, forced_num_blocks=num_blocks is not None)
-    return plan
+        tightest = tightest_rank(plans)
+        try:
+            check_admission(plans[tightest], forced_num_blocks=num_blocks is not None)
+        except InsufficientMemoryError as exc:
+            if rank_names is None:
+                raise
+            who = rank_names[tightest]
+            why = f"{who}: " if num_blocks is not None else f"{who} has the fewest blocks: "
+            raise _on_rank(exc, why) from None
+    return PlanningResult(choice=choice, plans=plans)
+
+
+def share_equal_specs(specs: Mapping[str, KVCacheSpec]) -> dict[str, KVCacheSpec]:
+    """``specs`` with every set of equal specs replaced by one object (the first layer's).
+
+    A front end usually makes one spec object per layer. Once equal specs are one object, the
+    per-spec work of policies and checks (group keys, page sizes, comparisons) is done once per
+    distinct spec, keyed by object, instead of hashing and comparing a spec per layer each time.
+
+    Args:
+        specs: ``{layer name: spec}``.
+
+    Returns:
+        The same layers, in the same order, with equal specs.
+    """
+    canonical: dict[KVCacheSpec, KVCacheSpec] = {}
+    by_id: dict[int, KVCacheSpec] = {}
+    out: dict[str, KVCacheSpec] = {}
+    for name, spec in specs.items():
+        shared = by_id.get(id(spec))
+        if shared is None:
+            shared = by_id[id(spec)] = canonical.setdefault(spec, spec)
+        out[name] = shared
+    return out
+
+
+def _on_rank(exc: InsufficientMemoryError, prefix: str) -> InsufficientMemoryError:
+    """``exc`` said of the rank ``prefix`` names (``"rank 2 (...): "``; empty: ``exc`` itself)."""
+    where = prefix.removesuffix(": ")
+    return exc.on_rank(where) if where else exc
 
 
 def check_budget(available_bytes: int, owner: str = "") -> None:
@@ -88,8 +245,9 @@ def check_budget(available_bytes: int, owner: str = "") -> None:
 
 def resolve_policy(
     specs: Mapping[str, KVCacheSpec], policy: str | AllocationPolicy, registry: Registry
-) -> AllocationPolicy:
-    """The policy to plan ``specs`` with: a name (or ``"auto"``) looked up, or an object checked.
+) -> PolicyChoice:
+    """The policy to plan ``specs`` with, and why: a name (or ``"auto"``) looked up with
+    :meth:`Registry.select`, or an object checked.
 
     Raises:
         UnknownPolicyError: no policy of that name.
@@ -100,7 +258,7 @@ def resolve_policy(
     reason = policy.why_not(specs)
     if reason is not None:
         raise PolicyNotApplicableError(f"policy {policy.name!r} cannot plan these layers: {reason}")
-    return policy
+    return PolicyChoice(policy=policy, auto=False, reason="given as an object")
 
 
 def group_layers(
@@ -119,52 +277,39 @@ def group_layers(
     return groups
 
 
-def build_plan(
-    policy: AllocationPolicy,
-    groups: Sequence[KVCacheGroup],
-    num_blocks: int,
-    bytes_per_block: int,
-    context: SizingContext,
-    available_bytes: int,
-) -> KVCacheConfig:
-    """Lay ``groups`` out for ``num_blocks`` and wrap the result in a plan (no admission check).
-
-    Args:
-        policy: the policy that made ``groups``.
-        groups: the groups (possibly a projection onto one rank's layers).
-        num_blocks: the block count.
-        bytes_per_block: what ``policy.layout(groups, 1)`` reported.
-        context: the request length the plan is sized for.
-        available_bytes: the budget the plan is made for.
-
-    Returns:
-        The plan.
-
-    Raises:
-        PluginValidationError: the layout's bytes per block depend on the block count.
-        PlanValidationError: the layout breaks a structural invariant.
-    """
-    layout = layout_for(policy, groups, num_blocks)
-    if layout.bytes_per_block != bytes_per_block:
-        raise PluginValidationError(
-            f"policy {policy.name!r} reports {layout.bytes_per_block} bytes per block for {num_blocks} "
-            f"blocks but {bytes_per_block} for one; bytes_per_block must not depend on num_blocks"
-        )
-    return KVCacheConfig(
-        policy=policy.name,
-        num_blocks=num_blocks,
-        bytes_per_block=bytes_per_block,
-        single_buffer=layout.single_buffer,
-        groups=groups,
-        tensors=layout.tensors,
-        context=context,
-        available_memory_bytes=available_bytes,
+def project_groups(groups: Sequence[KVCacheGroup], layers: Collection[str]) -> tuple[KVCacheGroup, ...]:
+    """``groups`` with only ``layers`` left in them; every group is kept, possibly empty, so
+    group indices (and a request's blocks) are the same on every rank."""
+    own = layers if isinstance(layers, (set, frozenset, Mapping)) else set(layers)
+    return tuple(
+        attrs.evolve(group, layer_names=tuple(name for name in group.layer_names if name in own))
+        for group in groups
     )
 
 
-def layout_for(policy: AllocationPolicy, groups: Sequence[KVCacheGroup], num_blocks: int) -> Layout:
-    """``policy.layout(groups, num_blocks)``, checked to be a :class:`Layout` with a sane size."""
-    layout = policy.layout(groups, num_blocks)
+def tightest_rank(plans: Sequence[KVCacheConfig]) -> int:
+    """The rank whose memory bounds the common block count (the first, on a tie).
+
+    Args:
+        plans: one plan per rank, as :func:`plan_model` returns them.
+
+    Returns:
+        The index of the plan with the fewest blocks its own memory would hold.
+    """
+    return min(
+        range(len(plans)),
+        key=lambda r: blocks_that_fit(plans[r].available_memory_bytes, plans[r].bytes_per_block),
+    )
+
+
+def layout_for(policy: AllocationPolicy, groups: Sequence[KVCacheGroup]) -> Layout:
+    """``policy.layout(groups)``, checked to be a :class:`Layout` with a sane size.
+
+    Raises:
+        PluginValidationError: not a :class:`Layout`, or no bytes per block for groups that
+            have layers.
+    """
+    layout = policy.layout(groups)
     if not isinstance(layout, Layout):
         raise PluginValidationError(
             f"policy {policy.name!r}: layout() returned {layout!r}, expected a kvcore.Layout"
@@ -177,9 +322,104 @@ def layout_for(policy: AllocationPolicy, groups: Sequence[KVCacheGroup], num_blo
     return layout
 
 
+def size_tensors(
+    policy_name: str, layout: Layout, groups: Sequence[KVCacheGroup], num_blocks: int
+) -> tuple[KVCacheTensor, ...]:
+    """The layout's tensors, sized for ``num_blocks`` block ids.
+
+    A tensor's layers (``shared_by``) each have ``num_blocks // blocks_per_page`` pages of
+    their group's page size; the tensor holds the fewest pages any of them has, and ends where
+    the last such page of its largest layer ends.
+
+    Raises:
+        PluginValidationError: a tensor is shared by no layer or by a layer in no group, or
+            has an offset or page stride that is not a non-negative (positive) int.
+    """
+    # (page bytes, pages) per layer: one pair per group, shared by its layers
+    per_layer: dict[str, tuple[int, int]] = {}
+    for group in groups:
+        if group.layer_names:
+            pair = (group.spec.page_size_bytes, num_blocks // group.blocks_per_page)
+            per_layer.update(dict.fromkeys(group.layer_names, pair))
+    tensors = []
+    for index, placement in enumerate(layout.tensors):
+        names = placement.shared_by
+        try:
+            if len(names) == 1:
+                largest, pages = per_layer[names[0]]
+            else:
+                sharers = [per_layer[name] for name in names]
+                largest = max(page for page, _ in sharers)
+                pages = min(count for _, count in sharers)
+        except KeyError as exc:
+            raise PluginValidationError(
+                f"policy {policy_name!r}: layout() places layer {exc.args[0]!r} (tensor {index}), "
+                "which is in no group"
+            ) from None
+        except ValueError:
+            raise PluginValidationError(
+                f"policy {policy_name!r}: layout() returned tensor {index} shared by no layer"
+            ) from None
+        stride = placement.page_stride
+        try:
+            tensors.append(
+                KVCacheTensor(
+                    size=(pages - 1) * stride + largest if pages else 0,
+                    offset=placement.offset,
+                    page_stride=stride,
+                    shared_by=names,
+                )
+            )
+        except (InvalidSpecError, TypeError) as exc:  # a bad offset or stride
+            raise PluginValidationError(
+                f"policy {policy_name!r}: layout() returned tensor {index} with {placement!r}: {exc}"
+            ) from None
+    return tuple(tensors)
+
+
+def build_plan(
+    policy: AllocationPolicy,
+    groups: Sequence[KVCacheGroup],
+    layout: Layout,
+    num_blocks: int,
+    context: SizingContext,
+    available_bytes: int,
+) -> KVCacheConfig:
+    """Size ``layout`` for ``num_blocks`` and wrap it in a plan (no admission check).
+
+    Args:
+        policy: the policy that made ``groups`` and ``layout``.
+        groups: the groups (possibly a projection onto one rank's layers).
+        layout: ``policy.layout(groups)``.
+        num_blocks: the block count.
+        context: the request length the plan is sized for.
+        available_bytes: the budget the plan is made for.
+
+    Returns:
+        The plan.
+
+    Raises:
+        PluginValidationError: the layout places a layer that is in no group.
+        PlanValidationError: the layout breaks a structural invariant.
+    """
+    return KVCacheConfig(
+        policy=policy.name,
+        num_blocks=num_blocks,
+        bytes_per_block=layout.bytes_per_block,
+        single_buffer=layout.single_buffer,
+        groups=groups,
+        tensors=size_tensors(policy.name, layout, groups, num_blocks),
+        context=context,
+        available_memory_bytes=available_bytes,
+    )
+
+
 def check_groups(policy_name: str, specs: Mapping[str, KVCacheSpec], groups: Sequence[KVCacheGroup]) -> None:
     """Check a policy's grouping: every layer once, each group spec equal to its layers' specs
     except for an enlarged block size.
+
+    Each distinct pair of a layer's spec and its group's spec is compared once, however many
+    layers share it.
 
     Raises:
         PluginValidationError: naming the policy and the layer at fault.
@@ -190,28 +430,41 @@ def check_groups(policy_name: str, specs: Mapping[str, KVCacheSpec], groups: Seq
             raise PluginValidationError(
                 f"policy {policy_name!r}: group() returned {group!r}, expected KVCacheGroup"
             )
+        checked_ids: set[int] = set()  # layer spec objects already compared with this group's spec
+        checked: set[KVCacheSpec] = set()  # ... and their values, for equal specs in other objects
         for name in group.layer_names:
-            if name not in specs:
+            own = specs.get(name)
+            if own is None:
                 raise PluginValidationError(
                     f"policy {policy_name!r} put unknown layer {name!r} in group {index}"
                 )
             if name in seen:
                 raise PluginValidationError(f"policy {policy_name!r} put layer {name!r} in two groups")
             seen.add(name)
-            own = specs[name]
-            if group.spec.block_size < own.block_size:
-                raise PluginValidationError(
-                    f"policy {policy_name!r} shrank layer {name!r}'s block size from "
-                    f"{own.block_size} to {group.spec.block_size}"
-                )
-            if own.with_block_size(group.spec.block_size).group_key != group.spec.group_key:
-                raise PluginValidationError(
-                    f"policy {policy_name!r} put layer {name!r} in group {index} whose spec differs "
-                    f"from the layer's in {', '.join(spec_differences(own, group.spec))}"
-                )
-    missing = [name for name in specs if name not in seen]
-    if missing:
+            if id(own) in checked_ids:
+                continue
+            checked_ids.add(id(own))
+            if own in checked:
+                continue
+            _check_member(policy_name, name, index, own, group.spec)
+            checked.add(own)
+    if len(seen) != len(specs):
+        missing = [name for name in specs if name not in seen]
         raise PluginValidationError(f"policy {policy_name!r} left layers out of every group: {missing[:5]}")
+
+
+def _check_member(policy_name: str, name: str, index: int, own: KVCacheSpec, spec: KVCacheSpec) -> None:
+    if spec.block_size < own.block_size:
+        raise PluginValidationError(
+            f"policy {policy_name!r} shrank layer {name!r}'s block size from "
+            f"{own.block_size} to {spec.block_size}"
+        )
+    resized = own if spec.block_size == own.block_size else own.with_block_size(spec.block_size)
+    if resized.group_key != spec.group_key:
+        raise PluginValidationError(
+            f"policy {policy_name!r} put layer {name!r} in group {index} whose spec differs "
+            f"from the layer's in {', '.join(spec_differences(own, spec))}"
+        )
 
 
 def check_forced_blocks(num_blocks: int, per_block: int, available_bytes: int, context: SizingContext) -> int:
@@ -225,14 +478,17 @@ def check_forced_blocks(num_blocks: int, per_block: int, available_bytes: int, c
         raise InvalidInputError(f"'num_blocks' must be an int >= 1 (got {num_blocks!r})")
     need = num_blocks * per_block
     if need > available_bytes:
-        most = available_bytes // per_block if per_block else 0
-        raise InsufficientMemoryError(
-            f"--num-blocks {num_blocks} needs {format_bytes(need)} ({num_blocks} blocks of "
-            f"{format_bytes(per_block)}) but only {format_bytes(available_bytes)} is available; "
-            f"at most {most} blocks fit: lower --num-blocks or give the KV cache more memory",
-            required_bytes=need,
-            available_bytes=available_bytes,
-            max_model_len=context.max_model_len,
-            largest_fitting_len=0,
+        most = blocks_that_fit(available_bytes, per_block)
+        raise with_message(
+            InsufficientMemoryError(
+                reason="forced_num_blocks",
+                required_bytes=need,
+                available_bytes=available_bytes,
+                max_model_len=context.max_model_len,
+                largest_fitting_len=0,
+                required_blocks=num_blocks,
+                available_blocks=most,
+                bytes_per_block=per_block,
+            )
         )
     return num_blocks

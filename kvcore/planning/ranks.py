@@ -15,10 +15,14 @@ The rules:
   every rank.
 - *Per-rank plans.* Each rank's plan keeps every group, projected onto its own layers (a
   group may be empty there), and only its own tensors; its bytes per block are what its
-  layers take (``policy.layout(projected groups, 1)``).
+  layers take (one ``policy.layout(projected groups)`` call per rank).
 - *One block count.* Every rank gets ``num_blocks = min over ranks of memory // bytes per
   block``, so one scheduler drives one block pool for all of them; a forced count is checked
   against every rank's memory.
+
+:func:`plan_for_ranks` checks and merges what the ranks report, then plans with
+:func:`kvcore.planning.planner.plan_model`, the planning implementation
+:func:`~kvcore.plan_kv_cache` uses too.
 """
 
 from __future__ import annotations
@@ -27,17 +31,11 @@ from collections.abc import Mapping, Sequence
 
 import attrs
 
-from kvcore.errors import InsufficientMemoryError, InvalidInputError, InvalidSpecError, SpecMismatchError
-from kvcore.plan import KVCacheConfig, KVCacheGroup
-from kvcore.planning.admission import check_admission
-from kvcore.planning.planner import (
-    build_plan,
-    check_budget,
-    check_forced_blocks,
-    group_layers,
-    layout_for,
-    resolve_policy,
-)
+from kvcore.errors import InvalidInputError, InvalidSpecError, SpecMismatchError
+from kvcore.plan import KVCacheConfig
+from kvcore.planning.planner import plan_model
+from kvcore.planning.planner import project_groups as project_groups
+from kvcore.planning.planner import tightest_rank as tightest_rank
 from kvcore.planning.registry import Registry
 from kvcore.policy import AllocationPolicy, PlanOptions
 from kvcore.spec import KVCacheSpec, SizingContext, check_layer_specs, describe_spec, spec_differences
@@ -276,43 +274,6 @@ def _check_same_layers(stage: int, specs: Sequence[Mapping[str, KVCacheSpec]], r
             )
 
 
-def project_groups(groups: Sequence[KVCacheGroup], layers: Sequence[str]) -> tuple[KVCacheGroup, ...]:
-    """``groups`` with only ``layers`` left in them; every group is kept, possibly empty, so
-    group indices (and a request's blocks) are the same on every rank."""
-    own = set(layers)
-    return tuple(
-        attrs.evolve(group, layer_names=tuple(name for name in group.layer_names if name in own))
-        for group in groups
-    )
-
-
-def tightest_rank(plans: Sequence[KVCacheConfig]) -> int:
-    """The rank whose memory bounds the common block count (the first, on a tie).
-
-    Args:
-        plans: one plan per rank, as :func:`plan_for_ranks` returns them.
-
-    Returns:
-        The index of the plan with the fewest blocks its own memory would hold.
-    """
-    return min(
-        range(len(plans)),
-        key=lambda r: (
-            plans[r].available_memory_bytes // plans[r].bytes_per_block if plans[r].bytes_per_block else 0
-        ),
-    )
-
-
-def _on_rank(exc: InsufficientMemoryError, prefix: str) -> InsufficientMemoryError:
-    return InsufficientMemoryError(
-        f"{prefix}{exc}",
-        required_bytes=exc.required_bytes,
-        available_bytes=exc.available_bytes,
-        max_model_len=exc.max_model_len,
-        largest_fitting_len=exc.largest_fitting_len,
-    )
-
-
 def plan_for_ranks(
     rank_specs: Sequence[Mapping[str, KVCacheSpec]],
     rank_memory: Sequence[int],
@@ -364,37 +325,18 @@ def plan_for_ranks(
         )
     layout = RankLayout.for_world(len(rank_specs), tp_size)
     many = layout.world_size > 1
-    for rank, memory in enumerate(rank_memory):
-        check_budget(memory, f"{layout.describe(rank)}: " if many else "")
-    specs = merge_rank_specs(rank_specs, layout)
-    chosen = resolve_policy(specs, policy, registry)
-    groups = group_layers(chosen, specs, context, options)
-    projected = [project_groups(groups, list(own)) for own in rank_specs]
-    per_block = [layout_for(chosen, own, 1).bytes_per_block for own in projected]
-
-    if num_blocks is None:
-        blocks = min(
-            memory // size if size else 0 for memory, size in zip(rank_memory, per_block, strict=True)
-        )
-    else:
-        for rank, (memory, size) in enumerate(zip(rank_memory, per_block, strict=True)):
-            try:
-                check_forced_blocks(num_blocks, size, memory, context)
-            except InsufficientMemoryError as exc:
-                raise _on_rank(exc, f"{layout.describe(rank)}: " if many else "") from None
-        blocks = num_blocks
-    plans = [
-        build_plan(chosen, own, blocks, size, context, memory)
-        for own, size, memory in zip(projected, per_block, rank_memory, strict=True)
-    ]
-    if check_fit:
-        tightest = tightest_rank(plans)
-        try:
-            check_admission(plans[tightest], forced_num_blocks=num_blocks is not None)
-        except InsufficientMemoryError as exc:
-            if not many:
-                raise
-            who = layout.describe(tightest)
-            prefix = f"{who}: " if num_blocks is not None else f"{who} has the fewest blocks: "
-            raise _on_rank(exc, prefix) from None
-    return plans
+    # one rank: its specs are the model's, as plan_kv_cache takes them
+    specs = merge_rank_specs(rank_specs, layout) if many else rank_specs[0]
+    result = plan_model(
+        specs,
+        rank_memory,
+        context,
+        registry=registry,
+        policy=policy,
+        options=options,
+        num_blocks=num_blocks,
+        check_fit=check_fit,
+        rank_layers=rank_specs if many else None,
+        rank_names=[layout.describe(rank) for rank in range(layout.world_size)] if many else None,
+    )
+    return list(result.plans)

@@ -1,50 +1,53 @@
-"""The registry: spec kinds and policies contributed by plugins, each with its origin.
+"""The registry: spec kinds, policies and model families contributed by plugins, each with its
+origin, and the one place that calls the plugins' other hooks.
 
 Build one from a plugin manager (:meth:`Registry.from_plugin_manager`) or with the defaults
 (:meth:`Registry.default`). Registration hooks are called plugin by plugin, each with a
-``register`` callback bound to that plugin, so every kind and policy knows where it came from
-and a duplicate names both sources.
+``register`` callback bound to that plugin, so every kind, policy and model family knows where
+it came from and a duplicate names both sources. The rest of kvcore asks the registry, never
+the plugin manager's hooks: :meth:`Registry.layer_specs` (a config, through the family that
+claims its model type), :meth:`Registry.spec_for_module` (a module, through
+``kvcore_spec_for_module``) and :meth:`Registry.cache_layout` (through ``kvcore_cache_layout``).
 """
 
 from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Iterable, Mapping
-from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 import attrs
 
 from kvcore.errors import (
     DuplicateRegistrationError,
+    InvalidSpecError,
     KVCoreError,
+    ModelConfigError,
     PluginLoadError,
     PluginValidationError,
     PolicyNotApplicableError,
+    UnknownModelError,
     UnknownPolicyError,
     UnknownSpecKindError,
 )
+from kvcore.model_family import ADD_FAMILY_DOC, ModelFamily
+from kvcore.model_options import ModelOptions, to_model_options
 from kvcore.planning.manager import KVCorePluginManager, PluginOrigin, get_plugin_manager
-from kvcore.policy import AllocationPolicy
-from kvcore.spec import KVCacheSpec, is_kv_cache_type_uniform
+from kvcore.policy import AllocationPolicy, PolicyChoice
+from kvcore.spec import KVCacheSpec, check_layer_specs, specs_by_group_key
 
 if TYPE_CHECKING:
-    import cattrs
 
     from kvcore.cache_layout import CacheLayout
-
-#: The policy ``auto`` picks for specs that can all share one block table, and otherwise.
-AUTO_UNIFORM = "uniform"
-AUTO_HYBRID = "shared_buffer"
 
 
 @attrs.frozen(kw_only=True)
 class Registered:
-    """A registered spec kind or policy and where it came from.
+    """A registered spec kind, policy or model family and where it came from.
 
     Attributes:
-        name: the kind or policy name.
-        obj: the spec class or the policy instance.
+        name: the kind, policy or family name.
+        obj: the spec class, the policy instance or the :class:`~kvcore.model_family.ModelFamily`.
         origin: the plugin that registered it.
     """
 
@@ -64,14 +67,17 @@ class Registered:
 
 
 class Registry:
-    """Spec kinds and policies by name, built from a plugin manager."""
+    """Spec kinds, policies and model families by name, built from a plugin manager."""
 
     def __init__(self, pm: KVCorePluginManager) -> None:
         self.pm = pm
         self._kinds: dict[str, Registered] = {}
         self._policies: dict[str, Registered] = {}
+        self._families: dict[str, Registered] = {}  # by model type
+        self._fallbacks: list[Registered] = []  # in registration order
         self._collect("kvcore_register_spec_kinds", self._add_kind)
         self._collect("kvcore_register_policies", self._add_policy)
+        self._collect("kvcore_register_model_families", self._add_family)
 
     @classmethod
     def from_plugin_manager(cls, pm: KVCorePluginManager) -> Registry:
@@ -132,7 +138,6 @@ class Registry:
                 f"{entry.describe()}; uninstall or block one of the two plugins"
             )
         self._kinds[kind] = entry
-        self.__dict__.pop("converter", None)
 
     def _add_policy(self, policy: object, origin: PluginOrigin) -> None:
         where = f"plugin {origin.describe()}"
@@ -144,7 +149,7 @@ class Registry:
         if not isinstance(policy, AllocationPolicy):
             raise PluginValidationError(
                 f"{where} registered {policy!r}, which is not an allocation policy: it needs "
-                "'name', 'description', why_not(), group() and layout()"
+                "'name', 'description', 'auto_priority', why_not(), group() and layout()"
             )
         name = policy.name
         if not isinstance(name, str) or not name or name == "auto":
@@ -159,6 +164,25 @@ class Registry:
                 f"{entry.describe()}; uninstall or block one of the two plugins"
             )
         self._policies[name] = entry
+
+    def _add_family(self, family: object, origin: PluginOrigin) -> None:
+        where = f"plugin {origin.describe()}"
+        if not isinstance(family, ModelFamily):
+            raise PluginValidationError(
+                f"{where} registered {family!r} as a model family, but register() takes a "
+                "kvcore.ModelFamily(name=..., model_types=..., layer_specs=...)"
+            )
+        entry = Registered(name=family.name, obj=family, origin=origin)
+        for model_type in dict.fromkeys(family.model_types):
+            first = self._families.get(model_type)
+            if first is not None:
+                raise DuplicateRegistrationError(
+                    f"model type {model_type!r} is claimed twice: by {_describe_family(first)} and by "
+                    f"{_describe_family(entry)}; uninstall or block one of the two plugins"
+                )
+            self._families[model_type] = entry
+        if family.fallback is not None:
+            self._fallbacks.append(entry)
 
     # -- lookups ---------------------------------------------------------------------------
 
@@ -179,6 +203,101 @@ class Registry:
     def policy_entries(self) -> Iterable[Registered]:
         """Every registered policy with its origin."""
         return tuple(self._policies.values())
+
+    @property
+    def model_families(self) -> Mapping[str, ModelFamily]:
+        """The family that claims each model type, in registration order."""
+        return {model_type: entry.obj for model_type, entry in self._families.items()}
+
+    def family_entries(self) -> Iterable[Registered]:
+        """Every registered model family with its origin (fallbacks included), once each."""
+        entries = {id(e.obj): e for e in (*self._families.values(), *self._fallbacks)}
+        return tuple(entries.values())
+
+    def family_for(self, config: Mapping[str, Any]) -> ModelFamily | None:
+        """The family that reads ``config``: the one claiming its ``model_type``, else the
+        first fallback (the latest registered first) whose test accepts it, else ``None``."""
+        model_type = config.get("model_type")
+        if isinstance(model_type, str) and model_type in self._families:
+            return self._families[model_type].obj  # type: ignore[no-any-return]
+        for entry in reversed(self._fallbacks):
+            if entry.obj.fallback(config):
+                return entry.obj  # type: ignore[no-any-return]
+        return None
+
+    # -- calling the plugins ---------------------------------------------------------------
+
+    def layer_specs(
+        self, config: Mapping[str, Any], options: ModelOptions | Mapping[str, Any] | None = None
+    ) -> dict[str, KVCacheSpec]:
+        """``{layer name: spec}`` for a parsed ``config.json``, from the family that claims it.
+
+        Args:
+            config: the parsed config (wrappers such as gemma3 / llama4 included).
+            options: tensor parallelism, dtypes, block size; default :class:`ModelOptions`
+                (a plain mapping is validated with :func:`~kvcore.model_options.to_model_options`).
+
+        Returns:
+            The cache-holding layers in model order.
+
+        Raises:
+            ModelConfigError: the config is not an object, or the family found a field missing
+                or out of range (the message names the model type and the field).
+            UnknownModelError: no family claims the model type and no fallback reads the config.
+            PluginValidationError: the family answered something other than ``{name: spec}``.
+            InvalidInputError: bad options.
+        """
+        if not isinstance(config, Mapping):
+            raise ModelConfigError(f"a model config must be a JSON object (got a {type(config).__name__})")
+        opts = to_model_options(options)
+        family = self.family_for(config)
+        model_type = config.get("model_type")
+        if family is None:
+            what = f"model type {model_type!r}" if model_type is not None else "a config without 'model_type'"
+            raise UnknownModelError(
+                f"no model-family plugin knows {what} and the config has no 'layer_types'; install or "
+                f"write a plugin that registers a model family for it ({ADD_FAMILY_DOC})"
+            )
+        result = family.layer_specs(config, opts)
+        if not isinstance(result, Mapping):
+            raise PluginValidationError(
+                f"model family {family.name!r} returned {type(result).__name__} for model type "
+                f"{model_type!r}; expected a mapping of layer name to spec"
+            )
+        specs = dict(result)
+        try:
+            check_layer_specs(specs)
+        except InvalidSpecError as exc:
+            raise PluginValidationError(
+                f"model family {family.name!r} answered badly for model type {model_type!r}: {exc}"
+            ) from None
+        return specs
+
+    def spec_for_module(
+        self, module: object, name: str, options: ModelOptions | Mapping[str, Any] | None = None
+    ) -> KVCacheSpec | None:
+        """The spec the ``kvcore_spec_for_module`` plugins give one module (first answer wins).
+
+        Args:
+            module: a ``torch.nn.Module`` of the model being scanned.
+            name: its qualified name in the model.
+            options: the scan's model options (a plain mapping is validated first).
+
+        Returns:
+            The module's spec, or ``None`` when no plugin recognises it.
+
+        Raises:
+            PluginValidationError: a plugin answered something that is not a spec.
+            InvalidInputError: bad options.
+        """
+        opts = to_model_options(options)
+        spec = self.pm.hook.kvcore_spec_for_module(module=module, name=name, options=opts)
+        if spec is not None and not isinstance(spec, KVCacheSpec):
+            raise PluginValidationError(
+                f"kvcore_spec_for_module returned {spec!r} for module {name!r}; "
+                "expected a KVCacheSpec or None"
+            )
+        return spec
 
     def spec_class(self, kind: str) -> type[KVCacheSpec]:
         """The spec class registered for ``kind``.
@@ -207,46 +326,63 @@ class Registry:
             known = ", ".join(["auto", *self._policies])
             raise UnknownPolicyError(f"unknown policy {name!r}; choose one of {known}") from None
 
-    def select(self, specs: Mapping[str, KVCacheSpec], name: str = "auto") -> AllocationPolicy:
-        """The policy to plan ``specs`` with.
+    def select(self, specs: Mapping[str, KVCacheSpec], name: str = "auto") -> PolicyChoice:
+        """The policy to plan ``specs`` with, and why.
 
-        ``"auto"`` picks ``uniform`` when :func:`~kvcore.is_kv_cache_type_uniform` holds and
-        ``shared_buffer`` otherwise (or, if those are blocked, the first registered policy
-        that can plan the specs). Any other name must be a registered policy that can.
+        ``"auto"`` asks the registered policies from the highest
+        :attr:`~kvcore.AllocationPolicy.auto_priority` down (equal priorities in registration
+        order; ``None`` never) and takes the first whose ``why_not`` is ``None``: with the
+        built-ins, ``uniform`` when every layer has one spec, else ``shared_buffer``. Any other
+        name must be a registered policy that can plan the specs.
+
+        Args:
+            specs: ``{layer name: spec}``.
+            name: a policy name, or ``"auto"``.
+
+        Returns:
+            The choice: the policy, whether ``auto`` made it, and the reason.
 
         Raises:
             UnknownPolicyError: no such policy.
-            PolicyNotApplicableError: the policy cannot plan these specs; says why.
+            PolicyNotApplicableError: the policy (for ``auto``: every policy it may pick)
+                cannot plan these specs; says why.
+            PluginValidationError: a policy declares an ``auto_priority`` that is not an int
+                or ``None``.
         """
-        if name == "auto":
-            preferred = AUTO_UNIFORM if is_kv_cache_type_uniform(specs) else AUTO_HYBRID
-            order = [preferred, *(n for n in self._policies if n != preferred)]
-            reasons = []
-            for candidate in order:
-                if candidate not in self._policies:
-                    continue
-                policy = self.policy(candidate)
-                reason = policy.why_not(specs)
-                if reason is None:
-                    return policy
-                reasons.append(f"{candidate}: {reason}")
-            raise PolicyNotApplicableError(
-                "no registered policy can plan these layers ("
-                + "; ".join(reasons or ["none registered"])
-                + ")"
-            )
-        policy = self.policy(name)
-        reason = policy.why_not(specs)
-        if reason is not None:
-            raise PolicyNotApplicableError(f"policy {name!r} cannot plan these layers: {reason}")
-        return policy
-
-    @cached_property
-    def converter(self) -> cattrs.Converter:
-        """The JSON converter for this registry's kinds (built after all plugins loaded)."""
-        from kvcore.planning.serialization import make_converter
-
-        return make_converter(self)
+        if name != "auto":
+            policy = self.policy(name)
+            reason = policy.why_not(specs)
+            if reason is not None:
+                raise PolicyNotApplicableError(f"policy {name!r} cannot plan these layers: {reason}")
+            return PolicyChoice(policy=policy, auto=False, reason="named")
+        ranked: list[tuple[int, int, AllocationPolicy]] = []
+        for index, entry in enumerate(self._policies.values()):
+            priority = getattr(entry.obj, "auto_priority", None)
+            if priority is None:
+                continue
+            if isinstance(priority, bool) or not isinstance(priority, int):
+                raise PluginValidationError(
+                    f"policy {entry.name!r} from {entry.origin.describe()}: auto_priority must be an int "
+                    f"or None (got {priority!r})"
+                )
+            ranked.append((-priority, index, entry.obj))
+        passed_over: list[tuple[str, str]] = []
+        for _, _, policy in sorted(ranked, key=lambda item: item[:2]):
+            reason = policy.why_not(specs)
+            if reason is None:
+                distinct = len(specs_by_group_key(specs))
+                seen = (
+                    "every layer has the same spec"
+                    if distinct <= 1
+                    else f"the layers have {distinct} different specs"
+                )
+                return PolicyChoice(policy=policy, auto=True, reason=seen, passed_over=tuple(passed_over))
+            passed_over.append((policy.name, reason))
+        raise PolicyNotApplicableError(
+            "no registered policy can plan these layers ("
+            + "; ".join([f"{n}: {r}" for n, r in passed_over] or ["none that auto may pick is registered"])
+            + ")"
+        )
 
     def cache_layout(self, spec: KVCacheSpec) -> CacheLayout:
         """The page layout of ``spec`` from the ``kvcore_cache_layout`` hook, checked to fit.
@@ -270,3 +406,8 @@ class Registry:
             )
         layout.check_fits(spec.page_size_bytes, f"spec kind {spec.kind!r}")
         return layout
+
+
+def _describe_family(entry: Registered) -> str:
+    """``family 'llama' from builtin kvcore.plugins.models.attention_only``."""
+    return f"family {entry.name!r} from {entry.origin.describe()}"

@@ -2,7 +2,7 @@
 
 Spec classes never import cattrs ("validation belongs to the edges"). The converter is built
 *after* every plugin is loaded, because a tagged union only knows the kinds registered when it
-is made; :attr:`kvcore.Registry.converter` does that.
+is made; :func:`converter_for` does that.
 
 Formats (documented in ``docs/reference/json-formats.md``):
 
@@ -14,15 +14,16 @@ Formats (documented in ``docs/reference/json-formats.md``):
 from __future__ import annotations
 
 import json
+import sys
+import weakref
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import attrs
 import cattrs
-import torch
 from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn
 
-from kvcore.dtypes import dtype_name, to_dtype
+from kvcore.dtypes import DType, dtype_name, to_dtype
 from kvcore.errors import InvalidInputError, InvalidSpecError, KVCoreError, PlanValidationError
 from kvcore.plan import KVCacheConfig, KVCacheGroup
 from kvcore.spec import KVCacheSpec
@@ -68,6 +69,14 @@ def _strict_bool(value: Any, _: Any) -> bool:
     return value
 
 
+def _is_torch_dtype_type(t: Any) -> bool:
+    return getattr(t, "__module__", None) == "torch" and getattr(t, "__name__", None) == "dtype"
+
+
+def _structure_torch_dtype(value: Any, _: Any) -> Any:
+    return getattr(sys.modules["torch"], to_dtype(value).name)
+
+
 def make_converter(registry: Registry) -> cattrs.Converter:
     """A converter that (un)structures every kind in ``registry``, groups and plans.
 
@@ -79,8 +88,12 @@ def make_converter(registry: Registry) -> cattrs.Converter:
     conv = cattrs.Converter(forbid_extra_keys=True)
     conv.register_structure_hook(int, _strict_int)
     conv.register_structure_hook(bool, _strict_bool)
-    conv.register_unstructure_hook(torch.dtype, dtype_name)
-    conv.register_structure_hook(torch.dtype, lambda value, _: to_dtype(value))
+    conv.register_unstructure_hook(DType, dtype_name)
+    conv.register_structure_hook(DType, lambda value, _: to_dtype(value))
+    # A third-party spec may still declare a field as torch.dtype; it reads and writes the same
+    # names, and torch is already imported wherever such a class exists.
+    conv.register_unstructure_hook_func(_is_torch_dtype_type, dtype_name)
+    conv.register_structure_hook_func(_is_torch_dtype_type, _structure_torch_dtype)
 
     def is_spec_class(t: Any) -> bool:
         return isinstance(t, type) and issubclass(t, KVCacheSpec)
@@ -158,9 +171,33 @@ def make_converter(registry: Registry) -> cattrs.Converter:
     return conv
 
 
+#: One converter per registry, rebuilt when the registry's kinds change. Held weakly, so a
+#: registry that is dropped takes its converter with it. (The registry knows nothing of JSON.)
+_CONVERTERS: weakref.WeakKeyDictionary[Registry, tuple[tuple[str, ...], cattrs.Converter]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def converter_for(registry: Registry) -> cattrs.Converter:
+    """The JSON converter for ``registry``'s kinds, made once and reused.
+
+    Args:
+        registry: where the spec kinds (and so the ``kind`` tags) come from.
+
+    Returns:
+        :func:`make_converter`'s converter, cached until the registry's kinds change.
+    """
+    kinds = tuple(registry.kinds)
+    cached = _CONVERTERS.get(registry)
+    if cached is None or cached[0] != kinds:
+        cached = (kinds, make_converter(registry))
+        _CONVERTERS[registry] = cached
+    return cached[1]
+
+
 def spec_to_dict(spec: KVCacheSpec, registry: Registry) -> dict[str, Any]:
     """A spec as a JSON-ready dict with its ``kind`` tag."""
-    return registry.converter.unstructure(spec)  # type: ignore[no-any-return]
+    return converter_for(registry).unstructure(spec)  # type: ignore[no-any-return]
 
 
 def spec_from_dict(data: Mapping[str, Any], registry: Registry) -> KVCacheSpec:
@@ -170,12 +207,12 @@ def spec_from_dict(data: Mapping[str, Any], registry: Registry) -> KVCacheSpec:
         UnknownSpecKindError: no plugin registered that kind.
         InvalidSpecError: a field is missing, unknown or invalid.
     """
-    return registry.converter.structure(data, _SPEC_BASE)  # type: ignore[no-any-return]
+    return converter_for(registry).structure(data, _SPEC_BASE)  # type: ignore[no-any-return]
 
 
 def plan_to_dict(plan: KVCacheConfig, registry: Registry) -> dict[str, Any]:
     """A plan as a JSON-ready dict (lossless: :func:`plan_from_dict` gives an equal plan)."""
-    return registry.converter.unstructure(plan)  # type: ignore[no-any-return]
+    return converter_for(registry).unstructure(plan)  # type: ignore[no-any-return]
 
 
 def plan_from_dict(data: Mapping[str, Any], registry: Registry) -> KVCacheConfig:
@@ -186,7 +223,7 @@ def plan_from_dict(data: Mapping[str, Any], registry: Registry) -> KVCacheConfig
         PlanValidationError: the plan breaks a structural invariant.
     """
     try:
-        return registry.converter.structure(data, KVCacheConfig)
+        return converter_for(registry).structure(data, KVCacheConfig)
     except KVCoreError:
         raise
     except (cattrs.BaseValidationError, TypeError, ValueError, KeyError) as exc:

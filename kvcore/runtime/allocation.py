@@ -20,9 +20,10 @@ import attrs
 import torch
 
 from kvcore.dtypes import dtype_name, dtype_size
+from kvcore.error_messages import with_message
 from kvcore.errors import KVCacheAllocationError, KVCoreError, PlanValidationError
 from kvcore.runtime.memory import check_device, device_memory
-from kvcore.units import format_bytes
+from kvcore.runtime.torch_dtypes import torch_dtype
 
 if TYPE_CHECKING:
     from kvcore.cache_layout import PagePart
@@ -121,7 +122,7 @@ def _part_view(
         layer=layer,
         part=part.name,
         allocation=allocation,
-        dtype=part.dtype,
+        dtype=torch_dtype(part.dtype),
         shape=(*part.shape[:dim], num_pages, *part.shape[dim:]),
         stride=(*inner[:dim], page_stride // item, *inner[dim:]),
         storage_offset=start // item,
@@ -236,14 +237,15 @@ def allocate_buffers(
     buffer = None
     asked = sum(sizes)
     free = _free_bytes(device)
-    raise KVCacheAllocationError(
-        f"allocating the KV cache on {device} failed after {format_bytes(done)} of "
-        f"{format_bytes(asked)} in {len(sizes)} allocation(s) ({_one_line(failure)}); everything was "
-        f"released and {format_bytes(free) if free is not None else 'an unknown amount'} is free now: "
-        "plan for less memory (a lower utilization or --memory)",
-        requested_bytes=asked,
-        allocated_bytes=done,
-        free_bytes=free,
+    raise with_message(
+        KVCacheAllocationError(
+            requested_bytes=asked,
+            allocated_bytes=done,
+            free_bytes=free,
+            device=str(device),
+            num_allocations=len(sizes),
+            failure=_one_line(failure),
+        )
     ) from failure
 
 

@@ -35,10 +35,8 @@ import attrs
 import torch
 
 from kvcore.errors import DeviceUnavailableError, InvalidInputError, MemoryProfilingError
+from kvcore.runtime import DEFAULT_UTILIZATION
 from kvcore.units import format_bytes
-
-#: The share of device memory the process may fill when nothing else is said (vLLM's default).
-DEFAULT_UTILIZATION = 0.9
 
 
 @attrs.frozen(kw_only=True)
@@ -242,13 +240,15 @@ def check_device(device: torch.device | str) -> torch.device:
             raise DeviceUnavailableError(
                 f"device {str(dev)!r} needs a CUDA GPU, but torch.cuda.is_available() is False "
                 f"(torch {torch.__version__} built {'with' if torch.version.cuda else 'without'} "
-                "CUDA, or no GPU is visible); use the cpu device or a machine with a GPU"
+                "CUDA, or no GPU is visible); use the cpu device or a machine with a GPU",
+                device=str(dev),
             )
         count = torch.cuda.device_count()
         if ":" in str(dev) and dev.index >= count:
             raise DeviceUnavailableError(
                 f"device {str(dev)!r} does not exist: this machine has {count} CUDA device(s), "
-                f"cuda:0 to cuda:{count - 1}"
+                f"cuda:0 to cuda:{count - 1}",
+                device=str(dev),
             )
         if ":" not in str(dev):  # bare "cuda": the current device (torch types index as int)
             dev = torch.device("cuda", torch.cuda.current_device())
@@ -269,7 +269,8 @@ def device_memory(device: torch.device | str) -> DeviceMemory:
         return HostMemory(dev)
     raise DeviceUnavailableError(
         f"kvcore cannot measure the memory of device {str(dev)!r}; give the KV cache a fixed "
-        "size instead (kv_cache_bytes=..., or --memory SIZE)"
+        "size instead (kv_cache_bytes=...)",
+        device=str(dev),
     )
 
 

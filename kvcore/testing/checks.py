@@ -15,7 +15,6 @@ from collections.abc import Iterable, Mapping
 from typing import Any, NoReturn
 
 import attrs
-import torch
 
 from kvcore.dtypes import dtype_size
 from kvcore.errors import (
@@ -25,8 +24,8 @@ from kvcore.errors import (
     KVCoreError,
     PolicyNotApplicableError,
 )
-from kvcore.plan import KVCacheConfig, _structural_problems
-from kvcore.planning.capacity import ideal_concurrency
+from kvcore.plan import KVCacheConfig, structural_problems
+from kvcore.planning.capacity import Capacity
 from kvcore.planning.invariants import plan_problems
 from kvcore.planning.registry import Registry
 from kvcore.planning.serialization import plan_from_json, plan_to_json, spec_from_dict, spec_to_dict
@@ -267,6 +266,10 @@ def check_cache_layout(spec: KVCacheSpec, registry: Registry, *, pages: int = 2)
         _fail(f"{describe_spec(spec)}: {exc}")
     if not layout.parts:
         _fail(f"{describe_spec(spec)}: the cache layout has no parts")
+    import torch  # the testing kit imports torch only for the checks that make tensors
+
+    from kvcore.runtime.torch_dtypes import torch_dtype
+
     page = spec.page_size_bytes
     buffer = torch.zeros(pages * page, dtype=torch.uint8)
     owner = torch.full((pages * page,), -1, dtype=torch.int16)
@@ -282,7 +285,7 @@ def check_cache_layout(spec: KVCacheSpec, registry: Registry, *, pages: int = 2)
         view_strides = [*strides[: part.block_dim], page // size, *strides[part.block_dim :]]
         try:
             view = torch.as_strided(
-                buffer.view(part.dtype), view_shape, view_strides, part.offset_bytes // size
+                buffer.view(torch_dtype(part.dtype)), view_shape, view_strides, part.offset_bytes // size
             )
         except RuntimeError as exc:
             _fail(f"{describe_spec(spec)}: part {part.name!r} cannot be viewed over {pages} pages: {exc}")
@@ -361,7 +364,7 @@ def check_ranges_in_bounds(plan: KVCacheConfig) -> None:
     These are the plan's own structural invariants (a :class:`~kvcore.KVCacheConfig` checks
     them when it is built); this re-checks a plan however it was obtained.
     """
-    problems = list(_structural_problems(plan))
+    problems = list(structural_problems(plan))
     if problems:
         _fail(f"policy {plan.policy!r} made a plan whose ranges break: {'; '.join(problems[:3])}")
 
@@ -378,11 +381,12 @@ def check_no_live_overlap(plan: KVCacheConfig) -> None:
 
 def check_not_above_ideal(plan: KVCacheConfig, problem: PlanningProblem) -> None:
     """The plan never claims more concurrency than the ideal bound allows (an accounting bug)."""
-    ideal = ideal_concurrency(problem.specs, problem.available_bytes, problem.context)
-    if plan.num_blocks and plan.max_concurrency() > ideal * (1 + 1e-9):
+    capacity = Capacity.of(plan, problem.specs)  # for the plan's budget, which is the problem's
+    if plan.num_blocks and capacity.max_concurrency > capacity.ideal_concurrency * (1 + 1e-9):
         _fail(
-            f"policy {plan.policy!r} claims {plan.max_concurrency():.4f} requests at once but no layout "
-            f"can hold more than {ideal:.4f}; its blocks_per_request or bytes_per_block undercount"
+            f"policy {plan.policy!r} claims {capacity.max_concurrency:.4f} requests at once but no layout "
+            f"can hold more than {capacity.ideal_concurrency:.4f}; its blocks_per_request or "
+            "bytes_per_block undercount"
         )
 
 

@@ -136,8 +136,9 @@ class SpecKit:
 
 
 class SpecKindConformance(_Conformance):
-    """Every check a spec kind must pass. Override ``spec_cls`` and, unless a strategy is
-    registered for the class (:func:`kvcore.testing.strategies.register_spec_strategy`),
+    """Every check a spec kind must pass. Override ``spec_cls`` and, unless the kind's plugin
+    registers a strategy (the ``kvcore_register_spec_strategies`` hook, or
+    :func:`kvcore.testing.strategies.register_spec_strategy` in a ``conftest.py``),
     ``valid_specs``; list the plugin in ``kvcore_plugins`` unless it is a built-in.
     """
 
@@ -149,9 +150,11 @@ class SpecKindConformance(_Conformance):
         return _must_override("spec_cls", "your KVCacheSpec subclass")  # type: ignore[no-any-return]
 
     @pytest.fixture
-    def valid_specs(self, spec_cls: type[KVCacheSpec]) -> st.SearchStrategy[KVCacheSpec]:
+    def valid_specs(
+        self, spec_cls: type[KVCacheSpec], kvcore_registry: Registry
+    ) -> st.SearchStrategy[KVCacheSpec]:
         """A strategy drawing valid instances (default: the one registered for ``spec_cls``)."""
-        return spec_strategy(spec_cls)
+        return spec_strategy(spec_cls, registry=kvcore_registry)
 
     @pytest.fixture
     def invalid_kwargs(self) -> Sequence[Mapping[str, Any]]:

@@ -14,7 +14,7 @@ Fixtures:
 - ``kvcore_registry``: a fresh :class:`~kvcore.Registry` of the built-ins and ``kvcore_plugins``.
 - ``make_kvcore_registry``: :func:`kvcore.testing.registries.build_registry`, to build others.
 
-Loading it imports the ``kvcore`` package (and so torch), nothing more: hypothesis and the
+Loading it imports the ``kvcore`` package (not torch), nothing more: hypothesis and the
 suites are imported only by the tests that use them, so the plugin also loads where hypothesis
 is not installed.
 """

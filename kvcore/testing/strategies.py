@@ -12,50 +12,48 @@ Example::
     @given(specs=kst.layer_specs(), context=kst.sizing_contexts())
     def test_my_policy(specs, context): ...
 
-Specs of any registered kind: the built-in kinds have strategies here
-(:data:`BUILTIN_SPEC_STRATEGIES`); a plugin's kind gets one from its author, either for one call
+Specs of any registered kind: each kind's plugin registers its strategy through the
+``kvcore_register_spec_strategies`` hook (the built-in kinds do too), which this module calls
+when a test first asks for a kind's strategy. A test may also supply one for one call
 (``specs(strategies={"acme.ring": ring_specs()})``) or for the test session with
 :func:`register_spec_strategy` (from a ``conftest.py``). ``specs(registry=registry)`` then
-draws from every kind the registry holds. Why a registration function and not a hook:
-``docs/how-to/test-your-plugin.md``.
+draws from every kind the registry holds. Why a hook, and how a plugin keeps hypothesis out of
+its run time: ``docs/how-to/test-your-plugin.md``.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 
 import attrs
-import torch
 from hypothesis import reject
 from hypothesis import strategies as st
 
+from kvcore import dtypes as kv_dtypes
+from kvcore.dtypes import DType
 from kvcore.errors import InvalidInputError, KVCoreError, PolicyNotApplicableError
 from kvcore.plan import KVCacheConfig
 from kvcore.planning.capacity import request_bytes
 from kvcore.planning.planner import plan_kv_cache
 from kvcore.planning.registry import Registry
-from kvcore.plugins.chunked_local_attention import ChunkedLocalAttentionSpec
-from kvcore.plugins.full_attention import FullAttentionSpec
-from kvcore.plugins.mla import MLAAttentionSpec
-from kvcore.plugins.sliding_window import SlidingWindowSpec
-from kvcore.plugins.state import StatePart, StateSpec
 from kvcore.policy import AllocationPolicy, PlanOptions
 from kvcore.spec import KVCacheSpec, SizingContext
 
 #: Dtypes drawn for caches: the common ones, fp8 included.
-CACHE_DTYPES: tuple[torch.dtype, ...] = (
-    torch.float32,
-    torch.bfloat16,
-    torch.float16,
-    torch.float8_e4m3fn,
-    torch.float8_e5m2,
+CACHE_DTYPES: tuple[DType, ...] = (
+    kv_dtypes.float32,
+    kv_dtypes.bfloat16,
+    kv_dtypes.float16,
+    kv_dtypes.float8_e4m3fn,
+    kv_dtypes.float8_e5m2,
 )
 
 #: Block sizes drawn by default.
 BLOCK_SIZES: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
 
 
-def dtypes() -> st.SearchStrategy[torch.dtype]:
+def dtypes() -> st.SearchStrategy[DType]:
     """A cache dtype from :data:`CACHE_DTYPES`."""
     return st.sampled_from(CACHE_DTYPES)
 
@@ -63,81 +61,6 @@ def dtypes() -> st.SearchStrategy[torch.dtype]:
 def block_sizes() -> st.SearchStrategy[int]:
     """A block size from :data:`BLOCK_SIZES`."""
     return st.sampled_from(BLOCK_SIZES)
-
-
-def _attention_fields(max_heads: int, max_head_size: int) -> dict[str, st.SearchStrategy[object]]:
-    return {
-        "block_size": block_sizes(),
-        "num_kv_heads": st.integers(1, max_heads),
-        "head_size": st.sampled_from([d for d in (8, 16, 32, 64, 96, 128, 256) if d <= max_head_size] or [1]),
-        "dtype": dtypes(),
-    }
-
-
-def full_attention_specs(
-    *, max_heads: int = 8, max_head_size: int = 128
-) -> st.SearchStrategy[FullAttentionSpec]:
-    """A ``full_attention`` spec."""
-    return st.builds(FullAttentionSpec, **_attention_fields(max_heads, max_head_size))
-
-
-def sliding_window_specs(
-    *, max_heads: int = 8, max_head_size: int = 128, max_window: int = 4096
-) -> st.SearchStrategy[SlidingWindowSpec]:
-    """A ``sliding_window`` spec."""
-    return st.builds(
-        SlidingWindowSpec,
-        sliding_window=st.integers(1, max_window),
-        **_attention_fields(max_heads, max_head_size),
-    )
-
-
-def chunked_local_attention_specs(
-    *, max_heads: int = 8, max_head_size: int = 128, max_chunk: int = 8192
-) -> st.SearchStrategy[ChunkedLocalAttentionSpec]:
-    """A ``chunked_local_attention`` spec."""
-    return st.builds(
-        ChunkedLocalAttentionSpec,
-        attention_chunk_size=st.integers(1, max_chunk),
-        **_attention_fields(max_heads, max_head_size),
-    )
-
-
-def mla_specs() -> st.SearchStrategy[MLAAttentionSpec]:
-    """An ``mla`` spec (latent sizes around DeepSeek's, scaled down)."""
-    return st.builds(
-        MLAAttentionSpec,
-        block_size=block_sizes(),
-        kv_lora_rank=st.sampled_from([16, 32, 64, 128, 512]),
-        qk_rope_head_dim=st.sampled_from([8, 16, 32, 64]),
-        dtype=dtypes(),
-    )
-
-
-@st.composite
-def state_specs(draw: st.DrawFn, *, max_parts: int = 3, max_dim: int = 32) -> StateSpec:
-    """A ``state`` spec: 1 to ``max_parts`` tensors (``conv``, ``ssm``, ...) of up to three
-    dimensions of at most ``max_dim``, each of its own dtype (so parts need alignment)."""
-    count = draw(st.integers(1, max_parts))
-    parts = [
-        StatePart(
-            name=name,
-            shape=tuple(draw(st.lists(st.integers(1, max_dim), min_size=1, max_size=3))),
-            dtype=draw(dtypes()),
-        )
-        for name in ("conv", "ssm", "extra")[:count]
-    ]
-    return StateSpec(block_size=draw(block_sizes()), parts=tuple(parts))
-
-
-#: Strategy factories for the built-in kinds, by kind name.
-BUILTIN_SPEC_STRATEGIES: dict[str, Callable[[], st.SearchStrategy[KVCacheSpec]]] = {
-    "full_attention": full_attention_specs,
-    "sliding_window": sliding_window_specs,
-    "chunked_local_attention": chunked_local_attention_specs,
-    "mla": mla_specs,
-    "state": state_specs,
-}
 
 
 class MissingStrategyError(KVCoreError, LookupError):
@@ -148,11 +71,22 @@ class MissingStrategyError(KVCoreError, LookupError):
 _REGISTERED_SPEC_STRATEGIES: dict[type[KVCacheSpec], st.SearchStrategy[KVCacheSpec]] = {}
 
 
+def _check_strategy(spec_cls: object, strategy: object, who: str) -> None:
+    if not isinstance(spec_cls, type) or not issubclass(spec_cls, KVCacheSpec) or not spec_cls.kind:
+        raise InvalidInputError(f"{who} takes a KVCacheSpec subclass with a 'kind' (got {spec_cls!r})")
+    if not isinstance(strategy, st.SearchStrategy):
+        raise InvalidInputError(
+            f"{who}({spec_cls.__qualname__}, ...) takes a hypothesis strategy "
+            f"(got {strategy!r}); pass e.g. my_specs(), not my_specs"
+        )
+
+
 def register_spec_strategy(spec_cls: type[KVCacheSpec], strategy: st.SearchStrategy[KVCacheSpec]) -> None:
     """Make ``strategy`` the strategy :func:`specs` draws for ``spec_cls``, for this process.
 
-    Call it from test code (a ``conftest.py``), never from a plugin module: the plugin must not
-    need hypothesis at run time. Registering a class again replaces its strategy.
+    It takes precedence over the strategy the kind's plugin registers through the
+    ``kvcore_register_spec_strategies`` hook. Call it from test code (a ``conftest.py``),
+    never from a plugin module. Registering a class again replaces its strategy.
 
     Args:
         spec_cls: a :class:`~kvcore.KVCacheSpec` subclass with a non-empty ``kind``.
@@ -162,27 +96,67 @@ def register_spec_strategy(spec_cls: type[KVCacheSpec], strategy: st.SearchStrat
         InvalidInputError: ``spec_cls`` is not a spec class with a kind, or ``strategy`` is not a
             hypothesis strategy.
     """
-    if not isinstance(spec_cls, type) or not issubclass(spec_cls, KVCacheSpec) or not spec_cls.kind:
-        raise InvalidInputError(
-            f"register_spec_strategy takes a KVCacheSpec subclass with a 'kind' (got {spec_cls!r})"
-        )
-    if not isinstance(strategy, st.SearchStrategy):
-        raise InvalidInputError(
-            f"register_spec_strategy({spec_cls.__qualname__}, ...) takes a hypothesis strategy "
-            f"(got {strategy!r}); pass e.g. my_specs(), not my_specs"
-        )
+    _check_strategy(spec_cls, strategy, "register_spec_strategy")
     _REGISTERED_SPEC_STRATEGIES[spec_cls] = strategy
+
+
+def plugin_spec_strategies(registry: Registry) -> dict[type[KVCacheSpec], st.SearchStrategy[KVCacheSpec]]:
+    """The strategies the plugins of ``registry`` register through ``kvcore_register_spec_strategies``.
+
+    Implementations are called in hook order (plugins registered later first); when two
+    register a strategy for one class, the first one wins.
+
+    Args:
+        registry: whose plugins are asked.
+
+    Returns:
+        ``{spec class: strategy}``.
+
+    Raises:
+        InvalidInputError: an implementation registered something that is not a spec class with
+            a kind and a hypothesis strategy; the message names the plugin.
+    """
+    found: dict[type[KVCacheSpec], st.SearchStrategy[KVCacheSpec]] = {}
+    offered = {"block_sizes": block_sizes(), "dtypes": dtypes()}
+    for impl in reversed(registry.pm.hook.kvcore_register_spec_strategies.get_hookimpls()):
+        arguments = {"register": _registrar(found, impl.plugin_name), **offered}
+        impl.function(**{name: arguments[name] for name in impl.argnames})
+    return found
+
+
+def _registrar(
+    found: dict[type[KVCacheSpec], st.SearchStrategy[KVCacheSpec]], plugin: str
+) -> Callable[[type[KVCacheSpec], st.SearchStrategy[KVCacheSpec]], None]:
+    """The ``register`` callback one plugin's hook implementation gets."""
+
+    def register(spec_cls: type[KVCacheSpec], strategy: st.SearchStrategy[KVCacheSpec]) -> None:
+        _check_strategy(spec_cls, strategy, f"plugin {plugin!r}: register")
+        found.setdefault(spec_cls, strategy)
+
+    return register
+
+
+@functools.lru_cache(maxsize=1)
+def _builtin_registry() -> Registry:
+    return Registry.default(autoload=False)
 
 
 def spec_strategy(
     spec_cls: type[KVCacheSpec],
     *,
     strategies: Mapping[str, st.SearchStrategy[KVCacheSpec]] | None = None,
+    registry: Registry | None = None,
 ) -> st.SearchStrategy[KVCacheSpec]:
     """The strategy for one spec class.
 
     Looks in ``strategies`` (by kind), then among :func:`register_spec_strategy`'s classes, then
-    in :data:`BUILTIN_SPEC_STRATEGIES` (by kind).
+    among the strategies the plugins of ``registry`` register through the
+    ``kvcore_register_spec_strategies`` hook.
+
+    Args:
+        spec_cls: the spec class to draw.
+        strategies: strategies by kind name that take precedence.
+        registry: whose plugins are asked (default: a registry of the built-ins).
 
     Raises:
         MissingStrategyError: none of them has one; the message says how to add one.
@@ -193,20 +167,24 @@ def spec_strategy(
     registered = _REGISTERED_SPEC_STRATEGIES.get(spec_cls)
     if registered is not None:
         return registered
-    factory = BUILTIN_SPEC_STRATEGIES.get(kind)
-    if factory is not None:
-        return factory()
+    from_plugins = plugin_spec_strategies(registry if registry is not None else _builtin_registry())
+    if spec_cls in from_plugins:
+        return from_plugins[spec_cls]
     raise MissingStrategyError(
         f"no hypothesis strategy for spec kind {kind!r} ({spec_cls.__module__}.{spec_cls.__qualname__}); "
-        "call kvcore.testing.strategies.register_spec_strategy(cls, my_specs()) in a conftest.py, "
-        f"or pass strategies={{{kind!r}: my_specs()}}"
+        "implement the kvcore_register_spec_strategies hook in its plugin (and pass the registry that "
+        "holds the plugin), call kvcore.testing.strategies.register_spec_strategy(cls, my_specs()) in a "
+        f"conftest.py, or pass strategies={{{kind!r}: my_specs()}}"
     )
 
 
 def _class_for_kind(kind: str, registry: Registry | None) -> type[KVCacheSpec] | None:
     if registry is not None:
         return registry.spec_class(kind)
-    return next((cls for cls in _REGISTERED_SPEC_STRATEGIES if cls.kind == kind), None)
+    registered = next((cls for cls in _REGISTERED_SPEC_STRATEGIES if cls.kind == kind), None)
+    if registered is not None:
+        return registered
+    return _builtin_registry().kinds.get(kind)
 
 
 def specs(
@@ -220,7 +198,8 @@ def specs(
     Args:
         kinds: kind names; default: every kind of ``registry``, or every built-in kind when no
             registry is given.
-        registry: where kind names are looked up (and, with ``kinds=None``, which kinds).
+        registry: where kind names are looked up (and, with ``kinds=None``, which kinds), and
+            whose plugins give the kinds' strategies.
         strategies: strategies by kind name that take precedence over registered ones.
 
     Raises:
@@ -229,21 +208,17 @@ def specs(
     """
     if kinds is not None:
         names = list(kinds)
-    elif registry is not None:
-        names = list(registry.kinds)
     else:
-        names = list(BUILTIN_SPEC_STRATEGIES)
+        names = list((registry if registry is not None else _builtin_registry()).kinds)
     if not names:
         raise InvalidInputError("specs() needs at least one kind to draw from (got none)")
     chosen = []
     for name in names:
         cls = _class_for_kind(name, registry)
         if cls is not None:
-            chosen.append(spec_strategy(cls, strategies=strategies))
+            chosen.append(spec_strategy(cls, strategies=strategies, registry=registry))
         elif strategies is not None and name in strategies:
             chosen.append(strategies[name])
-        elif name in BUILTIN_SPEC_STRATEGIES:
-            chosen.append(BUILTIN_SPEC_STRATEGIES[name]())
         else:
             raise MissingStrategyError(
                 f"no hypothesis strategy for spec kind {name!r}; register one with "

@@ -1,7 +1,13 @@
-"""Built-in model families: each module implements ``kvcore_layer_specs`` for a few model types.
+"""Built-in model families: each module registers :class:`kvcore.ModelFamily` objects through
+``kvcore_register_model_families``.
 
-:mod:`kvcore.plugins.models.common` holds what they share (typed config reads whose errors name
-the field, attention geometry, layer types, SSM state shapes); :mod:`.generic` is the fallback
-that honours ``layer_types`` for model types no family claims. Writing a new family is shown in
-``docs/how-to/add-a-model-family.md``.
+- :mod:`.kit`: the family kit, public API for plugin authors (typed config reads whose errors
+  name the field, attention geometry, layer types and names, SSM state shapes);
+- :mod:`.attention_only`: one table of the families whose layers are all attention (Llama,
+  Mistral, Qwen 2/3, Phi-3, Gemma 2/3, gpt-oss);
+- :mod:`.llama4`, :mod:`.deepseek`, :mod:`.jamba`, :mod:`.nemotron_h`, :mod:`.qwen3_next`: the
+  families that read their layers their own way;
+- :mod:`.generic`: the fallback that honours ``layer_types`` for model types no family claims.
+
+Writing a new family is shown in ``docs/how-to/add-a-model-family.md``.
 """

@@ -8,17 +8,19 @@ says so. Head sizes and KV heads as ``llama`` (``head_dim``, else ``hidden_size 
 num_attention_heads``; ``num_key_value_heads``, else the attention heads). The model's language
 model may sit under ``text_config``. Layers are named ``model.layers.{i}.self_attn``.
 
-It is registered last and its hook runs last (``trylast``), so every family wins over it.
+It is registered as a fallback (:attr:`kvcore.ModelFamily.fallback`): asked only when no
+family claims the config's model type, and after any fallback a later plugin registers.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from kvcore.frontends.hf_config import ADD_FAMILY_DOC, ModelOptions
 from kvcore.hookspecs import hookimpl
-from kvcore.plugins.models.common import ConfigFields, LayerNames, attention, attention_builders, build_layers
+from kvcore.model_family import ADD_FAMILY_DOC, ModelFamily
+from kvcore.model_options import ModelOptions
+from kvcore.plugins.models.kit import ConfigFields, LayerNames, attention, attention_builders, build_layers
 from kvcore.spec import KVCacheSpec
 
 #: Added to the error for a layer type the fallback cannot cache.
@@ -26,7 +28,18 @@ HINT = f"other types, such as state layers, need a family plugin for the model t
 
 
 def layer_specs(config: Mapping[str, Any], options: ModelOptions) -> dict[str, KVCacheSpec]:
-    """The specs of a config that lists its ``layer_types``."""
+    """The specs of a config that lists its ``layer_types``.
+
+    Args:
+        config: the whole parsed config; ``layer_types`` here or in its ``text_config``.
+        options: the model options.
+
+    Returns:
+        The attention layers in model order.
+
+    Raises:
+        ModelConfigError: a field is missing or bad, or a layer type is not an attention type.
+    """
     top = ConfigFields(config, str(config.get("model_type") or "unknown"))
     nested = config.get("layer_types") is None and isinstance(config.get("text_config"), Mapping)
     cfg = top.section("text_config") if nested else top
@@ -36,17 +49,18 @@ def layer_specs(config: Mapping[str, Any], options: ModelOptions) -> dict[str, K
     return build_layers(cfg, types, attention_builders(cfg, geometry), LayerNames(), hint=HINT)
 
 
-def _has_layer_types(config: Mapping[str, Any]) -> bool:
+def has_layer_types(config: Mapping[str, Any]) -> bool:
+    """Whether ``config`` (or its ``text_config``) lists ``layer_types``: what the fallback reads."""
     inner = config.get("text_config")
     return config.get("layer_types") is not None or (
         isinstance(inner, Mapping) and inner.get("layer_types") is not None
     )
 
 
-@hookimpl(trylast=True)
-def kvcore_layer_specs(
-    config: Mapping[str, Any], options: Mapping[str, Any]
-) -> Mapping[str, KVCacheSpec] | None:
-    if not _has_layer_types(config):
-        return None
-    return layer_specs(config, ModelOptions.from_hook_options(options))
+#: The family as registered: a fallback that claims no model type.
+FAMILY = ModelFamily(name="generic", layer_specs=layer_specs, fallback=has_layer_types)
+
+
+@hookimpl
+def kvcore_register_model_families(register: Callable[[ModelFamily], None]) -> None:
+    register(FAMILY)

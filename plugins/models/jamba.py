@@ -12,19 +12,19 @@ Layers are named ``model.layers.{i}.self_attn`` and ``model.layers.{i}.mamba``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from kvcore.frontends.hf_config import ModelOptions
 from kvcore.hookspecs import hookimpl
-from kvcore.plugins.models.common import (
+from kvcore.model_family import ModelFamily
+from kvcore.model_options import ModelOptions
+from kvcore.plugins.models.kit import (
     FULL,
     LINEAR,
     ConfigFields,
     LayerNames,
     attention,
     build_layers,
-    claim,
     mamba1_state,
 )
 from kvcore.spec import KVCacheSpec
@@ -69,8 +69,10 @@ def layer_specs(config: Mapping[str, Any], options: ModelOptions) -> dict[str, K
     return build_layers(cfg, types, {FULL: geometry.full, LINEAR: state}, names)
 
 
+#: The family as registered.
+FAMILY = ModelFamily(name="jamba", model_types=MODEL_TYPES, layer_specs=layer_specs)
+
+
 @hookimpl
-def kvcore_layer_specs(
-    config: Mapping[str, Any], options: Mapping[str, Any]
-) -> Mapping[str, KVCacheSpec] | None:
-    return claim(config, options, MODEL_TYPES, layer_specs)
+def kvcore_register_model_families(register: Callable[[ModelFamily], None]) -> None:
+    register(FAMILY)

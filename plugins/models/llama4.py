@@ -15,12 +15,13 @@ Layer names follow transformers 5: ``language_model.model.layers.{i}.self_attn``
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from kvcore.frontends.hf_config import ModelOptions
 from kvcore.hookspecs import hookimpl
-from kvcore.plugins.models.common import (
+from kvcore.model_family import ModelFamily
+from kvcore.model_options import ModelOptions
+from kvcore.plugins.models.kit import (
     CHUNKED,
     FULL,
     ConfigFields,
@@ -28,7 +29,6 @@ from kvcore.plugins.models.common import (
     attention,
     attention_builders,
     build_layers,
-    claim,
 )
 from kvcore.spec import KVCacheSpec
 
@@ -58,8 +58,10 @@ def layer_specs(config: Mapping[str, Any], options: ModelOptions) -> dict[str, K
     return build_layers(cfg, types, attention_builders(cfg, geometry), names)
 
 
+#: The family as registered.
+FAMILY = ModelFamily(name="llama4", model_types=MODEL_TYPES, layer_specs=layer_specs)
+
+
 @hookimpl
-def kvcore_layer_specs(
-    config: Mapping[str, Any], options: Mapping[str, Any]
-) -> Mapping[str, KVCacheSpec] | None:
-    return claim(config, options, MODEL_TYPES, layer_specs)
+def kvcore_register_model_families(register: Callable[[ModelFamily], None]) -> None:
+    register(FAMILY)

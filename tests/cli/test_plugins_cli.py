@@ -11,7 +11,11 @@ def test_plugins_lists_kinds_and_policies_with_origins(run_cli):
     policies = {p["policy"]: p for p in data["policies"]}
     assert policies["shared_buffer"]["plugin"] == "kvcore.policies.shared_buffer"
     plugins = {p["name"]: p for p in data["plugins"]}
-    assert plugins["kvcore.plugins.mla"]["hooks"] == ["kvcore_cache_layout", "kvcore_register_spec_kinds"]
+    assert plugins["kvcore.plugins.mla"]["hooks"] == [
+        "kvcore_cache_layout",
+        "kvcore_register_spec_kinds",
+        "kvcore_register_spec_strategies",
+    ]
 
 
 def test_plugins_table_and_blocking(run_cli):

@@ -129,7 +129,7 @@ def test_forced_blocks_over_one_rank_s_budget_name_that_rank(registry):
         plan_for_ranks(
             ranks, memory, SizingContext(max_model_len=1024), registry=registry, num_blocks=500, tp_size=2
         )
-    assert str(info.value).startswith("rank 2 (pp stage 1, tp rank 0): --num-blocks 500 needs")
+    assert str(info.value).startswith("rank 2 (pp stage 1, tp rank 0): num_blocks=500 needs")
     assert "at most 100 blocks fit" in str(info.value)
     plans = plan_for_ranks(
         ranks, memory, SizingContext(max_model_len=1024), registry=registry, num_blocks=100, tp_size=2

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 
 from kvcore import Registry, SizingContext
-from kvcore.frontends.hf_config import ModelOptions, model_layer_specs
+from kvcore.frontends.hf_config import model_layer_specs
+from kvcore.model_options import ModelOptions
 from kvcore.planning.ranks import RankLayout, plan_for_ranks, simulate_rank_specs
 from tests.cli.conftest import full_entry, sliding_entry
 

@@ -94,9 +94,9 @@ def _check_policies(module, registry):
     assert registry.policy("acme.small_uniform").why_not({}) is None
 
 
-def _check_layer_specs(module, registry):
+def _check_model_families(module, registry):
     config = {"model_type": "acme", "num_hidden_layers": 2, "num_key_value_heads": 8, "head_dim": 128}
-    specs = registry.pm.hook.kvcore_layer_specs(config=config, options={})
+    specs = registry.layer_specs(config)
     assert list(specs) == ["model.layers.0.self_attn", "model.layers.1.self_attn"]
 
 
@@ -111,11 +111,25 @@ def _check_cache_layout(module, registry):
     checks.check_cache_layout(spec, registry)
 
 
+def _check_spec_strategies(module, registry):
+    from hypothesis import given, settings
+
+    from kvcore.testing.strategies import spec_strategy
+
+    @settings(max_examples=10, database=None)
+    @given(spec=spec_strategy(FullAttentionSpec, registry=registry))
+    def heads_are_narrowed(spec):
+        assert spec.num_kv_heads in (1, 8) and spec.head_size == 128
+
+    heads_are_narrowed()
+
+
 #: What each hook's example must do once registered (a hook without an entry is only registered).
 EXAMPLE_CHECKS = {
+    "kvcore_register_spec_strategies": _check_spec_strategies,
     "kvcore_register_spec_kinds": _check_spec_kinds,
     "kvcore_register_policies": _check_policies,
-    "kvcore_layer_specs": _check_layer_specs,
+    "kvcore_register_model_families": _check_model_families,
     "kvcore_spec_for_module": _check_spec_for_module,
     "kvcore_cache_layout": _check_cache_layout,
 }

@@ -242,8 +242,8 @@ def test_bad_options(kwargs, match):
 
 
 def test_unknown_option_key():
-    with pytest.raises(InvalidInputError, match="unknown model options \\['pp'\\]"):
-        ModelOptions.from_hook_options({"pp": 2})
+    with pytest.raises(InvalidInputError, match="unknown model options \\['pp'\\]; known options: "):
+        ModelOptions.from_mapping({"pp": 2})
 
 
 # -- fuzzing -------------------------------------------------------------------------------

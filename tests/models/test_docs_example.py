@@ -52,3 +52,27 @@ def test_the_example_names_a_missing_window(acme_module):
     config = {"model_type": "acme", "num_hidden_layers": 4, "hidden_size": 64, "num_attention_heads": 4}
     with pytest.raises(ModelConfigError, match="acme config: 'local_window' is missing"):
         layer_specs_from_config(config, registry)
+
+
+def test_the_attention_only_row_example_registers_and_reads(tmp_path, monkeypatch):
+    (tmp_path / "acme_lite_kvcore.py").write_text(blocks("python")[2])
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import acme_lite_kvcore
+
+    try:
+        pm = get_plugin_manager(autoload=False, plugins=[acme_lite_kvcore])
+        registry = Registry.from_plugin_manager(pm)
+        config = {
+            "model_type": "acme_lite",
+            "num_hidden_layers": 8,
+            "num_attention_heads": 8,
+            "num_key_value_heads": 2,
+            "head_dim": 64,
+            "sliding_window": 256,
+        }
+        kinds = [spec.kind for spec in layer_specs_from_config(config, registry).values()]
+        assert kinds == (["sliding_window"] * 3 + ["full_attention"]) * 2
+        with pytest.raises(ModelConfigError, match="acme_lite config: 'head_dim' is missing"):
+            layer_specs_from_config({**config, "head_dim": None}, registry)
+    finally:
+        sys.modules.pop("acme_lite_kvcore", None)

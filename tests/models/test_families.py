@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
-from kvcore import ModelOptions, hookimpl, layer_specs_from_config
+from kvcore import ModelFamily, ModelOptions, dtypes, hookimpl, layer_specs_from_config
 from kvcore.spec import describe_spec
 from tests.models.conftest import NEMOTRON_H_LIKE, QWEN3_NEXT_LIKE, bundled, synthetic
 
@@ -112,7 +111,7 @@ def test_gemma3_wrapper_reads_text_config_and_the_wrapper_dtype(registry):
         {"model_type": "gemma3", "torch_dtype": "float16", "text_config": text}, registry
     )
     assert next(iter(specs)) == "model.language_model.layers.0.self_attn"
-    assert {s.dtype for s in specs.values()} == {torch.float16}
+    assert {s.dtype for s in specs.values()} == {dtypes.float16}
 
 
 def test_gpt_oss_default_alternation_without_layer_types(registry):
@@ -257,10 +256,11 @@ def test_generic_fallback_honours_layer_types(registry):
 def test_a_family_plugin_wins_over_the_generic_fallback(make_registry):
     class AcmeFamily:
         @hookimpl
-        def kvcore_layer_specs(self, config, options):
-            if config.get("model_type") != "somebody_new":
-                return None
-            return {"acme.0": bundled_spec()}
+        def kvcore_register_model_families(self, register):
+            register(ModelFamily(name="acme", model_types=("somebody_new",), layer_specs=acme_specs))
+
+    def acme_specs(config, options):
+        return {"acme.0": bundled_spec()}
 
     def bundled_spec():
         return next(
@@ -295,13 +295,13 @@ def test_tp_shards_states(registry):
 def test_fp8_applies_to_attention_and_mla_not_to_states(registry):
     options = ModelOptions(kv_cache_dtype="fp8")
     jamba = layer_specs_from_config(bundled("ai21labs/AI21-Jamba-1.5-Mini"), registry, options)
-    assert jamba["model.layers.4.self_attn"].dtype == torch.float8_e4m3fn
+    assert jamba["model.layers.4.self_attn"].dtype == dtypes.float8_e4m3fn
     assert jamba["model.layers.4.self_attn"].page_size_bytes == 16 * 2 * 8 * 128  # one byte per element
-    assert {p.dtype for p in jamba["model.layers.0.mamba"].parts} == {torch.bfloat16}
+    assert {p.dtype for p in jamba["model.layers.0.mamba"].parts} == {dtypes.bfloat16}
     deepseek = layer_specs_from_config(
         bundled("deepseek-ai/DeepSeek-V3"), registry, ModelOptions(kv_cache_dtype="fp8_e5m2")
     )
-    assert {s.dtype for s in deepseek.values()} == {torch.float8_e5m2}
+    assert {s.dtype for s in deepseek.values()} == {dtypes.float8_e5m2}
 
 
 def test_state_dtype_and_block_size(registry):
@@ -313,20 +313,21 @@ def test_state_dtype_and_block_size(registry):
 
 def test_model_dtype_keys(registry):
     config = {**BASE, "model_type": "llama"}
-    assert {s.dtype for s in layer_specs_from_config(config, registry).values()} == {torch.bfloat16}
+    assert {s.dtype for s in layer_specs_from_config(config, registry).values()} == {dtypes.bfloat16}
     assert {s.dtype for s in layer_specs_from_config({**config, "dtype": "float16"}, registry).values()} == {
-        torch.float16
+        dtypes.float16
     }
     assert {
         s.dtype for s in layer_specs_from_config({**config, "torch_dtype": "float32"}, registry).values()
-    } == {torch.float32}
+    } == {dtypes.float32}
 
 
-def test_options_reach_plugins_as_a_plain_mapping():
+def test_options_are_typed_values():
     options = ModelOptions(tp=2, kv_cache_dtype="fp8", block_size=32)
-    hook = options.to_hook_options()
-    assert hook == {"tp": 2, "kv_cache_dtype": "float8_e4m3fn", "state_dtype": "auto", "block_size": 32}
-    assert ModelOptions.from_hook_options(hook) == options
+    assert options.kv_cache_dtype == dtypes.float8_e4m3fn
+    assert options.state_dtype is None  # "auto": the model's dtype
+    assert ModelOptions.from_mapping({"tp": 2, "kv_cache_dtype": "fp8", "block_size": 32}) == options
+    assert ModelOptions(kv_cache_dtype="auto") == ModelOptions()
 
 
 def test_describe_a_derived_state(registry):

@@ -127,7 +127,7 @@ def test_plugins_load_without_transformers():
         assert "kvcore.plugins.transformers_modules" in dict(registry.pm.list_name_plugin())
         config = next(m for m in bundled_models() if m.name == "Qwen/Qwen3-8B").config()
         assert len(layer_specs_from_config(config, registry)) == 36
-        spec = registry.pm.hook.kvcore_spec_for_module(module=torch.nn.Linear(2, 2), name="x", options={})
+        spec = registry.spec_for_module(torch.nn.Linear(2, 2), "x")
         assert spec is None
         print("ok")
         """

@@ -12,7 +12,7 @@ import copy
 import pytest
 import torch
 
-from kvcore import InvalidSpecError, ModelOptions, layer_specs_from_config, scan_module
+from kvcore import InvalidSpecError, ModelOptions, dtypes, layer_specs_from_config, scan_module
 from kvcore.frontends.hf_config import bundled_models
 from tests.models.conftest import NEMOTRON_H_LIKE, QWEN3_NEXT_LIKE, synthetic
 
@@ -129,7 +129,7 @@ def test_scan_equals_config_with_options(registry, name):
     config = tiny(CONFIGS[name]())
     model = build(config)
     options = ModelOptions(tp=2, kv_cache_dtype="fp8", state_dtype="float32", block_size=32)
-    scanned = scan_module(model, registry, options.to_hook_options())
+    scanned = scan_module(model, registry, options)
     assert scanned == layer_specs_from_config(config, registry, options)
     assert {s.block_size for s in scanned.values()} == {32}
 
@@ -144,7 +144,7 @@ def test_vision_towers_are_not_scanned(registry):
 def test_auto_dtype_is_the_weights_dtype(registry):
     config = tiny(CONFIGS["meta-llama/Llama-3.2-1B"]())
     scanned = scan_module(build(config, dtype=torch.float16), registry)
-    assert {s.dtype for s in scanned.values()} == {torch.float16}
+    assert {s.dtype for s in scanned.values()} == {dtypes.float16}
 
 
 def test_modules_outside_transformers_are_not_claimed(registry):

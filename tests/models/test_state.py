@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvcore import InvalidSpecError, SizingContext, efficiency, layer_specs_from_config, plan_kv_cache
+from kvcore import InvalidSpecError, SizingContext, dtypes, efficiency, layer_specs_from_config, plan_kv_cache
 from kvcore.frontends.specfile import specs_from_dict, specs_to_dict
 from kvcore.planning.invariants import check_plan
 from kvcore.plugins.state import StatePart, StateSpec
+from kvcore.runtime.torch_dtypes import torch_dtype
 from kvcore.spec import cdiv
 from tests.models.conftest import NEMOTRON_H_LIKE, QWEN3_NEXT_LIKE, bundled, synthetic
 
@@ -90,8 +91,8 @@ def test_layout_views_each_part_inside_its_page(registry):
     spec = mixed()
     layout = registry.cache_layout(spec)
     assert [(p.name, p.shape, p.dtype, p.offset_bytes, p.block_dim) for p in layout.parts] == [
-        ("conv", (3, 5), torch.float16, 0, 0),
-        ("ssm", (5, 2), torch.float32, 32, 0),
+        ("conv", (3, 5), dtypes.float16, 0, 0),
+        ("ssm", (5, 2), dtypes.float32, 32, 0),
     ]
     # real views over a buffer of 4 pages: writing one part of page 2 touches only its bytes
     pages = 4
@@ -99,7 +100,7 @@ def test_layout_views_each_part_inside_its_page(registry):
     views = {}
     for part in layout.parts:
         stride = spec.page_size_bytes // part.dtype.itemsize
-        flat = buffer.view(part.dtype)
+        flat = buffer.view(torch_dtype(part.dtype))
         views[part.name] = flat.as_strided(
             (pages, *part.shape),
             (stride, *torch.empty(part.shape).stride()),

@@ -173,7 +173,7 @@ def test_bundled_model_layer_by_layer(registry, name):
         assert spec.block_size == 16
         if spec.kind == "state":
             continue
-        assert str(spec.dtype) == "torch.bfloat16"
+        assert str(spec.dtype) == "bfloat16"
         assert spec.page_size_bytes == 16 * expected.bytes_per_token
         if expected.kv_heads is not None:
             assert (spec.num_kv_heads, spec.head_size) == (expected.kv_heads, expected.head_size)

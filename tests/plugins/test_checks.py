@@ -285,7 +285,7 @@ def test_catches_with_block_size_and_merge_that_change_fields():
     [
         (Overlapping, "parts 'a' and 'b' overlap in page 0"),
         (TooBig, "layout part 'ring' ends at byte 30 but a page has only 24 bytes"),
-        (OddElements, r"page of 15 bytes is not a whole number of torch.float16 elements"),
+        (OddElements, r"page of 15 bytes is not a whole number of float16 elements"),
         (NoLayout, "no plugin gives a cache layout for spec kind 'test.no_layout'"),
     ],
 )

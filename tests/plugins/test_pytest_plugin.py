@@ -10,7 +10,7 @@ RING = '''
 import attrs
 import torch
 from hypothesis import strategies as st
-from kvcore import CacheLayout, KVCacheGroup, KVCacheTensor, Layout, KVCacheSpec, hookimpl
+from kvcore import CacheLayout, KVCacheGroup, Layout, KVCacheSpec, TensorPlacement, hookimpl
 from kvcore.spec import cdiv, positive_int
 
 
@@ -40,6 +40,7 @@ class StackedPolicy:
 
     name = "acme.stacked"
     description = "puts every layer of a group on the same bytes"
+    auto_priority = None
 
     def why_not(self, specs):
         return None
@@ -50,10 +51,10 @@ class StackedPolicy:
             buckets.setdefault(spec.group_key, []).append(name)
         return [KVCacheGroup(layer_names=names, spec=specs[names[0]]) for names in buckets.values()]
 
-    def layout(self, groups, num_blocks):
+    def layout(self, groups):
         row = max(g.spec.page_size_bytes for g in groups)
         tensors = [
-            KVCacheTensor(size=num_blocks * row, offset=0, page_stride=row, shared_by=[name])
+            TensorPlacement(offset=0, page_stride=row, shared_by=[name])
             for g in groups
             for name in g.layer_names
         ]

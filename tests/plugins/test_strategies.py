@@ -1,5 +1,7 @@
 """The public strategies: specs of any registered kind, planning problems and plans."""
 
+from pathlib import Path
+
 import attrs
 import pytest
 from hypothesis import find, given
@@ -15,6 +17,7 @@ from kvcore import (
     hookimpl,
     request_bytes,
 )
+from kvcore.plugins.full_attention import FullAttentionSpec
 from kvcore.spec import cdiv, positive_int
 from kvcore.testing import strategies as kst
 from kvcore.testing.strategies import MissingStrategyError
@@ -97,6 +100,81 @@ def test_kinds_are_checked_against_the_registry(registry):
 def test_register_spec_strategy_checks_its_arguments(clean_registrations, cls, strategy, match):
     with pytest.raises(InvalidInputError, match=match):
         kst.register_spec_strategy(cls, strategy)
+
+
+class RingStrategyPlugin:
+    """Registers the ring kind and its strategy, drawing block sizes from the kit's."""
+
+    @hookimpl
+    def kvcore_register_spec_kinds(self, register):
+        register(Ring)
+
+    @hookimpl
+    def kvcore_register_spec_strategies(self, register, block_sizes):
+        register(Ring, st.builds(Ring, block_size=block_sizes, slots=st.just(5)))
+
+
+def test_a_plugin_registers_its_kinds_strategy_through_the_hook(make_kvcore_registry):
+    registry = make_kvcore_registry(RingStrategyPlugin())
+    spec = find(kst.spec_strategy(Ring, registry=registry), lambda spec: spec.block_size > 1)
+    assert spec.slots == 5 and spec.block_size in kst.BLOCK_SIZES
+    drawn = find(
+        st.lists(kst.specs(registry=registry), min_size=len(registry.kinds)),
+        lambda specs: {s.kind for s in specs} == set(registry.kinds),
+    )
+    assert {s.kind for s in drawn} == set(registry.kinds)
+
+
+def test_every_builtin_kind_brings_its_own_strategy(registry):
+    found = kst.plugin_spec_strategies(registry)
+    assert {cls.kind for cls in found} == set(registry.kinds)
+    for cls, strategy in found.items():
+        assert isinstance(find(strategy, lambda spec: True), cls)
+
+
+def test_register_spec_strategy_wins_over_the_hook(make_kvcore_registry, clean_registrations):
+    registry = make_kvcore_registry(RingStrategyPlugin())
+    kst.register_spec_strategy(Ring, st.builds(Ring, block_size=st.just(3), slots=st.just(9)))
+    assert find(kst.spec_strategy(Ring, registry=registry), lambda spec: True).slots == 9
+
+
+def test_a_later_plugin_narrows_a_builtin_kinds_draws(make_kvcore_registry):
+    class OnlyBf16:
+        @hookimpl
+        def kvcore_register_spec_strategies(self, register):
+            register(FullAttentionSpec, st.builds(full, dtype=st.just("bfloat16")))
+
+    registry = make_kvcore_registry(OnlyBf16())
+    spec = find(kst.spec_strategy(FullAttentionSpec, registry=registry), lambda spec: True)
+    assert str(spec.dtype) == "bfloat16"
+
+
+@pytest.mark.parametrize(
+    ("arguments", "match"),
+    [
+        ((int, RINGS), r"plugin 'bad': register takes a KVCacheSpec subclass"),
+        ((Ring, kst.dtypes), r"plugin 'bad': register\(Ring, \.\.\.\) takes a hypothesis strategy"),
+    ],
+)
+def test_a_bad_registration_names_the_plugin(make_kvcore_registry, arguments, match):
+    class Bad:
+        @hookimpl
+        def kvcore_register_spec_strategies(self, register):
+            register(*arguments)
+
+    pm_registry = make_kvcore_registry(RingPlugin())
+    pm_registry.pm.register(Bad(), name="bad")
+    with pytest.raises(InvalidInputError, match=match):
+        kst.plugin_spec_strategies(pm_registry)
+
+
+def test_the_testing_kit_names_no_builtin_kind(registry):
+    kit = Path(kst.__file__).parent
+    for module in ("strategies.py", "checks.py", "conformance.py"):
+        text = (kit / module).read_text(encoding="utf-8")
+        named = [kind for kind in registry.kinds if f'"{kind}"' in text or f"{kind}_specs" in text]
+        assert named == [], f"kvcore/testing/{module} names built-in kinds {named}"
+        assert "kvcore.plugins" not in text, f"kvcore/testing/{module} imports a built-in plugin"
 
 
 @given(problem=kst.planning_problems(max_requests=2))

@@ -1,9 +1,13 @@
 """equal_groups: equal-size groups over one page size, one contiguous tensor per layer slot."""
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from kvcore import PolicyNotApplicableError, SizingContext, efficiency, plan_kv_cache
 from kvcore.planning.invariants import check_plan
+from kvcore.policies.equal_groups import _sizes_worth_scoring
+from kvcore.spec import cdiv
 from tests.helpers import full, mix, mla, sliding
 from tests.policies.test_shared_buffer import CTX, GIB, TARGET_MIXES
 
@@ -49,3 +53,20 @@ def test_padding_costs_capacity_that_shared_buffer_keeps(registry):
 def test_refuses_pages_of_different_sizes(registry):
     with pytest.raises(PolicyNotApplicableError, match=r"one size, but 'model\.layers\.0' has pages of"):
         plan_kv_cache(mix((2, full()), (2, mla())), GIB, CTX, registry=registry, policy="equal_groups")
+
+
+@given(st.lists(st.integers(min_value=1, max_value=3000), min_size=1, max_size=4))
+def test_every_group_size_that_can_win_is_scored(layer_counts):
+    # a size can win only where some kind's group count drops (the smallest size of each run
+    # of equal counts); scoring O(sqrt(n)) sizes must still score all of those
+    scored = set(_sizes_worth_scoring(layer_counts))
+    largest = max(layer_counts)
+    assert scored <= set(range(1, largest + 1))
+    for size in range(2, largest + 1):
+        if any(cdiv(n, size) != cdiv(n, size - 1) for n in layer_counts):
+            assert size in scored
+    assert 1 in scored
+
+
+def test_ten_thousand_layers_score_few_sizes():
+    assert len(_sizes_worth_scoring([10_000])) < 250

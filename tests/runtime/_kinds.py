@@ -8,7 +8,7 @@ import torch
 
 from kvcore import hookimpl
 from kvcore.cache_layout import CacheLayout, PagePart
-from kvcore.dtypes import dtype_size, to_dtype
+from kvcore.dtypes import DType, dtype_size, to_dtype
 from kvcore.plugins.full_attention import FullAttentionSpec
 from kvcore.plugins.sliding_window import SlidingWindowSpec
 from kvcore.spec import KVCacheSpec, SizingContext, positive_int
@@ -23,7 +23,7 @@ class ToyStateSpec(KVCacheSpec):
 
     conv: int = attrs.field(validator=positive_int)
     ssm: int = attrs.field(validator=positive_int)
-    dtype: torch.dtype = attrs.field(converter=to_dtype)
+    dtype: DType = attrs.field(converter=to_dtype)
 
     @property
     def page_size_bytes(self) -> int:
@@ -112,10 +112,10 @@ class ToyAttentionPlugin:
         if not isinstance(module, ToyAttention):
             return None
         fields = {
-            "block_size": options.get("block_size", 16),
+            "block_size": options.block_size,
             "num_kv_heads": module.num_kv_heads,
             "head_size": module.head_size,
-            "dtype": options.get("kv_cache_dtype", "float32"),
+            "dtype": options.kv_cache_dtype or "float32",
         }
         if module.window is None:
             return FullAttentionSpec(**fields)

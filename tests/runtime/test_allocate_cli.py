@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from kvcore.cli import main
-from kvcore.cli.allocate import stand_in_model
+from kvcore.engine.stand_in import stand_in_model
 
 LAYER = {"block_size": 16, "num_kv_heads": 2, "head_size": 64, "dtype": "bfloat16"}
 

@@ -21,6 +21,7 @@ from kvcore import (
 )
 from kvcore.engine.workflow import capacity_summary, merge_worker_specs
 from kvcore.runtime.memory import HostMemory
+from kvcore.runtime.torch_dtypes import torch_dtype
 from tests.helpers import full, sliding
 from tests.runtime._fakes import FakeHost
 from tests.runtime._kinds import ToyAttention, ToyAttentionPlugin, ToyModel
@@ -42,7 +43,7 @@ def _check_bound(model, plan, executor):
         spec = group.spec
         view = modules[name].kv_cache
         assert view.shape == (2, plan.num_pages(group), spec.block_size, spec.num_kv_heads, spec.head_size)
-        assert view.dtype == spec.dtype and view is executor.kv_caches[name]
+        assert view.dtype == torch_dtype(spec.dtype) and view is executor.kv_caches[name]
 
 
 def test_initialize_kv_caches_profiles_plans_allocates_binds_and_warms_up(toy_registry, caplog):

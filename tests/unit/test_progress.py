@@ -29,3 +29,10 @@ def test_terminal_gets_a_spinner_and_failures_are_reported():
     text = out.getvalue()
     assert "\r" in text and "profiling (" in text
     assert "profiling: failed after" in text
+
+
+def test_a_failure_off_a_terminal_leaves_only_the_error():
+    out = io.StringIO()
+    with pytest.raises(RuntimeError), progress("allocating", stream=out):
+        raise RuntimeError("boom")
+    assert out.getvalue() == ""

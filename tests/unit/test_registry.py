@@ -9,11 +9,15 @@ import pytest
 
 from kvcore import (
     DuplicateRegistrationError,
+    InvalidInputError,
     KVCacheSpec,
+    ModelFamily,
+    ModelOptions,
     PluginLoadError,
     PluginValidationError,
     PolicyNotApplicableError,
     Registry,
+    UnknownModelError,
     UnknownPolicyError,
     UnknownSpecKindError,
     get_plugin_manager,
@@ -272,3 +276,178 @@ def test_auto_falls_back_when_preferred_policy_is_blocked(make_registry):
 def test_builtin_list_names_real_modules():
     for name in BUILTIN_PLUGINS:
         assert name.startswith(("kvcore.plugins.", "kvcore.policies."))
+
+
+# -- model families ------------------------------------------------------------------------
+
+
+LLAMA_LIKE = {
+    "model_type": "llama",
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 8,
+}
+
+
+def _family_plugin(*families):
+    class Families:
+        @hookimpl
+        def kvcore_register_model_families(self, register):
+            for family in families:
+                register(family)
+
+    return Families()
+
+
+def _one_layer(config, options):
+    return {
+        "acme.0": FullAttentionSpec(
+            block_size=options.block_size, num_kv_heads=1, head_size=8, dtype="float32"
+        )
+    }
+
+
+def test_builtin_families_register_with_their_origin(registry):
+    families = registry.model_families
+    assert families["llama"].name == "llama"
+    assert families["deepseek_v3"].name == "deepseek"
+    entries = {e.name: e for e in registry.family_entries()}
+    assert entries["gemma2"].origin.name == "kvcore.plugins.models.attention_only"
+    assert entries["jamba"].origin.name == "kvcore.plugins.models.jamba"
+    assert entries["generic"].obj.fallback is not None  # the fallback, claiming no model type
+    assert not entries["generic"].obj.model_types
+
+
+def test_duplicate_model_type_names_both_families_and_plugins(make_registry):
+    clash = ModelFamily(name="acme_llama", model_types=("acme", "llama"), layer_specs=_one_layer)
+    with pytest.raises(DuplicateRegistrationError) as info:
+        make_registry(_family_plugin(clash))
+    message = str(info.value)
+    assert message.startswith("model type 'llama' is claimed twice: ")
+    assert "family 'llama' from builtin kvcore.plugins.models.attention_only" in message
+    assert "family 'acme_llama' from explicit " in message
+    assert "uninstall or block one of the two plugins" in message
+
+
+def test_two_third_party_plugins_claiming_one_type(make_registry):
+    class First:
+        @hookimpl
+        def kvcore_register_model_families(self, register):
+            register(ModelFamily(name="one", model_types=("acme",), layer_specs=_one_layer))
+
+    class Second:
+        @hookimpl
+        def kvcore_register_model_families(self, register):
+            register(ModelFamily(name="two", model_types=("acme",), layer_specs=_one_layer))
+
+    with pytest.raises(DuplicateRegistrationError, match="model type 'acme' is claimed twice") as info:
+        make_registry(First(), Second())
+    message = str(info.value)
+    assert "family 'one' from explicit " in message and "<locals>.First" in message
+    assert "family 'two' from explicit " in message and "<locals>.Second" in message
+
+
+def test_blocking_the_builtin_lets_a_plugin_claim_its_type(make_registry):
+    mine = ModelFamily(name="my_llama", model_types=("llama",), layer_specs=_one_layer)
+    reg = make_registry(_family_plugin(mine), block=["kvcore.plugins.models.attention_only"])
+    assert list(reg.layer_specs(LLAMA_LIKE)) == ["acme.0"]
+    assert "mistral" not in reg.model_families
+
+
+def test_families_receive_typed_options(make_registry):
+    seen = []
+
+    def spy(config, options):
+        seen.append(options)
+        return _one_layer(config, options)
+
+    reg = make_registry(_family_plugin(ModelFamily(name="spy", model_types=("acme",), layer_specs=spy)))
+    reg.layer_specs({"model_type": "acme"}, {"tp": 2, "kv_cache_dtype": "fp8"})
+    reg.layer_specs({"model_type": "acme"}, ModelOptions(block_size=32))
+    reg.layer_specs({"model_type": "acme"})
+    assert seen == [ModelOptions(tp=2, kv_cache_dtype="fp8"), ModelOptions(block_size=32), ModelOptions()]
+    assert all(isinstance(options, ModelOptions) for options in seen)
+
+
+def test_layer_specs_refuses_an_unknown_option_before_any_family_runs(registry):
+    with pytest.raises(
+        InvalidInputError, match=r"unknown model options \['pp'\]; known options: \['block_size',"
+    ):
+        registry.layer_specs(LLAMA_LIKE, {"tp": 2, "pp": 2})
+
+
+def test_a_later_fallback_is_asked_before_the_generic_one(make_registry):
+    mine = ModelFamily(name="mine", layer_specs=_one_layer, fallback=lambda config: "acme_hint" in config)
+    reg = make_registry(_family_plugin(mine))
+    listed = {
+        "model_type": "new",
+        "layer_types": ["full_attention"],
+        **{k: v for k, v in LLAMA_LIKE.items() if k != "model_type"},
+    }
+    assert list(reg.layer_specs({**listed, "num_hidden_layers": 1})) == [
+        "model.layers.0.self_attn"
+    ]  # generic
+    assert list(reg.layer_specs({**listed, "num_hidden_layers": 1, "acme_hint": True})) == ["acme.0"]
+    assert reg.family_for({"model_type": "llama", "acme_hint": True}).name == "llama"  # a claim wins
+
+
+def test_unknown_model_type_names_the_hook(registry):
+    with pytest.raises(UnknownModelError, match="no model-family plugin knows model type 'acme'") as info:
+        registry.layer_specs({"model_type": "acme"})
+    assert "registers a model family" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("answer", "match"),
+    [
+        ([], "model family 'bad' returned list for model type 'acme'; expected a mapping"),
+        ({"x": 1}, "model family 'bad' answered badly for model type 'acme'"),
+    ],
+)
+def test_a_family_answer_is_checked(make_registry, answer, match):
+    bad = ModelFamily(name="bad", model_types=("acme",), layer_specs=lambda config, options: answer)
+    reg = make_registry(_family_plugin(bad))
+    with pytest.raises(PluginValidationError, match=match):
+        reg.layer_specs({"model_type": "acme"})
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"name": "", "model_types": ("a",), "layer_specs": _one_layer}, "non-empty name"),
+        (
+            {"name": "a", "model_types": "acme", "layer_specs": _one_layer},
+            r"sequence of names such as \('llama',\)",
+        ),
+        ({"name": "a", "model_types": ("",), "layer_specs": _one_layer}, "non-empty strings"),
+        ({"name": "a", "model_types": ("a",), "layer_specs": "nope"}, "layer_specs must be callable"),
+        ({"name": "a", "layer_specs": _one_layer}, "claims nothing"),
+    ],
+)
+def test_model_family_checks_itself(kwargs, match):
+    with pytest.raises(PluginValidationError, match=match):
+        ModelFamily(**kwargs)
+
+
+def test_registering_something_else_as_a_family(make_registry):
+    with pytest.raises(
+        PluginValidationError, match=r"registered 'llama' as a model family, but register\(\) takes"
+    ):
+        make_registry(_family_plugin("llama"))
+
+
+def test_spec_for_module_checks_the_answer_and_passes_typed_options(make_registry):
+    seen = []
+
+    class Scanner:
+        @hookimpl
+        def kvcore_spec_for_module(self, module, name, options):
+            seen.append(options)
+            return "not a spec" if name == "bad" else None
+
+    reg = make_registry(Scanner())
+    assert reg.spec_for_module(object(), "fine", {"block_size": 8}) is None
+    assert seen == [ModelOptions(block_size=8)]
+    with pytest.raises(PluginValidationError, match="returned 'not a spec' for module 'bad'"):
+        reg.spec_for_module(object(), "bad")

@@ -4,7 +4,7 @@ import attrs
 import pytest
 import torch
 
-from kvcore import InvalidSpecError, SizingContext, SpecMismatchError, is_kv_cache_type_uniform
+from kvcore import InvalidSpecError, SizingContext, SpecMismatchError, dtypes, is_kv_cache_type_uniform
 from kvcore.spec import describe_spec, spec_differences
 from tests.helpers import chunked, full, mla, sliding
 
@@ -61,7 +61,8 @@ def test_mla_page_is_one_latent_per_token():
 
 def test_fp8_halves_the_page():
     assert full(dtype="fp8").page_size_bytes * 2 == full(dtype="bfloat16").page_size_bytes
-    assert full(dtype="fp8").dtype is torch.float8_e4m3fn
+    assert full(dtype="fp8").dtype is dtypes.float8_e4m3fn
+    assert full(dtype=torch.float8_e4m3fn) == full(dtype="fp8")  # a torch dtype is converted
 
 
 @pytest.mark.parametrize(

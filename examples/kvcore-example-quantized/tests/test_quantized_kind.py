@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 from kvcore import InvalidSpecError, SizingContext
+from kvcore.runtime.torch_dtypes import torch_dtype
 from kvcore.testing.conformance import SpecKindConformance
 
 from kvcore_example_quantized import QuantizedKVSpec, quantized
@@ -75,7 +76,7 @@ def _part_view(buffer, part, page_size, pages):
     strides = [math.prod(part.shape[i + 1 :]) for i in range(len(part.shape))]
     shape = [*part.shape[: part.block_dim], pages, *part.shape[part.block_dim :]]
     stride = [*strides[: part.block_dim], page_size // size, *strides[part.block_dim :]]
-    return torch.as_strided(buffer.view(part.dtype), shape, stride, part.offset_bytes // size)
+    return torch.as_strided(buffer.view(torch_dtype(part.dtype)), shape, stride, part.offset_bytes // size)
 
 
 def test_a_page_holds_quantized_kv_and_its_scales(make_kvcore_registry):

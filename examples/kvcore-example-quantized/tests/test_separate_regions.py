@@ -34,12 +34,12 @@ def test_groups_never_share_bytes(make_kvcore_registry):
     assert [g.layer_names for g in plan.groups] == [("layers.0", "layers.2"), ("layers.1", "layers.3")]
     assert plan.bytes_per_block == 4 * 65536  # every block id pays for a page of every layer
     assert plan.num_blocks == 2**30 // (4 * 65536) == 4096
-    region = 4096 * 65536
-    assert [(t.shared_by, t.offset) for t in plan.tensors] == [
-        (("layers.0",), 0),
-        (("layers.2",), region),
-        (("layers.1",), 2 * region),
-        (("layers.3",), 3 * region),
+    row = 4 * 65536  # one row per block id: a page of every layer, group after group
+    assert [(t.shared_by, t.offset, t.page_stride) for t in plan.tensors] == [
+        (("layers.0",), 0, row),
+        (("layers.2",), 65536, row),
+        (("layers.1",), 2 * 65536, row),
+        (("layers.3",), 3 * 65536, row),
     ]
     # one request: 256 full blocks + min(ceil((128 - 1 + 2048) / 16) + 1, 256) = 137 sliding blocks
     assert plan.blocks_per_request() == 256 + 137

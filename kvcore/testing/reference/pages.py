@@ -23,6 +23,7 @@ from kvcore.errors import InvalidInputError, KVCacheBindingError
 from kvcore.plugins.attention import AttentionSpec
 from kvcore.runtime.allocation import LayerView, PartViews
 from kvcore.runtime.block_pool import NULL_PAGE
+from kvcore.runtime.torch_dtypes import torch_dtype
 
 
 def _describe(view: object) -> str:
@@ -81,7 +82,8 @@ class LayerPages:
         """
         wanted = (num_pages, spec.block_size, spec.num_kv_heads, spec.head_size)
         halves = _halves(view)
-        if halves is None or any(tuple(t.shape) != wanted or t.dtype != spec.dtype for t in halves):
+        dtype = torch_dtype(spec.dtype)
+        if halves is None or any(tuple(t.shape) != wanted or t.dtype != dtype for t in halves):
             raise KVCacheBindingError(
                 f"layer {name!r} is bound to {_describe(view)}, not an attention view of "
                 f"(2, {', '.join(map(str, wanted))}) {dtype_name(spec.dtype)} (or parts 'k' and 'v' of "

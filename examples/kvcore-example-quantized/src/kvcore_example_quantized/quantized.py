@@ -14,22 +14,24 @@ The payload comes first; the scales start at the next multiple of the scale size
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
-import torch
-from kvcore import CacheLayout, InvalidSpecError, KVCacheSpec, PagePart, SizingContext, hookimpl
-from kvcore.dtypes import dtype_name, dtype_size, to_dtype
+from kvcore import CacheLayout, InvalidSpecError, KVCacheSpec, PagePart, SizingContext, dtypes, hookimpl
+from kvcore.dtypes import DType, dtype_name, dtype_size, to_dtype
 from kvcore.spec import cdiv, positive_int
 
+if TYPE_CHECKING:
+    from hypothesis.strategies import SearchStrategy
+
 #: Element types of the quantized numbers: one byte each.
-PAYLOAD_DTYPES: tuple[torch.dtype, ...] = (torch.int8, torch.uint8, torch.float8_e4m3fn, torch.float8_e5m2)
+PAYLOAD_DTYPES: tuple[DType, ...] = (dtypes.int8, dtypes.uint8, dtypes.float8_e4m3fn, dtypes.float8_e5m2)
 #: Element types of the scales.
-SCALE_DTYPES: tuple[torch.dtype, ...] = (torch.float16, torch.bfloat16, torch.float32)
+SCALE_DTYPES: tuple[DType, ...] = (dtypes.float16, dtypes.bfloat16, dtypes.float32)
 
 
-def _one_of(allowed: tuple[torch.dtype, ...]) -> Callable[[Any, attrs.Attribute[Any], torch.dtype], None]:
-    def check(instance: Any, attribute: attrs.Attribute[Any], value: torch.dtype) -> None:
+def _one_of(allowed: tuple[DType, ...]) -> Callable[[Any, attrs.Attribute[Any], DType], None]:
+    def check(instance: Any, attribute: attrs.Attribute[Any], value: DType) -> None:
         if value not in allowed:
             names = ", ".join(dtype_name(d) for d in allowed)
             raise InvalidSpecError(
@@ -65,8 +67,8 @@ class QuantizedKVSpec(KVCacheSpec):
 
     num_kv_heads: int = attrs.field(validator=positive_int)
     head_size: int = attrs.field(validator=positive_int)
-    payload_dtype: torch.dtype = attrs.field(converter=to_dtype, validator=_one_of(PAYLOAD_DTYPES))
-    scale_dtype: torch.dtype = attrs.field(converter=to_dtype, validator=_one_of(SCALE_DTYPES))
+    payload_dtype: DType = attrs.field(converter=to_dtype, validator=_one_of(PAYLOAD_DTYPES))
+    scale_dtype: DType = attrs.field(converter=to_dtype, validator=_one_of(SCALE_DTYPES))
     scale_group_size: int = attrs.field(
         default=attrs.Factory(lambda self: self.head_size, takes_self=True),
         validator=[positive_int, _divides_head_size],
@@ -107,6 +109,17 @@ class QuantizedKVSpec(KVCacheSpec):
 @hookimpl
 def kvcore_register_spec_kinds(register: Callable[[type[KVCacheSpec]], None]) -> None:
     register(QuantizedKVSpec)
+
+
+@hookimpl
+def kvcore_register_spec_strategies(
+    register: Callable[[type[KVCacheSpec], SearchStrategy[KVCacheSpec]], None],
+    block_sizes: SearchStrategy[int],
+) -> None:
+    # Imported here, when a test asks: the plugin itself runs without hypothesis.
+    from kvcore_example_quantized.strategies import quantized_specs
+
+    register(QuantizedKVSpec, quantized_specs(block_sizes=block_sizes))
 
 
 @hookimpl

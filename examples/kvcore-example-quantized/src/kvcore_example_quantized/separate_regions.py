@@ -1,9 +1,9 @@
 """Policy ``example.separate_regions``: a baseline in which groups never share bytes.
 
-Layers with equal specs form one group (one block table). The buffer is cut into regions, one
-per layer, group after group; a layer's region holds its pages for every block id. Because a
-block id belongs to one group at a time, the pages other groups keep for that id stay empty:
-with ``g`` groups of similar size, about ``(g - 1) / g`` of the buffer idles. That is the cost
+Layers with equal specs form one group (one block table). The buffer is one row per block id,
+and every layer has its own slot in each row, group after group. Because a block id belongs to
+one group at a time, the slots other groups keep in that row stay empty: with ``g`` groups of
+similar size, about ``(g - 1) / g`` of the buffer idles. That is the cost
 ``shared_buffer`` removes by letting groups share rows; compare the two with
 ``kvcore plan --policy``.
 
@@ -20,20 +20,21 @@ from kvcore import (
     AllocationPolicy,
     KVCacheGroup,
     KVCacheSpec,
-    KVCacheTensor,
     Layout,
     PlanOptions,
     SizingContext,
+    TensorPlacement,
     hookimpl,
 )
 from kvcore.spec import cdiv
 
 
 class SeparateRegionsPolicy:
-    """One group per distinct spec; every layer its own region of one buffer."""
+    """One group per distinct spec; every layer its own slot in each row of one buffer."""
 
     name = "example.separate_regions"
-    description = "baseline: one group per distinct spec, each layer its own region; groups never share bytes"
+    description = "baseline: one group per distinct spec, each layer its own slot; groups never share bytes"
+    auto_priority = None  # a baseline: `auto` never picks it, name it to compare
 
     def why_not(self, specs: Mapping[str, KVCacheSpec]) -> str | None:
         return None  # any mix of kinds can be laid out side by side
@@ -49,23 +50,22 @@ class SeparateRegionsPolicy:
             for names in buckets.values()
         )
 
-    def layout(self, groups: Sequence[KVCacheGroup], num_blocks: int) -> Layout:
-        # One stride for every page size that is a multiple of every alignment, so each region
-        # starts aligned whatever the regions before it hold.
+    def layout(self, groups: Sequence[KVCacheGroup]) -> Layout:
+        # One row per block id, a page of every layer side by side. Each slot is the page
+        # rounded up to a multiple of every alignment, so every page starts aligned whatever
+        # the slots before it hold. (Its groups take one block id per page.)
         align = math.lcm(1, *(group.spec.alignment_bytes for group in groups))
-        tensors = []
-        offset = 0
-        bytes_per_block = 0
+        slots = []
+        row = 0
         for group in groups:
-            stride = cdiv(group.spec.page_size_bytes, align) * align
-            pages = num_blocks // group.blocks_per_page
+            slot = cdiv(group.spec.page_size_bytes, align) * align
             for name in group.layer_names:
-                tensors.append(
-                    KVCacheTensor(size=pages * stride, offset=offset, page_stride=stride, shared_by=(name,))
-                )
-                offset += pages * stride
-                bytes_per_block += cdiv(stride, group.blocks_per_page)
-        return Layout(bytes_per_block=bytes_per_block, single_buffer=True, tensors=tuple(tensors))
+                slots.append((name, row))
+                row += slot
+        tensors = [
+            TensorPlacement(offset=offset, page_stride=row, shared_by=(name,)) for name, offset in slots
+        ]
+        return Layout(bytes_per_block=row, single_buffer=True, tensors=tensors)
 
 
 @hookimpl

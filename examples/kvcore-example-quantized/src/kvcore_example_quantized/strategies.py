@@ -1,12 +1,7 @@
 """A hypothesis strategy for ``example.quantized_kv`` specs (imported by tests only).
 
-Register it for a test session from ``conftest.py``::
-
-    from kvcore.testing.strategies import register_spec_strategy
-    from kvcore_example_quantized import QuantizedKVSpec
-    from kvcore_example_quantized.strategies import quantized_specs
-
-    register_spec_strategy(QuantizedKVSpec, quantized_specs())
+The plugin registers it through the ``kvcore_register_spec_strategies`` hook, importing this
+module only when a test asks for it (``quantized.py``), so the plugin runs without hypothesis.
 """
 
 from __future__ import annotations
@@ -17,13 +12,15 @@ from kvcore.testing import strategies as kst
 from kvcore_example_quantized.quantized import PAYLOAD_DTYPES, SCALE_DTYPES, QuantizedKVSpec
 
 
-def quantized_specs(*, max_heads: int = 8) -> st.SearchStrategy[QuantizedKVSpec]:
+def quantized_specs(
+    *, max_heads: int = 8, block_sizes: st.SearchStrategy[int] | None = None
+) -> st.SearchStrategy[QuantizedKVSpec]:
     """A valid ``example.quantized_kv`` spec: a scale group that divides the head size."""
 
     def with_head_size(head_size: int) -> st.SearchStrategy[QuantizedKVSpec]:
         return st.builds(
             QuantizedKVSpec,
-            block_size=kst.block_sizes(),
+            block_size=block_sizes if block_sizes is not None else kst.block_sizes(),
             num_kv_heads=st.integers(1, max_heads),
             head_size=st.just(head_size),
             payload_dtype=st.sampled_from(PAYLOAD_DTYPES),

@@ -1,10 +1,22 @@
-"""What the model-family plugins share: reading config fields, layer types, attention and state.
+"""The model-family kit: what a family plugin builds on (public API, used by every built-in family).
 
-A family plugin reads its config through :class:`ConfigFields` (every error names the model
-type and the field, e.g. ``gemma3 config: 'text_config.num_key_value_heads' must be an int >= 1
-(got 0)``), decides each layer's type (transformers' vocabulary: ``full_attention``,
-``sliding_attention``, ``chunked_attention``, ``linear_attention``, ``mlp``, ``moe``) and turns
-the types into specs with :func:`build_layers`.
+A family reads its config through :class:`ConfigFields` (every error names the model type and
+the field, e.g. ``gemma3 config: 'text_config.num_key_value_heads' must be an int >= 1 (got
+0)``), decides each layer's type (transformers' vocabulary: :data:`FULL`, :data:`SLIDING`,
+:data:`CHUNKED`, :data:`LINEAR`, and the cache-less ``mlp`` / ``moe``) and turns the types into
+specs with :func:`build_layers`, given one builder per type:
+
+- attention: :func:`attention` gives the per-rank geometry (:class:`Attention`), whose
+  ``full()``, ``sliding(window)`` and ``chunked(chunk)`` make specs; :func:`attention_builders`
+  maps the three attention types to them;
+- MLA: :func:`mla`;
+- SSM / linear-attention states: :func:`mamba1_state`, :func:`mamba2_state`,
+  :func:`gated_delta_net_state` (with :func:`shard` for the dimensions tensor parallelism splits).
+
+Module names come from :class:`LayerNames`. The family function built from these is registered
+as a :class:`kvcore.ModelFamily` (``docs/how-to/add-a-model-family.md``); a family whose layers
+are all attention can instead be one row of
+:data:`kvcore.plugins.models.attention_only.FAMILIES`.
 
 The rules every family follows (``docs/reference/models.md``):
 
@@ -15,6 +27,8 @@ The rules every family follows (``docs/reference/models.md``):
 - *An explicit ``layer_types`` always wins* over the family's own pattern fields.
 - *Tensor parallelism*: an attention layer keeps ``max(1, kv_heads // tp)`` KV heads per rank,
   an MLA latent is replicated, state channels and heads are sharded and must divide by ``tp``.
+
+This module imports the contract and the built-in spec kinds only (no torch).
 """
 
 from __future__ import annotations
@@ -23,11 +37,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
-import torch
 
-from kvcore.dtypes import to_dtype
+from kvcore.dtypes import DType, to_dtype
 from kvcore.errors import InvalidSpecError, ModelConfigError
-from kvcore.frontends.hf_config import DEFAULT_MODEL_DTYPE, ModelOptions
+from kvcore.model_options import DEFAULT_MODEL_DTYPE, ModelOptions
 from kvcore.plugins.chunked_local_attention import ChunkedLocalAttentionSpec
 from kvcore.plugins.full_attention import FullAttentionSpec
 from kvcore.plugins.mla import MLAAttentionSpec
@@ -44,6 +57,9 @@ LINEAR = "linear_attention"
 NO_CACHE = frozenset({"mlp", "moe"})
 #: Older spellings transformers still reads (``configuration_utils._LEGACY_LAYER_TYPE_REMAP``).
 LEGACY_LAYER_TYPES = {"attention": FULL, "mamba": LINEAR}
+
+#: A function that makes the spec of one layer type (called once, when the type first appears).
+SpecBuilder = Callable[[], KVCacheSpec]
 
 _MISSING: Any = object()
 
@@ -71,7 +87,15 @@ class ConfigFields:
         return f"{self.prefix}{key}"
 
     def error(self, key: str, problem: str) -> ModelConfigError:
-        """A :class:`ModelConfigError` about field ``key``: ``<type> config: '<path>' <problem>``."""
+        """A :class:`ModelConfigError` about field ``key``: ``<type> config: '<path>' <problem>``.
+
+        Args:
+            key: the field, relative to this object.
+            problem: what is wrong, e.g. ``"must be an int >= 1 (got 0)"``.
+
+        Returns:
+            The error, for the caller to raise.
+        """
         return ModelConfigError(f"{self.label}: {self.path(key)!r} {problem}")
 
     def has(self, key: str) -> bool:
@@ -80,6 +104,12 @@ class ConfigFields:
 
     def section(self, key: str) -> ConfigFields:
         """The nested object ``key`` (``text_config``), read with the same model type.
+
+        Args:
+            key: the field that holds the nested object.
+
+        Returns:
+            Reads of the nested object, whose errors name ``<key>.<field>``.
 
         Raises:
             ModelConfigError: it is missing or not an object.
@@ -91,7 +121,15 @@ class ConfigFields:
         return ConfigFields(value, self.model_type, f"{self.path(key)}.", self.label)
 
     def integer(self, key: str, default: int = _MISSING, *, minimum: int = 1) -> int:
-        """The int at ``key`` (``default`` when absent or null).
+        """The int at ``key``.
+
+        Args:
+            key: the field.
+            default: the value when the field is absent or null; without it the field is required.
+            minimum: the smallest value allowed.
+
+        Returns:
+            The value.
 
         Raises:
             ModelConfigError: missing without a default, not an int, or below ``minimum``.
@@ -108,7 +146,19 @@ class ConfigFields:
         return value
 
     def optional_integer(self, key: str, *, absent: int | None = None, minimum: int = 1) -> int | None:
-        """The int at ``key``; ``None`` when it is ``null``, ``absent`` when the key is missing."""
+        """An int that ``null`` turns off (``"sliding_window": null``).
+
+        Args:
+            key: the field.
+            absent: the value when the key is missing altogether.
+            minimum: the smallest value allowed.
+
+        Returns:
+            ``None`` when the field is ``null``, ``absent`` when the key is missing, else the int.
+
+        Raises:
+            ModelConfigError: not an int, or below ``minimum``.
+        """
         if key not in self.data:
             return absent
         if self.data[key] is None:
@@ -116,7 +166,11 @@ class ConfigFields:
         return self.integer(key, minimum=minimum)
 
     def boolean(self, key: str, default: bool) -> bool:
-        """The bool at ``key`` (``default`` when absent or null)."""
+        """The bool at ``key`` (``default`` when absent or null).
+
+        Raises:
+            ModelConfigError: not true or false.
+        """
         value = self.data.get(key)
         if value is None:
             return default
@@ -125,7 +179,11 @@ class ConfigFields:
         return value
 
     def integers(self, key: str) -> list[int] | None:
-        """The list of ints at ``key``, or ``None`` when absent or null."""
+        """The list of ints at ``key``, or ``None`` when absent or null.
+
+        Raises:
+            ModelConfigError: not a list of ints.
+        """
         value = self.data.get(key)
         if value is None:
             return None
@@ -134,7 +192,11 @@ class ConfigFields:
         return list(value)
 
     def string(self, key: str) -> str | None:
-        """The string at ``key``, or ``None`` when absent or null."""
+        """The string at ``key``, or ``None`` when absent or null.
+
+        Raises:
+            ModelConfigError: not a string.
+        """
         value = self.data.get(key)
         if value is None:
             return None
@@ -148,6 +210,9 @@ class ConfigFields:
         Args:
             num_layers: the layer count the list must match.
             key: where the list is (Nemotron-H dumps it as ``layers_block_type``).
+
+        Returns:
+            One type per layer, or ``None`` when the config lists none.
 
         Raises:
             ModelConfigError: not a list of strings, or its length is not ``num_layers``.
@@ -164,9 +229,18 @@ class ConfigFields:
         names: list[str] = value
         return [LEGACY_LAYER_TYPES.get(name, name) for name in names]
 
-    def dtype(self, *fallbacks: ConfigFields) -> torch.dtype:
-        """The model's dtype: ``dtype`` (transformers 5) or ``torch_dtype``, here or in
-        ``fallbacks`` (e.g. the wrapper of a ``text_config``); :data:`DEFAULT_MODEL_DTYPE` if none."""
+    def dtype(self, *fallbacks: ConfigFields) -> DType:
+        """The model's dtype: ``dtype`` (transformers 5) or ``torch_dtype``.
+
+        Args:
+            fallbacks: where else to look, in order (e.g. the wrapper of a ``text_config``).
+
+        Returns:
+            The first dtype found here or in ``fallbacks``; :data:`DEFAULT_MODEL_DTYPE` if none.
+
+        Raises:
+            ModelConfigError: a dtype field that is not the name of a cache dtype.
+        """
         for fields in (self, *fallbacks):
             for key in ("dtype", "torch_dtype"):
                 value = fields.data.get(key)
@@ -179,19 +253,6 @@ class ConfigFields:
                 except InvalidSpecError as exc:
                     raise fields.error(key, f"is not a cache dtype: {exc}") from None
         return DEFAULT_MODEL_DTYPE
-
-
-def claim(
-    config: Mapping[str, Any],
-    options: Mapping[str, Any],
-    model_types: Sequence[str],
-    derive: Callable[[Mapping[str, Any], ModelOptions], dict[str, KVCacheSpec]],
-) -> dict[str, KVCacheSpec] | None:
-    """The body of a family's ``kvcore_layer_specs``: ``derive`` the specs if ``config`` has one
-    of ``model_types``, else ``None`` (let another plugin answer)."""
-    if config.get("model_type") not in model_types:
-        return None
-    return derive(config, ModelOptions.from_hook_options(options))
 
 
 # -- attention -----------------------------------------------------------------------------
@@ -210,7 +271,7 @@ class Attention:
 
     num_kv_heads: int
     head_size: int
-    dtype: torch.dtype
+    dtype: DType
     block_size: int
 
     def _fields(self) -> dict[str, Any]:
@@ -235,8 +296,16 @@ class Attention:
 
 
 def head_size(cfg: ConfigFields, *, keys: Sequence[str] = ("head_dim",), derive: bool = True) -> int:
-    """The attention head size: the first of ``keys`` present, else (when ``derive``)
-    ``hidden_size // num_attention_heads`` as transformers derives it.
+    """The attention head size.
+
+    Args:
+        cfg: the config.
+        keys: the fields that may state it, in order.
+        derive: whether ``hidden_size // num_attention_heads`` (as transformers derives it)
+            stands in when none of ``keys`` is present; else ``keys[0]`` is required.
+
+    Returns:
+        The head size.
 
     Raises:
         ModelConfigError: naming the missing or bad field.
@@ -259,7 +328,11 @@ def head_size(cfg: ConfigFields, *, keys: Sequence[str] = ("head_dim",), derive:
 
 
 def kv_heads(cfg: ConfigFields) -> int:
-    """``num_key_value_heads``, or ``num_attention_heads`` when it is absent (multi-head)."""
+    """``num_key_value_heads``, or ``num_attention_heads`` when it is absent (multi-head).
+
+    Raises:
+        ModelConfigError: naming the missing or bad field.
+    """
     heads = cfg.integer("num_attention_heads")
     return cfg.integer("num_key_value_heads", default=heads)
 
@@ -267,12 +340,28 @@ def kv_heads(cfg: ConfigFields) -> int:
 def attention(
     cfg: ConfigFields,
     options: ModelOptions,
-    model_dtype: torch.dtype,
+    model_dtype: DType,
     *,
     head_dim_keys: Sequence[str] = ("head_dim",),
     derive_head_dim: bool = True,
 ) -> Attention:
-    """The attention geometry of a config for one tensor-parallel rank."""
+    """The attention geometry of a config for one tensor-parallel rank.
+
+    Args:
+        cfg: the config (or its ``text_config``).
+        options: the model options (``tp`` divides the KV heads; ``kv_cache_dtype`` and
+            ``block_size`` apply).
+        model_dtype: the model's dtype (:meth:`ConfigFields.dtype`), used when
+            ``kv_cache_dtype`` is auto.
+        head_dim_keys: the fields that may state the head size, in order.
+        derive_head_dim: see :func:`head_size`.
+
+    Returns:
+        KV heads per rank (``max(1, kv_heads // tp)``), head size, cache dtype and block size.
+
+    Raises:
+        ModelConfigError: naming the missing or bad field.
+    """
     return Attention(
         num_kv_heads=options.kv_heads_per_rank(kv_heads(cfg)),
         head_size=head_size(cfg, keys=head_dim_keys, derive=derive_head_dim),
@@ -308,19 +397,29 @@ class LayerNames:
 def build_layers(
     cfg: ConfigFields,
     layer_types: Sequence[str],
-    builders: Mapping[str, Callable[[], KVCacheSpec]],
+    builders: Mapping[str, SpecBuilder],
     names: LayerNames,
     *,
     hint: str = "",
 ) -> dict[str, KVCacheSpec]:
-    """``{layer name: spec}`` for the layers' types; each builder is called once, when a layer
-    of its type first appears (so a window is only required when a sliding layer exists).
+    """``{layer name: spec}`` for the layers' types.
+
+    Each builder is called once, when a layer of its type first appears (so a window is only
+    required when a sliding layer exists); layers of the types in :data:`NO_CACHE` are left out.
 
     Args:
+        cfg: the config, for messages.
+        layer_types: one type per layer, in model order.
+        builders: the spec builder of each type this family caches.
+        names: how the layers' modules are named.
         hint: appended to the error about a layer type without a builder.
 
+    Returns:
+        The cache-holding layers, in model order.
+
     Raises:
-        ModelConfigError: a layer type this family has no builder for, naming ``layer_types[i]``.
+        ModelConfigError: a layer type this family has no builder for (naming
+            ``layer_types[i]``), or no layer that holds a cache.
     """
     built: dict[str, KVCacheSpec] = {}
     specs: dict[str, KVCacheSpec] = {}
@@ -346,8 +445,16 @@ def build_layers(
     return specs
 
 
-def attention_builders(cfg: ConfigFields, geometry: Attention) -> dict[str, Callable[[], KVCacheSpec]]:
-    """Builders for the three attention layer types; windows and chunks are read on first use."""
+def attention_builders(cfg: ConfigFields, geometry: Attention) -> dict[str, SpecBuilder]:
+    """Builders for the three attention layer types.
+
+    Args:
+        cfg: the config; ``sliding_window`` and ``attention_chunk_size`` are read on first use.
+        geometry: the attention geometry (:func:`attention`).
+
+    Returns:
+        ``{FULL: ..., SLIDING: ..., CHUNKED: ...}``, a new dict the caller may change.
+    """
     return {
         FULL: geometry.full,
         SLIDING: lambda: geometry.sliding(cfg.integer("sliding_window")),
@@ -360,6 +467,15 @@ def attention_builders(cfg: ConfigFields, geometry: Attention) -> dict[str, Call
 
 def shard(cfg: ConfigFields, key: str, value: int, options: ModelOptions) -> int:
     """``value // tp`` for a state dimension that tensor parallelism splits.
+
+    Args:
+        cfg: the config, for messages.
+        key: the field (or expression) ``value`` came from, for messages.
+        value: the dimension.
+        options: the model options (``tp``).
+
+    Returns:
+        The dimension on one rank.
 
     Raises:
         ModelConfigError: ``value`` does not divide by ``tp``; names the field and the tp.
@@ -374,7 +490,7 @@ def shard(cfg: ConfigFields, key: str, value: int, options: ModelOptions) -> int
 def mamba1_state(
     cfg: ConfigFields,
     options: ModelOptions,
-    dtype: torch.dtype,
+    dtype: DType,
     *,
     inner: tuple[str, int],
     state_size: int,
@@ -387,7 +503,18 @@ def mamba1_state(
     ``conv_kernel``).
 
     Args:
+        cfg: the config, for messages.
+        options: the model options (``tp`` shards the inner width; ``block_size``).
+        dtype: the state's element type (``options.state_cache_dtype(model dtype)``).
         inner: ``(field, value)`` of the inner width (``d_inner = expand * hidden_size``).
+        state_size: the SSM state size (``d_state``).
+        conv_kernel: the convolution's kernel size.
+
+    Returns:
+        The state spec of one layer on one rank.
+
+    Raises:
+        ModelConfigError: ``tp`` does not divide the inner width.
     """
     width = shard(cfg, inner[0], inner[1], options)
     return StateSpec(
@@ -400,8 +527,21 @@ def mamba1_state(
 
 
 def mamba2_groups(cfg: ConfigFields, key: str, n_groups: int, options: ModelOptions) -> int:
-    """Groups after tensor parallelism: as they are when ``tp`` divides them; replicated up to
-    ``tp`` when they divide ``tp`` (every rank then holds one group's B and C); else an error."""
+    """Mamba-2 groups after tensor parallelism.
+
+    Args:
+        cfg: the config, for messages.
+        key: the groups' field, for messages.
+        n_groups: the groups in the config.
+        options: the model options (``tp``).
+
+    Returns:
+        ``n_groups`` when ``tp`` divides it; ``tp`` when ``n_groups`` divides ``tp`` (the groups
+        are replicated so that every rank holds one group's B and C).
+
+    Raises:
+        ModelConfigError: neither divides the other.
+    """
     if n_groups % options.tp == 0:
         return n_groups
     if options.tp % n_groups == 0:
@@ -412,7 +552,7 @@ def mamba2_groups(cfg: ConfigFields, key: str, n_groups: int, options: ModelOpti
 def mamba2_state(
     cfg: ConfigFields,
     options: ModelOptions,
-    dtype: torch.dtype,
+    dtype: DType,
     *,
     heads: tuple[str, int],
     head_dim: int,
@@ -423,8 +563,21 @@ def mamba2_state(
     """A Mamba-2 state: conv ``(conv_kernel - 1, (heads*head_dim + 2*groups*state_size) / tp)``
     and SSM ``(heads / tp, head_dim, state_size)`` (vLLM's ``mamba2_state_shape``).
 
-    Heads must divide by ``tp``; groups follow :func:`mamba2_groups`, so the conv channels
-    divide too.
+    Args:
+        cfg: the config, for messages.
+        options: the model options (``tp``; ``block_size``).
+        dtype: the state's element type.
+        heads: ``(field, value)`` of the SSM heads; they must divide by ``tp``.
+        head_dim: elements per SSM head.
+        n_groups: ``(field, value)`` of the groups; see :func:`mamba2_groups`.
+        state_size: the SSM state size.
+        conv_kernel: the convolution's kernel size.
+
+    Returns:
+        The state spec of one layer on one rank.
+
+    Raises:
+        ModelConfigError: ``tp`` does not divide the heads, or does not fit the groups.
     """
     heads_per_rank = shard(cfg, heads[0], heads[1], options)
     groups_per_rank = mamba2_groups(cfg, n_groups[0], n_groups[1], options) // options.tp
@@ -441,7 +594,7 @@ def mamba2_state(
 def gated_delta_net_state(
     cfg: ConfigFields,
     options: ModelOptions,
-    dtype: torch.dtype,
+    dtype: DType,
     *,
     key_heads: tuple[str, int],
     value_heads: tuple[str, int],
@@ -450,8 +603,24 @@ def gated_delta_net_state(
     conv_kernel: int,
 ) -> StateSpec:
     """A gated-delta-net state (Qwen3-Next): conv ``(conv_kernel - 1, (2*kh*kd + vh*vd) / tp)``
-    and recurrent ``(vh / tp, vd, kd)`` (vLLM's ``gated_delta_net_state_shape``); key and value
-    heads must divide by ``tp``."""
+    and recurrent ``(vh / tp, vd, kd)`` (vLLM's ``gated_delta_net_state_shape``).
+
+    Args:
+        cfg: the config, for messages.
+        options: the model options (``tp``; ``block_size``).
+        dtype: the state's element type.
+        key_heads: ``(field, value)`` of the key heads; they must divide by ``tp``.
+        value_heads: ``(field, value)`` of the value heads; they must divide by ``tp``.
+        key_head_dim: elements per key head.
+        value_head_dim: elements per value head.
+        conv_kernel: the convolution's kernel size.
+
+    Returns:
+        The state spec of one layer on one rank.
+
+    Raises:
+        ModelConfigError: ``tp`` does not divide the key or value heads.
+    """
     kh = shard(cfg, key_heads[0], key_heads[1], options)
     vh = shard(cfg, value_heads[0], value_heads[1], options)
     return StateSpec(
@@ -465,8 +634,20 @@ def gated_delta_net_state(
     )
 
 
-def mla(cfg: ConfigFields, options: ModelOptions, model_dtype: torch.dtype) -> MLAAttentionSpec:
-    """An MLA spec from ``kv_lora_rank`` and ``qk_rope_head_dim`` (replicated across tp ranks)."""
+def mla(cfg: ConfigFields, options: ModelOptions, model_dtype: DType) -> MLAAttentionSpec:
+    """An MLA spec from ``kv_lora_rank`` and ``qk_rope_head_dim`` (replicated across tp ranks).
+
+    Args:
+        cfg: the config.
+        options: the model options (``kv_cache_dtype`` and ``block_size`` apply).
+        model_dtype: the model's dtype, used when ``kv_cache_dtype`` is auto.
+
+    Returns:
+        The MLA spec of every layer.
+
+    Raises:
+        ModelConfigError: either field is missing or bad.
+    """
     return MLAAttentionSpec(
         block_size=options.block_size,
         kv_lora_rank=cfg.integer("kv_lora_rank"),

@@ -1,0 +1,134 @@
+"""The messages of errors that suggest a setting to change, worded for whoever reads them.
+
+:class:`~kvcore.errors.InsufficientMemoryError` and :class:`~kvcore.errors.KVCacheAllocationError`
+carry every figure of their message; :func:`render` words it, naming the settings to change as a
+:class:`ParameterNames` spells them. kvcore raises them worded for a Python caller
+(:data:`PYTHON_NAMES`: ``lower max_model_len to 8192``, ``num_blocks=16 holds ...``); the command
+line renders the same error with its flags (``lower --max-model-len to 8192``).
+
+This module sits beside :mod:`kvcore.errors` rather than in it because it formats byte counts
+(:mod:`kvcore.units`, which itself raises :class:`~kvcore.errors.InvalidInputError`).
+"""
+
+from __future__ import annotations
+
+from typing import TypeVar
+
+import attrs
+
+from kvcore.errors import InsufficientMemoryError, KVCacheAllocationError, KVCoreError
+from kvcore.units import format_bytes
+
+_Error = TypeVar("_Error", bound=KVCoreError)
+
+
+@attrs.frozen(kw_only=True)
+class ParameterNames:
+    """How a message names the settings a caller can change.
+
+    Attributes:
+        max_model_len: the longest request, in tokens.
+        num_blocks: a forced block count.
+        memory: the KV-cache byte budget.
+        utilization: the share of device memory the budget is taken from.
+        assign: a setting given a value, with ``{name}`` and ``{value}`` slots.
+    """
+
+    max_model_len: str = "max_model_len"
+    num_blocks: str = "num_blocks"
+    memory: str = "available_bytes/kv_cache_bytes"
+    utilization: str = "utilization"
+    assign: str = "{name}={value}"
+
+    def setting(self, name: str, value: object) -> str:
+        """``name`` given ``value``: ``num_blocks=16`` (Python) or ``--num-blocks 16`` (flags)."""
+        return self.assign.format(name=name, value=value)
+
+    def more_memory(self) -> str:
+        """The fix for too little memory, naming the budget and the utilization."""
+        return f"give the KV cache more memory ({self.memory}, or a higher {self.utilization})"
+
+
+#: The names a Python caller passes: ``plan_kv_cache(available_bytes=...)``,
+#: ``LocalExecutor(kv_cache_bytes=..., utilization=...)``, ``SizingContext(max_model_len=...)``,
+#: ``num_blocks=`` of both entry points.
+PYTHON_NAMES = ParameterNames()
+
+
+def render(error: KVCoreError, names: ParameterNames = PYTHON_NAMES) -> str:
+    """The message of ``error``, naming the settings to change as ``names`` spells them.
+
+    Args:
+        error: any kvcore error.
+        names: how to name the settings; :data:`PYTHON_NAMES` by default.
+
+    Returns:
+        The message rendered from the error's figures where it carries them (an
+        :class:`~kvcore.errors.InsufficientMemoryError` with a ``reason``, a
+        :class:`~kvcore.errors.KVCacheAllocationError` with a ``failure``); otherwise ``str(error)``.
+    """
+    if isinstance(error, InsufficientMemoryError) and error.reason is not None:
+        return _shortfall(error, names)
+    if isinstance(error, KVCacheAllocationError) and error.failure is not None:
+        return _allocation_failure(error, names)
+    return str(error)
+
+
+def with_message(error: _Error) -> _Error:
+    """``error`` with its message rendered for a Python caller from its figures; what kvcore
+    raises. An error without the figures keeps its own message.
+
+    Args:
+        error: the error, built with its figures and no message.
+
+    Returns:
+        The same error object.
+    """
+    error.args = (render(error),)
+    return error
+
+
+def _shortfall(error: InsufficientMemoryError, names: ParameterNames) -> str:
+    block = format_bytes(error.bytes_per_block or 0)
+    if error.reason == "forced_num_blocks":
+        text = (
+            f"{names.setting(names.num_blocks, error.required_blocks)} needs "
+            f"{format_bytes(error.required_bytes)} ({error.required_blocks} blocks of {block}) but only "
+            f"{format_bytes(error.available_bytes)} is available; at most {error.available_blocks} "
+            f"blocks fit: lower {names.num_blocks} or {names.more_memory()}"
+        )
+    else:
+        if error.reason == "num_blocks":
+            have = (
+                f"{names.setting(names.num_blocks, error.available_blocks)} holds "
+                f"{format_bytes(error.available_bytes)}"
+            )
+            fix = f"raise {names.num_blocks} to at least {error.required_blocks}"
+        else:
+            have = (
+                f"only {format_bytes(error.available_bytes)} is available "
+                f"({error.available_blocks} blocks of {block})"
+            )
+            fix = names.more_memory()
+        largest = error.largest_fitting_len
+        fits = (
+            f"the largest max_model_len that fits is {largest}; lower {names.max_model_len} to {largest} "
+            f"or {fix}"
+            if largest > 0
+            else f"not even a one-token request fits; {fix}"
+        )
+        text = (
+            f"one request of {error.max_model_len} tokens needs {format_bytes(error.required_bytes)} of KV "
+            f"cache ({error.required_blocks} blocks of {block}) but {have}; {fits}"
+        )
+    return f"{error.where}: {text}" if error.where else text
+
+
+def _allocation_failure(error: KVCacheAllocationError, names: ParameterNames) -> str:
+    free = format_bytes(error.free_bytes) if error.free_bytes is not None else "an unknown amount"
+    return (
+        f"allocating the KV cache on {error.device} failed after {format_bytes(error.allocated_bytes)} of "
+        f"{format_bytes(error.requested_bytes)} in {error.num_allocations} allocation(s) ({error.failure}); "
+        f"everything was released and {free} is free now: plan for less memory (a lower "
+        f"{names.utilization} or {names.memory})"
+    )

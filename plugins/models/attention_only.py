@@ -1,0 +1,259 @@
+"""The attention-only families, one table: Llama, Mistral, Qwen 2/3, Phi-3, Gemma 2/3, gpt-oss.
+
+Their layers are all full or sliding-window attention and they differ only in data, so each is
+one :class:`AttentionOnlyFamily` row of :data:`FAMILIES`:
+
+- *which model types* it claims;
+- *its pattern rule*: which layers slide, and over what window, when the config lists no
+  ``layer_types`` (an explicit ``layer_types`` always wins): :class:`AllFull`,
+  :class:`UniformWindow`, :class:`LocalGlobal` or :class:`WindowFromLayer`;
+- *which config fields* give the head size (``head_dim``, else ``hidden_size //
+  num_attention_heads`` unless the row requires ``head_dim``), and whether the language model
+  sits under ``text_config`` (a vision-language wrapper);
+- *layer naming*: ``{layers}.{i}.self_attn``.
+
+Every row reads the rest alike: ``num_hidden_layers``; ``num_key_value_heads`` (default: the
+attention heads) divided by ``tp``; the model's ``dtype`` / ``torch_dtype`` (on the wrapper too);
+``sliding_window`` for sliding layers; ``attention_chunk_size`` for chunked layers an explicit
+``layer_types`` may list. ``rope_scaling``, attention sinks (gpt-oss) and Gemma's legacy
+``sliding_window_size`` / ``cache_implementation`` do not change the cache and are ignored.
+Per-family notes are in ``docs/reference/models.md``.
+
+A plugin author with another attention-only model can register a row of their own::
+
+    @hookimpl
+    def kvcore_register_model_families(register):
+        row = AttentionOnlyFamily(name="acme", model_types=("acme",), pattern=LocalGlobal(period=4))
+        register(row.family())
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from functools import partial
+from typing import Any, Protocol
+
+import attrs
+
+from kvcore.hookspecs import hookimpl
+from kvcore.model_family import ModelFamily
+from kvcore.model_options import ModelOptions
+from kvcore.plugins.models.kit import (
+    FULL,
+    SLIDING,
+    ConfigFields,
+    LayerNames,
+    attention,
+    attention_builders,
+    build_layers,
+)
+from kvcore.spec import KVCacheSpec
+
+# -- pattern rules -------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class LayerPattern:
+    """What a family's pattern fields say about one config.
+
+    Attributes:
+        types: each layer's type when the config lists no ``layer_types``.
+        window: the window of sliding layers when the pattern fields settle it (a default a
+            config may omit); ``None``: sliding layers read ``sliding_window`` when one exists.
+    """
+
+    types: tuple[str, ...]
+    window: int | None = None
+
+
+class PatternRule(Protocol):
+    """Which layers of a family slide: read from the config before its ``layer_types``."""
+
+    def read(self, cfg: ConfigFields, num_layers: int) -> LayerPattern:
+        """The pattern of a config of ``num_layers`` layers.
+
+        Args:
+            cfg: the config (its ``text_config`` for a wrapper).
+            num_layers: ``num_hidden_layers``.
+
+        Returns:
+            The default layer types and, if the rule settles it, the window.
+
+        Raises:
+            ModelConfigError: a pattern field is bad.
+        """
+        ...  # pragma: no cover - a protocol
+
+
+@attrs.frozen
+class AllFull:
+    """Every layer is full attention (Llama)."""
+
+    def read(self, cfg: ConfigFields, num_layers: int) -> LayerPattern:
+        """See :meth:`PatternRule.read`."""
+        return LayerPattern(types=(FULL,) * num_layers)
+
+
+@attrs.frozen(kw_only=True)
+class UniformWindow:
+    """One window for every layer when ``sliding_window`` is set, else all full (Mistral, Phi-3).
+
+    Attributes:
+        absent: the window when the config omits the key (``null`` always means none).
+    """
+
+    absent: int | None = None
+
+    def read(self, cfg: ConfigFields, num_layers: int) -> LayerPattern:
+        """See :meth:`PatternRule.read`."""
+        window = cfg.optional_integer("sliding_window", absent=self.absent)
+        return LayerPattern(types=(SLIDING if window is not None else FULL,) * num_layers, window=window)
+
+
+@attrs.frozen(kw_only=True)
+class LocalGlobal:
+    """Sliding layers with a full one every ``period`` layers: layer ``i`` slides iff
+    ``(i + 1) % period`` (Gemma 2, gpt-oss: period 2, sliding first; Gemma 3: 6).
+
+    Attributes:
+        period: the period, or its default when ``period_key`` is absent from the config.
+        period_key: the config field that states the period, if the family has one.
+    """
+
+    period: int
+    period_key: str | None = None
+
+    def read(self, cfg: ConfigFields, num_layers: int) -> LayerPattern:
+        """See :meth:`PatternRule.read`."""
+        period = cfg.integer(self.period_key, self.period) if self.period_key else self.period
+        return LayerPattern(types=tuple(SLIDING if (i + 1) % period else FULL for i in range(num_layers)))
+
+
+@attrs.frozen(kw_only=True)
+class WindowFromLayer:
+    """A window only when ``use_sliding_window`` is true, then on layers ``i >=
+    max_window_layers`` (Qwen 2 / 3).
+
+    Attributes:
+        first_sliding: ``max_window_layers`` when the config omits it.
+        absent: the window when ``sliding_window`` is omitted (``null``: none).
+    """
+
+    first_sliding: int
+    absent: int = 4096
+
+    def read(self, cfg: ConfigFields, num_layers: int) -> LayerPattern:
+        """See :meth:`PatternRule.read`."""
+        window = None
+        if cfg.boolean("use_sliding_window", False):
+            window = cfg.optional_integer("sliding_window", absent=self.absent)
+        first = cfg.integer("max_window_layers", self.first_sliding, minimum=0)
+        types = tuple(SLIDING if window is not None and i >= first else FULL for i in range(num_layers))
+        return LayerPattern(types=types, window=window)
+
+
+# -- the rows ------------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class AttentionOnlyFamily:
+    """One attention-only family: a row of :data:`FAMILIES`.
+
+    Attributes:
+        name: the family's name in messages and listings.
+        model_types: the ``model_type`` values it claims.
+        pattern: which layers slide when the config lists no ``layer_types``.
+        head_dim_required: ``head_dim`` must be stated (the head size is not ``hidden_size //
+            num_attention_heads``, as on Gemma and gpt-oss).
+        text_config: the language model's fields are under ``text_config`` (a wrapper); the
+            model's dtype may be stated on the wrapper only.
+        layers: the decoder layer list: layer ``i`` is ``{layers}.{i}.self_attn``.
+    """
+
+    name: str
+    model_types: tuple[str, ...]
+    pattern: PatternRule = AllFull()
+    head_dim_required: bool = False
+    text_config: bool = False
+    layers: str = "model.layers"
+
+    def layer_specs(self, config: Mapping[str, Any], options: ModelOptions) -> dict[str, KVCacheSpec]:
+        """``{layer name: spec}`` of a config of this family.
+
+        Args:
+            config: the whole parsed config.
+            options: the model options.
+
+        Returns:
+            The attention layers in model order.
+
+        Raises:
+            ModelConfigError: a field is missing or bad; the message names the model type and
+                the field.
+        """
+        top = ConfigFields(config, str(config["model_type"]))
+        cfg = top.section("text_config") if self.text_config else top
+        n = cfg.integer("num_hidden_layers")
+        pattern = self.pattern.read(cfg, n)
+        types = cfg.layer_types(n) or list(pattern.types)
+        geometry = attention(cfg, options, cfg.dtype(top), derive_head_dim=not self.head_dim_required)
+        builders: dict[str, Callable[[], KVCacheSpec]] = attention_builders(cfg, geometry)
+        if pattern.window is not None:
+            builders[SLIDING] = partial(geometry.sliding, pattern.window)
+        return build_layers(cfg, types, builders, LayerNames(prefix=self.layers))
+
+    def family(self) -> ModelFamily:
+        """The row as the :class:`~kvcore.ModelFamily` a plugin registers."""
+        return ModelFamily(name=self.name, model_types=self.model_types, layer_specs=self.layer_specs)
+
+
+#: The built-in attention-only families (``docs/reference/models.md`` has the same table).
+FAMILIES: tuple[AttentionOnlyFamily, ...] = (
+    # Llama 2, 3, 3.1, 3.2
+    AttentionOnlyFamily(name="llama", model_types=("llama",)),
+    # Mistral-7B-v0.1: window 4096 on every layer; v0.2 and later (and Nemo) set it to null.
+    # A config that omits the key gets MistralConfig's default, 4096.
+    AttentionOnlyFamily(name="mistral", model_types=("mistral",), pattern=UniformWindow(absent=4096)),
+    # Qwen2.5 ships sliding_window 131072 with use_sliding_window false: all full. transformers 5
+    # dropped max_window_layers from Qwen3MoeConfig and slides every layer (default 0 here);
+    # a qwen3_moe config that states the field is honoured.
+    AttentionOnlyFamily(
+        name="qwen", model_types=("qwen2", "qwen3"), pattern=WindowFromLayer(first_sliding=28)
+    ),
+    AttentionOnlyFamily(
+        name="qwen3_moe", model_types=("qwen3_moe",), pattern=WindowFromLayer(first_sliding=0)
+    ),
+    # Phi-3-mini-4k: sliding_window 2047 on every layer, as transformers applies it
+    # (Phi3Config defaults it to null: full attention).
+    AttentionOnlyFamily(name="phi3", model_types=("phi3",), pattern=UniformWindow()),
+    # Gemma 2: even layers local (window 4096 on the published models), head_dim 256.
+    AttentionOnlyFamily(
+        name="gemma2", model_types=("gemma2",), pattern=LocalGlobal(period=2), head_dim_required=True
+    ),
+    # Gemma 3: 5 local : 1 global; the 27b text_config relies on the default period 6.
+    # Gemma3ForConditionalGeneration keeps the language model under model.language_model.
+    AttentionOnlyFamily(
+        name="gemma3",
+        model_types=("gemma3",),
+        pattern=LocalGlobal(period=6, period_key="sliding_window_pattern"),
+        head_dim_required=True,
+        text_config=True,
+        layers="model.language_model.layers",
+    ),
+    AttentionOnlyFamily(
+        name="gemma3_text",
+        model_types=("gemma3_text",),
+        pattern=LocalGlobal(period=6, period_key="sliding_window_pattern"),
+        head_dim_required=True,
+    ),
+    # gpt-oss: the published configs list layer_types (sliding first, window 128); head_dim 64.
+    AttentionOnlyFamily(
+        name="gpt_oss", model_types=("gpt_oss",), pattern=LocalGlobal(period=2), head_dim_required=True
+    ),
+)
+
+
+@hookimpl
+def kvcore_register_model_families(register: Callable[[ModelFamily], None]) -> None:
+    for row in FAMILIES:
+        register(row.family())

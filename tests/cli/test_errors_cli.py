@@ -1,0 +1,83 @@
+"""The command line words kvcore's errors with its own flags (a Python caller gets parameters)."""
+
+import pytest
+
+import kvcore.runtime.allocation
+from kvcore.cli import main
+from kvcore.cli.inputs import FLAG_NAMES
+from tests.cli.conftest import full_entry
+
+ONE_LAYER = {"l0": full_entry()}  # 64.00 KiB per block of 16 tokens
+
+
+def error_line(run_cli, *argv):
+    status, out, err = run_cli(*argv)
+    assert status == 1 and out == ""
+    assert err.startswith("kvcore: error: ") and err.count("\n") == 1
+    return err.removeprefix("kvcore: error: ").rstrip("\n")
+
+
+def test_one_request_over_the_memory_names_the_flags(run_cli):
+    line = error_line(
+        run_cli, "plan", "--model", "meta-llama/Llama-3.1-8B", "--memory", "1GiB", "--max-model-len", "131072"
+    )
+    assert line == (
+        "one request of 131072 tokens needs 16.00 GiB of KV cache (8192 blocks of 2.00 MiB) but only "
+        "1.00 GiB is available (512 blocks of 2.00 MiB); the largest max_model_len that fits is 8192; "
+        "lower --max-model-len to 8192 or give the KV cache more memory (--memory, or a higher utilization)"
+    )
+
+
+def test_one_request_over_a_forced_block_count_names_the_flags(run_cli, spec_file):
+    line = error_line(
+        run_cli, "plan", "--specs", spec_file(ONE_LAYER), "--memory", "1MiB", "--max-model-len", "512",
+        "--num-blocks", "8",
+    )  # fmt: skip
+    assert line == (
+        "one request of 512 tokens needs 2.00 MiB of KV cache (32 blocks of 64.00 KiB) but --num-blocks 8 "
+        "holds 512.00 KiB; the largest max_model_len that fits is 128; lower --max-model-len to 128 or "
+        "raise --num-blocks to at least 32"
+    )
+
+
+def test_a_forced_block_count_over_the_memory_names_the_flags(run_cli, spec_file):
+    line = error_line(
+        run_cli, "plan", "--specs", spec_file(ONE_LAYER), "--memory", "1MiB", "--max-model-len", "16",
+        "--num-blocks", "20",
+    )  # fmt: skip
+    assert line == (
+        "--num-blocks 20 needs 1.25 MiB (20 blocks of 64.00 KiB) but only 1.00 MiB is available; at most "
+        "16 blocks fit: lower --num-blocks or give the KV cache more memory "
+        "(--memory, or a higher utilization)"
+    )
+
+
+def test_errors_of_one_rank_name_the_rank_and_the_flags(run_cli):
+    line = error_line(
+        run_cli, "plan", "--model", "meta-llama/Llama-3.1-8B", "--memory", "1GiB", "--max-model-len", "1024",
+        "--tp", "2", "--pp", "2", "--num-blocks", "100000",
+    )  # fmt: skip
+    assert line.startswith("rank 0 (pp stage 0, tp rank 0): --num-blocks 100000 needs ")
+    assert line.endswith(
+        "lower --num-blocks or give the KV cache more memory (--memory, or a higher utilization)"
+    )
+
+
+def test_a_failed_allocation_names_the_flags(run_cli, spec_file, monkeypatch):
+    def refuse(nbytes, device):
+        raise RuntimeError("out of memory")
+
+    monkeypatch.setattr(kvcore.runtime.allocation, "empty_bytes", refuse)
+    line = error_line(
+        run_cli, "allocate", "--specs", spec_file(ONE_LAYER), "--memory", "1MiB", "--max-model-len", "16"
+    )
+    assert line.startswith("allocating the KV cache on cpu failed after 0 B of 1.00 MiB in 1 allocation(s) ")
+    assert line.endswith("is free now: plan for less memory (a lower utilization or --memory)")
+
+
+def test_the_names_errors_use_are_options_of_plan(capsys):
+    with pytest.raises(SystemExit):
+        main(["plan", "--help"])
+    options = capsys.readouterr().out
+    for flag in (FLAG_NAMES.max_model_len, FLAG_NAMES.num_blocks, FLAG_NAMES.memory):
+        assert f"{flag} " in options
