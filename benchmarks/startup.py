@@ -11,6 +11,7 @@ imported (``-X importtime`` lists every module a process loads). Run it pinned t
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
@@ -44,17 +45,24 @@ COMMANDS: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 
 
+#: The processes' environment: bytecode is cached as on an installed package (``pip install``
+#: compiles it; a shell with PYTHONDONTWRITEBYTECODE would recompile every module every run).
+ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+
+
 def wall_seconds(argv: tuple[str, ...]) -> float:
     """Wall time of one fresh ``python argv...`` process (its output is discarded)."""
     start = time.perf_counter()
-    subprocess.run([sys.executable, *argv], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run(
+        [sys.executable, *argv], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV
+    )
     return time.perf_counter() - start
 
 
 def imports_torch(argv: tuple[str, ...]) -> bool:
     """Whether the process loads torch (read from ``python -X importtime``)."""
     done = subprocess.run(
-        [sys.executable, "-X", "importtime", *argv], check=True, capture_output=True, text=True
+        [sys.executable, "-X", "importtime", *argv], check=True, capture_output=True, text=True, env=ENV
     )
     return any(line.rsplit("|", 1)[-1].strip() == "torch" for line in done.stderr.splitlines())
 
@@ -68,7 +76,7 @@ def main() -> int:
     rows = []
     slow = False
     for label, argv in COMMANDS:
-        wall_seconds(argv)  # warm the file cache
+        wall_seconds(argv)  # warm the file cache and the bytecode cache
         times = [wall_seconds(argv) for _ in range(args.runs)]
         median = statistics.median(times)
         is_kvcore = "kvcore" in argv

@@ -34,7 +34,7 @@ from kvcore.engine.distributed import DistributedExecutor
 from kvcore.engine.stand_in import stand_in_model
 from kvcore.engine.workflow import capacity_summary
 from kvcore.errors import KVCoreError, MemoryProfilingError
-from kvcore.planning.ranks import RankLayout, simulate_rank_specs
+from kvcore.planning.ranks import Parallelism, simulate_rank_specs
 from kvcore.runtime.allocation import allocation_sizes
 from kvcore.units import format_bytes
 
@@ -64,10 +64,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     dist.init_process_group(args.backend)
     rank, world = dist.get_rank(), dist.get_world_size()
-    layout = RankLayout(tp_size=args.tp, pp_size=args.pp)
-    if layout.world_size != world:
+    parallelism = Parallelism(tp_size=args.tp, pp_size=args.pp)
+    if parallelism.world_size != world:
         print(
-            f"[rank {rank}] launch --tp x --pp = {layout.world_size} processes, not {world}", file=sys.stderr
+            f"[rank {rank}] launch --tp x --pp = {parallelism.world_size} processes, not {world}",
+            file=sys.stderr,
         )
         return 2
     # one GPU per process: torchrun numbers the processes of a node with LOCAL_RANK
@@ -75,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     registry = Registry.default()
     try:
         specs = model_layer_specs(args.model, registry, ModelOptions(tp=args.tp))
-        own = simulate_rank_specs(specs, layout)[rank]
+        own = simulate_rank_specs(specs, parallelism)[rank]
         local_type = FailingExecutor if rank == args.fail_rank else LocalExecutor
         local = local_type(
             stand_in_model(own), device, registry=registry, specs=own, kv_cache_bytes=args.memory
@@ -88,13 +89,14 @@ def main(argv: list[str] | None = None) -> int:
 
     sizes = allocation_sizes(plan)
     line = (
-        f"{layout.describe(rank)}: allocated {format_bytes(sum(sizes))} on {local.device} in {len(sizes)} "
+        f"{parallelism.describe(rank)}: allocated {format_bytes(sum(sizes))} on {local.device} in "
+        f"{len(sizes)} "
         f"tensor(s), bound {len(local.bound)} layers ({layer_ranges(list(local.bound))})"
     )
     lines: list[str | None] = [None] * world
     dist.all_gather_object(lines, line)  # over the process group, once the caches exist
     if rank == 0:
-        print(format_ranks(executor.rank_plans, layout))
+        print(format_ranks(executor.rank_plans, parallelism))
         print()
         print(capacity_summary(plan))
         print()

@@ -67,13 +67,16 @@ _LAZY: dict[str, str] = {
     "layer_specs_from_config": "kvcore.frontends.hf_config",
     "model_layer_specs": "kvcore.frontends.hf_config",
     "scan_module": "kvcore.frontends.module_scan",
+    "KVCachePlan": "kvcore.plan",
     "KVCacheConfig": "kvcore.plan",
     "KVCacheGroup": "kvcore.plan",
     "KVCacheTensor": "kvcore.plan",
+    "Parallelism": "kvcore.planning.ranks",
     "RankLayout": "kvcore.planning.ranks",
     "plan_for_ranks": "kvcore.planning.ranks",
     "plan_kv_cache": "kvcore.planning.planner",
     "AllocationPolicy": "kvcore.policy",
+    "BlockPlacement": "kvcore.policy",
     "Layout": "kvcore.policy",
     "PlanOptions": "kvcore.policy",
     "PolicyChoice": "kvcore.policy",
@@ -108,6 +111,7 @@ if _typing.TYPE_CHECKING:
     from kvcore.plan import (
         KVCacheConfig,
         KVCacheGroup,
+        KVCachePlan,
         KVCacheTensor,
     )
     from kvcore.planning.capacity import (
@@ -121,10 +125,11 @@ if _typing.TYPE_CHECKING:
         get_plugin_manager,
     )
     from kvcore.planning.planner import plan_kv_cache
-    from kvcore.planning.ranks import RankLayout, plan_for_ranks
+    from kvcore.planning.ranks import Parallelism, RankLayout, plan_for_ranks
     from kvcore.planning.registry import Registry
     from kvcore.policy import (
         AllocationPolicy,
+        BlockPlacement,
         Layout,
         PlanOptions,
         PolicyChoice,
@@ -162,6 +167,7 @@ __all__ = [
     "DEFAULT_MAX_NUM_BATCHED_TOKENS",
     "NULL_PAGE",
     "AllocationPolicy",
+    "BlockPlacement",
     "BlockPool",
     "BlockPoolExhaustedError",
     "CacheLayout",
@@ -178,6 +184,7 @@ __all__ = [
     "KVCacheBindingError",
     "KVCacheConfig",
     "KVCacheGroup",
+    "KVCachePlan",
     "KVCacheSpec",
     "KVCacheTensor",
     "KVCoreError",
@@ -189,6 +196,7 @@ __all__ = [
     "ModelFamily",
     "ModelOptions",
     "PagePart",
+    "Parallelism",
     "PartViews",
     "PlanOptions",
     "PlanValidationError",

@@ -1,6 +1,6 @@
 """The plan: how many blocks there are, which layers share a block table, and where bytes live.
 
-A :class:`KVCacheConfig` is what a policy produces and what allocation consumes. It is a frozen
+A :class:`KVCachePlan` is what a policy produces and what allocation consumes. It is a frozen
 value: it can be logged, compared, serialized (:mod:`kvcore.planning.serialization`) and checked
 (:mod:`kvcore.planning.invariants`) without any device.
 
@@ -90,7 +90,7 @@ class KVCacheTensor:
 
 
 @attrs.frozen(kw_only=True)
-class KVCacheConfig:
+class KVCachePlan:
     """A complete KV-cache plan for one worker.
 
     Attributes:
@@ -198,7 +198,11 @@ class KVCacheConfig:
                 yield name, group, tensors[name]
 
 
-def structural_problems(plan: KVCacheConfig) -> Iterator[str]:
+#: vLLM's (and kvcore 0.1's) name for a plan, kept for engine integrators who know it.
+KVCacheConfig = KVCachePlan
+
+
+def structural_problems(plan: KVCachePlan) -> Iterator[str]:
     """Cheap checks that every plan must pass; the byte-overlap check is in kvcore.planning.invariants.
 
     A plan checks these when it is built; this re-checks a plan however it was obtained.

@@ -84,7 +84,7 @@ def _placements(value: Iterable[TensorPlacement]) -> tuple[TensorPlacement, ...]
 
 
 @attrs.frozen(kw_only=True)
-class Layout:
+class BlockPlacement:
     """Where a policy puts the pages of a set of groups: one block id's worth.
 
     Attributes:
@@ -98,6 +98,10 @@ class Layout:
     bytes_per_block: int
     single_buffer: bool
     tensors: tuple[TensorPlacement, ...] = attrs.field(converter=_placements)
+
+
+#: The 0.1 name of :class:`BlockPlacement`, kept so that existing policies keep importing it.
+Layout = BlockPlacement
 
 
 @runtime_checkable
@@ -142,7 +146,7 @@ class AllocationPolicy(Protocol):
         """
         ...
 
-    def layout(self, groups: Sequence[KVCacheGroup]) -> Layout:
+    def layout(self, groups: Sequence[KVCacheGroup]) -> BlockPlacement:
         """Place the pages of ``groups``: offsets and strides, and the bytes one block id costs.
 
         kvcore calls it once per plan (per rank) and sizes the tensors for the block count

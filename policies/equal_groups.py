@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from kvcore.hookspecs import hookimpl
 from kvcore.plan import KVCacheGroup
-from kvcore.policy import AllocationPolicy, Layout, PlanOptions, TensorPlacement
+from kvcore.policy import AllocationPolicy, BlockPlacement, PlanOptions, TensorPlacement
 from kvcore.spec import KVCacheSpec, SizingContext, cdiv, specs_by_group_key
 from kvcore.units import format_bytes
 
@@ -95,7 +95,7 @@ class EqualGroupsPolicy:
         groups.sort(key=lambda g: position[g.layer_names[0]])
         return tuple(groups)
 
-    def layout(self, groups: Sequence[KVCacheGroup]) -> Layout:
+    def layout(self, groups: Sequence[KVCacheGroup]) -> BlockPlacement:
         width = max((len(g.layer_names) for g in groups), default=0)
         page = next((g.spec.page_size_bytes for g in groups if g.layer_names), 0)
         slots: list[list[str]] = [[] for _ in range(width)]  # slot i: layer i of every group
@@ -103,7 +103,7 @@ class EqualGroupsPolicy:
             for slot, name in zip(slots, group.layer_names, strict=False):
                 slot.append(name)
         tensors = tuple(TensorPlacement(0, page, slot) for slot in slots)
-        return Layout(bytes_per_block=width * page, single_buffer=False, tensors=tensors)
+        return BlockPlacement(bytes_per_block=width * page, single_buffer=False, tensors=tensors)
 
 
 @hookimpl

@@ -36,7 +36,7 @@ import attrs
 
 from kvcore.hookspecs import hookimpl
 from kvcore.plan import KVCacheGroup
-from kvcore.policy import AllocationPolicy, Layout, PlanOptions, TensorPlacement
+from kvcore.policy import AllocationPolicy, BlockPlacement, PlanOptions, TensorPlacement
 from kvcore.spec import KVCacheSpec, SizingContext, cdiv, specs_by_group_key
 
 #: Row widths tried per bucket: every layer count up to this, plus the divisors of the bucket
@@ -231,7 +231,7 @@ class SharedBufferPolicy:
         groups.sort(key=lambda g: position[g.layer_names[0]])
         return tuple(groups)
 
-    def layout(self, groups: Sequence[KVCacheGroup]) -> Layout:
+    def layout(self, groups: Sequence[KVCacheGroup]) -> BlockPlacement:
         # A group puts its layers' pages side by side, each on a multiple of its alignment;
         # layer i of a group starts at i x (page rounded up to the alignment).
         align = 1
@@ -262,7 +262,7 @@ class SharedBufferPolicy:
                 else:
                     lane.append(name)
         tensors = tuple(TensorPlacement(offset, stride, names) for offset, stride, names in lanes)
-        return Layout(bytes_per_block=row, single_buffer=True, tensors=tensors)
+        return BlockPlacement(bytes_per_block=row, single_buffer=True, tensors=tensors)
 
 
 @hookimpl

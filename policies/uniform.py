@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from kvcore.hookspecs import hookimpl
 from kvcore.plan import KVCacheGroup
-from kvcore.policy import AllocationPolicy, Layout, PlanOptions, TensorPlacement
+from kvcore.policy import AllocationPolicy, BlockPlacement, PlanOptions, TensorPlacement
 from kvcore.spec import KVCacheSpec, SizingContext, describe_spec, specs_by_group_key
 
 
@@ -41,14 +41,14 @@ class UniformPolicy:
         spec = distinct[0].merge(distinct)
         return (KVCacheGroup(layer_names=tuple(specs), spec=spec),)
 
-    def layout(self, groups: Sequence[KVCacheGroup]) -> Layout:
+    def layout(self, groups: Sequence[KVCacheGroup]) -> BlockPlacement:
         tensors: list[TensorPlacement] = []
         per_block = 0
         for group in groups:
             page = group.spec.page_size_bytes
             per_block += page * len(group.layer_names)
             tensors.extend(TensorPlacement(0, page, (name,)) for name in group.layer_names)
-        return Layout(bytes_per_block=per_block, single_buffer=False, tensors=tuple(tensors))
+        return BlockPlacement(bytes_per_block=per_block, single_buffer=False, tensors=tuple(tensors))
 
 
 @hookimpl

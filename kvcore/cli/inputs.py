@@ -9,7 +9,7 @@ from kvcore.errors import InvalidInputError
 from kvcore.frontends.hf_config import model_layer_specs
 from kvcore.frontends.specfile import read_spec_file
 from kvcore.model_options import ModelOptions
-from kvcore.planning.ranks import RankLayout
+from kvcore.planning.ranks import Parallelism
 from kvcore.planning.registry import Registry
 from kvcore.policy import PlanOptions
 from kvcore.spec import DEFAULT_MAX_NUM_BATCHED_TOKENS, KVCacheSpec, SizingContext, resize_blocks
@@ -105,9 +105,9 @@ def add_pipeline_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def rank_layout(args: argparse.Namespace) -> RankLayout:
-    """The :class:`~kvcore.planning.ranks.RankLayout` of ``--tp`` and ``--pp`` (1 where not given)."""
-    return RankLayout(tp_size=getattr(args, "tp", None) or 1, pp_size=getattr(args, "pp", None) or 1)
+def parallelism(args: argparse.Namespace) -> Parallelism:
+    """The :class:`~kvcore.planning.ranks.Parallelism` of ``--tp`` and ``--pp`` (1 where not given)."""
+    return Parallelism(tp_size=getattr(args, "tp", None) or 1, pp_size=getattr(args, "pp", None) or 1)
 
 
 def add_sizing_options(parser: argparse.ArgumentParser, *, memory_required: bool = True) -> None:

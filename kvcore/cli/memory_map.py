@@ -22,7 +22,7 @@ from typing import Any
 import attrs
 
 from kvcore.errors import InvalidInputError
-from kvcore.plan import KVCacheConfig
+from kvcore.plan import KVCachePlan
 from kvcore.planning.capacity import Capacity
 from kvcore.units import format_bytes
 
@@ -69,7 +69,7 @@ class MemoryMap:
     legend: tuple[str, ...]
 
 
-def memory_map(plan: KVCacheConfig, *, rows: int = 4) -> MemoryMap:
+def memory_map(plan: KVCachePlan, *, rows: int = 4) -> MemoryMap:
     """Compute the boxes of the picture for the first ``rows`` block ids of ``plan``."""
     if rows < 1:
         raise InvalidInputError(f"'rows' must be >= 1 (got {rows})")
@@ -147,7 +147,7 @@ def memory_map(plan: KVCacheConfig, *, rows: int = 4) -> MemoryMap:
     )
 
 
-def render_memory_map(plan: KVCacheConfig, path: str | os.PathLike[str], *, rows: int = 4) -> Path:
+def render_memory_map(plan: KVCachePlan, path: str | os.PathLike[str], *, rows: int = 4) -> Path:
     """Draw the memory map of ``plan`` into ``path`` (``.png`` or ``.svg``).
 
     Raises:

@@ -11,7 +11,7 @@ from kvcore.cli import inputs
 from kvcore.cli.memory_map import render_memory_map
 from kvcore.cli.report import format_plan, format_ranks, plan_report, policy_reason, ranks_report
 from kvcore.planning.planner import plan_model
-from kvcore.planning.ranks import RankLayout, simulate_rank_specs, tightest_rank
+from kvcore.planning.ranks import Parallelism, simulate_rank_specs, tightest_rank
 from kvcore.planning.registry import Registry
 from kvcore.spec import KVCacheSpec
 
@@ -41,9 +41,9 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace, registry: Registry) -> int:
     specs = inputs.load_layer_specs(args, registry)
-    layout = inputs.rank_layout(args)
-    if layout.world_size > 1:
-        return run_ranks(args, registry, specs, layout)
+    parallelism = inputs.parallelism(args)
+    if parallelism.world_size > 1:
+        return run_ranks(args, registry, specs, parallelism)
     result = plan_model(
         specs,
         [args.memory],
@@ -64,7 +64,7 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
 
 
 def run_ranks(
-    args: argparse.Namespace, registry: Registry, specs: Mapping[str, KVCacheSpec], layout: RankLayout
+    args: argparse.Namespace, registry: Registry, specs: Mapping[str, KVCacheSpec], parallelism: Parallelism
 ) -> int:
     """``--tp`` x ``--pp`` > 1: plan every simulated rank, show the ranks, then the plan of the
     rank with the fewest blocks (its groups are every rank's; its layers its own).
@@ -72,17 +72,17 @@ def run_ranks(
     The simulated ranks report ``specs`` split into stages, so the whole model they make up is
     ``specs`` itself: it is planned as :func:`~kvcore.plan_for_ranks` plans merged ranks.
     """
-    rank_specs = simulate_rank_specs(specs, layout)
+    rank_specs = simulate_rank_specs(specs, parallelism)
     result = plan_model(
         specs,
-        [args.memory] * layout.world_size,
+        [args.memory] * parallelism.world_size,
         inputs.sizing_context(args),
         registry=registry,
         policy=args.policy,
         options=inputs.plan_options(args),
         num_blocks=args.num_blocks,
         rank_layers=rank_specs,
-        rank_names=[layout.describe(rank) for rank in range(layout.world_size)],
+        rank_names=[parallelism.describe(rank) for rank in range(parallelism.world_size)],
     )
     plans = result.plans
     rank = tightest_rank(plans)
@@ -91,11 +91,13 @@ def run_ranks(
         render_memory_map(plan, args.map)
     if args.json:
         report = plan_report(plan, own, registry)
-        report.update(tp=layout.tp_size, pp=layout.pp_size, rank=rank, ranks=ranks_report(plans, layout))
+        report.update(
+            tp=parallelism.tp_size, pp=parallelism.pp_size, rank=rank, ranks=ranks_report(plans, parallelism)
+        )
         print(json.dumps(report, indent=2))
         return 0
-    print(format_ranks(plans, layout))
+    print(format_ranks(plans, parallelism))
     print()
-    print(f"plan of {layout.describe(rank)}: every rank has these groups; 'layers' counts this rank's")
+    print(f"plan of {parallelism.describe(rank)}: every rank has these groups; 'layers' counts this rank's")
     print(format_plan(plan, own, reason=policy_reason(result.choice)))
     return 0

@@ -13,9 +13,9 @@ import attrs
 
 from kvcore.cli.table import render_table
 from kvcore.errors import KVCacheBindingError
-from kvcore.plan import KVCacheConfig, KVCacheGroup
+from kvcore.plan import KVCacheGroup, KVCachePlan
 from kvcore.planning.capacity import Capacity, blocks_that_fit
-from kvcore.planning.ranks import RankLayout, tightest_rank
+from kvcore.planning.ranks import Parallelism, tightest_rank
 from kvcore.planning.serialization import plan_to_dict
 from kvcore.policy import PolicyChoice
 from kvcore.runtime.binding import layer_index
@@ -36,7 +36,7 @@ def group_details(group: KVCacheGroup) -> str:
 
 
 def plan_report(
-    plan: KVCacheConfig,
+    plan: KVCachePlan,
     specs: Mapping[str, KVCacheSpec],
     registry: Registry,
     *,
@@ -91,7 +91,7 @@ def policy_reason(choice: PolicyChoice) -> str:
     return f"auto: {choice.reason}" if choice.auto else "named on the command line"
 
 
-def format_plan(plan: KVCacheConfig, specs: Mapping[str, KVCacheSpec], *, reason: str = "") -> str:
+def format_plan(plan: KVCachePlan, specs: Mapping[str, KVCacheSpec], *, reason: str = "") -> str:
     """A readable summary: one row per group, then totals and capacity."""
     ctx = plan.context
     capacity = Capacity.of(plan, specs)
@@ -168,8 +168,8 @@ def layer_ranges(names: Sequence[str]) -> str:
     return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
 
 
-def ranks_report(plans: Sequence[KVCacheConfig], layout: RankLayout) -> list[dict[str, Any]]:
-    """One JSON object per rank: its place in the layout, its layers and its figures.
+def ranks_report(plans: Sequence[KVCachePlan], parallelism: Parallelism) -> list[dict[str, Any]]:
+    """One JSON object per rank: its place among the ranks, its layers and its figures.
 
     Keys: ``rank``, ``pp_rank``, ``tp_rank``, ``layers`` (model order), ``layer_ranges``,
     ``available_memory_bytes``, ``bytes_per_block``, ``num_blocks`` (equal on every rank),
@@ -180,8 +180,8 @@ def ranks_report(plans: Sequence[KVCacheConfig], layout: RankLayout) -> list[dic
     return [
         {
             "rank": rank,
-            "pp_rank": layout.pp_rank(rank),
-            "tp_rank": layout.tp_rank(rank),
+            "pp_rank": parallelism.pp_rank(rank),
+            "tp_rank": parallelism.tp_rank(rank),
             "layers": model_order(plan.layer_names),
             "layer_ranges": layer_ranges(plan.layer_names),
             "available_memory_bytes": plan.available_memory_bytes,
@@ -195,15 +195,15 @@ def ranks_report(plans: Sequence[KVCacheConfig], layout: RankLayout) -> list[dic
     ]
 
 
-def format_ranks(plans: Sequence[KVCacheConfig], layout: RankLayout) -> str:
+def format_ranks(plans: Sequence[KVCachePlan], parallelism: Parallelism) -> str:
     """A readable per-rank summary: one row per rank (stage, layers, memory, bytes per block,
     blocks, bytes used), then which rank sets the common block count."""
     tightest = tightest_rank(plans)
     rows = [
         [
             rank,
-            layout.pp_rank(rank),
-            layout.tp_rank(rank),
+            parallelism.pp_rank(rank),
+            parallelism.tp_rank(rank),
             f"{layer_ranges(plan.layer_names)} ({len(plan.layer_names)})",
             format_bytes(plan.available_memory_bytes),
             format_bytes(plan.bytes_per_block),
@@ -220,13 +220,14 @@ def format_ranks(plans: Sequence[KVCacheConfig], layout: RankLayout) -> str:
     first = plans[tightest]
     fit = blocks_that_fit(first.available_memory_bytes, first.bytes_per_block)
     why = (
-        f"{layout.describe(tightest)} holds the fewest blocks and sets the count"
+        f"{parallelism.describe(tightest)} holds the fewest blocks and sets the count"
         if fit == first.num_blocks
-        else f"the block count was forced; {layout.describe(tightest)} has the least room"
+        else f"the block count was forced; {parallelism.describe(tightest)} has the least room"
     )
     return "\n".join(
         [
-            f"ranks: tp {layout.tp_size} x pp {layout.pp_size} = {layout.world_size}, one block pool of "
+            f"ranks: tp {parallelism.tp_size} x pp {parallelism.pp_size} = {parallelism.world_size}, "
+            "one block pool of "
             f"{first.num_blocks:,} blocks on every rank",
             "",
             table,

@@ -17,7 +17,7 @@ from kvcore.errors import (
     DistributedAgreementError,
     InvalidInputError,
 )
-from kvcore.planning.ranks import RankLayout
+from kvcore.planning.ranks import Parallelism
 from kvcore.spec import cdiv
 
 #: Seconds a rank waits for the others in one round unless told otherwise. It must cover the
@@ -157,12 +157,12 @@ class StoreAgreement:
         poll_s: float = 0.005,
         describe: Callable[[int], str] | None = None,
     ) -> None:
-        layout = RankLayout.for_world(world_size)
+        parallelism = Parallelism.for_world(world_size)
         if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world_size:
             raise InvalidInputError(f"rank must be an int in [0, {world_size}) (got {rank!r})")
         self.store = store
         self.rank = rank
-        self.world_size = layout.world_size
+        self.world_size = parallelism.world_size
         self.timeout_s = _positive_seconds("timeout_s", timeout_s)
         self.poll_s = _positive_seconds("poll_s", poll_s)
         self.describe = describe if describe is not None else (lambda r: f"rank {r}")

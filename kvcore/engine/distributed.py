@@ -36,8 +36,8 @@ from kvcore.errors import (
     InvalidSpecError,
     UnknownSpecKindError,
 )
-from kvcore.plan import KVCacheConfig
-from kvcore.planning.ranks import RankLayout, plan_for_ranks
+from kvcore.plan import KVCachePlan
+from kvcore.planning.ranks import Parallelism, plan_for_ranks
 from kvcore.planning.registry import Registry
 from kvcore.planning.serialization import spec_from_dict, spec_to_dict
 from kvcore.policy import AllocationPolicy, PlanOptions
@@ -86,13 +86,13 @@ class DistributedExecutor:
         timeout_s: float = DEFAULT_TIMEOUT_S,
     ) -> None:
         self.local = local
-        self.layout = RankLayout.for_world(world_size, tp_size)
+        self.parallelism = Parallelism.for_world(world_size, tp_size)
         self.agreement = StoreAgreement(
-            store, rank, world_size, timeout_s=timeout_s, describe=self.layout.describe
+            store, rank, world_size, timeout_s=timeout_s, describe=self.parallelism.describe
         )
         self.rank = rank
-        self.rank_plans: list[KVCacheConfig] = []
-        self.plan: KVCacheConfig | None = None
+        self.rank_plans: list[KVCachePlan] = []
+        self.plan: KVCachePlan | None = None
 
     @classmethod
     def from_process_group(
@@ -154,7 +154,7 @@ class DistributedExecutor:
         policy: str | AllocationPolicy = "auto",
         options: PlanOptions | None = None,
         num_blocks: int | None = None,
-    ) -> KVCacheConfig:
+    ) -> KVCachePlan:
         """Share this rank's specs and memory, plan every rank, and return this rank's plan.
 
         Raises:
@@ -179,7 +179,7 @@ class DistributedExecutor:
                 policy=policy,
                 options=options,
                 num_blocks=num_blocks,
-                tp_size=self.layout.tp_size,
+                tp_size=self.parallelism.tp_size,
             ),
             READY_ROUND,
         )
@@ -191,10 +191,10 @@ class DistributedExecutor:
             return {name: spec_from_dict(data, registry) for name, data in answer["layers"].items()}
         except (UnknownSpecKindError, InvalidSpecError) as exc:
             raise type(exc)(
-                f"{self.layout.describe(rank)} reports a spec this rank cannot read: {exc}"
+                f"{self.parallelism.describe(rank)} reports a spec this rank cannot read: {exc}"
             ) from None
 
-    def initialize(self, plan: KVCacheConfig) -> None:
+    def initialize(self, plan: KVCachePlan) -> None:
         """Allocate and bind this rank's layers, then wait until every rank has done so.
 
         Raises:
@@ -205,7 +205,7 @@ class DistributedExecutor:
         answers = self.agreement.exchange(READY_ROUND, {"num_blocks": plan.num_blocks})
         counts = {rank: answer["num_blocks"] for rank, answer in enumerate(answers)}
         if len(set(counts.values())) != 1:
-            listed = ", ".join(f"{self.layout.describe(r)}: {n}" for r, n in counts.items())
+            listed = ", ".join(f"{self.parallelism.describe(r)}: {n}" for r, n in counts.items())
             raise DistributedAgreementError(
                 f"ranks were initialized with different block counts ({listed}); every rank must "
                 "initialize the plan agree_on_plan returned to it",

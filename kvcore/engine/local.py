@@ -14,7 +14,7 @@ import torch
 from kvcore.errors import KVCacheBindingError
 from kvcore.frontends.module_scan import scan_module
 from kvcore.model_options import ModelOptions, to_model_options
-from kvcore.plan import KVCacheConfig
+from kvcore.plan import KVCachePlan
 from kvcore.planning.ranks import merge_worker_specs as merge_worker_specs
 from kvcore.planning.registry import Registry
 from kvcore.runtime import DEFAULT_UTILIZATION
@@ -90,7 +90,7 @@ class LocalExecutor:
         self.memory = memory
         self._given_specs = dict(specs) if specs is not None else None
         self._scan_options = to_model_options(scan_options)
-        self.plan: KVCacheConfig | None = None
+        self.plan: KVCachePlan | None = None
         self.memory_profile: MemoryProfile | None = None
         self.kv_caches: dict[str, LayerView] = {}
         self.bound: dict[str, torch.nn.Module] = {}
@@ -143,7 +143,7 @@ class LocalExecutor:
         logger.info("%s", profile)
         return profile.kv_cache_bytes
 
-    def initialize(self, plan: KVCacheConfig) -> None:
+    def initialize(self, plan: KVCachePlan) -> None:
         """Allocate ``plan``, bind every layer's view to its module, then run ``warmup_fn``.
 
         The modules are looked up before any memory is taken, so a naming problem costs nothing.

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from typing import Protocol, runtime_checkable
 
 from kvcore.errors import InvalidInputError
-from kvcore.plan import KVCacheConfig
+from kvcore.plan import KVCachePlan
 from kvcore.planning.capacity import Capacity
 from kvcore.planning.planner import plan_kv_cache
 from kvcore.planning.ranks import merge_worker_specs as merge_worker_specs
@@ -47,7 +47,7 @@ class Executor(Protocol):
         """Bytes the KV cache may take (profiled, or fixed by configuration)."""
         ...
 
-    def initialize(self, plan: KVCacheConfig) -> None:
+    def initialize(self, plan: KVCachePlan) -> None:
         """Allocate ``plan``, bind every layer to its view, and warm up."""
         ...
 
@@ -69,12 +69,12 @@ class AgreeingExecutor(Executor, Protocol):
         policy: str | AllocationPolicy = "auto",
         options: PlanOptions | None = None,
         num_blocks: int | None = None,
-    ) -> KVCacheConfig:
+    ) -> KVCachePlan:
         """Share ``specs`` and ``memory`` with every rank, and return this rank's plan."""
         ...
 
 
-def capacity_summary(plan: KVCacheConfig, specs: Mapping[str, KVCacheSpec] | None = None) -> str:
+def capacity_summary(plan: KVCachePlan, specs: Mapping[str, KVCacheSpec] | None = None) -> str:
     """The plan's capacity in a few lines: blocks and bytes, tokens per group, max concurrency.
 
     Args:
@@ -125,7 +125,7 @@ def initialize_kv_caches(
     max_model_len: int | None = None,
     options: PlanOptions | None = None,
     num_blocks: int | None = None,
-) -> KVCacheConfig:
+) -> KVCachePlan:
     """Run the workflow: specs, available memory, plan, initialize. Logs the capacity.
 
     Args:

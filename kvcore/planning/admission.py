@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from kvcore.error_messages import with_message
 from kvcore.errors import InsufficientMemoryError
-from kvcore.plan import KVCacheConfig
+from kvcore.plan import KVCachePlan
 
 
-def check_admission(plan: KVCacheConfig, *, forced_num_blocks: bool = False) -> None:
+def check_admission(plan: KVCachePlan, *, forced_num_blocks: bool = False) -> None:
     """Raise unless one request of the plan's ``max_model_len`` fits in its block pool.
 
     Args:

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 
 import attrs
 
-from kvcore.plan import KVCacheConfig
+from kvcore.plan import KVCachePlan
 from kvcore.spec import KVCacheSpec, SizingContext
 
 
@@ -94,7 +94,7 @@ class Capacity:
     tokens_held: tuple[int | None, ...]
 
     @classmethod
-    def of(cls, plan: KVCacheConfig, specs: Mapping[str, KVCacheSpec] | None = None) -> Capacity:
+    def of(cls, plan: KVCachePlan, specs: Mapping[str, KVCacheSpec] | None = None) -> Capacity:
         """The capacity of ``plan``.
 
         Args:
@@ -129,7 +129,7 @@ class Capacity:
         )
 
 
-def efficiency(plan: KVCacheConfig, specs: Mapping[str, KVCacheSpec]) -> float:
+def efficiency(plan: KVCachePlan, specs: Mapping[str, KVCacheSpec]) -> float:
     """``plan.max_concurrency() / ideal_concurrency(...)`` for the plan's own budget and context
     (:attr:`Capacity.efficiency`)."""
     return Capacity.of(plan, specs).efficiency

@@ -12,7 +12,7 @@ import attrs
 
 from kvcore.dtypes import DType, DTypeLike, to_dtype
 from kvcore.errors import InvalidSpecError, KVCoreError
-from kvcore.plan import KVCacheConfig
+from kvcore.plan import KVCachePlan
 from kvcore.planning.capacity import Capacity, ideal_concurrency
 from kvcore.planning.planner import plan_kv_cache
 from kvcore.planning.registry import Registry
@@ -38,7 +38,7 @@ class Candidate:
     policy: str
     block_size: int | None
     kv_cache_dtype: DType | None
-    plan: KVCacheConfig | None
+    plan: KVCachePlan | None
     capacity: Capacity | None
     ideal_concurrency: float
     error: str | None = None
@@ -115,7 +115,7 @@ def compare_policies(
             ideal = ideal_concurrency(variant, available_bytes, context)
             for name in names:
                 try:
-                    plan: KVCacheConfig | None = plan_kv_cache(
+                    plan: KVCachePlan | None = plan_kv_cache(
                         variant, available_bytes, context, registry=registry, policy=name, options=options
                     )
                     error = None

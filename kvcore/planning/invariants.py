@@ -13,7 +13,7 @@ import heapq
 from collections.abc import Iterator
 
 from kvcore.errors import PlanValidationError
-from kvcore.plan import KVCacheConfig
+from kvcore.plan import KVCachePlan
 
 #: Above this many pages in all, only the first and last few pages of each layer are checked;
 #: layouts are periodic, so an overlap shows in the first rows.
@@ -21,7 +21,7 @@ MAX_CHECKED_PAGES = 200_000
 _EDGE_PAGES = 64
 
 
-def _pages(plan: KVCacheConfig, limit: int) -> Iterator[tuple[int, int, int, int, int, int]]:
+def _pages(plan: KVCachePlan, limit: int) -> Iterator[tuple[int, int, int, int, int, int]]:
     """``(allocation, start, end, group index, first block id, last block id + 1)`` per page."""
     total = sum(plan.num_pages(g) * len(g.layer_names) for g in plan.groups)
     tensor_index = {name: i for i, t in enumerate(plan.tensors) for name in t.shared_by}
@@ -42,7 +42,7 @@ def _pages(plan: KVCacheConfig, limit: int) -> Iterator[tuple[int, int, int, int
                 yield allocation, start, start + page, gi, j * span, (j + 1) * span
 
 
-def plan_problems(plan: KVCacheConfig, *, limit: int = MAX_CHECKED_PAGES) -> list[str]:
+def plan_problems(plan: KVCachePlan, *, limit: int = MAX_CHECKED_PAGES) -> list[str]:
     """Every byte-overlap violation of ``plan`` (empty when the plan is sound).
 
     Args:
@@ -77,7 +77,7 @@ def plan_problems(plan: KVCacheConfig, *, limit: int = MAX_CHECKED_PAGES) -> lis
     return problems
 
 
-def check_plan(plan: KVCacheConfig) -> None:
+def check_plan(plan: KVCachePlan) -> None:
     """Raise :class:`PlanValidationError` listing every overlap :func:`plan_problems` finds."""
     problems = plan_problems(plan)
     if problems:

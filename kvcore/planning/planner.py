@@ -33,11 +33,11 @@ from kvcore.errors import (
     PluginValidationError,
     PolicyNotApplicableError,
 )
-from kvcore.plan import KVCacheConfig, KVCacheGroup, KVCacheTensor
+from kvcore.plan import KVCacheGroup, KVCachePlan, KVCacheTensor
 from kvcore.planning.admission import check_admission
 from kvcore.planning.capacity import blocks_that_fit
 from kvcore.planning.registry import Registry
-from kvcore.policy import AllocationPolicy, Layout, PlanOptions, PolicyChoice
+from kvcore.policy import AllocationPolicy, BlockPlacement, PlanOptions, PolicyChoice
 from kvcore.spec import KVCacheSpec, SizingContext, check_layer_specs, spec_differences
 
 
@@ -51,7 +51,7 @@ class PlanningResult:
     """
 
     choice: PolicyChoice
-    plans: tuple[KVCacheConfig, ...]
+    plans: tuple[KVCachePlan, ...]
 
 
 def plan_kv_cache(
@@ -64,7 +64,7 @@ def plan_kv_cache(
     options: PlanOptions | None = None,
     num_blocks: int | None = None,
     check_fit: bool = True,
-) -> KVCacheConfig:
+) -> KVCachePlan:
     """Plan the KV cache of one worker.
 
     Args:
@@ -287,7 +287,7 @@ def project_groups(groups: Sequence[KVCacheGroup], layers: Collection[str]) -> t
     )
 
 
-def tightest_rank(plans: Sequence[KVCacheConfig]) -> int:
+def tightest_rank(plans: Sequence[KVCachePlan]) -> int:
     """The rank whose memory bounds the common block count (the first, on a tie).
 
     Args:
@@ -302,17 +302,17 @@ def tightest_rank(plans: Sequence[KVCacheConfig]) -> int:
     )
 
 
-def layout_for(policy: AllocationPolicy, groups: Sequence[KVCacheGroup]) -> Layout:
-    """``policy.layout(groups)``, checked to be a :class:`Layout` with a sane size.
+def layout_for(policy: AllocationPolicy, groups: Sequence[KVCacheGroup]) -> BlockPlacement:
+    """``policy.layout(groups)``, checked to be a :class:`BlockPlacement` with a sane size.
 
     Raises:
-        PluginValidationError: not a :class:`Layout`, or no bytes per block for groups that
+        PluginValidationError: not a :class:`BlockPlacement`, or no bytes per block for groups that
             have layers.
     """
     layout = policy.layout(groups)
-    if not isinstance(layout, Layout):
+    if not isinstance(layout, BlockPlacement):
         raise PluginValidationError(
-            f"policy {policy.name!r}: layout() returned {layout!r}, expected a kvcore.Layout"
+            f"policy {policy.name!r}: layout() returned {layout!r}, expected a kvcore.BlockPlacement"
         )
     if layout.bytes_per_block <= 0 and any(g.layer_names for g in groups):
         raise PluginValidationError(
@@ -323,7 +323,7 @@ def layout_for(policy: AllocationPolicy, groups: Sequence[KVCacheGroup]) -> Layo
 
 
 def size_tensors(
-    policy_name: str, layout: Layout, groups: Sequence[KVCacheGroup], num_blocks: int
+    policy_name: str, layout: BlockPlacement, groups: Sequence[KVCacheGroup], num_blocks: int
 ) -> tuple[KVCacheTensor, ...]:
     """The layout's tensors, sized for ``num_blocks`` block ids.
 
@@ -380,11 +380,11 @@ def size_tensors(
 def build_plan(
     policy: AllocationPolicy,
     groups: Sequence[KVCacheGroup],
-    layout: Layout,
+    layout: BlockPlacement,
     num_blocks: int,
     context: SizingContext,
     available_bytes: int,
-) -> KVCacheConfig:
+) -> KVCachePlan:
     """Size ``layout`` for ``num_blocks`` and wrap it in a plan (no admission check).
 
     Args:
@@ -402,7 +402,7 @@ def build_plan(
         PluginValidationError: the layout places a layer that is in no group.
         PlanValidationError: the layout breaks a structural invariant.
     """
-    return KVCacheConfig(
+    return KVCachePlan(
         policy=policy.name,
         num_blocks=num_blocks,
         bytes_per_block=layout.bytes_per_block,

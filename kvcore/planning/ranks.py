@@ -1,4 +1,4 @@
-"""Plans for several ranks at once: the tensor x pipeline rank layout, and one plan per rank.
+"""Plans for several ranks at once: how tensor x pipeline ranks are numbered, and one plan per rank.
 
 Pure planning, no ``torch.distributed``: :mod:`kvcore.engine.distributed` gathers what every rank
 reports and calls :func:`plan_for_ranks`; ``kvcore plan --tp N --pp M`` calls it on simulated
@@ -6,7 +6,7 @@ ranks (:func:`simulate_rank_specs`).
 
 The rules:
 
-- *Rank layout.* ``world = tp x pp`` and ``rank = pp_rank * tp + tp_rank``: the tensor-parallel
+- *Rank numbering.* ``world = tp x pp`` and ``rank = pp_rank * tp + tp_rank``: the tensor-parallel
   ranks of one pipeline stage are consecutive (Megatron style).
 - *Stages.* Pipeline stages own disjoint layers. Tensor-parallel ranks of one stage hold the
   same layers and must report equal specs for them (``spec.merge`` decides).
@@ -32,7 +32,7 @@ from collections.abc import Mapping, Sequence
 import attrs
 
 from kvcore.errors import InvalidInputError, InvalidSpecError, SpecMismatchError
-from kvcore.plan import KVCacheConfig
+from kvcore.plan import KVCachePlan
 from kvcore.planning.planner import plan_model
 from kvcore.planning.planner import project_groups as project_groups
 from kvcore.planning.planner import tightest_rank as tightest_rank
@@ -47,7 +47,7 @@ def _parallel_size(instance: object, attribute: attrs.Attribute[int], value: obj
 
 
 @attrs.frozen(kw_only=True)
-class RankLayout:
+class Parallelism:
     """How ``tp_size x pp_size`` ranks are numbered: ``rank = pp_rank * tp_size + tp_rank``.
 
     Attributes:
@@ -59,8 +59,8 @@ class RankLayout:
     pp_size: int = attrs.field(default=1, validator=_parallel_size)
 
     @classmethod
-    def for_world(cls, world_size: int, tp_size: int = 1) -> RankLayout:
-        """The layout of ``world_size`` ranks in stages of ``tp_size``.
+    def for_world(cls, world_size: int, tp_size: int = 1) -> Parallelism:
+        """The ranks of a job of ``world_size`` ranks in stages of ``tp_size``.
 
         Raises:
             InvalidInputError: ``world_size`` is not a positive multiple of ``tp_size``.
@@ -102,6 +102,10 @@ class RankLayout:
         return f"rank {rank}" + (f" ({', '.join(parts)})" if parts else "")
 
 
+#: The 0.1 name of :class:`Parallelism`.
+RankLayout = Parallelism
+
+
 def partition_layers(layer_names: Sequence[str], pp_size: int) -> tuple[tuple[str, ...], ...]:
     """Cut layers, in model order, into ``pp_size`` contiguous stages balanced by layer count.
 
@@ -118,7 +122,7 @@ def partition_layers(layer_names: Sequence[str], pp_size: int) -> tuple[tuple[st
     Raises:
         InvalidInputError: fewer layers than stages.
     """
-    _parallel_size(None, attrs.fields(RankLayout).pp_size, pp_size)
+    _parallel_size(None, attrs.fields(Parallelism).pp_size, pp_size)
     names = list(layer_names)
     if len(names) < pp_size:
         raise InvalidInputError(
@@ -135,7 +139,9 @@ def partition_layers(layer_names: Sequence[str], pp_size: int) -> tuple[tuple[st
     return tuple(stages)
 
 
-def simulate_rank_specs(specs: Mapping[str, KVCacheSpec], layout: RankLayout) -> list[dict[str, KVCacheSpec]]:
+def simulate_rank_specs(
+    specs: Mapping[str, KVCacheSpec], parallelism: Parallelism
+) -> list[dict[str, KVCacheSpec]]:
     """What each rank would report for a model whose per-rank specs are ``specs``.
 
     Every tensor-parallel rank reports the same specs (``specs`` are already per rank, e.g.
@@ -148,8 +154,11 @@ def simulate_rank_specs(specs: Mapping[str, KVCacheSpec], layout: RankLayout) ->
     Raises:
         InvalidInputError: fewer layers than stages.
     """
-    stages = partition_layers(list(specs), layout.pp_size)
-    return [{name: specs[name] for name in stages[layout.pp_rank(rank)]} for rank in range(layout.world_size)]
+    stages = partition_layers(list(specs), parallelism.pp_size)
+    return [
+        {name: specs[name] for name in stages[parallelism.pp_rank(rank)]}
+        for rank in range(parallelism.world_size)
+    ]
 
 
 def merge_worker_specs(
@@ -213,46 +222,46 @@ def _ranks_text(ranks: Sequence[int]) -> str:
 
 
 def merge_rank_specs(
-    rank_specs: Sequence[Mapping[str, KVCacheSpec]], layout: RankLayout
+    rank_specs: Sequence[Mapping[str, KVCacheSpec]], parallelism: Parallelism
 ) -> dict[str, KVCacheSpec]:
     """The whole model's ``{layer: spec}``: each stage's specs merged, stages in order.
 
     Args:
         rank_specs: one ``{layer: spec}`` per rank, in rank order.
-        layout: how the ranks form stages.
+        parallelism: how the ranks form stages.
 
     Returns:
         The whole model's specs, stage 0's layers first.
 
     Raises:
-        InvalidInputError: not one mapping per rank of ``layout``.
+        InvalidInputError: not one mapping per rank of ``parallelism``.
         InvalidSpecError: a rank's mapping is malformed (names the rank).
         SpecMismatchError: tensor-parallel ranks of a stage hold different layers or report
             different specs for a layer, or two stages hold one layer; names the layer and the
             ranks.
     """
-    if len(rank_specs) != layout.world_size:
+    if len(rank_specs) != parallelism.world_size:
         raise InvalidInputError(
-            f"got specs from {len(rank_specs)} rank(s) but tp_size={layout.tp_size} x "
-            f"pp_size={layout.pp_size} is {layout.world_size}; every rank must report its specs"
+            f"got specs from {len(rank_specs)} rank(s) but tp_size={parallelism.tp_size} x "
+            f"pp_size={parallelism.pp_size} is {parallelism.world_size}; every rank must report its specs"
         )
     for rank, specs in enumerate(rank_specs):
         try:
             check_layer_specs(specs)
         except InvalidSpecError as exc:
-            if layout.world_size == 1:
+            if parallelism.world_size == 1:
                 raise
-            raise InvalidSpecError(f"{layout.describe(rank)}: {exc}") from None
+            raise InvalidSpecError(f"{parallelism.describe(rank)}: {exc}") from None
     merged: dict[str, KVCacheSpec] = {}
     owner: dict[str, int] = {}
-    for stage in range(layout.pp_size):
-        ranks = layout.stage_ranks(stage)
+    for stage in range(parallelism.pp_size):
+        ranks = parallelism.stage_ranks(stage)
         _check_same_layers(stage, [rank_specs[r] for r in ranks], ranks)
         stage_specs = merge_worker_specs([rank_specs[r] for r in ranks], ranks=ranks)
         for name, spec in stage_specs.items():
             if name in owner:
                 first = owner[name]
-                earlier = _ranks_text(layout.stage_ranks(first))
+                earlier = _ranks_text(parallelism.stage_ranks(first))
                 raise SpecMismatchError(
                     f"layer {name!r} is held by pipeline stages {first} ({earlier}) and {stage} "
                     f"({_ranks_text(ranks)}); pipeline stages must own disjoint layers"
@@ -285,7 +294,7 @@ def plan_for_ranks(
     num_blocks: int | None = None,
     tp_size: int = 1,
     check_fit: bool = True,
-) -> list[KVCacheConfig]:
+) -> list[KVCachePlan]:
     """One plan per rank, all with the same groups and the same ``num_blocks``.
 
     With one rank this is :func:`~kvcore.plan_kv_cache`. With several, the stages' specs are
@@ -323,10 +332,10 @@ def plan_for_ranks(
             f"got specs from {len(rank_specs)} worker(s) but memory from {len(rank_memory)}; "
             "every rank must report both"
         )
-    layout = RankLayout.for_world(len(rank_specs), tp_size)
-    many = layout.world_size > 1
+    parallelism = Parallelism.for_world(len(rank_specs), tp_size)
+    many = parallelism.world_size > 1
     # one rank: its specs are the model's, as plan_kv_cache takes them
-    specs = merge_rank_specs(rank_specs, layout) if many else rank_specs[0]
+    specs = merge_rank_specs(rank_specs, parallelism) if many else rank_specs[0]
     result = plan_model(
         specs,
         rank_memory,
@@ -337,6 +346,6 @@ def plan_for_ranks(
         num_blocks=num_blocks,
         check_fit=check_fit,
         rank_layers=rank_specs if many else None,
-        rank_names=[layout.describe(rank) for rank in range(layout.world_size)] if many else None,
+        rank_names=[parallelism.describe(r) for r in range(parallelism.world_size)] if many else None,
     )
     return list(result.plans)

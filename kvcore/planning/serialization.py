@@ -8,7 +8,7 @@ Formats (documented in ``docs/reference/json-formats.md``):
 
 - a spec: ``{"kind": "full_attention", "block_size": 16, "num_kv_heads": 8, ...}``;
 - a group: ``{"layers": [...], "blocks_per_page": 1, "page_size_bytes": ..., <the spec>}``;
-- a plan: the attrs fields of :class:`~kvcore.plan.KVCacheConfig`, groups as above.
+- a plan: the attrs fields of :class:`~kvcore.plan.KVCachePlan`, groups as above.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn
 
 from kvcore.dtypes import DType, dtype_name, to_dtype
 from kvcore.errors import InvalidInputError, InvalidSpecError, KVCoreError, PlanValidationError
-from kvcore.plan import KVCacheConfig, KVCacheGroup
+from kvcore.plan import KVCacheGroup, KVCachePlan
 from kvcore.spec import KVCacheSpec
 
 if TYPE_CHECKING:
@@ -166,7 +166,7 @@ def make_converter(registry: Registry) -> cattrs.Converter:
     conv.register_unstructure_hook(KVCacheGroup, unstructure_group)
     conv.register_structure_hook(KVCacheGroup, structure_group)
     conv.register_structure_hook(
-        KVCacheConfig, make_dict_structure_fn(KVCacheConfig, conv, _cattrs_forbid_extra_keys=False)
+        KVCachePlan, make_dict_structure_fn(KVCachePlan, conv, _cattrs_forbid_extra_keys=False)
     )
     return conv
 
@@ -210,12 +210,12 @@ def spec_from_dict(data: Mapping[str, Any], registry: Registry) -> KVCacheSpec:
     return converter_for(registry).structure(data, _SPEC_BASE)  # type: ignore[no-any-return]
 
 
-def plan_to_dict(plan: KVCacheConfig, registry: Registry) -> dict[str, Any]:
+def plan_to_dict(plan: KVCachePlan, registry: Registry) -> dict[str, Any]:
     """A plan as a JSON-ready dict (lossless: :func:`plan_from_dict` gives an equal plan)."""
     return converter_for(registry).unstructure(plan)  # type: ignore[no-any-return]
 
 
-def plan_from_dict(data: Mapping[str, Any], registry: Registry) -> KVCacheConfig:
+def plan_from_dict(data: Mapping[str, Any], registry: Registry) -> KVCachePlan:
     """Read a plan back from :func:`plan_to_dict` output (extra keys are ignored).
 
     Raises:
@@ -223,19 +223,19 @@ def plan_from_dict(data: Mapping[str, Any], registry: Registry) -> KVCacheConfig
         PlanValidationError: the plan breaks a structural invariant.
     """
     try:
-        return converter_for(registry).structure(data, KVCacheConfig)
+        return converter_for(registry).structure(data, KVCachePlan)
     except KVCoreError:
         raise
     except (cattrs.BaseValidationError, TypeError, ValueError, KeyError) as exc:
         raise InvalidInputError(f"not a kvcore plan: {_error_text(exc)}") from None
 
 
-def plan_to_json(plan: KVCacheConfig, registry: Registry, **dumps_kwargs: Any) -> str:
+def plan_to_json(plan: KVCachePlan, registry: Registry, **dumps_kwargs: Any) -> str:
     """:func:`plan_to_dict` as a JSON string."""
     return json.dumps(plan_to_dict(plan, registry), **dumps_kwargs)
 
 
-def plan_from_json(text: str, registry: Registry) -> KVCacheConfig:
+def plan_from_json(text: str, registry: Registry) -> KVCachePlan:
     """Read a plan from a JSON string."""
     try:
         data = json.loads(text)

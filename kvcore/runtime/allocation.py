@@ -27,7 +27,7 @@ from kvcore.runtime.torch_dtypes import torch_dtype
 
 if TYPE_CHECKING:
     from kvcore.cache_layout import PagePart
-    from kvcore.plan import KVCacheConfig
+    from kvcore.plan import KVCachePlan
     from kvcore.planning.registry import Registry
 
 #: Allocates ``nbytes`` bytes on ``device`` as a 1-D ``uint8`` tensor. Injectable, so a test
@@ -67,7 +67,7 @@ LayerView: TypeAlias = torch.Tensor | PartViews
 
 
 @attrs.frozen(kw_only=True)
-class ViewSpec:
+class ViewGeometry:
     """Where one part of one layer lives: a typed strided window on an allocation.
 
     Attributes:
@@ -89,7 +89,7 @@ class ViewSpec:
     storage_offset: int
 
 
-def allocation_sizes(plan: KVCacheConfig) -> list[int]:
+def allocation_sizes(plan: KVCachePlan) -> list[int]:
     """Bytes of each backing allocation: one buffer, or one per plan tensor."""
     if plan.single_buffer:
         return [plan.kv_cache_bytes]
@@ -105,7 +105,7 @@ def _contiguous_strides(shape: Sequence[int]) -> list[int]:
 
 def _part_view(
     layer: str, part: PagePart, allocation: int, offset: int, page_stride: int, num_pages: int
-) -> ViewSpec:
+) -> ViewGeometry:
     item = dtype_size(part.dtype)
     start = offset + part.offset_bytes
     if start % item or page_stride % item:
@@ -118,7 +118,7 @@ def _part_view(
         )
     inner = _contiguous_strides(part.shape)
     dim = part.block_dim
-    return ViewSpec(
+    return ViewGeometry(
         layer=layer,
         part=part.name,
         allocation=allocation,
@@ -129,7 +129,7 @@ def _part_view(
     )
 
 
-def view_specs(plan: KVCacheConfig, *, registry: Registry) -> dict[str, tuple[ViewSpec, ...]]:
+def view_geometries(plan: KVCachePlan, *, registry: Registry) -> dict[str, tuple[ViewGeometry, ...]]:
     """Every layer's views as numbers, from the plan and the layout hook; no memory is touched.
 
     Args:
@@ -137,7 +137,7 @@ def view_specs(plan: KVCacheConfig, *, registry: Registry) -> dict[str, tuple[Vi
         registry: whose ``kvcore_cache_layout`` hook gives each group spec's page layout.
 
     Returns:
-        ``{layer name: one ViewSpec per page part}``, in plan order.
+        ``{layer name: one ViewGeometry per page part}``, in plan order.
 
     Raises:
         PlanValidationError: a part would start off its dtype's element boundary.
@@ -145,7 +145,7 @@ def view_specs(plan: KVCacheConfig, *, registry: Registry) -> dict[str, tuple[Vi
         InvalidSpecError: a layout does not fit in its page.
     """
     tensor_index = {name: i for i, tensor in enumerate(plan.tensors) for name in tensor.shared_by}
-    out: dict[str, tuple[ViewSpec, ...]] = {}
+    out: dict[str, tuple[ViewGeometry, ...]] = {}
     for group in plan.groups:
         layout = registry.cache_layout(group.spec)
         pages = plan.num_pages(group)
@@ -160,7 +160,7 @@ def view_specs(plan: KVCacheConfig, *, registry: Registry) -> dict[str, tuple[Vi
     return out
 
 
-def _materialize(spec: ViewSpec, buffer: torch.Tensor) -> torch.Tensor:
+def _materialize(spec: ViewGeometry, buffer: torch.Tensor) -> torch.Tensor:
     item = dtype_size(spec.dtype)
     usable = buffer.numel() - buffer.numel() % item
     typed = buffer[:usable].view(spec.dtype)
@@ -168,12 +168,12 @@ def _materialize(spec: ViewSpec, buffer: torch.Tensor) -> torch.Tensor:
 
 
 def build_views(
-    specs: dict[str, tuple[ViewSpec, ...]], buffers: Sequence[torch.Tensor]
+    specs: dict[str, tuple[ViewGeometry, ...]], buffers: Sequence[torch.Tensor]
 ) -> dict[str, LayerView]:
-    """Turn :func:`view_specs` into tensors over ``buffers``.
+    """Turn :func:`view_geometries` into tensors over ``buffers``.
 
     Args:
-        specs: what :func:`view_specs` returned for the plan.
+        specs: what :func:`view_geometries` returned for the plan.
         buffers: the plan's allocations, in :func:`allocation_sizes` order.
 
     Returns:
@@ -267,7 +267,7 @@ def _one_line(exc: BaseException) -> str:
 
 
 def allocate(
-    plan: KVCacheConfig,
+    plan: KVCachePlan,
     device: torch.device | str,
     *,
     registry: Registry,
@@ -294,6 +294,6 @@ def allocate(
         KVCacheAllocationError: an allocation failed; nothing stays allocated.
     """
     dev = check_device(device)
-    specs = view_specs(plan, registry=registry)
+    specs = view_geometries(plan, registry=registry)
     buffers = allocate_buffers(allocation_sizes(plan), dev, zero=zero, allocator=allocator)
     return build_views(specs, buffers)

@@ -27,7 +27,7 @@ from collections.abc import Hashable, Iterable
 from typing import Final
 
 from kvcore.errors import BlockPoolExhaustedError, InvalidInputError
-from kvcore.plan import KVCacheConfig, KVCacheGroup
+from kvcore.plan import KVCacheGroup, KVCachePlan
 from kvcore.spec import cdiv
 
 #: Block-table entry of a page that was freed because no later token reads it.
@@ -115,7 +115,7 @@ class BlockPool:
         plan: the plan whose ``num_blocks`` and groups the pool serves.
     """
 
-    def __init__(self, plan: KVCacheConfig) -> None:
+    def __init__(self, plan: KVCachePlan) -> None:
         self.plan = plan
         self.groups: tuple[KVCacheGroup, ...] = plan.groups
         self.num_blocks: int = plan.num_blocks

@@ -24,7 +24,7 @@ from kvcore.errors import (
     KVCoreError,
     PolicyNotApplicableError,
 )
-from kvcore.plan import KVCacheConfig, structural_problems
+from kvcore.plan import KVCachePlan, structural_problems
 from kvcore.planning.capacity import Capacity
 from kvcore.planning.invariants import plan_problems
 from kvcore.planning.registry import Registry
@@ -331,7 +331,7 @@ def check_refusal(policy: AllocationPolicy, problem: PlanningProblem, registry: 
     _fail(f"policy {policy.name!r} planned specs its why_not refused ({reason})")
 
 
-def check_within_budget(plan: KVCacheConfig, problem: PlanningProblem) -> None:
+def check_within_budget(plan: KVCachePlan, problem: PlanningProblem) -> None:
     """The plan allocates no more bytes than the budget it was given."""
     if plan.available_memory_bytes != problem.available_bytes:
         _fail(
@@ -344,7 +344,7 @@ def check_within_budget(plan: KVCacheConfig, problem: PlanningProblem) -> None:
         )
 
 
-def check_every_layer_placed_once(plan: KVCacheConfig, problem: PlanningProblem) -> None:
+def check_every_layer_placed_once(plan: KVCachePlan, problem: PlanningProblem) -> None:
     """Every layer is in exactly one group and viewed through exactly one tensor."""
     wanted = Counter(list(problem.specs))
     for what, names in (
@@ -358,10 +358,10 @@ def check_every_layer_placed_once(plan: KVCacheConfig, problem: PlanningProblem)
             _fail(f"policy {plan.policy!r}: the {what} miss layers {missing} or repeat/invent {extra}")
 
 
-def check_ranges_in_bounds(plan: KVCacheConfig) -> None:
+def check_ranges_in_bounds(plan: KVCachePlan) -> None:
     """Every page of every layer lies inside its tensor, and every tensor inside its memory.
 
-    These are the plan's own structural invariants (a :class:`~kvcore.KVCacheConfig` checks
+    These are the plan's own structural invariants (a :class:`~kvcore.KVCachePlan` checks
     them when it is built); this re-checks a plan however it was obtained.
     """
     problems = list(structural_problems(plan))
@@ -369,7 +369,7 @@ def check_ranges_in_bounds(plan: KVCacheConfig) -> None:
         _fail(f"policy {plan.policy!r} made a plan whose ranges break: {'; '.join(problems[:3])}")
 
 
-def check_no_live_overlap(plan: KVCacheConfig) -> None:
+def check_no_live_overlap(plan: KVCachePlan) -> None:
     """No two pages that can be live at once share a byte.
 
     See :func:`kvcore.planning.invariants.plan_problems`.
@@ -379,7 +379,7 @@ def check_no_live_overlap(plan: KVCacheConfig) -> None:
         _fail(f"policy {plan.policy!r} overlaps live pages: {'; '.join(problems[:3])}")
 
 
-def check_not_above_ideal(plan: KVCacheConfig, problem: PlanningProblem) -> None:
+def check_not_above_ideal(plan: KVCachePlan, problem: PlanningProblem) -> None:
     """The plan never claims more concurrency than the ideal bound allows (an accounting bug)."""
     capacity = Capacity.of(plan, problem.specs)  # for the plan's budget, which is the problem's
     if plan.num_blocks and capacity.max_concurrency > capacity.ideal_concurrency * (1 + 1e-9):
@@ -390,13 +390,13 @@ def check_not_above_ideal(plan: KVCacheConfig, problem: PlanningProblem) -> None
         )
 
 
-def check_same_plan(first: KVCacheConfig, second: KVCacheConfig) -> None:
+def check_same_plan(first: KVCachePlan, second: KVCachePlan) -> None:
     """Planning equal inputs twice gives equal plans."""
     if first != second:
         _fail(f"policy {first.policy!r} made two different plans from equal inputs: {first} vs {second}")
 
 
-def check_more_memory_not_worse(small: KVCacheConfig, large: KVCacheConfig) -> None:
+def check_more_memory_not_worse(small: KVCachePlan, large: KVCachePlan) -> None:
     """A larger budget never gives fewer blocks or less concurrency."""
     if large.num_blocks < small.num_blocks or large.max_concurrency() < small.max_concurrency():
         _fail(
@@ -406,7 +406,7 @@ def check_more_memory_not_worse(small: KVCacheConfig, large: KVCacheConfig) -> N
         )
 
 
-def check_plan_json_round_trip(plan: KVCacheConfig, registry: Registry) -> None:
+def check_plan_json_round_trip(plan: KVCachePlan, registry: Registry) -> None:
     """A plan written as JSON reads back equal."""
     text = plan_to_json(plan, registry)
     back = plan_from_json(text, registry)

@@ -36,7 +36,7 @@ from hypothesis import given, reject, settings
 from hypothesis import strategies as st
 
 from kvcore.errors import KVCoreError, UnknownPolicyError
-from kvcore.plan import KVCacheConfig
+from kvcore.plan import KVCachePlan
 from kvcore.planning.registry import Registry
 from kvcore.policy import AllocationPolicy, PlanOptions
 from kvcore.spec import KVCacheSpec, SizingContext
@@ -275,7 +275,7 @@ class PolicyKit:
     registry: Registry
     plugins: tuple[object, ...]
 
-    def plan(self, problem: PlanningProblem, **kwargs: Any) -> KVCacheConfig:
+    def plan(self, problem: PlanningProblem, **kwargs: Any) -> KVCachePlan:
         """Plan ``problem`` with the policy under test (keyword arguments as for PlanningProblem.plan)."""
         return problem.plan(self.policy.name, self.registry, options=self.options, **kwargs)
 

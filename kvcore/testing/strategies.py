@@ -33,7 +33,7 @@ from hypothesis import strategies as st
 from kvcore import dtypes as kv_dtypes
 from kvcore.dtypes import DType
 from kvcore.errors import InvalidInputError, KVCoreError, PolicyNotApplicableError
-from kvcore.plan import KVCacheConfig
+from kvcore.plan import KVCachePlan
 from kvcore.planning.capacity import request_bytes
 from kvcore.planning.planner import plan_kv_cache
 from kvcore.planning.registry import Registry
@@ -300,7 +300,7 @@ class PlanningProblem:
         options: PlanOptions | None = None,
         available_bytes: int | None = None,
         num_blocks: int | None = None,
-    ) -> KVCacheConfig:
+    ) -> KVCachePlan:
         """Plan this problem with ``policy`` (no admission check: small budgets are valid input).
 
         Args:
@@ -358,7 +358,7 @@ def plans(
     registry: Registry | None = None,
     problems: st.SearchStrategy[PlanningProblem] | None = None,
     options: PlanOptions | None = None,
-) -> st.SearchStrategy[KVCacheConfig]:
+) -> st.SearchStrategy[KVCachePlan]:
     """A plan made by ``policy`` for a drawn :class:`PlanningProblem`.
 
     Problems the policy refuses (its ``why_not`` gives a reason) are rejected, so pass
@@ -374,7 +374,7 @@ def plans(
     source = problems if problems is not None else planning_problems()
 
     @st.composite
-    def draw_plan(draw: st.DrawFn) -> KVCacheConfig:
+    def draw_plan(draw: st.DrawFn) -> KVCachePlan:
         problem = draw(source)
         try:
             return problem.plan(policy, reg, options=options)

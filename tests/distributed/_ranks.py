@@ -34,7 +34,7 @@ import torch.distributed as dist
 from kvcore import LocalExecutor, Registry, get_plugin_manager, initialize_kv_caches
 from kvcore.engine.distributed import DistributedExecutor
 from kvcore.errors import MemoryProfilingError
-from kvcore.planning.ranks import RankLayout, partition_layers
+from kvcore.planning.ranks import Parallelism, partition_layers
 from kvcore.planning.serialization import plan_to_dict
 from tests.runtime._kinds import ToyAttention, ToyAttentionPlugin
 
@@ -73,15 +73,15 @@ class Scenario:
     faults: dict[int, str] = attrs.field(factory=dict)
 
     @property
-    def layout(self) -> RankLayout:
-        return RankLayout(tp_size=self.tp, pp_size=self.pp)
+    def parallelism(self) -> Parallelism:
+        return Parallelism(tp_size=self.tp, pp_size=self.pp)
 
     def memory_of(self, rank: int) -> int:
         return self.memory if isinstance(self.memory, int) else self.memory[rank]
 
     def stage_layers(self, rank: int) -> list[int]:
         names = [str(i) for i in range(self.num_layers)]
-        return [int(i) for i in partition_layers(names, self.pp)[self.layout.pp_rank(rank)]]
+        return [int(i) for i in partition_layers(names, self.pp)[self.parallelism.pp_rank(rank)]]
 
 
 class StageModel(torch.nn.Module):
@@ -140,7 +140,8 @@ def rank_specs(scenario: Scenario) -> list[dict[str, Any]]:
     """What each rank's executor reports, computed in this process (the expectations)."""
     registry = toy_registry()
     return [
-        RankExecutor(scenario, r, registry).get_kv_cache_spec() for r in range(scenario.layout.world_size)
+        RankExecutor(scenario, r, registry).get_kv_cache_spec()
+        for r in range(scenario.parallelism.world_size)
     ]
 
 
@@ -251,7 +252,7 @@ def run_ranks(
         expect: the ranks that must report (default: every rank without an exit/hang fault).
         guard_s: the wall-clock limit of the whole run.
     """
-    world = scenario.layout.world_size
+    world = scenario.parallelism.world_size
     if expect is None:
         expect = {r for r in range(world) if scenario.faults.get(r) not in ("exit", "hang")}
     return _start_and_collect(_rank_main, scenario, world, expect, guard_s)

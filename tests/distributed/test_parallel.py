@@ -16,7 +16,7 @@ from kvcore import (
 )
 from kvcore.planning.invariants import check_plan
 from kvcore.planning.ranks import (
-    RankLayout,
+    Parallelism,
     merge_rank_specs,
     partition_layers,
     plan_for_ranks,
@@ -31,7 +31,7 @@ GiB = 2**30
 
 
 def test_rank_layout_is_megatron_style_tp_innermost():
-    layout = RankLayout(tp_size=2, pp_size=3)
+    layout = Parallelism(tp_size=2, pp_size=3)
     assert layout.world_size == 6
     assert [(layout.pp_rank(r), layout.tp_rank(r)) for r in range(6)] == [
         (0, 0),
@@ -43,17 +43,17 @@ def test_rank_layout_is_megatron_style_tp_innermost():
     ]
     assert list(layout.stage_ranks(1)) == [2, 3]
     assert layout.describe(3) == "rank 3 (pp stage 1, tp rank 1)"
-    assert RankLayout(tp_size=4).describe(3) == "rank 3"
-    assert RankLayout(pp_size=4).describe(3) == "rank 3 (pp stage 3)"
-    assert RankLayout.for_world(8, tp_size=4) == RankLayout(tp_size=4, pp_size=2)
+    assert Parallelism(tp_size=4).describe(3) == "rank 3"
+    assert Parallelism(pp_size=4).describe(3) == "rank 3 (pp stage 3)"
+    assert Parallelism.for_world(8, tp_size=4) == Parallelism(tp_size=4, pp_size=2)
 
 
 @pytest.mark.parametrize(
     ("call", "message"),
     [
-        (lambda: RankLayout.for_world(6, tp_size=4), "6 ranks cannot form pipeline stages of tp_size=4"),
-        (lambda: RankLayout(tp_size=0), "'tp_size' must be an int >= 1 (got 0)"),
-        (lambda: RankLayout.for_world(0), "world size must be an int >= 1"),
+        (lambda: Parallelism.for_world(6, tp_size=4), "6 ranks cannot form pipeline stages of tp_size=4"),
+        (lambda: Parallelism(tp_size=0), "'tp_size' must be an int >= 1 (got 0)"),
+        (lambda: Parallelism.for_world(0), "world size must be an int >= 1"),
         (lambda: partition_layers(["a", "b"], 3), "2 layer(s) cannot fill 3 pipeline stages"),
     ],
 )
@@ -82,10 +82,10 @@ def test_partition_covers_every_layer_once_in_order_and_balances(n, pp):
 
 def test_simulated_ranks_hold_their_stage_and_tp_ranks_repeat_it():
     specs = mix((2, full()), (4, sliding(128)))
-    ranks = simulate_rank_specs(specs, RankLayout(tp_size=2, pp_size=2))
+    ranks = simulate_rank_specs(specs, Parallelism(tp_size=2, pp_size=2))
     names = list(specs)
     assert [list(r) for r in ranks] == [names[:3], names[:3], names[3:], names[3:]]
-    assert merge_rank_specs(ranks, RankLayout(tp_size=2, pp_size=2)) == specs
+    assert merge_rank_specs(ranks, Parallelism(tp_size=2, pp_size=2)) == specs
 
 
 def test_one_rank_is_plan_kv_cache(registry):

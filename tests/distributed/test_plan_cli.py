@@ -7,7 +7,7 @@ import json
 from kvcore import Registry, SizingContext
 from kvcore.frontends.hf_config import model_layer_specs
 from kvcore.model_options import ModelOptions
-from kvcore.planning.ranks import RankLayout, plan_for_ranks, simulate_rank_specs
+from kvcore.planning.ranks import Parallelism, plan_for_ranks, simulate_rank_specs
 from tests.cli.conftest import full_entry, sliding_entry
 
 GiB = 2**30
@@ -16,7 +16,7 @@ GiB = 2**30
 def _expected(model, tp, pp, memory, length):
     registry = Registry.default(autoload=False)
     specs = model_layer_specs(model, registry, ModelOptions(tp=tp))
-    layout = RankLayout(tp_size=tp, pp_size=pp)
+    layout = Parallelism(tp_size=tp, pp_size=pp)
     return plan_for_ranks(
         simulate_rank_specs(specs, layout),
         [memory] * layout.world_size,

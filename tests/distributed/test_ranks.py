@@ -25,7 +25,7 @@ def _forkserver():
 
 def _expected(scenario: Scenario):
     registry = toy_registry()
-    world = scenario.layout.world_size
+    world = scenario.parallelism.world_size
     plans = plan_for_ranks(
         rank_specs(scenario),
         [scenario.memory_of(r) for r in range(world)],
@@ -42,7 +42,7 @@ def _layer(i: int) -> str:
 
 def _check_agreed(scenario: Scenario, reports):
     registry, expected = _expected(scenario)
-    world = scenario.layout.world_size
+    world = scenario.parallelism.world_size
     assert sorted(reports) == list(range(world))
     for rank, report in reports.items():
         assert report["ok"], f"rank {rank}: {report}"

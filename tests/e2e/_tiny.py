@@ -16,7 +16,7 @@ from typing import Any
 import attrs
 import torch
 
-from kvcore import BlockPool, KVCacheConfig, LocalExecutor, Registry, SizingContext, initialize_kv_caches
+from kvcore import BlockPool, KVCachePlan, LocalExecutor, Registry, SizingContext, initialize_kv_caches
 from kvcore.testing.reference import DecodeRequest, Generation, PagedAttentionRunner
 
 #: Tokens per block: small, so that pages of requests and groups interleave within a few tokens.
@@ -198,9 +198,9 @@ def kvcore_runner(
     registry: Registry,
     *,
     num_blocks: int | None = None,
-    pool_factory: Callable[[KVCacheConfig], BlockPool] = BlockPool,
+    pool_factory: Callable[[KVCachePlan], BlockPool] = BlockPool,
     runner_class: type[PagedAttentionRunner] = PagedAttentionRunner,
-    plan: KVCacheConfig | None = None,
+    plan: KVCachePlan | None = None,
     context: SizingContext = CONTEXT,
 ) -> PagedAttentionRunner:
     """Scan, plan (or take ``plan``), allocate on the CPU and bind, then wrap in a runner."""
@@ -244,7 +244,7 @@ def block_holders(runner: PagedAttentionRunner) -> dict[int, list[tuple[Any, int
     return holders
 
 
-def shared_groups(plan: KVCacheConfig) -> list[set[int]]:
+def shared_groups(plan: KVCachePlan) -> list[set[int]]:
     """For each plan tensor, the groups of the layers that view it."""
     index = {name: g for g, group in enumerate(plan.groups) for name in group.layer_names}
     return [{index[name] for name in tensor.shared_by} for tensor in plan.tensors]

@@ -4,7 +4,7 @@ import attrs
 import pytest
 import torch
 
-from kvcore import CacheLayout, KVCacheConfig, KVCacheGroup, KVCacheSpec, KVCacheTensor, PagePart, hookimpl
+from kvcore import CacheLayout, KVCacheGroup, KVCachePlan, KVCacheSpec, KVCacheTensor, PagePart, hookimpl
 from kvcore.errors import InvalidInputError
 from kvcore.spec import SizingContext, cdiv, positive_int
 from kvcore.testing import checks
@@ -313,7 +313,7 @@ def _plan(num_blocks=4, **kw):
         context=SizingContext(max_model_len=64),
         available_memory_bytes=1024,
     )
-    return KVCacheConfig(**{**fields, **kw})
+    return KVCachePlan(**{**fields, **kw})
 
 
 def _problem(budget=1024, layers=("a", "b")):

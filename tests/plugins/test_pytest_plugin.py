@@ -10,7 +10,7 @@ RING = '''
 import attrs
 import torch
 from hypothesis import strategies as st
-from kvcore import CacheLayout, KVCacheGroup, Layout, KVCacheSpec, TensorPlacement, hookimpl
+from kvcore import CacheLayout, KVCacheGroup, BlockPlacement, KVCacheSpec, TensorPlacement, hookimpl
 from kvcore.spec import cdiv, positive_int
 
 
@@ -58,7 +58,7 @@ class StackedPolicy:
             for g in groups
             for name in g.layer_names
         ]
-        return Layout(bytes_per_block=row, single_buffer=True, tensors=tensors)
+        return BlockPlacement(bytes_per_block=row, single_buffer=True, tensors=tensors)
 
 
 @hookimpl

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from kvcore import BlockPool, BlockPoolExhaustedError, KVCacheConfig, PartViews, Registry, allocate
+from kvcore import BlockPool, BlockPoolExhaustedError, KVCachePlan, PartViews, Registry, allocate
 
 #: ("arrive", tokens, _) | ("step", which request, tokens) | ("finish", which request, _)
 Op = tuple[str, int, int]
@@ -22,7 +22,7 @@ Op = tuple[str, int, int]
 class PatternChecker:
     """Random patterns in pages, written and checked through each layer's views."""
 
-    def __init__(self, plan: KVCacheConfig, registry: Registry, views: dict, seed: int = 0) -> None:
+    def __init__(self, plan: KVCachePlan, registry: Registry, views: dict, seed: int = 0) -> None:
         self.generator = torch.Generator().manual_seed(seed)
         # per group: [(layer, part, page-major uint8 view, shadow copy, live mask)]
         self.lanes: list[list[tuple[str, str, torch.Tensor, torch.Tensor, torch.Tensor]]] = []
@@ -69,12 +69,12 @@ class PatternChecker:
 
 
 def run_workload(
-    plan: KVCacheConfig,
+    plan: KVCachePlan,
     registry: Registry,
     ops: Sequence[Op],
     *,
     device: str = "cpu",
-    pool_factory: Callable[[KVCacheConfig], BlockPool] = BlockPool,
+    pool_factory: Callable[[KVCachePlan], BlockPool] = BlockPool,
     seed: int = 0,
     check_accounting: bool = True,
 ) -> list[str]:

@@ -18,7 +18,7 @@ from kvcore import (
     get_plugin_manager,
     plan_kv_cache,
 )
-from kvcore.runtime.allocation import allocation_sizes, empty_bytes, view_specs
+from kvcore.runtime.allocation import allocation_sizes, empty_bytes, view_geometries
 from tests.helpers import full, mix, mla, sliding
 from tests.runtime._kinds import ToyStatePlugin, ToyStateSpec
 
@@ -187,6 +187,6 @@ def test_an_allocator_returning_the_wrong_tensor_is_rejected(registry):
 
 def test_view_specs_need_no_memory(registry):
     plan = _hybrid(registry, budget=2**40)
-    specs = view_specs(plan, registry=registry)
+    specs = view_geometries(plan, registry=registry)
     assert set(specs) == set(plan.layer_names)
     assert all(len(parts) == 1 for parts in specs.values())

@@ -11,8 +11,8 @@ from kvcore import (
     BlockPool,
     BlockPoolExhaustedError,
     InvalidInputError,
-    KVCacheConfig,
     KVCacheGroup,
+    KVCachePlan,
     KVCacheTensor,
     SizingContext,
     plan_kv_cache,
@@ -40,7 +40,7 @@ def _plan(groups, num_blocks, context=CTX):
                     shared_by=(name,),
                 )
             )
-    return KVCacheConfig(
+    return KVCachePlan(
         policy="test",
         num_blocks=num_blocks,
         bytes_per_block=row,

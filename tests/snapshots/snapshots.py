@@ -63,7 +63,7 @@ def cases() -> Iterator[tuple[str, dict[str, Any]]]:
                 yield name, plan_to_dict(plan, registry)
     for model, tp, pp in RANKED:
         context = kvcore.SizingContext(max_model_len=8192)
-        ranks = kvcore.RankLayout(tp_size=tp, pp_size=pp)
+        ranks = kvcore.Parallelism(tp_size=tp, pp_size=pp)
         plans = kvcore.plan_for_ranks(
             simulate_rank_specs(models[model], ranks), [BUDGET] * ranks.world_size, context,
             registry=registry, tp_size=tp,

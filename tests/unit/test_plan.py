@@ -2,7 +2,7 @@
 
 import pytest
 
-from kvcore import KVCacheConfig, KVCacheGroup, KVCacheTensor, PlanValidationError, SizingContext
+from kvcore import KVCacheGroup, KVCachePlan, KVCacheTensor, PlanValidationError, SizingContext
 from tests.helpers import full, sliding
 
 CTX = SizingContext(max_model_len=512)
@@ -25,7 +25,7 @@ def _plan(**overrides):
         "available_memory_bytes": 2 * 32 * P,
     }
     fields.update(overrides)
-    return KVCacheConfig(**fields)
+    return KVCachePlan(**fields)
 
 
 def test_figures():

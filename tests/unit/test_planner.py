@@ -6,10 +6,10 @@ import attrs
 import pytest
 
 from kvcore import (
+    BlockPlacement,
     InsufficientMemoryError,
     InvalidInputError,
     InvalidSpecError,
-    Layout,
     PlanOptions,
     PluginValidationError,
     PolicyNotApplicableError,
@@ -254,7 +254,7 @@ def test_the_core_sizes_each_tensor_for_the_block_count(registry):
             page = group.spec.page_size_bytes
             first, *rest = group.layer_names
             # one tensor per layer, each page followed by three pages of padding
-            return Layout(
+            return BlockPlacement(
                 bytes_per_block=4 * page * len(group.layer_names),
                 single_buffer=False,
                 tensors=[
@@ -296,7 +296,7 @@ def test_a_bad_layout_names_the_policy_and_the_tensor(registry, tensors, message
         name = "bad_layout"
 
         def layout(self, groups):
-            return Layout(bytes_per_block=P, single_buffer=False, tensors=tensors)
+            return BlockPlacement(bytes_per_block=P, single_buffer=False, tensors=tensors)
 
     with pytest.raises(PluginValidationError, match=f"policy 'bad_layout': layout\\(\\) .*{message}"):
         plan_kv_cache({"a": SPEC}, 10**9, SizingContext(max_model_len=16), registry=registry, policy=Bad())
@@ -309,7 +309,7 @@ def test_a_layout_that_is_not_a_layout_is_caught(registry):
         def layout(self, groups):
             return {"bytes_per_block": P}
 
-    with pytest.raises(PluginValidationError, match=r"expected a kvcore\.Layout"):
+    with pytest.raises(PluginValidationError, match=r"expected a kvcore\.BlockPlacement"):
         plan_kv_cache(
             {"a": SPEC}, 10**9, SizingContext(max_model_len=16), registry=registry, policy=NotALayout()
         )

@@ -29,7 +29,7 @@ import attrs
 import torch
 
 from kvcore.errors import InvalidInputError, KVCacheBindingError, SpecMismatchError
-from kvcore.plan import KVCacheConfig
+from kvcore.plan import KVCachePlan
 from kvcore.plugins.attention import AttentionSpec
 from kvcore.plugins.sliding_window import SlidingWindowSpec
 from kvcore.runtime.binding import layer_index
@@ -217,7 +217,7 @@ class PagedAttentionRunner:
     def __init__(
         self,
         model: torch.nn.Module,
-        plan: KVCacheConfig,
+        plan: KVCachePlan,
         modules: Mapping[str, torch.nn.Module],
         *,
         attribute: str = "kv_cache",

@@ -18,9 +18,9 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 
 from kvcore import (
     AllocationPolicy,
+    BlockPlacement,
     KVCacheGroup,
     KVCacheSpec,
-    Layout,
     PlanOptions,
     SizingContext,
     TensorPlacement,
@@ -50,7 +50,7 @@ class SeparateRegionsPolicy:
             for names in buckets.values()
         )
 
-    def layout(self, groups: Sequence[KVCacheGroup]) -> Layout:
+    def layout(self, groups: Sequence[KVCacheGroup]) -> BlockPlacement:
         # One row per block id, a page of every layer side by side. Each slot is the page
         # rounded up to a multiple of every alignment, so every page starts aligned whatever
         # the slots before it hold. (Its groups take one block id per page.)
@@ -65,7 +65,7 @@ class SeparateRegionsPolicy:
         tensors = [
             TensorPlacement(offset=offset, page_stride=row, shared_by=(name,)) for name, offset in slots
         ]
-        return Layout(bytes_per_block=row, single_buffer=True, tensors=tensors)
+        return BlockPlacement(bytes_per_block=row, single_buffer=True, tensors=tensors)
 
 
 @hookimpl
