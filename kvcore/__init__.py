@@ -59,6 +59,8 @@ _LAZY: dict[str, str] = {
     "LocalExecutor": "kvcore.engine.local",
     "initialize_kv_caches": "kvcore.engine.workflow",
     "CacheLayout": "kvcore.cache_layout",
+    "DType": "kvcore.dtypes",
+    "to_dtype": "kvcore.dtypes",
     "PagePart": "kvcore.cache_layout",
     "MemoryProfile": "kvcore.runtime.memory",
     "determine_available_memory": "kvcore.runtime.memory",
@@ -95,6 +97,7 @@ if _typing.TYPE_CHECKING:
         CacheLayout,
         PagePart,
     )
+    from kvcore.dtypes import DType, to_dtype
     from kvcore.engine.distributed import DistributedExecutor
     from kvcore.engine.local import LocalExecutor
     from kvcore.engine.workflow import (
@@ -172,6 +175,7 @@ __all__ = [
     "BlockPoolExhaustedError",
     "CacheLayout",
     "Capacity",
+    "DType",
     "DeviceUnavailableError",
     "DistributedAgreementError",
     "DistributedExecutor",
@@ -233,6 +237,7 @@ __all__ = [
     "plan_kv_cache",
     "request_bytes",
     "scan_module",
+    "to_dtype",
 ]
 
 

@@ -19,6 +19,7 @@ import attrs
 
 from kvcore.dtypes import DType, DTypeLike, dtype_size, to_dtype
 from kvcore.errors import InvalidSpecError
+from kvcore.validators import is_int
 
 
 def _shape(value: object) -> tuple[int, ...]:
@@ -47,7 +48,7 @@ class PagePart:
     block_dim: int = 0
 
     def __attrs_post_init__(self) -> None:
-        if any(not isinstance(d, int) or isinstance(d, bool) or d < 1 for d in self.shape):
+        if any(not is_int(d) or d < 1 for d in self.shape):
             raise InvalidSpecError(
                 f"part {self.name!r}: every dimension must be an int >= 1 (got {self.shape})"
             )

@@ -19,6 +19,7 @@ import attrs
 
 from kvcore.dtypes import DType, DTypeLike, to_dtype
 from kvcore.errors import InvalidInputError, InvalidSpecError
+from kvcore.validators import int_at_least
 
 #: Value of a dtype option that means "the model's own dtype".
 AUTO = "auto"
@@ -27,11 +28,8 @@ DEFAULT_BLOCK_SIZE = 16
 #: The dtype a config is read as when it names none (``dtype`` / ``torch_dtype``): what
 #: inference engines serve such models in.
 DEFAULT_MODEL_DTYPE: DType = to_dtype("bfloat16")
-
-
-def _positive_option(instance: object, attribute: attrs.Attribute[int], value: object) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise InvalidInputError(f"model option {attribute.name!r} must be an int >= 1 (got {value!r})")
+#: attrs validator of a count or size option: an int >= 1.
+_positive_option = int_at_least(1, owner="model option ")
 
 
 def _dtype_option(value: object) -> DType | None:

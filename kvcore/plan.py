@@ -18,7 +18,8 @@ from collections.abc import Iterable, Iterator
 import attrs
 
 from kvcore.errors import PlanValidationError
-from kvcore.spec import KVCacheSpec, SizingContext, non_negative_int, positive_int
+from kvcore.spec import KVCacheSpec, SizingContext
+from kvcore.validators import non_negative_int, positive_int
 
 
 def _names(value: Iterable[str]) -> tuple[str, ...]:

@@ -26,11 +26,12 @@ import attrs
 
 from kvcore.errors import InvalidInputError
 from kvcore.plan import KVCacheGroup
-from kvcore.spec import KVCacheSpec, SizingContext, positive_int
+from kvcore.spec import KVCacheSpec, SizingContext
+from kvcore.validators import is_number, positive_int
 
 
 def _tolerance(instance: object, attribute: attrs.Attribute[float], value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+    if not is_number(value) or not 0 <= value < 1:
         raise InvalidInputError(f"'{attribute.name}' must be a number in [0, 1) (got {value!r})")
 
 

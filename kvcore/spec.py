@@ -6,19 +6,23 @@ takes (:attr:`KVCacheSpec.page_size_bytes`) and how many blocks one request hold
 state, third-party kinds) are plugins; nothing here knows their names.
 
 Specs are frozen, keyword-only attrs classes. Input is validated when a spec is built and every
-problem raises :class:`~kvcore.errors.InvalidSpecError`, never ``assert``.
+problem raises :class:`~kvcore.errors.InvalidSpecError`, never ``assert``. The field validators
+kinds use, :func:`~kvcore.validators.positive_int` and :func:`~kvcore.validators.non_negative_int`,
+live in :mod:`kvcore.validators` and are importable from here too.
 """
 
 from __future__ import annotations
 
 import abc
 from collections.abc import Hashable, Mapping, Sequence
-from typing import Any, ClassVar, TypeVar
+from typing import ClassVar, TypeVar
 
 import attrs
 
 from kvcore.dtypes import DType, dtype_name, is_torch_dtype
 from kvcore.errors import InvalidSpecError, SpecMismatchError
+from kvcore.validators import non_negative_int as non_negative_int
+from kvcore.validators import positive_int as positive_int
 
 #: Default tokens scheduled per engine step (chunked prefill), the ``T`` that a sliding
 #: window's or a chunk's worst case depends on. 2048 is the long-standing chunked-prefill
@@ -31,33 +35,6 @@ _S = TypeVar("_S", bound="KVCacheSpec")
 def cdiv(a: int, b: int) -> int:
     """Ceiling division of non-negative ``a`` by positive ``b``."""
     return -(-a // b)
-
-
-def _owner(instance: object) -> str:
-    kind = getattr(type(instance), "kind", "")
-    return f"{kind}: " if kind else f"{type(instance).__name__}: "
-
-
-def positive_int(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    """attrs validator: ``value`` is an ``int`` (not a ``bool``) and at least 1."""
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise InvalidSpecError(
-            f"{_owner(instance)}{attribute.name!r} must be a positive int "
-            f"(got {value!r} that is a {type(value).__name__})"
-        )
-    if value < 1:
-        raise InvalidSpecError(f"{_owner(instance)}{attribute.name!r} must be >= 1 (got {value})")
-
-
-def non_negative_int(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    """attrs validator: ``value`` is an ``int`` (not a ``bool``) and at least 0."""
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise InvalidSpecError(
-            f"{_owner(instance)}{attribute.name!r} must be an int >= 0 "
-            f"(got {value!r} that is a {type(value).__name__})"
-        )
-    if value < 0:
-        raise InvalidSpecError(f"{_owner(instance)}{attribute.name!r} must be >= 0 (got {value})")
 
 
 @attrs.frozen(kw_only=True)

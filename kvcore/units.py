@@ -6,6 +6,7 @@ import re
 from decimal import Decimal, InvalidOperation
 
 from kvcore.errors import InvalidInputError
+from kvcore.validators import is_int
 
 #: Multipliers for the units :func:`parse_size` accepts (case-insensitive). Binary units are
 #: powers of 1024, decimal units powers of 1000; a bare ``K``/``M``/``G``/``T`` is binary, as
@@ -42,13 +43,11 @@ def parse_size(text: str | int) -> int:
     Raises:
         InvalidInputError: the text is not a non-negative number with a known unit.
     """
-    if isinstance(text, bool):
-        raise InvalidInputError(f"size must be a number of bytes or a string like '24GiB' (got {text!r})")
-    if isinstance(text, int):
+    if is_int(text):
         if text < 0:
             raise InvalidInputError(f"size must not be negative (got {text})")
         return text
-    match = _SIZE.match(str(text))
+    match = _SIZE.match(str(text))  # a bool reads as 'True', which is no size
     if match is None:
         raise InvalidInputError(
             f"cannot read size {text!r}; write bytes or a number with a unit, e.g. '24GiB', '500MB', '1.5G'"

@@ -15,7 +15,8 @@ import attrs
 from kvcore.cache_layout import CacheLayout
 from kvcore.dtypes import DType, dtype_size, to_dtype
 from kvcore.hookspecs import hookimpl
-from kvcore.spec import KVCacheSpec, positive_int
+from kvcore.spec import KVCacheSpec
+from kvcore.validators import positive_int
 
 if TYPE_CHECKING:
     from hypothesis.strategies import SearchStrategy

@@ -10,7 +10,8 @@ import attrs
 from kvcore.cache_layout import CacheLayout
 from kvcore.dtypes import DType, dtype_size, to_dtype
 from kvcore.hookspecs import hookimpl
-from kvcore.spec import KVCacheSpec, SizingContext, cdiv, positive_int
+from kvcore.spec import KVCacheSpec, SizingContext, cdiv
+from kvcore.validators import positive_int
 
 if TYPE_CHECKING:
     from hypothesis.strategies import SearchStrategy

@@ -9,7 +9,8 @@ import attrs
 
 from kvcore.hookspecs import hookimpl
 from kvcore.plugins.attention import AttentionSpec, attention_specs
-from kvcore.spec import KVCacheSpec, SizingContext, cdiv, positive_int
+from kvcore.spec import KVCacheSpec, SizingContext, cdiv
+from kvcore.validators import positive_int
 
 if TYPE_CHECKING:
     from hypothesis.strategies import SearchStrategy

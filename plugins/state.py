@@ -23,6 +23,7 @@ from kvcore.dtypes import DType, dtype_name, dtype_size, to_dtype
 from kvcore.errors import InvalidSpecError
 from kvcore.hookspecs import hookimpl
 from kvcore.spec import KVCacheSpec, SizingContext, cdiv
+from kvcore.validators import is_int
 
 if TYPE_CHECKING:
     from hypothesis.strategies import SearchStrategy
@@ -32,7 +33,7 @@ def _shape(value: object) -> tuple[int, ...]:
     if not isinstance(value, (tuple, list)) or not value:
         raise InvalidSpecError(f"state: a part's 'shape' must be a non-empty list of ints (got {value!r})")
     for dim in value:
-        if not isinstance(dim, int) or isinstance(dim, bool) or dim < 1:
+        if not is_int(dim) or dim < 1:
             raise InvalidSpecError(
                 f"state: every dimension of a part's 'shape' must be an int >= 1 (got {value!r})"
             )

@@ -1,4 +1,5 @@
-"""``kvcore plugins``: every registered plugin, spec kind and policy, and where each came from."""
+"""``kvcore plugins``: every registered plugin, spec kind, policy and model family, and where each
+came from."""
 
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ from kvcore.planning.registry import Registry
 def add_parser(sub: Any) -> None:
     parser = sub.add_parser(
         "plugins",
-        help="list plugins, spec kinds and policies, and where each came from",
-        description="List every registered plugin, spec kind and policy, and where each came from.",
+        help="list plugins, spec kinds, policies and model families, and where each came from",
+        description=(
+            "List every registered plugin, spec kind, policy and model family, and where each came from."
+        ),
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(run=run)
@@ -53,7 +56,17 @@ def plugin_listing(registry: Registry) -> dict[str, Any]:
         }
         for e in registry.policy_entries()
     ]
-    return {"plugins": plugins, "spec_kinds": kinds, "policies": policies}
+    families = [
+        {
+            "family": e.obj.name,
+            "model_types": list(e.obj.model_types),
+            "fallback": e.obj.fallback is not None,
+            "plugin": e.origin.name,
+            "distribution": e.origin.distribution,
+        }
+        for e in registry.family_entries()
+    ]
+    return {"plugins": plugins, "spec_kinds": kinds, "policies": policies, "model_families": families}
 
 
 def run(args: argparse.Namespace, registry: Registry) -> int:
@@ -75,6 +88,21 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
             [
                 [p["policy"], p["class"], p["distribution"] or p["plugin"], p["description"]]
                 for p in listing["policies"]
+            ],
+        )
+    )
+    print("\nmodel families")
+    print(
+        render_table(
+            ["family", "model types", "fallback", "from"],
+            [
+                [
+                    f["family"],
+                    ", ".join(f["model_types"]) or "-",
+                    "yes" if f["fallback"] else "no",
+                    f["distribution"] or f["plugin"],
+                ]
+                for f in listing["model_families"]
             ],
         )
     )

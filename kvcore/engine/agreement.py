@@ -19,6 +19,7 @@ from kvcore.errors import (
 )
 from kvcore.planning.ranks import Parallelism
 from kvcore.spec import cdiv
+from kvcore.validators import check_int, is_number
 
 #: Seconds a rank waits for the others in one round unless told otherwise. It must cover the
 #: slowest rank's profiling (the plan round starts when a rank has its own memory figure).
@@ -60,7 +61,7 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _positive_seconds(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+    if not is_number(value) or not value > 0:
         raise InvalidInputError(f"{name!r} must be a number of seconds > 0 (got {value!r})")
     return float(value)
 
@@ -158,8 +159,7 @@ class StoreAgreement:
         describe: Callable[[int], str] | None = None,
     ) -> None:
         parallelism = Parallelism.for_world(world_size)
-        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world_size:
-            raise InvalidInputError(f"rank must be an int in [0, {world_size}) (got {rank!r})")
+        check_int(rank, "rank", minimum=0, below=world_size)
         self.store = store
         self.rank = rank
         self.world_size = parallelism.world_size

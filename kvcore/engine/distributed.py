@@ -9,7 +9,7 @@ CPU-side JSON, so it does not care) wraps its own executor in a :class:`Distribu
     plan = initialize_kv_caches(executor, registry=registry, max_model_len=8192)
 
 Specs and memory are found locally; the plan comes from an agreement: every rank publishes its
-specs and memory, reads everyone's, and computes the same :func:`~kvcore.parallel.plan_for_ranks`
+specs and memory, reads everyone's, and computes the same :func:`~kvcore.planning.ranks.plan_for_ranks`
 deterministically; it keeps its own plan and allocates and binds only its own layers.
 
 Why a key-value store and not collectives: ``all_gather_object`` blocks until the process
@@ -58,7 +58,7 @@ class DistributedExecutor:
     :func:`~kvcore.initialize_kv_caches` runs it like any executor. Two agreement rounds run:
 
     1. ``plan``: every rank's specs and memory; every rank computes
-       :func:`~kvcore.parallel.plan_for_ranks` and keeps its own plan (``rank_plans`` holds all);
+       :func:`~kvcore.planning.ranks.plan_for_ranks` and keeps its own plan (``rank_plans`` holds all);
     2. ``ready``: after the local ``initialize`` (allocate and bind this rank's layers only),
        so an allocation failure on one rank stops every rank too.
 

@@ -32,6 +32,7 @@ import attrs
 from kvcore.errors import InvalidInputError, ModelConfigError, UnknownModelError
 from kvcore.frontends.specfile import load_json_file
 from kvcore.spec import KVCacheSpec
+from kvcore.validators import is_int
 
 if TYPE_CHECKING:
     from kvcore.model_options import ModelOptions
@@ -172,7 +173,7 @@ def max_position_embeddings(config: Mapping[str, Any]) -> int | None:
     """The longest context the config states (``text_config`` first), or ``None``."""
     for part in (text_config(config), config):
         value = part.get("max_position_embeddings")
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        if is_int(value) and value > 0:
             return value
     return None
 

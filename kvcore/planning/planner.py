@@ -39,6 +39,7 @@ from kvcore.planning.capacity import blocks_that_fit
 from kvcore.planning.registry import Registry
 from kvcore.policy import AllocationPolicy, BlockPlacement, PlanOptions, PolicyChoice
 from kvcore.spec import KVCacheSpec, SizingContext, check_layer_specs, spec_differences
+from kvcore.validators import check_int
 
 
 @attrs.frozen(kw_only=True)
@@ -237,10 +238,7 @@ def check_budget(available_bytes: int, owner: str = "") -> None:
     Raises:
         InvalidInputError: anything else.
     """
-    if isinstance(available_bytes, bool) or not isinstance(available_bytes, int) or available_bytes < 0:
-        raise InvalidInputError(
-            f"{owner}available memory must be a non-negative int of bytes (got {available_bytes!r})"
-        )
+    check_int(available_bytes, "available memory in bytes", minimum=0, owner=owner)
 
 
 def resolve_policy(
@@ -474,8 +472,7 @@ def check_forced_blocks(num_blocks: int, per_block: int, available_bytes: int, c
         InvalidInputError: not an int >= 1.
         InsufficientMemoryError: ``num_blocks * per_block`` exceeds ``available_bytes``.
     """
-    if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 1:
-        raise InvalidInputError(f"'num_blocks' must be an int >= 1 (got {num_blocks!r})")
+    check_int(num_blocks, "'num_blocks'", minimum=1)
     need = num_blocks * per_block
     if need > available_bytes:
         most = blocks_that_fit(available_bytes, per_block)

@@ -39,11 +39,10 @@ from kvcore.planning.planner import tightest_rank as tightest_rank
 from kvcore.planning.registry import Registry
 from kvcore.policy import AllocationPolicy, PlanOptions
 from kvcore.spec import KVCacheSpec, SizingContext, check_layer_specs, describe_spec, spec_differences
+from kvcore.validators import check_int, int_at_least
 
-
-def _parallel_size(instance: object, attribute: attrs.Attribute[int], value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InvalidInputError(f"{attribute.name!r} must be an int >= 1 (got {value!r})")
+#: attrs validator of a parallel size: an int >= 1.
+_parallel_size = int_at_least(1)
 
 
 @attrs.frozen(kw_only=True)
@@ -65,9 +64,8 @@ class Parallelism:
         Raises:
             InvalidInputError: ``world_size`` is not a positive multiple of ``tp_size``.
         """
-        if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-            raise InvalidInputError(f"the world size must be an int >= 1 (got {world_size!r})")
-        _parallel_size(None, attrs.fields(cls).tp_size, tp_size)
+        check_int(world_size, "the world size", minimum=1)
+        check_int(tp_size, "'tp_size'", minimum=1)
         if world_size % tp_size:
             raise InvalidInputError(
                 f"{world_size} ranks cannot form pipeline stages of tp_size={tp_size} ranks each; "

@@ -13,7 +13,7 @@ claims its model type), :meth:`Registry.spec_for_module` (a module, through
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -35,6 +35,7 @@ from kvcore.model_options import ModelOptions, to_model_options
 from kvcore.planning.manager import KVCorePluginManager, PluginOrigin, get_plugin_manager
 from kvcore.policy import AllocationPolicy, PolicyChoice
 from kvcore.spec import KVCacheSpec, check_layer_specs, specs_by_group_key
+from kvcore.validators import is_int
 
 if TYPE_CHECKING:
 
@@ -92,20 +93,58 @@ class Registry:
     # -- registration ----------------------------------------------------------------------
 
     def _collect(self, hook_name: str, add: Callable[[Any, PluginOrigin], None]) -> None:
-        hook = getattr(self.pm.hook, hook_name)
+        """Call a registration hook plugin by plugin; ``add(obj, origin)`` for each registration."""
+        for origin, call in self._each_plugin(hook_name):
+            call(register=lambda obj, _origin=origin: add(obj, _origin))
+
+    def _each_plugin(
+        self, hook_name: str, *, reverse: bool = False
+    ) -> Iterator[tuple[PluginOrigin, Callable[..., Any]]]:
+        """One caller per plugin implementing ``hook_name``, so that each registration is known
+        to come from its plugin. Calls go through the plugin manager (tracing sees them); an
+        exception other than a :class:`KVCoreError` becomes a :class:`PluginLoadError` naming
+        the plugin. ``reverse`` gives pluggy's own call order (plugins registered last first).
+        """
+        impls = getattr(self.pm.hook, hook_name).get_hookimpls()
         plugins = self.pm.get_plugins()
-        for impl in hook.get_hookimpls():
+        for impl in reversed(impls) if reverse else impls:
             origin = self.pm.origin_of(impl.plugin)
             others = [p for p in plugins if p is not impl.plugin]
             caller = self.pm.subset_hook_caller(hook_name, remove_plugins=others)
-            try:
-                caller(register=lambda obj, _origin=origin: add(obj, _origin))
-            except KVCoreError:
-                raise
-            except Exception as exc:
-                raise PluginLoadError(
-                    f"plugin {origin.describe()} failed in {hook_name}: {type(exc).__name__}: {exc}"
-                ) from exc
+
+            def call(_caller: Any = caller, _origin: PluginOrigin = origin, **kwargs: Any) -> Any:
+                try:
+                    return _caller(**kwargs)
+                except KVCoreError:
+                    raise
+                except Exception as exc:
+                    raise PluginLoadError(
+                        f"plugin {_origin.describe()} failed in {hook_name}: {type(exc).__name__}: {exc}"
+                    ) from exc
+
+            yield origin, call
+
+    def spec_strategies(self, **arguments: Any) -> list[tuple[PluginOrigin, type[KVCacheSpec], Any]]:
+        """What the plugins register through ``kvcore_register_spec_strategies``.
+
+        Used by the testing kit (:mod:`kvcore.testing.strategies`); planning never calls it, and
+        the registry never imports hypothesis: the strategies are opaque objects here.
+
+        Args:
+            arguments: the hook's other arguments (``block_sizes``, ``dtypes``).
+
+        Returns:
+            ``(plugin origin, spec class, strategy)`` for every registration, in pluggy's call
+            order (plugins registered last first).
+        """
+        found: list[tuple[PluginOrigin, type[KVCacheSpec], Any]] = []
+        for origin, call in self._each_plugin("kvcore_register_spec_strategies", reverse=True):
+
+            def register(spec_cls: type[KVCacheSpec], strategy: Any, _origin: PluginOrigin = origin) -> None:
+                found.append((_origin, spec_cls, strategy))
+
+            call(register=register, **arguments)
+        return found
 
     def _add_kind(self, cls: object, origin: PluginOrigin) -> None:
         where = f"plugin {origin.describe()}"
@@ -360,7 +399,7 @@ class Registry:
             priority = getattr(entry.obj, "auto_priority", None)
             if priority is None:
                 continue
-            if isinstance(priority, bool) or not isinstance(priority, int):
+            if not is_int(priority):
                 raise PluginValidationError(
                     f"policy {entry.name!r} from {entry.origin.describe()}: auto_priority must be an int "
                     f"or None (got {priority!r})"

@@ -27,6 +27,7 @@ from kvcore.dtypes import DType, dtype_name, to_dtype
 from kvcore.errors import InvalidInputError, InvalidSpecError, KVCoreError, PlanValidationError
 from kvcore.plan import KVCacheGroup, KVCachePlan
 from kvcore.spec import KVCacheSpec
+from kvcore.validators import is_int
 
 if TYPE_CHECKING:
     from kvcore.planning.registry import Registry
@@ -58,7 +59,7 @@ def _first_kvcore_error(exc: BaseException) -> KVCoreError | None:
 
 def _strict_int(value: Any, _: Any) -> int:
     # cattrs would call int() and accept "16" or 16.7; a spec file must say what it means.
-    if isinstance(value, bool) or not isinstance(value, int):
+    if not is_int(value):
         raise TypeError(f"expected an integer, got {value!r}")
     return value
 

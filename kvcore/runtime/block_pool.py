@@ -29,6 +29,7 @@ from typing import Final
 from kvcore.errors import BlockPoolExhaustedError, InvalidInputError
 from kvcore.plan import KVCacheGroup, KVCachePlan
 from kvcore.spec import cdiv
+from kvcore.validators import check_int
 
 #: Block-table entry of a page that was freed because no later token reads it.
 NULL_PAGE: Final = -1
@@ -266,8 +267,7 @@ class BlockPool:
             InvalidInputError: ``num_tokens`` is negative.
             BlockPoolExhaustedError: too few free ids; nothing was taken.
         """
-        if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 0:
-            raise InvalidInputError(f"'num_tokens' must be an int >= 0 (got {num_tokens!r})")
+        check_int(num_tokens, "'num_tokens'", minimum=0)
         tables = self._tables.get(request_id) or [[] for _ in self.groups]
         released = self._released.get(request_id) or [0] * len(self.groups)
         taken: dict[int, list[int]] = {}
@@ -314,10 +314,7 @@ class BlockPool:
             InvalidInputError: unknown request, or a negative token count.
         """
         self._check_request(request_id)
-        if isinstance(num_computed_tokens, bool) or not isinstance(num_computed_tokens, int):
-            raise InvalidInputError(f"'num_computed_tokens' must be an int (got {num_computed_tokens!r})")
-        if num_computed_tokens < 0:
-            raise InvalidInputError(f"'num_computed_tokens' must be >= 0 (got {num_computed_tokens})")
+        check_int(num_computed_tokens, "'num_computed_tokens'", minimum=0)
         tables = self._tables[request_id]
         released = self._released[request_id]
         freed: dict[int, list[int]] = {}
@@ -352,11 +349,7 @@ class BlockPool:
         return self.groups[self._index(group)]
 
     def _index(self, group: int) -> int:
-        if isinstance(group, bool) or not isinstance(group, int) or not 0 <= group < len(self.groups):
-            raise InvalidInputError(
-                f"group index must be an int in 0..{len(self.groups) - 1} (got {group!r})"
-            )
-        return group
+        return check_int(group, "group index", minimum=0, below=len(self.groups))
 
     def _check_request(self, request_id: Hashable) -> None:
         if request_id not in self._tables:

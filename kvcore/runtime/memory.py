@@ -37,6 +37,7 @@ import torch
 from kvcore.errors import DeviceUnavailableError, InvalidInputError, MemoryProfilingError
 from kvcore.runtime import DEFAULT_UTILIZATION
 from kvcore.units import format_bytes
+from kvcore.validators import check_int, is_number
 
 
 @attrs.frozen(kw_only=True)
@@ -275,7 +276,7 @@ def device_memory(device: torch.device | str) -> DeviceMemory:
 
 
 def _check_utilization(utilization: float) -> float:
-    if isinstance(utilization, bool) or not isinstance(utilization, (int, float)) or not 0 < utilization <= 1:
+    if not is_number(utilization) or not 0 < utilization <= 1:
         raise InvalidInputError(f"'utilization' must be a number in (0, 1] (got {utilization!r})")
     return float(utilization)
 
@@ -409,8 +410,7 @@ def determine_available_memory(
 
 def _fixed_profile(memory: DeviceMemory | torch.device | str, kv_cache_bytes: int) -> MemoryProfile:
     """The record of a fixed budget; total and free are read where the device can be probed."""
-    if isinstance(kv_cache_bytes, bool) or not isinstance(kv_cache_bytes, int) or kv_cache_bytes < 1:
-        raise InvalidInputError(f"'kv_cache_bytes' must be an int >= 1 (got {kv_cache_bytes!r})")
+    check_int(kv_cache_bytes, "'kv_cache_bytes'", minimum=1)
     if isinstance(memory, DeviceMemory):
         probe: DeviceMemory | None = memory
         dev = memory.device

@@ -33,6 +33,7 @@ from kvcore.policy import AllocationPolicy
 from kvcore.spec import KVCacheSpec, SizingContext, describe_spec
 from kvcore.testing.registries import build_registry
 from kvcore.testing.strategies import PlanningProblem
+from kvcore.validators import is_int
 
 #: Block sizes and JSON values every spec kind must reject (``block_size`` is a base field).
 BAD_BLOCK_SIZES: tuple[object, ...] = (0, -16, "16", 16.0, True, None)
@@ -115,7 +116,7 @@ def check_json_round_trip(spec: KVCacheSpec, registry: Registry) -> None:
 def check_page_size(spec: KVCacheSpec) -> None:
     """``page_size_bytes`` is a positive ``int`` (bytes are counted in whole integers)."""
     page = spec.page_size_bytes
-    if not isinstance(page, int) or isinstance(page, bool) or page < 1:
+    if not is_int(page) or page < 1:
         _fail(f"{describe_spec(spec)}: page_size_bytes must be an int >= 1 (got {page!r})")
 
 
@@ -155,7 +156,7 @@ def check_max_usage_monotone(spec: KVCacheSpec, shorter: SizingContext, longer: 
         raise InvalidInputError("'shorter' must not be longer than 'longer'")
     for context in (shorter, longer):
         blocks = spec.max_num_blocks(context)
-        if not isinstance(blocks, int) or isinstance(blocks, bool) or blocks < 1:
+        if not is_int(blocks) or blocks < 1:
             _fail(
                 f"{describe_spec(spec)}: max_num_blocks must be an int >= 1 for a request of "
                 f"{context.max_model_len} tokens (got {blocks!r})"

@@ -24,7 +24,7 @@ its run time: ``docs/how-to/test-your-plugin.md``.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import attrs
 from hypothesis import reject
@@ -117,23 +117,10 @@ def plugin_spec_strategies(registry: Registry) -> dict[type[KVCacheSpec], st.Sea
             a kind and a hypothesis strategy; the message names the plugin.
     """
     found: dict[type[KVCacheSpec], st.SearchStrategy[KVCacheSpec]] = {}
-    offered = {"block_sizes": block_sizes(), "dtypes": dtypes()}
-    for impl in reversed(registry.pm.hook.kvcore_register_spec_strategies.get_hookimpls()):
-        arguments = {"register": _registrar(found, impl.plugin_name), **offered}
-        impl.function(**{name: arguments[name] for name in impl.argnames})
-    return found
-
-
-def _registrar(
-    found: dict[type[KVCacheSpec], st.SearchStrategy[KVCacheSpec]], plugin: str
-) -> Callable[[type[KVCacheSpec], st.SearchStrategy[KVCacheSpec]], None]:
-    """The ``register`` callback one plugin's hook implementation gets."""
-
-    def register(spec_cls: type[KVCacheSpec], strategy: st.SearchStrategy[KVCacheSpec]) -> None:
-        _check_strategy(spec_cls, strategy, f"plugin {plugin!r}: register")
+    for origin, spec_cls, strategy in registry.spec_strategies(block_sizes=block_sizes(), dtypes=dtypes()):
+        _check_strategy(spec_cls, strategy, f"plugin {origin.name!r}: register")
         found.setdefault(spec_cls, strategy)
-
-    return register
+    return found
 
 
 @functools.lru_cache(maxsize=1)

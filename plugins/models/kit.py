@@ -47,6 +47,7 @@ from kvcore.plugins.mla import MLAAttentionSpec
 from kvcore.plugins.sliding_window import SlidingWindowSpec
 from kvcore.plugins.state import StatePart, StateSpec
 from kvcore.spec import KVCacheSpec
+from kvcore.validators import check_int, is_int
 
 #: transformers' layer types that kvcore knows how to cache.
 FULL = "full_attention"
@@ -139,11 +140,9 @@ class ConfigFields:
             if default is _MISSING:
                 raise self.error(key, "is missing; kvcore needs it to size the KV cache")
             return int(default)
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise self.error(key, f"must be an int (got {value!r})")
-        if value < minimum:
-            raise self.error(key, f"must be an int >= {minimum} (got {value})")
-        return value
+        return check_int(
+            value, repr(self.path(key)), minimum=minimum, error=ModelConfigError, owner=f"{self.label}: "
+        )
 
     def optional_integer(self, key: str, *, absent: int | None = None, minimum: int = 1) -> int | None:
         """An int that ``null`` turns off (``"sliding_window": null``).
@@ -187,7 +186,7 @@ class ConfigFields:
         value = self.data.get(key)
         if value is None:
             return None
-        if not isinstance(value, list) or any(not isinstance(v, int) or isinstance(v, bool) for v in value):
+        if not isinstance(value, list) or not all(is_int(v) for v in value):
             raise self.error(key, f"must be a list of ints (got {value!r})")
         return list(value)
 

@@ -22,3 +22,13 @@ def test_plugins_table_and_blocking(run_cli):
     status, out, _ = run_cli("--block-plugin", "kvcore.plugins.mla", "plugins")
     assert status == 0
     assert "sliding_window" in out and "kvcore.plugins.mla" not in out
+
+
+def test_model_families_are_listed_with_their_model_types(run_cli):
+    status, out, _ = run_cli("plugins", "--json")
+    assert status == 0
+    families = {f["family"]: f for f in json.loads(out)["model_families"]}
+    assert families["deepseek"]["model_types"] == ["deepseek_v2", "deepseek_v3"]
+    assert families["generic"]["fallback"] and not families["llama"]["fallback"]
+    status, out, _ = run_cli("plugins")
+    assert "model families" in out and "qwen2, qwen3" in out

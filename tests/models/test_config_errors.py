@@ -62,7 +62,7 @@ BAD = [
     pytest.param(
         {**LLAMA, "head_dim": "128"},
         ModelConfigError,
-        "'head_dim' must be an int (got '128')",
+        "'head_dim' must be an int >= 1 (got '128', a str)",
         id="head_dim as text",
     ),
     pytest.param(

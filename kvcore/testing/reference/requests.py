@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
-from typing import Any
+from collections.abc import Hashable, Sequence
 
 import attrs
 
 from kvcore.errors import InvalidInputError
+from kvcore.validators import int_at_least
 
 
 def _token_ids(value: Sequence[int]) -> tuple[int, ...]:
@@ -17,14 +17,6 @@ def _token_ids(value: Sequence[int]) -> tuple[int, ...]:
 def _non_empty(instance: object, attribute: attrs.Attribute[tuple[int, ...]], value: tuple[int, ...]) -> None:
     if not value:
         raise InvalidInputError(f"{attribute.name!r} must hold at least one token (got none)")
-
-
-def _int_at_least(minimum: int) -> Callable[[object, attrs.Attribute[Any], object], None]:
-    def check(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
-        if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-            raise InvalidInputError(f"{attribute.name!r} must be an int >= {minimum} (got {value!r})")
-
-    return check
 
 
 @attrs.frozen(kw_only=True)
@@ -39,7 +31,7 @@ class DecodeRequest:
 
     request_id: Hashable
     prompt: tuple[int, ...] = attrs.field(converter=_token_ids, validator=_non_empty)
-    max_new_tokens: int = attrs.field(validator=_int_at_least(1))
+    max_new_tokens: int = attrs.field(validator=int_at_least(1))
 
 
 @attrs.frozen(kw_only=True)
@@ -55,4 +47,4 @@ class ScheduledRequest:
 
     request_id: Hashable
     token_ids: tuple[int, ...] = attrs.field(converter=_token_ids, validator=_non_empty)
-    num_computed: int = attrs.field(validator=_int_at_least(0))
+    num_computed: int = attrs.field(validator=int_at_least(0))
