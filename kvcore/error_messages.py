@@ -55,6 +55,20 @@ class ParameterNames:
 PYTHON_NAMES = ParameterNames()
 
 
+def plural(count: int, noun: str, *, spec: str = "") -> str:
+    """``count`` and ``noun``, in the plural unless the count is one: ``1 group``, ``3 groups``.
+
+    Args:
+        count: how many.
+        noun: the singular noun (its plural adds an ``s``).
+        spec: a format spec for the count, e.g. ``","`` for ``10,922 blocks``.
+
+    Returns:
+        The words.
+    """
+    return f"{count:{spec}} {noun if count == 1 else noun + 's'}"
+
+
 def render(error: KVCoreError, names: ParameterNames = PYTHON_NAMES) -> str:
     """The message of ``error``, naming the settings to change as ``names`` spells them.
 
@@ -90,12 +104,14 @@ def with_message(error: _Error) -> _Error:
 
 def _shortfall(error: InsufficientMemoryError, names: ParameterNames) -> str:
     block = format_bytes(error.bytes_per_block or 0)
+    required = plural(error.required_blocks or 0, "block")
+    available = plural(error.available_blocks or 0, "block")
     if error.reason == "forced_num_blocks":
         text = (
             f"{names.setting(names.num_blocks, error.required_blocks)} needs "
-            f"{format_bytes(error.required_bytes)} ({error.required_blocks} blocks of {block}) but only "
-            f"{format_bytes(error.available_bytes)} is available; at most {error.available_blocks} "
-            f"blocks fit: lower {names.num_blocks} or {names.more_memory()}"
+            f"{format_bytes(error.required_bytes)} ({required} of {block}) but only "
+            f"{format_bytes(error.available_bytes)} is available; at most {available} fit: lower "
+            f"{names.num_blocks} or {names.more_memory()}"
         )
     else:
         if error.reason == "num_blocks":
@@ -105,10 +121,7 @@ def _shortfall(error: InsufficientMemoryError, names: ParameterNames) -> str:
             )
             fix = f"raise {names.num_blocks} to at least {error.required_blocks}"
         else:
-            have = (
-                f"only {format_bytes(error.available_bytes)} is available "
-                f"({error.available_blocks} blocks of {block})"
-            )
+            have = f"only {format_bytes(error.available_bytes)} is available ({available} of {block})"
             fix = names.more_memory()
         largest = error.largest_fitting_len
         fits = (
@@ -119,7 +132,7 @@ def _shortfall(error: InsufficientMemoryError, names: ParameterNames) -> str:
         )
         text = (
             f"one request of {error.max_model_len} tokens needs {format_bytes(error.required_bytes)} of KV "
-            f"cache ({error.required_blocks} blocks of {block}) but {have}; {fits}"
+            f"cache ({required} of {block}) but {have}; {fits}"
         )
     return f"{error.where}: {text}" if error.where else text
 

@@ -146,13 +146,31 @@ class InsufficientMemoryError(KVCoreError, ValueError):
 
 
 class PlanValidationError(KVCoreError, ValueError):
-    """A plan breaks one or more layout invariants; ``problems`` lists every one of them."""
+    """A plan breaks one or more layout invariants; ``problems`` lists every one of them.
 
-    def __init__(self, problems: list[str]) -> None:
+    Attributes:
+        problems: one sentence per broken rule.
+        policy: the policy that made the plan, where known.
+        source: where the plan came from, where known (``"plan.json"``, ``"allocate()"``).
+    """
+
+    def __init__(self, problems: list[str], *, policy: str | None = None, source: str | None = None) -> None:
         self.problems = list(problems)
+        self.policy = policy
+        self.source = source
         shown = "; ".join(self.problems[:10])
         more = f" (and {len(self.problems) - 10} more)" if len(self.problems) > 10 else ""
-        super().__init__(f"the plan is invalid: {shown}{more}")
+        whose = f" of policy {policy!r}" if policy is not None else ""
+        where = f" ({source})" if source is not None else ""
+        super().__init__(f"the plan{whose}{where} is invalid: {shown}{more}")
+
+    def about(self, *, policy: str | None = None, source: str | None = None) -> PlanValidationError:
+        """The same problems, said of ``policy`` and ``source`` (those already set are kept)."""
+        return PlanValidationError(
+            self.problems,
+            policy=self.policy if self.policy is not None else policy,
+            source=self.source if self.source is not None else source,
+        )
 
 
 class DeviceUnavailableError(KVCoreError, RuntimeError):

@@ -13,7 +13,7 @@ block size.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 
 import attrs
 
@@ -32,6 +32,10 @@ def _groups(value: Iterable[KVCacheGroup]) -> tuple[KVCacheGroup, ...]:
 
 def _tensors(value: Iterable[KVCacheTensor]) -> tuple[KVCacheTensor, ...]:
     return tuple(value)
+
+
+def _sharing(value: Mapping[str, str] | None) -> dict[str, str]:
+    return dict(value or {})
 
 
 @attrs.frozen(kw_only=True)
@@ -105,6 +109,11 @@ class KVCachePlan:
         tensors: the byte regions, each shared by one or more layers.
         context: the request length (and step size) the plan was sized for.
         available_memory_bytes: the byte budget the plan was made for.
+        kv_sharing: ``{layer: target layer}`` for layers that reuse another layer's cache
+            (KV sharing across layers). A sharing layer is in no group's ``layer_names`` and
+            no tensor's ``shared_by``: it takes no memory, views its target's tensor and reads
+            its target's block table (:meth:`group_of`, :meth:`tensor_of` and
+            :meth:`block_table_layers` answer for it, as vLLM puts it in its target's group).
     """
 
     policy: str
@@ -115,11 +124,12 @@ class KVCachePlan:
     tensors: tuple[KVCacheTensor, ...] = attrs.field(converter=_tensors)
     context: SizingContext
     available_memory_bytes: int = attrs.field(validator=non_negative_int)
+    kv_sharing: Mapping[str, str] = attrs.field(factory=dict, converter=_sharing, hash=False)
 
     def __attrs_post_init__(self) -> None:
         problems = list(structural_problems(self))
         if problems:
-            raise PlanValidationError(problems)
+            raise PlanValidationError(problems, policy=self.policy)
 
     # -- lookups ---------------------------------------------------------------------------
 
@@ -129,12 +139,38 @@ class KVCachePlan:
         return tuple(name for group in self.groups for name in group.layer_names)
 
     def group_of(self, layer_name: str) -> KVCacheGroup:
-        """The group a layer belongs to (``KeyError`` if it is not planned)."""
-        return self._group_index()[layer_name]
+        """The group a layer belongs to, or a sharing layer's target belongs to (``KeyError``
+        if it is not planned)."""
+        return self._group_index()[self.kv_sharing.get(layer_name, layer_name)]
 
     def tensor_of(self, layer_name: str) -> KVCacheTensor:
-        """The tensor a layer views (``KeyError`` if it is not planned)."""
-        return self._tensor_index()[layer_name]
+        """The tensor a layer views, or a sharing layer's target views (``KeyError`` if it is
+        not planned)."""
+        return self._tensor_index()[self.kv_sharing.get(layer_name, layer_name)]
+
+    def block_table_layers(self, group: int | KVCacheGroup) -> tuple[str, ...]:
+        """Every layer that reads ``group``'s block table: its own layers, then the layers
+        that share their cache (``kv_sharing``), in that order.
+
+        Args:
+            group: the group, or its index in :attr:`groups`.
+
+        Returns:
+            The layer names; a runner gives each of them the group's block table.
+        """
+        chosen = self.groups[group] if isinstance(group, int) else group
+        if not self.kv_sharing:
+            return chosen.layer_names
+        own = set(chosen.layer_names)
+        return (*chosen.layer_names, *(name for name, target in self.kv_sharing.items() if target in own))
+
+    def with_kv_sharing(self, kv_sharing: Mapping[str, str]) -> KVCachePlan:
+        """This plan with ``kv_sharing`` (``{layer: target layer}``) recorded; checked like any plan.
+
+        Raises:
+            PlanValidationError: a sharing layer has a cache of its own, or a target has none.
+        """
+        return attrs.evolve(self, kv_sharing={**self.kv_sharing, **kv_sharing})
 
     def _group_index(self) -> dict[str, KVCacheGroup]:
         return {name: g for g in self.groups for name in g.layer_names}
@@ -192,11 +228,18 @@ class KVCachePlan:
         return self.context.with_max_model_len(max_model_len)
 
     def iter_layers(self) -> Iterator[tuple[str, KVCacheGroup, KVCacheTensor]]:
-        """``(layer name, group, tensor)`` for every planned layer, group by group."""
+        """``(layer name, group, tensor)`` for every planned layer, group by group; a sharing
+        layer (``kv_sharing``) comes after its group's own layers, with its target's tensor."""
         tensors = self._tensor_index()
+        sharing = self.kv_sharing
         for group in self.groups:
             for name in group.layer_names:
                 yield name, group, tensors[name]
+            if sharing:
+                own = set(group.layer_names)
+                for name, target in sharing.items():
+                    if target in own:
+                        yield name, group, tensors[target]
 
 
 #: vLLM's (and kvcore 0.1's) name for a plan, kept for engine integrators who know it.
@@ -212,8 +255,10 @@ def structural_problems(plan: KVCachePlan) -> Iterator[str]:
         plan: the plan to check.
 
     Yields:
-        One sentence per broken rule (a layer in two groups or tensors, a page outside its
-        tensor, a tensor outside its memory); nothing for a sound plan.
+        One sentence per broken rule (a layer in two groups or tensors, two layers of one
+        group in one tensor, a page outside its tensor, a tensor outside its memory, a
+        sharing layer with a cache of its own or a target without one); nothing for a sound
+        plan.
     """
     grouped: dict[str, int] = {}
     for index, group in enumerate(plan.groups):
@@ -230,6 +275,8 @@ def structural_problems(plan: KVCachePlan) -> Iterator[str]:
             placed[name] = index
             if name not in grouped:
                 yield f"tensor {index} is shared by {name!r}, which is in no group"
+        if len(tensor.shared_by) > 1:
+            yield from _same_group_sharers(index, tensor, grouped)
         if plan.single_buffer:
             if tensor.size and tensor.offset + tensor.size > buffer_bytes:
                 yield (
@@ -260,3 +307,28 @@ def structural_problems(plan: KVCachePlan) -> Iterator[str]:
         total = sum(t.size for t in plan.tensors)
         if total > buffer_bytes:
             yield f"the tensors take {total} bytes but the plan accounts for {buffer_bytes}"
+    for name, target in plan.kv_sharing.items():
+        if name in grouped or name in placed:
+            yield (
+                f"layer {name!r} shares {target!r}'s cache (kv_sharing) but also has a cache of its own; "
+                "a sharing layer is in no group and no tensor"
+            )
+        if target not in grouped:
+            why = "itself shares another layer's cache" if target in plan.kv_sharing else "is not planned"
+            yield f"layer {name!r} shares the cache of {target!r}, which {why}"
+
+
+def _same_group_sharers(index: int, tensor: KVCacheTensor, grouped: Mapping[str, int]) -> Iterator[str]:
+    """Layers of one group that share ``tensor``: they would write the same bytes at once."""
+    first: dict[int, str] = {}
+    for name in tensor.shared_by:
+        group = grouped.get(name)
+        if group is None:
+            continue
+        other = first.setdefault(group, name)
+        if other != name:
+            yield (
+                f"layers {other!r} and {name!r} are both in group {group} and share tensor {index}; "
+                "layers that share a tensor must be in different groups (one block table means "
+                "their pages are live at once)"
+            )

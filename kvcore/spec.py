@@ -1,12 +1,16 @@
 """The base of every KV-cache spec kind, and the sizing context specs are measured against.
 
 A *spec* says what cache one layer needs: how many bytes one block of ``block_size`` tokens
-takes (:attr:`KVCacheSpec.page_size_bytes`) and how many blocks one request holds at most
-(:meth:`KVCacheSpec.max_num_blocks`). Concrete kinds (full attention, sliding window, MLA, SSM
-state, third-party kinds) are plugins; nothing here knows their names.
+takes (:attr:`KVCacheSpec.page_size_bytes`), which pages of its block table a request holds
+after a number of tokens (:meth:`KVCacheSpec.live_pages`, what a block pool takes and frees)
+and how many pages one request holds at most (:meth:`KVCacheSpec.max_num_blocks`, what a
+planner sizes for, by default read off ``live_pages``). Concrete kinds (full attention, sliding
+window, MLA, SSM state, third-party kinds) are plugins; nothing here knows their names.
 
 Specs are frozen, keyword-only attrs classes. Input is validated when a spec is built and every
-problem raises :class:`~kvcore.errors.InvalidSpecError`, never ``assert``. The field validators
+problem raises :class:`~kvcore.errors.InvalidSpecError`, never ``assert``; that includes the
+page itself (:func:`check_page_geometry`: a positive page size that is a whole number of its
+alignment). The field validators
 kinds use, :func:`~kvcore.validators.positive_int` and :func:`~kvcore.validators.non_negative_int`,
 live in :mod:`kvcore.validators` and are importable from here too.
 """
@@ -14,13 +18,17 @@ live in :mod:`kvcore.validators` and are importable from here too.
 from __future__ import annotations
 
 import abc
+import inspect
+import re
 from collections.abc import Hashable, Mapping, Sequence
-from typing import ClassVar, TypeVar
+from typing import ClassVar, TypeVar, get_origin
 
 import attrs
 
 from kvcore.dtypes import DType, dtype_name, is_torch_dtype
 from kvcore.errors import InvalidSpecError, SpecMismatchError
+from kvcore.limits import MAX_TOKENS, check_at_most, check_layer_count, check_layer_name
+from kvcore.validators import is_int
 from kvcore.validators import non_negative_int as non_negative_int
 from kvcore.validators import positive_int as positive_int
 
@@ -37,6 +45,12 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def _at_most_tokens(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
+    check_at_most(
+        value, MAX_TOKENS, f"{attribute.name!r}", "no model serves requests that long", error=InvalidSpecError
+    )
+
+
 @attrs.frozen(kw_only=True)
 class SizingContext:
     """What a request's worst-case cache need depends on, besides the spec itself.
@@ -48,8 +62,10 @@ class SizingContext:
             these, so its worst case grows with it.
     """
 
-    max_model_len: int = attrs.field(validator=positive_int)
-    max_num_batched_tokens: int = attrs.field(default=DEFAULT_MAX_NUM_BATCHED_TOKENS, validator=positive_int)
+    max_model_len: int = attrs.field(validator=[positive_int, _at_most_tokens])
+    max_num_batched_tokens: int = attrs.field(
+        default=DEFAULT_MAX_NUM_BATCHED_TOKENS, validator=[positive_int, _at_most_tokens]
+    )
 
     @property
     def max_tokens_per_step(self) -> int:
@@ -66,8 +82,14 @@ class KVCacheSpec(abc.ABC):
     """Base class of every spec kind.
 
     Subclasses set :attr:`kind`, add their own validated fields, and implement
-    :attr:`page_size_bytes` and :meth:`max_num_blocks`. Register them from a
-    ``kvcore_register_spec_kinds`` hook implementation.
+    :attr:`page_size_bytes`. What a request holds comes from :meth:`live_pages` (by default
+    every page of its tokens, as full attention keeps, freed as :meth:`first_retained_token`
+    says); a kind that holds something else overrides it, and a kind that frees pages as
+    decoding moves on overrides :meth:`max_num_blocks` with its worst case. Register them from
+    a ``kvcore_register_spec_kinds`` hook implementation.
+
+    Every subclass that adds fields must itself be a frozen attrs class
+    (``@attrs.frozen(kw_only=True)``); registration refuses one that is not.
 
     Attributes:
         block_size: tokens per block. Layers in one group share a block table, so they share
@@ -89,13 +111,57 @@ class KVCacheSpec(abc.ABC):
     def page_size_bytes(self) -> int:
         """Bytes one block of this layer takes (one *page*)."""
 
-    @abc.abstractmethod
-    def max_num_blocks(self, context: SizingContext) -> int:
-        """Blocks one request of ``context.max_model_len`` tokens holds at once, worst case.
+    def __attrs_post_init__(self) -> None:
+        check_page_geometry(self)
 
-        A full-attention layer holds every token's block; a sliding-window layer only the
-        blocks its window (plus one step of new tokens) touches; a state layer one page.
+    def live_pages(self, num_tokens: int, num_computed_tokens: int = 0) -> range:
+        """The entries of a request's block table that hold pages while it grows to ``num_tokens``.
+
+        This one method is what a request holds: a block pool
+        (:class:`~kvcore.runtime.block_pool.BlockPool`) grows the table to ``.stop`` entries
+        and frees the entries before ``.start``, and the planner's worst case
+        (:meth:`max_num_blocks`) is the largest ``len()`` it takes.
+
+        A scheduler step has ``num_computed_tokens`` tokens cached (positions
+        ``0 .. num_computed_tokens - 1``) and computes positions up to ``num_tokens - 1``. The
+        default (full attention, MLA, per-request states; every kind whose pages hold its
+        tokens in order) is: entry ``k`` holds tokens ``[k*T, (k+1)*T)`` (``T`` =
+        :attr:`tokens_per_page`), every entry up to the one of token ``num_tokens - 1`` is
+        needed, and the entries that hold only tokens before
+        ``first_retained_token(num_computed_tokens)`` are not; a state
+        (``tokens_per_page is None``) holds its one entry as soon as the request has a token.
+
+        A kind that holds something else overrides it, e.g. cross attention over a fixed
+        encoder output holds all its pages from the first token on. The result must never
+        lose an entry a later step needs: ``.start`` never decreases as
+        ``num_computed_tokens`` grows, and ``.stop`` never decreases as ``num_tokens`` grows.
+
+        Args:
+            num_tokens: tokens the request covers once the step is done (``>= 0``).
+            num_computed_tokens: tokens already cached before the step (``0 <= ... <=
+                num_tokens``); ``0`` frees nothing.
+
+        Returns:
+            ``range(first live entry, number of entries)``.
         """
+        per_page = self.tokens_per_page
+        if per_page is None:
+            return range(1 if num_tokens > 0 else 0)
+        return range(self.first_retained_token(num_computed_tokens) // per_page, cdiv(num_tokens, per_page))
+
+    def max_num_blocks(self, context: SizingContext) -> int:
+        """Pages one request of ``context.max_model_len`` tokens holds at once, worst case.
+
+        The default is ``len(live_pages(max_model_len))``: every entry of the longest request,
+        nothing freed. That is the exact worst case of a kind that frees nothing (full
+        attention holds ``ceil(L / block_size)`` pages, a state one page, a fixed encoder
+        output its own pages). A kind that frees pages (:meth:`first_retained_token`) may
+        override it with a closed form of its tighter worst case over every step of at most
+        ``context.max_tokens_per_step`` tokens: a sliding-window layer holds only the blocks
+        its window plus one step of new tokens touches. The conformance check
+        ``check_pool_follows_spec`` drives a block pool to hold an override to that.
+        """
+        return len(self.live_pages(context.max_model_len))
 
     def max_memory_usage_bytes(self, context: SizingContext) -> int:
         """Bytes one request of ``context.max_model_len`` tokens needs at most in this layer."""
@@ -111,7 +177,8 @@ class KVCacheSpec(abc.ABC):
         page that holds only such tokens can be freed (a block pool does that as decoding moves
         on). The result is at most ``num_tokens`` and never decreases as ``num_tokens`` grows.
 
-        The default, ``0``, keeps every token (full attention, MLA, per-request states).
+        The default, ``0``, keeps every token (full attention, MLA, per-request states). The
+        default :meth:`live_pages` frees the pages before it.
 
         Args:
             num_tokens: tokens of the request already in the cache (``>= 0``).
@@ -165,6 +232,86 @@ class KVCacheSpec(abc.ABC):
                     f"{describe_spec(other)} in {', '.join(spec_differences(first, other))}"
                 )
         return first
+
+
+_CLASS_VAR = re.compile(r"^\s*(typing\.|t\.)?ClassVar\b")
+
+
+def _is_class_var(annotation: object) -> bool:
+    if isinstance(annotation, str):
+        return bool(_CLASS_VAR.match(annotation))
+    return annotation is ClassVar or get_origin(annotation) is ClassVar
+
+
+def spec_class_problems(cls: type[KVCacheSpec]) -> list[str]:
+    """What keeps a spec class from being a frozen attrs value, one sentence per problem.
+
+    Every class of ``cls``'s MRO (below :class:`KVCacheSpec`) that adds fields must be an attrs
+    class itself, or attrs never sees those fields: they are not built by ``__init__``, compared,
+    hashed or written to JSON. And every attrs class among them must be frozen (attrs'
+    ``__setattr__``, which a frozen base passes on). A subclass that adds no fields (it only
+    sets ``kind`` or overrides methods) needs no decorator.
+
+    Args:
+        cls: the spec class, as a plugin registers it.
+
+    Returns:
+        The problems (empty when there are none).
+    """
+    problems = []
+    for klass in cls.__mro__:
+        if klass is KVCacheSpec or not issubclass(klass, KVCacheSpec):
+            continue
+        if "__attrs_attrs__" not in vars(klass):
+            added = [n for n, a in inspect.get_annotations(klass).items() if not _is_class_var(a)]
+            if added:
+                problems.append(
+                    f"{klass.__qualname__} adds the fields {', '.join(added)} but is not an attrs class, so "
+                    "they would be neither built, compared nor written to JSON; decorate it with "
+                    "@attrs.frozen(kw_only=True)"
+                )
+        elif klass.__setattr__ is not KVCacheSpec.__setattr__:
+            problems.append(
+                f"{klass.__qualname__} is not frozen (it replaces __setattr__); specs are shared between "
+                "layers, groups and plans: decorate it with @attrs.frozen(kw_only=True)"
+            )
+    return problems
+
+
+def check_page_geometry(spec: KVCacheSpec) -> None:
+    """Check that a spec's page can be laid out: a positive ``int`` size that is a whole number
+    of its positive ``int`` alignment.
+
+    Every spec runs it when it is built (:class:`KVCacheSpec` calls it after the field
+    validators), so a kind whose page is empty or negative fails where the spec is made, not
+    later in a policy that lays pages side by side.
+
+    Args:
+        spec: the spec to check.
+
+    Raises:
+        InvalidSpecError: naming the kind, its class (and so its plugin module) and the value.
+    """
+    page, alignment = spec.page_size_bytes, spec.alignment_bytes
+    ints = type(page) is int and type(alignment) is int  # the usual case, checked once per spec
+    if ints and page >= 1 and alignment >= 1 and page % alignment == 0:
+        return
+    cls = type(spec)
+    where = f"spec kind {cls.kind or cls.__qualname__!r} ({cls.__module__}:{cls.__qualname__})"
+    if not is_int(alignment) or alignment < 1:
+        raise InvalidSpecError(
+            f"{where}: alignment_bytes must be an int >= 1 (got {alignment!r}); fix the kind's "
+            "alignment_bytes (its element size in bytes)"
+        )
+    if not is_int(page) or page < 1:
+        raise InvalidSpecError(
+            f"{where}: page_size_bytes must be an int >= 1 (got {page!r} for {describe_spec(spec)}); "
+            "fix the kind's page_size_bytes"
+        )
+    raise InvalidSpecError(
+        f"{where}: page_size_bytes {page} is not a multiple of alignment_bytes {alignment} (for "
+        f"{describe_spec(spec)}); pad the page to a multiple of {alignment} bytes"
+    )
 
 
 def format_value(value: object) -> str:
@@ -226,7 +373,9 @@ def resize_blocks(specs: Mapping[str, KVCacheSpec], block_size: int) -> dict[str
 
 
 def check_layer_specs(specs: Mapping[str, KVCacheSpec]) -> None:
-    """Check that ``specs`` maps non-empty layer names to spec instances.
+    """Check that ``specs`` maps layer names to spec instances: at most
+    :data:`~kvcore.limits.MAX_LAYERS` of them, each name valid by
+    :func:`~kvcore.limits.check_layer_name` (the rule binding relies on).
 
     Raises:
         InvalidSpecError: naming the first offending entry.
@@ -237,9 +386,9 @@ def check_layer_specs(specs: Mapping[str, KVCacheSpec]) -> None:
         )
     if not specs:
         raise InvalidSpecError("there are no layers to plan a KV cache for (got an empty mapping)")
+    check_layer_count(len(specs), "the specs")
     for name, spec in specs.items():
-        if not isinstance(name, str) or not name:
-            raise InvalidSpecError(f"layer names must be non-empty strings (got {name!r})")
+        check_layer_name(name)
         if not isinstance(spec, KVCacheSpec):
             raise InvalidSpecError(
                 f"layer {name!r}: expected a KVCacheSpec (got {spec!r} that is a {type(spec).__name__})"

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
 import re
 from decimal import Decimal, InvalidOperation
 
 from kvcore.errors import InvalidInputError
+from kvcore.limits import MAX_BYTES, shown
 from kvcore.validators import is_int
 
 #: Multipliers for the units :func:`parse_size` accepts (case-insensitive). Binary units are
@@ -41,38 +43,65 @@ def parse_size(text: str | int) -> int:
         The size in bytes, rounded down to a whole byte.
 
     Raises:
-        InvalidInputError: the text is not a non-negative number with a known unit.
+        InvalidInputError: the text is not a non-negative number with a known unit, or the size
+            is above :data:`~kvcore.limits.MAX_BYTES` (1 EiB).
     """
     if is_int(text):
         if text < 0:
-            raise InvalidInputError(f"size must not be negative (got {text})")
-        return text
+            raise InvalidInputError(f"size must not be negative (got {shown(text)})")
+        return _at_most_max(text, shown(text))
     match = _SIZE.match(str(text))  # a bool reads as 'True', which is no size
     if match is None:
         raise InvalidInputError(
-            f"cannot read size {text!r}; write bytes or a number with a unit, e.g. '24GiB', '500MB', '1.5G'"
+            f"cannot read size {_quoted(text)}; write bytes or a number with a unit, "
+            "e.g. '24GiB', '500MB', '1.5G'"
         )
     number, unit = match.groups()
     factor = UNITS.get(unit.lower())
     if factor is None:
         known = ", ".join(u for u in ("B", "KB", "MB", "GB", "TB", "KiB", "MiB", "GiB", "TiB"))
-        raise InvalidInputError(f"unknown size unit {unit!r} in {text!r}; use one of {known}")
+        raise InvalidInputError(f"unknown size unit {unit!r} in {_quoted(text)}; use one of {known}")
     try:
-        value = Decimal(number.replace("_", "")) * factor
+        value = Decimal(number.replace("_", ""))
     except InvalidOperation as exc:  # pragma: no cover - the regex admits only valid decimals
-        raise InvalidInputError(f"cannot read size {text!r}") from exc
-    return int(value)
+        raise InvalidInputError(f"cannot read size {_quoted(text)}") from exc
+    # compared before it becomes an int: 1e999999 would otherwise take a minute to expand
+    if value > Decimal(MAX_BYTES) / factor:
+        _at_most_max(MAX_BYTES + 1, _quoted(text))
+    return int(value * factor)
+
+
+def _quoted(text: object) -> str:
+    shown_text = repr(text)
+    return shown_text if len(shown_text) <= 40 else f"{shown_text[:37]}...'"
+
+
+def _at_most_max(num_bytes: int, shown_text: str) -> int:
+    if num_bytes > MAX_BYTES:
+        raise InvalidInputError(
+            f"size {shown_text} is above the largest kvcore accepts, 1 EiB ({MAX_BYTES:,} bytes, "
+            "kvcore.limits.MAX_BYTES); give the KV cache's size in bytes or with a unit, e.g. '24GiB'"
+        )
+    return num_bytes
+
+
+_BINARY_UNITS = ("KiB", "MiB", "GiB", "TiB", "PiB", "EiB")
 
 
 def format_bytes(num_bytes: int | float, *, precision: int = 2) -> str:
-    """Format a byte count with binary units: ``format_bytes(3 * 2**30) == '3.00 GiB'``."""
-    value = float(num_bytes)
-    sign = "-" if value < 0 else ""
-    value = abs(value)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            if unit == "B":
-                return f"{sign}{int(value)} B"
-            return f"{sign}{value:.{precision}f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")  # pragma: no cover
+    """Format a byte count with binary units: ``format_bytes(3 * 2**30) == '3.00 GiB'``.
+
+    Any int or float is formatted: up to 1024 EiB with a unit (``'5.00 PiB'``), beyond in
+    powers of ten (``'1.00e+400 B'``), and ``'inf B'`` / ``'nan B'`` as such.
+    """
+    if isinstance(num_bytes, float) and not math.isfinite(num_bytes):
+        return f"{num_bytes} B"
+    sign = "-" if num_bytes < 0 else ""
+    magnitude = abs(num_bytes)
+    if magnitude < 1024:
+        return f"{sign}{int(magnitude)} B"
+    for power, unit in enumerate(_BINARY_UNITS, start=1):
+        if magnitude < 1024 ** (power + 1) or (unit == "EiB" and magnitude < 1024**7):
+            return f"{sign}{magnitude / 1024**power:.{precision}f} {unit}"
+    exact = Decimal(int(magnitude))
+    return f"{sign}{exact.scaleb(-exact.adjusted()):.{precision}f}e+{exact.adjusted()} B"

@@ -25,7 +25,9 @@ class ChunkedLocalAttentionSpec(AttentionSpec):
     Worst case per request: a step of ``T`` new tokens may start late in a chunk, so it needs
     up to ``C - 1`` earlier tokens of that chunk plus the ``T`` new ones. When ``C`` is not a
     multiple of the block size a chunk starts mid-block, which costs one more block. Never more
-    than a full-attention layer: ``min(ceil(min(C - 1 + T, L) / B) + [C % B != 0], ceil(L / B))``.
+    than a full-attention layer: ``min(ceil(min(C - 1 + T, L) / B) + [C % B != 0], ceil(L / B))``,
+    never below the largest ``len(live_pages(n, c))`` over the steps from ``c`` to
+    ``n <= min(c + T, L)`` tokens, which the block pool holds, and at most one page above it.
 
     Attributes:
         attention_chunk_size: the chunk, in tokens.

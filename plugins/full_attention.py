@@ -9,7 +9,7 @@ import attrs
 
 from kvcore.hookspecs import hookimpl
 from kvcore.plugins.attention import AttentionSpec, attention_specs
-from kvcore.spec import KVCacheSpec, SizingContext, cdiv
+from kvcore.spec import KVCacheSpec
 
 if TYPE_CHECKING:
     from hypothesis.strategies import SearchStrategy
@@ -19,12 +19,14 @@ if TYPE_CHECKING:
 
 @attrs.frozen(kw_only=True)
 class FullAttentionSpec(AttentionSpec):
-    """Causal attention over the whole request: ``ceil(L / block_size)`` blocks per request."""
+    """Causal attention over the whole request: ``ceil(L / block_size)`` blocks per request.
+
+    Every token stays: the defaults of :meth:`~kvcore.KVCacheSpec.live_pages` (entry ``k``
+    holds tokens ``[k*B, (k+1)*B)``, none is freed) and of
+    :meth:`~kvcore.KVCacheSpec.max_num_blocks` (``len(live_pages(L))``) are this kind's.
+    """
 
     kind = "full_attention"
-
-    def max_num_blocks(self, context: SizingContext) -> int:
-        return cdiv(context.max_model_len, self.block_size)
 
 
 @hookimpl

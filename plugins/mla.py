@@ -10,7 +10,7 @@ import attrs
 from kvcore.cache_layout import CacheLayout
 from kvcore.dtypes import DType, dtype_size, to_dtype
 from kvcore.hookspecs import hookimpl
-from kvcore.spec import KVCacheSpec, SizingContext, cdiv
+from kvcore.spec import KVCacheSpec
 from kvcore.validators import positive_int
 
 if TYPE_CHECKING:
@@ -22,7 +22,9 @@ class MLAAttentionSpec(KVCacheSpec):
     """One compressed latent vector per token, shared by every head (no separate V).
 
     Page size: ``block_size x (kv_lora_rank + qk_rope_head_dim) x dtype bytes``. The latent is
-    not sharded by tensor parallelism: every rank holds all of it.
+    not sharded by tensor parallelism: every rank holds all of it. Every token stays, as in full
+    attention: the default :meth:`~kvcore.KVCacheSpec.live_pages` and
+    :meth:`~kvcore.KVCacheSpec.max_num_blocks` (``ceil(L / block_size)``) are this kind's.
 
     Attributes:
         kv_lora_rank: size of the compressed KV latent (512 on DeepSeek-V3).
@@ -48,9 +50,6 @@ class MLAAttentionSpec(KVCacheSpec):
     @property
     def alignment_bytes(self) -> int:
         return dtype_size(self.dtype)
-
-    def max_num_blocks(self, context: SizingContext) -> int:
-        return cdiv(context.max_model_len, self.block_size)
 
 
 @hookimpl

@@ -26,7 +26,9 @@ class SlidingWindowSpec(AttentionSpec):
     ``max_tokens_per_step``), the earliest of them still needs the ``sliding_window - 1``
     tokens before it, so ``sliding_window - 1 + T`` tokens are live. The window rarely starts
     on a block boundary, which costs one more block. It is never more than a full-attention
-    layer would hold: ``min(ceil(min(W - 1 + T, L) / B) + 1, ceil(L / B))``.
+    layer would hold: ``min(ceil(min(W - 1 + T, L) / B) + 1, ceil(L / B))`` (vLLM's count). It
+    is never below the largest ``len(live_pages(n, c))`` over the steps from ``c`` to
+    ``n <= min(c + T, L)`` tokens, which the block pool holds, and at most one page above it.
 
     Attributes:
         sliding_window: the window, in tokens.

@@ -138,8 +138,12 @@ class StateSpec(KVCacheSpec):
     def tokens_per_page(self) -> None:
         return None
 
+    def live_pages(self, num_tokens: int, num_computed_tokens: int = 0) -> range:
+        """One page per request from its first token on, whatever its length; never freed."""
+        return range(1 if num_tokens > 0 else 0)
+
     def max_num_blocks(self, context: SizingContext) -> int:
-        """One page per request, whatever its length."""
+        """One page per request, whatever its length (``len(live_pages(L))``)."""
         return 1
 
 

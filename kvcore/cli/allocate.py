@@ -9,9 +9,10 @@ from typing import Any
 
 from kvcore.cli import inputs
 from kvcore.cli.progress import progress
-from kvcore.cli.report import format_plan, policy_reason
+from kvcore.cli.report import chosen_length, chosen_length_line, format_plan, policy_reason
 from kvcore.cli.table import render_table
 from kvcore.errors import InvalidInputError
+from kvcore.limits import MAX_TOKENS
 from kvcore.planning.registry import Registry
 from kvcore.runtime import DEFAULT_UTILIZATION
 from kvcore.units import format_bytes
@@ -48,10 +49,11 @@ def add_parser(sub: Any) -> None:
             "Plan the KV cache for a spec file, allocate it for real on a device, bind every layer's "
             "view to a stand-in module, and print the plan, the bytes allocated and the time each "
             "step took. Give the budget as --memory SIZE, or as --utilization F of the device's "
-            "memory (profiled)."
+            "memory (profiled). With --plan FILE, allocate a saved plan instead (checked first; it "
+            "fixes its own size, so no --memory, --utilization or --max-model-len)."
         ),
     )
-    inputs.add_spec_source(parser)
+    inputs.add_spec_source(parser, plan_file=True)
     parser.add_argument("--device", type=device_arg, default="cpu", help="cpu (default), cuda or cuda:N")
     parser.add_argument(
         "--utilization",
@@ -62,12 +64,16 @@ def add_parser(sub: Any) -> None:
             f"the memory available now (cpu), minus what is in use; vLLM's default is {DEFAULT_UTILIZATION}"
         ),
     )
-    inputs.add_planning_options(parser, memory_required=False)
+    inputs.add_planning_options(parser, memory_required=False, length_required=False)
     parser.add_argument("--no-zero", action="store_true", help="do not zero-fill the allocated memory")
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace, registry: Registry) -> int:
+    if args.plan is not None:
+        return run_saved_plan(args, registry)
+    if args.max_model_len is None:
+        raise InvalidInputError("give --max-model-len N (or allocate a saved plan with --plan FILE)")
     if (args.memory is None) == (args.utilization is None):
         raise InvalidInputError(
             "give the KV-cache budget as --memory SIZE (fixed) or as --utilization F (a share of the "
@@ -97,12 +103,14 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
     what = "planning, allocating and binding" if args.utilization is None else (
         f"profiling memory on {args.device} (utilization {args.utilization}), allocating and binding"
     )
+    context = inputs.sizing_context(args, auto=True)
     with progress(what):
         plan = initialize_kv_caches(
             executor,
             registry=registry,
             policy=args.policy,
-            context=inputs.sizing_context(args),
+            context=context,
+            max_model_len=inputs.length_mode(args),
             options=inputs.plan_options(args),
             num_blocks=args.num_blocks,
         )
@@ -111,13 +119,78 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
     from kvcore.runtime.allocation import allocation_sizes
 
     sizes = allocation_sizes(plan)
-    print(format_plan(plan, specs, reason=policy_reason(registry.select(specs, args.policy))))
+    note = ""
+    if inputs.length_mode(args) is not None:
+        cap = context.max_model_len if context.max_model_len < MAX_TOKENS else None
+        note = chosen_length_line(chosen_length(plan.context.max_model_len, cap, "max_position_embeddings"))
+    print(format_plan(plan, specs, reason=policy_reason(registry.select(specs, args.policy)), note=note))
     print()
     print(executor.memory_profile)
     print(
         f"allocated {format_bytes(sum(sizes))} ({sum(sizes):,} bytes) on {executor.device} in "
         f"{len(sizes)} tensor(s){'' if args.no_zero else ', zero-filled'}; bound {len(executor.bound)} "
         "layers to stand-in modules"
+    )
+    print()
+    rows = [[step, f"{seconds * 1e3:.1f}"] for step, seconds in timings]
+    print(render_table(["step", "ms"], rows, align="lr"))
+    return 0
+
+
+#: Options that a saved plan already fixed; giving one with ``--plan`` is an error.
+_PLAN_FIXES = (
+    ("memory", "--memory"),
+    ("utilization", "--utilization"),
+    ("max_model_len", "--max-model-len"),
+    ("num_blocks", "--num-blocks"),
+    ("block_size", "--block-size"),
+    ("tp", "--tp"),
+    ("kv_cache_dtype", "--kv-cache-dtype"),
+    ("state_dtype", "--state-dtype"),
+)
+
+
+def run_saved_plan(args: argparse.Namespace, registry: Registry) -> int:
+    """``--plan FILE``: read and check a saved plan, allocate it, bind stand-in layers."""
+    given = [flag for dest, flag in _PLAN_FIXES if getattr(args, dest, None) is not None]
+    if args.policy != "auto":
+        given.append("--policy")
+    if given:
+        raise InvalidInputError(
+            f"{', '.join(given)} cannot be combined with --plan: a saved plan fixes its own size and layout"
+        )
+    from kvcore.cli.check import read_plan_file, summary
+    from kvcore.engine.local import LocalExecutor
+    from kvcore.engine.stand_in import stand_in_model
+    from kvcore.runtime.allocation import allocation_sizes
+
+    timings: list[tuple[str, float]] = []
+    start = time.perf_counter()
+    plan = read_plan_file(args.plan, registry)
+    timings.append(("read and check plan", time.perf_counter() - start))
+    specs = {name: group.spec for group in plan.groups for name in group.layer_names}
+    start = time.perf_counter()
+    model = stand_in_model([*specs, *plan.kv_sharing])
+    timings.append(("stand-in layers", time.perf_counter() - start))
+    executor = LocalExecutor(
+        model,
+        args.device,
+        registry=registry,
+        specs=specs,
+        kv_sharing=plan.kv_sharing,
+        kv_cache_bytes=plan.available_memory_bytes,
+        zero=not args.no_zero,
+    )
+    with progress(f"allocating and binding {args.plan}"):
+        executor.get_kv_cache_spec()
+        executor.initialize(plan)
+    timings += [(step, executor.timings[step]) for step in WORKFLOW_STEPS if step in executor.timings]
+    sizes = allocation_sizes(plan)
+    print(f"{args.plan}: {summary(plan)}")
+    print(
+        f"allocated {format_bytes(sum(sizes))} ({sum(sizes):,} bytes) on {executor.device} in "
+        f"{len(sizes)} tensor(s){'' if args.no_zero or not sizes else ', zero-filled'}; bound "
+        f"{len(executor.bound)} layers to stand-in modules"
     )
     print()
     rows = [[step, f"{seconds * 1e3:.1f}"] for step, seconds in timings]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
+from collections.abc import Sequence
 from typing import Any
 
 from kvcore.cli import inputs
@@ -113,7 +115,7 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
             ],
         }
         print(json.dumps(payload, indent=2))
-        return 0
+        return _status(candidates)
     rows = []
     failures: dict[str, str] = {}  # first reason per policy; variants usually fail alike
     for c in candidates:
@@ -157,4 +159,15 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
     )
     for policy, error in failures.items():
         print(f"  {policy}: no plan: {error}")
-    return 0
+    return _status(candidates)
+
+
+def _status(candidates: Sequence[Candidate]) -> int:
+    """0 when some candidate planned; else 1, with a one-line error (the reasons are above)."""
+    if any(c.plan is not None for c in candidates):
+        return 0
+    print(
+        "kvcore: error: no policy could plan these specs with these options; the reasons are listed above",
+        file=sys.stderr,
+    )
+    return 1

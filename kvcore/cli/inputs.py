@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+from typing import Literal
 
 from kvcore.error_messages import ParameterNames
 from kvcore.errors import InvalidInputError
-from kvcore.frontends.hf_config import model_layer_specs
+from kvcore.frontends.hf_config import load_model_config, max_position_embeddings, model_layer_specs
 from kvcore.frontends.specfile import read_spec_file
+from kvcore.limits import MAX_TOKENS
 from kvcore.model_options import ModelOptions
 from kvcore.planning.ranks import Parallelism
 from kvcore.planning.registry import Registry
@@ -28,15 +30,46 @@ FLAG_NAMES = ParameterNames(
 )
 
 
+def _shown_text(text: str) -> str:
+    return repr(text) if len(text) <= 40 else f"{text[:37]!r}... ({len(text)} characters)"
+
+
 def positive_int(text: str) -> int:
-    """argparse type: an int >= 1."""
+    """argparse type: an int >= 1 (of at most 30 digits: no count kvcore takes is longer)."""
+    digits = text.strip().lstrip("+-").replace("_", "")
+    if len(digits) > 30 and digits.isdigit():
+        raise argparse.ArgumentTypeError(
+            f"expected a number of at most 30 digits, got {_shown_text(text)}; "
+            "no count kvcore takes is that large"
+        )
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {_shown_text(text)}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a number >= 1, got {value}")
     return value
+
+
+def tokens(text: str) -> int:
+    """argparse type: a token count, an int in [1, :data:`~kvcore.limits.MAX_TOKENS`]."""
+    value = positive_int(text)
+    if value > MAX_TOKENS:
+        raise argparse.ArgumentTypeError(
+            f"expected at most {MAX_TOKENS:,} tokens (kvcore.limits.MAX_TOKENS), got {value:,}; "
+            "no model serves requests that long"
+        )
+    return value
+
+
+def max_model_len(text: str) -> int | Literal["auto"]:
+    """argparse type: ``auto`` or a token count (:func:`tokens`)."""
+    if text.strip().lower() == "auto":
+        return "auto"
+    try:
+        return tokens(text)
+    except argparse.ArgumentTypeError as exc:
+        raise argparse.ArgumentTypeError(f"{exc} (or auto)") from None
 
 
 def size(text: str) -> int:
@@ -58,10 +91,15 @@ def fraction(text: str) -> float:
     return value
 
 
-def add_spec_source(parser: argparse.ArgumentParser) -> None:
+def add_spec_source(parser: argparse.ArgumentParser, *, plan_file: bool = False) -> None:
     """Where the layer specs come from: ``--specs FILE`` or ``--model NAME|PATH`` (one of
-    them), and the model options ``--tp``, ``--kv-cache-dtype``, ``--state-dtype``."""
+    them; with ``plan_file``, ``--plan FILE``, a saved plan, is the third choice), and the
+    model options ``--tp``, ``--kv-cache-dtype``, ``--state-dtype``."""
     source = parser.add_mutually_exclusive_group(required=True)
+    if plan_file:
+        source.add_argument(
+            "--plan", metavar="FILE", help="a saved plan (`kvcore plan --json` output), checked before use"
+        )
     source.add_argument(
         "--specs",
         metavar="FILE",
@@ -76,7 +114,10 @@ def add_spec_source(parser: argparse.ArgumentParser) -> None:
         "--tp",
         type=positive_int,
         metavar="N",
-        help="with --model: tensor-parallel size; KV heads per rank = max(1, kv_heads // N) (default 1)",
+        help=(
+            "with --model: tensor-parallel size; it must divide the attention heads, and divide the KV "
+            "heads or be a multiple of them (KV heads per rank = max(1, kv_heads // N)) (default 1)"
+        ),
     )
     parser.add_argument(
         "--kv-cache-dtype",
@@ -110,7 +151,9 @@ def parallelism(args: argparse.Namespace) -> Parallelism:
     return Parallelism(tp_size=getattr(args, "tp", None) or 1, pp_size=getattr(args, "pp", None) or 1)
 
 
-def add_sizing_options(parser: argparse.ArgumentParser, *, memory_required: bool = True) -> None:
+def add_sizing_options(
+    parser: argparse.ArgumentParser, *, memory_required: bool = True, length_required: bool = True
+) -> None:
     """Budget, request length and grouping knobs: what every planning command takes."""
     parser.add_argument(
         "--memory",
@@ -121,14 +164,17 @@ def add_sizing_options(parser: argparse.ArgumentParser, *, memory_required: bool
     )
     parser.add_argument(
         "--max-model-len",
-        type=positive_int,
-        required=True,
-        metavar="N",
-        help="longest request (prompt + output) in tokens; one such request must fit",
+        type=max_model_len,
+        required=length_required,
+        metavar="N|auto",
+        help=(
+            "longest request (prompt + output) in tokens; one such request must fit. auto: the "
+            "longest the memory admits, at most the model's max_position_embeddings"
+        ),
     )
     parser.add_argument(
         "--max-num-batched-tokens",
-        type=positive_int,
+        type=tokens,
         default=DEFAULT_MAX_NUM_BATCHED_TOKENS,
         metavar="N",
         help=(
@@ -155,9 +201,11 @@ def add_sizing_options(parser: argparse.ArgumentParser, *, memory_required: bool
     )
 
 
-def add_planning_options(parser: argparse.ArgumentParser, *, memory_required: bool = True) -> None:
+def add_planning_options(
+    parser: argparse.ArgumentParser, *, memory_required: bool = True, length_required: bool = True
+) -> None:
     """The sizing options plus the choices of one plan: policy, block size, forced block count."""
-    add_sizing_options(parser, memory_required=memory_required)
+    add_sizing_options(parser, memory_required=memory_required, length_required=length_required)
     parser.add_argument(
         "--policy", default="auto", metavar="NAME", help="allocation policy, or auto (default)"
     )
@@ -209,9 +257,40 @@ def load_layer_specs(args: argparse.Namespace, registry: Registry) -> dict[str, 
     return specs if block_size is None else resize_blocks(specs, block_size)
 
 
-def sizing_context(args: argparse.Namespace) -> SizingContext:
-    """The :class:`SizingContext` the options describe."""
-    return SizingContext(max_model_len=args.max_model_len, max_num_batched_tokens=args.max_num_batched_tokens)
+def sizing_context(args: argparse.Namespace, *, auto: bool = False) -> SizingContext:
+    """The :class:`SizingContext` the options describe.
+
+    Args:
+        args: the parsed options.
+        auto: the command chooses the length for ``--max-model-len auto``; the context then
+            holds the cap (:func:`length_cap`, or :data:`~kvcore.limits.MAX_TOKENS` for none).
+
+    Raises:
+        InvalidInputError: ``--max-model-len auto`` where the command takes a number.
+    """
+    length = args.max_model_len
+    if length == "auto":
+        if not auto:
+            raise InvalidInputError(
+                f"--max-model-len auto chooses one length per plan; `kvcore {args.command}` "
+                "needs one length for every plan: give a number"
+            )
+        length = min(length_cap(args) or MAX_TOKENS, MAX_TOKENS)
+    return SizingContext(max_model_len=length, max_num_batched_tokens=args.max_num_batched_tokens)
+
+
+def length_mode(args: argparse.Namespace) -> Literal["auto"] | None:
+    """``"auto"`` for ``--max-model-len auto`` (the planner's ``max_model_len``), else ``None``."""
+    return "auto" if args.max_model_len == "auto" else None
+
+
+def length_cap(args: argparse.Namespace) -> int | None:
+    """The longest request ``--max-model-len auto`` may choose: ``--model``'s
+    ``max_position_embeddings``; ``None`` for a spec file or a config without it."""
+    if getattr(args, "model", None) is None:
+        return None
+    config, _ = load_model_config(args.model)
+    return max_position_embeddings(config)
 
 
 def plan_options(args: argparse.Namespace) -> PlanOptions:

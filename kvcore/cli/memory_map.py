@@ -115,9 +115,11 @@ def memory_map(plan: KVCachePlan, *, rows: int = 4) -> MemoryMap:
         )
         if not plan.single_buffer:  # separate tensors: a block id spans every layer's page in turn
             offsets = [(i * group.spec.page_size_bytes, name) for i, (_, name) in enumerate(offsets)]
-        for offset, name in offsets:
-            end = offset + group.spec.page_size_bytes
-            row_boxes.append(Box(track=gi, band=0, bands=1, x0=offset, x1=end, group=gi, label=name))
+        page = group.spec.page_size_bytes
+        for run in _runs(offsets, page):
+            start, end = run[0][0], run[-1][0] + page
+            label = run[0][1] if len(run) == 1 else f"{run[0][1]} .. {run[-1][1]} ({len(run)} layers)"
+            row_boxes.append(Box(track=gi, band=0, bands=1, x0=start, x1=end, group=gi, label=label))
             used = max(used, end)
         if used < width:
             row_boxes.append(Box(track=gi, band=0, bands=1, x0=used, x1=width, group=None, label="padding"))
@@ -147,21 +149,70 @@ def memory_map(plan: KVCachePlan, *, rows: int = 4) -> MemoryMap:
     )
 
 
-def render_memory_map(plan: KVCachePlan, path: str | os.PathLike[str], *, rows: int = 4) -> Path:
-    """Draw the memory map of ``plan`` into ``path`` (``.png`` or ``.svg``).
+def _runs(offsets: list[tuple[int, str]], page: int) -> list[list[tuple[int, str]]]:
+    """Sorted ``(offset, layer)`` pages cut into runs of pages that follow one another: one box
+    each, so that a group of thousands of layers draws as a few boxes, not thousands."""
+    runs: list[list[tuple[int, str]]] = []
+    for item in offsets:
+        if runs and runs[-1][-1][0] + page == item[0]:
+            runs[-1].append(item)
+        else:
+            runs.append([item])
+    return runs
+
+
+def check_map_path(path: str | os.PathLike[str]) -> Path:
+    """Check, before anything is planned, that the memory map can be written to ``path``.
+
+    Args:
+        path: where ``--map`` asks the picture to go.
+
+    Returns:
+        ``path`` as a :class:`~pathlib.Path`.
 
     Raises:
-        InvalidInputError: the suffix is not ``.png``/``.svg``, or matplotlib is missing (the
-            message says which extra to install).
+        InvalidInputError: the suffix is not ``.png``/``.svg``, the folder does not exist (or is
+            not a folder), or matplotlib is missing.
     """
     out = Path(path)
     if out.suffix.lower() not in (".png", ".svg"):
         raise InvalidInputError(f"the memory map is written as .png or .svg (got {out.name!r})")
+    folder = out.parent
+    if not folder.is_dir():
+        raise InvalidInputError(
+            f"cannot write the memory map to {out}: the folder {folder} does not exist; create it first"
+        )
+    if out.is_dir():
+        raise InvalidInputError(
+            f"cannot write the memory map to {out}: it is a folder; name a .png or .svg file"
+        )
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise InvalidInputError(
+            "drawing the memory map needs matplotlib; install it with: pip install 'kvcore[plot]'"
+        ) from None
+    return out
+
+
+def render_memory_map(plan: KVCachePlan, path: str | os.PathLike[str], *, rows: int = 4) -> Path:
+    """Draw the memory map of ``plan`` into ``path`` (``.png`` or ``.svg``).
+
+    Large plans stay quick: the first :data:`MAX_TRACKS` tensors are drawn, a group's pages
+    that follow one another in a block row are one box, and the boxes are drawn as one
+    collection per panel (100,000 layers draw in seconds).
+
+    Raises:
+        InvalidInputError: as :func:`check_map_path` (the suffix, the folder, matplotlib), or
+            the file cannot be written.
+    """
+    out = check_map_path(path)
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        from matplotlib.collections import PatchCollection
         from matplotlib.patches import Patch, Rectangle
         from matplotlib.ticker import FuncFormatter
     except ImportError:
@@ -179,21 +230,32 @@ def render_memory_map(plan: KVCachePlan, path: str | os.PathLike[str], *, rows: 
     byte_ticks = FuncFormatter(lambda value, _pos: format_bytes(int(value), precision=0) if value else "0")
 
     def draw(ax: Any, boxes: tuple[Box, ...], tracks: tuple[str, ...], width: int, xlabel: str) -> None:
+        filled: list[Rectangle] = []
         for box in boxes:
             band_h = 0.8 / box.bands
             y = box.track - 0.4 + box.band * band_h
-            padding = box.group is None
-            ax.add_patch(
-                Rectangle(
-                    (box.x0, y),
-                    box.x1 - box.x0,
-                    band_h,
-                    facecolor="white" if padding else colors((box.group or 0) % 20),
-                    edgecolor="grey" if padding else "black",
-                    hatch="///" if padding else None,
-                    linewidth=0.5 if padding else 0.3,
+            if box.group is None:  # padding: few boxes, hatched one by one
+                ax.add_patch(
+                    Rectangle(
+                        (box.x0, y),
+                        box.x1 - box.x0,
+                        band_h,
+                        facecolor="white",
+                        edgecolor="grey",
+                        hatch="///",
+                        linewidth=0.5,
+                    )
                 )
+            else:
+                filled.append(Rectangle((box.x0, y), box.x1 - box.x0, band_h))
+        ax.add_collection(
+            PatchCollection(
+                filled,
+                facecolors=[colors((box.group or 0) % 20) for box in boxes if box.group is not None],
+                edgecolors="black",
+                linewidths=0.3,
             )
+        )
         ax.set_xlim(0, max(width, 1))
         ax.set_ylim(len(tracks) - 0.5, -0.5)
         ax.set_yticks(range(len(tracks)), tracks, fontsize=7)
@@ -227,6 +289,10 @@ def render_memory_map(plan: KVCachePlan, path: str | os.PathLike[str], *, rows: 
     )
     fig.legend(handles=handles, loc="lower center", fontsize=7, ncol=2, frameon=False)
     fig.tight_layout(rect=(0, legend_in / fig_h, 1, 1))
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
+    try:
+        fig.savefig(out, dpi=120)
+    except OSError as exc:
+        raise InvalidInputError(f"cannot write the memory map to {out}: {exc.strerror or exc}") from None
+    finally:
+        plt.close(fig)
     return out

@@ -8,9 +8,17 @@ from collections.abc import Mapping
 from typing import Any
 
 from kvcore.cli import inputs
-from kvcore.cli.memory_map import render_memory_map
-from kvcore.cli.report import format_plan, format_ranks, plan_report, policy_reason, ranks_report
-from kvcore.planning.planner import plan_model
+from kvcore.cli.memory_map import check_map_path, render_memory_map
+from kvcore.cli.report import (
+    chosen_length,
+    chosen_length_line,
+    format_plan,
+    format_ranks,
+    plan_report,
+    policy_reason,
+    ranks_report,
+)
+from kvcore.planning.planner import PlanningResult, plan_model
 from kvcore.planning.ranks import Parallelism, simulate_rank_specs, tightest_rank
 from kvcore.planning.registry import Registry
 from kvcore.spec import KVCacheSpec
@@ -40,27 +48,45 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace, registry: Registry) -> int:
+    if args.map:
+        check_map_path(args.map)  # before planning, which can take a while
     specs = inputs.load_layer_specs(args, registry)
+    if not specs:
+        return run_nothing_to_cache(args, registry)
     parallelism = inputs.parallelism(args)
     if parallelism.world_size > 1:
         return run_ranks(args, registry, specs, parallelism)
     result = plan_model(
         specs,
         [args.memory],
-        inputs.sizing_context(args),
+        inputs.sizing_context(args, auto=True),
         registry=registry,
         policy=args.policy,
         options=inputs.plan_options(args),
         num_blocks=args.num_blocks,
+        max_model_len=inputs.length_mode(args),
     )
     (plan,) = result.plans
+    chosen = auto_length(result)
     if args.map:
         render_memory_map(plan, args.map)
     if args.json:
-        print(json.dumps(plan_report(plan, specs, registry), indent=2))
+        report = plan_report(plan, specs, registry)
+        if chosen is not None:
+            report["max_model_len_auto"] = chosen
+        print(json.dumps(report, indent=2))
     else:
-        print(format_plan(plan, specs, reason=policy_reason(result.choice)))
+        note = chosen_length_line(chosen) if chosen is not None else ""
+        print(format_plan(plan, specs, reason=policy_reason(result.choice), note=note))
     return 0
+
+
+def auto_length(result: PlanningResult) -> dict[str, Any] | None:
+    """How ``--max-model-len auto`` chose the length (:func:`~kvcore.cli.report.chosen_length`);
+    ``None`` for a length given as a number."""
+    if result.length is None:
+        return None
+    return chosen_length(result.length.max_model_len, result.length.cap, "max_position_embeddings")
 
 
 def run_ranks(
@@ -76,15 +102,17 @@ def run_ranks(
     result = plan_model(
         specs,
         [args.memory] * parallelism.world_size,
-        inputs.sizing_context(args),
+        inputs.sizing_context(args, auto=True),
         registry=registry,
         policy=args.policy,
         options=inputs.plan_options(args),
         num_blocks=args.num_blocks,
         rank_layers=rank_specs,
         rank_names=[parallelism.describe(rank) for rank in range(parallelism.world_size)],
+        max_model_len=inputs.length_mode(args),
     )
     plans = result.plans
+    chosen = auto_length(result)
     rank = tightest_rank(plans)
     plan, own = plans[rank], rank_specs[rank]
     if args.map:
@@ -94,10 +122,32 @@ def run_ranks(
         report.update(
             tp=parallelism.tp_size, pp=parallelism.pp_size, rank=rank, ranks=ranks_report(plans, parallelism)
         )
+        if chosen is not None:
+            report["max_model_len_auto"] = chosen
         print(json.dumps(report, indent=2))
         return 0
     print(format_ranks(plans, parallelism))
     print()
     print(f"plan of {parallelism.describe(rank)}: every rank has these groups; 'layers' counts this rank's")
-    print(format_plan(plan, own, reason=policy_reason(result.choice)))
+    note = chosen_length_line(chosen) if chosen is not None else ""
+    print(format_plan(plan, own, reason=policy_reason(result.choice), note=note))
+    return 0
+
+
+def run_nothing_to_cache(args: argparse.Namespace, registry: Registry) -> int:
+    """A model with no cache-holding layer (attention-free, encoder-only): say so, and with
+    ``--json`` print its plan (no groups, no tensors, no blocks)."""
+    from kvcore.planning.serialization import plan_to_dict
+
+    result = plan_model(
+        {}, [args.memory], inputs.sizing_context(args, auto=True), registry=registry, policy=args.policy
+    )
+    (plan,) = result.plans
+    if args.json:
+        print(json.dumps(plan_to_dict(plan, registry), indent=2))
+    else:
+        print(
+            "nothing to cache: the model has no layer that holds a KV cache (attention-free or "
+            "encoder-only), so it needs no blocks and no memory"
+        )
     return 0

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from kvcore.cli.table import render_table
+from kvcore.error_messages import plural
 from kvcore.errors import KVCacheBindingError
 from kvcore.plan import KVCacheGroup, KVCachePlan
 from kvcore.planning.capacity import Capacity, blocks_that_fit
@@ -91,8 +92,54 @@ def policy_reason(choice: PolicyChoice) -> str:
     return f"auto: {choice.reason}" if choice.auto else "named on the command line"
 
 
-def format_plan(plan: KVCachePlan, specs: Mapping[str, KVCacheSpec], *, reason: str = "") -> str:
-    """A readable summary: one row per group, then totals and capacity."""
+def chosen_length(length: int, cap: int | None, cap_name: str) -> dict[str, Any]:
+    """How ``--max-model-len auto`` chose ``length``, as the JSON report's ``max_model_len_auto``.
+
+    Args:
+        length: the chosen length.
+        cap: the most it could be, or ``None`` when nothing but memory bounded it.
+        cap_name: what the cap is (``"max_position_embeddings"``).
+
+    Returns:
+        ``{"chosen": length, "limited_by": "cap" | "memory", "cap": cap, "cap_name": ...}``:
+        ``"cap"`` when the cap itself was admitted, ``"memory"`` when one more token is not.
+    """
+    return {
+        "chosen": length,
+        "limited_by": "cap" if cap is not None and length == cap else "memory",
+        "cap": cap,
+        "cap_name": cap_name if cap is not None else None,
+    }
+
+
+def chosen_length_line(chosen: Mapping[str, Any]) -> str:
+    """The report's line on an automatic length (:func:`chosen_length`), e.g. ``'max_model_len
+    7,296 chosen automatically: the longest request the memory admits (below the model's
+    max_position_embeddings, 131,072)'``."""
+    head = f"max_model_len {chosen['chosen']:,} chosen automatically: "
+    if chosen["limited_by"] == "cap":
+        return head + f"the model's {chosen['cap_name']}, which the memory admits"
+    if chosen["cap"] is None:
+        return head + "the longest request the memory admits (no max_position_embeddings caps it)"
+    return head + (
+        f"the longest request the memory admits (below the model's {chosen['cap_name']}, {chosen['cap']:,})"
+    )
+
+
+def format_plan(
+    plan: KVCachePlan, specs: Mapping[str, KVCacheSpec], *, reason: str = "", note: str = ""
+) -> str:
+    """A readable summary: one row per group, then totals and capacity.
+
+    Args:
+        plan: the plan.
+        specs: the layer specs it was made from.
+        reason: why its policy was used (:func:`policy_reason`), for the first line.
+        note: a line to add after the budget line (:func:`chosen_length_line`), or ``""``.
+
+    Returns:
+        The summary.
+    """
     ctx = plan.context
     capacity = Capacity.of(plan, specs)
     rows = []
@@ -120,13 +167,15 @@ def format_plan(plan: KVCachePlan, specs: Mapping[str, KVCacheSpec], *, reason: 
         f"policy {plan.policy}" + (f" ({reason})" if reason else ""),
         f"budget {format_bytes(plan.available_memory_bytes)}, max_model_len {ctx.max_model_len:,}, "
         f"max_num_batched_tokens {ctx.max_num_batched_tokens:,}",
+        *([note] if note else []),
         "",
         table,
         "",
         f"  blocks           {plan.num_blocks:,} x {format_bytes(plan.bytes_per_block)} = "
-        f"{format_bytes(plan.kv_cache_bytes)} ({layout}, {len(plan.groups)} groups, "
-        f"{len(plan.tensors)} tensors)",
-        f"  one request      {per_request:,} blocks = {format_bytes(capacity.request_bytes)} "
+        f"{format_bytes(plan.kv_cache_bytes)} ({layout}, {plural(len(plan.groups), 'group')}, "
+        f"{plural(len(plan.tensors), 'tensor')})",
+        f"  one request      {plural(per_request, 'block', spec=',')} = "
+        f"{format_bytes(capacity.request_bytes)} "
         f"(ideal {format_bytes(capacity.ideal_request_bytes)}) for {ctx.max_model_len:,} tokens",
         f"  max concurrency  {capacity.max_concurrency:,.2f} requests of {ctx.max_model_len:,} tokens "
         f"(ideal {capacity.ideal_concurrency:,.2f}, efficiency {100 * capacity.efficiency:.2f}%)",

@@ -152,16 +152,17 @@ class LocalExecutor:
             KVCacheBindingError: the plan's layers and the model's differ.
             KVCacheAllocationError: allocation failed (nothing stays allocated).
         """
-        layers = self._layers or (*plan.layer_names, *self.kv_sharing)
-        module_targets(self.model, [*plan.layer_names, *self.kv_sharing], expected=layers)
+        sharing = {**plan.kv_sharing, **self.kv_sharing}  # the plan's, and this executor's
+        layers = self._layers or (*plan.layer_names, *sharing)
+        module_targets(self.model, [*plan.layer_names, *sharing], expected=layers)
         start = time.perf_counter()
         views = allocate(plan, self.device, registry=self.registry, zero=self.zero, allocator=self.allocator)
         self.timings["allocate"] = time.perf_counter() - start
         start = time.perf_counter()
         self.bound = bind_to_modules(
-            self.model, views, kv_sharing=self.kv_sharing, attribute=self.attribute, expected=layers
+            self.model, views, kv_sharing=sharing, attribute=self.attribute, expected=layers
         )
-        self.kv_caches = resolve_kv_sharing(views, self.kv_sharing)
+        self.kv_caches = resolve_kv_sharing(views, sharing)
         self.plan = plan
         self.timings["bind"] = time.perf_counter() - start
         logger.info(

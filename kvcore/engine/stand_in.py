@@ -11,6 +11,9 @@ from collections.abc import Iterable
 
 import torch
 
+from kvcore.errors import InvalidSpecError
+from kvcore.limits import check_layer_name
+
 
 class StandIn(torch.nn.Module):
     """A module with no parameters that only receives a bound view (``kv_cache``)."""
@@ -24,14 +27,23 @@ def stand_in_model(layer_names: Iterable[str]) -> torch.nn.Module:
 
     Returns:
         The root module; ``root.get_submodule(name)`` is a :class:`StandIn` for every name.
+
+    Raises:
+        InvalidSpecError: a name breaks the layer-name rule (:func:`kvcore.limits.check_layer_name`).
     """
     root = StandIn()
     nodes: dict[str, torch.nn.Module] = {"": root}
     for name in layer_names:
+        check_layer_name(name)
         path = ""
         for part in name.split("."):
             parent, path = nodes[path], f"{path}.{part}" if path else part
             if path not in nodes:
                 nodes[path] = StandIn()
-                parent.add_module(part, nodes[path])
+                try:
+                    parent.add_module(part, nodes[path])
+                except KeyError as exc:  # a name torch reserves that the torch-free rule missed
+                    raise InvalidSpecError(
+                        f"layer name {name!r}: torch refuses the part {part!r}: {exc}"
+                    ) from None
     return root

@@ -19,9 +19,10 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
-from typing import Protocol, runtime_checkable
+from typing import Literal, Protocol, runtime_checkable
 
 from kvcore.errors import InvalidInputError
+from kvcore.limits import MAX_TOKENS
 from kvcore.plan import KVCachePlan
 from kvcore.planning.capacity import Capacity
 from kvcore.planning.planner import plan_kv_cache
@@ -101,7 +102,9 @@ def capacity_summary(plan: KVCachePlan, specs: Mapping[str, KVCacheSpec] | None 
     return "\n".join(lines)
 
 
-def _sizing(context: SizingContext | None, max_model_len: int | None) -> SizingContext:
+def _sizing(context: SizingContext | None, max_model_len: int | Literal["auto"] | None) -> SizingContext:
+    if max_model_len == "auto":  # the cap: the context's length, else none
+        return context if context is not None else SizingContext(max_model_len=MAX_TOKENS)
     if context is not None and max_model_len is not None and context.max_model_len != max_model_len:
         raise InvalidInputError(
             f"got context.max_model_len={context.max_model_len} and max_model_len={max_model_len}; "
@@ -122,7 +125,7 @@ def initialize_kv_caches(
     registry: Registry,
     policy: str | AllocationPolicy = "auto",
     context: SizingContext | None = None,
-    max_model_len: int | None = None,
+    max_model_len: int | Literal["auto"] | None = None,
     options: PlanOptions | None = None,
     num_blocks: int | None = None,
 ) -> KVCachePlan:
@@ -134,7 +137,12 @@ def initialize_kv_caches(
         registry: spec kinds, policies and layouts.
         policy: a policy name, ``"auto"`` or a policy object.
         context: the request length and step size to size for ...
-        max_model_len: ... or just the request length (default step size).
+        max_model_len: ... or just the request length (default step size); or ``"auto"``:
+            the longest request the memory admits, at most ``context.max_model_len`` when a
+            context is given (a model's ``max_position_embeddings``), else bounded by memory
+            alone (:func:`~kvcore.planning.planner.plan_longest`). The plan's
+            ``context.max_model_len`` is the length chosen. Not with an
+            :class:`AgreeingExecutor`.
         options: policy knobs.
         num_blocks: force this many block ids (still checked against the memory).
 
@@ -143,7 +151,8 @@ def initialize_kv_caches(
         :class:`LocalExecutor`: ``executor.kv_caches`` and ``executor.bound``).
 
     Raises:
-        InvalidInputError: neither or conflicting ``context`` / ``max_model_len``.
+        InvalidInputError: neither or conflicting ``context`` / ``max_model_len``;
+            ``"auto"`` with an :class:`AgreeingExecutor`, or where nothing bounds the length.
         MemoryProfilingError: profiling left nothing for the KV cache.
         InsufficientMemoryError: one request of ``max_model_len`` does not fit.
         KVCacheAllocationError: allocation failed (nothing stays allocated).
@@ -156,14 +165,30 @@ def initialize_kv_caches(
     specs = executor.get_kv_cache_spec()
     memory = executor.determine_available_memory()
     start = time.perf_counter()
+    auto: Literal["auto"] | None = "auto" if max_model_len == "auto" else None
+    if auto is not None and isinstance(executor, AgreeingExecutor):
+        raise InvalidInputError(
+            "max_model_len='auto' plans one rank; ranks that agree on a plan need one length: "
+            "give max_model_len a number"
+        )
     if isinstance(executor, AgreeingExecutor):
         plan = executor.agree_on_plan(
             specs, memory, ctx, registry=registry, policy=policy, options=options, num_blocks=num_blocks
         )
     else:
         plan = plan_kv_cache(
-            specs, memory, ctx, registry=registry, policy=policy, options=options, num_blocks=num_blocks
+            specs,
+            memory,
+            ctx,
+            registry=registry,
+            policy=policy,
+            options=options,
+            num_blocks=num_blocks,
+            max_model_len=auto,
         )
+    sharing = getattr(executor, "kv_sharing", None)
+    if sharing:  # layers that reuse another layer's cache read its group's block table
+        plan = plan.with_kv_sharing(sharing)
     timings = getattr(executor, "timings", None)
     if isinstance(timings, dict):  # executors that time their steps also get the planning time
         timings["plan"] = time.perf_counter() - start

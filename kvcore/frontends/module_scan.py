@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from kvcore.errors import InvalidSpecError
+from kvcore.limits import check_layer_count
 from kvcore.model_options import ModelOptions, to_model_options
 from kvcore.spec import KVCacheSpec
 
@@ -39,7 +40,8 @@ def scan_module(
 
     Raises:
         InvalidInputError: an unknown option (the message lists the known ones) or a bad value.
-        InvalidSpecError: no submodule was recognised.
+        InvalidSpecError: no submodule was recognised, or more than
+            :data:`~kvcore.limits.MAX_LAYERS` were (checked as they are found).
         PluginValidationError: a plugin returned something that is not a spec.
     """
     opts = to_model_options(options)
@@ -48,6 +50,7 @@ def scan_module(
         spec = registry.spec_for_module(module, name, opts)
         if spec is not None:
             specs[name] = spec
+            check_layer_count(len(specs), f"{type(model).__name__} (scanned)")
     if not specs:
         raise InvalidSpecError(
             f"no submodule of {type(model).__name__} was recognised as a cache-holding layer; "

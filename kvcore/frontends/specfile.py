@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kvcore.errors import InvalidInputError, InvalidSpecError, KVCoreError
+from kvcore.limits import check_layer_count, check_layer_name
 from kvcore.planning.serialization import spec_from_dict, spec_to_dict
 from kvcore.spec import KVCacheSpec, check_layer_specs
 
@@ -20,32 +22,88 @@ if TYPE_CHECKING:
     from kvcore.planning.registry import Registry
 
 
+class _DuplicateKeyError(ValueError):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in result:
+            raise _DuplicateKeyError(key)
+        result[key] = value
+    return result
+
+
 def load_json_file(path: str | os.PathLike[str]) -> Any:
     """Read a JSON file the way transformers reads configs (``Infinity`` and ``NaN`` allowed).
 
+    A key that appears twice in one object (a layer named twice) is refused: JSON readers keep
+    the last one silently.
+
     Raises:
-        InvalidInputError: the file is missing, unreadable or not JSON.
+        InvalidInputError: the file is missing, unreadable, not UTF-8, not JSON, names a key
+            twice in one object, or holds a number of more than 4,300 digits; the message names
+            the file.
     """
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise InvalidInputError(f"file not found: {p}") from None
+    except UnicodeDecodeError as exc:
+        raise InvalidInputError(
+            f"{p} is not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}); "
+            "spec files and config.json files are JSON in UTF-8"
+        ) from None
     except OSError as exc:
         raise InvalidInputError(f"cannot read {p}: {exc.strerror or exc}") from None
+    return parse_json(text, str(p))
+
+
+def parse_json(text: str, source: str) -> Any:
+    """Parse JSON text as :func:`load_json_file` does; errors name ``source``.
+
+    Args:
+        text: the JSON.
+        source: where it came from (a path), for messages.
+
+    Returns:
+        The parsed value.
+
+    Raises:
+        InvalidInputError: not JSON, a key twice in one object, a number too long, or nesting
+            too deep.
+    """
     try:
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=_no_duplicate_keys)
     except json.JSONDecodeError as exc:
         raise InvalidInputError(
-            f"{p} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+            f"{source} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
         ) from None
+    except _DuplicateKeyError as exc:
+        raise InvalidInputError(
+            f"{source}: {exc.key!r} appears twice in one JSON object (a layer or field named twice); "
+            "JSON readers would keep only the last, so kvcore refuses it: remove or rename one"
+        ) from None
+    except ValueError:  # Python's limit on the digits of an int (sys.get_int_max_str_digits)
+        raise InvalidInputError(
+            f"{source} holds a number of more than {sys.get_int_max_str_digits():,} digits, more than "
+            "Python reads; no size of a model is that long"
+        ) from None
+    except RecursionError:
+        raise InvalidInputError(f"{source} nests JSON arrays or objects too deeply to read") from None
 
 
 def specs_from_dict(data: Any, registry: Registry, source: str = "spec file") -> dict[str, KVCacheSpec]:
     """Build ``{layer name: spec}`` from a parsed spec file.
 
     Raises:
-        InvalidSpecError: naming the layer and field at fault.
+        InvalidSpecError: naming the file, the layer and the field at fault; more than
+            :data:`~kvcore.limits.MAX_LAYERS`, or a layer name that breaks the layer-name rule
+            (:func:`~kvcore.limits.check_layer_name`), checked before any spec is built.
         UnknownSpecKindError: a layer names a kind no plugin registered.
     """
     if not isinstance(data, Mapping):
@@ -62,13 +120,22 @@ def specs_from_dict(data: Any, registry: Registry, source: str = "spec file") ->
     unknown = sorted(set(data) - {"layers"})
     if unknown:
         raise InvalidSpecError(f"{source}: unknown top-level keys {unknown}; a spec file has only 'layers'")
+    try:
+        check_layer_count(len(layers), source)
+        for name in layers:
+            check_layer_name(name)
+    except InvalidSpecError as exc:
+        raise InvalidSpecError(f"{source}: {exc}") from None
     specs: dict[str, KVCacheSpec] = {}
     for name, entry in layers.items():
         try:
             specs[name] = spec_from_dict(entry, registry)
         except KVCoreError as exc:
             raise type(exc)(f"{source}: layer {name!r}: {exc}") from None
-    check_layer_specs(specs)
+    try:
+        check_layer_specs(specs)
+    except InvalidSpecError as exc:
+        raise InvalidSpecError(f"{source}: {exc}") from None
     return specs
 
 

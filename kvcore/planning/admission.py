@@ -2,18 +2,30 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from kvcore.error_messages import with_message
 from kvcore.errors import InsufficientMemoryError
 from kvcore.plan import KVCachePlan
 
 
-def check_admission(plan: KVCachePlan, *, forced_num_blocks: bool = False) -> None:
+def check_admission(
+    plan: KVCachePlan,
+    *,
+    forced_num_blocks: bool = False,
+    largest_admitted: Callable[[], int] | None = None,
+) -> None:
     """Raise unless one request of the plan's ``max_model_len`` fits in its block pool.
 
     Args:
         plan: the plan to check.
         forced_num_blocks: the block count was forced by the caller (``num_blocks=``), so the
             fix to suggest is a larger block count rather than more memory.
+        largest_admitted: called on failure only: the largest ``max_model_len`` that planning
+            with the same inputs admits (the planner passes
+            :func:`~kvcore.planning.planner.largest_admitted`, which plans at other lengths,
+            where the grouping may differ). ``None``: the largest length this plan's own
+            grouping holds (:meth:`~kvcore.plan.KVCachePlan.largest_fitting_len`).
 
     Raises:
         InsufficientMemoryError: with the bytes and blocks needed and available, the largest
@@ -22,13 +34,14 @@ def check_admission(plan: KVCachePlan, *, forced_num_blocks: bool = False) -> No
     needed_blocks = plan.blocks_per_request()
     if needed_blocks <= plan.num_blocks:
         return
+    largest = largest_admitted() if largest_admitted is not None else plan.largest_fitting_len()
     raise with_message(
         InsufficientMemoryError(
             reason="num_blocks" if forced_num_blocks else "memory",
             required_bytes=needed_blocks * plan.bytes_per_block,
             available_bytes=plan.kv_cache_bytes if forced_num_blocks else plan.available_memory_bytes,
             max_model_len=plan.context.max_model_len,
-            largest_fitting_len=plan.largest_fitting_len(),
+            largest_fitting_len=largest,
             required_blocks=needed_blocks,
             available_blocks=plan.num_blocks,
             bytes_per_block=plan.bytes_per_block,

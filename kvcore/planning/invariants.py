@@ -1,84 +1,353 @@
-"""Checks that every plan must pass, down to the byte: the layout never lets two live pages
-overlap.
+"""The one check every plan passes at every door: the planner's result, a plan read from JSON,
+and a plan handed to allocation.
 
-The rule: two pages may share bytes only if they belong to layers of *different* groups and
-cover a common block id. A block id belongs to one group at a time, so such pages are never
-live together. Pages of one layer, of two layers of the same group, or of pages whose block ids
-differ (both can be live at once) must never overlap.
+:func:`plan_problems` lists every broken rule; :func:`check_plan` raises them as one
+:class:`PlanValidationError` naming the policy and where the plan came from. The rules:
+
+- *structure* (:func:`kvcore.plan.structural_problems`, also checked when a plan is built):
+  every layer in exactly one group and one tensor (a KV-sharing layer in neither, its target
+  in both), layers that share a tensor in different groups, every page of a layer inside its
+  tensor (sizes against block count and page stride), every tensor inside its memory;
+- *budget*: ``kv_cache_bytes`` (``num_blocks x bytes_per_block``) within
+  ``available_memory_bytes``;
+- *live pages*, to the byte: two pages may share bytes only if they belong to layers of
+  *different* groups and cover a common block id. A block id belongs to one group at a time,
+  so such pages are never live together. Pages of one layer, of two layers of the same group,
+  or pages whose block ids differ (both can be live at once) must never overlap.
+
+The live-page check works per tensor and per (tensor, group), not per page: every tensor's
+pages repeat with its page stride, so within one period ``L`` (the least common multiple of
+the strides) a tensor is a few byte intervals. Two tensors can only collide where those
+intervals meet; for each such pair the pages that overlap form arithmetic runs, and since
+whether two pages' block ids meet is linear in the page index, each run is judged exactly by
+its two ends. The cost grows with the number of tensors, not pages. Layouts whose strides have
+no small common period fall back to a sweep over pages (the first and last pages of each
+layer above :data:`MAX_CHECKED_PAGES`).
 """
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterator
+import itertools
+import math
+from collections.abc import Iterator, Sequence
+from typing import NamedTuple
 
 from kvcore.errors import PlanValidationError
-from kvcore.plan import KVCachePlan
+from kvcore.plan import KVCachePlan, structural_problems
 
-#: Above this many pages in all, only the first and last few pages of each layer are checked;
-#: layouts are periodic, so an overlap shows in the first rows.
+#: Above this many pages in all, the fallback sweep checks only the first and last few pages
+#: of each layer; layouts are periodic, so an overlap shows in the first rows.
 MAX_CHECKED_PAGES = 200_000
 _EDGE_PAGES = 64
+#: Most copies of one tensor's period the exact check lays out (``L / page_stride``) before it
+#: falls back to the page sweep.
+_MAX_PERIOD_COPIES = 4096
+#: Problems listed before the check stops looking.
+MAX_PROBLEMS = 20
 
 
-def _pages(plan: KVCachePlan, limit: int) -> Iterator[tuple[int, int, int, int, int, int]]:
-    """``(allocation, start, end, group index, first block id, last block id + 1)`` per page."""
-    total = sum(plan.num_pages(g) * len(g.layer_names) for g in plan.groups)
-    tensor_index = {name: i for i, t in enumerate(plan.tensors) for name in t.shared_by}
-    for gi, group in enumerate(plan.groups):
-        pages = plan.num_pages(group)
-        if total > limit and pages > 2 * _EDGE_PAGES:
-            indices: list[int] = [*range(_EDGE_PAGES), *range(pages - _EDGE_PAGES, pages)]
-        else:
-            indices = list(range(pages))
-        page = group.spec.page_size_bytes
-        span = group.blocks_per_page
-        for name in group.layer_names:
-            ti = tensor_index[name]
-            tensor = plan.tensors[ti]
-            allocation = 0 if plan.single_buffer else ti
-            for j in indices:
-                start = tensor.offset + j * tensor.page_stride
-                yield allocation, start, start + page, gi, j * span, (j + 1) * span
-
-
-def plan_problems(plan: KVCachePlan, *, limit: int = MAX_CHECKED_PAGES) -> list[str]:
-    """Every byte-overlap violation of ``plan`` (empty when the plan is sound).
+def plan_problems(plan: KVCachePlan, *, limit: int = MAX_CHECKED_PAGES, structure: bool = True) -> list[str]:
+    """Every broken rule of ``plan`` (empty when the plan is sound).
 
     Args:
-        plan: the plan to check (its structural invariants already hold: it was built).
-        limit: above this many pages, check only the first and last pages of each layer.
+        plan: the plan to check.
+        limit: above this many pages, the fallback page sweep checks only the first and last
+            pages of each layer.
+        structure: also re-check :func:`~kvcore.plan.structural_problems` (a plan checks
+            them when it is built; the planner, which has just built it, skips them).
+
+    Returns:
+        One sentence per problem: structure, then budget, then live-page overlaps (at most
+        :data:`MAX_PROBLEMS` of those).
     """
-    problems: list[str] = []
-    names = [g.layer_names for g in plan.groups]
-    pages = sorted(_pages(plan, limit))
-    active: list[tuple[int, int, int, int, int, int]] = []  # heap by end
-    for entry in pages:
-        alloc, start, _end, gi, b0, b1 = entry
-        while active and (active[0][0] <= start or active[0][1] != alloc):
-            heapq.heappop(active)
-        for end2, alloc2, start2, gj, c0, c1 in active:
-            if end2 <= start or alloc2 != alloc:
-                continue
-            same_group = gi == gj
-            blocks_overlap = b0 < c1 and c0 < b1
-            if same_group or not blocks_overlap:
-                why = (
-                    "pages of one group" if same_group else "pages of different groups on different block ids"
-                )
-                problems.append(
-                    f"bytes {max(start, start2)}..{min(_end, end2)} are used by {why} "
-                    f"(groups {gj} and {gi}, block ids {c0}..{c1 - 1} and {b0}..{b1 - 1}; "
-                    f"e.g. layers {names[gj][0]!r} / {names[gi][0]!r})"
-                )
-                if len(problems) >= 20:
-                    return problems
-        heapq.heappush(active, (_end, alloc, start, gi, b0, b1))
+    broken = list(structural_problems(plan)) if structure else []
+    problems = broken + budget_problems(plan)
+    if not broken:  # the overlap check needs every layer in one group and one tensor
+        problems += overlap_problems(plan, limit=limit)
     return problems
 
 
-def check_plan(plan: KVCachePlan) -> None:
-    """Raise :class:`PlanValidationError` listing every overlap :func:`plan_problems` finds."""
-    problems = plan_problems(plan)
+def check_plan(plan: KVCachePlan, *, source: str | None = None, structure: bool = True) -> None:
+    """Raise unless ``plan`` passes :func:`plan_problems`.
+
+    Args:
+        plan: the plan to check.
+        source: where it came from, for the message (``"policy.layout()"``, a file name).
+        structure: re-check the structural rules too (see :func:`plan_problems`).
+
+    Raises:
+        PlanValidationError: listing every problem, with the plan's policy and ``source``.
+    """
+    problems = plan_problems(plan, structure=structure)
     if problems:
-        raise PlanValidationError(problems)
+        raise PlanValidationError(problems, policy=plan.policy, source=source)
+
+
+def budget_problems(plan: KVCachePlan) -> list[str]:
+    """The budget rule: the plan's bytes within its ``available_memory_bytes``."""
+    if plan.kv_cache_bytes <= plan.available_memory_bytes:
+        return []
+    return [
+        f"the plan takes {plan.kv_cache_bytes} bytes ({plan.num_blocks} blocks x {plan.bytes_per_block} "
+        f"bytes) but its budget (available_memory_bytes) is {plan.available_memory_bytes} bytes"
+    ]
+
+
+class _Series(NamedTuple):
+    """The pages of one group's layers in one tensor: page ``j`` at ``offset + j * stride``."""
+
+    offset: int
+    stride: int
+    page: int  # bytes
+    pages: int
+    span: int  # block ids per page
+    group: int
+    layer: str
+    tensor: int
+
+
+class _Copy(NamedTuple):
+    """One tensor's pages of one phase within the period ``L``: ``[start, start + width) mod L``."""
+
+    start: int  # residue in [0, L)
+    width: int
+    tensor: int
+    phase: int  # page index mod L // stride
+
+
+def overlap_problems(plan: KVCachePlan, *, limit: int = MAX_CHECKED_PAGES) -> list[str]:
+    """Every pair of pages that may be live at once and share a byte (see the module doc).
+
+    Args:
+        plan: a structurally sound plan.
+        limit: above this many pages, the fallback sweep checks the first and last pages only.
+
+    Returns:
+        Up to :data:`MAX_PROBLEMS` sentences naming the bytes, groups, block ids and layers.
+    """
+    spans = {g.blocks_per_page for g in plan.groups if g.layer_names and plan.num_pages(g)}
+    if len(spans) <= 1:
+        # Layers that share a tensor are in different groups (a structural rule), and with one
+        # page span their pages cover the same block ids: sharing a tensor is always sound.
+        if not plan.single_buffer:
+            return []
+        verdict = _rows_problems(plan, next(iter(spans), 1))
+        if verdict is not None:
+            return verdict
+    return _exact_problems(plan, limit)
+
+
+def _rows_problems(plan: KVCachePlan, span: int) -> list[str] | None:
+    """The common one-buffer layout, tensor by tensor: every tensor with the same page stride
+    ``L``, its pages in rows ``0, 1, ...`` of ``L`` bytes, at its own place in the row.
+
+    Page ``j`` of every layer is then in row ``j`` and covers block ids of page ``j``, so pages
+    of different groups may share bytes and pages of one group may not. Returns ``None`` where
+    the layout is not of this form (the caller checks it exactly).
+    """
+    tensors = [t for t in plan.tensors if t.shared_by and t.size]
+    if not tensors:
+        return []
+    row = tensors[0].page_stride
+    pages = plan.num_blocks // span
+    # a tensor's bytes in its row: at most its size less the rows above its last page
+    tail = (pages - 1) * row
+    end = -1
+    ordered = True
+    for tensor in tensors:
+        offset = tensor.offset
+        if tensor.page_stride != row or offset + tensor.size - tail > row:
+            return None  # another stride, or a tensor that starts past row 0 or wraps
+        if offset < end:
+            ordered = False
+            break
+        end = offset + tensor.size - tail
+    if ordered:
+        return []  # no two tensors meet: each is alone at its place in the row
+    # tensors meet in the row (groups of different page sizes side by side): then only
+    # layers of one group must not
+    offset_of = {name: t.offset for t in tensors for name in t.shared_by}
+    problems: list[str] = []
+    for gi, group in enumerate(plan.groups):
+        if not group.layer_names or not pages:
+            continue
+        page = group.spec.page_size_bytes
+        places = sorted((offset_of[name], name) for name in group.layer_names if name in offset_of)
+        for (a, first), (b, second) in itertools.pairwise(places):
+            if b < a + page:
+                x = _Series(a, row, page, pages, span, gi, first, plan.tensors.index(plan.tensor_of(first)))
+                y = _Series(b, row, page, pages, span, gi, second, plan.tensors.index(plan.tensor_of(second)))
+                problems.append(_describe(x, 0, y, 0))
+                if len(problems) >= MAX_PROBLEMS:
+                    return problems
+    return problems
+
+
+def _exact_problems(plan: KVCachePlan, limit: int) -> list[str]:
+    """Any layout: per (tensor, group) series, candidate tensor pairs from one common period,
+    each pair judged exactly (or a page sweep where there is no small common period)."""
+    series = _series_by_tensor(plan)
+    problems: list[str] = []
+    # pages of different groups in one tensor (equal offset and stride)
+    for members in series:
+        if len(members) > 1 and len({m.span for m in members}) > 1:
+            for i, first in enumerate(members):
+                for second in members[i + 1 :]:
+                    problems += _pair_problems(first, second, plan.single_buffer)
+    if not plan.single_buffer:  # each tensor is its own allocation
+        return problems[:MAX_PROBLEMS]
+    candidates = _colliding_tensors(plan, series)
+    if candidates is None:
+        return (problems + _swept_problems(plan, series, limit))[:MAX_PROBLEMS]
+    for a, b in sorted(candidates):
+        for first in series[a]:
+            for second in series[b]:
+                problems += _pair_problems(first, second, True)
+                if len(problems) >= MAX_PROBLEMS:
+                    return problems[:MAX_PROBLEMS]
+    return problems[:MAX_PROBLEMS]
+
+
+def _series_by_tensor(plan: KVCachePlan) -> list[list[_Series]]:
+    """Per tensor, one :class:`_Series` per group among its layers (with pages)."""
+    figures = []
+    group_of: dict[str, int] = {}
+    for index, group in enumerate(plan.groups):
+        figures.append((group.spec.page_size_bytes, plan.num_pages(group), group.blocks_per_page))
+        group_of.update(dict.fromkeys(group.layer_names, index))
+    out: list[list[_Series]] = []
+    for ti, tensor in enumerate(plan.tensors):
+        members: list[_Series] = []
+        for name in tensor.shared_by:
+            gi = group_of.get(name)
+            if gi is None:
+                continue
+            page, pages, span = figures[gi]
+            if pages and page > 0:
+                members.append(_Series(tensor.offset, tensor.page_stride, page, pages, span, gi, name, ti))
+        out.append(members)
+    return out
+
+
+def _colliding_tensors(plan: KVCachePlan, series: Sequence[Sequence[_Series]]) -> set[tuple[int, int]] | None:
+    """Pairs of tensors whose pages may meet in the buffer; ``None`` where the strides have no
+    small common period (the caller then sweeps pages)."""
+    tensors = plan.tensors
+    live = [ti for ti, members in enumerate(series) if members]
+    if len(live) < 2:
+        return set()
+    # tensors one after another (the usual layout of separate regions): nothing meets
+    ends = [(tensors[ti].offset, tensors[ti].size) for ti in live]
+    if all(o1 + s1 <= o2 for (o1, s1), (o2, _) in itertools.pairwise(ends)):
+        return set()
+    period = 1
+    for stride in {tensors[ti].page_stride for ti in live}:
+        period = math.lcm(period, stride)
+    copies: list[_Copy] = []
+    for ti in live:
+        tensor = tensors[ti]
+        width = max(m.page for m in series[ti])
+        count = period // tensor.page_stride
+        if count > _MAX_PERIOD_COPIES or len(copies) + count > _MAX_PERIOD_COPIES * 4 + 4 * len(live):
+            return None
+        pages = max(m.pages for m in series[ti])
+        for phase in range(min(count, pages)):
+            start = (tensor.offset + phase * tensor.page_stride) % period
+            copies.append(_Copy(start, width, ti, phase))
+            if start + width > period:  # wraps into the next period
+                copies.append(_Copy(start - period, width, ti, phase))
+    copies.sort()
+    pairs: set[tuple[int, int]] = set()
+    active: list[tuple[int, int]] = []  # (end, tensor)
+    most = 8 * len(live) + 1024  # beyond this, the layout is no periodic one: sweep pages
+    for copy in copies:
+        start = copy.start
+        active = [(end, ti) for end, ti in active if end > start]
+        for _, ti in active:
+            if ti != copy.tensor:
+                pairs.add((min(ti, copy.tensor), max(ti, copy.tensor)))
+        if len(pairs) > most:
+            return None
+        active.append((start + copy.width, copy.tensor))
+    return pairs
+
+
+def _pair_problems(x: _Series, y: _Series, same_memory: bool) -> list[str]:
+    """Pages of ``x`` and ``y`` that share bytes while they may both be live (exact)."""
+    if not same_memory and x.tensor != y.tensor:
+        return []
+    period = math.lcm(x.stride, y.stride)
+    mx, my = period // x.stride, period // y.stride
+    problems: list[str] = []
+    for cx in range(min(mx, x.pages)):
+        qx, rx = divmod(x.offset + cx * x.stride, period)
+        tx = (x.pages - 1 - cx) // mx  # last period index of this phase
+        for cy in range(min(my, y.pages)):
+            qy, ry = divmod(y.offset + cy * y.stride, period)
+            ty = (y.pages - 1 - cy) // my
+            d = ry - rx
+            # page (cx + t mx) of x and page (cy + t' my) of y meet when u = qy + t' - qx - t
+            # satisfies -y.page < u L + d < x.page
+            for u in range((-y.page - d) // period + 1, -((d - x.page) // period)):
+                w = u + qx - qy  # t' = t + w
+                t0, t1 = max(0, -w), min(tx, ty - w)
+                if t0 > t1:
+                    continue
+                for t in (t0, t1) if t0 != t1 else (t0,):
+                    j, k = cx + t * mx, cy + (t + w) * my
+                    if x.group == y.group or not (
+                        j * x.span < (k + 1) * y.span and k * y.span < (j + 1) * x.span
+                    ):
+                        problems.append(_describe(x, j, y, k))
+                        break
+    return problems
+
+
+def _describe(x: _Series, j: int, y: _Series, k: int) -> str:
+    a, b = x.offset + j * x.stride, y.offset + k * y.stride
+    start, end = max(a, b), min(a + x.page, b + y.page)
+    if x.group == y.group:
+        why = f"pages of one group (group {x.group})"
+    else:
+        why = f"pages of groups {x.group} and {y.group} on different block ids"
+    return (
+        f"bytes {start}..{end} are used by {why}: page {j} of layer {x.layer!r} (tensor {x.tensor}, "
+        f"block ids {j * x.span}..{(j + 1) * x.span - 1}) and page {k} of layer {y.layer!r} "
+        f"(tensor {y.tensor}, block ids {k * y.span}..{(k + 1) * y.span - 1})"
+    )
+
+
+def _pages(
+    plan: KVCachePlan, series: Sequence[Sequence[_Series]], limit: int
+) -> Iterator[tuple[int, int, int, int, int, int, int]]:
+    """``(start, end, group, first block id, last block id + 1, series index, page)`` per page."""
+    flat = [s for members in series for s in members]
+    total = sum(s.pages for s in flat)
+    for si, s in enumerate(flat):
+        if total > limit and s.pages > 2 * _EDGE_PAGES:
+            indices: list[int] = [*range(_EDGE_PAGES), *range(s.pages - _EDGE_PAGES, s.pages)]
+        else:
+            indices = list(range(s.pages))
+        for j in indices:
+            start = s.offset + j * s.stride
+            yield start, start + s.page, s.group, j * s.span, (j + 1) * s.span, si, j
+
+
+def _swept_problems(plan: KVCachePlan, series: Sequence[Sequence[_Series]], limit: int) -> list[str]:
+    """The page sweep, for layouts without a small common period (one buffer)."""
+    flat = [s for members in series for s in members]
+    problems: list[str] = []
+    active: list[tuple[int, int, int, int, int, int, int]] = []  # heap by end
+    for start, end, gi, b0, b1, si, j in sorted(_pages(plan, series, limit)):
+        while active and active[0][0] <= start:
+            heapq.heappop(active)
+        for end2, _start2, gj, c0, c1, sj, k in active:
+            if end2 <= start:
+                continue
+            if gi == gj or not (b0 < c1 and c0 < b1):
+                problems.append(_describe(flat[sj], k, flat[si], j))
+                if len(problems) >= MAX_PROBLEMS:
+                    return problems
+        heapq.heappush(active, (end, start, gi, b0, b1, si, j))
+    return problems

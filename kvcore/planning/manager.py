@@ -17,7 +17,7 @@ import attrs
 import pluggy
 
 from kvcore import hookspecs
-from kvcore.errors import PluginLoadError, PluginValidationError
+from kvcore.errors import InvalidInputError, PluginLoadError, PluginValidationError
 
 #: Built-in plugin modules, registered under these names exactly like third-party plugins.
 #: Any of them can be blocked by name (``block=`` or ``KVCORE_BLOCK_PLUGINS``).
@@ -92,7 +92,9 @@ class KVCorePluginManager(pluggy.PluginManager):
         try:
             self.register(plugin, name=name)
         except pluggy.PluginValidationError as exc:
-            raise PluginValidationError(f"plugin {origin.describe()}: {exc}") from exc
+            raise PluginValidationError(
+                f"plugin {origin.describe()}: {exc}; fix the hook, or skip the plugin with {ENV_BLOCK}={name}"
+            ) from exc
         except ValueError as exc:  # pluggy: name or object already registered
             raise PluginLoadError(f"plugin {origin.describe()} cannot be registered: {exc}") from exc
         self.origins[name] = origin
@@ -189,11 +191,15 @@ def get_plugin_manager(
     Raises:
         PluginLoadError: an entry point failed to import; the message names it and its
             distribution, and the original error is chained.
+        InvalidInputError: a name to block is no plugin's (the message lists the known names).
         PluginValidationError: a plugin implements a hook wrongly.
     """
     pm = KVCorePluginManager()
     pm.add_hookspecs(hookspecs)
-    for name in (*block, *_env_list(ENV_BLOCK)):
+    plugins = list(plugins)
+    blocked = {**dict.fromkeys(block, "block"), **dict.fromkeys(_env_list(ENV_BLOCK), ENV_BLOCK)}
+    _check_blocked_names(blocked, plugins, group=ENTRY_POINT_GROUP)
+    for name in blocked:
         pm.set_blocked(name)
     if trace if trace is not None else _env_flag(ENV_TRACE):
         trace_hook_calls(pm)
@@ -208,7 +214,7 @@ def get_plugin_manager(
         load_entry_points(pm)
 
     for plugin in plugins:
-        name = plugin.__name__ if isinstance(plugin, ModuleType) else _module_of(plugin)
+        name = _plugin_name(plugin)
         if pm.is_blocked(name):
             continue
         pm.register_plugin(
@@ -221,9 +227,30 @@ def get_plugin_manager(
         origin = pm.origin_of(exc.plugin)
         raise PluginValidationError(
             f"plugin {origin.describe()} implements a hook kvcore does not have: {exc}; "
-            "check the spelling against kvcore.hookspecs"
+            f"check the spelling against kvcore.hookspecs, or skip the plugin with {ENV_BLOCK}={origin.name}"
         ) from exc
     return pm
+
+
+def _plugin_name(plugin: object) -> str:
+    return plugin.__name__ if isinstance(plugin, ModuleType) else _module_of(plugin)
+
+
+def _check_blocked_names(blocked: Mapping[str, str], plugins: Sequence[object], *, group: str) -> None:
+    """Refuse a name to block that no plugin has: a misspelt name would block nothing silently."""
+    known = {
+        *BUILTIN_PLUGINS,
+        *(ep.name for ep in importlib.metadata.entry_points(group=group)),
+        *(_plugin_name(plugin) for plugin in plugins),
+    }
+    unknown = [name for name in blocked if name not in known]
+    if unknown:
+        from_env = [name for name in unknown if blocked[name] == ENV_BLOCK]
+        where = f" (named in ${ENV_BLOCK})" if from_env and len(from_env) == len(unknown) else ""
+        raise InvalidInputError(
+            f"cannot block {', '.join(map(repr, unknown))}{where}: no plugin has that name; known "
+            f"plugins: {', '.join(sorted(known))}"
+        )
 
 
 def load_entry_points(pm: KVCorePluginManager, group: str = ENTRY_POINT_GROUP) -> int:

@@ -4,7 +4,9 @@ implementation, for one rank and for many.
 The policy decides grouping and layout; this module owns what every policy shares: choosing
 the policy (:meth:`Registry.select`), checking what the policy returned, sizing the tensors for
 the block count, choosing ``num_blocks`` from the budget (or honouring a forced count), and
-admission (one request of ``max_model_len`` must fit).
+admission (one request of ``max_model_len`` must fit; a refusal names the largest length that
+planning admits, found by planning: :func:`largest_admitted`). ``max_model_len="auto"`` plans
+at that length (:func:`plan_longest`).
 
 :func:`plan_model` is the implementation: it groups the whole model once, asks the policy for
 each rank's layout once (the groups projected onto the rank's layers), gives every rank the
@@ -22,6 +24,7 @@ group, a tensor per layer). Planning time grows linearly with the number of laye
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
+from typing import Literal
 
 import attrs
 
@@ -30,12 +33,22 @@ from kvcore.errors import (
     InsufficientMemoryError,
     InvalidInputError,
     InvalidSpecError,
+    PlanValidationError,
     PluginValidationError,
     PolicyNotApplicableError,
 )
+from kvcore.limits import MAX_BYTES, check_at_most
 from kvcore.plan import KVCacheGroup, KVCachePlan, KVCacheTensor
 from kvcore.planning.admission import check_admission
 from kvcore.planning.capacity import blocks_that_fit
+from kvcore.planning.invariants import plan_problems
+from kvcore.planning.max_len import (
+    LENGTH_CEILING,
+    LengthChoice,
+    LengthSearch,
+    largest_admitted_len,
+    memory_bound,
+)
 from kvcore.planning.registry import Registry
 from kvcore.policy import AllocationPolicy, BlockPlacement, PlanOptions, PolicyChoice
 from kvcore.spec import KVCacheSpec, SizingContext, check_layer_specs, spec_differences
@@ -49,10 +62,12 @@ class PlanningResult:
     Attributes:
         choice: the policy and why it was chosen (``auto``'s reason, for a report).
         plans: one plan per rank, in rank order (one for a single worker).
+        length: how ``max_model_len="auto"`` chose the length (``None`` for a given length).
     """
 
     choice: PolicyChoice
     plans: tuple[KVCachePlan, ...]
+    length: LengthChoice | None = None
 
 
 def plan_kv_cache(
@@ -65,6 +80,7 @@ def plan_kv_cache(
     options: PlanOptions | None = None,
     num_blocks: int | None = None,
     check_fit: bool = True,
+    max_model_len: Literal["auto"] | None = None,
 ) -> KVCachePlan:
     """Plan the KV cache of one worker.
 
@@ -77,6 +93,10 @@ def plan_kv_cache(
         options: policy knobs; defaults to :class:`PlanOptions`'s defaults.
         num_blocks: force this many block ids instead of filling the budget.
         check_fit: raise unless one request of ``context.max_model_len`` fits.
+        max_model_len: ``"auto"``: plan for the longest request the budget admits, at most
+            ``context.max_model_len`` (give a model's ``max_position_embeddings`` there, or
+            :data:`kvcore.limits.MAX_TOKENS` to let memory alone bound it); the plan's
+            ``context.max_model_len`` is the length chosen (:func:`plan_longest`).
 
     Returns:
         The plan.
@@ -95,6 +115,7 @@ def plan_kv_cache(
         options=options,
         num_blocks=num_blocks,
         check_fit=check_fit,
+        max_model_len=max_model_len,
     )
     return result.plans[0]
 
@@ -111,6 +132,7 @@ def plan_model(
     check_fit: bool = True,
     rank_layers: Sequence[Collection[str]] | None = None,
     rank_names: Sequence[str] | None = None,
+    max_model_len: Literal["auto"] | None = None,
 ) -> PlanningResult:
     """Plan a model's KV cache on one rank or several: the one planning implementation.
 
@@ -132,9 +154,14 @@ def plan_model(
             holds every layer.
         rank_names: how messages name each rank (``'rank 3 (pp stage 1)'``); ``None`` when
             there is one rank and messages name none.
+        max_model_len: ``"auto"``: plan for the longest request the budgets admit, at most
+            ``context.max_model_len`` (a model's ``max_position_embeddings``; with
+            :data:`kvcore.limits.MAX_TOKENS`, memory alone bounds it); see
+            :func:`plan_longest`. ``None``: plan for ``context.max_model_len``.
 
     Returns:
-        The policy choice and one plan per rank.
+        The policy choice and one plan per rank (and, with ``"auto"``, how the length was
+        chosen: :attr:`PlanningResult.length`).
 
     Raises:
         InvalidSpecError: ``specs`` is not a non-empty mapping of layer names to specs.
@@ -144,8 +171,24 @@ def plan_model(
         PolicyNotApplicableError: the policy cannot plan the whole model (says why).
         PluginValidationError: the policy's grouping or layout breaks the protocol.
         InsufficientMemoryError: a forced block count exceeds a rank's budget, or one request
-            does not fit in the common block count (names the rank with the fewest blocks).
+            does not fit in the common block count (names the rank with the fewest blocks);
+            ``largest_fitting_len`` is the largest length planning admits
+            (:func:`largest_admitted`).
     """
+    if isinstance(specs, Mapping) and not specs:
+        return nothing_to_cache(rank_memory, context, registry=registry, policy=policy)
+    if max_model_len is not None:
+        return plan_longest(
+            specs,
+            rank_memory,
+            context,
+            registry=registry,
+            policy=policy,
+            options=options,
+            num_blocks=num_blocks,
+            rank_layers=rank_layers,
+            rank_names=rank_names,
+        )
     if rank_layers is not None and len(rank_layers) != len(rank_memory):
         raise InvalidInputError(
             f"got the layers of {len(rank_layers)} rank(s) but memory of {len(rank_memory)}; "
@@ -181,14 +224,40 @@ def plan_model(
             except InsufficientMemoryError as exc:
                 raise _on_rank(exc, prefix(rank)) from None
         blocks = num_blocks
-    plans = tuple(
-        build_plan(chosen, own, layout, blocks, context, memory)
-        for own, layout, memory in zip(rank_groups, layouts, rank_memory, strict=True)
-    )
+    built: list[KVCachePlan] = []
+    for rank, (own, layout, memory) in enumerate(zip(rank_groups, layouts, rank_memory, strict=True)):
+        # the one check every plan passes: structure when built, the rest here
+        try:
+            plan = build_plan(chosen, own, layout, blocks, context, memory)
+            problems = plan_problems(plan, structure=False)
+        except PlanValidationError as exc:
+            problems = exc.problems
+        if problems:
+            raise PlanValidationError(
+                problems, policy=chosen.name, source=prefix(rank) + laid_out_by(chosen, registry)
+            )
+        built.append(plan)
+    plans = tuple(built)
     if check_fit:
         tightest = tightest_rank(plans)
         try:
-            check_admission(plans[tightest], forced_num_blocks=num_blocks is not None)
+            check_admission(
+                plans[tightest],
+                forced_num_blocks=num_blocks is not None,
+                largest_admitted=lambda: (
+                    largest_admitted(
+                        specs,
+                        rank_memory,
+                        context,
+                        registry=registry,
+                        policy=chosen,
+                        options=options,
+                        num_blocks=num_blocks,
+                        rank_layers=rank_layers,
+                        estimate=plans[tightest].largest_fitting_len(),
+                    ).length
+                ),
+            )
         except InsufficientMemoryError as exc:
             if rank_names is None:
                 raise
@@ -196,6 +265,60 @@ def plan_model(
             why = f"{who}: " if num_blocks is not None else f"{who} has the fewest blocks: "
             raise _on_rank(exc, why) from None
     return PlanningResult(choice=choice, plans=plans)
+
+
+def nothing_to_cache(
+    rank_memory: Sequence[int],
+    context: SizingContext,
+    *,
+    registry: Registry,
+    policy: str | AllocationPolicy = "auto",
+) -> PlanningResult:
+    """The plans of a model with no cache-holding layer (attention-free, encoder-only): no
+    groups, no tensors, no blocks, one per rank.
+
+    Args:
+        rank_memory: one byte budget per rank (checked like any budget).
+        context: the request length asked for (recorded; nothing needs to fit).
+        registry: where the policy is looked up.
+        policy: a policy name, ``"auto"`` or a policy object (its name is recorded).
+
+    Returns:
+        The choice and one empty plan per rank.
+
+    Raises:
+        InvalidInputError: no budgets, or a budget that is not a non-negative int.
+        UnknownPolicyError: no policy of that name.
+    """
+    if not rank_memory:
+        raise InvalidInputError("no rank budgets given (got an empty list)")
+    for rank, memory in enumerate(rank_memory):
+        check_budget(memory, f"rank {rank}: " if len(rank_memory) > 1 else "")
+    choice = resolve_policy({}, policy, registry)
+    plans = tuple(
+        KVCachePlan(
+            policy=choice.policy.name,
+            num_blocks=0,
+            bytes_per_block=0,
+            single_buffer=True,
+            groups=(),
+            tensors=(),
+            context=context,
+            available_memory_bytes=memory,
+        )
+        for memory in rank_memory
+    )
+    reason = "the model has no layer that holds a KV cache"
+    return PlanningResult(choice=attrs.evolve(choice, reason=reason), plans=plans)
+
+
+def laid_out_by(policy: AllocationPolicy, registry: Registry) -> str:
+    """Where a policy's plan came from, for a message: ``'laid out by the policy from acme-kv 1.2
+    (entry point acme)'``, or ``'... given as an object'`` for an unregistered policy."""
+    for entry in registry.policy_entries():
+        if entry.obj is policy:
+            return f"laid out by the policy from {entry.origin.describe()}"
+    return "laid out by the policy, given as an object"
 
 
 def share_equal_specs(specs: Mapping[str, KVCacheSpec]) -> dict[str, KVCacheSpec]:
@@ -229,7 +352,7 @@ def _on_rank(exc: InsufficientMemoryError, prefix: str) -> InsufficientMemoryErr
 
 
 def check_budget(available_bytes: int, owner: str = "") -> None:
-    """Check a byte budget: a non-negative ``int``.
+    """Check a byte budget: a non-negative ``int`` of at most :data:`~kvcore.limits.MAX_BYTES`.
 
     Args:
         available_bytes: the budget.
@@ -239,6 +362,12 @@ def check_budget(available_bytes: int, owner: str = "") -> None:
         InvalidInputError: anything else.
     """
     check_int(available_bytes, "available memory in bytes", minimum=0, owner=owner)
+    check_at_most(
+        available_bytes,
+        MAX_BYTES,
+        f"{owner}available memory in bytes",
+        "1 EiB (kvcore.limits.MAX_BYTES) is the most kvcore plans",
+    )
 
 
 def resolve_policy(
@@ -398,18 +527,21 @@ def build_plan(
 
     Raises:
         PluginValidationError: the layout places a layer that is in no group.
-        PlanValidationError: the layout breaks a structural invariant.
+        PlanValidationError: the layout breaks a structural invariant (naming the policy).
     """
-    return KVCachePlan(
-        policy=policy.name,
-        num_blocks=num_blocks,
-        bytes_per_block=layout.bytes_per_block,
-        single_buffer=layout.single_buffer,
-        groups=groups,
-        tensors=size_tensors(policy.name, layout, groups, num_blocks),
-        context=context,
-        available_memory_bytes=available_bytes,
-    )
+    try:
+        return KVCachePlan(
+            policy=policy.name,
+            num_blocks=num_blocks,
+            bytes_per_block=layout.bytes_per_block,
+            single_buffer=layout.single_buffer,
+            groups=groups,
+            tensors=size_tensors(policy.name, layout, groups, num_blocks),
+            context=context,
+            available_memory_bytes=available_bytes,
+        )
+    except PlanValidationError as exc:
+        raise exc.about(policy=policy.name, source="laid out by the policy") from None
 
 
 def check_groups(policy_name: str, specs: Mapping[str, KVCacheSpec], groups: Sequence[KVCacheGroup]) -> None:
@@ -489,3 +621,135 @@ def check_forced_blocks(num_blocks: int, per_block: int, available_bytes: int, c
             )
         )
     return num_blocks
+
+
+# -- the longest admitted request ----------------------------------------------------------
+
+
+def largest_admitted(
+    specs: Mapping[str, KVCacheSpec],
+    rank_memory: Sequence[int],
+    context: SizingContext,
+    *,
+    registry: Registry,
+    policy: str | AllocationPolicy = "auto",
+    options: PlanOptions | None = None,
+    num_blocks: int | None = None,
+    rank_layers: Sequence[Collection[str]] | None = None,
+    estimate: int | None = None,
+) -> LengthSearch:
+    """The largest request length, up to ``context.max_model_len``, that :func:`plan_model`
+    admits with these inputs, and how many plans finding it took.
+
+    Planning at the length succeeds (one request fits in the common block count); planning at
+    one more token is refused (unless the length is ``context.max_model_len``). Each length is
+    planned for itself, so a grouping that changes with the length is accounted for; see
+    :func:`kvcore.planning.max_len.largest_admitted_len` for the search.
+
+    Args:
+        specs, rank_memory, context, registry, policy, options, num_blocks, rank_layers: as
+            for :func:`plan_model`.
+        estimate: a guess below ``context.max_model_len`` when that length is known to be
+            refused (the refused plan's :meth:`~kvcore.plan.KVCachePlan.largest_fitting_len`);
+            ``None`` to plan at ``context.max_model_len`` first.
+
+    Returns:
+        The length (0 if not even one token is admitted) and the plans made.
+    """
+
+    def plans_at(length: int) -> tuple[KVCachePlan, ...]:
+        return plan_model(
+            specs,
+            rank_memory,
+            context.with_max_model_len(length),
+            registry=registry,
+            policy=policy,
+            options=options,
+            num_blocks=num_blocks,
+            check_fit=False,
+            rank_layers=rank_layers,
+        ).plans
+
+    return largest_admitted_len(plans_at, context.max_model_len, estimate=estimate)
+
+
+def plan_longest(
+    specs: Mapping[str, KVCacheSpec],
+    rank_memory: Sequence[int],
+    context: SizingContext,
+    *,
+    registry: Registry,
+    policy: str | AllocationPolicy = "auto",
+    options: PlanOptions | None = None,
+    num_blocks: int | None = None,
+    rank_layers: Sequence[Collection[str]] | None = None,
+    rank_names: Sequence[str] | None = None,
+) -> PlanningResult:
+    """Plan for the longest request the budgets admit (``max_model_len="auto"``).
+
+    The length is the largest one :func:`plan_model` admits (:func:`largest_admitted`), at
+    most ``context.max_model_len`` (the cap: a model's ``max_position_embeddings``) and at
+    most the longest request whose ideal need fits every rank's budget
+    (:func:`~kvcore.planning.max_len.memory_bound`; no layout admits more). A cap of
+    :data:`kvcore.limits.MAX_TOKENS` means no cap: memory alone bounds the length.
+
+    Args:
+        specs, rank_memory, context, registry, policy, options, num_blocks, rank_layers,
+            rank_names: as for :func:`plan_model`; ``context.max_model_len`` is the cap.
+
+    Returns:
+        The plans at the chosen length (their ``context.max_model_len``), with
+        :attr:`PlanningResult.length` saying how it was chosen.
+
+    Raises:
+        InvalidInputError: there is no cap and the layers' need stops growing with the length
+            (sliding windows or states only), so memory bounds nothing: give a length.
+        InsufficientMemoryError: not even one token is admitted (as planning at length 1
+            reports it).
+        The errors of :func:`plan_model`.
+    """
+    cap = context.max_model_len
+    capped = cap < LENGTH_CEILING
+    own = [specs] if rank_layers is None else [_layers_of(specs, layers) for layers in rank_layers]
+    bound = memory_bound(own, rank_memory, context)
+    if bound is None and not capped:
+        raise InvalidInputError(
+            "cannot choose max_model_len automatically: these layers' need stops growing with the "
+            "request length (sliding windows or states only) and no max_position_embeddings caps "
+            "it; give max_model_len a number"
+        )
+    upper = min(cap, bound) if bound is not None else cap
+    search = largest_admitted(
+        specs,
+        rank_memory,
+        context.with_max_model_len(max(upper, 1)),
+        registry=registry,
+        policy=policy,
+        options=options,
+        num_blocks=num_blocks,
+        rank_layers=rank_layers,
+    )
+    length = max(search.length, 1)  # not even one token: planning at 1 says why
+    result = plan_model(
+        specs,
+        rank_memory,
+        context.with_max_model_len(length),
+        registry=registry,
+        policy=policy,
+        options=options,
+        num_blocks=num_blocks,
+        rank_layers=rank_layers,
+        rank_names=rank_names,
+    )
+    choice = LengthChoice(
+        max_model_len=length,
+        cap=cap if capped else None,
+        limited_by="cap" if capped and length == cap else "memory",
+        plans=search.plans + 1,
+    )
+    return attrs.evolve(result, length=choice)
+
+
+def _layers_of(specs: Mapping[str, KVCacheSpec], layers: Collection[str]) -> dict[str, KVCacheSpec]:
+    wanted = layers if isinstance(layers, (set, frozenset, Mapping)) else set(layers)
+    return {name: spec for name, spec in specs.items() if name in wanted}

@@ -28,6 +28,7 @@ The rules:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Literal
 
 import attrs
 
@@ -292,6 +293,7 @@ def plan_for_ranks(
     num_blocks: int | None = None,
     tp_size: int = 1,
     check_fit: bool = True,
+    max_model_len: Literal["auto"] | None = None,
 ) -> list[KVCachePlan]:
     """One plan per rank, all with the same groups and the same ``num_blocks``.
 
@@ -310,6 +312,8 @@ def plan_for_ranks(
         num_blocks: force this many block ids (checked against every rank's memory).
         tp_size: tensor-parallel ranks per stage; ``len(rank_specs) // tp_size`` stages.
         check_fit: raise unless one request of ``context.max_model_len`` fits.
+        max_model_len: ``"auto"``: plan for the longest request every rank admits, at most
+            ``context.max_model_len`` (:func:`~kvcore.planning.planner.plan_longest`).
 
     Returns:
         The plans, in rank order.
@@ -345,5 +349,6 @@ def plan_for_ranks(
         check_fit=check_fit,
         rank_layers=rank_specs if many else None,
         rank_names=[parallelism.describe(r) for r in range(parallelism.world_size)] if many else None,
+        max_model_len=max_model_len,
     )
     return list(result.plans)

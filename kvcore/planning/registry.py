@@ -34,11 +34,10 @@ from kvcore.model_family import ADD_FAMILY_DOC, ModelFamily
 from kvcore.model_options import ModelOptions, to_model_options
 from kvcore.planning.manager import KVCorePluginManager, PluginOrigin, get_plugin_manager
 from kvcore.policy import AllocationPolicy, PolicyChoice
-from kvcore.spec import KVCacheSpec, check_layer_specs, specs_by_group_key
+from kvcore.spec import KVCacheSpec, check_layer_specs, spec_class_problems, specs_by_group_key
 from kvcore.validators import is_int
 
 if TYPE_CHECKING:
-
     from kvcore.cache_layout import CacheLayout
 
 
@@ -153,17 +152,18 @@ class Registry:
                 f"{where} registered {cls!r} as a spec kind, but register() takes a subclass of "
                 "kvcore.KVCacheSpec"
             )
+        kind = getattr(cls, "kind", "")
+        named = f"spec kind {kind!r} ({cls.__qualname__})" if kind else f"spec class {cls.__qualname__}"
+        problems = spec_class_problems(cls)
         if not attrs.has(cls) or cls.__hash__ is None:
             raise PluginValidationError(
-                f"{where}: spec class {cls.__qualname__} must be a frozen attrs class; "
-                "decorate it with @attrs.frozen(kw_only=True)"
+                f"{where}: {named} must be a frozen attrs class; decorate it with @attrs.frozen(kw_only=True)"
             )
+        if problems:
+            raise PluginValidationError(f"{where}: {named}: {'; '.join(problems)}")
         if inspect.isabstract(cls):
             missing = ", ".join(sorted(getattr(cls, "__abstractmethods__", ())))
-            raise PluginValidationError(
-                f"{where}: spec class {cls.__qualname__} does not implement {missing}"
-            )
-        kind = getattr(cls, "kind", "")
+            raise PluginValidationError(f"{where}: {named} does not implement {missing}")
         if not isinstance(kind, str) or not kind:
             raise PluginValidationError(
                 f"{where}: spec class {cls.__qualname__} needs a non-empty 'kind' class attribute "
@@ -284,6 +284,7 @@ class Registry:
                 or out of range (the message names the model type and the field).
             UnknownModelError: no family claims the model type and no fallback reads the config.
             PluginValidationError: the family answered something other than ``{name: spec}``.
+            UnknownSpecKindError: the family built a spec whose kind no plugin registers.
             InvalidInputError: bad options.
         """
         if not isinstance(config, Mapping):
@@ -304,13 +305,36 @@ class Registry:
                 f"{model_type!r}; expected a mapping of layer name to spec"
             )
         specs = dict(result)
+        if not specs:  # an attention-free or encoder-only model: nothing to cache, a valid answer
+            return specs
         try:
             check_layer_specs(specs)
         except InvalidSpecError as exc:
             raise PluginValidationError(
                 f"model family {family.name!r} answered badly for model type {model_type!r}: {exc}"
             ) from None
+        for spec in specs.values():
+            self.check_registered(spec, f"model family {family.name!r} (model type {model_type!r})")
         return specs
+
+    def check_registered(self, spec: KVCacheSpec, source: str) -> None:
+        """Refuse a spec whose kind no registered plugin provides (its plugin was blocked, say):
+        a family or module hook may build spec classes directly.
+
+        Args:
+            spec: the spec.
+            source: who built it, for the message.
+
+        Raises:
+            UnknownSpecKindError: naming the kind, ``source`` and the registered kinds.
+        """
+        if spec.kind not in self._kinds:
+            known = ", ".join(sorted(self._kinds)) or "none"
+            raise UnknownSpecKindError(
+                f"{source} built {spec.kind!r} layers, but no registered plugin provides the spec kind "
+                f"{spec.kind!r} (was its plugin blocked, with block= or KVCORE_BLOCK_PLUGINS?); "
+                f"registered kinds: {known}"
+            )
 
     def spec_for_module(
         self, module: object, name: str, options: ModelOptions | Mapping[str, Any] | None = None
@@ -336,6 +360,8 @@ class Registry:
                 f"kvcore_spec_for_module returned {spec!r} for module {name!r}; "
                 "expected a KVCacheSpec or None"
             )
+        if spec is not None:
+            self.check_registered(spec, f"the module hook, for module {name!r},")
         return spec
 
     def spec_class(self, kind: str) -> type[KVCacheSpec]:

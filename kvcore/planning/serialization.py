@@ -21,11 +21,13 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 import cattrs
-from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn
+from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override
+from cattrs.v import format_exception
 
 from kvcore.dtypes import DType, dtype_name, to_dtype
 from kvcore.errors import InvalidInputError, InvalidSpecError, KVCoreError, PlanValidationError
 from kvcore.plan import KVCacheGroup, KVCachePlan
+from kvcore.planning.invariants import check_plan
 from kvcore.spec import KVCacheSpec
 from kvcore.validators import is_int
 
@@ -40,10 +42,28 @@ _SPEC_BASE: Any = KVCacheSpec
 GROUP_KEYS = ("layers", "blocks_per_page", "page_size_bytes", "blocks_per_request", "tokens_held")
 
 
+def _format_exception(exc: BaseException, type_: type | None) -> str:
+    # cattrs words every ValueError "invalid value"; a validator's own sentence says more
+    text = str(exc)
+    if isinstance(exc, (ValueError, TypeError)) and not isinstance(exc, KeyError) and text:
+        return text
+    return format_exception(exc, type_)
+
+
 def _error_text(exc: BaseException) -> str:
+    # one line, whatever the input held: a key named "\n" is shown as such
     if isinstance(exc, cattrs.BaseValidationError):
-        return "; ".join(cattrs.transform_error(exc))
-    return str(exc)
+        text = "; ".join(cattrs.transform_error(exc, format_exception=_format_exception))
+    else:
+        text = str(exc)
+    return text.replace("\r", "\\r").replace("\n", "\\n")
+
+
+def _plan_validation_errors(exc: BaseException) -> list[PlanValidationError]:
+    """Every PlanValidationError inside a cattrs validation error (a plan that was built)."""
+    if isinstance(exc, PlanValidationError):
+        return [exc]
+    return [found for inner in getattr(exc, "exceptions", ()) for found in _plan_validation_errors(inner)]
 
 
 def _first_kvcore_error(exc: BaseException) -> KVCoreError | None:
@@ -169,6 +189,10 @@ def make_converter(registry: Registry) -> cattrs.Converter:
     conv.register_structure_hook(
         KVCachePlan, make_dict_structure_fn(KVCachePlan, conv, _cattrs_forbid_extra_keys=False)
     )
+    # a plan without KV-sharing layers reads and writes as it always did
+    conv.register_unstructure_hook(
+        KVCachePlan, make_dict_unstructure_fn(KVCachePlan, conv, kv_sharing=override(omit_if_default=True))
+    )
     return conv
 
 
@@ -216,19 +240,46 @@ def plan_to_dict(plan: KVCachePlan, registry: Registry) -> dict[str, Any]:
     return converter_for(registry).unstructure(plan)  # type: ignore[no-any-return]
 
 
-def plan_from_dict(data: Mapping[str, Any], registry: Registry) -> KVCachePlan:
-    """Read a plan back from :func:`plan_to_dict` output (extra keys are ignored).
+def plan_from_dict(
+    data: Mapping[str, Any], registry: Registry, *, source: str | None = None, check: bool = True
+) -> KVCachePlan:
+    """Read a plan back from :func:`plan_to_dict` output (extra keys, such as the report
+    figures of ``kvcore plan --json``, are ignored) and check it like any plan
+    (:func:`kvcore.planning.invariants.check_plan`): a saved plan is an input.
+
+    Args:
+        data: the plan's JSON object.
+        registry: the spec kinds the groups may name.
+        source: where the plan came from (a file name), for messages.
+        check: run the complete check (live-page overlap, budget); the structural rules are
+            always checked, as for any plan that is built.
+
+    Returns:
+        The plan.
 
     Raises:
-        InvalidInputError: a field is missing or mistyped.
-        PlanValidationError: the plan breaks a structural invariant.
+        InvalidInputError: a field is missing or mistyped; says which and why.
+        PlanValidationError: the plan breaks an invariant; lists every problem, with the
+            plan's policy and ``source``.
     """
+    policy = data.get("policy") if isinstance(data, Mapping) else None
+    name = policy if isinstance(policy, str) else None
     try:
-        return converter_for(registry).structure(data, KVCachePlan)
+        plan: KVCachePlan = converter_for(registry).structure(data, KVCachePlan)
+    except PlanValidationError as exc:
+        raise exc.about(policy=name, source=source) from None
     except KVCoreError:
         raise
     except (cattrs.BaseValidationError, TypeError, ValueError, KeyError) as exc:
-        raise InvalidInputError(f"not a kvcore plan: {_error_text(exc)}") from None
+        broken = _plan_validation_errors(exc)
+        if broken:
+            problems = [problem for error in broken for problem in error.problems]
+            raise PlanValidationError(problems, policy=name, source=source) from None
+        where = f" ({source})" if source is not None else ""
+        raise InvalidInputError(f"not a kvcore plan{where}: {_error_text(exc)}") from None
+    if check:
+        check_plan(plan, source=source, structure=False)
+    return plan
 
 
 def plan_to_json(plan: KVCachePlan, registry: Registry, **dumps_kwargs: Any) -> str:
@@ -236,12 +287,23 @@ def plan_to_json(plan: KVCachePlan, registry: Registry, **dumps_kwargs: Any) -> 
     return json.dumps(plan_to_dict(plan, registry), **dumps_kwargs)
 
 
-def plan_from_json(text: str, registry: Registry) -> KVCachePlan:
-    """Read a plan from a JSON string."""
+def plan_from_json(text: str, registry: Registry, *, source: str | None = None) -> KVCachePlan:
+    """Read a plan from a JSON string (see :func:`plan_from_dict`).
+
+    Args:
+        text: the JSON.
+        registry: the spec kinds the groups may name.
+        source: where the text came from (a file name), for messages.
+
+    Raises:
+        InvalidInputError: not JSON, not an object, or not a plan.
+        PlanValidationError: the plan breaks an invariant.
+    """
+    where = f" ({source})" if source is not None else ""
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise InvalidInputError(f"plan is not valid JSON: {exc}") from None
+        raise InvalidInputError(f"plan{where} is not valid JSON: {exc}") from None
     if not isinstance(data, Mapping):
-        raise InvalidInputError(f"a plan must be a JSON object (got {type(data).__name__})")
-    return plan_from_dict(data, registry)
+        raise InvalidInputError(f"a plan must be a JSON object (got {type(data).__name__}){where}")
+    return plan_from_dict(data, registry, source=source)

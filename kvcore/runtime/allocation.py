@@ -22,6 +22,7 @@ import torch
 from kvcore.dtypes import dtype_name, dtype_size
 from kvcore.error_messages import with_message
 from kvcore.errors import KVCacheAllocationError, KVCoreError, PlanValidationError
+from kvcore.planning.invariants import check_plan
 from kvcore.runtime.memory import check_device, device_memory
 from kvcore.runtime.torch_dtypes import torch_dtype
 
@@ -90,7 +91,10 @@ class ViewGeometry:
 
 
 def allocation_sizes(plan: KVCachePlan) -> list[int]:
-    """Bytes of each backing allocation: one buffer, or one per plan tensor."""
+    """Bytes of each backing allocation: one buffer, or one per plan tensor (none for a plan
+    with nothing to cache)."""
+    if not plan.tensors:
+        return []
     if plan.single_buffer:
         return [plan.kv_cache_bytes]
     return [tensor.size for tensor in plan.tensors]
@@ -227,7 +231,8 @@ def allocate_buffers(
                 buffer.zero_()
             buffers.append(buffer)
             buffer = None
-    except (RuntimeError, MemoryError, KVCacheAllocationError) as exc:  # torch OOM is a RuntimeError
+    # torch OOM is a RuntimeError; a size past int64 a TypeError or OverflowError
+    except (RuntimeError, MemoryError, TypeError, ValueError, OverflowError, KVCacheAllocationError) as exc:
         failure = exc
     if failure is None:
         return buffers
@@ -290,10 +295,13 @@ def allocate(
 
     Raises:
         DeviceUnavailableError: the device does not exist here.
-        PlanValidationError: a view would break its dtype's alignment (checked before allocating).
+        PlanValidationError: the plan fails :func:`~kvcore.planning.invariants.check_plan`
+            (pages that may be live at once share bytes, over its budget, ...), or a view
+            would break its dtype's alignment; checked before any memory is taken.
         KVCacheAllocationError: an allocation failed; nothing stays allocated.
     """
     dev = check_device(device)
+    check_plan(plan, source="handed to allocate()")
     specs = view_geometries(plan, registry=registry)
     buffers = allocate_buffers(allocation_sizes(plan), dev, zero=zero, allocator=allocator)
     return build_views(specs, buffers)

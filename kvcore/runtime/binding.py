@@ -15,7 +15,8 @@ import re
 from collections.abc import Iterable, Mapping, MutableMapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from kvcore.errors import KVCacheBindingError
+from kvcore.errors import InvalidSpecError, KVCacheBindingError
+from kvcore.limits import check_layer_name
 
 if TYPE_CHECKING:
     import torch
@@ -94,9 +95,16 @@ def module_targets(
         ``{layer: module}``.
 
     Raises:
-        KVCacheBindingError: a layer names no submodule, or the layers differ from ``expected``.
+        KVCacheBindingError: a layer name breaks the layer-name rule
+            (:func:`kvcore.limits.check_layer_name`, which spec files and configs are read by),
+            names no submodule, or the layers differ from ``expected``.
     """
     names = list(layers)
+    for name in names:
+        try:
+            check_layer_name(name)
+        except InvalidSpecError as exc:
+            raise KVCacheBindingError(str(exc)) from None
     if expected is not None:
         _check_same("module to bind to", expected, names)
     modules = dict(model.named_modules())

@@ -14,10 +14,15 @@ from the high end. Free runs are tracked per run length with a count of free ids
 chunk and a heap of fully free chunks, so every operation costs ``O(log num_blocks)`` per block.
 
 On top of that the pool keeps one block table per request and group (:meth:`BlockPool.reserve`,
-:meth:`BlockPool.release_stale`, :meth:`BlockPool.free_request`): entry ``k`` of a group's table
-is the page holding the request's tokens ``[k*B, (k+1)*B)`` (``B`` the group's block size), or
-:data:`NULL_PAGE` once those tokens fell out of a sliding window or chunk and the page was freed.
-A state group's table has one entry.
+:meth:`BlockPool.release_stale`, :meth:`BlockPool.free_request`). What a request holds comes
+from its group's spec, :meth:`~kvcore.KVCacheSpec.live_pages`, the same method the planner's
+worst case (:meth:`~kvcore.KVCacheSpec.max_num_blocks`) reads: ``reserve`` grows a table to
+``live_pages(...).stop`` entries and ``release_stale`` frees the entries before
+``live_pages(...).start``. For a token-paged kind, entry ``k`` is the page holding the
+request's tokens ``[k*B, (k+1)*B)`` (``B`` the group's block size), or :data:`NULL_PAGE` once
+those tokens fell out of a sliding window or chunk and the page was freed; a state group's
+table has one entry; a kind with a fixed per-request size (cross attention over an encoder
+output) has all its entries from the first token on.
 """
 
 from __future__ import annotations
@@ -28,46 +33,11 @@ from typing import Final
 
 from kvcore.errors import BlockPoolExhaustedError, InvalidInputError
 from kvcore.plan import KVCacheGroup, KVCachePlan
-from kvcore.spec import cdiv
 from kvcore.validators import check_int
 
 #: Block-table entry of a page that was freed because no later token reads it.
 NULL_PAGE: Final = -1
 _FREE: Final = -1
-
-
-def logical_pages(group: KVCacheGroup, num_tokens: int) -> int:
-    """Block-table entries a request of ``num_tokens`` tokens has in ``group``.
-
-    Args:
-        group: the group (its spec's ``tokens_per_page`` decides).
-        num_tokens: the request's tokens.
-
-    Returns:
-        ``ceil(num_tokens / tokens_per_page)`` for a group whose pages hold tokens; one for a
-        per-request state (as soon as the request has a token).
-    """
-    per_page = group.spec.tokens_per_page
-    if per_page is None:
-        return 1 if num_tokens > 0 else 0
-    return cdiv(num_tokens, per_page)
-
-
-def first_retained_page(group: KVCacheGroup, num_tokens: int) -> int:
-    """The first block-table entry still read once ``num_tokens`` tokens are cached.
-
-    Args:
-        group: the group.
-        num_tokens: tokens of the request already cached.
-
-    Returns:
-        ``spec.first_retained_token(num_tokens) // tokens_per_page``: entries before it hold
-        only tokens no later token reads. ``0`` for a state group, which keeps its page.
-    """
-    per_page = group.spec.tokens_per_page
-    if per_page is None:
-        return 0
-    return group.spec.first_retained_token(num_tokens) // per_page
 
 
 class _Runs:
@@ -129,6 +99,7 @@ class BlockPool:
         }
         self._tables: dict[Hashable, list[list[int]]] = {}
         self._tokens: dict[Hashable, int] = {}
+        self._computed: dict[Hashable, int] = {}  # the largest num_computed_tokens released
         self._released: dict[Hashable, list[int]] = {}
 
     # -- pages of a group ------------------------------------------------------------------
@@ -246,19 +217,23 @@ class BlockPool:
 
     def new_blocks_needed(self, request_id: Hashable, num_tokens: int) -> int:
         """Block ids :meth:`reserve` would take to cover ``num_tokens`` tokens now."""
-        have = self._tokens.get(request_id, 0)
+        tables = self._tables.get(request_id)
         released = self._released.get(request_id)
+        computed = self._computed.get(request_id, 0)
         total = 0
         for index, group in enumerate(self.groups):
-            start = max(logical_pages(group, have), released[index] if released else 0)
-            total += max(0, logical_pages(group, num_tokens) - start) * group.blocks_per_page
+            start = max(len(tables[index]) if tables else 0, released[index] if released else 0)
+            want = self._live(group, num_tokens, computed).stop
+            total += max(0, want - start) * group.blocks_per_page
         return total
 
     def reserve(self, request_id: Hashable, num_tokens: int) -> dict[int, list[int]]:
         """Grow the request's tables (every group) to cover ``num_tokens`` tokens, all or none.
 
         Call it before a step that computes tokens up to position ``num_tokens - 1``. A new
-        request starts empty. Entries for tokens already released stay :data:`NULL_PAGE`.
+        request starts empty. Each group's table grows to ``spec.live_pages(num_tokens,
+        computed).stop`` entries (``computed`` the last :meth:`release_stale` count), never
+        more; entries already released stay :data:`NULL_PAGE`.
 
         Returns:
             ``{group index: pages taken}`` for the groups that grew.
@@ -270,11 +245,12 @@ class BlockPool:
         check_int(num_tokens, "'num_tokens'", minimum=0)
         tables = self._tables.get(request_id) or [[] for _ in self.groups]
         released = self._released.get(request_id) or [0] * len(self.groups)
+        computed = self._computed.get(request_id, 0)
+        wants = [self._live(group, num_tokens, computed).stop for group in self.groups]
         taken: dict[int, list[int]] = {}
         try:
-            for index, group in enumerate(self.groups):
+            for index, want in enumerate(wants):
                 table = tables[index]
-                want = logical_pages(group, num_tokens)
                 nulls = max(0, min(released[index], want) - len(table))
                 grow = want - len(table) - nulls
                 if grow > 0:
@@ -290,22 +266,23 @@ class BlockPool:
                 requested_blocks=needed,
                 free_blocks=self._num_free,
             ) from None
-        for index, group in enumerate(self.groups):
+        for index, want in enumerate(wants):
             table = tables[index]
-            want = logical_pages(group, num_tokens)
             while len(table) < min(released[index], want):
                 table.append(NULL_PAGE)
             table.extend(taken.get(index, ()))
         self._tables[request_id] = tables
         self._released[request_id] = released
+        self._computed.setdefault(request_id, 0)
         self._tokens[request_id] = max(num_tokens, self._tokens.get(request_id, 0))
         return taken
 
     def release_stale(self, request_id: Hashable, num_computed_tokens: int) -> dict[int, list[int]]:
         """Free the pages no later token reads, once ``num_computed_tokens`` tokens are cached.
 
-        For each group, entries before :func:`first_retained_page` are freed and set to
-        :data:`NULL_PAGE` (sliding-window and chunked groups; full attention keeps everything).
+        For each group, the entries before ``spec.live_pages(tokens,
+        num_computed_tokens).start`` are freed and set to :data:`NULL_PAGE` (sliding-window and
+        chunked groups; full attention keeps everything).
 
         Returns:
             ``{group index: pages freed}`` for the groups that shrank.
@@ -317,9 +294,11 @@ class BlockPool:
         check_int(num_computed_tokens, "'num_computed_tokens'", minimum=0)
         tables = self._tables[request_id]
         released = self._released[request_id]
+        computed = self._computed[request_id] = max(self._computed[request_id], num_computed_tokens)
+        tokens = max(self._tokens[request_id], computed)
         freed: dict[int, list[int]] = {}
         for index, group in enumerate(self.groups):
-            first = first_retained_page(group, num_computed_tokens)
+            first = self._live(group, tokens, computed).start
             table = tables[index]
             stale = range(released[index], min(first, len(table)))
             pages = [table[k] for k in stale if table[k] != NULL_PAGE]
@@ -341,9 +320,13 @@ class BlockPool:
         for index in range(len(self.groups)):
             self.free(index, self.live_pages(request_id, index))
         del self._tables[request_id]
-        del self._tokens[request_id], self._released[request_id]
+        del self._tokens[request_id], self._released[request_id], self._computed[request_id]
 
     # -- internals -------------------------------------------------------------------------
+
+    @staticmethod
+    def _live(group: KVCacheGroup, num_tokens: int, num_computed_tokens: int) -> range:
+        return group.spec.live_pages(num_tokens, min(num_computed_tokens, num_tokens))
 
     def _group(self, group: int) -> KVCacheGroup:
         return self.groups[self._index(group)]

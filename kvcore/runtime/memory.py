@@ -409,7 +409,13 @@ def determine_available_memory(
 
 
 def _fixed_profile(memory: DeviceMemory | torch.device | str, kv_cache_bytes: int) -> MemoryProfile:
-    """The record of a fixed budget; total and free are read where the device can be probed."""
+    """The record of a fixed budget; total and free are read where the device can be probed.
+
+    Raises:
+        InvalidInputError: ``kv_cache_bytes`` is not an int >= 1.
+        MemoryProfilingError: it is more than the device's free memory now (checked before
+            anything is allocated; ``meta`` and devices kvcore cannot probe are not checked).
+    """
     check_int(kv_cache_bytes, "'kv_cache_bytes'", minimum=1)
     if isinstance(memory, DeviceMemory):
         probe: DeviceMemory | None = memory
@@ -418,6 +424,14 @@ def _fixed_profile(memory: DeviceMemory | torch.device | str, kv_cache_bytes: in
         dev = check_device(memory)
         probe = device_memory(dev) if dev.type in ("cpu", "cuda") else None
     now = probe.sample() if probe is not None else None
+    if now is not None and kv_cache_bytes > now.free_bytes:
+        b = format_bytes
+        raise MemoryProfilingError(
+            f"the fixed KV cache size of {b(kv_cache_bytes)} (kv_cache_bytes) is more than the "
+            f"{b(now.free_bytes)} free on {dev} now (of {b(now.total_bytes)}); nothing was allocated: "
+            f"give at most {b(now.free_bytes)}, free memory on the device, or let kvcore size the cache "
+            "from a utilization"
+        )
     return MemoryProfile(
         device=str(dev),
         source="fixed",

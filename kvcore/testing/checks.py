@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NoReturn
 
 import attrs
@@ -24,13 +24,13 @@ from kvcore.errors import (
     KVCoreError,
     PolicyNotApplicableError,
 )
-from kvcore.plan import KVCachePlan, structural_problems
+from kvcore.plan import KVCacheGroup, KVCachePlan, KVCacheTensor, structural_problems
 from kvcore.planning.capacity import Capacity
 from kvcore.planning.invariants import plan_problems
 from kvcore.planning.registry import Registry
 from kvcore.planning.serialization import plan_from_json, plan_to_json, spec_from_dict, spec_to_dict
 from kvcore.policy import AllocationPolicy
-from kvcore.spec import KVCacheSpec, SizingContext, describe_spec
+from kvcore.spec import KVCacheSpec, SizingContext, cdiv, describe_spec
 from kvcore.testing.registries import build_registry
 from kvcore.testing.strategies import PlanningProblem
 from kvcore.validators import is_int
@@ -239,6 +239,85 @@ def check_bad_json_rejected(spec: KVCacheSpec, registry: Registry) -> None:
                 "kvcore.InvalidSpecError"
             )
         _fail(f"{spec.kind}: the entry {entry} ({how}) was accepted as {describe_spec(read)}")
+
+
+def _one_group_plan(spec: KVCacheSpec, context: SizingContext, num_blocks: int) -> KVCachePlan:
+    """A plan of one layer of ``spec`` over ``num_blocks`` pages: what a block pool needs."""
+    page = spec.page_size_bytes
+    return KVCachePlan(
+        policy="conformance",
+        num_blocks=num_blocks,
+        bytes_per_block=page,
+        single_buffer=True,
+        groups=(KVCacheGroup(layer_names=("layer",), spec=spec),),
+        tensors=(KVCacheTensor(size=num_blocks * page, page_stride=page, shared_by=("layer",)),),
+        context=context,
+        available_memory_bytes=num_blocks * page,
+    )
+
+
+def check_pool_follows_spec(spec: KVCacheSpec, context: SizingContext, steps: Sequence[int]) -> None:
+    """A block pool holds what the spec says a request holds, and never more than the plan counts.
+
+    Drives one request through a :class:`~kvcore.BlockPool` as a scheduler does: each step
+    frees what it no longer reads (``release_stale`` with the tokens cached), then grows the
+    table (``reserve`` with the tokens the step brings it to). The steps compute ``steps``
+    tokens, then as many as a step may (``context.max_tokens_per_step``) until the request
+    reaches ``context.max_model_len``. After every step the pool must hold every entry of
+    ``spec.live_pages(tokens, cached)`` (never fewer pages than the spec needs) and no more
+    pages than the plan's worst case, ``spec.max_num_blocks(context)``.
+
+    Args:
+        spec: the spec whose group the pool serves.
+        context: the request length and step size the plan is sized for.
+        steps: tokens computed by each of the first steps (each between 1 and
+            ``context.max_tokens_per_step``).
+
+    Raises:
+        AssertionError: the pool holds more pages than the plan counts, or lost a page the spec
+            still needs (``live_pages`` took back an entry it had freed).
+    """
+    from kvcore.runtime.block_pool import NULL_PAGE, BlockPool
+
+    length, per_step = context.max_model_len, context.max_tokens_per_step
+    if any(not is_int(step) or not 1 <= step <= per_step for step in steps):
+        raise InvalidInputError(f"every step must be an int from 1 to {per_step} (got {list(steps)})")
+    planned = spec.max_num_blocks(context)
+    bounds, done = [], 0
+    for step in [*steps, *[per_step] * cdiv(length, per_step)]:
+        if done >= length:
+            break
+        bounds.append((done, min(done + step, length)))
+        done = bounds[-1][1]
+    most = max(spec.live_pages(target, start).stop for start, target in bounds)
+    pool = BlockPool(_one_group_plan(spec, context, max(1, planned, most)))
+    pool.reserve("r", 0)
+    for start, target in bounds:
+        pool.release_stale("r", start)
+        pool.reserve("r", target)
+        table = pool.block_table("r", 0)
+        held = sum(page != NULL_PAGE for page in table)
+        live = spec.live_pages(target, start)
+        what = f"a step from {start} to {target} tokens (a step may compute {per_step})"
+        if held > planned:
+            _fail(
+                f"{describe_spec(spec)}: after {what} a request holds {held} pages (live_pages is "
+                f"{live}) but the plan counts at most {planned} per request of {length} tokens "
+                "(max_num_blocks): the pool would run out of pages the plan said fit; max_num_blocks "
+                "must be the largest len(live_pages(n, c)) over steps, or live_pages must cap what a "
+                "request holds"
+            )
+        lost = [k for k in live if k >= len(table) or table[k] == NULL_PAGE]
+        if lost:
+            _fail(
+                f"{describe_spec(spec)}: after {what} the block pool lacks the entries {lost[:5]} of "
+                f"live_pages = {live}, which an earlier step's live_pages had freed: a request would "
+                "read pages it no longer holds; live_pages' start must never decrease as tokens are cached"
+            )
+    pool.free_request("r")
+    if pool.num_free_blocks != pool.num_blocks:
+        taken = pool.num_blocks - pool.num_free_blocks
+        _fail(f"{describe_spec(spec)}: freeing the request left {taken} blocks taken")
 
 
 def _contiguous_strides(shape: tuple[int, ...]) -> list[int]:

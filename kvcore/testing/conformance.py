@@ -53,6 +53,8 @@ from kvcore.testing.strategies import (
 
 #: Requests drawn for the length checks are at most this long.
 MAX_CHECKED_LEN = 2**17
+#: Requests a block pool is driven through are at most this long (every step is simulated).
+MAX_POOL_LEN = 1024
 
 
 _Check = Callable[[Any, st.DataObject], None]
@@ -231,6 +233,16 @@ class SpecKindConformance(_Conformance):
             SizingContext(max_model_len=a, max_num_batched_tokens=step),
             SizingContext(max_model_len=b, max_num_batched_tokens=step),
         )
+
+    @_drawing
+    def test_block_pool_holds_what_the_spec_says_within_the_plan(self, data: st.DataObject) -> None:
+        spec = self._draw(data)
+        context = SizingContext(
+            max_model_len=data.draw(st.integers(1, MAX_POOL_LEN), label="max_model_len"),
+            max_num_batched_tokens=data.draw(st.integers(1, 512), label="max_num_batched_tokens"),
+        )
+        steps = st.lists(st.integers(1, context.max_tokens_per_step), max_size=24)
+        checks.check_pool_follows_spec(spec, context, data.draw(steps, label="steps"))
 
     @_drawing
     def test_group_key_is_stable(self, data: st.DataObject) -> None:

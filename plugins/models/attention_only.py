@@ -193,7 +193,7 @@ class AttentionOnlyFamily:
         """
         top = ConfigFields(config, str(config["model_type"]))
         cfg = top.section("text_config") if self.text_config else top
-        n = cfg.integer("num_hidden_layers")
+        n = cfg.layer_count()
         pattern = self.pattern.read(cfg, n)
         types = cfg.layer_types(n) or list(pattern.types)
         geometry = attention(cfg, options, cfg.dtype(top), derive_head_dim=not self.head_dim_required)

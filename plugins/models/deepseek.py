@@ -26,7 +26,7 @@ MODEL_TYPES = ("deepseek_v2", "deepseek_v3")
 def layer_specs(config: Mapping[str, Any], options: ModelOptions) -> dict[str, KVCacheSpec]:
     """The specs of a DeepSeek V2 / V3 config."""
     cfg = ConfigFields(config, str(config["model_type"]))
-    n = cfg.integer("num_hidden_layers")
+    n = cfg.layer_count()
     types = cfg.layer_types(n) or [FULL] * n
     dtype = cfg.dtype()
     return build_layers(cfg, types, {FULL: lambda: mla(cfg, options, dtype)}, LayerNames())

@@ -43,7 +43,7 @@ def layer_specs(config: Mapping[str, Any], options: ModelOptions) -> dict[str, K
     top = ConfigFields(config, str(config.get("model_type") or "unknown"))
     nested = config.get("layer_types") is None and isinstance(config.get("text_config"), Mapping)
     cfg = top.section("text_config") if nested else top
-    n = cfg.integer("num_hidden_layers")
+    n = cfg.layer_count()
     types = cfg.layer_types(n) or []
     geometry = attention(cfg, options, cfg.dtype(top))
     return build_layers(cfg, types, attention_builders(cfg, geometry), LayerNames(), hint=HINT)

@@ -49,7 +49,7 @@ def layer_types(cfg: ConfigFields, n: int) -> list[str]:
 def layer_specs(config: Mapping[str, Any], options: ModelOptions) -> dict[str, KVCacheSpec]:
     """The specs of a Jamba config."""
     cfg = ConfigFields(config, "jamba")
-    n = cfg.integer("num_hidden_layers")
+    n = cfg.layer_count()
     types = cfg.layer_types(n) or layer_types(cfg, n)
     dtype = cfg.dtype()
     geometry = attention(cfg, options, dtype)

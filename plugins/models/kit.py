@@ -40,6 +40,7 @@ import attrs
 
 from kvcore.dtypes import DType, to_dtype
 from kvcore.errors import InvalidSpecError, ModelConfigError
+from kvcore.limits import MAX_LAYERS, shown
 from kvcore.model_options import DEFAULT_MODEL_DTYPE, ModelOptions
 from kvcore.plugins.chunked_local_attention import ChunkedLocalAttentionSpec
 from kvcore.plugins.full_attention import FullAttentionSpec
@@ -138,11 +139,37 @@ class ConfigFields:
         value = self.data.get(key)
         if value is None:
             if default is _MISSING:
+                if key in self.data:
+                    raise self.error(key, "is null; kvcore needs an int there to size the KV cache")
                 raise self.error(key, "is missing; kvcore needs it to size the KV cache")
             return int(default)
         return check_int(
             value, repr(self.path(key)), minimum=minimum, error=ModelConfigError, owner=f"{self.label}: "
         )
+
+    def layer_count(self, key: str = "num_hidden_layers", default: int = _MISSING) -> int:
+        """The layer count at ``key``: an int in [1, :data:`~kvcore.limits.MAX_LAYERS`].
+
+        Checked before any layer is built, so an absurd count fails at once.
+
+        Args:
+            key: the field.
+            default: the value when the field is absent or null; without it the field is required.
+
+        Returns:
+            The count.
+
+        Raises:
+            ModelConfigError: missing without a default, not an int, below 1 or above the cap.
+        """
+        value = self.integer(key, default)
+        if value > MAX_LAYERS:
+            raise self.error(
+                key,
+                f"is {shown(value)}, more than the {MAX_LAYERS:,} layers kvcore plans "
+                "(kvcore.limits.MAX_LAYERS); check the config",
+            )
+        return value
 
     def optional_integer(self, key: str, *, absent: int | None = None, minimum: int = 1) -> int | None:
         """An int that ``null`` turns off (``"sliding_window": null``).
@@ -272,8 +299,13 @@ class Attention:
     head_size: int
     dtype: DType
     block_size: int
+    refusal: ModelConfigError | None = attrs.field(default=None, eq=False, repr=False)
+    """Why these layers cannot be served as asked (a tp that does not split the heads), raised
+    when the first attention spec is made, so that a model's first layer names the problem."""
 
     def _fields(self) -> dict[str, Any]:
+        if self.refusal is not None:
+            raise self.refusal
         return {
             "block_size": self.block_size,
             "num_kv_heads": self.num_kv_heads,
@@ -333,7 +365,46 @@ def kv_heads(cfg: ConfigFields) -> int:
         ModelConfigError: naming the missing or bad field.
     """
     heads = cfg.integer("num_attention_heads")
-    return cfg.integer("num_key_value_heads", default=heads)
+    kv = cfg.integer("num_key_value_heads", default=heads)
+    if heads % kv:
+        raise cfg.error(
+            "num_key_value_heads",
+            f"({kv}) must divide 'num_attention_heads' ({heads}): each KV head serves a whole group "
+            "of query heads",
+        )
+    return kv
+
+
+def tp_refusal(cfg: ConfigFields, options: ModelOptions, heads: int, kv: int) -> ModelConfigError | None:
+    """Why ``options.tp`` cannot split these attention heads, as engines split them, or ``None``.
+
+    ``tp`` must divide the attention heads, and either divide the KV heads (each rank holds
+    ``kv // tp``) or be a multiple of them (each KV head is replicated on ``tp // kv`` ranks).
+
+    Args:
+        cfg: the config, for messages.
+        options: the model options (``tp``).
+        heads: ``num_attention_heads``.
+        kv: the KV heads.
+
+    Returns:
+        The error to raise, or ``None`` when ``tp`` fits.
+    """
+    tp = options.tp
+    if heads % tp:
+        fits = [n for n in range(1, min(heads, 1024) + 1) if heads % n == 0 and (kv % n == 0 or n % kv == 0)]
+        return cfg.error(
+            "num_attention_heads",
+            f"({heads}) does not divide by tp={tp}; engines split the attention heads evenly across "
+            f"tensor-parallel ranks: choose a tp in {fits[:12]}",
+        )
+    if kv % tp and tp % kv:
+        return cfg.error(
+            "num_key_value_heads",
+            f"({kv}) and tp={tp} must divide one another (the KV heads are split across ranks, or "
+            "replicated when tp is a multiple of them); choose another tp",
+        )
+    return None
 
 
 def attention(
@@ -356,16 +427,20 @@ def attention(
         derive_head_dim: see :func:`head_size`.
 
     Returns:
-        KV heads per rank (``max(1, kv_heads // tp)``), head size, cache dtype and block size.
+        KV heads per rank (``max(1, kv_heads // tp)``), head size, cache dtype and block size;
+        where ``tp`` does not split the heads (:func:`tp_refusal`), making a spec from it raises.
 
     Raises:
-        ModelConfigError: naming the missing or bad field.
+        ModelConfigError: naming the missing or bad field, or KV heads that do not divide the
+            attention heads.
     """
+    kv = kv_heads(cfg)
     return Attention(
-        num_kv_heads=options.kv_heads_per_rank(kv_heads(cfg)),
+        num_kv_heads=options.kv_heads_per_rank(kv),
         head_size=head_size(cfg, keys=head_dim_keys, derive=derive_head_dim),
         dtype=options.cache_dtype(model_dtype),
         block_size=options.block_size,
+        refusal=tp_refusal(cfg, options, cfg.integer("num_attention_heads"), kv),
     )
 
 
@@ -645,8 +720,18 @@ def mla(cfg: ConfigFields, options: ModelOptions, model_dtype: DType) -> MLAAtte
         The MLA spec of every layer.
 
     Raises:
-        ModelConfigError: either field is missing or bad.
+        ModelConfigError: either field is missing or bad, or ``tp`` does not divide
+            ``num_attention_heads`` (engines split the query heads across ranks).
     """
+    if cfg.has("num_attention_heads"):
+        heads = cfg.integer("num_attention_heads")
+        if heads % options.tp:
+            fits = [n for n in range(1, min(heads, 1024) + 1) if heads % n == 0]
+            raise cfg.error(
+                "num_attention_heads",
+                f"({heads}) does not divide by tp={options.tp}; engines split the attention heads evenly "
+                f"across tensor-parallel ranks: choose a tp in {fits[:12]}",
+            )
     return MLAAttentionSpec(
         block_size=options.block_size,
         kv_lora_rank=cfg.integer("kv_lora_rank"),

@@ -42,7 +42,7 @@ def layer_specs(config: Mapping[str, Any], options: ModelOptions) -> dict[str, K
     top = ConfigFields(config, str(config["model_type"]))
     wrapped = config["model_type"] == "llama4"
     cfg = top.section("text_config") if wrapped else top
-    n = cfg.integer("num_hidden_layers")
+    n = cfg.layer_count()
     types = cfg.layer_types(n)
     if types is None:
         chunk = cfg.optional_integer("attention_chunk_size")

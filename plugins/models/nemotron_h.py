@@ -44,7 +44,7 @@ def layer_types(cfg: ConfigFields) -> list[str]:
     for key in ("layer_types", "layers_block_type"):
         value = cfg.data.get(key)
         if value is not None:
-            n = cfg.integer("num_hidden_layers", len(value) if isinstance(value, list) else 0)
+            n = cfg.layer_count("num_hidden_layers", len(value) if isinstance(value, list) else 0)
             return cfg.layer_types(n, key=key) or []
     pattern = cfg.string("hybrid_override_pattern")
     if pattern is None:
@@ -57,7 +57,7 @@ def layer_types(cfg: ConfigFields) -> list[str]:
                 f"is {char!r}; use M (Mamba-2), * (attention), - (MLP) or E (MoE)",
             )
         types.append(PATTERN[char])
-    n = cfg.integer("num_hidden_layers", len(types))
+    n = cfg.layer_count("num_hidden_layers", len(types))
     if n != len(types):
         raise cfg.error(
             "hybrid_override_pattern", f"spells {len(types)} layers but 'num_hidden_layers' is {n}"

@@ -38,7 +38,7 @@ DEFAULT_FULL_ATTENTION_INTERVAL = 4
 def layer_specs(config: Mapping[str, Any], options: ModelOptions) -> dict[str, KVCacheSpec]:
     """The specs of a Qwen3-Next config."""
     cfg = ConfigFields(config, "qwen3_next")
-    n = cfg.integer("num_hidden_layers")
+    n = cfg.layer_count()
     types = cfg.layer_types(n)
     if types is None:
         interval = cfg.integer("full_attention_interval", DEFAULT_FULL_ATTENTION_INTERVAL)

@@ -15,6 +15,7 @@ def run_cli(capsys, monkeypatch):
         out, err = capsys.readouterr()
         return status, out, err
 
+    run.capsys = capsys  # for a caller that catches argparse's SystemExit itself
     return run
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import attrs
 import pytest
 
-from kvcore import BlockPool, BlockPoolExhaustedError, InvalidInputError
+from kvcore import BlockPool, BlockPoolExhaustedError, InvalidInputError, PlanValidationError
 from kvcore.plugins.full_attention import FullAttentionSpec
 from kvcore.testing.reference import PagedAttentionRunner, decode_greedy
 from tests.e2e._tiny import BLOCK_SIZE, kvcore_runner, mismatches, tight_num_blocks
@@ -84,7 +84,9 @@ def test_a_sound_pool_never_double_books(subjects, registry):
     assert _double_bookings(runner) == []
 
 
-def test_a_plan_that_puts_two_layers_of_one_group_on_the_same_bytes_breaks_the_match(subjects, registry):
+def test_a_plan_that_puts_two_layers_of_one_group_on_the_same_bytes_breaks_the_match(
+    subjects, registry, monkeypatch
+):
     subject = subjects("gemma2")
     plan = kvcore_runner(subject.model, registry).plan
     group = next(g for g in plan.groups if len(g.layer_names) >= 2)
@@ -93,7 +95,15 @@ def test_a_plan_that_puts_two_layers_of_one_group_on_the_same_bytes_breaks_the_m
     for tensor in plan.tensors:  # move `second` onto `first`'s bytes
         names = tuple(n for n in tensor.shared_by if n != second)
         tensors.append(attrs.evolve(tensor, shared_by=(*names, second) if first in names else names))
-    broken = attrs.evolve(plan, tensors=[t for t in tensors if t.shared_by])
+    kept = tuple(t for t in tensors if t.shared_by)
+    with pytest.raises(PlanValidationError):  # kvcore refuses such a plan when it is built ...
+        attrs.evolve(plan, tensors=kept)
+    # ... and before allocating it; build and allocate it behind those checks' backs, to show
+    # that the comparison with transformers catches it on its own
+    broken = object.__new__(type(plan))
+    for field in attrs.fields(type(plan)):
+        object.__setattr__(broken, field.name, kept if field.name == "tensors" else getattr(plan, field.name))
+    monkeypatch.setattr("kvcore.runtime.allocation.check_plan", lambda plan, **kwargs: None)
     generations = decode_greedy(kvcore_runner(subject.model, registry, plan=broken), subject.requests)
     assert mismatches(generations, subject.reference) != []
 

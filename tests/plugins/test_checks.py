@@ -14,7 +14,8 @@ from tests.helpers import full
 
 @attrs.frozen(kw_only=True)
 class Ring(KVCacheSpec):
-    """A sound kind: a ring of ``slots`` bytes per token, holding the last 64 tokens."""
+    """A sound kind: a ring of ``slots`` bytes per token, holding the last 64 tokens in the pages
+    of its first 64 (which it reuses). Its worst case is the default, read off ``live_pages``."""
 
     kind = "test.ring"
     slots: int = attrs.field(default=4, validator=positive_int)
@@ -23,8 +24,8 @@ class Ring(KVCacheSpec):
     def page_size_bytes(self):
         return self.block_size * self.slots
 
-    def max_num_blocks(self, context):
-        return cdiv(min(context.max_model_len, 64), self.block_size)
+    def live_pages(self, num_tokens, num_computed_tokens=0):
+        return range(min(cdiv(num_tokens, self.block_size), cdiv(64, self.block_size)))
 
 
 @attrs.frozen(kw_only=True)
@@ -56,6 +57,33 @@ class Empty(Ring):
 
     def max_num_blocks(self, context):
         return 0
+
+
+@attrs.frozen(kw_only=True)
+class CappedOnlyInThePlan(Ring):
+    """The planner's cap without the pool's (the bug of a fixed-size kind before live_pages):
+    the plan counts 64 tokens' pages, but a request holds a page for every token."""
+
+    kind = "test.capped_only_in_the_plan"
+
+    def live_pages(self, num_tokens, num_computed_tokens=0):
+        return KVCacheSpec.live_pages(self, num_tokens, num_computed_tokens)
+
+    def max_num_blocks(self, context):
+        return cdiv(min(context.max_model_len, 64), self.block_size)
+
+
+@attrs.frozen(kw_only=True)
+class Forgetful(Ring):
+    """Frees every page once an odd number of tokens is cached, then wants them back."""
+
+    kind = "test.forgetful"
+
+    def live_pages(self, num_tokens, num_computed_tokens=0):
+        return KVCacheSpec.live_pages(self, num_tokens, num_computed_tokens)
+
+    def first_retained_token(self, num_tokens):
+        return num_tokens if num_tokens % 2 else 0
 
 
 @attrs.frozen(kw_only=True)
@@ -154,6 +182,8 @@ KINDS = (
     GrowingState,
     Shrinking,
     Empty,
+    CappedOnlyInThePlan,
+    Forgetful,
     Unstable,
     ListKey,
     PlainValueError,
@@ -198,6 +228,32 @@ def test_a_sound_kind_passes_every_check(kinds):
     checks.check_rejects_arguments(spec, {"slots": 0})
     checks.check_bad_json_rejected(spec, kinds)
     checks.check_cache_layout(spec, kinds)
+    checks.check_pool_follows_spec(
+        spec, SizingContext(max_model_len=300, max_num_batched_tokens=7), [1, 5, 7]
+    )
+
+
+def test_catches_a_pool_that_holds_more_than_the_plan():
+    # at 4,096 tokens of block 16 the pool holds 256 pages; the plan counted 4 (64 tokens)
+    with pytest.raises(
+        AssertionError,
+        match=r"a request holds 5 pages \(live_pages is range\(0, 5\)\) but the plan counts at most 4",
+    ):
+        checks.check_pool_follows_spec(
+            CappedOnlyInThePlan(block_size=16),
+            SizingContext(max_model_len=4096, max_num_batched_tokens=16),
+            [],
+        )
+
+
+def test_catches_a_pool_that_holds_fewer_pages_than_the_spec_needs():
+    with pytest.raises(AssertionError, match=r"after a step from 2 to 3 tokens .* lacks the entries \[0\]"):
+        checks.check_pool_follows_spec(Forgetful(block_size=1), SizingContext(max_model_len=8), [1, 1, 1])
+
+
+def test_misused_pool_check_says_so():
+    with pytest.raises(InvalidInputError, match="every step must be an int from 1 to 8"):
+        checks.check_pool_follows_spec(Ring(block_size=1), SizingContext(max_model_len=8), [9])
 
 
 def test_catches_a_mutable_class():

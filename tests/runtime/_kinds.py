@@ -1,5 +1,6 @@
-"""Inline test plugins: a two-part per-request state kind, and a toy attention module + its
-``kvcore_spec_for_module`` hook (the model side of an engine)."""
+"""Inline test plugins: a two-part per-request state kind, a cross-attention kind of a fixed
+per-request size, and a toy attention module + its ``kvcore_spec_for_module`` hook (the model
+side of an engine)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ import torch
 from kvcore import hookimpl
 from kvcore.cache_layout import CacheLayout, PagePart
 from kvcore.dtypes import DType, dtype_size, to_dtype
+from kvcore.plugins.attention import AttentionSpec
 from kvcore.plugins.full_attention import FullAttentionSpec
 from kvcore.plugins.sliding_window import SlidingWindowSpec
-from kvcore.spec import KVCacheSpec, SizingContext, positive_int
+from kvcore.spec import KVCacheSpec, SizingContext, cdiv, positive_int
 
 
 @attrs.frozen(kw_only=True)
@@ -61,6 +63,27 @@ class ToyStatePlugin:
                 ),
             )
         )
+
+
+@attrs.frozen(kw_only=True)
+class CrossAttentionSpec(AttentionSpec):
+    """Cross attention over a fixed encoder output (Whisper's 1,500 frames): a request holds the
+    K and V of all ``encoder_len`` encoder tokens from its first decoder token on, whatever its
+    length. Only :meth:`live_pages` is overridden; ``max_num_blocks`` is the default, read off it.
+    """
+
+    kind = "test.cross_attention"
+
+    encoder_len: int = attrs.field(validator=positive_int)
+
+    def live_pages(self, num_tokens: int, num_computed_tokens: int = 0) -> range:
+        return range(cdiv(self.encoder_len, self.block_size) if num_tokens > 0 else 0)
+
+
+class CrossAttentionPlugin:
+    @hookimpl
+    def kvcore_register_spec_kinds(self, register):
+        register(CrossAttentionSpec)
 
 
 class ToyAttention(torch.nn.Module):

@@ -13,7 +13,15 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvcore import BlockPool, Registry, SizingContext, get_plugin_manager, plan_kv_cache
+from kvcore import (
+    BlockPool,
+    PlanValidationError,
+    Registry,
+    SizingContext,
+    allocate,
+    get_plugin_manager,
+    plan_kv_cache,
+)
 from kvcore.planning.invariants import plan_problems
 from kvcore.plugins.chunked_local_attention import ChunkedLocalAttentionSpec
 from kvcore.plugins.full_attention import FullAttentionSpec
@@ -110,6 +118,14 @@ def _gemma_like(registry):
     return _plan(specs, SizingContext(max_model_len=64, max_num_batched_tokens=16), registry, 1, 0)
 
 
+def _unchecked(plan, **changes):
+    """``plan`` with ``changes``, built without the plan's own checks (to test what catches them)."""
+    broken = object.__new__(type(plan))
+    for field in attrs.fields(type(plan)):
+        object.__setattr__(broken, field.name, changes.get(field.name, getattr(plan, field.name)))
+    return broken
+
+
 BUSY = [("arrive", 16, 0), ("arrive", 16, 0), ("step", 0, 16), ("step", 1, 16), ("step", 0, 8)]
 
 
@@ -124,8 +140,13 @@ def test_the_workload_catches_a_plan_that_aliases_two_layers_of_one_group(regist
         if first in names:
             names += (second,)
         tensors.append(attrs.evolve(tensor, shared_by=names))
-    broken = attrs.evolve(plan, tensors=[t for t in tensors if t.shared_by])
+    kept = [t for t in tensors if t.shared_by]
+    with pytest.raises(PlanValidationError, match="must be in different groups"):
+        attrs.evolve(plan, tensors=kept)  # a plan refuses it when built ...
+    broken = _unchecked(plan, tensors=tuple(kept))  # ... so build it behind the plan's back
     assert plan_problems(broken), "the invariant checker should flag it too"
+    with pytest.raises(PlanValidationError):
+        allocate(broken, "cpu", registry=registry)
     problems = run_workload(broken, registry, BUSY)
     assert problems and "was overwritten" in problems[0]
 
@@ -156,5 +177,8 @@ def test_a_shifted_tensor_overlapping_its_neighbour_is_caught(registry):
     shifted = attrs.evolve(lane, offset=lane.offset - 4)  # 4 bytes into the previous layer's page
     broken = attrs.evolve(plan, tensors=[shifted if t is lane else t for t in plan.tensors])
     assert row % 4 == 0
-    problems = run_workload(broken, registry, BUSY)
+    assert any("pages of one group" in p for p in plan_problems(broken))
+    with pytest.raises(PlanValidationError, match="handed to allocate"):
+        allocate(broken, "cpu", registry=registry)
+    problems = run_workload(broken, registry, BUSY)  # allocates without the check
     assert problems and "was overwritten" in problems[0]

@@ -17,9 +17,8 @@ from kvcore import (
     SizingContext,
     plan_kv_cache,
 )
-from kvcore.runtime.block_pool import first_retained_page, logical_pages
 from tests.helpers import chunked, full, mla, sliding
-from tests.runtime._kinds import ToyStateSpec
+from tests.runtime._kinds import CrossAttentionPlugin, CrossAttentionSpec, ToyStateSpec
 
 CTX = SizingContext(max_model_len=256, max_num_batched_tokens=32)
 
@@ -217,13 +216,13 @@ def test_first_retained_token_never_passes_what_the_next_token_reads(window, chu
         assert spec.first_retained_token(n + 1) >= first  # never decreases
 
 
-def test_logical_and_retained_pages():
-    group = KVCacheGroup(layer_names=("a",), spec=sliding(8, block_size=4))
-    assert [logical_pages(group, n) for n in (0, 1, 4, 5)] == [0, 1, 1, 2]
-    assert first_retained_page(group, 16) == 2  # token 9 is in page 2
-    state = KVCacheGroup(layer_names=("s",), spec=STATE, blocks_per_page=4)
-    assert [logical_pages(state, n) for n in (0, 1, 1000)] == [0, 1, 1]
-    assert first_retained_page(state, 10_000) == 0
+def test_live_pages_of_the_builtin_kinds():
+    spec = sliding(8, block_size=4)
+    assert [spec.live_pages(n).stop for n in (0, 1, 4, 5)] == [0, 1, 1, 2]
+    assert spec.live_pages(20, 16) == range(2, 5)  # token 9 is in page 2, token 19 in page 4
+    assert [STATE.live_pages(n) for n in (0, 1, 1000)] == [range(0), range(1), range(1)]
+    assert STATE.live_pages(10_000, 10_000) == range(1)
+    assert full(block_size=4).live_pages(20, 16) == range(5)  # full attention frees nothing
 
 
 def test_blocks_needed_comes_from_the_spec(registry):
@@ -261,7 +260,70 @@ def test_a_request_never_holds_more_pages_than_its_spec_promises(steps, window, 
             held = len(pool.live_pages("r", index))
             assert held <= group.pages_per_request(context)
             # exactly the pages from the first one the step still reads to the last one it writes
-            assert held == logical_pages(group, target) - first_retained_page(group, done)
+            assert held == len(group.spec.live_pages(target, done))
         done = target
     pool.free_request("r")
     assert pool.num_free_blocks == pool.num_blocks
+
+
+def test_a_fixed_size_kind_takes_exactly_its_pages_at_prefill_and_never_more(make_registry):
+    # cross attention over 1,500 encoder tokens: 94 pages of 16 from the first token on, at any
+    # length (the pool used to take ceil(n / 16): 1 page at prefill, 256 at 4,096 tokens)
+    registry = make_registry(CrossAttentionPlugin())
+    cross = CrossAttentionSpec(
+        block_size=16, num_kv_heads=8, head_size=64, dtype="bfloat16", encoder_len=1500
+    )
+    context = SizingContext(max_model_len=4096, max_num_batched_tokens=512)
+    assert cross.max_num_blocks(context) == 94
+    specs = {"self": full(block_size=16, heads=8, head_size=64), "cross": cross}
+    plan = plan_kv_cache(specs, 2**20 * 256 * 2, context, registry=registry, policy="equal_groups")
+    index = {g.spec.kind: i for i, g in enumerate(plan.groups)}["test.cross_attention"]
+    assert plan.groups[index].pages_per_request(context) == 94
+    pool = BlockPool(plan)
+    assert len(pool.reserve("r", 10)[index]) == 94  # the whole encoder output at prefill
+    done = 10
+    while done < 4096:
+        pool.release_stale("r", done)
+        done = min(done + 512, 4096)
+        assert index not in pool.reserve("r", done)  # never another page
+        assert len(pool.live_pages("r", index)) == 94
+    assert plan.fits(4096) and pool.num_free_blocks >= 0
+    pool.free_request("r")
+    assert pool.num_free_blocks == plan.num_blocks
+
+
+@pytest.mark.parametrize("kind", ["full", "mla", "state", "cross"])
+def test_the_plan_figure_is_the_most_the_pool_holds_for_kinds_that_free_nothing(kind):
+    # max_num_blocks is read off live_pages: the pool reaches it exactly, at the longest request
+    spec = {
+        "full": full(block_size=4),
+        "mla": mla(block_size=4),
+        "state": STATE,
+        "cross": CrossAttentionSpec(
+            block_size=4, num_kv_heads=1, head_size=8, dtype="float32", encoder_len=30
+        ),
+    }[kind]
+    for length, step in ((1, 1), (37, 5), (64, 64)):
+        context = SizingContext(max_model_len=length, max_num_batched_tokens=step)
+        held = max(
+            len(spec.live_pages(n, c)) for c in range(length) for n in range(c + 1, min(c + step, length) + 1)
+        )
+        assert held == spec.max_num_blocks(context)
+
+
+@given(
+    window=st.integers(1, 40),
+    block=st.integers(1, 17),
+    step=st.integers(1, 40),
+    length=st.integers(1, 120),
+    chunked_kind=st.booleans(),
+)
+def test_the_plan_figure_of_a_window_or_chunk_is_at_most_one_page_above_what_the_pool_holds(
+    window, block, step, length, chunked_kind
+):
+    spec = (chunked if chunked_kind else sliding)(window, block_size=block)
+    context = SizingContext(max_model_len=length, max_num_batched_tokens=step)
+    held = max(
+        len(spec.live_pages(n, c)) for c in range(length) for n in range(c + 1, min(c + step, length) + 1)
+    )
+    assert held <= spec.max_num_blocks(context) <= held + 1

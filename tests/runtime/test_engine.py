@@ -120,6 +120,13 @@ def test_kv_sharing_layers_take_no_memory_and_get_their_target_view(toy_registry
     layers = model.model.layers
     assert layers[3].self_attn.kv_cache is layers[1].self_attn.kv_cache is executor.kv_caches[ATTN[3]]
     assert set(executor.bound) == set(ATTN)
+    # the plan records the sharing: the sharing layer is in its target's group (as in vLLM), so a
+    # runner looping over the groups gives it the target's block table
+    assert plan.kv_sharing == sharing
+    assert plan.group_of(ATTN[3]) is plan.group_of(ATTN[1])
+    assert plan.tensor_of(ATTN[3]) is plan.tensor_of(ATTN[1])
+    tables = {name for index in range(len(plan.groups)) for name in plan.block_table_layers(index)}
+    assert tables == set(ATTN)
 
 
 def test_a_sharing_target_without_a_cache_is_an_error(toy_registry):

@@ -92,12 +92,21 @@ def test_host_run_larger_than_the_cap_is_a_clear_error():
 
 
 def test_a_fixed_size_bypasses_profiling_and_the_cap():
-    gpu = FakeGpu(total=80 * GiB, other=79 * GiB, weights=0)
+    gpu = FakeGpu(total=80 * GiB, other=70 * GiB, weights=0)  # 10 GiB free, but 0.9 of 80 leaves 2
     ran = []
     profile = determine_available_memory(gpu, kv_cache_bytes=5 * GiB, profile_fn=lambda: ran.append(1))
     assert ran == [] and "reset_peak" not in gpu.calls
     assert profile.source == "fixed" and profile.kv_cache_bytes == 5 * GiB and profile.utilization is None
     assert "fixed at 5.00 GiB" in str(profile)
+
+
+def test_a_fixed_size_above_the_free_memory_is_refused_before_allocating():
+    gpu = FakeGpu(total=80 * GiB, other=58 * GiB, weights=0)  # 22 GiB free
+    with pytest.raises(MemoryProfilingError) as info:
+        determine_available_memory(gpu, kv_cache_bytes=23 * GiB)
+    message = str(info.value)
+    assert "23.00 GiB" in message and "22.00 GiB free" in message and "nothing was allocated" in message
+    assert "give at most 22.00 GiB" in message
 
 
 def test_a_fixed_size_works_on_the_meta_device():

@@ -3,6 +3,7 @@
 import importlib.metadata
 import sys
 import types
+from typing import ClassVar
 
 import attrs
 import pytest
@@ -163,8 +164,70 @@ def test_kind_needs_a_name_and_implementations(make_registry):
 
     with pytest.raises(PluginValidationError, match="non-empty 'kind'"):
         make_registry(Bad(Nameless))
-    with pytest.raises(PluginValidationError, match="does not implement max_num_blocks, page_size_bytes"):
+    # max_num_blocks has a default (read off live_pages): only the page size is left to write
+    with pytest.raises(
+        PluginValidationError,
+        match=r"spec kind 'acme.abstract' \(.*Abstract\) does not implement page_size_bytes$",
+    ):
         make_registry(Bad(Abstract))
+
+
+class _Registers:
+    def __init__(self, cls):
+        self.cls = cls
+
+    @hookimpl
+    def kvcore_register_spec_kinds(self, register):
+        register(self.cls)
+
+
+def test_a_subclass_that_adds_fields_without_attrs_is_refused_naming_the_kind_and_plugin(make_registry):
+    class Undecorated(AcmeSpec):  # its field would silently drop out of JSON
+        kind = "acme.undecorated"
+        extra: int = 3
+
+    with pytest.raises(PluginValidationError) as info:
+        make_registry(_Registers(Undecorated))
+    message = str(info.value)
+    assert "spec kind 'acme.undecorated'" in message and "_Registers" in message  # kind and plugin
+    assert "adds the fields extra but is not an attrs class" in message
+    assert "@attrs.frozen(kw_only=True)" in message
+
+
+def test_a_plain_class_in_the_middle_of_the_mro_is_refused_too(make_registry):
+    class Middle(AcmeSpec):
+        middle: int = 1
+
+    @attrs.frozen(kw_only=True)
+    class Bottom(Middle):
+        kind = "acme.bottom"
+
+    with pytest.raises(
+        PluginValidationError, match=r"spec kind 'acme.bottom' .*Middle adds the fields middle"
+    ):
+        make_registry(_Registers(Bottom))
+
+
+def test_a_subclass_that_only_renames_the_kind_needs_no_decorator(make_registry):
+    class Renamed(AcmeSpec):  # no fields of its own: attrs fields and JSON come from AcmeSpec
+        kind: ClassVar[str] = "acme.renamed"
+
+        def max_num_blocks(self, context):
+            return 1
+
+    registry = make_registry(_Registers(Renamed))
+    assert registry.spec_class("acme.renamed") is Renamed
+
+
+def test_a_subclass_that_is_not_frozen_is_refused(make_registry):
+    @attrs.frozen(kw_only=True)
+    class Thawed(AcmeSpec):
+        kind = "acme.thawed"
+
+    Thawed.__setattr__ = object.__setattr__  # thawed after attrs froze it (attrs refuses otherwise)
+
+    with pytest.raises(PluginValidationError, match=r"spec kind 'acme.thawed' .*Thawed is not frozen"):
+        make_registry(_Registers(Thawed))
 
 
 def test_policy_registration_checks(make_registry):

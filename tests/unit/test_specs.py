@@ -4,7 +4,14 @@ import attrs
 import pytest
 import torch
 
-from kvcore import InvalidSpecError, SizingContext, SpecMismatchError, dtypes, is_kv_cache_type_uniform
+from kvcore import (
+    InvalidSpecError,
+    KVCacheSpec,
+    SizingContext,
+    SpecMismatchError,
+    dtypes,
+    is_kv_cache_type_uniform,
+)
 from kvcore.spec import describe_spec, spec_differences
 from tests.helpers import chunked, full, mla, sliding
 
@@ -132,3 +139,52 @@ def test_sizing_context_validates():
     ctx = SizingContext(max_model_len=100, max_num_batched_tokens=4096)
     assert ctx.max_tokens_per_step == 100
     assert ctx.with_max_model_len(10).max_model_len == 10
+
+
+@attrs.frozen(kw_only=True)
+class _Declared(KVCacheSpec):
+    """A plugin kind whose page size and alignment are whatever it declares."""
+
+    kind = "test.declared"
+    page: object = 64
+    align: object = 1
+
+    @property
+    def page_size_bytes(self):
+        return self.page
+
+    @property
+    def alignment_bytes(self):
+        return self.align
+
+
+@pytest.mark.parametrize(
+    ("fields", "match"),
+    [
+        ({"page": -64}, r"page_size_bytes must be an int >= 1 \(got -64 for test\.declared\("),
+        ({"page": 0}, r"page_size_bytes must be an int >= 1 \(got 0"),
+        ({"page": 64.0}, r"page_size_bytes must be an int >= 1 \(got 64\.0"),
+        ({"align": 0}, r"alignment_bytes must be an int >= 1 \(got 0\)"),
+        ({"align": True}, r"alignment_bytes must be an int >= 1 \(got True\)"),
+        ({"page": 66, "align": 4}, r"page_size_bytes 66 is not a multiple of alignment_bytes 4"),
+    ],
+)
+def test_a_bad_page_is_caught_when_the_spec_is_built(fields, match):
+    # named by kind and class (so by its plugin module), not blamed later on a healthy layer
+    with pytest.raises(InvalidSpecError, match=match) as info:
+        _Declared(block_size=16, **fields)
+    assert str(info.value).startswith("spec kind 'test.declared' (tests.unit.test_specs:_Declared)")
+
+
+def test_a_bad_page_is_caught_when_a_block_size_makes_it(registry):
+    ok = _Declared(block_size=16, page=64, align=1)
+    with pytest.raises(InvalidSpecError, match="page_size_bytes must be an int >= 1"):
+        attrs.evolve(ok, page=-1)
+    assert _Declared(block_size=16, page=64, align=4).page_size_bytes == 64
+
+
+def test_the_planner_worst_case_is_read_off_live_pages_by_default():
+    spec = _Declared(block_size=16)
+    assert spec.live_pages(33) == range(3) and spec.live_pages(33, 32) == range(3)  # frees nothing
+    assert spec.max_num_blocks(SizingContext(max_model_len=33)) == 3
+    assert full(block_size=16).max_num_blocks(SizingContext(max_model_len=32768)) == 2048
