@@ -126,19 +126,29 @@ def check_layer_name(name: object) -> str:
     if not isinstance(name, str) or not name:
         raise InvalidSpecError(f"layer names must be non-empty strings (got {name!r})")
     parts = name.split(".")
-    if any(not part for part in parts):
+    if "" in parts:
         raise InvalidSpecError(
             f"layer name {name!r} has an empty part between dots; layer names are qualified module "
             "names such as 'model.layers.0.self_attn'"
         )
     for part in parts:
+        if part in _ALLOWED_PARTS:  # models repeat their parts ("model", "layers", "self_attn")
+            continue
         if part in RESERVED_NAME_PARTS or (part.startswith("__") and part.endswith("__")):
             raise InvalidSpecError(
                 f"layer name {name!r} has the part {part!r}, a name that torch.nn.Module (or binding, "
                 "for kv_cache) reserves, so no submodule can have it; rename the layer, e.g. "
                 "'model.layers.0.self_attn'"
             )
+        if len(_ALLOWED_PARTS) < _ALLOWED_PARTS_KEPT:
+            _ALLOWED_PARTS.add(part)
     return name
+
+
+#: Name parts already found allowed, so that checking 10,000 layer names costs a set lookup per
+#: part; bounded, so that a stream of odd names cannot grow it without end.
+_ALLOWED_PARTS: set[str] = set()
+_ALLOWED_PARTS_KEPT = 200_000
 
 
 def check_layer_count(count: int, source: str = "the model") -> None:
