@@ -9,9 +9,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from kvcore.cli import inputs
+from kvcore.cli.inputs import FLAG_NAMES
 from kvcore.cli.report import plan_report
 from kvcore.cli.table import render_table
 from kvcore.dtypes import dtype_name, to_dtype
+from kvcore.error_messages import render
 from kvcore.errors import InvalidSpecError
 from kvcore.planning.compare import Candidate, compare_policies
 from kvcore.planning.registry import Registry
@@ -84,7 +86,7 @@ def candidate_row(candidate: Candidate) -> dict[str, Any]:
         "groups": len(plan.groups) if plan else None,
         "padding_bytes_per_request": capacity.padding_bytes if capacity else None,
         "tokens_per_group": list(capacity.tokens_held) if capacity else None,
-        "error": candidate.error,
+        "error": _reason(candidate),
     }
 
 
@@ -121,7 +123,7 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
     for c in candidates:
         plan, capacity = c.plan, c.capacity
         if plan is None or capacity is None:
-            failures.setdefault(c.policy, c.error or "no plan")
+            failures.setdefault(c.policy, _reason(c) or "no plan")
             continue
         rows.append(
             [
@@ -171,3 +173,10 @@ def _status(candidates: Sequence[Candidate]) -> int:
         file=sys.stderr,
     )
     return 1
+
+
+def _reason(candidate: Candidate) -> str | None:
+    """Why a candidate has no plan, naming this command's flags rather than Python parameters."""
+    if candidate.failure is None:
+        return candidate.error
+    return render(candidate.failure, FLAG_NAMES)

@@ -33,6 +33,8 @@ class Candidate:
             or ``None`` without a plan.
         ideal_concurrency: the bound for these specs and budget (with or without a plan).
         error: why there is no plan (one sentence), else ``None``.
+        failure: the error itself, so that a front end can word it for its own users (the
+            command line names its flags), else ``None``.
     """
 
     policy: str
@@ -42,6 +44,7 @@ class Candidate:
     capacity: Capacity | None
     ideal_concurrency: float
     error: str | None = None
+    failure: KVCoreError | None = attrs.field(default=None, eq=False, repr=False)
 
     @property
     def max_concurrency(self) -> float:
@@ -118,11 +121,11 @@ def compare_policies(
                     plan: KVCachePlan | None = plan_kv_cache(
                         variant, available_bytes, context, registry=registry, policy=name, options=options
                     )
-                    error = None
+                    error, failure = None, None
                 except InvalidSpecError:
                     raise
                 except KVCoreError as exc:
-                    plan, error = None, str(exc)
+                    plan, error, failure = None, str(exc), exc
                 out.append(
                     Candidate(
                         policy=name,
@@ -132,6 +135,7 @@ def compare_policies(
                         capacity=Capacity.of(plan, variant) if plan is not None else None,
                         ideal_concurrency=ideal,
                         error=error,
+                        failure=failure,
                     )
                 )
     return out

@@ -66,3 +66,14 @@ def test_a_bundled_hybrid_shows_two_policies_each_as_plan_reports_it(run_cli):
         status, out, _ = run_cli("plan", *model, "--policy", name, "--json")
         plan = json.loads(out)
         assert (plan["max_concurrency"], len(plan["groups"])) == (concurrency, groups)
+
+
+def test_no_plan_reasons_name_the_command_line_flags(run_cli):
+    status, out, err = run_cli(
+        "compare", "--model", "google/gemma-3-27b-it", "--memory", "1GiB", "--max-model-len", "32768",
+        "--json",
+    )
+    assert status == 1 and "no policy could plan" in err
+    reasons = [c["error"] for c in json.loads(out)["candidates"] if c["policy"] == "shared_buffer"]
+    assert reasons and "lower --max-model-len to" in reasons[0] and "(--memory" in reasons[0]
+    assert "available_bytes" not in reasons[0]
