@@ -90,6 +90,12 @@ _LAZY: dict[str, str] = {
     "is_kv_cache_type_uniform": "kvcore.spec",
     "format_bytes": "kvcore.units",
     "parse_size": "kvcore.units",
+    "SimulationResult": "kvcore.simulation.simulator",
+    "simulate": "kvcore.simulation.simulator",
+    "Request": "kvcore.simulation.workload",
+    "Workload": "kvcore.simulation.workload",
+    "read_trace": "kvcore.simulation.workload",
+    "synthetic": "kvcore.simulation.workload",
 }
 
 if _typing.TYPE_CHECKING:
@@ -155,6 +161,8 @@ if _typing.TYPE_CHECKING:
         MemoryProfile,
         determine_available_memory,
     )
+    from kvcore.simulation.simulator import SimulationResult, simulate
+    from kvcore.simulation.workload import Request, Workload, read_trace, synthetic
     from kvcore.spec import (
         DEFAULT_MAX_NUM_BATCHED_TOKENS,
         KVCacheSpec,
@@ -211,12 +219,15 @@ __all__ = [
     "PolicyNotApplicableError",
     "RankLayout",
     "Registry",
+    "Request",
+    "SimulationResult",
     "SizingContext",
     "SpecMismatchError",
     "TensorPlacement",
     "UnknownModelError",
     "UnknownPolicyError",
     "UnknownSpecKindError",
+    "Workload",
     "allocate",
     "bind_to_forward_context",
     "bind_to_modules",
@@ -235,8 +246,11 @@ __all__ = [
     "parse_size",
     "plan_for_ranks",
     "plan_kv_cache",
+    "read_trace",
     "request_bytes",
     "scan_module",
+    "simulate",
+    "synthetic",
     "to_dtype",
 ]
 

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
-from kvcore.cli import inputs
+from kvcore.cli import inputs, replay
 from kvcore.cli.inputs import FLAG_NAMES
+from kvcore.cli.replay import variant_cells
 from kvcore.cli.report import plan_report
 from kvcore.cli.table import render_table
 from kvcore.dtypes import dtype_name, to_dtype
@@ -17,7 +19,12 @@ from kvcore.error_messages import render
 from kvcore.errors import InvalidSpecError
 from kvcore.planning.compare import Candidate, compare_policies
 from kvcore.planning.registry import Registry
+from kvcore.spec import KVCacheSpec
 from kvcore.units import format_bytes
+
+if TYPE_CHECKING:  # the simulation layer loads only when a workload is given
+    from kvcore.simulation.simulator import SimulationResult
+    from kvcore.simulation.workload import Workload
 
 
 def _int_list(text: str) -> list[int]:
@@ -52,11 +59,22 @@ def add_parser(sub: Any) -> None:
         description=(
             "Plan the same layers with every policy that can, side by side: concurrency, "
             "efficiency against the ideal bound, groups, padding, tokens per group. Each row is "
-            "exactly what `kvcore plan --policy NAME` reports."
+            "exactly what `kvcore plan --policy NAME` reports. With a workload (--workload FILE.jsonl, "
+            "or --requests N ...), each plan is also simulated as `kvcore simulate` does and the rows "
+            "are ranked by tokens served per step."
         ),
     )
     inputs.add_spec_source(parser)
     inputs.add_sizing_options(parser)
+    add_candidate_options(parser)
+    inputs.add_workload_options(parser, trace_flag="--workload", required=False)
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.set_defaults(run=run)
+
+
+def add_candidate_options(parser: argparse.ArgumentParser) -> None:
+    """Which plans to build: ``--policies``, ``--block-sizes``, ``--kv-cache-dtypes`` (shared
+    with ``kvcore simulate``)."""
     parser.add_argument(
         "--policies", metavar="A,B", help="policies to compare (default: every registered policy)"
     )
@@ -69,8 +87,25 @@ def add_parser(sub: Any) -> None:
         metavar="D,E",
         help="also compare these cache dtypes, e.g. auto,fp8 (auto = as the specs say)",
     )
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.set_defaults(run=run)
+
+
+def build_candidates(
+    args: argparse.Namespace, registry: Registry, specs: Mapping[str, KVCacheSpec]
+) -> list[Candidate]:
+    """Every candidate plan the options ask for (:func:`compare_policies`): policies x
+    ``--block-sizes`` x ``--kv-cache-dtypes``."""
+    dtypes = [None if d == "auto" else to_dtype(d) for d in (args.kv_cache_dtypes or ["auto"])]
+    policies = [p.strip() for p in args.policies.split(",")] if args.policies else None
+    return compare_policies(
+        specs,
+        args.memory,
+        inputs.sizing_context(args),
+        registry=registry,
+        policies=policies,
+        block_sizes=args.block_sizes or [None],
+        kv_cache_dtypes=dtypes,
+        options=inputs.plan_options(args),
+    )
 
 
 def candidate_row(candidate: Candidate) -> dict[str, Any]:
@@ -86,85 +121,102 @@ def candidate_row(candidate: Candidate) -> dict[str, Any]:
         "groups": len(plan.groups) if plan else None,
         "padding_bytes_per_request": capacity.padding_bytes if capacity else None,
         "tokens_per_group": list(capacity.tokens_held) if capacity else None,
-        "error": _reason(candidate),
+        "error": no_plan_reason(candidate),
     }
 
 
 def run(args: argparse.Namespace, registry: Registry) -> int:
     specs = inputs.load_layer_specs(args, registry)
-    dtypes = [None if d == "auto" else to_dtype(d) for d in (args.kv_cache_dtypes or ["auto"])]
-    policies = [p.strip() for p in args.policies.split(",")] if args.policies else None
-    candidates = compare_policies(
-        specs,
-        args.memory,
-        inputs.sizing_context(args),
-        registry=registry,
-        policies=policies,
-        block_sizes=args.block_sizes or [None],
-        kv_cache_dtypes=dtypes,
-        options=inputs.plan_options(args),
-    )
+    simulated: dict[int, SimulationResult] = {}
+    workload: Workload | None = None
+    if inputs.wants_workload(args):
+        # the workload is read (and checked) before any plan is made
+        workload = inputs.load_workload(args, inputs.sizing_context(args).max_model_len)
+        candidates = build_candidates(args, registry, specs)
+        simulated = {id(s.candidate): s.result for s in replay.simulate_candidates(candidates, workload)}
+        # the best plan for this traffic first; those without a plan keep their place at the end
+
+        def rank(c: Candidate) -> float:
+            result = simulated.get(id(c))
+            return -replay.served_tokens_per_step(result) if result is not None else math.inf
+
+        candidates = sorted(candidates, key=rank)
+    else:
+        candidates = build_candidates(args, registry, specs)
     if args.json:
-        payload = {
+        payload: dict[str, Any] = {
             "available_memory_bytes": args.memory,
             "max_model_len": args.max_model_len,
-            "candidates": [
-                {
-                    **candidate_row(c),
-                    "plan": plan_report(c.plan, specs, registry, capacity=c.capacity) if c.plan else None,
-                }
-                for c in candidates
-            ],
         }
+        if workload is not None:
+            payload["workload"] = replay.workload_row(workload)
+        payload["candidates"] = [
+            {
+                **candidate_row(c),
+                **(
+                    {"simulation": replay.simulation_row(simulated[id(c)]) if id(c) in simulated else None}
+                    if workload is not None
+                    else {}
+                ),
+                "plan": plan_report(c.plan, specs, registry, capacity=c.capacity) if c.plan else None,
+            }
+            for c in candidates
+        ]
         print(json.dumps(payload, indent=2))
-        return _status(candidates)
+        return exit_status(candidates)
     rows = []
     failures: dict[str, str] = {}  # first reason per policy; variants usually fail alike
     for c in candidates:
         plan, capacity = c.plan, c.capacity
         if plan is None or capacity is None:
-            failures.setdefault(c.policy, _reason(c) or "no plan")
+            failures.setdefault(c.policy, no_plan_reason(c) or "no plan")
             continue
-        rows.append(
-            [
-                c.policy,
-                c.block_size or "as specs",
-                dtype_name(c.kv_cache_dtype) if c.kv_cache_dtype else "as specs",
-                len(plan.groups),
-                f"{capacity.max_concurrency:,.2f}",
-                f"{capacity.ideal_concurrency:,.2f}",
-                f"{100 * capacity.efficiency:.2f}%",
-                format_bytes(capacity.padding_bytes),
-                f"{capacity.kv_cache_tokens:,}",
+        row = [
+            *variant_cells(c),
+            len(plan.groups),
+            f"{capacity.max_concurrency:,.2f}",
+            f"{capacity.ideal_concurrency:,.2f}",
+            f"{100 * capacity.efficiency:.2f}%",
+            format_bytes(capacity.padding_bytes),
+            f"{capacity.kv_cache_tokens:,}",
+        ]
+        if workload is not None:
+            result = simulated[id(c)]
+            row += [
+                f"{replay.served_tokens_per_step(result):,.1f}",
+                f"{result.mean_running:,.1f}",
+                f"{result.preemptions:,}",
             ]
-        )
+        rows.append(row)
     print(
         f"budget {format_bytes(args.memory)}, max_model_len {args.max_model_len:,}; "
         "concurrency = requests of max_model_len held at once"
     )
-    print(
-        render_table(
-            [
-                "policy",
-                "block",
-                "kv dtype",
-                "groups",
-                "concurrency",
-                "ideal",
-                "efficiency",
-                "padding/request",
-                "KV tokens",
-            ],
-            rows,
-            align="lllrrrrrr",
+    headers = [
+        "policy",
+        "block",
+        "kv dtype",
+        "groups",
+        "concurrency",
+        "ideal",
+        "efficiency",
+        "padding/request",
+        "KV tokens",
+    ]
+    if workload is not None:
+        print(
+            f"simulated on workload {workload.name}, max_num_batched_tokens "
+            f"{args.max_num_batched_tokens:,}; ranked by tokens per step "
+            "(the workload's tokens served per step, recomputation not counted)"
         )
-    )
+        headers += ["tokens/step", "mean running", "preemptions"]
+    print(render_table(headers, rows, align="lll" + "r" * (len(headers) - 3)))
     for policy, error in failures.items():
         print(f"  {policy}: no plan: {error}")
-    return _status(candidates)
+    return exit_status(candidates)
 
 
-def _status(candidates: Sequence[Candidate]) -> int:
+def exit_status(candidates: Sequence[Candidate]) -> int:
     """0 when some candidate planned; else 1, with a one-line error (the reasons are above)."""
     if any(c.plan is not None for c in candidates):
         return 0
@@ -175,7 +227,7 @@ def _status(candidates: Sequence[Candidate]) -> int:
     return 1
 
 
-def _reason(candidate: Candidate) -> str | None:
+def no_plan_reason(candidate: Candidate) -> str | None:
     """Why a candidate has no plan, naming this command's flags rather than Python parameters."""
     if candidate.failure is None:
         return candidate.error

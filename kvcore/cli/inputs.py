@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import argparse
-from typing import Literal
+import math
+from typing import TYPE_CHECKING, Literal
 
 from kvcore.error_messages import ParameterNames
 from kvcore.errors import InvalidInputError
@@ -16,6 +17,9 @@ from kvcore.planning.registry import Registry
 from kvcore.policy import PlanOptions
 from kvcore.spec import DEFAULT_MAX_NUM_BATCHED_TOKENS, KVCacheSpec, SizingContext, resize_blocks
 from kvcore.units import parse_size
+
+if TYPE_CHECKING:  # the simulation layer loads only for the commands that simulate
+    from kvcore.simulation.workload import LengthDist, Workload
 
 #: How error messages name the settings to change on the command line: the options below
 #: (``lower --max-model-len to 8192``, ``--num-blocks 16 holds ...``) instead of the Python
@@ -296,3 +300,132 @@ def length_cap(args: argparse.Namespace) -> int | None:
 def plan_options(args: argparse.Namespace) -> PlanOptions:
     """The :class:`PlanOptions` the options describe."""
     return PlanOptions(grouping_tolerance=args.grouping_tolerance, max_block_size=args.max_block_size)
+
+
+def length_dist(text: str) -> LengthDist:
+    """argparse type: a request length distribution (:func:`kvcore.simulation.workload.parse_length`):
+    ``512``, ``uniform:LO:HI`` or ``lognormal:MEAN:SIGMA``."""
+    from kvcore.simulation.workload import parse_length
+
+    try:
+        return parse_length(text)
+    except InvalidInputError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def rate(text: str) -> float:
+    """argparse type: a number of requests per step, > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {_shown_text(text)}") from None
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text.strip()}")
+    return value
+
+
+def seed(text: str) -> int:
+    """argparse type: a random seed, an int >= 0."""
+    try:
+        value = int(text) if len(text.strip()) <= 30 else -1
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {_shown_text(text)}")
+    return value
+
+
+#: The options that describe a synthetic workload, and their Python names.
+SYNTHETIC_OPTIONS = {
+    "--prompt-len": "prompt_len",
+    "--output-len": "output_len",
+    "--rate": "rate",
+    "--seed": "seed",
+}
+
+
+def add_workload_options(parser: argparse.ArgumentParser, *, trace_flag: str, required: bool) -> None:
+    """The workload to simulate: a JSON-lines trace (``trace_flag FILE``: ``--trace`` for
+    ``kvcore simulate``, ``--workload`` for ``kvcore compare``) or a synthetic one
+    (``--requests N --prompt-len DIST --output-len DIST [--rate R] [--seed S]``).
+
+    Args:
+        parser: the command's parser.
+        trace_flag: the option that names the trace file.
+        required: the command needs a workload (else without one it does not simulate).
+    """
+    source = parser.add_mutually_exclusive_group(required=required)
+    source.add_argument(
+        trace_flag,
+        dest="trace",
+        metavar="FILE.jsonl",
+        help=(
+            'a trace: one request a line, {"prompt_tokens": N, "output_tokens": M, "arrival_step": S} '
+            "(arrival_step optional, default 0; docs/reference/json-formats.md)"
+        ),
+    )
+    source.add_argument(
+        "--requests",
+        type=positive_int,
+        metavar="N",
+        help="a synthetic workload of N requests (with --prompt-len and --output-len)",
+    )
+    lengths = "512 (fixed), uniform:LO:HI, or lognormal:MEAN:SIGMA (MEAN tokens, SIGMA the spread of the log)"
+    parser.add_argument(
+        "--prompt-len", type=length_dist, metavar="DIST", help=f"with --requests: prompt lengths, {lengths}"
+    )
+    parser.add_argument(
+        "--output-len",
+        type=length_dist,
+        metavar="DIST",
+        help="with --requests: output lengths, as --prompt-len",
+    )
+    parser.add_argument(
+        "--rate",
+        type=rate,
+        metavar="R",
+        help="with --requests: Poisson arrivals, R requests per step on average (default: all at step 0)",
+    )
+    parser.add_argument(
+        "--seed", type=seed, metavar="S", help="with --requests: the random seed (default 0)"
+    )
+
+
+def wants_workload(args: argparse.Namespace) -> bool:
+    """Whether the options name a workload (a trace or ``--requests``)."""
+    return getattr(args, "trace", None) is not None or getattr(args, "requests", None) is not None
+
+
+def load_workload(args: argparse.Namespace, max_model_len: int) -> Workload:
+    """The workload the options describe: ``--trace``/``--workload FILE`` read, or
+    ``--requests N`` drawn (lengths clipped to ``max_model_len``).
+
+    Raises:
+        InvalidInputError: a synthetic option without ``--requests``, ``--requests`` without
+            both lengths, or a bad trace file (naming the file and line).
+    """
+    from kvcore.simulation.workload import read_trace, synthetic
+
+    given = [flag for flag, name in SYNTHETIC_OPTIONS.items() if getattr(args, name, None) is not None]
+    if args.requests is None:
+        if given:
+            raise InvalidInputError(
+                f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} to --requests only; "
+                "a trace states its own lengths and arrival steps"
+            )
+        return read_trace(args.trace)
+    lengths = {"--prompt-len": args.prompt_len, "--output-len": args.output_len}
+    missing = [flag for flag, value in lengths.items() if value is None]
+    if missing:
+        raise InvalidInputError(
+            f"--requests {args.requests} needs {' and '.join(missing)}: e.g. --prompt-len lognormal:512:1 "
+            "--output-len lognormal:256:1"
+        )
+    return synthetic(
+        args.requests,
+        args.prompt_len,
+        args.output_len,
+        rate=args.rate,
+        seed=args.seed or 0,
+        max_model_len=max_model_len,
+    )

@@ -161,11 +161,13 @@ def _runs(offsets: list[tuple[int, str]], page: int) -> list[list[tuple[int, str
     return runs
 
 
-def check_map_path(path: str | os.PathLike[str]) -> Path:
+def check_map_path(path: str | os.PathLike[str], *, what: str = "the memory map") -> Path:
     """Check, before anything is planned, that the memory map can be written to ``path``.
 
     Args:
         path: where ``--map`` asks the picture to go.
+        what: the picture, as the messages name it (``kvcore simulate --plot`` checks its
+            plot with this function too).
 
     Returns:
         ``path`` as a :class:`~pathlib.Path`.
@@ -176,21 +178,19 @@ def check_map_path(path: str | os.PathLike[str]) -> Path:
     """
     out = Path(path)
     if out.suffix.lower() not in (".png", ".svg"):
-        raise InvalidInputError(f"the memory map is written as .png or .svg (got {out.name!r})")
+        raise InvalidInputError(f"{what} is written as .png or .svg (got {out.name!r})")
     folder = out.parent
     if not folder.is_dir():
         raise InvalidInputError(
-            f"cannot write the memory map to {out}: the folder {folder} does not exist; create it first"
+            f"cannot write {what} to {out}: the folder {folder} does not exist; create it first"
         )
     if out.is_dir():
-        raise InvalidInputError(
-            f"cannot write the memory map to {out}: it is a folder; name a .png or .svg file"
-        )
+        raise InvalidInputError(f"cannot write {what} to {out}: it is a folder; name a .png or .svg file")
     try:
         import matplotlib  # noqa: F401
     except ImportError:
         raise InvalidInputError(
-            "drawing the memory map needs matplotlib; install it with: pip install 'kvcore[plot]'"
+            f"drawing {what} needs matplotlib; install it with: pip install 'kvcore[plot]'"
         ) from None
     return out
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TextIO
 
@@ -18,13 +18,21 @@ _FRAMES = "|/-\\"
 
 
 @contextmanager
-def progress(label: str, *, stream: TextIO | None = None, interval: float = 0.1) -> Iterator[None]:
+def progress(
+    label: str,
+    *,
+    stream: TextIO | None = None,
+    interval: float = 0.1,
+    detail: Callable[[], str] | None = None,
+) -> Iterator[None]:
     """Show ``label`` while the block runs; report the elapsed time when it ends.
 
     Args:
         label: what is happening, e.g. ``"allocating 40.00 GiB on cuda:0"``.
         stream: where to write (default ``sys.stderr``).
         interval: seconds between spinner frames on a terminal.
+        detail: called at every frame on a terminal; what it returns follows the label (e.g.
+            ``"1,200/5,000 requests"``, from a loop's callback).
     """
     out = stream if stream is not None else sys.stderr
     live = bool(getattr(out, "isatty", lambda: False)())
@@ -35,7 +43,9 @@ def progress(label: str, *, stream: TextIO | None = None, interval: float = 0.1)
         frame = 0
         while not stop.wait(interval):
             elapsed = time.perf_counter() - start
-            out.write(f"\r{_FRAMES[frame % len(_FRAMES)]} {label} ({elapsed:.1f} s)")
+            # a status can shrink: clear what a longer one left behind
+            more = f" {detail()}\033[K" if detail is not None else ""
+            out.write(f"\r{_FRAMES[frame % len(_FRAMES)]} {label} ({elapsed:.1f} s){more}")
             out.flush()
             frame += 1
 
@@ -56,5 +66,6 @@ def progress(label: str, *, stream: TextIO | None = None, interval: float = 0.1)
         # A failure off a terminal prints nothing: the error that follows is the one line to read.
         if live or not failed:
             status = "failed after" if failed else "done in"
-            out.write(f"{chr(13) if live else ''}{label}: {status} {elapsed:.2f} s\n")
+            clear = "\033[K" if live and detail is not None else ""
+            out.write(f"{chr(13) if live else ''}{label}: {status} {elapsed:.2f} s{clear}\n")
             out.flush()

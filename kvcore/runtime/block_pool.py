@@ -10,8 +10,10 @@ entries name and what a layer's view indexes along its block dimension:
   page ``j`` is block ids ``[j*s, (j+1)*s)``.
 
 To keep aligned runs available, single blocks are taken from the low end of the id space and runs
-from the high end. Free runs are tracked per run length with a count of free ids per aligned
-chunk and a heap of fully free chunks, so every operation costs ``O(log num_blocks)`` per block.
+from the high end. Free ids are a min-heap and free runs are tracked per run length with a count of
+free ids per aligned chunk and a heap of fully free chunks, so every operation costs
+``O(log num_blocks)`` per block. A simulator drives the pool millions of times
+(:mod:`kvcore.simulation`), so the request methods take and free every group's pages in bulk.
 
 On top of that the pool keeps one block table per request and group (:meth:`BlockPool.reserve`,
 :meth:`BlockPool.release_stale`, :meth:`BlockPool.free_request`). What a request holds comes
@@ -29,15 +31,25 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Hashable, Iterable
+from itertools import chain, repeat
 from typing import Final
 
 from kvcore.errors import BlockPoolExhaustedError, InvalidInputError
 from kvcore.plan import KVCacheGroup, KVCachePlan
+from kvcore.spec import KVCacheSpec
 from kvcore.validators import check_int
 
 #: Block-table entry of a page that was freed because no later token reads it.
 NULL_PAGE: Final = -1
 _FREE: Final = -1
+_NOT_NULL: Final = NULL_PAGE.__ne__
+
+
+def _default_paging(spec: KVCacheSpec) -> int:
+    """Tokens per page when ``spec`` keeps the default :meth:`~kvcore.KVCacheSpec.live_pages`
+    (entries ``first_retained_token(computed) // T`` to ``ceil(tokens / T)``), else 0."""
+    per_page = spec.tokens_per_page
+    return per_page if per_page and type(spec).live_pages is KVCacheSpec.live_pages else 0
 
 
 class _Runs:
@@ -84,15 +96,59 @@ class BlockPool:
 
     Args:
         plan: the plan whose ``num_blocks`` and groups the pool serves.
+        lowest_first: hand out the lowest free block ids first (the default). ``False`` hands
+            out the ids freed last first (a stack, several times faster), for callers that only
+            count pages, such as the simulator; a plan with aligned runs always takes single
+            ids lowest first, which keeps runs free at the high end.
     """
 
-    def __init__(self, plan: KVCachePlan) -> None:
+    def __init__(self, plan: KVCachePlan, *, lowest_first: bool = True) -> None:
         self.plan = plan
         self.groups: tuple[KVCacheGroup, ...] = plan.groups
         self.num_blocks: int = plan.num_blocks
         self._owner = [_FREE] * plan.num_blocks
         self._num_free = plan.num_blocks
-        self._singles = list(range(plan.num_blocks))  # a min-heap (sorted), lazily cleaned
+        # a min-heap (sorted) of free ids; with aligned runs it keeps ids a run took (lazily cleaned)
+        self._singles = list(range(plan.num_blocks))
+        # a subclass that overrides a per-block step (tests break pools that way) gets the
+        # per-block path everywhere, so its override sees every block
+        cls = type(self)
+        self._bulk = (
+            cls._take is BlockPool._take and cls._release is BlockPool._release and cls.free is BlockPool.free
+        )
+        self._spans = [g.blocks_per_page for g in plan.groups]
+        # without aligned runs and lowest_first=False, the free ids are a stack instead
+        self._stacked = self._bulk and not lowest_first and all(span == 1 for span in self._spans)
+        if self._stacked:
+            self._singles.reverse()
+        # per group: tokens per page when the spec keeps the default live_pages rule (so the
+        # table's length is inline arithmetic), else 0; and whether it never frees a page
+        self._paged = [_default_paging(g.spec) for g in plan.groups]
+        self._keeps_all = [
+            bool(paged) and type(g.spec).first_retained_token is KVCacheSpec.first_retained_token
+            for g, paged in zip(plan.groups, self._paged, strict=True)
+        ]
+        # a stacked pool whose kinds all follow the default rule handles groups with equal specs
+        # together: their tables of one request always have the same length and released count
+        classes: dict[tuple[KVCacheSpec, int], list[int]] = {}
+        for index, group in enumerate(plan.groups):
+            classes.setdefault((group.spec, group.blocks_per_page), []).append(index)
+        #: (tokens per page, the first group, all groups) of each spec, and (the same, the
+        #: spec's first_retained_token) of each spec that frees pages
+        self._classes = [
+            (self._paged[members[0]], members[0], tuple(members)) for members in classes.values()
+        ]
+        self._freeing = [
+            (
+                self._paged[members[0]],
+                members[0],
+                tuple(members),
+                plan.groups[members[0]].spec.first_retained_token,
+            )
+            for members in classes.values()
+            if not self._keeps_all[members[0]]
+        ]
+        self._by_class = self._stacked and all(self._paged)
         self._runs = {
             span: _Runs(span, plan.num_blocks)
             for span in sorted({g.blocks_per_page for g in plan.groups if g.blocks_per_page > 1})
@@ -138,11 +194,13 @@ class BlockPool:
         Raises:
             BlockPoolExhaustedError: too few free ids (or free aligned runs); nothing was taken.
         """
-        g = self._group(group)
-        span = g.blocks_per_page
-        if num_pages > self.num_free_pages(group):
+        group = self._index(group)
+        span = self._spans[group]
+        if num_pages > (self._num_free if span == 1 else self._runs[span].full):
             raise self._exhausted(group, num_pages)
         pages: list[int] = []
+        if span == 1 and self._bulk:
+            return self._take_singles(group, num_pages)
         if span == 1:
             while len(pages) < num_pages:
                 block = heapq.heappop(self._singles)
@@ -180,6 +238,9 @@ class BlockPool:
                     )
         if len(set(pages)) != len(pages):
             raise InvalidInputError(f"cannot free the same page twice in one call (got {pages})")
+        if self._bulk:
+            self._give_back(self._index(group), pages)
+            return
         for page in pages:
             for block in self.blocks_of(group, page):
                 self._release(block)
@@ -242,39 +303,176 @@ class BlockPool:
             InvalidInputError: ``num_tokens`` is negative.
             BlockPoolExhaustedError: too few free ids; nothing was taken.
         """
-        check_int(num_tokens, "'num_tokens'", minimum=0)
-        tables = self._tables.get(request_id) or [[] for _ in self.groups]
-        released = self._released.get(request_id) or [0] * len(self.groups)
-        computed = self._computed.get(request_id, 0)
-        wants = [self._live(group, num_tokens, computed).stop for group in self.groups]
+        if type(num_tokens) is not int or num_tokens < 0:
+            check_int(num_tokens, "'num_tokens'", minimum=0)
+        if self._by_class:
+            return self._reserve_by_class(request_id, num_tokens)
+        tables = self._tables.get(request_id)
+        if tables is None:
+            tables = [[] for _ in self.groups]
+            released = [0] * len(self.groups)
+            computed = 0
+        else:
+            released = self._released[request_id]
+            computed = self._computed[request_id]
+        grows: list[tuple[int, int]] = []
+        padding: list[tuple[int, int]] = []
+        for index, want in enumerate(self._stops(num_tokens, computed)):
+            length = len(tables[index])
+            if want <= length:
+                continue
+            nulls = min(released[index], want) - length
+            if nulls > 0:
+                padding.append((index, nulls))
+                length += nulls
+            if want > length:
+                grows.append((index, want - length))
         taken: dict[int, list[int]] = {}
-        try:
-            for index, want in enumerate(wants):
-                table = tables[index]
-                nulls = max(0, min(released[index], want) - len(table))
-                grow = want - len(table) - nulls
-                if grow > 0:
-                    taken[index] = self.allocate(index, grow)
-        except BlockPoolExhaustedError:
-            for index, pages in taken.items():
-                self.free(index, pages)
-            needed = self.new_blocks_needed(request_id, num_tokens)
-            raise BlockPoolExhaustedError(
-                f"request {request_id!r} needs {needed} more block ids to cover {num_tokens} tokens "
-                f"but {self._num_free} of {self.num_blocks} are free (or no aligned run is); nothing "
-                "was taken: free or preempt another request, or plan more blocks",
-                requested_blocks=needed,
-                free_blocks=self._num_free,
-            ) from None
-        for index, want in enumerate(wants):
-            table = tables[index]
-            while len(table) < min(released[index], want):
-                table.append(NULL_PAGE)
-            table.extend(taken.get(index, ()))
+        if grows:
+            try:
+                taken = self._take_for(grows)
+            except BlockPoolExhaustedError:
+                raise self._request_exhausted(request_id, num_tokens) from None
+        for index, nulls in padding:
+            tables[index].extend(repeat(NULL_PAGE, nulls))
+        for index, pages in taken.items():
+            tables[index].extend(pages)
         self._tables[request_id] = tables
         self._released[request_id] = released
         self._computed.setdefault(request_id, 0)
-        self._tokens[request_id] = max(num_tokens, self._tokens.get(request_id, 0))
+        tokens = self._tokens.get(request_id, 0)
+        self._tokens[request_id] = num_tokens if num_tokens > tokens else tokens
+        return taken
+
+    def _reserve_by_class(self, request_id: Hashable, num_tokens: int) -> dict[int, list[int]]:
+        """:meth:`reserve` of a stacked pool of default-rule kinds, one spec at a time."""
+        tables = self._tables.get(request_id)
+        if tables is None:
+            tables = [[] for _ in self.groups]
+            released = [0] * len(self.groups)
+        else:
+            released = self._released[request_id]
+        needs: list[tuple[tuple[int, ...], int, int]] = []
+        total = 0
+        for per_page, lead, members in self._classes:
+            want = -(-num_tokens // per_page)
+            length = len(tables[lead])
+            if want <= length:
+                continue
+            nulls = released[lead]
+            if nulls > want:
+                nulls = want
+            nulls -= length
+            if nulls < 0:
+                nulls = 0
+            count = want - length - nulls
+            needs.append((members, count, nulls))
+            total += count * len(members)
+        taken: dict[int, list[int]] = {}
+        if total > self._num_free:
+            raise self._request_exhausted(request_id, num_tokens)
+        if needs:
+            singles, owner = self._singles, self._owner
+            at = len(singles) - total
+            ids = singles[at:]
+            del singles[at:]
+            self._num_free -= total
+            at = 0
+            for members, count, nulls in needs:
+                for index in members:
+                    table = tables[index]
+                    if nulls:
+                        table.extend(repeat(NULL_PAGE, nulls))
+                    if count == 1:
+                        block = ids[at]
+                        owner[block] = index
+                        table.append(block)
+                        taken[index] = [block]
+                    elif count:
+                        pages = taken[index] = ids[at : at + count]
+                        list(map(owner.__setitem__, pages, repeat(index, count)))
+                        table.extend(pages)
+                    at += count
+        if request_id not in self._computed:
+            self._tables[request_id] = tables
+            self._released[request_id] = released
+            self._computed[request_id] = 0
+            self._tokens[request_id] = num_tokens
+        elif num_tokens > self._tokens[request_id]:
+            self._tokens[request_id] = num_tokens
+        return taken
+
+    def _request_exhausted(self, request_id: Hashable, num_tokens: int) -> BlockPoolExhaustedError:
+        """The error of a :meth:`reserve` that found too few free ids (nothing was taken)."""
+        needed = self.new_blocks_needed(request_id, num_tokens)
+        return BlockPoolExhaustedError(
+            f"request {request_id!r} needs {needed} more block ids to cover {num_tokens} tokens "
+            f"but {self._num_free} of {self.num_blocks} are free (or no aligned run is); nothing "
+            "was taken: free or preempt another request, or plan more blocks",
+            requested_blocks=needed,
+            free_blocks=self._num_free,
+        )
+
+    def _release_by_class(self, request_id: Hashable, computed: int) -> dict[int, list[int]]:
+        """:meth:`release_stale` of a stacked pool of default-rule kinds, one spec at a time."""
+        tables = self._tables[request_id]
+        released = self._released[request_id]
+        freed: dict[int, list[int]] = {}
+        for per_page, lead, members, first_retained_token in self._freeing:
+            first = first_retained_token(computed) // per_page
+            done = released[lead]
+            if first <= done:
+                continue
+            one = first == done + 1 and done < len(tables[lead])  # one page, the usual step
+            for index in members:
+                table = tables[index]
+                released[index] = first
+                if one:
+                    page = table[done]
+                    if page != NULL_PAGE:
+                        table[done] = NULL_PAGE
+                        freed[index] = [page]
+                    continue
+                end = min(first, len(table))
+                pages = [page for page in table[done:end] if page != NULL_PAGE]
+                table[done:end] = repeat(NULL_PAGE, max(0, end - done))
+                if pages:
+                    freed[index] = pages
+        if freed:
+            self._free_groups(freed)
+        return freed
+
+    def _stops(self, num_tokens: int, computed: int) -> list[int]:
+        """``live_pages(num_tokens, computed).stop`` of every group (the default rule inline)."""
+        computed = min(computed, num_tokens)
+        return [
+            -(-num_tokens // per_page) if per_page else group.spec.live_pages(num_tokens, computed).stop
+            for group, per_page in zip(self.groups, self._paged, strict=True)
+        ]
+
+    def _take_for(self, grows: list[tuple[int, int]]) -> dict[int, list[int]]:
+        """Take ``count`` pages for each ``(group, count)``, all or none (in that order)."""
+        if self._bulk and not self._runs:
+            total = sum(count for _, count in grows)
+            if total > self._num_free:
+                index, count = grows[0]
+                raise self._exhausted(index, count)
+            ids = self._take_singles(None, total)
+            taken: dict[int, list[int]] = {}
+            owner, at = self._owner, 0
+            for index, count in grows:
+                pages = taken[index] = ids[at : at + count]
+                list(map(owner.__setitem__, pages, repeat(index, count)))
+                at += count
+            return taken
+        taken = {}
+        try:
+            for index, count in grows:
+                taken[index] = self.allocate(index, count)
+        except BlockPoolExhaustedError:
+            for index, pages in taken.items():
+                self._free_own(index, pages)
+            raise
         return taken
 
     def release_stale(self, request_id: Hashable, num_computed_tokens: int) -> dict[int, list[int]]:
@@ -291,23 +489,41 @@ class BlockPool:
             InvalidInputError: unknown request, or a negative token count.
         """
         self._check_request(request_id)
-        check_int(num_computed_tokens, "'num_computed_tokens'", minimum=0)
         tables = self._tables[request_id]
+        if type(num_computed_tokens) is not int or num_computed_tokens < 0:
+            check_int(num_computed_tokens, "'num_computed_tokens'", minimum=0)
         released = self._released[request_id]
-        computed = self._computed[request_id] = max(self._computed[request_id], num_computed_tokens)
+        computed = self._computed[request_id]
+        if num_computed_tokens > computed:
+            computed = self._computed[request_id] = num_computed_tokens
+        if self._by_class:
+            return self._release_by_class(request_id, computed)
         tokens = max(self._tokens[request_id], computed)
         freed: dict[int, list[int]] = {}
+        firsts: dict[KVCacheSpec, int] = {}  # groups with equal specs free alike
         for index, group in enumerate(self.groups):
-            first = self._live(group, tokens, computed).start
+            if self._keeps_all[index]:
+                continue
+            per_page = self._paged[index]
+            if per_page:
+                spec = group.spec
+                first = firsts.get(spec)
+                if first is None:
+                    first = firsts[spec] = spec.first_retained_token(computed) // per_page
+            else:
+                first = self._live(group, tokens, computed).start
+            done = released[index]
+            if first <= done:
+                continue
             table = tables[index]
-            stale = range(released[index], min(first, len(table)))
-            pages = [table[k] for k in stale if table[k] != NULL_PAGE]
-            for k in stale:
-                table[k] = NULL_PAGE
-            released[index] = max(released[index], first)
+            end = min(first, len(table))
+            pages = [page for page in table[done:end] if page != NULL_PAGE]
+            table[done:end] = repeat(NULL_PAGE, max(0, end - done))
+            released[index] = first
             if pages:
-                self.free(index, pages)
                 freed[index] = pages
+        if freed:
+            self._free_groups(freed)
         return freed
 
     def free_request(self, request_id: Hashable) -> None:
@@ -317,8 +533,12 @@ class BlockPool:
             InvalidInputError: unknown request.
         """
         self._check_request(request_id)
-        for index in range(len(self.groups)):
-            self.free(index, self.live_pages(request_id, index))
+        held = {}
+        for index, table in enumerate(self._tables[request_id]):
+            pages = list(filter(_NOT_NULL, table))
+            if pages:
+                held[index] = pages
+        self._free_groups(held)
         del self._tables[request_id]
         del self._tokens[request_id], self._released[request_id], self._computed[request_id]
 
@@ -332,7 +552,73 @@ class BlockPool:
         return self.groups[self._index(group)]
 
     def _index(self, group: int) -> int:
+        if type(group) is int and 0 <= group < len(self.groups):
+            return group
         return check_int(group, "group index", minimum=0, below=len(self.groups))
+
+    def _take_singles(self, group: int | None, num_pages: int) -> list[int]:
+        """The ``num_pages`` lowest free ids for ``group`` (the caller checked they exist);
+        ``None``: the caller sets the owners (only without aligned runs)."""
+        singles, owner = self._singles, self._owner
+        if self._runs:  # the heap may hold ids a run took: check each
+            assert group is not None, "groups are taken one by one when there are aligned runs"
+            pages: list[int] = []
+            while len(pages) < num_pages:
+                block = heapq.heappop(singles)
+                if owner[block] == _FREE:
+                    self._take(block, group)
+                    pages.append(block)
+            return pages
+        if self._stacked:
+            pages = singles[len(singles) - num_pages :]
+            del singles[len(singles) - num_pages :]
+        else:
+            pop = heapq.heappop
+            pages = [pop(singles) for _ in range(num_pages)]
+        if group is not None:
+            list(map(owner.__setitem__, pages, repeat(group, num_pages)))
+        self._num_free -= num_pages
+        return pages
+
+    def _free_groups(self, pages: dict[int, list[int]]) -> None:
+        """Free the pages the pool's own tables say each group holds, all at once when it can."""
+        if not (self._bulk and not self._runs):
+            for index, held in pages.items():
+                self._free_own(index, held)
+            return
+        blocks = list(chain.from_iterable(pages.values()))
+        list(map(self._owner.__setitem__, blocks, repeat(_FREE, len(blocks))))
+        self._num_free += len(blocks)
+        if self._stacked:
+            self._singles.extend(blocks)
+        else:
+            list(map(heapq.heappush, repeat(self._singles, len(blocks)), blocks))
+            self._compact()
+
+    def _free_own(self, group: int, pages: list[int]) -> None:
+        """Free pages the pool's own tables say ``group`` holds (no checks needed)."""
+        if self._bulk:
+            self._give_back(group, pages)
+        else:
+            self.free(group, pages)
+
+    def _give_back(self, group: int, pages: list[int]) -> None:
+        """Free ``group``'s ``pages`` at once (checked by the caller)."""
+        span = self._spans[group]
+        blocks = pages if span == 1 else [b for page in pages for b in range(page * span, (page + 1) * span)]
+        if not blocks:
+            return
+        list(map(self._owner.__setitem__, blocks, repeat(_FREE, len(blocks))))
+        if self._stacked:
+            self._singles.extend(blocks)
+        else:
+            list(map(heapq.heappush, repeat(self._singles, len(blocks)), blocks))
+        self._num_free += len(blocks)
+        if self._runs:
+            for runs in self._runs.values():
+                for block in blocks:
+                    runs.released(block)
+        self._compact()
 
     def _check_request(self, request_id: Hashable) -> None:
         if request_id not in self._tables:

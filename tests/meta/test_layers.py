@@ -1,4 +1,4 @@
-"""The package keeps its layers: contract ← planning ← front ends ← runtime ← engine ← command line.
+"""The package keeps its layers: contract ← planning ← front ends ← runtime ← simulation ← engine ← CLI.
 
 Every ``import`` in ``kvcore/`` (``plugins/`` and ``policies/`` included) is read from the source,
 lazy imports inside functions and ``TYPE_CHECKING`` blocks too, and checked against these rules:
@@ -9,7 +9,8 @@ lazy imports inside functions and ``TYPE_CHECKING`` blocks too, and checked agai
    (``kvcore/__init__``), which would hide where a name comes from and invite cycles;
 4. no import cycles between modules;
 5. no private name (``_name``) is imported from another module;
-6. torch is imported only by the runtime, the engine, the testing kit and the two module scans;
+6. torch is imported only by the runtime, the engine, the testing kit and the two module scans
+   (the simulation uses the torch-free block pool and never imports it);
    every other module stays torch-free even through what it imports when it is loaded (an
    ``if TYPE_CHECKING:`` import of a torch type for an annotation never runs, so it is allowed).
 
@@ -34,6 +35,7 @@ PREFIXES: tuple[tuple[str, str], ...] = (
     ("kvcore.planning", "planning"),
     ("kvcore.frontends", "frontends"),
     ("kvcore.runtime", "runtime"),
+    ("kvcore.simulation", "simulation"),
     ("kvcore.engine", "engine"),
     ("kvcore.cli", "cli"),
     ("kvcore.testing", "testing"),
@@ -50,13 +52,16 @@ ALLOWED: dict[str, frozenset[str]] = {
     "planning": frozenset({"contract", "planning"}),
     "frontends": frozenset({"contract", "planning", "frontends", "data"}),
     "runtime": frozenset({"contract", "planning", "runtime"}),
+    "simulation": frozenset({"contract", "planning", "runtime", "simulation"}),
     "engine": frozenset({"contract", "planning", "frontends", "runtime", "engine"}),
-    "cli": frozenset({"contract", "planning", "frontends", "runtime", "engine", "cli"}),
-    "testing": frozenset({"contract", "planning", "frontends", "runtime", "engine", "testing", "plugins"}),
+    "cli": frozenset({"contract", "planning", "frontends", "runtime", "simulation", "engine", "cli"}),
+    "testing": frozenset(
+        {"contract", "planning", "frontends", "runtime", "simulation", "engine", "testing", "plugins"}
+    ),
     "plugins": frozenset({"contract", "planning", "plugins"}),
     "policies": frozenset({"contract", "planning", "policies"}),
     "data": frozenset(),
-    "facade": frozenset({"contract", "planning", "frontends", "runtime", "engine"}),
+    "facade": frozenset({"contract", "planning", "frontends", "runtime", "simulation", "engine"}),
     "main": frozenset({"cli"}),
 }
 #: Modules that may import torch: the runtime, the engine, the testing kit, the module scans.
@@ -288,6 +293,7 @@ def test_the_package_is_read_whole(imports: list[Import]) -> None:
         "kvcore.planning.planner",
         "kvcore.runtime.allocation",
         "kvcore.engine.distributed",
+        "kvcore.simulation.simulator",
         "kvcore.cli.plan",
         "kvcore.plugins.mla",
         "kvcore.plugins.models.deepseek",
@@ -341,6 +347,13 @@ def _with(imports: list[Import], *extra: Import) -> list[str]:
         # planning going through the façade, and anything importing the command line
         ((Import("kvcore.planning.planner", "kvcore", ("Registry",)),), "not the kvcore façade"),
         ((Import("kvcore.engine.workflow", "kvcore.cli.report"),), "nothing outside the command line"),
+        # the simulation stays torch-free and below the engine
+        ((Import("kvcore.simulation.simulator", "torch"),), "simulation layer must not import torch"),
+        ((Import("kvcore.simulation.simulator", "kvcore.engine.local"),), "simulation layer may not"),
+        (
+            (Import("kvcore.simulation.simulator", "kvcore.runtime.allocation"),),
+            "loads torch when imported",
+        ),
         # torch pulled in at load time through another module
         (
             (

@@ -1,0 +1,89 @@
+"""Write the example traces of this folder: synthetic draws whose length mixes follow published
+chat and long-document workloads (README.md says which figures, and where they come from).
+
+Run from the repository root; the output is the same on every machine (seeded ``random``)::
+
+    python examples/traces/make_traces.py
+
+Each trace is JSON lines, one request a line: ``prompt_tokens``, ``output_tokens`` and
+``arrival_step`` (Poisson arrivals at a fixed rate per scheduler step).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+from kvcore.simulation.workload import LengthDist
+
+HERE = Path(__file__).parent
+
+
+def draw(
+    *,
+    count: int,
+    prompt: LengthDist,
+    output: LengthDist,
+    prompt_range: tuple[int, int],
+    output_range: tuple[int, int],
+    rate: float,
+    seed: int,
+) -> list[dict[str, int]]:
+    """``count`` requests: lengths drawn from ``prompt``/``output`` and clipped to the ranges,
+    arrivals a Poisson process of ``rate`` requests per step."""
+    rng = random.Random(seed)
+    low, high = prompt_range
+    prompts = [max(n, low) for n in prompt.sample(rng, count, high)]
+    low, high = output_range
+    outputs = [max(n, low) for n in output.sample(rng, count, high)]
+    now, out = 0.0, []
+    for p, o in zip(prompts, outputs, strict=True):
+        now += rng.expovariate(rate)
+        out.append({"prompt_tokens": p, "output_tokens": o, "arrival_step": int(now)})
+    return out
+
+
+def write(name: str, requests: list[dict[str, int]]) -> None:
+    path = HERE / name
+    path.write_text("".join(json.dumps(r) + "\n" for r in requests), encoding="utf-8")
+    n = len(requests)
+    mean_p = sum(r["prompt_tokens"] for r in requests) / n
+    mean_o = sum(r["output_tokens"] for r in requests) / n
+    print(f"examples/traces/{name}: {n} requests, prompt mean {mean_p:.0f}, output mean {mean_o:.0f}")
+
+
+def main() -> None:
+    # Chat (ShareGPT as the vLLM paper tokenised it: mean prompt 161, mean output 338 tokens,
+    # long-tailed), pruned the way vLLM's serving benchmark prunes ShareGPT: prompt <= 1,024 and
+    # prompt + output <= 2,048 tokens, both >= 4.
+    write(
+        "chat.jsonl",
+        draw(
+            count=1000,
+            prompt=LengthDist("lognormal", 161, 1.0),
+            output=LengthDist("lognormal", 338, 0.9),
+            prompt_range=(4, 1024),
+            output_range=(4, 1024),
+            rate=2.0,
+            seed=14,
+        ),
+    )
+    # Long documents (LongBench summarisation: GovReport 8,169 and QMSum 10,546 words on average,
+    # about 1.3 tokens a word; answers of at most 512 tokens, LongBench's limit for these tasks).
+    write(
+        "long-documents.jsonl",
+        draw(
+            count=200,
+            prompt=LengthDist("lognormal", 12000, 0.4),
+            output=LengthDist("lognormal", 300, 0.5),
+            prompt_range=(2048, 30000),
+            output_range=(16, 512),
+            rate=0.05,
+            seed=14,
+        ),
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,127 @@
+"""What ``kvcore simulate`` and ``kvcore compare --workload`` share: the candidates replayed
+through a workload, and their figures as table cells and JSON."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from kvcore.cli.progress import progress
+from kvcore.dtypes import dtype_name
+from kvcore.planning.compare import Candidate
+
+if TYPE_CHECKING:  # the simulation layer loads only when a command simulates
+    from kvcore.simulation.simulator import SimulationResult
+    from kvcore.simulation.workload import Workload
+
+#: Workloads of at least this many requests show a progress line (on stderr) per plan.
+PROGRESS_MIN_REQUESTS = 10_000
+
+
+def variant_cells(candidate: Candidate) -> list[object]:
+    """The first cells of a table row: policy, block size, KV dtype (``as specs`` where the
+    specs decide)."""
+    return [
+        candidate.policy,
+        candidate.block_size or "as specs",
+        dtype_name(candidate.kv_cache_dtype) if candidate.kv_cache_dtype else "as specs",
+    ]
+
+
+@attrs.frozen
+class Simulated:
+    """One candidate plan and how it served the workload."""
+
+    candidate: Candidate
+    result: SimulationResult
+
+
+def simulate_candidates(candidates: Sequence[Candidate], workload: Workload) -> list[Simulated]:
+    """Replay ``workload`` through every candidate that has a plan, in order.
+
+    Each plan's own ``max_num_batched_tokens`` (``--max-num-batched-tokens``) is the step
+    budget. Workloads of :data:`PROGRESS_MIN_REQUESTS` requests or more show a progress line
+    per plan on stderr.
+
+    Raises:
+        InvalidInputError: a request longer than the plan's ``max_model_len``.
+    """
+    from kvcore.simulation.simulator import simulate
+
+    total = len(workload.requests)
+    out: list[Simulated] = []
+    for candidate in candidates:
+        if candidate.plan is None:
+            continue
+        if total < PROGRESS_MIN_REQUESTS:
+            out.append(Simulated(candidate, simulate(candidate.plan, workload)))
+            continue
+        count = _FinishedCount(total)
+        label = f"simulating {total:,} requests on {plan_label(candidate)}"
+        with progress(label, detail=count.text):
+            out.append(Simulated(candidate, simulate(candidate.plan, workload, on_step=count.on_step)))
+    return out
+
+
+class _FinishedCount:
+    """The simulator's ``on_step`` callback, and the progress line's text."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.finished = 0
+
+    def on_step(self, _step: int, finished: int) -> None:
+        self.finished = finished
+
+    def text(self) -> str:
+        return f"{self.finished:,}/{self.total:,} finished"
+
+
+def plan_label(candidate: Candidate) -> str:
+    """``shared_buffer``, ``shared_buffer block 32 fp8``: the policy and the variant asked for."""
+    policy, block, dtype = variant_cells(candidate)
+    parts = [str(policy)]
+    if candidate.block_size is not None:
+        parts.append(f"block {block}")
+    if candidate.kv_cache_dtype is not None:
+        parts.append(str(dtype))
+    return " ".join(parts)
+
+
+def workload_row(workload: Workload) -> dict[str, Any]:
+    """The workload as JSON: its name, request count and length figures."""
+    prompts = [r.prompt_tokens for r in workload.requests]
+    outputs = [r.output_tokens for r in workload.requests]
+    count = max(len(workload.requests), 1)
+    return {
+        "name": workload.name,
+        "num_requests": len(workload.requests),
+        "mean_prompt_tokens": sum(prompts) / count,
+        "max_prompt_tokens": max(prompts, default=0),
+        "mean_output_tokens": sum(outputs) / count,
+        "max_output_tokens": max(outputs, default=0),
+        "last_arrival_step": max((r.arrival_step for r in workload.requests), default=0),
+    }
+
+
+def simulation_row(result: SimulationResult, *, series: bool = False) -> dict[str, Any]:
+    """A :class:`SimulationResult` as JSON: every figure, and with ``series`` the per-step
+    ``running`` and ``pool_usage`` lists."""
+    row: dict[str, Any] = {
+        key: list(value) if isinstance(value, tuple) else value for key, value in attrs.asdict(result).items()
+    }
+    row["served_tokens_per_step"] = served_tokens_per_step(result)
+    if not series:
+        row.pop("running", None)
+        row.pop("pool_usage", None)
+    return row
+
+
+def served_tokens_per_step(result: SimulationResult) -> float:
+    """The workload's own tokens per step: scheduled tokens less those recomputed after a
+    preemption, over the steps to drain. The figure plans are ranked by: recomputation keeps
+    the engine busy but serves nothing new, so a plan that preempts more must not look faster.
+    """
+    return (result.total_tokens - result.recomputed_tokens) / max(result.steps, 1)

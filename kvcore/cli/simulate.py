@@ -1,0 +1,216 @@
+"""``kvcore simulate``: replay a workload through every candidate plan's block pool.
+
+The candidates are those ``kvcore compare`` builds (policies x ``--block-sizes`` x
+``--kv-cache-dtypes``); each is replayed with :func:`kvcore.simulation.simulate`, a scheduler
+like the engines' (chunked prefill, decodes first, first-come-first-served admission,
+preemption of the latest admitted request) on kvcore's own :class:`BlockPool`. The figures say
+how a plan serves *this* traffic, where ``kvcore compare`` says how it holds the worst case.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from kvcore.cli import inputs
+from kvcore.cli.compare import (
+    add_candidate_options,
+    build_candidates,
+    candidate_row,
+    exit_status,
+    no_plan_reason,
+)
+from kvcore.cli.memory_map import check_map_path
+from kvcore.cli.replay import (
+    Simulated,
+    plan_label,
+    served_tokens_per_step,
+    simulate_candidates,
+    simulation_row,
+    variant_cells,
+    workload_row,
+)
+from kvcore.cli.table import render_table
+from kvcore.errors import InvalidInputError
+from kvcore.planning.compare import Candidate
+from kvcore.planning.registry import Registry
+from kvcore.units import format_bytes
+
+if TYPE_CHECKING:
+    from kvcore.simulation.simulator import SimulationResult
+    from kvcore.simulation.workload import Workload
+
+#: The picture, as error messages name it.
+PLOT = "the simulation plot"
+
+
+def add_parser(sub: Any) -> None:
+    parser = sub.add_parser(
+        "simulate",
+        help="replay a workload (trace or synthetic) through every candidate plan's block pool",
+        description=(
+            "Replay a workload through each plan kvcore compare builds (policies x --block-sizes x "
+            "--kv-cache-dtypes) with a scheduler like the engines': chunked prefill of up to "
+            "--max-num-batched-tokens per step, decodes first, first-come-first-served admission, "
+            "preemption of the latest admitted request when a decode finds no page. Reports running "
+            "requests, tokens per step, preemptions, queueing delay and pool usage per plan."
+        ),
+    )
+    inputs.add_spec_source(parser)
+    inputs.add_sizing_options(parser)
+    add_candidate_options(parser)
+    inputs.add_workload_options(parser, trace_flag="--trace", required=True)
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument(
+        "--plot",
+        metavar="FILE",
+        help=(
+            "also draw running requests and pool usage over the steps, one line per plan, into FILE "
+            "(.png or .svg; needs the 'plot' extra)"
+        ),
+    )
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace, registry: Registry) -> int:
+    if args.plot:
+        check_map_path(args.plot, what=PLOT)  # before simulating, which can take a while
+    specs = inputs.load_layer_specs(args, registry)
+    workload = inputs.load_workload(args, inputs.sizing_context(args).max_model_len)
+    candidates = build_candidates(args, registry, specs)
+    simulated = simulate_candidates(candidates, workload)
+    results = {id(s.candidate): s.result for s in simulated}
+    if args.json:
+        payload = {
+            "available_memory_bytes": args.memory,
+            "max_model_len": args.max_model_len,
+            "max_num_batched_tokens": args.max_num_batched_tokens,
+            "workload": workload_row(workload),
+            "candidates": [
+                {
+                    **candidate_row(c),
+                    "simulation": (simulation_row(results[id(c)], series=True) if id(c) in results else None),
+                }
+                for c in candidates
+            ],
+        }
+        print(json.dumps(payload, indent=2))
+    else:
+        print_table(args, workload, candidates, results)
+    if args.plot and simulated:
+        title = f"{workload.name}: {len(workload.requests):,} requests"
+        render_simulation_plot(simulated, args.plot, title=title)
+    return exit_status(candidates)
+
+
+def print_table(
+    args: argparse.Namespace,
+    workload: Workload,
+    candidates: Sequence[Candidate],
+    results: dict[int, SimulationResult],
+) -> None:
+    """The header lines, one row per plan, and why the others have none."""
+    figures = workload_row(workload)
+    print(f"workload {workload.name}")
+    print(
+        f"{figures['num_requests']:,} requests, prompts "
+        f"{figures['mean_prompt_tokens']:,.0f} tokens on average (longest {figures['max_prompt_tokens']:,}), "
+        f"outputs {figures['mean_output_tokens']:,.0f} (longest {figures['max_output_tokens']:,})"
+    )
+    print(
+        f"budget {format_bytes(args.memory)}, max_model_len {args.max_model_len:,}, "
+        f"max_num_batched_tokens {args.max_num_batched_tokens:,}; "
+        "tokens/step = the workload's tokens served per step (recomputation not counted), "
+        "delays in steps, pool = share of the blocks in use"
+    )
+    rows = []
+    failures: dict[str, str] = {}
+    for c in candidates:
+        result = results.get(id(c))
+        if result is None:
+            failures.setdefault(c.policy, no_plan_reason(c) or "no plan")
+            continue
+        rows.append(
+            [
+                *variant_cells(c),
+                f"{result.mean_running:,.1f}",
+                f"{result.peak_running:,}",
+                f"{served_tokens_per_step(result):,.1f}",
+                f"{result.preemptions:,}",
+                f"{result.mean_queue_delay:,.1f}",
+                f"{result.p99_queue_delay:,.1f}",
+                f"{100 * result.mean_pool_usage:.1f}%",
+                f"{100 * result.peak_pool_usage:.1f}%",
+                f"{result.steps:,}",
+            ]
+        )
+    headers = [
+        "policy",
+        "block",
+        "kv dtype",
+        "running",
+        "peak",
+        "tokens/step",
+        "preemptions",
+        "queue delay",
+        "p99",
+        "pool",
+        "peak",
+        "steps",
+    ]
+    print(render_table(headers, rows, align="lll" + "r" * (len(headers) - 3)))
+    for policy, error in failures.items():
+        print(f"  {policy}: no plan: {error}")
+
+
+def render_simulation_plot(
+    simulated: Sequence[Simulated], path: str | os.PathLike[str], *, title: str = ""
+) -> Path:
+    """Draw running requests (top) and pool usage (bottom) over the steps, one line per plan.
+
+    Args:
+        simulated: the plans and their results.
+        path: a ``.png`` or ``.svg`` file in an existing folder.
+        title: the figure's title.
+
+    Returns:
+        ``path`` as a :class:`~pathlib.Path`.
+
+    Raises:
+        InvalidInputError: as :func:`~kvcore.cli.memory_map.check_map_path`, or the file
+            cannot be written.
+    """
+    out = check_map_path(path, what=PLOT)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 5.5), sharex=True)
+    for s in simulated:
+        label = plan_label(s.candidate)
+        steps = range(1, len(s.result.running) + 1)
+        top.plot(steps, s.result.running, label=label, linewidth=1)
+        bottom.plot(steps, [100 * u for u in s.result.pool_usage], label=label, linewidth=1)
+    top.set_ylabel("running requests", fontsize=8)
+    bottom.set_ylabel("pool in use (%)", fontsize=8)
+    bottom.set_ylim(0, 105)
+    bottom.set_xlabel("step", fontsize=8)
+    for ax in (top, bottom):
+        ax.tick_params(labelsize=7)
+        ax.grid(True, linewidth=0.3)
+    top.legend(fontsize=7, loc="best")
+    if title:
+        top.set_title(title, fontsize=9)
+    fig.tight_layout()
+    try:
+        fig.savefig(out, dpi=100)
+    except OSError as exc:
+        raise InvalidInputError(f"cannot write {PLOT} to {out}: {exc.strerror or exc}") from None
+    finally:
+        plt.close(fig)
+    return out

@@ -1,0 +1,434 @@
+"""Replay a workload through a plan's block pool with a scheduler like vLLM's (v1).
+
+Each step schedules up to ``max_num_batched_tokens`` tokens:
+
+1. the running requests, in the order they were admitted: a decoding request computes one
+   token, a request still in its prompt (chunked prefill) computes the rest of it, as much as the
+   budget left allows. Before computing, a request's block tables grow to cover its new tokens
+   (:meth:`~kvcore.runtime.block_pool.BlockPool.reserve`); when the pool is out of pages, the
+   most recently admitted running request is preempted (all its pages freed, back to the head
+   of the queue, to recompute its prompt and the tokens it had generated) until the page is
+   found or the request itself was preempted;
+2. then, unless a request was preempted in this step, the waiting requests that have arrived,
+   first come first served, while the budget lasts and the pool holds their first chunk.
+
+After the step every scheduled request has its tokens cached; one that has computed all its
+known tokens samples the next one, and one that has its ``output_tokens`` finishes and frees its
+pages; the others free the pages that fell out of a sliding window or chunk
+(:meth:`~kvcore.runtime.block_pool.BlockPool.release_stale`). A request computes its prompt and
+all but its last output token; a preempted request computes what it had again (counted in
+``total_tokens`` and, separately, in ``recomputed_tokens``).
+
+There is no cap on running requests (vLLM's ``max_num_seqs``): the pool and the token budget
+bound them.
+
+Speed: the pool is called only when a request's tables change. For kinds whose pages follow
+the default :meth:`~kvcore.KVCacheSpec.live_pages` (every built-in kind), the token counts at
+which a table grows or frees a page depend on the count alone, so they are computed once per
+simulation; other kinds are asked at every step.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable, Sequence
+
+import attrs
+
+from kvcore.errors import BlockPoolExhaustedError, InvalidInputError
+from kvcore.limits import MAX_TOKENS, check_at_most
+from kvcore.plan import KVCachePlan
+from kvcore.runtime.block_pool import BlockPool
+from kvcore.simulation.workload import Request, Workload
+from kvcore.spec import KVCacheSpec, SizingContext
+from kvcore.validators import check_int
+
+
+@attrs.frozen(kw_only=True)
+class SimulationResult:
+    """What one plan served of a workload.
+
+    Attributes:
+        policy: the plan's policy.
+        num_requests: requests in the workload (all of them finish).
+        steps: scheduler steps until the last request finished (idle steps included).
+        mean_running: running requests per step, on average.
+        peak_running: the most requests running in one step.
+        tokens_per_step: tokens scheduled per step (``total_tokens / steps``), the throughput proxy.
+        total_tokens: tokens scheduled (prefill and decode), recomputation included.
+        recomputed_tokens: tokens computed again after a preemption (part of ``total_tokens``).
+        preemptions: how many times a running request was preempted.
+        mean_queue_delay: steps from arrival to first scheduling, on average.
+        p99_queue_delay: the same, 99th percentile (nearest rank).
+        mean_pool_usage: the share of ``plan.num_blocks`` held during a step, on average (0..1).
+        peak_pool_usage: the largest share held during one step.
+        running: running requests at each step.
+        pool_usage: the share of the pool held at each step.
+    """
+
+    policy: str
+    num_requests: int
+    steps: int
+    mean_running: float
+    peak_running: int
+    tokens_per_step: float
+    total_tokens: int
+    recomputed_tokens: int
+    preemptions: int
+    mean_queue_delay: float
+    p99_queue_delay: float
+    mean_pool_usage: float
+    peak_pool_usage: float
+    running: tuple[int, ...] = attrs.field(repr=False)
+    pool_usage: tuple[float, ...] = attrs.field(repr=False)
+
+
+def simulate(
+    plan: KVCachePlan,
+    workload: Workload,
+    *,
+    max_num_batched_tokens: int | None = None,
+    on_step: Callable[[int, int], None] | None = None,
+) -> SimulationResult:
+    """Replay ``workload`` through ``plan``'s block pool until every request has finished.
+
+    Args:
+        plan: the plan (its ``num_blocks`` and groups make the pool).
+        workload: the requests.
+        max_num_batched_tokens: tokens one step may schedule (default:
+            ``plan.context.max_num_batched_tokens``).
+        on_step: called after every step (after an idle stretch, once) with the steps done and
+            the requests finished so far, e.g. to draw a progress bar.
+
+    Returns:
+        The figures and the per-step series.
+
+    Raises:
+        InvalidInputError: a request is longer than ``plan.context.max_model_len``, or needs
+            more block ids than the pool has even when it runs alone (the message names it), or
+            ``max_num_batched_tokens`` is not an int from 1 to ``kvcore.limits.MAX_TOKENS``.
+    """
+    simulator = Simulator(plan, workload, max_num_batched_tokens=max_num_batched_tokens)
+    while not simulator.done:
+        simulator.step()
+        if on_step is not None:
+            on_step(simulator.steps, simulator.finished)
+    return simulator.result()
+
+
+class Simulator:
+    """The scheduler and its pool, one :meth:`step` at a time (:func:`simulate` runs it to the end).
+
+    Requests are known to the pool by their index in ``workload.requests``.
+
+    Args:
+        plan: the plan.
+        workload: the requests.
+        max_num_batched_tokens: tokens per step (default: the plan's).
+
+    Raises:
+        InvalidInputError: as :func:`simulate`.
+    """
+
+    def __init__(
+        self, plan: KVCachePlan, workload: Workload, *, max_num_batched_tokens: int | None = None
+    ) -> None:
+        budget = (
+            plan.context.max_num_batched_tokens if max_num_batched_tokens is None else max_num_batched_tokens
+        )
+        check_int(budget, "'max_num_batched_tokens'", minimum=1)
+        check_at_most(budget, MAX_TOKENS, "'max_num_batched_tokens' (kvcore.limits.MAX_TOKENS)", "give fewer")
+        self.plan = plan
+        self.workload = workload
+        self.requests: tuple[Request, ...] = workload.requests
+        self.budget: int = budget
+        _check_lengths(plan, self.requests)
+        _check_fits_alone(plan, self.requests, budget)
+        self.pool = BlockPool(plan, lowest_first=False)
+        count = len(self.requests)
+        self._arrival = [r.arrival_step for r in self.requests]
+        self._computed = [0] * count  # tokens cached
+        self._known = [r.prompt_tokens for r in self.requests]  # prompt + tokens generated so far
+        self._end = [r.total_tokens - 1 for r in self.requests]  # tokens cached when the last is sampled
+        self._first = [-1] * count
+        self._next = 0  # the next request to arrive
+        self._waiting: deque[int] = deque()
+        self._running: list[int] = []
+        longest = max((r.total_tokens for r in self.requests), default=1)
+        tables = _event_tables(plan, longest)
+        if tables is None:  # some kind's pages are not the default's: ask the pool every step
+            tables = (bytearray(b"\x01") * (longest + 2), bytearray(b"\x01") * (longest + 2))
+        self._grows, self._releases = tables
+        self._running_series: list[int] = []
+        self._usage_series: list[float] = []
+        self.steps = 0
+        self.finished = 0
+        self.total_tokens = 0
+        self.recomputed_tokens = 0
+        self.preemptions = 0
+
+    @property
+    def done(self) -> bool:
+        """Whether every request has finished."""
+        return self.finished == len(self.requests)
+
+    @property
+    def running(self) -> tuple[int, ...]:
+        """The running requests (indices into ``workload.requests``), in admission order."""
+        return tuple(self._running)
+
+    @property
+    def waiting(self) -> tuple[int, ...]:
+        """The requests that arrived and wait (preempted ones first), in queue order."""
+        return tuple(self._waiting)
+
+    def step(self) -> None:
+        """Run one scheduler step, or skip an idle stretch up to the next arrival.
+
+        Raises:
+            InvalidInputError: a request can get no page even with the pool to itself (a
+                recomputation chunk needs more than the pool has).
+        """
+        if self.done:
+            return
+        step = self.steps
+        arrival, waiting, running = self._arrival, self._waiting, self._running
+        count = len(arrival)
+        upcoming = self._next
+        if not running and not waiting and arrival[upcoming] > step:
+            gap = arrival[upcoming] - step
+            self._running_series.extend([0] * gap)
+            self._usage_series.extend([0.0] * gap)
+            self.steps += gap
+            return
+        while upcoming < count and arrival[upcoming] <= step:
+            waiting.append(upcoming)
+            upcoming += 1
+        self._next = upcoming
+
+        pool = self.pool
+        reserve = pool.reserve
+        computed, known, end = self._computed, self._known, self._end
+        grows, releases = self._grows, self._releases
+        budget = self.budget
+        finishing: list[int] = []  # requests that sample their last token in this step
+        stale: list[int] = []  # requests whose new tokens free a page
+        preempted = False
+        victim = -1
+        # ``for`` over a list the loop pops from the end: CPython's iterator stops at the new end
+        for r in running:
+            if not budget:
+                break
+            c = computed[r]
+            ahead = known[r]
+            new = ahead - c
+            if new > budget:
+                new = budget
+            c += new
+            if new > 1 or grows[c]:
+                while True:
+                    try:
+                        reserve(r, c)
+                        break
+                    except BlockPoolExhaustedError:
+                        victim = running.pop()
+                        self._preempt(victim)
+                        preempted = True
+                        if victim == r:
+                            break
+                if preempted and victim == r:
+                    break
+            computed[r] = c
+            budget -= new
+            if c == ahead:  # every known token is cached: the next one is sampled
+                if c == end[r]:
+                    finishing.append(r)
+                    continue
+                known[r] = c + 1
+            if new > 1 or releases[c]:
+                stale.append(r)
+        if not preempted:
+            first = self._first
+            while waiting and budget:
+                r = waiting[0]
+                new = known[r]
+                if new > budget:
+                    new = budget
+                try:
+                    reserve(r, new)
+                except BlockPoolExhaustedError:
+                    break
+                waiting.popleft()
+                running.append(r)
+                budget -= new
+                if first[r] < 0:
+                    first[r] = step
+                computed[r] = new
+                if new == known[r]:
+                    if new == end[r]:
+                        finishing.append(r)
+                        continue
+                    known[r] = new + 1
+                stale.append(r)
+        tokens = self.budget - budget
+        if tokens == 0:
+            stuck = self.requests[waiting[0]]
+            raise InvalidInputError(
+                f"request {stuck.id} ({stuck.prompt_tokens} prompt + {stuck.output_tokens} output tokens) "
+                f"cannot get its pages even with the pool to itself ({self.plan.num_blocks} block ids): "
+                "plan more blocks, or give a smaller max_num_batched_tokens"
+            )
+        self.total_tokens += tokens
+        self._running_series.append(len(running))
+        num_blocks = pool.num_blocks
+        self._usage_series.append((num_blocks - pool.num_free_blocks) / num_blocks)
+        # after the step: free what fell out of windows and chunks, and finished requests
+        release = pool.release_stale
+        for r in stale:
+            release(r, computed[r])
+        if finishing:
+            for r in finishing:
+                pool.free_request(r)
+            self.finished += len(finishing)
+            self._running = [r for r in running if computed[r] != end[r]]
+        self.steps = step + 1
+
+    def _preempt(self, r: int) -> None:
+        self.pool.free_request(r)
+        self.recomputed_tokens += self._computed[r]
+        self._computed[r] = 0
+        self._waiting.appendleft(r)
+        self.preemptions += 1
+
+    def result(self) -> SimulationResult:
+        """The figures so far (the whole run once :attr:`done`)."""
+        steps = self.steps
+        running = self._running_series
+        usage = self._usage_series
+        delays = sorted(
+            first - arrival for first, arrival in zip(self._first, self._arrival, strict=True) if first >= 0
+        )
+        return SimulationResult(
+            policy=self.plan.policy,
+            num_requests=len(self.requests),
+            steps=steps,
+            mean_running=sum(running) / steps if steps else 0.0,
+            peak_running=max(running, default=0),
+            tokens_per_step=self.total_tokens / steps if steps else 0.0,
+            total_tokens=self.total_tokens,
+            recomputed_tokens=self.recomputed_tokens,
+            preemptions=self.preemptions,
+            mean_queue_delay=sum(delays) / len(delays) if delays else 0.0,
+            p99_queue_delay=float(percentile(delays, 99)) if delays else 0.0,
+            mean_pool_usage=sum(usage) / steps if steps else 0.0,
+            peak_pool_usage=max(usage, default=0.0),
+            running=tuple(running),
+            pool_usage=tuple(usage),
+        )
+
+
+def percentile(ordered: Sequence[int], q: float) -> int:
+    """The ``q``-th percentile of sorted values by nearest rank (``ordered`` non-empty)."""
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return ordered[rank - 1]
+
+
+# -- checks before simulating ----------------------------------------------------------------
+
+
+def _check_lengths(plan: KVCachePlan, requests: Sequence[Request]) -> None:
+    limit = plan.context.max_model_len
+    for request in requests:
+        if request.total_tokens > limit:
+            raise InvalidInputError(
+                f"request {request.id} has {request.prompt_tokens} prompt + {request.output_tokens} output "
+                f"tokens = {request.total_tokens}, more than the plan's max_model_len ({limit}); plan for a "
+                "longer max_model_len or shorten the request"
+            )
+
+
+def _check_fits_alone(plan: KVCachePlan, requests: Sequence[Request], budget: int) -> None:
+    """Refuse a request that cannot run even with the pool to itself (it would stall the queue).
+
+    The plan's worst case for a length (over steps of ``budget`` tokens) bounds what a request
+    of that length holds; only requests above that bound are run alone through a fresh pool.
+    """
+    by_length: dict[int, list[Request]] = {}
+    for request in requests:
+        by_length.setdefault(request.total_tokens, []).append(request)
+    tried: set[tuple[int, int]] = set()
+    for length in sorted(by_length, reverse=True):
+        context = SizingContext(max_model_len=length, max_num_batched_tokens=budget)
+        if sum(group.blocks_per_request(context) for group in plan.groups) <= plan.num_blocks:
+            return  # the bound grows with the length: every shorter request fits too
+        for request in by_length[length]:
+            shape = (request.prompt_tokens, request.output_tokens)
+            if shape in tried:
+                continue
+            tried.add(shape)
+            if not _runs_alone(plan, request, budget):
+                raise InvalidInputError(
+                    f"request {request.id} ({request.prompt_tokens} prompt + {request.output_tokens} output "
+                    f"tokens) needs more block ids than the pool has ({plan.num_blocks}) even when it runs "
+                    "alone: plan more blocks (or a larger budget), or shorten the request"
+                )
+
+
+def _runs_alone(plan: KVCachePlan, request: Request, budget: int) -> bool:
+    pool = BlockPool(plan)
+    computed, known, generated = 0, request.prompt_tokens, 0
+    try:
+        while True:
+            tokens = min(known, computed + budget)
+            pool.reserve(0, tokens)
+            computed = tokens
+            if computed == known:
+                generated += 1
+                if generated == request.output_tokens:
+                    return True
+                known += 1
+            pool.release_stale(0, computed)
+    except BlockPoolExhaustedError:
+        return False
+
+
+# -- when the pool needs calling -------------------------------------------------------------
+
+
+def _event_tables(plan: KVCachePlan, longest: int) -> tuple[bytearray, bytearray] | None:
+    """``(grows, releases)``: ``grows[n]`` is 1 when covering ``n`` tokens takes a page that
+    ``n - 1`` did not in some group; ``releases[c]`` is 1 when ``c`` computed tokens free a page
+    that ``c - 1`` kept. ``None`` when a kind's pages do not follow the default rule (counts
+    alone decide), so the pool must be asked every step.
+    """
+    grows = bytearray(longest + 2)
+    releases = bytearray(longest + 2)
+    for spec in {group.spec for group in plan.groups}:
+        if not _default_pages(spec, longest):
+            return None
+        per_page = spec.tokens_per_page
+        if per_page is None:
+            grows[1] = 1
+            continue
+        grows[1 : longest + 2 : per_page] = b"\x01" * len(range(1, longest + 2, per_page))
+        if type(spec).first_retained_token is KVCacheSpec.first_retained_token:
+            continue
+        first = spec.first_retained_token
+        last = 0
+        for c in range(1, longest + 2):
+            start = first(c) // per_page
+            if start > last:
+                releases[c] = 1
+                last = start
+    return grows, releases
+
+
+def _default_pages(spec: KVCacheSpec, longest: int) -> bool:
+    if type(spec).live_pages is KVCacheSpec.live_pages:
+        return True
+    if spec.tokens_per_page is not None:
+        return False
+    # a per-request state: one page from the first token on (the default rule for states)
+    probes = ((0, 0), (1, 0), (1, 1), (2, 1), (longest, 0), (longest, longest - 1))
+    return all(spec.live_pages(n, c) == range(1 if n > 0 else 0) for n, c in probes)

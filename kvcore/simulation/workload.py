@@ -1,0 +1,349 @@
+"""Workloads: the requests a simulation replays, from a JSON-lines trace or drawn at random.
+
+A :class:`Request` is a prompt length, an output length and the step it arrives at. A trace file
+(:func:`read_trace`) has one JSON object a line::
+
+    {"prompt_tokens": 812, "output_tokens": 143}
+    {"prompt_tokens": 2048, "output_tokens": 512, "arrival_step": 40}
+
+A synthetic workload (:func:`synthetic`) draws the lengths from a :class:`LengthDist` (fixed,
+uniform or log-normal; :func:`parse_length` reads ``"512"``, ``"uniform:128:4096"`` or
+``"lognormal:1024:1.0"``) and the arrivals from a Poisson process, with a seed, so the same
+arguments give the same requests on every machine (``random.Random``, no numpy).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+from typing import Final, Literal
+
+import attrs
+
+from kvcore.errors import InvalidInputError
+from kvcore.limits import MAX_TOKENS, check_at_most
+from kvcore.validators import check_int, int_at_least, is_number
+
+#: The most requests a workload (a trace file or a synthetic one) may have: 1,000,000.
+MAX_REQUESTS: Final = 1_000_000
+
+#: The latest step a request may arrive at: 10,000,000 (a simulation records every step).
+MAX_ARRIVAL_STEP: Final = 10_000_000
+
+#: The keys a trace line may have; the first two are required.
+TRACE_KEYS: Final = ("prompt_tokens", "output_tokens", "arrival_step")
+
+LengthKind = Literal["fixed", "uniform", "lognormal"]
+
+
+@attrs.frozen
+class Request:
+    """One request of a workload.
+
+    Attributes:
+        id: the request's number (a trace's requests are numbered from 0 in file order).
+        prompt_tokens: tokens of the prompt (``>= 1``).
+        output_tokens: tokens the request generates (``>= 1``).
+        arrival_step: the scheduler step it arrives at (``>= 0``).
+    """
+
+    id: int = attrs.field(validator=int_at_least(0))
+    prompt_tokens: int = attrs.field(validator=int_at_least(1))
+    output_tokens: int = attrs.field(validator=int_at_least(1))
+    arrival_step: int = attrs.field(default=0, validator=int_at_least(0))
+
+    @property
+    def total_tokens(self) -> int:
+        """Prompt plus output tokens: the length ``max_model_len`` must admit."""
+        return self.prompt_tokens + self.output_tokens
+
+
+def _sorted_requests(requests: object) -> tuple[Request, ...]:
+    if not isinstance(requests, (list, tuple)) or not all(isinstance(r, Request) for r in requests):
+        raise InvalidInputError(
+            f"a workload's requests must be a sequence of Request (got {type(requests).__name__})"
+        )
+    ordered = tuple(sorted(requests, key=lambda r: (r.arrival_step, r.id)))
+    ids = {r.id for r in ordered}
+    if len(ids) != len(ordered):
+        raise InvalidInputError(
+            f"a workload's request ids must be unique ({len(ordered) - len(ids)} repeated)"
+        )
+    return ordered
+
+
+@attrs.frozen
+class Workload:
+    """Requests to replay, sorted by arrival step, then id.
+
+    Attributes:
+        requests: the requests (sorted when the workload is made; ids unique).
+        name: what the workload is called in reports (a trace's file name, or a description).
+    """
+
+    requests: tuple[Request, ...] = attrs.field(converter=_sorted_requests, repr=False)
+    name: str
+
+    def __len__(self) -> int:
+        return len(self.requests)
+
+    @property
+    def longest(self) -> int:
+        """The most tokens (prompt plus output) one request has; 0 when there are none."""
+        return max((r.total_tokens for r in self.requests), default=0)
+
+
+# -- traces ------------------------------------------------------------------------------------
+
+
+def read_trace(path: str | os.PathLike[str]) -> Workload:
+    """Read a JSON-lines trace: one request a line, blank lines skipped.
+
+    Each line is an object with ``prompt_tokens`` and ``output_tokens`` (ints ``>= 1``, at most
+    :data:`kvcore.limits.MAX_TOKENS`) and optionally ``arrival_step`` (an int ``>= 0``, at most
+    :data:`MAX_ARRIVAL_STEP`; default 0); no other keys. Requests are numbered from 0 in file
+    order. A trace has 1 to :data:`MAX_REQUESTS` requests.
+
+    Args:
+        path: the trace file.
+
+    Returns:
+        The workload, named after the file.
+
+    Raises:
+        InvalidInputError: the file cannot be read, or a line is wrong: the message starts with
+            ``<path>:<line>:`` and says what is wrong.
+    """
+    where = os.fspath(path)
+    try:
+        with open(path, "rb") as handle:
+            raw_lines = handle.read().split(b"\n")
+    except OSError as exc:
+        raise InvalidInputError(f"cannot read the trace {where}: {exc.strerror or exc}") from None
+    requests: list[Request] = []
+    for number, raw in enumerate(raw_lines, start=1):
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InvalidInputError(
+                f"{where}:{number}: not UTF-8 text (byte {exc.start + 1} of the line)"
+            ) from None
+        if not text.strip():
+            continue
+        if len(requests) == MAX_REQUESTS:
+            raise InvalidInputError(
+                f"{where}:{number}: a trace has at most {MAX_REQUESTS:,} requests "
+                "(kvcore.simulation.workload.MAX_REQUESTS); split it"
+            )
+        requests.append(_request_from_line(text, len(requests), f"{where}:{number}"))
+    if not requests:
+        raise InvalidInputError(f"{where}: the trace has no requests (one JSON object a line)")
+    return Workload(tuple(requests), name=os.path.basename(where) or where)
+
+
+def _request_from_line(text: str, index: int, where: str) -> Request:
+    try:
+        item = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise InvalidInputError(f"{where}: not valid JSON ({exc})") from None
+    if not isinstance(item, dict):
+        raise InvalidInputError(
+            f"{where}: each line must be a JSON object such as "
+            f'{{"prompt_tokens": 512, "output_tokens": 128}} (got {type(item).__name__})'
+        )
+    missing = [key for key in TRACE_KEYS[:2] if key not in item]
+    if missing:
+        raise InvalidInputError(f"{where}: missing {', '.join(repr(k) for k in missing)}")
+    extra = sorted(str(key) for key in item if key not in TRACE_KEYS)
+    if extra:
+        raise InvalidInputError(
+            f"{where}: unknown key(s) {', '.join(repr(k) for k in extra)}; a line has "
+            f"{', '.join(repr(k) for k in TRACE_KEYS)} only"
+        )
+    values: dict[str, int] = {}
+    for key, minimum, limit, constant in (
+        ("prompt_tokens", 1, MAX_TOKENS, "kvcore.limits.MAX_TOKENS"),
+        ("output_tokens", 1, MAX_TOKENS, "kvcore.limits.MAX_TOKENS"),
+        ("arrival_step", 0, MAX_ARRIVAL_STEP, "kvcore.simulation.workload.MAX_ARRIVAL_STEP"),
+    ):
+        if key not in item:
+            continue
+        value = check_int(item[key], repr(key), minimum=minimum, owner=f"{where}: ")
+        values[key] = check_at_most(
+            value, limit, f"{where}: {key!r} ({constant})", "shorten the trace's requests"
+        )
+    return Request(id=index, **values)
+
+
+# -- synthetic workloads -----------------------------------------------------------------------
+
+
+@attrs.frozen
+class LengthDist:
+    """A distribution of token counts.
+
+    Attributes:
+        kind: ``"fixed"`` (always ``a``), ``"uniform"`` (an int from ``a`` to ``b``, both
+            included) or ``"lognormal"`` (mean ``a`` tokens; ``b`` the standard deviation of
+            the length's logarithm, the spread).
+        a: the length, the low end, or the mean.
+        b: the high end or the spread (unused for ``"fixed"``).
+    """
+
+    kind: LengthKind
+    a: float
+    b: float = 0.0
+
+    def __attrs_post_init__(self) -> None:
+        if self.kind not in ("fixed", "uniform", "lognormal"):
+            raise InvalidInputError(
+                f"length kind must be 'fixed', 'uniform' or 'lognormal' (got {self.kind!r})"
+            )
+        for name in ("a", "b"):
+            value = getattr(self, name)
+            if not is_number(value) or not math.isfinite(value):
+                raise InvalidInputError(
+                    f"{self.kind} length: {name!r} must be a finite number (got {value!r})"
+                )
+        if self.kind in ("fixed", "uniform"):
+            if not (float(self.a).is_integer() and float(self.b).is_integer()):
+                raise InvalidInputError(f"{self.kind} lengths are whole token counts (got {self})")
+            if self.a < 1 or self.a > MAX_TOKENS:
+                raise InvalidInputError(f"{self}: the length must be from 1 to {MAX_TOKENS:,} tokens")
+        if self.kind == "uniform" and not self.a <= self.b <= MAX_TOKENS:
+            raise InvalidInputError(f"{self}: the high end must be from the low end to {MAX_TOKENS:,} tokens")
+        if self.kind == "lognormal" and not (1 <= self.a <= MAX_TOKENS and 0 <= self.b <= 10):
+            raise InvalidInputError(
+                f"{self}: the mean must be from 1 to {MAX_TOKENS:,} tokens and the spread from 0 to 10"
+            )
+
+    def __str__(self) -> str:
+        if self.kind == "fixed":
+            return f"fixed:{int(self.a)}"
+        if self.kind == "uniform":
+            return f"uniform:{int(self.a)}:{int(self.b)}"
+        return f"lognormal:{self.a:g}:{self.b:g}"
+
+    def sample(self, rng: random.Random, n: int, max_len: int) -> list[int]:
+        """Draw ``n`` lengths, each clipped to ``[1, max_len]``.
+
+        Args:
+            rng: the random source (the draws depend on it alone).
+            n: how many.
+            max_len: the longest length allowed (``>= 1``).
+
+        Returns:
+            The lengths.
+        """
+        check_int(n, "'n'", minimum=0)
+        check_int(max_len, "'max_len'", minimum=1)
+        if self.kind == "fixed":
+            return [min(int(self.a), max_len)] * n
+        if self.kind == "uniform":
+            low, high = int(self.a), int(self.b)
+            return [min(rng.randint(low, high), max_len) for _ in range(n)]
+        sigma = self.b
+        mu = math.log(self.a) - sigma * sigma / 2  # so that the mean is ``a``
+        draw = rng.lognormvariate
+        return [max(1, min(round(draw(mu, sigma)), max_len)) for _ in range(n)]
+
+
+def parse_length(text: str) -> LengthDist:
+    """Read a length distribution: ``"512"`` or ``"fixed:512"``, ``"uniform:LO:HI"``,
+    ``"lognormal:MEAN:SIGMA"`` (``MEAN`` the mean in tokens, ``SIGMA`` the spread of the log).
+
+    Args:
+        text: the distribution as the command line writes it.
+
+    Returns:
+        The distribution.
+
+    Raises:
+        InvalidInputError: naming the text and the accepted forms.
+    """
+    forms = "give 512, fixed:512, uniform:LO:HI or lognormal:MEAN:SIGMA"
+    parts = str(text).strip().lower().split(":")
+    kind, numbers = ("fixed", parts) if len(parts) == 1 else (parts[0], parts[1:])
+    wanted = {"fixed": 1, "uniform": 2, "lognormal": 2}.get(kind)
+    if wanted is None or len(numbers) != wanted:
+        raise InvalidInputError(f"cannot read the length {text!r}: {forms}")
+    values: list[float] = []
+    for number in numbers:
+        try:
+            value = int(number) if kind != "lognormal" else float(number)
+        except ValueError:
+            raise InvalidInputError(
+                f"cannot read the length {text!r}: {number!r} is not a number; {forms}"
+            ) from None
+        values.append(value)
+    try:
+        return LengthDist(kind, values[0], values[1] if len(values) > 1 else 0.0)  # type: ignore[arg-type]
+    except InvalidInputError as exc:
+        raise InvalidInputError(f"cannot use the length {text!r}: {exc}") from None
+
+
+def synthetic(
+    count: int,
+    prompt: LengthDist,
+    output: LengthDist,
+    *,
+    rate: float | None = None,
+    seed: int = 0,
+    max_model_len: int,
+) -> Workload:
+    """Draw a workload: ``count`` requests with random lengths and arrivals.
+
+    Prompts are clipped to ``[1, max_model_len - 1]`` and outputs to ``[1, max_model_len -
+    prompt]``, so every request fits ``max_model_len``. With ``rate`` ``None`` every request
+    arrives at step 0; otherwise arrivals are a Poisson process of ``rate`` requests per step
+    (exponential gaps, the arrival step the time rounded down).
+
+    Args:
+        count: requests (1 to :data:`MAX_REQUESTS`).
+        prompt: the prompt-length distribution.
+        output: the output-length distribution.
+        rate: mean arrivals per step (``> 0``), or ``None``.
+        seed: seeds ``random.Random``; the same arguments give the same workload.
+        max_model_len: the longest request (prompt plus output, ``>= 2``).
+
+    Returns:
+        The workload, named after its arguments.
+
+    Raises:
+        InvalidInputError: an argument is out of range, or the rate is so low that arrivals
+            would run past :data:`MAX_ARRIVAL_STEP`.
+    """
+    check_int(count, "'count'", minimum=1)
+    check_at_most(
+        count, MAX_REQUESTS, "'count' (kvcore.simulation.workload.MAX_REQUESTS)", "simulate fewer requests"
+    )
+    check_int(max_model_len, "'max_model_len'", minimum=2)
+    check_at_most(
+        max_model_len, MAX_TOKENS, "'max_model_len' (kvcore.limits.MAX_TOKENS)", "give a shorter length"
+    )
+    check_int(seed, "'seed'")
+    if rate is not None and (not is_number(rate) or not math.isfinite(rate) or rate <= 0):
+        raise InvalidInputError(f"'rate' must be a number of requests per step > 0, or None (got {rate!r})")
+    rng = random.Random(seed)
+    prompts = prompt.sample(rng, count, max_model_len - 1)
+    outputs = output.sample(rng, count, max_model_len - 1)
+    arrivals = [0] * count
+    if rate is not None:
+        now = 0.0
+        for index in range(count):
+            now += rng.expovariate(rate)
+            arrivals[index] = int(now)
+        if arrivals[-1] > MAX_ARRIVAL_STEP:
+            raise InvalidInputError(
+                f"at {rate:g} requests per step, {count} requests arrive until step {arrivals[-1]:,}, past "
+                f"{MAX_ARRIVAL_STEP:,} (kvcore.simulation.workload.MAX_ARRIVAL_STEP); raise the rate"
+            )
+    requests = tuple(
+        Request(index, p, min(o, max_model_len - p), arrivals[index])
+        for index, (p, o) in enumerate(zip(prompts, outputs, strict=True))
+    )
+    arriving = "at once" if rate is None else f"Poisson {rate:g}/step"
+    name = f"{count} requests, prompt {prompt}, output {output}, {arriving}, seed {seed}"
+    return Workload(requests, name=name)
