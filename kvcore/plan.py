@@ -26,6 +26,13 @@ def _names(value: Iterable[str]) -> tuple[str, ...]:
     return tuple(value)
 
 
+def _null_block(instance: object, attribute: attrs.Attribute[int | None], value: int | None) -> None:
+    if value is not None and (type(value) is not int or value != 0):
+        raise PlanValidationError(
+            [f"'null_block' must be 0 (block id 0 reserved) or None (got {value!r})"]
+        )
+
+
 def _groups(value: Iterable[KVCacheGroup]) -> tuple[KVCacheGroup, ...]:
     return tuple(value)
 
@@ -114,6 +121,11 @@ class KVCachePlan:
             no tensor's ``shared_by``: it takes no memory, views its target's tensor and reads
             its target's block table (:meth:`group_of`, :meth:`tensor_of` and
             :meth:`block_table_layers` answer for it, as vLLM puts it in its target's group).
+        null_block: ``0`` when block id 0 is reserved as the *null block*: an engine pads its
+            block tables with it (vLLM's convention), so it is never handed to a request and
+            the capacity figures count :attr:`usable_blocks`, not :attr:`num_blocks`. ``None``
+            (the default): every block id serves requests. The null block's pages are still
+            allocated, so :attr:`kv_cache_bytes` is unchanged.
     """
 
     policy: str
@@ -125,6 +137,7 @@ class KVCachePlan:
     context: SizingContext
     available_memory_bytes: int = attrs.field(validator=non_negative_int)
     kv_sharing: Mapping[str, str] = attrs.field(factory=dict, converter=_sharing, hash=False)
+    null_block: int | None = attrs.field(default=None, validator=_null_block)
 
     def __attrs_post_init__(self) -> None:
         problems = list(structural_problems(self))
@@ -185,6 +198,19 @@ class KVCachePlan:
     # -- figures ---------------------------------------------------------------------------
 
     @property
+    def reserved_blocks(self) -> int:
+        """Block ids that never serve a request: none, or (with a :attr:`null_block`) the
+        aligned run that holds block 0, one id unless a group's page spans several."""
+        if self.null_block is None or not self.num_blocks:
+            return 0
+        return min(self.num_blocks, max((g.blocks_per_page for g in self.groups), default=1))
+
+    @property
+    def usable_blocks(self) -> int:
+        """Block ids requests can hold: :attr:`num_blocks` less :attr:`reserved_blocks`."""
+        return self.num_blocks - self.reserved_blocks
+
+    @property
     def kv_cache_bytes(self) -> int:
         """Device bytes the plan allocates."""
         return self.num_blocks * self.bytes_per_block
@@ -197,16 +223,16 @@ class KVCachePlan:
     def max_concurrency(self, max_model_len: int | None = None) -> float:
         """Requests of ``max_model_len`` tokens (default: the plan's) the pool holds at once."""
         need = self.blocks_per_request(max_model_len)
-        return self.num_blocks / need if need else float("inf")
+        return self.usable_blocks / need if need else float("inf")
 
     def tokens_held(self, group: KVCacheGroup) -> int | None:
         """Tokens the whole pool could hold for ``group``'s layers, or ``None`` for a state."""
         per_page = group.spec.tokens_per_page
-        return None if per_page is None else self.num_pages(group) * per_page
+        return None if per_page is None else self.usable_blocks // group.blocks_per_page * per_page
 
     def fits(self, max_model_len: int | None = None) -> bool:
         """Whether one request of ``max_model_len`` tokens fits in the pool."""
-        return self.blocks_per_request(max_model_len) <= self.num_blocks
+        return self.blocks_per_request(max_model_len) <= self.usable_blocks
 
     def largest_fitting_len(self, upper: int | None = None) -> int:
         """The largest request length (up to ``upper``, default the plan's) that fits; 0 if none."""

@@ -27,7 +27,7 @@ import attrs
 from kvcore.errors import InvalidInputError
 from kvcore.plan import KVCacheGroup
 from kvcore.spec import KVCacheSpec, SizingContext
-from kvcore.validators import is_number, positive_int
+from kvcore.validators import boolean, is_number, positive_int
 
 
 def _tolerance(instance: object, attribute: attrs.Attribute[float], value: object) -> None:
@@ -47,10 +47,15 @@ class PlanOptions:
         max_block_size: the largest block size a policy may give a group when it enlarges
             blocks to even out page sizes (the built-in policy multiplies by powers of two
             only). The block size of the specs themselves is never changed otherwise.
+        reserve_null_block: keep block id 0 out of the pool as the *null block* that pads
+            block tables (vLLM's convention). The plan's ``num_blocks`` still counts it; its
+            capacity figures count one block fewer (:attr:`KVCachePlan.usable_blocks`). The
+            planner applies it to every policy's plan; policies need not read it.
     """
 
     grouping_tolerance: float = attrs.field(default=0.005, validator=_tolerance)
     max_block_size: int = attrs.field(default=128, validator=positive_int)
+    reserve_null_block: bool = attrs.field(default=False, validator=boolean)
 
 
 def _names(value: Iterable[str]) -> tuple[str, ...]:

@@ -168,3 +168,18 @@ def non_negative_int(instance: object, attribute: attrs.Attribute[Any], value: o
         InvalidSpecError: e.g. ``KVCacheTensor: 'offset' must be >= 0 (got -1)``.
     """
     _spec_int(instance, attribute, value, 0, "an int >= 0")
+
+
+def boolean(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    """attrs validator: ``value`` is ``True`` or ``False`` (not ``1``, ``"yes"`` or ``None``).
+
+    Args:
+        instance: the object being built.
+        attribute: the field.
+        value: the value given.
+
+    Raises:
+        InvalidInputError: e.g. ``'reserve_null_block' must be True or False (got 'yes')``.
+    """
+    if type(value) is not bool:
+        raise InvalidInputError(f"'{attribute.name}' must be True or False (got {value!r})")

@@ -203,6 +203,14 @@ def add_sizing_options(
         metavar="N",
         help="largest block size a policy may give a group to even out pages (default %(default)s)",
     )
+    parser.add_argument(
+        "--reserve-null-block",
+        action="store_true",
+        help=(
+            "keep block id 0 out of the pool as the null block that pads block tables (vLLM's "
+            "convention); capacity counts one block fewer (default: off)"
+        ),
+    )
 
 
 def add_planning_options(
@@ -299,7 +307,11 @@ def length_cap(args: argparse.Namespace) -> int | None:
 
 def plan_options(args: argparse.Namespace) -> PlanOptions:
     """The :class:`PlanOptions` the options describe."""
-    return PlanOptions(grouping_tolerance=args.grouping_tolerance, max_block_size=args.max_block_size)
+    return PlanOptions(
+        grouping_tolerance=args.grouping_tolerance,
+        max_block_size=args.max_block_size,
+        reserve_null_block=args.reserve_null_block,
+    )
 
 
 def length_dist(text: str) -> LengthDist:

@@ -174,6 +174,11 @@ def format_plan(
         f"  blocks           {plan.num_blocks:,} x {format_bytes(plan.bytes_per_block)} = "
         f"{format_bytes(plan.kv_cache_bytes)} ({layout}, {plural(len(plan.groups), 'group')}, "
         f"{plural(len(plan.tensors), 'tensor')})",
+        *(
+            [f"  null block       block id 0 pads block tables; {plan.usable_blocks:,} blocks serve requests"]
+            if plan.null_block is not None
+            else []
+        ),
         f"  one request      {plural(per_request, 'block', spec=',')} = "
         f"{format_bytes(capacity.request_bytes)} "
         f"(ideal {format_bytes(capacity.ideal_request_bytes)}) for {ctx.max_model_len:,} tokens",

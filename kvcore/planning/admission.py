@@ -32,7 +32,7 @@ def check_admission(
             ``max_model_len`` that fits, and the fix (``reason`` ``"num_blocks"`` or ``"memory"``).
     """
     needed_blocks = plan.blocks_per_request()
-    if needed_blocks <= plan.num_blocks:
+    if needed_blocks <= plan.usable_blocks:
         return
     largest = largest_admitted() if largest_admitted is not None else plan.largest_fitting_len()
     raise with_message(
@@ -43,7 +43,7 @@ def check_admission(
             max_model_len=plan.context.max_model_len,
             largest_fitting_len=largest,
             required_blocks=needed_blocks,
-            available_blocks=plan.num_blocks,
+            available_blocks=plan.usable_blocks,
             bytes_per_block=plan.bytes_per_block,
         )
     )

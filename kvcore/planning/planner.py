@@ -211,6 +211,7 @@ def plan_model(
     groups = group_layers(chosen, specs, context, options)
     rank_groups = [groups] if rank_layers is None else [project_groups(groups, own) for own in rank_layers]
     layouts = [layout_for(chosen, own) for own in rank_groups]
+    null_block = 0 if options is not None and options.reserve_null_block else None
 
     if num_blocks is None:
         blocks = min(
@@ -228,7 +229,7 @@ def plan_model(
     for rank, (own, layout, memory) in enumerate(zip(rank_groups, layouts, rank_memory, strict=True)):
         # the one check every plan passes: structure when built, the rest here
         try:
-            plan = build_plan(chosen, own, layout, blocks, context, memory)
+            plan = build_plan(chosen, own, layout, blocks, context, memory, null_block=null_block)
             problems = plan_problems(plan, structure=False)
         except PlanValidationError as exc:
             problems = exc.problems
@@ -511,6 +512,8 @@ def build_plan(
     num_blocks: int,
     context: SizingContext,
     available_bytes: int,
+    *,
+    null_block: int | None = None,
 ) -> KVCachePlan:
     """Size ``layout`` for ``num_blocks`` and wrap it in a plan (no admission check).
 
@@ -521,6 +524,8 @@ def build_plan(
         num_blocks: the block count.
         context: the request length the plan is sized for.
         available_bytes: the budget the plan is made for.
+        null_block: ``0`` to reserve block id 0 as the null block
+            (:attr:`PlanOptions.reserve_null_block`), else ``None``.
 
     Returns:
         The plan.
@@ -539,6 +544,7 @@ def build_plan(
             tensors=size_tensors(policy.name, layout, groups, num_blocks),
             context=context,
             available_memory_bytes=available_bytes,
+            null_block=null_block,
         )
     except PlanValidationError as exc:
         raise exc.about(policy=policy.name, source="laid out by the policy") from None

@@ -42,6 +42,8 @@ from kvcore.validators import check_int
 #: Block-table entry of a page that was freed because no later token reads it.
 NULL_PAGE: Final = -1
 _FREE: Final = -1
+#: Owner of the plan's null block: no group, never free.
+_NULL: Final = -2
 _NOT_NULL: Final = NULL_PAGE.__ne__
 
 
@@ -50,6 +52,13 @@ def _default_paging(spec: KVCacheSpec) -> int:
     (entries ``first_retained_token(computed) // T`` to ``ceil(tokens / T)``), else 0."""
     per_page = spec.tokens_per_page
     return per_page if per_page and type(spec).live_pages is KVCacheSpec.live_pages else 0
+
+
+def _holder(owner: int) -> str:
+    """How an error names a block id's owner."""
+    if owner == _FREE:
+        return "free"
+    return "the null block" if owner == _NULL else f"held by group {owner}"
 
 
 class _Runs:
@@ -153,6 +162,8 @@ class BlockPool:
             span: _Runs(span, plan.num_blocks)
             for span in sorted({g.blocks_per_page for g in plan.groups if g.blocks_per_page > 1})
         }
+        if plan.null_block is not None and plan.num_blocks:
+            self._hold_null_block(plan.null_block)
         self._tables: dict[Hashable, list[list[int]]] = {}
         self._tokens: dict[Hashable, int] = {}
         self._computed: dict[Hashable, int] = {}  # the largest num_computed_tokens released
@@ -162,8 +173,14 @@ class BlockPool:
 
     @property
     def num_free_blocks(self) -> int:
-        """Block ids no group holds."""
+        """Block ids no group holds (the null block is never free)."""
         return self._num_free
+
+    @property
+    def num_usable_blocks(self) -> int:
+        """Block ids groups may hold: all of them but the plan's null block, if it has one.
+        The pool is empty again when :attr:`num_free_blocks` equals this."""
+        return self.num_blocks - (1 if self.plan.null_block is not None and self.num_blocks else 0)
 
     def num_free_pages(self, group: int) -> int:
         """Pages ``group`` could take now: free ids, or fully free aligned runs."""
@@ -176,9 +193,10 @@ class BlockPool:
         return range(page * span, (page + 1) * span)
 
     def owner(self, block: int) -> int | None:
-        """The group holding block id ``block``, or ``None`` when it is free."""
+        """The group holding block id ``block``, or ``None`` when no group does (a free id, or
+        the plan's null block, which is never free)."""
         group = self._owner[block]
-        return None if group == _FREE else group
+        return None if group < 0 else group
 
     def allocate(self, group: int, num_pages: int) -> list[int]:
         """Take ``num_pages`` pages for ``group``, all or none.
@@ -231,7 +249,7 @@ class BlockPool:
                 )
             for block in self.blocks_of(group, page):
                 if self._owner[block] != group:
-                    held = "free" if self._owner[block] == _FREE else f"held by group {self._owner[block]}"
+                    held = _holder(self._owner[block])
                     raise InvalidInputError(
                         f"cannot free page {page} of group {group}: block id {block} is {held}, "
                         "not held by that group (freed twice?)"
@@ -629,6 +647,15 @@ class BlockPool:
     def _take(self, block: int, group: int) -> None:
         self._owner[block] = group
         self._num_free -= 1
+        for runs in self._runs.values():
+            runs.taken(block)
+
+    def _hold_null_block(self, block: int) -> None:
+        """Keep the plan's null block out of every free list, for good (and, with aligned runs,
+        the run around it, as :attr:`KVCachePlan.reserved_blocks` counts)."""
+        self._owner[block] = _NULL
+        self._num_free -= 1
+        self._singles.remove(block)
         for runs in self._runs.values():
             runs.taken(block)
 

@@ -61,7 +61,7 @@ class SimulationResult:
         preemptions: how many times a running request was preempted.
         mean_queue_delay: steps from arrival to first scheduling, on average.
         p99_queue_delay: the same, 99th percentile (nearest rank).
-        mean_pool_usage: the share of ``plan.num_blocks`` held during a step, on average (0..1).
+        mean_pool_usage: the share of the pool's usable block ids held during a step, on average (0..1).
         peak_pool_usage: the largest share held during one step.
         running: running requests at each step.
         pool_usage: the share of the pool held at each step.
@@ -276,13 +276,13 @@ class Simulator:
             stuck = self.requests[waiting[0]]
             raise InvalidInputError(
                 f"request {stuck.id} ({stuck.prompt_tokens} prompt + {stuck.output_tokens} output tokens) "
-                f"cannot get its pages even with the pool to itself ({self.plan.num_blocks} block ids): "
+                f"cannot get its pages even with the pool to itself ({self.plan.usable_blocks} block ids): "
                 "plan more blocks, or give a smaller max_num_batched_tokens"
             )
         self.total_tokens += tokens
         self._running_series.append(len(running))
-        num_blocks = pool.num_blocks
-        self._usage_series.append((num_blocks - pool.num_free_blocks) / num_blocks)
+        usable = pool.num_usable_blocks
+        self._usage_series.append((usable - pool.num_free_blocks) / usable)
         # after the step: free what fell out of windows and chunks, and finished requests
         release = pool.release_stale
         for r in stale:
@@ -360,7 +360,7 @@ def _check_fits_alone(plan: KVCachePlan, requests: Sequence[Request], budget: in
     tried: set[tuple[int, int]] = set()
     for length in sorted(by_length, reverse=True):
         context = SizingContext(max_model_len=length, max_num_batched_tokens=budget)
-        if sum(group.blocks_per_request(context) for group in plan.groups) <= plan.num_blocks:
+        if sum(group.blocks_per_request(context) for group in plan.groups) <= plan.usable_blocks:
             return  # the bound grows with the length: every shorter request fits too
         for request in by_length[length]:
             shape = (request.prompt_tokens, request.output_tokens)
@@ -370,8 +370,8 @@ def _check_fits_alone(plan: KVCachePlan, requests: Sequence[Request], budget: in
             if not _runs_alone(plan, request, budget):
                 raise InvalidInputError(
                     f"request {request.id} ({request.prompt_tokens} prompt + {request.output_tokens} output "
-                    f"tokens) needs more block ids than the pool has ({plan.num_blocks}) even when it runs "
-                    "alone: plan more blocks (or a larger budget), or shorten the request"
+                    f"tokens) needs more block ids than the pool has ({plan.usable_blocks})"
+                    " even when it runs alone: plan more blocks (or a larger budget), or shorten the request"
                 )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import attrs
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -177,6 +178,8 @@ def _equivalence_plans():
 
 
 PLANS = dict(_equivalence_plans())
+#: the same plans with block id 0 held back as the null block (the plain scheduler knows none)
+NULL_PLANS = {f"{name}, null block": attrs.evolve(plan, null_block=0) for name, plan in PLANS.items()}
 
 requests_strategy = st.lists(
     st.tuples(st.integers(1, 300), st.integers(1, 150), st.integers(0, 40)), min_size=1, max_size=14
@@ -221,26 +224,30 @@ def _check_pool(simulator: Simulator, arrived: int) -> None:
                     assert block not in held, f"block {block} held by {held[block]} and {(request, group)}"
                     assert pool.owner(block) == group
                     held[block] = (request, group)
-    assert pool.num_free_blocks == pool.num_blocks - len(held)
-    assert sum(pool.owner(b) is None for b in range(pool.num_blocks)) == pool.num_free_blocks
+    assert pool.num_free_blocks == pool.num_usable_blocks - len(held)
+    null = pool.plan.null_block
+    assert null is None or null not in held
+    assert sum(pool.owner(b) is None for b in range(pool.num_blocks)) == pool.num_free_blocks + (
+        null is not None
+    )
     assert set(simulator.running) == set(pool.requests)
     assert len(simulator.running) <= arrived
 
 
 @given(
-    name=st.sampled_from(sorted(PLANS)),
+    name=st.sampled_from(sorted({**PLANS, **NULL_PLANS})),
     shapes=requests_strategy,
     budget=st.sampled_from([5, 64, 4096]),
 )
 def test_the_pool_invariants_hold_through_every_step(name, shapes, budget):
-    plan = PLANS[name]
+    plan = {**PLANS, **NULL_PLANS}[name]
     workload = Workload(tuple(Request(i, p, o, a) for i, (p, o, a) in enumerate(shapes)), name="random")
     simulator = Simulator(plan, workload, max_num_batched_tokens=budget)
     while not simulator.done:
         simulator.step()
         arrived = sum(r.arrival_step < simulator.steps for r in workload.requests)
         _check_pool(simulator, arrived)
-    assert simulator.pool.num_free_blocks == plan.num_blocks and not simulator.pool.requests
+    assert simulator.pool.num_free_blocks == simulator.pool.num_usable_blocks and not simulator.pool.requests
     assert simulator.finished == len(workload.requests)
 
 
