@@ -133,7 +133,10 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
         # the workload is read (and checked) before any plan is made
         workload = inputs.load_workload(args, inputs.sizing_context(args).max_model_len)
         candidates = build_candidates(args, registry, specs)
-        simulated = {id(s.candidate): s.result for s in replay.simulate_candidates(candidates, workload)}
+        simulated = {
+            id(s.candidate): s.result
+            for s in replay.simulate_candidates(candidates, workload, prefix_caching=args.prefix_caching)
+        }
         # the best plan for this traffic first; those without a plan keep their place at the end
 
         def rank(c: Candidate) -> float:

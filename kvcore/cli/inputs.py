@@ -336,6 +336,17 @@ def rate(text: str) -> float:
     return value
 
 
+def share(text: str) -> float:
+    """argparse type: a share of requests, a number from 0 to 1."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number from 0 to 1, got {_shown_text(text)}") from None
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"expected a number from 0 to 1, got {text.strip()}")
+    return value
+
+
 def seed(text: str) -> int:
     """argparse type: a random seed, an int >= 0."""
     try:
@@ -353,6 +364,8 @@ SYNTHETIC_OPTIONS = {
     "--output-len": "output_len",
     "--rate": "rate",
     "--seed": "seed",
+    "--prefix-share": "prefix_share",
+    "--prefix-len": "prefix_len",
 }
 
 
@@ -398,8 +411,24 @@ def add_workload_options(parser: argparse.ArgumentParser, *, trace_flag: str, re
         metavar="R",
         help="with --requests: Poisson arrivals, R requests per step on average (default: all at step 0)",
     )
+    parser.add_argument("--seed", type=seed, metavar="S", help="with --requests: the random seed (default 0)")
     parser.add_argument(
-        "--seed", type=seed, metavar="S", help="with --requests: the random seed (default 0)"
+        "--prefix-share",
+        type=share,
+        metavar="P",
+        help="with --requests and --prefix-len: the share of requests (0 to 1) whose prompt starts with "
+        "one shared prefix",
+    )
+    parser.add_argument(
+        "--prefix-len",
+        type=tokens,
+        metavar="N",
+        help="with --requests and --prefix-share: the shared prefix's tokens, added before the drawn prompt",
+    )
+    parser.add_argument(
+        "--prefix-caching",
+        action="store_true",
+        help="simulate with prefix caching: requests with one prefix_id share their cached prefix blocks",
     )
 
 
@@ -433,6 +462,10 @@ def load_workload(args: argparse.Namespace, max_model_len: int) -> Workload:
             f"--requests {args.requests} needs {' and '.join(missing)}: e.g. --prompt-len lognormal:512:1 "
             "--output-len lognormal:256:1"
         )
+    if (args.prefix_share is None) != (args.prefix_len is None):
+        raise InvalidInputError(
+            "--prefix-share and --prefix-len go together: e.g. --prefix-share 0.8 --prefix-len 1024"
+        )
     return synthetic(
         args.requests,
         args.prompt_len,
@@ -440,4 +473,6 @@ def load_workload(args: argparse.Namespace, max_model_len: int) -> Workload:
         rate=args.rate,
         seed=args.seed or 0,
         max_model_len=max_model_len,
+        prefix_share=args.prefix_share or 0.0,
+        prefix_tokens=args.prefix_len or 0,
     )

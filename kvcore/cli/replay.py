@@ -38,8 +38,11 @@ class Simulated:
     result: SimulationResult
 
 
-def simulate_candidates(candidates: Sequence[Candidate], workload: Workload) -> list[Simulated]:
-    """Replay ``workload`` through every candidate that has a plan, in order.
+def simulate_candidates(
+    candidates: Sequence[Candidate], workload: Workload, *, prefix_caching: bool = False
+) -> list[Simulated]:
+    """Replay ``workload`` through every candidate that has a plan, in order (with
+    ``prefix_caching``, each pool caches the requests' shared prefixes).
 
     Each plan's own ``max_num_batched_tokens`` (``--max-num-batched-tokens``) is the step
     budget. Workloads of :data:`PROGRESS_MIN_REQUESTS` requests or more show a progress line
@@ -56,12 +59,15 @@ def simulate_candidates(candidates: Sequence[Candidate], workload: Workload) -> 
         if candidate.plan is None:
             continue
         if total < PROGRESS_MIN_REQUESTS:
-            out.append(Simulated(candidate, simulate(candidate.plan, workload)))
+            out.append(
+                Simulated(candidate, simulate(candidate.plan, workload, prefix_caching=prefix_caching))
+            )
             continue
         count = _FinishedCount(total)
         label = f"simulating {total:,} requests on {plan_label(candidate)}"
         with progress(label, detail=count.text):
-            out.append(Simulated(candidate, simulate(candidate.plan, workload, on_step=count.on_step)))
+            result = simulate(candidate.plan, workload, on_step=count.on_step, prefix_caching=prefix_caching)
+            out.append(Simulated(candidate, result))
     return out
 
 
@@ -121,7 +127,9 @@ def simulation_row(result: SimulationResult, *, series: bool = False) -> dict[st
 
 def served_tokens_per_step(result: SimulationResult) -> float:
     """The workload's own tokens per step: scheduled tokens less those recomputed after a
-    preemption, over the steps to drain. The figure plans are ranked by: recomputation keeps
-    the engine busy but serves nothing new, so a plan that preempts more must not look faster.
+    preemption, plus those found in the prefix cache, over the steps to drain. The figure plans
+    are ranked by: recomputation keeps the engine busy but serves nothing new, so a plan that
+    preempts more must not look faster; a cached token is served without computing.
     """
-    return (result.total_tokens - result.recomputed_tokens) / max(result.steps, 1)
+    served = result.total_tokens - result.recomputed_tokens + result.cached_tokens
+    return served / max(result.steps, 1)

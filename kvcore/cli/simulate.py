@@ -82,7 +82,7 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
     specs = inputs.load_layer_specs(args, registry)
     workload = inputs.load_workload(args, inputs.sizing_context(args).max_model_len)
     candidates = build_candidates(args, registry, specs)
-    simulated = simulate_candidates(candidates, workload)
+    simulated = simulate_candidates(candidates, workload, prefix_caching=args.prefix_caching)
     results = {id(s.candidate): s.result for s in simulated}
     if args.json:
         payload = {
@@ -126,6 +126,11 @@ def print_table(
         f"max_num_batched_tokens {args.max_num_batched_tokens:,}; "
         "tokens/step = the workload's tokens served per step (recomputation not counted), "
         "delays in steps, pool = share of the blocks in use"
+        + (
+            "; prefix caching on: prefix hits = prompt tokens found cached (served, not computed)"
+            if args.prefix_caching
+            else ""
+        )
     )
     rows = []
     failures: dict[str, str] = {}
@@ -146,6 +151,7 @@ def print_table(
                 f"{100 * result.mean_pool_usage:.1f}%",
                 f"{100 * result.peak_pool_usage:.1f}%",
                 f"{result.steps:,}",
+                *([f"{100 * result.prefix_hit_rate:.1f}%"] if args.prefix_caching else []),
             ]
         )
     headers = [
@@ -161,6 +167,7 @@ def print_table(
         "pool",
         "peak",
         "steps",
+        *(["prefix hits"] if args.prefix_caching else []),
     ]
     print(render_table(headers, rows, align="lll" + "r" * (len(headers) - 3)))
     for policy, error in failures.items():

@@ -30,12 +30,15 @@ output) has all its entries from the first token on.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Hashable, Iterable
+import math
+from collections import OrderedDict
+from collections.abc import Hashable, Iterable, Sequence
 from itertools import chain, repeat
 from typing import Final
 
 from kvcore.errors import BlockPoolExhaustedError, InvalidInputError
 from kvcore.plan import KVCacheGroup, KVCachePlan
+from kvcore.runtime.prefix_cache import PrefixCacheStats, PrefixKey, token_block_keys
 from kvcore.spec import KVCacheSpec
 from kvcore.validators import check_int
 
@@ -109,9 +112,15 @@ class BlockPool:
             out the ids freed last first (a stack, several times faster), for callers that only
             count pages, such as the simulator; a plan with aligned runs always takes single
             ids lowest first, which keeps runs free at the high end.
+        prefix_caching: share full blocks of equal leading tokens across requests
+            (:meth:`attach_prefix`), keep freed ones cached until their ids are needed, and count
+            hits (:attr:`prefix_cache_stats`). Off by default; off, the pool behaves and runs as
+            it always did. A plan with a group that cannot cache (a per-request state, or a
+            kind with its own ``live_pages``) gets a pool that caches nothing (the stats say
+            why).
     """
 
-    def __init__(self, plan: KVCachePlan, *, lowest_first: bool = True) -> None:
+    def __init__(self, plan: KVCachePlan, *, lowest_first: bool = True, prefix_caching: bool = False) -> None:
         self.plan = plan
         self.groups: tuple[KVCacheGroup, ...] = plan.groups
         self.num_blocks: int = plan.num_blocks
@@ -168,13 +177,22 @@ class BlockPool:
         self._tokens: dict[Hashable, int] = {}
         self._computed: dict[Hashable, int] = {}  # the largest num_computed_tokens released
         self._released: dict[Hashable, list[int]] = {}
+        self._init_prefix_cache(prefix_caching)
 
     # -- pages of a group ------------------------------------------------------------------
 
     @property
     def num_free_blocks(self) -> int:
-        """Block ids no group holds (the null block is never free)."""
-        return self._num_free
+        """Block ids a request could take now: those no group holds and, with prefix caching,
+        the cached blocks no request holds (:attr:`num_evictable_blocks`), which are evicted
+        least recently used first when needed. The null block is never free."""
+        return self._num_free + len(self._lru)
+
+    @property
+    def num_evictable_blocks(self) -> int:
+        """Cached blocks no request holds: counted free, kept until their ids are needed
+        (always 0 without prefix caching)."""
+        return len(self._lru)
 
     @property
     def num_usable_blocks(self) -> int:
@@ -211,7 +229,9 @@ class BlockPool:
 
         Raises:
             BlockPoolExhaustedError: too few free ids (or free aligned runs); nothing was taken.
+            InvalidInputError: the pool caches prefixes (its request methods own every id).
         """
+        self._refuse_if_caching("allocate")
         group = self._index(group)
         span = self._spans[group]
         if num_pages > (self._num_free if span == 1 else self._runs[span].full):
@@ -238,8 +258,10 @@ class BlockPool:
         """Give ``group``'s ``pages`` back to the pool.
 
         Raises:
-            InvalidInputError: a page is out of range or not held by ``group``; nothing was freed.
+            InvalidInputError: a page is out of range or not held by ``group``, or the pool caches
+                prefixes (its request methods own every id); nothing was freed.
         """
+        self._refuse_if_caching("free")
         pages = list(pages)
         for page in pages:
             if not 0 <= page < self.plan.num_pages(self._group(group)):
@@ -312,19 +334,30 @@ class BlockPool:
         Call it before a step that computes tokens up to position ``num_tokens - 1``. A new
         request starts empty. Each group's table grows to ``spec.live_pages(num_tokens,
         computed).stop`` entries (``computed`` the last :meth:`release_stale` count), never
-        more; entries already released stay :data:`NULL_PAGE`.
+        more; entries already released stay :data:`NULL_PAGE`. Reserving the tokens a request
+        already covers changes nothing; fewer is an error (:meth:`truncate` shrinks a request).
 
         Returns:
-            ``{group index: pages taken}`` for the groups that grew.
+            ``{group index: pages taken}`` for the groups that grew (the new pages are the
+            tables' last entries).
 
         Raises:
-            InvalidInputError: ``num_tokens`` is negative.
+            InvalidInputError: ``num_tokens`` is negative, or fewer than the request covers.
             BlockPoolExhaustedError: too few free ids; nothing was taken.
         """
         if type(num_tokens) is not int or num_tokens < 0:
             check_int(num_tokens, "'num_tokens'", minimum=0)
+        held = self._tokens.get(request_id)
+        if held is not None and num_tokens < held:
+            raise InvalidInputError(
+                f"cannot reserve {num_tokens} tokens for request {request_id!r}: its tables already cover "
+                f"{held}; reserve() only grows a request, truncate(request, {num_tokens}) shrinks it"
+            )
         if self._by_class:
-            return self._reserve_by_class(request_id, num_tokens)
+            grown = self._reserve_by_class(request_id, num_tokens)
+            if self._pending:
+                self._count_lookup(request_id)
+            return grown
         tables = self._tables.get(request_id)
         if tables is None:
             tables = [[] for _ in self.groups]
@@ -360,6 +393,8 @@ class BlockPool:
         self._computed.setdefault(request_id, 0)
         tokens = self._tokens.get(request_id, 0)
         self._tokens[request_id] = num_tokens if num_tokens > tokens else tokens
+        if self._pending:
+            self._count_lookup(request_id)
         return taken
 
     def _reserve_by_class(self, request_id: Hashable, num_tokens: int) -> dict[int, list[int]]:
@@ -423,12 +458,13 @@ class BlockPool:
     def _request_exhausted(self, request_id: Hashable, num_tokens: int) -> BlockPoolExhaustedError:
         """The error of a :meth:`reserve` that found too few free ids (nothing was taken)."""
         needed = self.new_blocks_needed(request_id, num_tokens)
+        free = self.num_free_blocks
         return BlockPoolExhaustedError(
             f"request {request_id!r} needs {needed} more block ids to cover {num_tokens} tokens "
-            f"but {self._num_free} of {self.num_blocks} are free (or no aligned run is); nothing "
+            f"but {free} of {self.num_blocks} are free (or no aligned run is); nothing "
             "was taken: free or preempt another request, or plan more blocks",
             requested_blocks=needed,
-            free_blocks=self._num_free,
+            free_blocks=free,
         )
 
     def _release_by_class(self, request_id: Hashable, computed: int) -> dict[int, list[int]]:
@@ -470,6 +506,8 @@ class BlockPool:
 
     def _take_for(self, grows: list[tuple[int, int]]) -> dict[int, list[int]]:
         """Take ``count`` pages for each ``(group, count)``, all or none (in that order)."""
+        if self._caching:
+            return self._take_cached(grows)
         if self._bulk and not self._runs:
             total = sum(count for _, count in grows)
             if total > self._num_free:
@@ -498,25 +536,34 @@ class BlockPool:
 
         For each group, the entries before ``spec.live_pages(tokens,
         num_computed_tokens).start`` are freed and set to :data:`NULL_PAGE` (sliding-window and
-        chunked groups; full attention keeps everything).
+        chunked groups; full attention keeps everything). With prefix caching, the request's
+        full blocks among its first ``num_computed_tokens`` tokens are cached first (so call it
+        after every step), and a freed cached block stays cached until its id is needed.
 
         Returns:
-            ``{group index: pages freed}`` for the groups that shrank.
+            ``{group index: pages freed}`` for the groups that shrank (with prefix caching, a
+            page another request still holds is dropped from this request's table but stays
+            held).
 
         Raises:
-            InvalidInputError: unknown request, or a negative token count.
+            InvalidInputError: unknown request, a negative token count, or more tokens than the
+                request's tables cover (tokens not reserved cannot be computed).
         """
         self._check_request(request_id)
         tables = self._tables[request_id]
         if type(num_computed_tokens) is not int or num_computed_tokens < 0:
             check_int(num_computed_tokens, "'num_computed_tokens'", minimum=0)
+        if num_computed_tokens > self._tokens[request_id]:
+            self._cover(request_id, num_computed_tokens)
         released = self._released[request_id]
         computed = self._computed[request_id]
         if num_computed_tokens > computed:
             computed = self._computed[request_id] = num_computed_tokens
+        if self._caching:
+            self._register(request_id, computed)
         if self._by_class:
             return self._release_by_class(request_id, computed)
-        tokens = max(self._tokens[request_id], computed)
+        tokens = self._tokens[request_id]
         freed: dict[int, list[int]] = {}
         firsts: dict[KVCacheSpec, int] = {}  # groups with equal specs free alike
         for index, group in enumerate(self.groups):
@@ -544,6 +591,18 @@ class BlockPool:
             self._free_groups(freed)
         return freed
 
+    def _cover(self, request_id: Hashable, num_tokens: int) -> None:
+        """Count ``num_tokens`` as reserved if the tables already hold every page they need (a
+        caller may skip a :meth:`reserve` that would take nothing), else raise."""
+        tables = self._tables[request_id]
+        stops = self._stops(num_tokens, self._computed[request_id])
+        if any(stop > len(table) for stop, table in zip(stops, tables, strict=True)):
+            raise InvalidInputError(
+                f"request {request_id!r} cannot have {num_tokens} computed tokens: its tables cover "
+                f"{self._tokens[request_id]}; reserve() the tokens before computing them"
+            )
+        self._tokens[request_id] = num_tokens
+
     def free_request(self, request_id: Hashable) -> None:
         """Free every page the request holds and forget it.
 
@@ -559,6 +618,196 @@ class BlockPool:
         self._free_groups(held)
         del self._tables[request_id]
         del self._tokens[request_id], self._released[request_id], self._computed[request_id]
+        if self._content:
+            self._content.pop(request_id, None)
+            self._chains.pop(request_id, None)
+            self._registered.pop(request_id, None)
+        if self._pending:
+            self._pending.pop(request_id, None)
+
+    def truncate(self, request_id: Hashable, num_tokens: int) -> dict[int, list[int]]:
+        """Shrink the request to its first ``num_tokens`` tokens, freeing the pages past them.
+
+        For rollback: speculative decoding reserves and computes draft tokens, then keeps only
+        the accepted ones. Each group's table is cut to ``spec.live_pages(num_tokens,
+        computed).stop`` entries (``computed`` = ``min(num_computed_tokens, num_tokens)``, which
+        becomes the request's computed count); the pages cut off are freed. With prefix
+        caching, a cut-off page another request shares is only dropped from this table, and
+        a kept page that is cached but will be written again (``num_tokens`` ends inside it)
+        leaves the cache. Truncating to the tokens the request covers changes nothing.
+
+        Args:
+            request_id: the request.
+            num_tokens: tokens to keep (``0`` keeps the request with empty tables).
+
+        Returns:
+            ``{group index: pages freed}`` for the groups that shrank.
+
+        Raises:
+            InvalidInputError: unknown request; ``num_tokens`` negative or more than the request
+                covers; a page the shorter request still reads was already freed by
+                :meth:`release_stale` (call ``truncate`` before releasing the rejected tokens);
+                or ``num_tokens`` ends inside a cached block another request shares (its other
+                tokens would be overwritten). Nothing changed.
+        """
+        self._check_request(request_id)
+        tokens = self._tokens[request_id]
+        check_int(num_tokens, "'num_tokens'", minimum=0)
+        if num_tokens > tokens:
+            raise InvalidInputError(
+                f"cannot truncate request {request_id!r} to {num_tokens} tokens: it covers {tokens}; "
+                "reserve() grows a request"
+            )
+        if num_tokens == tokens:
+            return {}
+        tables, released = self._tables[request_id], self._released[request_id]
+        computed = min(self._computed[request_id], num_tokens)
+        stops: list[int] = []
+        for index, group in enumerate(self.groups):
+            live = self._live(group, num_tokens, computed)
+            if released[index] > live.start:
+                raise InvalidInputError(
+                    f"cannot truncate request {request_id!r} to {num_tokens} tokens: group {index} "
+                    f"({group.spec.kind}) already freed its entries before {released[index]}, and "
+                    f"{computed} computed tokens still read entry {live.start}; truncate before "
+                    "release_stale() counts the rejected tokens"
+                )
+            stops.append(live.stop)
+        rewritten: list[int] = []  # cached pages this request alone holds and will write into
+        if self._caching:
+            for index, stop in enumerate(stops):
+                per_page = self._paged[index]
+                if num_tokens % per_page and stop and stop <= len(tables[index]):
+                    page = tables[index][stop - 1]
+                    if page != NULL_PAGE and self._key[page] is not None:
+                        if self._ref[page] > 1:
+                            raise InvalidInputError(
+                                f"cannot truncate request {request_id!r} to {num_tokens} tokens: that "
+                                f"ends inside block {page} of group {index}, a cached block "
+                                f"{self._ref[page] - 1} other request(s) share; truncate to a multiple "
+                                f"of {per_page} tokens or more"
+                            )
+                        rewritten.append(page)
+        freed: dict[int, list[int]] = {}
+        for index, stop in enumerate(stops):
+            table = tables[index]
+            cut = [page for page in table[stop:] if page != NULL_PAGE]
+            del table[stop:]
+            if released[index] > stop:
+                released[index] = stop
+            if cut:
+                freed[index] = cut
+        for page in rewritten:
+            self._uncache(page)
+        if self._caching and request_id in self._registered:
+            registered = self._registered[request_id]
+            for index, per_page in enumerate(self._paged):
+                registered[index] = min(registered[index], num_tokens // per_page)
+            for per_page, keys in self._chains.get(request_id, {}).items():
+                del keys[num_tokens // per_page :]
+        self._tokens[request_id] = num_tokens
+        self._computed[request_id] = computed
+        if freed:
+            self._free_groups(freed)
+        return freed
+
+    # -- prefix caching --------------------------------------------------------------------
+
+    @property
+    def prefix_caching(self) -> bool:
+        """Whether the pool caches prefixes (asked for, and every group can)."""
+        return self._caching
+
+    @property
+    def prefix_cache_stats(self) -> PrefixCacheStats:
+        """Lookups, hits and evictions so far (see :class:`~kvcore.runtime.prefix_cache.PrefixCacheStats`)."""
+        return PrefixCacheStats(
+            enabled=self._caching,
+            reason=self._cache_reason,
+            lookups=self._lookups,
+            hits=self._hits,
+            queried_tokens=self._queried,
+            hit_tokens=self._hit_tokens,
+            evictions=self._evictions,
+        )
+
+    def ref_count(self, block: int) -> int:
+        """How many requests' tables hold block id ``block`` (with prefix caching; without it,
+        1 for a block a request's table holds, else 0 — pages taken with :meth:`allocate`
+        are not counted)."""
+        if self._caching:
+            return self._ref[block]
+        return sum(block in table for tables in self._tables.values() for table in tables)
+
+    def is_cached(self, block: int) -> bool:
+        """Whether block id ``block`` is in the prefix cache (held by requests or evictable)."""
+        return self._caching and self._key[block] is not None
+
+    def attach_prefix(
+        self, request_id: Hashable, content: Sequence[int] | PrefixKey, num_tokens: int | None = None
+    ) -> int:
+        """Start a request with its cached prefix: the longest run of leading tokens whose
+        blocks every group has cached.
+
+        Call it once, before the request's first :meth:`reserve` (again after
+        :meth:`free_request`, e.g. when a preempted request is scheduled again). The request
+        then covers, and has computed, the returned number of tokens; its tables hold the
+        cached blocks (shared with other requests, reference-counted). At most ``num_tokens -
+        1`` tokens hit, so that the last prompt token is computed and yields logits.
+
+        A hit of ``h`` tokens needs, in every group, the blocks ``spec.live_pages(h, h)``
+        names, cached: all of them from block 0 for full attention (and MLA), only those of
+        the last window (or chunk) for sliding-window (chunked) groups, whose earlier entries
+        stay :data:`NULL_PAGE`. ``h`` is a multiple of every group's tokens per page, since
+        only full blocks are cached. Without prefix caching nothing hits (the lookup is still
+        counted).
+
+        The pool keeps a reference to a token-id ``content`` and reads it again when it caches
+        the request's later blocks (:meth:`release_stale`): an engine may append the tokens it
+        samples.
+
+        Args:
+            request_id: a request the pool does not know yet.
+            content: the request's token ids, or a :class:`~kvcore.runtime.prefix_cache.PrefixKey`.
+            num_tokens: the tokens the request has now, its prompt (default: ``len(content)``,
+                or the key's ``num_tokens``).
+
+        Returns:
+            Tokens found cached; the request starts from there.
+
+        Raises:
+            InvalidInputError: the request is known already, ``num_tokens`` is negative, or the
+                content is neither token ids nor a key.
+        """
+        if request_id in self._tables:
+            raise InvalidInputError(
+                f"request {request_id!r} already has tables; attach_prefix() comes before its first reserve()"
+            )
+        if isinstance(content, PrefixKey):
+            known = content.num_tokens
+        elif isinstance(content, Sequence) and not isinstance(content, (str, bytes)):
+            known = len(content)
+        else:
+            raise InvalidInputError(
+                f"a request's content is its token ids or a PrefixKey (got {type(content).__name__})"
+            )
+        if num_tokens is None:
+            num_tokens = known
+        check_int(num_tokens, "'num_tokens'", minimum=0)
+        self._tables[request_id] = [[] for _ in self.groups]
+        self._released[request_id] = [0] * len(self.groups)
+        self._computed[request_id] = 0
+        self._tokens[request_id] = 0
+        hit = 0
+        if self._caching:
+            self._content[request_id] = content
+            self._chains[request_id] = {}
+            self._registered[request_id] = [0] * len(self.groups)
+            hit = self._find_hit(request_id, content, min(num_tokens - 1, known))
+            if hit:
+                self._attach(request_id, content, hit)
+        self._pending[request_id] = (num_tokens, hit)
+        return hit
 
     # -- internals -------------------------------------------------------------------------
 
@@ -600,6 +849,9 @@ class BlockPool:
 
     def _free_groups(self, pages: dict[int, list[int]]) -> None:
         """Free the pages the pool's own tables say each group holds, all at once when it can."""
+        if self._caching:
+            self._drop(pages)
+            return
         if not (self._bulk and not self._runs):
             for index, held in pages.items():
                 self._free_own(index, held)
@@ -671,6 +923,206 @@ class BlockPool:
             self._singles = [b for b in range(self.num_blocks) if self._owner[b] == _FREE]
         for runs in self._runs.values():
             runs.compact()
+
+    # -- prefix caching internals -----------------------------------------------------------
+
+    def _init_prefix_cache(self, asked: bool) -> None:
+        self._lru: OrderedDict[int, None] = OrderedDict()  # evictable cached blocks, oldest first
+        self._content: dict[Hashable, Sequence[int] | PrefixKey] = {}
+        self._chains: dict[Hashable, dict[int, list[bytes]]] = {}  # per tokens-per-page
+        self._registered: dict[Hashable, list[int]] = {}  # per group: blocks looked at for caching
+        self._pending: dict[Hashable, tuple[int, int]] = {}  # lookups counted at the first reserve
+        self._lookups = self._hits = self._queried = self._hit_tokens = self._evictions = 0
+        self._caching = False
+        self._cache_reason = "not asked for (BlockPool(plan, prefix_caching=True))"
+        if not asked:
+            return
+        for index, group in enumerate(self.groups):
+            if not self._paged[index]:
+                state = group.spec.tokens_per_page is None
+                what = "a per-request state" if state else "pages of its own rule"
+                self._cache_reason = (
+                    f"group {index} ({group.spec.kind}) keeps {what}, which is not cached, so no token "
+                    "can hit in every group"
+                )
+                return
+        self._caching = True
+        self._cache_reason = ""
+        self._by_class = False
+        self._ref = [0] * self.num_blocks
+        self._key: list[Hashable | None] = [None] * self.num_blocks
+        self._cache: list[dict[Hashable, int]] = [{} for _ in self.groups]
+        self._step = math.lcm(*self._paged) if self._paged else 1
+
+    def _refuse_if_caching(self, what: str) -> None:
+        if self._caching:
+            raise InvalidInputError(
+                f"{what}() is for pools without prefix caching: this pool's request methods "
+                "(reserve, release_stale, truncate, free_request) own every block id"
+            )
+
+    def _count_lookup(self, request_id: Hashable) -> None:
+        counted = self._pending.pop(request_id, None)
+        if counted is not None:
+            queried, hit = counted
+            self._lookups += 1
+            self._queried += queried
+            self._hit_tokens += hit
+            self._hits += hit > 0
+
+    def _block_key(
+        self, request_id: Hashable, content: Sequence[int] | PrefixKey, index: int, k: int
+    ) -> Hashable:
+        per_page = self._paged[index]
+        if isinstance(content, PrefixKey):
+            return (content.prefix_id, per_page, k)
+        chains = self._chains[request_id]
+        keys = chains.get(per_page)
+        if keys is None:
+            keys = chains[per_page] = []
+        if len(keys) <= k:
+            token_block_keys(content, per_page, keys, k + 1)
+        return keys[k]
+
+    def _cacheable_blocks(self, content: Sequence[int] | PrefixKey, index: int, tokens: int) -> int:
+        """Blocks of ``index``'s group among the first ``tokens`` that content names."""
+        known = content.num_tokens if isinstance(content, PrefixKey) else len(content)
+        return min(tokens, known) // self._paged[index]
+
+    def _find_hit(self, request_id: Hashable, content: Sequence[int] | PrefixKey, limit: int) -> int:
+        """The most tokens (a multiple of every group's page, at most ``limit``) whose live
+        blocks every group has cached."""
+        step = self._step
+        upper = limit // step * step if limit > 0 else 0
+        if not upper:
+            return 0
+        key = self._block_key
+        for index in range(len(self.groups)):
+            if not self._keeps_all[index]:
+                continue
+            cache, per_page = self._cache[index], self._paged[index]
+            n = 0
+            while n < upper // per_page and key(request_id, content, index, n) in cache:
+                n += 1
+            upper = min(upper, n * per_page) // step * step
+            if not upper:
+                return 0
+        runs: list[tuple[int, list[int]]] = []  # per freeing group: the cached run ending at k
+        for index in range(len(self.groups)):
+            if self._keeps_all[index]:
+                continue
+            cache, run, length = self._cache[index], [], 0
+            for k in range(upper // self._paged[index]):
+                length = length + 1 if key(request_id, content, index, k) in cache else 0
+                run.append(length)
+            runs.append((index, run))
+        for hit in range(upper, 0, -step):
+            for index, run in runs:
+                live = self._live(self.groups[index], hit, hit)
+                if live.stop > live.start and run[live.stop - 1] < live.stop - live.start:
+                    break
+            else:
+                return hit
+        return 0
+
+    def _attach(self, request_id: Hashable, content: Sequence[int] | PrefixKey, hit: int) -> None:
+        tables, released, registered = (
+            self._tables[request_id],
+            self._released[request_id],
+            self._registered[request_id],
+        )
+        ref, lru = self._ref, self._lru
+        for index, group in enumerate(self.groups):
+            live = self._live(group, hit, hit)
+            cache = self._cache[index]
+            table = tables[index]
+            table.extend(repeat(NULL_PAGE, live.start))
+            for k in live:
+                block = cache[self._block_key(request_id, content, index, k)]
+                if not ref[block]:
+                    del lru[block]
+                ref[block] += 1
+                table.append(block)
+            released[index] = live.start
+            registered[index] = live.stop
+        self._tokens[request_id] = self._computed[request_id] = hit
+
+    def _register(self, request_id: Hashable, computed: int) -> None:
+        """Cache the request's full blocks among its first ``computed`` tokens."""
+        content = self._content.get(request_id)
+        if content is None:
+            return
+        registered, tables = self._registered[request_id], self._tables[request_id]
+        for index in range(len(self.groups)):
+            start = registered[index]
+            end = self._cacheable_blocks(content, index, computed)
+            if end <= start:
+                continue
+            cache, table, keys = self._cache[index], tables[index], self._key
+            for k in range(start, min(end, len(table))):
+                block = table[k]
+                if block == NULL_PAGE or keys[block] is not None:
+                    continue
+                key = self._block_key(request_id, content, index, k)
+                if key not in cache:  # else another request cached the same tokens first
+                    cache[key] = block
+                    keys[block] = key
+            registered[index] = end
+
+    def _uncache(self, block: int) -> None:
+        key = self._key[block]
+        if key is not None:
+            del self._cache[self._owner[block]][key]
+            self._key[block] = None
+
+    def _take_cached(self, grows: list[tuple[int, int]]) -> dict[int, list[int]]:
+        """:meth:`_take_for` with prefix caching: free ids first, then evict cached blocks."""
+        total = sum(count for _, count in grows)
+        if total > self._num_free + len(self._lru):
+            index, count = grows[0]
+            raise self._exhausted(index, count)
+        fresh = min(total, self._num_free)
+        ids = self._take_singles(None, fresh)
+        if total > fresh:
+            lru, keys = self._lru, self._key
+            for _ in range(total - fresh):
+                block, _ = lru.popitem(last=False)
+                del self._cache[self._owner[block]][keys[block]]
+                keys[block] = None
+                ids.append(block)
+            self._evictions += total - fresh
+        taken: dict[int, list[int]] = {}
+        owner, ref, at = self._owner, self._ref, 0
+        for index, count in grows:
+            pages = taken[index] = ids[at : at + count]
+            for block in pages:
+                owner[block] = index
+                ref[block] = 1
+            at += count
+        return taken
+
+    def _drop(self, pages: dict[int, list[int]]) -> None:
+        """Drop one reference to each page: a page no request holds becomes evictable if it is
+        cached (a request's last blocks first, so they are evicted first), else free."""
+        ref, keys, lru, owner = self._ref, self._key, self._lru, self._owner
+        freed: list[int] = []
+        for held in pages.values():
+            for block in reversed(held):
+                ref[block] -= 1
+                if ref[block]:
+                    continue
+                if keys[block] is not None:
+                    lru[block] = None
+                else:
+                    owner[block] = _FREE
+                    freed.append(block)
+        if freed:
+            self._num_free += len(freed)
+            if self._stacked:
+                self._singles.extend(freed)
+            else:
+                list(map(heapq.heappush, repeat(self._singles, len(freed)), freed))
+                self._compact()
 
     def _exhausted(self, group: int, num_pages: int) -> BlockPoolExhaustedError:
         g = self.groups[group]

@@ -22,6 +22,13 @@ all but its last output token; a preempted request computes what it had again (c
 There is no cap on running requests (vLLM's ``max_num_seqs``): the pool and the token budget
 bound them.
 
+With ``prefix_caching``, the pool caches full blocks
+(:meth:`~kvcore.runtime.block_pool.BlockPool.attach_prefix`): a request admitted (or admitted
+again after a preemption) starts from the tokens of its ``prefix_id``'s first
+``prefix_tokens`` that every group has cached, and computes only the rest.
+Only shared prefixes are cached (a request's own tokens, and what a preempted request
+generated, are computed again).
+
 Speed: the pool is called only when a request's tables change. For kinds whose pages follow
 the default :meth:`~kvcore.KVCacheSpec.live_pages` (every built-in kind), the token counts at
 which a table grows or frees a page depend on the count alone, so they are computed once per
@@ -40,6 +47,7 @@ from kvcore.errors import BlockPoolExhaustedError, InvalidInputError
 from kvcore.limits import MAX_TOKENS, check_at_most
 from kvcore.plan import KVCachePlan
 from kvcore.runtime.block_pool import BlockPool
+from kvcore.runtime.prefix_cache import PrefixKey
 from kvcore.simulation.workload import Request, Workload
 from kvcore.spec import KVCacheSpec, SizingContext
 from kvcore.validators import check_int
@@ -61,7 +69,11 @@ class SimulationResult:
         preemptions: how many times a running request was preempted.
         mean_queue_delay: steps from arrival to first scheduling, on average.
         p99_queue_delay: the same, 99th percentile (nearest rank).
-        mean_pool_usage: the share of the pool's usable block ids held during a step, on average (0..1).
+        prefix_caching: whether the pool cached prefixes (asked for, and every group can).
+        cached_tokens: prompt tokens found in the prefix cache at admission, not computed.
+        prefix_hit_rate: ``cached_tokens`` over the tokens of the requests looked up (0..1).
+        mean_pool_usage: the share of the pool's usable block ids held during a step, on average
+            (0..1); cached blocks no request holds count as free.
         peak_pool_usage: the largest share held during one step.
         running: running requests at each step.
         pool_usage: the share of the pool held at each step.
@@ -82,6 +94,9 @@ class SimulationResult:
     peak_pool_usage: float
     running: tuple[int, ...] = attrs.field(repr=False)
     pool_usage: tuple[float, ...] = attrs.field(repr=False)
+    prefix_caching: bool = False
+    cached_tokens: int = 0
+    prefix_hit_rate: float = 0.0
 
 
 def simulate(
@@ -90,6 +105,7 @@ def simulate(
     *,
     max_num_batched_tokens: int | None = None,
     on_step: Callable[[int, int], None] | None = None,
+    prefix_caching: bool = False,
 ) -> SimulationResult:
     """Replay ``workload`` through ``plan``'s block pool until every request has finished.
 
@@ -100,6 +116,7 @@ def simulate(
             ``plan.context.max_num_batched_tokens``).
         on_step: called after every step (after an idle stretch, once) with the steps done and
             the requests finished so far, e.g. to draw a progress bar.
+        prefix_caching: cache the requests' shared prefixes (``prefix_id``) in the pool.
 
     Returns:
         The figures and the per-step series.
@@ -109,7 +126,9 @@ def simulate(
             more block ids than the pool has even when it runs alone (the message names it), or
             ``max_num_batched_tokens`` is not an int from 1 to ``kvcore.limits.MAX_TOKENS``.
     """
-    simulator = Simulator(plan, workload, max_num_batched_tokens=max_num_batched_tokens)
+    simulator = Simulator(
+        plan, workload, max_num_batched_tokens=max_num_batched_tokens, prefix_caching=prefix_caching
+    )
     while not simulator.done:
         simulator.step()
         if on_step is not None:
@@ -126,13 +145,19 @@ class Simulator:
         plan: the plan.
         workload: the requests.
         max_num_batched_tokens: tokens per step (default: the plan's).
+        prefix_caching: cache shared prefixes (as :func:`simulate`).
 
     Raises:
         InvalidInputError: as :func:`simulate`.
     """
 
     def __init__(
-        self, plan: KVCachePlan, workload: Workload, *, max_num_batched_tokens: int | None = None
+        self,
+        plan: KVCachePlan,
+        workload: Workload,
+        *,
+        max_num_batched_tokens: int | None = None,
+        prefix_caching: bool = False,
     ) -> None:
         budget = (
             plan.context.max_num_batched_tokens if max_num_batched_tokens is None else max_num_batched_tokens
@@ -145,7 +170,13 @@ class Simulator:
         self.budget: int = budget
         _check_lengths(plan, self.requests)
         _check_fits_alone(plan, self.requests, budget)
-        self.pool = BlockPool(plan, lowest_first=False)
+        self.pool = BlockPool(plan, lowest_first=False, prefix_caching=prefix_caching)
+        #: per request, what names its prompt's shared prefix (with prefix caching)
+        self._prefixes: list[PrefixKey] | None = None
+        if prefix_caching:
+            self._prefixes = [
+                PrefixKey(r.prefix_id if r.prefix_tokens else None, r.prefix_tokens) for r in self.requests
+            ]
         count = len(self.requests)
         self._arrival = [r.arrival_step for r in self.requests]
         self._computed = [0] * count  # tokens cached
@@ -160,12 +191,18 @@ class Simulator:
         if tables is None:  # some kind's pages are not the default's: ask the pool every step
             tables = (bytearray(b"\x01") * (longest + 2), bytearray(b"\x01") * (longest + 2))
         self._grows, self._releases = tables
+        if self.pool.prefix_caching:  # release_stale caches full blocks: call it at block ends
+            self._releases = bytearray(self._releases)
+            for group in plan.groups:
+                per_page = group.spec.tokens_per_page or 1
+                self._releases[per_page::per_page] = b"\x01" * len(range(per_page, longest + 2, per_page))
         self._running_series: list[int] = []
         self._usage_series: list[float] = []
         self.steps = 0
         self.finished = 0
         self.total_tokens = 0
         self.recomputed_tokens = 0
+        self.cached_tokens = 0
         self.preemptions = 0
 
     @property
@@ -250,20 +287,26 @@ class Simulator:
                 stale.append(r)
         if not preempted:
             first = self._first
+            prefixes = self._prefixes
             while waiting and budget:
                 r = waiting[0]
-                new = known[r]
+                hit = 0 if prefixes is None else pool.attach_prefix(r, prefixes[r], known[r])
+                new = known[r] - hit
                 if new > budget:
                     new = budget
                 try:
-                    reserve(r, new)
+                    reserve(r, hit + new)
                 except BlockPoolExhaustedError:
+                    if prefixes is not None:
+                        pool.free_request(r)  # attached: let go of its cached blocks
                     break
                 waiting.popleft()
                 running.append(r)
                 budget -= new
                 if first[r] < 0:
                     first[r] = step
+                self.cached_tokens += hit
+                new += hit
                 computed[r] = new
                 if new == known[r]:
                     if new == end[r]:
@@ -306,6 +349,7 @@ class Simulator:
         steps = self.steps
         running = self._running_series
         usage = self._usage_series
+        stats = self.pool.prefix_cache_stats
         delays = sorted(
             first - arrival for first, arrival in zip(self._first, self._arrival, strict=True) if first >= 0
         )
@@ -325,6 +369,9 @@ class Simulator:
             peak_pool_usage=max(usage, default=0.0),
             running=tuple(running),
             pool_usage=tuple(usage),
+            prefix_caching=stats.enabled,
+            cached_tokens=self.cached_tokens,
+            prefix_hit_rate=stats.hit_rate,
         )
 
 

@@ -5,6 +5,10 @@ A :class:`Request` is a prompt length, an output length and the step it arrives 
 
     {"prompt_tokens": 812, "output_tokens": 143}
     {"prompt_tokens": 2048, "output_tokens": 512, "arrival_step": 40}
+    {"prompt_tokens": 900, "output_tokens": 64, "prefix_id": "system-a", "prefix_tokens": 600}
+
+Requests with one ``prefix_id`` share their first ``prefix_tokens`` tokens (a system prompt),
+which a simulation with prefix caching finds cached.
 
 A synthetic workload (:func:`synthetic`) draws the lengths from a :class:`LengthDist` (fixed,
 uniform or log-normal; :func:`parse_length` reads ``"512"``, ``"uniform:128:4096"`` or
@@ -32,8 +36,23 @@ MAX_REQUESTS: Final = 1_000_000
 #: The latest step a request may arrive at: 10,000,000 (a simulation records every step).
 MAX_ARRIVAL_STEP: Final = 10_000_000
 
-#: The keys a trace line may have; the first two are required.
-TRACE_KEYS: Final = ("prompt_tokens", "output_tokens", "arrival_step")
+#: The keys a trace line may have; the first two are required, the last two go together.
+TRACE_KEYS: Final = ("prompt_tokens", "output_tokens", "arrival_step", "prefix_id", "prefix_tokens")
+
+#: The longest ``prefix_id`` string a trace may give.
+MAX_PREFIX_ID_CHARS: Final = 200
+
+
+def _check_prefix(request: Request, attribute: attrs.Attribute[int], value: int) -> None:
+    """``prefix_tokens`` is at most the prompt and needs a ``prefix_id``."""
+    if value > request.prompt_tokens:
+        raise InvalidInputError(
+            f"request {request.id}: prefix_tokens ({value}) is more than its prompt "
+            f"({request.prompt_tokens} tokens)"
+        )
+    if value and request.prefix_id is None:
+        raise InvalidInputError(f"request {request.id}: prefix_tokens ({value}) needs a prefix_id")
+
 
 LengthKind = Literal["fixed", "uniform", "lognormal"]
 
@@ -47,12 +66,18 @@ class Request:
         prompt_tokens: tokens of the prompt (``>= 1``).
         output_tokens: tokens the request generates (``>= 1``).
         arrival_step: the scheduler step it arrives at (``>= 0``).
+        prefix_id: requests with one id share their first ``prefix_tokens`` tokens (an int or a
+            string; ``None``: the prompt is the request's own).
+        prefix_tokens: how many leading prompt tokens ``prefix_id`` names (``0`` to
+            ``prompt_tokens``).
     """
 
     id: int = attrs.field(validator=int_at_least(0))
     prompt_tokens: int = attrs.field(validator=int_at_least(1))
     output_tokens: int = attrs.field(validator=int_at_least(1))
     arrival_step: int = attrs.field(default=0, validator=int_at_least(0))
+    prefix_id: int | str | None = attrs.field(default=None)
+    prefix_tokens: int = attrs.field(default=0, validator=[int_at_least(0), _check_prefix])
 
     @property
     def total_tokens(self) -> int:
@@ -154,6 +179,8 @@ def _request_from_line(text: str, index: int, where: str) -> Request:
             f'{{"prompt_tokens": 512, "output_tokens": 128}} (got {type(item).__name__})'
         )
     missing = [key for key in TRACE_KEYS[:2] if key not in item]
+    if ("prefix_id" in item) != ("prefix_tokens" in item):
+        missing.append("prefix_tokens" if "prefix_id" in item else "prefix_id")
     if missing:
         raise InvalidInputError(f"{where}: missing {', '.join(repr(k) for k in missing)}")
     extra = sorted(str(key) for key in item if key not in TRACE_KEYS)
@@ -167,6 +194,7 @@ def _request_from_line(text: str, index: int, where: str) -> Request:
         ("prompt_tokens", 1, MAX_TOKENS, "kvcore.limits.MAX_TOKENS"),
         ("output_tokens", 1, MAX_TOKENS, "kvcore.limits.MAX_TOKENS"),
         ("arrival_step", 0, MAX_ARRIVAL_STEP, "kvcore.simulation.workload.MAX_ARRIVAL_STEP"),
+        ("prefix_tokens", 0, MAX_TOKENS, "kvcore.limits.MAX_TOKENS"),
     ):
         if key not in item:
             continue
@@ -174,7 +202,19 @@ def _request_from_line(text: str, index: int, where: str) -> Request:
         values[key] = check_at_most(
             value, limit, f"{where}: {key!r} ({constant})", "shorten the trace's requests"
         )
-    return Request(id=index, **values)
+    prefix_id = item.get("prefix_id")
+    if "prefix_id" in item and (
+        type(prefix_id) not in (int, str)
+        or (isinstance(prefix_id, str) and not 1 <= len(prefix_id) <= MAX_PREFIX_ID_CHARS)
+    ):
+        raise InvalidInputError(
+            f"{where}: 'prefix_id' must be an int or a string of 1 to {MAX_PREFIX_ID_CHARS} characters "
+            f"(got {type(prefix_id).__name__})"
+        )
+    try:
+        return Request(id=index, prefix_id=prefix_id, **values)
+    except InvalidInputError as exc:
+        raise InvalidInputError(f"{where}: {str(exc).removeprefix(f'request {index}: ')}") from None
 
 
 # -- synthetic workloads -----------------------------------------------------------------------
@@ -292,6 +332,8 @@ def synthetic(
     rate: float | None = None,
     seed: int = 0,
     max_model_len: int,
+    prefix_share: float = 0.0,
+    prefix_tokens: int = 0,
 ) -> Workload:
     """Draw a workload: ``count`` requests with random lengths and arrivals.
 
@@ -300,6 +342,11 @@ def synthetic(
     arrives at step 0; otherwise arrivals are a Poisson process of ``rate`` requests per step
     (exponential gaps, the arrival step the time rounded down).
 
+    With ``prefix_share`` and ``prefix_tokens``, each request starts with one shared prefix (a
+    system prompt, ``prefix_id`` 0) of ``prefix_tokens`` tokens with probability
+    ``prefix_share``: its prompt is the prefix plus the drawn prompt length (clipped as
+    above, so a clipped prompt may be all prefix). The other requests' prompts are their own.
+
     Args:
         count: requests (1 to :data:`MAX_REQUESTS`).
         prompt: the prompt-length distribution.
@@ -307,6 +354,8 @@ def synthetic(
         rate: mean arrivals per step (``> 0``), or ``None``.
         seed: seeds ``random.Random``; the same arguments give the same workload.
         max_model_len: the longest request (prompt plus output, ``>= 2``).
+        prefix_share: the share of requests that start with the shared prefix (0 to 1).
+        prefix_tokens: the shared prefix's length (``0`` to ``max_model_len - 2``; ``0``: none).
 
     Returns:
         The workload, named after its arguments.
@@ -326,6 +375,9 @@ def synthetic(
     check_int(seed, "'seed'")
     if rate is not None and (not is_number(rate) or not math.isfinite(rate) or rate <= 0):
         raise InvalidInputError(f"'rate' must be a number of requests per step > 0, or None (got {rate!r})")
+    if not is_number(prefix_share) or not 0 <= prefix_share <= 1:
+        raise InvalidInputError(f"'prefix_share' must be a number from 0 to 1 (got {prefix_share!r})")
+    check_int(prefix_tokens, "'prefix_tokens'", minimum=0, below=max_model_len - 1)
     rng = random.Random(seed)
     prompts = prompt.sample(rng, count, max_model_len - 1)
     outputs = output.sample(rng, count, max_model_len - 1)
@@ -340,10 +392,25 @@ def synthetic(
                 f"at {rate:g} requests per step, {count} requests arrive until step {arrivals[-1]:,}, past "
                 f"{MAX_ARRIVAL_STEP:,} (kvcore.simulation.workload.MAX_ARRIVAL_STEP); raise the rate"
             )
-    requests = tuple(
-        Request(index, p, min(o, max_model_len - p), arrivals[index])
-        for index, (p, o) in enumerate(zip(prompts, outputs, strict=True))
-    )
+    shared = [False] * count
+    if prefix_share and prefix_tokens:  # drawn after the rest, so the other draws stay the same
+        shared = [rng.random() < prefix_share for _ in range(count)]
+    requests = []
+    for index, (p, o) in enumerate(zip(prompts, outputs, strict=True)):
+        if shared[index]:
+            p = min(p + prefix_tokens, max_model_len - 1)
+        requests.append(
+            Request(
+                index,
+                p,
+                min(o, max_model_len - p),
+                arrivals[index],
+                prefix_id=0 if shared[index] else None,
+                prefix_tokens=prefix_tokens if shared[index] else 0,
+            )
+        )
     arriving = "at once" if rate is None else f"Poisson {rate:g}/step"
     name = f"{count} requests, prompt {prompt}, output {output}, {arriving}, seed {seed}"
-    return Workload(requests, name=name)
+    if prefix_share and prefix_tokens:
+        name += f", {prefix_share:g} share a {prefix_tokens}-token prefix"
+    return Workload(tuple(requests), name=name)

@@ -156,13 +156,16 @@ def test_sliding_window_pages_are_released_as_decoding_moves_on():
     assert pool.num_free_blocks == 32 and pool.requests == ()
 
 
-def test_released_positions_stay_null_when_the_table_grows_past_them():
+def test_releasing_past_the_reserved_tokens_is_an_error():
     pool = _pool()
     pool.reserve("a", 4)
-    pool.release_stale("a", 40)  # the scheduler is ahead: everything before 33 is done
-    taken = pool.reserve("a", 44)
+    before = pool.block_table("a", 1)
+    with pytest.raises(InvalidInputError, match=r"cannot have 40 computed tokens: its tables cover 4"):
+        pool.release_stale("a", 40)  # tokens 4..39 were never reserved, so never computed
+    assert pool.block_table("a", 1) == before
+    taken = pool.reserve("a", 44)  # no holes: every entry the window reads is a page
     table = pool.block_table("a", 1)
-    assert table[:8] == [NULL_PAGE] * 8 and len(table) == 11 and len(taken[1]) == 3
+    assert NULL_PAGE not in table and len(table) == 11 and len(taken[1]) == 10
 
 
 def test_a_failed_reserve_takes_nothing():
