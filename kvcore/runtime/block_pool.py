@@ -303,6 +303,16 @@ class BlockPool:
         self._check_request(request_id)
         return list(self._tables[request_id][self._index(group)])
 
+    def table_extent(self, request_id: Hashable, group: int) -> range:
+        """``range(first entry not released, table length)`` of the request's table for
+        ``group``, in O(1): the entries before it are :data:`NULL_PAGE`, those in it may hold
+        pages. :class:`~kvcore.runtime.block_tables.BlockTables` reads it to apply a change in
+        place."""
+        self._check_request(request_id)
+        index = self._index(group)
+        length = len(self._tables[request_id][index])
+        return range(min(self._released[request_id][index], length), length)
+
     def live_pages(self, request_id: Hashable, group: int) -> list[int]:
         """The pages the request holds in ``group`` now (its table without freed entries)."""
         return [page for page in self.block_table(request_id, group) if page != NULL_PAGE]
