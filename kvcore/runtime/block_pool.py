@@ -605,8 +605,12 @@ class BlockPool:
         """Count ``num_tokens`` as reserved if the tables already hold every page they need (a
         caller may skip a :meth:`reserve` that would take nothing), else raise."""
         tables = self._tables[request_id]
-        stops = self._stops(num_tokens, self._computed[request_id])
-        if any(stop > len(table) for stop, table in zip(stops, tables, strict=True)):
+        if self._by_class:  # one group of each spec says for all
+            short = any(-(-num_tokens // per_page) > len(tables[lead]) for per_page, lead, _ in self._classes)
+        else:
+            stops = self._stops(num_tokens, self._computed[request_id])
+            short = any(stop > len(table) for stop, table in zip(stops, tables, strict=True))
+        if short:
             raise InvalidInputError(
                 f"request {request_id!r} cannot have {num_tokens} computed tokens: its tables cover "
                 f"{self._tokens[request_id]}; reserve() the tokens before computing them"

@@ -44,7 +44,10 @@ MAX_PREFIX_ID_CHARS: Final = 200
 
 
 def _check_prefix(request: Request, attribute: attrs.Attribute[int], value: int) -> None:
-    """``prefix_tokens`` is at most the prompt and needs a ``prefix_id``."""
+    """``prefix_tokens`` is an int from 0 to the prompt and needs a ``prefix_id``."""
+    if not value and type(value) is int:
+        return
+    check_int(value, "'prefix_tokens'", minimum=0)
     if value > request.prompt_tokens:
         raise InvalidInputError(
             f"request {request.id}: prefix_tokens ({value}) is more than its prompt "
@@ -77,7 +80,7 @@ class Request:
     output_tokens: int = attrs.field(validator=int_at_least(1))
     arrival_step: int = attrs.field(default=0, validator=int_at_least(0))
     prefix_id: int | str | None = attrs.field(default=None)
-    prefix_tokens: int = attrs.field(default=0, validator=[int_at_least(0), _check_prefix])
+    prefix_tokens: int = attrs.field(default=0, validator=_check_prefix)
 
     @property
     def total_tokens(self) -> int:

@@ -1,0 +1,148 @@
+"""The simulator with prefix caching: shared prefixes in traces and synthetic workloads, hits
+counted, the figures unchanged without shared prefixes, and the pool's sharing invariants at
+every step."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kvcore import InvalidInputError, Request, Workload, read_trace, simulate, synthetic
+from kvcore.runtime.block_pool import NULL_PAGE
+from kvcore.simulation.simulator import Simulator
+from kvcore.simulation.workload import parse_length
+from tests.simulation.test_simulator import ONE_LAYER, PLANS, _plan
+
+
+def _served(workload):
+    return sum(r.prompt_tokens + r.output_tokens - 1 for r in workload.requests)
+
+
+def test_requests_after_the_first_find_its_prefix_cached():
+    plan = _plan(ONE_LAYER, 512, num_blocks=200)
+    first = Request(0, 300, 4, 0, prefix_id="system", prefix_tokens=260)
+    others = tuple(Request(i, 300, 4, 5, prefix_id="system", prefix_tokens=260) for i in range(1, 10))
+    workload = Workload((first, *others), name="shared")
+    off = simulate(plan, workload)
+    on = simulate(plan, workload, prefix_caching=True)
+    assert not off.prefix_caching and off.cached_tokens == 0
+    assert on.prefix_caching and on.cached_tokens == 9 * 256  # 16 full blocks of the 260 shared tokens
+    assert on.prefix_hit_rate == pytest.approx(9 * 256 / (10 * 300))
+    assert on.total_tokens == off.total_tokens - 9 * 256
+    assert on.total_tokens - on.recomputed_tokens + on.cached_tokens == _served(workload)
+
+
+requests_strategy = st.lists(
+    st.tuples(st.integers(1, 300), st.integers(1, 150), st.integers(0, 40), st.sampled_from([None, 0, 1])),
+    min_size=1,
+    max_size=14,
+)
+
+
+def _workload(shapes, prefix=200):
+    return Workload(
+        tuple(
+            Request(i, p, o, a, prefix_id=k, prefix_tokens=0 if k is None else min(prefix, p))
+            for i, (p, o, a, k) in enumerate(shapes)
+        ),
+        name="random",
+    )
+
+
+@given(name=st.sampled_from(sorted(PLANS)), shapes=requests_strategy, budget=st.sampled_from([7, 64, 4096]))
+def test_without_shared_prefixes_prefix_caching_changes_no_figure(name, shapes, budget):
+    workload = _workload([(p, o, a, None) for p, o, a, _ in shapes])
+    off = simulate(PLANS[name], workload, max_num_batched_tokens=budget)
+    on = simulate(PLANS[name], workload, max_num_batched_tokens=budget, prefix_caching=True)
+    assert on.cached_tokens == 0
+    assert (on.steps, on.running, on.total_tokens, on.preemptions) == (
+        off.steps,
+        off.running,
+        off.total_tokens,
+        off.preemptions,
+    )
+
+
+@given(name=st.sampled_from(sorted(PLANS)), shapes=requests_strategy, budget=st.sampled_from([5, 64, 4096]))
+def test_shared_blocks_are_counted_and_every_token_is_served_once(name, shapes, budget):
+    workload = _workload(shapes)
+    simulator = Simulator(PLANS[name], workload, max_num_batched_tokens=budget, prefix_caching=True)
+    pool = simulator.pool
+    while not simulator.done:
+        simulator.step()
+        held: Counter[int] = Counter()
+        for request in pool.requests:
+            for group in range(len(pool.groups)):
+                for page in pool.block_table(request, group):
+                    if page != NULL_PAGE:
+                        for block in pool.blocks_of(group, page):
+                            held[block] += 1
+        for block, count in held.items():
+            assert count == 1 or pool.is_cached(block)
+            assert not pool.prefix_caching or pool.ref_count(block) == count
+        assert pool.num_free_blocks + len(held) == pool.num_usable_blocks
+    assert pool.num_free_blocks == pool.num_usable_blocks and not pool.requests
+    result = simulator.result()
+    assert result.total_tokens - result.recomputed_tokens + result.cached_tokens == _served(workload)
+    if not pool.prefix_caching:  # a plan with a state group caches nothing, and says so
+        assert result.cached_tokens == 0 and "not cached" in pool.prefix_cache_stats.reason
+
+
+# -- shared prefixes in workloads ----------------------------------------------------------------
+
+
+def test_a_trace_names_shared_prefixes(tmp_path):
+    path = tmp_path / "t.jsonl"
+    path.write_text(
+        '{"prompt_tokens": 900, "output_tokens": 64, "prefix_id": "system-a", "prefix_tokens": 600}\n'
+        '{"prompt_tokens": 700, "output_tokens": 8, "prefix_id": 3, "prefix_tokens": 700}\n'
+        '{"prompt_tokens": 10, "output_tokens": 8}\n'
+    )
+    requests = read_trace(path).requests
+    assert [(r.prefix_id, r.prefix_tokens) for r in requests] == [("system-a", 600), (3, 700), (None, 0)]
+
+
+@pytest.mark.parametrize(
+    ("line", "says"),
+    [
+        ('{"prompt_tokens": 9, "output_tokens": 1, "prefix_id": "a"}', "missing 'prefix_tokens'"),
+        ('{"prompt_tokens": 9, "output_tokens": 1, "prefix_tokens": 4}', "missing 'prefix_id'"),
+        (
+            '{"prompt_tokens": 9, "output_tokens": 1, "prefix_id": "a", "prefix_tokens": 10}',
+            "prefix_tokens (10) is more than its prompt (9 tokens)",
+        ),
+        (
+            '{"prompt_tokens": 9, "output_tokens": 1, "prefix_id": [1], "prefix_tokens": 4}',
+            "'prefix_id' must be",
+        ),
+        ('{"prompt_tokens": 9, "output_tokens": 1, "prefix_id": "a", "prefix_tokens": -1}', "prefix_tokens"),
+    ],
+)
+def test_bad_prefixes_name_the_line(tmp_path, line, says):
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"prompt_tokens": 9, "output_tokens": 1}\n' + line + "\n")
+    with pytest.raises(InvalidInputError) as info:
+        read_trace(path)
+    assert str(info.value).startswith(f"{path}:2: ") and says in str(info.value)
+
+
+def test_a_synthetic_workload_can_share_a_prefix():
+    lengths = parse_length("uniform:10:100"), parse_length("20")
+    plain = synthetic(400, *lengths, seed=3, max_model_len=1000)
+    shared = synthetic(400, *lengths, seed=3, max_model_len=1000, prefix_share=0.5, prefix_tokens=300)
+    with_prefix = [r for r in shared.requests if r.prefix_id is not None]
+    assert 150 < len(with_prefix) < 250 and all(r.prefix_tokens == 300 for r in with_prefix)
+    for before, after in zip(plain.requests, shared.requests, strict=True):
+        extra = 300 if after.prefix_id is not None else 0
+        assert (
+            after.prompt_tokens == before.prompt_tokens + extra
+            and after.output_tokens == before.output_tokens
+        )
+    assert "0.5 share a 300-token prefix" in shared.name
+    with pytest.raises(InvalidInputError, match="prefix_share"):
+        synthetic(4, *lengths, max_model_len=1000, prefix_share=1.5, prefix_tokens=3)
+    with pytest.raises(InvalidInputError, match="prefix_tokens"):
+        synthetic(4, *lengths, max_model_len=1000, prefix_share=0.5, prefix_tokens=999)
