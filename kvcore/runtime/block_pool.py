@@ -37,6 +37,7 @@ from itertools import chain, repeat
 from typing import Final
 
 from kvcore.errors import BlockPoolExhaustedError, InvalidInputError
+from kvcore.limits import MAX_TOKENS
 from kvcore.plan import KVCacheGroup, KVCachePlan
 from kvcore.runtime.prefix_cache import PrefixCacheStats, PrefixKey, token_block_keys
 from kvcore.spec import KVCacheSpec
@@ -153,6 +154,10 @@ class BlockPool:
             classes.setdefault((group.spec, group.blocks_per_page), []).append(index)
         #: (tokens per page, the first group, all groups) of each spec, and (the same, the
         #: spec's first_retained_token) of each spec that frees pages
+        self._class_of = [0] * len(plan.groups)  # groups with equal specs free alike
+        for number, members in enumerate(classes.values()):
+            for index in members:
+                self._class_of[index] = number
         self._classes = [
             (self._paged[members[0]], members[0], tuple(members)) for members in classes.values()
         ]
@@ -308,9 +313,11 @@ class BlockPool:
         ``group``, in O(1): the entries before it are :data:`NULL_PAGE`, those in it may hold
         pages. :class:`~kvcore.runtime.block_tables.BlockTables` reads it to apply a change in
         place."""
-        self._check_request(request_id)
-        index = self._index(group)
-        length = len(self._tables[request_id][index])
+        tables = self._tables.get(request_id)
+        if tables is None:
+            self._check_request(request_id)
+        index = group if type(group) is int and 0 <= group < len(self.groups) else self._index(group)
+        length = len(tables[index])  # type: ignore[index]
         return range(min(self._released[request_id][index], length), length)
 
     def live_pages(self, request_id: Hashable, group: int) -> list[int]:
@@ -575,16 +582,16 @@ class BlockPool:
             return self._release_by_class(request_id, computed)
         tokens = self._tokens[request_id]
         freed: dict[int, list[int]] = {}
-        firsts: dict[KVCacheSpec, int] = {}  # groups with equal specs free alike
+        firsts: dict[int, int] = {}  # per class of equal specs, which free alike
+        class_of = self._class_of
         for index, group in enumerate(self.groups):
             if self._keeps_all[index]:
                 continue
             per_page = self._paged[index]
             if per_page:
-                spec = group.spec
-                first = firsts.get(spec)
-                if first is None:
-                    first = firsts[spec] = spec.first_retained_token(computed) // per_page
+                first = firsts.get(class_of[index], -1)
+                if first < 0:
+                    first = firsts[class_of[index]] = group.spec.first_retained_token(computed) // per_page
             else:
                 first = self._live(group, tokens, computed).start
             done = released[index]
@@ -636,6 +643,7 @@ class BlockPool:
             self._content.pop(request_id, None)
             self._chains.pop(request_id, None)
             self._registered.pop(request_id, None)
+            self._due.pop(request_id, None)
         if self._pending:
             self._pending.pop(request_id, None)
 
@@ -717,6 +725,7 @@ class BlockPool:
             registered = self._registered[request_id]
             for index, per_page in enumerate(self._paged):
                 registered[index] = min(registered[index], num_tokens // per_page)
+            self._due[request_id] = 0
             for per_page, keys in self._chains.get(request_id, {}).items():
                 del keys[num_tokens // per_page :]
         self._tokens[request_id] = num_tokens
@@ -945,6 +954,7 @@ class BlockPool:
         self._content: dict[Hashable, Sequence[int] | PrefixKey] = {}
         self._chains: dict[Hashable, dict[int, list[bytes]]] = {}  # per tokens-per-page
         self._registered: dict[Hashable, list[int]] = {}  # per group: blocks looked at for caching
+        self._due: dict[Hashable, float] = {}  # computed tokens before which no block fills
         self._pending: dict[Hashable, tuple[int, int]] = {}  # lookups counted at the first reserve
         self._lookups = self._hits = self._queried = self._hit_tokens = self._evictions = 0
         self._caching = False
@@ -1064,9 +1074,11 @@ class BlockPool:
     def _register(self, request_id: Hashable, computed: int) -> None:
         """Cache the request's full blocks among its first ``computed`` tokens."""
         content = self._content.get(request_id)
-        if content is None:
+        if content is None or computed < self._due.get(request_id, 0):
             return
         registered, tables = self._registered[request_id], self._tables[request_id]
+        due = math.inf
+        fixed = isinstance(content, PrefixKey)  # knows no more tokens later
         for index in range(len(self.groups)):
             start = registered[index]
             end = self._cacheable_blocks(content, index, computed)
@@ -1082,6 +1094,10 @@ class BlockPool:
                     cache[key] = block
                     keys[block] = key
             registered[index] = end
+        for index, per_page in enumerate(self._paged):
+            if not fixed or registered[index] < self._cacheable_blocks(content, index, MAX_TOKENS):
+                due = min(due, (registered[index] + 1) * per_page)
+        self._due[request_id] = due
 
     def _uncache(self, block: int) -> None:
         key = self._key[block]

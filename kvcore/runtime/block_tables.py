@@ -104,6 +104,10 @@ class BlockTables:
         self._released = [[0] * max_requests for _ in range(groups)]
         self._dirty: set[int] = set()
 
+    def __contains__(self, request_id: Hashable) -> bool:
+        """Whether the request has a row."""
+        return request_id in self._rows
+
     @property
     def requests(self) -> tuple[Hashable, ...]:
         """The requests with a row."""
@@ -126,9 +130,10 @@ class BlockTables:
         """Write what the last pool call changed in the request's row.
 
         Call it after each :meth:`~BlockPool.reserve`, :meth:`~BlockPool.release_stale` or
-        :meth:`~BlockPool.truncate` of the request, with what the call returned; a request's
-        first update (e.g. after :meth:`~BlockPool.attach_prefix` found cached blocks) copies
-        its whole table, and so does ``changes=None``.
+        :meth:`~BlockPool.truncate` of the request, with what the call returned: only the
+        groups it names are read back from the pool (each call names every group it changed).
+        A request's first update (e.g. after :meth:`~BlockPool.attach_prefix` found cached
+        blocks) copies its whole table, and so does ``changes=None``.
 
         Args:
             request_id: a request the pool knows.
@@ -151,8 +156,9 @@ class BlockTables:
                 )
             row = self._free_rows[-1]
         pool = self.pool
-        extents = [pool.table_extent(request_id, group) for group in range(len(self.max_pages))]
-        for group, extent in enumerate(extents):
+        groups = range(len(self.max_pages)) if full else (changes or {}).keys()
+        extents = [(group, pool.table_extent(request_id, group)) for group in groups]
+        for group, extent in extents:
             if extent.stop > self.max_pages[group]:
                 raise InvalidInputError(
                     f"request {request_id!r} has {extent.stop} entries in group {group} but a block-table "
@@ -161,7 +167,7 @@ class BlockTables:
         if request_id not in self._rows:
             self._free_rows.pop()
             self._rows[request_id] = row
-        for group, extent in enumerate(extents):
+        for group, extent in extents:
             array, pad = self._arrays[group], self.pad_pages[group]
             lengths, released = self._length[group], self._released[group]
             old_length, old_released = lengths[row], released[row]

@@ -1,0 +1,293 @@
+"""Block pool speed: an engine's pool calls through a 10,000-request trace (issue 17).
+
+A scheduler like an engine's (chunked prefill of up to ``max_num_batched_tokens`` per step,
+decodes first, first-come-first-served admission of up to ``--max-num-seqs`` requests,
+preemption of the latest admitted request when the pool is out of ids) drives a
+:class:`~kvcore.runtime.block_pool.BlockPool` the way an engine does: every running request
+is reserved every step, released after it (:meth:`~BlockPool.release_stale`), freed when it
+finishes, and the persistent block tables (:class:`~kvcore.runtime.block_tables.BlockTables`)
+follow every change. The trace is synthetic (prompts log-normal with a mean of 1,024 tokens,
+outputs log-normal with a mean of 128, all arriving at once), once with every prompt its own and
+once with 70 % of them starting with one shared 1,024-token system prompt; each is run with prefix
+caching off and on. The plan is ``google/gemma-3-27b-it`` (five sliding-window groups and a
+full-attention one) at 24 GiB, max_model_len 8,192, with the null block vLLM keeps.
+
+Prints steps per second, pool calls per second and the prefix-cache hit rate (cached prompt
+tokens over prompt tokens looked up) per run, and beside them the same trace through vLLM's
+``KVCacheManager`` on the same plan where vLLM (and ``kvcore.integrations.vllm``) is
+importable, else ``vLLM not installed``. Target: kvcore at least as fast as vLLM. Run it with
+``taskset -c 0``::
+
+    taskset -c 0 python benchmarks/pool_speed.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections import deque
+from collections.abc import Callable
+
+from kvcore.errors import BlockPoolExhaustedError
+from kvcore.frontends.hf_config import model_layer_specs
+from kvcore.plan import KVCachePlan
+from kvcore.planning.manager import get_plugin_manager
+from kvcore.planning.planner import plan_kv_cache
+from kvcore.planning.registry import Registry
+from kvcore.policy import PlanOptions
+from kvcore.runtime.block_pool import BlockPool
+from kvcore.runtime.block_tables import BlockTables
+from kvcore.runtime.prefix_cache import PrefixKey
+from kvcore.simulation.workload import Request, Workload, parse_length, synthetic
+from kvcore.spec import SizingContext
+
+MODEL = "google/gemma-3-27b-it"
+MEMORY = 24 * 2**30
+MAX_MODEL_LEN = 8192
+STEP = 2048
+
+
+def drive(
+    workload: Workload,
+    budget: int,
+    max_num_seqs: int,
+    *,
+    admit: Callable[[int, Request], int],
+    grow: Callable[[int, int], bool],
+    after: Callable[[int, int], None],
+    finish: Callable[[int], None],
+) -> tuple[int, int]:
+    """Run the scheduler; returns (steps, pool calls). ``admit`` looks a request up and returns
+    its cached tokens (the request is then known to the pool); ``grow(r, tokens)`` reserves and
+    says whether it got the ids; ``after(r, computed)`` runs after the step; ``finish(r)`` frees
+    (on a preemption too)."""
+    requests = workload.requests
+    waiting = deque(range(len(requests)))
+    running: list[int] = []
+    computed = [0] * len(requests)
+    known = [r.prompt_tokens for r in requests]
+    end = [r.total_tokens - 1 for r in requests]
+    steps = calls = 0
+    while waiting or running:
+        left = budget
+        scheduled: list[int] = []
+        preempted = False
+        for r in list(running):
+            if not left or r not in running:
+                continue
+            new = min(known[r] - computed[r], left)
+            while not grow(r, computed[r] + new):
+                calls += 1
+                victim = running.pop()
+                finish(victim)
+                calls += 1
+                computed[victim] = 0
+                known[victim] = requests[victim].prompt_tokens
+                waiting.appendleft(victim)
+                preempted = True
+                if victim == r:
+                    break
+            calls += 1
+            if r not in running:
+                continue
+            computed[r] += new
+            left -= new
+            scheduled.append(r)
+        while not preempted and waiting and left and len(running) < max_num_seqs:
+            r = waiting[0]
+            hit = admit(r, requests[r])
+            calls += 1
+            new = min(known[r] - hit, left)
+            if not grow(r, hit + new):
+                finish(r)
+                calls += 2
+                break
+            calls += 1
+            waiting.popleft()
+            running.append(r)
+            computed[r] = hit + new
+            left -= new
+            scheduled.append(r)
+        for r in scheduled:
+            if computed[r] == known[r]:
+                if computed[r] >= end[r]:
+                    finish(r)
+                    calls += 1
+                    running.remove(r)
+                    continue
+                known[r] += 1
+            after(r, computed[r])
+            calls += 1
+        steps += 1
+    return steps, calls
+
+
+def run_kvcore(plan: KVCachePlan, workload: Workload, caching: bool, max_num_seqs: int) -> dict[str, float]:
+    pool = BlockPool(plan, prefix_caching=caching)
+    tables = BlockTables(pool, max_requests=max_num_seqs)
+    keys = [PrefixKey(r.prefix_id if r.prefix_tokens else None, r.prefix_tokens) for r in workload.requests]
+
+    def admit(r: int, request: Request) -> int:
+        return pool.attach_prefix(r, keys[r], request.prompt_tokens)
+
+    def grow(r: int, tokens: int) -> bool:
+        try:
+            tables.update(r, pool.reserve(r, tokens))
+        except BlockPoolExhaustedError:
+            return False
+        return True
+
+    def after(r: int, computed: int) -> None:
+        tables.update(r, pool.release_stale(r, computed))
+
+    def finish(r: int) -> None:
+        if r in tables:
+            tables.remove(r)
+        pool.free_request(r)
+
+    start = time.perf_counter()
+    steps, calls = drive(workload, STEP, max_num_seqs, admit=admit, grow=grow, after=after, finish=finish)
+    seconds = time.perf_counter() - start
+    return {
+        "steps": steps,
+        "seconds": seconds,
+        "steps/s": steps / seconds,
+        "calls/s": calls / seconds,
+        "hit rate": pool.prefix_cache_stats.hit_rate,
+    }
+
+
+def run_vllm(plan: KVCachePlan, workload: Workload, caching: bool, max_num_seqs: int) -> dict[str, float]:
+    """The same trace through vLLM's ``KVCacheManager`` on the same plan (needs vLLM and
+    ``kvcore.integrations.vllm``). Token ids: a shared prefix's tokens are the same for every
+    request that has it, the rest are the request's own."""
+    from kvcore.integrations.vllm.convert import plan_to_vllm_config  # type: ignore[import-not-found]
+    from vllm.sampling_params import SamplingParams  # type: ignore[import-not-found]
+    from vllm.utils.hashing import sha256  # type: ignore[import-not-found]
+    from vllm.v1.core.kv_cache_manager import KVCacheManager  # type: ignore[import-not-found]
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash  # type: ignore[import-not-found]
+    from vllm.v1.request import Request as VllmRequest  # type: ignore[import-not-found]
+
+    config = plan_to_vllm_config(plan)
+    block = min(g.kv_cache_spec.block_size for g in config.kv_cache_groups)
+    init_none_hash(sha256)
+    manager = KVCacheManager(
+        kv_cache_config=config,
+        max_model_len=MAX_MODEL_LEN,
+        scheduler_block_size=block,
+        hash_block_size=block,
+        enable_caching=caching,
+    )
+    hasher = get_request_block_hasher(block, sha256)
+    made: dict[int, VllmRequest] = {}
+
+    def admit(r: int, request: Request) -> int:
+        shared = [7 + (i % 30_000) for i in range(request.prefix_tokens)]
+        own = [40_000 + (r * 131 + i) % 20_000 for i in range(request.prompt_tokens - request.prefix_tokens)]
+        vreq = VllmRequest(
+            str(r), shared + own, SamplingParams(max_tokens=request.output_tokens), None, block_hasher=hasher
+        )
+        made[r] = vreq
+        blocks, hit = manager.get_computed_blocks(vreq)
+        vreq.num_computed_tokens = hit
+        vreq._kvcore_blocks = blocks
+        return int(hit)
+
+    def grow(r: int, tokens: int) -> bool:
+        vreq = made[r]
+        new = tokens - vreq.num_computed_tokens
+        blocks = getattr(vreq, "_kvcore_blocks", None)
+        if blocks is not None:
+            del vreq._kvcore_blocks
+            got = manager.allocate_slots(vreq, new, vreq.num_computed_tokens, blocks)
+        else:
+            got = manager.allocate_slots(vreq, new)
+        return got is not None
+
+    def after(r: int, computed: int) -> None:
+        vreq = made[r]
+        vreq.num_computed_tokens = computed
+        if computed >= vreq.num_tokens:
+            vreq.append_output_token_ids(1)
+
+    def finish(r: int) -> None:
+        manager.free(made.pop(r))
+
+    start = time.perf_counter()
+    steps, calls = drive(workload, STEP, max_num_seqs, admit=admit, grow=grow, after=after, finish=finish)
+    seconds = time.perf_counter() - start
+    stats = manager.make_prefix_cache_stats()
+    rate = stats.hits / stats.queries if stats is not None and stats.queries else 0.0
+    return {
+        "steps": steps,
+        "seconds": seconds,
+        "steps/s": steps / seconds,
+        "calls/s": calls / seconds,
+        "hit rate": rate,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=10_000)
+    parser.add_argument("--max-num-seqs", type=int, default=256)
+    args = parser.parse_args()
+    registry = Registry.from_plugin_manager(get_plugin_manager(autoload=False))
+    specs = model_layer_specs(MODEL, registry)
+    context = SizingContext(max_model_len=MAX_MODEL_LEN, max_num_batched_tokens=STEP)
+    plan = plan_kv_cache(
+        specs, MEMORY, context, registry=registry, policy="auto", options=PlanOptions(reserve_null_block=True)
+    )
+    prompt, output = parse_length("lognormal:1024:1.0"), parse_length("lognormal:128:1.0")
+    traces = {
+        "own prompts": synthetic(args.requests, prompt, output, seed=0, max_model_len=MAX_MODEL_LEN),
+        "70% share 1,024": synthetic(
+            args.requests,
+            prompt,
+            output,
+            seed=0,
+            max_model_len=MAX_MODEL_LEN,
+            prefix_share=0.7,
+            prefix_tokens=1024,
+        ),
+    }
+    print(
+        f"{MODEL}, {plan.policy}, 24 GiB, max_model_len {MAX_MODEL_LEN:,}, {STEP:,} tokens/step: "
+        f"{plan.num_blocks:,} blocks (null block 0), {len(plan.groups)} groups"
+    )
+    print(
+        f"trace: {args.requests:,} requests, prompt {prompt}, output {output}, at once; "
+        f"at most {args.max_num_seqs} running\n"
+    )
+    try:
+        import vllm  # type: ignore[import-not-found]  # noqa: F401
+
+        have_vllm = True
+    except ImportError:
+        have_vllm = False
+    header = (
+        f"{'trace':<16} {'caching':<7} {'steps':>7} {'kvcore s':>8} {'steps/s':>8} {'calls/s':>9} "
+        f"{'hit rate':>8}   {'vLLM steps/s':>12} {'vLLM hit rate':>13}"
+    )
+    print(header)
+    print("-" * len(header))
+    for name, workload in traces.items():
+        for caching in (False, True):
+            ours = run_kvcore(plan, workload, caching, args.max_num_seqs)
+            if have_vllm:
+                try:
+                    theirs = run_vllm(plan, workload, caching, args.max_num_seqs)
+                    vllm_cells = f"{theirs['steps/s']:>12,.0f} {100 * theirs['hit rate']:>12.1f}%"
+                except Exception as exc:
+                    vllm_cells = f"vLLM failed: {type(exc).__name__}: {exc}"[:80]
+            else:
+                vllm_cells = "vLLM not installed"
+            print(
+                f"{name:<16} {'on' if caching else 'off':<7} {ours['steps']:>7,} {ours['seconds']:>8.2f} "
+                f"{ours['steps/s']:>8,.0f} {ours['calls/s']:>9,.0f} {100 * ours['hit rate']:>7.1f}%   "
+                f"{vllm_cells}"
+            )
+
+
+if __name__ == "__main__":
+    main()
