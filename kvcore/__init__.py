@@ -50,6 +50,8 @@ _LAZY: dict[str, str] = {
     "bind_to_runner_list": "kvcore.runtime.binding",
     "NULL_PAGE": "kvcore.runtime.block_pool",
     "BlockPool": "kvcore.runtime.block_pool",
+    "BlockTables": "kvcore.runtime.block_tables",
+    "PrefixKey": "kvcore.runtime.prefix_cache",
     "Capacity": "kvcore.planning.capacity",
     "efficiency": "kvcore.planning.capacity",
     "ideal_concurrency": "kvcore.planning.capacity",
@@ -157,10 +159,12 @@ if _typing.TYPE_CHECKING:
         NULL_PAGE,
         BlockPool,
     )
+    from kvcore.runtime.block_tables import BlockTables
     from kvcore.runtime.memory import (
         MemoryProfile,
         determine_available_memory,
     )
+    from kvcore.runtime.prefix_cache import PrefixKey
     from kvcore.simulation.simulator import SimulationResult, simulate
     from kvcore.simulation.workload import Request, Workload, read_trace, synthetic
     from kvcore.spec import (
@@ -181,6 +185,7 @@ __all__ = [
     "BlockPlacement",
     "BlockPool",
     "BlockPoolExhaustedError",
+    "BlockTables",
     "CacheLayout",
     "Capacity",
     "DType",
@@ -217,6 +222,7 @@ __all__ = [
     "PluginValidationError",
     "PolicyChoice",
     "PolicyNotApplicableError",
+    "PrefixKey",
     "RankLayout",
     "Registry",
     "Request",
