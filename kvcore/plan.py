@@ -28,7 +28,9 @@ def _names(value: Iterable[str]) -> tuple[str, ...]:
 
 def _null_block(instance: object, attribute: attrs.Attribute[int | None], value: int | None) -> None:
     if value is not None and (type(value) is not int or value != 0):
-        raise PlanValidationError([f"'null_block' must be 0 (block id 0 reserved) or None (got {value!r})"])
+        raise PlanValidationError(
+            [f"'null_block' must be 0 (block id 0 reserved) or None (got {value!r})"]
+        )
 
 
 def _groups(value: Iterable[KVCacheGroup]) -> tuple[KVCacheGroup, ...]:

@@ -411,7 +411,9 @@ def add_workload_options(parser: argparse.ArgumentParser, *, trace_flag: str, re
         metavar="R",
         help="with --requests: Poisson arrivals, R requests per step on average (default: all at step 0)",
     )
-    parser.add_argument("--seed", type=seed, metavar="S", help="with --requests: the random seed (default 0)")
+    parser.add_argument(
+        "--seed", type=seed, metavar="S", help="with --requests: the random seed (default 0)"
+    )
     parser.add_argument(
         "--prefix-share",
         type=share,

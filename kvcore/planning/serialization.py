@@ -191,13 +191,12 @@ def make_converter(registry: Registry) -> cattrs.Converter:
     )
     # a plan without KV-sharing layers reads and writes as it always did
     conv.register_unstructure_hook(
-        KVCachePlan,
-        make_dict_unstructure_fn(
+        KVCachePlan, make_dict_unstructure_fn(
             KVCachePlan,
             conv,
             kv_sharing=override(omit_if_default=True),
             null_block=override(omit_if_default=True),
-        ),
+        )
     )
     return conv
 
