@@ -206,9 +206,10 @@ class BlockPool:
         return self.num_blocks - (1 if self.plan.null_block is not None and self.num_blocks else 0)
 
     def num_free_pages(self, group: int) -> int:
-        """Pages ``group`` could take now: free ids, or fully free aligned runs."""
+        """Pages ``group`` could take now: free ids (cached ones no request holds included), or
+        fully free aligned runs."""
         span = self._group(group).blocks_per_page
-        return self._num_free if span == 1 else self._runs[span].full
+        return self.num_free_blocks if span == 1 else self._runs[span].full
 
     def blocks_of(self, group: int, page: int) -> range:
         """The block ids page ``page`` of ``group`` covers."""
