@@ -365,13 +365,7 @@ class BlockPool:
         """
         if type(num_tokens) is not int or num_tokens < 0:
             check_int(num_tokens, "'num_tokens'", minimum=0)
-        held = self._tokens.get(request_id)
-        if held is not None and num_tokens < held:
-            raise InvalidInputError(
-                f"cannot reserve {num_tokens} tokens for request {request_id!r}: its tables already cover "
-                f"{held}; reserve() only grows a request, truncate(request, {num_tokens}) shrinks it"
-            )
-        if self._by_class:
+        if self._by_class:  # checks a shrinking count itself
             grown = self._reserve_by_class(request_id, num_tokens)
             if self._pending:
                 self._count_lookup(request_id)
@@ -382,6 +376,8 @@ class BlockPool:
             released = [0] * len(self.groups)
             computed = 0
         else:
+            if num_tokens < self._tokens[request_id]:
+                raise self._shrinking(request_id, num_tokens)
             released = self._released[request_id]
             computed = self._computed[request_id]
         grows: list[tuple[int, int]] = []
@@ -471,7 +467,16 @@ class BlockPool:
             self._tokens[request_id] = num_tokens
         elif num_tokens > self._tokens[request_id]:
             self._tokens[request_id] = num_tokens
+        elif num_tokens < self._tokens[request_id]:
+            raise self._shrinking(request_id, num_tokens)  # nothing was taken: every table was long enough
         return taken
+
+    def _shrinking(self, request_id: Hashable, num_tokens: int) -> InvalidInputError:
+        held = self._tokens[request_id]
+        return InvalidInputError(
+            f"cannot reserve {num_tokens} tokens for request {request_id!r}: its tables already cover "
+            f"{held}; reserve() only grows a request, truncate(request, {num_tokens}) shrinks it"
+        )
 
     def _request_exhausted(self, request_id: Hashable, num_tokens: int) -> BlockPoolExhaustedError:
         """The error of a :meth:`reserve` that found too few free ids (nothing was taken)."""
@@ -613,8 +618,11 @@ class BlockPool:
         """Count ``num_tokens`` as reserved if the tables already hold every page they need (a
         caller may skip a :meth:`reserve` that would take nothing), else raise."""
         tables = self._tables[request_id]
+        short = False
         if self._by_class:  # one group of each spec says for all
-            short = any(-(-num_tokens // per_page) > len(tables[lead]) for per_page, lead, _ in self._classes)
+            for per_page, lead, _ in self._classes:
+                if -(-num_tokens // per_page) > len(tables[lead]):
+                    short = True
         else:
             stops = self._stops(num_tokens, self._computed[request_id])
             short = any(stop > len(table) for stop, table in zip(stops, tables, strict=True))
