@@ -79,6 +79,10 @@ class EqualGroupsPolicy:
             return sum(counts), need / (size * rows) if rows else 1.0
 
         scored = {size: score(size) for size in _sizes_worth_scoring([len(layers) for _, layers in buckets])}
+        if options.max_groups is not None:
+            # the largest size scored puts each kind in one group: the fewest there are
+            options.check_group_count(self.name, min(groups for groups, _ in scored.values()))
+            scored = {s: v for s, v in scored.items() if v[0] <= options.max_groups}
         best = max(eff for _, eff in scored.values())
         floor = best * (1.0 - options.grouping_tolerance)
         size = min(

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import math
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+import attrs
 
 from kvcore.error_messages import ParameterNames
 from kvcore.errors import InvalidInputError
@@ -31,6 +33,7 @@ FLAG_NAMES = ParameterNames(
     memory="--memory",
     utilization="utilization",
     assign="{name} {value}",
+    max_groups="--max-groups",
 )
 
 
@@ -203,6 +206,20 @@ def add_sizing_options(
         metavar="N",
         help="largest block size a policy may give a group to even out pages (default %(default)s)",
     )
+    parser.add_argument(
+        "--uniform-block-size",
+        action="store_true",
+        help=(
+            "one block size for every attention-like group (kernels compiled for one size): no "
+            "group's blocks are enlarged to fill rows"
+        ),
+    )
+    parser.add_argument(
+        "--max-groups",
+        type=positive_int,
+        metavar="N",
+        help="at most N groups (block tables): the best layout within it, or an error naming the fewest",
+    )
 
 
 def add_planning_options(
@@ -299,7 +316,20 @@ def length_cap(args: argparse.Namespace) -> int | None:
 
 def plan_options(args: argparse.Namespace) -> PlanOptions:
     """The :class:`PlanOptions` the options describe."""
-    return PlanOptions(grouping_tolerance=args.grouping_tolerance, max_block_size=args.max_block_size)
+    return PlanOptions(
+        grouping_tolerance=args.grouping_tolerance,
+        max_block_size=args.max_block_size,
+        uniform_block_size=getattr(args, "uniform_block_size", False),
+        max_groups=getattr(args, "max_groups", None),
+    )
+
+
+def options_report(args: argparse.Namespace) -> dict[str, Any]:
+    """``{"options": {...}}``, the :class:`PlanOptions` for a JSON report, when any differs from
+    its default (``--uniform-block-size``, ``--max-groups`` ...); ``{}`` otherwise, so that a
+    plan made with the defaults reads as it always has."""
+    options = plan_options(args)
+    return {} if options == PlanOptions() else {"options": attrs.asdict(options)}
 
 
 def length_dist(text: str) -> LengthDist:
@@ -386,9 +416,7 @@ def add_workload_options(parser: argparse.ArgumentParser, *, trace_flag: str, re
         metavar="R",
         help="with --requests: Poisson arrivals, R requests per step on average (default: all at step 0)",
     )
-    parser.add_argument(
-        "--seed", type=seed, metavar="S", help="with --requests: the random seed (default 0)"
-    )
+    parser.add_argument("--seed", type=seed, metavar="S", help="with --requests: the random seed (default 0)")
 
 
 def wants_workload(args: argparse.Namespace) -> bool:
