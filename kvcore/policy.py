@@ -66,8 +66,10 @@ class PlanOptions:
             policy enlarge blocks to fill rows.
         max_groups: at most this many groups (block tables); the policy picks its best layout
             among those with that many groups or fewer, and raises
-            :class:`~kvcore.errors.GroupLimitError` naming the fewest it can do otherwise.
-            ``None`` (the default): no bound beyond ``grouping_tolerance``.
+            :class:`~kvcore.errors.GroupLimitError` naming the fewest it can do otherwise. A
+            bound the default choice keeps changes nothing; when it cuts off every layout
+            within ``grouping_tolerance`` of the best, the tolerance counts from the best layout
+            within the bound. ``None`` (the default): no bound beyond ``grouping_tolerance``.
     """
 
     grouping_tolerance: float = attrs.field(default=0.005, validator=_tolerance)
