@@ -161,7 +161,9 @@ class LocalExecutor:
         views = allocate(plan, self.device, registry=self.registry, zero=self.zero, allocator=self.allocator)
         self.timings["allocate"] = time.perf_counter() - start
         start = time.perf_counter()
-        self._previous = previous_values(targets, self.attribute)
+        self._previous = previous_values(
+            targets, self.attribute, bound=self.kv_caches, earlier=self._previous
+        )
         self.bound = bind_to_modules(
             self.model, views, kv_sharing=sharing, attribute=self.attribute, expected=layers
         )

@@ -19,17 +19,34 @@ import torch
 MISSING: object = object()
 
 
-def previous_values(modules: Mapping[str, torch.nn.Module], attribute: str) -> dict[str, object]:
+def previous_values(
+    modules: Mapping[str, torch.nn.Module],
+    attribute: str,
+    *,
+    bound: Mapping[str, object] | None = None,
+    earlier: Mapping[str, object] | None = None,
+) -> dict[str, object]:
     """What each module's ``attribute`` held before kvcore binds a view to it.
 
     Args:
         modules: ``{layer: module}`` about to be bound.
         attribute: the attribute kvcore will set.
+        bound: ``{layer: view}`` kvcore bound before (a plan initialized again without a
+            release): a module still holding that view counts as holding ...
+        earlier: ... what :func:`previous_values` recorded then.
 
     Returns:
         ``{layer: the old value}``, :data:`MISSING` where the module had no such attribute.
     """
-    return {name: getattr(module, attribute, MISSING) for name, module in modules.items()}
+    held = bound or {}
+    before = earlier or {}
+    out: dict[str, object] = {}
+    for name, module in modules.items():
+        value = getattr(module, attribute, MISSING)
+        if name in held and value is held[name]:
+            value = before.get(name, MISSING)
+        out[name] = value
+    return out
 
 
 def unbind_modules(

@@ -133,3 +133,11 @@ def test_timings_always_have_the_documented_keys(toy_registry, warmup):
     if warmup is None:
         assert executor.timings["warmup"] == 0.0
     assert all(seconds >= 0 for seconds in executor.timings.values())
+
+
+def test_initializing_again_without_release_still_restores_the_first_values(toy_registry):
+    executor = _executor(toy_registry)
+    initialize_kv_caches(executor, registry=toy_registry, max_model_len=256)
+    initialize_kv_caches(executor, registry=toy_registry, max_model_len=128)
+    executor.release()
+    assert all(module.kv_cache is None for module in _attention(executor.model).values())
