@@ -68,3 +68,18 @@ def test_a_bad_group_bound_is_a_usage_error(run_cli, bad):
     with pytest.raises(SystemExit) as caught:
         run_cli("plan", *GEMMA, "--max-groups", bad)
     assert caught.value.code == 2
+
+
+def test_a_saved_plan_refuses_the_options(run_cli, spec_file, tmp_path):
+    from tests.cli.conftest import full_entry
+
+    layers = {f"layers.{i}": full_entry() for i in range(2)}
+    status, out, _ = run_cli(
+        "plan", "--specs", spec_file(layers), "--memory", "8MiB", "--max-model-len", "256", "--json"
+    )
+    assert status == 0
+    saved = tmp_path / "plan.json"
+    saved.write_text(out)
+    for flags in (["--max-groups", "2"], ["--uniform-block-size"]):
+        status, _, err = run_cli("allocate", "--plan", saved, "--device", "cpu", *flags)
+        assert status == 1 and f"{flags[0]} cannot be combined with --plan" in err
