@@ -379,7 +379,7 @@ class Engine:
         speculative tokens) and give back the pages past its new length. With the pool's
         ``truncate`` (issue 17, item 3) only those pages go; without it, the request is
         recomputed from its remaining tokens (correct, only slower)."""
-        request = next(r for r in self.running if r.request_id == request_id)
+        request = next(r for r in (*self.running, *self.waiting) if r.request_id == request_id)
         keep = len(request.output) - num_rejected
         if keep < 0:
             raise ValueError(
@@ -392,7 +392,8 @@ class Engine:
             truncate(request_id, length)
             request.num_computed = length
         elif request.num_computed > length:
-            self.pool.free_request(request_id)
+            if request_id in self.pool.requests:
+                self.pool.free_request(request_id)
             request.num_computed = 0
 
     # -- 2. the model and attention ---------------------------------------------------------------
