@@ -16,7 +16,7 @@ from typing import TypeVar
 
 import attrs
 
-from kvcore.errors import InsufficientMemoryError, KVCacheAllocationError, KVCoreError
+from kvcore.errors import GroupLimitError, InsufficientMemoryError, KVCacheAllocationError, KVCoreError
 from kvcore.units import format_bytes
 
 _Error = TypeVar("_Error", bound=KVCoreError)
@@ -32,6 +32,7 @@ class ParameterNames:
         memory: the KV-cache byte budget.
         utilization: the share of device memory the budget is taken from.
         assign: a setting given a value, with ``{name}`` and ``{value}`` slots.
+        max_groups: the bound on the number of groups (block tables).
     """
 
     max_model_len: str = "max_model_len"
@@ -39,6 +40,7 @@ class ParameterNames:
     memory: str = "available_bytes/kv_cache_bytes"
     utilization: str = "utilization"
     assign: str = "{name}={value}"
+    max_groups: str = "max_groups"
 
     def setting(self, name: str, value: object) -> str:
         """``name`` given ``value``: ``num_blocks=16`` (Python) or ``--num-blocks 16`` (flags)."""
@@ -85,6 +87,8 @@ def render(error: KVCoreError, names: ParameterNames = PYTHON_NAMES) -> str:
         return _shortfall(error, names)
     if isinstance(error, KVCacheAllocationError) and error.failure is not None:
         return _allocation_failure(error, names)
+    if isinstance(error, GroupLimitError):
+        return _group_limit(error, names)
     return str(error)
 
 
@@ -144,4 +148,13 @@ def _allocation_failure(error: KVCacheAllocationError, names: ParameterNames) ->
         f"{format_bytes(error.requested_bytes)} in {error.num_allocations} allocation(s) ({error.failure}); "
         f"everything was released and {free} is free now: plan for less memory (a lower "
         f"{names.utilization} or {names.memory})"
+    )
+
+
+def _group_limit(error: GroupLimitError, names: ParameterNames) -> str:
+    return (
+        f"policy {error.policy!r} cannot plan these layers in at most "
+        f"{plural(error.max_groups, 'group')} ({names.setting(names.max_groups, error.max_groups)}): "
+        f"its fewest is {plural(error.smallest_groups, 'group')} (one per distinct spec at least); "
+        f"raise {names.max_groups} to {error.smallest_groups} or more"
     )

@@ -53,6 +53,22 @@ class PolicyNotApplicableError(KVCoreError, ValueError):
     """The chosen allocation policy cannot plan these specs; the message says why."""
 
 
+class GroupLimitError(PolicyNotApplicableError):
+    """No layout of the policy has at most ``max_groups`` groups (``PlanOptions.max_groups``).
+
+    Attributes:
+        policy: the policy's name.
+        max_groups: the bound asked for.
+        smallest_groups: the fewest groups the policy can plan these layers in.
+    """
+
+    def __init__(self, message: str = "", *, policy: str, max_groups: int, smallest_groups: int) -> None:
+        self.policy = policy
+        self.max_groups = max_groups
+        self.smallest_groups = smallest_groups
+        super().__init__(message or f"policy {policy!r} needs at least {smallest_groups} groups")
+
+
 class SpecMismatchError(KVCoreError, ValueError):
     """Specs that must agree do not (e.g. the same layer reported differently by two ranks)."""
 
@@ -264,6 +280,7 @@ __all__ = [
     "DeviceUnavailableError",
     "DistributedAgreementError",
     "DuplicateRegistrationError",
+    "GroupLimitError",
     "InsufficientMemoryError",
     "InvalidInputError",
     "InvalidSpecError",

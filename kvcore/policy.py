@@ -24,10 +24,16 @@ from typing import Protocol, runtime_checkable
 
 import attrs
 
-from kvcore.errors import InvalidInputError
+from kvcore.error_messages import with_message
+from kvcore.errors import GroupLimitError, InvalidInputError
 from kvcore.plan import KVCacheGroup
 from kvcore.spec import KVCacheSpec, SizingContext
-from kvcore.validators import boolean, is_number, positive_int
+from kvcore.validators import boolean, check_int, is_number, positive_int
+
+
+def _optional_count(instance: object, attribute: attrs.Attribute[int | None], value: object) -> None:
+    if value is not None:
+        check_int(value, f"'{attribute.name}'", minimum=1)
 
 
 def _tolerance(instance: object, attribute: attrs.Attribute[float], value: object) -> None:
@@ -51,11 +57,41 @@ class PlanOptions:
             block tables (vLLM's convention). The plan's ``num_blocks`` still counts it; its
             capacity figures count one block fewer (:attr:`KVCachePlan.usable_blocks`). The
             planner applies it to every policy's plan; policies need not read it.
+        uniform_block_size: give every group whose page grows with its block size (every
+            attention-like group; per-request states keep theirs) one block size, for kernels
+            compiled for one size: the least common multiple of the layers' block sizes
+            (their largest, for powers of two). No group's block size is raised beyond it, so
+            a row a group cannot fill is left part empty. ``False`` (the default) lets a
+            policy enlarge blocks to fill rows.
+        max_groups: at most this many groups (block tables); the policy picks its best layout
+            among those with that many groups or fewer, and raises
+            :class:`~kvcore.errors.GroupLimitError` naming the fewest it can do otherwise. A
+            bound the default choice keeps changes nothing; when it cuts off every layout
+            within ``grouping_tolerance`` of the best, the tolerance counts from the best layout
+            within the bound. ``None`` (the default): no bound beyond ``grouping_tolerance``.
     """
 
     grouping_tolerance: float = attrs.field(default=0.005, validator=_tolerance)
     max_block_size: int = attrs.field(default=128, validator=positive_int)
     reserve_null_block: bool = attrs.field(default=False, validator=boolean)
+    uniform_block_size: bool = attrs.field(default=False, validator=boolean)
+    max_groups: int | None = attrs.field(default=None, validator=_optional_count)
+
+    def check_group_count(self, policy: str, smallest: int) -> None:
+        """Raise unless ``smallest`` groups, the fewest ``policy`` can plan the layers in, are
+        within :attr:`max_groups`; a policy calls it before it picks a layout.
+
+        Args:
+            policy: the policy's name (for the message).
+            smallest: the fewest groups any layout of the policy has for these layers.
+
+        Raises:
+            GroupLimitError: ``smallest`` exceeds :attr:`max_groups`.
+        """
+        if self.max_groups is not None and smallest > self.max_groups:
+            raise with_message(
+                GroupLimitError(policy=policy, max_groups=self.max_groups, smallest_groups=smallest)
+            )
 
 
 def _names(value: Iterable[str]) -> tuple[str, ...]:

@@ -79,8 +79,16 @@ class EqualGroupsPolicy:
             return sum(counts), need / (size * rows) if rows else 1.0
 
         scored = {size: score(size) for size in _sizes_worth_scoring([len(layers) for _, layers in buckets])}
-        best = max(eff for _, eff in scored.values())
-        floor = best * (1.0 - options.grouping_tolerance)
+        floor = max(eff for _, eff in scored.values()) * (1.0 - options.grouping_tolerance)
+        if options.max_groups is not None:
+            # the largest size scored puts each kind in one group: the fewest there are
+            options.check_group_count(self.name, min(groups for groups, _ in scored.values()))
+            scored = {s: v for s, v in scored.items() if v[0] <= options.max_groups}
+            # a bound the usual choice keeps changes nothing; else the tolerance is counted
+            # from the best layout within the bound
+            within = max(eff for _, eff in scored.values())
+            if within < floor:
+                floor = within * (1.0 - options.grouping_tolerance)
         size = min(
             (s for s, (_, eff) in scored.items() if eff >= floor),
             key=lambda s: (scored[s][0], -scored[s][1], -s),

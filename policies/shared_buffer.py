@@ -73,7 +73,8 @@ class _Bucket:
         self.layers = layers
         self.context = context
         self.scalable = spec.page_scales_with_block_size
-        limit = max(1, options.max_block_size // spec.block_size) if self.scalable else 1
+        enlarge = self.scalable and not options.uniform_block_size
+        limit = max(1, options.max_block_size // spec.block_size) if enlarge else 1
         #: block-size factors this bucket may use: powers of two (kernels take such block sizes)
         self.factors = [1 << i for i in range(limit.bit_length()) if 1 << i <= limit]
         self._specs: dict[int, KVCacheSpec] = {}
@@ -211,8 +212,16 @@ class SharedBufferPolicy:
         buckets = _buckets(specs, context, options)
         need = sum(len(b.layers) * b.spec.max_memory_usage_bytes(context) for b in buckets)
         scores = [_score(buckets, row, need) for row in _candidate_rows(buckets)]
-        best = max(s.efficiency for s in scores)
-        floor = best * (1.0 - options.grouping_tolerance)
+        floor = max(s.efficiency for s in scores) * (1.0 - options.grouping_tolerance)
+        if options.max_groups is not None:
+            # the widest candidate row holds every bucket in one group: the fewest there are
+            options.check_group_count(self.name, min(s.groups for s in scores))
+            scores = [s for s in scores if s.groups <= options.max_groups]
+            # a bound the usual choice keeps changes nothing; else the tolerance is counted
+            # from the best layout within the bound
+            within = max(s.efficiency for s in scores)
+            if within < floor:
+                floor = within * (1.0 - options.grouping_tolerance)
         chosen = min(
             (s for s in scores if s.efficiency >= floor),
             key=lambda s: (s.groups, -s.efficiency, s.row),

@@ -147,6 +147,7 @@ _PLAN_FIXES = (
     ("tp", "--tp"),
     ("kv_cache_dtype", "--kv-cache-dtype"),
     ("state_dtype", "--state-dtype"),
+    ("max_groups", "--max-groups"),
 )
 
 
@@ -155,6 +156,8 @@ def run_saved_plan(args: argparse.Namespace, registry: Registry) -> int:
     given = [flag for dest, flag in _PLAN_FIXES if getattr(args, dest, None) is not None]
     if args.policy != "auto":
         given.append("--policy")
+    if getattr(args, "uniform_block_size", False):
+        given.append("--uniform-block-size")
     if given:
         raise InvalidInputError(
             f"{', '.join(given)} cannot be combined with --plan: a saved plan fixes its own size and layout"

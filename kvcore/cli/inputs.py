@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import math
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+import attrs
 
 from kvcore.error_messages import ParameterNames
 from kvcore.errors import InvalidInputError
@@ -31,6 +33,7 @@ FLAG_NAMES = ParameterNames(
     memory="--memory",
     utilization="utilization",
     assign="{name} {value}",
+    max_groups="--max-groups",
 )
 
 
@@ -211,6 +214,20 @@ def add_sizing_options(
             "convention); capacity counts one block fewer (default: off)"
         ),
     )
+    parser.add_argument(
+        "--uniform-block-size",
+        action="store_true",
+        help=(
+            "one block size for every attention-like group (kernels compiled for one size): no "
+            "group's blocks are enlarged to fill rows"
+        ),
+    )
+    parser.add_argument(
+        "--max-groups",
+        type=positive_int,
+        metavar="N",
+        help="at most N groups (block tables): the best layout within it, or an error naming the fewest",
+    )
 
 
 def add_planning_options(
@@ -310,8 +327,18 @@ def plan_options(args: argparse.Namespace) -> PlanOptions:
     return PlanOptions(
         grouping_tolerance=args.grouping_tolerance,
         max_block_size=args.max_block_size,
-        reserve_null_block=args.reserve_null_block,
+        reserve_null_block=getattr(args, "reserve_null_block", False),
+        uniform_block_size=getattr(args, "uniform_block_size", False),
+        max_groups=getattr(args, "max_groups", None),
     )
+
+
+def options_report(args: argparse.Namespace) -> dict[str, Any]:
+    """``{"options": {...}}``, the :class:`PlanOptions` for a JSON report, when any differs from
+    its default (``--uniform-block-size``, ``--max-groups`` ...); ``{}`` otherwise, so that a
+    plan made with the defaults reads as it always has."""
+    options = plan_options(args)
+    return {} if options == PlanOptions() else {"options": attrs.asdict(options)}
 
 
 def length_dist(text: str) -> LengthDist:

@@ -74,6 +74,7 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
         report = plan_report(plan, specs, registry)
         if chosen is not None:
             report["max_model_len_auto"] = chosen
+        report.update(inputs.options_report(args))
         print(json.dumps(report, indent=2))
     else:
         note = chosen_length_line(chosen) if chosen is not None else ""
@@ -124,6 +125,7 @@ def run_ranks(
         )
         if chosen is not None:
             report["max_model_len_auto"] = chosen
+        report.update(inputs.options_report(args))
         print(json.dumps(report, indent=2))
         return 0
     print(format_ranks(plans, parallelism))

@@ -213,3 +213,22 @@ class DistributedExecutor:
                 round_id=READY_ROUND,
             )
         self.plan = plan
+
+    def release(self) -> int:
+        """Free this rank's caches (:meth:`kvcore.LocalExecutor.release` of the wrapped executor);
+        every rank releases its own before the ranks plan again.
+
+        Returns:
+            The bytes this rank let go.
+
+        Raises:
+            InvalidInputError: the wrapped executor has no ``release()``.
+        """
+        release = getattr(self.local, "release", None)
+        if not callable(release):
+            raise InvalidInputError(
+                f"the wrapped executor ({type(self.local).__name__}) has no release(); wrap a "
+                "kvcore.LocalExecutor or give yours one"
+            )
+        self.plan = None
+        return int(release())

@@ -22,6 +22,7 @@ from kvcore.runtime.allocation import Allocator, LayerView, allocate, allocation
 from kvcore.runtime.binding import DEFAULT_ATTRIBUTE, bind_to_modules, module_targets, resolve_kv_sharing
 from kvcore.runtime.memory import DeviceMemory, MemoryProfile, check_device
 from kvcore.runtime.memory import determine_available_memory as profile_memory
+from kvcore.runtime.release import previous_values, return_memory, unbind_modules
 from kvcore.spec import KVCacheSpec
 from kvcore.units import format_bytes
 
@@ -96,6 +97,7 @@ class LocalExecutor:
         self.bound: dict[str, torch.nn.Module] = {}
         self.timings: dict[str, float] = {}
         self._layers: tuple[str, ...] = ()
+        self._previous: dict[str, object] = {}
 
     def get_kv_cache_spec(self) -> dict[str, KVCacheSpec]:
         """The specs given, or scanned from the model, without the KV-sharing layers.
@@ -154,11 +156,14 @@ class LocalExecutor:
         """
         sharing = {**plan.kv_sharing, **self.kv_sharing}  # the plan's, and this executor's
         layers = self._layers or (*plan.layer_names, *sharing)
-        module_targets(self.model, [*plan.layer_names, *sharing], expected=layers)
+        targets = module_targets(self.model, [*plan.layer_names, *sharing], expected=layers)
         start = time.perf_counter()
         views = allocate(plan, self.device, registry=self.registry, zero=self.zero, allocator=self.allocator)
         self.timings["allocate"] = time.perf_counter() - start
         start = time.perf_counter()
+        self._previous = previous_values(
+            targets, self.attribute, bound=self.kv_caches, earlier=self._previous
+        )
         self.bound = bind_to_modules(
             self.model, views, kv_sharing=sharing, attribute=self.attribute, expected=layers
         )
@@ -172,7 +177,34 @@ class LocalExecutor:
             len(allocation_sizes(plan)),
             len(self.bound),
         )
+        self.timings["warmup"] = 0.0  # the documented key, also without a warm-up
         if self.warmup_fn is not None:
             start = time.perf_counter()
             self.warmup_fn(self.model)
             self.timings["warmup"] = time.perf_counter() - start
+
+    def release(self) -> int:
+        """Free the plan's caches: unbind every layer's view, drop the executor's references,
+        and return the memory to the device (``torch.cuda.empty_cache`` on CUDA).
+
+        Each module's attribute gets back what it held before :meth:`initialize` (or loses it,
+        if it had none). Afterwards ``plan`` is ``None`` and ``kv_caches`` and ``bound`` are
+        empty, and :func:`kvcore.initialize_kv_caches` may run again: its memory profile sees
+        the released bytes as free. The memory is freed once nothing else references a view:
+        drop the engine's own references (a runner's page views, CUDA graphs that captured
+        them) first. Releasing an executor that holds nothing does nothing.
+
+        Returns:
+            The bytes of the allocations kvcore let go (0 if it held none).
+        """
+        plan = self.plan
+        released = sum(allocation_sizes(plan)) if plan is not None else 0
+        unbound = unbind_modules(self.bound, self.kv_caches, self.attribute, self._previous)
+        self.kv_caches = {}
+        self.bound = {}
+        self._previous = {}
+        self.plan = None
+        return_memory(self.device)
+        if plan is not None:
+            logger.info("released %s on %s; unbound %d layers", format_bytes(released), self.device, unbound)
+        return released

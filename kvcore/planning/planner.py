@@ -23,6 +23,7 @@ group, a tensor per layer). Planning time grows linearly with the number of laye
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Mapping, Sequence
 from typing import Literal
 
@@ -400,9 +401,71 @@ def group_layers(
     Raises:
         PluginValidationError: the grouping leaves out, repeats or changes a layer.
     """
-    groups = tuple(policy.group(specs, context, options if options is not None else PlanOptions()))
+    chosen = options if options is not None else PlanOptions()
+    if chosen.uniform_block_size:
+        specs = common_block_size(specs, chosen)
+    groups = tuple(policy.group(specs, context, chosen))
     check_groups(policy.name, specs, groups)
+    check_options_honoured(policy.name, groups, chosen)
     return groups
+
+
+def common_block_size(specs: Mapping[str, KVCacheSpec], options: PlanOptions) -> Mapping[str, KVCacheSpec]:
+    """``specs`` with one block size for every spec whose page grows with its block size
+    (``PlanOptions.uniform_block_size``): the least common multiple of theirs. States keep theirs.
+
+    Args:
+        specs: ``{layer: spec}``, equal specs one object (:func:`share_equal_specs`).
+        options: the options (``max_block_size`` bounds an lcm above the largest block size).
+
+    Returns:
+        ``specs`` itself when they already agree, else the resized specs (equal ones shared).
+
+    Raises:
+        InvalidInputError: the block sizes have no common multiple within ``max_block_size``.
+    """
+    distinct = {id(spec): spec for spec in specs.values()}.values()
+    sizes = sorted({spec.block_size for spec in distinct if spec.page_scales_with_block_size})
+    if len(sizes) <= 1:
+        return specs
+    common = math.lcm(*sizes)
+    if common > max(sizes[-1], options.max_block_size):
+        raise InvalidInputError(
+            f"one block size for every group (uniform_block_size) needs a multiple of the layers' block "
+            f"sizes {sizes}, and the least is {common}, above max_block_size={options.max_block_size}; "
+            "give every layer one block size or raise max_block_size"
+        )
+    resized: dict[int, KVCacheSpec] = {}
+    out: dict[str, KVCacheSpec] = {}
+    for name, spec in specs.items():
+        new = resized.get(id(spec))
+        if new is None:
+            scales = spec.page_scales_with_block_size and spec.block_size != common
+            new = resized[id(spec)] = spec.with_block_size(common) if scales else spec
+        out[name] = new
+    return share_equal_specs(out)
+
+
+def check_options_honoured(policy_name: str, groups: Sequence[KVCacheGroup], options: PlanOptions) -> None:
+    """Check that a policy's grouping keeps ``options.uniform_block_size`` and ``options.max_groups``
+    (the built-in policies do; a third-party one may not).
+
+    Raises:
+        PolicyNotApplicableError: the groups have several block sizes, or more groups than
+            ``max_groups``, naming the policy.
+    """
+    if options.uniform_block_size:
+        sizes = sorted({g.spec.block_size for g in groups if g.spec.page_scales_with_block_size})
+        if len(sizes) > 1:
+            raise PolicyNotApplicableError(
+                f"policy {policy_name!r} gave its groups block sizes {sizes}, but one block size was asked "
+                "for (uniform_block_size); this policy does not honour it"
+            )
+    if options.max_groups is not None and len(groups) > options.max_groups:
+        raise PolicyNotApplicableError(
+            f"policy {policy_name!r} made {len(groups)} groups, but at most {options.max_groups} were asked "
+            "for (max_groups); this policy does not honour it"
+        )
 
 
 def project_groups(groups: Sequence[KVCacheGroup], layers: Collection[str]) -> tuple[KVCacheGroup, ...]:
