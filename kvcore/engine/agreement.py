@@ -223,15 +223,25 @@ class _Job(Generic[_T]):
 class _StoreWorker:
     """Runs store calls on a daemon thread, so a deadline can cut a call the store never
     answers (``TCPStore.check`` ignores the client timeout). A thread stuck in such a call is
-    abandoned; the next call gets a fresh thread."""
+    abandoned; the next call gets a fresh thread. An idle thread exits after a few seconds."""
+
+    IDLE_S = 5.0
 
     def __init__(self) -> None:
+        self._lock = threading.Lock()
         self._jobs: queue.SimpleQueue[_Job[Any]] | None = None
 
-    @staticmethod
-    def _serve(jobs: queue.SimpleQueue[_Job[Any]]) -> None:
+    def _serve(self, jobs: queue.SimpleQueue[_Job[Any]]) -> None:
         while True:
-            job = jobs.get()
+            try:
+                job = jobs.get(timeout=self.IDLE_S)
+            except queue.Empty:
+                with self._lock:
+                    if jobs.empty():  # nothing was queued meanwhile: retire
+                        if self._jobs is jobs:
+                            self._jobs = None
+                        return
+                continue
             try:
                 job.result = job.call()
             except BaseException as exc:  # handed to the caller
@@ -239,13 +249,19 @@ class _StoreWorker:
             job.done.set()
 
     def call(self, what: Callable[[], _T], limit_s: float) -> _T:
-        if self._jobs is None:
-            self._jobs = queue.SimpleQueue()
-            threading.Thread(target=self._serve, args=(self._jobs,), name="kvcore-store", daemon=True).start()
         job: _Job[_T] = _Job(what)
-        self._jobs.put(job)
+        with self._lock:
+            if self._jobs is None:
+                self._jobs = queue.SimpleQueue()
+                threading.Thread(
+                    target=self._serve, args=(self._jobs,), name="kvcore-store", daemon=True
+                ).start()
+            jobs = self._jobs
+            jobs.put(job)
         if not job.done.wait(max(0.0, limit_s)):
-            self._jobs = None  # abandon the stuck thread
+            with self._lock:
+                if self._jobs is jobs:
+                    self._jobs = None  # abandon the stuck thread
             raise _StoreStuck
         if job.error is not None:
             raise job.error

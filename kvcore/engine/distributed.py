@@ -47,6 +47,7 @@ from kvcore.errors import (
     InvalidSpecError,
     UnknownSpecKindError,
 )
+from kvcore.model_options import ModelOptions
 from kvcore.plan import KVCachePlan
 from kvcore.planning.ranks import Parallelism, plan_for_ranks
 from kvcore.planning.registry import Registry
@@ -218,8 +219,9 @@ class DistributedExecutor:
 
         Returns:
             ``{"kvcore version", "tp_size", "pp_size", "policy", "max_model_len",
-            "max_num_batched_tokens", "plan options", "num_blocks", "spec kinds", "policies"}``
-            and every ``identity`` entry.
+            "max_num_batched_tokens", "plan options", "num_blocks", "spec kinds", "policies"}``,
+            ``"model options"`` (the wrapped executor's ``scan_options``: KV-cache dtype, state
+            dtype, block size, tp) when it has them, and every ``identity`` entry.
         """
         return {
             "kvcore version": kvcore_version(),
@@ -232,7 +234,19 @@ class DistributedExecutor:
             "num_blocks": num_blocks,
             "spec kinds": sorted(registry.kinds),
             "policies": sorted(registry.policies),
+            **self._model_options(),
             **self.identity,
+        }
+
+    def _model_options(self) -> Fingerprint:
+        options = getattr(self.local, "scan_options", None)
+        if not isinstance(options, ModelOptions):
+            return {}
+        return {
+            "model options": {
+                field.name: value if value is None or isinstance(value, int) else str(value)
+                for field, value in ((f, getattr(options, f.name)) for f in attrs.fields(ModelOptions))
+            }
         }
 
     def _check_fingerprints(self, answers: list[Any]) -> Mismatch | None:

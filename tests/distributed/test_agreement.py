@@ -9,7 +9,7 @@ from datetime import timedelta
 import pytest
 import torch.distributed as dist
 
-from kvcore import InvalidInputError, KVCacheAllocationError, initialize_kv_caches
+from kvcore import InvalidInputError, KVCacheAllocationError, ModelOptions, initialize_kv_caches
 from kvcore.engine.agreement import StoreAgreement, elastic_run_id, majority_mismatch, store_from_env
 from kvcore.engine.distributed import DistributedExecutor
 from kvcore.errors import AgreementMismatchError, DistributedAgreementError, StoreUnavailableError
@@ -298,3 +298,26 @@ def test_ranks_agree_and_keep_every_plan():
     out = _on_threads(2, work)
     assert out[0] == out[1] and len(out[0]) == 2
     assert out[0][0].num_blocks == out[0][1].num_blocks
+
+
+@pytest.mark.parametrize("what", ["model options", "model"])
+def test_a_whole_stage_with_another_kv_dtype_or_model_is_refused_before_planning(what):
+    # pipeline stages hold different layers, so their specs cannot show it: the fingerprint does
+    scenario = Scenario(pp=2)
+    registry = toy_registry()
+    store = dist.HashStore()
+
+    def work(rank):
+        local = RankExecutor(scenario, rank, registry)
+        identity = {"model": "acme-7b" if rank == 0 else "acme-13b"} if what == "model" else None
+        if what == "model options" and rank == 1:
+            local._scan_options = ModelOptions(kv_cache_dtype="fp8")
+        executor = DistributedExecutor(
+            local, rank=rank, world_size=2, store=store, timeout_s=30, identity=identity
+        )
+        return initialize_kv_caches(executor, registry=registry, max_model_len=scenario.max_model_len)
+
+    out = _on_threads(2, work)
+    for rank in range(2):
+        assert isinstance(out[rank], AgreementMismatchError), out[rank]
+        assert out[rank].field == what and out[rank].ranks == (1,)
