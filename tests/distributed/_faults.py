@@ -14,6 +14,7 @@ on one rank and an error on another.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import multiprocessing as mp
@@ -39,7 +40,8 @@ from tests.distributed._ranks import DEAD, RankExecutor, Scenario, toy_registry
 #: right after publishing its plan round key), ``freeze-after`` (stop itself after the plan
 #: round, before allocating), ``freeze-commit`` (stop itself right after publishing its
 #: ready key), ``slow`` (allocate ``timeout_s + 1`` s late), ``freeze-store`` (stop the store
-#: host before the first round), ``raise`` (its memory measurement raises).
+#: host before the first round), ``kill-store`` (kill the store host before the first round),
+#: ``raise`` (its memory measurement raises).
 FAULTS = (
     "kill",
     "kill-mid",
@@ -49,6 +51,7 @@ FAULTS = (
     "freeze-commit",
     "slow",
     "freeze-store",
+    "kill-store",
     "raise",
 )
 
@@ -92,6 +95,8 @@ class _FaultyExecutor(RankExecutor):
             os.kill(os.getpid(), signal.SIGSTOP)
         if self.fault == "freeze-store":
             os.kill(self.store_pid, signal.SIGSTOP)
+        if self.fault == "kill-store":
+            os.kill(self.store_pid, signal.SIGKILL)
         if self.fault == "raise":
             raise MemoryProfilingError("the profile run left no room for a KV cache (injected fault)")
         return super().determine_available_memory()
@@ -194,7 +199,8 @@ class StoreHost:
         self.address = f"127.0.0.1:{self.port}"
 
     def close(self) -> None:
-        os.kill(self.pid, signal.SIGCONT)
+        with contextlib.suppress(ProcessLookupError):  # a rank may have killed it
+            os.kill(self.pid, signal.SIGCONT)
         self.process.kill()
         self.process.join(timeout=5)
 

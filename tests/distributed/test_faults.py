@@ -51,6 +51,7 @@ CASES = {
     "slow allocation": ({2: "slow"}, {}, set(), "raised", [2], "DistributedAgreementError"),
     "freeze after publishing the commit": ({1: "freeze-commit"}, {}, {1}, "ok", [], None),
     "frozen store host": ({1: "freeze-store"}, {}, set(), "raised", [], "StoreUnavailableError"),
+    "store host killed": ({2: "kill-store"}, {}, set(), "raised", [], "StoreUnavailableError"),
     "a rank raises": ({1: "raise"}, {}, set(), "raised", [1], "DistributedAgreementError"),
     "different max_model_len": (
         {},
@@ -140,3 +141,12 @@ def test_a_rerun_on_a_store_left_by_a_failed_attempt_agrees_on_its_own_inputs(to
     expected = _expected_plans(new)
     assert [rerun[r]["plan"] for r in range(4)] == expected
     assert expected != _expected_plans(old)
+
+
+def test_a_rank_frozen_before_a_fresh_attempt_raises_too_when_it_resumes():
+    # no run id: rank 0 draws the attempt; rank 3 joins it only after the others gave up
+    case = Case(scenario=_scenario(4), faults={3: "freeze"}, resume=frozenset({3}))
+    reports, _ = run_case(case)
+    assert check_no_split(reports) == "raised"
+    assert all(report["agreement_error"] for report in reports.values())
+    assert all(reports[r]["ranks"] == [3] and reports[r]["seconds"] < BOUND_S for r in (0, 1, 2))
