@@ -86,6 +86,7 @@ class _FaultyExecutor(RankExecutor):
         super().__init__(attrs.evolve(case.scenario, faults={}), rank, toy_registry())
         self.fault = case.faults.get(rank)
         self.store_pid = store_pid
+        self.all_started: Any = None  # waits until every rank is past the start line
         self.timeout_s = case.scenario.timeout_s
 
     def determine_available_memory(self) -> int:
@@ -93,10 +94,9 @@ class _FaultyExecutor(RankExecutor):
             os._exit(DEAD)
         if self.fault == "freeze":
             os.kill(os.getpid(), signal.SIGSTOP)
-        if self.fault == "freeze-store":
-            os.kill(self.store_pid, signal.SIGSTOP)
-        if self.fault == "kill-store":
-            os.kill(self.store_pid, signal.SIGKILL)
+        if self.fault in ("freeze-store", "kill-store"):
+            self.all_started()  # no rank may still be waiting for "go" on the store
+            os.kill(self.store_pid, signal.SIGSTOP if self.fault == "freeze-store" else signal.SIGKILL)
         if self.fault == "raise":
             raise MemoryProfilingError("the profile run left no room for a KV cache (injected fault)")
         return super().determine_available_memory()
@@ -127,6 +127,11 @@ def _digest(value: Any) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def _wait_for_count(client: Any, key: str, count: int) -> None:
+    while client.add(key, 0) < count:
+        time.sleep(0.005)
+
+
 def _rank_main(rank: int, port: int, world: int, job: tuple[Case, int], results: Any) -> None:
     case, store_pid = job
     for name in ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT"):
@@ -155,6 +160,8 @@ def _rank_main(rank: int, port: int, world: int, job: tuple[Case, int], results:
     settings = {"max_model_len": case.scenario.max_model_len, **case.settings.get(rank, {})}
     results.put((rank, "up"))
     client.wait(["go"])  # every rank starts the agreement at the same moment
+    client.add("started", 1)
+    local.all_started = lambda: _wait_for_count(client, "started", world)
     start = time.monotonic()
     try:
         plan = initialize_kv_caches(executor, registry=registry, **settings)
