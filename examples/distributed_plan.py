@@ -81,7 +81,9 @@ def main(argv: list[str] | None = None) -> int:
         local = local_type(
             stand_in_model(own), device, registry=registry, specs=own, kv_cache_bytes=args.memory
         )
-        executor = DistributedExecutor.from_process_group(local, tp_size=args.tp, timeout_s=args.timeout)
+        executor = DistributedExecutor.from_process_group(
+            local, tp_size=args.tp, timeout_s=args.timeout, identity={"model": args.model}
+        )
         plan = initialize_kv_caches(executor, registry=registry, max_model_len=args.max_model_len)
     except KVCoreError as exc:
         print(f"[rank {rank}] kvcore: error: {exc}", file=sys.stderr)

@@ -13,6 +13,7 @@ import importlib as _importlib
 import typing as _typing
 
 from kvcore.errors import (
+    AgreementMismatchError,
     BlockPoolExhaustedError,
     DeviceUnavailableError,
     DistributedAgreementError,
@@ -31,6 +32,7 @@ from kvcore.errors import (
     PluginValidationError,
     PolicyNotApplicableError,
     SpecMismatchError,
+    StoreUnavailableError,
     UnknownModelError,
     UnknownPolicyError,
     UnknownSpecKindError,
@@ -182,6 +184,7 @@ if _typing.TYPE_CHECKING:
 __all__ = [
     "DEFAULT_MAX_NUM_BATCHED_TOKENS",
     "NULL_PAGE",
+    "AgreementMismatchError",
     "AllocationPolicy",
     "BlockPlacement",
     "BlockPool",
@@ -231,6 +234,7 @@ __all__ = [
     "SimulationResult",
     "SizingContext",
     "SpecMismatchError",
+    "StoreUnavailableError",
     "TensorPlacement",
     "UnknownModelError",
     "UnknownPolicyError",

@@ -266,16 +266,47 @@ class DistributedAgreementError(KVCoreError, RuntimeError):
 
     Attributes:
         ranks: the ranks at fault (those that did not answer, or that raised).
-        round_id: the agreement round (``"plan/3"``) in which it happened.
+        round_id: the agreement round (``"plan/1"``) in which it happened.
+        attempt: the attempt the agreement ran in (its store namespace), when known.
     """
 
-    def __init__(self, message: str, *, ranks: tuple[int, ...], round_id: str) -> None:
+    def __init__(
+        self, message: str, *, ranks: tuple[int, ...], round_id: str, attempt: str | None = None
+    ) -> None:
         super().__init__(message)
         self.ranks = ranks
         self.round_id = round_id
+        self.attempt = attempt
+
+
+class StoreUnavailableError(DistributedAgreementError):
+    """The key-value store that carries the agreement went away (connection lost) or stopped
+    answering (a store call outlived the round's deadline). No rank is blamed: ``ranks`` is
+    empty and ``host`` names the store (``"127.0.0.1:29500"``, ``"file /tmp/store"``; ``None``
+    when unknown).
+    """
+
+    def __init__(self, message: str, *, round_id: str, host: str | None, attempt: str | None = None) -> None:
+        super().__init__(message, ranks=(), round_id=round_id, attempt=attempt)
+        self.host = host
+
+
+class AgreementMismatchError(DistributedAgreementError):
+    """Ranks were started with different inputs that must match (tp/pp size, policy, request
+    length, plan options, forced block count, kvcore version, model identity), or initialized
+    different plans. ``field`` names what differs and ``ranks`` the ranks that differ from the
+    majority.
+    """
+
+    def __init__(
+        self, message: str, *, ranks: tuple[int, ...], round_id: str, field: str, attempt: str | None = None
+    ) -> None:
+        super().__init__(message, ranks=ranks, round_id=round_id, attempt=attempt)
+        self.field = field
 
 
 __all__ = [
+    "AgreementMismatchError",
     "BlockPoolExhaustedError",
     "DeviceUnavailableError",
     "DistributedAgreementError",
@@ -295,6 +326,7 @@ __all__ = [
     "PolicyNotApplicableError",
     "ShortfallReason",
     "SpecMismatchError",
+    "StoreUnavailableError",
     "UnknownModelError",
     "UnknownPolicyError",
     "UnknownSpecKindError",

@@ -99,6 +99,12 @@ class LocalExecutor:
         self._layers: tuple[str, ...] = ()
         self._previous: dict[str, object] = {}
 
+    @property
+    def scan_options(self) -> ModelOptions:
+        """The model options the spec scan uses (tp size, KV-cache and state dtypes, block
+        size); ranks of one job must share them."""
+        return self._scan_options
+
     def get_kv_cache_spec(self) -> dict[str, KVCacheSpec]:
         """The specs given, or scanned from the model, without the KV-sharing layers.
 

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import threading
+import time
 from datetime import timedelta
 
 import pytest
 import torch.distributed as dist
 
-from kvcore import InvalidInputError, KVCacheAllocationError, initialize_kv_caches
-from kvcore.engine.agreement import StoreAgreement, store_from_env
+from kvcore import InvalidInputError, KVCacheAllocationError, ModelOptions, initialize_kv_caches
+from kvcore.engine.agreement import StoreAgreement, elastic_run_id, majority_mismatch, store_from_env
 from kvcore.engine.distributed import DistributedExecutor
-from kvcore.errors import DistributedAgreementError
+from kvcore.errors import AgreementMismatchError, DistributedAgreementError, StoreUnavailableError
 from tests.distributed._ranks import RankExecutor, Scenario, toy_registry
 
 
@@ -79,15 +80,140 @@ def test_a_rank_that_fails_stops_the_others_at_once_with_its_error():
         )
 
 
-def test_a_lost_store_is_an_agreement_error_not_a_hang():
+def test_a_lost_store_is_a_store_error_naming_the_host_and_no_rank():
     server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     client = dist.TCPStore("127.0.0.1", server.port, is_master=False, timeout=timedelta(seconds=5))
-    agreement = StoreAgreement(client, 0, 2, timeout_s=600)
+    agreement = StoreAgreement(client, 0, 2, timeout_s=600, run_id="lost")
     del server
-    with pytest.raises(DistributedAgreementError) as info:
+    with pytest.raises(StoreUnavailableError) as info:
         agreement.exchange("plan", {})
-    assert str(info.value).startswith("rank 0 lost the key-value store in agreement round 'plan'")
-    assert "while waiting for rank 0, rank 1" in str(info.value)
+    host = f"127.0.0.1:{client.port}"
+    assert str(info.value).startswith(
+        f"rank 0 lost the key-value store at {host} in agreement round 'plan/1'"
+    )
+    assert "no rank is at fault" in str(info.value)
+    assert info.value.host == host and info.value.ranks == () and info.value.round_id == "plan/1"
+    assert isinstance(info.value, DistributedAgreementError)  # what callers already catch
+
+
+def test_a_rerun_on_a_store_with_an_older_attempt_s_keys_agrees_on_its_own_payloads():
+    store = dist.HashStore()
+    # an older attempt: rank 2 died before the agreement, the others timed out
+    _on_threads(
+        3, lambda r: None if r == 2 else StoreAgreement(store, r, 3, timeout_s=0.2).exchange("plan", "old")
+    )
+    # a complete older attempt too
+    _on_threads(3, lambda r: StoreAgreement(store, r, 3, timeout_s=10).exchange("plan", f"older {r}"))
+    rerun = _on_threads(3, lambda r: StoreAgreement(store, r, 3, timeout_s=10).exchange("plan", f"new {r}"))
+    assert all(rerun[r] == ["new 0", "new 1", "new 2"] for r in range(3))
+
+
+def test_explicit_run_ids_keep_attempts_apart():
+    store = dist.HashStore()
+    first = _on_threads(2, lambda r: StoreAgreement(store, r, 2, timeout_s=10, run_id="a").exchange("x", r))
+    # the same run id again: a second agreement of each rank in this process gets its own keys
+    again = _on_threads(2, lambda r: StoreAgreement(store, r, 2, timeout_s=10, run_id="a").exchange("x", -r))
+    other = _on_threads(
+        2, lambda r: StoreAgreement(store, r, 2, timeout_s=10, run_id="b").exchange("x", r + 5)
+    )
+    assert first[1] == [0, 1] and again[1] == [0, -1] and other[0] == [5, 6]
+
+
+def test_torchrun_s_run_id_and_restart_count_name_the_attempt(monkeypatch):
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job7")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "2")
+    assert elastic_run_id() == "job7/2"
+    agreement = StoreAgreement(dist.HashStore(), 0, 1, timeout_s=5, run_id="mine")
+    assert agreement.attempt is not None and agreement.attempt.startswith("job7/2/mine/")
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID")
+    assert elastic_run_id() is None and StoreAgreement(dist.HashStore(), 0, 1).attempt is None
+
+
+class _BlindStore:
+    """A store through which a rank misses the round's decision once, then stalls past its
+    deadline (as a rank that is paused between two polls)."""
+
+    def __init__(self, store, stall_s):
+        self.store, self.stall_s, self.blinded = store, stall_s, False
+
+    def __getattr__(self, name):
+        return getattr(self.store, name)
+
+    def check(self, keys):
+        if not self.blinded and keys[0].endswith("/result"):
+            self.blinded = True
+            time.sleep(self.stall_s)
+            return False
+        return self.store.check(keys)
+
+
+def test_a_rank_past_its_deadline_follows_a_decision_made_before_it_gave_up():
+    store = dist.HashStore()
+    stores = [store, _BlindStore(store, stall_s=0.5)]
+    agreements = [StoreAgreement(stores[r], r, 2, timeout_s=0.3, run_id="late") for r in range(2)]
+    out = _on_threads(2, lambda r: agreements[r].exchange("plan", r))
+    assert stores[1].blinded  # rank 1 reached its deadline without having seen the decision
+    assert out[0] == out[1] == [0, 1]  # and still returns: a decided round is never aborted
+
+
+def test_ranks_started_with_different_settings_stop_before_planning_naming_field_and_rank():
+    scenario = Scenario(tp=2, pp=2)
+    registry = toy_registry()
+    store = dist.HashStore()
+
+    def work(rank):
+        executor = DistributedExecutor(
+            RankExecutor(scenario, rank, registry),
+            rank=rank,
+            world_size=4,
+            store=store,
+            tp_size=2,
+            timeout_s=30,
+        )
+        length = 262144 if rank == 2 else scenario.max_model_len
+        return initialize_kv_caches(executor, registry=registry, max_model_len=length)
+
+    out = _on_threads(4, work)
+    for rank in range(4):
+        error = out[rank]
+        assert isinstance(error, AgreementMismatchError), error
+        assert error.field == "max_model_len" and error.ranks == (2,) and error.round_id == "plan/1"
+        assert "ranks disagree on max_model_len: rank 2 (pp stage 1, tp rank 0) has 262144, but " in str(
+            error
+        )
+        assert "fewest blocks" not in str(error)
+
+
+def test_the_first_abort_wins_and_every_rank_reports_it():
+    store = dist.HashStore()
+
+    def work(rank):
+        agreement = StoreAgreement(store, rank, 4, timeout_s=600, run_id="first")
+        if rank == 3:
+            agreement.fail("plan", ValueError("first fault"))
+            return "failed"
+        if rank == 2:
+            time.sleep(0.2)
+            agreement.fail("plan", ValueError("second fault"))
+            return "failed"
+        return agreement.exchange("plan", rank)
+
+    out = _on_threads(4, work)
+    for rank in (0, 1):
+        assert out[rank].ranks == (3,) and "ValueError: first fault" in str(out[rank])
+
+
+def test_ranks_disagreeing_on_a_field_are_named_by_the_majority():
+    describe = "rank {}".format
+    assert majority_mismatch("x", [1, 1, 1], describe) is None
+    found = majority_mismatch("max_model_len", [4096, 262144, 4096, 4096], describe)
+    assert found is not None and found.ranks == (1,) and found.field == "max_model_len"
+    assert found.detail == (
+        "ranks disagree on max_model_len: rank 1 has 262144, but rank 0, rank 2, rank 3 have 4096; "
+        "start every rank with the same settings"
+    )
+    tie = majority_mismatch("policy", ["a", "b"], describe)
+    assert tie is not None and tie.ranks == (1,)  # rank 0's value wins a tie
 
 
 @pytest.mark.parametrize(
@@ -172,3 +298,26 @@ def test_ranks_agree_and_keep_every_plan():
     out = _on_threads(2, work)
     assert out[0] == out[1] and len(out[0]) == 2
     assert out[0][0].num_blocks == out[0][1].num_blocks
+
+
+@pytest.mark.parametrize("what", ["model options", "model"])
+def test_a_whole_stage_with_another_kv_dtype_or_model_is_refused_before_planning(what):
+    # pipeline stages hold different layers, so their specs cannot show it: the fingerprint does
+    scenario = Scenario(pp=2)
+    registry = toy_registry()
+    store = dist.HashStore()
+
+    def work(rank):
+        local = RankExecutor(scenario, rank, registry)
+        identity = {"model": "acme-7b" if rank == 0 else "acme-13b"} if what == "model" else None
+        if what == "model options" and rank == 1:
+            local._scan_options = ModelOptions(kv_cache_dtype="fp8")
+        executor = DistributedExecutor(
+            local, rank=rank, world_size=2, store=store, timeout_s=30, identity=identity
+        )
+        return initialize_kv_caches(executor, registry=registry, max_model_len=scenario.max_model_len)
+
+    out = _on_threads(2, work)
+    for rank in range(2):
+        assert isinstance(out[rank], AgreementMismatchError), out[rank]
+        assert out[rank].field == what and out[rank].ranks == (1,)
