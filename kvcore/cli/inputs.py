@@ -6,6 +6,7 @@ import argparse
 import math
 from typing import TYPE_CHECKING, Literal
 
+from kvcore.cli import serving
 from kvcore.error_messages import ParameterNames
 from kvcore.errors import InvalidInputError
 from kvcore.frontends.hf_config import load_model_config, max_position_embeddings, model_layer_specs
@@ -203,6 +204,7 @@ def add_sizing_options(
         metavar="N",
         help="largest block size a policy may give a group to even out pages (default %(default)s)",
     )
+    serving.add_serving_options(parser)
 
 
 def add_planning_options(
@@ -238,6 +240,7 @@ def model_options(args: argparse.Namespace) -> ModelOptions:
         "tp": getattr(args, "tp", None),
         "kv_cache_dtype": getattr(args, "kv_cache_dtype", None),
         "state_dtype": getattr(args, "state_dtype", None),
+        "speculative": getattr(args, "speculative", None),
     }
     if getattr(args, "model", None) is None:
         named = [f"--{key.replace('_', '-')}" for key, value in given.items() if value is not None]
@@ -280,7 +283,8 @@ def sizing_context(args: argparse.Namespace, *, auto: bool = False) -> SizingCon
                 "needs one length for every plan: give a number"
             )
         length = min(length_cap(args) or MAX_TOKENS, MAX_TOKENS)
-    return SizingContext(max_model_len=length, max_num_batched_tokens=args.max_num_batched_tokens)
+    steps = args.max_num_batched_tokens
+    return SizingContext(max_model_len=length, max_num_batched_tokens=steps, **serving.context_fields(args))
 
 
 def length_mode(args: argparse.Namespace) -> Literal["auto"] | None:

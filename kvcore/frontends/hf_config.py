@@ -186,7 +186,8 @@ def layer_specs_from_config(
     Args:
         config: the parsed config (wrappers such as gemma3 / llama4 included).
         registry: whose families read it (:meth:`~kvcore.planning.registry.Registry.layer_specs`).
-        options: tensor parallelism, dtypes, block size; default
+        options: tensor parallelism, dtypes, block size, draft layers (``speculative``,
+            :mod:`kvcore.frontends.draft_layers`); default
             :class:`~kvcore.model_options.ModelOptions` (a plain mapping is validated first).
 
     Returns:
@@ -199,7 +200,11 @@ def layer_specs_from_config(
         PluginValidationError: a family answered something other than ``{name: spec}``.
         InvalidInputError: bad options.
     """
-    return registry.layer_specs(config, options)
+    from kvcore.frontends.draft_layers import with_draft_layers
+    from kvcore.model_options import to_model_options
+
+    opts = to_model_options(options)
+    return with_draft_layers(config, registry.layer_specs(config, opts), opts, registry)
 
 
 def model_layer_specs(
