@@ -7,20 +7,21 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from kvcore.limits import MAX_TOKENS
 from kvcore.model_options import SPECULATIVE_METHODS
 from kvcore.spec import STATE_CACHE_MODES
 
 
 def _count(text: str) -> int:
-    """argparse type: a token count >= 0."""
-    from kvcore.cli.inputs import tokens
-
-    if text.strip() in ("0", "+0"):
-        return 0
+    """argparse type: a token count, an int in [0, :data:`~kvcore.limits.MAX_TOKENS`]."""
+    shown = repr(text) if len(text) <= 40 else f"{text[:37]!r}... ({len(text)} characters)"
     try:
-        return tokens(text)
-    except argparse.ArgumentTypeError as exc:
-        raise argparse.ArgumentTypeError(f"{exc} (or 0)") from None
+        value = int(text) if len(text.strip()) <= 30 else -1
+    except ValueError:
+        value = -1
+    if not 0 <= value <= MAX_TOKENS:
+        raise argparse.ArgumentTypeError(f"expected a whole number from 0 to {MAX_TOKENS:,}, got {shown}")
+    return value
 
 
 def add_serving_options(parser: argparse.ArgumentParser) -> None:
