@@ -170,11 +170,13 @@ def text_config(config: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 def max_position_embeddings(config: Mapping[str, Any]) -> int | None:
-    """The longest context the config states (``text_config`` first), or ``None``."""
+    """The longest context the config states (``text_config`` first), or ``None``; an
+    encoder-decoder states its decoder's as ``max_target_positions`` (Whisper: 448)."""
     for part in (text_config(config), config):
-        value = part.get("max_position_embeddings")
-        if is_int(value) and value > 0:
-            return value
+        for key in ("max_position_embeddings", "max_target_positions"):
+            value = part.get(key)
+            if is_int(value) and value > 0:
+                return value
     return None
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 
 import kvcore
-from kvcore import SizingContext, model_layer_specs, plan_kv_cache
+from kvcore import ModelOptions, SizingContext, model_layer_specs, plan_kv_cache
 from kvcore.errors import InvalidSpecError, ModelConfigError
 from kvcore.planning.capacity import Capacity
 from kvcore.plugins.cross_attention import CrossAttentionSpec
@@ -72,6 +72,15 @@ def test_whisper_plans_32_self_and_32_cross_attention_layers(registry, length):
     }
     assert by_kind["cross_attention"].pages_per_request(plan.context) == 94  # ceil(1500 / 16) at any length
     assert by_kind["full_attention"].pages_per_request(plan.context) == -(-length // 16)
+
+
+@pytest.mark.parametrize(("block_size", "pages"), [(16, 94), (32, 47), (64, 24)])
+def test_whisper_cross_attention_pages_follow_the_block_size(registry, block_size, pages):
+    specs = model_layer_specs(WHISPER, registry, ModelOptions(block_size=block_size))
+    for length in (448, 64):
+        plan = plan_kv_cache(specs, 8 * GIB, SizingContext(max_model_len=length), registry=registry)
+        (group,) = [g for g in plan.groups if g.spec.kind == "cross_attention"]
+        assert group.pages_per_request(plan.context) == pages == -(-1500 // group.spec.block_size)
 
 
 def test_whisper_capacity_by_hand(registry):

@@ -79,6 +79,8 @@ def test_jamba_holds_three_states_per_request_with_two_speculative_tokens(regist
     # the layout does not change: the same blocks, a state page is the same run of block ids
     assert (spec_decode.num_blocks, spec_decode.bytes_per_block) == (plain.num_blocks, plain.bytes_per_block)
     run = states.blocks_per_page
+    # a row is the 4 attention layers' pages, 4 x 64 KiB; 28 states of 311,296 bytes span 34 rows
+    assert run == -(-28 * 311_296 // (4 * 64 * 1024)) == 34
     attention = 65536 // 16  # blocks of the full-attention group per request
     assert plain.blocks_per_request() == attention + run
     assert spec_decode.blocks_per_request() == attention + 3 * run
