@@ -28,8 +28,18 @@ DEFAULT_BLOCK_SIZE = 16
 #: The dtype a config is read as when it names none (``dtype`` / ``torch_dtype``): what
 #: inference engines serve such models in.
 DEFAULT_MODEL_DTYPE: DType = to_dtype("bfloat16")
+#: Draft models whose layers ``speculative`` adds to a model's plan: ``mtp`` the model's own
+#: multi-token-prediction layers (``num_nextn_predict_layers``), ``eagle`` one EAGLE-style
+#: full-attention layer with the model's attention geometry.
+SPECULATIVE_METHODS = ("mtp", "eagle")
 #: attrs validator of a count or size option: an int >= 1.
 _positive_option = int_at_least(1, owner="model option ")
+
+
+def _speculative(instance: object, attribute: attrs.Attribute[str | None], value: object) -> None:
+    if value is not None and value not in SPECULATIVE_METHODS:
+        methods = ", ".join(SPECULATIVE_METHODS)
+        raise InvalidInputError(f"model option 'speculative' must be {methods} or None (got {value!r})")
 
 
 def _dtype_option(value: object) -> DType | None:
@@ -56,6 +66,9 @@ class ModelOptions:
         state_dtype: element type of SSM / linear-attention states; ``None`` (``"auto"``)
             means the model's dtype. ``kv_cache_dtype`` never applies to states.
         block_size: tokens per block of every attention-like layer.
+        speculative: the draft model whose cache-holding layers join the model's own
+            (:data:`SPECULATIVE_METHODS`), named after the model's last layer index
+            (``model.layers.61.self_attn`` on DeepSeek-V3); ``None``: none.
 
     Raises:
         InvalidInputError: a size that is not an int >= 1, or a dtype that cannot hold a cache.
@@ -65,6 +78,7 @@ class ModelOptions:
     kv_cache_dtype: DType | None = attrs.field(default=None, converter=_dtype_option)
     state_dtype: DType | None = attrs.field(default=None, converter=_dtype_option)
     block_size: int = attrs.field(default=DEFAULT_BLOCK_SIZE, validator=_positive_option)
+    speculative: str | None = attrs.field(default=None, validator=_speculative)
 
     def cache_dtype(self, model_dtype: DTypeLike) -> DType:
         """The dtype of attention / MLA caches.
@@ -98,7 +112,7 @@ class ModelOptions:
 
         Args:
             values: any of ``tp``, ``kv_cache_dtype``, ``state_dtype`` (a dtype, its name or
-                ``"auto"``) and ``block_size``.
+                ``"auto"``), ``block_size`` and ``speculative``.
 
         Returns:
             The validated options.

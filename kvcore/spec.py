@@ -51,6 +51,22 @@ def _at_most_tokens(instance: object, attribute: attrs.Attribute[int], value: in
     )
 
 
+#: How a state kind (SSM, linear attention) keeps states for prefix caching, vLLM's
+#: ``mamba_cache_mode``: ``none`` one running state per request, ``align`` the running state
+#: and the last one at a block boundary (``2 + S``), ``all`` one state per block of the request.
+STATE_CACHE_MODES = ("none", "align", "all")
+#: Metadata key of a spec field that JSON leaves out while it holds its default: a field a kind
+#: gained later, so that plans and spec files written before read and write the same.
+OMIT_IF_DEFAULT = "kvcore.omit_if_default"
+
+
+def _state_cache_mode(instance: object, attribute: attrs.Attribute[str | None], value: object) -> None:
+    if value is not None and value not in STATE_CACHE_MODES:
+        raise InvalidSpecError(
+            f"{attribute.name!r} must be one of {', '.join(STATE_CACHE_MODES)} (got {value!r})"
+        )
+
+
 @attrs.frozen(kw_only=True)
 class SizingContext:
     """What a request's worst-case cache need depends on, besides the spec itself.
@@ -60,17 +76,40 @@ class SizingContext:
         max_num_batched_tokens: tokens one engine step may schedule (the chunked-prefill
             budget). A sliding-window layer must keep ``window - 1`` earlier tokens for each of
             these, so its worst case grows with it.
+        num_speculative_tokens: draft tokens proposed per step (speculative decoding, ``S``).
+            A step reserves ``S`` lookahead slots beyond its scheduled tokens, capped at
+            ``max_model_len`` as vLLM caps them, so window and chunk kinds hold ``S`` more
+            tokens (:attr:`max_tokens_per_step`); state kinds hold ``S`` more states per
+            request. ``0``: no speculative decoding.
+        state_cache_mode: how state kinds keep states for prefix caching
+            (:data:`STATE_CACHE_MODES`); ``None`` leaves each state spec's own (``none``).
+        max_encoder_tokens: the longest encoder output a request brings (audio frames, image
+            tokens) that cross-attention layers cache; ``0`` leaves each cross-attention
+            spec's own, which its model family read from the config.
     """
 
     max_model_len: int = attrs.field(validator=[positive_int, _at_most_tokens])
     max_num_batched_tokens: int = attrs.field(
         default=DEFAULT_MAX_NUM_BATCHED_TOKENS, validator=[positive_int, _at_most_tokens]
     )
+    num_speculative_tokens: int = attrs.field(default=0, validator=[non_negative_int, _at_most_tokens])
+    state_cache_mode: str | None = attrs.field(default=None, validator=_state_cache_mode)
+    max_encoder_tokens: int = attrs.field(default=0, validator=[non_negative_int, _at_most_tokens])
 
     @property
     def max_tokens_per_step(self) -> int:
-        """Tokens one request can add in one step: the smaller of the two limits."""
-        return min(self.max_num_batched_tokens, self.max_model_len)
+        """Tokens one request's table can grow by in one step: the scheduled tokens and the
+        speculative lookahead slots, ``min(max_num_batched_tokens + num_speculative_tokens,
+        max_model_len)``."""
+        return min(self.max_num_batched_tokens + self.num_speculative_tokens, self.max_model_len)
+
+    @property
+    def is_plain(self) -> bool:
+        """Whether no serving option is set beyond the lengths: no speculative tokens, state
+        cache mode or encoder length, so every spec is served as it is (:meth:`KVCacheSpec.sized_for`)."""
+        return (
+            not self.num_speculative_tokens and self.state_cache_mode is None and not self.max_encoder_tokens
+        )
 
     def with_max_model_len(self, max_model_len: int) -> SizingContext:
         """A copy of this context for another request length."""
@@ -148,6 +187,25 @@ class KVCacheSpec(abc.ABC):
         if per_page is None:
             return range(1 if num_tokens > 0 else 0)
         return range(self.first_retained_token(num_computed_tokens) // per_page, cdiv(num_tokens, per_page))
+
+    def sized_for(self, context: SizingContext) -> KVCacheSpec:
+        """This spec as an engine serving with ``context``'s options holds it.
+
+        The block pool sees specs only (:meth:`live_pages` takes no context), so a kind whose
+        pages depend on a serving option of the context (speculative tokens, a state cache
+        mode, the encoder length) writes the option into a field of its own here; the
+        planner calls it on every spec before planning, and the plan's groups keep the
+        result. The default returns ``self``: the kind depends on no such option. It must be
+        idempotent and return ``self`` when nothing changes, and :meth:`max_num_blocks` must
+        agree with it: ``spec.max_num_blocks(c) == spec.sized_for(c).max_num_blocks(c)``.
+
+        Args:
+            context: the sizing context.
+
+        Returns:
+            The spec to plan and to drive a block pool with.
+        """
+        return self
 
     def max_num_blocks(self, context: SizingContext) -> int:
         """Pages one request of ``context.max_model_len`` tokens holds at once, worst case.
@@ -321,9 +379,19 @@ def format_value(value: object) -> str:
     return repr(value)
 
 
+def shown_fields(spec: KVCacheSpec) -> list[attrs.Attribute[object]]:
+    """The fields descriptions show: all but those marked :data:`OMIT_IF_DEFAULT` that hold
+    their default."""
+    return [
+        a
+        for a in attrs.fields(type(spec))
+        if not (a.metadata.get(OMIT_IF_DEFAULT) and getattr(spec, a.name) == a.default)
+    ]
+
+
 def describe_spec(spec: KVCacheSpec) -> str:
     """A one-line description such as ``full_attention(block_size=16, num_kv_heads=8, ...)``."""
-    fields = ", ".join(f"{a.name}={format_value(getattr(spec, a.name))}" for a in attrs.fields(type(spec)))
+    fields = ", ".join(f"{a.name}={format_value(getattr(spec, a.name))}" for a in shown_fields(spec))
     return f"{spec.kind or type(spec).__name__}({fields})"
 
 
@@ -370,6 +438,32 @@ def resize_blocks(specs: Mapping[str, KVCacheSpec], block_size: int) -> dict[str
         name: spec.with_block_size(block_size) if spec.page_scales_with_block_size else spec
         for name, spec in specs.items()
     }
+
+
+def sized_specs(specs: Mapping[str, KVCacheSpec], context: SizingContext) -> Mapping[str, KVCacheSpec]:
+    """Every spec as served with ``context`` (:meth:`KVCacheSpec.sized_for`), asked once per
+    distinct spec object; ``specs`` itself when nothing changes (a plain context, or kinds that
+    depend on no serving option).
+
+    Args:
+        specs: ``{layer name: spec}``.
+        context: the sizing context.
+
+    Returns:
+        The specs, layers that shared a spec object still sharing one.
+    """
+    if context.is_plain:
+        return specs
+    done: dict[int, KVCacheSpec] = {}
+    changed = False
+    out: dict[str, KVCacheSpec] = {}
+    for name, spec in specs.items():
+        sized = done.get(id(spec))
+        if sized is None:
+            sized = done[id(spec)] = spec.sized_for(context)
+            changed = changed or sized is not spec
+        out[name] = sized
+    return out if changed else specs
 
 
 def check_layer_specs(specs: Mapping[str, KVCacheSpec]) -> None:

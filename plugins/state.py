@@ -3,7 +3,8 @@
 A Mamba-1, Mamba-2 or gated-delta-net layer keeps no per-token cache. Each request holds one
 state of fixed shapes (a short convolution window and a recurrent state), whatever its length.
 Its page is that whole state, so the page does not grow with the block size, a request holds
-exactly one page, and the page holds no tokens.
+one page (more with speculative decoding or a prefix-caching cache mode, see
+:class:`StateSpec`), and the page holds no tokens.
 
 How the page sits beside attention pages is the policy's business: ``shared_buffer`` gives all
 state layers of one spec one group whose page spans an aligned run of ``blocks_per_page`` block
@@ -22,7 +23,15 @@ from kvcore.cache_layout import CacheLayout, PagePart
 from kvcore.dtypes import DType, dtype_name, dtype_size, to_dtype
 from kvcore.errors import InvalidSpecError
 from kvcore.hookspecs import hookimpl
-from kvcore.spec import KVCacheSpec, SizingContext, cdiv
+from kvcore.spec import (
+    OMIT_IF_DEFAULT,
+    STATE_CACHE_MODES,
+    KVCacheSpec,
+    SizingContext,
+    cdiv,
+    non_negative_int,
+    shown_fields,
+)
 from kvcore.validators import is_int
 
 if TYPE_CHECKING:
@@ -84,13 +93,19 @@ def _parts(value: object) -> tuple[StatePart, ...]:
     return parts
 
 
+def _cache_mode(instance: object, attribute: attrs.Attribute[str], value: object) -> None:
+    if value not in STATE_CACHE_MODES:
+        modes = ", ".join(STATE_CACHE_MODES)
+        raise InvalidSpecError(f"state: 'cache_mode' must be one of {modes} (got {value!r})")
+
+
 def _align(offset: int, alignment: int) -> int:
     return cdiv(offset, alignment) * alignment
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, repr=False)
 class StateSpec(KVCacheSpec):
-    """A fixed per-request state: one page per request, independent of its length.
+    """A fixed per-request state: one page per state, independent of the request's length.
 
     Page size: the parts laid end to end, each at an offset that is a multiple of its element
     size, the total rounded up to the largest element size (:attr:`alignment_bytes`). A Mamba
@@ -98,16 +113,34 @@ class StateSpec(KVCacheSpec):
     ``3*8192*2 + 8192*16*2 = 311,296`` bytes.
 
     ``block_size`` is kept so that a state layer can be written in a spec file like any other
-    and so that its group reports the model's block size; the page does not depend on it.
+    and so that its group reports the model's block size; the page does not depend on it,
+    but the ``all`` cache mode keeps one state per block of it.
+
+    States per request (vLLM's ``mamba_cache_mode``, with ``S`` speculative slots): ``none``
+    ``1 + S`` (the running state, and one per draft token), ``align`` ``2 + S`` (also the state
+    at the last block boundary, for prefix caching), ``all`` ``ceil(L / block_size) + S`` (one
+    per block of the request). A sizing context's ``num_speculative_tokens`` and
+    ``state_cache_mode`` are written into the spec when it is planned (:meth:`sized_for`).
 
     Attributes:
         parts: the state tensors, in page order.
+        cache_mode: ``none`` (default), ``align`` or ``all``.
+        speculative_slots: ``S``, extra states for the draft tokens of speculative decoding.
     """
 
     kind = "state"
     page_scales_with_block_size = False
 
     parts: tuple[StatePart, ...] = attrs.field(converter=_parts)
+    cache_mode: str = attrs.field(default="none", validator=_cache_mode, metadata={OMIT_IF_DEFAULT: True})
+    speculative_slots: int = attrs.field(
+        default=0, validator=non_negative_int, metadata={OMIT_IF_DEFAULT: True}
+    )
+
+    def __repr__(self) -> str:
+        # attrs' repr, without the fields that hold their defaults since they were added
+        fields = ", ".join(f"{a.name}={getattr(self, a.name)!r}" for a in shown_fields(self))
+        return f"{type(self).__qualname__}({fields})"
 
     @property
     def part_offsets(self) -> tuple[int, ...]:
@@ -139,12 +172,28 @@ class StateSpec(KVCacheSpec):
         return None
 
     def live_pages(self, num_tokens: int, num_computed_tokens: int = 0) -> range:
-        """One page per request from its first token on, whatever its length; never freed."""
-        return range(1 if num_tokens > 0 else 0)
+        """From the request's first token on, never freed: ``1 + S`` states (``none``),
+        ``2 + S`` (``align``) or ``ceil(num_tokens / block_size) + S`` (``all``)."""
+        if num_tokens <= 0:
+            return range(0)
+        if self.cache_mode == "none":
+            return range(1 + self.speculative_slots)
+        if self.cache_mode == "align":
+            return range(2 + self.speculative_slots)
+        return range(cdiv(num_tokens, self.block_size) + self.speculative_slots)
+
+    def sized_for(self, context: SizingContext) -> StateSpec:
+        """The context's ``state_cache_mode`` and ``num_speculative_tokens`` (where set) written
+        into the spec."""
+        mode = context.state_cache_mode or self.cache_mode
+        slots = context.num_speculative_tokens or self.speculative_slots
+        if mode == self.cache_mode and slots == self.speculative_slots:
+            return self
+        return attrs.evolve(self, cache_mode=mode, speculative_slots=slots)
 
     def max_num_blocks(self, context: SizingContext) -> int:
-        """One page per request, whatever its length (``len(live_pages(L))``)."""
-        return 1
+        """States one request holds (``len(live_pages(L))`` of the spec as served with ``context``)."""
+        return len(self.sized_for(context).live_pages(context.max_model_len))
 
 
 @hookimpl
@@ -192,7 +241,13 @@ def state_specs(
 
     names = ("conv", "ssm", "extra")[: max(1, max_parts)]
     parts = st.integers(1, len(names)).flatmap(lambda count: st.tuples(*(part(n) for n in names[:count])))
-    return st.builds(StateSpec, block_size=block_sizes, parts=parts)
+    return st.builds(
+        StateSpec,
+        block_size=block_sizes,
+        parts=parts,
+        cache_mode=st.sampled_from(STATE_CACHE_MODES),
+        speculative_slots=st.integers(0, 3),
+    )
 
 
 @hookimpl

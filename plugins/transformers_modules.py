@@ -15,7 +15,9 @@ reading sizes from the module's own weights and attributes, not from a config:
 - attention: KV heads = ``k_proj.out_features // head_dim`` (Phi-3's fused ``qkv_proj``: the
   module's ``num_key_value_heads``); sliding window or chunk from the module's ``layer_type``
   and ``sliding_window``, else from its config's ``layer_types``, else the config's uniform
-  ``sliding_window``. Non-causal modules (vision towers) are skipped.
+  ``sliding_window``. Non-causal modules (encoders, vision towers) are skipped, except a
+  decoder's attention over an encoder's output: Whisper's ``encoder_attn`` (``is_decoder``, not
+  causal) is cross attention over the config's ``max_source_positions``.
 
 State shapes and tensor parallelism follow the config families (the family kit,
 :mod:`kvcore.plugins.models.kit`), so a scan of a model equals ``layer_specs_from_config`` of its
@@ -92,11 +94,25 @@ def _layer_type(module: torch.nn.Module) -> str | None:
     return LEGACY_LAYER_TYPES.get(layer_type, layer_type) if layer_type is not None else None
 
 
+def _encoder_tokens(module: torch.nn.Module) -> int | None:
+    """The encoder output a decoder's non-causal attention module attends to, or ``None`` when
+    the module is not one: Whisper's ``encoder_attn`` (``is_decoder``) over ``max_source_positions``."""
+    if getattr(module, "is_decoder", False) is not True:
+        return None
+    frames = getattr(getattr(module, "config", None), "max_source_positions", None)
+    return frames if isinstance(frames, int) and not isinstance(frames, bool) and frames > 0 else None
+
+
 def attention_spec(module: torch.nn.Module, name: str, options: ModelOptions) -> KVCacheSpec | None:
     """The spec of a transformers attention module, or ``None`` if it holds no KV cache."""
     head_dim = getattr(module, "head_dim", None)
-    if getattr(module, "is_causal", True) is False or not isinstance(head_dim, int):
+    if not isinstance(head_dim, int):
         return None
+    encoder_tokens = None
+    if getattr(module, "is_causal", True) is False:
+        encoder_tokens = _encoder_tokens(module)
+        if encoder_tokens is None:
+            return None
     fields = _fields(module, name)
     k_proj = _linear(module, "k_proj")
     if k_proj is not None:
@@ -111,6 +127,8 @@ def attention_spec(module: torch.nn.Module, name: str, options: ModelOptions) ->
         dtype=options.cache_dtype(_weight_dtype(module, "k_proj", "qkv_proj")),
         block_size=options.block_size,
     )
+    if encoder_tokens is not None:
+        return geometry.cross(encoder_tokens)
     config = getattr(module, "config", None)
     layer_type = _layer_type(module)
     window = getattr(module, "sliding_window", None)

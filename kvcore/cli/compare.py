@@ -19,7 +19,7 @@ from kvcore.error_messages import render
 from kvcore.errors import InvalidSpecError
 from kvcore.planning.compare import Candidate, compare_policies
 from kvcore.planning.registry import Registry
-from kvcore.spec import KVCacheSpec
+from kvcore.spec import STATE_CACHE_MODES, KVCacheSpec
 from kvcore.units import format_bytes
 
 if TYPE_CHECKING:  # the simulation layer loads only when a workload is given
@@ -52,6 +52,16 @@ def _dtype_list(text: str) -> list[str]:
     return values
 
 
+def _mode_list(text: str) -> list[str]:
+    values = [part.strip() for part in text.split(",") if part.strip()]
+    bad = [v for v in values if v not in STATE_CACHE_MODES]
+    if bad or not values:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated state cache modes from {', '.join(STATE_CACHE_MODES)}, got {text!r}"
+        )
+    return values
+
+
 def add_parser(sub: Any) -> None:
     parser = sub.add_parser(
         "compare",
@@ -67,6 +77,15 @@ def add_parser(sub: Any) -> None:
     inputs.add_spec_source(parser)
     inputs.add_sizing_options(parser)
     add_candidate_options(parser)
+    parser.add_argument(
+        "--state-cache-modes",
+        type=_mode_list,
+        metavar="A,B",
+        help=(
+            "also compare these state cache modes (none, align, all): what keeping SSM / linear-attention "
+            "states for prefix caching costs; adds a 'state cache' column"
+        ),
+    )
     inputs.add_workload_options(parser, trace_flag="--workload", required=False)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(run=run)
@@ -105,6 +124,7 @@ def build_candidates(
         block_sizes=args.block_sizes or [None],
         kv_cache_dtypes=dtypes,
         options=inputs.plan_options(args),
+        state_cache_modes=getattr(args, "state_cache_modes", None) or [None],
     )
 
 
@@ -115,6 +135,7 @@ def candidate_row(candidate: Candidate) -> dict[str, Any]:
         "policy": candidate.policy,
         "block_size": candidate.block_size,
         "kv_cache_dtype": dtype_name(candidate.kv_cache_dtype) if candidate.kv_cache_dtype else None,
+        **({"state_cache_mode": candidate.state_cache_mode} if candidate.state_cache_mode else {}),
         "ideal_concurrency": candidate.ideal_concurrency,
         "max_concurrency": capacity.max_concurrency if capacity else None,
         "efficiency": capacity.efficiency if capacity else None,
@@ -167,6 +188,7 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
         ]
         print(json.dumps(payload, indent=2))
         return exit_status(candidates)
+    modes = bool(getattr(args, "state_cache_modes", None))
     rows = []
     failures: dict[str, str] = {}  # first reason per policy; variants usually fail alike
     for c in candidates:
@@ -176,6 +198,7 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
             continue
         row = [
             *variant_cells(c),
+            *([c.state_cache_mode] if modes else []),
             len(plan.groups),
             f"{capacity.max_concurrency:,.2f}",
             f"{capacity.ideal_concurrency:,.2f}",
@@ -199,6 +222,7 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
         "policy",
         "block",
         "kv dtype",
+        *(["state cache"] if modes else []),
         "groups",
         "concurrency",
         "ideal",
@@ -213,7 +237,8 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
             "(the workload's tokens served per step, recomputation not counted)"
         )
         headers += ["tokens/step", "mean running", "preemptions"]
-    print(render_table(headers, rows, align="lll" + "r" * (len(headers) - 3)))
+    lead = 4 if modes else 3
+    print(render_table(headers, rows, align="l" * lead + "r" * (len(headers) - lead)))
     for policy, error in failures.items():
         print(f"  {policy}: no plan: {error}")
     return exit_status(candidates)

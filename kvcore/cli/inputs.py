@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
 
+from kvcore.cli import serving
 from kvcore.error_messages import ParameterNames
 from kvcore.errors import InvalidInputError
 from kvcore.frontends.hf_config import load_model_config, max_position_embeddings, model_layer_specs
@@ -228,6 +229,7 @@ def add_sizing_options(
         metavar="N",
         help="at most N groups (block tables): the best layout within it, or an error naming the fewest",
     )
+    serving.add_serving_options(parser)
 
 
 def add_planning_options(
@@ -263,6 +265,7 @@ def model_options(args: argparse.Namespace) -> ModelOptions:
         "tp": getattr(args, "tp", None),
         "kv_cache_dtype": getattr(args, "kv_cache_dtype", None),
         "state_dtype": getattr(args, "state_dtype", None),
+        "speculative": getattr(args, "speculative", None),
     }
     if getattr(args, "model", None) is None:
         named = [f"--{key.replace('_', '-')}" for key, value in given.items() if value is not None]
@@ -305,7 +308,8 @@ def sizing_context(args: argparse.Namespace, *, auto: bool = False) -> SizingCon
                 "needs one length for every plan: give a number"
             )
         length = min(length_cap(args) or MAX_TOKENS, MAX_TOKENS)
-    return SizingContext(max_model_len=length, max_num_batched_tokens=args.max_num_batched_tokens)
+    steps = args.max_num_batched_tokens
+    return SizingContext(max_model_len=length, max_num_batched_tokens=steps, **serving.context_fields(args))
 
 
 def length_mode(args: argparse.Namespace) -> Literal["auto"] | None:

@@ -9,8 +9,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-import attrs
-
 from kvcore.cli.table import render_table
 from kvcore.error_messages import plural
 from kvcore.errors import KVCacheBindingError
@@ -20,7 +18,7 @@ from kvcore.planning.ranks import Parallelism, tightest_rank
 from kvcore.planning.serialization import plan_to_dict
 from kvcore.policy import PolicyChoice
 from kvcore.runtime.binding import layer_index
-from kvcore.spec import KVCacheSpec, format_value
+from kvcore.spec import KVCacheSpec, format_value, shown_fields
 from kvcore.units import format_bytes
 
 if TYPE_CHECKING:
@@ -31,7 +29,7 @@ def group_details(group: KVCacheGroup) -> str:
     """The group spec's fields other than ``block_size``, as ``name=value`` pairs."""
     return " ".join(
         f"{a.name}={format_value(getattr(group.spec, a.name))}"
-        for a in attrs.fields(type(group.spec))
+        for a in shown_fields(group.spec)
         if a.name != "block_size"
     )
 

@@ -170,11 +170,13 @@ def text_config(config: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 def max_position_embeddings(config: Mapping[str, Any]) -> int | None:
-    """The longest context the config states (``text_config`` first), or ``None``."""
+    """The longest context the config states (``text_config`` first), or ``None``; an
+    encoder-decoder states its decoder's as ``max_target_positions`` (Whisper: 448)."""
     for part in (text_config(config), config):
-        value = part.get("max_position_embeddings")
-        if is_int(value) and value > 0:
-            return value
+        for key in ("max_position_embeddings", "max_target_positions"):
+            value = part.get(key)
+            if is_int(value) and value > 0:
+                return value
     return None
 
 
@@ -186,7 +188,8 @@ def layer_specs_from_config(
     Args:
         config: the parsed config (wrappers such as gemma3 / llama4 included).
         registry: whose families read it (:meth:`~kvcore.planning.registry.Registry.layer_specs`).
-        options: tensor parallelism, dtypes, block size; default
+        options: tensor parallelism, dtypes, block size, draft layers (``speculative``,
+            :mod:`kvcore.frontends.draft_layers`); default
             :class:`~kvcore.model_options.ModelOptions` (a plain mapping is validated first).
 
     Returns:
@@ -199,7 +202,11 @@ def layer_specs_from_config(
         PluginValidationError: a family answered something other than ``{name: spec}``.
         InvalidInputError: bad options.
     """
-    return registry.layer_specs(config, options)
+    from kvcore.frontends.draft_layers import with_draft_layers
+    from kvcore.model_options import to_model_options
+
+    opts = to_model_options(options)
+    return with_draft_layers(config, registry.layer_specs(config, opts), opts, registry)
 
 
 def model_layer_specs(

@@ -6,6 +6,7 @@ Every figure comes from a real plan made by :func:`kvcore.plan_kv_cache`, exactl
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Mapping, Sequence
 
 import attrs
@@ -28,6 +29,7 @@ class Candidate:
         policy: the policy name.
         block_size: the block size asked for (``None``: as the specs say).
         kv_cache_dtype: the KV dtype asked for (``None``: as the specs say).
+        state_cache_mode: the state cache mode asked for (``None``: as the context says).
         plan: the plan, or ``None`` when the policy could not make one.
         capacity: the plan's figures (:meth:`Capacity.of` the plan and this variant's specs),
             or ``None`` without a plan.
@@ -45,6 +47,7 @@ class Candidate:
     ideal_concurrency: float
     error: str | None = None
     failure: KVCoreError | None = attrs.field(default=None, eq=False, repr=False)
+    state_cache_mode: str | None = None
 
     @property
     def max_concurrency(self) -> float:
@@ -96,8 +99,12 @@ def compare_policies(
     block_sizes: Iterable[int | None] = (None,),
     kv_cache_dtypes: Iterable[DTypeLike | None] = (None,),
     options: PlanOptions | None = None,
+    state_cache_modes: Iterable[str | None] = (None,),
 ) -> list[Candidate]:
     """Plan ``specs`` with every policy (default: all registered), for every variant.
+
+    Variants are every KV dtype x block size x state cache mode (a mode replaces the
+    context's ``state_cache_mode``: what keeping states for prefix caching costs).
 
     A policy that cannot plan the specs, or whose plan cannot hold one request of
     ``max_model_len``, appears with ``plan=None`` and the reason in ``error``.
@@ -107,19 +114,21 @@ def compare_policies(
     """
     names = list(policies) if policies is not None else list(registry.policies)
     out: list[Candidate] = []
+    modes = list(state_cache_modes)
     for wanted in kv_cache_dtypes:
         dtype = to_dtype(wanted) if wanted is not None else None
-        for block_size in block_sizes:
+        for block_size, mode in itertools.product(block_sizes, modes):
             variant = dict(specs)
             if dtype is not None:
                 variant = with_kv_dtype(variant, dtype)
             if block_size is not None:
                 variant = resize_blocks(variant, block_size)
-            ideal = ideal_concurrency(variant, available_bytes, context)
+            sized = context if mode is None else attrs.evolve(context, state_cache_mode=mode)
+            ideal = ideal_concurrency(variant, available_bytes, sized)
             for name in names:
                 try:
                     plan: KVCachePlan | None = plan_kv_cache(
-                        variant, available_bytes, context, registry=registry, policy=name, options=options
+                        variant, available_bytes, sized, registry=registry, policy=name, options=options
                     )
                     error, failure = None, None
                 except InvalidSpecError:
@@ -136,6 +145,7 @@ def compare_policies(
                         ideal_concurrency=ideal,
                         error=error,
                         failure=failure,
+                        state_cache_mode=mode,
                     )
                 )
     return out

@@ -28,6 +28,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "kvcore.plugins.chunked_local_attention",
     "kvcore.plugins.mla",
     "kvcore.plugins.state",
+    "kvcore.plugins.cross_attention",
     # model families (kvcore_register_model_families), the module front end, the generic fallback
     "kvcore.plugins.models.attention_only",
     "kvcore.plugins.models.llama4",
@@ -35,6 +36,8 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "kvcore.plugins.models.jamba",
     "kvcore.plugins.models.nemotron_h",
     "kvcore.plugins.models.qwen3_next",
+    "kvcore.plugins.models.whisper",
+    "kvcore.plugins.models.mllama",
     "kvcore.plugins.transformers_modules",
     "kvcore.plugins.models.generic",
     "kvcore.policies.uniform",

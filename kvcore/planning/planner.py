@@ -52,7 +52,7 @@ from kvcore.planning.max_len import (
 )
 from kvcore.planning.registry import Registry
 from kvcore.policy import AllocationPolicy, BlockPlacement, PlanOptions, PolicyChoice
-from kvcore.spec import KVCacheSpec, SizingContext, check_layer_specs, spec_differences
+from kvcore.spec import KVCacheSpec, SizingContext, check_layer_specs, sized_specs, spec_differences
 from kvcore.validators import check_int
 
 
@@ -206,7 +206,9 @@ def plan_model(
     check_layer_specs(specs)
     for rank, memory in enumerate(rank_memory):
         check_budget(memory, prefix(rank))
-    specs = share_equal_specs(specs)
+    # serving options the block pool must see (speculative slots, state cache mode, encoder
+    # length) go into the specs the plan keeps
+    specs = share_equal_specs(sized_specs(specs, context))
     choice = resolve_policy(specs, policy, registry)
     chosen = choice.policy
     groups = group_layers(chosen, specs, context, options)

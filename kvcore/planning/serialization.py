@@ -28,11 +28,14 @@ from kvcore.dtypes import DType, dtype_name, to_dtype
 from kvcore.errors import InvalidInputError, InvalidSpecError, KVCoreError, PlanValidationError
 from kvcore.plan import KVCacheGroup, KVCachePlan
 from kvcore.planning.invariants import check_plan
-from kvcore.spec import KVCacheSpec
+from kvcore.spec import OMIT_IF_DEFAULT, KVCacheSpec, SizingContext
 from kvcore.validators import is_int
 
 if TYPE_CHECKING:
     from kvcore.planning.registry import Registry
+
+#: Fields of a sizing context that JSON leaves out while they hold their defaults.
+SERVING_FIELDS = ("num_speculative_tokens", "state_cache_mode", "max_encoder_tokens")
 
 #: The abstract spec base as a plain type (mypy will not pass an abstract class as ``type[T]``).
 _SPEC_BASE: Any = KVCacheSpec
@@ -120,7 +123,13 @@ def make_converter(registry: Registry) -> cattrs.Converter:
         return isinstance(t, type) and issubclass(t, KVCacheSpec)
 
     def unstructure_spec_factory(cls: type[KVCacheSpec]) -> Any:
-        base = make_dict_unstructure_fn(cls, conv)
+        # fields a kind gained later stay out of the JSON while they hold their default
+        later: dict[str, Any] = {
+            a.name: override(omit_if_default=True)
+            for a in attrs.fields(cls)
+            if a.metadata.get(OMIT_IF_DEFAULT)
+        }
+        base = make_dict_unstructure_fn(cls, conv, **later)
 
         def unstructure(spec: KVCacheSpec) -> dict[str, Any]:
             return {"kind": spec.kind, **base(spec)}
@@ -188,6 +197,17 @@ def make_converter(registry: Registry) -> cattrs.Converter:
     conv.register_structure_hook(KVCacheGroup, structure_group)
     conv.register_structure_hook(
         KVCachePlan, make_dict_structure_fn(KVCachePlan, conv, _cattrs_forbid_extra_keys=False)
+    )
+    # a context without serving options (speculative tokens, state cache mode, encoder length)
+    # reads and writes as it always did
+    serving: dict[str, Any] = {name: override(omit_if_default=True) for name in SERVING_FIELDS}
+    conv.register_unstructure_hook(
+        SizingContext,
+        make_dict_unstructure_fn(
+            SizingContext,
+            conv,
+            **serving,
+        ),
     )
     # a plan without KV-sharing layers reads and writes as it always did
     conv.register_unstructure_hook(

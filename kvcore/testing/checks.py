@@ -256,6 +256,41 @@ def _one_group_plan(spec: KVCacheSpec, context: SizingContext, num_blocks: int) 
     )
 
 
+def check_sized_for(spec: KVCacheSpec, context: SizingContext) -> KVCacheSpec:
+    """``spec.sized_for(context)`` is what the planner plans: idempotent, and its worst case is
+    the one ``spec.max_num_blocks(context)`` already counts.
+
+    Args:
+        spec: the spec.
+        context: a sizing context, serving options included.
+
+    Returns:
+        The sized spec (for :func:`check_pool_follows_spec`).
+
+    Raises:
+        AssertionError: ``sized_for`` is not idempotent, returns a spec of another kind, or a
+            worst case other than ``max_num_blocks`` counts.
+    """
+    sized = spec.sized_for(context)
+    if type(sized) is not type(spec):
+        got, wanted = type(sized).__name__, type(spec).__name__
+        _fail(f"{describe_spec(spec)}: sized_for returned a {got}, not a {wanted}")
+    again = sized.sized_for(context)
+    if again != sized:
+        _fail(
+            f"{describe_spec(spec)}: sized_for is not idempotent: {describe_spec(sized)} becomes "
+            f"{describe_spec(again)} when sized again"
+        )
+    planned, held = spec.max_num_blocks(context), sized.max_num_blocks(context)
+    if planned != held:
+        _fail(
+            f"{describe_spec(spec)}: max_num_blocks counts {planned} pages per request but the spec the "
+            f"planner plans ({describe_spec(sized)}) counts {held}; max_num_blocks must size the spec "
+            "as sized_for(context) returns it"
+        )
+    return sized
+
+
 def check_pool_follows_spec(spec: KVCacheSpec, context: SizingContext, steps: Sequence[int]) -> None:
     """A block pool holds what the spec says a request holds, and never more than the plan counts.
 

@@ -46,6 +46,7 @@ from kvcore.testing.strategies import (
     PlanningProblem,
     layer_specs,
     planning_problems,
+    serving_options,
     sizing_contexts,
     spec_strategy,
     specs,
@@ -240,9 +241,12 @@ class SpecKindConformance(_Conformance):
         context = SizingContext(
             max_model_len=data.draw(st.integers(1, MAX_POOL_LEN), label="max_model_len"),
             max_num_batched_tokens=data.draw(st.integers(1, 512), label="max_num_batched_tokens"),
+            **data.draw(serving_options(), label="serving options"),
         )
         steps = st.lists(st.integers(1, context.max_tokens_per_step), max_size=24)
-        checks.check_pool_follows_spec(spec, context, data.draw(steps, label="steps"))
+        # the planner sizes the spec for the context's serving options (sized_for) first
+        sized = checks.check_sized_for(spec, context)
+        checks.check_pool_follows_spec(sized, context, data.draw(steps, label="steps"))
 
     @_drawing
     def test_group_key_is_stable(self, data: st.DataObject) -> None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import attrs
 from hypothesis import reject
@@ -38,7 +39,7 @@ from kvcore.planning.capacity import request_bytes
 from kvcore.planning.planner import plan_kv_cache
 from kvcore.planning.registry import Registry
 from kvcore.policy import AllocationPolicy, PlanOptions
-from kvcore.spec import KVCacheSpec, SizingContext
+from kvcore.spec import STATE_CACHE_MODES, KVCacheSpec, SizingContext
 
 #: Dtypes drawn for caches: the common ones, fp8 included.
 CACHE_DTYPES: tuple[DType, ...] = (
@@ -245,14 +246,33 @@ def sizing_contexts(
     *,
     max_model_len: st.SearchStrategy[int] | None = None,
     max_num_batched_tokens: st.SearchStrategy[int] | None = None,
+    serving: bool = False,
 ) -> st.SearchStrategy[SizingContext]:
-    """A :class:`SizingContext` (lengths up to 8192 by default)."""
-    return st.builds(
-        SizingContext,
+    """A :class:`SizingContext` (lengths up to 8192 by default); with ``serving``, also its
+    serving options (:func:`serving_options`)."""
+    lengths: st.SearchStrategy[dict[str, int]] = st.builds(
+        dict,
         max_model_len=max_model_len if max_model_len is not None else st.integers(1, 8192),
         max_num_batched_tokens=max_num_batched_tokens
         if max_num_batched_tokens is not None
         else st.integers(1, 4096),
+    )
+    extra = serving_options() if serving else st.just({})
+    return st.builds(lambda a, b: SizingContext(**a, **b), lengths, extra)
+
+
+def serving_options(
+    *, max_speculative_tokens: int = 4, max_encoder_tokens: int = 256
+) -> st.SearchStrategy[dict[str, Any]]:
+    """Keyword arguments of a :class:`SizingContext`'s serving options, each often left unset:
+    ``num_speculative_tokens``, ``state_cache_mode`` and ``max_encoder_tokens``
+    (``SizingContext(max_model_len=..., **drawn)``)."""
+    return st.fixed_dictionaries(
+        {
+            "num_speculative_tokens": st.one_of(st.just(0), st.integers(0, max_speculative_tokens)),
+            "state_cache_mode": st.one_of(st.none(), st.sampled_from(STATE_CACHE_MODES)),
+            "max_encoder_tokens": st.one_of(st.just(0), st.integers(1, max_encoder_tokens)),
+        }
     )
 
 

@@ -5,7 +5,9 @@ An MLA layer caches one latent vector per token, shared by all heads:
 V. ``num_key_value_heads`` and the ``head_dim`` of transformers-5 dumps (set from
 ``qk_rope_head_dim``) do not describe the cache and are ignored. The latent is replicated on
 every tensor-parallel rank. ``first_k_dense_replace`` / ``moe_layer_freq`` pick MLPs only; the
-``num_nextn_predict_layers`` MTP layer lies outside ``num_hidden_layers`` and is not planned.
+``num_nextn_predict_layers`` MTP layer lies outside ``num_hidden_layers``: it is planned only
+when asked (``ModelOptions(speculative="mtp")``, ``--speculative mtp``: ``model.layers.61.self_attn``,
+:mod:`kvcore.frontends.draft_layers`).
 Layers are named ``model.layers.{i}.self_attn``.
 """
 

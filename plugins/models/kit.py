@@ -43,6 +43,7 @@ from kvcore.errors import InvalidSpecError, ModelConfigError
 from kvcore.limits import MAX_LAYERS, shown
 from kvcore.model_options import DEFAULT_MODEL_DTYPE, ModelOptions
 from kvcore.plugins.chunked_local_attention import ChunkedLocalAttentionSpec
+from kvcore.plugins.cross_attention import CrossAttentionSpec
 from kvcore.plugins.full_attention import FullAttentionSpec
 from kvcore.plugins.mla import MLAAttentionSpec
 from kvcore.plugins.sliding_window import SlidingWindowSpec
@@ -55,6 +56,8 @@ FULL = "full_attention"
 SLIDING = "sliding_attention"
 CHUNKED = "chunked_attention"
 LINEAR = "linear_attention"
+#: A decoder layer attending to an encoder's output (kvcore's name; transformers has none).
+CROSS = "cross_attention"
 #: Layer types that hold no cache (Nemotron-H's MLP and MoE blocks).
 NO_CACHE = frozenset({"mlp", "moe"})
 #: Older spellings transformers still reads (``configuration_utils._LEGACY_LAYER_TYPE_REMAP``).
@@ -325,6 +328,10 @@ class Attention:
         """A chunked-local spec of ``chunk`` tokens."""
         return ChunkedLocalAttentionSpec(**self._fields(), attention_chunk_size=chunk)
 
+    def cross(self, encoder_tokens: int) -> CrossAttentionSpec:
+        """A cross-attention spec over an encoder output of ``encoder_tokens`` tokens."""
+        return CrossAttentionSpec(**self._fields(), max_encoder_tokens=encoder_tokens)
+
 
 def head_size(cfg: ConfigFields, *, keys: Sequence[str] = ("head_dim",), derive: bool = True) -> int:
     """The attention head size.
@@ -456,15 +463,22 @@ class LayerNames:
             ``model.language_model.layers``.
         attention: the attribute of an attention layer's module (``self_attn``).
         state: the attribute of an SSM / linear-attention module (``mamba``, ``linear_attn``).
+        cross: the attribute of a cross-attention module (:data:`CROSS`; ``cross_attn``).
     """
 
     prefix: str = "model.layers"
     attention: str = "self_attn"
     state: str = "self_attn"
+    cross: str = "cross_attn"
 
     def name(self, index: int, layer_type: str) -> str:
         """The module name of layer ``index`` of type ``layer_type``."""
-        attribute = self.state if layer_type == LINEAR else self.attention
+        if layer_type == LINEAR:
+            attribute = self.state
+        elif layer_type == CROSS:
+            attribute = self.cross
+        else:
+            attribute = self.attention
         return f"{self.prefix}.{index}.{attribute}"
 
 

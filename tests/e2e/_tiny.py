@@ -10,6 +10,7 @@ on the bound views.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -55,6 +56,10 @@ class TinyModel:
         policy: the policy ``auto`` must pick.
         forgets: whether some layers drop tokens (sliding window or chunk), so pages are freed
             while a request decodes.
+        base: the shared widths, or ``None`` when ``config`` states every width itself (an
+            encoder-decoder model names them its own way).
+        encoder_features: for an encoder-decoder model, the shape of one request's encoder input
+            (Whisper's log-mel features, ``(1, num_mel_bins, 2 x max_source_positions)``).
     """
 
     name: str
@@ -63,12 +68,14 @@ class TinyModel:
     config: Mapping[str, Any]
     policy: str
     forgets: bool
+    base: Mapping[str, Any] | None = _BASE
+    encoder_features: tuple[int, ...] | None = None
 
     def build(self) -> torch.nn.Module:
         """The model with random weights (seed 0), in eval mode."""
         import transformers
 
-        config = getattr(transformers, self.config_class)(**_BASE, **self.config)
+        config = getattr(transformers, self.config_class)(**(self.base or {}), **self.config)
         torch.manual_seed(0)
         model: torch.nn.Module = getattr(transformers, self.model_class)(config)
         return model.eval()
@@ -149,18 +156,58 @@ MODELS = {
             policy="shared_buffer",
             forgets=True,
         ),
+        # an encoder-decoder: the decoder's self attention (full) and cross attention over the
+        # encoder's 12 audio frames (3 pages of 4, taken at a request's first step, kept to its
+        # end); the encoder holds no cache. Each request brings its own random audio features.
+        TinyModel(
+            name="whisper",
+            config_class="WhisperConfig",
+            model_class="WhisperForConditionalGeneration",
+            config={
+                "d_model": 32,
+                "encoder_layers": 2,
+                "decoder_layers": 2,
+                "encoder_attention_heads": 4,
+                "decoder_attention_heads": 4,
+                "encoder_ffn_dim": 64,
+                "decoder_ffn_dim": 64,
+                "num_mel_bins": 8,
+                "max_source_positions": 12,
+                "max_target_positions": 96,
+                "vocab_size": 128,
+                "pad_token_id": 0,
+                "bos_token_id": 1,
+                "eos_token_id": 2,
+                "decoder_start_token_id": 1,
+                "begin_suppress_tokens": None,
+                "suppress_tokens": None,
+            },
+            policy="shared_buffer",
+            forgets=False,
+            base=None,
+            encoder_features=(1, 8, 24),
+        ),
     )
 }
 
 
-def requests(vocab_size: int = _BASE["vocab_size"]) -> list[DecodeRequest]:
-    """The concurrent requests: random prompts of :data:`PROMPT_LENGTHS` (fixed seed)."""
+def requests(
+    vocab_size: int = _BASE["vocab_size"], encoder_features: tuple[int, ...] | None = None
+) -> list[DecodeRequest]:
+    """The concurrent requests: random prompts of :data:`PROMPT_LENGTHS` (fixed seed), and for an
+    encoder-decoder model random encoder inputs of ``encoder_features`` each."""
     generator = torch.Generator().manual_seed(1234)
+    features = torch.Generator().manual_seed(99)
     return [
         DecodeRequest(
             request_id=f"r{i}",
             prompt=torch.randint(3, vocab_size, (length,), generator=generator).tolist(),
             max_new_tokens=new,
+            encoder_inputs=(
+                {"input_features": torch.randn(encoder_features, generator=features)}
+                if encoder_features is not None
+                else None
+            ),
         )
         for i, (length, new) in enumerate(zip(PROMPT_LENGTHS, NEW_TOKENS, strict=True))
     ]
@@ -175,12 +222,24 @@ class Reference:
 
 
 def reference_generate(model: Any, request: DecodeRequest) -> Reference:
-    """transformers' own ``generate()``: greedy, eager attention and transformers' cache, no stop token."""
+    """transformers' own ``generate()``: greedy, eager attention and transformers' cache, no stop token.
+
+    For an encoder-decoder model the prompt is the decoder's (``decoder_input_ids``) and the
+    request's encoder inputs go to the encoder; the generic ``GenerationMixin.generate`` runs
+    (Whisper's own adds language and timestamp logic, which is not the cache's business).
+    """
+    import transformers
+
     model.set_attn_implementation("eager")
     ids = torch.tensor([request.prompt])
-    out = model.generate(
-        ids,
-        attention_mask=torch.ones_like(ids),
+    if request.encoder_inputs is not None:
+        inputs: dict[str, Any] = {**request.encoder_inputs, "decoder_input_ids": ids}
+        generate = functools.partial(transformers.GenerationMixin.generate, model)
+    else:
+        inputs = {"inputs": ids, "attention_mask": torch.ones_like(ids)}
+        generate = model.generate
+    out = generate(
+        **inputs,
         max_new_tokens=request.max_new_tokens,
         do_sample=False,
         eos_token_id=None,

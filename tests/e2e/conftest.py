@@ -40,7 +40,7 @@ def subjects():
         if name not in built:
             tiny = MODELS[name]
             model = tiny.build()
-            asked = tuple(requests())
+            asked = tuple(requests(encoder_features=tiny.encoder_features))
             built[name] = Subject(
                 tiny=tiny,
                 model=model,

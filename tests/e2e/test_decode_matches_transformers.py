@@ -12,6 +12,7 @@ import itertools
 
 import pytest
 
+from kvcore.plugins.cross_attention import CrossAttentionSpec
 from kvcore.plugins.full_attention import FullAttentionSpec
 from kvcore.testing.reference import decode_greedy
 from tests.e2e._tiny import MODELS, block_holders, kvcore_runner, mismatches, shared_groups, tight_num_blocks
@@ -20,7 +21,8 @@ pytest.importorskip("transformers")
 
 
 def _forgetting_groups(plan):
-    return {index for index, group in enumerate(plan.groups) if not isinstance(group.spec, FullAttentionSpec)}
+    keeping = (FullAttentionSpec, CrossAttentionSpec)
+    return {index for index, group in enumerate(plan.groups) if not isinstance(group.spec, keeping)}
 
 
 @pytest.mark.parametrize("name", list(MODELS))

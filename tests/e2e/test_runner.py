@@ -163,4 +163,4 @@ def test_the_runner_s_layers_are_named_as_the_config_families_name_them(subjects
         bound = runner.layer_of(modules[layer])
         assert bound.name == layer
         assert bound.spec.with_block_size(BLOCK_SIZE) == spec  # a group may get a larger block
-        assert modules[layer].layer_idx == int(layer.split(".")[2])
+        assert modules[layer].layer_idx == int(layer.split(".")[-2])

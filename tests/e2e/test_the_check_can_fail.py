@@ -9,6 +9,7 @@ import attrs
 import pytest
 
 from kvcore import NULL_PAGE, BlockPool, BlockPoolExhaustedError, InvalidInputError, PlanValidationError
+from kvcore.plugins.cross_attention import CrossAttentionSpec
 from kvcore.plugins.full_attention import FullAttentionSpec
 from kvcore.testing.reference import PagedAttentionRunner, decode_greedy
 from tests.e2e._tiny import kvcore_runner, mismatches, tight_num_blocks
@@ -31,10 +32,35 @@ class CorruptingRunner(PagedAttentionRunner):
         return super().step(batch)
 
 
-@pytest.mark.parametrize("name", ["llama", "gemma3"])
+@pytest.mark.parametrize("name", ["llama", "gemma3", "whisper"])
 def test_a_corrupted_live_page_breaks_the_match(subjects, registry, name):
     subject = subjects(name)
     runner = kvcore_runner(subject.model, registry, runner_class=CorruptingRunner)
+    generations = decode_greedy(runner, subject.requests)
+    assert runner.corrupted is not None
+    problems = mismatches(generations, subject.reference)
+    assert problems and all(p.startswith("r2:") for p in problems), problems
+
+
+class CrossCorruptingRunner(PagedAttentionRunner):
+    """Adds noise to request r2's cached encoder output (a cross-attention page) before step 20:
+    written at r2's first step, it is only read from then on."""
+
+    corrupted: tuple[str, int] | None = None
+
+    def step(self, batch):
+        if self.num_steps == 20:
+            group = next(i for i, g in enumerate(self.plan.groups) if isinstance(g.spec, CrossAttentionSpec))
+            page = self.pool.live_pages("r2", group)[0]
+            name = self.plan.groups[group].layer_names[0]
+            self.layer_of(dict(self.model.named_modules())[name]).pages.values[page] += 1.0
+            self.corrupted = (name, page)
+        return super().step(batch)
+
+
+def test_a_corrupted_encoder_page_breaks_the_match(subjects, registry):
+    subject = subjects("whisper")
+    runner = kvcore_runner(subject.model, registry, runner_class=CrossCorruptingRunner)
     generations = decode_greedy(runner, subject.requests)
     assert runner.corrupted is not None
     problems = mismatches(generations, subject.reference)

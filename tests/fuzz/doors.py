@@ -315,13 +315,16 @@ SOURCES = [
     ("--model", "google/gemma-3-27b-it"),
     ("--model", "ai21labs/AI21-Jamba-1.5-Mini"),
     ("--model", "deepseek-ai/DeepSeek-V3"),
+    ("--model", "openai/whisper-large-v3"),
 ]
 
 
 @st.composite
 def command_lines(draw: st.DrawFn) -> list[str]:
     """``kvcore plan|compare`` with random numbers for ``--memory``, ``--max-model-len``,
-    ``--num-blocks``, ``--tp``, ``--pp``, ``--block-size``."""
+    ``--num-blocks``, ``--tp``, ``--pp``, ``--block-size``, ``--num-speculative-tokens`` and
+    ``--max-encoder-tokens``, and random serving choices (``--speculative``,
+    ``--state-cache-mode``)."""
     command = draw(st.sampled_from(["plan", "plan", "plan", "compare"]))
     argv = ["--no-plugin-autoload", command, *draw(st.sampled_from(SOURCES))]
     argv += ["--memory", draw(NUMBER_TEXTS | st.sampled_from(["1GiB", "80GiB", "4TiB"]))]
@@ -329,6 +332,13 @@ def command_lines(draw: st.DrawFn) -> list[str]:
     for flag in ("--num-blocks", "--tp", "--block-size") + (("--pp",) if command == "plan" else ()):
         if draw(st.integers(0, 2)) == 0:
             argv += [flag, draw(NUMBER_TEXTS | st.sampled_from(["1", "2", "3", "4", "8"]))]
+    for flag in ("--num-speculative-tokens", "--max-encoder-tokens"):
+        if draw(st.integers(0, 3)) == 0:
+            argv += [flag, draw(NUMBER_TEXTS | st.sampled_from(["0", "2", "1500"]))]
+    choices_of = {"--speculative": ["mtp", "eagle", "medusa"], "--state-cache-mode": ["align", "all"]}
+    for flag, choices in choices_of.items():
+        if draw(st.integers(0, 3)) == 0:
+            argv += [flag, draw(st.sampled_from(choices))]
     if command == "plan" and draw(st.booleans()):
         argv.append("--json")
     return argv

@@ -100,7 +100,11 @@ def build(config, dtype=torch.bfloat16):
     return model_class._from_config(hf_config, dtype=dtype)
 
 
-CONFIGS = {m.name: m.config for m in bundled_models()} | {
+#: Bundled models the module front end cannot scan yet: it does not tell a cross-attention module
+#: (Whisper's encoder_attn, Mllama's cross_attn) from self attention; their config families are
+#: checked layer by layer in test_zoo.py and test_encoder_decoder.py.
+CROSS_ATTENTION_MODELS = ("meta-llama/Llama-3.2-11B-Vision-Instruct", "openai/whisper-large-v3")
+CONFIGS = {m.name: m.config for m in bundled_models() if m.name not in CROSS_ATTENTION_MODELS} | {
     "nemotron-h-like (synthetic)": lambda: synthetic(NEMOTRON_H_LIKE),
     "qwen3-next-like (synthetic)": lambda: synthetic(QWEN3_NEXT_LIKE),
 }

@@ -21,7 +21,8 @@ from kvcore.plugins.full_attention import FullAttentionSpec
 from tests.models.conftest import bundled
 
 UNKNOWN = (
-    r"unknown model options \['pp'\]; known options: \['block_size', 'kv_cache_dtype', 'state_dtype', 'tp'\]"
+    r"unknown model options \['pp'\]; known options: "
+    r"\['block_size', 'kv_cache_dtype', 'speculative', 'state_dtype', 'tp'\]"
 )
 
 

@@ -25,6 +25,7 @@ class Expected(NamedTuple):
     names: kind -> module name pattern with ``{i}``.
     kv_heads, head_size: of every attention layer (``None`` for MLA-only models).
     bytes_per_token: of one attention (or MLA) layer.
+    dtype: of every attention (or MLA) layer.
     """
 
     kinds: dict[str, list[int]]
@@ -32,6 +33,7 @@ class Expected(NamedTuple):
     kv_heads: int | None
     head_size: int | None
     bytes_per_token: int
+    dtype: str = "bfloat16"
 
 
 def every(n, *, but=()):
@@ -136,6 +138,35 @@ EXPECTED = {
         head_size=64,
         bytes_per_token=2048,
     ),
+    # 40 layers; cross attention at text_config.cross_attention_layers 3, 8, ..., 38 (8) over
+    # 4 tiles x ((560 // 14)^2 + 1) = 6404 image tokens, full attention elsewhere (32);
+    # 4096 // 32 = 128; 2*8*128*2 = 4096
+    "meta-llama/Llama-3.2-11B-Vision-Instruct": Expected(
+        kinds={
+            "full_attention": every(40, but=range(3, 40, 5)),
+            "cross_attention(6404)": list(range(3, 40, 5)),
+        },
+        names={
+            "full_attention": "model.language_model.layers.{i}.self_attn",
+            "cross_attention(6404)": "model.language_model.layers.{i}.cross_attn",
+        },
+        kv_heads=8,
+        head_size=128,
+        bytes_per_token=4096,
+    ),
+    # 32 decoder layers, each self attention (full) and cross attention over 1500 audio frames;
+    # MHA 20 heads of 1280 // 20 = 64; float16: 2*20*64*2 = 5120
+    "openai/whisper-large-v3": Expected(
+        kinds={"full_attention": every(32), "cross_attention(1500)": every(32)},
+        names={
+            "full_attention": "model.decoder.layers.{i}.self_attn",
+            "cross_attention(1500)": "model.decoder.layers.{i}.encoder_attn",
+        },
+        kv_heads=20,
+        head_size=64,
+        bytes_per_token=5120,
+        dtype="float16",
+    ),
     # 36 full layers (use_sliding_window false); head_dim 128; 2*8*128*2 = 4096
     "Qwen/Qwen3-8B": Expected(
         kinds={"full_attention": every(36)},
@@ -148,7 +179,7 @@ EXPECTED = {
 
 
 def label(spec):
-    for field in ("sliding_window", "attention_chunk_size"):
+    for field in ("sliding_window", "attention_chunk_size", "max_encoder_tokens"):
         if hasattr(spec, field):
             return f"{spec.kind}({getattr(spec, field)})"
     return spec.kind
@@ -173,7 +204,7 @@ def test_bundled_model_layer_by_layer(registry, name):
         assert spec.block_size == 16
         if spec.kind == "state":
             continue
-        assert str(spec.dtype) == "bfloat16"
+        assert str(spec.dtype) == expected.dtype
         assert spec.page_size_bytes == 16 * expected.bytes_per_token
         if expected.kv_heads is not None:
             assert (spec.num_kv_heads, spec.head_size) == (expected.kv_heads, expected.head_size)

@@ -25,7 +25,7 @@ POLICIES = ["auto", "shared_buffer"]
 @st.composite
 def planning_inputs(draw, max_layers=16):
     specs = draw(kst.layer_specs(max_layers=max_layers))
-    context = draw(kst.sizing_contexts(max_model_len=st.integers(1, 4096)))
+    context = draw(kst.sizing_contexts(max_model_len=st.integers(1, 4096), serving=True))
     need = request_bytes(specs, context)
     budget = draw(st.integers(0, 6 * need + draw(st.integers(0, 2**20))))
     return specs, context, budget
@@ -91,7 +91,11 @@ def test_equal_inputs_give_equal_plans_and_json_round_trips(registry, policy, in
             registry,
             dict(specs),
             SizingContext(
-                max_model_len=context.max_model_len, max_num_batched_tokens=context.max_num_batched_tokens
+                max_model_len=context.max_model_len,
+                max_num_batched_tokens=context.max_num_batched_tokens,
+                num_speculative_tokens=context.num_speculative_tokens,
+                state_cache_mode=context.state_cache_mode,
+                max_encoder_tokens=context.max_encoder_tokens,
             ),
             budget,
             policy,

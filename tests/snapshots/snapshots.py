@@ -34,6 +34,22 @@ COMMANDS = (
     "compare --model openai/gpt-oss-20b --memory 24GiB --max-model-len 32768 --block-sizes 16,32",
     "plan --model meta-llama/Llama-3.1-8B --memory 1GiB --max-model-len 131072",
 )
+#: The bundled models the fixture was taken with; models bundled later are pinned by their own
+#: tests (tests/models/test_encoder_decoder.py), so adding one leaves the fixture as it is.
+MODELS = (
+    "ai21labs/AI21-Jamba-1.5-Mini",
+    "deepseek-ai/DeepSeek-V3",
+    "google/gemma-2-9b-it",
+    "google/gemma-3-27b-it",
+    "meta-llama/Llama-3.1-8B",
+    "meta-llama/Llama-3.2-1B",
+    "meta-llama/Llama-4-Scout-17B-16E-Instruct",
+    "meta-llama/Meta-Llama-3-8B-Instruct",
+    "microsoft/Phi-3-mini-4k-instruct",
+    "mistralai/Mistral-7B-v0.1",
+    "openai/gpt-oss-20b",
+    "Qwen/Qwen3-8B",
+)
 RANKED = (("meta-llama/Llama-3.1-8B", 2, 2), ("google/gemma-3-27b-it", 4, 1), ("openai/gpt-oss-20b", 2, 2))
 
 
@@ -47,7 +63,8 @@ def cases() -> Iterator[tuple[str, dict[str, Any]]]:
     from kvcore.planning.serialization import plan_to_dict
 
     registry = kvcore.Registry.default()
-    models = {m.name: kvcore.model_layer_specs(m.name, registry) for m in bundled_models()}
+    bundled = [m.name for m in bundled_models() if m.name in MODELS]
+    models = {name: kvcore.model_layer_specs(name, registry) for name in bundled}
     inputs = {f"model {k}": v for k, v in models.items()}
     inputs.update({f"mix {k}": v for k, v in TARGET_MIXES.items()})
     for label, specs in inputs.items():

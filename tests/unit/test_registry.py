@@ -37,6 +37,7 @@ def test_builtins_register_through_hooks(registry):
         "chunked_local_attention",
         "mla",
         "state",
+        "cross_attention",
     ]
     assert list(registry.policies) == ["uniform", "shared_buffer", "equal_groups"]
     entry = {e.name: e for e in registry.kind_entries()}["mla"]

@@ -21,12 +21,13 @@ import torch
 from kvcore.errors import InvalidInputError
 from kvcore.plugins.attention import AttentionSpec
 from kvcore.plugins.chunked_local_attention import ChunkedLocalAttentionSpec
+from kvcore.plugins.cross_attention import CrossAttentionSpec
 from kvcore.plugins.full_attention import FullAttentionSpec
 from kvcore.plugins.sliding_window import SlidingWindowSpec
 from kvcore.spec import KVCacheSpec
 
 #: The spec kinds whose visibility rule the reference runner knows.
-SUPPORTED_KINDS = (FullAttentionSpec, SlidingWindowSpec, ChunkedLocalAttentionSpec)
+SUPPORTED_KINDS = (FullAttentionSpec, SlidingWindowSpec, ChunkedLocalAttentionSpec, CrossAttentionSpec)
 
 
 def check_supported(name: str, spec: KVCacheSpec) -> AttentionSpec:
@@ -134,4 +135,33 @@ def causal_attention(
         probs = torch.softmax(combined, dim=-1, dtype=combined.dtype)[..., :-1].to(v.dtype)
     else:
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    return torch.matmul(probs, v).transpose(0, 1)
+
+
+def encoder_attention(
+    query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, *, scaling: float
+) -> torch.Tensor:
+    """Cross attention: every query of a request sees every key of its encoder output (no mask).
+
+    Args:
+        query: ``(num_heads, T, head_size)``.
+        keys: ``(E, num_kv_heads, head_size)``, the encoder output's keys read from the pages.
+        values: the same for V.
+        scaling: the factor on ``q @ k^T``.
+
+    Returns:
+        ``(T, num_heads, head_size)``, in the query's dtype.
+
+    Raises:
+        InvalidInputError: the query heads are not a multiple of the KV heads.
+    """
+    heads = query.shape[0]
+    kv_heads = keys.shape[1]
+    if heads % kv_heads:
+        raise InvalidInputError(f"{heads} query heads cannot share {kv_heads} KV heads evenly")
+    repeat = heads // kv_heads
+    k = keys.to(query.dtype).transpose(0, 1).repeat_interleave(repeat, dim=0)
+    v = values.to(query.dtype).transpose(0, 1).repeat_interleave(repeat, dim=0)
+    scores = torch.matmul(query, k.transpose(1, 2)) * scaling
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
     return torch.matmul(probs, v).transpose(0, 1)

@@ -118,6 +118,8 @@ def decode_greedy(
                 break
             waiting.popleft()
             committed += need
+            if request.encoder_inputs is not None:
+                runner.encode(request.request_id, request.encoder_inputs)
             running.append(_Running(request=request, need=need, admitted_step=runner.num_steps))
         batch: list[tuple[_Running, tuple[int, ...]]] = []
         left = budget

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Mapping, Sequence
+from typing import Any
 
 import attrs
 
@@ -27,11 +28,14 @@ class DecodeRequest:
         request_id: its name.
         prompt: the prompt's token ids.
         max_new_tokens: tokens to generate (no stop token: exactly this many).
+        encoder_inputs: for an encoder-decoder model, the encoder's keyword arguments
+            (``{"input_features": ...}`` for Whisper); the prompt is then the decoder's.
     """
 
     request_id: Hashable
     prompt: tuple[int, ...] = attrs.field(converter=_token_ids, validator=_non_empty)
     max_new_tokens: int = attrs.field(validator=int_at_least(1))
+    encoder_inputs: Mapping[str, Any] | None = attrs.field(default=None, eq=False)
 
 
 @attrs.frozen(kw_only=True)

@@ -31,14 +31,20 @@ import torch
 from kvcore.errors import InvalidInputError, KVCacheBindingError, SpecMismatchError
 from kvcore.plan import KVCachePlan
 from kvcore.plugins.attention import AttentionSpec
+from kvcore.plugins.cross_attention import CrossAttentionSpec
 from kvcore.plugins.sliding_window import SlidingWindowSpec
 from kvcore.runtime.binding import layer_index
 from kvcore.runtime.block_pool import BlockPool
 from kvcore.spec import describe_spec
-from kvcore.testing.reference.attention import causal_attention, check_supported, visible_start
+from kvcore.testing.reference.attention import (
+    causal_attention,
+    check_supported,
+    encoder_attention,
+    visible_start,
+)
 from kvcore.testing.reference.pages import LayerPages
 from kvcore.testing.reference.requests import ScheduledRequest
-from kvcore.testing.reference.transformers_attention import STEP_KWARG, register_attention
+from kvcore.testing.reference.transformers_attention import ATTENTION_NAME, STEP_KWARG, register_attention
 
 if TYPE_CHECKING:
     from kvcore.engine.local import LocalExecutor
@@ -92,6 +98,8 @@ class _Slice:
     start: int
     num_tokens: int
     tables: tuple[torch.Tensor, ...]
+    encoder_offset: int = 0
+    encoder_tokens: int = 0
 
 
 @attrs.frozen(kw_only=True, eq=False)
@@ -156,6 +164,9 @@ class StepContext:
                 f"{query.shape[0]})"
             )
         output = query.new_empty(query.shape[2], query.shape[1], query.shape[3])
+        if isinstance(layer.spec, CrossAttentionSpec):
+            self._attend_encoder(layer, query, key, value, output, scaling)
+            return output.unsqueeze(0)
         for part in self.slices:
             new = slice(part.offset, part.offset + part.num_tokens)
             table = part.tables[layer.group]
@@ -176,6 +187,30 @@ class StepContext:
                 sinks=sinks,
             )
         return output.unsqueeze(0)
+
+
+    def _attend_encoder(
+        self,
+        layer: BoundLayer,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        output: torch.Tensor,
+        scaling: float,
+    ) -> None:
+        """Cross attention: a request's encoder K and V go into its pages at its first step, and
+        every step attends over what the pages hold (the K and V transformers recomputes from the
+        encoder output are only written, never read)."""
+        for part in self.slices:
+            new = slice(part.offset, part.offset + part.num_tokens)
+            table = part.tables[layer.group]
+            if part.start == 0:
+                encoder = slice(part.encoder_offset, part.encoder_offset + part.encoder_tokens)
+                layer.pages.write(
+                    table, 0, key[0, :, encoder].transpose(0, 1), value[0, :, encoder].transpose(0, 1)
+                )
+            keys, values = layer.pages.read(table, 0, part.encoder_tokens)
+            output[new] = encoder_attention(query[0, :, new], keys, values, scaling=scaling)
 
 
 def _check_layer_index(name: str, module: torch.nn.Module) -> None:
@@ -228,6 +263,7 @@ class PagedAttentionRunner:
         self.pool = pool if pool is not None else BlockPool(plan)
         self.events: list[PageEvent] = []
         self.num_steps = 0
+        self._encoded: dict[Hashable, torch.Tensor] = {}
         self._layers: dict[int, BoundLayer] = {}
         for index, group in enumerate(plan.groups):
             for name in group.layer_names:
@@ -256,6 +292,13 @@ class PagedAttentionRunner:
             )
         setter(register_attention())
         self._set_attn_implementation = setter
+        #: Whether the model is an encoder-decoder (Whisper): requests bring encoder inputs
+        #: (:meth:`encode`), and steps feed the decoder.
+        self.encoder_decoder = bool(getattr(config, "is_encoder_decoder", False))
+        self._encoder_limit = min(
+            (g.spec.max_encoder_tokens for g in plan.groups if isinstance(g.spec, CrossAttentionSpec)),
+            default=None,
+        )
 
     @classmethod
     def from_executor(cls, executor: LocalExecutor, *, pool: BlockPool | None = None) -> PagedAttentionRunner:
@@ -269,6 +312,39 @@ class PagedAttentionRunner:
                 "the executor has no plan yet; run kvcore.initialize_kv_caches(executor, ...)"
             )
         return cls(executor.model, executor.plan, executor.bound, attribute=executor.attribute, pool=pool)
+
+    def encode(self, request_id: Hashable, inputs: Mapping[str, Any]) -> None:
+        """Run the encoder of an encoder-decoder model on a request's inputs, once, before its
+        first step; its cross-attention layers cache the output at that step.
+
+        Args:
+            request_id: the request.
+            inputs: the encoder's keyword arguments (``{"input_features": ...}`` for Whisper).
+
+        Raises:
+            InvalidInputError: the model is not an encoder-decoder, or the encoder output is
+                longer than the plan's cross-attention layers hold.
+        """
+        if not self.encoder_decoder:
+            name = type(self.model).__name__
+            raise InvalidInputError(f"{name} is not an encoder-decoder model: it has no encoder to run")
+        device = next(self.model.parameters()).device
+        encoder: Any = self.model.get_encoder()  # type: ignore[operator]
+        # the encoder caches nothing: it runs with the model's own attention
+        previous = self.previous_attn_implementation
+        self._set_attn_implementation(previous if previous not in (None, ATTENTION_NAME) else "eager")
+        try:
+            with torch.no_grad():
+                encoded = encoder(**{k: v.to(device) for k, v in inputs.items()})
+        finally:
+            self._set_attn_implementation(register_attention())
+        hidden = encoded.last_hidden_state[0]
+        if self._encoder_limit is not None and hidden.shape[0] > self._encoder_limit:
+            raise InvalidInputError(
+                f"request {request_id!r}: the encoder output has {hidden.shape[0]} tokens but the plan's "
+                f"cross-attention layers hold {self._encoder_limit}; plan with a larger max_encoder_tokens"
+            )
+        self._encoded[request_id] = hidden
 
     def restore(self) -> None:
         """Put the model's previous attention implementation back."""
@@ -314,9 +390,11 @@ class PagedAttentionRunner:
             raise InvalidInputError("the model is in training mode; call model.eval() before decoding")
         slices: list[_Slice] = []
         offset = 0
+        encoder_offset = 0
         for request in batch:
-            slices.append(self._prepare(request, offset))
+            slices.append(self._prepare(request, offset, encoder_offset))
             offset += len(request.token_ids)
+            encoder_offset += slices[-1].encoder_tokens
         input_ids = torch.tensor([[t for r in batch for t in r.token_ids]])
         positions = torch.tensor(
             [[r.num_computed + i for r in batch for i in range(len(r.token_ids))]], dtype=torch.long
@@ -324,12 +402,23 @@ class PagedAttentionRunner:
         context = StepContext(runner=self, index=self.num_steps, slices=tuple(slices))
         device = next(self.model.parameters()).device
         with torch.no_grad():
-            output = self.model(
-                input_ids=input_ids.to(device),
-                position_ids=positions.to(device),
-                use_cache=False,
-                **{STEP_KWARG: context},
-            )
+            if self.encoder_decoder:
+                # every request's encoder output, packed like the decoder tokens
+                encoded = torch.cat([self._encoded[r.request_id] for r in batch]).unsqueeze(0)
+                output = self.model(
+                    decoder_input_ids=input_ids.to(device),
+                    decoder_position_ids=positions.to(device),
+                    encoder_outputs=(encoded,),
+                    use_cache=False,
+                    **{STEP_KWARG: context},
+                )
+            else:
+                output = self.model(
+                    input_ids=input_ids.to(device),
+                    position_ids=positions.to(device),
+                    use_cache=False,
+                    **{STEP_KWARG: context},
+                )
         self.num_steps += 1
         logits = output.logits[0]
         return {part.request_id: logits[part.offset + part.num_tokens - 1] for part in slices}
@@ -343,8 +432,9 @@ class PagedAttentionRunner:
         for group in range(len(self.plan.groups)):
             self._record(request_id, group, self.pool.live_pages(request_id, group), FINISH)
         self.pool.free_request(request_id)
+        self._encoded.pop(request_id, None)
 
-    def _prepare(self, request: ScheduledRequest, offset: int) -> _Slice:
+    def _prepare(self, request: ScheduledRequest, offset: int, encoder_offset: int = 0) -> _Slice:
         known = request.request_id in self.pool.requests
         have = self.pool.num_tokens(request.request_id) if known else 0
         if request.num_computed != have:
@@ -362,12 +452,22 @@ class PagedAttentionRunner:
             torch.tensor(self.pool.block_table(request.request_id, group), dtype=torch.long)
             for group in range(len(self.plan.groups))
         )
+        encoder_tokens = 0
+        if self.encoder_decoder:
+            encoded = self._encoded.get(request.request_id)
+            if encoded is None:
+                raise InvalidInputError(
+                    f"request {request.request_id!r} has no encoder output; encode() it before its first step"
+                )
+            encoder_tokens = int(encoded.shape[0])
         return _Slice(
             request_id=request.request_id,
             offset=offset,
             start=request.num_computed,
             num_tokens=len(request.token_ids),
             tables=tables,
+            encoder_offset=encoder_offset,
+            encoder_tokens=encoder_tokens,
         )
 
     def _record(self, request_id: Hashable, group: int, pages: Sequence[int], action: str) -> None:
