@@ -72,8 +72,6 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace, registry: Registry) -> int:
     if args.plan is not None:
         return run_saved_plan(args, registry)
-    if args.max_model_len is None:
-        raise InvalidInputError("give --max-model-len N (or allocate a saved plan with --plan FILE)")
     if (args.memory is None) == (args.utilization is None):
         raise InvalidInputError(
             "give the KV-cache budget as --memory SIZE (fixed) or as --utilization F (a share of the "

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from kvcore.cli import inputs, replay
+from kvcore.cli import gpu, inputs, replay
 from kvcore.cli.inputs import FLAG_NAMES
 from kvcore.cli.replay import variant_cells
 from kvcore.cli.report import plan_report
@@ -127,6 +127,7 @@ def candidate_row(candidate: Candidate) -> dict[str, Any]:
 
 def run(args: argparse.Namespace, registry: Registry) -> int:
     specs = inputs.load_layer_specs(args, registry)
+    budget = gpu.settle_budget(args, registry)
     simulated: dict[int, SimulationResult] = {}
     workload: Workload | None = None
     if inputs.wants_workload(args):
@@ -148,6 +149,8 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
             "available_memory_bytes": args.memory,
             "max_model_len": args.max_model_len,
         }
+        if budget is not None:
+            payload["gpu_budget"] = budget.to_dict()
         if workload is not None:
             payload["workload"] = replay.workload_row(workload)
         payload["candidates"] = [
@@ -188,6 +191,7 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
                 f"{result.preemptions:,}",
             ]
         rows.append(row)
+    gpu.print_budget(budget)
     print(
         f"budget {format_bytes(args.memory)}, max_model_len {args.max_model_len:,}; "
         "concurrency = requests of max_model_len held at once"
