@@ -113,7 +113,10 @@ def add_spec_source(parser: argparse.ArgumentParser, *, plan_file: bool = False)
     source.add_argument(
         "--model",
         metavar="NAME|PATH",
-        help="a Hugging Face config.json, a folder holding one, or a bundled model (see `kvcore models`)",
+        help=(
+            "a Hugging Face config.json, a folder holding one, a bundled model (see `kvcore models`), "
+            "or org/name in the local Hugging Face cache (HF_HUB_CACHE, HF_HOME; never downloaded)"
+        ),
     )
     parser.add_argument(
         "--tp",

@@ -127,7 +127,8 @@ def _check_spec_strategies(module, registry):
 def _check_count_parameters(module, registry):
     from kvcore.planning.gpu_budget import count_parameters
 
-    config = {"model_type": "acme", "hidden_size": 8, "num_hidden_layers": 2, "intermediate_size": 16, "vocab_size": 10}
+    config = {"model_type": "acme", "hidden_size": 8, "num_hidden_layers": 2}
+    config.update(intermediate_size=16, vocab_size=10)
     assert count_parameters(config, registry).params == 80 + 2 * 4 * 64 + 2 * 3 * 8 * 16 + 5 * 8
 
 
