@@ -75,9 +75,9 @@ def add_parser(sub: Any) -> None:
 def add_candidate_options(parser: argparse.ArgumentParser) -> None:
     """Which plans to build: ``--policies``, ``--block-sizes``, ``--kv-cache-dtypes`` (shared
     with ``kvcore simulate``)."""
-    parser.add_argument(
-        "--policies", metavar="A,B", help="policies to compare (default: every registered policy)"
-    )
+    from kvcore.cli.help_text import policies_help
+
+    parser.add_argument("--policies", metavar="A,B", help=policies_help())
     parser.add_argument(
         "--block-sizes", type=_int_list, metavar="N,M", help="also compare these block sizes, e.g. 16,32,64"
     )

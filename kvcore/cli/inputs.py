@@ -293,9 +293,9 @@ def add_planning_options(
 ) -> None:
     """The sizing options plus the choices of one plan: policy, block size, forced block count."""
     add_sizing_options(parser, memory_required=memory_required, length_required=length_required)
-    parser.add_argument(
-        "--policy", default="auto", metavar="NAME", help="allocation policy, or auto (default)"
-    )
+    from kvcore.cli.help_text import policy_help
+
+    parser.add_argument("--policy", default="auto", metavar="NAME", help=policy_help())
     parser.add_argument(
         "--block-size",
         type=positive_int,
