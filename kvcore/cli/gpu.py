@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from kvcore.errors import InvalidInputError
+from kvcore.errors import InvalidInputError, ModelConfigError, UnknownModelError
 from kvcore.frontends.hf_config import load_model_config
 from kvcore.plan import KVCachePlan
 from kvcore.planning.capacity import Capacity
@@ -43,18 +43,39 @@ def settle_budget(args: argparse.Namespace, registry: Registry) -> GpuBudget | N
             "file give the KV budget as --memory SIZE"
         )
     config, source = load_model_config(args.model)
-    budget = gpu_budget(
-        config,
-        registry,
-        gpu,
-        utilization=args.utilization if args.utilization is not None else DEFAULT_UTILIZATION,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        tp=getattr(args, "tp", None) or 1,
-        pp=getattr(args, "pp", None) or 1,
-        source=source.removeprefix("bundled "),
-    )
+    try:
+        budget = gpu_budget(
+            config,
+            registry,
+            gpu,
+            utilization=args.utilization if args.utilization is not None else DEFAULT_UTILIZATION,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            tp=getattr(args, "tp", None) or 1,
+            pp=getattr(args, "pp", None) or 1,
+            source=source.removeprefix("bundled "),
+        )
+    except (UnknownModelError, ModelConfigError, InvalidInputError) as exc:
+        raise type(exc)(_flags(str(exc))) from None
     args.memory = budget.kv_cache
     return budget
+
+
+#: How the planning layer's messages name what the command line spells as flags.
+_FLAG_WORDS = (
+    (
+        "give the KV cache a byte budget of its own instead",
+        "give the KV budget as --memory SIZE instead of --gpu-memory",
+    ),
+    ("more tensor-parallel ranks (tp)", "more --tp ranks"),
+    ("a higher utilization", "a higher --utilization"),
+    ("a smaller max_num_batched_tokens", "a smaller --max-num-batched-tokens"),
+)
+
+
+def _flags(message: str) -> str:
+    for words, flags in _FLAG_WORDS:
+        message = message.replace(words, flags)
+    return message
 
 
 def answer_line(plan: KVCachePlan, budget: GpuBudget) -> str:

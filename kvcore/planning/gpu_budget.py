@@ -204,7 +204,7 @@ def quantization(config: Mapping[str, Any], source: str = "config") -> Quantizat
     known = "fp8, fbgemm_fp8, mxfp4, awq, gptq, bitsandbytes, compressed-tensors"
     raise ModelConfigError(
         f"{source}: kvcore cannot size weights quantized with quant_method {section.get('quant_method')!r} "
-        f"(it knows {known}); give the KV-cache budget as --memory SIZE instead of --gpu-memory"
+        f"(it knows {known}); give the KV cache a byte budget of its own instead"
     )
 
 
@@ -371,8 +371,9 @@ def count_parameters(config: Mapping[str, Any], registry: Registry, source: str 
     count = registry.pm.hook.kvcore_count_parameters(config=config)
     if count is None:
         raise UnknownModelError(
-            f"{source}: no plugin counts the weights of model type {config.get('model_type')!r}; "
-            "give the KV-cache budget as --memory SIZE instead of --gpu-memory"
+            f"{source}: no plugin counts the weights of model type {config.get('model_type')!r} "
+            "(a family plugin can, through kvcore_count_parameters); give the KV cache a byte budget "
+            "of its own instead"
         )
     if not isinstance(count, ParameterCount):
         raise PluginValidationError(
@@ -434,8 +435,8 @@ def gpu_budget(
             f"{source}: nothing is left for a KV cache on a {format_bytes(gpu_memory)} GPU: "
             f"{format_bytes(usable)} usable (utilization {utilization:g}) - weights {format_bytes(per_rank)}"
             f"{' per rank' if ranks > 1 else ''} - activations {format_bytes(activation)} - reserve "
-            f"{format_bytes(reserve)} = {format_bytes(left)}; use a larger GPU, more --tp ranks, a higher "
-            "--utilization or fewer --max-num-batched-tokens"
+            f"{format_bytes(reserve)} = {format_bytes(left)}; use a larger GPU, more tensor-parallel ranks "
+            "(tp), a higher utilization or a smaller max_num_batched_tokens"
         )
     return GpuBudget(
         gpu_memory=gpu_memory,

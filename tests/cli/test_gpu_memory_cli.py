@@ -140,3 +140,28 @@ def test_a_spec_file_still_needs_a_length(run_cli, spec_file):
 
     status, _, err = run_cli("plan", "--specs", spec_file({"l0": full_entry()}), "--memory", "1GiB")
     assert status == 1 and "give --max-model-len N" in err
+
+
+def test_a_model_nobody_counts_names_memory_on_the_command_line(run_cli, tmp_path):
+    config = tmp_path / "config.json"
+    config.write_text(
+        json.dumps(
+            {
+                "model_type": "acme",
+                "layer_types": ["full_attention"],
+                "num_hidden_layers": 1,
+                "num_attention_heads": 4,
+                "head_dim": 64,
+            }
+        )
+    )
+    status, _, err = run_cli("plan", "--model", config, "--gpu-memory", "80GiB", "--max-model-len", "1024")
+    assert status == 1
+    assert "no plugin counts the weights of model type 'acme'" in err
+    assert "give the KV budget as --memory SIZE instead of --gpu-memory" in err
+
+
+def test_a_gpu_too_small_names_the_flags_to_change(run_cli):
+    status, _, err = run_cli("plan", "--model", LLAMA, "--gpu-memory", "16GiB", "--max-model-len", "4096")
+    assert status == 1
+    assert "more --tp ranks, a higher --utilization or a smaller --max-num-batched-tokens" in err
