@@ -153,7 +153,8 @@ def kvcore_count_parameters(config: Mapping[str, Any]) -> ParameterCount | None:
     Stops at the first non-None result. The built-in counts (``kvcore.plugins.models.parameters``)
     are ``trylast=True``, so a plugin can count a built-in model type its own way. Called once per
     ``--gpu-memory`` budget (:func:`kvcore.planning.gpu_budget.count_parameters`); a config no
-    plugin counts is an :class:`~kvcore.errors.UnknownModelError` naming ``--memory`` as the way out.
+    plugin counts is an :class:`~kvcore.errors.UnknownModelError` that says to give the KV cache a
+    byte budget of its own (``--memory`` on the command line).
 
     .. versionadded:: 0.3
     """

@@ -280,7 +280,7 @@ def llama4(config: Mapping[str, Any]) -> ParameterCount:
     if wrapped and top.has("vision_config"):
         llama4_vision(groups, top.section("vision_config"), text_hidden=hidden)
     elif wrapped:
-        notes = ("the config has no vision_config: the vision encoder (about 0.8B on Scout) is not counted",)
+        notes = ("the config has no vision_config: the vision encoder is not counted",)
     top_k = cfg.integer("num_experts_per_tok", 1)
     width = max(3 * inner * (top_k + 1) if moe else 0, 3 * dense_inner if moe < n else 0, qkv)
     return _count(groups, cfg.dtype(top), hidden, vocab, width, notes)
