@@ -191,6 +191,41 @@ def dense_decoder(config: Mapping[str, Any]) -> ParameterCount:
     return _count(groups, cfg.dtype(top), hidden, vocab, max(3 * inner, qkv))
 
 
+def qwen3_moe(config: Mapping[str, Any]) -> ParameterCount:
+    """Qwen3-MoE: Qwen3's attention (QK norms) and a mixture of ``num_experts`` experts of
+    ``moe_intermediate_size`` on every ``decoder_sparse_step``-th layer not in
+    ``mlp_only_layers`` (dense MLPs of ``intermediate_size`` elsewhere)."""
+    cfg = ConfigFields(config, "qwen3_moe")
+    n, hidden, vocab = cfg.layer_count(), cfg.integer("hidden_size"), cfg.integer("vocab_size")
+    groups = Groups()
+    embeddings(groups, vocab, hidden, tied=_tied(cfg, False))
+    qkv = attention_projections(
+        groups,
+        "model.layers.*.self_attn",
+        hidden=hidden,
+        heads=cfg.integer("num_attention_heads"),
+        kv=kv_heads(cfg),
+        head_dim=head_size(cfg),
+        layers=n,
+        qkv_bias=cfg.boolean("attention_bias", False),
+        o_bias=cfg.boolean("attention_bias", False),
+        qk_norm=True,
+    )
+    step = cfg.integer("decoder_sparse_step", 1)
+    dense_only = set(cfg.integers("mlp_only_layers") or [])
+    experts = cfg.integer("num_experts")
+    moe = sum(1 for i in range(n) if i not in dense_only and experts > 0 and (i + 1) % step == 0)
+    inner, dense_inner = cfg.integer("moe_intermediate_size"), cfg.integer("intermediate_size")
+    mlp = "model.layers.*.mlp"
+    groups.add("router", f"{mlp}.gate", hidden * experts * moe, quantizable=False)
+    gated_mlp(groups, "experts", f"{mlp}.experts", hidden, inner, count=experts * moe)
+    gated_mlp(groups, "mlp", mlp, hidden, dense_inner, count=n - moe)
+    groups.vector("norms", "model.layers.*", (2 * n + 1) * hidden)
+    top_k = cfg.integer("num_experts_per_tok", 8)
+    width = max(3 * inner * top_k, 3 * dense_inner if moe < n else 0, qkv)
+    return _count(groups, cfg.dtype(), hidden, vocab, width)
+
+
 def siglip_tower(groups: Groups, vision: ConfigFields, *, text_hidden: int) -> None:
     """Gemma 3's SigLIP encoder and its projector into the language model."""
     h, inner = vision.integer("hidden_size"), vision.integer("intermediate_size")
@@ -650,6 +685,7 @@ def llama_like(config: Mapping[str, Any]) -> ParameterCount | None:
 COUNTERS: dict[str, Counter] = {
     **{model_type: dense_decoder for model_type in _DENSE},
     "gpt_oss": gpt_oss,
+    "qwen3_moe": qwen3_moe,
     "llama4": llama4,
     "llama4_text": llama4,
     "deepseek_v2": deepseek,

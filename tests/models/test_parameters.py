@@ -275,3 +275,26 @@ def test_a_nemotron_h_56b_shaped_config_counts_about_56b(registry):
 
     config = {**read_config_file(NEMOTRON_H_LIKE), "intermediate_size": 32768, "vocab_size": 131072}
     assert abs(count_parameters(config, registry).params - 56e9) / 56e9 < 0.01
+
+
+def test_a_qwen3_30b_a3b_shaped_config_counts_its_published_30_5b(registry):
+    """Synthetic (no Qwen3-MoE config is bundled): the shape the Qwen3-30B-A3B model card and
+    NOTES.md give (48 layers, 32 query / 4 KV heads of 128, 128 experts of 768, hidden 2048,
+    vocab 151936) against the card's 'Number of Parameters: 30.5B in total'."""
+    config = {
+        "model_type": "qwen3_moe",
+        "num_hidden_layers": 48,
+        "hidden_size": 2048,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 4,
+        "head_dim": 128,
+        "num_experts": 128,
+        "num_experts_per_tok": 8,
+        "moe_intermediate_size": 768,
+        "intermediate_size": 6144,
+        "vocab_size": 151936,
+        "tie_word_embeddings": False,
+    }
+    count = count_parameters(config, registry)
+    assert abs(count.params - 30.5e9) / 30.5e9 < 0.01
+    assert not count.notes  # counted as itself, not as a Llama-like estimate
