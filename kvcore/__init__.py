@@ -71,6 +71,8 @@ _LAZY: dict[str, str] = {
     "determine_available_memory": "kvcore.runtime.memory",
     "ModelFamily": "kvcore.model_family",
     "ModelOptions": "kvcore.model_options",
+    "ParameterCount": "kvcore.model_weights",
+    "WeightGroup": "kvcore.model_weights",
     "layer_specs_from_config": "kvcore.frontends.hf_config",
     "model_layer_specs": "kvcore.frontends.hf_config",
     "scan_module": "kvcore.frontends.module_scan",
@@ -122,6 +124,7 @@ if _typing.TYPE_CHECKING:
     from kvcore.frontends.module_scan import scan_module
     from kvcore.model_family import ModelFamily
     from kvcore.model_options import ModelOptions
+    from kvcore.model_weights import ParameterCount, WeightGroup
     from kvcore.plan import (
         KVCacheConfig,
         KVCacheGroup,
@@ -219,6 +222,7 @@ __all__ = [
     "ModelOptions",
     "PagePart",
     "Parallelism",
+    "ParameterCount",
     "PartViews",
     "PlanOptions",
     "PlanValidationError",
@@ -239,6 +243,7 @@ __all__ = [
     "UnknownModelError",
     "UnknownPolicyError",
     "UnknownSpecKindError",
+    "WeightGroup",
     "Workload",
     "allocate",
     "bind_to_forward_context",

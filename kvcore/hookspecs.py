@@ -15,7 +15,7 @@ a hook's arguments (opt-in arguments), so hooks can gain arguments without break
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import pluggy
@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from kvcore.dtypes import DType
     from kvcore.model_family import ModelFamily
     from kvcore.model_options import ModelOptions
+    from kvcore.model_weights import ParameterCount
     from kvcore.policy import AllocationPolicy
     from kvcore.spec import KVCacheSpec
 
@@ -135,6 +136,27 @@ def kvcore_spec_for_module(module: Any, name: str, options: ModelOptions) -> KVC
     (:meth:`kvcore.planning.registry.Registry.spec_for_module`).
 
     .. versionadded:: 0.1
+    """
+
+
+@hookspec(firstresult=True)
+def kvcore_count_parameters(config: Mapping[str, Any]) -> ParameterCount | None:
+    """Count a model's weights from its ``config.json``, for sizing a KV cache from a GPU.
+
+    :param config: the parsed config of the whole model (wrappers included: read
+        ``text_config`` and ``vision_config`` yourself).
+    :returns: a :class:`kvcore.ParameterCount` (the parameters in :class:`kvcore.WeightGroup`
+        groups, each naming its modules so that ``quantization_config`` applies group by group;
+        the weights' dtype; the widths the activation estimate needs), or ``None`` when the
+        config's model type is not this plugin's.
+
+    Stops at the first non-None result. The built-in counts (``kvcore.plugins.models.parameters``)
+    are ``trylast=True``, so a plugin can count a built-in model type its own way. Called once per
+    ``--gpu-memory`` budget (:func:`kvcore.planning.gpu_budget.count_parameters`); a config no
+    plugin counts is an :class:`~kvcore.errors.UnknownModelError` that says to give the KV cache a
+    byte budget of its own (``--memory`` on the command line).
+
+    .. versionadded:: 0.3
     """
 
 

@@ -25,12 +25,22 @@ def _command_modules() -> list[ModuleType]:
     return [importlib.import_module(f"kvcore.cli.{name}") for name in COMMANDS]
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("kvcore")
+    except PackageNotFoundError:  # pragma: no cover - a checkout run without installing
+        return "(not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every sub-command."""
     parser = argparse.ArgumentParser(
         prog="kvcore",
         description="Plan, allocate and bind the KV cache of an LLM inference engine.",
     )
+    parser.add_argument("--version", action="version", version=f"kvcore {_version()}")
     parser.add_argument(
         "--no-plugin-autoload",
         action="store_true",

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import time
 from typing import Any
 
+import attrs
+
 from kvcore.cli import inputs
 from kvcore.cli.progress import progress
-from kvcore.cli.report import chosen_length, chosen_length_line, format_plan, policy_reason
+from kvcore.cli.report import chosen_length, chosen_length_line, format_plan, plan_report, policy_reason
 from kvcore.cli.table import render_table
 from kvcore.errors import InvalidInputError
 from kvcore.limits import MAX_TOKENS
@@ -66,14 +69,20 @@ def add_parser(sub: Any) -> None:
     )
     inputs.add_planning_options(parser, memory_required=False, length_required=False)
     parser.add_argument("--no-zero", action="store_true", help="do not zero-fill the allocated memory")
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help=(
+            "print one JSON object: the plan and its figures (as kvcore plan --json), the memory "
+            "profile, the bytes allocated and each step's time"
+        ),
+    )
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace, registry: Registry) -> int:
     if args.plan is not None:
         return run_saved_plan(args, registry)
-    if args.max_model_len is None:
-        raise InvalidInputError("give --max-model-len N (or allocate a saved plan with --plan FILE)")
     if (args.memory is None) == (args.utilization is None):
         raise InvalidInputError(
             "give the KV-cache budget as --memory SIZE (fixed) or as --utilization F (a share of the "
@@ -119,10 +128,19 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
     from kvcore.runtime.allocation import allocation_sizes
 
     sizes = allocation_sizes(plan)
-    note = ""
+    chosen = None
     if inputs.length_mode(args) is not None:
         cap = context.max_model_len if context.max_model_len < MAX_TOKENS else None
-        note = chosen_length_line(chosen_length(plan.context.max_model_len, cap, "max_position_embeddings"))
+        chosen = chosen_length(plan.context.max_model_len, cap, "max_position_embeddings")
+    if args.json:
+        report = plan_report(plan, specs, registry)
+        if chosen is not None:
+            report["max_model_len_auto"] = chosen
+        print(
+            json.dumps(allocation_report(report, executor, sizes, timings, zeroed=not args.no_zero), indent=2)
+        )
+        return 0
+    note = chosen_length_line(chosen) if chosen is not None else ""
     print(format_plan(plan, specs, reason=policy_reason(registry.select(specs, args.policy)), note=note))
     print()
     print(executor.memory_profile)
@@ -135,6 +153,27 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
     rows = [[step, f"{seconds * 1e3:.1f}"] for step, seconds in timings]
     print(render_table(["step", "ms"], rows, align="lr"))
     return 0
+
+
+def allocation_report(
+    report: dict[str, Any], executor: Any, sizes: list[int], timings: list[tuple[str, float]], *, zeroed: bool
+) -> dict[str, Any]:
+    """``kvcore allocate --json``: the plan's report (:func:`~kvcore.cli.report.plan_report`) with
+    what allocation did: ``device``, ``memory_profile`` (every field of
+    :class:`~kvcore.runtime.memory.MemoryProfile`, or ``null`` for a saved plan),
+    ``allocated_bytes``, ``allocated_tensors``, ``zero_filled``, ``bound_layers`` and
+    ``timings_ms`` (step -> milliseconds, in order)."""
+    profile: Any = getattr(executor, "memory_profile", None)
+    return {
+        **report,
+        "device": str(executor.device),
+        "memory_profile": attrs.asdict(profile) if attrs.has(type(profile)) else None,
+        "allocated_bytes": sum(sizes),
+        "allocated_tensors": len(sizes),
+        "zero_filled": zeroed and bool(sizes),
+        "bound_layers": len(executor.bound),
+        "timings_ms": {step: seconds * 1e3 for step, seconds in timings},
+    }
 
 
 #: Options that a saved plan already fixed; giving one with ``--plan`` is an error.
@@ -189,6 +228,12 @@ def run_saved_plan(args: argparse.Namespace, registry: Registry) -> int:
         executor.initialize(plan)
     timings += [(step, executor.timings[step]) for step in WORKFLOW_STEPS if step in executor.timings]
     sizes = allocation_sizes(plan)
+    if args.json:
+        report = plan_report(plan, specs, registry)
+        print(
+            json.dumps(allocation_report(report, executor, sizes, timings, zeroed=not args.no_zero), indent=2)
+        )
+        return 0
     print(f"{args.plan}: {summary(plan)}")
     print(
         f"allocated {format_bytes(sum(sizes))} ({sum(sizes):,} bytes) on {executor.device} in "

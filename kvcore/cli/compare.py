@@ -9,7 +9,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from kvcore.cli import inputs, replay
+from kvcore.cli import gpu, inputs, replay
 from kvcore.cli.inputs import FLAG_NAMES
 from kvcore.cli.replay import variant_cells
 from kvcore.cli.report import plan_report
@@ -94,9 +94,9 @@ def add_parser(sub: Any) -> None:
 def add_candidate_options(parser: argparse.ArgumentParser) -> None:
     """Which plans to build: ``--policies``, ``--block-sizes``, ``--kv-cache-dtypes`` (shared
     with ``kvcore simulate``)."""
-    parser.add_argument(
-        "--policies", metavar="A,B", help="policies to compare (default: every registered policy)"
-    )
+    from kvcore.cli.help_text import policies_help
+
+    parser.add_argument("--policies", metavar="A,B", help=policies_help())
     parser.add_argument(
         "--block-sizes", type=_int_list, metavar="N,M", help="also compare these block sizes, e.g. 16,32,64"
     )
@@ -148,6 +148,7 @@ def candidate_row(candidate: Candidate) -> dict[str, Any]:
 
 def run(args: argparse.Namespace, registry: Registry) -> int:
     specs = inputs.load_layer_specs(args, registry)
+    budget = gpu.settle_budget(args, registry)
     simulated: dict[int, SimulationResult] = {}
     workload: Workload | None = None
     if inputs.wants_workload(args):
@@ -172,6 +173,8 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
             "available_memory_bytes": args.memory,
             "max_model_len": args.max_model_len,
         }
+        if budget is not None:
+            payload["gpu_budget"] = budget.to_dict()
         if workload is not None:
             payload["workload"] = replay.workload_row(workload)
         payload["candidates"] = [
@@ -214,6 +217,7 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
                 f"{result.preemptions:,}",
             ]
         rows.append(row)
+    gpu.print_budget(budget)
     print(
         f"budget {format_bytes(args.memory)}, max_model_len {args.max_model_len:,}; "
         "concurrency = requests of max_model_len held at once"

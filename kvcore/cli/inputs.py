@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
@@ -116,7 +117,10 @@ def add_spec_source(parser: argparse.ArgumentParser, *, plan_file: bool = False)
     source.add_argument(
         "--model",
         metavar="NAME|PATH",
-        help="a Hugging Face config.json, a folder holding one, or a bundled model (see `kvcore models`)",
+        help=(
+            "a Hugging Face config.json, a folder holding one, a bundled model (see `kvcore models`), "
+            "or org/name in the local Hugging Face cache (HF_HUB_CACHE, HF_HOME; never downloaded)"
+        ),
     )
     parser.add_argument(
         "--tp",
@@ -163,21 +167,26 @@ def add_sizing_options(
     parser: argparse.ArgumentParser, *, memory_required: bool = True, length_required: bool = True
 ) -> None:
     """Budget, request length and grouping knobs: what every planning command takes."""
-    parser.add_argument(
+    budget: argparse._ActionsContainer = (
+        parser.add_mutually_exclusive_group(required=True) if memory_required else parser
+    )
+    budget.add_argument(
         "--memory",
         type=size,
-        required=memory_required,
         metavar="SIZE",
         help="KV-cache byte budget: bytes or a unit, e.g. 24GiB, 500MB",
     )
+    if memory_required:
+        add_gpu_options(parser, budget)
     parser.add_argument(
         "--max-model-len",
         type=max_model_len,
-        required=length_required,
+        required=False,
         metavar="N|auto",
         help=(
             "longest request (prompt + output) in tokens; one such request must fit. auto: the "
-            "longest the memory admits, at most the model's max_position_embeddings"
+            "longest the memory admits, at most the model's max_position_embeddings "
+            "(default with --model: the model's max_position_embeddings; required with --specs)"
         ),
     )
     parser.add_argument(
@@ -232,14 +241,80 @@ def add_sizing_options(
     serving.add_serving_options(parser)
 
 
+def add_gpu_options(parser: argparse.ArgumentParser, budget: argparse._ActionsContainer) -> None:
+    """``--gpu-memory SIZE`` (beside ``--memory`` in ``budget``) and ``--utilization F``: the KV
+    budget worked out from a GPU (:mod:`kvcore.planning.gpu_budget`, :mod:`kvcore.cli.gpu`)."""
+    from kvcore.planning.gpu_budget import DEFAULT_UTILIZATION
+
+    budget.add_argument(
+        "--gpu-memory",
+        type=size,
+        metavar="SIZE",
+        help=(
+            "with --model: size the KV cache from one GPU of SIZE (e.g. 80GiB): GPU x --utilization "
+            "- weights (counted from the config, quantization_config honoured) - activation peak "
+            "(estimated from --max-num-batched-tokens) - a fixed reserve, each printed"
+        ),
+    )
+    parser.add_argument(
+        "--utilization",
+        type=utilization,
+        metavar="F",
+        help=(
+            "with --gpu-memory: the share of the GPU the engine may use, in (0, 1] "
+            f"(default {DEFAULT_UTILIZATION})"
+        ),
+    )
+
+
+def utilization(text: str) -> float:
+    """argparse type: a number in (0, 1]."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {_shown_text(text)}") from None
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {value}")
+    return value
+
+
+def settle_max_model_len(args: argparse.Namespace) -> None:
+    """Default ``--max-model-len`` to ``--model``'s ``max_position_embeddings``, and warn (on
+    stderr) when a length given is longer than it.
+
+    Raises:
+        InvalidInputError: no ``--max-model-len`` and nothing to default it to (a spec file,
+            or a config that states no ``max_position_embeddings``).
+    """
+    given = getattr(args, "max_model_len", None)
+    if getattr(args, "model", None) is None:
+        if given is None:
+            raise InvalidInputError("give --max-model-len N (or auto): a spec file states no model length")
+        return
+    cap = length_cap(args)
+    if given is None:
+        if cap is None:
+            raise InvalidInputError(
+                f"{args.model}: the config states no max_position_embeddings to default to; "
+                "give --max-model-len N"
+            )
+        args.max_model_len = cap
+    elif given != "auto" and cap is not None and given > cap:
+        print(
+            f"kvcore: warning: --max-model-len {given:,} is longer than {args.model}'s "
+            f"max_position_embeddings ({cap:,}); the model was not trained for such requests",
+            file=sys.stderr,
+        )
+
+
 def add_planning_options(
     parser: argparse.ArgumentParser, *, memory_required: bool = True, length_required: bool = True
 ) -> None:
     """The sizing options plus the choices of one plan: policy, block size, forced block count."""
     add_sizing_options(parser, memory_required=memory_required, length_required=length_required)
-    parser.add_argument(
-        "--policy", default="auto", metavar="NAME", help="allocation policy, or auto (default)"
-    )
+    from kvcore.cli.help_text import policy_help
+
+    parser.add_argument("--policy", default="auto", metavar="NAME", help=policy_help())
     parser.add_argument(
         "--block-size",
         type=positive_int,
@@ -280,8 +355,10 @@ def model_options(args: argparse.Namespace) -> ModelOptions:
 
 
 def load_layer_specs(args: argparse.Namespace, registry: Registry) -> dict[str, KVCacheSpec]:
-    """The specs of ``--model`` (with the model options) or of ``--specs`` (with ``--block-size``)."""
+    """The specs of ``--model`` (with the model options) or of ``--specs`` (with ``--block-size``);
+    ``--max-model-len`` is settled first (:func:`settle_max_model_len`)."""
     options = model_options(args)
+    settle_max_model_len(args)
     if getattr(args, "model", None) is not None:
         return model_layer_specs(args.model, registry, options)
     specs = read_spec_file(args.specs, registry)

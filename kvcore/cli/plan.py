@@ -7,7 +7,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from kvcore.cli import inputs
+from kvcore.cli import gpu, inputs
 from kvcore.cli.memory_map import check_map_path, render_memory_map
 from kvcore.cli.report import (
     chosen_length,
@@ -18,6 +18,7 @@ from kvcore.cli.report import (
     policy_reason,
     ranks_report,
 )
+from kvcore.planning.gpu_budget import GpuBudget
 from kvcore.planning.planner import PlanningResult, plan_model
 from kvcore.planning.ranks import Parallelism, simulate_rank_specs, tightest_rank
 from kvcore.planning.registry import Registry
@@ -51,11 +52,12 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
     if args.map:
         check_map_path(args.map)  # before planning, which can take a while
     specs = inputs.load_layer_specs(args, registry)
+    budget = gpu.settle_budget(args, registry)
     if not specs:
         return run_nothing_to_cache(args, registry)
     parallelism = inputs.parallelism(args)
     if parallelism.world_size > 1:
-        return run_ranks(args, registry, specs, parallelism)
+        return run_ranks(args, registry, specs, parallelism, budget)
     result = plan_model(
         specs,
         [args.memory],
@@ -75,8 +77,14 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
         if chosen is not None:
             report["max_model_len_auto"] = chosen
         report.update(inputs.options_report(args))
+        if budget is not None:
+            report["gpu_budget"] = budget.to_dict()
         print(json.dumps(report, indent=2))
     else:
+        if budget is not None:
+            gpu.print_budget(budget)
+            print(gpu.answer_line(plan, budget))
+            print()
         note = chosen_length_line(chosen) if chosen is not None else ""
         print(format_plan(plan, specs, reason=policy_reason(result.choice), note=note))
     return 0
@@ -91,7 +99,11 @@ def auto_length(result: PlanningResult) -> dict[str, Any] | None:
 
 
 def run_ranks(
-    args: argparse.Namespace, registry: Registry, specs: Mapping[str, KVCacheSpec], parallelism: Parallelism
+    args: argparse.Namespace,
+    registry: Registry,
+    specs: Mapping[str, KVCacheSpec],
+    parallelism: Parallelism,
+    budget: GpuBudget | None = None,
 ) -> int:
     """``--tp`` x ``--pp`` > 1: plan every simulated rank, show the ranks, then the plan of the
     rank with the fewest blocks (its groups are every rank's; its layers its own).
@@ -126,8 +138,14 @@ def run_ranks(
         if chosen is not None:
             report["max_model_len_auto"] = chosen
         report.update(inputs.options_report(args))
+        if budget is not None:
+            report["gpu_budget"] = budget.to_dict()
         print(json.dumps(report, indent=2))
         return 0
+    if budget is not None:
+        gpu.print_budget(budget)
+        print(gpu.answer_line(plan, budget))
+        print()
     print(format_ranks(plans, parallelism))
     print()
     print(f"plan of {parallelism.describe(rank)}: every rank has these groups; 'layers' counts this rank's")

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kvcore.cli import inputs
+from kvcore.cli import gpu, inputs
 from kvcore.cli.compare import (
     add_candidate_options,
     build_candidates,
@@ -80,6 +80,7 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
     if args.plot:
         check_map_path(args.plot, what=PLOT)  # before simulating, which can take a while
     specs = inputs.load_layer_specs(args, registry)
+    budget = gpu.settle_budget(args, registry)
     workload = inputs.load_workload(args, inputs.sizing_context(args).max_model_len)
     candidates = build_candidates(args, registry, specs)
     simulated = simulate_candidates(candidates, workload, prefix_caching=args.prefix_caching)
@@ -89,6 +90,7 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
             "available_memory_bytes": args.memory,
             "max_model_len": args.max_model_len,
             "max_num_batched_tokens": args.max_num_batched_tokens,
+            **({"gpu_budget": budget.to_dict()} if budget is not None else {}),
             "workload": workload_row(workload),
             "candidates": [
                 {
@@ -100,6 +102,7 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
         }
         print(json.dumps(payload, indent=2))
     else:
+        gpu.print_budget(budget)
         print_table(args, workload, candidates, results)
     if args.plot and simulated:
         title = f"{workload.name}: {len(workload.requests):,} requests"

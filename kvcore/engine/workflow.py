@@ -76,29 +76,45 @@ class AgreeingExecutor(Executor, Protocol):
 
 
 def capacity_summary(plan: KVCachePlan, specs: Mapping[str, KVCacheSpec] | None = None) -> str:
-    """The plan's capacity in a few lines: blocks and bytes, tokens per group, max concurrency.
+    """The plan's capacity as an operator reads it at start-up: the total first, then each group.
+
+    The first line states the KV tokens the pool holds in all (requests of ``max_model_len``
+    tokens held at once, times that length: what engines log as the cache's token capacity) and
+    the max concurrency, then the blocks, bytes and policy. Each group's line says its kind, its
+    layers, its block size (and when the policy raised it above the spec's, as a policy does to
+    even out pages of different sizes) and the pages one request holds in it; a group's own
+    token capacity is not a total and is not shown as one.
 
     Args:
         plan: the plan; every number comes from its :class:`~kvcore.planning.capacity.Capacity`.
-        specs: the layer specs it was made from (the summary shows no ideal figure, so they may
-            be left out).
+        specs: the layer specs it was made from, for the block sizes they asked for (without
+            them a raised block size cannot be told).
 
     Returns:
         The lines, joined with newlines (what :func:`initialize_kv_caches` logs).
     """
     capacity = Capacity.of(plan, specs)
+    groups = len(plan.groups)
     lines = [
-        f"KV cache: {plan.num_blocks:,} blocks x {format_bytes(plan.bytes_per_block)} = "
-        f"{format_bytes(plan.kv_cache_bytes)} (policy {plan.policy}, {len(plan.groups)} groups)"
+        f"KV cache: {capacity.kv_cache_tokens:,} tokens, max concurrency {capacity.max_concurrency:,.2f} "
+        f"requests of {capacity.max_model_len:,} tokens; {plan.num_blocks:,} blocks x "
+        f"{format_bytes(plan.bytes_per_block)} = {format_bytes(plan.kv_cache_bytes)} (policy {plan.policy}, "
+        f"{groups} group{'' if groups == 1 else 's'})"
     ]
-    for index, (group, held) in enumerate(zip(plan.groups, capacity.tokens_held, strict=True)):
-        what = f"{held:,} tokens" if held is not None else f"{plan.num_pages(group):,} request states"
+    context = plan.context
+    for index, group in enumerate(plan.groups):
         count = len(group.layer_names)
         layers = f"{count} layer" + ("" if count == 1 else "s")
-        lines.append(f"  group {index} {group.spec.kind} ({layers}): {what}")
-    lines.append(
-        f"  max concurrency: {capacity.max_concurrency:,.2f} requests of {capacity.max_model_len:,} tokens"
-    )
+        size = group.spec.block_size
+        asked = sorted(
+            {specs[name].block_size for name in group.layer_names if specs and name in specs} - {size}
+        )
+        raised = f" (raised from {', '.join(map(str, asked))} by the policy)" if asked else ""
+        per_request = group.pages_per_request(context)
+        lines.append(
+            f"  group {index}: {group.spec.kind}, {layers}, block size {size}{raised}, "
+            f"{per_request:,} page{'' if per_request == 1 else 's'} per request"
+        )
     return "\n".join(lines)
 
 

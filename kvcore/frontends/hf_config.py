@@ -135,28 +135,36 @@ def find_bundled_model(name: str) -> BundledModel | None:
 
 
 def load_model_config(name_or_path: str | os.PathLike[str]) -> tuple[dict[str, Any], str]:
-    """The config of a model given as a path (file or folder) or as a bundled model's name.
+    """The config of a model given as a path (file or folder), a bundled model's name, or an
+    ``org/name`` in the local Hugging Face cache (:mod:`kvcore.frontends.hf_cache`).
 
-    An existing path wins over a bundled name. Nothing is downloaded.
+    An existing path wins over a bundled name, which wins over the cache. Nothing is downloaded.
 
     Returns:
         ``(config, source)``: the parsed config and where it came from, for messages.
 
     Raises:
-        UnknownModelError: neither an existing path nor a bundled name; lists the bundled names.
+        UnknownModelError: neither an existing path, a bundled name nor in the cache; lists the
+            bundled names and the cache folder looked in.
         InvalidInputError: the file is unreadable or not JSON.
         ModelConfigError: the JSON is not an object.
     """
+    from kvcore.frontends.hf_cache import find_cached_config, hub_cache_dir
+
     text = os.fspath(name_or_path)
     if Path(text).exists():
         return read_config_file(text), text
     bundled = find_bundled_model(text)
     if bundled is not None:
         return bundled.config(), f"bundled {bundled.name}"
+    cached = find_cached_config(text)
+    if cached is not None:
+        return read_config_file(cached), f"{text} (Hugging Face cache {cached})"
     names = ", ".join(m.name for m in bundled_models())
     raise UnknownModelError(
-        f"{text!r} is neither a file or folder here nor a bundled model; kvcore never downloads, "
-        f"so pass the path of a config.json (or of its folder) or one of: {names}"
+        f"{text!r} is neither a file or folder here, nor a bundled model, nor in the Hugging Face cache "
+        f"({hub_cache_dir()}); kvcore never downloads, so pass the path of a config.json (or of its "
+        f"folder), a model in that cache (set HF_HUB_CACHE or HF_HOME to use another), or one of: {names}"
     )
 
 

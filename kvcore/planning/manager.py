@@ -40,6 +40,8 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "kvcore.plugins.models.mllama",
     "kvcore.plugins.transformers_modules",
     "kvcore.plugins.models.generic",
+    # weights counted from configs (kvcore_count_parameters), for --gpu-memory
+    "kvcore.plugins.models.parameters",
     "kvcore.policies.uniform",
     "kvcore.policies.shared_buffer",
     "kvcore.policies.equal_groups",

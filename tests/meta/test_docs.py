@@ -124,6 +124,14 @@ def _check_spec_strategies(module, registry):
     heads_are_narrowed()
 
 
+def _check_count_parameters(module, registry):
+    from kvcore.planning.gpu_budget import count_parameters
+
+    config = {"model_type": "acme", "hidden_size": 8, "num_hidden_layers": 2}
+    config.update(intermediate_size=16, vocab_size=10)
+    assert count_parameters(config, registry).params == 80 + 2 * 4 * 64 + 2 * 3 * 8 * 16 + 5 * 8
+
+
 #: What each hook's example must do once registered (a hook without an entry is only registered).
 EXAMPLE_CHECKS = {
     "kvcore_register_spec_strategies": _check_spec_strategies,
@@ -132,6 +140,7 @@ EXAMPLE_CHECKS = {
     "kvcore_register_model_families": _check_model_families,
     "kvcore_spec_for_module": _check_spec_for_module,
     "kvcore_cache_layout": _check_cache_layout,
+    "kvcore_count_parameters": _check_count_parameters,
 }
 
 

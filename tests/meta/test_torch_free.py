@@ -52,6 +52,7 @@ BODY = textwrap.dedent(
     for argv in (
         ["plan", "--model", {MODEL!r}, *sizing],
         ["plan", "--model", {MODEL!r}, *sizing, "--json"],
+        ["plan", "--model", {MODEL!r}, "--gpu-memory", "80GiB", "--max-model-len", "auto"],
         ["compare", "--model", {MODEL!r}, *sizing, "--kv-cache-dtypes", "auto,fp8"],
         ["models"],
         ["plugins"],

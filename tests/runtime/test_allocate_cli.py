@@ -106,3 +106,36 @@ def test_stand_in_model_has_a_module_for_every_layer_name():
     model = stand_in_model(names)
     modules = dict(model.named_modules())
     assert all(name in modules for name in names)
+
+
+def test_allocate_json_is_the_plan_report_with_what_allocation_did(run_cli, specs):
+    status, out, _ = run_cli(
+        "allocate", "--specs", specs, "--memory", "4MiB", "--max-model-len", "1024", "--json"
+    )
+    assert status == 0
+    report = json.loads(out)
+    status, plan_out, _ = run_cli(
+        "plan", "--specs", specs, "--memory", "4MiB", "--max-model-len", "1024", "--json"
+    )
+    planned = json.loads(plan_out)
+    assert {key: report[key] for key in planned} == planned  # every plan figure, unchanged
+    assert report["device"] == "cpu" and report["allocated_bytes"] == planned["kv_cache_bytes"]
+    assert report["memory_profile"]["source"] == "fixed"
+    assert report["memory_profile"]["kv_cache_bytes"] == 4 * 2**20
+    assert report["bound_layers"] == 6 and report["zero_filled"] is True
+    assert list(report["timings_ms"])[:2] == ["read specs", "stand-in layers"]
+    assert all(ms >= 0 for ms in report["timings_ms"].values())
+
+
+def test_allocate_json_of_a_saved_plan(run_cli, specs, tmp_path):
+    _, plan_out, _ = run_cli(
+        "plan", "--specs", specs, "--memory", "4MiB", "--max-model-len", "1024", "--json"
+    )
+    saved = tmp_path / "plan.json"
+    saved.write_text(plan_out)
+    status, out, _ = run_cli("allocate", "--plan", saved, "--json", "--no-zero")
+    assert status == 0
+    report = json.loads(out)
+    assert report["memory_profile"] is None or report["memory_profile"]["source"] == "fixed"
+    assert report["zero_filled"] is False and report["bound_layers"] == 6
+    assert report["num_blocks"] == json.loads(plan_out)["num_blocks"]

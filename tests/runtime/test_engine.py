@@ -20,6 +20,7 @@ from kvcore import (
     plan_kv_cache,
 )
 from kvcore.engine.workflow import capacity_summary, merge_worker_specs
+from kvcore.planning.capacity import Capacity
 from kvcore.runtime.memory import HostMemory
 from kvcore.runtime.torch_dtypes import torch_dtype
 from tests.helpers import full, sliding
@@ -204,6 +205,32 @@ def test_capacity_summary_reports_the_plan_figures(registry):
         {"a": full(), "b": sliding(128)}, 2**30, SizingContext(max_model_len=4096), registry=registry
     )
     text = capacity_summary(plan)
-    assert f"{plan.max_concurrency():,.2f} requests of 4,096 tokens" in text
-    for group in plan.groups:
-        assert f"{plan.tokens_held(group):,} tokens" in text
+    capacity = Capacity.of(plan)
+    first, *groups = text.splitlines()
+    # the total and the concurrency lead; no group's own token capacity reads like a total
+    assert first.startswith(
+        f"KV cache: {capacity.kv_cache_tokens:,} tokens, max concurrency {plan.max_concurrency():,.2f} "
+        "requests of 4,096 tokens; "
+    )
+    assert capacity.kv_cache_tokens == int(plan.max_concurrency() * 4096)
+    for index, (group, line) in enumerate(zip(plan.groups, groups, strict=True)):
+        assert line.startswith(
+            f"  group {index}: {group.spec.kind}, 1 layer, block size {group.spec.block_size}, "
+        )
+        assert f"{plan.tokens_held(group):,} tokens" not in line
+
+
+def test_capacity_summary_says_when_a_block_size_was_raised(registry):
+    from kvcore.frontends.hf_config import model_layer_specs
+
+    specs = model_layer_specs("google/gemma-3-27b-it", registry)
+    plan = plan_kv_cache(specs, 80 * 2**30, SizingContext(max_model_len=32768), registry=registry)
+    text = capacity_summary(plan, specs)
+    # the figure: 701,333 tokens in all, where each group "held" 1,048,576 or more
+    assert text.startswith("KV cache: 701,333 tokens, max concurrency 21.40 requests of 32,768 tokens; ")
+    raised = [line for line in text.splitlines() if "raised" in line]
+    assert raised == [
+        "  group 6: sliding_window, 2 layers, block size 64 (raised from 16 by the policy), "
+        "49 pages per request"
+    ]
+    assert "raised" not in capacity_summary(plan)  # without the specs it cannot be told

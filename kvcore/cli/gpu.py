@@ -1,0 +1,94 @@
+"""``--gpu-memory``: the KV budget of ``kvcore plan`` / ``compare`` / ``simulate`` worked out from
+a GPU (:func:`kvcore.planning.gpu_budget.gpu_budget`), and the lines that show it."""
+
+from __future__ import annotations
+
+import argparse
+
+from kvcore.errors import InvalidInputError, ModelConfigError, UnknownModelError
+from kvcore.frontends.hf_config import load_model_config
+from kvcore.plan import KVCachePlan
+from kvcore.planning.capacity import Capacity
+from kvcore.planning.gpu_budget import DEFAULT_UTILIZATION, GpuBudget, gpu_budget
+from kvcore.planning.registry import Registry
+from kvcore.units import format_bytes
+
+
+def settle_budget(args: argparse.Namespace, registry: Registry) -> GpuBudget | None:
+    """With ``--gpu-memory``, work out the KV budget and put it in ``args.memory``.
+
+    Args:
+        args: the parsed options (``--gpu-memory``, ``--utilization``, ``--model``, ``--tp``,
+            ``--pp``, ``--max-num-batched-tokens``).
+        registry: whose plugins count the weights.
+
+    Returns:
+        The budget and its terms, or ``None`` when the budget was given as ``--memory``.
+
+    Raises:
+        InvalidInputError: ``--utilization`` without ``--gpu-memory``, ``--gpu-memory`` with a
+            spec file, or nothing left for the KV cache.
+        UnknownModelError, ModelConfigError: the weights cannot be counted.
+    """
+    gpu = getattr(args, "gpu_memory", None)
+    if gpu is None:
+        if getattr(args, "utilization", None) is not None:
+            raise InvalidInputError(
+                "--utilization applies to --gpu-memory only; --memory is the KV budget itself"
+            )
+        return None
+    if getattr(args, "model", None) is None:
+        raise InvalidInputError(
+            "--gpu-memory needs --model: the weights are counted from the model's config; with a spec "
+            "file give the KV budget as --memory SIZE"
+        )
+    config, source = load_model_config(args.model)
+    try:
+        budget = gpu_budget(
+            config,
+            registry,
+            gpu,
+            utilization=args.utilization if args.utilization is not None else DEFAULT_UTILIZATION,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            tp=getattr(args, "tp", None) or 1,
+            pp=getattr(args, "pp", None) or 1,
+            source=source.removeprefix("bundled "),
+        )
+    except (UnknownModelError, ModelConfigError, InvalidInputError) as exc:
+        raise type(exc)(_flags(str(exc))) from None
+    args.memory = budget.kv_cache
+    return budget
+
+
+#: How the planning layer's messages name what the command line spells as flags.
+_FLAG_WORDS = (
+    (
+        "give the KV cache a byte budget of its own instead",
+        "give the KV budget as --memory SIZE instead of --gpu-memory",
+    ),
+    ("more tensor-parallel ranks (tp)", "more --tp ranks"),
+    ("a higher utilization", "a higher --utilization"),
+    ("a smaller max_num_batched_tokens", "a smaller --max-num-batched-tokens"),
+)
+
+
+def _flags(message: str) -> str:
+    for words, flags in _FLAG_WORDS:
+        message = message.replace(words, flags)
+    return message
+
+
+def answer_line(plan: KVCachePlan, budget: GpuBudget) -> str:
+    """How long and how many on this GPU, in one line."""
+    capacity = Capacity.of(plan)
+    return (
+        f"on this {format_bytes(budget.gpu_memory)} GPU: requests of up to {capacity.max_model_len:,} "
+        "tokens, "
+        f"{capacity.max_concurrency:,.2f} of them at once ({capacity.kv_cache_tokens:,} tokens of KV cache)"
+    )
+
+
+def print_budget(budget: GpuBudget | None) -> None:
+    """Print the breakdown and a blank line (nothing without ``--gpu-memory``)."""
+    if budget is not None:
+        print("\n".join(budget.lines()))

@@ -1,0 +1,81 @@
+"""Models where people keep them: a ``config.json`` in the local Hugging Face hub cache.
+
+``--model org/name`` finds a model's config in the cache ``huggingface_hub`` downloads into,
+after the bundled zoo and without touching the network. The cache is, in order:
+
+1. ``$HF_HUB_CACHE`` (or the older ``$HUGGINGFACE_HUB_CACHE``);
+2. ``$HF_HOME/hub``;
+3. ``$XDG_CACHE_HOME/huggingface/hub``, else ``~/.cache/huggingface/hub``.
+
+A repository ``org/name`` lives in ``models--org--name/``; ``refs/main`` names the revision whose
+files are in ``snapshots/<revision>/``. When ``refs/main`` is missing (a download by revision),
+the one snapshot holding a ``config.json`` is used, or the most recently modified of several.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def hub_cache_dir() -> Path:
+    """The Hugging Face hub cache folder the environment names (it need not exist)."""
+    for variable in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
+        value = os.environ.get(variable)
+        if value:
+            return Path(value).expanduser()
+    home = os.environ.get("HF_HOME")
+    if home:
+        return Path(home).expanduser() / "hub"
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
+    return base / "huggingface" / "hub"
+
+
+def _repo_dir(cache: Path, name: str) -> Path | None:
+    org, _, model = name.partition("/")
+    folder = cache / f"models--{org}--{model}"
+    if folder.is_dir():
+        return folder
+    wanted = folder.name.lower()
+    try:
+        matches = [entry for entry in cache.iterdir() if entry.name.lower() == wanted and entry.is_dir()]
+    except OSError:
+        return None
+    return matches[0] if len(matches) == 1 else None
+
+
+def find_cached_config(name: str, cache: Path | None = None) -> Path | None:
+    """The cached ``config.json`` of repository ``name`` (``"org/model"``), or ``None``.
+
+    Args:
+        name: the repository id; anything but ``org/model`` is never in the cache.
+        cache: the hub cache folder; default :func:`hub_cache_dir`.
+
+    Returns:
+        The path of the config in the snapshot ``refs/main`` names (else the only, or the most
+        recently modified, snapshot holding one), or ``None`` when the cache does not hold it.
+    """
+    parts = name.strip().split("/")
+    if len(parts) != 2 or not all(parts) or any(part in (".", "..") for part in parts):
+        return None
+    root = cache if cache is not None else hub_cache_dir()
+    if not root.is_dir():
+        return None
+    repo = _repo_dir(root, "/".join(parts))
+    if repo is None:
+        return None
+    snapshots = repo / "snapshots"
+    ref = repo / "refs" / "main"
+    if ref.is_file():
+        revision = ref.read_text(encoding="utf-8").strip()
+        config = snapshots / revision / "config.json"
+        if revision and config.is_file():
+            return config
+    try:
+        found = [entry / "config.json" for entry in snapshots.iterdir() if (entry / "config.json").is_file()]
+    except OSError:
+        return None
+    if not found:
+        return None
+    return max(found, key=lambda path: path.stat().st_mtime)

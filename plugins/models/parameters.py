@@ -1,0 +1,706 @@
+"""Built-in parameter counts: every built-in family's weights, counted from ``config.json``.
+
+Implements ``kvcore_count_parameters`` (``trylast=True``, so a plugin's own count of a model
+type wins) with one counting function per model type, :data:`COUNTERS`; a plugin can also add a
+row to it through the hook (see ``docs/reference/hooks.md``). Each function returns a
+:class:`kvcore.ParameterCount` whose groups are what the checkpoint holds:
+
+- embeddings (``vocab_size x hidden_size``) and, unless ``tie_word_embeddings``, the lm_head;
+- attention: Q, K, V and O projections (with biases where the family has them, Qwen3 / Gemma 3
+  QK norms, gpt-oss sinks), or MLA's low-rank projections (DeepSeek);
+- the MLP: gated (``3 x hidden x intermediate``) or plain (Nemotron-H), with biases where the
+  family has them; a mixture of experts: the routed experts, shared experts and the router;
+- norms (two per layer, four on Gemma 2 / 3, plus the final one);
+- SSM and linear-attention mixers of hybrids (Jamba's Mamba-1, Nemotron-H's Mamba-2,
+  Qwen3-Next's gated delta net);
+- vision and audio towers where the config describes them (Gemma 3's SigLIP, Llama 4's and
+  Llama-3.2-Vision's encoders, Whisper's audio encoder).
+
+Counts follow the transformers modules of each architecture. What they leave out is said in
+``ParameterCount.notes`` (a tower the config omits, DeepSeek-V3's MTP layer). A model type with
+no row is counted as a Llama-like decoder when its config has the fields, and the note says it
+is an estimate. ``tests/models/test_parameters.py`` checks every bundled model against its
+published parameter count.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from kvcore.dtypes import DType
+from kvcore.hookspecs import hookimpl
+from kvcore.model_weights import ParameterCount, WeightGroup
+from kvcore.plugins.models.kit import ConfigFields, head_size, kv_heads
+
+#: A counting function: the whole config in, the count out.
+Counter = Callable[[Mapping[str, Any]], ParameterCount]
+
+
+class Groups:
+    """Collects :class:`~kvcore.WeightGroup` parameters, adding up groups of one name, module
+    and quantizability (public: plugin authors build their counts with it)."""
+
+    def __init__(self) -> None:
+        self._params: dict[tuple[str, str, bool], int] = {}
+
+    def add(self, name: str, module: str, params: int, *, quantizable: bool = True) -> None:
+        """Add ``params`` parameters to group ``name`` at ``module``.
+
+        Args:
+            name: what they are (``"attention"``).
+            module: where their modules are (``"model.layers.*.self_attn"``).
+            params: how many (0 adds nothing).
+            quantizable: linear weight matrices (see :class:`~kvcore.WeightGroup`).
+        """
+        if params:
+            key = (name, module, quantizable)
+            self._params[key] = self._params.get(key, 0) + params
+
+    def linear(
+        self, name: str, module: str, d_in: int, d_out: int, *, bias: bool = False, count: int = 1
+    ) -> None:
+        """``count`` linear layers of ``d_in -> d_out``: the weights quantizable, a bias not."""
+        self.add(name, module, count * d_in * d_out)
+        if bias:
+            self.add(name, module, count * d_out, quantizable=False)
+
+    def vector(self, name: str, module: str, params: int) -> None:
+        """Parameters quantization never converts (norms, biases, convolutions, embeddings)."""
+        self.add(name, module, params, quantizable=False)
+
+    def groups(self) -> tuple[WeightGroup, ...]:
+        """The groups, in the order first added."""
+        return tuple(
+            WeightGroup(name=name, module=module, params=params, quantizable=quantizable)
+            for (name, module, quantizable), params in self._params.items()
+        )
+
+
+def embeddings(
+    groups: Groups,
+    vocab: int,
+    hidden: int,
+    *,
+    tied: bool,
+    embed: str = "model.embed_tokens",
+    head: str = "lm_head",
+) -> None:
+    """The input embeddings and, unless ``tied``, the lm_head (never quantized by default)."""
+    groups.vector("embeddings", embed, vocab * hidden)
+    if not tied:
+        groups.vector("lm_head", head, vocab * hidden)
+
+
+def attention_projections(
+    groups: Groups,
+    module: str,
+    *,
+    hidden: int,
+    heads: int,
+    kv: int,
+    head_dim: int,
+    layers: int,
+    qkv_bias: bool = False,
+    o_bias: bool = False,
+    qk_norm: bool = False,
+) -> int:
+    """Q, K, V, O of ``layers`` attention layers; returns the per-token width of Q, K and V."""
+    q, k = heads * head_dim, kv * head_dim
+    groups.linear("attention", module, hidden, q, bias=qkv_bias, count=layers)
+    groups.linear("attention", module, hidden, k, bias=qkv_bias, count=2 * layers)
+    groups.linear("attention", module, q, hidden, bias=o_bias, count=layers)
+    if qk_norm:
+        groups.vector("norms", module, 2 * head_dim * layers)
+    return q + 2 * k
+
+
+def gated_mlp(
+    groups: Groups, name: str, module: str, hidden: int, inner: int, *, count: int, bias: bool = False
+) -> None:
+    """``count`` gated MLPs (gate, up, down) of width ``inner``."""
+    groups.linear(name, module, hidden, inner, bias=bias, count=2 * count)
+    groups.linear(name, module, inner, hidden, bias=bias, count=count)
+
+
+def _tied(cfg: ConfigFields, default: bool, *outer: ConfigFields) -> bool:
+    for fields in (cfg, *outer):
+        if "tie_word_embeddings" in fields.data:
+            return fields.boolean("tie_word_embeddings", default)
+    return default
+
+
+def _count(
+    groups: Groups, dtype: DType, hidden: int, vocab: int, width: int, notes: tuple[str, ...] = ()
+) -> ParameterCount:
+    return ParameterCount(
+        groups=groups.groups(),
+        dtype=dtype,
+        hidden_size=hidden,
+        vocab_size=vocab,
+        activation_width=width,
+        notes=notes,
+    )
+
+
+# -- decoder-only attention families (the attention_only table, Llama 4) --------------------
+
+#: Per model type: (norms per layer, tie_word_embeddings default, QKV bias, QK norm, vocab default).
+_DENSE: dict[str, tuple[int, bool, bool, bool, int | None]] = {
+    "llama": (2, False, False, False, None),
+    "mistral": (2, False, False, False, None),
+    "qwen2": (2, False, True, False, None),
+    "qwen3": (2, False, False, True, None),
+    "phi3": (2, False, False, False, None),
+    "gemma2": (4, True, False, False, None),
+    "gemma3_text": (4, True, False, True, 262_208),
+    "gemma3": (4, True, False, True, 262_208),
+}
+
+
+def dense_decoder(config: Mapping[str, Any]) -> ParameterCount:
+    """Llama, Mistral, Qwen 2 / 3, Phi-3, Gemma 2 / 3 (Gemma 3's SigLIP tower included)."""
+    model_type = str(config["model_type"])
+    top = ConfigFields(config, model_type)
+    cfg = top.section("text_config") if model_type == "gemma3" else top
+    norms_per_layer, tied_default, qkv_bias, qk_norm, vocab_default = _DENSE[model_type]
+    n, hidden = cfg.layer_count(), cfg.integer("hidden_size")
+    vocab = cfg.integer("vocab_size", vocab_default) if vocab_default else cfg.integer("vocab_size")
+    layers = "model.language_model.layers" if model_type == "gemma3" else "model.layers"
+    groups = Groups()
+    embeddings(groups, vocab, hidden, tied=_tied(cfg, tied_default, top))
+    bias = cfg.boolean("attention_bias", False)
+    qkv = attention_projections(
+        groups,
+        f"{layers}.*.self_attn",
+        hidden=hidden,
+        heads=cfg.integer("num_attention_heads"),
+        kv=kv_heads(cfg),
+        head_dim=head_size(cfg),
+        layers=n,
+        qkv_bias=qkv_bias or bias,
+        o_bias=bias,
+        qk_norm=qk_norm,
+    )
+    inner = cfg.integer("intermediate_size")
+    gated_mlp(groups, "mlp", f"{layers}.*.mlp", hidden, inner, count=n, bias=cfg.boolean("mlp_bias", False))
+    groups.vector("norms", f"{layers}.*", (norms_per_layer * n + 1) * hidden)
+    if model_type == "gemma3":
+        siglip_tower(groups, top.section("vision_config"), text_hidden=hidden)
+    return _count(groups, cfg.dtype(top), hidden, vocab, max(3 * inner, qkv))
+
+
+def qwen3_moe(config: Mapping[str, Any]) -> ParameterCount:
+    """Qwen3-MoE: Qwen3's attention (QK norms) and a mixture of ``num_experts`` experts of
+    ``moe_intermediate_size`` on every ``decoder_sparse_step``-th layer not in
+    ``mlp_only_layers`` (dense MLPs of ``intermediate_size`` elsewhere)."""
+    cfg = ConfigFields(config, "qwen3_moe")
+    n, hidden, vocab = cfg.layer_count(), cfg.integer("hidden_size"), cfg.integer("vocab_size")
+    groups = Groups()
+    embeddings(groups, vocab, hidden, tied=_tied(cfg, False))
+    qkv = attention_projections(
+        groups,
+        "model.layers.*.self_attn",
+        hidden=hidden,
+        heads=cfg.integer("num_attention_heads"),
+        kv=kv_heads(cfg),
+        head_dim=head_size(cfg),
+        layers=n,
+        qkv_bias=cfg.boolean("attention_bias", False),
+        o_bias=cfg.boolean("attention_bias", False),
+        qk_norm=True,
+    )
+    step = cfg.integer("decoder_sparse_step", 1)
+    dense_only = set(cfg.integers("mlp_only_layers") or [])
+    experts = cfg.integer("num_experts")
+    moe = sum(1 for i in range(n) if i not in dense_only and experts > 0 and (i + 1) % step == 0)
+    inner, dense_inner = cfg.integer("moe_intermediate_size"), cfg.integer("intermediate_size")
+    mlp = "model.layers.*.mlp"
+    groups.add("router", f"{mlp}.gate", hidden * experts * moe, quantizable=False)
+    gated_mlp(groups, "experts", f"{mlp}.experts", hidden, inner, count=experts * moe)
+    gated_mlp(groups, "mlp", mlp, hidden, dense_inner, count=n - moe)
+    groups.vector("norms", "model.layers.*", (2 * n + 1) * hidden)
+    top_k = cfg.integer("num_experts_per_tok", 8)
+    width = max(3 * inner * top_k, 3 * dense_inner if moe < n else 0, qkv)
+    return _count(groups, cfg.dtype(), hidden, vocab, width)
+
+
+def siglip_tower(groups: Groups, vision: ConfigFields, *, text_hidden: int) -> None:
+    """Gemma 3's SigLIP encoder and its projector into the language model."""
+    h, inner = vision.integer("hidden_size"), vision.integer("intermediate_size")
+    patch, image = vision.integer("patch_size"), vision.integer("image_size")
+    channels = vision.integer("num_channels", 3)
+    module = "model.vision_tower"
+    groups.vector("vision tower", module, channels * patch * patch * h + h + (image // patch) ** 2 * h)
+    n = vision.layer_count()
+    groups.linear("vision tower", module, h, h, bias=True, count=4 * n)
+    groups.linear("vision tower", module, h, inner, bias=True, count=n)
+    groups.linear("vision tower", module, inner, h, bias=True, count=n)
+    groups.vector("vision tower", module, (4 * n + 2) * h)  # two layer norms per layer, post norm
+    groups.vector("vision tower", "model.multi_modal_projector", h * text_hidden + h)
+
+
+def gpt_oss(config: Mapping[str, Any]) -> ParameterCount:
+    """gpt-oss: attention with biases and sinks, a mixture of experts with biased projections."""
+    cfg = ConfigFields(config, "gpt_oss")
+    n, hidden, vocab = cfg.layer_count(), cfg.integer("hidden_size"), cfg.integer("vocab_size")
+    heads = cfg.integer("num_attention_heads")
+    groups = Groups()
+    embeddings(groups, vocab, hidden, tied=_tied(cfg, False))
+    qkv = attention_projections(
+        groups,
+        "model.layers.*.self_attn",
+        hidden=hidden,
+        heads=heads,
+        kv=kv_heads(cfg),
+        head_dim=head_size(cfg),
+        layers=n,
+        qkv_bias=True,
+        o_bias=True,
+    )
+    groups.vector("attention", "model.layers.*.self_attn", heads * n)  # the sinks
+    experts = cfg.integer("num_local_experts")
+    inner = cfg.integer("intermediate_size")
+    groups.linear("router", "model.layers.*.mlp.router", hidden, experts, bias=True, count=n)
+    groups.linear("experts", "model.layers.*.mlp.experts", hidden, 2 * inner, bias=True, count=experts * n)
+    groups.linear("experts", "model.layers.*.mlp.experts", inner, hidden, bias=True, count=experts * n)
+    groups.vector("norms", "model.layers.*", (2 * n + 1) * hidden)
+    top_k = cfg.integer("num_experts_per_tok", cfg.integer("experts_per_token", 4))
+    return _count(groups, cfg.dtype(), hidden, vocab, max(3 * inner * top_k, qkv))
+
+
+def llama4(config: Mapping[str, Any]) -> ParameterCount:
+    """Llama 4: MoE layers (routed experts, a shared expert, the router) every
+    ``interleave_moe_layer_step`` layers, dense MLPs of ``intermediate_size_mlp`` between; the
+    vision encoder when the config describes it."""
+    model_type = str(config["model_type"])
+    top = ConfigFields(config, model_type)
+    wrapped = model_type == "llama4"
+    cfg = top.section("text_config") if wrapped else top
+    n, hidden, vocab = cfg.layer_count(), cfg.integer("hidden_size"), cfg.integer("vocab_size")
+    layers = "language_model.model.layers" if wrapped else "model.layers"
+    groups = Groups()
+    embeddings(
+        groups,
+        vocab,
+        hidden,
+        tied=_tied(cfg, False, top),
+        embed=f"{layers.removesuffix('.layers')}.embed_tokens",
+        head="language_model.lm_head" if wrapped else "lm_head",
+    )
+    qkv = attention_projections(
+        groups,
+        f"{layers}.*.self_attn",
+        hidden=hidden,
+        heads=cfg.integer("num_attention_heads"),
+        kv=kv_heads(cfg),
+        head_dim=head_size(cfg, derive=False),
+        layers=n,
+        qkv_bias=cfg.boolean("attention_bias", False),
+        o_bias=cfg.boolean("attention_bias", False),
+    )  # use_qk_norm is an L2 norm without weights
+    step = cfg.integer("interleave_moe_layer_step", 1)
+    moe_layers = cfg.integers("moe_layers")
+    moe = len(moe_layers) if moe_layers is not None else len(range(step - 1, n, step))
+    experts, inner = cfg.integer("num_local_experts"), cfg.integer("intermediate_size")
+    dense_inner = cfg.integer("intermediate_size_mlp")
+    module = f"{layers}.*.feed_forward"
+    groups.linear("router", f"{module}.router", hidden, experts, count=moe)
+    gated_mlp(groups, "experts", f"{module}.experts", hidden, inner, count=experts * moe)
+    gated_mlp(groups, "shared experts", f"{module}.shared_expert", hidden, inner, count=moe)
+    gated_mlp(groups, "mlp", module, hidden, dense_inner, count=n - moe)
+    groups.vector("norms", f"{layers}.*", (2 * n + 1) * hidden)
+    notes: tuple[str, ...] = ()
+    if wrapped and top.has("vision_config"):
+        llama4_vision(groups, top.section("vision_config"), text_hidden=hidden)
+    elif wrapped:
+        notes = ("the config has no vision_config: the vision encoder is not counted",)
+    top_k = cfg.integer("num_experts_per_tok", 1)
+    width = max(3 * inner * (top_k + 1) if moe else 0, 3 * dense_inner if moe < n else 0, qkv)
+    return _count(groups, cfg.dtype(top), hidden, vocab, width, notes)
+
+
+def llama4_vision(groups: Groups, vision: ConfigFields, *, text_hidden: int) -> None:
+    """Llama 4's vision encoder, its pixel-shuffle adapter and the projector."""
+    h, inner = vision.integer("hidden_size"), vision.integer("intermediate_size")
+    patch, image = vision.integer("patch_size"), vision.integer("image_size")
+    channels = vision.integer("num_channels", 3)
+    module = "vision_model"
+    positions = (image // patch) ** 2 + 1
+    groups.vector("vision tower", module, channels * patch * patch * h + h + positions * h + 4 * h)
+    n = vision.layer_count()
+    groups.linear("vision tower", module, h, h, bias=True, count=4 * n)
+    groups.linear("vision tower", module, h, inner, bias=True, count=n)
+    groups.linear("vision tower", module, inner, h, bias=True, count=n)
+    groups.vector("vision tower", module, 4 * n * h)
+    ratio = vision.data.get("pixel_shuffle_ratio", 0.5)
+    shuffled = int(h / (ratio * ratio)) if isinstance(ratio, (int, float)) and ratio > 0 else 4 * h
+    projector_in = vision.integer("projector_input_dim", inner)
+    projector_out = vision.integer("projector_output_dim", projector_in)
+    groups.linear("vision tower", f"{module}.vision_adapter", shuffled, projector_in)
+    groups.linear("vision tower", f"{module}.vision_adapter", projector_in, projector_out)
+    groups.linear(
+        "vision tower",
+        "multi_modal_projector",
+        vision.integer("vision_output_dim", projector_out),
+        text_hidden,
+    )
+
+
+# -- MLA, hybrids ----------------------------------------------------------------------------
+
+
+def deepseek(config: Mapping[str, Any]) -> ParameterCount:
+    """DeepSeek V2 / V3: MLA on every layer, dense MLPs in the first ``first_k_dense_replace``
+    layers, then routed and shared experts every ``moe_layer_freq`` layers. The MTP layers
+    (``num_nextn_predict_layers``) are not counted: engines load them only for MTP speculative
+    decoding."""
+    cfg = ConfigFields(config, str(config["model_type"]))
+    n, hidden, vocab = cfg.layer_count(), cfg.integer("hidden_size"), cfg.integer("vocab_size")
+    heads = cfg.integer("num_attention_heads")
+    nope, rope, v_dim = (
+        cfg.integer("qk_nope_head_dim"),
+        cfg.integer("qk_rope_head_dim"),
+        cfg.integer("v_head_dim"),
+    )
+    kv_rank = cfg.integer("kv_lora_rank")
+    q_rank = cfg.optional_integer("q_lora_rank")
+    groups = Groups()
+    embeddings(groups, vocab, hidden, tied=_tied(cfg, False))
+    attn = "model.layers.*.self_attn"
+    if q_rank is None:
+        groups.linear("attention", attn, hidden, heads * (nope + rope), count=n)
+    else:
+        groups.linear("attention", attn, hidden, q_rank, count=n)
+        groups.vector("norms", attn, q_rank * n)
+        groups.linear("attention", attn, q_rank, heads * (nope + rope), count=n)
+    groups.linear("attention", attn, hidden, kv_rank + rope, count=n)
+    groups.vector("norms", attn, kv_rank * n)
+    groups.linear("attention", attn, kv_rank, heads * (nope + v_dim), count=n)
+    groups.linear("attention", attn, heads * v_dim, hidden, count=n)
+    first_dense = cfg.integer("first_k_dense_replace", 0, minimum=0)
+    freq = cfg.integer("moe_layer_freq", 1)
+    routed = cfg.integer("n_routed_experts", 0, minimum=0)
+    moe = sum(1 for i in range(n) if routed and i >= first_dense and i % freq == 0)
+    mlp = "model.layers.*.mlp"
+    dense_inner = cfg.integer("intermediate_size")
+    gated_mlp(groups, "mlp", mlp, hidden, dense_inner, count=n - moe)
+    width = heads * (2 * nope + rope + v_dim)
+    if moe:
+        inner = cfg.integer("moe_intermediate_size")
+        shared = cfg.integer("n_shared_experts", 0, minimum=0)
+        groups.add("router", f"{mlp}.gate", hidden * routed * moe, quantizable=False)
+        if cfg.string("topk_method") == "noaux_tc":
+            groups.vector("router", f"{mlp}.gate", routed * moe)  # e_score_correction_bias
+        gated_mlp(groups, "experts", f"{mlp}.experts", hidden, inner, count=routed * moe)
+        gated_mlp(groups, "shared experts", f"{mlp}.shared_experts", hidden, shared * inner, count=moe)
+        width = max(width, 3 * inner * (cfg.integer("num_experts_per_tok", 1) + shared))
+    width = max(width, 3 * dense_inner if moe < n else 0)
+    groups.vector("norms", "model.layers.*", (2 * n + 1) * hidden)
+    mtp = cfg.integer("num_nextn_predict_layers", 0, minimum=0)
+    notes = (
+        (
+            f"the {mtp} MTP layer(s) (num_nextn_predict_layers) are not counted: engines load them only "
+            "for MTP speculative decoding",
+        )
+        if mtp
+        else ()
+    )
+    return _count(groups, cfg.dtype(), hidden, vocab, width, notes)
+
+
+def jamba(config: Mapping[str, Any]) -> ParameterCount:
+    """Jamba: Mamba-1 mixers with attention every ``attn_layer_period`` layers, and a mixture of
+    experts every ``expert_layer_period`` layers."""
+    cfg = ConfigFields(config, "jamba")
+    n, hidden, vocab = cfg.layer_count(), cfg.integer("hidden_size"), cfg.integer("vocab_size")
+    period, offset = cfg.integer("attn_layer_period", 8), cfg.integer("attn_layer_offset", 4, minimum=0)
+    attention_layers = sum(1 for i in range(n) if i % period == offset)
+    groups = Groups()
+    embeddings(groups, vocab, hidden, tied=_tied(cfg, False))
+    qkv = attention_projections(
+        groups,
+        "model.layers.*.self_attn",
+        hidden=hidden,
+        heads=cfg.integer("num_attention_heads"),
+        kv=kv_heads(cfg),
+        head_dim=head_size(cfg),
+        layers=attention_layers,
+    )
+    mamba_layers = n - attention_layers
+    inner = cfg.integer("mamba_expand") * hidden
+    state, conv = cfg.integer("mamba_d_state"), cfg.integer("mamba_d_conv")
+    dt_rank_value = config.get("mamba_dt_rank", "auto")
+    dt_rank = math.ceil(hidden / 16) if dt_rank_value == "auto" else cfg.integer("mamba_dt_rank")
+    module = "model.layers.*.mamba"
+    proj_bias = cfg.boolean("mamba_proj_bias", False)
+    groups.linear("mamba", module, hidden, 2 * inner, bias=proj_bias, count=mamba_layers)
+    groups.vector(
+        "mamba",
+        module,
+        mamba_layers * (inner * conv + (inner if cfg.boolean("mamba_conv_bias", True) else 0)),
+    )
+    groups.linear("mamba", module, inner, dt_rank + 2 * state, count=mamba_layers)
+    groups.linear("mamba", module, dt_rank, inner, bias=True, count=mamba_layers)
+    groups.vector("mamba", module, mamba_layers * (inner * state + inner))  # A_log, D
+    groups.linear("mamba", module, inner, hidden, bias=proj_bias, count=mamba_layers)
+    groups.vector("norms", module, mamba_layers * (dt_rank + 2 * state))
+    e_period, e_offset = (
+        cfg.integer("expert_layer_period", 2),
+        cfg.integer("expert_layer_offset", 1, minimum=0),
+    )
+    experts = cfg.integer("num_experts", 1)
+    moe = sum(1 for i in range(n) if experts > 1 and i % e_period == e_offset)
+    mlp_inner = cfg.integer("intermediate_size")
+    groups.linear("router", "model.layers.*.feed_forward.router", hidden, experts, count=moe)
+    gated_mlp(
+        groups, "experts", "model.layers.*.feed_forward.experts", hidden, mlp_inner, count=experts * moe
+    )
+    gated_mlp(groups, "mlp", "model.layers.*.feed_forward", hidden, mlp_inner, count=n - moe)
+    groups.vector("norms", "model.layers.*", (2 * n + 1) * hidden)
+    top_k = cfg.integer("num_experts_per_tok", 2)
+    return _count(groups, cfg.dtype(), hidden, vocab, max(3 * mlp_inner * top_k, 2 * inner, qkv))
+
+
+def nemotron_h(config: Mapping[str, Any]) -> ParameterCount:
+    """Nemotron-H: Mamba-2 (``M``), attention (``*``) and plain squared-ReLU MLP (``-``) layers
+    as ``hybrid_override_pattern`` spells them, one norm each."""
+    cfg = ConfigFields(config, "nemotron_h")
+    hidden, vocab = cfg.integer("hidden_size"), cfg.integer("vocab_size")
+    pattern = cfg.string("hybrid_override_pattern") or ""
+    if not pattern:
+        raise cfg.error("hybrid_override_pattern", "is missing; kvcore counts Nemotron-H's layers from it")
+    counts = {char: pattern.count(char) for char in "M*-E"}
+    groups = Groups()
+    embeddings(groups, vocab, hidden, tied=_tied(cfg, False), embed="backbone.embeddings")
+    qkv = attention_projections(
+        groups,
+        "backbone.layers.*.mixer",
+        hidden=hidden,
+        heads=cfg.integer("num_attention_heads"),
+        kv=kv_heads(cfg),
+        head_dim=head_size(cfg, keys=("attention_head_dim", "head_dim")),
+        layers=counts["*"],
+        qkv_bias=cfg.boolean("attention_bias", False),
+        o_bias=cfg.boolean("attention_bias", False),
+    )
+    m = counts["M"]
+    heads, head_dim = cfg.integer("mamba_num_heads"), cfg.integer("mamba_head_dim")
+    n_groups, state = cfg.integer("n_groups"), cfg.integer("ssm_state_size")
+    inner = heads * head_dim
+    conv_channels = inner + 2 * n_groups * state
+    module = "backbone.layers.*.mixer"
+    bias = cfg.boolean("use_bias", False)
+    groups.linear("mamba", module, hidden, inner + conv_channels + heads, bias=bias, count=m)
+    conv_bias = cfg.boolean("use_conv_bias", True)
+    groups.vector(
+        "mamba",
+        module,
+        m * (conv_channels * cfg.integer("conv_kernel") + (conv_channels if conv_bias else 0)),
+    )
+    groups.vector("mamba", module, m * (3 * heads + inner))  # dt_bias, A_log, D, the gated norm
+    groups.linear("mamba", module, inner, hidden, bias=bias, count=m)
+    mlp_inner = cfg.integer("intermediate_size")
+    mlp_bias = cfg.boolean("mlp_bias", False)
+    groups.linear("mlp", module, hidden, mlp_inner, bias=mlp_bias, count=counts["-"])
+    groups.linear("mlp", module, mlp_inner, hidden, bias=mlp_bias, count=counts["-"])
+    notes: tuple[str, ...] = ()
+    if counts["E"]:
+        notes = (
+            f"{counts['E']} MoE layer(s) (E) are not counted: kvcore has no count of Nemotron-H's experts",
+        )
+    groups.vector("norms", "backbone.layers.*", (len(pattern) + 1) * hidden)
+    return _count(
+        groups, cfg.dtype(), hidden, vocab, max(2 * mlp_inner, inner + conv_channels + heads, qkv), notes
+    )
+
+
+def qwen3_next(config: Mapping[str, Any]) -> ParameterCount:
+    """Qwen3-Next: gated attention every ``full_attention_interval`` layers, gated delta nets
+    between, a mixture of experts with a gated shared expert on every layer."""
+    cfg = ConfigFields(config, "qwen3_next")
+    n, hidden, vocab = cfg.layer_count(), cfg.integer("hidden_size"), cfg.integer("vocab_size")
+    interval = cfg.integer("full_attention_interval", 4)
+    full = sum(1 for i in range(n) if (i + 1) % interval == 0)
+    groups = Groups()
+    embeddings(groups, vocab, hidden, tied=_tied(cfg, False))
+    heads, kv, head_dim = cfg.integer("num_attention_heads"), kv_heads(cfg), head_size(cfg, derive=False)
+    attn = "model.layers.*.self_attn"
+    groups.linear("attention", attn, hidden, 2 * heads * head_dim, count=full)  # queries and their gate
+    groups.linear("attention", attn, hidden, kv * head_dim, count=2 * full)
+    groups.linear("attention", attn, heads * head_dim, hidden, count=full)
+    groups.vector("norms", attn, 2 * head_dim * full)
+    kh, vh = cfg.integer("linear_num_key_heads"), cfg.integer("linear_num_value_heads")
+    kd, vd = cfg.integer("linear_key_head_dim"), cfg.integer("linear_value_head_dim")
+    linear = n - full
+    key, value = kh * kd, vh * vd
+    module = "model.layers.*.linear_attn"
+    groups.linear("linear attention", module, hidden, 2 * key + 2 * value, count=linear)  # q, k, v, z
+    groups.linear("linear attention", module, hidden, 2 * vh, count=linear)  # b, a
+    conv = 2 * key + value
+    groups.vector(
+        "linear attention", module, linear * (conv * cfg.integer("linear_conv_kernel_dim") + 2 * vh + vd)
+    )
+    groups.linear("linear attention", module, value, hidden, count=linear)
+    experts, inner = cfg.integer("num_experts"), cfg.integer("moe_intermediate_size")
+    shared = cfg.integer("shared_expert_intermediate_size", 0, minimum=0)
+    mlp = "model.layers.*.mlp"
+    groups.linear("router", f"{mlp}.gate", hidden, experts, count=n)
+    gated_mlp(groups, "experts", f"{mlp}.experts", hidden, inner, count=experts * n)
+    gated_mlp(groups, "shared experts", f"{mlp}.shared_expert", hidden, shared, count=n)
+    groups.linear("router", f"{mlp}.shared_expert_gate", hidden, 1, count=n)
+    groups.vector("norms", "model.layers.*", (2 * n + 1) * hidden)
+    top_k = cfg.integer("num_experts_per_tok", 10)
+    return _count(
+        groups, cfg.dtype(), hidden, vocab, max(3 * (inner * top_k + shared), conv, 3 * heads * head_dim)
+    )
+
+
+# -- encoder-decoder and cross-attention models ------------------------------------------------
+
+
+def whisper(config: Mapping[str, Any]) -> ParameterCount:
+    """Whisper: the audio encoder (two convolutions, sinusoidal positions) and the decoder (self
+    and cross attention, learned positions, tied output projection), LayerNorms with biases."""
+    cfg = ConfigFields(config, "whisper")
+    d, vocab, mels = cfg.integer("d_model"), cfg.integer("vocab_size"), cfg.integer("num_mel_bins")
+    enc, dec = cfg.layer_count("encoder_layers"), cfg.layer_count("decoder_layers")
+    enc_ffn, dec_ffn = cfg.integer("encoder_ffn_dim"), cfg.integer("decoder_ffn_dim")
+    groups = Groups()
+    encoder = "model.encoder"
+    groups.vector("audio encoder", encoder, mels * d * 3 + d + d * d * 3 + d)  # two conv1d
+    groups.vector("audio encoder", encoder, cfg.integer("max_source_positions") * d)
+    # q, v, o with bias, k without (BART style); fc1, fc2 with bias; two LayerNorms per layer
+    groups.linear("audio encoder", encoder, d, d, bias=True, count=3 * enc)
+    groups.linear("audio encoder", encoder, d, d, count=enc)
+    groups.linear("audio encoder", encoder, d, enc_ffn, bias=True, count=enc)
+    groups.linear("audio encoder", encoder, enc_ffn, d, bias=True, count=enc)
+    groups.vector("audio encoder", encoder, (4 * enc + 2) * d)
+    decoder = "model.decoder"
+    groups.vector("embeddings", f"{decoder}.embed_tokens", vocab * d)
+    groups.vector("embeddings", f"{decoder}.embed_positions", cfg.integer("max_target_positions") * d)
+    groups.linear("attention", f"{decoder}.layers.*", d, d, bias=True, count=2 * 3 * dec)
+    groups.linear("attention", f"{decoder}.layers.*", d, d, count=2 * dec)
+    groups.linear("mlp", f"{decoder}.layers.*", d, dec_ffn, bias=True, count=dec)
+    groups.linear("mlp", f"{decoder}.layers.*", dec_ffn, d, bias=True, count=dec)
+    groups.vector("norms", f"{decoder}.layers.*", (6 * dec + 2) * d)
+    return _count(groups, cfg.dtype(), d, vocab, max(3 * dec_ffn, 3 * d))
+
+
+def mllama(config: Mapping[str, Any]) -> ParameterCount:
+    """Llama-3.2-Vision: a Llama text model whose ``cross_attention_layers`` attend to the image
+    (gated, with QK norms), eight extra embedding rows, and the two-stage vision encoder."""
+    top = ConfigFields(config, "mllama")
+    cfg = top.section("text_config")
+    n, hidden, vocab = cfg.layer_count(), cfg.integer("hidden_size"), cfg.integer("vocab_size")
+    cross = len(cfg.integers("cross_attention_layers") or [])
+    heads, kv, head_dim = cfg.integer("num_attention_heads"), kv_heads(cfg), head_size(cfg)
+    groups = Groups()
+    layers = "language_model.model.layers"
+    groups.vector("embeddings", "language_model.model.embed_tokens", (vocab + 8) * hidden)
+    if not _tied(cfg, False, top):
+        groups.vector("lm_head", "language_model.lm_head", vocab * hidden)
+    qkv = attention_projections(
+        groups,
+        f"{layers}.*.self_attn",
+        hidden=hidden,
+        heads=heads,
+        kv=kv,
+        head_dim=head_dim,
+        layers=n - cross,
+    )
+    attention_projections(
+        groups,
+        f"{layers}.*.cross_attn",
+        hidden=hidden,
+        heads=heads,
+        kv=kv,
+        head_dim=head_dim,
+        layers=cross,
+        qk_norm=True,
+    )
+    groups.vector("norms", f"{layers}.*.cross_attn", 2 * cross)  # the attention and MLP gates
+    inner = cfg.integer("intermediate_size")
+    gated_mlp(groups, "mlp", f"{layers}.*.mlp", hidden, inner, count=n)
+    groups.vector("norms", f"{layers}.*", (2 * n + 1) * hidden)
+    vision = top.section("vision_config")
+    vh, v_inner = vision.integer("hidden_size"), vision.integer("intermediate_size")
+    patch, image = vision.integer("patch_size"), vision.integer("image_size")
+    tiles, channels = vision.integer("max_num_tiles"), vision.integer("num_channels", 3)
+    ratios = len(vision.data.get("supported_aspect_ratios") or []) or 8
+    positions = (image // patch) ** 2 + 1
+    module = "vision_model"
+    # patch conv, class embedding, gated positions (+ per-tile), pre/post tile position embeddings
+    groups.vector("vision tower", module, channels * patch * patch * vh + vh + positions * vh + 1)
+    groups.vector("vision tower", module, (ratios + 1) * tiles * positions * vh)
+    groups.vector("vision tower", module, 2 * ((ratios + 1) * tiles * vh + 1))
+    local, global_ = vision.layer_count(), vision.integer("num_global_layers")
+    for count, gated in ((local, False), (global_, True)):
+        groups.linear("vision tower", module, vh, vh, count=4 * count)
+        groups.linear("vision tower", module, vh, v_inner, bias=True, count=count)
+        groups.linear("vision tower", module, v_inner, vh, bias=True, count=count)
+        groups.vector("vision tower", module, count * (4 * vh + (2 if gated else 0)))
+    groups.vector("vision tower", module, 4 * vh)  # layernorm_pre, layernorm_post
+    groups.linear(
+        "vision tower", "multi_modal_projector", vision.integer("vision_output_dim"), hidden, bias=True
+    )
+    return _count(groups, cfg.dtype(top), hidden, vocab, max(3 * inner, qkv))
+
+
+# -- anything else ---------------------------------------------------------------------------
+
+
+def llama_like(config: Mapping[str, Any]) -> ParameterCount | None:
+    """A model type with no row, counted as a Llama decoder (gated MLP, untied lm_head unless
+    the config ties it) when its config has the fields; ``None`` otherwise."""
+    top = ConfigFields(config, str(config.get("model_type") or "unknown"))
+    cfg = top.section("text_config") if isinstance(config.get("text_config"), Mapping) else top
+    needed = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "vocab_size")
+    if not all(cfg.has(key) for key in needed):
+        return None
+    n, hidden, vocab = cfg.layer_count(), cfg.integer("hidden_size"), cfg.integer("vocab_size")
+    groups = Groups()
+    embeddings(groups, vocab, hidden, tied=_tied(cfg, False, top))
+    qkv = attention_projections(
+        groups,
+        "model.layers.*.self_attn",
+        hidden=hidden,
+        heads=cfg.integer("num_attention_heads"),
+        kv=kv_heads(cfg),
+        head_dim=head_size(cfg),
+        layers=n,
+    )
+    inner = cfg.integer("intermediate_size")
+    gated_mlp(groups, "mlp", "model.layers.*.mlp", hidden, inner, count=n)
+    groups.vector("norms", "model.layers.*", (2 * n + 1) * hidden)
+    note = (
+        f"model type {top.model_type!r} has no parameter count of its own: counted as a Llama-like "
+        "decoder (an estimate; a family plugin can count it exactly through kvcore_count_parameters)"
+    )
+    return _count(groups, cfg.dtype(top), hidden, vocab, max(3 * inner, qkv), (note,))
+
+
+#: The built-in counts by model type.
+COUNTERS: dict[str, Counter] = {
+    **{model_type: dense_decoder for model_type in _DENSE},
+    "gpt_oss": gpt_oss,
+    "qwen3_moe": qwen3_moe,
+    "llama4": llama4,
+    "llama4_text": llama4,
+    "deepseek_v2": deepseek,
+    "deepseek_v3": deepseek,
+    "jamba": jamba,
+    "nemotron_h": nemotron_h,
+    "qwen3_next": qwen3_next,
+    "whisper": whisper,
+    "mllama": mllama,
+}
+
+
+@hookimpl(trylast=True)
+def kvcore_count_parameters(config: Mapping[str, Any]) -> ParameterCount | None:
+    counter = COUNTERS.get(str(config.get("model_type")))
+    if counter is not None:
+        return counter(config)
+    return llama_like(config)
