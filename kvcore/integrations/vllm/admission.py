@@ -282,7 +282,8 @@ def admitted(config: vk.KVCacheConfig, rules: VllmRules, *, start: int = 1) -> i
 def allocate_on_meta(config: vk.KVCacheConfig, *, layout: str = DEFAULT_LAYOUT) -> dict[str, torch.Tensor]:
     """vLLM's worker allocation of ``config`` (``vllm.v1.worker.utils.allocate_kv_cache``) on
     the meta device: one backing buffer and a view per layer, no memory."""
-    return allocate_kv_cache(config, torch.device("meta"), KVCacheLayout[layout])
+    views: dict[str, torch.Tensor] = allocate_kv_cache(config, torch.device("meta"), KVCacheLayout[layout])
+    return views
 
 
 def view_pages(view: torch.Tensor) -> tuple[int, int, int]:
@@ -291,7 +292,7 @@ def view_pages(view: torch.Tensor) -> tuple[int, int, int]:
     from the start of the backing)."""
     itemsize = view.element_size()
     inner = sum((size - 1) * stride for size, stride in zip(view.shape[1:], view.stride()[1:], strict=True))
-    return view.storage_offset() * itemsize, view.stride(0) * itemsize, (inner + 1) * itemsize
+    return int(view.storage_offset()) * itemsize, view.stride(0) * itemsize, (inner + 1) * itemsize
 
 
 def promised(plan: KVCachePlan) -> int:
