@@ -251,7 +251,8 @@ def violations(imports: Iterable[Import]) -> list[str]:
             continue
         if _is_torch(imp.target) and layer not in TORCH_LAYERS and imp.importer not in TORCH_MODULES:
             problems.append(f"{imp}: the {layer} layer must not import torch")
-        if (imp.target == "vllm" or imp.target.startswith("vllm.")) and not imp.importer.startswith(VLLM_PACKAGE):
+        vllm = imp.target == "vllm" or imp.target.startswith("vllm.")
+        if vllm and not imp.importer.startswith(VLLM_PACKAGE):
             problems.append(f"{imp}: only {VLLM_PACKAGE} imports vllm")
     problems.extend(_torch_at_load(imports))
     return problems
