@@ -155,7 +155,7 @@ def spec_from_vllm(name: str, spec: vk.KVCacheSpec, *, padded: bool = False) -> 
                 spec,
                 f"mamba_cache_mode {spec.mamba_cache_mode!r} with {spec.num_speculative_blocks} speculative "
                 f"and {spec.num_prefill_checkpoint_blocks} checkpoint blocks holds more than one state per "
-                "request (vLLM uses 'align' with prefix caching: start it with --no-enable-prefix-caching)",
+                "request (vLLM uses 'align' with prefix caching: start it with enable_prefix_caching=False)",
             )
         names = (
             ("conv", "ssm") if len(spec.shapes) == 2 else tuple(f"part{i}" for i in range(len(spec.shapes)))

@@ -69,7 +69,7 @@ def register() -> None:
         global_groups: Any,
     ) -> list[Any]:
         if vllm_config.model_config.original_max_model_len == -1:
-            _log.info("kvcore: --max-model-len auto: vLLM plans the KV cache itself")
+            _log.info("kvcore: max_model_len 'auto' (original_max_model_len -1): vLLM plans the cache")
             return list(original(vllm_config, kv_cache_specs, available_memory, global_groups))
         return kvcore_kv_cache_configs(vllm_config, kv_cache_specs, available_memory, policy)
 
