@@ -13,7 +13,6 @@ Layer names: vLLM names an attention layer's cache after its ``Attention`` modul
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 
 from vllm.v1 import kv_cache_interface as vk
@@ -405,13 +404,4 @@ def plan_from_vllm_config(
         context=context,
         available_memory_bytes=backing if available_bytes is None else available_bytes,
         null_block=0,
-    )
-
-
-def lcm_block_size(config: vk.KVCacheConfig) -> int:
-    """vLLM's scheduler block size for several groups: the least common multiple."""
-    return (
-        math.lcm(*(g.kv_cache_spec.block_size for g in config.kv_cache_groups))
-        if config.kv_cache_groups
-        else 1
     )
