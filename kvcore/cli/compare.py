@@ -87,6 +87,13 @@ def add_parser(sub: Any) -> None:
         ),
     )
     inputs.add_workload_options(parser, trace_flag="--workload", required=False)
+    parser.add_argument(
+        "--engine",
+        choices=("kvcore", "vllm"),
+        default="kvcore",
+        help="whose rules the plans run under: kvcore's own pool (default), or vLLM 0.33's (null block, "
+        "async scheduling's tokens in flight, one block id per page), beside vLLM's own plan",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(run=run)
 
@@ -149,6 +156,10 @@ def candidate_row(candidate: Candidate) -> dict[str, Any]:
 def run(args: argparse.Namespace, registry: Registry) -> int:
     specs = inputs.load_layer_specs(args, registry)
     budget = gpu.settle_budget(args, registry)
+    if args.engine == "vllm":
+        from kvcore.cli import vllm_compare
+
+        return vllm_compare.run(args, registry, specs)
     simulated: dict[int, SimulationResult] = {}
     workload: Workload | None = None
     if inputs.wants_workload(args):

@@ -37,6 +37,7 @@ PREFIXES: tuple[tuple[str, str], ...] = (
     ("kvcore.runtime", "runtime"),
     ("kvcore.simulation", "simulation"),
     ("kvcore.engine", "engine"),
+    ("kvcore.integrations", "integrations"),
     ("kvcore.cli", "cli"),
     ("kvcore.testing", "testing"),
     ("kvcore.plugins", "plugins"),
@@ -54,7 +55,12 @@ ALLOWED: dict[str, frozenset[str]] = {
     "runtime": frozenset({"contract", "planning", "runtime"}),
     "simulation": frozenset({"contract", "planning", "runtime", "simulation"}),
     "engine": frozenset({"contract", "planning", "frontends", "runtime", "engine"}),
-    "cli": frozenset({"contract", "planning", "frontends", "runtime", "simulation", "engine", "cli"}),
+    "integrations": frozenset(
+        {"contract", "planning", "frontends", "runtime", "simulation", "engine", "integrations", "plugins"}
+    ),
+    "cli": frozenset(
+        {"contract", "planning", "frontends", "runtime", "simulation", "engine", "integrations", "cli"}
+    ),
     "testing": frozenset(
         {"contract", "planning", "frontends", "runtime", "simulation", "engine", "testing", "plugins"}
     ),
@@ -64,8 +70,11 @@ ALLOWED: dict[str, frozenset[str]] = {
     "facade": frozenset({"contract", "planning", "frontends", "runtime", "simulation", "engine"}),
     "main": frozenset({"cli"}),
 }
-#: Modules that may import torch: the runtime, the engine, the testing kit, the module scans.
-TORCH_LAYERS = frozenset({"runtime", "engine", "testing"})
+#: Modules that may import torch: the runtime, the engine, the integrations, the testing kit,
+#: the module scans.
+TORCH_LAYERS = frozenset({"runtime", "engine", "integrations", "testing"})
+#: The only package that may import vLLM (an extra, in an environment of its own).
+VLLM_PACKAGE = "kvcore.integrations.vllm"
 TORCH_MODULES = frozenset({"kvcore.frontends.module_scan", "kvcore.plugins.transformers_modules"})
 
 
@@ -242,6 +251,9 @@ def violations(imports: Iterable[Import]) -> list[str]:
             continue
         if _is_torch(imp.target) and layer not in TORCH_LAYERS and imp.importer not in TORCH_MODULES:
             problems.append(f"{imp}: the {layer} layer must not import torch")
+        vllm = imp.target == "vllm" or imp.target.startswith("vllm.")
+        if vllm and not imp.importer.startswith(VLLM_PACKAGE):
+            problems.append(f"{imp}: only {VLLM_PACKAGE} imports vllm")
     problems.extend(_torch_at_load(imports))
     return problems
 
@@ -299,6 +311,7 @@ def test_the_package_is_read_whole(imports: list[Import]) -> None:
         "kvcore.plugins.models.deepseek",
         "kvcore.policies.shared_buffer",
         "kvcore.testing.checks",
+        "kvcore.integrations.vllm.convert",
     ):
         assert module in importers
     assert any(not i.top_level for i in imports), "lazy imports must be read too"
@@ -354,6 +367,10 @@ def _with(imports: list[Import], *extra: Import) -> list[str]:
             (Import("kvcore.simulation.simulator", "kvcore.runtime.allocation"),),
             "loads torch when imported",
         ),
+        # vLLM stays in its integration, and the integrations above the engine
+        ((Import("kvcore.engine.workflow", "vllm.v1.kv_cache_interface"),), "only kvcore.integrations.vllm"),
+        ((Import("kvcore.planning.planner", "vllm", top_level=False),), "only kvcore.integrations.vllm"),
+        ((Import("kvcore.engine.local", "kvcore.integrations.vllm.rules"),), "engine layer may not"),
         # torch pulled in at load time through another module
         (
             (

@@ -1,0 +1,157 @@
+"""``kvcore compare --engine vllm``: every policy's plan as vLLM 0.33 would run it, beside vLLM's own.
+
+Each candidate is planned under vLLM's rules (:func:`kvcore.integrations.vllm.rules.plan_for_vllm`:
+block 0 kept as vLLM's null block, sliding and chunked layers sized for the two batches in
+flight of async scheduling, every page one block id), so its figures are what vLLM's
+``KVCacheManager`` admits. When vLLM is importable, vLLM's own plan for the same layers (its
+``get_kv_cache_configs``) is read back as a kvcore plan and shown as the last row; otherwise a
+line says why it is missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from kvcore.cli import inputs
+from kvcore.cli.inputs import FLAG_NAMES
+from kvcore.cli.table import render_table
+from kvcore.error_messages import render
+from kvcore.errors import InvalidInputError, KVCoreError
+from kvcore.integrations.vllm.rules import VllmRules, plan_for_vllm
+from kvcore.plan import KVCachePlan
+from kvcore.planning.capacity import Capacity
+from kvcore.planning.registry import Registry
+from kvcore.spec import KVCacheSpec
+from kvcore.units import format_bytes
+
+#: Where vLLM's own plan comes from, and why it may be missing.
+OWN = "vllm (own plan)"
+
+
+def own_plan(
+    specs: Mapping[str, KVCacheSpec], memory: int, rules: VllmRules
+) -> tuple[KVCachePlan | None, str]:
+    """vLLM's own plan for ``specs`` read as a kvcore plan, or ``None`` and why not."""
+    try:
+        from kvcore.integrations.vllm import admission, convert
+    except ImportError as exc:
+        return None, f"vllm is not importable here ({exc}); install kvcore[vllm] in an environment of its own"
+    try:
+        config = admission.vllm_own_config(admission.vllm_layer_specs(specs, rules), memory, rules)
+        return convert.plan_from_vllm_config(config, rules.context(), memory, policy=OWN), ""
+    except (KVCoreError, ValueError, AssertionError, NotImplementedError) as exc:
+        return None, f"vLLM could not plan these layers: {exc}"
+
+
+def _row(name: str, plan: KVCachePlan, specs: Mapping[str, KVCacheSpec]) -> dict[str, Any]:
+    capacity = Capacity.of(plan, specs)
+    need = plan.blocks_per_request()
+    return {
+        "policy": name,
+        "groups": len(plan.groups),
+        "block_sizes": sorted({g.spec.block_size for g in plan.groups}),
+        "num_blocks": plan.num_blocks,
+        "usable_blocks": plan.usable_blocks,
+        "blocks_per_request": need,
+        "max_concurrency": capacity.max_concurrency,
+        "requests": plan.usable_blocks // need if need else 0,
+        "efficiency": capacity.efficiency,
+    }
+
+
+def run(args: argparse.Namespace, registry: Registry, specs: Mapping[str, KVCacheSpec]) -> int:
+    """Print the comparison (a table, or ``--json``); 0 when some policy planned, else 1.
+
+    Raises:
+        InvalidInputError: options the vLLM comparison does not take.
+    """
+    unsupported = [
+        flag
+        for flag, given in (
+            ("--workload/--requests", inputs.wants_workload(args)),
+            ("--block-sizes", bool(args.block_sizes)),
+            ("--kv-cache-dtypes", bool(args.kv_cache_dtypes)),
+        )
+        if given
+    ]
+    if unsupported:
+        raise InvalidInputError(
+            f"--engine vllm compares the policies as vLLM runs them and does not take "
+            f"{', '.join(unsupported)}; drop it, or leave out --engine vllm"
+        )
+    rules = VllmRules(
+        max_model_len=args.max_model_len,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        async_scheduling=True,
+    )
+    names = [p.strip() for p in args.policies.split(",")] if args.policies else list(registry.policies)
+    rows: list[dict[str, Any]] = []
+    failures: dict[str, str] = {}
+    for name in names:
+        try:
+            plan = plan_for_vllm(
+                specs, args.memory, rules, registry=registry, policy=name, options=inputs.plan_options(args)
+            )
+        except KVCoreError as exc:
+            failures[name] = render(exc, FLAG_NAMES)
+            continue
+        rows.append(_row(name, plan, specs))
+    own, why = own_plan(specs, args.memory, rules)
+    own_row = _row(OWN, own, specs) if own is not None else None
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "engine": "vllm",
+                    "available_memory_bytes": args.memory,
+                    "max_model_len": args.max_model_len,
+                    "max_in_flight_tokens": rules.max_in_flight_tokens,
+                    "candidates": [*rows, *({"policy": n, "error": e} for n, e in failures.items())],
+                    "vllm_own": own_row if own_row is not None else {"error": why},
+                },
+                indent=2,
+            )
+        )
+        return 0 if rows else 1
+    print(
+        f"budget {format_bytes(args.memory)}, max_model_len {args.max_model_len:,}; as vLLM 0.33 runs it: "
+        f"block 0 kept as the null block, {rules.max_in_flight_tokens:,} tokens in flight (async scheduling, "
+        f"2 x max_num_batched_tokens {args.max_num_batched_tokens:,}), one block id per page"
+    )
+    table = [
+        [
+            r["policy"],
+            r["groups"],
+            ",".join(str(b) for b in r["block_sizes"]),
+            f"{r['usable_blocks']:,}",
+            f"{r['blocks_per_request']:,}",
+            f"{r['max_concurrency']:,.2f}",
+            f"{r['requests']:,}",
+            f"{100 * r['efficiency']:.2f}%",
+        ]
+        for r in [*rows, *([own_row] if own_row is not None else [])]
+    ]
+    print(
+        render_table(
+            [
+                "policy",
+                "groups",
+                "block",
+                "usable blocks",
+                "blocks/request",
+                "concurrency",
+                "requests",
+                "efficiency",
+            ],
+            table,
+            align="lll" + "r" * 5,
+        )
+    )
+    for name, error in failures.items():
+        print(f"  {name}: no plan: {error}")
+    if own_row is None:
+        print(f"  {OWN}: not shown: {why}")
+    return 0 if rows else 1

@@ -1,0 +1,407 @@
+"""vLLM 0.33's KV-cache specs and ``KVCacheConfig`` to kvcore's specs and plans, and back.
+
+Imports vLLM (and so torch). The conversions are exact: a page has the same bytes on both sides,
+a kvcore plan and the ``KVCacheConfig`` made from it name the same block ids, groups and byte
+ranges, and a ``KVCacheConfig`` read back (:func:`plan_from_vllm_config`) is a checked kvcore
+plan whose figures are vLLM's.
+
+Layer names: vLLM names an attention layer's cache after its ``Attention`` module
+(``model.layers.0.self_attn.attn``), kvcore after the layer's attention module
+(``model.layers.0.self_attn``); :func:`vllm_layer_name` adds the ``.attn`` and
+:func:`kvcore_layer_name` takes it off. State (Mamba) layers have one name on both sides.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from vllm.v1 import kv_cache_interface as vk
+
+from kvcore.dtypes import to_dtype
+from kvcore.integrations.vllm.rules import VllmIntegrationError, page_span
+from kvcore.plan import KVCacheGroup, KVCachePlan, KVCacheTensor
+from kvcore.plugins.attention import AttentionSpec
+from kvcore.plugins.chunked_local_attention import ChunkedLocalAttentionSpec
+from kvcore.plugins.full_attention import FullAttentionSpec
+from kvcore.plugins.mla import MLAAttentionSpec
+from kvcore.plugins.sliding_window import SlidingWindowSpec
+from kvcore.plugins.state import StatePart, StateSpec
+from kvcore.runtime.torch_dtypes import torch_dtype
+from kvcore.spec import KVCacheSpec, SizingContext, describe_spec
+
+#: vLLM's spec classes kvcore converts, by the kvcore kind each becomes.
+SUPPORTED_VLLM_SPECS = (
+    "FullAttentionSpec -> full_attention",
+    "SlidingWindowSpec -> sliding_window",
+    "ChunkedLocalAttentionSpec -> chunked_local_attention",
+    "MLAAttentionSpec -> mla",
+    "MambaSpec (mamba_cache_mode 'none', no speculative blocks) -> state",
+)
+
+#: Rotary part of an MLA latent that kvcore assumes when vLLM gives only the latent's size
+#: (DeepSeek's 64; the page depends on the sum only).
+MLA_ROPE_DIM = 64
+
+_ATTENTION_SUFFIX = ".attn"
+
+
+def vllm_layer_name(name: str, spec: KVCacheSpec) -> str:
+    """The name vLLM gives the cache of kvcore's layer ``name`` (attention: ``+ '.attn'``)."""
+    if isinstance(spec, (AttentionSpec, MLAAttentionSpec)) and not name.endswith(_ATTENTION_SUFFIX):
+        return name + _ATTENTION_SUFFIX
+    return name
+
+
+def kvcore_layer_name(name: str) -> str:
+    """kvcore's name for vLLM's cache layer ``name`` (``.attn`` taken off)."""
+    return name[: -len(_ATTENTION_SUFFIX)] if name.endswith(_ATTENTION_SUFFIX) else name
+
+
+def _unsupported(name: str, spec: object, why: str) -> VllmIntegrationError:
+    return VllmIntegrationError(
+        f"layer {name!r}: vLLM's {type(spec).__name__} has no kvcore form ({why}); kvcore converts "
+        f"{'; '.join(SUPPORTED_VLLM_SPECS)}"
+    )
+
+
+def _plain_attention(name: str, spec: vk.AttentionSpec, *, head_size_v: int, padded: bool = False) -> None:
+    """Refuse an attention spec whose page kvcore's kinds cannot describe (``padded``: a page
+    padded for placement is read as its content)."""
+    odd = []
+    if spec.head_size_v != head_size_v:
+        odd.append(f"head_size_v {spec.head_size_v} != {head_size_v}")
+    if spec.kv_quant_mode != vk.KVQuantMode.NONE:
+        odd.append(f"kv_quant_mode {spec.kv_quant_mode.name}")
+    if not padded and spec.page_size_padded not in (None, spec.unpadded_page_size_bytes):
+        odd.append(f"page_size_padded {spec.page_size_padded}")
+    if spec.num_head_slots is not None or spec.state_content_bytes is not None:
+        odd.append("a packed page (num_head_slots / state_content_bytes)")
+    if spec.tokens_per_state != 1:
+        odd.append(f"tokens_per_state {spec.tokens_per_state}")
+    if odd:
+        raise _unsupported(name, spec, ", ".join(odd))
+
+
+def spec_from_vllm(name: str, spec: vk.KVCacheSpec, *, padded: bool = False) -> KVCacheSpec:
+    """kvcore's spec for one of vLLM's per-layer specs (same page bytes, same worst case).
+
+    Args:
+        name: the layer (named in errors).
+        spec: vLLM's spec, one of :data:`SUPPORTED_VLLM_SPECS` (exact classes: a subclass
+            vLLM adds, e.g. ``HiddenStateCacheSpec``, is refused, not guessed).
+        padded: accept a page vLLM padded (``page_size_padded``) and read its content only, as
+            when reading vLLM's own plan, where padding is placement; a layer's spec as the
+            model reports it has none.
+
+    Returns:
+        The kvcore spec.
+
+    Raises:
+        VllmIntegrationError: the class, or a field of it (quantized or packed pages, Mamba
+            prefix caching modes), has no kvcore form; the message lists what converts.
+    """
+    cls = type(spec)
+    if cls is vk.MLAAttentionSpec:
+        _plain_attention(name, spec, head_size_v=0, padded=padded)
+        if spec.num_kv_heads != 1 or spec.cache_dtype_str not in (None, "auto") or spec.alignment is not None:
+            raise _unsupported(name, spec, "only one latent head without a special cache format")
+        rope = min(MLA_ROPE_DIM, spec.head_size - 1)
+        return MLAAttentionSpec(
+            block_size=spec.block_size,
+            kv_lora_rank=spec.head_size - rope,
+            qk_rope_head_dim=rope,
+            dtype=to_dtype(spec.dtype),
+        )
+    if cls is vk.FullAttentionSpec:
+        _plain_attention(name, spec, head_size_v=spec.head_size, padded=padded)
+        # a sliding or chunked layer vLLM promoted to full attention holds every token
+        return FullAttentionSpec(
+            block_size=spec.block_size,
+            num_kv_heads=spec.num_kv_heads,
+            head_size=spec.head_size,
+            dtype=spec.dtype,
+        )
+    if cls is vk.SlidingWindowSpec:
+        _plain_attention(name, spec, head_size_v=spec.head_size, padded=padded)
+        if spec.extra_retained_tokens:
+            raise _unsupported(
+                name, spec, f"extra_retained_tokens {spec.extra_retained_tokens} (multi-module MTP)"
+            )
+        return SlidingWindowSpec(
+            block_size=spec.block_size,
+            num_kv_heads=spec.num_kv_heads,
+            head_size=spec.head_size,
+            dtype=spec.dtype,
+            sliding_window=spec.sliding_window,
+        )
+    if cls is vk.ChunkedLocalAttentionSpec:
+        _plain_attention(name, spec, head_size_v=spec.head_size, padded=padded)
+        return ChunkedLocalAttentionSpec(
+            block_size=spec.block_size,
+            num_kv_heads=spec.num_kv_heads,
+            head_size=spec.head_size,
+            dtype=spec.dtype,
+            attention_chunk_size=spec.attention_chunk_size,
+        )
+    if cls is vk.MambaSpec:
+        if (
+            spec.mamba_cache_mode != "none"
+            or spec.num_speculative_blocks
+            or spec.num_prefill_checkpoint_blocks
+        ):
+            raise _unsupported(
+                name,
+                spec,
+                f"mamba_cache_mode {spec.mamba_cache_mode!r} with {spec.num_speculative_blocks} speculative "
+                f"and {spec.num_prefill_checkpoint_blocks} checkpoint blocks holds more than one state per "
+                "request (vLLM uses 'align' with prefix caching: start it with enable_prefix_caching=False)",
+            )
+        names = (
+            ("conv", "ssm") if len(spec.shapes) == 2 else tuple(f"part{i}" for i in range(len(spec.shapes)))
+        )
+        parts = tuple(
+            StatePart(name=part, shape=tuple(shape), dtype=dtype)
+            for part, shape, dtype in zip(names, spec.shapes, spec.dtypes, strict=True)
+        )
+        # vLLM's padding (page_size_padded, to line a state page up with attention pages) is
+        # placement, not content: the kvcore spec holds the state itself
+        return StateSpec(block_size=spec.block_size, parts=parts)
+    raise _unsupported(name, spec, "no kvcore kind holds it")
+
+
+def specs_from_vllm(
+    vllm_specs: Mapping[str, vk.KVCacheSpec], *, rename: bool = True
+) -> dict[str, KVCacheSpec]:
+    """kvcore specs for vLLM's ``{layer: KVCacheSpec}``, what
+    ``model_executor.get_kv_cache_specs()`` returns for one worker.
+
+    Equal vLLM specs become one kvcore spec object (planning looks each up once). With
+    ``rename`` the layers get kvcore's names (:func:`kvcore_layer_name`); without, vLLM's.
+
+    Raises:
+        VllmIntegrationError: a layer's spec has no kvcore form (:func:`spec_from_vllm`).
+    """
+    made: dict[vk.KVCacheSpec, KVCacheSpec] = {}
+    out: dict[str, KVCacheSpec] = {}
+    for name, spec in vllm_specs.items():
+        converted = made.get(spec)
+        if converted is None:
+            converted = made[spec] = spec_from_vllm(name, spec)
+        out[kvcore_layer_name(name) if rename else name] = converted
+    return out
+
+
+def spec_to_vllm(spec: KVCacheSpec, *, max_model_len: int | None = None) -> vk.KVCacheSpec:
+    """vLLM's spec class for a kvcore spec, with the same page bytes and worst case.
+
+    A state becomes a ``MambaSpec`` in ``mamba_cache_mode`` ``'none'`` (one state per request,
+    vLLM's mode without prefix caching) whose block size is ``max_model_len``, as vLLM sets it
+    then (one block covers the whole request); without ``max_model_len`` it keeps its own.
+
+    Raises:
+        VllmIntegrationError: the kind has no vLLM class (a third-party kind).
+    """
+    if isinstance(spec, StateSpec):
+        page = spec.page_size_bytes
+        return vk.MambaSpec(
+            block_size=max_model_len or spec.block_size,
+            shapes=tuple(part.shape for part in spec.parts),
+            dtypes=tuple(torch_dtype(part.dtype) for part in spec.parts),
+            page_size_padded=page if page != spec.state_bytes else None,
+        )
+    if isinstance(spec, MLAAttentionSpec):
+        return vk.MLAAttentionSpec(
+            block_size=spec.block_size,
+            num_kv_heads=1,
+            head_size=spec.latent_size,
+            dtype=torch_dtype(spec.dtype),
+        )
+    if type(spec) in (FullAttentionSpec, SlidingWindowSpec, ChunkedLocalAttentionSpec):
+        assert isinstance(spec, AttentionSpec)
+        fields = {
+            "block_size": spec.block_size,
+            "num_kv_heads": spec.num_kv_heads,
+            "head_size": spec.head_size,
+            "dtype": torch_dtype(spec.dtype),
+        }
+        if isinstance(spec, SlidingWindowSpec):
+            return vk.SlidingWindowSpec(**fields, sliding_window=spec.sliding_window)
+        if isinstance(spec, ChunkedLocalAttentionSpec):
+            return vk.ChunkedLocalAttentionSpec(**fields, attention_chunk_size=spec.attention_chunk_size)
+        return vk.FullAttentionSpec(**fields)
+    raise VllmIntegrationError(
+        f"kvcore's kind {spec.kind!r} ({describe_spec(spec)}) has no vLLM spec class; vLLM runs "
+        "full_attention, sliding_window, chunked_local_attention, mla and state layers"
+    )
+
+
+def specs_to_vllm(
+    specs: Mapping[str, KVCacheSpec], max_model_len: int | None = None
+) -> dict[str, vk.KVCacheSpec]:
+    """``{vLLM layer name: vLLM spec}`` for kvcore's specs (:func:`spec_to_vllm`)."""
+    made: dict[int, vk.KVCacheSpec] = {}
+    out: dict[str, vk.KVCacheSpec] = {}
+    for name, spec in specs.items():
+        converted = made.get(id(spec))
+        if converted is None:
+            converted = made[id(spec)] = spec_to_vllm(spec, max_model_len=max_model_len)
+        out[vllm_layer_name(name, spec)] = converted
+    return out
+
+
+def plan_to_vllm_config(plan: KVCachePlan, *, names: Mapping[str, str] | None = None) -> vk.KVCacheConfig:
+    """vLLM's ``KVCacheConfig`` for a kvcore plan made under vLLM's rules.
+
+    Groups keep their layers (by vLLM's names), order and spec (vLLM's class, the group's
+    block size). Every layer gets one ``KVCacheTensor`` over one backing allocation of
+    ``plan.kv_cache_bytes``: page ``b`` of a layer starts at the same byte as in the kvcore plan
+    (a plan of separate tensors is laid end to end in the backing). Layers that share a kvcore
+    tensor get tensors with equal offsets, which vLLM treats as aliases. ``num_blocks`` counts
+    the null block, as vLLM's block pool does.
+
+    Args:
+        plan: a plan with ``null_block == 0`` and every page one block id, as
+            :func:`kvcore.integrations.vllm.rules.plan_for_vllm` makes.
+        names: ``{plan layer: vLLM layer}``; a layer it does not name keeps its name. Default:
+            :func:`vllm_layer_name` for every layer.
+
+    Returns:
+        The config; the engine core sets its ``kv_cache_layout`` as for its own.
+
+    Raises:
+        VllmIntegrationError: the plan keeps no null block, has a page spanning several block
+            ids, or has layers sharing another layer's cache (vLLM names those itself).
+    """
+    if plan.null_block != 0:
+        raise VllmIntegrationError(
+            "vLLM keeps block 0 as its null block, but this plan serves requests from it; plan with "
+            "PlanOptions(reserve_null_block=True) (plan_for_vllm does)"
+        )
+    if page_span(plan) != 1:
+        raise VllmIntegrationError(
+            f"a page of this plan spans {page_span(plan)} block ids, but vLLM gives a page one block id; "
+            "plan with plan_for_vllm, which re-plans with larger attention blocks"
+        )
+    if plan.kv_sharing:
+        raise VllmIntegrationError(
+            f"layers {sorted(plan.kv_sharing)} share another layer's cache; vLLM finds KV sharing from the "
+            "model itself, so plan without them"
+        )
+    if names is None:
+        names = {
+            name: vllm_layer_name(name, group.spec) for group in plan.groups for name in group.layer_names
+        }
+    else:
+        names = {name: names.get(name, name) for name in plan.layer_names}
+    pages = {name: group.spec.page_size_bytes for group in plan.groups for name in group.layer_names}
+    groups = [
+        vk.KVCacheGroupSpec(
+            layer_names=[names[n] for n in group.layer_names],
+            kv_cache_spec=spec_to_vllm(group.spec, max_model_len=plan.context.max_model_len),
+        )
+        for group in plan.groups
+    ]
+    backing = plan.kv_cache_bytes
+    tensors = []
+    base = 0
+    for tensor in plan.tensors:
+        start = tensor.offset if plan.single_buffer else base + tensor.offset
+        for name in tensor.shared_by:
+            tensors.append(
+                vk.KVCacheTensor(
+                    size=backing,
+                    layers=[names[name]],
+                    # one layer per tensor: the layer stride only has to be below the block
+                    # stride where pages are not dense, which keeps vLLM from splitting them
+                    # into kernel blocks (a split needs dense pages)
+                    layer_stride=pages[name],
+                    block_stride=tensor.page_stride,
+                    offset=start,
+                )
+            )
+        base += tensor.size
+    return vk.KVCacheConfig(num_blocks=plan.num_blocks, kv_cache_tensors=tensors, kv_cache_groups=groups)
+
+
+def _group_spec(group: vk.KVCacheGroupSpec) -> vk.KVCacheSpec:
+    spec = group.kv_cache_spec
+    if isinstance(spec, vk.UniformTypeKVCacheSpecs):
+        distinct = set(spec.kv_cache_specs.values())
+        if len(distinct) != 1:
+            raise VllmIntegrationError(
+                f"a vLLM group of layers {group.layer_names[:3]}... has {len(distinct)} different specs in "
+                "one block table (UniformTypeKVCacheSpecs); a kvcore group has one spec"
+            )
+        return distinct.pop()
+    return spec
+
+
+def plan_from_vllm_config(
+    config: vk.KVCacheConfig,
+    context: SizingContext,
+    available_bytes: int | None = None,
+    *,
+    policy: str = "vllm",
+) -> KVCachePlan:
+    """vLLM's ``KVCacheConfig`` read as a kvcore plan (block 0 its null block).
+
+    Groups, specs and byte ranges are vLLM's: each vLLM tensor's layer ``l`` becomes a kvcore
+    tensor at ``offset + l * layer_stride`` with vLLM's block stride, and layers vLLM places at
+    one offset and stride share it. Its figures (``max_concurrency()``, ``usable_blocks``) are
+    what vLLM's own plan holds, by kvcore's count.
+
+    Args:
+        config: a worker's (or the scheduler's) config.
+        context: what the plan holds is measured against (``VllmRules.context()``).
+        available_bytes: the budget it was made for (default: its backing allocation).
+        policy: the name the plan records.
+
+    Returns:
+        The plan, checked like any kvcore plan.
+
+    Raises:
+        VllmIntegrationError: a spec has no kvcore form, a group mixes specs, or the tensors do
+            not share one backing allocation.
+        PlanValidationError: the config is not a sound plan by kvcore's rules.
+    """
+    sizes = {t.size for t in config.kv_cache_tensors}
+    if len(sizes) > 1:
+        raise VllmIntegrationError(
+            f"vLLM's tensors have {len(sizes)} different backing sizes; vLLM 0.33 uses one"
+        )
+    backing = sizes.pop() if sizes else 0
+    groups = tuple(
+        KVCacheGroup(
+            layer_names=tuple(kvcore_layer_name(n) for n in g.layer_names),
+            spec=spec_from_vllm(g.layer_names[0] if g.layer_names else "?", _group_spec(g), padded=True),
+        )
+        for g in config.kv_cache_groups
+    )
+    lanes: dict[tuple[int, int], list[str]] = {}
+    for tensor in config.kv_cache_tensors:
+        for index, name in enumerate(tensor.layers):
+            key = (tensor.offset + index * tensor.layer_stride, tensor.block_stride)
+            lanes.setdefault(key, []).append(kvcore_layer_name(name))
+    page_of = {name: g.spec.page_size_bytes for g in groups for name in g.layer_names}
+    num_blocks = config.num_blocks
+    tensors = tuple(
+        KVCacheTensor(
+            size=(num_blocks - 1) * stride + max(page_of[n] for n in shared) if num_blocks else 0,
+            offset=offset,
+            page_stride=stride,
+            shared_by=tuple(shared),
+        )
+        for (offset, stride), shared in lanes.items()
+    )
+    per_block = backing // num_blocks if num_blocks else 0
+    return KVCachePlan(
+        policy=policy,
+        num_blocks=num_blocks,
+        bytes_per_block=per_block,
+        single_buffer=True,
+        groups=groups,
+        tensors=tensors,
+        context=context,
+        available_memory_bytes=backing if available_bytes is None else available_bytes,
+        null_block=0,
+    )

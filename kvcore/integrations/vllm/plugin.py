@@ -1,0 +1,160 @@
+"""kvcore's vLLM plugin: vLLM's engine core takes its ``KVCacheConfig`` from a kvcore policy.
+
+Registered under vLLM's general-plugin entry point (``vllm.general_plugins``, name ``kvcore``),
+which vLLM loads in every process it starts. :func:`register` does nothing unless the
+environment variable ``KVCORE_VLLM_POLICY`` names a kvcore policy (``shared_buffer``,
+``equal_groups``, ``uniform``, ``auto`` or a plugin's); then it replaces one name,
+``vllm.v1.engine.core.get_kv_cache_configs``, the function ``EngineCore._initialize_kv_caches``
+calls to turn the workers' layer specs and profiled memory into one ``KVCacheConfig`` per
+worker. The replacement (:func:`kvcore_kv_cache_configs`):
+
+- converts each worker's specs to kvcore's (:func:`~kvcore.integrations.vllm.convert.specs_from_vllm`),
+- plans them with the policy under vLLM's rules
+  (:func:`~kvcore.integrations.vllm.rules.plan_for_vllm`: null block, tokens in flight from the
+  scheduler config, one block id per page), honouring ``num_gpu_blocks_override``,
+- gives every worker the smallest block count of them all (vLLM's rule), and
+- converts each plan to vLLM's ``KVCacheConfig`` (vLLM's spec classes, its layer names, one
+  backing allocation).
+
+Everything after it is vLLM's own: the scheduler, the ``KVCacheManager``, the workers'
+allocation and the attention backends run the config as they run vLLM's. With
+``--max-model-len auto`` (``original_max_model_len == -1``) vLLM's own function runs instead, as
+kvcore does not fit the length for vLLM.
+
+Tested against vLLM ``>=0.33,<0.34`` (:data:`kvcore.integrations.vllm.VLLM_VERSIONS`); another
+version is refused at start-up with a message rather than patched blindly.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+#: The environment variable that turns the plugin on and names the policy.
+POLICY_ENV = "KVCORE_VLLM_POLICY"
+
+_log = logging.getLogger("kvcore.vllm")
+
+
+def register() -> None:
+    """vLLM's entry point: patch vLLM's KV-cache planning when ``KVCORE_VLLM_POLICY`` is set.
+
+    Raises:
+        VllmIntegrationError: the installed vLLM is not one this plugin supports.
+    """
+    policy = os.environ.get(POLICY_ENV, "").strip()
+    if not policy:
+        return
+    import vllm
+    import vllm.v1.engine.core as core
+
+    from kvcore.integrations.vllm.rules import VllmIntegrationError
+
+    version = str(getattr(vllm, "__version__", "?"))
+    if not version.startswith("0.33."):
+        raise VllmIntegrationError(
+            f"{POLICY_ENV}={policy} asks kvcore to plan vLLM's KV cache, but kvcore's plugin supports vLLM "
+            f">=0.33,<0.34 and this is vLLM {version}; unset {POLICY_ENV} or install vllm 0.33"
+        )
+    original = core.get_kv_cache_configs
+    if getattr(original, "_kvcore", False):  # registered twice in one process
+        return
+
+    def get_kv_cache_configs(
+        vllm_config: Any,
+        kv_cache_specs: list[dict[str, Any]],
+        available_memory: list[int],
+        global_groups: Any,
+    ) -> list[Any]:
+        if vllm_config.model_config.original_max_model_len == -1:
+            _log.info("kvcore: max_model_len 'auto' (original_max_model_len -1): vLLM plans the cache")
+            return list(original(vllm_config, kv_cache_specs, available_memory, global_groups))
+        return kvcore_kv_cache_configs(vllm_config, kv_cache_specs, available_memory, policy)
+
+    get_kv_cache_configs._kvcore = True  # type: ignore[attr-defined]
+    core.get_kv_cache_configs = get_kv_cache_configs
+
+
+def kvcore_kv_cache_configs(
+    vllm_config: Any,
+    kv_cache_specs: Sequence[dict[str, Any]],
+    available_memory: Sequence[int],
+    policy: str,
+    *,
+    make_registry: Callable[[], Any] | None = None,
+) -> list[Any]:
+    """One ``KVCacheConfig`` per worker, planned by kvcore's ``policy`` (what replaces
+    ``get_kv_cache_configs``; see the module docstring).
+
+    Args:
+        vllm_config: vLLM's ``VllmConfig`` (model, scheduler and cache settings).
+        kv_cache_specs: each worker's ``{layer name: KVCacheSpec}``.
+        available_memory: each worker's KV-cache budget in bytes.
+        policy: the kvcore policy name.
+        make_registry: where policies come from (default: ``Registry.default()``, entry points
+            included).
+
+    Returns:
+        The configs, every one with the same ``num_blocks``.
+
+    Raises:
+        VllmIntegrationError: a spec has no kvcore form, the layout cannot hold kvcore's pages,
+            or vLLM's scheduler counts tokens in flight differently.
+        KVCoreError: the policy cannot plan the layers or the budget holds no request.
+    """
+    from vllm.v1.core.kv_cache_planning import kv_cache_groups_tp_replicas
+
+    from kvcore.integrations.vllm.convert import plan_to_vllm_config, specs_from_vllm
+    from kvcore.integrations.vllm.rules import VllmIntegrationError, VllmRules, plan_for_vllm
+    from kvcore.planning.registry import Registry
+
+    layout = vllm_config.cache_config.kv_cache_layout
+    if layout is not None and layout not in ("LBHNC", "LBNHC", "BLHNC", "BLNHC"):
+        raise VllmIntegrationError(
+            f"kvcore lays each page out as one run of bytes, which vLLM's KV cache layout {layout} splits; "
+            "set VLLM_KV_CACHE_LAYOUT=LBNHC"
+        )
+    scheduler = vllm_config.scheduler_config
+    rules = VllmRules(
+        max_model_len=vllm_config.model_config.max_model_len,
+        max_num_batched_tokens=scheduler.max_num_batched_tokens,
+        async_scheduling=bool(scheduler.async_scheduling),
+    )
+    if vllm_config.max_in_flight_tokens != rules.max_in_flight_tokens:
+        raise VllmIntegrationError(
+            f"vLLM counts {vllm_config.max_in_flight_tokens} tokens in flight (pipeline parallelism or a "
+            f"model runner kvcore does not model), kvcore {rules.max_in_flight_tokens}; unset {POLICY_ENV}"
+        )
+    registry = (make_registry or Registry.default)()
+    override = vllm_config.cache_config.num_gpu_blocks_override
+    workers = [specs_from_vllm(specs, rename=False) for specs in kv_cache_specs]
+
+    def plan_all(num_blocks: int | None) -> list[Any]:
+        return [
+            plan_for_vllm(specs, memory, rules, registry=registry, policy=policy, num_blocks=num_blocks)
+            for specs, memory in zip(workers, available_memory, strict=True)
+        ]
+
+    plans = plan_all(override)
+    fewest = min(plan.num_blocks for plan in plans)
+    if any(plan.num_blocks != fewest for plan in plans):
+        plans = plan_all(fewest)
+    configs = [plan_to_vllm_config(plan, names={}) for plan in plans]
+    for config in configs:
+        config.kv_tp_replicas = kv_cache_groups_tp_replicas(
+            config.kv_cache_groups,
+            vllm_config.parallel_config.tensor_parallel_size,
+            vllm_config.parallel_config.decode_context_parallel_size,
+        )
+    first = plans[0]
+    _log.info(
+        "kvcore: policy %s planned %d blocks (null block included) in %d groups; %.2f requests of %d tokens",
+        first.policy,
+        first.num_blocks,
+        len(first.groups),
+        first.max_concurrency(),
+        rules.max_model_len,
+    )
+    return configs

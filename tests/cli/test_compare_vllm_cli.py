@@ -1,0 +1,48 @@
+"""``kvcore compare --engine vllm``: the policies under vLLM's rules (null block, async tokens in
+flight, one block id per page), and vLLM's own plan when vLLM is importable (tests/vllm checks
+that row against the real vLLM; here vLLM may be missing and a line says so)."""
+
+import importlib.util
+import json
+
+from kvcore import Registry, model_layer_specs
+from kvcore.integrations.vllm.rules import VllmRules, plan_for_vllm
+
+BASE = ("--model", "google/gemma-3-27b-it", "--memory", "8GiB", "--max-model-len", "8192", "--engine", "vllm")
+HAS_VLLM = importlib.util.find_spec("vllm") is not None
+
+
+def test_rows_are_the_plans_vllm_runs(run_cli):
+    status, out, err = run_cli("compare", *BASE, "--json")
+    assert status == 0, err
+    payload = json.loads(out)
+    assert payload["engine"] == "vllm" and payload["max_in_flight_tokens"] == 4096
+    rows = {row["policy"]: row for row in payload["candidates"]}
+    assert "cannot plan" in rows["uniform"]["error"]
+    registry = Registry.default()
+    specs = model_layer_specs("google/gemma-3-27b-it", registry)
+    plan = plan_for_vllm(
+        specs, 8 * 2**30, VllmRules(max_model_len=8192), registry=registry, policy="shared_buffer"
+    )
+    row = rows["shared_buffer"]
+    assert (row["usable_blocks"], row["num_blocks"]) == (plan.num_blocks - 1, plan.num_blocks)
+    assert row["requests"] == plan.usable_blocks // plan.blocks_per_request() == 3
+    # async scheduling holds two batches: kvcore's own rules (one batch, no null block) promise more
+    status, out, _ = run_cli("compare", *BASE[:-2], "--policies", "shared_buffer", "--json")
+    assert json.loads(out)["candidates"][0]["max_concurrency"] > row["max_concurrency"]
+    if not HAS_VLLM:
+        assert "vllm is not importable" in payload["vllm_own"]["error"]
+
+
+def test_the_table_says_when_vllms_own_plan_is_missing(run_cli):
+    status, out, _ = run_cli("compare", *BASE, "--policies", "shared_buffer")
+    assert status == 0
+    assert "null block" in out and "4,096 tokens in flight" in out
+    assert "shared_buffer" in out
+    if not HAS_VLLM:
+        assert "vllm (own plan): not shown: vllm is not importable here" in out
+
+
+def test_options_it_does_not_take_are_refused(run_cli):
+    status, _, err = run_cli("compare", *BASE, "--block-sizes", "16,32")
+    assert status != 0 and "--engine vllm" in err and "--block-sizes" in err and "Traceback" not in err

@@ -1,0 +1,264 @@
+"""kvcore's plans run by the real vLLM 0.33: its spec classes, its ``KVCacheManager`` (the
+scheduler's block allocator) and its worker allocation on the meta device.
+
+For every bundled model and every synthetic mix of ``benchmarks/_mixes.py``, each policy's plan
+made under vLLM's rules is converted to vLLM's ``KVCacheConfig``; vLLM's manager then runs
+exactly kvcore's promised number of requests of ``max_model_len`` at once (prompt of
+``max_model_len - 1`` tokens, chunked prefill through ``allocate_slots``, one decode token), in
+synchronous and asynchronous scheduling, and refuses one more.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import attrs
+import pytest
+import torch
+from vllm.v1 import kv_cache_interface as vk
+
+from kvcore import PolicyNotApplicableError, Registry, model_layer_specs
+from kvcore.integrations.vllm import admission, convert
+from kvcore.integrations.vllm.rules import VllmIntegrationError, VllmRules, page_span, plan_for_vllm
+from kvcore.planning.invariants import check_plan
+from kvcore.plugins.state import StatePart, StateSpec
+from tests.helpers import chunked, full, mla, sliding
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from _mixes import TARGET_MIXES
+
+GIB = 2**30
+BUDGET = 8 * GIB
+LENGTH = 8192
+REGISTRY = Registry.default()
+MODELS = [
+    "ai21labs/AI21-Jamba-1.5-Mini",
+    "deepseek-ai/DeepSeek-V3",
+    "google/gemma-2-9b-it",
+    "google/gemma-3-27b-it",
+    "meta-llama/Llama-3.1-8B",
+    "meta-llama/Llama-3.2-1B",
+    "meta-llama/Llama-4-Scout-17B-16E-Instruct",
+    "meta-llama/Meta-Llama-3-8B-Instruct",
+    "microsoft/Phi-3-mini-4k-instruct",
+    "mistralai/Mistral-7B-v0.1",
+    "openai/gpt-oss-20b",
+    "Qwen/Qwen3-8B",
+]
+POLICIES = ["uniform", "equal_groups", "shared_buffer"]
+MODES = {"sync": False, "async": True}
+
+
+def _layers(source):
+    return dict(TARGET_MIXES[source]) if source in TARGET_MIXES else model_layer_specs(source, REGISTRY)
+
+
+def _plan(source, policy, async_scheduling, *, budget=BUDGET):
+    rules = VllmRules(max_model_len=LENGTH, async_scheduling=async_scheduling)
+    return plan_for_vllm(_layers(source), budget, rules, registry=REGISTRY, policy=policy), rules
+
+
+def _pairs(sources):
+    """``(source, policy)`` for every policy that plans the source (``why_not`` is ``None``):
+    the rest are refused by the policy itself, which tests/policies checks."""
+    return [
+        (source, policy)
+        for source in sources
+        for policy in POLICIES
+        if REGISTRY.policies[policy].why_not(_layers(source)) is None
+    ]
+
+
+def test_the_policies_left_out_refuse_the_layers():
+    for source in MODELS + list(TARGET_MIXES):
+        for policy in POLICIES:
+            if (source, policy) not in _pairs([source]):
+                with pytest.raises(PolicyNotApplicableError):
+                    _plan(source, policy, True)
+
+
+# -- specs ---------------------------------------------------------------------------------
+
+
+STATE = StateSpec(
+    block_size=16,
+    parts=(
+        StatePart(name="conv", shape=(3, 64), dtype="bfloat16"),
+        StatePart(name="ssm", shape=(64, 16), dtype="float32"),
+    ),
+)
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [full(), sliding(window=128), chunked(chunk=512), mla(), STATE],
+    ids=["full", "sliding", "chunked", "mla", "state"],
+)
+def test_every_kind_converts_both_ways_with_the_same_page(spec):
+    vllm_spec = convert.spec_to_vllm(spec)
+    assert vllm_spec.page_size_bytes == spec.page_size_bytes
+    back = convert.spec_from_vllm("model.layers.0.self_attn.attn", vllm_spec)
+    assert back == spec
+    assert back.max_num_blocks(VllmRules(max_model_len=LENGTH).context()) == spec.max_num_blocks(
+        VllmRules(max_model_len=LENGTH).context()
+    )
+
+
+def test_sliding_and_chunked_size_for_vllms_tokens_in_flight():
+    for async_scheduling in (False, True):
+        rules = VllmRules(max_model_len=LENGTH, async_scheduling=async_scheduling)
+        config = admission.vllm_config(rules)
+        for spec in (sliding(window=1024), chunked(chunk=1024)):
+            vllm_spec = convert.spec_to_vllm(spec)
+            cap = vllm_spec.max_admission_blocks_per_request(config.max_in_flight_tokens, LENGTH)
+            assert spec.max_num_blocks(rules.context()) == min(cap, -(-LENGTH // spec.block_size))
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        vk.CrossAttentionSpec(block_size=16, num_kv_heads=2, head_size=64, dtype=torch.bfloat16),
+        vk.SinkFullAttentionSpec(
+            block_size=16, num_kv_heads=2, head_size=64, dtype=torch.bfloat16, sink_len=4
+        ),
+        vk.FullAttentionSpec(
+            block_size=16,
+            num_kv_heads=2,
+            head_size=64,
+            dtype=torch.uint8,
+            kv_quant_mode=vk.KVQuantMode.FP8_PER_TENSOR,
+        ),
+        vk.MambaSpec(block_size=16, shapes=((3, 64),), dtypes=(torch.bfloat16,), mamba_cache_mode="align"),
+    ],
+    ids=["cross", "sink", "quantized", "mamba-align"],
+)
+def test_a_spec_kvcore_cannot_hold_is_refused_by_name(spec):
+    with pytest.raises(VllmIntegrationError) as caught:
+        convert.specs_from_vllm({"model.layers.3.self_attn.attn": spec})
+    message = str(caught.value)
+    assert type(spec).__name__ in message and "model.layers.3.self_attn.attn" in message
+    assert "SlidingWindowSpec -> sliding_window" in message  # says what does convert
+
+
+def test_layer_names_follow_vllm():
+    specs = model_layer_specs("ai21labs/AI21-Jamba-1.5-Mini", REGISTRY)
+    names = list(convert.specs_to_vllm(specs))
+    assert "model.layers.4.self_attn.attn" in names and "model.layers.0.mamba" in names
+    assert list(convert.specs_from_vllm(convert.specs_to_vllm(specs))) == list(specs)
+
+
+# -- admission -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize(("source", "policy"), _pairs(MODELS + list(TARGET_MIXES)))
+def test_vllms_manager_admits_exactly_kvcores_promise(source, policy, mode):
+    plan, rules = _plan(source, policy, MODES[mode])
+    assert plan.null_block == 0 and page_span(plan) == 1
+    check_plan(plan)
+    promise = admission.promised(plan)
+    assert promise >= 1
+    config = convert.plan_to_vllm_config(plan)
+    firsts = admission.first_chunks(config, rules)
+    for first in firsts:  # the promise holds however the chunks fall
+        ran = admission.run_requests(config, rules, promise, first_chunk=first)
+        assert ran.completed, (
+            f"vLLM refused request {ran.refused_at} of {promise} kvcore promised (first {first})"
+        )
+        assert ran.peak_blocks <= plan.usable_blocks
+    # and is the most: one more request does not fit where the chunks fall worst
+    over = [admission.run_requests(config, rules, promise + 1, first_chunk=first) for first in firsts]
+    assert not all(run.completed for run in over), (
+        f"vLLM ran {promise + 1} requests where kvcore promised {promise}"
+    )
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("source", MODELS + list(TARGET_MIXES))
+def test_kvcores_best_plan_holds_at_least_vllms_own(source, mode):
+    rules = VllmRules(max_model_len=LENGTH, async_scheduling=MODES[mode])
+    specs = _layers(source)
+    best = max(
+        admission.promised(plan_for_vllm(specs, BUDGET, rules, registry=REGISTRY, policy=policy))
+        for policy in ("auto", "shared_buffer")
+    )
+    own_config = admission.vllm_own_config(admission.vllm_layer_specs(specs, rules), BUDGET, rules)
+    own = admission.admitted(own_config, rules, start=best)
+    assert best >= own
+
+
+def test_async_scheduling_needs_the_second_batch_planned_for():
+    """A plan sized for one batch in flight promises more than vLLM's async scheduling runs."""
+    sync_plan, _ = _plan("google/gemma-3-27b-it", "shared_buffer", False)
+    rules = VllmRules(max_model_len=LENGTH, async_scheduling=True)
+    promise = admission.promised(sync_plan)
+    assert not admission.run_requests(convert.plan_to_vllm_config(sync_plan), rules, promise).completed
+
+
+def test_a_plan_without_the_null_block_is_refused():
+    plan, _ = _plan("meta-llama/Llama-3.2-1B", "uniform", True)
+    with pytest.raises(VllmIntegrationError, match="null block"):
+        convert.plan_to_vllm_config(attrs.evolve(plan, null_block=None))
+
+
+def test_jamba_state_pages_take_one_block_id_each():
+    plan, _rules = _plan("ai21labs/AI21-Jamba-1.5-Mini", "shared_buffer", True)
+    states = [g for g in plan.groups if isinstance(g.spec, StateSpec)]
+    assert len(states) > 1 and all(g.blocks_per_page == 1 for g in plan.groups)
+    config = convert.plan_to_vllm_config(plan)
+    assert {type(g.kv_cache_spec) for g in config.kv_cache_groups} == {vk.FullAttentionSpec, vk.MambaSpec}
+    assert all(
+        g.kv_cache_spec.block_size == LENGTH
+        for g in config.kv_cache_groups
+        if g.kv_cache_spec.block_size > 1024
+    )
+
+
+# -- the reverse, and vLLM's allocation ------------------------------------------------------
+
+
+@pytest.mark.parametrize(("source", "policy"), _pairs(MODELS))
+def test_a_converted_plan_reads_back_with_the_same_figures(source, policy):
+    plan, rules = _plan(source, policy, True)
+    back = convert.plan_from_vllm_config(convert.plan_to_vllm_config(plan), rules.context(), BUDGET)
+    check_plan(back)
+    assert (back.num_blocks, back.usable_blocks) == (plan.num_blocks, plan.usable_blocks)
+    assert back.blocks_per_request() == plan.blocks_per_request()
+    assert [g.layer_names for g in back.groups] == [g.layer_names for g in plan.groups]
+
+
+@pytest.mark.parametrize("source", MODELS)
+def test_vllms_own_plan_reads_as_a_kvcore_plan(source):
+    rules = VllmRules(max_model_len=LENGTH)
+    specs = _layers(source)
+    own = admission.vllm_own_config(admission.vllm_layer_specs(specs, rules), BUDGET, rules)
+    plan = convert.plan_from_vllm_config(own, rules.context(), BUDGET)
+    check_plan(plan)
+    assert plan.kv_cache_bytes <= BUDGET and set(plan.layer_names) == set(specs)
+    assert admission.admitted(own, rules, start=admission.promised(plan)) == admission.promised(plan)
+
+
+@pytest.mark.parametrize(("source", "policy"), _pairs(MODELS))
+def test_vllms_meta_allocation_stays_in_the_budget_and_views_kvcores_pages(source, policy):
+    plan, _ = _plan(source, policy, True)
+    config = convert.plan_to_vllm_config(plan)
+    views = admission.allocate_on_meta(config)
+    backing_bytes = config.kv_cache_tensors[0].size
+    assert backing_bytes == plan.kv_cache_bytes <= BUDGET
+    names = {convert.vllm_layer_name(n, plan.group_of(n).spec): n for n in plan.layer_names}
+    assert set(views) == set(names)
+    base = 0
+    starts = {}
+    for tensor in plan.tensors:
+        for name in tensor.shared_by:
+            starts[name] = (tensor.offset if plan.single_buffer else base + tensor.offset, tensor.page_stride)
+        base += tensor.size
+    for vllm_name, view in views.items():
+        name = names[vllm_name]
+        page = plan.group_of(name).spec.page_size_bytes
+        start, stride, span = admission.view_pages(view)
+        assert (start, stride) == starts[name], vllm_name
+        assert span == page, vllm_name
+        assert view.shape[0] == plan.num_blocks
+        assert start + (plan.num_blocks - 1) * stride + span <= backing_bytes
