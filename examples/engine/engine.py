@@ -15,9 +15,10 @@ It uses kvcore's public API only, and shows every step an engine takes around a 
    request gives all its pages back and waits to be recomputed;
 5. **finishing**: a request that has its tokens frees its pages.
 
-Two places are left for features the pool is growing (kvcore issue 17): :meth:`Engine.attach_cached_prefix`,
-where a new request picks up the cached blocks of a prefix it shares with earlier requests, and
-:meth:`Engine.rollback`, where a speculative decoder returns the pages of rejected tokens.
+Two more: :meth:`Engine.attach_cached_prefix` (with ``prefix_caching=True``), where a new
+request picks up the cached blocks of a prefix it shares with earlier requests
+(:meth:`kvcore.BlockPool.attach_prefix`), and :meth:`Engine.rollback`, where a speculative
+decoder returns the pages of rejected tokens (:meth:`kvcore.BlockPool.truncate`).
 
 Plain torch ops, written to be read, not to be fast. Run ``python examples/engine/engine.py``
 for a demo on a tiny random Llama.
@@ -36,6 +37,7 @@ from kvcore import (
     NULL_PAGE,
     BlockPool,
     BlockPoolExhaustedError,
+    InvalidInputError,
     KVCachePlan,
     LocalExecutor,
     PlanOptions,
@@ -63,10 +65,26 @@ class Request:
     output: list[int] = field(default_factory=list)
     num_computed: int = 0  # tokens whose K and V are in the cache
     num_preemptions: int = 0
+    #: prompt then output, one list kept up to date: the pool's prefix cache reads it again to
+    #: hash the blocks the request fills later
+    history: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.history = [*self.prompt, *self.output]
 
     @property
     def tokens(self) -> list[int]:
-        return self.prompt + self.output
+        return self.history
+
+    def append(self, token: int) -> None:
+        """Record a sampled token."""
+        self.output.append(token)
+        self.history.append(token)
+
+    def drop(self, count: int) -> None:
+        """Forget the last ``count`` output tokens (rejected speculative tokens)."""
+        del self.output[len(self.output) - count :]
+        del self.history[len(self.history) - count :]
 
     @property
     def finished(self) -> bool:
@@ -204,6 +222,8 @@ class Engine:
         options: kvcore plan options (``uniform_block_size``, ``max_groups``, ...).
         device: where the caches go (the model must be there).
         registry: kvcore's registry; default the built-ins and installed plugins.
+        prefix_caching: share the cached blocks of equal leading tokens across requests (the
+            pool's prefix cache); a new or readmitted request starts after its cached prefix.
     """
 
     def __init__(
@@ -219,6 +239,7 @@ class Engine:
         options: PlanOptions | None = None,
         device: str = "cpu",
         registry: Registry | None = None,
+        prefix_caching: bool = False,
     ) -> None:
         from transformers import AttentionInterface
 
@@ -241,7 +262,7 @@ class Engine:
             num_blocks=num_blocks,
         )
         self.model = model
-        self.pool = BlockPool(self.plan)
+        self.pool = BlockPool(self.plan, prefix_caching=prefix_caching)
         self.budget = max_num_batched_tokens
         # every layer reads its group's block table; a KV-sharing layer reads its target's
         self.layers: dict[int, Layer] = {}
@@ -289,7 +310,7 @@ class Engine:
             request.num_computed += count
             if request.num_computed < len(request.tokens):
                 continue  # a prompt chunk (or a recomputation) that has more to come
-            request.output.append(int(torch.argmax(row)))  # greedy, like generate(do_sample=False)
+            request.append(int(torch.argmax(row)))  # greedy, like generate(do_sample=False)
             if request.finished:  # 5. finishing: give every page back
                 self.pool.free_request(request.request_id)
                 self.running.remove(request)
@@ -367,31 +388,38 @@ class Engine:
         self.waiting.appendleft(request)
 
     def attach_cached_prefix(self, request: Request) -> int:
-        """PREFIX CACHING plugs in here: give a new request the cached blocks of the longest
+        """PREFIX CACHING: give a new (or readmitted) request the cached blocks of the longest
         prefix it shares with earlier requests, and return how many tokens they hold (the
-        engine computes from there). With the pool's prefix cache (issue 17, item 2) this looks
-        the request's block hashes up per group and attaches the hits to its tables; without
-        it, nothing is cached."""
-        return 0
+        engine computes from there). The pool hashes the request's full blocks per group and
+        attaches the hits to its tables; without ``prefix_caching`` nothing is cached."""
+        if not self.pool.prefix_caching:
+            return 0
+        return self.pool.attach_prefix(request.request_id, request.history, len(request.history))
 
     def rollback(self, request_id: Hashable, num_rejected: int) -> None:
-        """ROLLBACK plugs in here: drop the last ``num_rejected`` tokens of a request (rejected
-        speculative tokens) and give back the pages past its new length. With the pool's
-        ``truncate`` (issue 17, item 3) only those pages go; without it, the request is
-        recomputed from its remaining tokens (correct, only slower)."""
+        """ROLLBACK: drop the last ``num_rejected`` tokens of a request (rejected speculative
+        tokens) and give back the pages past its new length with the pool's ``truncate``. When
+        a window already let go of a page the shorter request reads again (this engine calls
+        ``release_stale`` before it knows what is rejected), the request is recomputed from
+        its remaining tokens instead: correct, only slower."""
         request = next(r for r in (*self.running, *self.waiting) if r.request_id == request_id)
         keep = len(request.output) - num_rejected
         if keep < 0:
             raise ValueError(
                 f"request {request_id!r} has {len(request.output)} tokens, cannot reject {num_rejected}"
             )
-        del request.output[keep:]
+        request.drop(num_rejected)
         length = len(request.tokens) - 1  # the last token is computed by the next step
-        truncate = getattr(self.pool, "truncate", None)
-        if truncate is not None and request.num_computed > length:
-            truncate(request_id, length)
-            request.num_computed = length
-        elif request.num_computed > length:
+        if request.num_computed > length and request_id in self.pool.requests:
+            try:
+                self.pool.truncate(request_id, length)
+                request.num_computed = length
+                return
+            except InvalidInputError:
+                # a window or chunk already let go of a page the shorter request reads again
+                # (release_stale counted the rejected tokens): recompute instead
+                pass
+        if request.num_computed > length:
             if request_id in self.pool.requests:
                 self.pool.free_request(request_id)
             request.num_computed = 0

@@ -116,7 +116,10 @@ def test_a_rank_that_dies_or_hangs_is_named_on_every_other_rank_within_the_timeo
         assert report["error"] == "DistributedAgreementError"
         assert report["ranks"] == [2]
         assert report["message"].startswith("rank 2 (pp stage 1, tp rank 0) did not answer within 2 s")
-        assert 2.0 <= report["seconds"] < 20.0
+        assert report["seconds"] < 20.0
+    # the first rank to give up waited its whole timeout; the others follow its abort, so they
+    # may raise a little before their own deadlines
+    assert max(report["seconds"] for report in reports.values()) >= 2.0
     if fault == "exit":
         assert exitcodes[2] == DEAD
 

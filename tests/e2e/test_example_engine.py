@@ -2,8 +2,9 @@
 
 Tiny Llama, Gemma-3 and gpt-oss models (the session's fixtures) decode four concurrent requests
 through the engine: with a roomy pool, with a pool so small that requests are preempted and
-recomputed, with other policies, and with rejected tokens rolled back mid-decode. Every token
-must equal ``generate()``'s; every block comes back; ``close()`` releases the caches.
+recomputed, with other policies, with rejected tokens rolled back mid-decode, and with prefix
+caching over a shared system prompt. Every token must equal ``generate()``'s; every block comes
+back; ``close()`` releases the caches.
 """
 
 from __future__ import annotations
@@ -13,8 +14,10 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
-from tests.e2e._tiny import BLOCK_SIZE, CONTEXT
+from kvcore.testing.reference import DecodeRequest
+from tests.e2e._tiny import BLOCK_SIZE, CONTEXT, reference_generate
 
 pytest.importorskip("transformers")
 
@@ -53,7 +56,8 @@ def _expected(subject):
 
 
 def _finish(engine):
-    assert engine.pool.num_free_blocks == engine.plan.num_blocks and engine.pool.requests == ()
+    pool = engine.pool
+    assert pool.num_free_blocks == pool.num_usable_blocks and pool.requests == ()
     assert engine.close() == engine.plan.kv_cache_bytes
 
 
@@ -134,3 +138,46 @@ def test_the_check_can_fail_an_engine_that_mixes_up_k_and_v_is_caught(subjects, 
     got = engine.generate()
     engine.close()
     assert all(got[rid] != tokens for rid, tokens in _expected(subject).items())
+
+
+def _shared_prompt_requests(vocab_size: int) -> list[DecodeRequest]:
+    """Four requests whose prompts start with one 24-token system prompt (6 blocks of 4)."""
+    generator = torch.Generator().manual_seed(77)
+    system = torch.randint(3, vocab_size, (24,), generator=generator).tolist()
+    return [
+        DecodeRequest(
+            request_id=f"s{i}",
+            prompt=system + torch.randint(3, vocab_size, (extra,), generator=generator).tolist(),
+            max_new_tokens=12,
+        )
+        for i, extra in enumerate((5, 9, 3, 14))
+    ]
+
+
+@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("rollback", [False, True])
+def test_prefix_caching_over_a_shared_system_prompt_gives_the_same_tokens(
+    subjects, engine_module, name, rollback
+):
+    subject = subjects(name)
+    asked = _shared_prompt_requests(subject.model.config.vocab_size)
+    expected = {r.request_id: list(reference_generate(subject.model, r).tokens) for r in asked}
+    engine = _engine(engine_module, subject, prefix_caching=True)
+    first, *rest = asked
+    engine.add_request(first.request_id, list(first.prompt), first.max_new_tokens)
+    while engine.running or engine.waiting:  # the first request computes (and caches) the prefix
+        engine.step()
+    for request in rest:
+        engine.add_request(request.request_id, list(request.prompt), request.max_new_tokens)
+    rolled = set()
+    while engine.waiting or engine.running:
+        engine.step()
+        for request in list(engine.running):
+            if rollback and request.request_id not in rolled and len(request.output) >= 6:
+                engine.rollback(request.request_id, 2)
+                rolled.add(request.request_id)
+    stats = engine.pool.prefix_cache_stats
+    assert stats.enabled and stats.hits == 3 and stats.hit_tokens >= 3 * 20
+    assert not rollback or rolled
+    assert {rid: r.output for rid, r in engine.finished.items()} == expected
+    _finish(engine)
