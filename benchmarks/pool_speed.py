@@ -161,12 +161,13 @@ def run_vllm(plan: KVCachePlan, workload: Workload, caching: bool, max_num_seqs:
     """The same trace through vLLM's ``KVCacheManager`` on the same plan (needs vLLM and
     ``kvcore.integrations.vllm``). Token ids: a shared prefix's tokens are the same for every
     request that has it, the rest are the request's own."""
-    from kvcore.integrations.vllm.convert import plan_to_vllm_config  # type: ignore[import-not-found]
     from vllm.sampling_params import SamplingParams  # type: ignore[import-not-found]
     from vllm.utils.hashing import sha256  # type: ignore[import-not-found]
     from vllm.v1.core.kv_cache_manager import KVCacheManager  # type: ignore[import-not-found]
     from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash  # type: ignore[import-not-found]
     from vllm.v1.request import Request as VllmRequest  # type: ignore[import-not-found]
+
+    from kvcore.integrations.vllm.convert import plan_to_vllm_config  # type: ignore[import-not-found]
 
     config = plan_to_vllm_config(plan)
     block = min(g.kv_cache_spec.block_size for g in config.kv_cache_groups)

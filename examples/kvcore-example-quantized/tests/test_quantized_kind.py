@@ -4,10 +4,10 @@ import math
 
 import pytest
 import torch
+
 from kvcore import InvalidSpecError, SizingContext
 from kvcore.runtime.torch_dtypes import torch_dtype
 from kvcore.testing.conformance import SpecKindConformance
-
 from kvcore_example_quantized import QuantizedKVSpec, quantized
 
 

@@ -1,11 +1,11 @@
 """The baseline policy: kvcore's conformance suite and hand-computed plans."""
 
 import pytest
+
 from kvcore import SizingContext, efficiency, plan_kv_cache
 from kvcore.plugins.full_attention import FullAttentionSpec
 from kvcore.plugins.sliding_window import SlidingWindowSpec
 from kvcore.testing.conformance import PolicyConformance
-
 from kvcore_example_quantized import quantized, separate_regions
 
 

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import attrs
+
 from kvcore import CacheLayout, InvalidSpecError, KVCacheSpec, PagePart, SizingContext, dtypes, hookimpl
 from kvcore.dtypes import DType, dtype_name, dtype_size, to_dtype
 from kvcore.spec import cdiv, positive_int

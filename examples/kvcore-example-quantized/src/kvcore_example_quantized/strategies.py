@@ -7,8 +7,8 @@ module only when a test asks for it (``quantized.py``), so the plugin runs witho
 from __future__ import annotations
 
 from hypothesis import strategies as st
-from kvcore.testing import strategies as kst
 
+from kvcore.testing import strategies as kst
 from kvcore_example_quantized.quantized import PAYLOAD_DTYPES, SCALE_DTYPES, QuantizedKVSpec
 
 
