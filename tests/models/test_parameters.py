@@ -12,7 +12,7 @@ import pytest
 
 from kvcore import ParameterCount, WeightGroup, hookimpl
 from kvcore.dtypes import to_dtype
-from kvcore.errors import ModelConfigError, PluginValidationError, UnknownModelError
+from kvcore.errors import InvalidInputError, ModelConfigError, PluginValidationError, UnknownModelError
 from kvcore.frontends.hf_config import bundled_models, find_bundled_model
 from kvcore.planning.gpu_budget import (
     RESERVE_BYTES,
@@ -207,7 +207,7 @@ def test_the_budget_is_gpu_times_utilization_less_each_term(registry):
 
 def test_a_gpu_too_small_names_every_term(registry):
     config = find_bundled_model("meta-llama/Llama-3.1-8B").config()
-    with pytest.raises(Exception, match=r"nothing is left.*weights 14\.96 GiB.*activations.*reserve"):
+    with pytest.raises(InvalidInputError, match=r"nothing is left.*weights 14\.96 GiB.*activations.*reserve"):
         gpu_budget(config, registry, 16 * GiB, max_num_batched_tokens=2048)
 
 

@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kvcore import (
+    InsufficientMemoryError,
     InvalidInputError,
     PlanOptions,
     PlanValidationError,
@@ -62,7 +63,7 @@ def test_a_hundred_blocks_less_the_null_block_hold_four_requests_of_twenty_block
 def test_admission_counts_the_usable_blocks():
     plan = _plan(ONE_LAYER, num_blocks=20, options=None)
     check_admission(plan)  # 20 blocks hold one request of 20 blocks
-    with pytest.raises(Exception) as caught:
+    with pytest.raises(InsufficientMemoryError) as caught:
         _plan(ONE_LAYER, num_blocks=20)
     assert caught.value.required_blocks == 20 and caught.value.available_blocks == 19
 

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from kvcore import (
     InvalidInputError,
+    KVCoreError,
     SizingContext,
     Workload,
     model_layer_specs,
@@ -137,7 +138,7 @@ def _model_plans():
         for policy in REGISTRY.policies:
             try:
                 _plan(specs, 2048, policy=policy, step=2048)
-            except Exception:  # the policy does not plan this model
+            except KVCoreError:  # the policy does not plan this model
                 continue
             yield pytest.param(specs, policy, id=f"{model.name}-{policy}")
 
