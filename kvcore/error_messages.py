@@ -107,9 +107,13 @@ def with_message(error: _Error) -> _Error:
 
 
 def _shortfall(error: InsufficientMemoryError, names: ParameterNames) -> str:
-    block = format_bytes(error.bytes_per_block or 0)
     required = plural(error.required_blocks or 0, "block")
     available = plural(error.available_blocks or 0, "block")
+    if error.bytes_per_block is None and error.required_blocks is not None:
+        # a plan of several pools: block ids of different sizes
+        block = "several pools' sizes"
+    else:
+        block = format_bytes(error.bytes_per_block or 0)
     if error.reason == "forced_num_blocks":
         text = (
             f"{names.setting(names.num_blocks, error.required_blocks)} needs "

@@ -161,6 +161,11 @@ class InsufficientMemoryError(KVCoreError, ValueError):
         )
 
 
+class MultiplePoolsError(KVCoreError, ValueError):
+    """A one-pool figure (``bytes_per_block``, a single forced block count) was asked of a plan,
+    or for a plan, of several block pools; the message names the per-pool figure to use."""
+
+
 class PlanValidationError(KVCoreError, ValueError):
     """A plan breaks one or more layout invariants; ``problems`` lists every one of them.
 

@@ -4,20 +4,29 @@ A :class:`KVCachePlan` is what a policy produces and what allocation consumes. I
 value: it can be logged, compared, serialized (:mod:`kvcore.planning.serialization`) and checked
 (:mod:`kvcore.planning.invariants`) without any device.
 
-The block model: there is one pool of ``num_blocks`` block ids shared by every group. A block id
-belongs to one group at a time, so layers of different groups may place their pages on the same
-bytes. A group's page normally takes one block id; a group whose page is a large fixed state
-(SSM) may take an aligned run of ``blocks_per_page`` ids instead, so attention keeps its small
-block size.
+The block model: a plan has one or more *pools* (:class:`KVCachePool`) of block ids; each
+group draws its block ids from one pool, and a request needs room in every pool its groups use.
+Within a pool a block id belongs to one group at a time, so layers of different groups of one
+pool may place their pages on the same bytes; pools never share bytes. A group's page normally
+takes one block id; a group whose page is a large fixed state (SSM) may take an aligned run of
+``blocks_per_page`` ids instead, so attention keeps its small block size. Most plans have one
+pool, and read as they always have (:attr:`KVCachePlan.num_blocks`,
+:attr:`KVCachePlan.bytes_per_block`); a policy that gives each retention kind its own pool
+(``kind_pools``) makes several.
+
+A group's layers share its block table, and so which pages a request holds; their pages may
+still differ in size (a *mixed-page* group, :attr:`KVCacheGroup.layer_specs`): layers whose
+specs have one :attr:`~kvcore.spec.KVCacheSpec.retention_key` hold the same entries.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Iterator, Mapping
 
 import attrs
 
-from kvcore.errors import PlanValidationError
+from kvcore.errors import MultiplePoolsError, PlanValidationError
 from kvcore.spec import KVCacheSpec, SizingContext
 from kvcore.validators import non_negative_int, positive_int
 
@@ -33,6 +42,14 @@ def _null_block(instance: object, attribute: attrs.Attribute[int | None], value:
         )
 
 
+def _layer_specs(value: Mapping[str, KVCacheSpec] | None) -> dict[str, KVCacheSpec]:
+    return dict(value or {})
+
+
+def _pools(value: Iterable[KVCachePool]) -> tuple[KVCachePool, ...]:
+    return tuple(value)
+
+
 def _groups(value: Iterable[KVCacheGroup]) -> tuple[KVCacheGroup, ...]:
     return tuple(value)
 
@@ -46,18 +63,75 @@ def _sharing(value: Mapping[str, str] | None) -> dict[str, str]:
 
 
 @attrs.frozen(kw_only=True)
+class KVCachePool:
+    """One pool of block ids: its own count, its own bytes per block id, its own bytes.
+
+    Attributes:
+        num_blocks: block ids in the pool (ids ``0 .. num_blocks - 1``; each pool counts
+            from 0, and a group's block table holds ids of its own pool).
+        bytes_per_block: device bytes each block id of this pool accounts for.
+        offset: where the pool's bytes start in the plan's buffer (a single-buffer plan lays
+            its pools one after another); ``0`` for a plan of separate allocations.
+    """
+
+    num_blocks: int = attrs.field(validator=non_negative_int)
+    bytes_per_block: int = attrs.field(validator=non_negative_int)
+    offset: int = attrs.field(default=0, validator=non_negative_int)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the pool takes: ``num_blocks * bytes_per_block``."""
+        return self.num_blocks * self.bytes_per_block
+
+
+@attrs.frozen(kw_only=True)
 class KVCacheGroup:
-    """Layers that share one block table, and so one spec.
+    """Layers that share one block table, and so which pages a request holds.
 
     Attributes:
         layer_names: the layers, in model order.
-        spec: the spec every layer of the group has (its block size is the group's).
+        spec: the group's spec: its block size and retention are every layer's; a layer not
+            in :attr:`layer_specs` has exactly this spec.
         blocks_per_page: pool block ids one page of this group takes (an aligned run).
+        pool: the index of the plan's pool the group draws its block ids from.
+        layer_specs: ``{layer: spec}`` for the layers whose page differs from :attr:`spec`'s
+            (a mixed-page group): each has :attr:`spec`'s block size and
+            :attr:`~kvcore.spec.KVCacheSpec.retention_key`, so it holds the same block-table
+            entries, and keeps its own page in the group's row. Empty for the usual group of
+            one spec.
     """
 
     layer_names: tuple[str, ...] = attrs.field(converter=_names)
     spec: KVCacheSpec
     blocks_per_page: int = attrs.field(default=1, validator=positive_int)
+    pool: int = attrs.field(default=0, validator=non_negative_int)
+    layer_specs: Mapping[str, KVCacheSpec] = attrs.field(
+        factory=dict, converter=_layer_specs, hash=False
+    )
+
+    def __attrs_post_init__(self) -> None:
+        if self.layer_specs:
+            problems = list(_mixed_page_problems(self))
+            if problems:
+                raise PlanValidationError(problems)
+
+    def spec_of(self, layer_name: str) -> KVCacheSpec:
+        """The spec of one of the group's layers (its own page size in a mixed-page group)."""
+        return self.layer_specs.get(layer_name, self.spec)
+
+    @property
+    def specs(self) -> tuple[KVCacheSpec, ...]:
+        """The distinct specs of the group's layers, :attr:`spec` first."""
+        seen = [self.spec]
+        for spec in self.layer_specs.values():
+            if spec not in seen:
+                seen.append(spec)
+        return tuple(seen)
+
+    @property
+    def largest_page_bytes(self) -> int:
+        """Bytes of the largest page any layer of the group has."""
+        return max(spec.page_size_bytes for spec in self.specs)
 
     def pages_per_request(self, context: SizingContext) -> int:
         """Pages one request of ``context.max_model_len`` tokens holds at most in this group."""
@@ -101,19 +175,23 @@ class KVCacheTensor:
         positive_int(self, fields.page_stride, stride)
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, init=False)
 class KVCachePlan:
     """A complete KV-cache plan for one worker.
 
+    A one-pool plan is built as it always was, with ``num_blocks`` and ``bytes_per_block``; a
+    plan of several pools is built with ``pools`` (and its groups say which pool each draws
+    from).
+
     Attributes:
         policy: name of the policy that made it.
-        num_blocks: size of the block-id pool shared by all groups.
-        bytes_per_block: device bytes each block id accounts for; the plan uses
-            ``num_blocks * bytes_per_block`` bytes in all.
+        pools: the block-id pools (one, usually). :attr:`num_blocks` counts the ids of all
+            of them; :attr:`bytes_per_block` is the one pool's.
         single_buffer: ``True`` when every tensor is a view into one buffer of
-            ``kv_cache_bytes``; ``False`` when each tensor is its own allocation of ``size``.
+            ``kv_cache_bytes`` (its pools one after another); ``False`` when each tensor is
+            its own allocation of ``size``.
         groups: the block-table groups.
-        tensors: the byte regions, each shared by one or more layers.
+        tensors: the byte regions, each shared by one or more layers of one pool's groups.
         context: the request length (and step size) the plan was sized for.
         available_memory_bytes: the byte budget the plan was made for.
         kv_sharing: ``{layer: target layer}`` for layers that reuse another layer's cache
@@ -121,16 +199,15 @@ class KVCachePlan:
             no tensor's ``shared_by``: it takes no memory, views its target's tensor and reads
             its target's block table (:meth:`group_of`, :meth:`tensor_of` and
             :meth:`block_table_layers` answer for it, as vLLM puts it in its target's group).
-        null_block: ``0`` when block id 0 is reserved as the *null block*: an engine pads its
-            block tables with it (vLLM's convention), so it is never handed to a request and
-            the capacity figures count :attr:`usable_blocks`, not :attr:`num_blocks`. ``None``
-            (the default): every block id serves requests. The null block's pages are still
-            allocated, so :attr:`kv_cache_bytes` is unchanged.
+        null_block: ``0`` when block id 0 of every pool is reserved as the *null block*: an
+            engine pads its block tables with it (vLLM's convention), so it is never handed
+            to a request and the capacity figures count :attr:`usable_blocks`, not
+            :attr:`num_blocks`. ``None`` (the default): every block id serves requests. The
+            null block's pages are still allocated, so :attr:`kv_cache_bytes` is unchanged.
     """
 
     policy: str
-    num_blocks: int = attrs.field(validator=non_negative_int)
-    bytes_per_block: int = attrs.field(validator=non_negative_int)
+    pools: tuple[KVCachePool, ...] = attrs.field(converter=_pools)
     single_buffer: bool
     groups: tuple[KVCacheGroup, ...] = attrs.field(converter=_groups)
     tensors: tuple[KVCacheTensor, ...] = attrs.field(converter=_tensors)
@@ -139,10 +216,91 @@ class KVCachePlan:
     kv_sharing: Mapping[str, str] = attrs.field(factory=dict, converter=_sharing, hash=False)
     null_block: int | None = attrs.field(default=None, validator=_null_block)
 
+    def __init__(
+        self,
+        *,
+        policy: str,
+        single_buffer: bool,
+        groups: Iterable[KVCacheGroup],
+        tensors: Iterable[KVCacheTensor],
+        context: SizingContext,
+        available_memory_bytes: int,
+        num_blocks: int | None = None,
+        bytes_per_block: int | None = None,
+        pools: Iterable[KVCachePool] | None = None,
+        kv_sharing: Mapping[str, str] | None = None,
+        null_block: int | None = None,
+    ) -> None:
+        """Build and check a plan: give ``num_blocks`` and ``bytes_per_block`` (one pool) or
+        ``pools``.
+
+        Raises:
+            PlanValidationError: both or neither are given, or the plan breaks a structural
+                rule (:func:`structural_problems`).
+        """
+        if pools is None:
+            if num_blocks is None or bytes_per_block is None:
+                raise PlanValidationError(
+                    ["a plan needs 'num_blocks' and 'bytes_per_block' (one pool) or 'pools'"], policy=policy
+                )
+            pools = (KVCachePool(num_blocks=num_blocks, bytes_per_block=bytes_per_block),)
+        elif num_blocks is not None or bytes_per_block is not None:
+            raise PlanValidationError(
+                ["give a plan either 'pools' or 'num_blocks' and 'bytes_per_block', not both"], policy=policy
+            )
+        self.__attrs_init__(
+            policy=policy,
+            pools=pools,
+            single_buffer=single_buffer,
+            groups=groups,
+            tensors=tensors,
+            context=context,
+            available_memory_bytes=available_memory_bytes,
+            kv_sharing=kv_sharing if kv_sharing is not None else {},
+            null_block=null_block,
+        )
+
     def __attrs_post_init__(self) -> None:
         problems = list(structural_problems(self))
         if problems:
             raise PlanValidationError(problems, policy=self.policy)
+
+    # -- pools -----------------------------------------------------------------------------
+
+    @property
+    def num_blocks(self) -> int:
+        """Block ids in all pools together (the one pool's, in the usual plan)."""
+        pools = self.pools
+        return pools[0].num_blocks if len(pools) == 1 else sum(p.num_blocks for p in pools)
+
+    @property
+    def bytes_per_block(self) -> int:
+        """Device bytes one block id accounts for.
+
+        Raises:
+            MultiplePoolsError: the plan has several pools, whose block ids cost different
+                bytes; read ``plan.pools[i].bytes_per_block``.
+        """
+        if len(self.pools) != 1:
+            raise MultiplePoolsError(
+                f"this plan has {len(self.pools)} pools of "
+                f"{', '.join(str(p.bytes_per_block) for p in self.pools)} bytes per block id; "
+                "read plan.pools[i].bytes_per_block"
+            )
+        return self.pools[0].bytes_per_block
+
+    @property
+    def is_multi_pool(self) -> bool:
+        """Whether the plan has more than one pool."""
+        return len(self.pools) > 1
+
+    def pool_of(self, group: KVCacheGroup) -> KVCachePool:
+        """The pool ``group`` draws its block ids from."""
+        return self.pools[group.pool]
+
+    def groups_in(self, pool: int) -> tuple[int, ...]:
+        """The indices of the groups that draw from pool ``pool``."""
+        return tuple(i for i, g in enumerate(self.groups) if g.pool == pool)
 
     # -- lookups ---------------------------------------------------------------------------
 
@@ -192,18 +350,30 @@ class KVCachePlan:
         return {name: t for t in self.tensors for name in t.shared_by}
 
     def num_pages(self, group: KVCacheGroup) -> int:
-        """Pages a layer of ``group`` has: block ids divided into runs of ``blocks_per_page``."""
-        return self.num_blocks // group.blocks_per_page
+        """Pages a layer of ``group`` has: its pool's block ids divided into runs of
+        ``blocks_per_page``."""
+        return self.pools[group.pool].num_blocks // group.blocks_per_page
 
     # -- figures ---------------------------------------------------------------------------
 
+    def reserved_blocks_in(self, pool: int) -> int:
+        """Block ids of pool ``pool`` that never serve a request: none, or (with a
+        :attr:`null_block`) the aligned run that holds its block 0, one id unless a group's
+        page spans several."""
+        count = self.pools[pool].num_blocks
+        if self.null_block is None or not count:
+            return 0
+        spans = (g.blocks_per_page for g in self.groups if g.pool == pool)
+        return min(count, max(spans, default=1))
+
+    def usable_blocks_in(self, pool: int) -> int:
+        """Block ids of pool ``pool`` requests can hold."""
+        return self.pools[pool].num_blocks - self.reserved_blocks_in(pool)
+
     @property
     def reserved_blocks(self) -> int:
-        """Block ids that never serve a request: none, or (with a :attr:`null_block`) the
-        aligned run that holds block 0, one id unless a group's page spans several."""
-        if self.null_block is None or not self.num_blocks:
-            return 0
-        return min(self.num_blocks, max((g.blocks_per_page for g in self.groups), default=1))
+        """Block ids that never serve a request, all pools together (see :meth:`reserved_blocks_in`)."""
+        return sum(self.reserved_blocks_in(p) for p in range(len(self.pools)))
 
     @property
     def usable_blocks(self) -> int:
@@ -213,26 +383,46 @@ class KVCachePlan:
     @property
     def kv_cache_bytes(self) -> int:
         """Device bytes the plan allocates."""
-        return self.num_blocks * self.bytes_per_block
+        return sum(p.nbytes for p in self.pools)
 
     def blocks_per_request(self, max_model_len: int | None = None) -> int:
-        """Block ids one request of ``max_model_len`` tokens holds at most, over all groups."""
+        """Block ids one request of ``max_model_len`` tokens holds at most, over all groups
+        (of all pools)."""
         context = self._context_for(max_model_len)
         return sum(group.blocks_per_request(context) for group in self.groups)
 
+    def blocks_per_request_by_pool(self, max_model_len: int | None = None) -> tuple[int, ...]:
+        """Block ids one request of ``max_model_len`` tokens holds at most, in each pool."""
+        context = self._context_for(max_model_len)
+        need = [0] * len(self.pools)
+        for group in self.groups:
+            need[group.pool] += group.blocks_per_request(context)
+        return tuple(need)
+
     def max_concurrency(self, max_model_len: int | None = None) -> float:
-        """Requests of ``max_model_len`` tokens (default: the plan's) the pool holds at once."""
-        need = self.blocks_per_request(max_model_len)
-        return self.usable_blocks / need if need else float("inf")
+        """Requests of ``max_model_len`` tokens (default: the plan's) the plan holds at once:
+        the fewest any pool holds."""
+        if len(self.pools) == 1:
+            need = self.blocks_per_request(max_model_len)
+            return self.usable_blocks / need if need else float("inf")
+        needs = self.blocks_per_request_by_pool(max_model_len)
+        return min(
+            (self.usable_blocks_in(p) / need for p, need in enumerate(needs) if need),
+            default=float("inf"),
+        )
 
     def tokens_held(self, group: KVCacheGroup) -> int | None:
-        """Tokens the whole pool could hold for ``group``'s layers, or ``None`` for a state."""
+        """Tokens ``group``'s pool could hold for its layers, or ``None`` for a state."""
         per_page = group.spec.tokens_per_page
-        return None if per_page is None else self.usable_blocks // group.blocks_per_page * per_page
+        usable = self.usable_blocks_in(group.pool)
+        return None if per_page is None else usable // group.blocks_per_page * per_page
 
     def fits(self, max_model_len: int | None = None) -> bool:
-        """Whether one request of ``max_model_len`` tokens fits in the pool."""
-        return self.blocks_per_request(max_model_len) <= self.usable_blocks
+        """Whether one request of ``max_model_len`` tokens fits in every pool."""
+        if len(self.pools) == 1:
+            return self.blocks_per_request(max_model_len) <= self.usable_blocks
+        needs = self.blocks_per_request_by_pool(max_model_len)
+        return all(need <= self.usable_blocks_in(p) for p, need in enumerate(needs))
 
     def largest_fitting_len(self, upper: int | None = None) -> int:
         """The largest request length (up to ``upper``, default the plan's) that fits; 0 if none."""
@@ -286,14 +476,20 @@ def structural_problems(plan: KVCachePlan) -> Iterator[str]:
         sharing layer with a cache of its own or a target without one); nothing for a sound
         plan.
     """
+    yield from _pool_problems(plan)
+    pools = plan.pools
     grouped: dict[str, int] = {}
     for index, group in enumerate(plan.groups):
+        if group.pool >= len(pools):
+            yield f"group {index} draws from pool {group.pool} but the plan has {len(pools)} pool(s)"
+            return
         for name in group.layer_names:
             if name in grouped:
                 yield f"layer {name!r} is in groups {grouped[name]} and {index}"
             grouped[name] = index
     placed: dict[str, int] = {}
     buffer_bytes = plan.kv_cache_bytes
+    multi = len(pools) > 1
     for index, tensor in enumerate(plan.tensors):
         for name in tensor.shared_by:
             if name in placed:
@@ -303,6 +499,8 @@ def structural_problems(plan: KVCachePlan) -> Iterator[str]:
                 yield f"tensor {index} is shared by {name!r}, which is in no group"
         if len(tensor.shared_by) > 1:
             yield from _same_group_sharers(index, tensor, grouped)
+        if multi:
+            yield from _tensor_pool_problems(plan, index, tensor, grouped)
         if plan.single_buffer:
             if tensor.size and tensor.offset + tensor.size > buffer_bytes:
                 yield (
@@ -312,13 +510,18 @@ def structural_problems(plan: KVCachePlan) -> Iterator[str]:
         elif tensor.offset != 0:
             yield f"tensor {index} is its own allocation but has offset {tensor.offset}"
     # (page bytes, pages) per group, computed once rather than per layer
-    figures = [(g.spec.page_size_bytes, plan.num_blocks // g.blocks_per_page) for g in plan.groups]
+    figures = [
+        (g.spec.page_size_bytes, pools[g.pool].num_blocks // g.blocks_per_page) for g in plan.groups
+    ]
     for name, gi in grouped.items():
         if name not in placed:
             yield f"layer {name!r} (group {gi}) is not covered by any tensor"
             continue
         tensor = plan.tensors[placed[name]]
         page, pages = figures[gi]
+        group = plan.groups[gi]
+        if group.layer_specs:
+            page = group.spec_of(name).page_size_bytes
         if pages and page > tensor.page_stride:
             yield (
                 f"layer {name!r}: its page of {page} bytes is larger than the tensor's page "
@@ -357,4 +560,69 @@ def _same_group_sharers(index: int, tensor: KVCacheTensor, grouped: Mapping[str,
                 f"layers {other!r} and {name!r} are both in group {group} and share tensor {index}; "
                 "layers that share a tensor must be in different groups (one block table means "
                 "their pages are live at once)"
+            )
+
+
+def _pool_problems(plan: KVCachePlan) -> Iterator[str]:
+    """Pools that overlap or leave the buffer (a single-buffer plan lays them end to end)."""
+    pools = plan.pools
+    if not pools:
+        yield "a plan needs at least one pool"
+        return
+    if len(pools) == 1:
+        if pools[0].offset:
+            yield f"the plan's one pool starts at byte {pools[0].offset}; it must start at 0"
+        return
+    if not plan.single_buffer:
+        for index, pool in enumerate(pools):
+            if pool.offset:
+                yield f"pool {index} has offset {pool.offset} but the plan's tensors are separate allocations"
+        return
+    spans = sorted((pool.offset, pool.offset + pool.nbytes, index) for index, pool in enumerate(pools))
+    total = plan.kv_cache_bytes
+    for (start, end, index), (next_start, _, other) in itertools.pairwise(spans):
+        if end > next_start:
+            yield f"pools {index} and {other} overlap: bytes {start}..{end} and {next_start}.."
+    last_start, last_end, last = spans[-1]
+    if last_end > total:
+        yield f"pool {last} spans bytes {last_start}..{last_end} but the buffer has {total} bytes"
+
+
+def _tensor_pool_problems(
+    plan: KVCachePlan, index: int, tensor: KVCacheTensor, grouped: Mapping[str, int]
+) -> Iterator[str]:
+    """A tensor shared by layers of groups in different pools, or outside its pool's bytes."""
+    pools = {plan.groups[grouped[name]].pool for name in tensor.shared_by if name in grouped}
+    if len(pools) > 1:
+        yield (
+            f"tensor {index} is shared by layers of pools {sorted(pools)}; pools never share bytes "
+            "(their block ids are live at once)"
+        )
+        return
+    if not pools or not plan.single_buffer or not tensor.size:
+        return
+    pool = plan.pools[pools.pop()]
+    if tensor.offset < pool.offset or tensor.offset + tensor.size > pool.offset + pool.nbytes:
+        yield (
+            f"tensor {index} spans bytes {tensor.offset}..{tensor.offset + tensor.size}, outside its "
+            f"pool's bytes {pool.offset}..{pool.offset + pool.nbytes}"
+        )
+
+
+def _mixed_page_problems(group: KVCacheGroup) -> Iterator[str]:
+    """Layer specs of a mixed-page group that would not hold the group's block-table entries."""
+    own = set(group.layer_names)
+    key = group.spec.retention_key
+    for name, spec in group.layer_specs.items():
+        if name not in own:
+            yield f"'layer_specs' names {name!r}, which is not in the group"
+        elif spec.block_size != group.spec.block_size:
+            yield (
+                f"layer {name!r} has block size {spec.block_size} but its group's is "
+                f"{group.spec.block_size}; a block table has one block size"
+            )
+        elif spec.retention_key != key:
+            yield (
+                f"layer {name!r} ({spec.kind}) holds other pages than its group's spec ({group.spec.kind}): "
+                "layers of one group need one retention_key"
             )

@@ -125,21 +125,39 @@ def _placements(value: Iterable[TensorPlacement]) -> tuple[TensorPlacement, ...]
     return tuple(value)
 
 
+def _pool_bytes(value: Iterable[int]) -> tuple[int, ...]:
+    return tuple(value)
+
+
 @attrs.frozen(kw_only=True)
 class BlockPlacement:
-    """Where a policy puts the pages of a set of groups: one block id's worth.
+    """Where a policy puts the pages of a set of groups: one block id's worth (of each pool).
 
     Attributes:
-        bytes_per_block: device bytes each block id accounts for.
+        bytes_per_block: device bytes each block id accounts for (a layout of one pool).
         single_buffer: whether the tensors are views into one buffer (of
-            ``num_blocks * bytes_per_block`` bytes) or separate allocations.
+            ``num_blocks * bytes_per_block`` bytes, or of every pool's bytes end to end) or
+            separate allocations.
         tensors: the byte regions and the layers that view them, in the order the plan lists
-            them.
+            them. A tensor's layers belong to groups of one pool; its offset counts from the
+            start of that pool's bytes.
+        pool_bytes_per_block: for a layout of several pools (its groups say which pool each
+            draws from, :attr:`~kvcore.plan.KVCacheGroup.pool`), the bytes each block id of
+            each pool accounts for, pool by pool; leave ``bytes_per_block`` at 0 then. Empty
+            (the default): one pool of ``bytes_per_block``. kvcore splits the budget between
+            the pools in proportion to what one request needs of each
+            (:func:`~kvcore.planning.capacity.split_budget`).
     """
 
-    bytes_per_block: int
+    bytes_per_block: int = 0
     single_buffer: bool
     tensors: tuple[TensorPlacement, ...] = attrs.field(converter=_placements)
+    pool_bytes_per_block: tuple[int, ...] = attrs.field(default=(), converter=_pool_bytes)
+
+    @property
+    def pool_bytes(self) -> tuple[int, ...]:
+        """Bytes per block id of each pool (one pool: ``(bytes_per_block,)``)."""
+        return self.pool_bytes_per_block or (self.bytes_per_block,)
 
 
 #: The 0.1 name of :class:`BlockPlacement`, kept so that existing policies keep importing it.
@@ -184,12 +202,17 @@ class AllocationPolicy(Protocol):
 
         Every layer must appear in exactly one group. A group's spec may differ from its
         layers' specs only in ``block_size`` (a policy may enlarge blocks, up to
-        ``options.max_block_size``).
+        ``options.max_block_size``); a mixed-page group
+        (:attr:`~kvcore.plan.KVCacheGroup.layer_specs`) may hold layers of one
+        ``retention_key`` whose pages differ. A group draws from pool
+        :attr:`~kvcore.plan.KVCacheGroup.pool` (0 unless the policy makes several pools;
+        the pools used must be numbered 0, 1, ... without a gap).
         """
         ...
 
     def layout(self, groups: Sequence[KVCacheGroup]) -> BlockPlacement:
-        """Place the pages of ``groups``: offsets and strides, and the bytes one block id costs.
+        """Place the pages of ``groups``: offsets and strides, and the bytes one block id costs
+        (in each pool, for groups of several pools).
 
         kvcore calls it once per plan (per rank) and sizes the tensors for the block count
         itself. The groups may be a projection of the policy's own grouping onto one worker's

@@ -142,6 +142,10 @@ class KVCacheSpec(abc.ABC):
     #: such a spec a larger block size to even out page sizes; a spec whose page is a fixed
     #: per-request state (SSM) sets this to ``False``.
     page_scales_with_block_size: ClassVar[bool] = True
+    #: Fields that change only the bytes of a page, not which pages a request holds (an
+    #: attention kind's heads, head size and dtype): layers whose specs differ only in these
+    #: have one :attr:`retention_key` and may share a block table with mixed page sizes.
+    page_fields: ClassVar[tuple[str, ...]] = ()
 
     block_size: int = attrs.field(validator=positive_int)
 
@@ -265,6 +269,32 @@ class KVCacheSpec(abc.ABC):
         compute it once per distinct spec, not once per layer.
         """
         return self
+
+    @property
+    def retention_key(self) -> Hashable:
+        """Specs with equal keys hold the same block-table entries for every request, whatever
+        their page sizes, so they may share one block table with pages of different sizes (a
+        *mixed-page* group: each layer keeps its own page in the group's row).
+
+        A kind that keeps every token in order (it overrides none of :meth:`live_pages`,
+        :meth:`max_num_blocks` and :meth:`first_retained_token`) keys on its tokens per page
+        alone, so full attention and MLA of one block size share a key. Another kind keys on
+        its class and every field but those named in :attr:`page_fields` (the fields that only
+        change the bytes of a page); with no ``page_fields`` that is its :attr:`group_key`.
+        An override must depend on the spec's fields only.
+        """
+        cls = type(self)
+        if (
+            cls.live_pages is KVCacheSpec.live_pages
+            and cls.max_num_blocks is KVCacheSpec.max_num_blocks
+            and cls.first_retained_token is KVCacheSpec.first_retained_token
+        ):
+            return ("keeps every token", self.tokens_per_page)
+        if not cls.page_fields:
+            return self.group_key
+        return (cls, *(
+            getattr(self, f.name) for f in attrs.fields(cls) if f.name not in cls.page_fields
+        ))
 
     def with_block_size(self: _S, block_size: int) -> _S:
         """A copy with another block size (page size changes accordingly)."""

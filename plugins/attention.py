@@ -8,7 +8,7 @@ default page layout ``(2, block_size, num_kv_heads, head_size)``, viewed over th
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, ClassVar, TypeVar
 
 import attrs
 
@@ -39,6 +39,9 @@ class AttentionSpec(KVCacheSpec):
         dtype: element type of the cache, a :class:`~kvcore.dtypes.DType`; names such as
             ``"bfloat16"`` or ``"fp8"`` and torch dtypes (``torch.bfloat16``) are converted.
     """
+
+    #: heads, head size and dtype size a page, not which pages a request holds
+    page_fields: ClassVar[tuple[str, ...]] = ("num_kv_heads", "head_size", "dtype")
 
     num_kv_heads: int = attrs.field(validator=positive_int)
     head_size: int = attrs.field(validator=positive_int)

@@ -130,6 +130,8 @@ class StateSpec(KVCacheSpec):
 
     kind = "state"
     page_scales_with_block_size = False
+    #: the parts size a page; which states a request holds depends on the other fields
+    page_fields = ("parts",)
 
     parts: tuple[StatePart, ...] = attrs.field(converter=_parts)
     cache_mode: str = attrs.field(default="none", validator=_cache_mode, metadata={OMIT_IF_DEFAULT: True})

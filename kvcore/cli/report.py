@@ -74,7 +74,8 @@ def plan_report(
         "efficiency": capacity.efficiency,
         "kv_cache_tokens": capacity.kv_cache_tokens,
     }
-    return {"policy": data.pop("policy"), "num_blocks": data.pop("num_blocks"), **figures, **data}
+    head = {"policy": data.pop("policy"), "num_blocks": data.pop("num_blocks", plan.num_blocks)}
+    return {**head, **figures, **data}
 
 
 def policy_reason(choice: PolicyChoice) -> str:

@@ -15,7 +15,8 @@ def check_admission(
     forced_num_blocks: bool = False,
     largest_admitted: Callable[[], int] | None = None,
 ) -> None:
-    """Raise unless one request of the plan's ``max_model_len`` fits in its block pool.
+    """Raise unless one request of the plan's ``max_model_len`` fits in its block pools (in
+    each of them, for a plan of several).
 
     Args:
         plan: the plan to check.
@@ -31,19 +32,20 @@ def check_admission(
         InsufficientMemoryError: with the bytes and blocks needed and available, the largest
             ``max_model_len`` that fits, and the fix (``reason`` ``"num_blocks"`` or ``"memory"``).
     """
-    needed_blocks = plan.blocks_per_request()
-    if needed_blocks <= plan.usable_blocks:
+    if plan.fits():
         return
     largest = largest_admitted() if largest_admitted is not None else plan.largest_fitting_len()
+    by_pool = plan.blocks_per_request_by_pool()
+    one_pool = len(plan.pools) == 1
     raise with_message(
         InsufficientMemoryError(
             reason="num_blocks" if forced_num_blocks else "memory",
-            required_bytes=needed_blocks * plan.bytes_per_block,
+            required_bytes=sum(n * pool.bytes_per_block for n, pool in zip(by_pool, plan.pools, strict=True)),
             available_bytes=plan.kv_cache_bytes if forced_num_blocks else plan.available_memory_bytes,
             max_model_len=plan.context.max_model_len,
             largest_fitting_len=largest,
-            required_blocks=needed_blocks,
+            required_blocks=sum(by_pool),
             available_blocks=plan.usable_blocks,
-            bytes_per_block=plan.bytes_per_block,
+            bytes_per_block=plan.pools[0].bytes_per_block if one_pool else None,
         )
     )

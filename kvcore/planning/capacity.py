@@ -11,7 +11,7 @@ read from :meth:`Capacity.of`, computed once per plan.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import attrs
 
@@ -30,6 +30,51 @@ def blocks_that_fit(available_bytes: int, bytes_per_block: int) -> int:
         ``available_bytes // bytes_per_block``, or 0 when ``bytes_per_block`` is 0.
     """
     return available_bytes // bytes_per_block if bytes_per_block else 0
+
+
+def split_budget(
+    available_bytes: int, bytes_per_block: Sequence[int], need: Sequence[int]
+) -> tuple[int, ...]:
+    """Block counts for several pools that share one budget, each in proportion to the block
+    ids one request needs in it, so that the pools run out together.
+
+    A request of the worst case needs ``need[p]`` ids of pool ``p``, so the plan holds
+    ``min(count[p] / need[p])`` requests; the counts that maximise it given
+    ``sum(count[p] * bytes_per_block[p]) <= available_bytes`` are ``need[p]`` times one common
+    factor, rounded down, and the bytes left over then go a block at a time to the pool that
+    holds the fewest requests. A pool no request needs (``need[p] == 0``) gets none.
+
+    Args:
+        available_bytes: the budget.
+        bytes_per_block: what one block id of each pool costs (0: the pool has no bytes here,
+            as on a rank that holds none of its layers).
+        need: block ids of each pool one request holds at most.
+
+    Returns:
+        The block count of each pool; with one pool, ``blocks_that_fit``.
+    """
+    if len(bytes_per_block) == 1:
+        return (blocks_that_fit(available_bytes, bytes_per_block[0]),)
+    per_unit = sum(n * b for n, b in zip(need, bytes_per_block, strict=True))
+    if not per_unit:
+        return tuple(0 for _ in need)
+    units = available_bytes // per_unit
+    counts = [units * n for n in need]
+    left = available_bytes - units * per_unit
+    # one block at a time to the pool that holds the fewest requests, while the bytes last:
+    # at most one round per block id of the largest need
+    while True:
+        order = sorted((c / n, p) for p, (c, n) in enumerate(zip(counts, need, strict=True)) if n)
+        grew = False
+        for _, p in order:
+            if bytes_per_block[p] <= left:
+                counts[p] += 1
+                left -= bytes_per_block[p]
+                grew = True
+                break
+        if not grew or not left:
+            break
+    return tuple(counts)
 
 
 def request_bytes(specs: Mapping[str, KVCacheSpec], context: SizingContext) -> int:
@@ -65,9 +110,9 @@ class Capacity:
 
     Attributes:
         max_model_len: the request length the figures are for.
-        blocks_per_request: block ids one request holds at most, over all groups.
+        blocks_per_request: block ids one request holds at most, over all groups (of all pools).
         request_bytes: the bytes those block ids account for (``blocks_per_request x
-            bytes_per_block``).
+            bytes_per_block``, summed over pools).
         ideal_request_bytes: the bytes one request's layers need, summed over layers.
         padding_bytes: ``request_bytes - ideal_request_bytes``: what the layout costs a request
             beyond what its layers need.
@@ -79,6 +124,7 @@ class Capacity:
         blocks_that_fit: block ids the budget holds (the block count unless it was forced).
         tokens_held: per group, the tokens the whole pool could hold for its layers (``None``
             for a per-request state).
+        pools: how many block pools the plan has.
     """
 
     max_model_len: int
@@ -92,6 +138,7 @@ class Capacity:
     kv_cache_tokens: int
     blocks_that_fit: int
     tokens_held: tuple[int | None, ...]
+    pools: int = 1
 
     @classmethod
     def of(cls, plan: KVCachePlan, specs: Mapping[str, KVCacheSpec] | None = None) -> Capacity:
@@ -111,21 +158,24 @@ class Capacity:
             need = request_bytes(specs, context)
         else:
             need = sum(len(g.layer_names) * g.spec.max_memory_usage_bytes(context) for g in plan.groups)
-        blocks = plan.blocks_per_request()
+        by_pool = plan.blocks_per_request_by_pool()
+        pool_bytes = [pool.bytes_per_block for pool in plan.pools]
+        held = sum(n * b for n, b in zip(by_pool, pool_bytes, strict=True))
         concurrency = plan.max_concurrency()
         ideal = _ideal(plan.available_memory_bytes, need)
         return cls(
             max_model_len=context.max_model_len,
-            blocks_per_request=blocks,
-            request_bytes=blocks * plan.bytes_per_block,
+            blocks_per_request=sum(by_pool),
+            request_bytes=held,
             ideal_request_bytes=need,
-            padding_bytes=blocks * plan.bytes_per_block - need,
+            padding_bytes=held - need,
             max_concurrency=concurrency,
             ideal_concurrency=ideal,
             efficiency=concurrency / ideal if ideal else 0.0,
             kv_cache_tokens=int(concurrency * context.max_model_len),
-            blocks_that_fit=blocks_that_fit(plan.available_memory_bytes, plan.bytes_per_block),
+            blocks_that_fit=sum(split_budget(plan.available_memory_bytes, pool_bytes, by_pool)),
             tokens_held=tuple(plan.tokens_held(g) for g in plan.groups),
+            pools=len(plan.pools),
         )
 
 

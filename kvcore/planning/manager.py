@@ -45,6 +45,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "kvcore.policies.uniform",
     "kvcore.policies.shared_buffer",
     "kvcore.policies.equal_groups",
+    "kvcore.policies.kind_pools",
 )
 
 #: Entry-point group third-party packages register plugins under.

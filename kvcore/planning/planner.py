@@ -34,14 +34,15 @@ from kvcore.errors import (
     InsufficientMemoryError,
     InvalidInputError,
     InvalidSpecError,
+    MultiplePoolsError,
     PlanValidationError,
     PluginValidationError,
     PolicyNotApplicableError,
 )
 from kvcore.limits import MAX_BYTES, check_at_most
-from kvcore.plan import KVCacheGroup, KVCachePlan, KVCacheTensor
+from kvcore.plan import KVCacheGroup, KVCachePlan, KVCachePool, KVCacheTensor
 from kvcore.planning.admission import check_admission
-from kvcore.planning.capacity import blocks_that_fit
+from kvcore.planning.capacity import blocks_that_fit, split_budget
 from kvcore.planning.invariants import plan_problems
 from kvcore.planning.max_len import (
     LENGTH_CEILING,
@@ -79,7 +80,7 @@ def plan_kv_cache(
     registry: Registry,
     policy: str | AllocationPolicy = "auto",
     options: PlanOptions | None = None,
-    num_blocks: int | None = None,
+    num_blocks: int | Sequence[int] | None = None,
     check_fit: bool = True,
     max_model_len: Literal["auto"] | None = None,
 ) -> KVCachePlan:
@@ -129,7 +130,7 @@ def plan_model(
     registry: Registry,
     policy: str | AllocationPolicy = "auto",
     options: PlanOptions | None = None,
-    num_blocks: int | None = None,
+    num_blocks: int | Sequence[int] | None = None,
     check_fit: bool = True,
     rank_layers: Sequence[Collection[str]] | None = None,
     rank_names: Sequence[str] | None = None,
@@ -149,7 +150,8 @@ def plan_model(
         registry: where policies are looked up.
         policy: a policy name, ``"auto"``, or a policy object (it plans the whole model).
         options: policy knobs; defaults to :class:`PlanOptions`'s defaults.
-        num_blocks: force this many block ids (checked against every rank's budget).
+        num_blocks: force this many block ids (checked against every rank's budget); for a
+            policy that makes several pools, one count per pool.
         check_fit: raise unless one request of ``context.max_model_len`` fits.
         rank_layers: the layers each rank holds, in rank order; ``None`` for one rank that
             holds every layer.
@@ -215,19 +217,22 @@ def plan_model(
     rank_groups = [groups] if rank_layers is None else [project_groups(groups, own) for own in rank_layers]
     layouts = [layout_for(chosen, own) for own in rank_groups]
     null_block = 0 if options is not None and options.reserve_null_block else None
+    need = pool_needs(groups, len(layouts[0].pool_bytes), context)
 
     if num_blocks is None:
-        blocks = min(
-            blocks_that_fit(memory, layout.bytes_per_block)
+        # every rank's own split of its budget; the common count of each pool is the least
+        splits = [
+            split_budget(memory, layout.pool_bytes, need)
             for memory, layout in zip(rank_memory, layouts, strict=True)
-        )
+        ]
+        blocks = tuple(min(counts) for counts in zip(*splits, strict=True))
     else:
+        blocks = forced_counts(num_blocks, len(need), chosen.name)
         for rank, (memory, layout) in enumerate(zip(rank_memory, layouts, strict=True)):
             try:
-                check_forced_blocks(num_blocks, layout.bytes_per_block, memory, context)
+                check_forced_pools(blocks, layout.pool_bytes, memory, context)
             except InsufficientMemoryError as exc:
                 raise _on_rank(exc, prefix(rank)) from None
-        blocks = num_blocks
     built: list[KVCachePlan] = []
     for rank, (own, layout, memory) in enumerate(zip(rank_groups, layouts, rank_memory, strict=True)):
         # the one check every plan passes: structure when built, the rest here
@@ -487,12 +492,91 @@ def tightest_rank(plans: Sequence[KVCachePlan]) -> int:
         plans: one plan per rank, as :func:`plan_model` returns them.
 
     Returns:
-        The index of the plan with the fewest blocks its own memory would hold.
+        The index of the plan whose own memory would hold the fewest requests (the fewest
+        blocks, for plans of one pool).
     """
-    return min(
-        range(len(plans)),
-        key=lambda r: blocks_that_fit(plans[r].available_memory_bytes, plans[r].bytes_per_block),
-    )
+
+    def own(rank: int) -> float:
+        plan = plans[rank]
+        need = plan.blocks_per_request_by_pool()
+        counts = split_budget(plan.available_memory_bytes, [p.bytes_per_block for p in plan.pools], need)
+        if len(counts) == 1:
+            return counts[0]
+        return min((c / n for c, n in zip(counts, need, strict=True) if n), default=float("inf"))
+
+    return min(range(len(plans)), key=own)
+
+
+def pool_needs(groups: Sequence[KVCacheGroup], num_pools: int, context: SizingContext) -> tuple[int, ...]:
+    """Block ids one request of ``context.max_model_len`` tokens needs in each pool, worst case
+    (the whole model's groups: every rank splits its budget by the same needs).
+
+    Args:
+        groups: the policy's groups (not a projection).
+        num_pools: pools of the layout.
+        context: the sizing context.
+
+    Returns:
+        One count per pool.
+    """
+    need = [0] * num_pools
+    for group in groups:
+        if group.pool < num_pools:
+            need[group.pool] += group.blocks_per_request(context)
+    return tuple(need)
+
+
+def forced_counts(num_blocks: int | Sequence[int], num_pools: int, policy_name: str) -> tuple[int, ...]:
+    """A forced block count as one count per pool, checked.
+
+    Args:
+        num_blocks: an int (one pool) or one count per pool.
+        num_pools: the pools the policy made.
+        policy_name: for messages.
+
+    Returns:
+        The counts.
+
+    Raises:
+        InvalidInputError: a count is not an int >= 1.
+        MultiplePoolsError: the number of counts is not the number of pools.
+    """
+    counts = (num_blocks,) if isinstance(num_blocks, int) else tuple(num_blocks)
+    for count in counts:
+        check_int(count, "'num_blocks'", minimum=1)
+    if len(counts) != num_pools:
+        raise MultiplePoolsError(
+            f"policy {policy_name!r} makes {num_pools} block pool(s) but {len(counts)} block count(s) were "
+            f"forced; give one count per pool (num_blocks=({', '.join(['N'] * num_pools)}))"
+        )
+    return counts
+
+
+def check_forced_pools(
+    counts: Sequence[int], pool_bytes: Sequence[int], available_bytes: int, context: SizingContext
+) -> None:
+    """Check forced block counts (one per pool) against a budget.
+
+    Raises:
+        InsufficientMemoryError: the pools take more than ``available_bytes``.
+    """
+    if len(counts) == 1:
+        check_forced_blocks(counts[0], pool_bytes[0], available_bytes, context)
+        return
+    need = sum(c * b for c, b in zip(counts, pool_bytes, strict=True))
+    if need > available_bytes:
+        raise with_message(
+            InsufficientMemoryError(
+                reason="forced_num_blocks",
+                required_bytes=need,
+                available_bytes=available_bytes,
+                max_model_len=context.max_model_len,
+                largest_fitting_len=0,
+                required_blocks=sum(counts),
+                available_blocks=sum(split_budget(available_bytes, pool_bytes, counts)),
+                bytes_per_block=None,
+            )
+        )
 
 
 def layout_for(policy: AllocationPolicy, groups: Sequence[KVCacheGroup]) -> BlockPlacement:
@@ -507,43 +591,78 @@ def layout_for(policy: AllocationPolicy, groups: Sequence[KVCacheGroup]) -> Bloc
         raise PluginValidationError(
             f"policy {policy.name!r}: layout() returned {layout!r}, expected a kvcore.BlockPlacement"
         )
-    if layout.bytes_per_block <= 0 and any(g.layer_names for g in groups):
+    pools = max((g.pool for g in groups), default=0) + 1
+    if layout.pool_bytes_per_block:
+        if layout.bytes_per_block:
+            raise PluginValidationError(
+                f"policy {policy.name!r}: layout() gives both bytes_per_block and pool_bytes_per_block; "
+                "a layout of several pools leaves bytes_per_block at 0"
+            )
+        if len(layout.pool_bytes_per_block) != pools:
+            raise PluginValidationError(
+                f"policy {policy.name!r}: layout() gives bytes per block of "
+                f"{len(layout.pool_bytes_per_block)} pool(s) but its groups draw from {pools}"
+            )
+    elif pools > 1:
         raise PluginValidationError(
-            f"policy {policy.name!r}: layout() reports {layout.bytes_per_block} bytes per block; "
-            "it must be positive"
+            f"policy {policy.name!r}: its groups draw from {pools} pools but layout() gives one "
+            "bytes_per_block; give pool_bytes_per_block, one per pool"
         )
+    for pool, per_block in enumerate(layout.pool_bytes):
+        if type(per_block) is not int or per_block < 0:
+            raise PluginValidationError(
+                f"policy {policy.name!r}: layout() reports {per_block!r} bytes per block of pool {pool}; "
+                "it must be a non-negative int"
+            )
+        if per_block == 0 and any(g.layer_names for g in groups if g.pool == pool):
+            raise PluginValidationError(
+                f"policy {policy.name!r}: layout() reports 0 bytes per block"
+                + (f" of pool {pool}" if pools > 1 else "")
+                + "; it must be positive"
+            )
     return layout
 
 
 def size_tensors(
-    policy_name: str, layout: BlockPlacement, groups: Sequence[KVCacheGroup], num_blocks: int
+    policy_name: str,
+    layout: BlockPlacement,
+    groups: Sequence[KVCacheGroup],
+    num_blocks: int | Sequence[int],
+    pool_offsets: Sequence[int] = (0,),
 ) -> tuple[KVCacheTensor, ...]:
-    """The layout's tensors, sized for ``num_blocks`` block ids.
+    """The layout's tensors, sized for ``num_blocks`` block ids (of each pool).
 
-    A tensor's layers (``shared_by``) each have ``num_blocks // blocks_per_page`` pages of
-    their group's page size; the tensor holds the fewest pages any of them has, and ends where
-    the last such page of its largest layer ends.
+    A tensor's layers (``shared_by``) each have ``num_blocks // blocks_per_page`` pages (of
+    their group's pool) of their own page size; the tensor holds the fewest pages any of them
+    has, and ends where the last such page of its largest layer ends. A tensor of pool ``p``
+    starts ``pool_offsets[p]`` bytes further than the layout says (the layout counts from the
+    start of its pool).
 
     Raises:
         PluginValidationError: a tensor is shared by no layer or by a layer in no group, or
             has an offset or page stride that is not a non-negative (positive) int.
     """
-    # (page bytes, pages) per layer: one pair per group, shared by its layers
-    per_layer: dict[str, tuple[int, int]] = {}
+    counts = (num_blocks,) if isinstance(num_blocks, int) else tuple(num_blocks)
+    # (page bytes, pages, pool) per layer: one triple per group (and layer spec)
+    per_layer: dict[str, tuple[int, int, int]] = {}
     for group in groups:
         if group.layer_names:
-            pair = (group.spec.page_size_bytes, num_blocks // group.blocks_per_page)
-            per_layer.update(dict.fromkeys(group.layer_names, pair))
+            pages_of = counts[group.pool] // group.blocks_per_page
+            triple = (group.spec.page_size_bytes, pages_of, group.pool)
+            per_layer.update(dict.fromkeys(group.layer_names, triple))
+            for name, spec in group.layer_specs.items():
+                per_layer[name] = (spec.page_size_bytes, pages_of, group.pool)
     tensors = []
     for index, placement in enumerate(layout.tensors):
         names = placement.shared_by
         try:
             if len(names) == 1:
-                largest, pages = per_layer[names[0]]
+                largest, pages, pool = per_layer[names[0]]
             else:
                 sharers = [per_layer[name] for name in names]
-                largest = max(page for page, _ in sharers)
-                pages = min(count for _, count in sharers)
+                largest = max(page for page, _, _ in sharers)
+                pages = min(count for _, count, _ in sharers)
+                pool = sharers[0][2]
         except KeyError as exc:
             raise PluginValidationError(
                 f"policy {policy_name!r}: layout() places layer {exc.args[0]!r} (tensor {index}), "
@@ -558,7 +677,7 @@ def size_tensors(
             tensors.append(
                 KVCacheTensor(
                     size=(pages - 1) * stride + largest if pages else 0,
-                    offset=placement.offset,
+                    offset=placement.offset + (pool_offsets[pool] if pool < len(pool_offsets) else 0),
                     page_stride=stride,
                     shared_by=names,
                 )
@@ -574,13 +693,14 @@ def build_plan(
     policy: AllocationPolicy,
     groups: Sequence[KVCacheGroup],
     layout: BlockPlacement,
-    num_blocks: int,
+    num_blocks: int | Sequence[int],
     context: SizingContext,
     available_bytes: int,
     *,
     null_block: int | None = None,
 ) -> KVCachePlan:
-    """Size ``layout`` for ``num_blocks`` and wrap it in a plan (no admission check).
+    """Size ``layout`` for ``num_blocks`` (one count per pool, or an int for one pool) and
+    wrap it in a plan (no admission check). A single-buffer plan lays its pools end to end.
 
     Args:
         policy: the policy that made ``groups`` and ``layout``.
@@ -599,14 +719,21 @@ def build_plan(
         PluginValidationError: the layout places a layer that is in no group.
         PlanValidationError: the layout breaks a structural invariant (naming the policy).
     """
+    counts = (num_blocks,) if isinstance(num_blocks, int) else tuple(num_blocks)
+    pools = []
+    start = 0
+    for count, per_block in zip(counts, layout.pool_bytes, strict=True):
+        pools.append(KVCachePool(num_blocks=count, bytes_per_block=per_block, offset=start))
+        if layout.single_buffer:
+            start += count * per_block
+    offsets = [pool.offset for pool in pools]
     try:
         return KVCachePlan(
             policy=policy.name,
-            num_blocks=num_blocks,
-            bytes_per_block=layout.bytes_per_block,
+            pools=pools,
             single_buffer=layout.single_buffer,
             groups=groups,
-            tensors=size_tensors(policy.name, layout, groups, num_blocks),
+            tensors=size_tensors(policy.name, layout, groups, counts, offsets),
             context=context,
             available_memory_bytes=available_bytes,
             null_block=null_block,
@@ -631,8 +758,8 @@ def check_groups(policy_name: str, specs: Mapping[str, KVCacheSpec], groups: Seq
             raise PluginValidationError(
                 f"policy {policy_name!r}: group() returned {group!r}, expected KVCacheGroup"
             )
-        checked_ids: set[int] = set()  # layer spec objects already compared with this group's spec
-        checked: set[KVCacheSpec] = set()  # ... and their values, for equal specs in other objects
+        checked_ids: set[tuple[int, int]] = set()  # (layer spec, group spec) objects already compared
+        checked: set[tuple[KVCacheSpec, KVCacheSpec]] = set()  # ... and their values
         for name in group.layer_names:
             own = specs.get(name)
             if own is None:
@@ -642,13 +769,20 @@ def check_groups(policy_name: str, specs: Mapping[str, KVCacheSpec], groups: Seq
             if name in seen:
                 raise PluginValidationError(f"policy {policy_name!r} put layer {name!r} in two groups")
             seen.add(name)
-            if id(own) in checked_ids:
+            target = group.spec_of(name)
+            if (id(own), id(target)) in checked_ids:
                 continue
-            checked_ids.add(id(own))
-            if own in checked:
+            checked_ids.add((id(own), id(target)))
+            if (own, target) in checked:
                 continue
-            _check_member(policy_name, name, index, own, group.spec)
-            checked.add(own)
+            _check_member(policy_name, name, index, own, target)
+            checked.add((own, target))
+    used = sorted({g.pool for g in groups})
+    if used and used != list(range(len(used))):
+        raise PluginValidationError(
+            f"policy {policy_name!r}: its groups draw from pools {used}; "
+            "number the pools 0, 1, ... without a gap"
+        )
     if len(seen) != len(specs):
         missing = [name for name in specs if name not in seen]
         raise PluginValidationError(f"policy {policy_name!r} left layers out of every group: {missing[:5]}")
@@ -705,7 +839,7 @@ def largest_admitted(
     registry: Registry,
     policy: str | AllocationPolicy = "auto",
     options: PlanOptions | None = None,
-    num_blocks: int | None = None,
+    num_blocks: int | Sequence[int] | None = None,
     rank_layers: Sequence[Collection[str]] | None = None,
     estimate: int | None = None,
 ) -> LengthSearch:
@@ -752,7 +886,7 @@ def plan_longest(
     registry: Registry,
     policy: str | AllocationPolicy = "auto",
     options: PlanOptions | None = None,
-    num_blocks: int | None = None,
+    num_blocks: int | Sequence[int] | None = None,
     rank_layers: Sequence[Collection[str]] | None = None,
     rank_names: Sequence[str] | None = None,
 ) -> PlanningResult:

@@ -42,7 +42,15 @@ _SPEC_BASE: Any = KVCacheSpec
 
 #: Keys of a group object that are not fields of its spec (the last two are report figures,
 #: ignored when reading).
-GROUP_KEYS = ("layers", "blocks_per_page", "page_size_bytes", "blocks_per_request", "tokens_held")
+GROUP_KEYS = (
+    "layers",
+    "blocks_per_page",
+    "page_size_bytes",
+    "pool",
+    "layer_specs",
+    "blocks_per_request",
+    "tokens_held",
+)
 
 
 def _format_exception(exc: BaseException, type_: type | None) -> str:
@@ -167,21 +175,31 @@ def make_converter(registry: Registry) -> cattrs.Converter:
     conv.register_structure_hook_func(is_spec_class, structure_spec)
 
     def unstructure_group(group: KVCacheGroup) -> dict[str, Any]:
-        return {
+        out = {
             "layers": list(group.layer_names),
             **conv.unstructure(group.spec),
             "page_size_bytes": group.spec.page_size_bytes,
             "blocks_per_page": group.blocks_per_page,
         }
+        if group.pool:
+            out["pool"] = group.pool
+        if group.layer_specs:
+            out["layer_specs"] = {name: conv.unstructure(spec) for name, spec in group.layer_specs.items()}
+        return out
 
     def structure_group(data: Any, _: Any) -> KVCacheGroup:
         if not isinstance(data, Mapping):
             raise InvalidInputError(f"a group must be a JSON object (got {data!r})")
         spec = structure_spec({k: v for k, v in data.items() if k not in GROUP_KEYS}, _SPEC_BASE)
+        layer_specs = data.get("layer_specs", {})
+        if not isinstance(layer_specs, Mapping):
+            raise InvalidInputError(f"a group's 'layer_specs' must be a JSON object (got {layer_specs!r})")
         group = KVCacheGroup(
             layer_names=tuple(data.get("layers", ())),
             spec=spec,
             blocks_per_page=data.get("blocks_per_page", 1),
+            pool=data.get("pool", 0),
+            layer_specs={name: structure_spec(value, _SPEC_BASE) for name, value in layer_specs.items()},
         )
         stated = data.get("page_size_bytes")
         if stated is not None and stated != spec.page_size_bytes:
@@ -195,9 +213,26 @@ def make_converter(registry: Registry) -> cattrs.Converter:
 
     conv.register_unstructure_hook(KVCacheGroup, unstructure_group)
     conv.register_structure_hook(KVCacheGroup, structure_group)
-    conv.register_structure_hook(
-        KVCachePlan, make_dict_structure_fn(KVCachePlan, conv, _cattrs_forbid_extra_keys=False)
-    )
+    structure_plan_fields = make_dict_structure_fn(KVCachePlan, conv, _cattrs_forbid_extra_keys=False)
+
+    def structure_plan(data: Any, cls: Any) -> KVCachePlan:
+        # a one-pool plan says num_blocks and bytes_per_block, as it always did
+        if isinstance(data, Mapping) and "pools" not in data:
+            missing = [key for key in ("num_blocks", "bytes_per_block") if key not in data]
+            if missing:
+                raise InvalidInputError(
+                    f"not a kvcore plan: it needs 'pools', or {' and '.join(repr(k) for k in missing)}"
+                )
+            pool = {"num_blocks": data["num_blocks"], "bytes_per_block": data["bytes_per_block"]}
+            data = {**data, "pools": [pool]}
+        elif isinstance(data, Mapping) and ("num_blocks" in data or "bytes_per_block" in data):
+            raise InvalidInputError(
+                "not a kvcore plan: a plan with 'pools' states each pool's num_blocks and bytes_per_block "
+                "there, not at the top"
+            )
+        return structure_plan_fields(data, cls)
+
+    conv.register_structure_hook(KVCachePlan, structure_plan)
     # a context without serving options (speculative tokens, state cache mode, encoder length)
     # reads and writes as it always did
     serving: dict[str, Any] = {name: override(omit_if_default=True) for name in SERVING_FIELDS}
@@ -210,14 +245,29 @@ def make_converter(registry: Registry) -> cattrs.Converter:
         ),
     )
     # a plan without KV-sharing layers reads and writes as it always did
-    conv.register_unstructure_hook(
-        KVCachePlan, make_dict_unstructure_fn(
-            KVCachePlan,
-            conv,
-            kv_sharing=override(omit_if_default=True),
-            null_block=override(omit_if_default=True),
-        )
+    unstructure_plan_fields = make_dict_unstructure_fn(
+        KVCachePlan,
+        conv,
+        kv_sharing=override(omit_if_default=True),
+        null_block=override(omit_if_default=True),
     )
+
+    def unstructure_plan(plan: KVCachePlan) -> dict[str, Any]:
+        data: dict[str, Any] = unstructure_plan_fields(plan)
+        if len(plan.pools) > 1:
+            return data
+        # a one-pool plan reads and writes as it always did
+        pool = plan.pools[0]
+        out: dict[str, Any] = {}
+        for key, value in data.items():
+            if key == "pools":
+                out["num_blocks"] = pool.num_blocks
+                out["bytes_per_block"] = pool.bytes_per_block
+            else:
+                out[key] = value
+        return out
+
+    conv.register_unstructure_hook(KVCachePlan, unstructure_plan)
     return conv
 
 
@@ -301,7 +351,11 @@ def plan_from_dict(
             problems = [problem for error in broken for problem in error.problems]
             raise PlanValidationError(problems, policy=name, source=source) from None
         where = f" ({source})" if source is not None else ""
-        raise InvalidInputError(f"not a kvcore plan{where}: {_error_text(exc)}") from None
+        text = _error_text(exc)
+        if isinstance(data, Mapping) and "pools" not in data:
+            # a one-pool plan's num_blocks and bytes_per_block are read as its one pool's
+            text = text.replace("$.pools[0].", "$.")
+        raise InvalidInputError(f"not a kvcore plan{where}: {text}") from None
     if check:
         check_plan(plan, source=source, structure=False)
     return plan
