@@ -41,9 +41,9 @@ class Eager(SharedBufferPolicy):
         return self.refuse
 
 
-def test_the_builtins_rank_uniform_then_shared_buffer_then_equal_groups(registry):
+def test_the_builtins_rank_uniform_then_shared_buffer_then_equal_groups_and_never_kind_pools(registry):
     priorities = {name: policy.auto_priority for name, policy in registry.policies.items()}
-    assert priorities == {"uniform": 200, "shared_buffer": 100, "equal_groups": 0}
+    assert priorities == {"uniform": 200, "shared_buffer": 100, "equal_groups": 0, "kind_pools": None}
 
 
 def test_auto_picks_uniform_for_one_spec_and_says_why(registry):
@@ -104,7 +104,12 @@ def test_a_policy_without_priority_is_never_picked_by_auto(make_registry):
     only = Eager("acme.named_only", None)
     registry = make_registry(
         plugin(only),
-        block=["kvcore.policies.uniform", "kvcore.policies.shared_buffer", "kvcore.policies.equal_groups"],
+        block=[
+            "kvcore.policies.uniform",
+            "kvcore.policies.shared_buffer",
+            "kvcore.policies.equal_groups",
+            "kvcore.policies.kind_pools",
+        ],
     )
     with pytest.raises(PolicyNotApplicableError, match="no registered policy can plan these layers"):
         registry.select(HYBRID)

@@ -39,7 +39,7 @@ def test_builtins_register_through_hooks(registry):
         "state",
         "cross_attention",
     ]
-    assert list(registry.policies) == ["uniform", "shared_buffer", "equal_groups"]
+    assert list(registry.policies) == ["uniform", "shared_buffer", "equal_groups", "kind_pools"]
     entry = {e.name: e for e in registry.kind_entries()}["mla"]
     assert entry.origin.source == "builtin"
     assert entry.origin.name == "kvcore.plugins.mla"
@@ -322,7 +322,8 @@ def test_select_auto(registry):
 
 def test_select_named_and_errors(registry):
     assert registry.select({"a": full(), "b": full()}, "shared_buffer").name == "shared_buffer"
-    with pytest.raises(UnknownPolicyError, match="choose one of auto, uniform, shared_buffer, equal_groups"):
+    choices = "choose one of auto, uniform, shared_buffer, equal_groups, kind_pools"
+    with pytest.raises(UnknownPolicyError, match=choices):
         registry.select({"a": full()}, "greedy")
     with pytest.raises(PolicyNotApplicableError) as info:
         registry.select({"a": full(), "b": sliding(128)}, "uniform")
