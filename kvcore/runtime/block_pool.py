@@ -36,7 +36,7 @@ from collections.abc import Hashable, Iterable, Sequence
 from itertools import chain, repeat
 from typing import Final
 
-from kvcore.errors import BlockPoolExhaustedError, InvalidInputError
+from kvcore.errors import BlockPoolExhaustedError, InvalidInputError, MultiplePoolsError
 from kvcore.limits import MAX_TOKENS
 from kvcore.plan import KVCacheGroup, KVCachePlan
 from kvcore.runtime.prefix_cache import PrefixCacheStats, PrefixKey, token_block_keys
@@ -121,7 +121,21 @@ class BlockPool:
             why).
     """
 
+    def __new__(cls, plan: KVCachePlan, **options: bool) -> BlockPool:
+        """A :class:`~kvcore.runtime.multi_pool.MultiPoolBlockPool` for a plan of several
+        pools (one ``BlockPool`` per pool behind the same methods), else a ``BlockPool``."""
+        if cls is BlockPool and len(plan.pools) > 1:
+            from kvcore.runtime.multi_pool import MultiPoolBlockPool
+
+            return super().__new__(MultiPoolBlockPool)
+        return super().__new__(cls)
+
     def __init__(self, plan: KVCachePlan, *, lowest_first: bool = True, prefix_caching: bool = False) -> None:
+        if len(plan.pools) > 1:
+            raise MultiplePoolsError(
+                f"{type(self).__name__} serves a plan of one pool but this plan has {len(plan.pools)}; "
+                "BlockPool(plan) drives a plan of several pools (one pool per plan.pool_plan(p))"
+            )
         self.plan = plan
         self.groups: tuple[KVCacheGroup, ...] = plan.groups
         self.num_blocks: int = plan.num_blocks
@@ -193,6 +207,24 @@ class BlockPool:
         least recently used first when needed. The null block is never free."""
         return self._num_free + len(self._lru)
 
+    def num_free_blocks_in(self, pool: int) -> int:
+        """:attr:`num_free_blocks` of pool ``pool`` of the plan (a one-pool plan has pool 0 only).
+
+        Raises:
+            InvalidInputError: the plan has no pool ``pool``.
+        """
+        self._pool_index(pool)
+        return self.num_free_blocks
+
+    def num_usable_blocks_in(self, pool: int) -> int:
+        """:attr:`num_usable_blocks` of pool ``pool`` of the plan.
+
+        Raises:
+            InvalidInputError: the plan has no pool ``pool``.
+        """
+        self._pool_index(pool)
+        return self.num_usable_blocks
+
     @property
     def num_evictable_blocks(self) -> int:
         """Cached blocks no request holds: counted free, kept until their ids are needed
@@ -216,9 +248,10 @@ class BlockPool:
         span = self._group(group).blocks_per_page
         return range(page * span, (page + 1) * span)
 
-    def owner(self, block: int) -> int | None:
-        """The group holding block id ``block``, or ``None`` when no group does (a free id, or
-        the plan's null block, which is never free)."""
+    def owner(self, block: int, pool: int = 0) -> int | None:
+        """The group holding block id ``block`` of pool ``pool``, or ``None`` when no group
+        does (a free id, or the plan's null block, which is never free)."""
+        self._pool_index(pool)
         group = self._owner[block]
         return None if group < 0 else group
 
@@ -681,6 +714,41 @@ class BlockPool:
                 or ``num_tokens`` ends inside a cached block another request shares (its other
                 tokens would be overwritten). Nothing changed.
         """
+        checked = self._check_truncate(request_id, num_tokens)
+        if checked is None:
+            return {}
+        computed, stops, rewritten = checked
+        tables, released = self._tables[request_id], self._released[request_id]
+        freed: dict[int, list[int]] = {}
+        for index, stop in enumerate(stops):
+            table = tables[index]
+            cut = [page for page in table[stop:] if page != NULL_PAGE]
+            del table[stop:]
+            if released[index] > stop:
+                released[index] = stop
+            if cut:
+                freed[index] = cut
+        for page in rewritten:
+            self._uncache(page)
+        if self._caching and request_id in self._registered:
+            registered = self._registered[request_id]
+            for index, per_page in enumerate(self._paged):
+                registered[index] = min(registered[index], num_tokens // per_page)
+            self._due[request_id] = 0
+            for per_page, keys in self._chains.get(request_id, {}).items():
+                del keys[num_tokens // per_page :]
+        self._tokens[request_id] = num_tokens
+        self._computed[request_id] = computed
+        if freed:
+            self._free_groups(freed)
+        return freed
+
+    def _check_truncate(
+        self, request_id: Hashable, num_tokens: int
+    ) -> tuple[int, list[int], list[int]] | None:
+        """What :meth:`truncate` would do: ``(computed, table stops, cached pages to uncache)``,
+        or ``None`` when nothing changes; raises as :meth:`truncate` does, having changed
+        nothing (a pool of several pools checks every pool before truncating any)."""
         self._check_request(request_id)
         tokens = self._tokens[request_id]
         check_int(num_tokens, "'num_tokens'", minimum=0)
@@ -690,7 +758,7 @@ class BlockPool:
                 "reserve() grows a request"
             )
         if num_tokens == tokens:
-            return {}
+            return None
         tables, released = self._tables[request_id], self._released[request_id]
         computed = min(self._computed[request_id], num_tokens)
         stops: list[int] = []
@@ -719,29 +787,7 @@ class BlockPool:
                                 f"of {per_page} tokens or more"
                             )
                         rewritten.append(page)
-        freed: dict[int, list[int]] = {}
-        for index, stop in enumerate(stops):
-            table = tables[index]
-            cut = [page for page in table[stop:] if page != NULL_PAGE]
-            del table[stop:]
-            if released[index] > stop:
-                released[index] = stop
-            if cut:
-                freed[index] = cut
-        for page in rewritten:
-            self._uncache(page)
-        if self._caching and request_id in self._registered:
-            registered = self._registered[request_id]
-            for index, per_page in enumerate(self._paged):
-                registered[index] = min(registered[index], num_tokens // per_page)
-            self._due[request_id] = 0
-            for per_page, keys in self._chains.get(request_id, {}).items():
-                del keys[num_tokens // per_page :]
-        self._tokens[request_id] = num_tokens
-        self._computed[request_id] = computed
-        if freed:
-            self._free_groups(freed)
-        return freed
+        return computed, stops, rewritten
 
     # -- prefix caching --------------------------------------------------------------------
 
@@ -763,16 +809,19 @@ class BlockPool:
             evictions=self._evictions,
         )
 
-    def ref_count(self, block: int) -> int:
-        """How many requests' tables hold block id ``block`` (with prefix caching; without it,
-        1 for a block a request's table holds, else 0 — pages taken with :meth:`allocate`
-        are not counted)."""
+    def ref_count(self, block: int, pool: int = 0) -> int:
+        """How many requests' tables hold block id ``block`` of pool ``pool`` (with prefix
+        caching; without it, 1 for a block a request's table holds, else 0 — pages taken
+        with :meth:`allocate` are not counted)."""
+        self._pool_index(pool)
         if self._caching:
             return self._ref[block]
         return sum(block in table for tables in self._tables.values() for table in tables)
 
-    def is_cached(self, block: int) -> bool:
-        """Whether block id ``block`` is in the prefix cache (held by requests or evictable)."""
+    def is_cached(self, block: int, pool: int = 0) -> bool:
+        """Whether block id ``block`` of pool ``pool`` is in the prefix cache (held by requests
+        or evictable)."""
+        self._pool_index(pool)
         return self._caching and self._key[block] is not None
 
     def attach_prefix(
@@ -826,6 +875,20 @@ class BlockPool:
         if num_tokens is None:
             num_tokens = known
         check_int(num_tokens, "'num_tokens'", minimum=0)
+        return self._attach_prefix_within(request_id, content, num_tokens, min(num_tokens - 1, known))
+
+    def _probe_hit(self, request_id: Hashable, content: Sequence[int] | PrefixKey, limit: int) -> int:
+        """The tokens :meth:`attach_prefix` would find cached, at most ``limit``, changing
+        nothing the request's attach does not redo (0 without prefix caching)."""
+        if not self._caching:
+            return 0
+        self._chains.setdefault(request_id, {})
+        return self._find_hit(request_id, content, limit)
+
+    def _attach_prefix_within(
+        self, request_id: Hashable, content: Sequence[int] | PrefixKey, num_tokens: int, limit: int
+    ) -> int:
+        """:meth:`attach_prefix` of checked arguments, hitting at most ``limit`` tokens."""
         self._tables[request_id] = [[] for _ in self.groups]
         self._released[request_id] = [0] * len(self.groups)
         self._computed[request_id] = 0
@@ -833,9 +896,9 @@ class BlockPool:
         hit = 0
         if self._caching:
             self._content[request_id] = content
-            self._chains[request_id] = {}
+            self._chains.setdefault(request_id, {})
             self._registered[request_id] = [0] * len(self.groups)
-            hit = self._find_hit(request_id, content, min(num_tokens - 1, known))
+            hit = self._find_hit(request_id, content, limit)
             if hit:
                 self._attach(request_id, content, hit)
         self._pending[request_id] = (num_tokens, hit)
@@ -846,6 +909,11 @@ class BlockPool:
     @staticmethod
     def _live(group: KVCacheGroup, num_tokens: int, num_computed_tokens: int) -> range:
         return group.spec.live_pages(num_tokens, min(num_computed_tokens, num_tokens))
+
+    def _pool_index(self, pool: int) -> int:
+        if pool == 0 and type(pool) is int:
+            return 0
+        return check_int(pool, "pool index", minimum=0, below=len(self.plan.pools))
 
     def _group(self, group: int) -> KVCacheGroup:
         return self.groups[self._index(group)]
