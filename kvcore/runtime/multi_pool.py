@@ -24,7 +24,6 @@ group of every pool; a pool that cannot cache (a per-request state) turns cachin
 from __future__ import annotations
 
 import re
-
 from collections.abc import Hashable, Iterable, Sequence
 
 from kvcore.errors import BlockPoolExhaustedError, InvalidInputError
