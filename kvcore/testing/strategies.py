@@ -389,3 +389,194 @@ def plans(
             reject()
 
     return draw_plan()
+
+
+# -- plans of several pools ------------------------------------------------------------------
+
+
+@st.composite
+def retention_mixes(
+    draw: st.DrawFn, *, min_kinds: int = 2, max_layers: int = 10, prefix: str = "model.layers."
+) -> dict[str, KVCacheSpec]:
+    """``{layer: spec}`` of several retention kinds (full attention, sliding windows, chunked
+    local attention) of one block size, with head counts and head sizes that differ between
+    layers of one kind: what ``kind_pools`` plans as several pools of mixed-page groups.
+
+    Args:
+        min_kinds: fewest distinct retention kinds (a pool each under ``kind_pools``).
+        max_layers: most layers.
+        prefix: layer names are ``f"{prefix}{i}"``.
+    """
+    from kvcore.plugins.chunked_local_attention import ChunkedLocalAttentionSpec
+    from kvcore.plugins.full_attention import FullAttentionSpec
+    from kvcore.plugins.sliding_window import SlidingWindowSpec
+
+    block_size = draw(st.sampled_from([1, 2, 4, 8, 16]))
+    dtype = draw(st.sampled_from(["bfloat16", "float32"]))
+    spans = st.integers(1, 48)
+    kinds = draw(
+        st.lists(
+            st.one_of(
+                st.just(("full", 0)),
+                st.tuples(st.just("sliding"), spans),
+                st.tuples(st.just("chunked"), spans),
+            ),
+            min_size=min_kinds,
+            max_size=max(min_kinds, 3),
+            unique=True,
+        )
+    )
+    count = draw(st.integers(len(kinds), max(len(kinds), max_layers)))
+    out: dict[str, KVCacheSpec] = {}
+    for i in range(count):
+        kind, span = kinds[i] if i < len(kinds) else draw(st.sampled_from(kinds))
+        geometry: dict[str, Any] = {
+            "block_size": block_size,
+            "num_kv_heads": draw(st.integers(1, 3)),
+            "head_size": draw(st.sampled_from([8, 16])),
+            "dtype": dtype,
+        }
+        if kind == "full":
+            out[f"{prefix}{i}"] = FullAttentionSpec(**geometry)
+        elif kind == "sliding":
+            out[f"{prefix}{i}"] = SlidingWindowSpec(**geometry, sliding_window=span)
+        else:
+            out[f"{prefix}{i}"] = ChunkedLocalAttentionSpec(**geometry, attention_chunk_size=span)
+    return out
+
+
+@st.composite
+def hand_built_multi_pool_plans(
+    draw: st.DrawFn,
+    *,
+    max_pools: int = 3,
+    max_blocks: int = 24,
+    context: SizingContext | None = None,
+    null_block: bool | None = None,
+) -> KVCachePlan:
+    """A plan of several pools built by hand through ``KVCachePlan(pools=...)``, as a
+    third-party policy might lay one out, with no planner involved.
+
+    Each pool has one to three groups (full attention or a sliding window, heads and head
+    sizes drawn per layer, so groups are often mixed-page) and its own block count; its
+    layers are laid out either one tensor per layer side by side in the pool's rows, or the
+    ``k``-th layers of its groups sharing one tensor (the shared-buffer way). Pools lie end to
+    end in one buffer, or (sometimes) every tensor is its own allocation. The plan is sound:
+    every check of :func:`kvcore.planning.invariants.plan_problems` passes.
+
+    Args:
+        max_pools: most pools (at least two).
+        max_blocks: most block ids in one pool.
+        context: the context the plan is sized for (default: 64 tokens, steps of 16).
+        null_block: reserve block 0 of every pool (default: drawn).
+    """
+    from kvcore.plan import KVCacheGroup, KVCachePool, KVCacheTensor
+    from kvcore.plugins.full_attention import FullAttentionSpec
+    from kvcore.plugins.sliding_window import SlidingWindowSpec
+
+    ctx = context if context is not None else SizingContext(max_model_len=64, max_num_batched_tokens=16)
+    single_buffer = draw(st.booleans().map(lambda b: b or draw(st.booleans())))  # mostly one buffer
+    reserve = draw(st.booleans()) if null_block is None else null_block
+    block_size = draw(st.sampled_from([2, 4, 8]))
+    dtype = "float32"
+    pools: list[KVCachePool] = []
+    groups: list[KVCacheGroup] = []
+    tensors: list[KVCacheTensor] = []
+    offset = 0
+    layer = 0
+    for p in range(draw(st.integers(2, max(2, max_pools)))):
+        num_blocks = draw(st.integers(1, max_blocks))
+        pool_groups: list[list[tuple[str, KVCacheSpec]]] = []
+        for _ in range(draw(st.integers(1, 3))):
+            window = draw(st.one_of(st.none(), st.integers(1, 24)))
+            members: list[tuple[str, KVCacheSpec]] = []
+            for _ in range(draw(st.integers(1, 3))):
+                geometry: dict[str, Any] = {
+                    "block_size": block_size,
+                    "num_kv_heads": draw(st.integers(1, 2)),
+                    "head_size": draw(st.sampled_from([4, 8])),
+                    "dtype": dtype,
+                }
+                spec: KVCacheSpec = (
+                    FullAttentionSpec(**geometry)
+                    if window is None
+                    else SlidingWindowSpec(**geometry, sliding_window=window)
+                )
+                members.append((f"model.layers.{layer}", spec))
+                layer += 1
+            pool_groups.append(members)
+        shared = draw(st.booleans())
+        # the pool's row: (layers, page stride) of each tensor, side by side
+        row: list[tuple[tuple[str, ...], int]] = []
+        if shared:
+            for k in range(max(len(m) for m in pool_groups)):
+                sharers = [m[k] for m in pool_groups if k < len(m)]
+                row.append((tuple(n for n, _ in sharers), max(s.page_size_bytes for _, s in sharers)))
+        else:
+            row = [((name,), spec.page_size_bytes) for m in pool_groups for name, spec in m]
+        bytes_per_block = sum(width for _, width in row)
+        start = offset if single_buffer else 0
+        at = 0
+        for names, width in row:
+            size = (num_blocks - 1) * bytes_per_block + width
+            if single_buffer:
+                tensors.append(
+                    KVCacheTensor(size=size, offset=start + at, page_stride=bytes_per_block, shared_by=names)
+                )
+            else:
+                tensors.append(KVCacheTensor(size=num_blocks * width, page_stride=width, shared_by=names))
+            at += width
+        if not single_buffer:
+            bytes_per_block = sum(width for _, width in row)
+        for members in pool_groups:
+            first = members[0][1]
+            groups.append(
+                KVCacheGroup(
+                    layer_names=tuple(n for n, _ in members),
+                    spec=first,
+                    pool=p,
+                    layer_specs={n: s for n, s in members if s != first},
+                )
+            )
+        pools.append(KVCachePool(num_blocks=num_blocks, bytes_per_block=bytes_per_block, offset=start))
+        offset += num_blocks * bytes_per_block
+    return KVCachePlan(
+        policy="hand_built",
+        pools=pools,
+        single_buffer=single_buffer,
+        groups=groups,
+        tensors=tensors,
+        context=ctx,
+        available_memory_bytes=offset,
+        null_block=0 if reserve else None,
+    )
+
+
+def multi_pool_plans(
+    *,
+    registry: Registry | None = None,
+    context: SizingContext | None = None,
+    max_requests: int = 4,
+) -> st.SearchStrategy[KVCachePlan]:
+    """Plans of several pools: ``kind_pools`` plans of :func:`retention_mixes` (a budget of
+    up to ``max_requests`` requests), or :func:`hand_built_multi_pool_plans`.
+
+    Args:
+        registry: where ``kind_pools`` is looked up (default: a registry of the built-ins).
+        context: the context to plan for (default: 64 tokens, steps of 16).
+        max_requests: the largest budget of a planned plan, in requests of ``max_model_len``.
+    """
+    ctx = context if context is not None else SizingContext(max_model_len=64, max_num_batched_tokens=16)
+    reg = registry if registry is not None else _builtin_registry()
+
+    @st.composite
+    def planned(draw: st.DrawFn) -> KVCachePlan:
+        mix = draw(retention_mixes())
+        need = request_bytes(mix, ctx)
+        budget = draw(st.integers(need, max_requests * need + 4096))
+        plan = plan_kv_cache(mix, budget, ctx, registry=reg, policy="kind_pools", check_fit=False)
+        if len(plan.pools) < 2:
+            reject()
+        return plan
+
+    return st.one_of(planned(), hand_built_multi_pool_plans(context=ctx))
