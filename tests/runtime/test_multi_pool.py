@@ -37,8 +37,7 @@ from kvcore import (
 from kvcore.errors import MultiplePoolsError
 from kvcore.plan import KVCachePool, structural_problems
 from kvcore.planning.invariants import plan_problems
-from kvcore.runtime.block_pool import NULL_PAGE
-from kvcore.runtime.multi_pool import MultiPoolBlockPool
+from kvcore.runtime.block_pool import NULL_PAGE, MultiPoolBlockPool
 from kvcore.testing import strategies as kst
 from tests.helpers import full, sliding
 from tests.runtime._workload import run_workload
