@@ -655,21 +655,20 @@ class BlockPool:
     def _cover(self, request_id: Hashable, num_tokens: int) -> None:
         """Count ``num_tokens`` as reserved if the tables already hold every page they need (a
         caller may skip a :meth:`reserve` that would take nothing), else raise."""
-        tables = self._tables[request_id]
-        short = False
-        if self._by_class:  # one group of each spec says for all
-            for per_page, lead, _ in self._classes:
-                if -(-num_tokens // per_page) > len(tables[lead]):
-                    short = True
-        else:
-            stops = self._stops(num_tokens, self._computed[request_id])
-            short = any(stop > len(table) for stop, table in zip(stops, tables, strict=True))
-        if short:
+        if not self._covers(request_id, num_tokens):
             raise InvalidInputError(
                 f"request {request_id!r} cannot have {num_tokens} computed tokens: its tables cover "
                 f"{self._tokens[request_id]}; reserve() the tokens before computing them"
             )
         self._tokens[request_id] = num_tokens
+
+    def _covers(self, request_id: Hashable, num_tokens: int) -> bool:
+        """Whether the request's tables hold every page ``num_tokens`` tokens need."""
+        tables = self._tables[request_id]
+        if self._by_class:  # one group of each spec says for all
+            return all(-(-num_tokens // per_page) <= len(tables[lead]) for per_page, lead, _ in self._classes)
+        stops = self._stops(num_tokens, self._computed[request_id])
+        return all(stop <= len(table) for stop, table in zip(stops, tables, strict=True))
 
     def free_request(self, request_id: Hashable) -> None:
         """Free every page the request holds and forget it.
@@ -1408,12 +1407,8 @@ class MultiPoolBlockPool(BlockPool):
 
     def new_blocks_needed(self, request_id: Hashable, num_tokens: int) -> int:
         """Block ids :meth:`reserve` would take to cover ``num_tokens`` tokens now, all pools
-        together (:meth:`new_blocks_needed_in` for one)."""
+        together (``pools[p].new_blocks_needed(...)`` for one)."""
         return sum(pool.new_blocks_needed(request_id, num_tokens) for pool in self.pools)
-
-    def new_blocks_needed_in(self, pool: int, request_id: Hashable, num_tokens: int) -> int:
-        """Block ids of pool ``pool`` :meth:`reserve` would take to cover ``num_tokens`` tokens now."""
-        return self.pools[self._pool_index(pool)].new_blocks_needed(request_id, num_tokens)
 
     def reserve(self, request_id: Hashable, num_tokens: int) -> dict[int, list[int]]:
         """Grow the request's tables (every group of every pool) to cover ``num_tokens``
@@ -1468,6 +1463,11 @@ class MultiPoolBlockPool(BlockPool):
             InvalidInputError: as :meth:`BlockPool.release_stale`; nothing changed.
         """
         self._check_request(request_id)
+        if type(num_computed_tokens) is int and num_computed_tokens > self.pools[0].num_tokens(request_id):
+            # computed past what was reserved: every pool must already hold the pages, or none moves
+            for pool in self.pools:
+                if not pool._covers(request_id, num_computed_tokens):
+                    pool.release_stale(request_id, num_computed_tokens)  # raises its wording
         freed: dict[int, list[int]] = {}
         for p, pool in enumerate(self.pools):
             members = self._members[p]

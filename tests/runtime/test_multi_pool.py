@@ -396,3 +396,40 @@ def test_allocate_views_each_layer_at_its_own_page_in_its_pools_bytes():
             start = first.data_ptr() - base
             end = last.data_ptr() - base + last.nbytes
             assert pool.offset <= start and end <= pool.offset + pool.nbytes
+
+
+# -- block tables and the simulator ----------------------------------------------------------
+
+
+def test_block_tables_of_several_pools_hold_pool_local_ids():
+    from kvcore.runtime.block_tables import BlockTables
+
+    plan = _gemma_like(num_blocks=(6, 9), options=_null_options())
+    pool = BlockPool(plan)
+    tables = BlockTables(pool, max_requests=2)
+    assert tables.pad_pages == (0, 0)  # each pool's own null block
+    tables.update("a", pool.reserve("a", 10))
+    tables.update("b", pool.reserve("b", 5))
+    slots = tables.slot_mapping([("a", 0, 10), ("b", 0, 5)])
+    for g in range(len(plan.groups)):
+        row = tables.tensors[g][tables.row("a")].tolist()
+        table = pool.block_table("a", g)
+        assert row[: len(table)] == table
+        want = [
+            pool.block_table(r, g)[p // 4] * 4 + p % 4 for r, n in (("a", 10), ("b", 5)) for p in range(n)
+        ]
+        assert slots[g] is not None and slots[g].tolist() == want
+        assert max(want) < plan.pools[plan.groups[g].pool].num_blocks * 4
+
+
+def test_the_simulator_reports_the_fullest_pools_usage():
+    from kvcore import Request, Workload, simulate
+
+    plan = _gemma_like(num_blocks=(40, 8))  # the window's pool of 40 ids, full attention's of 8
+    assert [plan.pool_of(g).num_blocks for g in plan.groups] == [40, 8]
+    workload = Workload(tuple(Request(i, 20, 4, 0) for i in range(3)), name="three")
+    result = simulate(plan, workload)
+    # step 0 computes 16 tokens of request 0: 4 pages in each group, 4 of 40 and 4 of 8 ids
+    assert result.pool_usage[0] == 0.5
+    assert all(0.0 <= usage <= 1.0 for usage in result.pool_usage)
+    assert result.preemptions > 0  # full attention's 8 ids hold one request of 24 tokens (6 pages) at a time
