@@ -433,3 +433,26 @@ def test_the_simulator_reports_the_fullest_pools_usage():
     assert result.pool_usage[0] == 0.5
     assert all(0.0 <= usage <= 1.0 for usage in result.pool_usage)
     assert result.preemptions > 0  # full attention's 8 ids hold one request of 24 tokens (6 pages) at a time
+
+
+def test_a_mixed_page_layers_larger_page_over_its_neighbour_is_caught():
+    """The check must size each layer's page by its own spec: layer 3's page (two heads) is
+    twice the group spec's (layer 1's, one head), and here layer 1 sits on its second half."""
+    plan = _gemma_like(num_blocks=(4, 4))
+    group = plan.groups[1]
+    assert group.spec_of("model.layers.3").page_size_bytes == 2 * group.spec.page_size_bytes
+    one, three = plan.tensor_of("model.layers.1"), plan.tensor_of("model.layers.3")
+    half = group.spec.page_size_bytes
+    start = min(one.offset, three.offset)
+    tensors = tuple(
+        attrs.evolve(t, offset=start + half)
+        if t is one
+        else attrs.evolve(t, offset=start)
+        if t is three
+        else t
+        for t in plan.tensors
+    )
+    broken = _unchecked(plan, tensors=tensors)
+    assert list(structural_problems(broken)) == []
+    problems = plan_problems(broken)
+    assert any("model.layers.1" in p and "model.layers.3" in p for p in problems), problems
