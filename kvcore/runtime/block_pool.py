@@ -1299,7 +1299,7 @@ class MultiPoolBlockPool(BlockPool):
             for p, pool in enumerate(self.pools):
                 reason = pool.prefix_cache_stats.reason
                 if reason:
-                    self._cache_reason = reason if not prefix_caching else f"pool {p}: {reason}"
+                    self._cache_reason = reason if not prefix_caching else self._reword(p, reason)
                     break
 
     # -- figures ---------------------------------------------------------------------------

@@ -456,3 +456,21 @@ def test_a_mixed_page_layers_larger_page_over_its_neighbour_is_caught():
     assert list(structural_problems(broken)) == []
     problems = plan_problems(broken)
     assert any("model.layers.1" in p and "model.layers.3" in p for p in problems), problems
+
+
+def test_prefix_caching_is_refused_with_the_reason_when_one_pool_cannot_cache():
+    from kvcore import model_layer_specs
+
+    specs = model_layer_specs("ai21labs/AI21-Jamba-1.5-Mini", REGISTRY)
+    plan = plan_kv_cache(
+        specs, 2**34, SizingContext(max_model_len=2048), registry=REGISTRY, policy="kind_pools"
+    )
+    state = next(i for i, g in enumerate(plan.groups) if g.spec.kind == "state")
+    pool = BlockPool(plan, prefix_caching=True)
+    assert not pool.prefix_caching
+    stats = pool.prefix_cache_stats
+    assert not stats.enabled
+    assert stats.reason.startswith(f"pool {plan.groups[state].pool}: group {state} (state)")
+    assert pool.attach_prefix("a", list(range(40))) == 0
+    pool.reserve("a", 40)
+    assert pool.prefix_cache_stats.lookups == 1
