@@ -200,9 +200,8 @@ def _rows_problems(plan: KVCachePlan, span: int) -> list[str] | None:
         if tensor.page_stride != row or offset + tensor.size - tail > row:
             return None  # another stride, or a tensor that starts past row 0 or wraps
         if offset < end:
-            ordered = False
-            break
-        end = offset + tensor.size - tail
+            ordered = False  # keep looking: every tensor must still have the row's stride
+        end = max(end, offset + tensor.size - tail)
     if ordered:
         return []  # no two tensors meet: each is alone at its place in the row
     # tensors meet in the row (groups of different page sizes side by side): then only
