@@ -17,6 +17,7 @@ pool 0's bytes, two layers of one group on the same bytes) are caught.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Hashable
 
 import attrs
 import pytest
@@ -244,26 +245,36 @@ STEPS = st.lists(
 
 
 def _live_bytes(plan: KVCachePlan, pool: BlockPool) -> list[tuple[int, int, int, str]]:
-    """``(start, end, memory, what)`` of every live page of every layer: ``memory`` is 0 for
-    a single buffer, else the tensor's index (its own allocation)."""
+    """``(start, end, memory, what)`` of every live page of every layer (a cached page several
+    requests share counted once): ``memory`` is 0 for a single buffer, else the tensor's index
+    (its own allocation)."""
     index = {id(t): i for i, t in enumerate(plan.tensors)}
-    out = []
+    holders: dict[tuple[int, int], list[Hashable]] = {}
     for request in pool.requests:
-        for g, group in enumerate(plan.groups):
-            pool_bytes = plan.pools[group.pool]
+        for g in range(len(plan.groups)):
             for page in pool.live_pages(request, g):
-                for name in group.layer_names:
-                    tensor = plan.tensor_of(name)
-                    start = tensor.offset + page * tensor.page_stride
-                    end = start + group.spec_of(name).page_size_bytes
-                    what = f"page {page} of {name} (group {g}, pool {group.pool}, request {request})"
-                    if plan.single_buffer:
-                        assert pool_bytes.offset <= start and end <= pool_bytes.offset + pool_bytes.nbytes, (
-                            f"{what} spans {start}..{end}, outside its pool"
-                        )
-                    else:
-                        assert end <= tensor.size, f"{what} spans {start}..{end}, outside its tensor"
-                    out.append((start, end, 0 if plan.single_buffer else index[id(tensor)], what))
+                holders.setdefault((g, page), []).append(request)
+    out = []
+    for (g, page), requests in holders.items():
+        group = plan.groups[g]
+        if len(requests) > 1:  # only a cached prefix block is in several tables
+            assert pool.prefix_caching and pool.is_cached(page, group.pool), (
+                f"page {page} of group {g} is in the tables of {requests} but not cached"
+            )
+        assert pool.ref_count(page, group.pool) == len(requests)
+        pool_bytes = plan.pools[group.pool]
+        for name in group.layer_names:
+            tensor = plan.tensor_of(name)
+            start = tensor.offset + page * tensor.page_stride
+            end = start + group.spec_of(name).page_size_bytes
+            what = f"page {page} of {name} (group {g}, pool {group.pool}, requests {requests})"
+            if plan.single_buffer:
+                assert pool_bytes.offset <= start and end <= pool_bytes.offset + pool_bytes.nbytes, (
+                    f"{what} spans {start}..{end}, outside its pool"
+                )
+            else:
+                assert end <= tensor.size, f"{what} spans {start}..{end}, outside its tensor"
+            out.append((start, end, 0 if plan.single_buffer else index[id(tensor)], what))
     return out
 
 
@@ -273,8 +284,12 @@ def _check_disjoint(plan: KVCachePlan, pool: BlockPool) -> None:
         assert m1 != m2 or e1 <= s2, f"{w1} and {w2} share bytes {s2}..{e1}"
 
 
-def _drive(plan: KVCachePlan, steps) -> None:
-    pool = BlockPool(plan)
+#: The tokens of every request when the pool caches prefixes: all share them, so they hit.
+CONTENT = list(range(1000, 1000 + CTX.max_model_len))
+
+
+def _drive(plan: KVCachePlan, steps, caching: bool = False) -> None:
+    pool = BlockPool(plan, prefix_caching=caching)
     context = plan.context
     tokens: dict[int, int] = {}
     fresh = 0
@@ -285,7 +300,12 @@ def _drive(plan: KVCachePlan, steps) -> None:
             request, grow = fresh, a
             fresh += 1
             tokens[request] = 0
-            pool.reserve(request, 0)
+            if pool.prefix_caching:
+                hit = pool.attach_prefix(request, CONTENT, num_tokens=min(len(CONTENT), a + 1))
+                if hit:
+                    event("a prefix hit in every pool")
+                tokens[request] = hit
+            pool.reserve(request, tokens[request])
         elif kind in ("step", "truncate") and live:
             request, grow = live[a % len(live)], b
         elif kind == "finish" and live:
@@ -305,8 +325,13 @@ def _drive(plan: KVCachePlan, steps) -> None:
                 assert [pool.num_free_blocks_in(p) for p in pools] == before, "a failed reserve took ids"
                 target = have
             if kind == "truncate" and target > have:
-                target = have + (target - have) // 2  # reject half the step, before it is computed
-                pool.truncate(request, target)
+                kept = have + (target - have) // 2  # reject half the step, before it is computed
+                try:
+                    pool.truncate(request, kept)
+                    target = kept
+                except InvalidInputError:  # ends inside a cached block others share: nothing changed
+                    assert pool.prefix_caching
+                    event("a truncate refused")
             tokens[request] = target
             for g, group in enumerate(plan.groups):
                 held = len(pool.live_pages(request, g))
@@ -317,12 +342,9 @@ def _drive(plan: KVCachePlan, steps) -> None:
             _check_disjoint(plan, pool)
             pool.release_stale(request, target)
         for p in pools:
-            held = sum(
-                len(pool.live_pages(r, g)) * plan.groups[g].blocks_per_page
-                for r in tokens
-                for g in plan.groups_in(p)
-            )
-            assert held == pool.num_usable_blocks_in(p) - pool.num_free_blocks_in(p)
+            held = {(g, page) for r in tokens for g in plan.groups_in(p) for page in pool.live_pages(r, g)}
+            blocks = sum(plan.groups[g].blocks_per_page for g, _ in held)
+            assert blocks == pool.num_usable_blocks_in(p) - pool.num_free_blocks_in(p)
         _check_disjoint(plan, pool)
         if sum(pool.num_free_blocks_in(p) < pool.num_usable_blocks_in(p) for p in pools) > 1:
             event("pages of several pools live at once")
@@ -333,12 +355,12 @@ def _drive(plan: KVCachePlan, steps) -> None:
 
 
 @settings(deadline=None)
-@given(plan=kst.multi_pool_plans(registry=REGISTRY, context=CTX), steps=STEPS)
-def test_live_pages_of_several_pools_never_share_bytes(plan, steps):
+@given(plan=kst.multi_pool_plans(registry=REGISTRY, context=CTX), steps=STEPS, caching=st.booleans())
+def test_live_pages_of_several_pools_never_share_bytes(plan, steps, caching):
     assert plan_problems(plan) == []
     event(f"planned by {plan.policy}")
     event("a mixed-page group" if any(g.layer_specs for g in plan.groups) else "no mixed-page group")
-    _drive(plan, steps)
+    _drive(plan, steps, caching)
 
 
 @settings(deadline=None, max_examples=25)
