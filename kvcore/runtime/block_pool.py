@@ -128,10 +128,10 @@ class BlockPool:
             why).
     """
 
-    def __new__(cls, plan: KVCachePlan, **options: bool) -> BlockPool:
+    def __new__(cls, plan: KVCachePlan | None = None, **options: bool) -> BlockPool:
         """A :class:`MultiPoolBlockPool` for a plan of several
         pools (one ``BlockPool`` per pool behind the same methods), else a ``BlockPool``."""
-        if cls is BlockPool and len(plan.pools) > 1:
+        if cls is BlockPool and plan is not None and len(plan.pools) > 1:
             return super().__new__(MultiPoolBlockPool)
         return super().__new__(cls)
 
