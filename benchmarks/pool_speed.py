@@ -19,6 +19,9 @@ importable, else ``vLLM not installed``. Target: kvcore at least as fast as vLLM
 ``taskset -c 0``::
 
     taskset -c 0 python benchmarks/pool_speed.py
+
+``--policy kind_pools`` runs the same trace on a plan of one pool per retention kind (the pool
+of several pools, :class:`~kvcore.runtime.block_pool.MultiPoolBlockPool`).
 """
 
 from __future__ import annotations
@@ -232,12 +235,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=10_000)
     parser.add_argument("--max-num-seqs", type=int, default=256)
+    parser.add_argument(
+        "--policy", default="auto", help="the plan's policy (kind_pools: one pool per retention kind)"
+    )
     args = parser.parse_args()
     registry = Registry.from_plugin_manager(get_plugin_manager(autoload=False))
     specs = model_layer_specs(MODEL, registry)
     context = SizingContext(max_model_len=MAX_MODEL_LEN, max_num_batched_tokens=STEP)
     plan = plan_kv_cache(
-        specs, MEMORY, context, registry=registry, policy="auto", options=PlanOptions(reserve_null_block=True)
+        specs,
+        MEMORY,
+        context,
+        registry=registry,
+        policy=args.policy,
+        options=PlanOptions(reserve_null_block=True),
     )
     prompt, output = parse_length("lognormal:1024:1.0"), parse_length("lognormal:128:1.0")
     traces = {
@@ -254,7 +265,8 @@ def main() -> None:
     }
     print(
         f"{MODEL}, {plan.policy}, 24 GiB, max_model_len {MAX_MODEL_LEN:,}, {STEP:,} tokens/step: "
-        f"{plan.num_blocks:,} blocks (null block 0), {len(plan.groups)} groups"
+        f"{' + '.join(f'{p.num_blocks:,}' for p in plan.pools)} blocks (null block 0"
+        f"{' of each pool' if len(plan.pools) > 1 else ''}), {len(plan.groups)} groups"
     )
     print(
         f"trace: {args.requests:,} requests, prompt {prompt}, output {output}, at once; "

@@ -302,6 +302,40 @@ class KVCachePlan:
         """The indices of the groups that draw from pool ``pool``."""
         return tuple(i for i, g in enumerate(self.groups) if g.pool == pool)
 
+    def pool_plan(self, pool: int) -> KVCachePlan:
+        """Pool ``pool`` as a one-pool plan of its own: its groups (in order, drawing from pool
+        0), the tensors of their layers (offsets counted from the pool's start), the sharing
+        layers whose targets are among them, the null block. Pools never share bytes, so what
+        holds of each pool's plan holds of this one; a runtime drives a multi-pool plan as
+        one pool per ``pool_plan``. A one-pool plan's ``pool_plan(0)`` is the plan itself.
+
+        Raises:
+            IndexError: there is no pool ``pool``.
+        """
+        chosen = self.pools[pool]
+        if len(self.pools) == 1:
+            return self
+        groups = [attrs.evolve(g, pool=0) for g in self.groups if g.pool == pool]
+        layers = {name for g in groups for name in g.layer_names}
+        shift = chosen.offset if self.single_buffer else 0
+        tensors = [
+            attrs.evolve(t, offset=max(0, t.offset - shift))
+            for t in self.tensors
+            if any(name in layers for name in t.shared_by)
+        ]
+        return KVCachePlan(
+            policy=self.policy,
+            num_blocks=chosen.num_blocks,
+            bytes_per_block=chosen.bytes_per_block,
+            single_buffer=self.single_buffer,
+            groups=groups,
+            tensors=tensors,
+            context=self.context,
+            available_memory_bytes=chosen.nbytes,
+            kv_sharing={name: target for name, target in self.kv_sharing.items() if target in layers},
+            null_block=self.null_block,
+        )
+
     # -- lookups ---------------------------------------------------------------------------
 
     @property

@@ -95,11 +95,12 @@ def capacity_summary(plan: KVCachePlan, specs: Mapping[str, KVCacheSpec] | None 
     """
     capacity = Capacity.of(plan, specs)
     groups = len(plan.groups)
+    # several pools: each pool's blocks x bytes, joined with " + "
+    blocks = " + ".join(f"{p.num_blocks:,} blocks x {format_bytes(p.bytes_per_block)}" for p in plan.pools)
     lines = [
         f"KV cache: {capacity.kv_cache_tokens:,} tokens, max concurrency {capacity.max_concurrency:,.2f} "
-        f"requests of {capacity.max_model_len:,} tokens; {plan.num_blocks:,} blocks x "
-        f"{format_bytes(plan.bytes_per_block)} = {format_bytes(plan.kv_cache_bytes)} (policy {plan.policy}, "
-        f"{groups} group{'' if groups == 1 else 's'})"
+        f"requests of {capacity.max_model_len:,} tokens; {blocks} = {format_bytes(plan.kv_cache_bytes)} "
+        f"(policy {plan.policy}, {groups} group{'' if groups == 1 else 's'})"
     ]
     context = plan.context
     for index, group in enumerate(plan.groups):

@@ -8,12 +8,16 @@ and a plan handed to allocation.
   every layer in exactly one group and one tensor (a KV-sharing layer in neither, its target
   in both), layers that share a tensor in different groups, every page of a layer inside its
   tensor (sizes against block count and page stride), every tensor inside its memory;
-- *budget*: ``kv_cache_bytes`` (``num_blocks x bytes_per_block``) within
+- *budget*: ``kv_cache_bytes`` (every pool's ``num_blocks x bytes_per_block``) within
   ``available_memory_bytes``;
 - *live pages*, to the byte: two pages may share bytes only if they belong to layers of
   *different* groups and cover a common block id. A block id belongs to one group at a time,
   so such pages are never live together. Pages of one layer, of two layers of the same group,
-  or pages whose block ids differ (both can be live at once) must never overlap.
+  or pages whose block ids differ (both can be live at once) must never overlap. Pools are
+  independent: block ``b`` of one pool and block ``b`` of another are live at once, so pages of
+  different pools never share a byte (the structural rules keep every tensor in its pool's
+  bytes and the pools apart), and each pool is checked on its own. A layer's page is its own
+  spec's (``group.spec_of(layer)``), so a mixed-page group's layers are checked at their sizes.
 
 The live-page check works per tensor and per (tensor, group), not per page: every tensor's
 pages repeat with its page stride, so within one period ``L`` (the least common multiple of
@@ -30,6 +34,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+import re
 from collections.abc import Iterator, Sequence
 from typing import NamedTuple
 
@@ -88,9 +93,10 @@ def budget_problems(plan: KVCachePlan) -> list[str]:
     """The budget rule: the plan's bytes within its ``available_memory_bytes``."""
     if plan.kv_cache_bytes <= plan.available_memory_bytes:
         return []
+    blocks = " + ".join(f"{p.num_blocks} blocks x {p.bytes_per_block} bytes" for p in plan.pools)
     return [
-        f"the plan takes {plan.kv_cache_bytes} bytes ({plan.num_blocks} blocks x {plan.bytes_per_block} "
-        f"bytes) but its budget (available_memory_bytes) is {plan.available_memory_bytes} bytes"
+        f"the plan takes {plan.kv_cache_bytes} bytes ({blocks}) but its budget "
+        f"(available_memory_bytes) is {plan.available_memory_bytes} bytes"
     ]
 
 
@@ -126,6 +132,8 @@ def overlap_problems(plan: KVCachePlan, *, limit: int = MAX_CHECKED_PAGES) -> li
     Returns:
         Up to :data:`MAX_PROBLEMS` sentences naming the bytes, groups, block ids and layers.
     """
+    if len(plan.pools) > 1:
+        return _pools_problems(plan, limit)
     spans = {g.blocks_per_page for g in plan.groups if g.layer_names and plan.num_pages(g)}
     if len(spans) <= 1:
         # Layers that share a tensor are in different groups (a structural rule), and with one
@@ -136,6 +144,38 @@ def overlap_problems(plan: KVCachePlan, *, limit: int = MAX_CHECKED_PAGES) -> li
         if verdict is not None:
             return verdict
     return _exact_problems(plan, limit)
+
+
+def _pools_problems(plan: KVCachePlan, limit: int) -> list[str]:
+    """The live-page check of a plan of several pools, pool by pool.
+
+    Block ``b`` of one pool and block ``b`` of another may be live at once, so pages of
+    different pools may never share a byte; the structural rules already keep every tensor
+    inside its own pool's bytes and the pools apart (:func:`~kvcore.plan.structural_problems`),
+    so what is left is each pool on its own, as a plan of one pool
+    (:meth:`~kvcore.KVCachePlan.pool_plan`), its groups named by their index in ``plan``.
+    """
+    problems: list[str] = []
+    for p in range(len(plan.pools)):
+        members = plan.groups_in(p)
+        if not members:
+            continue
+        for problem in overlap_problems(plan.pool_plan(p), limit=limit):
+            worded = _renumbered(problem, members)
+            problems.append(f"pool {p}: {worded}")
+            if len(problems) >= MAX_PROBLEMS:
+                return problems
+    return problems
+
+
+def _renumbered(problem: str, members: Sequence[int]) -> str:
+    """``problem`` of a pool's own plan, with its group indices those of the whole plan."""
+
+    def one(match: re.Match[str]) -> str:
+        return f"{match.group(1)}{members[int(match.group(2))]}"
+
+    worded = re.sub(r"\b(groups? )(\d+)", one, problem)
+    return re.sub(r"\b(groups \d+ and )(\d+)", one, worded)
 
 
 def _rows_problems(plan: KVCachePlan, span: int) -> list[str] | None:
@@ -160,9 +200,8 @@ def _rows_problems(plan: KVCachePlan, span: int) -> list[str] | None:
         if tensor.page_stride != row or offset + tensor.size - tail > row:
             return None  # another stride, or a tensor that starts past row 0 or wraps
         if offset < end:
-            ordered = False
-            break
-        end = offset + tensor.size - tail
+            ordered = False  # keep looking: every tensor must still have the row's stride
+        end = max(end, offset + tensor.size - tail)
     if ordered:
         return []  # no two tensors meet: each is alone at its place in the row
     # tensors meet in the row (groups of different page sizes side by side): then only
@@ -172,12 +211,15 @@ def _rows_problems(plan: KVCachePlan, span: int) -> list[str] | None:
     for gi, group in enumerate(plan.groups):
         if not group.layer_names or not pages:
             continue
-        page = group.spec.page_size_bytes
         places = sorted((offset_of[name], name) for name in group.layer_names if name in offset_of)
         for (a, first), (b, second) in itertools.pairwise(places):
+            page = group.spec_of(first).page_size_bytes
             if b < a + page:
+                other = group.spec_of(second).page_size_bytes
                 x = _Series(a, row, page, pages, span, gi, first, plan.tensors.index(plan.tensor_of(first)))
-                y = _Series(b, row, page, pages, span, gi, second, plan.tensors.index(plan.tensor_of(second)))
+                y = _Series(
+                    b, row, other, pages, span, gi, second, plan.tensors.index(plan.tensor_of(second))
+                )
                 problems.append(_describe(x, 0, y, 0))
                 if len(problems) >= MAX_PROBLEMS:
                     return problems
@@ -224,6 +266,8 @@ def _series_by_tensor(plan: KVCachePlan) -> list[list[_Series]]:
             if gi is None:
                 continue
             page, pages, span = figures[gi]
+            if plan.groups[gi].layer_specs:
+                page = plan.groups[gi].spec_of(name).page_size_bytes
             if pages and page > 0:
                 members.append(_Series(tensor.offset, tensor.page_stride, page, pages, span, gi, name, ti))
         out.append(members)

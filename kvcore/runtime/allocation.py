@@ -1,8 +1,10 @@
 """From a plan to tensors: allocate the backing memory and view it per layer.
 
-A plan with ``single_buffer`` gets one ``uint8`` buffer of ``plan.kv_cache_bytes``; otherwise
+A plan with ``single_buffer`` gets one ``uint8`` buffer of ``plan.kv_cache_bytes`` (a plan of
+several pools lays them one after another in it, and its tensor offsets count from the
+buffer's start); otherwise
 each plan tensor is its own allocation of ``tensor.size`` bytes. A layer's view comes from its
-group spec's page layout (the ``kvcore_cache_layout`` hook): for each part of a page, a typed
+own spec's page layout (the ``kvcore_cache_layout`` hook): for each part of a page, a typed
 ``as_strided`` view whose block dimension steps by the tensor's ``page_stride``, so page ``j``
 of a layer lies at bytes ``tensor.offset + j * page_stride + part.offset_bytes`` onwards, exactly
 where the plan put it. Views are checked before any memory is taken.
@@ -136,6 +138,9 @@ def _part_view(
 def view_geometries(plan: KVCachePlan, *, registry: Registry) -> dict[str, tuple[ViewGeometry, ...]]:
     """Every layer's views as numbers, from the plan and the layout hook; no memory is touched.
 
+    A layer's layout is its own spec's (``group.spec_of(layer)``: a mixed-page group's layers
+    differ in page size), and its page count its group's pool's (``plan.num_pages(group)``).
+
     Args:
         plan: the plan.
         registry: whose ``kvcore_cache_layout`` hook gives each group spec's page layout.
@@ -151,9 +156,10 @@ def view_geometries(plan: KVCachePlan, *, registry: Registry) -> dict[str, tuple
     tensor_index = {name: i for i, tensor in enumerate(plan.tensors) for name in tensor.shared_by}
     out: dict[str, tuple[ViewGeometry, ...]] = {}
     for group in plan.groups:
-        layout = registry.cache_layout(group.spec)
+        layouts = {spec: registry.cache_layout(spec) for spec in group.specs}  # one per page size
         pages = plan.num_pages(group)
         for name in group.layer_names:
+            layout = layouts[group.spec_of(name)]
             index = tensor_index[name]
             tensor = plan.tensors[index]
             allocation = 0 if plan.single_buffer else index

@@ -1,5 +1,11 @@
 """The block-id pool a scheduler drives with a plan: one pool shared by every group.
 
+(A plan of several pools, :attr:`~kvcore.KVCachePlan.pools`, gets a :class:`MultiPoolBlockPool`
+from ``BlockPool(plan)``: one plain pool per plan pool, over
+:meth:`~kvcore.KVCachePlan.pool_plan`, behind the same methods; group indices stay the plan's,
+block ids are the group's pool's, a request takes its pages in every pool or in none, and a
+prefix hit is the prefix every pool has cached. What follows is one pool's.)
+
 A plan has ``num_blocks`` block ids. A block id belongs to at most one group at a time, which is
 what lets groups share bytes (see :mod:`kvcore.plan`). A group's *page* is what its block-table
 entries name and what a layer's view indexes along its block dimension:
@@ -31,12 +37,13 @@ from __future__ import annotations
 
 import heapq
 import math
+import re
 from collections import OrderedDict
 from collections.abc import Hashable, Iterable, Sequence
 from itertools import chain, repeat
 from typing import Final
 
-from kvcore.errors import BlockPoolExhaustedError, InvalidInputError
+from kvcore.errors import BlockPoolExhaustedError, InvalidInputError, MultiplePoolsError
 from kvcore.limits import MAX_TOKENS
 from kvcore.plan import KVCacheGroup, KVCachePlan
 from kvcore.runtime.prefix_cache import PrefixCacheStats, PrefixKey, token_block_keys
@@ -121,7 +128,19 @@ class BlockPool:
             why).
     """
 
+    def __new__(cls, plan: KVCachePlan | None = None, **options: bool) -> BlockPool:
+        """A :class:`MultiPoolBlockPool` for a plan of several
+        pools (one ``BlockPool`` per pool behind the same methods), else a ``BlockPool``."""
+        if cls is BlockPool and plan is not None and len(plan.pools) > 1:
+            return super().__new__(MultiPoolBlockPool)
+        return super().__new__(cls)
+
     def __init__(self, plan: KVCachePlan, *, lowest_first: bool = True, prefix_caching: bool = False) -> None:
+        if len(plan.pools) > 1:
+            raise MultiplePoolsError(
+                f"{type(self).__name__} serves a plan of one pool but this plan has {len(plan.pools)}; "
+                "BlockPool(plan) drives a plan of several pools (one pool per plan.pool_plan(p))"
+            )
         self.plan = plan
         self.groups: tuple[KVCacheGroup, ...] = plan.groups
         self.num_blocks: int = plan.num_blocks
@@ -193,6 +212,24 @@ class BlockPool:
         least recently used first when needed. The null block is never free."""
         return self._num_free + len(self._lru)
 
+    def num_free_blocks_in(self, pool: int) -> int:
+        """:attr:`num_free_blocks` of pool ``pool`` of the plan (a one-pool plan has pool 0 only).
+
+        Raises:
+            InvalidInputError: the plan has no pool ``pool``.
+        """
+        self._pool_index(pool)
+        return self.num_free_blocks
+
+    def num_usable_blocks_in(self, pool: int) -> int:
+        """:attr:`num_usable_blocks` of pool ``pool`` of the plan.
+
+        Raises:
+            InvalidInputError: the plan has no pool ``pool``.
+        """
+        self._pool_index(pool)
+        return self.num_usable_blocks
+
     @property
     def num_evictable_blocks(self) -> int:
         """Cached blocks no request holds: counted free, kept until their ids are needed
@@ -216,9 +253,10 @@ class BlockPool:
         span = self._group(group).blocks_per_page
         return range(page * span, (page + 1) * span)
 
-    def owner(self, block: int) -> int | None:
-        """The group holding block id ``block``, or ``None`` when no group does (a free id, or
-        the plan's null block, which is never free)."""
+    def owner(self, block: int, pool: int = 0) -> int | None:
+        """The group holding block id ``block`` of pool ``pool``, or ``None`` when no group
+        does (a free id, or the plan's null block, which is never free)."""
+        self._pool_index(pool)
         group = self._owner[block]
         return None if group < 0 else group
 
@@ -617,21 +655,20 @@ class BlockPool:
     def _cover(self, request_id: Hashable, num_tokens: int) -> None:
         """Count ``num_tokens`` as reserved if the tables already hold every page they need (a
         caller may skip a :meth:`reserve` that would take nothing), else raise."""
-        tables = self._tables[request_id]
-        short = False
-        if self._by_class:  # one group of each spec says for all
-            for per_page, lead, _ in self._classes:
-                if -(-num_tokens // per_page) > len(tables[lead]):
-                    short = True
-        else:
-            stops = self._stops(num_tokens, self._computed[request_id])
-            short = any(stop > len(table) for stop, table in zip(stops, tables, strict=True))
-        if short:
+        if not self._covers(request_id, num_tokens):
             raise InvalidInputError(
                 f"request {request_id!r} cannot have {num_tokens} computed tokens: its tables cover "
                 f"{self._tokens[request_id]}; reserve() the tokens before computing them"
             )
         self._tokens[request_id] = num_tokens
+
+    def _covers(self, request_id: Hashable, num_tokens: int) -> bool:
+        """Whether the request's tables hold every page ``num_tokens`` tokens need."""
+        tables = self._tables[request_id]
+        if self._by_class:  # one group of each spec says for all
+            return all(-(-num_tokens // per_page) <= len(tables[lead]) for per_page, lead, _ in self._classes)
+        stops = self._stops(num_tokens, self._computed[request_id])
+        return all(stop <= len(table) for stop, table in zip(stops, tables, strict=True))
 
     def free_request(self, request_id: Hashable) -> None:
         """Free every page the request holds and forget it.
@@ -681,6 +718,41 @@ class BlockPool:
                 or ``num_tokens`` ends inside a cached block another request shares (its other
                 tokens would be overwritten). Nothing changed.
         """
+        checked = self._check_truncate(request_id, num_tokens)
+        if checked is None:
+            return {}
+        computed, stops, rewritten = checked
+        tables, released = self._tables[request_id], self._released[request_id]
+        freed: dict[int, list[int]] = {}
+        for index, stop in enumerate(stops):
+            table = tables[index]
+            cut = [page for page in table[stop:] if page != NULL_PAGE]
+            del table[stop:]
+            if released[index] > stop:
+                released[index] = stop
+            if cut:
+                freed[index] = cut
+        for page in rewritten:
+            self._uncache(page)
+        if self._caching and request_id in self._registered:
+            registered = self._registered[request_id]
+            for index, per_page in enumerate(self._paged):
+                registered[index] = min(registered[index], num_tokens // per_page)
+            self._due[request_id] = 0
+            for per_page, keys in self._chains.get(request_id, {}).items():
+                del keys[num_tokens // per_page :]
+        self._tokens[request_id] = num_tokens
+        self._computed[request_id] = computed
+        if freed:
+            self._free_groups(freed)
+        return freed
+
+    def _check_truncate(
+        self, request_id: Hashable, num_tokens: int
+    ) -> tuple[int, list[int], list[int]] | None:
+        """What :meth:`truncate` would do: ``(computed, table stops, cached pages to uncache)``,
+        or ``None`` when nothing changes; raises as :meth:`truncate` does, having changed
+        nothing (a pool of several pools checks every pool before truncating any)."""
         self._check_request(request_id)
         tokens = self._tokens[request_id]
         check_int(num_tokens, "'num_tokens'", minimum=0)
@@ -690,7 +762,7 @@ class BlockPool:
                 "reserve() grows a request"
             )
         if num_tokens == tokens:
-            return {}
+            return None
         tables, released = self._tables[request_id], self._released[request_id]
         computed = min(self._computed[request_id], num_tokens)
         stops: list[int] = []
@@ -719,29 +791,7 @@ class BlockPool:
                                 f"of {per_page} tokens or more"
                             )
                         rewritten.append(page)
-        freed: dict[int, list[int]] = {}
-        for index, stop in enumerate(stops):
-            table = tables[index]
-            cut = [page for page in table[stop:] if page != NULL_PAGE]
-            del table[stop:]
-            if released[index] > stop:
-                released[index] = stop
-            if cut:
-                freed[index] = cut
-        for page in rewritten:
-            self._uncache(page)
-        if self._caching and request_id in self._registered:
-            registered = self._registered[request_id]
-            for index, per_page in enumerate(self._paged):
-                registered[index] = min(registered[index], num_tokens // per_page)
-            self._due[request_id] = 0
-            for per_page, keys in self._chains.get(request_id, {}).items():
-                del keys[num_tokens // per_page :]
-        self._tokens[request_id] = num_tokens
-        self._computed[request_id] = computed
-        if freed:
-            self._free_groups(freed)
-        return freed
+        return computed, stops, rewritten
 
     # -- prefix caching --------------------------------------------------------------------
 
@@ -763,16 +813,19 @@ class BlockPool:
             evictions=self._evictions,
         )
 
-    def ref_count(self, block: int) -> int:
-        """How many requests' tables hold block id ``block`` (with prefix caching; without it,
-        1 for a block a request's table holds, else 0 — pages taken with :meth:`allocate`
-        are not counted)."""
+    def ref_count(self, block: int, pool: int = 0) -> int:
+        """How many requests' tables hold block id ``block`` of pool ``pool`` (with prefix
+        caching; without it, 1 for a block a request's table holds, else 0 — pages taken
+        with :meth:`allocate` are not counted)."""
+        self._pool_index(pool)
         if self._caching:
             return self._ref[block]
         return sum(block in table for tables in self._tables.values() for table in tables)
 
-    def is_cached(self, block: int) -> bool:
-        """Whether block id ``block`` is in the prefix cache (held by requests or evictable)."""
+    def is_cached(self, block: int, pool: int = 0) -> bool:
+        """Whether block id ``block`` of pool ``pool`` is in the prefix cache (held by requests
+        or evictable)."""
+        self._pool_index(pool)
         return self._caching and self._key[block] is not None
 
     def attach_prefix(
@@ -826,6 +879,20 @@ class BlockPool:
         if num_tokens is None:
             num_tokens = known
         check_int(num_tokens, "'num_tokens'", minimum=0)
+        return self._attach_prefix_within(request_id, content, num_tokens, min(num_tokens - 1, known))
+
+    def _probe_hit(self, request_id: Hashable, content: Sequence[int] | PrefixKey, limit: int) -> int:
+        """The tokens :meth:`attach_prefix` would find cached, at most ``limit``, changing
+        nothing the request's attach does not redo (0 without prefix caching)."""
+        if not self._caching:
+            return 0
+        self._chains.setdefault(request_id, {})
+        return self._find_hit(request_id, content, limit)
+
+    def _attach_prefix_within(
+        self, request_id: Hashable, content: Sequence[int] | PrefixKey, num_tokens: int, limit: int
+    ) -> int:
+        """:meth:`attach_prefix` of checked arguments, hitting at most ``limit`` tokens."""
         self._tables[request_id] = [[] for _ in self.groups]
         self._released[request_id] = [0] * len(self.groups)
         self._computed[request_id] = 0
@@ -833,9 +900,9 @@ class BlockPool:
         hit = 0
         if self._caching:
             self._content[request_id] = content
-            self._chains[request_id] = {}
+            self._chains.setdefault(request_id, {})
             self._registered[request_id] = [0] * len(self.groups)
-            hit = self._find_hit(request_id, content, min(num_tokens - 1, known))
+            hit = self._find_hit(request_id, content, limit)
             if hit:
                 self._attach(request_id, content, hit)
         self._pending[request_id] = (num_tokens, hit)
@@ -846,6 +913,11 @@ class BlockPool:
     @staticmethod
     def _live(group: KVCacheGroup, num_tokens: int, num_computed_tokens: int) -> range:
         return group.spec.live_pages(num_tokens, min(num_computed_tokens, num_tokens))
+
+    def _pool_index(self, pool: int) -> int:
+        if pool == 0 and type(pool) is int:
+            return 0
+        return check_int(pool, "pool index", minimum=0, below=len(self.plan.pools))
 
     def _group(self, group: int) -> KVCacheGroup:
         return self.groups[self._index(group)]
@@ -1179,4 +1251,364 @@ class BlockPool:
             "plan more blocks",
             requested_blocks=num_pages * span,
             free_blocks=self._num_free,
+        )
+
+
+# -- plans of several pools ------------------------------------------------------------------
+
+
+class MultiPoolBlockPool(BlockPool):
+    """The block ids of a plan of several pools, handed to groups and tracked per request.
+
+    Built by ``BlockPool(plan)`` for such a plan (the arguments are :class:`BlockPool`'s,
+    passed to each pool's own pool). Every method of :class:`BlockPool` works, with group
+    indices of the plan and block ids of the group's pool; the figures without a pool
+    (:attr:`num_free_blocks`, :attr:`num_usable_blocks`) count all pools together and the
+    ``..._in(pool)`` forms count one.
+
+    :meth:`reserve` checks every pool has room before it takes anything (and gives back what
+    it took should an aligned run be missing), :meth:`truncate` checks every pool before it
+    cuts any, and the methods that take a bare block id (:meth:`owner`, :meth:`ref_count`,
+    :meth:`is_cached`) take its pool too: block ``b`` of pool 0 and of pool 1 are different
+    ids, live at once. With prefix caching, each pool is asked for its hit with the others'
+    answer as the limit until they agree; a pool that cannot cache turns caching off for all.
+
+    Attributes:
+        pools: the plain pool of each of the plan's pools (group ``i`` of ``pools[p].plan``
+            is the plan's group ``plan.groups_in(p)[i]``).
+    """
+
+    def __init__(self, plan: KVCachePlan, *, lowest_first: bool = True, prefix_caching: bool = False) -> None:
+        self.plan = plan
+        self.groups = plan.groups
+        self.num_blocks = plan.num_blocks
+        self._members = [plan.groups_in(p) for p in range(len(plan.pools))]
+        self._where = [(0, 0)] * len(plan.groups)
+        for p, members in enumerate(self._members):
+            for local, index in enumerate(members):
+                self._where[index] = (p, local)
+        self.pools: tuple[BlockPool, ...] = tuple(
+            BlockPool(plan.pool_plan(p), lowest_first=lowest_first, prefix_caching=prefix_caching)
+            for p in range(len(plan.pools))
+        )
+        self._order: dict[Hashable, None] = {}  # requests, in arrival order
+        self._attached: set[Hashable] = set()  # attached (attach_prefix), not yet reserved
+        self._caching = prefix_caching and all(pool.prefix_caching for pool in self.pools)
+        self._cache_reason = ""
+        if not self._caching:
+            for p, pool in enumerate(self.pools):
+                reason = pool.prefix_cache_stats.reason
+                if reason:
+                    self._cache_reason = reason if not prefix_caching else self._reword(p, reason)
+                    break
+
+    # -- figures ---------------------------------------------------------------------------
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Block ids a request could take now, all pools together (see :meth:`num_free_blocks_in`)."""
+        return sum(pool.num_free_blocks for pool in self.pools)
+
+    def num_free_blocks_in(self, pool: int) -> int:
+        """Block ids of pool ``pool`` a request could take now.
+
+        Raises:
+            InvalidInputError: the plan has no pool ``pool``.
+        """
+        return self.pools[self._pool_index(pool)].num_free_blocks
+
+    @property
+    def num_evictable_blocks(self) -> int:
+        """Cached blocks no request holds, all pools together."""
+        return sum(pool.num_evictable_blocks for pool in self.pools)
+
+    @property
+    def num_usable_blocks(self) -> int:
+        """Block ids groups may hold, all pools together (each pool's null block excluded)."""
+        return sum(pool.num_usable_blocks for pool in self.pools)
+
+    def num_usable_blocks_in(self, pool: int) -> int:
+        """Block ids of pool ``pool`` groups may hold.
+
+        Raises:
+            InvalidInputError: the plan has no pool ``pool``.
+        """
+        return self.pools[self._pool_index(pool)].num_usable_blocks
+
+    def num_free_pages(self, group: int) -> int:
+        """Pages ``group`` could take now in its pool."""
+        pool, local = self._locate(group)
+        return pool.num_free_pages(local)
+
+    def blocks_of(self, group: int, page: int) -> range:
+        """The block ids (of the group's pool) page ``page`` of ``group`` covers."""
+        pool, local = self._locate(group)
+        return pool.blocks_of(local, page)
+
+    def owner(self, block: int, pool: int = 0) -> int | None:
+        """The group (an index into ``plan.groups``) holding block id ``block`` of pool
+        ``pool``, or ``None`` when no group does."""
+        p = self._pool_index(pool)
+        local = self.pools[p].owner(block)
+        return None if local is None else self._members[p][local]
+
+    def allocate(self, group: int, num_pages: int) -> list[int]:
+        """Take ``num_pages`` pages of ``group``'s pool for it, all or none (see
+        :meth:`BlockPool.allocate`).
+
+        Raises:
+            BlockPoolExhaustedError: the group's pool has too few free ids; nothing was taken.
+            InvalidInputError: the pool caches prefixes.
+        """
+        pool, _ = self._locate(group)
+        p = self.groups[self._index(group)].pool
+        try:
+            return pool.allocate(self._where[self._index(group)][1], num_pages)
+        except BlockPoolExhaustedError as exc:
+            raise BlockPoolExhaustedError(
+                self._reword(p, str(exc)),
+                requested_blocks=exc.requested_blocks,
+                free_blocks=exc.free_blocks,
+            ) from None
+
+    def free(self, group: int, pages: Iterable[int]) -> None:
+        """Give ``group``'s ``pages`` back to its pool (see :meth:`BlockPool.free`)."""
+        pool, local = self._locate(group)
+        pool.free(local, pages)
+
+    # -- requests --------------------------------------------------------------------------
+
+    @property
+    def requests(self) -> tuple[Hashable, ...]:
+        """The requests holding pages, in arrival order."""
+        return tuple(self._order)
+
+    def num_tokens(self, request_id: Hashable) -> int:
+        """Tokens the request's tables cover."""
+        self._check_request(request_id)
+        return self.pools[0].num_tokens(request_id)
+
+    def block_table(self, request_id: Hashable, group: int) -> list[int]:
+        """A copy of the request's block table for ``group`` (ids of the group's pool)."""
+        self._check_request(request_id)
+        pool, local = self._locate(group)
+        return pool.block_table(request_id, local)
+
+    def table_extent(self, request_id: Hashable, group: int) -> range:
+        """See :meth:`BlockPool.table_extent`."""
+        self._check_request(request_id)
+        pool, local = self._locate(group)
+        return pool.table_extent(request_id, local)
+
+    def blocks_needed(self, group: int, num_tokens: int) -> int:
+        """Block ids (of its pool) ``group`` holds at most for a request of ``num_tokens`` tokens."""
+        pool, local = self._locate(group)
+        return pool.blocks_needed(local, num_tokens)
+
+    def new_blocks_needed(self, request_id: Hashable, num_tokens: int) -> int:
+        """Block ids :meth:`reserve` would take to cover ``num_tokens`` tokens now, all pools
+        together (``pools[p].new_blocks_needed(...)`` for one)."""
+        return sum(pool.new_blocks_needed(request_id, num_tokens) for pool in self.pools)
+
+    def reserve(self, request_id: Hashable, num_tokens: int) -> dict[int, list[int]]:
+        """Grow the request's tables (every group of every pool) to cover ``num_tokens``
+        tokens, all or none (see :meth:`BlockPool.reserve`).
+
+        Returns:
+            ``{group index: pages taken}`` (ids of each group's pool).
+
+        Raises:
+            InvalidInputError: ``num_tokens`` is negative, or fewer than the request covers.
+            BlockPoolExhaustedError: some pool has too few free ids (the message names it);
+                nothing was taken in any pool.
+        """
+        known = request_id in self._order  # reserved before, or attached
+        if type(num_tokens) is not int or num_tokens < 0:
+            check_int(num_tokens, "'num_tokens'", minimum=0)
+        before = self.pools[0].num_tokens(request_id) if known else 0
+        if known and num_tokens < before:
+            self.pools[0].reserve(request_id, num_tokens)  # raises its wording
+        for p, pool in enumerate(self.pools):
+            needed = pool.new_blocks_needed(request_id, num_tokens)
+            if needed > pool.num_free_blocks:
+                raise self._pool_exhausted(p, request_id, num_tokens, needed)
+        taken: dict[int, list[int]] = {}
+        done: list[BlockPool] = []
+        for p, pool in enumerate(self.pools):
+            try:
+                grown = pool.reserve(request_id, num_tokens)
+            except BlockPoolExhaustedError:  # no aligned run free: give back what the others took
+                needed = pool.new_blocks_needed(request_id, num_tokens)
+                for other in done:
+                    if known:
+                        other.truncate(request_id, before)
+                    else:
+                        other.free_request(request_id)
+                raise self._pool_exhausted(p, request_id, num_tokens, needed) from None
+            done.append(pool)
+            members = self._members[p]
+            for local, pages in grown.items():
+                taken[members[local]] = pages
+        self._order[request_id] = None
+        self._attached.discard(request_id)
+        return taken
+
+    def release_stale(self, request_id: Hashable, num_computed_tokens: int) -> dict[int, list[int]]:
+        """Free the pages no later token reads in every pool (see :meth:`BlockPool.release_stale`).
+
+        Returns:
+            ``{group index: pages freed}``.
+
+        Raises:
+            InvalidInputError: as :meth:`BlockPool.release_stale`; nothing changed.
+        """
+        self._check_request(request_id)
+        if type(num_computed_tokens) is int and num_computed_tokens > self.pools[0].num_tokens(request_id):
+            # computed past what was reserved: every pool must already hold the pages, or none moves
+            for pool in self.pools:
+                if not pool._covers(request_id, num_computed_tokens):
+                    pool.release_stale(request_id, num_computed_tokens)  # raises its wording
+        freed: dict[int, list[int]] = {}
+        for p, pool in enumerate(self.pools):
+            members = self._members[p]
+            for local, pages in pool.release_stale(request_id, num_computed_tokens).items():
+                freed[members[local]] = pages
+        return freed
+
+    def free_request(self, request_id: Hashable) -> None:
+        """Free every page the request holds in every pool and forget it.
+
+        Raises:
+            InvalidInputError: unknown request.
+        """
+        self._check_request(request_id)
+        for pool in self.pools:
+            pool.free_request(request_id)
+        self._order.pop(request_id, None)
+        self._attached.discard(request_id)
+
+    def truncate(self, request_id: Hashable, num_tokens: int) -> dict[int, list[int]]:
+        """Shrink the request to its first ``num_tokens`` tokens in every pool (see
+        :meth:`BlockPool.truncate`); every pool is checked before any is cut.
+
+        Returns:
+            ``{group index: pages freed}``.
+
+        Raises:
+            InvalidInputError: as :meth:`BlockPool.truncate`; nothing changed in any pool.
+        """
+        self._check_request(request_id)
+        for p, pool in enumerate(self.pools):
+            try:
+                pool._check_truncate(request_id, num_tokens)
+            except InvalidInputError as exc:
+                raise InvalidInputError(self._reword(p, str(exc))) from None
+        freed: dict[int, list[int]] = {}
+        for p, pool in enumerate(self.pools):
+            members = self._members[p]
+            for local, pages in pool.truncate(request_id, num_tokens).items():
+                freed[members[local]] = pages
+        return freed
+
+    # -- prefix caching --------------------------------------------------------------------
+
+    @property
+    def prefix_caching(self) -> bool:
+        """Whether the pool caches prefixes (asked for, and every group of every pool can)."""
+        return self._caching
+
+    @property
+    def prefix_cache_stats(self) -> PrefixCacheStats:
+        """Lookups and hits (one per request, the hit common to every pool) and evictions
+        (all pools together)."""
+        first = self.pools[0].prefix_cache_stats
+        return PrefixCacheStats(
+            enabled=self._caching,
+            reason=self._cache_reason,
+            lookups=first.lookups,
+            hits=first.hits,
+            queried_tokens=first.queried_tokens,
+            hit_tokens=first.hit_tokens,
+            evictions=sum(pool.prefix_cache_stats.evictions for pool in self.pools),
+        )
+
+    def ref_count(self, block: int, pool: int = 0) -> int:
+        """How many requests' tables hold block id ``block`` of pool ``pool``."""
+        return self.pools[self._pool_index(pool)].ref_count(block)
+
+    def is_cached(self, block: int, pool: int = 0) -> bool:
+        """Whether block id ``block`` of pool ``pool`` is in the prefix cache."""
+        return self.pools[self._pool_index(pool)].is_cached(block)
+
+    def attach_prefix(
+        self, request_id: Hashable, content: Sequence[int] | PrefixKey, num_tokens: int | None = None
+    ) -> int:
+        """Start a request with the longest prefix every pool has cached (see
+        :meth:`BlockPool.attach_prefix`).
+
+        Returns:
+            Tokens found cached in every group of every pool; the request starts from there.
+
+        Raises:
+            InvalidInputError: as :meth:`BlockPool.attach_prefix`.
+        """
+        if request_id in self._order:
+            raise InvalidInputError(
+                f"request {request_id!r} already has tables; attach_prefix() comes before its first reserve()"
+            )
+        if isinstance(content, PrefixKey):
+            known = content.num_tokens
+        elif isinstance(content, Sequence) and not isinstance(content, (str, bytes)):
+            known = len(content)
+        else:
+            raise InvalidInputError(
+                f"a request's content is its token ids or a PrefixKey (got {type(content).__name__})"
+            )
+        if num_tokens is None:
+            num_tokens = known
+        check_int(num_tokens, "'num_tokens'", minimum=0)
+        limit = min(num_tokens - 1, known)
+        if self._caching:  # each pool's hit bounds the others' until they agree
+            settled = False
+            while not settled and limit > 0:
+                settled = True
+                for pool in self.pools:
+                    hit = pool._probe_hit(request_id, content, limit)
+                    if hit != limit:
+                        limit, settled = hit, False
+        hits = [pool._attach_prefix_within(request_id, content, num_tokens, limit) for pool in self.pools]
+        self._attached.add(request_id)
+        self._order[request_id] = None
+        return min(hits)
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _reword(self, p: int, message: str) -> str:
+        """A message of pool ``p``'s own pool, naming the plan's group indices and the pool."""
+        members = self._members[p]
+        worded = re.sub(r"\bgroup (\d+)", lambda m: f"group {members[int(m.group(1))]}", message)
+        return f"pool {p}: {worded}"
+
+    def _locate(self, group: int) -> tuple[BlockPool, int]:
+        p, local = self._where[self._index(group)]
+        return self.pools[p], local
+
+    def _check_request(self, request_id: Hashable) -> None:
+        if request_id not in self._order:
+            raise InvalidInputError(
+                f"unknown request {request_id!r}; reserve() it first ({len(self._order)} requests live)"
+            )
+
+    def _pool_exhausted(
+        self, p: int, request_id: Hashable, num_tokens: int, needed: int
+    ) -> BlockPoolExhaustedError:
+        pool = self.pools[p]
+        free = pool.num_free_blocks
+        kinds = ", ".join(sorted({self.groups[i].spec.kind for i in self._members[p]}))
+        return BlockPoolExhaustedError(
+            f"request {request_id!r} needs {needed} more block ids of pool {p} ({kinds}) to cover "
+            f"{num_tokens} tokens but {free} of its {pool.num_blocks} are free (or no aligned run "
+            "is); nothing was taken in any pool: free or preempt another request, or plan more blocks",
+            requested_blocks=needed,
+            free_blocks=free,
         )

@@ -19,6 +19,11 @@ pages; the others free the pages that fell out of a sliding window or chunk
 all but its last output token; a preempted request computes what it had again (counted in
 ``total_tokens`` and, separately, in ``recomputed_tokens``).
 
+A plan of several block pools (:attr:`~kvcore.KVCachePlan.pools`) runs the same way: a request
+is admitted, and grows, only when every pool its groups draw from has room (the pool takes its
+pages in all of them or in none), and the pool usage reported is that of the fullest pool at
+each step (the pool that decides admission).
+
 There is no cap on running requests (vLLM's ``max_num_seqs``): the pool and the token budget
 bound them.
 
@@ -73,7 +78,8 @@ class SimulationResult:
         cached_tokens: prompt tokens found in the prefix cache at admission, not computed.
         prefix_hit_rate: ``cached_tokens`` over the tokens of the requests looked up (0..1).
         mean_pool_usage: the share of the pool's usable block ids held during a step, on average
-            (0..1); cached blocks no request holds count as free.
+            (0..1); cached blocks no request holds count as free. With several pools, the share
+            of the fullest pool at each step.
         peak_pool_usage: the largest share held during one step.
         running: running requests at each step.
         pool_usage: the share of the pool held at each step.
@@ -171,6 +177,7 @@ class Simulator:
         _check_lengths(plan, self.requests)
         _check_fits_alone(plan, self.requests, budget)
         self.pool = BlockPool(plan, lowest_first=False, prefix_caching=prefix_caching)
+        self._pools = len(plan.pools)
         #: per request, what names its prompt's shared prefix (with prefix caching)
         self._prefixes: list[PrefixKey] | None = None
         if prefix_caching:
@@ -319,13 +326,12 @@ class Simulator:
             stuck = self.requests[waiting[0]]
             raise InvalidInputError(
                 f"request {stuck.id} ({stuck.prompt_tokens} prompt + {stuck.output_tokens} output tokens) "
-                f"cannot get its pages even with the pool to itself ({self.plan.usable_blocks} block ids): "
+                f"cannot get its pages even with the pool to itself ({_usable(self.plan)} block ids): "
                 "plan more blocks, or give a smaller max_num_batched_tokens"
             )
         self.total_tokens += tokens
         self._running_series.append(len(running))
-        usable = pool.num_usable_blocks
-        self._usage_series.append((usable - pool.num_free_blocks) / usable)
+        self._usage_series.append(self._usage())
         # after the step: free what fell out of windows and chunks, and finished requests
         release = pool.release_stale
         for r in stale:
@@ -336,6 +342,20 @@ class Simulator:
             self.finished += len(finishing)
             self._running = [r for r in running if computed[r] != end[r]]
         self.steps = step + 1
+
+    def _usage(self) -> float:
+        """The pool's usage: the share of usable block ids held, of the fullest pool when
+        the plan has several (admission needs room in every pool, so the fullest decides)."""
+        pool = self.pool
+        if self._pools == 1:
+            usable = pool.num_usable_blocks
+            return (usable - pool.num_free_blocks) / usable
+        shares = (
+            (pool.num_usable_blocks_in(p) - pool.num_free_blocks_in(p)) / pool.num_usable_blocks_in(p)
+            for p in range(self._pools)
+            if pool.num_usable_blocks_in(p)
+        )
+        return max(shares, default=0.0)
 
     def _preempt(self, r: int) -> None:
         self.pool.free_request(r)
@@ -407,7 +427,10 @@ def _check_fits_alone(plan: KVCachePlan, requests: Sequence[Request], budget: in
     tried: set[tuple[int, int]] = set()
     for length in sorted(by_length, reverse=True):
         context = SizingContext(max_model_len=length, max_num_batched_tokens=budget)
-        if sum(group.blocks_per_request(context) for group in plan.groups) <= plan.usable_blocks:
+        need = [0] * len(plan.pools)
+        for group in plan.groups:
+            need[group.pool] += group.blocks_per_request(context)
+        if all(n <= plan.usable_blocks_in(p) for p, n in enumerate(need)):
             return  # the bound grows with the length: every shorter request fits too
         for request in by_length[length]:
             shape = (request.prompt_tokens, request.output_tokens)
@@ -417,9 +440,16 @@ def _check_fits_alone(plan: KVCachePlan, requests: Sequence[Request], budget: in
             if not _runs_alone(plan, request, budget):
                 raise InvalidInputError(
                     f"request {request.id} ({request.prompt_tokens} prompt + {request.output_tokens} output "
-                    f"tokens) needs more block ids than the pool has ({plan.usable_blocks})"
+                    f"tokens) needs more block ids than the pool has ({_usable(plan)})"
                     " even when it runs alone: plan more blocks (or a larger budget), or shorten the request"
                 )
+
+
+def _usable(plan: KVCachePlan) -> str:
+    """The usable block ids of ``plan``, per pool when it has several, for a message."""
+    if len(plan.pools) == 1:
+        return str(plan.usable_blocks)
+    return ", ".join(f"{plan.usable_blocks_in(p)} in pool {p}" for p in range(len(plan.pools)))
 
 
 def _runs_alone(plan: KVCachePlan, request: Request, budget: int) -> bool:

@@ -454,8 +454,9 @@ def check_within_budget(plan: KVCachePlan, problem: PlanningProblem) -> None:
         )
     if plan.kv_cache_bytes > problem.available_bytes:
         _fail(
-            f"policy {plan.policy!r} allocates {plan.kv_cache_bytes} bytes ({plan.num_blocks} blocks of "
-            f"{plan.bytes_per_block}) but the budget is {problem.available_bytes}"
+            f"policy {plan.policy!r} allocates {plan.kv_cache_bytes} bytes ("
+            + " + ".join(f"{p.num_blocks} blocks of {p.bytes_per_block}" for p in plan.pools)
+            + f") but the budget is {problem.available_bytes}"
         )
 
 
@@ -512,7 +513,23 @@ def check_same_plan(first: KVCachePlan, second: KVCachePlan) -> None:
 
 
 def check_more_memory_not_worse(small: KVCachePlan, large: KVCachePlan) -> None:
-    """A larger budget never gives fewer blocks or less concurrency."""
+    """A larger budget never gives fewer blocks or less concurrency.
+
+    For a plan of several pools, whose budget is split between them
+    (:func:`~kvcore.planning.capacity.split_budget`), what never drops is the concurrency,
+    the requests the fullest pool holds. One pool's count (and so the total) may: the bytes
+    left after whole requests go to whichever pool can use them, and a larger budget may hand
+    them to another pool.
+    """
+    if len(small.pools) > 1 or len(large.pools) > 1:
+        if large.max_concurrency() < small.max_concurrency():
+            _fail(
+                f"policy {small.policy!r}: {large.available_memory_bytes} bytes hold "
+                f"{large.max_concurrency():.3f} requests at once (pools of "
+                f"{[p.num_blocks for p in large.pools]} blocks) but {small.available_memory_bytes} bytes "
+                f"hold {small.max_concurrency():.3f} ({[p.num_blocks for p in small.pools]} blocks)"
+            )
+        return
     if large.num_blocks < small.num_blocks or large.max_concurrency() < small.max_concurrency():
         _fail(
             f"policy {small.policy!r}: {large.available_memory_bytes} bytes give {large.num_blocks} blocks "

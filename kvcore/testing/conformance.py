@@ -426,14 +426,21 @@ class PolicyConformance(_Conformance):
     def test_forced_block_count_is_honoured(self, data: st.DataObject) -> None:
         problem = self._draw_plannable(data)
         full = self.kit.plan(problem)
-        if full.num_blocks < 1:
+        if any(pool.num_blocks < 1 for pool in full.pools):
             reject()
-        count = data.draw(st.integers(1, full.num_blocks), label="num_blocks")
-        forced = self.kit.plan(problem, num_blocks=count)
-        if forced.num_blocks != count or forced.bytes_per_block != full.bytes_per_block:
+        # one count per pool for a policy that makes several (a plain int for one)
+        counts = tuple(
+            data.draw(st.integers(1, pool.num_blocks), label=f"num_blocks of pool {p}")
+            for p, pool in enumerate(full.pools)
+        )
+        forced = self.kit.plan(problem, num_blocks=counts[0] if len(counts) == 1 else counts)
+        got = tuple(pool.num_blocks for pool in forced.pools)
+        sizes = tuple(pool.bytes_per_block for pool in forced.pools)
+        wanted = tuple(pool.bytes_per_block for pool in full.pools)
+        if got != counts or sizes != wanted:
             raise AssertionError(
-                f"policy {full.policy!r}: forcing {count} blocks gave {forced.num_blocks} blocks of "
-                f"{forced.bytes_per_block} bytes (unforced: {full.bytes_per_block} bytes per block)"
+                f"policy {full.policy!r}: forcing {counts} blocks gave {got} blocks of {sizes} bytes "
+                f"(unforced: {wanted} bytes per block)"
             )
         checks.check_within_budget(forced, problem)
         checks.check_ranges_in_bounds(forced)

@@ -24,6 +24,7 @@ its run time: ``docs/how-to/test-your-plugin.md``.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -389,3 +390,210 @@ def plans(
             reject()
 
     return draw_plan()
+
+
+# -- plans of several pools ------------------------------------------------------------------
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+@st.composite
+def page_siblings(draw: st.DrawFn, spec: KVCacheSpec, *, registry: Registry | None = None) -> KVCacheSpec:
+    """``spec`` with the fields that only change its page (its kind's
+    :attr:`~kvcore.spec.KVCacheSpec.page_fields`: head counts, head sizes, dtype, ...) taken
+    from another drawn spec of its kind: same block size and
+    :attr:`~kvcore.spec.KVCacheSpec.retention_key`, so it may share ``spec``'s block table
+    with a page of its own size (a mixed-page group). ``spec`` itself for a kind without page
+    fields, or when the mix is not a valid spec.
+    """
+    fields = type(spec).page_fields
+    if not fields:
+        return spec
+    other = draw(spec_strategy(type(spec), registry=registry))
+    try:
+        sibling = attrs.evolve(spec, **{name: getattr(other, name) for name in fields})
+    except (KVCoreError, TypeError, ValueError):
+        return spec
+    return sibling if sibling.retention_key == spec.retention_key else spec
+
+
+@st.composite
+def retention_mixes(
+    draw: st.DrawFn,
+    *,
+    kinds: Sequence[str] | None = None,
+    registry: Registry | None = None,
+    min_keys: int = 2,
+    max_layers: int = 10,
+    prefix: str = "model.layers.",
+) -> dict[str, KVCacheSpec]:
+    """``{layer: spec}`` of several retention kinds (distinct
+    :attr:`~kvcore.spec.KVCacheSpec.retention_key`), whose layers of one kind often differ in
+    page size (:func:`page_siblings`: other head counts, head sizes or dtypes): what
+    ``kind_pools`` plans as several pools of mixed-page groups.
+
+    Args:
+        kinds: the kinds to draw from (default: every kind of ``registry``, see :func:`specs`).
+        registry: where kinds and their strategies come from (default: the built-ins).
+        min_keys: fewest distinct retention keys.
+        max_layers: most layers.
+        prefix: layer names are ``f"{prefix}{i}"``.
+    """
+    bases = draw(st.lists(specs(kinds, registry=registry), min_size=min_keys, max_size=max(min_keys, 4)))
+    if len({spec.retention_key for spec in bases}) < min_keys:
+        reject()
+    count = draw(st.integers(len(bases), max(len(bases), max_layers)))
+    out: dict[str, KVCacheSpec] = {}
+    for i in range(count):
+        base = bases[i] if i < len(bases) else draw(st.sampled_from(bases))
+        out[f"{prefix}{i}"] = draw(st.one_of(st.just(base), page_siblings(base, registry=registry)))
+    return out
+
+
+@st.composite
+def hand_built_multi_pool_plans(
+    draw: st.DrawFn,
+    *,
+    kinds: Sequence[str] | None = None,
+    registry: Registry | None = None,
+    max_pools: int = 3,
+    max_blocks: int = 24,
+    context: SizingContext | None = None,
+    null_block: bool | None = None,
+) -> KVCachePlan:
+    """A plan of several pools built by hand through ``KVCachePlan(pools=...)``, as a
+    third-party policy might lay one out, with no planner involved.
+
+    Each pool has one to three groups, each of one drawn spec and its :func:`page_siblings`
+    (so groups are often mixed-page), and its own block count. Its layers are laid out either
+    one tensor per layer side by side in the pool's rows, or the ``k``-th layers of its groups
+    sharing one tensor (the shared-buffer way), each at its spec's alignment. Pools lie end to
+    end in one buffer, or (sometimes) every tensor is its own allocation. The plan is sound:
+    every check of :func:`kvcore.planning.invariants.plan_problems` passes.
+
+    Args:
+        kinds: the kinds to draw from (default: every kind of ``registry``, see :func:`specs`).
+        registry: where kinds and their strategies come from (default: the built-ins).
+        max_pools: most pools (at least two).
+        max_blocks: most block ids in one pool.
+        context: the context the plan is sized for (default: 64 tokens, steps of 16).
+        null_block: reserve block 0 of every pool (default: drawn).
+    """
+    from kvcore.plan import KVCacheGroup, KVCachePool, KVCacheTensor
+
+    ctx = context if context is not None else SizingContext(max_model_len=64, max_num_batched_tokens=16)
+    single_buffer = draw(st.sampled_from([True, True, True, False]))
+    reserve = draw(st.booleans()) if null_block is None else null_block
+    source = specs(kinds, registry=registry)
+    pools: list[KVCachePool] = []
+    groups: list[KVCacheGroup] = []
+    tensors: list[KVCacheTensor] = []
+    drawn: list[tuple[int, bool, list[list[tuple[str, KVCacheSpec]]]]] = []
+    layer = 0
+    for _ in range(draw(st.integers(2, max(2, max_pools)))):
+        num_blocks = draw(st.integers(1, max_blocks))
+        pool_groups: list[list[tuple[str, KVCacheSpec]]] = []
+        for _ in range(draw(st.integers(1, 3))):
+            base = draw(source)
+            members: list[tuple[str, KVCacheSpec]] = [(f"model.layers.{layer}", base)]
+            layer += 1
+            for _ in range(draw(st.integers(0, 2))):
+                sibling = draw(st.one_of(st.just(base), page_siblings(base, registry=registry)))
+                members.append((f"model.layers.{layer}", sibling))
+                layer += 1
+            pool_groups.append(members)
+        drawn.append((num_blocks, draw(st.booleans()), pool_groups))
+    # every row a multiple of every alignment, so that pools laid end to end stay aligned
+    align_all = math.lcm(*(s.alignment_bytes for _, _, pg in drawn for m in pg for _, s in m))
+    offset = 0
+    for p, (num_blocks, shared, pool_groups) in enumerate(drawn):
+        # the pool's row: (layers, width, alignment) of each tensor, side by side
+        row: list[tuple[tuple[str, ...], int, int]] = []
+        if shared:
+            for k in range(max(len(m) for m in pool_groups)):
+                sharers = [m[k][1] for m in pool_groups if k < len(m)]
+                names = tuple(m[k][0] for m in pool_groups if k < len(m))
+                align = math.lcm(*(s.alignment_bytes for s in sharers))
+                row.append((names, max(_round_up(s.page_size_bytes, align) for s in sharers), align))
+        else:
+            row = [
+                ((name,), _round_up(spec.page_size_bytes, spec.alignment_bytes), spec.alignment_bytes)
+                for m in pool_groups
+                for name, spec in m
+            ]
+        places = []
+        at = 0
+        for names, width, align in row:
+            at = _round_up(at, align)
+            places.append((names, width, at))
+            at += width
+        stride = _round_up(at, align_all)
+        start = offset if single_buffer else 0
+        for names, width, place in places:
+            if single_buffer:
+                size = (num_blocks - 1) * stride + width
+                tensors.append(
+                    KVCacheTensor(size=size, offset=start + place, page_stride=stride, shared_by=names)
+                )
+            else:
+                tensors.append(KVCacheTensor(size=num_blocks * width, page_stride=width, shared_by=names))
+        bytes_per_block = stride if single_buffer else sum(width for _, width, _ in places)
+        for members in pool_groups:
+            first = members[0][1]
+            groups.append(
+                KVCacheGroup(
+                    layer_names=tuple(n for n, _ in members),
+                    spec=first,
+                    pool=p,
+                    layer_specs={n: s for n, s in members if s != first},
+                )
+            )
+        pools.append(KVCachePool(num_blocks=num_blocks, bytes_per_block=bytes_per_block, offset=start))
+        offset = start + num_blocks * bytes_per_block
+    return KVCachePlan(
+        policy="hand_built",
+        pools=pools,
+        single_buffer=single_buffer,
+        groups=groups,
+        tensors=tensors,
+        context=ctx,
+        available_memory_bytes=sum(pool.nbytes for pool in pools),
+        null_block=0 if reserve else None,
+    )
+
+
+def multi_pool_plans(
+    *,
+    kinds: Sequence[str] | None = None,
+    registry: Registry | None = None,
+    context: SizingContext | None = None,
+    max_requests: int = 4,
+) -> st.SearchStrategy[KVCachePlan]:
+    """Plans of several pools: ``kind_pools`` plans of :func:`retention_mixes` (a budget of
+    one to ``max_requests`` requests), or :func:`hand_built_multi_pool_plans`.
+
+    Args:
+        kinds: the kinds to draw from (default: every kind of ``registry``, see :func:`specs`).
+        registry: where ``kind_pools`` and the kinds are looked up (default: the built-ins).
+        context: the context to plan for (default: 64 tokens, steps of 16).
+        max_requests: the largest budget of a planned plan, in requests of ``max_model_len``.
+    """
+    ctx = context if context is not None else SizingContext(max_model_len=64, max_num_batched_tokens=16)
+    reg = registry if registry is not None else _builtin_registry()
+
+    @st.composite
+    def planned(draw: st.DrawFn) -> KVCachePlan:
+        mix = draw(retention_mixes(kinds=kinds, registry=reg))
+        need = request_bytes(mix, ctx)
+        budget = draw(st.integers(need, max_requests * need + 4096))
+        try:
+            plan = plan_kv_cache(mix, budget, ctx, registry=reg, policy="kind_pools", check_fit=False)
+        except PolicyNotApplicableError:
+            reject()
+        if len(plan.pools) < 2:
+            reject()
+        return plan
+
+    return st.one_of(planned(), hand_built_multi_pool_plans(kinds=kinds, registry=reg, context=ctx))

@@ -261,13 +261,17 @@ def kvcore_runner(
     runner_class: type[PagedAttentionRunner] = PagedAttentionRunner,
     plan: KVCachePlan | None = None,
     context: SizingContext = CONTEXT,
+    policy: str = "auto",
 ) -> PagedAttentionRunner:
-    """Scan, plan (or take ``plan``), allocate on the CPU and bind, then wrap in a runner."""
+    """Scan, plan with ``policy`` (or take ``plan``), allocate on the CPU and bind, then wrap in
+    a runner."""
     executor = LocalExecutor(
         model, "cpu", registry=registry, scan_options={"block_size": BLOCK_SIZE}, kv_cache_bytes=ROOMY_BYTES
     )
     if plan is None:
-        initialize_kv_caches(executor, registry=registry, context=context, num_blocks=num_blocks)
+        initialize_kv_caches(
+            executor, registry=registry, policy=policy, context=context, num_blocks=num_blocks
+        )
     else:
         executor.get_kv_cache_spec()
         executor.initialize(plan)

@@ -28,9 +28,9 @@ class PatternChecker:
         # per group: [(layer, part, page-major uint8 view, shadow copy, live mask)]
         self.lanes: list[list[tuple[str, str, torch.Tensor, torch.Tensor, torch.Tensor]]] = []
         for group in plan.groups:
-            parts = registry.cache_layout(group.spec).parts
             lanes = []
             for name in group.layer_names:
+                parts = registry.cache_layout(group.spec_of(name)).parts  # a mixed-page group's own
                 view = views[name]
                 tensors = list(view) if isinstance(view, PartViews) else [view]
                 for part, tensor in zip(parts, tensors, strict=True):
@@ -100,14 +100,13 @@ def run_workload(
         target = min(have + tokens, context.max_model_len)
         for group, pages in pool.release_stale(request, have).items():
             checker.release(group, pages)
-        free_before = pool.num_free_blocks
+        free_before = [pool.num_free_blocks_in(p) for p in range(len(plan.pools))]
         try:
             taken = pool.reserve(request, target)
         except BlockPoolExhaustedError:
-            if pool.num_free_blocks != free_before:
-                problems.append(
-                    f"a failed reserve changed the free count {free_before} -> {pool.num_free_blocks}"
-                )
+            free_after = [pool.num_free_blocks_in(p) for p in range(len(plan.pools))]
+            if free_after != free_before:
+                problems.append(f"a failed reserve changed the free counts {free_before} -> {free_after}")
             return
         for group, pages in taken.items():
             checker.acquire(group, pages)
@@ -142,7 +141,7 @@ def run_workload(
                 for r in computed
                 for g, grp in enumerate(plan.groups)
             )
-            in_use = plan.num_blocks - pool.num_free_blocks
+            in_use = pool.num_usable_blocks - pool.num_free_blocks
             if held != in_use:
                 problems.append(f"requests hold {held} block ids but the pool counts {in_use} in use")
         if problems:

@@ -147,7 +147,9 @@ def _model_plans():
 def test_requests_of_max_model_len_run_max_concurrency_at_a_time(specs, policy):
     length = 2048
     sized = _plan(specs, length, policy=policy)
-    plan = _plan(specs, length, policy=policy, num_blocks=int(4.6 * sized.blocks_per_request()))
+    # room for 4.6 requests in every pool (a plan of several pools is forced one count per pool)
+    counts = tuple(int(4.6 * need) for need in sized.blocks_per_request_by_pool())
+    plan = _plan(specs, length, policy=policy, num_blocks=counts[0] if len(counts) == 1 else counts)
     expected = math.floor(plan.max_concurrency())
     assert expected == 4
     count = 3 * expected + 1

@@ -195,3 +195,25 @@ def test_big_periodic_plans_are_checked_per_tensor_not_per_page():
     assert plan_problems(plan) == []
     broken = attrs.evolve(plan, tensors=[plan.tensors[0], attrs.evolve(plan.tensors[1], offset=32)])
     assert plan_problems(broken)
+
+
+def test_rows_that_meet_do_not_hide_a_tensor_of_another_stride():
+    """Found by the oracle: two tensors meeting in the row used to stop the row check before it
+    saw the third tensor's other stride, so its overlap with a layer of its own group was missed."""
+    spec = full(block_size=1, heads=1, head_size=1, dtype="float32")
+    plan = KVCachePlan(
+        policy="drawn",
+        num_blocks=2,
+        bytes_per_block=16,
+        single_buffer=True,
+        groups=[KVCacheGroup(layer_names=("g0l0", "g0l1", "g0l2"), spec=spec)],
+        tensors=[
+            KVCacheTensor(size=24, offset=8, page_stride=16, shared_by=("g0l0",)),
+            KVCacheTensor(size=24, offset=0, page_stride=16, shared_by=("g0l1",)),
+            KVCacheTensor(size=16, offset=16, page_stride=8, shared_by=("g0l2",)),
+        ],
+        context=SizingContext(max_model_len=64),
+        available_memory_bytes=32,
+    )
+    problems = overlap_problems(plan)
+    assert any("'g0l1'" in p and "'g0l2'" in p for p in problems), problems

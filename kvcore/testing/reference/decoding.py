@@ -5,7 +5,8 @@
 - **admission**: requests are admitted in arrival order while the pool can hold every admitted
   request at its worst (:meth:`kvcore.BlockPool.blocks_needed` for prompt plus output, per
   group: a sliding-window group counts its window, not the whole request); a request that does
-  not fit waits until running ones finish and give their blocks back;
+  not fit waits until running ones finish and give their blocks back (with several block
+  pools, every pool must hold them);
 - **steps**: each step gives every decoding request one token, then fills the rest of the
   step budget (the plan's ``max_num_batched_tokens``) with prompt chunks (chunked prefill), so
   requests in different phases share steps and their pages interleave in the pool;
@@ -50,7 +51,7 @@ class Generation:
 @attrs.define
 class _Running:
     request: DecodeRequest
-    need: int
+    need: tuple[int, ...]  # block ids per pool at its worst
     admitted_step: int
     computed: int = 0
     tokens: list[int] = attrs.Factory(list)
@@ -99,25 +100,31 @@ def decode_greedy(
     waiting = deque(requests)
     running: list[_Running] = []
     done: dict[Hashable, Generation] = {}
-    committed = 0
+    plan = runner.plan
+    members = [plan.groups_in(p) for p in range(len(plan.pools))]
+    capacity = [plan.pools[p].num_blocks for p in range(len(plan.pools))]
+    committed = [0] * len(plan.pools)
     while waiting or running:
         while waiting:
             request = waiting[0]
             length = len(request.prompt) + request.max_new_tokens
-            need = sum(pool.blocks_needed(group, length) for group in range(len(runner.plan.groups)))
-            if need > pool.num_blocks:
+            need = tuple(sum(pool.blocks_needed(g, length) for g in groups) for groups in members)
+            short = [p for p, n in enumerate(need) if n > capacity[p]]
+            if short:
+                p = short[0]
+                where = "" if len(capacity) == 1 else f" (pool {p})"
                 raise InsufficientMemoryError(
-                    f"request {request.request_id!r} of {length} tokens needs {need} blocks at its worst but "
-                    f"the pool has {pool.num_blocks}; plan more blocks or shorten the request",
-                    required_bytes=need * runner.plan.bytes_per_block,
-                    available_bytes=runner.plan.kv_cache_bytes,
+                    f"request {request.request_id!r} of {length} tokens needs {need[p]} blocks{where} at its "
+                    f"worst but the pool has {capacity[p]}; plan more blocks or shorten the request",
+                    required_bytes=sum(n * plan.pools[q].bytes_per_block for q, n in enumerate(need)),
+                    available_bytes=plan.kv_cache_bytes,
                     max_model_len=length,
-                    largest_fitting_len=runner.plan.largest_fitting_len(length),
+                    largest_fitting_len=plan.largest_fitting_len(length),
                 )
-            if committed + need > pool.num_blocks:
+            if any(committed[p] + n > capacity[p] for p, n in enumerate(need)):
                 break
             waiting.popleft()
-            committed += need
+            committed = [c + n for c, n in zip(committed, need, strict=True)]
             if request.encoder_inputs is not None:
                 runner.encode(request.request_id, request.encoder_inputs)
             running.append(_Running(request=request, need=need, admitted_step=runner.num_steps))
@@ -145,7 +152,7 @@ def decode_greedy(
             if len(state.tokens) == state.request.max_new_tokens:
                 runner.finish(state.request.request_id)
                 running.remove(state)
-                committed -= state.need
+                committed = [c - n for c, n in zip(committed, state.need, strict=True)]
                 done[state.request.request_id] = Generation(
                     request_id=state.request.request_id,
                     tokens=tuple(state.tokens),

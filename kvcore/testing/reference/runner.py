@@ -267,7 +267,7 @@ class PagedAttentionRunner:
         self._layers: dict[int, BoundLayer] = {}
         for index, group in enumerate(plan.groups):
             for name in group.layer_names:
-                spec = check_supported(name, group.spec)
+                spec = check_supported(name, group.spec_of(name))
                 module = modules.get(name)
                 if module is None:
                     raise KVCacheBindingError(
