@@ -172,12 +172,15 @@ def _rows_problems(plan: KVCachePlan, span: int) -> list[str] | None:
     for gi, group in enumerate(plan.groups):
         if not group.layer_names or not pages:
             continue
-        page = group.spec.page_size_bytes
         places = sorted((offset_of[name], name) for name in group.layer_names if name in offset_of)
         for (a, first), (b, second) in itertools.pairwise(places):
+            # a mixed-page group's layers each have their own page
+            page, other = group.spec_of(first).page_size_bytes, group.spec_of(second).page_size_bytes
             if b < a + page:
                 x = _Series(a, row, page, pages, span, gi, first, plan.tensors.index(plan.tensor_of(first)))
-                y = _Series(b, row, page, pages, span, gi, second, plan.tensors.index(plan.tensor_of(second)))
+                y = _Series(
+                    b, row, other, pages, span, gi, second, plan.tensors.index(plan.tensor_of(second))
+                )
                 problems.append(_describe(x, 0, y, 0))
                 if len(problems) >= MAX_PROBLEMS:
                     return problems
@@ -224,6 +227,9 @@ def _series_by_tensor(plan: KVCachePlan) -> list[list[_Series]]:
             if gi is None:
                 continue
             page, pages, span = figures[gi]
+            own = plan.groups[gi].layer_specs.get(name)
+            if own is not None:  # a layer of a mixed-page group with a page of its own
+                page = own.page_size_bytes
             if pages and page > 0:
                 members.append(_Series(tensor.offset, tensor.page_stride, page, pages, span, gi, name, ti))
         out.append(members)
