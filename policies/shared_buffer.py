@@ -283,7 +283,10 @@ def _mixed_buckets(
     return buckets
 
 
-def _candidate_rows(buckets: Sequence[_AnyBucket]) -> list[int]:
+def _candidate_rows(buckets: Sequence[_AnyBucket], enlarged: bool = False) -> list[int]:
+    """Row widths worth scoring: ``c`` pages of a bucket for the layer counts ``c`` it may put
+    in a row, a mixed bucket's row at each factor, and with ``enlarged`` (any block multiple)
+    also one enlarged page of each bucket (a row that an enlarged group fills)."""
     rows: set[int] = set()
     for bucket in buckets:
         if isinstance(bucket, _MixedBucket):
@@ -293,6 +296,8 @@ def _candidate_rows(buckets: Sequence[_AnyBucket]) -> list[int]:
         counts = {*range(1, min(n, _MAX_DENSE_CANDIDATES) + 1), *_divisors(n)}
         page = bucket.page()
         rows.update(c * page for c in counts)
+        if enlarged and bucket.scalable:
+            rows.update(bucket.page(f) for f in bucket.factors)
     return sorted(rows)
 
 
@@ -354,12 +359,13 @@ class SharedBufferPolicy:
     ) -> Sequence[KVCacheGroup]:
         buckets = _buckets(specs, context, options)
         need = sum(len(b.layers) * b.spec.max_memory_usage_bytes(context) for b in buckets)
-        scores = [_score(buckets, row, need) for row in _candidate_rows(buckets)]
+        enlarged = options.block_multiples == "any"
+        scores = [_score(buckets, row, need) for row in _candidate_rows(buckets, enlarged)]
         families: list[Sequence[_AnyBucket]] = [buckets]
         mixed = _mixed_buckets(specs, context, options)
         if mixed is not None:
             families.append(mixed)
-            scores.extend(_score(mixed, row, need, family=1) for row in _candidate_rows(mixed))
+            scores.extend(_score(mixed, row, need, family=1) for row in _candidate_rows(mixed, enlarged))
         floor = max(s.efficiency for s in scores) * (1.0 - options.grouping_tolerance)
         if options.max_groups is not None:
             # the widest candidate row holds every bucket in one group: the fewest there are
