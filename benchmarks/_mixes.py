@@ -27,9 +27,7 @@ def chunked(chunk: int) -> KVCacheSpec:
 def interleave(*parts: tuple[int, KVCacheSpec]) -> dict[str, KVCacheSpec]:
     """Spread each part's layers evenly over the model, like real hybrids interleave kinds."""
     total = sum(n for n, _ in parts)
-    slots = sorted(
-        ((k + 0.5) * total / n, i, spec) for i, (n, spec) in enumerate(parts) for k in range(n)
-    )
+    slots = sorted(((k + 0.5) * total / n, i, spec) for i, (n, spec) in enumerate(parts) for k in range(n))
     return {f"model.layers.{i}": spec for i, (_, _, spec) in enumerate(slots)}
 
 

@@ -57,3 +57,12 @@ ISSUE_CASES: dict[str, tuple[dict[str, KVCacheSpec], int, SizingContext]] = {
     "DeepSeek-V3.2-like": (deepseek_v32_like(), 40 * GIB, CTX),
     "Gemma pattern x 32": (gemma_32(), 40 * GIB, CTX),
 }
+
+
+def three_to_two() -> dict[str, KVCacheSpec]:
+    """Pages in a 3:2 ratio on two retention kinds: 10 sliding(1024) layers of 3 KV heads and 2
+    full-attention layers of 2 (doubling blocks cannot even them out)."""
+    return mix((10, sliding(1024, heads=3)), (2, full(heads=2)))
+
+
+ISSUE_CASES["3:2 pages"] = (three_to_two(), 40 * GIB, CTX)

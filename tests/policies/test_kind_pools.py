@@ -42,9 +42,7 @@ def test_mixed_head_counts_share_one_group(registry):
     assert len(plan.pools) == 1
     for name in specs:
         assert group.spec_of(name) == specs[name]
-    assert {group.spec_of(n).page_size_bytes for n in specs} == {
-        s.page_size_bytes for s in specs.values()
-    }
+    assert {group.spec_of(n).page_size_bytes for n in specs} == {s.page_size_bytes for s in specs.values()}
     check_plan(plan)
 
 

@@ -8,7 +8,7 @@ from kvcore.planning.invariants import check_plan
 from kvcore.planning.planner import plan_model
 from kvcore.policies import shared_buffer
 from tests.helpers import full, mix, mla, sliding
-from tests.policies.issue_cases import CTX, GIB, ISSUE_CASES
+from tests.policies.issue_cases import CTX, GIB, ISSUE_CASES, three_to_two
 
 #: vLLM 0.33's concurrency on the issue's cases, with one group (issue 13).
 VLLM = {"OpenELM-like": 31.02, "DeepSeek-V3.2-like": 16.73}
@@ -67,14 +67,8 @@ def test_pipeline_projection_keeps_each_layer_page(registry):
     assert result.plans[0].num_blocks == result.plans[1].num_blocks
 
 
-def _three_to_two():
-    """Pages in a 3:2 ratio on two retention kinds: 10 sliding(1024) layers of 3 KV heads and
-    2 full-attention layers of 2 (doubling blocks cannot even them out)."""
-    return mix((10, sliding(1024, heads=3)), (2, full(heads=2)))
-
-
 def test_any_block_multiple_closes_the_three_to_two_gap(registry):
-    specs = _three_to_two()
+    specs = three_to_two()
     doubling = _shared(registry, specs, 40 * GIB)
     anything = _shared(registry, specs, 40 * GIB, block_multiples="any")
     assert efficiency(doubling, specs) < 0.92
@@ -85,21 +79,21 @@ def test_any_block_multiple_closes_the_three_to_two_gap(registry):
 
 
 def test_any_block_multiple_stays_within_max_block_size(registry):
-    specs = _three_to_two()
+    specs = three_to_two()
     plan = _shared(registry, specs, 40 * GIB, block_multiples="any", max_block_size=48)
     assert all(g.spec.block_size <= 48 for g in plan.groups)
     check_plan(plan)
 
 
 def test_any_block_multiple_leaves_uniform_block_size_alone(registry):
-    specs = _three_to_two()
+    specs = three_to_two()
     plan = _shared(registry, specs, 40 * GIB, block_multiples="any", uniform_block_size=True)
     assert {g.spec.block_size for g in plan.groups} == {16}
 
 
 def test_default_block_multiples_are_powers_of_two(registry):
     assert PlanOptions().block_multiples == "power_of_two"
-    plan = _shared(registry, _three_to_two(), 40 * GIB)
+    plan = _shared(registry, three_to_two(), 40 * GIB)
     assert all(g.spec.block_size & (g.spec.block_size - 1) == 0 for g in plan.groups)
 
 
