@@ -62,8 +62,8 @@ class PlanOptions:
             highest capacity whatever the number of groups; the default ``0.005`` (0.5 %)
             usually halves the group count or better at no visible cost.
         max_block_size: the largest block size a policy may give a group when it enlarges
-            blocks to even out page sizes (the built-in policy multiplies by powers of two
-            only). The block size of the specs themselves is never changed otherwise.
+            blocks to even out page sizes (by the factors :attr:`block_multiples` allows).
+            The block size of the specs themselves is never changed otherwise.
         reserve_null_block: keep block id 0 out of the pool as the *null block* that pads
             block tables (vLLM's convention). The plan's ``num_blocks`` still counts it; its
             capacity figures count one block fewer (:attr:`KVCachePlan.usable_blocks`). The
