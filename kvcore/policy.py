@@ -36,6 +36,17 @@ def _optional_count(instance: object, attribute: attrs.Attribute[int | None], va
         check_int(value, f"'{attribute.name}'", minimum=1)
 
 
+#: The values of :attr:`PlanOptions.block_multiples`.
+BLOCK_MULTIPLES = ("power_of_two", "any")
+
+
+def _block_multiples(instance: object, attribute: attrs.Attribute[str], value: object) -> None:
+    if value not in BLOCK_MULTIPLES:
+        raise InvalidInputError(
+            f"'{attribute.name}' must be one of {', '.join(map(repr, BLOCK_MULTIPLES))} (got {value!r})"
+        )
+
+
 def _tolerance(instance: object, attribute: attrs.Attribute[float], value: object) -> None:
     if not is_number(value) or not 0 <= value < 1:
         raise InvalidInputError(f"'{attribute.name}' must be a number in [0, 1) (got {value!r})")
@@ -51,8 +62,8 @@ class PlanOptions:
             highest capacity whatever the number of groups; the default ``0.005`` (0.5 %)
             usually halves the group count or better at no visible cost.
         max_block_size: the largest block size a policy may give a group when it enlarges
-            blocks to even out page sizes (the built-in policy multiplies by powers of two
-            only). The block size of the specs themselves is never changed otherwise.
+            blocks to even out page sizes (by the factors :attr:`block_multiples` allows).
+            The block size of the specs themselves is never changed otherwise.
         reserve_null_block: keep block id 0 out of the pool as the *null block* that pads
             block tables (vLLM's convention). The plan's ``num_blocks`` still counts it; its
             capacity figures count one block fewer (:attr:`KVCachePlan.usable_blocks`). The
@@ -69,6 +80,10 @@ class PlanOptions:
             bound the default choice keeps changes nothing; when it cuts off every layout
             within ``grouping_tolerance`` of the best, the tolerance counts from the best layout
             within the bound. ``None`` (the default): no bound beyond ``grouping_tolerance``.
+        block_multiples: the factors a policy may enlarge a block size by (up to
+            ``max_block_size``): ``"power_of_two"`` (the default; the block sizes kernels
+            usually take) or ``"any"`` integer, which evens out page ratios such as 3:2 that
+            doubling cannot (the built-in ``shared_buffer`` honours it).
     """
 
     grouping_tolerance: float = attrs.field(default=0.005, validator=_tolerance)
@@ -76,6 +91,7 @@ class PlanOptions:
     reserve_null_block: bool = attrs.field(default=False, validator=boolean)
     uniform_block_size: bool = attrs.field(default=False, validator=boolean)
     max_groups: int | None = attrs.field(default=None, validator=_optional_count)
+    block_multiples: str = attrs.field(default="power_of_two", validator=_block_multiples)
 
     def check_group_count(self, policy: str, smallest: int) -> None:
         """Raise unless ``smallest`` groups, the fewest ``policy`` can plan the layers in, are

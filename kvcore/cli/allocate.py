@@ -197,6 +197,8 @@ def run_saved_plan(args: argparse.Namespace, registry: Registry) -> int:
         given.append("--policy")
     if getattr(args, "uniform_block_size", False):
         given.append("--uniform-block-size")
+    if getattr(args, "block_multiples", "power_of_two") != "power_of_two":
+        given.append("--block-multiples")
     if given:
         raise InvalidInputError(
             f"{', '.join(given)} cannot be combined with --plan: a saved plan fixes its own size and layout"

@@ -18,7 +18,7 @@ from kvcore.limits import MAX_TOKENS
 from kvcore.model_options import ModelOptions
 from kvcore.planning.ranks import Parallelism
 from kvcore.planning.registry import Registry
-from kvcore.policy import PlanOptions
+from kvcore.policy import BLOCK_MULTIPLES, PlanOptions
 from kvcore.spec import DEFAULT_MAX_NUM_BATCHED_TOKENS, KVCacheSpec, SizingContext, resize_blocks
 from kvcore.units import parse_size
 
@@ -238,6 +238,15 @@ def add_sizing_options(
         metavar="N",
         help="at most N groups (block tables): the best layout within it, or an error naming the fewest",
     )
+    parser.add_argument(
+        "--block-multiples",
+        choices=BLOCK_MULTIPLES,
+        default=PlanOptions().block_multiples,
+        help=(
+            "factors a policy may enlarge a block size by, up to --max-block-size: powers of two, "
+            "or any integer (evens out page ratios such as 3:2) (default %(default)s)"
+        ),
+    )
     serving.add_serving_options(parser)
 
 
@@ -411,6 +420,7 @@ def plan_options(args: argparse.Namespace) -> PlanOptions:
         reserve_null_block=getattr(args, "reserve_null_block", False),
         uniform_block_size=getattr(args, "uniform_block_size", False),
         max_groups=getattr(args, "max_groups", None),
+        block_multiples=getattr(args, "block_multiples", None) or PlanOptions().block_multiples,
     )
 
 

@@ -480,7 +480,12 @@ def project_groups(groups: Sequence[KVCacheGroup], layers: Collection[str]) -> t
     group indices (and a request's blocks) are the same on every rank."""
     own = layers if isinstance(layers, (set, frozenset, Mapping)) else set(layers)
     return tuple(
-        attrs.evolve(group, layer_names=tuple(name for name in group.layer_names if name in own))
+        attrs.evolve(
+            group,
+            layer_names=tuple(name for name in group.layer_names if name in own),
+            # a mixed-page group keeps the own specs of the layers it keeps
+            layer_specs={name: spec for name, spec in group.layer_specs.items() if name in own},
+        )
         for group in groups
     )
 

@@ -29,9 +29,10 @@ from kvcore.runtime.memory import check_device, device_memory
 from kvcore.runtime.torch_dtypes import torch_dtype
 
 if TYPE_CHECKING:
-    from kvcore.cache_layout import PagePart
+    from kvcore.cache_layout import CacheLayout, PagePart
     from kvcore.plan import KVCachePlan
     from kvcore.planning.registry import Registry
+    from kvcore.spec import KVCacheSpec
 
 #: Allocates ``nbytes`` bytes on ``device`` as a 1-D ``uint8`` tensor. Injectable, so a test
 #: can fail the k-th allocation or an engine can allocate from its own memory pool.
@@ -155,11 +156,15 @@ def view_geometries(plan: KVCachePlan, *, registry: Registry) -> dict[str, tuple
     """
     tensor_index = {name: i for i, tensor in enumerate(plan.tensors) for name in tensor.shared_by}
     out: dict[str, tuple[ViewGeometry, ...]] = {}
+    layouts: dict[KVCacheSpec, CacheLayout] = {}
     for group in plan.groups:
-        layouts = {spec: registry.cache_layout(spec) for spec in group.specs}  # one per page size
         pages = plan.num_pages(group)
         for name in group.layer_names:
-            layout = layouts[group.spec_of(name)]
+            # a mixed-page group's layer has a page (and page layout) of its own
+            spec = group.spec_of(name)
+            layout = layouts.get(spec)
+            if layout is None:
+                layout = layouts[spec] = registry.cache_layout(spec)
             index = tensor_index[name]
             tensor = plan.tensors[index]
             allocation = 0 if plan.single_buffer else index

@@ -95,14 +95,18 @@ def test_one_rank_is_plan_kv_cache(registry):
 
 
 def test_pipeline_stages_with_unequal_kinds_get_their_own_bytes_per_block(registry):
-    # stage 0: two full-attention layers (64 KiB pages); stage 1: two MLA layers (18 KiB pages)
-    ranks = [{"a": full(), "b": full()}, {"c": mla(), "d": mla()}]
+    # stage 0: two full-attention layers (64 KiB pages); stage 1: two sliding-window layers of
+    # an MLA page's size (18 KiB) with a window longer than any request: as many pages as MLA,
+    # but another kind, so that no group mixes them (full + MLA: the test below)
+    small = sliding(8192, heads=1, head_size=288)
+    assert small.page_size_bytes == mla().page_size_bytes
+    ranks = [{"a": full(), "b": full()}, {"c": small, "d": small}]
     plans = plan_for_ranks(ranks, [GiB, GiB], CTX, registry=registry)
     whole = plan_kv_cache({**ranks[0], **ranks[1]}, GiB, CTX, registry=registry)
     assert [g.layer_names for g in plans[0].groups] == [("a",), ("b",), ()]
     assert [g.layer_names for g in plans[1].groups] == [(), (), ("c", "d")]
-    # the policy's row is 2 MLA pages; a 64 KiB full-attention page spans two rows
-    assert plans[1].bytes_per_block == 2 * mla().page_size_bytes == whole.bytes_per_block
+    # the policy's row is 2 small pages; a 64 KiB full-attention page spans two rows
+    assert plans[1].bytes_per_block == 2 * small.page_size_bytes == whole.bytes_per_block
     assert plans[0].bytes_per_block == full().page_size_bytes // 2
     assert plans[0].num_blocks == plans[1].num_blocks == GiB // plans[1].bytes_per_block
     for plan in plans:
@@ -110,6 +114,20 @@ def test_pipeline_stages_with_unequal_kinds_get_their_own_bytes_per_block(regist
         assert plan.blocks_per_request() == whole.blocks_per_request()  # same groups everywhere
         assert plan.kv_cache_bytes <= plan.available_memory_bytes
     assert {t for plan in plans for t in plan.layer_names} == {"a", "b", "c", "d"}
+
+
+def test_pipeline_stages_of_one_retention_share_a_mixed_page_group(registry):
+    # full attention and MLA keep every token: one group of both pages, each stage's row its own
+    ranks = [{"a": full(), "b": full()}, {"c": mla(), "d": mla()}]
+    plans = plan_for_ranks(ranks, [GiB, GiB], CTX, registry=registry)
+    assert [g.layer_names for g in plans[0].groups] == [("a", "b")]
+    assert [g.layer_names for g in plans[1].groups] == [("c", "d")]
+    assert plans[0].bytes_per_block == 2 * full().page_size_bytes
+    assert plans[1].bytes_per_block == 2 * mla().page_size_bytes
+    assert plans[0].num_blocks == plans[1].num_blocks == GiB // plans[0].bytes_per_block
+    for plan in plans:
+        check_plan(plan)
+        assert plan.groups[0].spec_of(plan.layer_names[0]) == {**ranks[0], **ranks[1]}[plan.layer_names[0]]
 
 
 def test_the_smallest_budget_over_bytes_per_block_sets_every_rank_s_block_count(registry):

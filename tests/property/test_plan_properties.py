@@ -53,13 +53,13 @@ def test_plans_keep_their_invariants(registry, policy, inputs):
     assert sorted(covered) == sorted(specs)
 
     # every tensor lies inside its buffer, every page inside its tensor
-    for _name, group, tensor in plan.iter_layers():
+    for name, group, tensor in plan.iter_layers():
         pages = plan.num_pages(group)
         if plan.single_buffer and tensor.size:
             assert tensor.offset + tensor.size <= plan.kv_cache_bytes
         if pages:
             assert (
-                tensor.offset + (pages - 1) * tensor.page_stride + group.spec.page_size_bytes
+                tensor.offset + (pages - 1) * tensor.page_stride + group.spec_of(name).page_size_bytes
                 <= tensor.offset + tensor.size
             )
 

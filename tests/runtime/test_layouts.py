@@ -85,8 +85,18 @@ def placement(plan, layer):
         # allocation i holds layer i of every group; pages back to back
         return group.layer_names.index(layer), 0, spec.page_size_bytes
     assert plan.policy == "shared_buffer"
+    stride = plan.bytes_per_block * group.blocks_per_page
+    if group.layer_specs:
+        # a mixed-page group: each layer after the previous one's slot, on its own alignment
+        end = 0
+        for name in group.layer_names:
+            own = group.spec_of(name)
+            start = _round_up(end, own.alignment_bytes)
+            if name == layer:
+                return 0, start, stride
+            end = start + _round_up(own.page_size_bytes, own.alignment_bytes)
     slot = _round_up(spec.page_size_bytes, spec.alignment_bytes)
-    return 0, group.layer_names.index(layer) * slot, plan.bytes_per_block * group.blocks_per_page
+    return 0, group.layer_names.index(layer) * slot, stride
 
 
 def _contiguous(shape):
@@ -145,7 +155,7 @@ def test_every_view_has_the_documented_strides_and_offset(registry, name):
             )
             view = views[layer]
             tensors = [view] if isinstance(view, torch.Tensor) else list(view)
-            want = expected_parts(group.spec, offset, stride, plan.num_pages(group))
+            want = expected_parts(group.spec_of(layer), offset, stride, plan.num_pages(group))
             assert len(tensors) == len(want)
             for got, (_, shape, strides, storage_offset) in zip(tensors, want, strict=True):
                 assert tuple(got.shape) == shape
@@ -191,7 +201,7 @@ def test_data_pointers_land_where_the_formulas_say(registry, name):
             group = plan.group_of(layer)
             index, offset, stride = placement(plan, layer)
             base = buffers[index].data_ptr()
-            spec = group.spec
+            spec = group.spec_of(layer)
             view = views[layer]
             pages = plan.num_pages(group)
             assert pages >= 1
