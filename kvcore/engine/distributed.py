@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from functools import cache
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, TypeVar
@@ -213,7 +213,7 @@ class DistributedExecutor:
         registry: Registry,
         policy: str | AllocationPolicy = "auto",
         options: PlanOptions | None = None,
-        num_blocks: int | None = None,
+        num_blocks: int | Sequence[int] | None = None,
     ) -> Fingerprint:
         """What must be the same on every rank, field by field (JSON values).
 
@@ -267,7 +267,7 @@ class DistributedExecutor:
         registry: Registry,
         policy: str | AllocationPolicy = "auto",
         options: PlanOptions | None = None,
-        num_blocks: int | None = None,
+        num_blocks: int | Sequence[int] | None = None,
     ) -> KVCachePlan:
         """Share this rank's fingerprint, specs and memory, plan every rank, and return this
         rank's plan.

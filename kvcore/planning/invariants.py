@@ -146,6 +146,8 @@ def _rows_problems(plan: KVCachePlan, span: int) -> list[str] | None:
     of different groups may share bytes and pages of one group may not. Returns ``None`` where
     the layout is not of this form (the caller checks it exactly).
     """
+    if plan.is_multi_pool:
+        return None  # rows of several pools: each pool counts its own block ids
     tensors = [t for t in plan.tensors if t.shared_by and t.size]
     if not tensors:
         return []
@@ -172,12 +174,14 @@ def _rows_problems(plan: KVCachePlan, span: int) -> list[str] | None:
     for gi, group in enumerate(plan.groups):
         if not group.layer_names or not pages:
             continue
-        page = group.spec.page_size_bytes
         places = sorted((offset_of[name], name) for name in group.layer_names if name in offset_of)
         for (a, first), (b, second) in itertools.pairwise(places):
+            # a mixed-page group's layers each have their own page (group.spec_of)
+            page, other = group.spec_of(first).page_size_bytes, group.spec_of(second).page_size_bytes
             if b < a + page:
-                x = _Series(a, row, page, pages, span, gi, first, plan.tensors.index(plan.tensor_of(first)))
-                y = _Series(b, row, page, pages, span, gi, second, plan.tensors.index(plan.tensor_of(second)))
+                index = plan.tensors.index
+                x = _Series(a, row, page, pages, span, gi, first, index(plan.tensor_of(first)))
+                y = _Series(b, row, other, pages, span, gi, second, index(plan.tensor_of(second)))
                 problems.append(_describe(x, 0, y, 0))
                 if len(problems) >= MAX_PROBLEMS:
                     return problems
@@ -216,6 +220,7 @@ def _series_by_tensor(plan: KVCachePlan) -> list[list[_Series]]:
     for index, group in enumerate(plan.groups):
         figures.append((group.spec.page_size_bytes, plan.num_pages(group), group.blocks_per_page))
         group_of.update(dict.fromkeys(group.layer_names, index))
+    groups = plan.groups
     out: list[list[_Series]] = []
     for ti, tensor in enumerate(plan.tensors):
         members: list[_Series] = []
@@ -224,6 +229,8 @@ def _series_by_tensor(plan: KVCachePlan) -> list[list[_Series]]:
             if gi is None:
                 continue
             page, pages, span = figures[gi]
+            if groups[gi].layer_specs:  # a mixed-page group: the layer's own page
+                page = groups[gi].spec_of(name).page_size_bytes
             if pages and page > 0:
                 members.append(_Series(tensor.offset, tensor.page_stride, page, pages, span, gi, name, ti))
         out.append(members)

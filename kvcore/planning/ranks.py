@@ -290,7 +290,7 @@ def plan_for_ranks(
     registry: Registry,
     policy: str | AllocationPolicy = "auto",
     options: PlanOptions | None = None,
-    num_blocks: int | None = None,
+    num_blocks: int | Sequence[int] | None = None,
     tp_size: int = 1,
     check_fit: bool = True,
     max_model_len: Literal["auto"] | None = None,
@@ -310,6 +310,7 @@ def plan_for_ranks(
         policy: a policy name, ``"auto"`` or a policy object (it plans the whole model).
         options: policy knobs.
         num_blocks: force this many block ids (checked against every rank's memory).
+            One count per pool for a policy of several pools.
         tp_size: tensor-parallel ranks per stage; ``len(rank_specs) // tp_size`` stages.
         check_fit: raise unless one request of ``context.max_model_len`` fits.
         max_model_len: ``"auto"``: plan for the longest request every rank admits, at most
