@@ -18,7 +18,9 @@ The rules:
   layers take (one ``policy.layout(projected groups)`` call per rank).
 - *One block count.* Every rank gets ``num_blocks = min over ranks of memory // bytes per
   block``, so one scheduler drives one block pool for all of them; a forced count is checked
-  against every rank's memory.
+  against every rank's memory. A policy of several pools splits each rank's budget by each
+  pool's worst-case need (:func:`~kvcore.planning.capacity.split_budget`), and every pool gets
+  the minimum over ranks of its own count.
 
 :func:`plan_for_ranks` checks and merges what the ranks report, then plans with
 :func:`kvcore.planning.planner.plan_model`, the planning implementation
