@@ -177,3 +177,41 @@ def test_memory_map_shows_each_pool_region(registry, pooled_specs):
         boxes = [box for box in data.row_boxes if box.track == gi]
         assert max(box.x1 for box in boxes) == plan.pool_of(group).bytes_per_block
     assert "2 pools (" in data.title
+
+
+def test_compare_for_vllm_labels_a_plan_of_pools_and_goes_on(run_cli, pooled_specs):
+    path, _ = pooled_specs
+    status, out, _ = run_cli(
+        "compare",
+        "--specs",
+        path,
+        "--memory",
+        "256MiB",
+        "--max-model-len",
+        "4096",
+        "--engine",
+        "vllm",
+        "--policies",
+        "shared_buffer,kind_pools",
+    )
+    assert status == 0
+    assert (
+        "kind_pools: no plan: policy 'kind_pools' made a plan of 2 block pools, but vLLM 0.33 has one" in out
+    )
+    assert any(line.lstrip().startswith("shared_buffer") for line in out.splitlines())
+
+
+def test_vllm_refuses_mixed_page_groups_of_one_pool(registry):
+    from kvcore.errors import KVCoreError
+    from kvcore.integrations.vllm.rules import VllmIntegrationError, VllmRules, check_runnable, plan_for_vllm
+    from kvcore.planning.serialization import spec_from_dict
+
+    specs = {
+        f"model.layers.{i}.attn": spec_from_dict(full_entry(num_kv_heads=2 + i % 3), registry)
+        for i in range(6)
+    }
+    rules = VllmRules(max_model_len=1024)
+    with pytest.raises(VllmIntegrationError, match=r"group\(s\) \[0\] of layers with different page sizes"):
+        plan_for_vllm(specs, 64 * MiB, rules, registry=registry, policy="kind_pools")
+    assert issubclass(VllmIntegrationError, KVCoreError)
+    check_runnable(plan_for_vllm(specs, 64 * MiB, rules, registry=registry, policy="shared_buffer"))
