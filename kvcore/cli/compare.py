@@ -154,6 +154,7 @@ def candidate_row(candidate: Candidate) -> dict[str, Any]:
         "max_concurrency": capacity.max_concurrency if capacity else None,
         "efficiency": capacity.efficiency if capacity else None,
         "groups": len(plan.groups) if plan else None,
+        "pools": len(plan.pools) if plan else None,
         "padding_bytes_per_request": capacity.padding_bytes if capacity else None,
         "tokens_per_group": list(capacity.tokens_held) if capacity else None,
         "error": no_plan_reason(candidate),
@@ -214,6 +215,8 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
         print(json.dumps(payload, indent=2))
         return exit_status(candidates)
     modes = bool(getattr(args, "state_cache_modes", None))
+    # a pools column only where some plan has several block pools
+    pools = any(c.plan is not None and c.plan.is_multi_pool for c in candidates)
     rows = []
     failures: dict[str, str] = {}  # first reason per policy; variants usually fail alike
     for c in candidates:
@@ -225,6 +228,7 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
             *variant_cells(c),
             *([c.state_cache_mode] if modes else []),
             len(plan.groups),
+            *([len(plan.pools)] if pools else []),
             f"{capacity.max_concurrency:,.2f}",
             f"{capacity.ideal_concurrency:,.2f}",
             f"{100 * capacity.efficiency:.2f}%",
@@ -250,6 +254,7 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
         "kv dtype",
         *(["state cache"] if modes else []),
         "groups",
+        *(["pools"] if pools else []),
         "concurrency",
         "ideal",
         "efficiency",
