@@ -150,7 +150,8 @@ def _shortfall(error: InsufficientMemoryError, names: ParameterNames) -> str:
             f"{names.setting(names.num_blocks, _counts(required_each, names))} needs "
             f"{format_bytes(error.required_bytes)} ({plural(len(required_each), 'pool')}, {required} in all) "
             f"but only {format_bytes(error.available_bytes)} is available; in those proportions at most "
-            f"{available} fit: lower {names.num_blocks} or {names.more_memory()}"
+            f"{_counts(available_each, names) if available_each is not None else available} fit: lower "
+            f"{names.num_blocks} or {names.more_memory()}"
         )
     elif error.reason == "forced_num_blocks":
         text = (
