@@ -6,8 +6,8 @@ import pytest
 
 from kvcore import KVCacheGroup, KVCachePlan, KVCacheTensor, SizingContext
 from kvcore.plan import KVCachePool
-from kvcore.planning.invariants import plan_problems
-from tests.helpers import full
+from kvcore.planning.invariants import MAX_CHECKED_PAGES, _exact_problems, overlap_problems, plan_problems
+from tests.helpers import full, sliding
 
 CTX = SizingContext(max_model_len=64)
 SMALL = full(block_size=16, heads=1, head_size=1, dtype="float32")  # 2 x 16 x 4 = 128 bytes
@@ -75,3 +75,56 @@ def test_two_pools_with_the_same_block_ids_never_overlap_a_sound_plan():
         available_memory_bytes=2048,
     )
     assert plan_problems(plan) == []
+
+
+def _two_pools(d_offset: int) -> KVCachePlan:
+    """Pool 0: one layer 'a'. Pool 1 (from byte 512): group 1 of 'c' and 'd' side by side in
+    rows of 256 bytes, and group 2 of 'e' on the bytes of 'c'; 'd' starts at ``d_offset`` in
+    the pool's row."""
+    groups = [
+        KVCacheGroup(layer_names=("a",), spec=SMALL),
+        KVCacheGroup(layer_names=("c", "d"), spec=SMALL, pool=1),
+        KVCacheGroup(layer_names=("e",), spec=SMALL, pool=1),
+    ]
+    pools = [
+        KVCachePool(num_blocks=4, bytes_per_block=128),
+        KVCachePool(num_blocks=4, bytes_per_block=256, offset=512),
+    ]
+    return KVCachePlan(
+        policy="test",
+        pools=pools,
+        single_buffer=True,
+        groups=groups,
+        tensors=[
+            KVCacheTensor(size=4 * 128, offset=0, page_stride=128, shared_by=("a",)),
+            KVCacheTensor(size=3 * 256 + 128, offset=512, page_stride=256, shared_by=("c", "e")),
+            KVCacheTensor(size=3 * 256 + 128, offset=512 + d_offset, page_stride=256, shared_by=("d",)),
+        ],
+        context=CTX,
+        available_memory_bytes=1536,
+    )
+
+
+def test_each_pool_is_checked_row_by_row_like_a_plan_of_one_pool():
+    sound = _two_pools(128)
+    assert overlap_problems(sound) == [] == _exact_problems(sound, MAX_CHECKED_PAGES)
+    # 'd' over 'c' (one group): caught, as the exact check finds it, naming pool 1's bytes
+    broken = _two_pools(64)
+    fast, exact = overlap_problems(broken), _exact_problems(broken, MAX_CHECKED_PAGES)
+    assert fast and exact
+    assert fast[0].startswith("bytes 576..640 are used by pages of one group (group 1)")
+    assert exact[0].startswith("bytes 576..640 are used by pages of one group (group 1)")
+
+
+def test_a_kind_pools_plan_is_checked_without_a_page_sweep(registry, monkeypatch):
+    from kvcore import plan_kv_cache
+    from kvcore.planning import invariants
+
+    specs = {
+        f"model.layers.{i}.attn": SMALL if i % 3 else sliding(64, heads=1, head_size=1, dtype="float32")
+        for i in range(30)
+    }
+    plan = plan_kv_cache(specs, 2**20, CTX, registry=registry, policy="kind_pools")
+    assert plan.is_multi_pool
+    monkeypatch.setattr(invariants, "_exact_problems", lambda *a: pytest.fail("the exact check ran"))
+    assert overlap_problems(plan) == []
