@@ -61,3 +61,11 @@ def test_without_frontier_the_json_is_unchanged(run_cli, spec_file):
     assert all("frontier" not in c for c in json.loads(out)["candidates"])
     status, out, _ = run_cli("compare", "--specs", spec_file(_layers()), *ARGS)
     assert "frontier" not in out
+
+
+def test_the_vllm_comparison_does_not_take_frontier(run_cli, spec_file):
+    status, _, err = run_cli(
+        "compare", "--specs", spec_file(_layers()), *ARGS, "--engine", "vllm", "--frontier"
+    )
+    assert status == 1
+    assert err.strip().endswith("does not take --frontier; drop it, or leave out --engine vllm")
