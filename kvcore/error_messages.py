@@ -16,7 +16,13 @@ from typing import TypeVar
 
 import attrs
 
-from kvcore.errors import GroupLimitError, InsufficientMemoryError, KVCacheAllocationError, KVCoreError
+from kvcore.errors import (
+    GroupLimitError,
+    InsufficientMemoryError,
+    KVCacheAllocationError,
+    KVCoreError,
+    MultiplePoolsError,
+)
 from kvcore.units import format_bytes
 
 _Error = TypeVar("_Error", bound=KVCoreError)
@@ -89,6 +95,8 @@ def render(error: KVCoreError, names: ParameterNames = PYTHON_NAMES) -> str:
         return _allocation_failure(error, names)
     if isinstance(error, GroupLimitError):
         return _group_limit(error, names)
+    if isinstance(error, MultiplePoolsError) and error.num_pools is not None:
+        return _pool_counts(error, names)
     return str(error)
 
 
@@ -106,6 +114,27 @@ def with_message(error: _Error) -> _Error:
     return error
 
 
+def _pool_counts(error: MultiplePoolsError, names: ParameterNames) -> str:
+    pools = error.num_pools or 0
+    counts = error.forced_counts or 0
+    # a Python caller passes a tuple, the command line a comma-separated list
+    each = ", ".join(["N"] * pools) if names.num_blocks == "num_blocks" else ",".join(["N"] * pools)
+    shown = f"({each})" if names.num_blocks == "num_blocks" else each
+    return (
+        f"policy {error.policy!r} makes {plural(pools, 'block pool')} but {plural(counts, 'block count')} "
+        f"{'was' if counts == 1 else 'were'} forced; give one count per pool "
+        f"({names.setting(names.num_blocks, shown)})"
+    )
+
+
+def _counts(counts: tuple[int, ...], names: ParameterNames) -> str:
+    """Block counts of several pools as a caller writes them: ``(1200, 340)`` in Python,
+    ``1200,340`` on the command line."""
+    if names.num_blocks == PYTHON_NAMES.num_blocks:
+        return f"({', '.join(map(str, counts))})"
+    return ",".join(map(str, counts))
+
+
 def _shortfall(error: InsufficientMemoryError, names: ParameterNames) -> str:
     required = plural(error.required_blocks or 0, "block")
     available = plural(error.available_blocks or 0, "block")
@@ -114,7 +143,17 @@ def _shortfall(error: InsufficientMemoryError, names: ParameterNames) -> str:
         block = "several pools' sizes"
     else:
         block = format_bytes(error.bytes_per_block or 0)
-    if error.reason == "forced_num_blocks":
+    required_each = error.required_pool_blocks
+    available_each = error.available_pool_blocks
+    if error.reason == "forced_num_blocks" and required_each is not None:
+        text = (
+            f"{names.setting(names.num_blocks, _counts(required_each, names))} needs "
+            f"{format_bytes(error.required_bytes)} ({plural(len(required_each), 'pool')}, {required} in all) "
+            f"but only {format_bytes(error.available_bytes)} is available; in those proportions at most "
+            f"{_counts(available_each, names) if available_each is not None else available} fit: lower "
+            f"{names.num_blocks} or {names.more_memory()}"
+        )
+    elif error.reason == "forced_num_blocks":
         text = (
             f"{names.setting(names.num_blocks, error.required_blocks)} needs "
             f"{format_bytes(error.required_bytes)} ({required} of {block}) but only "
@@ -122,7 +161,13 @@ def _shortfall(error: InsufficientMemoryError, names: ParameterNames) -> str:
             f"{names.num_blocks} or {names.more_memory()}"
         )
     else:
-        if error.reason == "num_blocks":
+        if error.reason == "num_blocks" and required_each is not None and available_each is not None:
+            have = (
+                f"{names.setting(names.num_blocks, _counts(available_each, names))} holds "
+                f"{format_bytes(error.available_bytes)}"
+            )
+            fix = f"raise {names.num_blocks} to at least {_counts(required_each, names)}"
+        elif error.reason == "num_blocks":
             have = (
                 f"{names.setting(names.num_blocks, error.available_blocks)} holds "
                 f"{format_bytes(error.available_bytes)}"

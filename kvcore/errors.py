@@ -114,6 +114,10 @@ class InsufficientMemoryError(KVCoreError, ValueError):
         bytes_per_block: bytes of one block id, all groups together.
         where: the rank the figures are of, as the message starts (``"rank 2 (pp stage 1, tp
             rank 0) has the fewest blocks"``); empty for one worker.
+        required_pool_blocks: ``required_blocks`` pool by pool, for a plan of several pools
+            (``None`` otherwise).
+        available_pool_blocks: ``available_blocks`` pool by pool, for a plan of several pools
+            (``None`` otherwise).
     """
 
     def __init__(
@@ -129,8 +133,12 @@ class InsufficientMemoryError(KVCoreError, ValueError):
         available_blocks: int | None = None,
         bytes_per_block: int | None = None,
         where: str = "",
+        required_pool_blocks: tuple[int, ...] | None = None,
+        available_pool_blocks: tuple[int, ...] | None = None,
     ) -> None:
         super().__init__(message)
+        self.required_pool_blocks = required_pool_blocks
+        self.available_pool_blocks = available_pool_blocks
         self.required_bytes = required_bytes
         self.available_bytes = available_bytes
         self.max_model_len = max_model_len
@@ -158,12 +166,33 @@ class InsufficientMemoryError(KVCoreError, ValueError):
             available_blocks=self.available_blocks,
             bytes_per_block=self.bytes_per_block,
             where=where,
+            required_pool_blocks=self.required_pool_blocks,
+            available_pool_blocks=self.available_pool_blocks,
         )
 
 
 class MultiplePoolsError(KVCoreError, ValueError):
     """A one-pool figure (``bytes_per_block``, a single forced block count) was asked of a plan,
-    or for a plan, of several block pools; the message names the per-pool figure to use."""
+    or for a plan, of several block pools; the message names the per-pool figure to use.
+
+    Attributes:
+        num_pools: the pools the policy makes, when block counts were forced (else ``None``).
+        forced_counts: how many block counts were forced (else ``None``).
+        policy: the policy's name, when block counts were forced (else ``None``).
+    """
+
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        num_pools: int | None = None,
+        forced_counts: int | None = None,
+        policy: str | None = None,
+    ) -> None:
+        self.num_pools = num_pools
+        self.forced_counts = forced_counts
+        self.policy = policy
+        super().__init__(message)
 
 
 class PlanValidationError(KVCoreError, ValueError):

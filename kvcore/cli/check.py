@@ -56,7 +56,8 @@ def read_plan_file(path: str, registry: Registry) -> KVCachePlan:
 
 
 def summary(plan: KVCachePlan) -> str:
-    """One line: the plan's policy, blocks, bytes against its budget, groups, layers and tensors."""
+    """One line: the plan's policy, blocks (each pool's), bytes against its budget, groups, layers
+    and tensors."""
     if not plan.groups:
         return (
             f"policy {plan.policy}: nothing to cache (no cache-holding layer); "
@@ -64,8 +65,13 @@ def summary(plan: KVCachePlan) -> str:
         )
     layers = sum(len(group.layer_names) for group in plan.groups)
     sharing = f" (+{len(plan.kv_sharing)} sharing)" if plan.kv_sharing else ""
+    if plan.is_multi_pool:
+        blocks = " + ".join(f"{p.num_blocks:,} x {format_bytes(p.bytes_per_block)}" for p in plan.pools)
+        blocks = f"{len(plan.pools)} pools of {blocks} blocks"
+    else:
+        blocks = f"{plan.num_blocks:,} blocks x {format_bytes(plan.bytes_per_block)}"
     return (
-        f"policy {plan.policy}: {plan.num_blocks:,} blocks x {format_bytes(plan.bytes_per_block)} = "
+        f"policy {plan.policy}: {blocks} = "
         f"{format_bytes(plan.kv_cache_bytes)} of {format_bytes(plan.available_memory_bytes)}; "
         f"{len(plan.groups)} group{'s' if len(plan.groups) != 1 else ''}, {layers} layers{sharing}, "
         f"{len(plan.tensors)} tensor{'s' if len(plan.tensors) != 1 else ''}; "

@@ -17,7 +17,8 @@ from kvcore.cli.table import render_table
 from kvcore.dtypes import dtype_name, to_dtype
 from kvcore.error_messages import render
 from kvcore.errors import InvalidSpecError
-from kvcore.planning.compare import Candidate, compare_policies
+from kvcore.planning.compare import Candidate, compare_policies, variant_specs
+from kvcore.planning.frontier import FrontierPoint, policy_frontier
 from kvcore.planning.registry import Registry
 from kvcore.spec import STATE_CACHE_MODES, KVCacheSpec
 from kvcore.units import format_bytes
@@ -94,6 +95,12 @@ def add_parser(sub: Any) -> None:
         help="whose rules the plans run under: kvcore's own pool (default), or vLLM 0.33's (null block, "
         "async scheduling's tokens in flight, one block id per page), beside vLLM's own plan",
     )
+    parser.add_argument(
+        "--frontier",
+        action="store_true",
+        help="also show each policy's trade of capacity against groups (block tables): its best layout "
+        "at each smaller group count, planned with --max-groups k and --grouping-tolerance 0",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(run=run)
 
@@ -147,6 +154,7 @@ def candidate_row(candidate: Candidate) -> dict[str, Any]:
         "max_concurrency": capacity.max_concurrency if capacity else None,
         "efficiency": capacity.efficiency if capacity else None,
         "groups": len(plan.groups) if plan else None,
+        "pools": len(plan.pools) if plan else None,
         "padding_bytes_per_request": capacity.padding_bytes if capacity else None,
         "tokens_per_group": list(capacity.tokens_held) if capacity else None,
         "error": no_plan_reason(candidate),
@@ -179,6 +187,9 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
         candidates = sorted(candidates, key=rank)
     else:
         candidates = build_candidates(args, registry, specs)
+    frontiers = (
+        candidate_frontiers(args, registry, specs, candidates) if getattr(args, "frontier", False) else {}
+    )
     if args.json:
         payload: dict[str, Any] = {
             "available_memory_bytes": args.memory,
@@ -196,6 +207,7 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
                     if workload is not None
                     else {}
                 ),
+                **({"frontier": [p.to_dict() for p in frontiers[id(c)]]} if frontiers else {}),
                 "plan": plan_report(c.plan, specs, registry, capacity=c.capacity) if c.plan else None,
             }
             for c in candidates
@@ -203,6 +215,8 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
         print(json.dumps(payload, indent=2))
         return exit_status(candidates)
     modes = bool(getattr(args, "state_cache_modes", None))
+    # a pools column only where some plan has several block pools
+    pools = any(c.plan is not None and c.plan.is_multi_pool for c in candidates)
     rows = []
     failures: dict[str, str] = {}  # first reason per policy; variants usually fail alike
     for c in candidates:
@@ -214,6 +228,7 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
             *variant_cells(c),
             *([c.state_cache_mode] if modes else []),
             len(plan.groups),
+            *([len(plan.pools)] if pools else []),
             f"{capacity.max_concurrency:,.2f}",
             f"{capacity.ideal_concurrency:,.2f}",
             f"{100 * capacity.efficiency:.2f}%",
@@ -239,6 +254,7 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
         "kv dtype",
         *(["state cache"] if modes else []),
         "groups",
+        *(["pools"] if pools else []),
         "concurrency",
         "ideal",
         "efficiency",
@@ -256,7 +272,56 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
     print(render_table(headers, rows, align="l" * lead + "r" * (len(headers) - lead)))
     for policy, error in failures.items():
         print(f"  {policy}: no plan: {error}")
+    if frontiers:
+        print()
+        print(format_frontiers(candidates, frontiers))
     return exit_status(candidates)
+
+
+def candidate_frontiers(
+    args: argparse.Namespace,
+    registry: Registry,
+    specs: Mapping[str, KVCacheSpec],
+    candidates: Sequence[Candidate],
+) -> dict[int, tuple[FrontierPoint, ...]]:
+    """``{id(candidate): its policy's frontier}`` (:func:`~kvcore.planning.frontier.policy_frontier`)
+    for every candidate that has a plan, on the candidate's own variant of the specs."""
+    out: dict[int, tuple[FrontierPoint, ...]] = {}
+    options = inputs.plan_options(args)
+    for c in candidates:
+        if c.plan is None:
+            out[id(c)] = ()
+            continue
+        variant = variant_specs(specs, block_size=c.block_size, kv_cache_dtype=c.kv_cache_dtype)
+        out[id(c)] = policy_frontier(
+            variant, args.memory, c.plan.context, registry=registry, policy=c.policy, options=options
+        )
+    return out
+
+
+def format_frontiers(
+    candidates: Sequence[Candidate], frontiers: Mapping[int, Sequence[FrontierPoint]]
+) -> str:
+    """One line per candidate with a plan: ``groups: concurrency (efficiency)`` for each point
+    of its frontier, most groups first."""
+    variants = len({(c.block_size, c.kv_cache_dtype, c.state_cache_mode) for c in candidates}) > 1
+    rows = []
+    for c in candidates:
+        points = frontiers.get(id(c), ())
+        if c.plan is None or not points:
+            continue
+        label = " ".join(str(cell) for cell in variant_cells(c)) if variants else c.policy
+        if c.state_cache_mode and variants:
+            label += f" {c.state_cache_mode}"
+        cells = "  ".join(f"{p.groups}: {p.max_concurrency:,.2f} ({100 * p.efficiency:.2f}%)" for p in points)
+        rows.append([label, cells])
+    table = render_table(
+        ["policy", "groups: concurrency (efficiency), best layout at each group count"], rows, align="ll"
+    )
+    return (
+        "frontier: fewer groups (block tables per request) for less capacity; each point is the policy's "
+        "best layout with at most that many groups (--max-groups N --grouping-tolerance 0)\n" + table
+    )
 
 
 def exit_status(candidates: Sequence[Candidate]) -> int:

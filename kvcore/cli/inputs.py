@@ -60,6 +60,19 @@ def positive_int(text: str) -> int:
     return value
 
 
+def block_counts(text: str) -> int | tuple[int, ...]:
+    """argparse type of ``--num-blocks``: one count (``1200``), or one per block pool of the
+    policy, comma-separated (``1200,340``), each a :func:`positive_int`."""
+    parts = text.split(",")
+    if len(parts) == 1:
+        return positive_int(text)
+    if any(not part.strip() for part in parts):
+        raise argparse.ArgumentTypeError(
+            f"expected one block count per pool, comma-separated (1200,340), got {_shown_text(text)}"
+        )
+    return tuple(positive_int(part) for part in parts)
+
+
 def tokens(text: str) -> int:
     """argparse type: a token count, an int in [1, :data:`~kvcore.limits.MAX_TOKENS`]."""
     value = positive_int(text)
@@ -332,9 +345,10 @@ def add_planning_options(
     )
     parser.add_argument(
         "--num-blocks",
-        type=positive_int,
-        metavar="N",
-        help="force this many blocks instead of filling the budget (checked against max-model-len)",
+        type=block_counts,
+        metavar="N[,N...]",
+        help="force this many blocks instead of filling the budget (checked against max-model-len); "
+        "a policy of several block pools takes one count per pool: 1200,340",
     )
 
 
@@ -529,9 +543,7 @@ def add_workload_options(parser: argparse.ArgumentParser, *, trace_flag: str, re
         metavar="R",
         help="with --requests: Poisson arrivals, R requests per step on average (default: all at step 0)",
     )
-    parser.add_argument(
-        "--seed", type=seed, metavar="S", help="with --requests: the random seed (default 0)"
-    )
+    parser.add_argument("--seed", type=seed, metavar="S", help="with --requests: the random seed (default 0)")
     parser.add_argument(
         "--prefix-share",
         type=share,

@@ -22,7 +22,7 @@ from typing import Any
 import attrs
 
 from kvcore.errors import InvalidInputError
-from kvcore.plan import KVCachePlan
+from kvcore.plan import KVCacheGroup, KVCachePlan
 from kvcore.planning.capacity import Capacity
 from kvcore.units import format_bytes
 
@@ -55,7 +55,12 @@ class Box:
 
 @attrs.frozen(kw_only=True)
 class MemoryMap:
-    """Everything the picture shows."""
+    """Everything the picture shows.
+
+    Of a plan of several pools (one buffer), the buffer panel shows each pool's first block
+    rows, one region after another (:attr:`regions`); the row panel shows each group's row of
+    its own pool.
+    """
 
     buffer_boxes: tuple[Box, ...]
     buffer_tracks: tuple[str, ...]
@@ -67,26 +72,67 @@ class MemoryMap:
     hidden_tracks: int
     title: str
     legend: tuple[str, ...]
+    #: x of every block-row boundary in the buffer panel (a single buffer's; each pool's in turn)
+    row_edges: tuple[int, ...] = ()
+    #: ``(label, x0, x1)`` of each pool's region in the buffer panel (a plan of several pools)
+    regions: tuple[tuple[str, int, int], ...] = ()
 
 
 def memory_map(plan: KVCachePlan, *, rows: int = 4) -> MemoryMap:
-    """Compute the boxes of the picture for the first ``rows`` block ids of ``plan``."""
+    """Compute the boxes of the picture for the first ``rows`` block ids of ``plan``.
+
+    A plan of several pools shows the first ``rows`` block ids of each pool, one region after
+    another along the buffer axis (:attr:`MemoryMap.regions`); each group's row is a row of
+    its own pool.
+    """
     if rows < 1:
         raise InvalidInputError(f"'rows' must be >= 1 (got {rows})")
     groups = {name: index for index, g in enumerate(plan.groups) for name in g.layer_names}
-    shown_rows = min(rows, max(plan.num_blocks, 1))
+    shown_rows = min(rows, max(max((pool.num_blocks for pool in plan.pools), default=0), 1))
+    multi = plan.is_multi_pool
+    # where each pool's window starts on the buffer axis, and how wide it is
+    starts: list[int] = []
+    widths: list[int] = []
+    edges: list[int] = []
     if plan.single_buffer:
-        window = shown_rows * plan.bytes_per_block
+        x = 0
+        for pool in plan.pools:
+            starts.append(x)
+            pool_rows = min(shown_rows, pool.num_blocks) if multi else shown_rows
+            widths.append(pool_rows * pool.bytes_per_block)
+            edges.extend(x + row * pool.bytes_per_block for row in range(pool_rows + 1))
+            x += widths[-1]
+        window = x
     else:  # separate allocations: show the first pages of each, side by side on one scale
         window = shown_rows * max((t.page_stride for t in plan.tensors), default=0)
+        starts = [0] * len(plan.pools)
+        widths = [window] * len(plan.pools)
+    regions = (
+        tuple(
+            (f"pool {index}", starts[index], starts[index] + widths[index])
+            for index in range(len(plan.pools))
+        )
+        if multi and plan.single_buffer
+        else ()
+    )
     buffer_boxes: list[Box] = []
     tracks: list[str] = []
     for ti, tensor in enumerate(plan.tensors[:MAX_TRACKS]):
-        tracks.append(f"@{format_bytes(tensor.offset)}" if plan.single_buffer else tensor.shared_by[0])
-        end_of_window = window if plan.single_buffer else tensor.offset + shown_rows * tensor.page_stride
+        first = plan.groups[groups[tensor.shared_by[0]]] if tensor.shared_by else None
+        pool_index = first.pool if first is not None else 0
+        pool = plan.pools[pool_index]
+        if plan.single_buffer:
+            tracks.append((f"pool {pool_index} " if multi else "") + f"@{format_bytes(tensor.offset)}")
+            # buffer byte b of this pool is drawn at x = b - pool.offset + start of its region
+            shift = starts[pool_index] - pool.offset
+            end_of_window = pool.offset + widths[pool_index]
+        else:
+            tracks.append(tensor.shared_by[0])
+            shift = -tensor.offset
+            end_of_window = tensor.offset + shown_rows * tensor.page_stride
         for band, name in enumerate(tensor.shared_by):
             group = plan.groups[groups[name]]
-            page = group.spec.page_size_bytes
+            page = group.spec_of(name).page_size_bytes
             for j in range(plan.num_pages(group)):
                 start = tensor.offset + j * tensor.page_stride
                 if start >= end_of_window:
@@ -96,44 +142,62 @@ def memory_map(plan: KVCachePlan, *, rows: int = 4) -> MemoryMap:
                         track=ti,
                         band=band,
                         bands=len(tensor.shared_by),
-                        x0=start - (0 if plan.single_buffer else tensor.offset),
-                        x1=min(start + page, end_of_window) - (0 if plan.single_buffer else tensor.offset),
+                        x0=start + shift,
+                        x1=min(start + page, end_of_window) + shift,
                         group=groups[name],
                         label=name,
                     )
                 )
     row_boxes: list[Box] = []
     row_tracks: list[str] = []
-    row_bytes = plan.bytes_per_block
     tensor_of = {name: tensor for name, _, tensor in plan.iter_layers()}
     for gi, group in enumerate(plan.groups):
-        row_tracks.append(f"group {gi}")
-        width = group.blocks_per_page * row_bytes
+        row_tracks.append(f"group {gi}" + (f" (pool {group.pool})" if multi else ""))
+        pool = plan.pool_of(group)
+        width = group.blocks_per_page * pool.bytes_per_block
         used = 0
-        offsets = sorted(
-            (tensor_of[name].offset if plan.single_buffer else 0, name) for name in group.layer_names
+        pages = sorted(
+            (
+                tensor_of[name].offset - pool.offset if plan.single_buffer else 0,
+                name,
+                group.spec_of(name).page_size_bytes,
+            )
+            for name in group.layer_names
         )
         if not plan.single_buffer:  # separate tensors: a block id spans every layer's page in turn
-            offsets = [(i * group.spec.page_size_bytes, name) for i, (_, name) in enumerate(offsets)]
-        page = group.spec.page_size_bytes
-        for run in _runs(offsets, page):
-            start, end = run[0][0], run[-1][0] + page
+            laid: list[tuple[int, str, int]] = []
+            at = 0
+            for _, name, page in pages:
+                laid.append((at, name, page))
+                at += page
+            pages = laid
+        for run in _runs(pages):
+            start, end = run[0][0], run[-1][0] + run[-1][2]
             label = run[0][1] if len(run) == 1 else f"{run[0][1]} .. {run[-1][1]} ({len(run)} layers)"
             row_boxes.append(Box(track=gi, band=0, bands=1, x0=start, x1=end, group=gi, label=label))
             used = max(used, end)
         if used < width:
             row_boxes.append(Box(track=gi, band=0, bands=1, x0=used, x1=width, group=None, label="padding"))
     legend = tuple(
-        f"group {gi}: {g.spec.kind}, {len(g.layer_names)} layers, block {g.spec.block_size}, "
-        f"page {format_bytes(g.spec.page_size_bytes)}"
+        f"group {gi}: {g.spec.kind}, {len(g.layer_names)} layers"
+        + (f", pool {g.pool}" if multi else "")
+        + f", block {g.spec.block_size}, page {_pages_text(g)}"
         + (f", {g.blocks_per_page} blocks per page" if g.blocks_per_page > 1 else "")
         for gi, g in enumerate(plan.groups)
     )
     capacity = Capacity.of(plan)
+    if multi:
+        blocks = ", ".join(f"{p.num_blocks:,} x {format_bytes(p.bytes_per_block)}" for p in plan.pools)
+        blocks = f"{len(plan.pools)} pools ({blocks})"
+    else:
+        blocks = f"{plan.num_blocks:,} blocks x {format_bytes(plan.bytes_per_block)}"
     title = (
-        f"{plan.policy}: {plan.num_blocks:,} blocks x {format_bytes(plan.bytes_per_block)} = "
-        f"{format_bytes(plan.kv_cache_bytes)}; {capacity.max_concurrency:.2f} requests of "
-        f"{capacity.max_model_len:,} tokens"
+        f"{plan.policy}: {blocks} = {format_bytes(plan.kv_cache_bytes)}; {capacity.max_concurrency:.2f} "
+        f"requests of {capacity.max_model_len:,} tokens"
+    )
+    row_width = max(
+        (g.blocks_per_page * plan.pool_of(g).bytes_per_block for g in plan.groups),
+        default=plan.pools[0].bytes_per_block,
     )
     return MemoryMap(
         buffer_boxes=tuple(buffer_boxes),
@@ -141,20 +205,29 @@ def memory_map(plan: KVCachePlan, *, rows: int = 4) -> MemoryMap:
         buffer_bytes=window,
         row_boxes=tuple(row_boxes),
         row_tracks=tuple(row_tracks),
-        row_bytes=max((g.blocks_per_page for g in plan.groups), default=1) * row_bytes,
+        row_bytes=row_width,
         rows=shown_rows,
         hidden_tracks=max(0, len(plan.tensors) - MAX_TRACKS),
         title=title,
         legend=legend,
+        row_edges=tuple(edges),
+        regions=regions,
     )
 
 
-def _runs(offsets: list[tuple[int, str]], page: int) -> list[list[tuple[int, str]]]:
-    """Sorted ``(offset, layer)`` pages cut into runs of pages that follow one another: one box
-    each, so that a group of thousands of layers draws as a few boxes, not thousands."""
-    runs: list[list[tuple[int, str]]] = []
-    for item in offsets:
-        if runs and runs[-1][-1][0] + page == item[0]:
+def _pages_text(group: KVCacheGroup) -> str:
+    """The group's page size, or its sizes joined by ``/`` for a mixed-page group."""
+    sizes = sorted({spec.page_size_bytes for spec in group.specs})
+    return "/".join(format_bytes(size) for size in sizes)
+
+
+def _runs(pages: list[tuple[int, str, int]]) -> list[list[tuple[int, str, int]]]:
+    """Sorted ``(offset, layer, page bytes)`` pages cut into runs of pages that follow one
+    another: one box each, so that a group of thousands of layers draws as a few boxes, not
+    thousands."""
+    runs: list[list[tuple[int, str, int]]] = []
+    for item in pages:
+        if runs and runs[-1][-1][0] + runs[-1][-1][2] == item[0]:
             runs[-1].append(item)
         else:
             runs.append([item])
@@ -263,14 +336,18 @@ def render_memory_map(plan: KVCachePlan, path: str | os.PathLike[str], *, rows: 
         ax.xaxis.set_major_formatter(byte_ticks)
         ax.tick_params(axis="x", labelsize=7)
 
-    shown = f"the first {data.rows} block ids" + (
+    each = " of each pool, pools side by side" if data.regions else ""
+    shown = f"the first {data.rows} block ids{each}" + (
         f"; {data.hidden_tracks} more tensors not drawn" if data.hidden_tracks else ""
     )
     draw(top, data.buffer_boxes, data.buffer_tracks, data.buffer_bytes, f"buffer bytes ({shown})")
     if plan.single_buffer:
-        for row in range(1, data.rows):
-            top.axvline(row * plan.bytes_per_block, color="grey", linestyle=":", linewidth=0.8)
-        top.set_xticks([row * plan.bytes_per_block for row in range(data.rows + 1)])
+        for edge in data.row_edges[1:-1]:
+            top.axvline(edge, color="grey", linestyle=":", linewidth=0.8)
+        top.set_xticks(sorted(set(data.row_edges)))
+        for label, x0, x1 in data.regions:
+            top.axvline(x0, color="black", linewidth=1.2)
+            top.text((x0 + x1) / 2, -0.5, label, ha="center", va="bottom", fontsize=7)
     smallest = min((g.spec.page_size_bytes for g in plan.groups), default=0)
     if smallest and data.row_bytes // smallest <= 16:
         bottom.set_xticks(range(0, data.row_bytes + 1, smallest))

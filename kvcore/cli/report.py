@@ -13,7 +13,7 @@ from kvcore.cli.table import render_table
 from kvcore.error_messages import plural
 from kvcore.errors import KVCacheBindingError
 from kvcore.plan import KVCacheGroup, KVCachePlan
-from kvcore.planning.capacity import Capacity, blocks_that_fit
+from kvcore.planning.capacity import Capacity, split_budget
 from kvcore.planning.ranks import Parallelism, tightest_rank
 from kvcore.planning.serialization import plan_to_dict
 from kvcore.policy import PolicyChoice
@@ -23,6 +23,37 @@ from kvcore.units import format_bytes
 
 if TYPE_CHECKING:
     from kvcore.planning.registry import Registry
+
+
+def page_text(group: KVCacheGroup) -> str:
+    """The group's page size, or its page sizes from smallest to largest for a mixed-page
+    group (``'48 KiB/64 KiB/80 KiB'``)."""
+    if not group.layer_specs:
+        return format_bytes(group.spec.page_size_bytes)
+    return "/".join(format_bytes(size) for size in sorted({spec.page_size_bytes for spec in group.specs}))
+
+
+def pool_lines(plan: KVCachePlan, *, indent: str) -> list[str]:
+    """One line per pool of a multi-pool plan: ``pool 0: 1,200 x 64 KiB = 75 MiB (groups 0-1)``.
+
+    Args:
+        plan: the plan.
+        indent: what starts every line after the first (the first line has none, so a
+            caller can put it after a label).
+
+    Returns:
+        The lines, without newlines.
+    """
+    lines: list[str] = []
+    for index, pool in enumerate(plan.pools):
+        members = plan.groups_in(index)
+        which = f"group {members[0]}" if len(members) == 1 else f"groups {index_runs(members)}"
+        per_block = format_bytes(pool.bytes_per_block)
+        lines.append(
+            f"{indent if lines else ''}pool {index}: {pool.num_blocks:,} x {per_block} = "
+            f"{format_bytes(pool.nbytes)} ({which})"
+        )
+    return lines
 
 
 def group_details(group: KVCacheGroup) -> str:
@@ -46,8 +77,10 @@ def plan_report(
     Keys beyond the plan's own: ``max_model_len``, ``kv_cache_bytes``, ``blocks_per_request``,
     ``max_concurrency`` (requests of ``max_model_len`` held at once), ``ideal_concurrency``
     (the bound no layout can beat), ``efficiency`` (their ratio), ``kv_cache_tokens``; and per
-    group ``blocks_per_request`` and ``tokens_held`` (``null`` for a state group). The result
-    reads back as a plan with :func:`kvcore.planning.serialization.plan_from_dict`.
+    group ``blocks_per_request`` and ``tokens_held`` (``null`` for a state group). A plan of
+    several pools has no top-level ``num_blocks`` (its ``pools`` hold the counts) and adds
+    ``blocks_per_request_by_pool`` and ``max_concurrency_by_pool``. The result reads back as a
+    plan with :func:`kvcore.planning.serialization.plan_from_dict`.
 
     Args:
         plan: the plan.
@@ -65,7 +98,7 @@ def plan_report(
     for entry, group, held in zip(data["groups"], plan.groups, capacity.tokens_held, strict=True):
         entry["blocks_per_request"] = group.blocks_per_request(plan.context)
         entry["tokens_held"] = held
-    figures = {
+    figures: dict[str, Any] = {
         "max_model_len": capacity.max_model_len,
         "kv_cache_bytes": plan.kv_cache_bytes,
         "blocks_per_request": capacity.blocks_per_request,
@@ -74,8 +107,20 @@ def plan_report(
         "efficiency": capacity.efficiency,
         "kv_cache_tokens": capacity.kv_cache_tokens,
     }
+    if plan.is_multi_pool:
+        # the pools carry the block counts (a top-level num_blocks would not read back as a plan)
+        figures["blocks_per_request_by_pool"] = list(plan.blocks_per_request_by_pool())
+        figures["max_concurrency_by_pool"] = pool_concurrency(plan)
+        return {"policy": data.pop("policy"), **figures, **data}
     head = {"policy": data.pop("policy"), "num_blocks": data.pop("num_blocks", plan.num_blocks)}
     return {**head, **figures, **data}
+
+
+def pool_concurrency(plan: KVCachePlan) -> list[float | None]:
+    """Requests of the plan's ``max_model_len`` each pool holds on its own (``None`` for a
+    pool no request needs); the plan's max concurrency is the smallest."""
+    needs = plan.blocks_per_request_by_pool()
+    return [plan.usable_blocks_in(p) / need if need else None for p, need in enumerate(needs)]
 
 
 def policy_reason(choice: PolicyChoice) -> str:
@@ -141,27 +186,47 @@ def format_plan(
     """
     ctx = plan.context
     capacity = Capacity.of(plan, specs)
+    multi = plan.is_multi_pool
     rows = []
     for index, (group, held) in enumerate(zip(plan.groups, capacity.tokens_held, strict=True)):
         rows.append(
             [
                 index,
+                *([group.pool] if multi else []),
                 group.spec.kind,
                 len(group.layer_names),
                 group.spec.block_size if held is not None else "-",
-                format_bytes(group.spec.page_size_bytes),
+                page_text(group),
                 group.blocks_per_request(ctx),
                 f"{held:,}" if held is not None else f"{plan.num_pages(group):,} slots",
                 group_details(group),
             ]
         )
+    headers = ["group", *(["pool"] if multi else []), "kind", "layers", "block", "page"]
     table = render_table(
-        ["group", "kind", "layers", "block", "page", "blocks/req", "tokens held", "spec"],
+        [*headers, "blocks/req", "tokens held", "spec"],
         rows,
-        align="rlrrrrrl",
+        align="rrlrrrrrl" if multi else "rlrrrrrl",
     )
     per_request = capacity.blocks_per_request
     layout = "one shared buffer" if plan.single_buffer else "one tensor per layer"
+    shape = f"{plural(len(plan.groups), 'group')}, {plural(len(plan.tensors), 'tensor')}"
+    if multi:
+        blocks = [
+            f"  blocks           {pool_lines(plan, indent=' ' * 19)[0]}",
+            *pool_lines(plan, indent=" " * 19)[1:],
+            f"{' ' * 19}= {format_bytes(plan.kv_cache_bytes)} in {len(plan.pools)} pools ({layout}, {shape})",
+        ]
+        null = f"block id 0 of each pool pads block tables; {plan.usable_blocks:,} blocks serve requests"
+        needs = " + ".join(f"{need:,}" for need in plan.blocks_per_request_by_pool())
+        one = f"{needs} blocks (pools {index_runs(range(len(plan.pools)))})"
+    else:
+        blocks = [
+            f"  blocks           {plan.num_blocks:,} x {format_bytes(plan.bytes_per_block)} = "
+            f"{format_bytes(plan.kv_cache_bytes)} ({layout}, {shape})"
+        ]
+        null = f"block id 0 pads block tables; {plan.usable_blocks:,} blocks serve requests"
+        one = plural(per_request, "block", spec=",")
     lines = [
         f"policy {plan.policy}" + (f" ({reason})" if reason else ""),
         f"budget {format_bytes(plan.available_memory_bytes)}, max_model_len {ctx.max_model_len:,}, "
@@ -170,15 +235,9 @@ def format_plan(
         "",
         table,
         "",
-        f"  blocks           {plan.num_blocks:,} x {format_bytes(plan.bytes_per_block)} = "
-        f"{format_bytes(plan.kv_cache_bytes)} ({layout}, {plural(len(plan.groups), 'group')}, "
-        f"{plural(len(plan.tensors), 'tensor')})",
-        *(
-            [f"  null block       block id 0 pads block tables; {plan.usable_blocks:,} blocks serve requests"]
-            if plan.null_block is not None
-            else []
-        ),
-        f"  one request      {plural(per_request, 'block', spec=',')} = "
+        *blocks,
+        *([f"  null block       {null}"] if plan.null_block is not None else []),
+        f"  one request      {one} = "
         f"{format_bytes(capacity.request_bytes)} "
         f"(ideal {format_bytes(capacity.ideal_request_bytes)}) for {ctx.max_model_len:,} tokens",
         f"  max concurrency  {capacity.max_concurrency:,.2f} requests of {ctx.max_model_len:,} tokens "
@@ -212,20 +271,26 @@ def layer_ranges(names: Sequence[str]) -> str:
         return "-"
     if indices is None:
         return names[0] if len(names) == 1 else f"{names[0]} .. {names[-1]}"
+    return index_runs(indices)
+
+
+def index_runs(indices: Sequence[int]) -> str:
+    """Indices as runs, ``'0-7, 12'`` (``'-'`` for none)."""
     runs: list[list[int]] = []
     for index in sorted(set(indices)):
         if runs and index == runs[-1][1] + 1:
             runs[-1][1] = index
         else:
             runs.append([index, index])
-    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs) or "-"
 
 
 def ranks_report(plans: Sequence[KVCachePlan], parallelism: Parallelism) -> list[dict[str, Any]]:
     """One JSON object per rank: its place among the ranks, its layers and its figures.
 
     Keys: ``rank``, ``pp_rank``, ``tp_rank``, ``layers`` (model order), ``layer_ranges``,
-    ``available_memory_bytes``, ``bytes_per_block``, ``num_blocks`` (equal on every rank),
+    ``available_memory_bytes``, ``bytes_per_block``, ``num_blocks`` (equal on every rank; a
+    plan of several pools has ``pools`` instead, each ``{"num_blocks", "bytes_per_block"}``),
     ``kv_cache_bytes``, ``tensors`` (how many), ``holds_fewest_blocks`` (``true`` for the rank
     whose memory holds the fewest blocks: it sets the common block count unless it was forced).
     """
@@ -238,14 +303,28 @@ def ranks_report(plans: Sequence[KVCachePlan], parallelism: Parallelism) -> list
             "layers": model_order(plan.layer_names),
             "layer_ranges": layer_ranges(plan.layer_names),
             "available_memory_bytes": plan.available_memory_bytes,
-            "bytes_per_block": plan.bytes_per_block,
-            "num_blocks": plan.num_blocks,
+            **_rank_blocks(plan),
             "kv_cache_bytes": plan.kv_cache_bytes,
             "tensors": len(plan.tensors),
             "holds_fewest_blocks": rank == tightest,
         }
         for rank, plan in enumerate(plans)
     ]
+
+
+def _rank_blocks(plan: KVCachePlan) -> dict[str, Any]:
+    if not plan.is_multi_pool:
+        return {"bytes_per_block": plan.bytes_per_block, "num_blocks": plan.num_blocks}
+    return {"pools": [{"num_blocks": p.num_blocks, "bytes_per_block": p.bytes_per_block} for p in plan.pools]}
+
+
+def _own_blocks(plan: KVCachePlan) -> tuple[int, ...]:
+    """The block counts (one per pool) the plan's own memory would hold."""
+    return split_budget(
+        plan.available_memory_bytes,
+        [p.bytes_per_block for p in plan.pools],
+        plan.blocks_per_request_by_pool(),
+    )
 
 
 def format_ranks(plans: Sequence[KVCachePlan], parallelism: Parallelism) -> str:
@@ -259,8 +338,8 @@ def format_ranks(plans: Sequence[KVCachePlan], parallelism: Parallelism) -> str:
             parallelism.tp_rank(rank),
             f"{layer_ranges(plan.layer_names)} ({len(plan.layer_names)})",
             format_bytes(plan.available_memory_bytes),
-            format_bytes(plan.bytes_per_block),
-            f"{plan.num_blocks:,}",
+            "/".join(format_bytes(p.bytes_per_block) for p in plan.pools),
+            "/".join(f"{p.num_blocks:,}" for p in plan.pools),
             format_bytes(plan.kv_cache_bytes),
         ]
         for rank, plan in enumerate(plans)
@@ -271,21 +350,31 @@ def format_ranks(plans: Sequence[KVCachePlan], parallelism: Parallelism) -> str:
         align="rrrlrrrr",
     )
     first = plans[tightest]
-    fit = blocks_that_fit(first.available_memory_bytes, first.bytes_per_block)
+    fit = _own_blocks(first)
+    counts = tuple(p.num_blocks for p in first.pools)
     why = (
         f"{parallelism.describe(tightest)} holds the fewest blocks and sets the count"
-        if fit == first.num_blocks
+        if fit == counts
         else f"the block count was forced; {parallelism.describe(tightest)} has the least room"
     )
+    if first.is_multi_pool:
+        pools = f"{len(first.pools)} block pools of {'/'.join(f'{c:,}' for c in counts)} blocks on every rank"
+        split = (
+            f"{format_bytes(first.available_memory_bytes)} split by each pool's need per request = "
+            f"{'/'.join(f'{c:,}' for c in fit)} blocks"
+        )
+    else:
+        pools = f"one block pool of {first.num_blocks:,} blocks on every rank"
+        split = (
+            f"{format_bytes(first.available_memory_bytes)} // "
+            f"{format_bytes(first.bytes_per_block)} = {fit[0]:,} blocks"
+        )
     return "\n".join(
         [
-            f"ranks: tp {parallelism.tp_size} x pp {parallelism.pp_size} = {parallelism.world_size}, "
-            "one block pool of "
-            f"{first.num_blocks:,} blocks on every rank",
+            f"ranks: tp {parallelism.tp_size} x pp {parallelism.pp_size} = {parallelism.world_size}, {pools}",
             "",
             table,
             "",
-            f"  {why}: {format_bytes(first.available_memory_bytes)} // "
-            f"{format_bytes(first.bytes_per_block)} = {fit:,} blocks",
+            f"  {why}: {split}",
         ]
     )

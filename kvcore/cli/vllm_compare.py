@@ -74,6 +74,7 @@ def run(args: argparse.Namespace, registry: Registry, specs: Mapping[str, KVCach
             ("--workload/--requests", inputs.wants_workload(args)),
             ("--block-sizes", bool(args.block_sizes)),
             ("--kv-cache-dtypes", bool(args.kv_cache_dtypes)),
+            ("--frontier", bool(getattr(args, "frontier", False))),
         )
         if given
     ]

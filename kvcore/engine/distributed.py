@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from functools import cache
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, TypeVar
@@ -64,6 +64,12 @@ Fingerprint = dict[str, Any]
 
 
 @cache
+def block_counts(plan: KVCachePlan) -> int | list[int]:
+    """The plan's block count as the ranks publish it: an int for one pool, one count per pool
+    (a list) for several."""
+    return [pool.num_blocks for pool in plan.pools] if plan.is_multi_pool else plan.num_blocks
+
+
 def kvcore_version() -> str:
     """The installed kvcore's version (``"unknown"`` when it is not installed as a package)."""
     try:
@@ -213,7 +219,7 @@ class DistributedExecutor:
         registry: Registry,
         policy: str | AllocationPolicy = "auto",
         options: PlanOptions | None = None,
-        num_blocks: int | None = None,
+        num_blocks: int | Sequence[int] | None = None,
     ) -> Fingerprint:
         """What must be the same on every rank, field by field (JSON values).
 
@@ -221,7 +227,8 @@ class DistributedExecutor:
             ``{"kvcore version", "tp_size", "pp_size", "policy", "max_model_len",
             "max_num_batched_tokens", "plan options", "num_blocks", "spec kinds", "policies"}``,
             ``"model options"`` (the wrapped executor's ``scan_options``: KV-cache dtype, state
-            dtype, block size, tp) when it has them, and every ``identity`` entry.
+            dtype, block size, tp) when it has them, and every ``identity`` entry. A forced
+            count per pool is a list.
         """
         return {
             "kvcore version": kvcore_version(),
@@ -231,7 +238,10 @@ class DistributedExecutor:
             "max_model_len": context.max_model_len,
             "max_num_batched_tokens": context.max_num_batched_tokens,
             "plan options": attrs.asdict(options if options is not None else PlanOptions()),
-            "num_blocks": num_blocks,
+            # one count, or one per pool (a list, as JSON reads it back on every rank)
+            "num_blocks": num_blocks
+            if num_blocks is None or isinstance(num_blocks, int)
+            else list(num_blocks),
             "spec kinds": sorted(registry.kinds),
             "policies": sorted(registry.policies),
             **self._model_options(),
@@ -267,7 +277,7 @@ class DistributedExecutor:
         registry: Registry,
         policy: str | AllocationPolicy = "auto",
         options: PlanOptions | None = None,
-        num_blocks: int | None = None,
+        num_blocks: int | Sequence[int] | None = None,
     ) -> KVCachePlan:
         """Share this rank's fingerprint, specs and memory, plan every rank, and return this
         rank's plan.
@@ -358,7 +368,7 @@ class DistributedExecutor:
         everyone = [self._digest(p) for p in self.rank_plans]
         self.agreement.exchange(
             READY_ROUND,
-            {"plans": digest(everyone), "own": self._digest(plan), "num_blocks": plan.num_blocks},
+            {"plans": digest(everyone), "own": self._digest(plan), "num_blocks": block_counts(plan)},
             validate=self._check_plans,
         )
         self.plan = plan

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Literal, Protocol, runtime_checkable
 
 from kvcore.errors import InvalidInputError
@@ -69,7 +69,7 @@ class AgreeingExecutor(Executor, Protocol):
         registry: Registry,
         policy: str | AllocationPolicy = "auto",
         options: PlanOptions | None = None,
-        num_blocks: int | None = None,
+        num_blocks: int | Sequence[int] | None = None,
     ) -> KVCachePlan:
         """Share ``specs`` and ``memory`` with every rank, and return this rank's plan."""
         ...
@@ -95,8 +95,11 @@ def capacity_summary(plan: KVCachePlan, specs: Mapping[str, KVCacheSpec] | None 
     """
     capacity = Capacity.of(plan, specs)
     groups = len(plan.groups)
-    # several pools: each pool's blocks x bytes, joined with " + "
-    blocks = " + ".join(f"{p.num_blocks:,} blocks x {format_bytes(p.bytes_per_block)}" for p in plan.pools)
+    if plan.is_multi_pool:
+        each = ", ".join(f"{p.num_blocks:,} x {format_bytes(p.bytes_per_block)}" for p in plan.pools)
+        blocks = f"{len(plan.pools)} block pools ({each})"
+    else:
+        blocks = f"{plan.num_blocks:,} blocks x {format_bytes(plan.bytes_per_block)}"
     lines = [
         f"KV cache: {capacity.kv_cache_tokens:,} tokens, max concurrency {capacity.max_concurrency:,.2f} "
         f"requests of {capacity.max_model_len:,} tokens; {blocks} = {format_bytes(plan.kv_cache_bytes)} "
@@ -112,8 +115,11 @@ def capacity_summary(plan: KVCachePlan, specs: Mapping[str, KVCacheSpec] | None 
         )
         raised = f" (raised from {', '.join(map(str, asked))} by the policy)" if asked else ""
         per_request = group.pages_per_request(context)
+        pool = f", pool {group.pool}" if plan.is_multi_pool else ""
+        sizes = sorted({spec.page_size_bytes for spec in group.specs})
+        pages = f", pages of {'/'.join(map(format_bytes, sizes))}" if len(sizes) > 1 else ""
         lines.append(
-            f"  group {index}: {group.spec.kind}, {layers}, block size {size}{raised}, "
+            f"  group {index}: {group.spec.kind}, {layers}{pool}, block size {size}{raised}{pages}, "
             f"{per_request:,} page{'' if per_request == 1 else 's'} per request"
         )
     return "\n".join(lines)
@@ -144,7 +150,7 @@ def initialize_kv_caches(
     context: SizingContext | None = None,
     max_model_len: int | Literal["auto"] | None = None,
     options: PlanOptions | None = None,
-    num_blocks: int | None = None,
+    num_blocks: int | Sequence[int] | None = None,
 ) -> KVCachePlan:
     """Run the workflow: specs, available memory, plan, initialize. Logs the capacity.
 
@@ -161,7 +167,8 @@ def initialize_kv_caches(
             ``context.max_model_len`` is the length chosen. Not with an
             :class:`AgreeingExecutor`.
         options: policy knobs.
-        num_blocks: force this many block ids (still checked against the memory).
+        num_blocks: force this many block ids (still checked against the memory); one count
+            per pool for a policy of several pools.
 
     Returns:
         The plan the executor was initialized with. The executor holds the views (for a

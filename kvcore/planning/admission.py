@@ -47,5 +47,9 @@ def check_admission(
             required_blocks=sum(by_pool),
             available_blocks=plan.usable_blocks,
             bytes_per_block=plan.pools[0].bytes_per_block if one_pool else None,
+            required_pool_blocks=None if one_pool else tuple(by_pool),
+            available_pool_blocks=(
+                None if one_pool else tuple(plan.usable_blocks_in(p) for p in range(len(plan.pools)))
+            ),
         )
     )

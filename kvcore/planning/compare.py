@@ -89,6 +89,26 @@ def with_kv_dtype(specs: Mapping[str, KVCacheSpec], dtype: DTypeLike) -> dict[st
     return out
 
 
+def variant_specs(
+    specs: Mapping[str, KVCacheSpec],
+    *,
+    block_size: int | None = None,
+    kv_cache_dtype: DTypeLike | None = None,
+) -> dict[str, KVCacheSpec]:
+    """``specs`` as one variant of :func:`compare_policies` plans them (a :class:`Candidate`'s
+    ``block_size`` and ``kv_cache_dtype``; ``None`` keeps what the specs say).
+
+    Raises:
+        InvalidSpecError: the dtype cannot hold a cache, or a block size does not suit a spec.
+    """
+    variant = dict(specs)
+    if kv_cache_dtype is not None:
+        variant = with_kv_dtype(variant, kv_cache_dtype)
+    if block_size is not None:
+        variant = resize_blocks(variant, block_size)
+    return variant
+
+
 def compare_policies(
     specs: Mapping[str, KVCacheSpec],
     available_bytes: int,
@@ -118,11 +138,7 @@ def compare_policies(
     for wanted in kv_cache_dtypes:
         dtype = to_dtype(wanted) if wanted is not None else None
         for block_size, mode in itertools.product(block_sizes, modes):
-            variant = dict(specs)
-            if dtype is not None:
-                variant = with_kv_dtype(variant, dtype)
-            if block_size is not None:
-                variant = resize_blocks(variant, block_size)
+            variant = variant_specs(specs, block_size=block_size, kv_cache_dtype=dtype)
             sized = context if mode is None else attrs.evolve(context, state_cache_mode=mode)
             ideal = ideal_concurrency(variant, available_bytes, sized)
             for name in names:

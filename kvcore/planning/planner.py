@@ -550,9 +550,8 @@ def forced_counts(num_blocks: int | Sequence[int], num_pools: int, policy_name: 
     for count in counts:
         check_int(count, "'num_blocks'", minimum=1)
     if len(counts) != num_pools:
-        raise MultiplePoolsError(
-            f"policy {policy_name!r} makes {num_pools} block pool(s) but {len(counts)} block count(s) were "
-            f"forced; give one count per pool (num_blocks=({', '.join(['N'] * num_pools)}))"
+        raise with_message(
+            MultiplePoolsError(num_pools=num_pools, forced_counts=len(counts), policy=policy_name)
         )
     return counts
 
@@ -570,6 +569,7 @@ def check_forced_pools(
         return
     need = sum(c * b for c, b in zip(counts, pool_bytes, strict=True))
     if need > available_bytes:
+        fit = split_budget(available_bytes, pool_bytes, counts)
         raise with_message(
             InsufficientMemoryError(
                 reason="forced_num_blocks",
@@ -578,8 +578,10 @@ def check_forced_pools(
                 max_model_len=context.max_model_len,
                 largest_fitting_len=0,
                 required_blocks=sum(counts),
-                available_blocks=sum(split_budget(available_bytes, pool_bytes, counts)),
+                available_blocks=sum(fit),
                 bytes_per_block=None,
+                required_pool_blocks=tuple(counts),
+                available_pool_blocks=fit,
             )
         )
 

@@ -18,7 +18,9 @@ The rules:
   layers take (one ``policy.layout(projected groups)`` call per rank).
 - *One block count.* Every rank gets ``num_blocks = min over ranks of memory // bytes per
   block``, so one scheduler drives one block pool for all of them; a forced count is checked
-  against every rank's memory.
+  against every rank's memory. A policy of several pools splits each rank's budget by each
+  pool's worst-case need (:func:`~kvcore.planning.capacity.split_budget`), and every pool gets
+  the minimum over ranks of its own count.
 
 :func:`plan_for_ranks` checks and merges what the ranks report, then plans with
 :func:`kvcore.planning.planner.plan_model`, the planning implementation
@@ -290,7 +292,7 @@ def plan_for_ranks(
     registry: Registry,
     policy: str | AllocationPolicy = "auto",
     options: PlanOptions | None = None,
-    num_blocks: int | None = None,
+    num_blocks: int | Sequence[int] | None = None,
     tp_size: int = 1,
     check_fit: bool = True,
     max_model_len: Literal["auto"] | None = None,
@@ -310,6 +312,7 @@ def plan_for_ranks(
         policy: a policy name, ``"auto"`` or a policy object (it plans the whole model).
         options: policy knobs.
         num_blocks: force this many block ids (checked against every rank's memory).
+            One count per pool for a policy of several pools.
         tp_size: tensor-parallel ranks per stage; ``len(rank_specs) // tp_size`` stages.
         check_fit: raise unless one request of ``context.max_model_len`` fits.
         max_model_len: ``"auto"``: plan for the longest request every rank admits, at most

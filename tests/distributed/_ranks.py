@@ -60,6 +60,7 @@ class Scenario:
         timeout_s: the agreement timeout.
         faults: ``{rank: fault}``: ``"exit"`` (os._exit while measuring memory), ``"hang"``,
             ``"raise"`` (MemoryProfilingError), ``"heads"`` (reports other KV heads for layer 2).
+        policy: the policy every rank plans with.
     """
 
     tp: int = 1
@@ -71,6 +72,7 @@ class Scenario:
     max_model_len: int = 256
     timeout_s: float = 20.0
     faults: dict[int, str] = attrs.field(factory=dict)
+    policy: str = "auto"
 
     @property
     def parallelism(self) -> Parallelism:
@@ -166,7 +168,9 @@ def _rank_main(rank: int, port: int, world: int, scenario: Scenario, results: An
         executor = DistributedExecutor.from_process_group(
             local, tp_size=scenario.tp, timeout_s=scenario.timeout_s
         )
-        plan = initialize_kv_caches(executor, registry=registry, max_model_len=scenario.max_model_len)
+        plan = initialize_kv_caches(
+            executor, registry=registry, policy=scenario.policy, max_model_len=scenario.max_model_len
+        )
         counts = torch.tensor([plan.num_blocks, -plan.num_blocks])
         dist.all_reduce(counts, op=dist.ReduceOp.MIN)  # over gloo: every rank's count is the same
         bound = {

@@ -70,6 +70,14 @@ CASES = {
         [3],
         "AgreementMismatchError",
     ),
+    "different forced counts per pool": (
+        {},
+        {0: {"num_blocks": (10, 20)}, 1: {"num_blocks": (10, 20)}, 2: {"num_blocks": (10, 20)}},
+        set(),
+        "raised",
+        [3],
+        "AgreementMismatchError",
+    ),
 }
 SIXTEEN = ("kill during the plan round", "freeze the collector during a round", "frozen store host")
 SIZES = [int(n) for n in os.environ.get("KVCORE_FAULT_RANKS", "").split(",") if n.strip()]

@@ -8,8 +8,11 @@ Each rank runs :func:`kvcore.initialize_kv_caches` with a
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
+from kvcore.planning.capacity import split_budget
 from kvcore.planning.ranks import plan_for_ranks
 from kvcore.planning.serialization import plan_from_dict
 from kvcore.spec import SizingContext
@@ -31,6 +34,7 @@ def _expected(scenario: Scenario):
         [scenario.memory_of(r) for r in range(world)],
         SizingContext(max_model_len=scenario.max_model_len),
         registry=registry,
+        policy=scenario.policy,
         tp_size=scenario.tp,
     )
     return registry, plans
@@ -53,7 +57,11 @@ def _check_agreed(scenario: Scenario, reports):
         assert report["bound"] == report["with_views"] == sorted(own)  # only its own layers
         assert report["rank_plans"] == world
         assert report["fewest_most"] == [plan.num_blocks, plan.num_blocks]
-    assert len({report["plan"]["num_blocks"] for report in reports.values()}) == 1
+    counts = {
+        json.dumps(report["plan"].get("num_blocks", report["plan"].get("pools")))
+        for report in reports.values()
+    }
+    assert len(counts) == 1
     return expected
 
 
@@ -92,6 +100,35 @@ def test_four_ranks_tp2_pp2():
     assert [scenario.stage_layers(r) for r in range(4)] == [[0, 1, 2, 3, 4]] * 2 + [[5, 6, 7, 8, 9]] * 2
     fewest = min(p.available_memory_bytes // p.bytes_per_block for p in expected)
     assert expected[0].num_blocks == fewest == 3 * MiB // expected[2].bytes_per_block
+
+
+def test_ranks_of_several_pools_agree_on_the_fewest_blocks_of_each_pool():
+    # full attention and sliding windows in every stage: kind_pools makes two pools; the ranks'
+    # budgets differ, and each pool's count is the smallest any rank's own split gives it
+    scenario = Scenario(
+        tp=2,
+        pp=2,
+        windows={i: 32 for i in range(0, 8, 2)},
+        memory=(4 * MiB, 3 * MiB, 4 * MiB, 5 * MiB),
+        policy="kind_pools",
+    )
+    reports, _ = run_ranks(scenario)
+    expected = _check_agreed(scenario, reports)
+    assert all(len(plan.pools) == 2 for plan in expected)
+    counts = [pool.num_blocks for pool in expected[0].pools]
+    assert all([pool.num_blocks for pool in plan.pools] == counts for plan in expected)
+    # what each rank's own budget would give each pool; the agreed count is the minimum per pool
+    own = [
+        split_budget(
+            plan.available_memory_bytes,
+            [pool.bytes_per_block for pool in plan.pools],
+            plan.blocks_per_request_by_pool(),
+        )
+        for plan in expected
+    ]
+    assert counts == [min(split[p] for split in own) for p in range(2)]
+    assert own[1] == tuple(counts)  # rank 1 has the least memory: it sets both pools
+    assert own[0] != own[1]
 
 
 def test_tensor_parallel_ranks_that_disagree_fail_on_every_rank_naming_the_layer_and_ranks():

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from vllm.v1 import kv_cache_interface as vk
 
 from kvcore.dtypes import to_dtype
-from kvcore.integrations.vllm.rules import VllmIntegrationError, page_span
+from kvcore.integrations.vllm.rules import VllmIntegrationError, check_runnable, page_span
 from kvcore.plan import KVCacheGroup, KVCachePlan, KVCacheTensor
 from kvcore.plugins.attention import AttentionSpec
 from kvcore.plugins.chunked_local_attention import ChunkedLocalAttentionSpec
@@ -270,8 +270,11 @@ def plan_to_vllm_config(plan: KVCachePlan, *, names: Mapping[str, str] | None = 
 
     Raises:
         VllmIntegrationError: the plan keeps no null block, has a page spanning several block
-            ids, or has layers sharing another layer's cache (vLLM names those itself).
+            ids, has several block pools or a mixed-page group (vLLM has one pool, and one page
+            size per group here), or has layers sharing another layer's cache (vLLM names
+            those itself).
     """
+    check_runnable(plan)
     if plan.null_block != 0:
         raise VllmIntegrationError(
             "vLLM keeps block 0 as its null block, but this plan serves requests from it; plan with "

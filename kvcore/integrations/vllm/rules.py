@@ -91,6 +91,33 @@ def page_span(plan: KVCachePlan) -> int:
     return max((g.blocks_per_page for g in plan.groups), default=1)
 
 
+def check_runnable(plan: KVCachePlan) -> None:
+    """Raise unless vLLM 0.33's one block pool and one page size per group can run ``plan``.
+
+    Args:
+        plan: a kvcore plan.
+
+    Raises:
+        VllmIntegrationError: the plan has several block pools (vLLM has one
+            ``BlockPool``), or a group whose layers have different page sizes (vLLM puts such
+            layers in one group only when they are the whole model, and kvcore does not
+            convert those groups yet).
+    """
+    if plan.is_multi_pool:
+        raise VllmIntegrationError(
+            f"policy {plan.policy!r} made a plan of {len(plan.pools)} block pools, but vLLM 0.33 has one "
+            "block pool shared by every group; plan for vLLM with a policy of one pool (shared_buffer, "
+            "uniform, equal_groups)"
+        )
+    mixed = [index for index, group in enumerate(plan.groups) if group.layer_specs]
+    if mixed:
+        raise VllmIntegrationError(
+            f"policy {plan.policy!r} made group(s) {mixed} of layers with different page sizes (mixed-page "
+            "groups); kvcore does not convert them to vLLM's UniformTypeKVCacheSpecs yet; plan for vLLM "
+            "with a policy whose groups have one spec each (shared_buffer, uniform, equal_groups)"
+        )
+
+
 def scale_blocks(specs: Mapping[str, KVCacheSpec], factor: int) -> dict[str, KVCacheSpec]:
     """``specs`` with every block size whose page scales with it multiplied by ``factor``
     (state pages keep theirs); equal specs stay one object."""
@@ -139,6 +166,8 @@ def plan_for_vllm(
         PolicyNotApplicableError: the policy cannot plan the specs, or no larger attention
             block size gives every page of its plan one block id.
         InsufficientMemoryError: the budget cannot hold one request of ``max_model_len``.
+        VllmIntegrationError: the policy's plan has several block pools or a mixed-page
+            group, which vLLM cannot run (:func:`check_runnable`).
     """
     context = rules.context()
     chosen = rules.options(options)
@@ -156,6 +185,7 @@ def plan_for_vllm(
         )
 
     plan = plan_at(specs, 1)
+    check_runnable(plan)
     if page_span(plan) == 1:
         return plan
     best = _page_sized(specs, plan_at)
