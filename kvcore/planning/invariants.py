@@ -273,7 +273,6 @@ def _series_by_tensor(plan: KVCachePlan) -> list[list[_Series]]:
     for index, group in enumerate(plan.groups):
         figures.append((group.spec.page_size_bytes, plan.num_pages(group), group.blocks_per_page))
         group_of.update(dict.fromkeys(group.layer_names, index))
-    groups = plan.groups
     out: list[list[_Series]] = []
     for ti, tensor in enumerate(plan.tensors):
         members: list[_Series] = []
