@@ -84,6 +84,12 @@ class PlanOptions:
             ``max_block_size``): ``"power_of_two"`` (the default; the block sizes kernels
             usually take) or ``"any"`` integer, which evens out page ratios such as 3:2 that
             doubling cannot (the built-in ``shared_buffer`` honours it).
+        mixed_pages: let a policy put layers of one retention kind whose pages differ in one
+            group (a mixed-page group, :attr:`~kvcore.plan.KVCacheGroup.layer_specs`), as the
+            built-in ``shared_buffer`` and ``kind_pools`` do where it saves groups. ``False``
+            for an engine whose groups take one page size each (vLLM, through
+            :mod:`kvcore.integrations.vllm`): every group then has one spec (``kind_pools``
+            gives each spec its own pool).
     """
 
     grouping_tolerance: float = attrs.field(default=0.005, validator=_tolerance)
@@ -92,6 +98,7 @@ class PlanOptions:
     uniform_block_size: bool = attrs.field(default=False, validator=boolean)
     max_groups: int | None = attrs.field(default=None, validator=_optional_count)
     block_multiples: str = attrs.field(default="power_of_two", validator=_block_multiples)
+    mixed_pages: bool = attrs.field(default=True, validator=boolean)
 
     def check_group_count(self, policy: str, smallest: int) -> None:
         """Raise unless ``smallest`` groups, the fewest ``policy`` can plan the layers in, are

@@ -29,7 +29,7 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from kvcore.hookspecs import hookimpl
 from kvcore.plan import KVCacheGroup
 from kvcore.policy import AllocationPolicy, BlockPlacement, PlanOptions, TensorPlacement
-from kvcore.spec import KVCacheSpec, SizingContext, cdiv
+from kvcore.spec import KVCacheSpec, SizingContext, cdiv, specs_by_group_key
 
 
 def retention_buckets(specs: Mapping[str, KVCacheSpec]) -> list[list[str]]:
@@ -90,6 +90,8 @@ class KindPoolsPolicy:
         self, specs: Mapping[str, KVCacheSpec], context: SizingContext, options: PlanOptions
     ) -> Sequence[KVCacheGroup]:
         buckets = retention_buckets(specs)
+        if not options.mixed_pages:  # one spec per group: each spec its own pool
+            buckets = [layers for _, layers in specs_by_group_key(specs)]
         options.check_group_count(self.name, len(buckets))
         return tuple(mixed_group(specs, layers, pool) for pool, layers in enumerate(buckets))
 

@@ -362,7 +362,7 @@ class SharedBufferPolicy:
         enlarged = options.block_multiples == "any"
         scores = [_score(buckets, row, need) for row in _candidate_rows(buckets, enlarged)]
         families: list[Sequence[_AnyBucket]] = [buckets]
-        mixed = _mixed_buckets(specs, context, options)
+        mixed = _mixed_buckets(specs, context, options) if options.mixed_pages else None
         if mixed is not None:
             families.append(mixed)
             scores.extend(_score(mixed, row, need, family=1) for row in _candidate_rows(mixed, enlarged))

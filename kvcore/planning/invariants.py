@@ -160,22 +160,28 @@ def _pools_problems(plan: KVCachePlan, limit: int) -> list[str]:
         members = plan.groups_in(p)
         if not members:
             continue
+        offset = plan.pools[p].offset
         for problem in overlap_problems(plan.pool_plan(p), limit=limit):
-            worded = _renumbered(problem, members)
+            worded = _renumbered(problem, members, offset)
             problems.append(f"pool {p}: {worded}")
             if len(problems) >= MAX_PROBLEMS:
                 return problems
     return problems
 
 
-def _renumbered(problem: str, members: Sequence[int]) -> str:
-    """``problem`` of a pool's own plan, with its group indices those of the whole plan."""
+def _renumbered(problem: str, members: Sequence[int], offset: int = 0) -> str:
+    """``problem`` of a pool's own plan, with its group indices those of the whole plan and its
+    bytes those of the plan's buffer (the pool's own plan starts at byte 0)."""
 
     def one(match: re.Match[str]) -> str:
         return f"{match.group(1)}{members[int(match.group(2))]}"
 
+    def shifted(match: re.Match[str]) -> str:
+        return f"bytes {int(match.group(1)) + offset}..{int(match.group(2)) + offset}"
+
     worded = re.sub(r"\b(groups? )(\d+)", one, problem)
-    return re.sub(r"\b(groups \d+ and )(\d+)", one, worded)
+    worded = re.sub(r"\b(groups \d+ and )(\d+)", one, worded)
+    return re.sub(r"\bbytes (\d+)\.\.(\d+)", shifted, worded) if offset else worded
 
 
 def _rows_problems(plan: KVCachePlan, span: int) -> list[str] | None:

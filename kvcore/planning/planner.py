@@ -468,6 +468,11 @@ def check_options_honoured(policy_name: str, groups: Sequence[KVCacheGroup], opt
                 f"policy {policy_name!r} gave its groups block sizes {sizes}, but one block size was asked "
                 "for (uniform_block_size); this policy does not honour it"
             )
+    if not options.mixed_pages and any(g.layer_specs for g in groups):
+        raise PolicyNotApplicableError(
+            f"policy {policy_name!r} made a group of layers with different page sizes, but one spec per "
+            "group was asked for (mixed_pages=False); this policy does not honour it"
+        )
     if options.max_groups is not None and len(groups) > options.max_groups:
         raise PolicyNotApplicableError(
             f"policy {policy_name!r} made {len(groups)} groups, but at most {options.max_groups} were asked "

@@ -196,7 +196,7 @@ def test_compare_for_vllm_labels_a_plan_of_pools_and_goes_on(run_cli, pooled_spe
     )
     assert status == 0
     assert (
-        "kind_pools: no plan: policy 'kind_pools' made a plan of 2 block pools, but vLLM 0.33 has one" in out
+        "kind_pools: no plan: policy 'kind_pools' made a plan of 3 block pools, but vLLM 0.33 has one" in out
     )
     assert any(line.lstrip().startswith("shared_buffer") for line in out.splitlines())
 
@@ -211,7 +211,16 @@ def test_vllm_refuses_mixed_page_groups_of_one_pool(registry):
         for i in range(6)
     }
     rules = VllmRules(max_model_len=1024)
+    context = SizingContext(max_model_len=1024)
+    mixed = plan_kv_cache(specs, 64 * MiB, context, registry=registry, policy="kind_pools")
+    assert len(mixed.pools) == 1 and mixed.groups[0].layer_specs
     with pytest.raises(VllmIntegrationError, match=r"group\(s\) \[0\] of layers with different page sizes"):
-        plan_for_vllm(specs, 64 * MiB, rules, registry=registry, policy="kind_pools")
+        check_runnable(mixed)
     assert issubclass(VllmIntegrationError, KVCoreError)
-    check_runnable(plan_for_vllm(specs, 64 * MiB, rules, registry=registry, policy="shared_buffer"))
+    # planned for vLLM, groups have one spec each (mixed_pages=False): shared_buffer runs,
+    # kind_pools gives each spec its own pool, which vLLM's one pool cannot run
+    planned = plan_for_vllm(specs, 64 * MiB, rules, registry=registry, policy="shared_buffer")
+    assert not any(group.layer_specs for group in planned.groups)
+    check_runnable(planned)
+    with pytest.raises(VllmIntegrationError, match="3 block pools"):
+        plan_for_vllm(specs, 64 * MiB, rules, registry=registry, policy="kind_pools")

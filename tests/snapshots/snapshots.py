@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 BUDGET = 24 * 2**30
 LENGTHS = (8192, 32768)
-POLICIES = ("auto", "uniform", "shared_buffer", "equal_groups")
+POLICIES = ("auto", "uniform", "shared_buffer", "equal_groups", "kind_pools")
 #: Command lines whose printed output is kept too (the text a capacity planner reads).
 COMMANDS = (
     "plan --model google/gemma-3-27b-it --memory 80GiB --max-model-len 32768",

@@ -112,7 +112,7 @@ def test_each_pool_is_checked_row_by_row_like_a_plan_of_one_pool():
     broken = _two_pools(64)
     fast, exact = overlap_problems(broken), _exact_problems(broken, MAX_CHECKED_PAGES)
     assert fast and exact
-    assert fast[0].startswith("bytes 576..640 are used by pages of one group (group 1)")
+    assert fast[0].startswith("pool 1: bytes 576..640 are used by pages of one group (group 1)")
     assert exact[0].startswith("bytes 576..640 are used by pages of one group (group 1)")
 
 

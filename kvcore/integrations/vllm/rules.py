@@ -82,8 +82,9 @@ class VllmRules:
         )
 
     def options(self, options: PlanOptions | None = None) -> PlanOptions:
-        """``options`` (or the defaults) with the null block reserved, as vLLM's pool keeps it."""
-        return attrs.evolve(options or PlanOptions(), reserve_null_block=True)
+        """``options`` (or the defaults) with the null block reserved, as vLLM's pool keeps it,
+        and one spec per group (no mixed-page groups, which kvcore does not convert yet)."""
+        return attrs.evolve(options or PlanOptions(), reserve_null_block=True, mixed_pages=False)
 
 
 def page_span(plan: KVCachePlan) -> int:
