@@ -204,6 +204,6 @@ def _group_limit(error: GroupLimitError, names: ParameterNames) -> str:
     return (
         f"policy {error.policy!r} cannot plan these layers in at most "
         f"{plural(error.max_groups, 'group')} ({names.setting(names.max_groups, error.max_groups)}): "
-        f"its fewest is {plural(error.smallest_groups, 'group')} (one per distinct spec at least); "
+        f"its fewest is {plural(error.smallest_groups, 'group')} (one per retention kind at least); "
         f"raise {names.max_groups} to {error.smallest_groups} or more"
     )

@@ -410,7 +410,16 @@ def group_layers(
     """
     chosen = options if options is not None else PlanOptions()
     if chosen.uniform_block_size:
-        specs = common_block_size(specs, chosen)
+        resized = common_block_size(specs, chosen)
+        if resized is not specs:
+            # one block size may change the pages a policy accepted (equal_groups: one page size)
+            reason = policy.why_not(resized)
+            if reason is not None:
+                raise PolicyNotApplicableError(
+                    f"policy {policy.name!r} cannot plan these layers with one block size for every "
+                    f"group (uniform_block_size): {reason}"
+                )
+        specs = resized
     groups = tuple(policy.group(specs, context, chosen))
     check_groups(policy.name, specs, groups)
     check_options_honoured(policy.name, groups, chosen)

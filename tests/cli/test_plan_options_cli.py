@@ -28,7 +28,7 @@ def test_too_few_groups_is_one_error_line_with_the_flag(run_cli):
     assert status == 1 and out == ""
     assert err.strip().splitlines() == [
         "kvcore: error: policy 'shared_buffer' cannot plan these layers in at most 1 group (--max-groups 1): "
-        "its fewest is 2 groups (one per distinct spec at least); raise --max-groups to 2 or more"
+        "its fewest is 2 groups (one per retention kind at least); raise --max-groups to 2 or more"
     ]
 
 

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvcore import GroupLimitError, InvalidInputError, PlanOptions, plan_kv_cache
+from kvcore import GroupLimitError, InvalidInputError, PlanOptions, PolicyNotApplicableError, plan_kv_cache
 from kvcore.planning.invariants import plan_problems
 from kvcore.testing import strategies as kst
 
@@ -50,6 +50,9 @@ def test_the_group_bound_holds_or_names_the_fewest(registry, policy, drawn, boun
         return
     except InvalidInputError as exc:  # block sizes without a common multiple within bounds
         assert uniform and "uniform_block_size" in str(exc)
+        return
+    except PolicyNotApplicableError as exc:  # one block size makes pages equal_groups refuses
+        assert uniform and policy == "equal_groups" and "uniform_block_size" in str(exc)
         return
     assert len(plan.groups) <= bound
     assert plan_problems(plan) == []
