@@ -72,6 +72,33 @@ def _holder(owner: int) -> str:
     return "the null block" if owner == _NULL else f"held by group {owner}"
 
 
+
+def _checked_prefix(
+    request_id: Hashable, known_request: bool, content: Sequence[int] | PrefixKey, num_tokens: int | None
+) -> tuple[int, int]:
+    """The arguments of ``attach_prefix``, checked: ``(num_tokens, tokens the content has)``.
+
+    Raises:
+        InvalidInputError: the request has tables already, the content is neither token ids
+            nor a :class:`PrefixKey`, or ``num_tokens`` is negative.
+    """
+    if known_request:
+        raise InvalidInputError(
+            f"request {request_id!r} already has tables; attach_prefix() comes before its first reserve()"
+        )
+    if isinstance(content, PrefixKey):
+        known = content.num_tokens
+    elif isinstance(content, Sequence) and not isinstance(content, (str, bytes)):
+        known = len(content)
+    else:
+        raise InvalidInputError(
+            f"a request's content is its token ids or a PrefixKey (got {type(content).__name__})"
+        )
+    if num_tokens is None:
+        num_tokens = known
+    check_int(num_tokens, "'num_tokens'", minimum=0)
+    return num_tokens, known
+
 class _Runs:
     """Free aligned runs of one length: free ids per chunk, and a max-heap of full chunks."""
 
@@ -864,21 +891,7 @@ class BlockPool:
             InvalidInputError: the request is known already, ``num_tokens`` is negative, or the
                 content is neither token ids nor a key.
         """
-        if request_id in self._tables:
-            raise InvalidInputError(
-                f"request {request_id!r} already has tables; attach_prefix() comes before its first reserve()"
-            )
-        if isinstance(content, PrefixKey):
-            known = content.num_tokens
-        elif isinstance(content, Sequence) and not isinstance(content, (str, bytes)):
-            known = len(content)
-        else:
-            raise InvalidInputError(
-                f"a request's content is its token ids or a PrefixKey (got {type(content).__name__})"
-            )
-        if num_tokens is None:
-            num_tokens = known
-        check_int(num_tokens, "'num_tokens'", minimum=0)
+        num_tokens, known = _checked_prefix(request_id, request_id in self._tables, content, num_tokens)
         return self._attach_prefix_within(request_id, content, num_tokens, min(num_tokens - 1, known))
 
     def _probe_hit(self, request_id: Hashable, content: Sequence[int] | PrefixKey, limit: int) -> int:
@@ -1552,21 +1565,7 @@ class MultiPoolBlockPool(BlockPool):
         Raises:
             InvalidInputError: as :meth:`BlockPool.attach_prefix`.
         """
-        if request_id in self._order:
-            raise InvalidInputError(
-                f"request {request_id!r} already has tables; attach_prefix() comes before its first reserve()"
-            )
-        if isinstance(content, PrefixKey):
-            known = content.num_tokens
-        elif isinstance(content, Sequence) and not isinstance(content, (str, bytes)):
-            known = len(content)
-        else:
-            raise InvalidInputError(
-                f"a request's content is its token ids or a PrefixKey (got {type(content).__name__})"
-            )
-        if num_tokens is None:
-            num_tokens = known
-        check_int(num_tokens, "'num_tokens'", minimum=0)
+        num_tokens, known = _checked_prefix(request_id, request_id in self._order, content, num_tokens)
         limit = min(num_tokens - 1, known)
         if self._caching:  # each pool's hit bounds the others' until they agree
             settled = False
