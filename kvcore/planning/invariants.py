@@ -39,7 +39,7 @@ from collections.abc import Iterator, Sequence
 from typing import NamedTuple
 
 from kvcore.errors import PlanValidationError
-from kvcore.plan import KVCachePlan, KVCacheTensor, structural_problems
+from kvcore.plan import KVCachePlan, structural_problems
 
 #: Above this many pages in all, the fallback sweep checks only the first and last few pages
 #: of each layer; layouts are periodic, so an overlap shows in the first rows.
@@ -193,31 +193,18 @@ def _rows_problems(plan: KVCachePlan, span: int) -> list[str] | None:
     pools is checked pool by pool, each as a plan of one pool: :func:`_pools_problems`.)
     Returns ``None`` where the layout is not of this form (the caller checks it exactly).
     """
-    return _pool_rows_problems(plan, span, plan.tensors, range(len(plan.groups)), 0, plan.num_blocks)
-
-
-def _pool_rows_problems(
-    plan: KVCachePlan,
-    span: int,
-    pool_tensors: Sequence[KVCacheTensor],
-    group_indices: Sequence[int],
-    base: int,
-    num_blocks: int,
-) -> list[str] | None:
-    """:func:`_rows_problems` of one pool: its tensors, its groups, its first byte and its
-    block count."""
-    tensors = [t for t in pool_tensors if t.shared_by and t.size]
+    tensors = [t for t in plan.tensors if t.shared_by and t.size]
     if not tensors:
         return []
     row = tensors[0].page_stride
-    pages = num_blocks // span
+    pages = plan.num_blocks // span
     # a tensor's bytes in its row: at most its size less the rows above its last page
     tail = (pages - 1) * row
     end = -1
     ordered = True
     for tensor in tensors:
-        offset = tensor.offset - base
-        if offset < 0 or tensor.page_stride != row or offset + tensor.size - tail > row:
+        offset = tensor.offset
+        if tensor.page_stride != row or offset + tensor.size - tail > row:
             return None  # another stride, or a tensor that starts past row 0 or wraps
         if offset < end:
             ordered = False  # keep looking: every tensor must still have the row's stride
@@ -228,8 +215,7 @@ def _pool_rows_problems(
     # layers of one group must not
     offset_of = {name: t.offset for t in tensors for name in t.shared_by}
     problems: list[str] = []
-    for gi in group_indices:
-        group = plan.groups[gi]
+    for gi, group in enumerate(plan.groups):
         if not group.layer_names or not pages:
             continue
         places = sorted((offset_of[name], name) for name in group.layer_names if name in offset_of)
