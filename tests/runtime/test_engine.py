@@ -97,8 +97,12 @@ def test_the_real_host_probe_drives_the_same_workflow(toy_registry):
         model, "cpu", registry=toy_registry, utilization=share, profile_fn=lambda m: m(torch.randn(4, 32))
     )
     plan = initialize_kv_caches(executor, registry=toy_registry, max_model_len=128)
-    assert executor.memory_profile.source == "profiled"
-    assert 0 < plan.kv_cache_bytes <= 16 * MiB
+    profile = executor.memory_profile
+    assert profile.source == "profiled"
+    # The host's free memory moves between the sample above and the executor's own, so the
+    # cap is about 16 MiB, not exactly; the plan must stay inside the budget the probe set.
+    assert 8 * MiB < profile.cap_bytes < 32 * MiB
+    assert 0 < plan.kv_cache_bytes <= profile.kv_cache_bytes <= profile.cap_bytes
     _check_bound(model, plan, executor)
 
 
