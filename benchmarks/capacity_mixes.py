@@ -17,11 +17,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from _mixes import TARGET_MIXES
 from _vllm_style import vllm_style
 
 from kvcore import PlanOptions, Registry, SizingContext, ideal_concurrency, plan_kv_cache
 from kvcore.cli.table import render_table
+from kvcore.testing.mixes import TARGET_MIXES
 
 GIB = 2**30
 BUDGET = 40 * GIB

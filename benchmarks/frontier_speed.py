@@ -12,13 +12,7 @@ whatever the depth), e.g.
 
 from __future__ import annotations
 
-import sys
 import time
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).parent))
-
-from _mixes import full, sliding
 
 from kvcore import PlanOptions, Registry, SizingContext, plan_kv_cache
 from kvcore.cli.table import render_table
@@ -26,6 +20,7 @@ from kvcore.errors import KVCoreError
 from kvcore.planning import frontier as frontier_module
 from kvcore.planning.frontier import MAX_PLANS, policy_frontier
 from kvcore.spec import KVCacheSpec
+from kvcore.testing.mixes import full, sliding
 
 CONTEXT = SizingContext(max_model_len=32768, max_num_batched_tokens=2048)
 GiB = 2**30

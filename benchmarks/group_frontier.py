@@ -11,7 +11,7 @@ for >= 0.99 of ideal. A second table sets ``block_multiples="any"`` beside the d
 of two for ``shared_buffer``. The verdicts of issue 13's "Done when" follow.
 
 Settings: the seven mixes at 40 GiB, max_model_len 32,768, 2,048 tokens per step; the issue's
-cases as listed in ``_mixes.py`` (DeepSeek-V3.2's indexer key cache is modelled as an MLA-like
+cases as listed in :mod:`kvcore.testing.mixes` (DeepSeek-V3.2's indexer key cache is modelled as an MLA-like
 spec of 132 fp8 bytes per token); bundled models at 80 GiB, max_model_len =
 min(max_position_embeddings, 131072), tp 1, their dtype, block 16 (as ``model_capacity.py``).
 
@@ -27,7 +27,6 @@ from typing import NamedTuple
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from _mixes import ISSUE_CONTEXT, ISSUE_MIXES, TARGET_MIXES
 from _vllm_style import vllm_style
 
 from kvcore import PlanOptions, Registry, SizingContext, ideal_concurrency, plan_kv_cache
@@ -35,6 +34,7 @@ from kvcore.cli.table import render_table
 from kvcore.errors import KVCoreError, PolicyNotApplicableError
 from kvcore.frontends.hf_config import bundled_models, layer_specs_from_config, max_position_embeddings
 from kvcore.spec import KVCacheSpec
+from kvcore.testing.mixes import ISSUE_CASES, ISSUE_CONTEXT, TARGET_MIXES
 
 GIB = 2**30
 POLICIES = ("uniform", "shared_buffer", "equal_groups", "kind_pools")
@@ -57,7 +57,7 @@ class Case(NamedTuple):
 
 def cases() -> list[Case]:
     """The issue's cases, the seven mixes, then every bundled model."""
-    found = [Case(name, specs, budget, context) for name, (specs, budget, context) in ISSUE_MIXES.items()]
+    found = [Case(name, specs, budget, context) for name, (specs, budget, context) in ISSUE_CASES.items()]
     found += [Case(name, specs, 40 * GIB, ISSUE_CONTEXT) for name, specs in TARGET_MIXES.items()]
     registry = Registry.default(autoload=False)
     for model in bundled_models():
@@ -137,7 +137,7 @@ def main() -> None:
     # any block multiple beside powers of two (shared_buffer)
     multiple_rows = []
     for name, (specs, budget, context) in {
-        **ISSUE_MIXES,
+        **ISSUE_CASES,
         **{n: (s, 40 * GIB, ISSUE_CONTEXT) for n, s in TARGET_MIXES.items()},
     }.items():
         case = Case(name, specs, budget, context)
@@ -159,7 +159,7 @@ def main() -> None:
 
     mix = best_within("7 full + 5 sw(2048) + 11 sw(512)", 3)
     verdicts.append(("7+5+11 >= 0.99 with <= 3 groups", mix is not None and mix.efficiency >= TARGET, mix))
-    for name in ("OpenELM-like (1 GiB, 2048)", "DeepSeek-V3.2-like"):
+    for name in ("OpenELM-like", "DeepSeek-V3.2-like"):
         figures, vllm_figure = results[name]
         assert vllm_figure is not None
         for policy in ("shared_buffer", "kind_pools"):
@@ -172,7 +172,7 @@ def main() -> None:
     verdicts.append(
         ("Gemma x 32 >= 0.99 with <= 7 groups", gemma is not None and gemma.efficiency >= TARGET, gemma)
     )
-    three = ISSUE_MIXES["3:2 pages: 10 sw(1024) x3 + 2 full x2"]
+    three = ISSUE_CASES["3:2 pages"]
     any_three = measure(Case("3:2", *three), "shared_buffer", registry, PlanOptions(block_multiples="any"))
     verdicts.append(
         (

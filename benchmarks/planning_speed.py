@@ -18,18 +18,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).parent))
-
-from _mixes import full, sliding
 
 from kvcore import Registry, SizingContext, plan_kv_cache
 from kvcore.cli.table import render_table
 from kvcore.spec import KVCacheSpec
+from kvcore.testing.mixes import full, sliding
 
 CONTEXT = SizingContext(max_model_len=32768)
 DEPTHS = (1_000, 2_000, 5_000, 10_000)

@@ -25,18 +25,13 @@ from __future__ import annotations
 import argparse
 import itertools
 import statistics
-import sys
 import time
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).parent))
-
-from _mixes import full, interleave, sliding
 
 from kvcore import InsufficientMemoryError, Registry, SizingContext, plan_kv_cache, request_bytes
 from kvcore.planning.max_len import memory_bound
 from kvcore.planning.planner import largest_admitted
 from kvcore.spec import KVCacheSpec
+from kvcore.testing.mixes import full, interleave, sliding
 
 FULL_LAYERS = (1, 2, 3, 4, 6, 8, 12, 16, 20)
 SLIDING_LAYERS = (4, 7, 12, 18, 24, 30, 36, 52)

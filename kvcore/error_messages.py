@@ -173,6 +173,14 @@ def _shortfall(error: InsufficientMemoryError, names: ParameterNames) -> str:
                 f"{format_bytes(error.available_bytes)}"
             )
             fix = f"raise {names.num_blocks} to at least {error.required_blocks}"
+        elif required_each is not None and available_each is not None:  # several pools
+            pairs = zip(required_each, available_each, strict=True)
+            short = [str(pool) for pool, (need, have_) in enumerate(pairs) if have_ < need]
+            have = (
+                f"only {format_bytes(error.available_bytes)} is available (blocks per pool: "
+                f"{', '.join(map(str, available_each))}; short in pool {' and '.join(short) or '?'})"
+            )
+            fix = names.more_memory()
         else:
             have = f"only {format_bytes(error.available_bytes)} is available ({available} of {block})"
             fix = names.more_memory()
@@ -183,9 +191,14 @@ def _shortfall(error: InsufficientMemoryError, names: ParameterNames) -> str:
             if largest > 0
             else f"not even a one-token request fits; {fix}"
         )
+        needed = (
+            f"blocks per pool: {', '.join(map(str, required_each))}"
+            if required_each is not None
+            else f"{required} of {block}"
+        )
         text = (
             f"one request of {error.max_model_len} tokens needs {format_bytes(error.required_bytes)} of KV "
-            f"cache ({required} of {block}) but {have}; {fits}"
+            f"cache ({needed}) but {have}; {fits}"
         )
     return f"{error.where}: {text}" if error.where else text
 

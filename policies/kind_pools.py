@@ -108,7 +108,10 @@ class KindPoolsPolicy:
                 start = cdiv(rows[group.pool], align) * align
                 placed.append((group.pool, start, name))
                 rows[group.pool] = start + _slot(spec)
-        rows = [cdiv(row, align) * align for row, align in zip(rows, aligns, strict=True)]
+        # Pools lie end to end, so a pool starts where the blocks before it end: with every
+        # row a multiple of every pool's alignment, each pool starts aligned for its layers.
+        common = math.lcm(*aligns)
+        rows = [cdiv(row, common) * common for row in rows]
         tensors = tuple(TensorPlacement(offset, rows[pool], (name,)) for pool, offset, name in placed)
         if pools == 1:
             return BlockPlacement(bytes_per_block=rows[0], single_buffer=True, tensors=tensors)

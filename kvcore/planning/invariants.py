@@ -8,6 +8,8 @@ and a plan handed to allocation.
   every layer in exactly one group and one tensor (a KV-sharing layer in neither, its target
   in both), layers that share a tensor in different groups, every page of a layer inside its
   tensor (sizes against block count and page stride), every tensor inside its memory;
+- *alignment*: every page starts at a multiple of its layer's ``alignment_bytes`` (tensor
+  offsets, page strides and so the starts of pools laid end to end);
 - *budget*: ``kv_cache_bytes`` (every pool's ``num_blocks x bytes_per_block``) within
   ``available_memory_bytes``;
 - *live pages*, to the byte: two pages may share bytes only if they belong to layers of
@@ -67,6 +69,8 @@ def plan_problems(plan: KVCachePlan, *, limit: int = MAX_CHECKED_PAGES, structur
         :data:`MAX_PROBLEMS` of those).
     """
     broken = list(structural_problems(plan)) if structure else []
+    if not broken:  # alignment looks each tensor's layers up in their groups
+        broken = alignment_problems(plan)
     problems = broken + budget_problems(plan)
     if not broken:  # the overlap check needs every layer in one group and one tensor
         problems += overlap_problems(plan, limit=limit)
@@ -87,6 +91,30 @@ def check_plan(plan: KVCachePlan, *, source: str | None = None, structure: bool 
     problems = plan_problems(plan, structure=structure)
     if problems:
         raise PlanValidationError(problems, policy=plan.policy, source=source)
+
+
+def alignment_problems(plan: KVCachePlan) -> list[str]:
+    """The alignment rule: every page of a layer starts at a multiple of its spec's
+    ``alignment_bytes`` (its element size), i.e. the tensor's offset in its memory and its page
+    stride are both multiples of it. A view of a page that breaks it cannot be made without a
+    copy; pools laid end to end must keep each pool's start aligned for its layers too."""
+    problems: list[str] = []
+    for index, tensor in enumerate(plan.tensors):
+        for name in tensor.shared_by:
+            align = plan.group_of(name).spec_of(name).alignment_bytes
+            if tensor.offset % align == 0 and tensor.page_stride % align == 0:
+                continue
+            pool = plan.group_of(name).pool
+            where = f" (pool {pool} starts at byte {plan.pools[pool].offset})" if plan.is_multi_pool else ""
+            problems.append(
+                f"tensor {index} of layer {name!r} starts at byte {tensor.offset}{where} with a page stride "
+                f"of {tensor.page_stride} bytes, but the layer's pages need {align}-byte alignment: "
+                f"the policy must place pages, and lay pools end to end, at multiples of {align} bytes"
+            )
+            if len(problems) >= MAX_PROBLEMS:
+                return problems
+            break
+    return problems
 
 
 def budget_problems(plan: KVCachePlan) -> list[str]:

@@ -8,6 +8,7 @@
 - :mod:`kvcore.testing.registries`: fresh registries of the built-ins plus the plugins under test.
 - :mod:`kvcore.testing.pytest_plugin`: the pytest plugin (entry point ``pytest11``) with the
   ``kvcore_registry`` fixtures.
+- :mod:`kvcore.testing.mixes`: named layer mixes the built-in policies are tested and measured on.
 - :mod:`kvcore.testing.reference`: a paged-attention runner decoding transformers models on kvcore caches.
 
 Nothing is imported here, so that loading the pytest plugin does not import hypothesis.

@@ -22,8 +22,10 @@ from kvcore import PolicyNotApplicableError, SizingContext, ideal_concurrency, p
 from kvcore.frontends.hf_config import bundled_models, layer_specs_from_config, max_position_embeddings
 from kvcore.plugins.mla import MLAAttentionSpec
 from kvcore.spec import KVCacheSpec, cdiv
-from tests.policies.issue_cases import CTX, GIB, ISSUE_CASES
+from kvcore.testing.mixes import ISSUE_CASES, ISSUE_CONTEXT
 from tests.policies.test_shared_buffer import TARGET_MIXES
+
+GIB = 2**30
 
 POLICIES = ("uniform", "shared_buffer", "equal_groups", "kind_pools")
 TARGET = 0.99
@@ -69,7 +71,7 @@ def vllm_groups(specs: Mapping[str, KVCacheSpec]) -> int | None:
 
 def _cases() -> dict[str, tuple[dict[str, KVCacheSpec], int, SizingContext]]:
     cases = dict(ISSUE_CASES)
-    cases.update({name: (specs, 40 * GIB, CTX) for name, specs in TARGET_MIXES.items()})
+    cases.update({name: (specs, 40 * GIB, ISSUE_CONTEXT) for name, specs in TARGET_MIXES.items()})
     return cases
 
 

@@ -8,9 +8,9 @@ import pytest
 from kvcore import GroupLimitError, PlanOptions, SizingContext, efficiency, plan_kv_cache
 from kvcore.planning.invariants import check_plan
 from kvcore.planning.planner import plan_model
+from kvcore.testing.mixes import ISSUE_CASES, openelm_like
 from tests.helpers import full, mix, mla, sliding
-from tests.policies.issue_cases import GIB, ISSUE_CASES, openelm_like
-from tests.policies.test_shared_buffer import CTX, _State
+from tests.policies.test_shared_buffer import CTX, GIB, _State
 
 
 def _plan(registry, specs, budget=40 * GIB, context=CTX, **kwargs):
@@ -106,3 +106,23 @@ def test_uniform_block_size_is_honoured(registry):
     plan = _plan(registry, specs, 8 * GIB, options=PlanOptions(uniform_block_size=True))
     assert {s.block_size for g in plan.groups for s in g.specs} == {32}
     check_plan(plan)
+
+
+def test_pools_laid_end_to_end_start_aligned_for_their_layers(registry):
+    # A bf16 state pool of 2-byte blocks before a float32 attention pool: found by the property
+    # test, which allocated it. Every pool's block is a multiple of every pool's alignment.
+    from kvcore import allocate
+    from kvcore.plugins.state import StatePart, StateSpec
+
+    specs = {
+        "model.layers.0": StateSpec(
+            block_size=1, parts=(StatePart(name="conv", shape=(1,), dtype="bfloat16"),)
+        ),
+        "model.layers.1": full(block_size=1, heads=1, head_size=8, dtype="float32"),
+    }
+    plan = _plan(registry, specs, 4160, SizingContext(max_model_len=64, max_num_batched_tokens=16))
+    assert [p.offset % 4 for p in plan.pools] == [0, 0]
+    assert plan.pools[0].bytes_per_block == 4  # the 2-byte state page padded to the common alignment
+    check_plan(plan)
+    views = allocate(plan, "cpu", registry=registry)
+    assert views["model.layers.1"].data_ptr() % 4 == 0

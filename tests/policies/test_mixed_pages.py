@@ -7,14 +7,16 @@ from kvcore import InvalidInputError, PlanOptions, SizingContext, efficiency, pl
 from kvcore.planning.invariants import check_plan
 from kvcore.planning.planner import plan_model
 from kvcore.policies import shared_buffer
+from kvcore.testing.mixes import ISSUE_CASES, ISSUE_CONTEXT, three_to_two
 from tests.helpers import full, mix, mla, sliding
-from tests.policies.issue_cases import CTX, GIB, ISSUE_CASES, three_to_two
+
+GIB = 2**30
 
 #: vLLM 0.33's concurrency on the issue's cases, with one group (issue 13).
 VLLM = {"OpenELM-like": 31.02, "DeepSeek-V3.2-like": 16.73}
 
 
-def _shared(registry, specs, budget, context=CTX, **options):
+def _shared(registry, specs, budget, context=ISSUE_CONTEXT, **options):
     return plan_kv_cache(
         specs, budget, context, registry=registry, policy="shared_buffer", options=PlanOptions(**options)
     )

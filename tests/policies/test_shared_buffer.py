@@ -6,21 +6,12 @@ import pytest
 from kvcore import KVCacheSpec, PlanOptions, SizingContext, efficiency, plan_kv_cache
 from kvcore.planning.invariants import check_plan
 from kvcore.spec import cdiv
-from tests.helpers import chunked, full, mix, mla, sliding
+from kvcore.testing.mixes import TARGET_MIXES
+from tests.helpers import full, mix, mla, sliding
 
 GIB = 2**30
 CTX = SizingContext(max_model_len=32768, max_num_batched_tokens=2048)
 
-#: The mixes of the core issue: 40 GiB, max_model_len 32768, block 16, bf16, 8 KV heads x 128.
-TARGET_MIXES = {
-    "a: 32 full": mix((32, full())),
-    "b: 10 full + 52 sliding(1024)": mix((10, full()), (52, sliding(1024))),
-    "c: 12 full + 12 sliding(128)": mix((12, full()), (12, sliding(128))),
-    "d: 20 full + 30 sliding(4096)": mix((20, full()), (30, sliding(4096))),
-    "e: 19 full + 18 sliding(128)": mix((19, full()), (18, sliding(128))),
-    "f: 3 full + 7 sliding(4096)": mix((3, full()), (7, sliding(4096))),
-    "g: 12 full + 36 chunked(8192)": mix((12, full()), (36, chunked(8192))),
-}
 #: Group counts the default tolerance (0.5 %) settles on; docs/explanation/grouping.md works
 #: them out by hand. Without enlarged blocks (b), (d), (f) and (g) would need 31, 5, 10 and 4.
 EXPECTED_GROUPS = {"a": 1, "b": 7, "c": 2, "d": 3, "e": 2, "f": 6, "g": 3}

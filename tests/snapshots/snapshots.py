@@ -1,6 +1,6 @@
 """Plans as users saw them before the package was reshaped, kept as JSON fixtures.
 
-Every bundled model and every synthetic mix of ``benchmarks/_mixes.py`` is planned with each
+Every bundled model and every synthetic mix of :mod:`kvcore.testing.mixes` is planned with each
 built-in policy that can plan it (and ``auto``), at two request lengths, and a few models across
 tensor/pipeline-parallel ranks. ``test_snapshots.py`` replans them and compares the JSON: a
 restructuring must not change a single figure. Regenerate only when a change of figures is
@@ -11,15 +11,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).parent
 FIXTURE = HERE / "plans.json"
-ROOT = HERE.parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
 BUDGET = 24 * 2**30
 LENGTHS = (8192, 32768)
@@ -55,12 +52,11 @@ RANKED = (("meta-llama/Llama-3.1-8B", 2, 2), ("google/gemma-3-27b-it", 4, 1), ("
 
 def cases() -> Iterator[tuple[str, dict[str, Any]]]:
     """``(case name, plan JSON or {"error": class name})`` for every snapshot case."""
-    from _mixes import TARGET_MIXES
-
     import kvcore
     from kvcore.frontends.hf_config import bundled_models
     from kvcore.planning.ranks import simulate_rank_specs
     from kvcore.planning.serialization import plan_to_dict
+    from kvcore.testing.mixes import TARGET_MIXES
 
     registry = kvcore.Registry.default()
     bundled = [m.name for m in bundled_models() if m.name in MODELS]
@@ -82,8 +78,11 @@ def cases() -> Iterator[tuple[str, dict[str, Any]]]:
         context = kvcore.SizingContext(max_model_len=8192)
         ranks = kvcore.Parallelism(tp_size=tp, pp_size=pp)
         plans = kvcore.plan_for_ranks(
-            simulate_rank_specs(models[model], ranks), [BUDGET] * ranks.world_size, context,
-            registry=registry, tp_size=tp,
+            simulate_rank_specs(models[model], ranks),
+            [BUDGET] * ranks.world_size,
+            context,
+            registry=registry,
+            tp_size=tp,
         )
         yield f"ranks {model} | tp{tp} pp{pp}", {"ranks": [plan_to_dict(p, registry) for p in plans]}
     for line in COMMANDS:

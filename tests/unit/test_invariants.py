@@ -217,3 +217,22 @@ def test_rows_that_meet_do_not_hide_a_tensor_of_another_stride():
     )
     problems = overlap_problems(plan)
     assert any("'g0l1'" in p and "'g0l2'" in p for p in problems), problems
+
+
+def test_a_page_off_its_element_alignment_is_refused():
+    # float32 pages (4-byte elements) at byte 2: no view of them can be made without a copy
+    plan = _row_plan([0, 66], row=136)
+    (problem,) = plan_problems(plan)
+    assert "tensor 1 of layer 'l1' starts at byte 66" in problem and "4-byte alignment" in problem
+    stride = _row_plan([0, 64], row=130)
+    assert any("page stride of 130 bytes" in p for p in plan_problems(stride))
+
+
+def test_a_misaligned_plan_read_from_json_is_refused(registry):
+    from kvcore.planning.serialization import plan_from_json, plan_to_json
+
+    text = plan_to_json(_row_plan([0, 64], row=136), registry)
+    assert '"offset": 64' in text
+    text = text.replace('"offset": 64', '"offset": 66')
+    with pytest.raises(PlanValidationError, match="4-byte alignment"):
+        plan_from_json(text, registry, source="plan.json")

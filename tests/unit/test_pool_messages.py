@@ -69,3 +69,17 @@ def test_forced_counts_below_one_request_name_what_each_pool_needs(specs, regist
     # the figures survive being said of one rank
     ranked = error.on_rank("rank 1")
     assert (ranked.required_pool_blocks, ranked.available_pool_blocks) == ((256, 145), (3, 3))
+
+
+def test_too_little_memory_names_the_pool_that_is_short(specs, registry):
+    with pytest.raises(InsufficientMemoryError) as info:
+        plan_kv_cache(
+            specs, 3 * MiB, SizingContext(max_model_len=4096), registry=registry, policy="kind_pools"
+        )
+    error = info.value
+    need, have = error.required_pool_blocks, error.available_pool_blocks
+    assert need is not None and have is not None
+    short = [str(p) for p in range(2) if have[p] < need[p]]
+    assert short
+    assert f"blocks per pool: {need[0]}, {need[1]}" in str(error)
+    assert f"(blocks per pool: {have[0]}, {have[1]}; short in pool {' and '.join(short)})" in str(error)

@@ -1,7 +1,7 @@
 """kvcore's plans run by the real vLLM 0.33: its spec classes, its ``KVCacheManager`` (the
 scheduler's block allocator) and its worker allocation on the meta device.
 
-For every bundled model and every synthetic mix of ``benchmarks/_mixes.py``, each policy's plan
+For every bundled model and every synthetic mix of :mod:`kvcore.testing.mixes`, each policy's plan
 made under vLLM's rules is converted to vLLM's ``KVCacheConfig``; vLLM's manager then runs
 exactly kvcore's promised number of requests of ``max_model_len`` at once (prompt of
 ``max_model_len - 1`` tokens, chunked prefill through ``allocate_slots``, one decode token), in
@@ -9,9 +9,6 @@ synchronous and asynchronous scheduling, and refuses one more.
 """
 
 from __future__ import annotations
-
-import sys
-from pathlib import Path
 
 import attrs
 import pytest
@@ -23,10 +20,8 @@ from kvcore.integrations.vllm import admission, convert
 from kvcore.integrations.vllm.rules import VllmIntegrationError, VllmRules, page_span, plan_for_vllm
 from kvcore.planning.invariants import check_plan
 from kvcore.plugins.state import StatePart, StateSpec
+from kvcore.testing.mixes import TARGET_MIXES
 from tests.helpers import chunked, full, mla, sliding
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from _mixes import TARGET_MIXES
 
 GIB = 2**30
 BUDGET = 8 * GIB
