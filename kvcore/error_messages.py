@@ -176,9 +176,10 @@ def _shortfall(error: InsufficientMemoryError, names: ParameterNames) -> str:
         elif required_each is not None and available_each is not None:  # several pools
             pairs = zip(required_each, available_each, strict=True)
             short = [str(pool) for pool, (need, have_) in enumerate(pairs) if have_ < need]
+            where_short = f"; short in pool {' and '.join(short)}" if short else ""
             have = (
                 f"only {format_bytes(error.available_bytes)} is available (blocks per pool: "
-                f"{', '.join(map(str, available_each))}; short in pool {' and '.join(short) or '?'})"
+                f"{', '.join(map(str, available_each))}{where_short})"
             )
             fix = names.more_memory()
         else:

@@ -101,10 +101,11 @@ def alignment_problems(plan: KVCachePlan) -> list[str]:
     problems: list[str] = []
     for index, tensor in enumerate(plan.tensors):
         for name in tensor.shared_by:
-            align = plan.group_of(name).spec_of(name).alignment_bytes
+            group = plan.group_of(name)
+            align = group.spec_of(name).alignment_bytes
             if tensor.offset % align == 0 and tensor.page_stride % align == 0:
                 continue
-            pool = plan.group_of(name).pool
+            pool = group.pool
             where = f" (pool {pool} starts at byte {plan.pools[pool].offset})" if plan.is_multi_pool else ""
             problems.append(
                 f"tensor {index} of layer {name!r} starts at byte {tensor.offset}{where} with a page stride "
