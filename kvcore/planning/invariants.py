@@ -98,14 +98,14 @@ def alignment_problems(plan: KVCachePlan) -> list[str]:
     ``alignment_bytes`` (its element size), i.e. the tensor's offset in its memory and its page
     stride are both multiples of it. A view of a page that breaks it cannot be made without a
     copy; pools laid end to end must keep each pool's start aligned for its layers too."""
+    # (alignment, pool) per layer, built once: the plan's group_of builds its index per call
+    need = {name: (g.spec_of(name).alignment_bytes, g.pool) for g in plan.groups for name in g.layer_names}
     problems: list[str] = []
     for index, tensor in enumerate(plan.tensors):
         for name in tensor.shared_by:
-            group = plan.group_of(name)
-            align = group.spec_of(name).alignment_bytes
+            align, pool = need[name]
             if tensor.offset % align == 0 and tensor.page_stride % align == 0:
                 continue
-            pool = group.pool
             where = f" (pool {pool} starts at byte {plan.pools[pool].offset})" if plan.is_multi_pool else ""
             problems.append(
                 f"tensor {index} of layer {name!r} starts at byte {tensor.offset}{where} with a page stride "

@@ -578,26 +578,28 @@ def check_forced_pools(
     Raises:
         InsufficientMemoryError: the pools take more than ``available_bytes``.
     """
-    if len(counts) == 1:
-        check_forced_blocks(counts[0], pool_bytes[0], available_bytes, context)
-        return
     need = sum(c * b for c, b in zip(counts, pool_bytes, strict=True))
-    if need > available_bytes:
+    if need <= available_bytes:
+        return
+    one_pool = len(counts) == 1
+    if one_pool:
+        fit: tuple[int, ...] = (blocks_that_fit(available_bytes, pool_bytes[0]),)
+    else:
         fit = split_budget(available_bytes, pool_bytes, counts)
-        raise with_message(
-            InsufficientMemoryError(
-                reason="forced_num_blocks",
-                required_bytes=need,
-                available_bytes=available_bytes,
-                max_model_len=context.max_model_len,
-                largest_fitting_len=0,
-                required_blocks=sum(counts),
-                available_blocks=sum(fit),
-                bytes_per_block=None,
-                required_pool_blocks=tuple(counts),
-                available_pool_blocks=fit,
-            )
+    raise with_message(
+        InsufficientMemoryError(
+            reason="forced_num_blocks",
+            required_bytes=need,
+            available_bytes=available_bytes,
+            max_model_len=context.max_model_len,
+            largest_fitting_len=0,
+            required_blocks=sum(counts),
+            available_blocks=sum(fit),
+            bytes_per_block=pool_bytes[0] if one_pool else None,
+            required_pool_blocks=None if one_pool else tuple(counts),
+            available_pool_blocks=None if one_pool else fit,
         )
+    )
 
 
 def layout_for(policy: AllocationPolicy, groups: Sequence[KVCacheGroup]) -> BlockPlacement:
@@ -831,21 +833,7 @@ def check_forced_blocks(num_blocks: int, per_block: int, available_bytes: int, c
         InsufficientMemoryError: ``num_blocks * per_block`` exceeds ``available_bytes``.
     """
     check_int(num_blocks, "'num_blocks'", minimum=1)
-    need = num_blocks * per_block
-    if need > available_bytes:
-        most = blocks_that_fit(available_bytes, per_block)
-        raise with_message(
-            InsufficientMemoryError(
-                reason="forced_num_blocks",
-                required_bytes=need,
-                available_bytes=available_bytes,
-                max_model_len=context.max_model_len,
-                largest_fitting_len=0,
-                required_blocks=num_blocks,
-                available_blocks=most,
-                bytes_per_block=per_block,
-            )
-        )
+    check_forced_pools((num_blocks,), (per_block,), available_bytes, context)
     return num_blocks
 
 

@@ -33,15 +33,3 @@ def test_an_unknown_value_is_a_usage_error(run_cli, spec_file):
         run_cli("plan", "--specs", spec_file(_layers()), "--memory", "1GiB", "--block-multiples", "odd")
     assert info.value.code == 2
     assert "--block-multiples: invalid choice: 'odd'" in run_cli.capsys.readouterr().err
-
-
-def test_a_saved_plan_refuses_another_block_multiple(run_cli, spec_file, tmp_path):
-    layers = {f"layers.{i}": full_entry() for i in range(2)}
-    status, out, _ = run_cli(
-        "plan", "--specs", spec_file(layers), "--memory", "8MiB", "--max-model-len", "256", "--json"
-    )
-    assert status == 0
-    saved = tmp_path / "plan.json"
-    saved.write_text(out)
-    status, _, err = run_cli("allocate", "--plan", saved, "--device", "cpu", "--block-multiples", "any")
-    assert status == 1 and "--block-multiples cannot be combined with --plan" in err

@@ -80,6 +80,6 @@ def test_a_saved_plan_refuses_the_options(run_cli, spec_file, tmp_path):
     assert status == 0
     saved = tmp_path / "plan.json"
     saved.write_text(out)
-    for flags in (["--max-groups", "2"], ["--uniform-block-size"]):
+    for flags in (["--max-groups", "2"], ["--uniform-block-size"], ["--block-multiples", "any"]):
         status, _, err = run_cli("allocate", "--plan", saved, "--device", "cpu", *flags)
         assert status == 1 and f"{flags[0]} cannot be combined with --plan" in err
