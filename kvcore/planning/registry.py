@@ -92,9 +92,24 @@ class Registry:
     # -- registration ----------------------------------------------------------------------
 
     def _collect(self, hook_name: str, add: Callable[[Any, PluginOrigin], None]) -> None:
-        """Call a registration hook plugin by plugin; ``add(obj, origin)`` for each registration."""
+        """Call a registration hook plugin by plugin; ``add(obj, origin)`` for each registration.
+
+        A third-party plugin whose registration fails is dropped whole (what it registered in
+        earlier hooks too) when the plugin manager is not strict, so the rest still loads.
+        """
         for origin, call in self._each_plugin(hook_name):
-            call(register=lambda obj, _origin=origin: add(obj, _origin))
+            try:
+                call(register=lambda obj, _origin=origin: add(obj, _origin))
+            except KVCoreError as exc:
+                self.pm.skip_or_raise(origin, "registration", exc)
+                self._drop(origin.name)
+
+    def _drop(self, plugin_name: str) -> None:
+        """Forget every kind, policy and model family the plugin ``plugin_name`` registered."""
+        for table in (self._kinds, self._policies, self._families):
+            for key in [key for key, entry in table.items() if entry.origin.name == plugin_name]:
+                del table[key]
+        self._fallbacks = [entry for entry in self._fallbacks if entry.origin.name != plugin_name]
 
     def _each_plugin(
         self, hook_name: str, *, reverse: bool = False
