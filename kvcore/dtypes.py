@@ -39,13 +39,15 @@ class DType:
     itemsize: int
 
     def __eq__(self, other: object) -> bool:
-        return self._equals(other)
+        equal = self._equals(other)
+        return NotImplemented if equal is None else equal
 
     def __ne__(self, other: object) -> bool:
         equal = self._equals(other)
-        return equal if equal is NotImplemented else not equal
+        return NotImplemented if equal is None else not equal
 
-    def _equals(self, other: object) -> bool:
+    def _equals(self, other: object) -> bool | None:
+        """Equality with a :class:`DType` or (deprecated) a torch dtype; ``None``: not comparable."""
         if isinstance(other, DType):
             return self.name == other.name and self.itemsize == other.itemsize
         if is_torch_dtype(other):
@@ -57,7 +59,7 @@ class DType:
                 stacklevel=3,  # the caller of == or !=, the plugin that compares
             )
             return str(other).removeprefix("torch.") == self.name
-        return NotImplemented
+        return None
 
     def __hash__(self) -> int:
         return hash((self.name, self.itemsize))

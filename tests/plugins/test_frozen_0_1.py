@@ -10,9 +10,10 @@ import importlib.metadata
 import pytest
 import torch
 
-from kvcore import InvalidSpecError
+from kvcore import InvalidSpecError, PluginValidationError, SizingContext, hookimpl, plan_kv_cache
 from kvcore.testing.conformance import SpecKindConformance
 from kvcore.testing.strategies import register_spec_strategy
+from tests.helpers import full
 from tests.plugins.frozen_0_1 import quantized_kv_0_1
 from tests.plugins.frozen_0_1.quantized_kv_0_1 import QuantizedKVSpec
 from tests.plugins.frozen_0_1.strategies_0_1 import quantized_specs
@@ -77,3 +78,43 @@ def test_the_model_family_kit_keeps_its_0_1_name():
     assert common.ConfigFields is kit.ConfigFields and common.head_size is kit.head_size
     with pytest.raises(AttributeError, match=r"register kvcore\.ModelFamily"):
         common.claim  # noqa: B018
+
+
+def test_the_0_1_region_policy_is_refused_naming_the_protocol_change(make_kvcore_registry):
+    from tests.plugins.frozen_0_1 import separate_regions_0_1
+
+    with pytest.raises(PluginValidationError, match=r"layout\(groups, num_blocks\).*BlockPlacement"):
+        make_kvcore_registry(separate_regions_0_1)
+
+
+def test_a_0_1_policy_without_auto_priority_is_adapted(make_kvcore_registry):
+    from kvcore.policies.uniform import UniformPolicy
+
+    class Policy01:  # 0.1 had no auto_priority; its layout already matches 0.2's
+        name = "acme.legacy"
+        description = "a 0.1 policy"
+        _inner = UniformPolicy()
+
+        def why_not(self, specs):
+            return self._inner.why_not(specs)
+
+        def group(self, specs, context, options):
+            return self._inner.group(specs, context, options)
+
+        def layout(self, groups):
+            return self._inner.layout(groups)
+
+    @hookimpl
+    def kvcore_register_policies(register):
+        register(Policy01())
+
+    plugin = type("Legacy01", (), {"kvcore_register_policies": staticmethod(kvcore_register_policies)})()
+    with pytest.warns(DeprecationWarning, match="'acme.legacy' has no auto_priority"):
+        registry = make_kvcore_registry(plugin)
+    policy = registry.policy("acme.legacy")
+    assert policy.auto_priority is None and policy.description == "a 0.1 policy"
+    specs = {f"layer{i}": full(block_size=16) for i in range(4)}
+    context = SizingContext(max_model_len=256)
+    plan = plan_kv_cache(specs, 2**24, context, registry=registry, policy="acme.legacy")
+    assert plan.policy == "acme.legacy" and plan.num_blocks > 0
+    assert registry.select(specs).name != "acme.legacy"  # auto never picks it
