@@ -47,6 +47,8 @@ def plugin_health(registry: Registry) -> list[dict[str, Any]]:
                 "distribution": origin.distribution,
                 "version": origin.version,
                 "status": "ok",
+                "api": pm.api_version(name),
+                "deprecated": list(pm.deprecations.get(name, ())),
                 "stage": None,
                 "error": None,
                 "remedy": None,
@@ -61,6 +63,8 @@ def plugin_health(registry: Registry) -> list[dict[str, Any]]:
                 "distribution": origin.distribution,
                 "version": origin.version,
                 "status": "failed",
+                "api": pm.api_version(origin.name),
+                "deprecated": list(pm.deprecations.get(origin.name, ())),
                 "stage": failure.stage,
                 "error": failure.error,
                 "remedy": failure.remedy,
@@ -77,12 +81,13 @@ def _run_check(args: argparse.Namespace, registry: Registry) -> int:
         return 1 if failed else 0
     print(
         render_table(
-            ["plugin", "source", "distribution", "status"],
+            ["plugin", "source", "distribution", "api", "status"],
             [
                 [
                     row["name"],
                     row["source"],
                     f"{row['distribution']} {row['version']}" if row["distribution"] else "-",
+                    row["api"],
                     row["status"] if row["status"] == "ok" else f"FAILED ({row['stage']})",
                 ]
                 for row in rows
@@ -91,6 +96,9 @@ def _run_check(args: argparse.Namespace, registry: Registry) -> int:
     )
     for row in failed:
         print(f"\n{row['name']}: {row['error']}\n  fix: {row['remedy']}")
+    for row in rows:
+        for note in row["deprecated"]:
+            print(f"\n{row['name']} (written for plugin API {row['api']}): {note}")
     print(f"\n{len(rows) - len(failed)} plugins loaded, {len(failed)} failed")
     return 1 if failed else 0
 

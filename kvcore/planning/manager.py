@@ -6,12 +6,13 @@ the result (or the :class:`~kvcore.planning.registry.Registry` built from it) wh
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.metadata
 import os
 import sys
 import warnings
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from types import ModuleType
 
 import attrs
@@ -63,6 +64,10 @@ ENV_DISABLE_AUTOLOAD = "KVCORE_DISABLE_PLUGIN_AUTOLOAD"
 ENV_BLOCK = "KVCORE_BLOCK_PLUGINS"
 ENV_TRACE = "KVCORE_TRACE_PLUGINS"
 ENV_STRICT = "KVCORE_STRICT_PLUGINS"
+
+#: The plugin API this kvcore implements (docs/reference/plugin-api.md); a plugin that uses
+#: names deprecated since an earlier one still loads, and is reported as written for that one.
+PLUGIN_API_VERSION = "0.2"
 
 
 @attrs.frozen(kw_only=True)
@@ -129,6 +134,28 @@ class KVCorePluginManager(pluggy.PluginManager):
         self.origins: dict[str, PluginOrigin] = {}
         self.strict = strict
         self.failures: list[PluginFailure] = []
+        #: what each plugin did that an earlier plugin API allowed and this one deprecates
+        #: (the DeprecationWarnings raised while it was imported or registered), by plugin name
+        self.deprecations: dict[str, list[str]] = {}
+
+    @contextlib.contextmanager
+    def noting_deprecations(self, name: str) -> Iterator[None]:
+        """Record the deprecation warnings raised inside under plugin ``name`` (see
+        :attr:`deprecations`), and let every warning through as Python would show it."""
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", DeprecationWarning)
+            yield
+        for w in caught:
+            if issubclass(w.category, DeprecationWarning):
+                notes = self.deprecations.setdefault(name, [])
+                if str(w.message) not in notes:
+                    notes.append(str(w.message))
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+
+    def api_version(self, name: str) -> str:
+        """The plugin API plugin ``name`` was written for, as far as loading it tells: the
+        current one, or the earliest whose deprecated names it used."""
+        return "0.1" if self.deprecations.get(name) else PLUGIN_API_VERSION
 
     def skip_or_raise(self, origin: PluginOrigin, stage: str, error: KVCoreError) -> None:
         """Handle a third-party plugin that failed: raise ``error`` when strict (or when the
@@ -358,7 +385,8 @@ def load_entry_points(pm: KVCorePluginManager, group: str = ENTRY_POINT_GROUP) -
             name=ep.name, source="entry point", module=ep.value, distribution=dist_name, version=version
         )
         try:
-            plugin = ep.load()
+            with pm.noting_deprecations(ep.name):
+                plugin = ep.load()
         except Exception as exc:  # any import-time failure of third-party code
             error = PluginLoadError(
                 f"kvcore plugin {ep.name!r} ({where}) failed to import: "

@@ -100,7 +100,8 @@ class Registry:
         """
         for origin, call in self._each_plugin(hook_name):
             try:
-                call(register=lambda obj, _origin=origin: add(obj, _origin))
+                with self.pm.noting_deprecations(origin.name):
+                    call(register=lambda obj, _origin=origin: add(obj, _origin))
             except KVCoreError as exc:
                 self.pm.skip_or_raise(origin, "registration", exc)
                 self._drop(origin.name)

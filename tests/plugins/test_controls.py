@@ -2,6 +2,7 @@
 CLI flags. Entry points come from a real distribution written to a folder on ``sys.path``."""
 
 import json
+import sys
 
 import pytest
 
@@ -286,3 +287,14 @@ def test_trace_reports_a_raising_hook_and_stops_when_asked(make_kvcore_registry)
     with pytest.raises(ValueError):
         registry.cache_layout(full())
     assert len(lines) == 2
+
+
+def test_plugins_check_names_the_api_a_plugin_was_written_for(install, capsys, monkeypatch):
+    monkeypatch.delitem(sys.modules, "kvcore.plugins.models.common", raising=False)
+    install("old", "from kvcore.plugins.models.common import ConfigFields\n")
+    install()
+    assert main(["plugins", "--check", "--json"]) == 0
+    rows = {row["name"]: row for row in json.loads(capsys.readouterr().out)["plugins"]}
+    assert rows["old"]["api"] == "0.1" and "kvcore.plugins.models.kit" in rows["old"]["deprecated"][0]
+    assert rows["acme"]["api"] == "0.2" and rows["acme"]["deprecated"] == []
+    assert rows["kvcore.plugins.mla"]["api"] == "0.2"

@@ -68,11 +68,12 @@ def test_the_0_1_strategy_registers_as_0_1_did():
 
 
 def test_the_model_family_kit_keeps_its_0_1_name():
+    import importlib
     import sys
 
-    sys.modules.pop("kvcore.plugins.models.common", None)
+    sys.modules.pop("kvcore.plugins.models.common", None)  # warn again, as in a fresh process
     with pytest.warns(DeprecationWarning, match="kvcore.plugins.models.kit"):
-        from kvcore.plugins.models import common
+        common = importlib.import_module("kvcore.plugins.models.common")
     from kvcore.plugins.models import kit
 
     assert common.ConfigFields is kit.ConfigFields and common.head_size is kit.head_size
