@@ -1,5 +1,5 @@
 """A plugin written against kvcore 0.1 still loads and passes the conformance kit, with
-DeprecationWarnings only (``frozen_0_1/``: the example spec kind and its strategy as they were).
+DeprecationWarnings only (``third_party/example_0_1/``: the example spec kind and its strategy as they were).
 
 0.1 specs held ``torch.dtype`` values, so the frozen validator compares converted dtypes against
 torch dtypes; kvcore keeps that comparison working for one minor version and warns.
@@ -14,9 +14,9 @@ from kvcore import InvalidSpecError, PluginValidationError, SizingContext, hooki
 from kvcore.testing.conformance import SpecKindConformance
 from kvcore.testing.strategies import register_spec_strategy
 from tests.helpers import full
-from tests.plugins.frozen_0_1 import quantized_kv_0_1
-from tests.plugins.frozen_0_1.quantized_kv_0_1 import QuantizedKVSpec
-from tests.plugins.frozen_0_1.strategies_0_1 import quantized_specs
+from tests.plugins.third_party.example_0_1 import quantized_kv_0_1
+from tests.plugins.third_party.example_0_1.quantized_kv_0_1 import QuantizedKVSpec
+from tests.plugins.third_party.example_0_1.strategies_0_1 import quantized_specs
 
 
 @pytest.fixture(autouse=True)
@@ -82,7 +82,7 @@ def test_the_model_family_kit_keeps_its_0_1_name():
 
 
 def test_the_0_1_region_policy_is_refused_naming_the_protocol_change(make_kvcore_registry):
-    from tests.plugins.frozen_0_1 import separate_regions_0_1
+    from tests.plugins.third_party.example_0_1 import separate_regions_0_1
 
     with pytest.raises(PluginValidationError, match=r"layout\(groups, num_blocks\).*BlockPlacement"):
         make_kvcore_registry(separate_regions_0_1)

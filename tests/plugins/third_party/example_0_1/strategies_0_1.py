@@ -17,7 +17,7 @@ from __future__ import annotations
 from hypothesis import strategies as st
 from kvcore.testing import strategies as kst
 
-from tests.plugins.frozen_0_1.quantized_kv_0_1 import PAYLOAD_DTYPES, SCALE_DTYPES, QuantizedKVSpec
+from tests.plugins.third_party.example_0_1.quantized_kv_0_1 import PAYLOAD_DTYPES, SCALE_DTYPES, QuantizedKVSpec
 
 
 def quantized_specs(*, max_heads: int = 8) -> st.SearchStrategy[QuantizedKVSpec]:
