@@ -30,11 +30,14 @@ class WatchedRun:
     Attributes:
         tokens: each request's generated tokens, in the order of the prompts.
         peak_held: the most requests that held cache blocks at once, after any batch.
+        starved_batches: batches in which a running request found no room for its next tokens
+            (transformers then preempts a request, or the starved one waits).
         cache: the paged cache transformers built for the run.
     """
 
     tokens: tuple[tuple[int, ...], ...]
     peak_held: int
+    starved_batches: int
     cache: PagedAttentionCache
 
 
@@ -66,10 +69,11 @@ def generate_and_watch(
             f"scheduler_type {continuous_batching_config.scheduler_type!r} is not one of transformers' "
             f"{sorted(schedulers.SCHEDULER_MAPPING)}"
         )
-    seen: dict[str, Any] = {"peak": 0, "cache": None}
+    seen: dict[str, Any] = {"peak": 0, "starved": 0, "cache": None}
 
     class Watching(base):  # type: ignore[misc,valid-type]
-        """The configured scheduler, counting after each batch the requests with cache blocks."""
+        """The configured scheduler, counting after each batch the requests with cache blocks
+        and whether one was starved."""
 
         def __init__(self, cache: Any, *args: Any, **kwargs: Any) -> None:
             super().__init__(cache, *args, **kwargs)
@@ -77,8 +81,11 @@ def generate_and_watch(
 
         def schedule_batch(self, token_budget: int, cache_budget: int) -> Any:
             scheduled = super().schedule_batch(token_budget, cache_budget)
-            holders = {rid for a in self.cache.cache_allocators.values() for rid, b in a.block_table.items() if b}
+            holders = {
+                rid for a in self.cache.cache_allocators.values() for rid, b in a.block_table.items() if b
+            }
             seen["peak"] = max(seen["peak"], len(holders))
+            seen["starved"] += bool(self.starved_requests)
             return scheduled
 
     name = f"kvcore_watch_{next(_names)}"
@@ -95,11 +102,16 @@ def generate_and_watch(
     finally:
         del schedulers.SCHEDULER_MAPPING[name]
     results = list(outputs.values())
-    failed = [r.request_id for r in results if r.error is not None or len(r.generated_tokens) != max_new_tokens]
+    failed = [
+        r.request_id for r in results if r.error is not None or len(r.generated_tokens) != max_new_tokens
+    ]
     if len(results) != len(prompts) or failed or seen["cache"] is None:
         raise TransformersIntegrationError(
             f"generate_batch returned {len(results)} of {len(prompts)} requests; failed or short: {failed}"
         )
     return WatchedRun(
-        tokens=tuple(tuple(r.generated_tokens) for r in results), peak_held=seen["peak"], cache=seen["cache"]
+        tokens=tuple(tuple(r.generated_tokens) for r in results),
+        peak_held=seen["peak"],
+        starved_batches=seen["starved"],
+        cache=seen["cache"],
     )

@@ -167,7 +167,8 @@ class PagedCacheLayout:
         cuts its sectors into blocks, so its blocks are rounded up to whole sectors once."""
         sector = self.bytes_per_sector
         return sum(
-            cdiv(count * a.blocks_per_request(num_tokens), sector // a.bytes_per_block) for a in self.allocators
+            cdiv(count * a.blocks_per_request(num_tokens), sector // a.bytes_per_block)
+            for a in self.allocators
         )
 
     def sequences_held(self, num_tokens: int) -> int:
@@ -418,7 +419,9 @@ def plan_for_transformers(
             failure = failure if isinstance(failure, TransformersIntegrationError) else exc
             continue
         candidate = TransformersPlan(plan=plan, layout=layout, rules=rules)
-        if candidate.sequences_held >= 1 and (best is None or candidate.sequences_held >= best.sequences_held):
+        if candidate.sequences_held >= 1 and (
+            best is None or candidate.sequences_held >= best.sequences_held
+        ):
             best = candidate
     if best is None:
         if failure is not None:
