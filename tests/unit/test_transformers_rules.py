@@ -6,6 +6,10 @@ Torch-free: the same figures against transformers' real cache are in
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -175,3 +179,23 @@ def test_capabilities_are_read_from_the_tables(registry):
     assert set(caps.kinds) == set(ALLOCATOR_OF_KIND) <= set(registry.kinds)
     assert set(caps.policies) == set(RUNNABLE_POLICIES) < set(registry.policies)
     assert "kind_pools" not in caps.policies and not caps.several_pools and not caps.mixed_pages
+
+
+def test_the_rules_and_the_capabilities_need_neither_torch_nor_transformers():
+    code = (
+        "import sys\n"
+        "from kvcore import Registry, get_plugin_manager\n"
+        "from kvcore.integrations.transformers import rules\n"
+        "from tests.helpers import full, mix, sliding\n"
+        "registry = Registry.from_plugin_manager(get_plugin_manager(autoload=False))\n"
+        "specs = mix((5, sliding(1024)), (1, full()))\n"
+        "rules.plan_for_transformers(specs, 1 << 30, rules.TransformersRules(max_model_len=4096), registry=registry)\n"
+        "rules.capabilities()\n"
+        "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=root, check=True
+    )
+    assert out.stdout.strip() == "[]"

@@ -234,20 +234,20 @@ def check_specs(specs: Mapping[str, KVCacheSpec]) -> None:
     other = sorted({spec.kind for spec in specs.values() if spec.kind not in ALLOCATOR_OF_KIND})
     if other:
         raise TransformersIntegrationError(
-            f"transformers' continuous batching has cache allocators for {sorted(ALLOCATOR_OF_KIND)} layers only, "
-            f"and this model has {other} layers; serve it with kvcore's own runtime or vLLM"
+            f"transformers' continuous batching has cache allocators for {sorted(ALLOCATOR_OF_KIND)} "
+            f"layers only, and this model has {other} layers; serve it with kvcore's own runtime or vLLM"
         )
     windows = sorted({s.sliding_window for s in specs.values() if isinstance(s, SlidingWindowSpec)})
     if len(windows) > 1:
         raise TransformersIntegrationError(
-            f"the model's sliding layers have windows {windows}, but transformers' continuous batching reads one "
-            "window (config.sliding_window) for all of them"
+            f"the model's sliding layers have windows {windows}, but transformers' continuous batching "
+            "reads one window (config.sliding_window) for all of them"
         )
     widths = sorted({_bytes_per_token(spec) for spec in specs.values()})
     if len(widths) > 1:
         raise TransformersIntegrationError(
-            f"the model's layers take {widths} bytes per token, but transformers' continuous batching sizes every "
-            "page from one KV-head count, head size and dtype"
+            f"the model's layers take {widths} bytes per token, but transformers' continuous batching "
+            "sizes every page from one KV-head count, head size and dtype"
         )
 
 
@@ -266,19 +266,19 @@ def check_runnable(plan: KVCachePlan) -> None:
     """
     if plan.is_multi_pool:
         raise TransformersIntegrationError(
-            f"policy {plan.policy!r} made a plan of {len(plan.pools)} block pools, but transformers' paged cache "
-            f"has one pool of sectors for every allocator; plan with one of {list(RUNNABLE_POLICIES)}"
+            f"policy {plan.policy!r} made a plan of {len(plan.pools)} block pools, but transformers' paged "
+            f"cache has one pool of sectors for every allocator; plan with one of {list(RUNNABLE_POLICIES)}"
         )
     if plan.kv_sharing:
         raise TransformersIntegrationError(
-            f"{len(plan.kv_sharing)} layer(s) reuse another layer's cache, which transformers' continuous batching "
-            "does not do"
+            f"{len(plan.kv_sharing)} layer(s) reuse another layer's cache, which transformers' continuous "
+            "batching does not do"
         )
     sizes = sorted({g.spec.block_size for g in plan.groups})
     if len(sizes) > 1:
         raise TransformersIntegrationError(
-            f"policy {plan.policy!r} gave its groups block sizes {sizes}, but transformers' paged cache has one "
-            "page_size; plan with one block size"
+            f"policy {plan.policy!r} gave its groups block sizes {sizes}, but transformers' paged cache has "
+            "one page_size; plan with one block size"
         )
     check_specs({name: g.spec_of(name) for g in plan.groups for name in g.layer_names})
 
@@ -329,8 +329,8 @@ def layout_in(specs: Mapping[str, KVCacheSpec], cache_bytes: int, page_size: int
     if sectors < 1:
         raise TransformersIntegrationError(
             f"{cache_bytes} bytes hold {max(0, room)} sector(s) of {sector} bytes beside transformers' "
-            f"{TRASH_SECTORS} trash sectors at page size {page_size}, and a whole-model block of {model_block} "
-            "bytes needs more; give more memory"
+            f"{TRASH_SECTORS} trash sectors at page size {page_size}, and a whole-model block of "
+            f"{model_block} bytes needs more; give more memory"
         )
     return PagedCacheLayout(allocators=allocators, num_sectors=sectors, bytes_per_model_block=model_block)
 
@@ -427,8 +427,9 @@ def plan_for_transformers(
         if failure is not None:
             raise failure
         raise TransformersIntegrationError(
-            f"at page sizes {sorted(set(page_sizes))}, {available_bytes} bytes laid out as transformers' paged cache "
-            f"hold no request of {rules.max_model_len} tokens; give more memory or a shorter max_model_len"
+            f"at page sizes {sorted(set(page_sizes))}, {available_bytes} bytes laid out as transformers' "
+            f"paged cache hold no request of {rules.max_model_len} tokens; give more memory or a shorter "
+            "max_model_len"
         )
     return best
 
@@ -460,7 +461,7 @@ def capabilities() -> EngineCapabilities:
             "the page size and the bytes (as sectors)",
             "sliding layers keep a ring of ceil(window / page) pages; one window per model",
             "prefix caching is transformers' own block sharing, which it runs on full-attention-only models",
-            "several pools (kind_pools), mixed-page groups, KV sharing, chunked, MLA, state and cross-attention "
-            "layers are refused",
+            "several pools (kind_pools), mixed-page groups, KV sharing, chunked, MLA, state and "
+            "cross-attention layers are refused",
         ),
     )
