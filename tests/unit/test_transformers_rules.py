@@ -189,7 +189,8 @@ def test_the_rules_and_the_capabilities_need_neither_torch_nor_transformers():
         "from tests.helpers import full, mix, sliding\n"
         "registry = Registry.from_plugin_manager(get_plugin_manager(autoload=False))\n"
         "specs = mix((5, sliding(1024)), (1, full()))\n"
-        "rules.plan_for_transformers(specs, 1 << 30, rules.TransformersRules(max_model_len=4096), registry=registry)\n"
+        "limits = rules.TransformersRules(max_model_len=4096)\n"
+        "rules.plan_for_transformers(specs, 1 << 30, limits, registry=registry)\n"
         "rules.capabilities()\n"
         "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))\n"
     )
