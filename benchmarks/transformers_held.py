@@ -32,17 +32,17 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kvcore import Registry, get_plugin_manager  # noqa: E402
-from kvcore.cli.table import render_table  # noqa: E402
-from kvcore.errors import KVCoreError  # noqa: E402
-from kvcore.integrations.transformers.convert import (  # noqa: E402
+from kvcore import Registry, get_plugin_manager
+from kvcore.cli.table import render_table
+from kvcore.errors import KVCoreError
+from kvcore.integrations.transformers.convert import (
     continuous_batching_config,
     model_specs,
     plan_for_model,
 )
-from kvcore.integrations.transformers.measure import generate_and_watch  # noqa: E402
-from kvcore.integrations.transformers.rules import PagedCacheLayout, TransformersRules, own_layout  # noqa: E402
-from tests.e2e._tiny import MODELS  # noqa: E402
+from kvcore.integrations.transformers.measure import generate_and_watch
+from kvcore.integrations.transformers.rules import PagedCacheLayout, TransformersRules, own_layout
+from tests.e2e._tiny import MODELS
 
 NAMES = ("llama", "gemma3", "gpt_oss")
 BUDGETS = (1 << 15, 1 << 16, 1 << 18)

@@ -166,3 +166,23 @@ def test_kvcores_cache_holds_at_least_what_transformers_own_sizing_holds(subject
     assert ours.peak_held >= plan.sequences_held, "transformers holds at least the requests the plan counts"
     assert plan.sequences_held >= own.sequences_held(length)
     assert ours.peak_held >= theirs_held
+
+
+def test_a_cache_other_than_planned_is_caught(subjects, registry):
+    model = subjects("gemma3").model
+    model.set_attn_implementation("eager")
+    rules = TransformersRules(max_model_len=MAX_MODEL_LEN, max_batch_tokens=MAX_BATCH_TOKENS)
+    plan = plan_for_model(model, ROOMY_BYTES, rules, registry=registry)
+    fields = {**plan.config_fields(), "num_blocks": plan.layout.num_blocks // 2}
+    run = generate_and_watch(
+        model,
+        [[5, 6, 7]],
+        max_new_tokens=2,
+        generation_config=_greedy(),
+        continuous_batching_config=transformers.ContinuousBatchingConfig(**fields, **CPU),
+    )
+
+    with pytest.raises(TransformersIntegrationError, match=f"sectors, planned {plan.layout.num_sectors}"):
+        check_cache(run.cache, plan)
+    with pytest.raises(TransformersIntegrationError, match="num_blocks"):
+        continuous_batching_config(plan, num_blocks=plan.layout.num_blocks + 1)
