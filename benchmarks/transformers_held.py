@@ -19,6 +19,11 @@ transformers admits a request once its prompt fits and preempts when decoding ru
 this can exceed the count). "-": the cache cannot hold one request, and transformers fails
 every request.
 
+Then, by the layout's arithmetic alone (what the runs above check against transformers' real
+cache), every bundled model at 8 GiB and max_model_len 8,192: kvcore's page and the requests of
+8,192 tokens its cache holds, beside transformers' own sizing at page 256, whose tensor is
+larger than the budget by the bytes shown; a model transformers cannot run says why.
+
     python benchmarks/transformers_held.py
 """
 
@@ -32,16 +37,24 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kvcore import Registry, get_plugin_manager
+from kvcore import Registry, get_plugin_manager, model_layer_specs
 from kvcore.cli.table import render_table
 from kvcore.errors import KVCoreError
+from kvcore.frontends.hf_config import bundled_models
 from kvcore.integrations.transformers.convert import (
     continuous_batching_config,
     model_specs,
     plan_for_model,
 )
 from kvcore.integrations.transformers.measure import generate_and_watch
-from kvcore.integrations.transformers.rules import PagedCacheLayout, TransformersRules, own_layout
+from kvcore.integrations.transformers.rules import (
+    ALLOCATOR_OF_KIND,
+    PagedCacheLayout,
+    TransformersRules,
+    own_layout,
+    plan_for_transformers,
+)
+from kvcore.units import format_bytes
 from tests.e2e._tiny import MODELS
 
 NAMES = ("llama", "gemma3", "gpt_oss")
@@ -134,6 +147,45 @@ def main() -> None:
         "held",
     ]
     print(render_table(header, rows))
+    print()
+    print(zoo_table(registry))
+
+
+def zoo_table(registry: Registry) -> str:
+    """Bundled models at 8 GiB, max_model_len 8192: kvcore's cache beside transformers' own sizing."""
+    budget, length = 8 << 30, 8192
+    rules = TransformersRules(max_model_len=length, max_batch_tokens=256)
+    rows = []
+    for model in bundled_models():
+        specs = model_layer_specs(model.name, registry)
+        try:
+            plan = plan_for_transformers(specs, budget, rules, registry=registry)
+        except KVCoreError as exc:
+            other = sorted({spec.kind for spec in specs.values()} - set(ALLOCATOR_OF_KIND))
+            rows.append([model.name, "-", "-", "-", "-", "-", ", ".join(other) or str(exc)])
+            continue
+        own = own_layout(specs, budget)
+        rows.append(
+            [
+                model.name,
+                plan.plan.policy,
+                str(plan.layout.page_size),
+                str(plan.sequences_held),
+                str(own.sequences_held(length)),
+                format_bytes(own.cache_bytes - budget),
+                "",
+            ]
+        )
+    header = [
+        "model (8 GiB, 8,192 tokens)",
+        "policy",
+        "page",
+        "kvcore",
+        "own@256",
+        "own over budget",
+        "refused: layers of kind",
+    ]
+    return render_table(header, rows)
 
 
 if __name__ == "__main__":
