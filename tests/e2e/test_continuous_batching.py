@@ -111,6 +111,7 @@ def test_generate_batch_on_a_cache_for_two_of_four_requests_preempts_and_gives_g
     run = _run(subject, plan)
 
     assert _differences(run, subject) == []
+    assert _transformers_count(run.cache, plan.layout, MAX_MODEL_LEN) == 2
     assert run.starved_batches > 0, "requests ran out of room: transformers preempted or held them back"
 
 
@@ -129,6 +130,14 @@ def _held(model, config):
         generation_config=_greedy(),
         continuous_batching_config=config,
     )
+
+
+def _transformers_count(cache, layout, tokens):
+    """transformers' own count (``count_storable_requests``, on the emptied cache) of the
+    requests of ``tokens`` tokens it could admit one by one."""
+    cache.reset()
+    needs = {a.attention: a.blocks_per_request(tokens) for a in layout.allocators}
+    return cache.count_storable_requests([needs] * (layout.sequences_held(tokens) + 2))
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -163,6 +172,7 @@ def test_kvcores_cache_holds_at_least_what_transformers_own_sizing_holds(subject
             _held(model, config)
 
     assert 1 <= plan.sequences_held < HELD_REQUESTS
+    assert _transformers_count(ours.cache, plan.layout, length) == plan.sequences_held
     assert ours.peak_held >= plan.sequences_held, "transformers holds at least the requests the plan counts"
     assert plan.sequences_held >= own.sequences_held(length)
     assert ours.peak_held >= theirs_held

@@ -37,7 +37,7 @@ from collections.abc import Mapping, Sequence
 
 import attrs
 
-from kvcore.errors import KVCoreError
+from kvcore.errors import InvalidInputError, KVCoreError
 from kvcore.integrations.capabilities import EngineCapabilities
 from kvcore.plan import KVCachePlan
 from kvcore.planning.planner import plan_kv_cache
@@ -173,12 +173,26 @@ class PagedCacheLayout:
 
     def sequences_held(self, num_tokens: int) -> int:
         """Requests of ``num_tokens`` tokens the cache holds at once (transformers' scheduler
-        admits the next one only while its sectors are free)."""
-        one = self.sectors_for(1, num_tokens)
-        count = self.num_sectors // one  # a lower bound: rounding once per allocator only helps
-        while self.sectors_for(count + 1, num_tokens) <= self.num_sectors:
-            count += 1
-        return count
+        admits the next one only while its sectors are free).
+
+        Raises:
+            InvalidInputError: ``num_tokens`` is below 1.
+        """
+        if num_tokens < 1:
+            raise InvalidInputError(f"a request holds at least one token (got {num_tokens})")
+
+        def fits(count: int) -> bool:
+            return self.sectors_for(count, num_tokens) <= self.num_sectors
+
+        # sectors_for(k) <= k x sectors_for(1) (each allocator rounds once), so this many fit
+        low = self.num_sectors // self.sectors_for(1, num_tokens)
+        high = 2 * low + 1
+        while fits(high):
+            low, high = high, 2 * high
+        while high - low > 1:  # low fits, high does not
+            mid = (low + high) // 2
+            low, high = (mid, high) if fits(mid) else (low, mid)
+        return low
 
     @property
     def num_blocks(self) -> int:
