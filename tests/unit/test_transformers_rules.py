@@ -173,6 +173,25 @@ def test_the_policies_the_matrix_lists_run(registry, policy):
     assert made.plan.policy == policy and made.sequences_held >= 1
 
 
+def test_every_builtin_policy_is_listed_or_refused(registry):
+    refused = set()
+    for policy in registry.policies:
+        try:
+            plan_for_transformers(
+                gemma3_like(16),
+                512 * MIB,
+                TransformersRules(max_model_len=4096),
+                registry=registry,
+                policy=policy,
+            )
+        except TransformersIntegrationError:
+            refused.add(policy)
+        except KVCoreError:  # the policy does not plan hybrids at all (uniform)
+            assert policy in RUNNABLE_POLICIES
+    assert refused == {"kind_pools"}
+    assert set(registry.policies) == set(RUNNABLE_POLICIES) | refused
+
+
 def test_capabilities_are_read_from_the_tables(registry):
     caps = capabilities()
     assert caps.engine == "transformers"
