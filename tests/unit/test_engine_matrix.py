@@ -105,3 +105,30 @@ def test_vllm_claims_match_its_conversion_table():
     assert claims.prefix_caching == bool(rules.PREFIX_CACHING_KINDS)
     assert not claims.several_pools
     assert {"uniform", "shared_buffer", "equal_groups"} <= set(claims.policies)
+
+
+def test_vllm_refuses_a_mixed_page_group_of_a_kind_it_does_not_run():
+    """mixed_pages is claimed for the kinds in MIXED_PAGE_KINDS only: a mixed-page group of a
+    third-party kind (one that keeps every token, so it shares full attention's retention) is
+    refused by check_runnable, naming the kind and the fix."""
+    import attrs
+
+    from kvcore.integrations.vllm.rules import VllmIntegrationError, VllmRules, check_runnable, plan_for_vllm
+    from kvcore.plugins.full_attention import FullAttentionSpec
+    from kvcore.testing.mixes import openelm_like
+
+    @attrs.frozen(kw_only=True)
+    class Odd(FullAttentionSpec):
+        kind = "test.odd"
+
+    plan = plan_for_vllm(openelm_like(), 2**30, VllmRules(max_model_len=2048), registry=BUILTIN)
+    (group,) = plan.groups
+    assert group.layer_specs
+    check_runnable(plan)
+    odd = {
+        name: Odd(block_size=s.block_size, num_kv_heads=s.num_kv_heads, head_size=s.head_size, dtype=s.dtype)
+        for name, s in group.layer_specs.items()
+    }
+    bad = attrs.evolve(plan, groups=(attrs.evolve(group, layer_specs=odd),))
+    with pytest.raises(VllmIntegrationError, match=r"\['test.odd'\].*mixed_pages=False"):
+        check_runnable(bad)
