@@ -173,3 +173,13 @@ def test_a_layout_that_splits_pages_is_refused(patched):
     specs = admission.vllm_layer_specs(model_layer_specs("meta-llama/Llama-3.2-1B", REGISTRY), rules)
     with pytest.raises(VllmIntegrationError, match="VLLM_KV_CACHE_LAYOUT=LBNHC"):
         plugin.kvcore_kv_cache_configs(config, [specs], [GIB], "shared_buffer")
+
+
+def test_speculative_lookahead_is_named_where_the_plan_leaves_it_out(monkeypatch, caplog):
+    rules = VllmRules(max_model_len=8192)
+    config = admission.vllm_config(rules)
+    specs = admission.vllm_layer_specs(model_layer_specs("meta-llama/Llama-3.2-1B", REGISTRY), rules)
+    monkeypatch.setattr(type(config), "num_lookahead_tokens", property(lambda self: 3))
+    with caplog.at_level("WARNING", logger="kvcore.vllm"):
+        plugin.kvcore_kv_cache_configs(config, [specs], [GIB], "shared_buffer")
+    assert "3 speculative lookahead slots" in caplog.text

@@ -135,6 +135,13 @@ def kvcore_kv_cache_configs(
             f"vLLM counts {vllm_config.max_in_flight_tokens} tokens in flight (pipeline parallelism or a "
             f"model runner kvcore does not model), kvcore {rules.max_in_flight_tokens}; unset {POLICY_ENV}"
         )
+    lookahead = int(getattr(vllm_config, "num_lookahead_tokens", 0) or 0)
+    if lookahead:  # the engine matrix's "speculative decoding: no", said where it matters
+        _log.warning(
+            "kvcore: vLLM reserves %d speculative lookahead slots per step, which kvcore's plan does "
+            "not count; a request near max_model_len may find fewer blocks than the plan says",
+            lookahead,
+        )
     registry = (make_registry or Registry.default)()
     override = vllm_config.cache_config.num_gpu_blocks_override
     workers = [
