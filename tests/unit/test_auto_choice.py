@@ -132,7 +132,7 @@ def test_a_priority_that_is_not_an_int_is_a_plugin_error(make_registry, priority
         registry.select(HYBRID)
 
 
-def test_a_policy_without_the_attribute_cannot_register(make_registry):
+def test_a_policy_without_the_attribute_registers_with_a_deprecation(make_registry):
     class Old:
         name = "acme.old"
         description = "before auto_priority"
@@ -146,5 +146,7 @@ def test_a_policy_without_the_attribute_cannot_register(make_registry):
         def layout(self, groups):
             return None
 
-    with pytest.raises(PluginValidationError, match="'auto_priority'"):
-        make_registry(plugin(Old()))
+    # a kvcore 0.1 policy: it keeps working until 0.3, never picked by auto
+    with pytest.warns(DeprecationWarning, match="'acme.old' has no auto_priority"):
+        registry = make_registry(plugin(Old()))
+    assert registry.policy("acme.old").auto_priority is None
