@@ -17,6 +17,7 @@ from kvcore.cli.table import render_table
 from kvcore.dtypes import dtype_name, to_dtype
 from kvcore.error_messages import render
 from kvcore.errors import InvalidSpecError
+from kvcore.planning.capacity import finite_or_none, format_figure
 from kvcore.planning.compare import Candidate, compare_policies, variant_specs
 from kvcore.planning.frontier import FrontierPoint, policy_frontier
 from kvcore.planning.registry import Registry
@@ -150,8 +151,8 @@ def candidate_row(candidate: Candidate) -> dict[str, Any]:
         "block_size": candidate.block_size,
         "kv_cache_dtype": dtype_name(candidate.kv_cache_dtype) if candidate.kv_cache_dtype else None,
         **({"state_cache_mode": candidate.state_cache_mode} if candidate.state_cache_mode else {}),
-        "ideal_concurrency": candidate.ideal_concurrency,
-        "max_concurrency": capacity.max_concurrency if capacity else None,
+        "ideal_concurrency": finite_or_none(candidate.ideal_concurrency),
+        "max_concurrency": finite_or_none(capacity.max_concurrency) if capacity else None,
         "efficiency": capacity.efficiency if capacity else None,
         "groups": len(plan.groups) if plan else None,
         "pools": len(plan.pools) if plan else None,
@@ -229,11 +230,11 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
             *([c.state_cache_mode] if modes else []),
             len(plan.groups),
             *([len(plan.pools)] if pools else []),
-            f"{capacity.max_concurrency:,.2f}",
-            f"{capacity.ideal_concurrency:,.2f}",
+            format_figure(capacity.max_concurrency),
+            format_figure(capacity.ideal_concurrency),
             f"{100 * capacity.efficiency:.2f}%",
             format_bytes(capacity.padding_bytes),
-            f"{capacity.kv_cache_tokens:,}",
+            format_figure(capacity.kv_cache_tokens, ","),
         ]
         if workload is not None:
             result = simulated[id(c)]

@@ -23,7 +23,7 @@ import attrs
 
 from kvcore.errors import InvalidInputError
 from kvcore.plan import KVCacheGroup, KVCachePlan
-from kvcore.planning.capacity import Capacity
+from kvcore.planning.capacity import Capacity, format_figure
 from kvcore.units import format_bytes
 
 #: Most tensor tracks drawn; larger plans show the first ones and say how many were left out.
@@ -192,7 +192,8 @@ def memory_map(plan: KVCachePlan, *, rows: int = 4) -> MemoryMap:
     else:
         blocks = f"{plan.num_blocks:,} blocks x {format_bytes(plan.bytes_per_block)}"
     title = (
-        f"{plan.policy}: {blocks} = {format_bytes(plan.kv_cache_bytes)}; {capacity.max_concurrency:.2f} "
+        f"{plan.policy}: {blocks} = {format_bytes(plan.kv_cache_bytes)}; "
+        f"{format_figure(capacity.max_concurrency, '.2f')} "
         f"requests of {capacity.max_model_len:,} tokens"
     )
     row_width = max(
@@ -330,7 +331,7 @@ def render_memory_map(plan: KVCachePlan, path: str | os.PathLike[str], *, rows: 
             )
         )
         ax.set_xlim(0, max(width, 1))
-        ax.set_ylim(len(tracks) - 0.5, -0.5)
+        ax.set_ylim(max(len(tracks), 1) - 0.5, -0.5)  # an empty plan still gets one track's height
         ax.set_yticks(range(len(tracks)), tracks, fontsize=7)
         ax.set_xlabel(xlabel, fontsize=8)
         ax.xaxis.set_major_formatter(byte_ticks)

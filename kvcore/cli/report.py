@@ -13,7 +13,7 @@ from kvcore.cli.table import render_table
 from kvcore.error_messages import plural
 from kvcore.errors import KVCacheBindingError
 from kvcore.plan import KVCacheGroup, KVCachePlan
-from kvcore.planning.capacity import Capacity, split_budget
+from kvcore.planning.capacity import Capacity, finite_or_none, format_figure, split_budget
 from kvcore.planning.ranks import Parallelism, tightest_rank
 from kvcore.planning.serialization import plan_to_dict
 from kvcore.policy import PolicyChoice
@@ -102,8 +102,8 @@ def plan_report(
         "max_model_len": capacity.max_model_len,
         "kv_cache_bytes": plan.kv_cache_bytes,
         "blocks_per_request": capacity.blocks_per_request,
-        "max_concurrency": capacity.max_concurrency,
-        "ideal_concurrency": capacity.ideal_concurrency,
+        "max_concurrency": finite_or_none(capacity.max_concurrency),
+        "ideal_concurrency": finite_or_none(capacity.ideal_concurrency),
         "efficiency": capacity.efficiency,
         "kv_cache_tokens": capacity.kv_cache_tokens,
     }
@@ -240,8 +240,9 @@ def format_plan(
         f"  one request      {one} = "
         f"{format_bytes(capacity.request_bytes)} "
         f"(ideal {format_bytes(capacity.ideal_request_bytes)}) for {ctx.max_model_len:,} tokens",
-        f"  max concurrency  {capacity.max_concurrency:,.2f} requests of {ctx.max_model_len:,} tokens "
-        f"(ideal {capacity.ideal_concurrency:,.2f}, efficiency {100 * capacity.efficiency:.2f}%)",
+        f"  max concurrency  {format_figure(capacity.max_concurrency)} requests of {ctx.max_model_len:,} "
+        f"tokens (ideal {format_figure(capacity.ideal_concurrency)}, "
+        f"efficiency {100 * capacity.efficiency:.2f}%)",
     ]
     return "\n".join(lines)
 

@@ -349,7 +349,8 @@ class Simulator:
         pool = self.pool
         if self._pools == 1:
             usable = pool.num_usable_blocks
-            return (usable - pool.num_free_blocks) / usable
+            # a plan with no cache-holding layer has no blocks: none is ever in use
+            return (usable - pool.num_free_blocks) / usable if usable else 0.0
         shares = (
             (pool.num_usable_blocks_in(p) - pool.num_free_blocks_in(p)) / pool.num_usable_blocks_in(p)
             for p in range(self._pools)
