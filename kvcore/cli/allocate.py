@@ -131,7 +131,7 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
     chosen = None
     if inputs.length_mode(args) is not None:
         cap = context.max_model_len if context.max_model_len < MAX_TOKENS else None
-        chosen = chosen_length(plan.context.max_model_len, cap, "max_position_embeddings")
+        chosen = chosen_length(plan.context.max_model_len, cap, inputs.length_cap_name(args))
     if args.json:
         report = plan_report(plan, specs, registry)
         if chosen is not None:

@@ -12,7 +12,7 @@ import attrs
 from kvcore.cli import serving
 from kvcore.error_messages import ParameterNames
 from kvcore.errors import InvalidInputError
-from kvcore.frontends.hf_config import load_model_config, max_position_embeddings, model_layer_specs
+from kvcore.frontends.hf_config import ModelLength, load_model_config, model_layer_specs, model_length
 from kvcore.frontends.specfile import read_spec_file
 from kvcore.limits import MAX_TOKENS
 from kvcore.model_options import ModelOptions
@@ -300,31 +300,35 @@ def utilization(text: str) -> float:
     return value
 
 
-def settle_max_model_len(args: argparse.Namespace) -> None:
-    """Default ``--max-model-len`` to ``--model``'s ``max_position_embeddings``, and warn (on
-    stderr) when a length given is longer than it.
+def settle_max_model_len(args: argparse.Namespace, registry: Registry) -> None:
+    """Default ``--max-model-len`` to ``--model``'s length (its ``max_position_embeddings``, or
+    its config class's default where the config omits it: :func:`model_length`), and warn (on
+    stderr) when a length given is longer than it. The model's length is kept as
+    ``args.model_length`` for :func:`length_cap`.
 
     Raises:
         InvalidInputError: no ``--max-model-len`` and nothing to default it to (a spec file,
-            or a config that states no ``max_position_embeddings``).
+            or a config whose family knows no length).
     """
     given = getattr(args, "max_model_len", None)
+    args.model_length = None
     if getattr(args, "model", None) is None:
         if given is None:
             raise InvalidInputError("give --max-model-len N (or auto): a spec file states no model length")
         return
-    cap = length_cap(args)
+    config, _ = load_model_config(args.model)
+    args.model_length = length = model_length(config, registry)
     if given is None:
-        if cap is None:
+        if length is None:
             raise InvalidInputError(
-                f"{args.model}: the config states no max_position_embeddings to default to; "
-                "give --max-model-len N"
+                f"{args.model}: the config states no max_position_embeddings and its model family gives "
+                "no default to default to; give --max-model-len N"
             )
-        args.max_model_len = cap
-    elif given != "auto" and cap is not None and given > cap:
+        args.max_model_len = length.value
+    elif given != "auto" and length is not None and given > length.value:
         print(
             f"kvcore: warning: --max-model-len {given:,} is longer than {args.model}'s "
-            f"max_position_embeddings ({cap:,}); the model was not trained for such requests",
+            f"{length.describe()} ({length.value:,}); the model was not trained for such requests",
             file=sys.stderr,
         )
 
@@ -381,7 +385,7 @@ def load_layer_specs(args: argparse.Namespace, registry: Registry) -> dict[str, 
     """The specs of ``--model`` (with the model options) or of ``--specs`` (with ``--block-size``);
     ``--max-model-len`` is settled first (:func:`settle_max_model_len`)."""
     options = model_options(args)
-    settle_max_model_len(args)
+    settle_max_model_len(args, registry)
     if getattr(args, "model", None) is not None:
         return model_layer_specs(args.model, registry, options)
     specs = read_spec_file(args.specs, registry)
@@ -418,12 +422,16 @@ def length_mode(args: argparse.Namespace) -> Literal["auto"] | None:
 
 
 def length_cap(args: argparse.Namespace) -> int | None:
-    """The longest request ``--max-model-len auto`` may choose: ``--model``'s
-    ``max_position_embeddings``; ``None`` for a spec file or a config without it."""
-    if getattr(args, "model", None) is None:
-        return None
-    config, _ = load_model_config(args.model)
-    return max_position_embeddings(config)
+    """The longest request ``--max-model-len auto`` may choose: ``--model``'s length as
+    :func:`settle_max_model_len` found it; ``None`` for a spec file or a model without one."""
+    length: ModelLength | None = getattr(args, "model_length", None)
+    return length.value if length is not None else None
+
+
+def length_cap_name(args: argparse.Namespace) -> str:
+    """What the cap of :func:`length_cap` is, for messages (``'max_position_embeddings'``)."""
+    length: ModelLength | None = getattr(args, "model_length", None)
+    return length.describe() if length is not None else "max_position_embeddings"
 
 
 def plan_options(args: argparse.Namespace) -> PlanOptions:

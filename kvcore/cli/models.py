@@ -83,7 +83,7 @@ def model_listing(registry: Registry, options: ModelOptions) -> list[dict[str, A
             {
                 "name": model.name,
                 "model_type": config.get("model_type"),
-                "max_position_embeddings": max_position_embeddings(config),
+                "max_position_embeddings": max_position_embeddings(config, registry),
                 **summarize(specs),
             }
         )

@@ -69,7 +69,7 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
         max_model_len=inputs.length_mode(args),
     )
     (plan,) = result.plans
-    chosen = auto_length(result)
+    chosen = auto_length(result, inputs.length_cap_name(args))
     if args.map:
         render_memory_map(plan, args.map)
     if args.json:
@@ -90,12 +90,12 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
     return 0
 
 
-def auto_length(result: PlanningResult) -> dict[str, Any] | None:
+def auto_length(result: PlanningResult, cap_name: str) -> dict[str, Any] | None:
     """How ``--max-model-len auto`` chose the length (:func:`~kvcore.cli.report.chosen_length`);
-    ``None`` for a length given as a number."""
+    ``None`` for a length given as a number. ``cap_name`` says what the cap is."""
     if result.length is None:
         return None
-    return chosen_length(result.length.max_model_len, result.length.cap, "max_position_embeddings")
+    return chosen_length(result.length.max_model_len, result.length.cap, cap_name)
 
 
 def run_ranks(
@@ -125,7 +125,7 @@ def run_ranks(
         max_model_len=inputs.length_mode(args),
     )
     plans = result.plans
-    chosen = auto_length(result)
+    chosen = auto_length(result, inputs.length_cap_name(args))
     rank = tightest_rank(plans)
     plan, own = plans[rank], rank_specs[rank]
     if args.map:
