@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from kvcore import Registry, SizingContext, get_plugin_manager, plan_kv_cache
+from kvcore import SizingContext, plan_kv_cache
 from kvcore.cli.compare import candidate_row
 from kvcore.cli.gpu import answer_line
 from kvcore.cli.memory_map import render_memory_map
@@ -80,7 +80,9 @@ def test_memory_map_and_simulation(empty_plan, tmp_path):
     pytest.importorskip("matplotlib")
     path = render_memory_map(empty_plan, tmp_path / "map.svg")
     assert path.is_file()
-    workload = Workload(name="w", requests=[Request(id=i, prompt_tokens=10, output_tokens=5) for i in range(3)])
+    workload = Workload(
+        name="w", requests=[Request(id=i, prompt_tokens=10, output_tokens=5) for i in range(3)]
+    )
     result = simulate(empty_plan, workload)
     assert result.peak_running == 3 and result.preemptions == 0 and result.peak_pool_usage == 0.0
 

@@ -66,7 +66,9 @@ def test_shared_zoo_configs_have_their_published_length(registry, path):
 def test_gemma_3_27b_takes_its_config_class_default(registry):
     config = bundled("google/gemma-3-27b-it")
     assert not any(key in text_config(config) or key in config for key in LENGTH_KEYS)
-    assert model_length(config, registry) == ModelLength(value=131_072, key="max_position_embeddings", default=True)
+    assert model_length(config, registry) == ModelLength(
+        value=131_072, key="max_position_embeddings", default=True
+    )
     # without the families' defaults nothing states it
     assert model_length(config) is None
 
@@ -89,14 +91,18 @@ def _every_config():
     yield from ((p.name, synthetic(p)) for p in (NEMOTRON_H_LIKE, QWEN3_NEXT_LIKE))
 
 
-@pytest.mark.parametrize(("name", "config"), list(_every_config()), ids=lambda v: v if isinstance(v, str) else "")
+@pytest.mark.parametrize(
+    ("name", "config"), list(_every_config()), ids=lambda v: v if isinstance(v, str) else ""
+)
 def test_each_family_defaults_as_transformers_does(registry, name, config):
     """With the length deleted, each family answers its transformers config class's default."""
     transformers = pytest.importorskip("transformers")
     model_type = config["model_type"]
     expected_config = transformers.AutoConfig.for_model(model_type)
     expected_config = getattr(expected_config, "text_config", None) or expected_config
-    expected = next(getattr(expected_config, key) for key in LENGTH_KEYS if getattr(expected_config, key, None))
+    expected = next(
+        getattr(expected_config, key) for key in LENGTH_KEYS if getattr(expected_config, key, None)
+    )
     length = model_length(_omitting_the_length(config), registry)
     assert length is not None and length.default, name
     assert length.value == expected, f"{name} ({model_type}): {length.value} != transformers' {expected}"
@@ -112,7 +118,9 @@ def test_config_defaults_are_checked():
         return {}
 
     with pytest.raises(PluginValidationError, match="map model types"):
-        ModelFamily(name="a", model_types=("a",), layer_specs=specs, config_defaults={"max_position_embeddings": 5})
+        ModelFamily(
+            name="a", model_types=("a",), layer_specs=specs, config_defaults={"max_position_embeddings": 5}
+        )
     with pytest.raises(PluginValidationError, match="does not claim"):
         ModelFamily(name="a", model_types=("a",), layer_specs=specs, config_defaults={"b": {"x": 1}})
     family = ModelFamily(name="a", model_types=("a",), layer_specs=specs, config_defaults={"a": {"x": 1}})
@@ -121,7 +129,14 @@ def test_config_defaults_are_checked():
 
 def test_plan_auto_is_capped_by_the_default(run_cli):
     status, out, err = run_cli(
-        "plan", "--model", "google/gemma-3-27b-it", "--gpu-memory", "80GiB", "--max-model-len", "auto", "--json"
+        "plan",
+        "--model",
+        "google/gemma-3-27b-it",
+        "--gpu-memory",
+        "80GiB",
+        "--max-model-len",
+        "auto",
+        "--json",
     )
     assert status == 0, err
     data = json.loads(out)
