@@ -129,7 +129,7 @@ def build_candidates(
     """Every candidate plan the options ask for (:func:`compare_policies`): policies x
     ``--block-sizes`` x ``--kv-cache-dtypes``."""
     dtypes = [None if d == "auto" else to_dtype(d) for d in (args.kv_cache_dtypes or ["auto"])]
-    policies = [p.strip() for p in args.policies.split(",")] if args.policies else None
+    policies = policy_names(args, registry)
     return compare_policies(
         specs,
         args.memory,
@@ -141,6 +141,22 @@ def build_candidates(
         options=inputs.plan_options(args),
         state_cache_modes=getattr(args, "state_cache_modes", None) or [None],
     )
+
+
+def policy_names(args: argparse.Namespace, registry: Registry) -> list[str] | None:
+    """The policies of ``--policies`` (``None``: every registered one), each checked.
+
+    Raises:
+        UnknownPolicyError: a name no plugin registers, with the closest names; the command
+            exits 1 before planning, as ``plan --policy`` does.
+    """
+    if not args.policies:
+        return None
+    names = [p.strip() for p in args.policies.split(",")]
+    for name in names:
+        if name != "auto":
+            registry.policy(name)  # raises, naming the closest registered policies
+    return names
 
 
 def candidate_row(candidate: Candidate) -> dict[str, Any]:
@@ -163,6 +179,7 @@ def candidate_row(candidate: Candidate) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace, registry: Registry) -> int:
+    policy_names(args, registry)  # a misspelt policy fails before the model is read
     specs = inputs.load_layer_specs(args, registry)
     budget = gpu.settle_budget(args, registry)
     if args.engine == "vllm":

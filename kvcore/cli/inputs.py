@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import sys
+from decimal import Decimal
 from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
@@ -20,7 +22,7 @@ from kvcore.planning.ranks import Parallelism
 from kvcore.planning.registry import Registry
 from kvcore.policy import BLOCK_MULTIPLES, PlanOptions
 from kvcore.spec import DEFAULT_MAX_NUM_BATCHED_TOKENS, KVCacheSpec, SizingContext, resize_blocks
-from kvcore.units import parse_size
+from kvcore.units import format_bytes, parse_size
 
 if TYPE_CHECKING:  # the simulation layer loads only for the commands that simulate
     from kvcore.simulation.workload import LengthDist, Workload
@@ -73,9 +75,69 @@ def block_counts(text: str) -> int | tuple[int, ...]:
     return tuple(positive_int(part) for part in parts)
 
 
+class Echoed(int):
+    """A number read from text the command line says back (``32k`` is 32,000 tokens; ``80GB``
+    is 74.51 GiB), so that a unit never changes a figure silently: :func:`echo_given` prints
+    ``note`` for the option and puts the plain ``int`` back."""
+
+    note: str
+
+    def __new__(cls, value: int, note: str = "") -> Echoed:
+        number = super().__new__(cls, value)
+        number.note = note
+        return number
+
+
+def echo_given(args: argparse.Namespace) -> None:
+    """For each option read through a unit or suffix (:class:`Echoed`), print one stderr line
+    saying what it was read as (``kvcore: warning: --memory 80GB = 74.51 GiB ...``), and leave
+    the plain number in ``args``."""
+    for dest, value in vars(args).items():
+        if isinstance(value, Echoed):
+            print(f"kvcore: warning: --{dest.replace('_', '-')} {value.note}", file=sys.stderr)
+            setattr(args, dest, int(value))
+
+
+#: Suffixes of token counts, as vLLM 0.33 reads ``--max-model-len``: lowercase decimal
+#: (``1k`` = 1,000, decimals allowed: ``25.6k``), uppercase binary (``1K`` = 1,024, whole
+#: numbers only). Source: vLLM ``vllm/engine/arg_utils.py``, ``human_readable_int``.
+_DECIMAL_SUFFIXES = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+_BINARY_SUFFIXES = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+_SUFFIXED = re.compile(r"\s*([0-9]{1,30}(?:\.[0-9]{1,30})?)([kmgtKMGT])\s*")
+
+
+def token_count(text: str) -> int:
+    """A whole number >= 1, bare (:func:`positive_int`) or with vLLM's suffixes: ``32k`` =
+    32,000 and ``32K`` = 32,768 (:data:`_DECIMAL_SUFFIXES`, :data:`_BINARY_SUFFIXES`); a
+    suffixed count comes back :class:`Echoed`."""
+    match = _SUFFIXED.fullmatch(text)
+    if match is None:
+        return positive_int(text)
+    number, suffix = match.groups()
+    if suffix in _BINARY_SUFFIXES:
+        if "." in number:
+            raise argparse.ArgumentTypeError(
+                f"{_shown_text(text)}: {suffix} is binary (x {_BINARY_SUFFIXES[suffix]:,}) and takes a whole "
+                f"number; decimals go with the decimal suffixes, e.g. {number}{suffix.lower()}"
+            )
+        value = int(number) * _BINARY_SUFFIXES[suffix]
+    else:
+        exact = Decimal(number) * _DECIMAL_SUFFIXES[suffix]
+        if exact != exact.to_integral_value():
+            raise argparse.ArgumentTypeError(
+                f"{_shown_text(text)} is {exact.normalize():f} tokens, not a whole number"
+            )
+        value = int(exact)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a number >= 1, got {_shown_text(text)}")
+    kind = "binary: 1K = 1,024" if suffix in _BINARY_SUFFIXES else "decimal: 1k = 1,000; 1K = 1,024"
+    return Echoed(value, f"{text.strip()} = {value:,} tokens ({suffix} is {kind}, as vLLM reads it)")
+
+
 def tokens(text: str) -> int:
-    """argparse type: a token count, an int in [1, :data:`~kvcore.limits.MAX_TOKENS`]."""
-    value = positive_int(text)
+    """argparse type: a token count, an int in [1, :data:`~kvcore.limits.MAX_TOKENS`], bare or
+    with a suffix (:func:`token_count`)."""
+    value = token_count(text)
     if value > MAX_TOKENS:
         raise argparse.ArgumentTypeError(
             f"expected at most {MAX_TOKENS:,} tokens (kvcore.limits.MAX_TOKENS), got {value:,}; "
@@ -95,11 +157,22 @@ def max_model_len(text: str) -> int | Literal["auto"]:
 
 
 def size(text: str) -> int:
-    """argparse type: a byte size such as ``24GiB``."""
+    """argparse type: a byte size such as ``24GiB``; one given in decimal units (``80GB``) or
+    a bare ``G`` comes back :class:`Echoed` (``80GB = 74.51 GiB``)."""
     try:
-        return parse_size(text)
+        value = parse_size(text)
     except InvalidInputError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+    unit = text.strip().lstrip("0123456789_.eE+-").strip()
+    if unit.lower() in ("kb", "mb", "gb", "tb"):
+        return Echoed(
+            value,
+            f"{text.strip()} = {format_bytes(value)} ({unit} is decimal, 1000-based; "
+            f"write {unit[0].upper()}iB for 1024-based)",
+        )
+    if unit.lower() in ("k", "m", "g", "t"):
+        return Echoed(value, f"{text.strip()} = {format_bytes(value)} ({unit} read as {unit.upper()}iB)")
+    return value
 
 
 def fraction(text: str) -> float:

@@ -23,6 +23,7 @@ from kvcore.cli.compare import (
     candidate_row,
     exit_status,
     no_plan_reason,
+    policy_names,
 )
 from kvcore.cli.memory_map import check_map_path
 from kvcore.cli.replay import (
@@ -79,6 +80,7 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace, registry: Registry) -> int:
     if args.plot:
         check_map_path(args.plot, what=PLOT)  # before simulating, which can take a while
+    policy_names(args, registry)  # a misspelt policy fails before the model is read
     specs = inputs.load_layer_specs(args, registry)
     budget = gpu.settle_budget(args, registry)
     workload = inputs.load_workload(args, inputs.sizing_context(args).max_model_len)

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from kvcore.error_messages import did_you_mean
 from kvcore.errors import InvalidInputError, ModelConfigError, UnknownModelError
 from kvcore.frontends.specfile import load_json_file
 from kvcore.spec import KVCacheSpec
@@ -160,10 +161,15 @@ def load_model_config(name_or_path: str | os.PathLike[str]) -> tuple[dict[str, A
     cached = find_cached_config(text)
     if cached is not None:
         return read_config_file(cached), f"{text} (Hugging Face cache {cached})"
-    names = ", ".join(m.name for m in bundled_models())
+    models = bundled_models()
+    names = ", ".join(m.name for m in models)
+    # 'gemma-3-27b' is close to the short name, 'google/gemma-3-27b' to the full one
+    close = did_you_mean(text, [m.name for m in models]) or did_you_mean(
+        text, [m.name.split("/", 1)[-1] for m in models]
+    )
     raise UnknownModelError(
         f"{text!r} is neither a file or folder here, nor a bundled model, nor in the Hugging Face cache "
-        f"({hub_cache_dir()}); kvcore never downloads, so pass the path of a config.json (or of its "
+        f"({hub_cache_dir()}); {close}kvcore never downloads, so pass the path of a config.json (or of its "
         f"folder), a model in that cache (set HF_HUB_CACHE or HF_HOME to use another), or one of: {names}"
     )
 
