@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from kvcore.cli import gpu, inputs
-from kvcore.cli.memory_map import check_map_path, render_memory_map
+from kvcore.cli.memory_map import check_map_path, render_memory_map, say_written
 from kvcore.cli.report import (
     chosen_length,
     chosen_length_line,
@@ -71,7 +71,7 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
     (plan,) = result.plans
     chosen = auto_length(result, inputs.length_cap_name(args))
     if args.map:
-        render_memory_map(plan, args.map)
+        say_written(render_memory_map(plan, args.map), "the memory map")
     if args.json:
         report = plan_report(plan, specs, registry)
         if chosen is not None:
@@ -129,7 +129,7 @@ def run_ranks(
     rank = tightest_rank(plans)
     plan, own = plans[rank], rank_specs[rank]
     if args.map:
-        render_memory_map(plan, args.map)
+        say_written(render_memory_map(plan, args.map), "the memory map")
     if args.json:
         report = plan_report(plan, own, registry)
         report.update(

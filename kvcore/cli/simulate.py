@@ -25,7 +25,7 @@ from kvcore.cli.compare import (
     no_plan_reason,
     policy_names,
 )
-from kvcore.cli.memory_map import check_map_path
+from kvcore.cli.memory_map import check_map_path, say_written
 from kvcore.cli.replay import (
     Simulated,
     plan_label,
@@ -108,7 +108,7 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
         print_table(args, workload, candidates, results)
     if args.plot and simulated:
         title = f"{workload.name}: {len(workload.requests):,} requests"
-        render_simulation_plot(simulated, args.plot, title=title)
+        say_written(render_simulation_plot(simulated, args.plot, title=title), PLOT)
     return exit_status(candidates)
 
 
