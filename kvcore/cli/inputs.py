@@ -250,9 +250,17 @@ def parallelism(args: argparse.Namespace) -> Parallelism:
 
 
 def add_sizing_options(
-    parser: argparse.ArgumentParser, *, memory_required: bool = True, length_required: bool = True
+    parser: argparse.ArgumentParser,
+    *,
+    memory_required: bool = True,
+    length_required: bool = True,
+    auto_length: bool = True,
 ) -> None:
-    """Budget, request length and grouping knobs: what every planning command takes."""
+    """Budget, request length and grouping knobs: what every planning command takes.
+
+    ``auto_length=False`` for a command that compares plans at one length (``compare``,
+    ``simulate``): ``--max-model-len`` then offers no ``auto`` (given anyway, it is refused with
+    the reason, :func:`sizing_context`)."""
     budget: argparse._ActionsContainer = (
         parser.add_mutually_exclusive_group(required=True) if memory_required else parser
     )
@@ -264,15 +272,20 @@ def add_sizing_options(
     )
     if memory_required:
         add_gpu_options(parser, budget)
+    auto = (
+        "; auto: the longest the memory admits, at most the model's max_position_embeddings"
+        if auto_length
+        else ""
+    )
     parser.add_argument(
         "--max-model-len",
         type=max_model_len,
         required=False,
-        metavar="N|auto",
+        metavar="N|auto" if auto_length else "N",
         help=(
-            "longest request (prompt + output) in tokens; one such request must fit. auto: the "
-            "longest the memory admits, at most the model's max_position_embeddings "
-            "(default with --model: the model's max_position_embeddings; required with --specs)"
+            "longest request (prompt + output) in tokens, e.g. 8192, 32k (32,000) or 32K (32,768); "
+            f"one such request must fit{auto} (default with --model: the model's "
+            "max_position_embeddings; required with --specs)"
         ),
     )
     parser.add_argument(

@@ -33,6 +33,33 @@ def page_text(group: KVCacheGroup) -> str:
     return "/".join(format_bytes(size) for size in sorted({spec.page_size_bytes for spec in group.specs}))
 
 
+def group_records(plan: KVCachePlan, specs: Mapping[str, KVCacheSpec]) -> list[dict[str, Any]]:
+    """One record per group, the columns of :func:`format_plan`'s table unformatted (for
+    ``--csv``): ``group``, ``pool``, ``kind``, ``layers``, ``block_size`` (``None`` for a
+    state), ``page_bytes`` (the largest page of a mixed-page group), ``blocks_per_request``,
+    ``tokens_held`` (``None`` for a state), ``slots`` (a state's pages), then the spec's fields."""
+    capacity = Capacity.of(plan, specs)
+    return [
+        {
+            "group": index,
+            "pool": group.pool,
+            "kind": group.spec.kind,
+            "layers": len(group.layer_names),
+            "block_size": group.spec.block_size if held is not None else None,
+            "page_bytes": max(spec.page_size_bytes for spec in group.specs),
+            "blocks_per_request": group.blocks_per_request(plan.context),
+            "tokens_held": held,
+            "slots": plan.num_pages(group) if held is None else None,
+            **{
+                a.name: format_value(getattr(group.spec, a.name))
+                for a in shown_fields(group.spec)
+                if a.name != "block_size"
+            },
+        }
+        for index, (group, held) in enumerate(zip(plan.groups, capacity.tokens_held, strict=True))
+    ]
+
+
 def pool_lines(plan: KVCachePlan, *, indent: str) -> list[str]:
     """One line per pool of a multi-pool plan: ``pool 0: 1,200 x 64 KiB = 75 MiB (groups 0-1)``.
 
@@ -328,6 +355,12 @@ def _own_blocks(plan: KVCachePlan) -> tuple[int, ...]:
     )
 
 
+#: The widest a line of the ranks table's ``layers`` cell gets; a rank whose layers are not one
+#: run (a hybrid model's attention layers every few indices) goes on over more lines
+#: (``--json`` / ``--csv`` give it in full).
+LAYERS_WIDTH = 40
+
+
 def format_ranks(plans: Sequence[KVCachePlan], parallelism: Parallelism) -> str:
     """A readable per-rank summary: one row per rank (stage, layers, memory, bytes per block,
     blocks, bytes used), then which rank sets the common block count."""
@@ -349,6 +382,7 @@ def format_ranks(plans: Sequence[KVCachePlan], parallelism: Parallelism) -> str:
         ["rank", "pp stage", "tp rank", "layers", "memory", "bytes/block", "blocks", "KV cache"],
         rows,
         align="rrrlrrrr",
+        wrap={3: LAYERS_WIDTH},
     )
     first = plans[tightest]
     fit = _own_blocks(first)

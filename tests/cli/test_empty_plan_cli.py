@@ -8,7 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from kvcore import SizingContext, plan_kv_cache
+import kvcore.planning.registry as registry_module
+from kvcore import ModelFamily, SizingContext, hookimpl, plan_kv_cache
 from kvcore.cli.compare import candidate_row
 from kvcore.cli.gpu import answer_line
 from kvcore.cli.memory_map import render_memory_map
@@ -97,3 +98,49 @@ def test_check_and_allocate_read_a_saved_empty_plan(run_cli, empty_plan, registr
     assert status == 0, err
     data = json.loads(out)
     assert data["max_concurrency"] is None and data["allocated_bytes"] == 0 and data["bound_layers"] == 0
+
+
+class EncoderPlugin:
+    """A model family with no cache-holding layer (an encoder-only model)."""
+
+    @hookimpl
+    def kvcore_register_model_families(self, register):
+        register(ModelFamily(name="acme_encoder", model_types=("acme_encoder",), layer_specs=lambda c, o: {}))
+
+
+@pytest.fixture
+def encoder(monkeypatch, make_registry, tmp_path):
+    """The config of an encoder-only model, with every command's registry knowing its family."""
+    registry = make_registry(EncoderPlugin())
+    monkeypatch.setattr(registry_module.Registry, "default", classmethod(lambda cls, **kw: registry))
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"model_type": "acme_encoder", "num_hidden_layers": 4}))
+    return config
+
+
+SIZE = ("--memory", "1MiB", "--max-model-len", "64")
+LENGTHS = ("--prompt-len", "uniform:8:16", "--output-len", "uniform:4:8")
+
+
+def test_plan_of_a_model_with_nothing_to_cache(run_cli, encoder):
+    status, out, err = run_cli("plan", "--model", encoder, *SIZE)
+    assert status == 0, err
+    assert out.startswith("nothing to cache") and "max concurrency unbounded" in out
+    status, out, err = run_cli("plan", "--model", encoder, *SIZE, "--json")
+    data = json.loads(out)
+    assert data["groups"] == [] and data["max_concurrency"] is None and data["kv_cache_tokens"] is None
+
+
+def test_compare_and_simulate_of_a_model_with_nothing_to_cache(run_cli, encoder):
+    status, out, err = run_cli("compare", "--model", encoder, *SIZE, "--policies", "uniform")
+    assert status == 0, err
+    assert "unbounded" in out
+    status, out, err = run_cli("compare", "--model", encoder, *SIZE, "--policies", "uniform", "--json")
+    (row,) = json.loads(out)["candidates"]
+    assert row["max_concurrency"] is None and row["plan"]["kv_cache_tokens"] is None
+    status, out, err = run_cli(
+        "simulate", "--model", encoder, *SIZE, "--policies", "uniform", "--requests", "5", *LENGTHS, "--json"
+    )
+    assert status == 0, err
+    (row,) = json.loads(out)["candidates"]
+    assert row["simulation"]["preemptions"] == 0 and row["max_concurrency"] is None
