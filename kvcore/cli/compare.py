@@ -416,10 +416,10 @@ def best_candidate(
     close = max(fewer, key=lambda c: c.max_concurrency, default=None)
     near = close is not None and 0 < best.max_concurrency <= close.max_concurrency / 0.99
     if close is not None and close.plan is not None and near:
-        share = 100 * close.max_concurrency / best.max_concurrency
+        short = 100 * (1 - close.max_concurrency / best.max_concurrency)
         reason += (
-            f"; {best_label(Best(candidate=close, reason=''))} holds {share:.2f}% as much with "
-            f"{len(close.plan.groups)} groups instead of {len(best.plan.groups)}"
+            f"; {best_label(Best(candidate=close, reason=''))} holds {format_figure(close.max_concurrency)} "
+            f"({short:.2g}% fewer) with {len(close.plan.groups)} groups instead of {len(best.plan.groups)}"
         )
     return Best(candidate=best, reason=reason)
 
@@ -428,6 +428,9 @@ def _tie_note(tied: Sequence[Candidate]) -> str:
     if len(tied) < 2:
         return ""
     # several candidates hold as much: the one with the fewest block tables costs least per step
+    groups = {len(c.plan.groups) for c in tied if c.plan is not None}
+    if len(groups) == 1:
+        return f"; {len(tied)} candidates tie, with as many groups: the first listed"
     return f"; {len(tied)} candidates tie, this one has the fewest groups"
 
 
