@@ -242,4 +242,7 @@ def did_you_mean(name: str, choices: Iterable[str], *, most: int = 3) -> str:
     close = difflib.get_close_matches(name.lower(), list(by_folded), n=most)
     if not close:
         return ""
+    # only those about as close as the closest: a shared prefix ('kvcore.policies.') is no likeness
+    ratio = {c: difflib.SequenceMatcher(None, name.lower(), c).ratio() for c in close}
+    close = [c for c in close if ratio[c] >= ratio[close[0]] - 0.05]
     return f"did you mean {' or '.join(repr(by_folded[c]) for c in close)}? "

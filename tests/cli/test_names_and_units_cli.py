@@ -118,3 +118,8 @@ def test_plan_echoes_a_decimal_memory_and_a_suffixed_length(run_cli):
     data = json.loads(out)
     assert data["available_memory_bytes"] == 80 * 10**9 and data["max_model_len"] == 8192
     assert "--memory 80GB = 74.51 GiB" in err and "--max-model-len 8K = 8,192 tokens" in err
+
+
+def test_unknown_plugin_to_block(run_cli):
+    line = one_error(run_cli, "--block-plugin", "kvcore.policies.shared_bufer", "plugins")
+    assert "no plugin has that name; did you mean 'kvcore.policies.shared_buffer'?" in line
