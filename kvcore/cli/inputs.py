@@ -157,8 +157,9 @@ def max_model_len(text: str) -> int | Literal["auto"]:
 
 
 def size(text: str) -> int:
-    """argparse type: a byte size such as ``24GiB``; one given in decimal units (``80GB``) or
-    a bare ``G`` comes back :class:`Echoed` (``80GB = 74.51 GiB``)."""
+    """argparse type: a byte size such as ``24GiB``; one given in decimal units (``80GB``) comes
+    back :class:`Echoed` (``80GB = 74.51 GiB``). A bare ``G`` is binary, as documented, and
+    GPU memory is quoted that way: it is not echoed."""
     try:
         value = parse_size(text)
     except InvalidInputError as exc:
@@ -170,8 +171,6 @@ def size(text: str) -> int:
             f"{text.strip()} = {format_bytes(value)} ({unit} is decimal, 1000-based; "
             f"write {unit[0].upper()}iB for 1024-based)",
         )
-    if unit.lower() in ("k", "m", "g", "t"):
-        return Echoed(value, f"{text.strip()} = {format_bytes(value)} ({unit} read as {unit.upper()}iB)")
     return value
 
 
