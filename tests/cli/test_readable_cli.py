@@ -179,3 +179,16 @@ def test_trace_errors_name_the_line(run_cli, tmp_path):
     assert status == 1
     # the file's third line is the second request (id 1): the message counts as the file does
     assert "the request on line 3 of the trace has 5000 prompt + 5 output tokens" in err
+
+
+def test_allocate_and_plugins_take_csv(run_cli):
+    status, out, err = run_cli("allocate", *SMALL, "--csv")
+    assert status == 0, err
+    steps = rows_of(out)
+    assert [s["step"] for s in steps][:2] == ["read specs", "stand-in layers"]
+    assert all(float(s["ms"]) >= 0 for s in steps)
+    status, out, err = run_cli("plugins", "--csv")
+    assert status == 0, err
+    rows = rows_of(out)
+    assert {r["section"] for r in rows} == {"spec_kinds", "policies", "model_families", "plugins"}
+    assert "shared_buffer" in {r["policy"] for r in rows if r["section"] == "policies"}
