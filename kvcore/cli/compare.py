@@ -355,7 +355,9 @@ def format_frontiers(
         label = " ".join(str(cell) for cell in variant_cells(c)) if variants else c.policy
         if c.state_cache_mode and variants:
             label += f" {c.state_cache_mode}"
-        cells = "  ".join(f"{p.groups}: {p.max_concurrency:,.2f} ({100 * p.efficiency:.2f}%)" for p in points)
+        cells = "  ".join(
+            f"{p.groups}: {format_figure(p.max_concurrency)} ({100 * p.efficiency:.2f}%)" for p in points
+        )
         rows.append([label, cells])
     table = render_table(
         ["policy", "groups: concurrency (efficiency), best layout at each group count"], rows, align="ll"

@@ -144,3 +144,14 @@ def test_compare_and_simulate_of_a_model_with_nothing_to_cache(run_cli, encoder)
     assert status == 0, err
     (row,) = json.loads(out)["candidates"]
     assert row["simulation"]["preemptions"] == 0 and row["max_concurrency"] is None
+
+
+def test_compare_frontier_of_a_model_with_nothing_to_cache(run_cli, encoder):
+    status, out, err = run_cli("compare", "--model", encoder, *SIZE, "--policies", "uniform", "--frontier")
+    assert status == 0, err
+    assert "0: unbounded (100.00%)" in out
+    status, out, err = run_cli(
+        "compare", "--model", encoder, *SIZE, "--policies", "uniform", "--frontier", "--json"
+    )
+    (row,) = json.loads(out)["candidates"]
+    assert row["frontier"] == [{"groups": 0, "pools": 1, "max_concurrency": None, "efficiency": 1.0}]
