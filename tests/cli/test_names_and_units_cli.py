@@ -123,3 +123,8 @@ def test_plan_echoes_a_decimal_memory_and_a_suffixed_length(run_cli):
 def test_unknown_plugin_to_block(run_cli):
     line = one_error(run_cli, "--block-plugin", "kvcore.policies.shared_bufer", "plugins")
     assert "no plugin has that name; did you mean 'kvcore.policies.shared_buffer'?" in line
+
+
+def test_unknown_dtype(run_cli):
+    line = one_error(run_cli, "plan", *MODEL, "--memory", "8GiB", "--kv-cache-dtype", "bfloat61")
+    assert "(got 'bfloat61': did you mean 'bfloat16'?)" in line
