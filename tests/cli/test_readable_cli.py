@@ -192,3 +192,16 @@ def test_allocate_and_plugins_take_csv(run_cli):
     rows = rows_of(out)
     assert {r["section"] for r in rows} == {"spec_kinds", "policies", "model_families", "plugins"}
     assert "shared_buffer" in {r["policy"] for r in rows if r["section"] == "policies"}
+
+
+def test_compare_engine_vllm_takes_csv(run_cli):
+    base = ("compare", "--model", "google/gemma-2-9b-it", "--memory", "20GiB", "--engine", "vllm")
+    status, out, err = run_cli(*base, "--json")
+    payload = json.loads(out)
+    status, out, err = run_cli(*base, "--csv")
+    assert status == 0, err
+    rows = rows_of(out)
+    assert [r["policy"] for r in rows[: len(payload["candidates"])]] == [
+        c["policy"] for c in payload["candidates"]
+    ]
+    assert rows[-1]["policy"] == "vllm (own plan)"
