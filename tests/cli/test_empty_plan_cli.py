@@ -155,3 +155,13 @@ def test_compare_frontier_of_a_model_with_nothing_to_cache(run_cli, encoder):
     )
     (row,) = json.loads(out)["candidates"]
     assert row["frontier"] == [{"groups": 0, "pools": 1, "max_concurrency": None, "efficiency": 1.0}]
+
+
+def test_allocate_of_a_model_with_nothing_to_cache(run_cli, encoder):
+    status, out, err = run_cli("allocate", "--model", encoder, *SIZE)
+    assert status == 0, err
+    assert "max concurrency  unbounded requests of 64 tokens (ideal unbounded" in out
+    status, out, err = run_cli("allocate", "--model", encoder, *SIZE, "--json")
+    assert status == 0, err
+    data = json.loads(out)
+    assert data["max_concurrency"] is None and data["allocated_bytes"] == 0
