@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, TypeGuard, Union
 
 import attrs
 
+from kvcore.error_messages import did_you_mean
 from kvcore.errors import InvalidSpecError
 
 if TYPE_CHECKING:
@@ -211,9 +212,10 @@ def to_dtype(value: DTypeLike) -> DType:
         return found
     if name in UNSUPPORTED_TORCH_NAMES:
         raise _unsupported(UNSUPPORTED_TORCH_NAMES[name])
+    close = did_you_mean(name, [*SUPPORTED_BY_NAME, *ALIASES]).rstrip()
     raise InvalidSpecError(
         f"'dtype' must be a torch dtype name such as 'bfloat16', 'float16', 'float32' or "
-        f"'float8_e4m3fn' (got {value!r})"
+        f"'float8_e4m3fn' (got {value!r}{': ' + close if close else ''})"
     )
 
 

@@ -12,6 +12,8 @@ This module sits beside :mod:`kvcore.errors` rather than in it because it format
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
 from typing import TypeVar
 
 import attrs
@@ -221,3 +223,26 @@ def _group_limit(error: GroupLimitError, names: ParameterNames) -> str:
         f"its fewest is {plural(error.smallest_groups, 'group')} (one per retention kind at least); "
         f"raise {names.max_groups} to {error.smallest_groups} or more"
     )
+
+
+def did_you_mean(name: str, choices: Iterable[str], *, most: int = 3) -> str:
+    """The closest of ``choices`` to a ``name`` nobody registered, worded for an error message:
+    ``"did you mean 'shared_buffer'? "`` (up to ``most`` names, by ``difflib``'s similarity,
+    case ignored), or ``""`` when none is close.
+
+    Args:
+        name: what was asked for.
+        choices: the names that exist.
+        most: the most names to offer.
+    """
+    by_folded: dict[str, str] = {}
+    for choice in choices:
+        by_folded.setdefault(choice.lower(), choice)
+    # difflib's default cutoff (0.6): 'pagedattention' finds 'paged_attention', 'qwen' finds no 'llama'
+    close = difflib.get_close_matches(name.lower(), list(by_folded), n=most)
+    if not close:
+        return ""
+    # only those about as close as the closest: a shared prefix ('kvcore.policies.') is no likeness
+    ratio = {c: difflib.SequenceMatcher(None, name.lower(), c).ratio() for c in close}
+    close = [c for c in close if ratio[c] >= ratio[close[0]] - 0.05]
+    return f"did you mean {' or '.join(repr(by_folded[c]) for c in close)}? "

@@ -74,6 +74,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit status."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    from kvcore.cli.inputs import echo_given
+
+    echo_given(args)  # what a unit or suffix made of a number, before anything runs
     try:
         from kvcore.planning.registry import Registry
 

@@ -13,7 +13,7 @@ import attrs
 from kvcore.cli import inputs
 from kvcore.cli.progress import progress
 from kvcore.cli.report import chosen_length, chosen_length_line, format_plan, plan_report, policy_reason
-from kvcore.cli.table import render_table
+from kvcore.cli.table import add_csv_option, render_table, wants_csv, write_csv
 from kvcore.errors import InvalidInputError
 from kvcore.limits import MAX_TOKENS
 from kvcore.planning.registry import Registry
@@ -77,6 +77,7 @@ def add_parser(sub: Any) -> None:
             "profile, the bytes allocated and each step's time"
         ),
     )
+    add_csv_option(parser, "the steps and their milliseconds")
     parser.set_defaults(run=run)
 
 
@@ -109,8 +110,10 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
         kv_cache_bytes=args.memory,
         zero=not args.no_zero,
     )
-    what = "planning, allocating and binding" if args.utilization is None else (
-        f"profiling memory on {args.device} (utilization {args.utilization}), allocating and binding"
+    what = (
+        "planning, allocating and binding"
+        if args.utilization is None
+        else (f"profiling memory on {args.device} (utilization {args.utilization}), allocating and binding")
     )
     context = inputs.sizing_context(args, auto=True)
     with progress(what):
@@ -131,7 +134,10 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
     chosen = None
     if inputs.length_mode(args) is not None:
         cap = context.max_model_len if context.max_model_len < MAX_TOKENS else None
-        chosen = chosen_length(plan.context.max_model_len, cap, "max_position_embeddings")
+        chosen = chosen_length(plan.context.max_model_len, cap, inputs.length_cap_name(args))
+    if wants_csv(args):
+        write_csv(timing_records(timings))
+        return 0
     if args.json:
         report = plan_report(plan, specs, registry)
         if chosen is not None:
@@ -153,6 +159,11 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
     rows = [[step, f"{seconds * 1e3:.1f}"] for step, seconds in timings]
     print(render_table(["step", "ms"], rows, align="lr"))
     return 0
+
+
+def timing_records(timings: list[tuple[str, float]]) -> list[dict[str, Any]]:
+    """The steps table as records for ``--csv``: ``{"step", "ms"}`` in order."""
+    return [{"step": step, "ms": seconds * 1e3} for step, seconds in timings]
 
 
 def allocation_report(
@@ -230,6 +241,9 @@ def run_saved_plan(args: argparse.Namespace, registry: Registry) -> int:
         executor.initialize(plan)
     timings += [(step, executor.timings[step]) for step in WORKFLOW_STEPS if step in executor.timings]
     sizes = allocation_sizes(plan)
+    if wants_csv(args):
+        write_csv(timing_records(timings))
+        return 0
     if args.json:
         report = plan_report(plan, specs, registry)
         print(

@@ -9,14 +9,17 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+import attrs
+
 from kvcore.cli import gpu, inputs, replay
 from kvcore.cli.inputs import FLAG_NAMES
 from kvcore.cli.replay import variant_cells
 from kvcore.cli.report import plan_report
-from kvcore.cli.table import render_table
+from kvcore.cli.table import add_csv_option, render_table, wants_csv, write_csv
 from kvcore.dtypes import dtype_name, to_dtype
 from kvcore.error_messages import render
 from kvcore.errors import InvalidSpecError
+from kvcore.planning.capacity import finite_or_none, format_figure
 from kvcore.planning.compare import Candidate, compare_policies, variant_specs
 from kvcore.planning.frontier import FrontierPoint, policy_frontier
 from kvcore.planning.registry import Registry
@@ -76,7 +79,7 @@ def add_parser(sub: Any) -> None:
         ),
     )
     inputs.add_spec_source(parser)
-    inputs.add_sizing_options(parser)
+    inputs.add_sizing_options(parser, auto_length=False)
     add_candidate_options(parser)
     parser.add_argument(
         "--state-cache-modes",
@@ -102,6 +105,7 @@ def add_parser(sub: Any) -> None:
         "at each smaller group count, planned with --max-groups k and --grouping-tolerance 0",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    add_csv_option(parser, "one row per candidate")
     parser.set_defaults(run=run)
 
 
@@ -128,7 +132,7 @@ def build_candidates(
     """Every candidate plan the options ask for (:func:`compare_policies`): policies x
     ``--block-sizes`` x ``--kv-cache-dtypes``."""
     dtypes = [None if d == "auto" else to_dtype(d) for d in (args.kv_cache_dtypes or ["auto"])]
-    policies = [p.strip() for p in args.policies.split(",")] if args.policies else None
+    policies = policy_names(args, registry)
     return compare_policies(
         specs,
         args.memory,
@@ -142,6 +146,22 @@ def build_candidates(
     )
 
 
+def policy_names(args: argparse.Namespace, registry: Registry) -> list[str] | None:
+    """The policies of ``--policies`` (``None``: every registered one), each checked.
+
+    Raises:
+        UnknownPolicyError: a name no plugin registers, with the closest names; the command
+            exits 1 before planning, as ``plan --policy`` does.
+    """
+    if not args.policies:
+        return None
+    names = [p.strip() for p in args.policies.split(",")]
+    for name in names:
+        if name != "auto":
+            registry.policy(name)  # raises, naming the closest registered policies
+    return names
+
+
 def candidate_row(candidate: Candidate) -> dict[str, Any]:
     """One comparison row as JSON (the plan's figures come from :func:`plan_report`)."""
     plan, capacity = candidate.plan, candidate.capacity
@@ -150,8 +170,8 @@ def candidate_row(candidate: Candidate) -> dict[str, Any]:
         "block_size": candidate.block_size,
         "kv_cache_dtype": dtype_name(candidate.kv_cache_dtype) if candidate.kv_cache_dtype else None,
         **({"state_cache_mode": candidate.state_cache_mode} if candidate.state_cache_mode else {}),
-        "ideal_concurrency": candidate.ideal_concurrency,
-        "max_concurrency": capacity.max_concurrency if capacity else None,
+        "ideal_concurrency": finite_or_none(candidate.ideal_concurrency),
+        "max_concurrency": finite_or_none(capacity.max_concurrency) if capacity else None,
         "efficiency": capacity.efficiency if capacity else None,
         "groups": len(plan.groups) if plan else None,
         "pools": len(plan.pools) if plan else None,
@@ -162,6 +182,8 @@ def candidate_row(candidate: Candidate) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace, registry: Registry) -> int:
+    policy_names(args, registry)  # a misspelt policy fails before the model is read
+    wants_csv(args)
     specs = inputs.load_layer_specs(args, registry)
     budget = gpu.settle_budget(args, registry)
     if args.engine == "vllm":
@@ -190,10 +212,24 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
     frontiers = (
         candidate_frontiers(args, registry, specs, candidates) if getattr(args, "frontier", False) else {}
     )
+    best = best_candidate(candidates, simulated)
+    if wants_csv(args):
+        write_csv(
+            [
+                {
+                    **candidate_row(c),
+                    "best": best is not None and best.candidate is c,
+                    **(replay.simulation_row(simulated[id(c)]) if id(c) in simulated else {}),
+                }
+                for c in candidates
+            ]
+        )
+        return exit_status(candidates)
     if args.json:
         payload: dict[str, Any] = {
             "available_memory_bytes": args.memory,
             "max_model_len": args.max_model_len,
+            "best_reason": best.reason if best is not None else None,
         }
         if budget is not None:
             payload["gpu_budget"] = budget.to_dict()
@@ -202,6 +238,7 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
         payload["candidates"] = [
             {
                 **candidate_row(c),
+                "best": best is not None and best.candidate is c,
                 **(
                     {"simulation": replay.simulation_row(simulated[id(c)]) if id(c) in simulated else None}
                     if workload is not None
@@ -224,16 +261,19 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
         if plan is None or capacity is None:
             failures.setdefault(c.policy, no_plan_reason(c) or "no plan")
             continue
+        cells = variant_cells(c)
+        if best is not None and best.candidate is c:
+            cells[0] = f"{cells[0]}*"  # the best candidate, explained under the table
         row = [
-            *variant_cells(c),
+            *cells,
             *([c.state_cache_mode] if modes else []),
             len(plan.groups),
             *([len(plan.pools)] if pools else []),
-            f"{capacity.max_concurrency:,.2f}",
-            f"{capacity.ideal_concurrency:,.2f}",
+            format_figure(capacity.max_concurrency),
+            format_figure(capacity.ideal_concurrency),
             f"{100 * capacity.efficiency:.2f}%",
             format_bytes(capacity.padding_bytes),
-            f"{capacity.kv_cache_tokens:,}",
+            format_figure(capacity.kv_cache_tokens, ","),
         ]
         if workload is not None:
             result = simulated[id(c)]
@@ -270,6 +310,8 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
         headers += ["tokens/step", "mean running", "preemptions"]
     lead = 4 if modes else 3
     print(render_table(headers, rows, align="l" * lead + "r" * (len(headers) - lead)))
+    if best is not None:
+        print(f"  * best: {best_label(best)}: {best.reason}")
     for policy, error in failures.items():
         print(f"  {policy}: no plan: {error}")
     if frontiers:
@@ -313,7 +355,9 @@ def format_frontiers(
         label = " ".join(str(cell) for cell in variant_cells(c)) if variants else c.policy
         if c.state_cache_mode and variants:
             label += f" {c.state_cache_mode}"
-        cells = "  ".join(f"{p.groups}: {p.max_concurrency:,.2f} ({100 * p.efficiency:.2f}%)" for p in points)
+        cells = "  ".join(
+            f"{p.groups}: {format_figure(p.max_concurrency)} ({100 * p.efficiency:.2f}%)" for p in points
+        )
         rows.append([label, cells])
     table = render_table(
         ["policy", "groups: concurrency (efficiency), best layout at each group count"], rows, align="ll"
@@ -322,6 +366,87 @@ def format_frontiers(
         "frontier: fewer groups (block tables per request) for less capacity; each point is the policy's "
         "best layout with at most that many groups (--max-groups N --grouping-tolerance 0)\n" + table
     )
+
+
+@attrs.frozen(kw_only=True)
+class Best:
+    """The candidate ``kvcore compare`` recommends, and why, in one sentence.
+
+    Attributes:
+        candidate: the candidate (one with a plan).
+        reason: why it wins, with its figures (``'the highest max concurrency: 8.70 requests
+            of 8,192 tokens (99.99% of the ideal)'``).
+    """
+
+    candidate: Candidate
+    reason: str
+
+
+def best_candidate(
+    candidates: Sequence[Candidate], simulated: Mapping[int, SimulationResult] | None = None
+) -> Best | None:
+    """The candidate to use: with a workload, the one that serves the most of its tokens per
+    step (:func:`~kvcore.cli.replay.served_tokens_per_step`); else the one holding the most
+    requests of ``max_model_len`` at once. Ties go to the fewest groups (block tables per
+    request), then to the earlier candidate; the reason says so. ``None`` when none planned."""
+    planned = [c for c in candidates if c.plan is not None and c.capacity is not None]
+    if not planned:
+        return None
+    if simulated:
+        served = {
+            id(c): replay.served_tokens_per_step(simulated[id(c)]) for c in planned if id(c) in simulated
+        }
+        if served:
+            top = max(served.values())
+            tied = [c for c in planned if id(c) in served and math.isclose(served[id(c)], top, rel_tol=1e-9)]
+            best = min(tied, key=lambda c: len(c.plan.groups) if c.plan else 0)
+            return Best(
+                candidate=best,
+                reason=f"the most tokens served per step on the workload ({top:,.1f})" + _tie_note(tied),
+            )
+    top_concurrency = max(c.max_concurrency for c in planned)
+    tied = [c for c in planned if math.isclose(c.max_concurrency, top_concurrency, rel_tol=1e-9)]
+    best = min(tied, key=lambda c: len(c.plan.groups) if c.plan else 0)
+    assert best.capacity is not None and best.plan is not None  # planned only
+    figures = (
+        f"{format_figure(best.capacity.max_concurrency)} requests of {best.capacity.max_model_len:,} tokens "
+        f"({100 * best.efficiency:.2f}% of the ideal)"
+    )
+    reason = f"the highest max concurrency: {figures}" + _tie_note(tied)
+    # a near second with fewer block tables may be the better buy: say what it gives up
+    fewer = [c for c in planned if c.plan and best.plan and len(c.plan.groups) < len(best.plan.groups)]
+    close = max(fewer, key=lambda c: c.max_concurrency, default=None)
+    near = close is not None and 0 < best.max_concurrency <= close.max_concurrency / 0.99
+    if close is not None and close.plan is not None and near:
+        short = 100 * (1 - close.max_concurrency / best.max_concurrency)
+        reason += (
+            f"; {best_label(Best(candidate=close, reason=''))} holds {format_figure(close.max_concurrency)} "
+            f"({short:.2g}% fewer) with {len(close.plan.groups)} groups instead of {len(best.plan.groups)}"
+        )
+    return Best(candidate=best, reason=reason)
+
+
+def _tie_note(tied: Sequence[Candidate]) -> str:
+    if len(tied) < 2:
+        return ""
+    # several candidates hold as much: the one with the fewest block tables costs least per step
+    groups = {len(c.plan.groups) for c in tied if c.plan is not None}
+    if len(groups) == 1:
+        return f"; {len(tied)} candidates tie, with as many groups: the first listed"
+    return f"; {len(tied)} candidates tie, this one has the fewest groups"
+
+
+def best_label(best: Best) -> str:
+    """The best candidate as the table names it: ``'shared_buffer, block 32, kv fp8'``."""
+    c = best.candidate
+    parts = [c.policy]
+    if c.block_size:
+        parts.append(f"block {c.block_size}")
+    if c.kv_cache_dtype:
+        parts.append(f"kv {dtype_name(c.kv_cache_dtype)}")
+    if c.state_cache_mode:
+        parts.append(f"state cache {c.state_cache_mode}")
+    return ", ".join(parts)
 
 
 def exit_status(candidates: Sequence[Candidate]) -> int:

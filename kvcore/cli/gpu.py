@@ -8,7 +8,7 @@ import argparse
 from kvcore.errors import InvalidInputError, ModelConfigError, UnknownModelError
 from kvcore.frontends.hf_config import load_model_config
 from kvcore.plan import KVCachePlan
-from kvcore.planning.capacity import Capacity
+from kvcore.planning.capacity import Capacity, format_figure
 from kvcore.planning.gpu_budget import DEFAULT_UTILIZATION, GpuBudget, gpu_budget
 from kvcore.planning.registry import Registry
 from kvcore.units import format_bytes
@@ -84,7 +84,8 @@ def answer_line(plan: KVCachePlan, budget: GpuBudget) -> str:
     return (
         f"on this {format_bytes(budget.gpu_memory)} GPU: requests of up to {capacity.max_model_len:,} "
         "tokens, "
-        f"{capacity.max_concurrency:,.2f} of them at once ({capacity.kv_cache_tokens:,} tokens of KV cache)"
+        f"{format_figure(capacity.max_concurrency)} of them at once "
+        f"({format_figure(capacity.kv_cache_tokens, ',')} tokens of KV cache)"
     )
 
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import sys
+from decimal import Decimal
 from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
@@ -12,7 +14,7 @@ import attrs
 from kvcore.cli import serving
 from kvcore.error_messages import ParameterNames
 from kvcore.errors import InvalidInputError
-from kvcore.frontends.hf_config import load_model_config, max_position_embeddings, model_layer_specs
+from kvcore.frontends.hf_config import ModelLength, load_model_config, model_layer_specs, model_length
 from kvcore.frontends.specfile import read_spec_file
 from kvcore.limits import MAX_TOKENS
 from kvcore.model_options import ModelOptions
@@ -20,7 +22,7 @@ from kvcore.planning.ranks import Parallelism
 from kvcore.planning.registry import Registry
 from kvcore.policy import BLOCK_MULTIPLES, PlanOptions
 from kvcore.spec import DEFAULT_MAX_NUM_BATCHED_TOKENS, KVCacheSpec, SizingContext, resize_blocks
-from kvcore.units import parse_size
+from kvcore.units import format_bytes, parse_size
 
 if TYPE_CHECKING:  # the simulation layer loads only for the commands that simulate
     from kvcore.simulation.workload import LengthDist, Workload
@@ -73,9 +75,69 @@ def block_counts(text: str) -> int | tuple[int, ...]:
     return tuple(positive_int(part) for part in parts)
 
 
+class Echoed(int):
+    """A number read from text the command line says back (``32k`` is 32,000 tokens; ``80GB``
+    is 74.51 GiB), so that a unit never changes a figure silently: :func:`echo_given` prints
+    ``note`` for the option and puts the plain ``int`` back."""
+
+    note: str
+
+    def __new__(cls, value: int, note: str = "") -> Echoed:
+        number = super().__new__(cls, value)
+        number.note = note
+        return number
+
+
+def echo_given(args: argparse.Namespace) -> None:
+    """For each option read through a unit or suffix (:class:`Echoed`), print one stderr line
+    saying what it was read as (``kvcore: warning: --memory 80GB = 74.51 GiB ...``), and leave
+    the plain number in ``args``."""
+    for dest, value in vars(args).items():
+        if isinstance(value, Echoed):
+            print(f"kvcore: warning: --{dest.replace('_', '-')} {value.note}", file=sys.stderr)
+            setattr(args, dest, int(value))
+
+
+#: Suffixes of token counts, as vLLM 0.33 reads ``--max-model-len``: lowercase decimal
+#: (``1k`` = 1,000, decimals allowed: ``25.6k``), uppercase binary (``1K`` = 1,024, whole
+#: numbers only). Source: vLLM ``vllm/engine/arg_utils.py``, ``human_readable_int``.
+_DECIMAL_SUFFIXES = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+_BINARY_SUFFIXES = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+_SUFFIXED = re.compile(r"\s*([0-9]{1,30}(?:\.[0-9]{1,30})?)([kmgtKMGT])\s*")
+
+
+def token_count(text: str) -> int:
+    """A whole number >= 1, bare (:func:`positive_int`) or with vLLM's suffixes: ``32k`` =
+    32,000 and ``32K`` = 32,768 (:data:`_DECIMAL_SUFFIXES`, :data:`_BINARY_SUFFIXES`); a
+    suffixed count comes back :class:`Echoed`."""
+    match = _SUFFIXED.fullmatch(text)
+    if match is None:
+        return positive_int(text)
+    number, suffix = match.groups()
+    if suffix in _BINARY_SUFFIXES:
+        if "." in number:
+            raise argparse.ArgumentTypeError(
+                f"{_shown_text(text)}: {suffix} is binary (x {_BINARY_SUFFIXES[suffix]:,}) and takes a whole "
+                f"number; decimals go with the decimal suffixes, e.g. {number}{suffix.lower()}"
+            )
+        value = int(number) * _BINARY_SUFFIXES[suffix]
+    else:
+        exact = Decimal(number) * _DECIMAL_SUFFIXES[suffix]
+        if exact != exact.to_integral_value():
+            raise argparse.ArgumentTypeError(
+                f"{_shown_text(text)} is {exact.normalize():f} tokens, not a whole number"
+            )
+        value = int(exact)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a number >= 1, got {_shown_text(text)}")
+    kind = "binary: 1K = 1,024" if suffix in _BINARY_SUFFIXES else "decimal: 1k = 1,000; 1K = 1,024"
+    return Echoed(value, f"{text.strip()} = {value:,} tokens ({suffix} is {kind}, as vLLM reads it)")
+
+
 def tokens(text: str) -> int:
-    """argparse type: a token count, an int in [1, :data:`~kvcore.limits.MAX_TOKENS`]."""
-    value = positive_int(text)
+    """argparse type: a token count, an int in [1, :data:`~kvcore.limits.MAX_TOKENS`], bare or
+    with a suffix (:func:`token_count`)."""
+    value = token_count(text)
     if value > MAX_TOKENS:
         raise argparse.ArgumentTypeError(
             f"expected at most {MAX_TOKENS:,} tokens (kvcore.limits.MAX_TOKENS), got {value:,}; "
@@ -95,11 +157,21 @@ def max_model_len(text: str) -> int | Literal["auto"]:
 
 
 def size(text: str) -> int:
-    """argparse type: a byte size such as ``24GiB``."""
+    """argparse type: a byte size such as ``24GiB``; one given in decimal units (``80GB``) comes
+    back :class:`Echoed` (``80GB = 74.51 GiB``). A bare ``G`` is binary, as documented, and
+    GPU memory is quoted that way: it is not echoed."""
     try:
-        return parse_size(text)
+        value = parse_size(text)
     except InvalidInputError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+    unit = text.strip().lstrip("0123456789_.eE+-").strip()
+    if unit.lower() in ("kb", "mb", "gb", "tb"):
+        return Echoed(
+            value,
+            f"{text.strip()} = {format_bytes(value)} ({unit} is decimal, 1000-based; "
+            f"write {unit[0].upper()}iB for 1024-based)",
+        )
+    return value
 
 
 def fraction(text: str) -> float:
@@ -177,9 +249,17 @@ def parallelism(args: argparse.Namespace) -> Parallelism:
 
 
 def add_sizing_options(
-    parser: argparse.ArgumentParser, *, memory_required: bool = True, length_required: bool = True
+    parser: argparse.ArgumentParser,
+    *,
+    memory_required: bool = True,
+    length_required: bool = True,
+    auto_length: bool = True,
 ) -> None:
-    """Budget, request length and grouping knobs: what every planning command takes."""
+    """Budget, request length and grouping knobs: what every planning command takes.
+
+    ``auto_length=False`` for a command that compares plans at one length (``compare``,
+    ``simulate``): ``--max-model-len`` then offers no ``auto`` (given anyway, it is refused with
+    the reason, :func:`sizing_context`)."""
     budget: argparse._ActionsContainer = (
         parser.add_mutually_exclusive_group(required=True) if memory_required else parser
     )
@@ -191,15 +271,20 @@ def add_sizing_options(
     )
     if memory_required:
         add_gpu_options(parser, budget)
+    auto = (
+        "; auto: the longest the memory admits, at most the model's max_position_embeddings"
+        if auto_length
+        else ""
+    )
     parser.add_argument(
         "--max-model-len",
         type=max_model_len,
         required=False,
-        metavar="N|auto",
+        metavar="N|auto" if auto_length else "N",
         help=(
-            "longest request (prompt + output) in tokens; one such request must fit. auto: the "
-            "longest the memory admits, at most the model's max_position_embeddings "
-            "(default with --model: the model's max_position_embeddings; required with --specs)"
+            "longest request (prompt + output) in tokens, e.g. 8192, 32k (32,000) or 32K (32,768); "
+            f"one such request must fit{auto} (default with --model: the model's "
+            "max_position_embeddings; required with --specs)"
         ),
     )
     parser.add_argument(
@@ -300,31 +385,35 @@ def utilization(text: str) -> float:
     return value
 
 
-def settle_max_model_len(args: argparse.Namespace) -> None:
-    """Default ``--max-model-len`` to ``--model``'s ``max_position_embeddings``, and warn (on
-    stderr) when a length given is longer than it.
+def settle_max_model_len(args: argparse.Namespace, registry: Registry) -> None:
+    """Default ``--max-model-len`` to ``--model``'s length (its ``max_position_embeddings``, or
+    its config class's default where the config omits it: :func:`model_length`), and warn (on
+    stderr) when a length given is longer than it. The model's length is kept as
+    ``args.model_length`` for :func:`length_cap`.
 
     Raises:
         InvalidInputError: no ``--max-model-len`` and nothing to default it to (a spec file,
-            or a config that states no ``max_position_embeddings``).
+            or a config whose family knows no length).
     """
     given = getattr(args, "max_model_len", None)
+    args.model_length = None
     if getattr(args, "model", None) is None:
         if given is None:
             raise InvalidInputError("give --max-model-len N (or auto): a spec file states no model length")
         return
-    cap = length_cap(args)
+    config, _ = load_model_config(args.model)
+    args.model_length = length = model_length(config, registry)
     if given is None:
-        if cap is None:
+        if length is None:
             raise InvalidInputError(
-                f"{args.model}: the config states no max_position_embeddings to default to; "
-                "give --max-model-len N"
+                f"{args.model}: the config states no max_position_embeddings and its model family gives "
+                "no default to default to; give --max-model-len N"
             )
-        args.max_model_len = cap
-    elif given != "auto" and cap is not None and given > cap:
+        args.max_model_len = length.value
+    elif given != "auto" and length is not None and given > length.value:
         print(
             f"kvcore: warning: --max-model-len {given:,} is longer than {args.model}'s "
-            f"max_position_embeddings ({cap:,}); the model was not trained for such requests",
+            f"{length.describe()} ({length.value:,}); the model was not trained for such requests",
             file=sys.stderr,
         )
 
@@ -381,7 +470,7 @@ def load_layer_specs(args: argparse.Namespace, registry: Registry) -> dict[str, 
     """The specs of ``--model`` (with the model options) or of ``--specs`` (with ``--block-size``);
     ``--max-model-len`` is settled first (:func:`settle_max_model_len`)."""
     options = model_options(args)
-    settle_max_model_len(args)
+    settle_max_model_len(args, registry)
     if getattr(args, "model", None) is not None:
         return model_layer_specs(args.model, registry, options)
     specs = read_spec_file(args.specs, registry)
@@ -418,12 +507,16 @@ def length_mode(args: argparse.Namespace) -> Literal["auto"] | None:
 
 
 def length_cap(args: argparse.Namespace) -> int | None:
-    """The longest request ``--max-model-len auto`` may choose: ``--model``'s
-    ``max_position_embeddings``; ``None`` for a spec file or a config without it."""
-    if getattr(args, "model", None) is None:
-        return None
-    config, _ = load_model_config(args.model)
-    return max_position_embeddings(config)
+    """The longest request ``--max-model-len auto`` may choose: ``--model``'s length as
+    :func:`settle_max_model_len` found it; ``None`` for a spec file or a model without one."""
+    length: ModelLength | None = getattr(args, "model_length", None)
+    return length.value if length is not None else None
+
+
+def length_cap_name(args: argparse.Namespace) -> str:
+    """What the cap of :func:`length_cap` is, for messages (``'max_position_embeddings'``)."""
+    length: ModelLength | None = getattr(args, "model_length", None)
+    return length.describe() if length is not None else "max_position_embeddings"
 
 
 def plan_options(args: argparse.Namespace) -> PlanOptions:

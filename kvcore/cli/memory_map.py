@@ -16,6 +16,7 @@ The picture has two panels:
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ import attrs
 
 from kvcore.errors import InvalidInputError
 from kvcore.plan import KVCacheGroup, KVCachePlan
-from kvcore.planning.capacity import Capacity
+from kvcore.planning.capacity import Capacity, format_figure
 from kvcore.units import format_bytes
 
 #: Most tensor tracks drawn; larger plans show the first ones and say how many were left out.
@@ -122,7 +123,7 @@ def memory_map(plan: KVCachePlan, *, rows: int = 4) -> MemoryMap:
         pool_index = first.pool if first is not None else 0
         pool = plan.pools[pool_index]
         if plan.single_buffer:
-            tracks.append((f"pool {pool_index} " if multi else "") + f"@{format_bytes(tensor.offset)}")
+            tracks.append((f"pool {pool_index} " if multi else "") + f"@{axis_bytes(tensor.offset)}")
             # buffer byte b of this pool is drawn at x = b - pool.offset + start of its region
             shift = starts[pool_index] - pool.offset
             end_of_window = pool.offset + widths[pool_index]
@@ -192,7 +193,8 @@ def memory_map(plan: KVCachePlan, *, rows: int = 4) -> MemoryMap:
     else:
         blocks = f"{plan.num_blocks:,} blocks x {format_bytes(plan.bytes_per_block)}"
     title = (
-        f"{plan.policy}: {blocks} = {format_bytes(plan.kv_cache_bytes)}; {capacity.max_concurrency:.2f} "
+        f"{plan.policy}: {blocks} = {format_bytes(plan.kv_cache_bytes)}; "
+        f"{format_figure(capacity.max_concurrency, '.2f')} "
         f"requests of {capacity.max_model_len:,} tokens"
     )
     row_width = max(
@@ -268,6 +270,39 @@ def check_map_path(path: str | os.PathLike[str], *, what: str = "the memory map"
     return out
 
 
+def axis_bytes(value: float) -> str:
+    """A byte offset as an axis label: as many decimals as it needs, up to three, so that ticks
+    1.125 MiB and 1.5 MiB apart read so (``'1.125 MiB'``, ``'1.5 MiB'``, ``'2 MiB'``; ``'0'``)
+    instead of rounding to the same whole unit."""
+    if not value:
+        return "0"
+    number, unit = format_bytes(int(value), precision=3).split(" ")
+    if "." in number:  # '1.500' -> '1.5', '2.000' -> '2'
+        number = number.rstrip("0").rstrip(".")
+    return f"{number} {unit}"
+
+
+def byte_tick_step(width: float, *, most: int = 8) -> float:
+    """The spacing of byte ticks across ``width`` bytes: a power of two times a binary unit
+    (0.125, 0.25, ... 512 x B, KiB, MiB, ...), the smallest that gives at most ``most`` ticks, so
+    that ticks fall on offsets :func:`axis_bytes` writes exactly (matplotlib's own would fall
+    at decimal steps: 976.562 KiB, 1.907 MiB)."""
+    unit = 1.0
+    while unit * 1024 <= width:
+        unit *= 1024
+    step = unit / 8 if unit > 1 else 1.0
+    while width / step > most:
+        step *= 2
+    return step
+
+
+def say_written(path: Path, what: str) -> None:
+    """Say on stderr that ``what`` was written to ``path`` (stdout may be ``--json``):
+    ``kvcore: wrote map.svg (the memory map, 23.40 KiB)``; every file the command line writes is
+    said this way."""
+    print(f"kvcore: wrote {path} ({what}, {format_bytes(path.stat().st_size)})", file=sys.stderr)
+
+
 def render_memory_map(plan: KVCachePlan, path: str | os.PathLike[str], *, rows: int = 4) -> Path:
     """Draw the memory map of ``plan`` into ``path`` (``.png`` or ``.svg``).
 
@@ -287,7 +322,7 @@ def render_memory_map(plan: KVCachePlan, path: str | os.PathLike[str], *, rows: 
         import matplotlib.pyplot as plt
         from matplotlib.collections import PatchCollection
         from matplotlib.patches import Patch, Rectangle
-        from matplotlib.ticker import FuncFormatter
+        from matplotlib.ticker import FixedLocator, FuncFormatter, MultipleLocator
     except ImportError:
         raise InvalidInputError(
             "drawing the memory map needs matplotlib; install it with: pip install 'kvcore[plot]'"
@@ -300,7 +335,7 @@ def render_memory_map(plan: KVCachePlan, path: str | os.PathLike[str], *, rows: 
     legend_in = 0.16 * legend_rows + 0.15
     fig_h = 1.6 + 0.28 * sum(heights) + legend_in
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(12, fig_h), gridspec_kw={"height_ratios": heights})
-    byte_ticks = FuncFormatter(lambda value, _pos: format_bytes(int(value), precision=0) if value else "0")
+    byte_ticks = FuncFormatter(lambda value, _pos: axis_bytes(value))
 
     def draw(ax: Any, boxes: tuple[Box, ...], tracks: tuple[str, ...], width: int, xlabel: str) -> None:
         filled: list[Rectangle] = []
@@ -330,9 +365,11 @@ def render_memory_map(plan: KVCachePlan, path: str | os.PathLike[str], *, rows: 
             )
         )
         ax.set_xlim(0, max(width, 1))
-        ax.set_ylim(len(tracks) - 0.5, -0.5)
+        ax.set_ylim(max(len(tracks), 1) - 0.5, -0.5)  # an empty plan still gets one track's height
         ax.set_yticks(range(len(tracks)), tracks, fontsize=7)
         ax.set_xlabel(xlabel, fontsize=8)
+        if not isinstance(ax.xaxis.get_major_locator(), FixedLocator):  # page ticks set before stay
+            ax.xaxis.set_major_locator(MultipleLocator(byte_tick_step(max(width, 1))))
         ax.xaxis.set_major_formatter(byte_ticks)
         ax.tick_params(axis="x", labelsize=7)
 

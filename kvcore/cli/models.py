@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from kvcore.cli import inputs
-from kvcore.cli.table import render_table
+from kvcore.cli.table import add_csv_option, render_table, wants_csv, write_csv
 from kvcore.frontends.hf_config import (
     bundled_models,
     layer_specs_from_config,
@@ -45,6 +45,7 @@ def add_parser(sub: Any) -> None:
         "--block-size", type=inputs.positive_int, default=16, metavar="N", help="tokens per block"
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    add_csv_option(parser, "the listing (or a model's layers)")
     parser.set_defaults(run=run)
 
 
@@ -83,7 +84,7 @@ def model_listing(registry: Registry, options: ModelOptions) -> list[dict[str, A
             {
                 "name": model.name,
                 "model_type": config.get("model_type"),
-                "max_position_embeddings": max_position_embeddings(config),
+                "max_position_embeddings": max_position_embeddings(config, registry),
                 **summarize(specs),
             }
         )
@@ -101,6 +102,19 @@ def _options(args: argparse.Namespace) -> ModelOptions:
 
 def _show_model(args: argparse.Namespace, registry: Registry, options: ModelOptions) -> int:
     specs = model_layer_specs(args.model, registry, options)
+    if wants_csv(args):
+        write_csv(
+            [
+                {
+                    "layer": name,
+                    "kind": spec.kind,
+                    "page_bytes": spec.page_size_bytes,
+                    "spec": describe_spec(spec),
+                }
+                for name, spec in specs.items()
+            ]
+        )
+        return 0
     if args.json:
         print(json.dumps(specs_to_dict(specs, registry), indent=2))
         return 0
@@ -123,6 +137,9 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
     if args.model is not None:
         return _show_model(args, registry, options)
     listing = model_listing(registry, options)
+    if wants_csv(args):
+        write_csv(listing)
+        return 0
     if args.json:
         print(json.dumps({"models": listing}, indent=2))
         return 0

@@ -8,16 +8,18 @@ from collections.abc import Mapping
 from typing import Any
 
 from kvcore.cli import gpu, inputs
-from kvcore.cli.memory_map import check_map_path, render_memory_map
+from kvcore.cli.memory_map import check_map_path, render_memory_map, say_written
 from kvcore.cli.report import (
     chosen_length,
     chosen_length_line,
     format_plan,
     format_ranks,
+    group_records,
     plan_report,
     policy_reason,
     ranks_report,
 )
+from kvcore.cli.table import add_csv_option, wants_csv, write_csv
 from kvcore.planning.gpu_budget import GpuBudget
 from kvcore.planning.planner import PlanningResult, plan_model
 from kvcore.planning.ranks import Parallelism, simulate_rank_specs, tightest_rank
@@ -40,6 +42,7 @@ def add_parser(sub: Any) -> None:
     parser.add_argument(
         "--json", action="store_true", help="print the plan and its figures as one JSON object"
     )
+    add_csv_option(parser, "the groups table (the ranks table with --tp/--pp)")
     parser.add_argument(
         "--map",
         metavar="FILE",
@@ -49,6 +52,7 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace, registry: Registry) -> int:
+    wants_csv(args)  # --json with --csv is refused before planning
     if args.map:
         check_map_path(args.map)  # before planning, which can take a while
     specs = inputs.load_layer_specs(args, registry)
@@ -69,10 +73,12 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
         max_model_len=inputs.length_mode(args),
     )
     (plan,) = result.plans
-    chosen = auto_length(result)
+    chosen = auto_length(result, inputs.length_cap_name(args))
     if args.map:
-        render_memory_map(plan, args.map)
-    if args.json:
+        say_written(render_memory_map(plan, args.map), "the memory map")
+    if wants_csv(args):
+        write_csv(group_records(plan, specs))
+    elif args.json:
         report = plan_report(plan, specs, registry)
         if chosen is not None:
             report["max_model_len_auto"] = chosen
@@ -90,12 +96,12 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
     return 0
 
 
-def auto_length(result: PlanningResult) -> dict[str, Any] | None:
+def auto_length(result: PlanningResult, cap_name: str) -> dict[str, Any] | None:
     """How ``--max-model-len auto`` chose the length (:func:`~kvcore.cli.report.chosen_length`);
-    ``None`` for a length given as a number."""
+    ``None`` for a length given as a number. ``cap_name`` says what the cap is."""
     if result.length is None:
         return None
-    return chosen_length(result.length.max_model_len, result.length.cap, "max_position_embeddings")
+    return chosen_length(result.length.max_model_len, result.length.cap, cap_name)
 
 
 def run_ranks(
@@ -125,11 +131,14 @@ def run_ranks(
         max_model_len=inputs.length_mode(args),
     )
     plans = result.plans
-    chosen = auto_length(result)
+    chosen = auto_length(result, inputs.length_cap_name(args))
     rank = tightest_rank(plans)
     plan, own = plans[rank], rank_specs[rank]
     if args.map:
-        render_memory_map(plan, args.map)
+        say_written(render_memory_map(plan, args.map), "the memory map")
+    if wants_csv(args):
+        write_csv(ranks_report(plans, parallelism))
+        return 0
     if args.json:
         report = plan_report(plan, own, registry)
         report.update(
@@ -156,18 +165,19 @@ def run_ranks(
 
 def run_nothing_to_cache(args: argparse.Namespace, registry: Registry) -> int:
     """A model with no cache-holding layer (attention-free, encoder-only): say so, and with
-    ``--json`` print its plan (no groups, no tensors, no blocks)."""
-    from kvcore.planning.serialization import plan_to_dict
-
+    ``--json`` print its plan (no groups, no tensors, no blocks) and its figures, the
+    unbounded ones ``null``."""
     result = plan_model(
         {}, [args.memory], inputs.sizing_context(args, auto=True), registry=registry, policy=args.policy
     )
     (plan,) = result.plans
-    if args.json:
-        print(json.dumps(plan_to_dict(plan, registry), indent=2))
+    if wants_csv(args):
+        write_csv(group_records(plan, {}))
+    elif args.json:
+        print(json.dumps(plan_report(plan, {}, registry), indent=2))
     else:
         print(
             "nothing to cache: the model has no layer that holds a KV cache (attention-free or "
-            "encoder-only), so it needs no blocks and no memory"
+            "encoder-only), so it needs no blocks and no memory; max concurrency unbounded"
         )
     return 0

@@ -7,7 +7,7 @@ import argparse
 import json
 from typing import Any
 
-from kvcore.cli.table import render_table
+from kvcore.cli.table import add_csv_option, render_table, wants_csv, write_csv
 from kvcore.planning.registry import Registry
 
 
@@ -28,6 +28,7 @@ def add_parser(sub: Any) -> None:
             "register (why, and how to block it); exit 1 if any failed"
         ),
     )
+    add_csv_option(parser, "every registered plugin, kind, policy and family (a 'section' column first)")
     parser.set_defaults(run=run)
 
 
@@ -153,6 +154,16 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
     if args.check:
         return _run_check(args, registry)
     listing = plugin_listing(registry)
+    if wants_csv(args):
+        # one row per registered thing, its section first: the four tables in one
+        write_csv(
+            [
+                {"section": section, **entry}
+                for section in ("spec_kinds", "policies", "model_families", "plugins")
+                for entry in listing[section]
+            ]
+        )
+        return 0
     if args.json:
         print(json.dumps(listing, indent=2))
         return 0
@@ -171,6 +182,7 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
                 [p["policy"], p["class"], p["distribution"] or p["plugin"], p["description"]]
                 for p in listing["policies"]
             ],
+            wrap={3: 60},
         )
     )
     print("\nmodel families")
@@ -201,6 +213,7 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
                 ]
                 for p in listing["plugins"]
             ],
+            wrap={3: 60},
         )
     )
     return 0

@@ -13,7 +13,7 @@ from kvcore.cli.table import render_table
 from kvcore.error_messages import plural
 from kvcore.errors import KVCacheBindingError
 from kvcore.plan import KVCacheGroup, KVCachePlan
-from kvcore.planning.capacity import Capacity, split_budget
+from kvcore.planning.capacity import Capacity, finite_or_none, format_figure, split_budget
 from kvcore.planning.ranks import Parallelism, tightest_rank
 from kvcore.planning.serialization import plan_to_dict
 from kvcore.policy import PolicyChoice
@@ -31,6 +31,33 @@ def page_text(group: KVCacheGroup) -> str:
     if not group.layer_specs:
         return format_bytes(group.spec.page_size_bytes)
     return "/".join(format_bytes(size) for size in sorted({spec.page_size_bytes for spec in group.specs}))
+
+
+def group_records(plan: KVCachePlan, specs: Mapping[str, KVCacheSpec]) -> list[dict[str, Any]]:
+    """One record per group, the columns of :func:`format_plan`'s table unformatted (for
+    ``--csv``): ``group``, ``pool``, ``kind``, ``layers``, ``block_size`` (``None`` for a
+    state), ``page_bytes`` (the largest page of a mixed-page group), ``blocks_per_request``,
+    ``tokens_held`` (``None`` for a state), ``slots`` (a state's pages), then the spec's fields."""
+    capacity = Capacity.of(plan, specs)
+    return [
+        {
+            "group": index,
+            "pool": group.pool,
+            "kind": group.spec.kind,
+            "layers": len(group.layer_names),
+            "block_size": group.spec.block_size if held is not None else None,
+            "page_bytes": max(spec.page_size_bytes for spec in group.specs),
+            "blocks_per_request": group.blocks_per_request(plan.context),
+            "tokens_held": held,
+            "slots": plan.num_pages(group) if held is None else None,
+            **{
+                a.name: format_value(getattr(group.spec, a.name))
+                for a in shown_fields(group.spec)
+                if a.name != "block_size"
+            },
+        }
+        for index, (group, held) in enumerate(zip(plan.groups, capacity.tokens_held, strict=True))
+    ]
 
 
 def pool_lines(plan: KVCachePlan, *, indent: str) -> list[str]:
@@ -102,8 +129,8 @@ def plan_report(
         "max_model_len": capacity.max_model_len,
         "kv_cache_bytes": plan.kv_cache_bytes,
         "blocks_per_request": capacity.blocks_per_request,
-        "max_concurrency": capacity.max_concurrency,
-        "ideal_concurrency": capacity.ideal_concurrency,
+        "max_concurrency": finite_or_none(capacity.max_concurrency),
+        "ideal_concurrency": finite_or_none(capacity.ideal_concurrency),
         "efficiency": capacity.efficiency,
         "kv_cache_tokens": capacity.kv_cache_tokens,
     }
@@ -240,8 +267,9 @@ def format_plan(
         f"  one request      {one} = "
         f"{format_bytes(capacity.request_bytes)} "
         f"(ideal {format_bytes(capacity.ideal_request_bytes)}) for {ctx.max_model_len:,} tokens",
-        f"  max concurrency  {capacity.max_concurrency:,.2f} requests of {ctx.max_model_len:,} tokens "
-        f"(ideal {capacity.ideal_concurrency:,.2f}, efficiency {100 * capacity.efficiency:.2f}%)",
+        f"  max concurrency  {format_figure(capacity.max_concurrency)} requests of {ctx.max_model_len:,} "
+        f"tokens (ideal {format_figure(capacity.ideal_concurrency)}, "
+        f"efficiency {100 * capacity.efficiency:.2f}%)",
     ]
     return "\n".join(lines)
 
@@ -327,6 +355,12 @@ def _own_blocks(plan: KVCachePlan) -> tuple[int, ...]:
     )
 
 
+#: The widest a line of the ranks table's ``layers`` cell gets; a rank whose layers are not one
+#: run (a hybrid model's attention layers every few indices) goes on over more lines
+#: (``--json`` / ``--csv`` give it in full).
+LAYERS_WIDTH = 40
+
+
 def format_ranks(plans: Sequence[KVCachePlan], parallelism: Parallelism) -> str:
     """A readable per-rank summary: one row per rank (stage, layers, memory, bytes per block,
     blocks, bytes used), then which rank sets the common block count."""
@@ -348,6 +382,7 @@ def format_ranks(plans: Sequence[KVCachePlan], parallelism: Parallelism) -> str:
         ["rank", "pp stage", "tp rank", "layers", "memory", "bytes/block", "blocks", "KV cache"],
         rows,
         align="rrrlrrrr",
+        wrap={3: LAYERS_WIDTH},
     )
     first = plans[tightest]
     fit = _own_blocks(first)

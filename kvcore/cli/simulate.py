@@ -23,8 +23,9 @@ from kvcore.cli.compare import (
     candidate_row,
     exit_status,
     no_plan_reason,
+    policy_names,
 )
-from kvcore.cli.memory_map import check_map_path
+from kvcore.cli.memory_map import check_map_path, say_written
 from kvcore.cli.replay import (
     Simulated,
     plan_label,
@@ -34,7 +35,7 @@ from kvcore.cli.replay import (
     variant_cells,
     workload_row,
 )
-from kvcore.cli.table import render_table
+from kvcore.cli.table import add_csv_option, render_table, wants_csv, write_csv
 from kvcore.errors import InvalidInputError
 from kvcore.planning.compare import Candidate
 from kvcore.planning.registry import Registry
@@ -61,10 +62,11 @@ def add_parser(sub: Any) -> None:
         ),
     )
     inputs.add_spec_source(parser)
-    inputs.add_sizing_options(parser)
+    inputs.add_sizing_options(parser, auto_length=False)
     add_candidate_options(parser)
     inputs.add_workload_options(parser, trace_flag="--trace", required=True)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    add_csv_option(parser, "one row per plan")
     parser.add_argument(
         "--plot",
         metavar="FILE",
@@ -79,13 +81,22 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace, registry: Registry) -> int:
     if args.plot:
         check_map_path(args.plot, what=PLOT)  # before simulating, which can take a while
+    policy_names(args, registry)  # a misspelt policy fails before the model is read
+    wants_csv(args)
     specs = inputs.load_layer_specs(args, registry)
     budget = gpu.settle_budget(args, registry)
     workload = inputs.load_workload(args, inputs.sizing_context(args).max_model_len)
     candidates = build_candidates(args, registry, specs)
     simulated = simulate_candidates(candidates, workload, prefix_caching=args.prefix_caching)
     results = {id(s.candidate): s.result for s in simulated}
-    if args.json:
+    if wants_csv(args):
+        write_csv(
+            [
+                {**candidate_row(c), **(simulation_row(results[id(c)]) if id(c) in results else {})}
+                for c in candidates
+            ]
+        )
+    elif args.json:
         payload = {
             "available_memory_bytes": args.memory,
             "max_model_len": args.max_model_len,
@@ -106,7 +117,7 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
         print_table(args, workload, candidates, results)
     if args.plot and simulated:
         title = f"{workload.name}: {len(workload.requests):,} requests"
-        render_simulation_plot(simulated, args.plot, title=title)
+        say_written(render_simulation_plot(simulated, args.plot, title=title), PLOT)
     return exit_status(candidates)
 
 

@@ -1,8 +1,16 @@
-"""Plain-text tables with aligned columns, for terminal output."""
+"""Plain-text tables with aligned columns, for terminal output, and the same rows as CSV."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import argparse
+import csv
+import json
+import sys
+import textwrap
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from kvcore.errors import InvalidInputError
 
 
 def render_table(
@@ -11,6 +19,7 @@ def render_table(
     *,
     align: str | None = None,
     indent: str = "  ",
+    wrap: Mapping[int, int] | None = None,
 ) -> str:
     """Render ``rows`` under ``headers`` with aligned columns.
 
@@ -19,21 +28,74 @@ def render_table(
         rows: cells; each is turned into text with ``str``.
         align: one letter per column, ``"l"`` or ``"r"``; default: numbers right, text left.
         indent: prefix of every line.
+        wrap: column index -> the most characters a line of its cells may take; a longer cell
+            goes on over the next lines at its spaces (``"0-3, 5, 7-9"`` breaks after a comma),
+            the other columns blank there. The full text is in ``--json`` / ``--csv``.
 
     Returns:
         The table, lines joined with newlines, no trailing newline.
     """
-    text = [[str(cell) for cell in row] for row in rows]
     if align is None:
         align = "".join(
             "r" if rows and all(isinstance(row[i], (int, float)) for row in rows) else "l"
             for i in range(len(headers))
         )
-    widths = [max([len(h), *(len(row[i]) for row in text)]) for i, h in enumerate(headers)]
+    lines_of: list[list[list[str]]] = []  # per row, per column, its lines
+    for row in rows:
+        cells = []
+        for i, cell in enumerate(row):
+            text = str(cell)
+            width = (wrap or {}).get(i)
+            cells.append(textwrap.wrap(text, width, break_on_hyphens=False) or [""] if width else [text])
+        lines_of.append(cells)
+    widths = [
+        max([len(h), *(len(part) for cells in lines_of for part in cells[i])]) for i, h in enumerate(headers)
+    ]
 
     def line(cells: Sequence[str]) -> str:
         parts = [c.rjust(w) if a == "r" else c.ljust(w) for c, w, a in zip(cells, widths, align, strict=True)]
         return (indent + "  ".join(parts)).rstrip()
 
+    body = []
+    for cells in lines_of:
+        for k in range(max(len(parts) for parts in cells)):
+            body.append(line([parts[k] if k < len(parts) else "" for parts in cells]))
     rule = indent + "  ".join("-" * w for w in widths)
-    return "\n".join([line(list(headers)), rule, *(line(row) for row in text)])
+    return "\n".join([line(list(headers)), rule, *body])
+
+
+def add_csv_option(parser: argparse.ArgumentParser, what: str) -> None:
+    """``--csv``: print ``what`` (the command's table) as CSV, one row per line, for scripts."""
+    parser.add_argument(
+        "--csv",
+        action="store_true",
+        help=f"print {what} as CSV (a header row, then one row each, numbers unformatted), not the report",
+    )
+
+
+def wants_csv(args: argparse.Namespace) -> bool:
+    """Whether ``--csv`` was given (refused beside ``--json``: one format per run)."""
+    if getattr(args, "csv", False) and getattr(args, "json", False):
+        raise InvalidInputError("--json and --csv print the same figures in two formats: give one of them")
+    return bool(getattr(args, "csv", False))
+
+
+def write_csv(records: Sequence[Mapping[str, Any]]) -> None:
+    """``records`` (the objects ``--json`` prints for the table's rows) as CSV on stdout: a
+    header row of every key in first-seen order, then one row per record, numbers unformatted.
+    A list cell is its items joined by spaces, an object cell its JSON, ``None`` empty."""
+    columns = list(dict.fromkeys(key for record in records for key in record))
+    out = csv.writer(sys.stdout, lineterminator="\n")
+    out.writerow(columns)
+    for record in records:
+        out.writerow([_cell(record.get(key)) for key in columns])
+
+
+def _cell(value: Any) -> object:
+    if value is None:
+        return ""
+    if isinstance(value, (list, tuple)):
+        return " ".join(str(_cell(item)) for item in value)
+    if isinstance(value, Mapping):
+        return json.dumps(value, separators=(",", ":"))
+    return value

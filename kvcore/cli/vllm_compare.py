@@ -17,7 +17,7 @@ from typing import Any
 
 from kvcore.cli import inputs
 from kvcore.cli.inputs import FLAG_NAMES
-from kvcore.cli.table import render_table
+from kvcore.cli.table import render_table, wants_csv, write_csv
 from kvcore.error_messages import render
 from kvcore.errors import InvalidInputError, KVCoreError
 from kvcore.integrations.vllm.rules import VllmRules, encoder_tokens_of, plan_for_vllm
@@ -104,6 +104,15 @@ def run(args: argparse.Namespace, registry: Registry, specs: Mapping[str, KVCach
         rows.append(_row(name, plan, specs))
     own, why = own_plan(specs, args.memory, rules)
     own_row = _row(OWN, own, specs) if own is not None else None
+    if wants_csv(args):
+        write_csv(
+            [
+                *rows,
+                *({"policy": n, "error": e} for n, e in failures.items()),
+                own_row if own_row is not None else {"policy": OWN, "error": why},
+            ]
+        )
+        return 0 if rows else 1
     if args.json:
         print(
             json.dumps(

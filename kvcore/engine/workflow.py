@@ -24,7 +24,7 @@ from typing import Literal, Protocol, runtime_checkable
 from kvcore.errors import InvalidInputError
 from kvcore.limits import MAX_TOKENS
 from kvcore.plan import KVCachePlan
-from kvcore.planning.capacity import Capacity
+from kvcore.planning.capacity import Capacity, format_figure
 from kvcore.planning.planner import plan_kv_cache
 from kvcore.planning.ranks import merge_worker_specs as merge_worker_specs
 from kvcore.planning.registry import Registry
@@ -101,7 +101,8 @@ def capacity_summary(plan: KVCachePlan, specs: Mapping[str, KVCacheSpec] | None 
     else:
         blocks = f"{plan.num_blocks:,} blocks x {format_bytes(plan.bytes_per_block)}"
     lines = [
-        f"KV cache: {capacity.kv_cache_tokens:,} tokens, max concurrency {capacity.max_concurrency:,.2f} "
+        f"KV cache: {format_figure(capacity.kv_cache_tokens, ',')} tokens, "
+        f"max concurrency {format_figure(capacity.max_concurrency)} "
         f"requests of {capacity.max_model_len:,} tokens; {blocks} = {format_bytes(plan.kv_cache_bytes)} "
         f"(policy {plan.policy}, {groups} group{'' if groups == 1 else 's'})"
     ]

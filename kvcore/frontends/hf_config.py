@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from kvcore.error_messages import did_you_mean
 from kvcore.errors import InvalidInputError, ModelConfigError, UnknownModelError
 from kvcore.frontends.specfile import load_json_file
 from kvcore.spec import KVCacheSpec
@@ -160,10 +161,15 @@ def load_model_config(name_or_path: str | os.PathLike[str]) -> tuple[dict[str, A
     cached = find_cached_config(text)
     if cached is not None:
         return read_config_file(cached), f"{text} (Hugging Face cache {cached})"
-    names = ", ".join(m.name for m in bundled_models())
+    models = bundled_models()
+    names = ", ".join(m.name for m in models)
+    # 'gemma-3-27b' is close to the short name, 'google/gemma-3-27b' to the full one
+    close = did_you_mean(text, [m.name for m in models]) or did_you_mean(
+        text, [m.name.split("/", 1)[-1] for m in models]
+    )
     raise UnknownModelError(
         f"{text!r} is neither a file or folder here, nor a bundled model, nor in the Hugging Face cache "
-        f"({hub_cache_dir()}); kvcore never downloads, so pass the path of a config.json (or of its "
+        f"({hub_cache_dir()}); {close}kvcore never downloads, so pass the path of a config.json (or of its "
         f"folder), a model in that cache (set HF_HUB_CACHE or HF_HOME to use another), or one of: {names}"
     )
 
@@ -177,15 +183,62 @@ def text_config(config: Mapping[str, Any]) -> Mapping[str, Any]:
     return inner if isinstance(inner, Mapping) else config
 
 
-def max_position_embeddings(config: Mapping[str, Any]) -> int | None:
-    """The longest context the config states (``text_config`` first), or ``None``; an
-    encoder-decoder states its decoder's as ``max_target_positions`` (Whisper: 448)."""
+#: The fields that state a model's longest context; an encoder-decoder states its decoder's
+#: as ``max_target_positions`` (Whisper: 448).
+LENGTH_KEYS = ("max_position_embeddings", "max_target_positions")
+
+
+@attrs.frozen(kw_only=True)
+class ModelLength:
+    """The longest context a model was trained for, and where the figure came from.
+
+    Attributes:
+        value: the length in tokens.
+        key: the field (``"max_position_embeddings"`` or ``"max_target_positions"``).
+        default: the config omits the field and ``value`` is what its transformers config class
+            supplies (:attr:`~kvcore.model_family.ModelFamily.config_defaults`), as for
+            gemma-3-27b-it (``Gemma3TextConfig``: 131,072).
+    """
+
+    value: int
+    key: str
+    default: bool = False
+
+    def describe(self) -> str:
+        """The field for messages: ``'max_position_embeddings'``, with ``' (the config class's
+        default; the config omits it)'`` for a default."""
+        return self.key + (" (its config class's default; the config omits it)" if self.default else "")
+
+
+def model_length(config: Mapping[str, Any], registry: Registry | None = None) -> ModelLength | None:
+    """The longest context of the model ``config`` describes: the field the config states
+    (``text_config`` first), else the default of its config class, which the family that
+    reads the config gives (none without ``registry``); ``None`` when neither says.
+
+    Args:
+        config: the parsed config.
+        registry: whose model families give the defaults.
+    """
     for part in (text_config(config), config):
-        for key in ("max_position_embeddings", "max_target_positions"):
+        for key in LENGTH_KEYS:
             value = part.get(key)
             if is_int(value) and value > 0:
-                return value
+                return ModelLength(value=value, key=key)
+    family = registry.family_for(config) if registry is not None else None
+    if family is None:
+        return None
+    defaults = family.defaults_for(config.get("model_type"))
+    for key in LENGTH_KEYS:
+        value = defaults.get(key)
+        if is_int(value) and value > 0:
+            return ModelLength(value=value, key=key, default=True)
     return None
+
+
+def max_position_embeddings(config: Mapping[str, Any], registry: Registry | None = None) -> int | None:
+    """The longest context of ``config``'s model in tokens (:func:`model_length`), or ``None``."""
+    length = model_length(config, registry)
+    return length.value if length is not None else None
 
 
 def layer_specs_from_config(

@@ -11,6 +11,7 @@ read from :meth:`Capacity.of`, computed once per plan.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 import attrs
@@ -92,6 +93,22 @@ def request_bytes(specs: Mapping[str, KVCacheSpec], context: SizingContext) -> i
     return need
 
 
+#: How an unbounded figure reads in text (a plan with no cache-holding layer holds any number
+#: of requests); JSON writes it as ``null`` (:func:`finite_or_none`).
+UNBOUNDED = "unbounded"
+
+
+def format_figure(value: float | None, spec: str = ",.2f") -> str:
+    """``value`` formatted with ``spec``, or :data:`UNBOUNDED` for ``None`` or infinity."""
+    return UNBOUNDED if value is None or math.isinf(value) else format(value, spec)
+
+
+def finite_or_none(value: float | None) -> float | None:
+    """``value`` for JSON: ``None`` (``null``) for an unbounded figure, which JSON cannot
+    write (``Infinity`` is not JSON)."""
+    return None if value is None or math.isinf(value) else value
+
+
 def _ideal(available_bytes: int, need: int) -> float:
     return available_bytes / need if need else float("inf")
 
@@ -118,9 +135,10 @@ class Capacity:
             beyond what its layers need.
         max_concurrency: requests of ``max_model_len`` tokens the pool holds at once.
         ideal_concurrency: the budget over ``ideal_request_bytes``.
-        efficiency: ``max_concurrency / ideal_concurrency`` (0 when the bound is 0).
+        efficiency: ``max_concurrency / ideal_concurrency`` (0 when the bound is 0; 1 when both
+            are unbounded, as for a plan with no cache-holding layer).
         kv_cache_tokens: tokens the pool holds in requests of ``max_model_len``
-            (``int(max_concurrency x max_model_len)``).
+            (``int(max_concurrency x max_model_len)``); ``None`` when unbounded.
         blocks_that_fit: block ids the budget holds (the block count unless it was forced).
         tokens_held: per group, the tokens the whole pool could hold for its layers (``None``
             for a per-request state).
@@ -135,10 +153,16 @@ class Capacity:
     max_concurrency: float
     ideal_concurrency: float
     efficiency: float
-    kv_cache_tokens: int
+    kv_cache_tokens: int | None
     blocks_that_fit: int
     tokens_held: tuple[int | None, ...]
     pools: int = 1
+
+    @property
+    def unbounded(self) -> bool:
+        """Whether no request needs a block (a plan with no cache-holding layer): the
+        concurrency and token figures are then infinite, shown as :data:`UNBOUNDED`."""
+        return math.isinf(self.max_concurrency)
 
     @classmethod
     def of(cls, plan: KVCachePlan, specs: Mapping[str, KVCacheSpec] | None = None) -> Capacity:
@@ -163,6 +187,8 @@ class Capacity:
         held = sum(n * b for n, b in zip(by_pool, pool_bytes, strict=True))
         concurrency = plan.max_concurrency()
         ideal = _ideal(plan.available_memory_bytes, need)
+        # no layer needs bytes: both figures are infinite, and nothing is wasted
+        unbounded = math.isinf(concurrency)
         return cls(
             max_model_len=context.max_model_len,
             blocks_per_request=sum(by_pool),
@@ -171,8 +197,8 @@ class Capacity:
             padding_bytes=held - need,
             max_concurrency=concurrency,
             ideal_concurrency=ideal,
-            efficiency=concurrency / ideal if ideal else 0.0,
-            kv_cache_tokens=int(concurrency * context.max_model_len),
+            efficiency=1.0 if unbounded and math.isinf(ideal) else concurrency / ideal if ideal else 0.0,
+            kv_cache_tokens=None if unbounded else int(concurrency * context.max_model_len),
             blocks_that_fit=sum(split_budget(plan.available_memory_bytes, pool_bytes, by_pool)),
             tokens_held=tuple(plan.tokens_held(g) for g in plan.groups),
             pools=len(plan.pools),

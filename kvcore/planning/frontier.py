@@ -20,7 +20,7 @@ import attrs
 
 from kvcore.errors import InvalidSpecError, KVCoreError
 from kvcore.plan import KVCachePlan
-from kvcore.planning.capacity import Capacity
+from kvcore.planning.capacity import Capacity, finite_or_none
 from kvcore.planning.planner import plan_kv_cache
 from kvcore.planning.registry import Registry
 from kvcore.policy import AllocationPolicy, PlanOptions
@@ -50,9 +50,10 @@ class FrontierPoint:
     max_concurrency: float
     efficiency: float
 
-    def to_dict(self) -> dict[str, int | float]:
-        """The point as JSON: ``{"groups", "pools", "max_concurrency", "efficiency"}``."""
-        return attrs.asdict(self)
+    def to_dict(self) -> dict[str, int | float | None]:
+        """The point as JSON: ``{"groups", "pools", "max_concurrency", "efficiency"}``
+        (``max_concurrency`` ``null`` when unbounded: a plan with no cache-holding layer)."""
+        return {**attrs.asdict(self), "max_concurrency": finite_or_none(self.max_concurrency)}
 
 
 def policy_frontier(

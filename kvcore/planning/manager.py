@@ -19,6 +19,7 @@ import attrs
 import pluggy
 
 from kvcore import hookspecs
+from kvcore.error_messages import did_you_mean
 from kvcore.errors import (
     InvalidInputError,
     KVCoreError,
@@ -356,8 +357,9 @@ def _check_blocked_names(blocked: Mapping[str, str], plugins: Sequence[object], 
     if unknown:
         from_env = [name for name in unknown if blocked[name] == ENV_BLOCK]
         where = f" (named in ${ENV_BLOCK})" if from_env and len(from_env) == len(unknown) else ""
+        close = "".join(did_you_mean(name, known) for name in unknown)
         raise InvalidInputError(
-            f"cannot block {', '.join(map(repr, unknown))}{where}: no plugin has that name; known "
+            f"cannot block {', '.join(map(repr, unknown))}{where}: no plugin has that name; {close}known "
             f"plugins: {', '.join(sorted(known))}"
         )
 

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from kvcore.error_messages import did_you_mean
 from kvcore.errors import (
     DuplicateRegistrationError,
     InvalidSpecError,
@@ -312,8 +313,9 @@ class Registry:
         model_type = config.get("model_type")
         if family is None:
             what = f"model type {model_type!r}" if model_type is not None else "a config without 'model_type'"
+            close = did_you_mean(model_type, self._families) if isinstance(model_type, str) else ""
             raise UnknownModelError(
-                f"no model-family plugin knows {what} and the config has no 'layer_types'; install or "
+                f"no model-family plugin knows {what} and the config has no 'layer_types'; {close}install or "
                 f"write a plugin that registers a model family for it ({ADD_FAMILY_DOC})"
             )
         result = family.layer_specs(config, opts)
@@ -393,7 +395,8 @@ class Registry:
         except KeyError:
             known = ", ".join(sorted(self._kinds)) or "none"
             raise UnknownSpecKindError(
-                f"unknown spec kind {kind!r}; registered kinds: {known}. A kind from a plugin "
+                f"unknown spec kind {kind!r}; {did_you_mean(kind, self._kinds)}registered kinds: {known}. "
+                "A kind from a plugin "
                 "package needs that package installed (see `kvcore plugins`)"
             ) from None
 
@@ -406,8 +409,10 @@ class Registry:
         try:
             return self._policies[name].obj  # type: ignore[no-any-return]
         except KeyError:
-            known = ", ".join(["auto", *self._policies])
-            raise UnknownPolicyError(f"unknown policy {name!r}; choose one of {known}") from None
+            names = ["auto", *self._policies]
+            raise UnknownPolicyError(
+                f"unknown policy {name!r}; {did_you_mean(name, names)}choose one of {', '.join(names)}"
+            ) from None
 
     def select(self, specs: Mapping[str, KVCacheSpec], name: str = "auto") -> PolicyChoice:
         """The policy to plan ``specs`` with, and why.

@@ -325,7 +325,7 @@ class Simulator:
         if tokens == 0:
             stuck = self.requests[waiting[0]]
             raise InvalidInputError(
-                f"request {stuck.id} ({stuck.prompt_tokens} prompt + {stuck.output_tokens} output tokens) "
+                f"{stuck.label} ({stuck.prompt_tokens} prompt + {stuck.output_tokens} output tokens) "
                 f"cannot get its pages even with the pool to itself ({_usable(self.plan)} block ids): "
                 "plan more blocks, or give a smaller max_num_batched_tokens"
             )
@@ -349,7 +349,8 @@ class Simulator:
         pool = self.pool
         if self._pools == 1:
             usable = pool.num_usable_blocks
-            return (usable - pool.num_free_blocks) / usable
+            # a plan with no cache-holding layer has no blocks: none is ever in use
+            return (usable - pool.num_free_blocks) / usable if usable else 0.0
         shares = (
             (pool.num_usable_blocks_in(p) - pool.num_free_blocks_in(p)) / pool.num_usable_blocks_in(p)
             for p in range(self._pools)
@@ -409,7 +410,7 @@ def _check_lengths(plan: KVCachePlan, requests: Sequence[Request]) -> None:
     for request in requests:
         if request.total_tokens > limit:
             raise InvalidInputError(
-                f"request {request.id} has {request.prompt_tokens} prompt + {request.output_tokens} output "
+                f"{request.label} has {request.prompt_tokens} prompt + {request.output_tokens} output "
                 f"tokens = {request.total_tokens}, more than the plan's max_model_len ({limit}); plan for a "
                 "longer max_model_len or shorten the request"
             )
@@ -439,7 +440,7 @@ def _check_fits_alone(plan: KVCachePlan, requests: Sequence[Request], budget: in
             tried.add(shape)
             if not _runs_alone(plan, request, budget):
                 raise InvalidInputError(
-                    f"request {request.id} ({request.prompt_tokens} prompt + {request.output_tokens} output "
+                    f"{request.label} ({request.prompt_tokens} prompt + {request.output_tokens} output "
                     f"tokens) needs more block ids than the pool has ({_usable(plan)})"
                     " even when it runs alone: plan more blocks (or a larger budget), or shorten the request"
                 )

@@ -73,6 +73,8 @@ class Request:
             string; ``None``: the prompt is the request's own).
         prefix_tokens: how many leading prompt tokens ``prefix_id`` names (``0`` to
             ``prompt_tokens``).
+        line: the trace line it was read from (counted from 1, as editors count), for
+            messages; ``None`` for a request not read from a trace.
     """
 
     id: int = attrs.field(validator=int_at_least(0))
@@ -81,6 +83,17 @@ class Request:
     arrival_step: int = attrs.field(default=0, validator=int_at_least(0))
     prefix_id: int | str | None = attrs.field(default=None)
     prefix_tokens: int = attrs.field(default=0, validator=_check_prefix)
+    line: int | None = attrs.field(
+        default=None, kw_only=True, eq=False, validator=attrs.validators.optional(int_at_least(1))
+    )
+
+    @property
+    def label(self) -> str:
+        """The request as messages name it: ``'the request on line 7 of the trace'`` for one read
+        from a trace (ids count from 0, lines from 1), else ``'request 6'``."""
+        return (
+            f"the request on line {self.line} of the trace" if self.line is not None else f"request {self.id}"
+        )
 
     @property
     def total_tokens(self) -> int:
@@ -132,7 +145,8 @@ def read_trace(path: str | os.PathLike[str]) -> Workload:
     Each line is an object with ``prompt_tokens`` and ``output_tokens`` (ints ``>= 1``, at most
     :data:`kvcore.limits.MAX_TOKENS`) and optionally ``arrival_step`` (an int ``>= 0``, at most
     :data:`MAX_ARRIVAL_STEP`; default 0); no other keys. Requests are numbered from 0 in file
-    order. A trace has 1 to :data:`MAX_REQUESTS` requests.
+    order and remember their line (from 1), which the simulator's messages name. A trace has 1
+    to :data:`MAX_REQUESTS` requests.
 
     Args:
         path: the trace file.
@@ -165,13 +179,13 @@ def read_trace(path: str | os.PathLike[str]) -> Workload:
                 f"{where}:{number}: a trace has at most {MAX_REQUESTS:,} requests "
                 "(kvcore.simulation.workload.MAX_REQUESTS); split it"
             )
-        requests.append(_request_from_line(text, len(requests), f"{where}:{number}"))
+        requests.append(_request_from_line(text, len(requests), f"{where}:{number}", number))
     if not requests:
         raise InvalidInputError(f"{where}: the trace has no requests (one JSON object a line)")
     return Workload(tuple(requests), name=os.path.basename(where) or where)
 
 
-def _request_from_line(text: str, index: int, where: str) -> Request:
+def _request_from_line(text: str, index: int, where: str, line: int) -> Request:
     try:
         item = json.loads(text)
     except (ValueError, RecursionError) as exc:
@@ -215,7 +229,7 @@ def _request_from_line(text: str, index: int, where: str) -> Request:
             f"(got {type(prefix_id).__name__})"
         )
     try:
-        return Request(id=index, prefix_id=prefix_id, **values)
+        return Request(id=index, prefix_id=prefix_id, line=line, **values)
     except InvalidInputError as exc:
         raise InvalidInputError(f"{where}: {str(exc).removeprefix(f'request {index}: ')}") from None
 

@@ -129,11 +129,12 @@ def test_unreadable_sizes_are_usage_errors(run_cli, capsys, memory):
 def test_map_flag_writes_a_picture(run_cli, tmp_path):
     pytest.importorskip("matplotlib")
     target = tmp_path / "plan.svg"
-    status, out, _ = run_cli(
+    status, out, err = run_cli(
         "plan", "--specs", EXAMPLE, "--memory", "40GiB", "--max-model-len", "32768", "--map", target
     )
     assert status == 0 and "max concurrency" in out
     assert target.read_text().lstrip().startswith("<?xml")
+    assert err.startswith(f"kvcore: wrote {target} (the memory map, ") and err.count("\n") == 1
 
 
 def test_map_flag_rejects_other_formats(run_cli, tmp_path):

@@ -119,6 +119,7 @@ def test_plot_writes_a_file(run_cli, tmp_path):
     )
     assert status == 0, err
     assert out_file.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert f"kvcore: wrote {out_file} (the simulation plot, " in err
 
 
 def test_plot_to_a_missing_folder_is_refused_before_simulating(run_cli, tmp_path, monkeypatch):

@@ -238,3 +238,27 @@ def test_capacity_summary_says_when_a_block_size_was_raised(registry):
         "49 pages per request"
     ]
     assert "raised" not in capacity_summary(plan)  # without the specs it cannot be told
+
+
+def test_a_model_with_no_cache_layers_starts_with_an_unbounded_capacity(toy_registry, caplog):
+    # an attention-free model: nothing to scan, so the engine is told its specs (none)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.ReLU(), torch.nn.Linear(32, 32))
+    host = FakeHost(total=1024 * MiB, available=20 * MiB, rss=100 * MiB)
+    warmed = []
+    executor = LocalExecutor(
+        model,
+        "cpu",
+        registry=toy_registry,
+        specs={},
+        profile_fn=lambda m: m(torch.randn(4, 32)),
+        warmup_fn=lambda m: warmed.append(m(torch.randn(2, 32)).shape),
+        utilization=0.5,
+        memory=host,
+    )
+    with caplog.at_level(logging.INFO, logger="kvcore"):
+        plan = initialize_kv_caches(executor, registry=toy_registry, max_model_len=256)
+    assert plan.groups == () and plan.kv_cache_bytes == 0 and executor.kv_caches == {}
+    assert warmed == [torch.Size([2, 32])]
+    capacity = Capacity.of(plan)
+    assert capacity.unbounded and capacity.kv_cache_tokens is None
+    assert "KV cache: unbounded tokens, max concurrency unbounded requests of 256 tokens" in caplog.text

@@ -86,3 +86,35 @@ def test_uniform_plan_map(registry):
     data = memory_map(plan, rows=2)
     assert data.buffer_tracks == ("l0", "l1", "l2")
     assert all(b.x1 <= 2 * full().page_size_bytes for b in data.buffer_boxes)
+
+
+@pytest.mark.parametrize(
+    ("value", "label"),
+    [(0, "0"), (512, "512 B"), (1.125 * 2**20, "1.125 MiB"), (1.5 * 2**20, "1.5 MiB"), (2 * 2**20, "2 MiB")],
+)
+def test_axis_labels_keep_the_decimals_they_need(value, label):
+    from kvcore.cli.memory_map import axis_bytes
+
+    assert axis_bytes(value) == label
+
+
+def test_row_edges_of_1_125_mib_read_so_on_the_axis(registry, tmp_path):
+    matplotlib = pytest.importorskip("matplotlib")
+    # blocks of 96 tokens x 8 heads x 128 x 2 (K, V) x 2 bytes = 384 KiB: rows end at 1.125 MiB
+    # and 1.5 MiB, which whole-unit labels rounded to "1 MiB" and "2 MiB"
+    specs = {"a": full(block_size=96), "b": sliding(1024, block_size=96)}
+    plan = plan_kv_cache(specs, 2**30, CTX, registry=registry, policy="shared_buffer")
+    assert plan.single_buffer and plan.bytes_per_block == 384 * 2**10
+    with matplotlib.rc_context({"svg.fonttype": "none"}):  # tick labels as text, not glyph paths
+        path = render_memory_map(plan, tmp_path / "map.svg")
+    texts = {"".join(t.itertext()).strip() for t in ET.parse(path).iter("{http://www.w3.org/2000/svg}text")}
+    assert {"768 KiB", "1.125 MiB", "1.5 MiB"} <= texts
+    assert not {"1 MiB", "2 MiB"} & texts
+
+
+def test_byte_ticks_fall_on_binary_steps():
+    from kvcore.cli.memory_map import byte_tick_step
+
+    assert byte_tick_step(4.5 * 2**20) == 2**20  # 0, 1, 2, 3, 4 MiB
+    assert byte_tick_step(1.5 * 2**20) == 256 * 2**10
+    assert byte_tick_step(100) == 16

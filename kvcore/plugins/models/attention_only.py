@@ -168,6 +168,8 @@ class AttentionOnlyFamily:
         text_config: the language model's fields are under ``text_config`` (a wrapper); the
             model's dtype may be stated on the wrapper only.
         layers: the decoder layer list: layer ``i`` is ``{layers}.{i}.self_attn``.
+        max_position_embeddings: the default of the family's transformers config class, for
+            a config that omits the field (:attr:`~kvcore.ModelFamily.config_defaults`).
     """
 
     name: str
@@ -176,6 +178,7 @@ class AttentionOnlyFamily:
     head_dim_required: bool = False
     text_config: bool = False
     layers: str = "model.layers"
+    max_position_embeddings: int | None = None
 
     def layer_specs(self, config: Mapping[str, Any], options: ModelOptions) -> dict[str, KVCacheSpec]:
         """``{layer name: spec}`` of a config of this family.
@@ -204,34 +207,69 @@ class AttentionOnlyFamily:
 
     def family(self) -> ModelFamily:
         """The row as the :class:`~kvcore.ModelFamily` a plugin registers."""
-        return ModelFamily(name=self.name, model_types=self.model_types, layer_specs=self.layer_specs)
+        length = self.max_position_embeddings
+        defaults = (
+            {} if length is None else {t: {"max_position_embeddings": length} for t in self.model_types}
+        )
+        return ModelFamily(
+            name=self.name,
+            model_types=self.model_types,
+            layer_specs=self.layer_specs,
+            config_defaults=defaults,
+        )
 
 
 #: The built-in attention-only families (``docs/reference/models.md`` has the same table).
+#: Each ``max_position_embeddings`` is the default of the family's config class in transformers
+#: 5.24.0, ``transformers/models/<type>/configuration_<type>.py`` (the line is named beside it).
 FAMILIES: tuple[AttentionOnlyFamily, ...] = (
     # Llama 2, 3, 3.1, 3.2
-    AttentionOnlyFamily(name="llama", model_types=("llama",)),
+    # LlamaConfig: max_position_embeddings 2048 (configuration_llama.py:70)
+    AttentionOnlyFamily(name="llama", model_types=("llama",), max_position_embeddings=2048),
     # Mistral-7B-v0.1: window 4096 on every layer; v0.2 and later (and Nemo) set it to null.
     # A config that omits the key gets MistralConfig's default, 4096.
-    AttentionOnlyFamily(name="mistral", model_types=("mistral",), pattern=UniformWindow(absent=4096)),
+    # MistralConfig: max_position_embeddings 4096 * 32 (configuration_mistral.py:70)
+    AttentionOnlyFamily(
+        name="mistral",
+        model_types=("mistral",),
+        pattern=UniformWindow(absent=4096),
+        max_position_embeddings=4096 * 32,
+    ),
     # Qwen2.5 ships sliding_window 131072 with use_sliding_window false: all full. transformers 5
     # dropped max_window_layers from Qwen3MoeConfig and slides every layer (default 0 here);
     # a qwen3_moe config that states the field is honoured.
+    # Qwen2Config and Qwen3Config: 32768 (configuration_qwen2.py:67, configuration_qwen3.py:69)
     AttentionOnlyFamily(
-        name="qwen", model_types=("qwen2", "qwen3"), pattern=WindowFromLayer(first_sliding=28)
+        name="qwen",
+        model_types=("qwen2", "qwen3"),
+        pattern=WindowFromLayer(first_sliding=28),
+        max_position_embeddings=32768,
     ),
+    # Qwen3MoeConfig: 32768 (configuration_qwen3_moe.py:87)
     AttentionOnlyFamily(
-        name="qwen3_moe", model_types=("qwen3_moe",), pattern=WindowFromLayer(first_sliding=0)
+        name="qwen3_moe",
+        model_types=("qwen3_moe",),
+        pattern=WindowFromLayer(first_sliding=0),
+        max_position_embeddings=32768,
     ),
     # Phi-3-mini-4k: sliding_window 2047 on every layer, as transformers applies it
     # (Phi3Config defaults it to null: full attention).
-    AttentionOnlyFamily(name="phi3", model_types=("phi3",), pattern=UniformWindow()),
-    # Gemma 2: even layers local (window 4096 on the published models), head_dim 256.
+    # Phi3Config: 4096 (configuration_phi3.py:70)
     AttentionOnlyFamily(
-        name="gemma2", model_types=("gemma2",), pattern=LocalGlobal(period=2), head_dim_required=True
+        name="phi3", model_types=("phi3",), pattern=UniformWindow(), max_position_embeddings=4096
+    ),
+    # Gemma 2: even layers local (window 4096 on the published models), head_dim 256.
+    # Gemma2Config: 8192 (configuration_gemma2.py:75)
+    AttentionOnlyFamily(
+        name="gemma2",
+        model_types=("gemma2",),
+        pattern=LocalGlobal(period=2),
+        head_dim_required=True,
+        max_position_embeddings=8192,
     ),
     # Gemma 3: 5 local : 1 global; the 27b text_config relies on the default period 6.
     # Gemma3ForConditionalGeneration keeps the language model under model.language_model.
+    # Gemma3TextConfig: 131_072 (configuration_gemma3.py:81); the 27b text_config omits it.
     AttentionOnlyFamily(
         name="gemma3",
         model_types=("gemma3",),
@@ -239,16 +277,23 @@ FAMILIES: tuple[AttentionOnlyFamily, ...] = (
         head_dim_required=True,
         text_config=True,
         layers="model.language_model.layers",
+        max_position_embeddings=131_072,
     ),
     AttentionOnlyFamily(
         name="gemma3_text",
         model_types=("gemma3_text",),
         pattern=LocalGlobal(period=6, period_key="sliding_window_pattern"),
         head_dim_required=True,
+        max_position_embeddings=131_072,
     ),
     # gpt-oss: the published configs list layer_types (sliding first, window 128); head_dim 64.
+    # GptOssConfig: 131072 (configuration_gpt_oss.py:63)
     AttentionOnlyFamily(
-        name="gpt_oss", model_types=("gpt_oss",), pattern=LocalGlobal(period=2), head_dim_required=True
+        name="gpt_oss",
+        model_types=("gpt_oss",),
+        pattern=LocalGlobal(period=2),
+        head_dim_required=True,
+        max_position_embeddings=131072,
     ),
 )
 

@@ -34,8 +34,17 @@ def layer_specs(config: Mapping[str, Any], options: ModelOptions) -> dict[str, K
     return build_layers(cfg, types, {FULL: lambda: mla(cfg, options, dtype)}, LayerNames())
 
 
+#: The config classes' max_position_embeddings
+#: (transformers 5.24.0, transformers/models/deepseek_v2/configuration_deepseek_v2.py:82
+#: and deepseek_v3/configuration_deepseek_v3.py:103).
+CONFIG_DEFAULTS = {
+    "deepseek_v2": {"max_position_embeddings": 2048},
+    "deepseek_v3": {"max_position_embeddings": 4096},
+}
 #: The family as registered.
-FAMILY = ModelFamily(name="deepseek", model_types=MODEL_TYPES, layer_specs=layer_specs)
+FAMILY = ModelFamily(
+    name="deepseek", model_types=MODEL_TYPES, layer_specs=layer_specs, config_defaults=CONFIG_DEFAULTS
+)
 
 
 @hookimpl

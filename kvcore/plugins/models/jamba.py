@@ -69,8 +69,13 @@ def layer_specs(config: Mapping[str, Any], options: ModelOptions) -> dict[str, K
     return build_layers(cfg, types, {FULL: geometry.full, LINEAR: state}, names)
 
 
+#: JambaConfig's max_position_embeddings
+#: (transformers 5.24.0, transformers/models/jamba/configuration_jamba.py:82).
+CONFIG_DEFAULTS = {"jamba": {"max_position_embeddings": 262144}}
 #: The family as registered.
-FAMILY = ModelFamily(name="jamba", model_types=MODEL_TYPES, layer_specs=layer_specs)
+FAMILY = ModelFamily(
+    name="jamba", model_types=MODEL_TYPES, layer_specs=layer_specs, config_defaults=CONFIG_DEFAULTS
+)
 
 
 @hookimpl

@@ -58,8 +58,14 @@ def layer_specs(config: Mapping[str, Any], options: ModelOptions) -> dict[str, K
     return build_layers(cfg, types, attention_builders(cfg, geometry), names)
 
 
+#: Llama4TextConfig's max_position_embeddings, for the wrapper's text_config too
+#:
+#: (transformers 5.24.0, transformers/models/llama4/configuration_llama4.py:138).
+CONFIG_DEFAULTS = {model_type: {"max_position_embeddings": 4096 * 32} for model_type in MODEL_TYPES}
 #: The family as registered.
-FAMILY = ModelFamily(name="llama4", model_types=MODEL_TYPES, layer_specs=layer_specs)
+FAMILY = ModelFamily(
+    name="llama4", model_types=MODEL_TYPES, layer_specs=layer_specs, config_defaults=CONFIG_DEFAULTS
+)
 
 
 @hookimpl

@@ -71,8 +71,13 @@ def layer_specs(config: Mapping[str, Any], options: ModelOptions) -> dict[str, K
     return build_layers(cfg, types, builders, LayerNames(prefix="model.language_model.layers"))
 
 
+#: MllamaTextConfig's max_position_embeddings
+#: (transformers 5.24.0, transformers/models/mllama/configuration_mllama.py:133).
+CONFIG_DEFAULTS = {"mllama": {"max_position_embeddings": 131_072}}
 #: The family as registered.
-FAMILY = ModelFamily(name="mllama", model_types=MODEL_TYPES, layer_specs=layer_specs)
+FAMILY = ModelFamily(
+    name="mllama", model_types=MODEL_TYPES, layer_specs=layer_specs, config_defaults=CONFIG_DEFAULTS
+)
 
 
 @hookimpl

@@ -101,8 +101,13 @@ def layer_specs(config: Mapping[str, Any], options: ModelOptions) -> dict[str, K
     return build_layers(cfg, types, {FULL: attention_spec, LINEAR: state}, names)
 
 
+#: NemotronHConfig's max_position_embeddings
+#: (transformers 5.24.0, transformers/models/nemotron_h/configuration_nemotron_h.py:109).
+CONFIG_DEFAULTS = {"nemotron_h": {"max_position_embeddings": 4096}}
 #: The family as registered.
-FAMILY = ModelFamily(name="nemotron_h", model_types=MODEL_TYPES, layer_specs=layer_specs)
+FAMILY = ModelFamily(
+    name="nemotron_h", model_types=MODEL_TYPES, layer_specs=layer_specs, config_defaults=CONFIG_DEFAULTS
+)
 
 
 @hookimpl

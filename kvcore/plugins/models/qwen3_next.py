@@ -64,8 +64,13 @@ def layer_specs(config: Mapping[str, Any], options: ModelOptions) -> dict[str, K
     return build_layers(cfg, types, {FULL: attention_spec, LINEAR: state}, names)
 
 
+#: Qwen3NextConfig's max_position_embeddings
+#: (transformers 5.24.0, transformers/models/qwen3_next/configuration_qwen3_next.py:98).
+CONFIG_DEFAULTS = {"qwen3_next": {"max_position_embeddings": 32768}}
 #: The family as registered.
-FAMILY = ModelFamily(name="qwen3_next", model_types=MODEL_TYPES, layer_specs=layer_specs)
+FAMILY = ModelFamily(
+    name="qwen3_next", model_types=MODEL_TYPES, layer_specs=layer_specs, config_defaults=CONFIG_DEFAULTS
+)
 
 
 @hookimpl

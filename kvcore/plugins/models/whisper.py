@@ -66,8 +66,14 @@ def layer_specs(config: Mapping[str, Any], options: ModelOptions) -> dict[str, K
     return specs
 
 
+#: WhisperConfig's max_target_positions, the decoder's longest output
+#:
+#: (transformers 5.24.0, transformers/models/whisper/configuration_whisper.py:147).
+CONFIG_DEFAULTS = {"whisper": {"max_target_positions": 448}}
 #: The family as registered.
-FAMILY = ModelFamily(name="whisper", model_types=MODEL_TYPES, layer_specs=layer_specs)
+FAMILY = ModelFamily(
+    name="whisper", model_types=MODEL_TYPES, layer_specs=layer_specs, config_defaults=CONFIG_DEFAULTS
+)
 
 
 @hookimpl
