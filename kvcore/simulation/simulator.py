@@ -282,16 +282,16 @@ class Simulator:
             if self._in_seconds:  # nothing to run: the clock jumps to the next arrival
                 self.clock = arrival[upcoming]
                 return
-            gap = arrival[upcoming] - step
+            gap = int(arrival[upcoming]) - step
             self._running_series.extend([0] * gap)
             self._usage_series.extend([0.0] * gap)
             if timed:  # an idle step runs nothing and takes no time
-                self._step_end.extend([self.clock] * int(gap))
-            self.steps += int(gap)
+                self._step_end.extend([self.clock] * gap)
+            self.steps += gap
             return
         while upcoming < count and arrival[upcoming] <= now:
             if self._in_seconds:
-                self._queued[upcoming] = step  # type: ignore[index]
+                self._queued[upcoming] = step
             waiting.append(upcoming)
             upcoming += 1
         self._next = upcoming

@@ -192,7 +192,7 @@ def roofline(
     routed_bytes = sizes.get("experts", 0) if routed else 0
     embeddings = params.get("embeddings", 0)
     head = params.get("lm_head", embeddings)  # tied: the embedding matrix is the lm_head
-    active = sum(params.values()) - sum(params[name] for name in skipped)
+    active: float = sum(params.values()) - sum(params[name] for name in skipped)
     active -= routed - routed * top_k / experts if routed else 0
     dense_bytes = sum(sizes.values()) - sum(sizes.get(name, 0) for name in skipped) - routed_bytes
     if "lm_head" in params:  # the input table is looked up a row a token, not read whole
@@ -293,7 +293,8 @@ class StepProfile:
     @property
     def description(self) -> str:
         """``measured profile FILE (12 samples, fit within 0.8 %)``."""
-        return f"measured profile {self.source} ({self.samples} samples, fit within {100 * self.max_error:.1f} %)"
+        fit = f"{self.samples} samples, fit within {100 * self.max_error:.1f} %"
+        return f"measured profile {self.source} ({fit})"
 
     def predict(self, prefill_tokens: float, decode_requests: float, context_tokens: float) -> float:
         """The fitted seconds of a step (never below 0)."""
@@ -359,10 +360,10 @@ def fit_profile(samples: Sequence[tuple[float, float, float, float]], source: st
     if errors[worst] > PROFILE_TOLERANCE:
         p, d, c, s = samples[worst]
         raise InvalidInputError(
-            f"{source}: the linear fit misses sample {worst + 1} ({p:g} prefill tokens, {d:g} decode requests, "
-            f"{c:g} context tokens, {s:g} s) by {100 * errors[worst]:.1f} %, more than "
-            f"{100 * PROFILE_TOLERANCE:g} %: the steps are not linear in these terms over this range; "
-            "measure the range the simulation runs (one batch size and context range), or check the samples"
+            f"{source}: the linear fit misses sample {worst + 1} ({p:g} prefill tokens, "
+            f"{d:g} decode requests, {c:g} context tokens, {s:g} s) by {100 * errors[worst]:.1f} %, "
+            f"more than {100 * PROFILE_TOLERANCE:g} %: the steps are not linear in these terms over this "
+            "range; measure the range the simulation runs, or check the samples"
         )
     return attrs.evolve(profile, max_error=errors[worst])
 
@@ -372,7 +373,10 @@ def _solve(matrix: list[list[float]], source: str) -> list[float]:
     (columns scaled to 1 first, so token counts and a fixed cost compare)."""
     size = len(matrix)
     scale = [math.sqrt(matrix[j][j]) or 1.0 for j in range(size)]
-    a = [[matrix[i][j] / (scale[i] * scale[j]) for j in range(size)] + [matrix[i][size] / scale[i]] for i in range(size)]
+    a = [
+        [matrix[i][j] / (scale[i] * scale[j]) for j in range(size)] + [matrix[i][size] / scale[i]]
+        for i in range(size)
+    ]
     for col in range(size):
         pivot = max(range(col, size), key=lambda r: abs(a[r][col]))
         if abs(a[pivot][col]) < 1e-10:
@@ -418,7 +422,8 @@ def read_profile(path: str | os.PathLike[str]) -> StepProfile:
             raise InvalidInputError(f"{here}: not valid JSON ({exc}); a line is {example}") from None
         if not isinstance(item, dict) or set(item) != set(PROFILE_KEYS):
             raise InvalidInputError(
-                f"{here}: a line is one object with exactly the keys {', '.join(PROFILE_KEYS)}, e.g. {example}"
+                f"{here}: a line is one object with exactly the keys {', '.join(PROFILE_KEYS)}, "
+                f"e.g. {example}"
             )
         values = [item[key] for key in PROFILE_KEYS]
         for key, value in zip(PROFILE_KEYS, values, strict=True):
@@ -525,7 +530,9 @@ def latency_report(
     if len(output_tokens) != count:
         raise InvalidInputError(f"{len(output_tokens)} output counts for {count} requests")
     if any(math.isnan(t) for t in timeline.finish):
-        raise InvalidInputError("the timeline has requests that never finished: run the simulation to the end")
+        raise InvalidInputError(
+            "the timeline has requests that never finished: run the simulation to the end"
+        )
     ttft = [first - arrival for first, arrival in zip(timeline.first_token, timeline.arrival, strict=True)]
     e2e = [finish - arrival for finish, arrival in zip(timeline.finish, timeline.arrival, strict=True)]
     itl: list[float | None] = [
