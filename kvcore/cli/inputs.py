@@ -541,7 +541,10 @@ def add_workload_options(parser: argparse.ArgumentParser, *, trace_flag: str, re
         "--rate",
         type=rate,
         metavar="R",
-        help="with --requests: Poisson arrivals, R requests per step on average (default: all at step 0)",
+        help=(
+            "with --requests: Poisson arrivals, R requests per step on average, or per second with a "
+            "step-time model (--gpu, --step-profile) (default: all at once)"
+        ),
     )
     parser.add_argument("--seed", type=seed, metavar="S", help="with --requests: the random seed (default 0)")
     parser.add_argument(
@@ -569,7 +572,7 @@ def wants_workload(args: argparse.Namespace) -> bool:
     return getattr(args, "trace", None) is not None or getattr(args, "requests", None) is not None
 
 
-def load_workload(args: argparse.Namespace, max_model_len: int) -> Workload:
+def load_workload(args: argparse.Namespace, max_model_len: int, *, per_second: bool = False) -> Workload:
     """The workload the options describe: ``--trace``/``--workload FILE`` read, or
     ``--requests N`` drawn (lengths clipped to ``max_model_len``).
 
@@ -607,4 +610,5 @@ def load_workload(args: argparse.Namespace, max_model_len: int) -> Workload:
         max_model_len=max_model_len,
         prefix_share=args.prefix_share or 0.0,
         prefix_tokens=args.prefix_len or 0,
+        per_second=per_second,
     )

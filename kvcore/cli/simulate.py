@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kvcore.cli import gpu, inputs
+from kvcore.cli import gpu, inputs, timing
 from kvcore.cli.compare import (
     add_candidate_options,
     build_candidates,
@@ -42,6 +42,7 @@ from kvcore.units import format_bytes
 
 if TYPE_CHECKING:
     from kvcore.simulation.simulator import SimulationResult
+    from kvcore.simulation.timing import LatencyReport
     from kvcore.simulation.workload import Workload
 
 #: The picture, as error messages name it.
@@ -64,6 +65,7 @@ def add_parser(sub: Any) -> None:
     inputs.add_sizing_options(parser)
     add_candidate_options(parser)
     inputs.add_workload_options(parser, trace_flag="--trace", required=True)
+    timing.add_timing_options(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument(
         "--plot",
@@ -81,10 +83,16 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
         check_map_path(args.plot, what=PLOT)  # before simulating, which can take a while
     specs = inputs.load_layer_specs(args, registry)
     budget = gpu.settle_budget(args, registry)
-    workload = inputs.load_workload(args, inputs.sizing_context(args).max_model_len)
+    step_time = timing.step_time_factory(args, registry)
+    workload = inputs.load_workload(
+        args, inputs.sizing_context(args).max_model_len, per_second=step_time is not None
+    )
     candidates = build_candidates(args, registry, specs)
-    simulated = simulate_candidates(candidates, workload, prefix_caching=args.prefix_caching)
+    simulated = simulate_candidates(
+        candidates, workload, prefix_caching=args.prefix_caching, step_time=step_time
+    )
     results = {id(s.candidate): s.result for s in simulated}
+    latencies = {id(s.candidate): _latency(args, workload, s.result) for s in simulated}
     if args.json:
         payload = {
             "available_memory_bytes": args.memory,
@@ -95,7 +103,11 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
             "candidates": [
                 {
                     **candidate_row(c),
-                    "simulation": (simulation_row(results[id(c)], series=True) if id(c) in results else None),
+                    "simulation": (
+                        _with_latency(simulation_row(results[id(c)], series=True), latencies[id(c)])
+                        if id(c) in results
+                        else None
+                    ),
                 }
                 for c in candidates
             ],
@@ -104,10 +116,38 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
     else:
         gpu.print_budget(budget)
         print_table(args, workload, candidates, results)
+        timing.print_latency_table(
+            [
+                (variant_cells(s.candidate), report)
+                for s in simulated
+                if (report := latencies[id(s.candidate)])
+            ]
+        )
     if args.plot and simulated:
         title = f"{workload.name}: {len(workload.requests):,} requests"
         render_simulation_plot(simulated, args.plot, title=title)
     return exit_status(candidates)
+
+
+def _latency(args: argparse.Namespace, workload: Workload, result: SimulationResult) -> LatencyReport | None:
+    """The latencies of a timed run (``None`` when the steps were not timed)."""
+    if result.timeline is None:
+        return None
+    from kvcore.simulation.timing import latency_report
+
+    return latency_report(
+        result.timeline,
+        [r.output_tokens for r in workload.requests],
+        slo_ttft=args.slo_ttft,
+        slo_itl=args.slo_itl,
+    )
+
+
+def _with_latency(row: dict[str, Any], report: LatencyReport | None) -> dict[str, Any]:
+    """A simulation's JSON row with its ``latency`` object (with a step-time model)."""
+    if report is not None:
+        row["latency"] = timing.latency_json(report)
+    return row
 
 
 def print_table(
