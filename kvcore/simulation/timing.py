@@ -427,8 +427,8 @@ def read_profile(path: str | os.PathLike[str]) -> StepProfile:
             )
         values = [item[key] for key in PROFILE_KEYS]
         for key, value in zip(PROFILE_KEYS, values, strict=True):
-            low_ok = value > 0 if key == "seconds" else value >= 0
-            if not is_number(value) or not math.isfinite(value) or not low_ok:
+            low_ok = is_number(value) and (value > 0 if key == "seconds" else value >= 0)
+            if not low_ok or not math.isfinite(value):
                 bound = "> 0" if key == "seconds" else ">= 0"
                 raise InvalidInputError(f"{here}: {key!r} must be a finite number {bound} (got {value!r})")
         samples.append((values[0], values[1], values[2], values[3]))
