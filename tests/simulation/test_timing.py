@@ -162,7 +162,7 @@ def test_windows_read_at_most_their_window_per_request():
 
 def test_the_roofline_of_llama_8b_counts_its_weights_and_kv_from_config_and_plan():
     config, source = load_model_config("meta-llama/Llama-3.1-8B")
-    registry = Registry.from_plugin_manager(get_plugin_manager())
+    registry = REGISTRY
     plan = _plan(layer_specs_from_config(config, registry), 8192)
     model = roofline(config, registry, plan, find_gpu("H100"), source=source)
     # 32 layers x K and V x 8 KV heads x 128 dims x 2 bytes (bf16)
@@ -181,7 +181,7 @@ def test_the_roofline_of_llama_8b_counts_its_weights_and_kv_from_config_and_plan
 
 def test_the_roofline_of_a_mixture_of_experts_counts_its_active_experts():
     config, source = load_model_config("openai/gpt-oss-20b")
-    registry = Registry.from_plugin_manager(get_plugin_manager())
+    registry = REGISTRY
     plan = _plan(layer_specs_from_config(config, registry), 8192)
     model = roofline(config, registry, plan, find_gpu("H100"), source=source)
     assert (model.num_experts, model.experts_per_token) == (32, 4)
