@@ -34,6 +34,7 @@ from kvcore.errors import (
     PolicyNotApplicableError,
     SpecMismatchError,
     StoreUnavailableError,
+    UnknownGpuError,
     UnknownModelError,
     UnknownPolicyError,
     UnknownSpecKindError,
@@ -101,6 +102,10 @@ _LAZY: dict[str, str] = {
     "parse_size": "kvcore.units",
     "SimulationResult": "kvcore.simulation.simulator",
     "simulate": "kvcore.simulation.simulator",
+    "find_gpu": "kvcore.simulation.gpus",
+    "latency_report": "kvcore.simulation.timing",
+    "read_profile": "kvcore.simulation.timing",
+    "roofline": "kvcore.simulation.timing",
     "Request": "kvcore.simulation.workload",
     "Workload": "kvcore.simulation.workload",
     "read_trace": "kvcore.simulation.workload",
@@ -174,7 +179,9 @@ if _typing.TYPE_CHECKING:
         determine_available_memory,
     )
     from kvcore.runtime.prefix_cache import PrefixKey
+    from kvcore.simulation.gpus import find_gpu
     from kvcore.simulation.simulator import SimulationResult, simulate
+    from kvcore.simulation.timing import latency_report, read_profile, roofline
     from kvcore.simulation.workload import Request, Workload, read_trace, synthetic
     from kvcore.spec import (
         DEFAULT_MAX_NUM_BATCHED_TOKENS,
@@ -245,6 +252,7 @@ __all__ = [
     "SpecMismatchError",
     "StoreUnavailableError",
     "TensorPlacement",
+    "UnknownGpuError",
     "UnknownModelError",
     "UnknownPolicyError",
     "UnknownSpecKindError",
@@ -256,6 +264,7 @@ __all__ = [
     "bind_to_runner_list",
     "determine_available_memory",
     "efficiency",
+    "find_gpu",
     "format_bytes",
     "get_plugin_manager",
     "hookimpl",
@@ -263,13 +272,16 @@ __all__ = [
     "ideal_concurrency",
     "initialize_kv_caches",
     "is_kv_cache_type_uniform",
+    "latency_report",
     "layer_specs_from_config",
     "model_layer_specs",
     "parse_size",
     "plan_for_ranks",
     "plan_kv_cache",
+    "read_profile",
     "read_trace",
     "request_bytes",
+    "roofline",
     "scan_module",
     "simulate",
     "synthetic",
