@@ -305,8 +305,9 @@ class Simulator:
         stale: list[int] = []  # requests whose new tokens free a page
         preempted = False
         victim = -1
-        # with a step-time model, what the step computed (a StepRecord) and who sampled a token
-        prefill = decodes = scheduled = context = pairs = 0
+        # with a step-time model, what the step computed (a StepRecord) and who sampled a token:
+        # decodes and the context they read; prefilling requests, their tokens, context and pairs
+        decodes = decode_context = prefills = prefill = prefill_context = pairs = 0
         token_step = self._token_step
         # ``for`` over a list the loop pops from the end: CPython's iterator stops at the new end
         for r in running:
@@ -334,13 +335,14 @@ class Simulator:
             computed[r] = c
             budget -= new
             if timed:
-                scheduled += 1
                 if new == 1:
                     decodes += 1
+                    decode_context += c
                 else:
+                    prefills += 1
                     prefill += new
-                context += c
-                pairs += new * c - new * (new - 1) // 2  # token i of the chunk attends to c - new + i
+                    prefill_context += c
+                    pairs += new * c - new * (new - 1) // 2  # token i of the chunk attends to c - new + i
             if c == ahead:  # every known token is cached: the next one is sampled
                 if timed and token_step[r] < 0:
                     token_step[r] = step
@@ -372,13 +374,14 @@ class Simulator:
                     first[r] = step
                 self.cached_tokens += hit
                 if timed:
-                    scheduled += 1
                     if new == 1:
                         decodes += 1
+                        decode_context += hit + 1
                     else:
+                        prefills += 1
                         prefill += new
-                    context += hit + new
-                    pairs += new * (hit + new) - new * (new - 1) // 2
+                        prefill_context += hit + new
+                        pairs += new * (hit + new) - new * (new - 1) // 2
                 new += hit
                 computed[r] = new
                 if new == known[r]:
@@ -399,7 +402,9 @@ class Simulator:
             )
         self.total_tokens += tokens
         if self._step_time is not None:
-            self.clock += self._step_time(StepRecord(prefill, decodes, scheduled, context, pairs))
+            context = decode_context + prefill_context
+            record = StepRecord(prefill, decodes, decodes + prefills, context, pairs + decode_context)
+            self.clock += self._step_time(record)
             self._step_end.append(self.clock)
             for r in finishing:
                 self._finish_step[r] = step
