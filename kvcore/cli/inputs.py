@@ -589,7 +589,13 @@ def load_workload(args: argparse.Namespace, max_model_len: int, *, per_second: b
                 f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} to --requests only; "
                 "a trace states its own lengths and arrival steps"
             )
-        return read_trace(args.trace)
+        workload = read_trace(args.trace)
+        if not per_second and workload.requests[0].arrival_time is not None:
+            raise InvalidInputError(
+                f"{args.trace}: the trace gives arrival_time in seconds: time the steps with --gpu NAME "
+                "(with --model) or --step-profile FILE"
+            )
+        return workload
     lengths = {"--prompt-len": args.prompt_len, "--output-len": args.output_len}
     missing = [flag for flag, value in lengths.items() if value is None]
     if missing:

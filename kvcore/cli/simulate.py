@@ -42,7 +42,6 @@ from kvcore.units import format_bytes
 
 if TYPE_CHECKING:
     from kvcore.simulation.simulator import SimulationResult
-    from kvcore.simulation.timing import LatencyReport
     from kvcore.simulation.workload import Workload
 
 #: The picture, as error messages name it.
@@ -92,7 +91,7 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
         candidates, workload, prefix_caching=args.prefix_caching, step_time=step_time
     )
     results = {id(s.candidate): s.result for s in simulated}
-    latencies = {id(s.candidate): _latency(args, workload, s.result) for s in simulated}
+    latencies = {id(s.candidate): timing.latency_of(args, workload, s.result) for s in simulated}
     if args.json:
         payload = {
             "available_memory_bytes": args.memory,
@@ -104,7 +103,7 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
                 {
                     **candidate_row(c),
                     "simulation": (
-                        _with_latency(simulation_row(results[id(c)], series=True), latencies[id(c)])
+                        timing.with_latency(simulation_row(results[id(c)], series=True), latencies[id(c)])
                         if id(c) in results
                         else None
                     ),
@@ -127,27 +126,6 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
         title = f"{workload.name}: {len(workload.requests):,} requests"
         render_simulation_plot(simulated, args.plot, title=title)
     return exit_status(candidates)
-
-
-def _latency(args: argparse.Namespace, workload: Workload, result: SimulationResult) -> LatencyReport | None:
-    """The latencies of a timed run (``None`` when the steps were not timed)."""
-    if result.timeline is None:
-        return None
-    from kvcore.simulation.timing import latency_report
-
-    return latency_report(
-        result.timeline,
-        [r.output_tokens for r in workload.requests],
-        slo_ttft=args.slo_ttft,
-        slo_itl=args.slo_itl,
-    )
-
-
-def _with_latency(row: dict[str, Any], report: LatencyReport | None) -> dict[str, Any]:
-    """A simulation's JSON row with its ``latency`` object (with a step-time model)."""
-    if report is not None:
-        row["latency"] = timing.latency_json(report)
-    return row
 
 
 def print_table(

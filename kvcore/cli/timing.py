@@ -15,8 +15,10 @@ from kvcore.planning.registry import Registry
 
 if TYPE_CHECKING:  # the simulation layer loads only when a command simulates
     from kvcore.plan import KVCachePlan
+    from kvcore.simulation.simulator import SimulationResult
     from kvcore.simulation.steps import StepTimeModel
     from kvcore.simulation.timing import LatencyReport
+    from kvcore.simulation.workload import Workload
 
 #: Makes a plan's step-time model (a roofline depends on the plan's page sizes).
 StepTimeFactory = Callable[["KVCachePlan"], "StepTimeModel"]
@@ -163,6 +165,20 @@ def latency_cells(report: LatencyReport) -> list[str]:
     return cells
 
 
+def summary_headers(report: LatencyReport) -> list[str]:
+    """The few latency columns ``kvcore compare --workload`` adds (see :func:`summary_cells`)."""
+    slo = report.slo_ttft is not None or report.slo_itl is not None
+    return ["TTFT p99", "ITL p99", "out tok/s", *(["goodput req/s"] if slo else [])]
+
+
+def summary_cells(report: LatencyReport) -> list[str]:
+    """TTFT and ITL at p99, output tokens per second, and goodput with a target."""
+    cells = [duration(report.ttft.p99), duration(report.itl.p99), f"{report.output_tokens_per_second:,.0f}"]
+    if report.slo_ttft is not None or report.slo_itl is not None:
+        cells.append(f"{report.goodput_requests_per_second:,.2f}")
+    return cells
+
+
 def print_latency_table(rows: Sequence[tuple[Sequence[object], LatencyReport]]) -> None:
     """The seconds of each simulated plan: which model made them, then one row per plan."""
     if not rows:
@@ -183,6 +199,25 @@ def print_latency_table(rows: Sequence[tuple[Sequence[object], LatencyReport]]) 
     print(render_table(headers, body, align="lll" + "r" * (len(headers) - 3)))
 
 
-def latency_json(report: LatencyReport) -> dict[str, Any]:
-    """The report as ``--json`` carries it."""
-    return report.to_dict()
+def latency_of(
+    args: argparse.Namespace, workload: Workload, result: SimulationResult
+) -> LatencyReport | None:
+    """The latencies of a timed run under the options' targets (``None`` when the steps were
+    not timed)."""
+    if result.timeline is None:
+        return None
+    from kvcore.simulation.timing import latency_report
+
+    return latency_report(
+        result.timeline,
+        [r.output_tokens for r in workload.requests],
+        slo_ttft=getattr(args, "slo_ttft", None),
+        slo_itl=getattr(args, "slo_itl", None),
+    )
+
+
+def with_latency(row: dict[str, Any], report: LatencyReport | None) -> dict[str, Any]:
+    """A simulation's JSON row with its ``latency`` object (with a step-time model)."""
+    if report is not None:
+        row["latency"] = report.to_dict()
+    return row

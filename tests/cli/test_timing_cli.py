@@ -109,3 +109,30 @@ def test_a_gpu_roofline_needs_a_model_and_a_bad_profile_names_its_line(run_cli, 
     bad.write_text('{"prefill_tokens": 1}\n')
     status, _, err = run_cli("simulate", *args, "--step-profile", bad)
     assert status == 1 and f"{bad}:1:" in err
+
+
+def test_compare_with_a_workload_adds_the_latency_columns_and_json(run_cli):
+    args = ("compare", *LLAMA, *SYNTHETIC, "--rate", "5", "--gpu", "H100", "--policies", "auto")
+    status, out, err = run_cli(*args, "--slo-itl", "50ms")
+    assert status == 0, err
+    assert "time: roofline on H100-SXM, a lower bound" in out
+    header = next(line for line in out.splitlines() if "TTFT p99" in line)
+    assert "ITL p99" in header and "out tok/s" in header and "goodput req/s" in header
+    status, out, err = run_cli(*args, "--json")
+    assert status == 0, err
+    simulation = json.loads(out)["candidates"][0]["simulation"]
+    assert simulation["latency"]["ttft"]["p99"] > 0
+    status, _, err = run_cli("compare", *LLAMA, "--gpu", "H100")
+    assert status == 1 and "give a workload" in err
+
+
+def test_a_trace_in_seconds_needs_a_step_time_model(run_cli, tmp_path):
+    path = tmp_path / "seconds.jsonl"
+    path.write_text('{"prompt_tokens": 100, "output_tokens": 10, "arrival_time": 0.5}\n')
+    status, _, err = run_cli("simulate", *LLAMA, "--trace", path)
+    assert status == 1 and "arrival_time in seconds" in err and "--gpu NAME" in err
+    status, out, err = run_cli("simulate", *LLAMA, "--trace", path, "--gpu", "L40S", "--json")
+    assert status == 0, err
+    latency = json.loads(out)["candidates"][0]["simulation"]["latency"]
+    assert latency["model"] == "roofline on L40S, a lower bound"
+    assert latency["seconds"] > 0.5  # the request arrives at 0.5 s: the clock jumped there
