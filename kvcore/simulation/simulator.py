@@ -34,6 +34,13 @@ again after a preemption) starts from the tokens of its ``prefix_id``'s first
 Only shared prefixes are cached (a request's own tokens, and what a preempted request
 generated, are computed again).
 
+With a step-time model (``step_time``, :mod:`kvcore.simulation.timing`), each step is described
+by a :class:`~kvcore.simulation.steps.StepRecord` (prefill tokens, decodes, requests, context
+read, query-key pairs) and the model's seconds advance a clock; requests may then arrive in
+seconds (``arrival_time``), and the result carries a :class:`~kvcore.simulation.steps.Timeline`
+(each request's arrival, first token and finish in seconds). The step figures are the same with
+or without it.
+
 Speed: the pool is called only when a request's tables change. For kinds whose pages follow
 the default :meth:`~kvcore.KVCacheSpec.live_pages` (every built-in kind), the token counts at
 which a table grows or frees a page depend on the count alone, so they are computed once per
@@ -404,7 +411,13 @@ class Simulator:
         if self._step_time is not None:
             context = decode_context + prefill_context
             record = StepRecord(prefill, decodes, decodes + prefills, context, pairs + decode_context)
-            self.clock += self._step_time(record)
+            seconds = self._step_time(record)
+            if not 0.0 <= seconds < math.inf:  # NaN fails too
+                raise InvalidInputError(
+                    f"the step-time model {self._step_time.description!r} gave {seconds!r} seconds for step "
+                    f"{step} ({record}): a step takes a finite time >= 0; fix the model"
+                )
+            self.clock += seconds
             self._step_end.append(self.clock)
             for r in finishing:
                 self._finish_step[r] = step

@@ -450,3 +450,9 @@ def test_a_rate_per_second_draws_arrival_times_of_that_mean_gap():
     assert "Poisson 20/s" in workload.name
     with pytest.raises(InvalidInputError, match="requests per second > 0"):
         synthetic(4, parse_length("64"), parse_length("8"), rate=-2.0, max_model_len=128, per_second=True)
+
+
+@pytest.mark.parametrize("bad", [-0.1, math.nan, math.inf])
+def test_a_step_time_model_that_gives_no_duration_is_refused(bad):
+    with pytest.raises(InvalidInputError, match="a step takes a finite time >= 0"):
+        simulate(_plan(ONE_LAYER), _timed((10, 3, 0.0)), step_time=Constant(bad))
