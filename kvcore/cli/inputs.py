@@ -518,7 +518,8 @@ def add_workload_options(parser: argparse.ArgumentParser, *, trace_flag: str, re
         metavar="FILE.jsonl",
         help=(
             'a trace: one request a line, {"prompt_tokens": N, "output_tokens": M, "arrival_step": S} '
-            "(arrival_step optional, default 0; docs/reference/json-formats.md)"
+            "(arrival_step optional, default 0; or arrival_time in seconds with --gpu or --step-profile; "
+            "docs/reference/json-formats.md)"
         ),
     )
     source.add_argument(

@@ -121,6 +121,11 @@ def workload_row(workload: Workload) -> dict[str, Any]:
         "mean_output_tokens": sum(outputs) / count,
         "max_output_tokens": max(outputs, default=0),
         "last_arrival_step": max((r.arrival_step for r in workload.requests), default=0),
+        **(
+            {"last_arrival_time": max(r.arrival_time or 0.0 for r in workload.requests)}
+            if workload.requests and workload.requests[0].arrival_time is not None
+            else {}
+        ),
     }
 
 

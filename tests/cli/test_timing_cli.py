@@ -133,6 +133,8 @@ def test_a_trace_in_seconds_needs_a_step_time_model(run_cli, tmp_path):
     assert status == 1 and "arrival_time in seconds" in err and "--gpu NAME" in err
     status, out, err = run_cli("simulate", *LLAMA, "--trace", path, "--gpu", "L40S", "--json")
     assert status == 0, err
-    latency = json.loads(out)["candidates"][0]["simulation"]["latency"]
+    payload = json.loads(out)
+    assert payload["workload"]["last_arrival_time"] == 0.5
+    latency = payload["candidates"][0]["simulation"]["latency"]
     assert latency["model"] == "roofline on L40S, a lower bound"
     assert latency["seconds"] > 0.5  # the request arrives at 0.5 s: the clock jumped there
