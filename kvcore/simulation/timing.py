@@ -253,8 +253,10 @@ def _kv_bytes(plan: KVCachePlan) -> dict[str, Any]:
         per_token = spec.page_size_bytes / spec.tokens_per_page
         if kind == "full":
             full += per_token
-        else:  # token ``big`` reads from first_retained_token(big) to itself
-            window = big - spec.first_retained_token(big) + 1
+        else:  # token n reads from first_retained_token(n) to itself; the widest span is the
+            # window (a sliding window at any n, a chunk just before a chunk starts)
+            first = spec.first_retained_token(big)
+            window = max(n - spec.first_retained_token(n) + 1 for n in (big, first - 1))
             windows[window] = windows.get(window, 0.0) + per_token
     return {
         "kv_bytes_per_token": full,

@@ -456,3 +456,13 @@ def test_a_rate_per_second_draws_arrival_times_of_that_mean_gap():
 def test_a_step_time_model_that_gives_no_duration_is_refused(bad):
     with pytest.raises(InvalidInputError, match="a step takes a finite time >= 0"):
         simulate(_plan(ONE_LAYER), _timed((10, 3, 0.0)), step_time=Constant(bad))
+
+
+def test_chunked_layers_read_at_most_a_chunk_and_scout_counts_its_active_parameters():
+    config, source = load_model_config("meta-llama/Llama-4-Scout-17B-16E-Instruct")
+    plan = _plan(layer_specs_from_config(config, REGISTRY), 8192)  # max_model_len = the chunk
+    model = roofline(config, REGISTRY, plan, find_gpu("H100"), source=source)
+    assert [window for window, _ in model.windows] == [8192]  # attention_chunk_size
+    assert (model.num_experts, model.experts_per_token) == (16, 1)
+    # "17B active parameters" (the model's name): the matmuls plus the two vocab tables
+    assert model.matmul_params + 2 * model.lm_head_params == pytest.approx(17e9, rel=0.03)
