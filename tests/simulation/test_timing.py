@@ -342,13 +342,20 @@ def test_a_time_model_leaves_every_step_figure_unchanged(seed, rate):
     )
     plan = _plan(ONE_LAYER, 512, num_blocks=40, step=256)
     plain = simulate(plan, workload)
-    timed = simulate(plan, workload, step_time=Constant(0.02))
+    clock = Constant(0.02)
+    timed = simulate(plan, workload, step_time=clock)
     assert attrs.evolve(timed, timeline=None) == plain
     assert timed.timeline is not None and len(timed.timeline.step_end) == plain.steps
-    first_steps = [round(t / 0.02) for t in timed.timeline.first_token]
     assert all(t >= a - 1e-9 for t, a in zip(timed.timeline.first_token, timed.timeline.arrival, strict=True))
     assert all(f >= t for f, t in zip(timed.timeline.finish, timed.timeline.first_token, strict=True))
-    assert max(first_steps) <= plain.steps
+    # the records account for every scheduled token, and each step's within the budget
+    records = clock.records
+    assert sum(r.prefill_tokens + r.decode_tokens for r in records) == plain.total_tokens
+    for r in records:
+        assert 0 < r.prefill_tokens + r.decode_tokens <= 256 and r.decode_tokens <= r.requests
+        assert r.context_tokens >= r.prefill_tokens + r.decode_tokens  # the new tokens are read too
+        if not r.prefill_tokens:  # decodes only: each token attends to its request's whole context
+            assert r.attention_pairs == r.context_tokens
 
 
 # -- latencies -------------------------------------------------------------------------------
