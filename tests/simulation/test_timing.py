@@ -330,8 +330,8 @@ def test_arrival_times_without_a_step_time_model_are_refused():
 
 
 @settings(max_examples=15, deadline=None)
-@given(seed=st.integers(0, 2**16), rate=st.sampled_from([None, 0.05, 0.5]))
-def test_a_time_model_leaves_every_step_figure_unchanged(seed, rate):
+@given(seed=st.integers(0, 2**16), rate=st.sampled_from([None, 0.05, 0.5]), prefix=st.booleans())
+def test_a_time_model_leaves_every_step_figure_unchanged(seed, rate, prefix):
     workload = synthetic(
         40,
         parse_length("uniform:16:400"),
@@ -339,11 +339,13 @@ def test_a_time_model_leaves_every_step_figure_unchanged(seed, rate):
         rate=rate,
         seed=seed,
         max_model_len=512,
+        prefix_share=0.7 if prefix else 0.0,
+        prefix_tokens=64 if prefix else 0,
     )
     plan = _plan(ONE_LAYER, 512, num_blocks=40, step=256)
-    plain = simulate(plan, workload)
+    plain = simulate(plan, workload, prefix_caching=prefix)
     clock = Constant(0.02)
-    timed = simulate(plan, workload, step_time=clock)
+    timed = simulate(plan, workload, step_time=clock, prefix_caching=prefix)
     assert attrs.evolve(timed, timeline=None) == plain
     assert timed.timeline is not None and len(timed.timeline.step_end) == plain.steps
     assert all(t >= a - 1e-9 for t, a in zip(timed.timeline.first_token, timed.timeline.arrival, strict=True))
