@@ -36,6 +36,7 @@ from kvcore.planning.registry import Registry
 from kvcore.simulation.gpus import Gpu
 from kvcore.simulation.simulator import percentile
 from kvcore.simulation.steps import StepRecord, Timeline
+from kvcore.spec import KVCacheSpec
 from kvcore.validators import check_int, is_number
 
 #: Weight groups a text step never runs (a vision tower, an audio encoder and their projector
@@ -84,8 +85,8 @@ class Roofline:
         kv_bytes_per_token: KV bytes one cached token takes in the full-attention layers (one
             rank, from the plan's page sizes).
         windows: ``(window, bytes_per_token)`` of the layers that read a window of the context.
-        state_bytes: bytes of per-request states (and other pages that do not grow with the
-            context), read and written once per scheduled request.
+        state_bytes: bytes of pages that do not grow with the context (per-request states, an
+            encoder output's K and V), read once per scheduled request.
     """
 
     gpu: Gpu
@@ -227,13 +228,17 @@ def _attention_flops(config: Mapping[str, Any], plan: KVCachePlan) -> float:
 
 def _layer_reads(plan: KVCachePlan) -> list[tuple[Any, str]]:
     """Each layer's spec and how a step reads it: ``"full"`` (every cached token),
-    ``"window"`` (the last tokens only) or ``"state"`` (a page that does not grow)."""
+    ``"window"`` (the last tokens only) or ``"fixed"`` (pages that do not grow with the
+    context: a per-request state, an encoder output's K and V)."""
     out = []
     big = max(plan.context.max_model_len, 1)
     for name, group, _tensor in plan.iter_layers():
         spec = group.spec_of(name)
-        if spec.tokens_per_page is None:
-            out.append((spec, "state"))
+        own_pages = type(spec).live_pages is not KVCacheSpec.live_pages
+        if spec.tokens_per_page is None or (
+            own_pages and len(spec.live_pages(1)) == len(spec.live_pages(big))
+        ):
+            out.append((spec, "fixed"))
         elif spec.first_retained_token(big) > 0:
             out.append((spec, "window"))
         else:
@@ -247,8 +252,8 @@ def _kv_bytes(plan: KVCachePlan) -> dict[str, Any]:
     states = 0.0
     big = max(plan.context.max_model_len, 1)
     for spec, kind in _layer_reads(plan):
-        if kind == "state":
-            states += spec.page_size_bytes
+        if kind == "fixed":
+            states += len(spec.live_pages(big)) * spec.page_size_bytes
             continue
         per_token = spec.page_size_bytes / spec.tokens_per_page
         if kind == "full":

@@ -475,3 +475,14 @@ def test_chunked_layers_read_at_most_a_chunk_and_scout_counts_its_active_paramet
     assert (model.num_experts, model.experts_per_token) == (16, 1)
     # "17B active parameters" (the model's name): the matmuls plus the two vocab tables
     assert model.matmul_params + 2 * model.lm_head_params == pytest.approx(17e9, rel=0.03)
+
+
+def test_an_encoder_output_is_read_once_a_request_not_once_a_token():
+    config, source = load_model_config("openai/whisper-large-v3")
+    plan = _plan(layer_specs_from_config(config, REGISTRY), 448)
+    model = roofline(config, REGISTRY, plan, find_gpu("H100"), source=source)
+    # 32 decoder layers x K and V x 20 heads x 64 dims x 2 bytes: self-attention per token
+    assert model.kv_bytes_per_token == 32 * 2 * 20 * 64 * 2
+    # cross-attention: the 1,500 encoder frames in 94 pages of 16 tokens, per request
+    assert model.state_bytes == 32 * 2 * 20 * 64 * 2 * 94 * 16
+    assert model.dense_weight_bytes < 1.1e9 * 2  # the decoder alone (~0.9 B), not the 1.55 B model
