@@ -10,7 +10,8 @@ For each, in synchronous and asynchronous scheduling (vLLM 0.33's default):
   (``plan_for_vllm``: null block, tokens in flight, one block id per page);
 - vLLM manager: the most requests of max_model_len vLLM's ``KVCacheManager`` runs at once on
   that plan converted to vLLM's ``KVCacheConfig`` (prompt of max_model_len - 1 tokens, chunked
-  prefill through ``allocate_slots``, one decode token; however the chunks fall);
+  prefill through ``allocate_slots``, one decode token; however the chunks fall; a
+  cross-attention model's requests each bring the model's longest encoder output);
 - vLLM's own plan: the same count on the config vLLM's own planner makes for the same layers
   (``get_kv_cache_configs``), and the concurrency vLLM logs for it ("logs").
 
@@ -28,7 +29,7 @@ from kvcore import PolicyNotApplicableError, Registry, model_layer_specs
 from kvcore.cli.table import render_table
 from kvcore.frontends.hf_config import bundled_models
 from kvcore.integrations.vllm import admission, convert
-from kvcore.integrations.vllm.rules import VllmRules, plan_for_vllm
+from kvcore.integrations.vllm.rules import VllmRules, encoder_tokens_of, plan_for_vllm
 from kvcore.spec import KVCacheSpec
 
 GIB = 2**30
@@ -56,11 +57,15 @@ def kvcore_figures(
 def main() -> int:
     registry = Registry.default()
     models = sys.argv[1:] or [m.name for m in bundled_models()]
-    modes = (VllmRules(max_model_len=LENGTH, async_scheduling=False), VllmRules(max_model_len=LENGTH))
     rows = []
     short = 0
     for model in models:
         specs = model_layer_specs(model, registry)
+        encoder = encoder_tokens_of(specs)  # Whisper's 1500 audio frames, Llama-3.2-Vision's 6404
+        modes = tuple(
+            VllmRules(max_model_len=LENGTH, async_scheduling=mode, max_encoder_tokens=encoder)
+            for mode in (False, True)
+        )
         own = [own_figures(specs, rules) for rules in modes]
         for policy in POLICIES:
             try:

@@ -10,283 +10,181 @@ pytest plugin.
 """
 
 import importlib as _importlib
+import types as _types
 import typing as _typing
 
 from kvcore.errors import (
-    AgreementMismatchError,
-    BlockPoolExhaustedError,
-    DeviceUnavailableError,
-    DistributedAgreementError,
-    DuplicateRegistrationError,
-    GroupLimitError,
-    InsufficientMemoryError,
-    InvalidInputError,
-    InvalidSpecError,
-    KVCacheAllocationError,
-    KVCacheBindingError,
-    KVCoreError,
-    MemoryProfilingError,
-    ModelConfigError,
-    MultiplePoolsError,
-    PlanValidationError,
-    PluginLoadError,
-    PluginValidationError,
-    PolicyNotApplicableError,
-    SpecMismatchError,
-    StoreUnavailableError,
-    UnknownGpuError,
-    UnknownModelError,
-    UnknownPolicyError,
-    UnknownSpecKindError,
+    AgreementMismatchError as AgreementMismatchError,
+    BlockPoolExhaustedError as BlockPoolExhaustedError,
+    DeviceUnavailableError as DeviceUnavailableError,
+    DistributedAgreementError as DistributedAgreementError,
+    DuplicateRegistrationError as DuplicateRegistrationError,
+    GroupLimitError as GroupLimitError,
+    InsufficientMemoryError as InsufficientMemoryError,
+    InvalidInputError as InvalidInputError,
+    InvalidSpecError as InvalidSpecError,
+    KVCacheAllocationError as KVCacheAllocationError,
+    KVCacheBindingError as KVCacheBindingError,
+    KVCoreError as KVCoreError,
+    MemoryProfilingError as MemoryProfilingError,
+    ModelConfigError as ModelConfigError,
+    MultiplePoolsError as MultiplePoolsError,
+    PlanValidationError as PlanValidationError,
+    PluginFailedWarning as PluginFailedWarning,
+    PluginLoadError as PluginLoadError,
+    PluginValidationError as PluginValidationError,
+    PolicyNotApplicableError as PolicyNotApplicableError,
+    SpecMismatchError as SpecMismatchError,
+    StoreUnavailableError as StoreUnavailableError,
+    UnknownGpuError as UnknownGpuError,
+    UnknownModelError as UnknownModelError,
+    UnknownPolicyError as UnknownPolicyError,
+    UnknownSpecKindError as UnknownSpecKindError,
 )
 from kvcore.hookspecs import (
-    hookimpl,
-    hookspec,
+    hookimpl as hookimpl,
+    hookspec as hookspec,
 )
 
-#: Public names imported on first use, and the module that holds each.
-_LAZY: dict[str, str] = {
-    "PluginOrigin": "kvcore.planning.manager",
-    "get_plugin_manager": "kvcore.planning.manager",
-    "PartViews": "kvcore.runtime.allocation",
-    "allocate": "kvcore.runtime.allocation",
-    "bind_to_forward_context": "kvcore.runtime.binding",
-    "bind_to_modules": "kvcore.runtime.binding",
-    "bind_to_runner_list": "kvcore.runtime.binding",
-    "NULL_PAGE": "kvcore.runtime.block_pool",
-    "BlockPool": "kvcore.runtime.block_pool",
-    "BlockTables": "kvcore.runtime.block_tables",
-    "PrefixKey": "kvcore.runtime.prefix_cache",
-    "Capacity": "kvcore.planning.capacity",
-    "efficiency": "kvcore.planning.capacity",
-    "ideal_concurrency": "kvcore.planning.capacity",
-    "request_bytes": "kvcore.planning.capacity",
-    "DistributedExecutor": "kvcore.engine.distributed",
-    "Executor": "kvcore.engine.workflow",
-    "LocalExecutor": "kvcore.engine.local",
-    "initialize_kv_caches": "kvcore.engine.workflow",
-    "CacheLayout": "kvcore.cache_layout",
-    "DType": "kvcore.dtypes",
-    "to_dtype": "kvcore.dtypes",
-    "PagePart": "kvcore.cache_layout",
-    "MemoryProfile": "kvcore.runtime.memory",
-    "determine_available_memory": "kvcore.runtime.memory",
-    "ModelFamily": "kvcore.model_family",
-    "ModelOptions": "kvcore.model_options",
-    "ParameterCount": "kvcore.model_weights",
-    "WeightGroup": "kvcore.model_weights",
-    "layer_specs_from_config": "kvcore.frontends.hf_config",
-    "model_layer_specs": "kvcore.frontends.hf_config",
-    "scan_module": "kvcore.frontends.module_scan",
-    "KVCachePlan": "kvcore.plan",
-    "KVCacheConfig": "kvcore.plan",
-    "KVCacheGroup": "kvcore.plan",
-    "KVCachePool": "kvcore.plan",
-    "KVCacheTensor": "kvcore.plan",
-    "Parallelism": "kvcore.planning.ranks",
-    "RankLayout": "kvcore.planning.ranks",
-    "plan_for_ranks": "kvcore.planning.ranks",
-    "plan_kv_cache": "kvcore.planning.planner",
-    "AllocationPolicy": "kvcore.policy",
-    "BlockPlacement": "kvcore.policy",
-    "Layout": "kvcore.policy",
-    "PlanOptions": "kvcore.policy",
-    "PolicyChoice": "kvcore.policy",
-    "TensorPlacement": "kvcore.policy",
-    "Registry": "kvcore.planning.registry",
-    "DEFAULT_MAX_NUM_BATCHED_TOKENS": "kvcore.spec",
-    "KVCacheSpec": "kvcore.spec",
-    "SizingContext": "kvcore.spec",
-    "is_kv_cache_type_uniform": "kvcore.spec",
-    "format_bytes": "kvcore.units",
-    "parse_size": "kvcore.units",
-    "SimulationResult": "kvcore.simulation.simulator",
-    "simulate": "kvcore.simulation.simulator",
-    "find_gpu": "kvcore.simulation.gpus",
-    "latency_report": "kvcore.simulation.timing",
-    "read_profile": "kvcore.simulation.timing",
-    "roofline": "kvcore.simulation.timing",
-    "Request": "kvcore.simulation.workload",
-    "Workload": "kvcore.simulation.workload",
-    "read_trace": "kvcore.simulation.workload",
-    "synthetic": "kvcore.simulation.workload",
+#: Names kept from earlier versions: each still works, with a DeprecationWarning naming its
+#: replacement, until the version given (docs/reference/plugin-api.md).
+_DEPRECATED: dict[str, tuple[str, str, str]] = {
+    "Layout": ("kvcore.policy", "BlockPlacement", "0.3"),
+    "KVCacheConfig": ("kvcore.plan", "KVCachePlan", "0.3"),
+    "RankLayout": ("kvcore.planning.ranks", "Parallelism", "0.3"),
 }
 
+# The public names imported on first use are written once, in the TYPE_CHECKING block below
+# (as explicit re-exports, for type checkers); _lazy_names() reads that block at import.
 if _typing.TYPE_CHECKING:
     from kvcore.cache_layout import (
-        CacheLayout,
-        PagePart,
+        CacheLayout as CacheLayout,
+        PagePart as PagePart,
     )
-    from kvcore.dtypes import DType, to_dtype
-    from kvcore.engine.distributed import DistributedExecutor
-    from kvcore.engine.local import LocalExecutor
+    from kvcore.dtypes import (
+        DType as DType,
+        to_dtype as to_dtype,
+    )
+    from kvcore.engine.distributed import DistributedExecutor as DistributedExecutor
+    from kvcore.engine.local import LocalExecutor as LocalExecutor
     from kvcore.engine.workflow import (
-        Executor,
-        initialize_kv_caches,
+        Executor as Executor,
+        initialize_kv_caches as initialize_kv_caches,
     )
     from kvcore.frontends.hf_config import (
-        layer_specs_from_config,
-        model_layer_specs,
+        layer_specs_from_config as layer_specs_from_config,
+        model_layer_specs as model_layer_specs,
     )
-    from kvcore.frontends.module_scan import scan_module
-    from kvcore.model_family import ModelFamily
-    from kvcore.model_options import ModelOptions
-    from kvcore.model_weights import ParameterCount, WeightGroup
+    from kvcore.frontends.module_scan import scan_module as scan_module
+    from kvcore.model_family import ModelFamily as ModelFamily
+    from kvcore.model_options import ModelOptions as ModelOptions
+    from kvcore.model_weights import (
+        ParameterCount as ParameterCount,
+        WeightGroup as WeightGroup,
+    )
     from kvcore.plan import (
-        KVCacheConfig,
-        KVCacheGroup,
-        KVCachePlan,
-        KVCachePool,
-        KVCacheTensor,
+        KVCacheGroup as KVCacheGroup,
+        KVCachePlan as KVCachePlan,
+        KVCachePool as KVCachePool,
+        KVCacheTensor as KVCacheTensor,
     )
     from kvcore.planning.capacity import (
-        Capacity,
-        efficiency,
-        ideal_concurrency,
-        request_bytes,
+        Capacity as Capacity,
+        efficiency as efficiency,
+        ideal_concurrency as ideal_concurrency,
+        request_bytes as request_bytes,
     )
     from kvcore.planning.manager import (
-        PluginOrigin,
-        get_plugin_manager,
+        PluginOrigin as PluginOrigin,
+        get_plugin_manager as get_plugin_manager,
     )
-    from kvcore.planning.planner import plan_kv_cache
-    from kvcore.planning.ranks import Parallelism, RankLayout, plan_for_ranks
-    from kvcore.planning.registry import Registry
+    from kvcore.planning.planner import plan_kv_cache as plan_kv_cache
+    from kvcore.planning.ranks import (
+        Parallelism as Parallelism,
+        plan_for_ranks as plan_for_ranks,
+    )
+    from kvcore.planning.registry import Registry as Registry
     from kvcore.policy import (
-        AllocationPolicy,
-        BlockPlacement,
-        Layout,
-        PlanOptions,
-        PolicyChoice,
-        TensorPlacement,
+        AllocationPolicy as AllocationPolicy,
+        BlockPlacement as BlockPlacement,
+        PlanOptions as PlanOptions,
+        PolicyChoice as PolicyChoice,
+        TensorPlacement as TensorPlacement,
     )
     from kvcore.runtime.allocation import (
-        PartViews,
-        allocate,
+        PartViews as PartViews,
+        allocate as allocate,
     )
     from kvcore.runtime.binding import (
-        bind_to_forward_context,
-        bind_to_modules,
-        bind_to_runner_list,
+        bind_to_forward_context as bind_to_forward_context,
+        bind_to_modules as bind_to_modules,
+        bind_to_runner_list as bind_to_runner_list,
     )
     from kvcore.runtime.block_pool import (
-        NULL_PAGE,
-        BlockPool,
+        NULL_PAGE as NULL_PAGE,
+        BlockPool as BlockPool,
     )
-    from kvcore.runtime.block_tables import BlockTables
+    from kvcore.runtime.block_tables import BlockTables as BlockTables
     from kvcore.runtime.memory import (
-        MemoryProfile,
-        determine_available_memory,
+        MemoryProfile as MemoryProfile,
+        determine_available_memory as determine_available_memory,
     )
-    from kvcore.runtime.prefix_cache import PrefixKey
-    from kvcore.simulation.gpus import find_gpu
-    from kvcore.simulation.simulator import SimulationResult, simulate
-    from kvcore.simulation.timing import latency_report, read_profile, roofline
-    from kvcore.simulation.workload import Request, Workload, read_trace, synthetic
+    from kvcore.runtime.prefix_cache import PrefixKey as PrefixKey
+    from kvcore.simulation.gpus import find_gpu as find_gpu
+    from kvcore.simulation.simulator import (
+        SimulationResult as SimulationResult,
+        simulate as simulate,
+    )
+    from kvcore.simulation.timing import (
+        latency_report as latency_report,
+        read_profile as read_profile,
+        roofline as roofline,
+    )
+    from kvcore.simulation.workload import (
+        Request as Request,
+        Workload as Workload,
+        read_trace as read_trace,
+        synthetic as synthetic,
+    )
     from kvcore.spec import (
-        DEFAULT_MAX_NUM_BATCHED_TOKENS,
-        KVCacheSpec,
-        SizingContext,
-        is_kv_cache_type_uniform,
+        DEFAULT_MAX_NUM_BATCHED_TOKENS as DEFAULT_MAX_NUM_BATCHED_TOKENS,
+        KVCacheSpec as KVCacheSpec,
+        SizingContext as SizingContext,
+        is_kv_cache_type_uniform as is_kv_cache_type_uniform,
     )
     from kvcore.units import (
-        format_bytes,
-        parse_size,
+        format_bytes as format_bytes,
+        parse_size as parse_size,
     )
 
-__all__ = [
-    "DEFAULT_MAX_NUM_BATCHED_TOKENS",
-    "NULL_PAGE",
-    "AgreementMismatchError",
-    "AllocationPolicy",
-    "BlockPlacement",
-    "BlockPool",
-    "BlockPoolExhaustedError",
-    "BlockTables",
-    "CacheLayout",
-    "Capacity",
-    "DType",
-    "DeviceUnavailableError",
-    "DistributedAgreementError",
-    "DistributedExecutor",
-    "DuplicateRegistrationError",
-    "Executor",
-    "GroupLimitError",
-    "InsufficientMemoryError",
-    "InvalidInputError",
-    "InvalidSpecError",
-    "KVCacheAllocationError",
-    "KVCacheBindingError",
-    "KVCacheConfig",
-    "KVCacheGroup",
-    "KVCachePlan",
-    "KVCachePool",
-    "KVCacheSpec",
-    "KVCacheTensor",
-    "KVCoreError",
-    "Layout",
-    "LocalExecutor",
-    "MemoryProfile",
-    "MemoryProfilingError",
-    "ModelConfigError",
-    "ModelFamily",
-    "ModelOptions",
-    "MultiplePoolsError",
-    "PagePart",
-    "Parallelism",
-    "ParameterCount",
-    "PartViews",
-    "PlanOptions",
-    "PlanValidationError",
-    "PluginLoadError",
-    "PluginOrigin",
-    "PluginValidationError",
-    "PolicyChoice",
-    "PolicyNotApplicableError",
-    "PrefixKey",
-    "RankLayout",
-    "Registry",
-    "Request",
-    "SimulationResult",
-    "SizingContext",
-    "SpecMismatchError",
-    "StoreUnavailableError",
-    "TensorPlacement",
-    "UnknownGpuError",
-    "UnknownModelError",
-    "UnknownPolicyError",
-    "UnknownSpecKindError",
-    "WeightGroup",
-    "Workload",
-    "allocate",
-    "bind_to_forward_context",
-    "bind_to_modules",
-    "bind_to_runner_list",
-    "determine_available_memory",
-    "efficiency",
-    "find_gpu",
-    "format_bytes",
-    "get_plugin_manager",
-    "hookimpl",
-    "hookspec",
-    "ideal_concurrency",
-    "initialize_kv_caches",
-    "is_kv_cache_type_uniform",
-    "latency_report",
-    "layer_specs_from_config",
-    "model_layer_specs",
-    "parse_size",
-    "plan_for_ranks",
-    "plan_kv_cache",
-    "read_profile",
-    "read_trace",
-    "request_bytes",
-    "roofline",
-    "scan_module",
-    "simulate",
-    "synthetic",
-    "to_dtype",
-]
+
+
+def _lazy_names() -> dict[str, str]:
+    """The TYPE_CHECKING block's ``from MODULE import NAME as NAME``, as ``{NAME: MODULE}``."""
+    import ast
+
+    with open(__file__, encoding="utf-8") as source:
+        tree = ast.parse(source.read())
+    found: dict[str, str] = {}
+    for node in tree.body:
+        if isinstance(node, ast.If) and ast.unparse(node.test) == "_typing.TYPE_CHECKING":
+            for statement in node.body:
+                if isinstance(statement, ast.ImportFrom) and statement.module:
+                    module = statement.module
+                    found.update((alias.asname or alias.name, module) for alias in statement.names)
+    return found
+
+
+_LAZY = _lazy_names()
+#: Every public name: the errors, the hook markers and the names imported on first use.
+__all__ = sorted(
+    {
+        name
+        for name, value in globals().items()
+        if not name.startswith("_") and not isinstance(value, _types.ModuleType)  # not kvcore.errors
+    }
+    | set(_LAZY)
+)
 
 
 def __getattr__(name: str) -> _typing.Any:
@@ -294,6 +192,16 @@ def __getattr__(name: str) -> _typing.Any:
         from importlib.metadata import version
 
         return version("kvcore")
+    if name in _DEPRECATED:
+        home, replacement, until = _DEPRECATED[name]
+        import warnings
+
+        warnings.warn(
+            f"kvcore.{name} is deprecated: use kvcore.{replacement} (removed in kvcore {until})",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return getattr(_importlib.import_module(home), replacement)
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'kvcore' has no attribute {name!r}")

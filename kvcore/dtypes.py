@@ -10,6 +10,7 @@ recognises without importing torch. The runtime turns a :class:`DType` back into
 
 from __future__ import annotations
 
+import warnings
 from typing import TYPE_CHECKING, TypeGuard, Union
 
 import attrs
@@ -20,9 +21,14 @@ if TYPE_CHECKING:
     import torch
 
 
-@attrs.frozen(repr=False)
+@attrs.frozen(repr=False, eq=False)
 class DType:
     """An element type a cache may be stored in.
+
+    Equal to another :class:`DType` of the same name and size. Plugins written against kvcore
+    0.1, whose specs held ``torch.dtype`` values, compare their fields against torch dtypes
+    (``value in (torch.int8, torch.uint8)``): such a comparison still holds when the names
+    agree, with a ``DeprecationWarning`` naming the replacement, until kvcore 0.3.
 
     Attributes:
         name: torch's name for it, as written to JSON (``"bfloat16"``).
@@ -31,6 +37,32 @@ class DType:
 
     name: str
     itemsize: int
+
+    def __eq__(self, other: object) -> bool:
+        equal = self._equals(other)
+        return NotImplemented if equal is None else equal
+
+    def __ne__(self, other: object) -> bool:
+        equal = self._equals(other)
+        return NotImplemented if equal is None else not equal
+
+    def _equals(self, other: object) -> bool | None:
+        """Equality with a :class:`DType` or (deprecated) a torch dtype; ``None``: not comparable."""
+        if isinstance(other, DType):
+            return self.name == other.name and self.itemsize == other.itemsize
+        if is_torch_dtype(other):
+            warnings.warn(
+                f"comparing kvcore dtype {self.name} with {other}: specs hold kvcore.dtypes.DType "
+                f"since kvcore 0.2; compare with kvcore.dtypes.{self.name} (or to_dtype(...)) "
+                "instead; torch dtypes stop comparing equal in kvcore 0.3",
+                DeprecationWarning,
+                stacklevel=3,  # the caller of == or !=, the plugin that compares
+            )
+            return str(other).removeprefix("torch.") == self.name
+        return None
+
+    def __hash__(self) -> int:
+        return hash((self.name, self.itemsize))
 
     def __str__(self) -> str:
         return self.name

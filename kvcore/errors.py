@@ -49,6 +49,15 @@ class PluginValidationError(KVCoreError, TypeError):
     """A plugin implements a hook wrongly or contributes an object of the wrong type."""
 
 
+class PluginFailedWarning(UserWarning):
+    """A third-party plugin failed to import or register and was skipped.
+
+    Warned (not raised) so that one broken plugin package does not stop every user of the
+    environment; the message is the :class:`PluginLoadError` or :class:`PluginValidationError`
+    that strict loading (``strict=True`` or ``KVCORE_STRICT_PLUGINS=1``) would raise.
+    """
+
+
 class PolicyNotApplicableError(KVCoreError, ValueError):
     """The chosen allocation policy cannot plan these specs; the message says why."""
 

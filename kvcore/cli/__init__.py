@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 from collections.abc import Sequence
 from types import ModuleType
 
-from kvcore.errors import KVCoreError
+from kvcore.errors import KVCoreError, PluginFailedWarning
 
 #: Sub-command modules, in the order ``kvcore --help`` lists them.
 COMMANDS: tuple[str, ...] = ("plan", "compare", "simulate", "allocate", "check", "models", "plugins")
@@ -60,6 +61,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _show_warnings(caught: Sequence[warnings.WarningMessage]) -> None:
+    """A skipped plugin as one ``kvcore: warning:`` line; any other warning as Python shows it."""
+    for w in caught:
+        if issubclass(w.category, PluginFailedWarning):
+            print(f"kvcore: warning: {w.message}", file=sys.stderr)
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit status."""
     parser = build_parser()
@@ -67,11 +77,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         from kvcore.planning.registry import Registry
 
-        registry = Registry.default(
-            autoload=False if args.no_plugin_autoload else None,
-            block=args.block_plugin,
-            trace=True if args.trace_plugins else None,
-        )
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", PluginFailedWarning)
+            registry = Registry.default(
+                autoload=False if args.no_plugin_autoload else None,
+                block=args.block_plugin,
+                trace=True if args.trace_plugins else None,
+            )
+        _show_warnings(caught)
         status: int = args.run(args, registry)
     except KVCoreError as exc:
         from kvcore.cli.inputs import FLAG_NAMES

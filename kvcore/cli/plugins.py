@@ -20,7 +20,87 @@ def add_parser(sub: Any) -> None:
         ),
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help=(
+            "report every plugin's health: loaded, or skipped because it failed to import or "
+            "register (why, and how to block it); exit 1 if any failed"
+        ),
+    )
     parser.set_defaults(run=run)
+
+
+def plugin_health(registry: Registry) -> list[dict[str, Any]]:
+    """Every plugin the registry loaded or skipped: name, source, distribution, status, and for
+    a skipped one what failed and how to silence it (what ``kvcore plugins --check`` prints)."""
+    pm = registry.pm
+    rows: list[dict[str, Any]] = []
+    for name, plugin in pm.list_name_plugin():
+        if plugin is None:  # blocked (a skipped plugin is blocked too; it is listed below)
+            continue
+        origin = pm.origin_of(plugin)
+        rows.append(
+            {
+                "name": name,
+                "source": origin.source,
+                "distribution": origin.distribution,
+                "version": origin.version,
+                "status": "ok",
+                "api": pm.api_version(name),
+                "deprecated": list(pm.deprecations.get(name, ())),
+                "stage": None,
+                "error": None,
+                "remedy": None,
+            }
+        )
+    for failure in pm.failures:
+        origin = failure.origin
+        rows.append(
+            {
+                "name": origin.name,
+                "source": origin.source,
+                "distribution": origin.distribution,
+                "version": origin.version,
+                "status": "failed",
+                "api": pm.api_version(origin.name),
+                "deprecated": list(pm.deprecations.get(origin.name, ())),
+                "stage": failure.stage,
+                "error": failure.error,
+                "remedy": failure.remedy,
+            }
+        )
+    return rows
+
+
+def _run_check(args: argparse.Namespace, registry: Registry) -> int:
+    rows = plugin_health(registry)
+    failed = [row for row in rows if row["status"] == "failed"]
+    if args.json:
+        print(json.dumps({"plugins": rows, "failed": len(failed)}, indent=2))
+        return 1 if failed else 0
+    print(
+        render_table(
+            ["plugin", "source", "distribution", "api", "status"],
+            [
+                [
+                    row["name"],
+                    row["source"],
+                    f"{row['distribution']} {row['version']}" if row["distribution"] else "-",
+                    row["api"],
+                    row["status"] if row["status"] == "ok" else f"FAILED ({row['stage']})",
+                ]
+                for row in rows
+            ],
+        )
+    )
+    for row in failed:
+        print(f"\n{row['name']}: {row['error']}\n  fix: {row['remedy']}")
+    for row in rows:
+        for note in row["deprecated"]:
+            print(f"\n{row['name']} (written for plugin API {row['api']}): {note}")
+    print(f"\n{len(rows) - len(failed)} plugins loaded, {len(failed)} failed")
+    return 1 if failed else 0
 
 
 def plugin_listing(registry: Registry) -> dict[str, Any]:
@@ -70,6 +150,8 @@ def plugin_listing(registry: Registry) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace, registry: Registry) -> int:
+    if args.check:
+        return _run_check(args, registry)
     listing = plugin_listing(registry)
     if args.json:
         print(json.dumps(listing, indent=2))

@@ -20,7 +20,7 @@ from kvcore.cli.inputs import FLAG_NAMES
 from kvcore.cli.table import render_table
 from kvcore.error_messages import render
 from kvcore.errors import InvalidInputError, KVCoreError
-from kvcore.integrations.vllm.rules import VllmRules, plan_for_vllm
+from kvcore.integrations.vllm.rules import VllmRules, encoder_tokens_of, plan_for_vllm
 from kvcore.plan import KVCachePlan
 from kvcore.planning.capacity import Capacity
 from kvcore.planning.registry import Registry
@@ -87,6 +87,8 @@ def run(args: argparse.Namespace, registry: Registry, specs: Mapping[str, KVCach
         max_model_len=args.max_model_len,
         max_num_batched_tokens=args.max_num_batched_tokens,
         async_scheduling=True,
+        # cross-attention layers cache the encoder output the flag or the model's config gives
+        max_encoder_tokens=getattr(args, "max_encoder_tokens", 0) or encoder_tokens_of(specs),
     )
     names = [p.strip() for p in args.policies.split(",")] if args.policies else list(registry.policies)
     rows: list[dict[str, Any]] = []

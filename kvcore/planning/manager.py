@@ -6,18 +6,26 @@ the result (or the :class:`~kvcore.planning.registry.Registry` built from it) wh
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.metadata
 import os
 import sys
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from types import ModuleType
 
 import attrs
 import pluggy
 
 from kvcore import hookspecs
-from kvcore.errors import InvalidInputError, PluginLoadError, PluginValidationError
+from kvcore.errors import (
+    InvalidInputError,
+    KVCoreError,
+    PluginFailedWarning,
+    PluginLoadError,
+    PluginValidationError,
+)
 
 #: Built-in plugin modules, registered under these names exactly like third-party plugins.
 #: Any of them can be blocked by name (``block=`` or ``KVCORE_BLOCK_PLUGINS``).
@@ -55,6 +63,11 @@ ENTRY_POINT_GROUP = hookspecs.PROJECT_NAME
 ENV_DISABLE_AUTOLOAD = "KVCORE_DISABLE_PLUGIN_AUTOLOAD"
 ENV_BLOCK = "KVCORE_BLOCK_PLUGINS"
 ENV_TRACE = "KVCORE_TRACE_PLUGINS"
+ENV_STRICT = "KVCORE_STRICT_PLUGINS"
+
+#: The plugin API this kvcore implements (docs/reference/plugin-api.md); a plugin that uses
+#: names deprecated since an earlier one still loads, and is reported as written for that one.
+PLUGIN_API_VERSION = "0.2"
 
 
 @attrs.frozen(kw_only=True)
@@ -82,12 +95,86 @@ class PluginOrigin:
         return f"{self.source} {self.name}"
 
 
-class KVCorePluginManager(pluggy.PluginManager):
-    """A pluggy manager for the ``kvcore`` project that remembers where each plugin came from."""
+@attrs.frozen(kw_only=True)
+class PluginFailure:
+    """A third-party plugin that failed to load and was skipped (non-strict loading).
 
-    def __init__(self) -> None:
+    Attributes:
+        origin: where the plugin came from.
+        stage: what failed: ``"import"`` (the entry point's module), ``"hooks"`` (a hook
+            implementation kvcore does not have or with a wrong signature) or ``"registration"``
+            (a registration hook raised or registered something invalid).
+        error: the message strict loading raises.
+    """
+
+    origin: PluginOrigin
+    stage: str
+    error: str
+
+    @property
+    def remedy(self) -> str:
+        """How to silence it: fix or uninstall the distribution, or block the plugin by name."""
+        owner = f"uninstall {self.origin.distribution}" if self.origin.distribution else "remove it"
+        return f"fix it or {owner}, or skip it with {ENV_BLOCK}={self.origin.name}"
+
+
+class KVCorePluginManager(pluggy.PluginManager):
+    """A pluggy manager for the ``kvcore`` project that remembers where each plugin came from.
+
+    Attributes:
+        origins: each registered plugin's origin, by name.
+        strict: whether a third-party plugin that fails to load raises (``True``) or is
+            skipped with a :class:`~kvcore.errors.PluginFailedWarning` and recorded in
+            :attr:`failures`.
+        failures: the plugins skipped so far, in the order they failed.
+    """
+
+    def __init__(self, *, strict: bool = True) -> None:
         super().__init__(hookspecs.PROJECT_NAME)
         self.origins: dict[str, PluginOrigin] = {}
+        self.strict = strict
+        self.failures: list[PluginFailure] = []
+        #: what each plugin did that an earlier plugin API allowed and this one deprecates
+        #: (the DeprecationWarnings raised while it was imported or registered), by plugin name
+        self.deprecations: dict[str, list[str]] = {}
+
+    @contextlib.contextmanager
+    def noting_deprecations(self, name: str) -> Iterator[None]:
+        """Record the deprecation warnings raised inside under plugin ``name`` (see
+        :attr:`deprecations`), and let every warning through as Python would show it."""
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", DeprecationWarning)
+            yield
+        for w in caught:
+            if issubclass(w.category, DeprecationWarning):
+                notes = self.deprecations.setdefault(name, [])
+                if str(w.message) not in notes:
+                    notes.append(str(w.message))
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+
+    def api_version(self, name: str) -> str:
+        """The plugin API plugin ``name`` was written for, as far as loading it tells: the
+        current one, or the earliest whose deprecated names it used."""
+        return "0.1" if self.deprecations.get(name) else PLUGIN_API_VERSION
+
+    def skip_or_raise(self, origin: PluginOrigin, stage: str, error: KVCoreError) -> None:
+        """Handle a third-party plugin that failed: raise ``error`` when strict (or when the
+        plugin is kvcore's own or passed explicitly), else unregister it, record the failure
+        and warn once, so the rest of the registry still loads.
+
+        Raises:
+            KVCoreError: ``error`` itself, chained as it was.
+        """
+        if self.strict or origin.source != "entry point":
+            raise error
+        if self.has_plugin(origin.name):
+            self.unregister(name=origin.name)
+        self.origins.pop(origin.name, None)
+        # block the name so a later load of the same entry points does not bring it back
+        self.set_blocked(origin.name)
+        failure = PluginFailure(origin=origin, stage=stage, error=str(error))
+        self.failures.append(failure)
+        warnings.warn(f"{error}; skipped it ({ENV_STRICT}=1 makes this an error)", PluginFailedWarning, 3)
 
     def register_plugin(self, plugin: object, name: str, origin: PluginOrigin) -> None:
         """Register ``plugin`` under ``name`` and record its origin.
@@ -177,6 +264,7 @@ def get_plugin_manager(
     plugins: Iterable[object] = (),
     block: Iterable[str] = (),
     trace: bool | None = None,
+    strict: bool | None = None,
 ) -> KVCorePluginManager:
     """Build a plugin manager with kvcore's hooks and plugins, in this order:
 
@@ -193,14 +281,19 @@ def get_plugin_manager(
         plugins: extra plugins to register explicitly.
         block: plugin names (built-in or entry-point names) not to register.
         trace: print every hook call to stderr; default: ``$KVCORE_TRACE_PLUGINS``.
+        strict: raise when an entry-point plugin fails to import or register; default: no
+            unless ``$KVCORE_STRICT_PLUGINS`` is set. Not strict, such a plugin is skipped with a
+            :class:`~kvcore.errors.PluginFailedWarning` and listed in the manager's
+            ``failures`` (``kvcore plugins --check``), and everything else still loads.
+            Built-in and explicit plugins always raise.
 
     Raises:
-        PluginLoadError: an entry point failed to import; the message names it and its
-            distribution, and the original error is chained.
+        PluginLoadError: an entry point failed to import (strict only); the message names it
+            and its distribution, and the original error is chained.
         InvalidInputError: a name to block is no plugin's (the message lists the known names).
-        PluginValidationError: a plugin implements a hook wrongly.
+        PluginValidationError: a plugin implements a hook wrongly (an entry point: strict only).
     """
-    pm = KVCorePluginManager()
+    pm = KVCorePluginManager(strict=strict if strict is not None else _env_flag(ENV_STRICT))
     pm.add_hookspecs(hookspecs)
     plugins = list(plugins)
     blocked = {**dict.fromkeys(block, "block"), **dict.fromkeys(_env_list(ENV_BLOCK), ENV_BLOCK)}
@@ -227,15 +320,25 @@ def get_plugin_manager(
             plugin, name, PluginOrigin(name=name, source="explicit", module=_module_of(plugin))
         )
 
-    try:
-        pm.check_pending()
-    except pluggy.PluginValidationError as exc:
-        origin = pm.origin_of(exc.plugin)
-        raise PluginValidationError(
-            f"plugin {origin.describe()} implements a hook kvcore does not have: {exc}; "
-            f"check the spelling against kvcore.hookspecs, or skip the plugin with {ENV_BLOCK}={origin.name}"
-        ) from exc
+    _check_hooks(pm)
     return pm
+
+
+def _check_hooks(pm: KVCorePluginManager) -> None:
+    """Refuse (or, not strict, skip) each plugin that implements a hook kvcore does not have."""
+    while True:
+        try:
+            pm.check_pending()
+            return
+        except pluggy.PluginValidationError as exc:
+            origin = pm.origin_of(exc.plugin)
+            error = PluginValidationError(
+                f"plugin {origin.describe()} implements a hook kvcore does not have: {exc}; "
+                "check the spelling against kvcore.hookspecs, or skip the plugin with "
+                f"{ENV_BLOCK}={origin.name}"
+            )
+            error.__cause__ = exc
+            pm.skip_or_raise(origin, "hooks", error)
 
 
 def _plugin_name(plugin: object) -> str:
@@ -262,10 +365,11 @@ def _check_blocked_names(blocked: Mapping[str, str], plugins: Sequence[object], 
 def load_entry_points(pm: KVCorePluginManager, group: str = ENTRY_POINT_GROUP) -> int:
     """Register every plugin declared under entry-point ``group``; return how many were loaded.
 
-    Names that are already registered or blocked are skipped.
+    Names that are already registered or blocked are skipped; so, unless ``pm`` is strict,
+    is an entry point that fails to import or register (:meth:`KVCorePluginManager.skip_or_raise`).
 
     Raises:
-        PluginLoadError: naming the entry point and its distribution.
+        PluginLoadError: naming the entry point and its distribution (strict only).
     """
     loaded = 0
     for ep in importlib.metadata.entry_points(group=group):
@@ -277,17 +381,25 @@ def load_entry_points(pm: KVCorePluginManager, group: str = ENTRY_POINT_GROUP) -
         where = f"entry point '{ep.name} = {ep.value}'" + (
             f" of distribution {dist_name} {version}" if dist_name else ""
         )
-        try:
-            plugin = ep.load()
-        except Exception as exc:
-            raise PluginLoadError(
-                f"kvcore plugin {ep.name!r} ({where}) failed to import: "
-                f"{type(exc).__name__}: {exc}; fix or uninstall it, or skip it with "
-                f"{ENV_BLOCK}={ep.name}"
-            ) from exc
         origin = PluginOrigin(
             name=ep.name, source="entry point", module=ep.value, distribution=dist_name, version=version
         )
-        pm.register_plugin(plugin, ep.name, origin)
+        try:
+            with pm.noting_deprecations(ep.name):
+                plugin = ep.load()
+        except Exception as exc:  # any import-time failure of third-party code
+            error = PluginLoadError(
+                f"kvcore plugin {ep.name!r} ({where}) failed to import: "
+                f"{type(exc).__name__}: {exc}; fix or uninstall it, or skip it with "
+                f"{ENV_BLOCK}={ep.name}"
+            )
+            error.__cause__ = exc
+            pm.skip_or_raise(origin, "import", error)
+            continue
+        try:
+            pm.register_plugin(plugin, ep.name, origin)
+        except KVCoreError as exc:
+            pm.skip_or_raise(origin, "hooks", exc)
+            continue
         loaded += 1
     return loaded

@@ -13,6 +13,7 @@ claims its model type), :meth:`Registry.spec_for_module` (a module, through
 from __future__ import annotations
 
 import inspect
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -92,9 +93,25 @@ class Registry:
     # -- registration ----------------------------------------------------------------------
 
     def _collect(self, hook_name: str, add: Callable[[Any, PluginOrigin], None]) -> None:
-        """Call a registration hook plugin by plugin; ``add(obj, origin)`` for each registration."""
+        """Call a registration hook plugin by plugin; ``add(obj, origin)`` for each registration.
+
+        A third-party plugin whose registration fails is dropped whole (what it registered in
+        earlier hooks too) when the plugin manager is not strict, so the rest still loads.
+        """
         for origin, call in self._each_plugin(hook_name):
-            call(register=lambda obj, _origin=origin: add(obj, _origin))
+            try:
+                with self.pm.noting_deprecations(origin.name):
+                    call(register=lambda obj, _origin=origin: add(obj, _origin))
+            except KVCoreError as exc:
+                self.pm.skip_or_raise(origin, "registration", exc)
+                self._drop(origin.name)
+
+    def _drop(self, plugin_name: str) -> None:
+        """Forget every kind, policy and model family the plugin ``plugin_name`` registered."""
+        for table in (self._kinds, self._policies, self._families):
+            for key in [key for key, entry in table.items() if entry.origin.name == plugin_name]:
+                del table[key]
+        self._fallbacks = [entry for entry in self._fallbacks if entry.origin.name != plugin_name]
 
     def _each_plugin(
         self, hook_name: str, *, reverse: bool = False
@@ -185,6 +202,7 @@ class Registry:
                 f"{where} registered the class {policy.__qualname__}; register() takes a policy "
                 "instance, e.g. register(MyPolicy())"
             )
+        policy = _adapt_0_1_policy(policy, where)
         if not isinstance(policy, AllocationPolicy):
             raise PluginValidationError(
                 f"{where} registered {policy!r}, which is not an allocation policy: it needs "
@@ -471,6 +489,61 @@ class Registry:
             )
         layout.check_fits(spec.page_size_bytes, f"spec kind {spec.kind!r}")
         return layout
+
+
+class _PolicyWithoutPriority:
+    """A kvcore 0.1 policy (no ``auto_priority``) seen through the 0.2 protocol: ``auto``
+    never picks it (priority ``None``), everything else is the policy's own."""
+
+    auto_priority = None
+
+    def __init__(self, policy: object) -> None:
+        self._policy = policy
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._policy, name)
+
+    def why_not(self, specs: Mapping[str, KVCacheSpec]) -> str | None:
+        return self._policy.why_not(specs)  # type: ignore[attr-defined,no-any-return]
+
+    def group(self, *args: Any, **kwargs: Any) -> Any:
+        return self._policy.group(*args, **kwargs)  # type: ignore[attr-defined]
+
+    def layout(self, *args: Any, **kwargs: Any) -> Any:
+        return self._policy.layout(*args, **kwargs)  # type: ignore[attr-defined]
+
+
+def _adapt_0_1_policy(policy: object, where: str) -> object:
+    """A policy written against kvcore 0.1, adapted where the protocol allows it.
+
+    0.1 policies had no ``auto_priority``: they keep working, never picked by ``auto``, with a
+    ``DeprecationWarning``. 0.1's ``layout(groups, num_blocks)`` placed regions for a block
+    count, which a 0.2 :class:`~kvcore.policy.BlockPlacement` (one block's row) cannot express:
+    such a policy is refused, naming the change.
+    """
+    layout = getattr(policy, "layout", None)
+    if callable(layout):
+        try:
+            parameters = list(inspect.signature(layout).parameters)
+        except (TypeError, ValueError):  # a builtin or C callable: nothing to read
+            parameters = []
+        if "num_blocks" in parameters:
+            raise PluginValidationError(
+                f"{where}: policy {getattr(policy, 'name', policy)!r} implements kvcore 0.1's "
+                "layout(groups, num_blocks) -> Layout; since kvcore 0.2 layout(groups) returns a "
+                "kvcore.BlockPlacement describing one block id's row (offsets and page strides), and "
+                "kvcore sizes the tensors for the block count; see docs/how-to/write-a-policy.md"
+            )
+    if hasattr(policy, "name") and not hasattr(policy, "auto_priority"):
+        warnings.warn(
+            f"{where}: policy {policy.name!r} has no auto_priority (a kvcore 0.1 policy); "
+            "'auto' never picks it. Declare auto_priority = None (or an int) on the policy; "
+            "kvcore 0.3 refuses a policy without it",
+            DeprecationWarning,
+            stacklevel=4,  # the plugin's register(...) call, below _add_policy and _collect
+        )
+        return _PolicyWithoutPriority(policy)
+    return policy
 
 
 def _describe_family(entry: Registered) -> str:

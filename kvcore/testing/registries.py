@@ -32,14 +32,15 @@ def build_registry(*plugins: object, autoload: bool = False, block: Iterable[str
         block: plugin names not to register (built-in module names or entry-point names).
 
     Returns:
-        A registry over a new plugin manager; nothing is shared with other registries.
+        A registry over a new plugin manager; nothing is shared with other registries. It loads
+        strictly: a plugin that fails to load fails the test instead of being skipped.
 
     Raises:
         DuplicateRegistrationError: two plugins register the same kind or policy name.
         PluginLoadError: an installed entry point fails to import.
         PluginValidationError: a plugin implements a hook wrongly.
     """
-    pm = get_plugin_manager(autoload=autoload, block=block)
+    pm = get_plugin_manager(autoload=autoload, block=block, strict=True)
     for plugin in plugins:
         name = _plugin_name(plugin)
         if pm.is_registered(plugin) or pm.is_blocked(name):

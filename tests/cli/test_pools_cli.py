@@ -196,15 +196,16 @@ def test_compare_for_vllm_labels_a_plan_of_pools_and_goes_on(run_cli, pooled_spe
     )
     assert status == 0
     assert (
-        "kind_pools: no plan: policy 'kind_pools' made a plan of 3 block pools, but vLLM 0.33 has one" in out
+        "kind_pools: no plan: policy 'kind_pools' made a plan of 2 block pools, but vLLM 0.33 has one" in out
     )
     assert any(line.lstrip().startswith("shared_buffer") for line in out.splitlines())
 
 
-def test_vllm_refuses_mixed_page_groups_of_one_pool(registry):
+def test_vllm_runs_mixed_page_groups_of_one_pool_and_refuses_several_pools(registry):
     from kvcore.errors import KVCoreError
     from kvcore.integrations.vllm.rules import VllmIntegrationError, VllmRules, check_runnable, plan_for_vllm
     from kvcore.planning.serialization import spec_from_dict
+    from kvcore.policy import PlanOptions
 
     specs = {
         f"model.layers.{i}.attn": spec_from_dict(full_entry(num_kv_heads=2 + i % 3), registry)
@@ -214,13 +215,15 @@ def test_vllm_refuses_mixed_page_groups_of_one_pool(registry):
     context = SizingContext(max_model_len=1024)
     mixed = plan_kv_cache(specs, 64 * MiB, context, registry=registry, policy="kind_pools")
     assert len(mixed.pools) == 1 and mixed.groups[0].layer_specs
-    with pytest.raises(VllmIntegrationError, match=r"group\(s\) \[0\] of layers with different page sizes"):
-        check_runnable(mixed)
+    check_runnable(mixed)  # one pool, a mixed-page group of full attention: vLLM's UniformTypeKVCacheSpecs
     assert issubclass(VllmIntegrationError, KVCoreError)
-    # planned for vLLM, groups have one spec each (mixed_pages=False): shared_buffer runs,
-    # kind_pools gives each spec its own pool, which vLLM's one pool cannot run
+    # planned for vLLM, mixed pages stay as the options say
     planned = plan_for_vllm(specs, 64 * MiB, rules, registry=registry, policy="shared_buffer")
-    assert not any(group.layer_specs for group in planned.groups)
-    check_runnable(planned)
+    assert any(group.layer_specs for group in planned.groups)
+    single = PlanOptions(mixed_pages=False)
+    apart = plan_for_vllm(specs, 64 * MiB, rules, registry=registry, policy="shared_buffer", options=single)
+    assert not any(group.layer_specs for group in apart.groups)
+    check_runnable(apart)
+    # one spec per group, kind_pools gives each spec its own pool, which vLLM's one pool cannot run
     with pytest.raises(VllmIntegrationError, match="3 block pools"):
-        plan_for_vllm(specs, 64 * MiB, rules, registry=registry, policy="kind_pools")
+        plan_for_vllm(specs, 64 * MiB, rules, registry=registry, policy="kind_pools", options=single)

@@ -1,6 +1,6 @@
 """The package keeps its layers: contract ← planning ← front ends ← runtime ← simulation ← engine ← CLI.
 
-Every ``import`` in ``kvcore/`` (``plugins/`` and ``policies/`` included) is read from the source,
+Every ``import`` in ``kvcore/`` (``kvcore/plugins/`` and ``kvcore/policies/`` included) is read from the source,
 lazy imports inside functions and ``TYPE_CHECKING`` blocks too, and checked against these rules:
 
 1. a module imports only modules of its own layer or of the layers above it (:data:`ALLOWED`);
@@ -116,14 +116,8 @@ def module_name(path: Path) -> str:
 
 
 def source_files() -> Iterator[Path]:
-    """Every module of the package; ``kvcore/plugins`` and ``kvcore/policies`` are symlinks."""
-    for path in sorted(PACKAGE.rglob("*.py")):
-        yield path
-    for folder in ("plugins", "policies"):
-        link = PACKAGE / folder
-        if link.is_symlink():
-            for path in sorted(link.resolve().rglob("*.py")):
-                yield PACKAGE / folder / path.relative_to(link.resolve())
+    """Every module of the package, the built-in plugins and policies included."""
+    yield from sorted(PACKAGE.rglob("*.py"))
 
 
 def _is_type_checking(node: ast.If) -> bool:

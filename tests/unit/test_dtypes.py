@@ -89,7 +89,12 @@ def test_name_and_size_round_trip():
 def test_dtypes_are_values():
     assert DType("bfloat16", 2) == dtypes.bfloat16
     assert hash(DType("bfloat16", 2)) == hash(dtypes.bfloat16)
-    assert dtypes.bfloat16 != torch.bfloat16  # a torch dtype is converted, never equal
+    # kvcore 0.1 specs held torch dtypes: comparing with one still answers, with a warning
+    with pytest.warns(DeprecationWarning, match=r"compare with kvcore\.dtypes\.bfloat16"):
+        assert dtypes.bfloat16 == torch.bfloat16
+    with pytest.warns(DeprecationWarning):
+        assert dtypes.bfloat16 != torch.float16
+    assert dtypes.bfloat16 != "bfloat16"  # names are converted with to_dtype, never equal
     assert is_torch_dtype(torch.float16)
     assert not is_torch_dtype(dtypes.float16) and not is_torch_dtype("float16")
 

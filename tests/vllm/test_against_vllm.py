@@ -1,11 +1,14 @@
 """kvcore's plans run by the real vLLM 0.33: its spec classes, its ``KVCacheManager`` (the
 scheduler's block allocator) and its worker allocation on the meta device.
 
-For every bundled model and every synthetic mix of :mod:`kvcore.testing.mixes`, each policy's plan
-made under vLLM's rules is converted to vLLM's ``KVCacheConfig``; vLLM's manager then runs
-exactly kvcore's promised number of requests of ``max_model_len`` at once (prompt of
-``max_model_len - 1`` tokens, chunked prefill through ``allocate_slots``, one decode token), in
-synchronous and asynchronous scheduling, and refuses one more.
+For every bundled model (the encoder-decoder Whisper and the cross-attention Llama-3.2-Vision
+among them) and every synthetic mix of :mod:`kvcore.testing.mixes` (the mixed-page ones
+included), each policy's plan made under vLLM's rules is converted to vLLM's
+``KVCacheConfig``; vLLM's manager then runs exactly kvcore's promised number of requests of
+``max_model_len`` at once (prompt of ``max_model_len - 1`` tokens, chunked prefill through
+``allocate_slots``, one decode token; an encoder-decoder request's encoder tokens allocated at its
+first step, as vLLM's scheduler does), in synchronous and asynchronous scheduling, and refuses
+one more.
 """
 
 from __future__ import annotations
@@ -17,10 +20,19 @@ from vllm.v1 import kv_cache_interface as vk
 
 from kvcore import PolicyNotApplicableError, Registry, model_layer_specs
 from kvcore.integrations.vllm import admission, convert
-from kvcore.integrations.vllm.rules import VllmIntegrationError, VllmRules, page_span, plan_for_vllm
+from kvcore.integrations.vllm.rules import (
+    VLLM_SPEC_CLASSES,
+    VllmIntegrationError,
+    VllmRules,
+    encoder_tokens_of,
+    page_span,
+    plan_for_vllm,
+)
 from kvcore.planning.invariants import check_plan
+from kvcore.plugins.cross_attention import CrossAttentionSpec
 from kvcore.plugins.state import StatePart, StateSpec
-from kvcore.testing.mixes import TARGET_MIXES
+from kvcore.policy import PlanOptions
+from kvcore.testing.mixes import ISSUE_CASES, TARGET_MIXES
 from tests.helpers import chunked, full, mla, sliding
 
 GIB = 2**30
@@ -34,24 +46,42 @@ MODELS = [
     "google/gemma-3-27b-it",
     "meta-llama/Llama-3.1-8B",
     "meta-llama/Llama-3.2-1B",
+    "meta-llama/Llama-3.2-11B-Vision-Instruct",
     "meta-llama/Llama-4-Scout-17B-16E-Instruct",
     "meta-llama/Meta-Llama-3-8B-Instruct",
     "microsoft/Phi-3-mini-4k-instruct",
     "mistralai/Mistral-7B-v0.1",
     "openai/gpt-oss-20b",
     "Qwen/Qwen3-8B",
+    "openai/whisper-large-v3",
 ]
+#: Mixes whose layers of one kind have pages of several sizes (mixed-page groups).
+MIXED = {name: ISSUE_CASES[name][0] for name in ("OpenELM-like", "DeepSeek-V3.2-like")}
+MIXES = {**TARGET_MIXES, **MIXED}
 POLICIES = ["uniform", "equal_groups", "shared_buffer"]
 MODES = {"sync": False, "async": True}
+#: Whisper decodes at most 448 tokens (``max_target_positions``); the rest run at LENGTH.
+LENGTHS = {"openai/whisper-large-v3": 448}
 
 
 def _layers(source):
-    return dict(TARGET_MIXES[source]) if source in TARGET_MIXES else model_layer_specs(source, REGISTRY)
+    return dict(MIXES[source]) if source in MIXES else model_layer_specs(source, REGISTRY)
 
 
-def _plan(source, policy, async_scheduling, *, budget=BUDGET):
-    rules = VllmRules(max_model_len=LENGTH, async_scheduling=async_scheduling)
-    return plan_for_vllm(_layers(source), budget, rules, registry=REGISTRY, policy=policy), rules
+def _rules(source, async_scheduling=True):
+    """vLLM's settings for ``source``: its length, and a cross-attention model's encoder output
+    (what each request brings; vLLM's scheduler allocates its blocks at the first step)."""
+    return VllmRules(
+        max_model_len=LENGTHS.get(source, LENGTH),
+        async_scheduling=async_scheduling,
+        max_encoder_tokens=encoder_tokens_of(_layers(source)),
+    )
+
+
+def _plan(source, policy, async_scheduling, *, budget=BUDGET, options=None):
+    rules = _rules(source, async_scheduling)
+    plan = plan_for_vllm(_layers(source), budget, rules, registry=REGISTRY, policy=policy, options=options)
+    return plan, rules
 
 
 def _pairs(sources):
@@ -66,7 +96,7 @@ def _pairs(sources):
 
 
 def test_the_policies_left_out_refuse_the_layers():
-    for source in MODELS + list(TARGET_MIXES):
+    for source in MODELS + list(MIXES):
         for policy in POLICIES:
             if (source, policy) not in _pairs([source]):
                 with pytest.raises(PolicyNotApplicableError):
@@ -85,18 +115,43 @@ STATE = StateSpec(
 )
 
 
-@pytest.mark.parametrize(
-    "spec",
-    [full(), sliding(window=128), chunked(chunk=512), mla(), STATE],
-    ids=["full", "sliding", "chunked", "mla", "state"],
+CROSS = CrossAttentionSpec(
+    block_size=16, num_kv_heads=20, head_size=64, dtype="float16", max_encoder_tokens=1500
 )
+KINDS = {"full": full(), "sliding": sliding(window=128), "chunked": chunked(chunk=512), "mla": mla()}
+KINDS |= {"cross": CROSS, "state": STATE}
+KINDS_BY_NAME = {spec.kind: spec for spec in KINDS.values()}
+
+
+@pytest.mark.parametrize("spec", list(KINDS.values()), ids=list(KINDS))
 def test_every_kind_converts_both_ways_with_the_same_page(spec):
     vllm_spec = convert.spec_to_vllm(spec)
+    assert type(vllm_spec).__name__ == VLLM_SPEC_CLASSES[spec.kind]
     assert vllm_spec.page_size_bytes == spec.page_size_bytes
-    back = convert.spec_from_vllm("model.layers.0.self_attn.attn", vllm_spec)
+    back = convert.spec_from_vllm("model.layers.0.self_attn.attn", vllm_spec, max_encoder_tokens=1500)
     assert back == spec
     assert back.max_num_blocks(VllmRules(max_model_len=LENGTH).context()) == spec.max_num_blocks(
         VllmRules(max_model_len=LENGTH).context()
+    )
+
+
+def test_the_adapters_kinds_are_every_vllm_class_it_names():
+    """The torch-free table the engine matrix reads names vLLM's real classes, and each kind
+    in it converts (the test above), so the matrix claims no kind the adapter refuses."""
+    assert set(KINDS_BY_NAME) == set(VLLM_SPEC_CLASSES)
+    for cls in VLLM_SPEC_CLASSES.values():
+        assert issubclass(getattr(vk, cls), vk.KVCacheSpec)
+
+
+def test_cross_attention_needs_its_encoder_length():
+    vllm_spec = convert.spec_to_vllm(CROSS)
+    with pytest.raises(VllmIntegrationError, match="max_encoder_tokens"):
+        convert.specs_from_vllm({"model.decoder.layers.0.encoder_attn.attn": vllm_spec})
+    # vLLM sizes its cross attention from the scheduler's encoder budget; kvcore then counts alike
+    rules = VllmRules(max_model_len=448, max_encoder_tokens=2048)
+    config = admission.vllm_config(rules)
+    assert vllm_spec.max_memory_usage_bytes(config) == (
+        CROSS.max_num_blocks(rules.context()) * CROSS.page_size_bytes
     )
 
 
@@ -113,7 +168,6 @@ def test_sliding_and_chunked_size_for_vllms_tokens_in_flight():
 @pytest.mark.parametrize(
     "spec",
     [
-        vk.CrossAttentionSpec(block_size=16, num_kv_heads=2, head_size=64, dtype=torch.bfloat16),
         vk.SinkFullAttentionSpec(
             block_size=16, num_kv_heads=2, head_size=64, dtype=torch.bfloat16, sink_len=4
         ),
@@ -126,7 +180,7 @@ def test_sliding_and_chunked_size_for_vllms_tokens_in_flight():
         ),
         vk.MambaSpec(block_size=16, shapes=((3, 64),), dtypes=(torch.bfloat16,), mamba_cache_mode="align"),
     ],
-    ids=["cross", "sink", "quantized", "mamba-align"],
+    ids=["sink", "quantized", "mamba-align"],
 )
 def test_a_spec_kvcore_cannot_hold_is_refused_by_name(spec):
     with pytest.raises(VllmIntegrationError) as caught:
@@ -147,7 +201,7 @@ def test_layer_names_follow_vllm():
 
 
 @pytest.mark.parametrize("mode", list(MODES))
-@pytest.mark.parametrize(("source", "policy"), _pairs(MODELS + list(TARGET_MIXES)))
+@pytest.mark.parametrize(("source", "policy"), _pairs(MODELS + list(MIXES)))
 def test_vllms_manager_admits_exactly_kvcores_promise(source, policy, mode):
     plan, rules = _plan(source, policy, MODES[mode])
     assert plan.null_block == 0 and page_span(plan) == 1
@@ -170,9 +224,9 @@ def test_vllms_manager_admits_exactly_kvcores_promise(source, policy, mode):
 
 
 @pytest.mark.parametrize("mode", list(MODES))
-@pytest.mark.parametrize("source", MODELS + list(TARGET_MIXES))
+@pytest.mark.parametrize("source", MODELS + list(MIXES))
 def test_kvcores_best_plan_holds_at_least_vllms_own(source, mode):
-    rules = VllmRules(max_model_len=LENGTH, async_scheduling=MODES[mode])
+    rules = _rules(source, MODES[mode])
     specs = _layers(source)
     best = max(
         admission.promised(plan_for_vllm(specs, BUDGET, rules, registry=REGISTRY, policy=policy))
@@ -213,7 +267,7 @@ def test_jamba_state_pages_take_one_block_id_each():
 # -- the reverse, and vLLM's allocation ------------------------------------------------------
 
 
-@pytest.mark.parametrize(("source", "policy"), _pairs(MODELS))
+@pytest.mark.parametrize(("source", "policy"), _pairs(MODELS + list(MIXED)))
 def test_a_converted_plan_reads_back_with_the_same_figures(source, policy):
     plan, rules = _plan(source, policy, True)
     back = convert.plan_from_vllm_config(convert.plan_to_vllm_config(plan), rules.context(), BUDGET)
@@ -222,10 +276,18 @@ def test_a_converted_plan_reads_back_with_the_same_figures(source, policy):
     assert back.blocks_per_request() == plan.blocks_per_request()
     assert [g.layer_names for g in back.groups] == [g.layer_names for g in plan.groups]
 
+    # a mixed-page group reads back mixed, every layer with its page (an MLA latent's rope split
+    # is not in vLLM's spec, so the spec itself may differ)
+    def pages(p):
+        return [{name: g.spec_of(name).page_size_bytes for name in g.layer_names} for g in p.groups]
 
-@pytest.mark.parametrize("source", MODELS)
+    assert pages(back) == pages(plan)
+    assert [bool(g.layer_specs) for g in back.groups] == [bool(g.layer_specs) for g in plan.groups]
+
+
+@pytest.mark.parametrize("source", MODELS + list(MIXED))
 def test_vllms_own_plan_reads_as_a_kvcore_plan(source):
-    rules = VllmRules(max_model_len=LENGTH)
+    rules = _rules(source)
     specs = _layers(source)
     own = admission.vllm_own_config(admission.vllm_layer_specs(specs, rules), BUDGET, rules)
     plan = convert.plan_from_vllm_config(own, rules.context(), BUDGET)
@@ -234,7 +296,7 @@ def test_vllms_own_plan_reads_as_a_kvcore_plan(source):
     assert admission.admitted(own, rules, start=admission.promised(plan)) == admission.promised(plan)
 
 
-@pytest.mark.parametrize(("source", "policy"), _pairs(MODELS))
+@pytest.mark.parametrize(("source", "policy"), _pairs(MODELS + list(MIXED)))
 def test_vllms_meta_allocation_stays_in_the_budget_and_views_kvcores_pages(source, policy):
     plan, _ = _plan(source, policy, True)
     config = convert.plan_to_vllm_config(plan)
@@ -251,9 +313,76 @@ def test_vllms_meta_allocation_stays_in_the_budget_and_views_kvcores_pages(sourc
         base += tensor.size
     for vllm_name, view in views.items():
         name = names[vllm_name]
-        page = plan.group_of(name).spec.page_size_bytes
+        page = plan.group_of(name).spec_of(name).page_size_bytes
         start, stride, span = admission.view_pages(view)
         assert (start, stride) == starts[name], vllm_name
         assert span == page, vllm_name
         assert view.shape[0] == plan.num_blocks
         assert start + (plan.num_blocks - 1) * stride + span <= backing_bytes
+
+
+# -- cross attention, mixed pages, several pools ----------------------------------------------
+
+
+@pytest.mark.parametrize("source", ["openai/whisper-large-v3", "meta-llama/Llama-3.2-11B-Vision-Instruct"])
+def test_cross_attention_blocks_come_at_the_first_step_and_stay(source):
+    plan, rules = _plan(source, "shared_buffer", True)
+    config = convert.plan_to_vllm_config(plan)
+    cross = [
+        i for i, g in enumerate(config.kv_cache_groups) if type(g.kv_cache_spec) is vk.CrossAttentionSpec
+    ]
+    assert cross
+    manager = admission.make_manager(config, rules)
+    request = admission.Request("r0", [1] * 16, admission.SamplingParams(max_tokens=1), None)
+    encoder = rules.max_encoder_tokens
+    assert manager.allocate_slots(request, 16, num_encoder_tokens=encoder, full_sequence_must_fit=True)
+    request.num_computed_tokens = 16
+    held = manager.get_block_ids("r0")
+    for i in cross:  # every encoder page at once, as kvcore's cross_attention holds them
+        spec = plan.groups[i].spec
+        assert len(held[i]) == spec.max_num_blocks(rules.context()) == -(-encoder // spec.block_size)
+    assert manager.allocate_slots(request, 1) is not None
+    after = manager.get_block_ids("r0")
+    assert all(after[i] == held[i] for i in cross)  # decoding adds none and frees none
+
+
+@pytest.mark.parametrize("source", list(MIXED))
+def test_a_mixed_page_group_becomes_one_uniform_type_spec(source):
+    plan, _rules = _plan(source, "shared_buffer", True)
+    mixed = [g for g in plan.groups if g.layer_specs]
+    assert mixed, "the policy made no mixed-page group"
+    config = convert.plan_to_vllm_config(plan)
+    for group, vllm_group in zip(plan.groups, config.kv_cache_groups, strict=True):
+        spec = vllm_group.kv_cache_spec
+        if not group.layer_specs:
+            assert not isinstance(spec, vk.UniformTypeKVCacheSpecs)
+            continue
+        assert isinstance(spec, vk.UniformTypeKVCacheSpecs)
+        assert vk.UniformTypeKVCacheSpecs.is_uniform_type(spec.kv_cache_specs)
+        for name in group.layer_names:
+            layer = spec.kv_cache_specs[convert.vllm_layer_name(name, group.spec)]
+            assert layer.page_size_bytes == group.spec_of(name).page_size_bytes
+
+
+@pytest.mark.parametrize("source", list(MIXED))
+def test_mixed_pages_hold_at_least_one_spec_per_group(source):
+    """Mixed-page groups are on for vLLM because vLLM runs them; they never hold fewer."""
+    mixed, _ = _plan(source, "shared_buffer", True)
+    single, _ = _plan(source, "shared_buffer", True, options=PlanOptions(mixed_pages=False))
+    assert not any(g.layer_specs for g in single.groups)
+    assert admission.promised(mixed) >= admission.promised(single)
+
+
+def test_several_pools_are_refused_saying_why():
+    with pytest.raises(VllmIntegrationError, match="one block pool"):
+        _plan("google/gemma-3-27b-it", "kind_pools", True)
+
+
+@pytest.mark.parametrize("source", ["meta-llama/Llama-3.1-8B", "google/gemma-3-27b-it", "OpenELM-like"])
+def test_prefix_caching_runs_kvcores_promise(source):
+    """vLLM's manager with prefix caching on (its default for attention models) runs the
+    promise too: prompts that share no prefix cache nothing, so they hold what they would."""
+    plan, rules = _plan(source, "shared_buffer", True)
+    config = convert.plan_to_vllm_config(plan)
+    promise = admission.promised(plan)
+    assert admission.run_requests(config, rules, promise, enable_caching=True).completed

@@ -11,10 +11,12 @@ import types
 
 import pytest
 import vllm.v1.engine.core as core
+from vllm.v1 import kv_cache_interface as vk
 
 from kvcore import Registry, model_layer_specs
 from kvcore.integrations.vllm import admission, convert, plugin
 from kvcore.integrations.vllm.rules import VllmIntegrationError, VllmRules, plan_for_vllm
+from kvcore.testing.mixes import openelm_like
 
 GIB = 2**30
 REGISTRY = Registry.default()
@@ -104,6 +106,57 @@ def test_vllms_engine_core_takes_kvcores_plan(patched, model):
     assert not admission.runs_all(scheduler_config, rules, promise + 1)
 
 
+def test_whisper_starts_with_cross_attention_sized_by_vllms_encoder_budget(patched):
+    """An encoder-decoder model: the plugin converts vLLM's CrossAttentionSpec with the
+    scheduler's max_num_encoder_input_tokens (what vLLM sizes it by), and the scheduler's config
+    runs what kvcore promised, each request bringing that many encoder tokens."""
+    rules = VllmRules(max_model_len=448)
+    specs = model_layer_specs("openai/whisper-large-v3", REGISTRY)
+    vllm_specs = admission.vllm_layer_specs(specs, rules)
+    assert sum(type(s) is vk.CrossAttentionSpec for s in vllm_specs.values()) == 32
+    workers, scheduler_config = _start([vllm_specs], [8 * GIB], rules)
+    encoder = admission.vllm_config(rules).scheduler_config.max_num_encoder_input_tokens
+    sized = VllmRules(max_model_len=448, max_encoder_tokens=encoder)
+    expected = plan_for_vllm(
+        convert.specs_from_vllm(vllm_specs, rename=False, max_encoder_tokens=encoder),
+        8 * GIB,
+        sized,
+        registry=REGISTRY,
+        policy="shared_buffer",
+    )
+    assert workers[0].num_blocks == scheduler_config.num_blocks == expected.num_blocks
+    kinds = {type(g.kv_cache_spec) for g in workers[0].kv_cache_groups}
+    assert kinds == {vk.FullAttentionSpec, vk.CrossAttentionSpec}
+    promise = admission.promised(expected)
+    assert admission.runs_all(scheduler_config, sized, promise)
+    assert not admission.runs_all(scheduler_config, sized, promise + 1)
+
+
+def test_a_mixed_page_plan_reaches_the_workers_as_uniform_type_specs(patched):
+    """Layers of one kind whose pages differ (OpenELM-like) start in one block table: the
+    workers get a UniformTypeKVCacheSpecs group, the scheduler its first layer's spec, as vLLM's
+    engine core gives them, and the scheduler's config runs the promise."""
+    rules = VllmRules(max_model_len=2048)
+    vllm_specs = admission.vllm_layer_specs(openelm_like(), rules)
+    workers, scheduler_config = _start([vllm_specs], [GIB], rules)
+    (group,) = workers[0].kv_cache_groups
+    assert isinstance(group.kv_cache_spec, vk.UniformTypeKVCacheSpecs)
+    assert len({s.page_size_bytes for s in group.kv_cache_spec.kv_cache_specs.values()}) == 3
+    assert isinstance(scheduler_config.kv_cache_groups[0].kv_cache_spec, vk.FullAttentionSpec)
+    expected = plan_for_vllm(
+        convert.specs_from_vllm(vllm_specs, rename=False),
+        GIB,
+        rules,
+        registry=REGISTRY,
+        policy="shared_buffer",
+    )
+    promise = admission.promised(expected)
+    assert admission.runs_all(workers[0], rules, promise)
+    assert not admission.runs_all(workers[0], rules, promise + 1)
+    views = admission.allocate_on_meta(workers[0])
+    assert set(views) == set(vllm_specs)
+
+
 def test_pipeline_stages_get_the_smallest_block_count(patched):
     rules = VllmRules(max_model_len=8192)
     specs = admission.vllm_layer_specs(model_layer_specs("meta-llama/Llama-3.1-8B", REGISTRY), rules)
@@ -120,3 +173,13 @@ def test_a_layout_that_splits_pages_is_refused(patched):
     specs = admission.vllm_layer_specs(model_layer_specs("meta-llama/Llama-3.2-1B", REGISTRY), rules)
     with pytest.raises(VllmIntegrationError, match="VLLM_KV_CACHE_LAYOUT=LBNHC"):
         plugin.kvcore_kv_cache_configs(config, [specs], [GIB], "shared_buffer")
+
+
+def test_speculative_lookahead_is_named_where_the_plan_leaves_it_out(monkeypatch, caplog):
+    rules = VllmRules(max_model_len=8192)
+    config = admission.vllm_config(rules)
+    specs = admission.vllm_layer_specs(model_layer_specs("meta-llama/Llama-3.2-1B", REGISTRY), rules)
+    monkeypatch.setattr(type(config), "num_lookahead_tokens", property(lambda self: 3))
+    with caplog.at_level("WARNING", logger="kvcore.vllm"):
+        plugin.kvcore_kv_cache_configs(config, [specs], [GIB], "shared_buffer")
+    assert "3 speculative lookahead slots" in caplog.text

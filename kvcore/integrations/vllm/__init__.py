@@ -3,8 +3,11 @@
 - :mod:`~kvcore.integrations.vllm.rules` (no vLLM needed): vLLM's scheduler rules as a
   :class:`~kvcore.SizingContext` and plan options (null block, tokens in flight), and
   :func:`~kvcore.integrations.vllm.rules.plan_for_vllm`, which plans with any kvcore policy so
-  that vLLM can run the plan (one block id per page).
-- :mod:`~kvcore.integrations.vllm.convert`: vLLM's ``KVCacheSpec``s to kvcore specs and back, a
+  that vLLM can run the plan (one block id per page); the tables of what vLLM runs (kinds,
+  mixed-page kinds) and :func:`~kvcore.integrations.vllm.rules.capabilities`, vLLM's column
+  of the engine matrix.
+- :mod:`~kvcore.integrations.vllm.convert`: vLLM's ``KVCacheSpec``s to kvcore specs and back
+  (``CrossAttentionSpec`` included; a mixed-page group as ``UniformTypeKVCacheSpecs``), a
   kvcore plan to vLLM's ``KVCacheConfig`` (vLLM's own classes, one backing allocation) and a
   ``KVCacheConfig`` read back as a kvcore plan.
 - :mod:`~kvcore.integrations.vllm.admission`: vLLM's own ``KVCacheManager`` driven through

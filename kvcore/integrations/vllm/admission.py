@@ -36,7 +36,11 @@ from vllm.sampling_params import SamplingParams
 from vllm.v1 import kv_cache_interface as vk
 from vllm.v1.core.kv_cache_manager import KVCacheManager
 from vllm.v1.core.kv_cache_planning import get_global_kv_cache_groups, get_kv_cache_configs
-from vllm.v1.core.kv_cache_utils import get_max_concurrency_for_kv_cache_config
+from vllm.v1.core.kv_cache_utils import (
+    generate_scheduler_kv_cache_config,
+    get_max_concurrency_for_kv_cache_config,
+    resolve_kv_cache_block_sizes,
+)
 from vllm.v1.kv_cache_layout import KVCacheLayout
 from vllm.v1.request import Request, RequestStatus
 from vllm.v1.worker.utils import allocate_kv_cache
@@ -162,19 +166,49 @@ class AdmissionRun:
     peak_blocks: int
 
 
-def make_manager(config: vk.KVCacheConfig, rules: VllmRules) -> KVCacheManager:
-    """vLLM's ``KVCacheManager`` for ``config`` as the scheduler makes it (block sizes as the
-    engine core resolves them without prefix caching: the least common multiple)."""
-    sizes = [g.kv_cache_spec.block_size for g in config.kv_cache_groups]
-    block = math.lcm(*sizes) if sizes else 1
+def make_manager(
+    config: vk.KVCacheConfig, rules: VllmRules, *, enable_caching: bool = False
+) -> KVCacheManager:
+    """vLLM's ``KVCacheManager`` for ``config`` as the engine core makes it: from the
+    scheduler's copy of the config (``generate_scheduler_kv_cache_config``, which gives a
+    ``UniformTypeKVCacheSpecs`` group its first layer's spec), with the block sizes the engine
+    core resolves (``resolve_kv_cache_block_sizes``: the least common multiple of the groups'
+    for scheduling; with prefix caching, ``enable_caching``, hashing at their greatest common
+    divisor)."""
+    scheduler_config = generate_scheduler_kv_cache_config([config])
+    sizes = [g.kv_cache_spec.block_size for g in scheduler_config.kv_cache_groups]
+    block = hash_block = math.lcm(*sizes) if sizes else 1
+    if enable_caching:
+        engine = vllm_config(rules)
+        engine.cache_config.enable_prefix_caching = True
+        engine.cache_config.block_size = block  # what a one-group config is resolved from
+        block, hash_block = resolve_kv_cache_block_sizes(scheduler_config, engine)
     return KVCacheManager(
-        kv_cache_config=config,
+        kv_cache_config=scheduler_config,
         max_model_len=rules.max_model_len,
         scheduler_block_size=block,
-        hash_block_size=block,
+        hash_block_size=hash_block,
         max_in_flight_tokens=rules.max_in_flight_tokens,
-        enable_caching=False,
+        enable_caching=enable_caching,
     )
+
+
+def encoder_tokens(config: vk.KVCacheConfig, rules: VllmRules) -> int:
+    """Encoder tokens each request brings to the config's cross-attention groups: ``0``
+    without any, else ``rules.max_encoder_tokens`` (the longest, the worst case).
+
+    Raises:
+        VllmIntegrationError: the config has cross-attention groups but the rules no
+            ``max_encoder_tokens``.
+    """
+    if not any(isinstance(g.kv_cache_spec, vk.CrossAttentionSpec) for g in config.kv_cache_groups):
+        return 0
+    if not rules.max_encoder_tokens:
+        raise VllmIntegrationError(
+            "the config has cross-attention groups, whose blocks vLLM allocates for each request's encoder "
+            "tokens; give VllmRules(max_encoder_tokens=...) (Whisper's encoder gives 1500)"
+        )
+    return rules.max_encoder_tokens
 
 
 def first_chunks(config: vk.KVCacheConfig, rules: VllmRules) -> tuple[int, ...]:
@@ -199,10 +233,19 @@ def first_chunks(config: vk.KVCacheConfig, rules: VllmRules) -> tuple[int, ...]:
 
 
 def run_requests(
-    config: vk.KVCacheConfig, rules: VllmRules, count: int, *, first_chunk: int | None = None
+    config: vk.KVCacheConfig,
+    rules: VllmRules,
+    count: int,
+    *,
+    first_chunk: int | None = None,
+    enable_caching: bool = False,
 ) -> AdmissionRun:
     """Start ``count`` requests of ``max_model_len - 1`` prompt tokens at once and run them to
     ``max_model_len`` tokens through a fresh ``KVCacheManager`` (see the module docstring).
+
+    A request of an encoder-decoder model brings :func:`encoder_tokens` encoder tokens: its
+    first call asks for their cross-attention blocks (``num_encoder_tokens``), as vLLM's
+    scheduler does when it schedules the request's encoder input.
 
     Args:
         config: the config vLLM runs.
@@ -210,11 +253,13 @@ def run_requests(
         count: requests started at once.
         first_chunk: tokens of each request's first chunk (default: a full
             ``max_num_batched_tokens``); later chunks are full.
+        enable_caching: run the manager with prefix caching on (the prompts share no prefix).
 
     Returns:
         Whether they all completed, and where the first refusal came.
     """
-    manager = make_manager(config, rules)
+    manager = make_manager(config, rules, enable_caching=enable_caching)
+    encoder = encoder_tokens(config, rules)
     length = rules.max_model_len
     prompt = length - 1
     chunk = rules.max_num_batched_tokens
@@ -241,7 +286,11 @@ def run_requests(
             new = min(step, prompt - done) if done < prompt else 1
             first = not started[i]
             blocks = manager.allocate_slots(
-                request, new, full_sequence_must_fit=first, has_scheduled_reqs=i > 0
+                request,
+                new,
+                num_encoder_tokens=encoder if first else 0,
+                full_sequence_must_fit=first,
+                has_scheduled_reqs=i > 0,
             )
             if blocks is None:
                 return AdmissionRun(requests=count, completed=False, refused_at=(i, done), peak_blocks=peak)

@@ -18,10 +18,16 @@ from collections.abc import Mapping
 from vllm.v1 import kv_cache_interface as vk
 
 from kvcore.dtypes import to_dtype
-from kvcore.integrations.vllm.rules import VllmIntegrationError, check_runnable, page_span
+from kvcore.integrations.vllm.rules import (
+    VLLM_SPEC_CLASSES,
+    VllmIntegrationError,
+    check_runnable,
+    page_span,
+)
 from kvcore.plan import KVCacheGroup, KVCachePlan, KVCacheTensor
 from kvcore.plugins.attention import AttentionSpec
 from kvcore.plugins.chunked_local_attention import ChunkedLocalAttentionSpec
+from kvcore.plugins.cross_attention import CrossAttentionSpec
 from kvcore.plugins.full_attention import FullAttentionSpec
 from kvcore.plugins.mla import MLAAttentionSpec
 from kvcore.plugins.sliding_window import SlidingWindowSpec
@@ -29,13 +35,12 @@ from kvcore.plugins.state import StatePart, StateSpec
 from kvcore.runtime.torch_dtypes import torch_dtype
 from kvcore.spec import KVCacheSpec, SizingContext, describe_spec
 
-#: vLLM's spec classes kvcore converts, by the kvcore kind each becomes.
-SUPPORTED_VLLM_SPECS = (
-    "FullAttentionSpec -> full_attention",
-    "SlidingWindowSpec -> sliding_window",
-    "ChunkedLocalAttentionSpec -> chunked_local_attention",
-    "MLAAttentionSpec -> mla",
-    "MambaSpec (mamba_cache_mode 'none', no speculative blocks) -> state",
+_STATE_NOTE = " (mamba_cache_mode 'none', no speculative blocks)"
+
+#: vLLM's spec classes kvcore converts, by the kvcore kind each becomes
+#: (:data:`~kvcore.integrations.vllm.rules.VLLM_SPEC_CLASSES`, read the other way).
+SUPPORTED_VLLM_SPECS = tuple(
+    f"{cls}{_STATE_NOTE if kind == 'state' else ''} -> {kind}" for kind, cls in VLLM_SPEC_CLASSES.items()
 )
 
 #: Rotary part of an MLA latent that kvcore assumes when vLLM gives only the latent's size
@@ -82,7 +87,9 @@ def _plain_attention(name: str, spec: vk.AttentionSpec, *, head_size_v: int, pad
         raise _unsupported(name, spec, ", ".join(odd))
 
 
-def spec_from_vllm(name: str, spec: vk.KVCacheSpec, *, padded: bool = False) -> KVCacheSpec:
+def spec_from_vllm(
+    name: str, spec: vk.KVCacheSpec, *, padded: bool = False, max_encoder_tokens: int = 0
+) -> KVCacheSpec:
     """kvcore's spec for one of vLLM's per-layer specs (same page bytes, same worst case).
 
     Args:
@@ -92,15 +99,34 @@ def spec_from_vllm(name: str, spec: vk.KVCacheSpec, *, padded: bool = False) -> 
         padded: accept a page vLLM padded (``page_size_padded``) and read its content only, as
             when reading vLLM's own plan, where padding is placement; a layer's spec as the
             model reports it has none.
+        max_encoder_tokens: the longest encoder output a request brings, which a
+            ``CrossAttentionSpec`` does not carry (vLLM sizes it from the scheduler's
+            ``max_num_encoder_input_tokens``); needed for cross-attention layers only.
 
     Returns:
         The kvcore spec.
 
     Raises:
         VllmIntegrationError: the class, or a field of it (quantized or packed pages, Mamba
-            prefix caching modes), has no kvcore form; the message lists what converts.
+            prefix caching modes), has no kvcore form, or a cross-attention layer comes
+            without ``max_encoder_tokens``; the message lists what converts.
     """
     cls = type(spec)
+    if cls is vk.CrossAttentionSpec:
+        _plain_attention(name, spec, head_size_v=spec.head_size, padded=padded)
+        if max_encoder_tokens <= 0:
+            raise VllmIntegrationError(
+                f"layer {name!r}: vLLM's CrossAttentionSpec does not say how many encoder tokens a request "
+                "caches; pass max_encoder_tokens (vLLM sizes it by the scheduler's "
+                "max_num_encoder_input_tokens; Whisper's encoder gives 1500)"
+            )
+        return CrossAttentionSpec(
+            block_size=spec.block_size,
+            num_kv_heads=spec.num_kv_heads,
+            head_size=spec.head_size,
+            dtype=spec.dtype,
+            max_encoder_tokens=max_encoder_tokens,
+        )
     if cls is vk.MLAAttentionSpec:
         _plain_attention(name, spec, head_size_v=0, padded=padded)
         if spec.num_kv_heads != 1 or spec.cache_dtype_str not in (None, "auto") or spec.alignment is not None:
@@ -170,13 +196,14 @@ def spec_from_vllm(name: str, spec: vk.KVCacheSpec, *, padded: bool = False) -> 
 
 
 def specs_from_vllm(
-    vllm_specs: Mapping[str, vk.KVCacheSpec], *, rename: bool = True
+    vllm_specs: Mapping[str, vk.KVCacheSpec], *, rename: bool = True, max_encoder_tokens: int = 0
 ) -> dict[str, KVCacheSpec]:
     """kvcore specs for vLLM's ``{layer: KVCacheSpec}``, what
     ``model_executor.get_kv_cache_specs()`` returns for one worker.
 
     Equal vLLM specs become one kvcore spec object (planning looks each up once). With
     ``rename`` the layers get kvcore's names (:func:`kvcore_layer_name`); without, vLLM's.
+    ``max_encoder_tokens`` sizes cross-attention layers (:func:`spec_from_vllm`).
 
     Raises:
         VllmIntegrationError: a layer's spec has no kvcore form (:func:`spec_from_vllm`).
@@ -186,7 +213,7 @@ def specs_from_vllm(
     for name, spec in vllm_specs.items():
         converted = made.get(spec)
         if converted is None:
-            converted = made[spec] = spec_from_vllm(name, spec)
+            converted = made[spec] = spec_from_vllm(name, spec, max_encoder_tokens=max_encoder_tokens)
         out[kvcore_layer_name(name) if rename else name] = converted
     return out
 
@@ -216,7 +243,7 @@ def spec_to_vllm(spec: KVCacheSpec, *, max_model_len: int | None = None) -> vk.K
             head_size=spec.latent_size,
             dtype=torch_dtype(spec.dtype),
         )
-    if type(spec) in (FullAttentionSpec, SlidingWindowSpec, ChunkedLocalAttentionSpec):
+    if type(spec) in (FullAttentionSpec, SlidingWindowSpec, ChunkedLocalAttentionSpec, CrossAttentionSpec):
         assert isinstance(spec, AttentionSpec)
         fields = {
             "block_size": spec.block_size,
@@ -228,10 +255,13 @@ def spec_to_vllm(spec: KVCacheSpec, *, max_model_len: int | None = None) -> vk.K
             return vk.SlidingWindowSpec(**fields, sliding_window=spec.sliding_window)
         if isinstance(spec, ChunkedLocalAttentionSpec):
             return vk.ChunkedLocalAttentionSpec(**fields, attention_chunk_size=spec.attention_chunk_size)
+        if isinstance(spec, CrossAttentionSpec):
+            # vLLM's class holds no encoder length: its scheduler gives each request's
+            return vk.CrossAttentionSpec(**fields)
         return vk.FullAttentionSpec(**fields)
     raise VllmIntegrationError(
         f"kvcore's kind {spec.kind!r} ({describe_spec(spec)}) has no vLLM spec class; vLLM runs "
-        "full_attention, sliding_window, chunked_local_attention, mla and state layers"
+        f"{', '.join(VLLM_SPEC_CLASSES)} layers"
     )
 
 
@@ -253,7 +283,9 @@ def plan_to_vllm_config(plan: KVCachePlan, *, names: Mapping[str, str] | None = 
     """vLLM's ``KVCacheConfig`` for a kvcore plan made under vLLM's rules.
 
     Groups keep their layers (by vLLM's names), order and spec (vLLM's class, the group's
-    block size). Every layer gets one ``KVCacheTensor`` over one backing allocation of
+    block size); a mixed-page group becomes one ``UniformTypeKVCacheSpecs`` (one block table,
+    each layer its own spec and page), the form vLLM gives layers of one kind whose pages
+    differ. Every layer gets one ``KVCacheTensor`` over one backing allocation of
     ``plan.kv_cache_bytes``: page ``b`` of a layer starts at the same byte as in the kvcore plan
     (a plan of separate tensors is laid end to end in the backing). Layers that share a kvcore
     tensor get tensors with equal offsets, which vLLM treats as aliases. ``num_blocks`` counts
@@ -270,9 +302,9 @@ def plan_to_vllm_config(plan: KVCachePlan, *, names: Mapping[str, str] | None = 
 
     Raises:
         VllmIntegrationError: the plan keeps no null block, has a page spanning several block
-            ids, has several block pools or a mixed-page group (vLLM has one pool, and one page
-            size per group here), or has layers sharing another layer's cache (vLLM names
-            those itself).
+            ids, has several block pools or a mixed-page group vLLM cannot run
+            (:func:`~kvcore.integrations.vllm.rules.check_runnable`), or has layers sharing
+            another layer's cache (vLLM names those itself).
     """
     check_runnable(plan)
     if plan.null_block != 0:
@@ -296,11 +328,12 @@ def plan_to_vllm_config(plan: KVCachePlan, *, names: Mapping[str, str] | None = 
         }
     else:
         names = {name: names.get(name, name) for name in plan.layer_names}
-    pages = {name: group.spec.page_size_bytes for group in plan.groups for name in group.layer_names}
+    pages = {name: group.spec_of(name).page_size_bytes for group in plan.groups for name in group.layer_names}
+    length = plan.context.max_model_len
     groups = [
         vk.KVCacheGroupSpec(
             layer_names=[names[n] for n in group.layer_names],
-            kv_cache_spec=spec_to_vllm(group.spec, max_model_len=plan.context.max_model_len),
+            kv_cache_spec=_group_to_vllm(group, names, length),
         )
         for group in plan.groups
     ]
@@ -326,17 +359,57 @@ def plan_to_vllm_config(plan: KVCachePlan, *, names: Mapping[str, str] | None = 
     return vk.KVCacheConfig(num_blocks=plan.num_blocks, kv_cache_tensors=tensors, kv_cache_groups=groups)
 
 
-def _group_spec(group: vk.KVCacheGroupSpec) -> vk.KVCacheSpec:
+def _group_to_vllm(group: KVCacheGroup, names: Mapping[str, str], max_model_len: int) -> vk.KVCacheSpec:
+    """vLLM's spec of one kvcore group: its spec's class, or for a mixed-page group a
+    ``UniformTypeKVCacheSpecs`` of every layer's own (equal specs converted once)."""
+    if not group.layer_specs:
+        return spec_to_vllm(group.spec, max_model_len=max_model_len)
+    made: dict[int, vk.KVCacheSpec] = {}
+    layers: dict[str, vk.KVCacheSpec] = {}
+    for name in group.layer_names:
+        spec = group.spec_of(name)
+        converted = made.get(id(spec))
+        if converted is None:
+            converted = made[id(spec)] = spec_to_vllm(spec, max_model_len=max_model_len)
+        layers[names[name]] = converted
+    uniform = vk.UniformTypeKVCacheSpecs.from_specs(layers)
+    if uniform is None:  # the kinds' table and vLLM disagree: refuse rather than mis-group
+        raise VllmIntegrationError(
+            f"vLLM does not take the layers {list(layers)[:3]}... of kinds "
+            f"{sorted({s.kind for s in group.specs})} as one type (UniformTypeKVCacheSpecs.is_uniform_type); "
+            "plan with PlanOptions(mixed_pages=False)"
+        )
+    return uniform
+
+
+def _group_from_vllm(group: vk.KVCacheGroupSpec, context: SizingContext) -> KVCacheGroup:
+    """kvcore's group for one of vLLM's: its spec, or for a ``UniformTypeKVCacheSpecs`` of
+    different specs a mixed-page group whose spec is its first layer's."""
+    layer_names = tuple(kvcore_layer_name(n) for n in group.layer_names)
+    encoder = context.max_encoder_tokens
+
+    def convert(name: str, spec: vk.KVCacheSpec) -> KVCacheSpec:
+        return spec_from_vllm(name, spec, padded=True, max_encoder_tokens=encoder)
+
     spec = group.kv_cache_spec
-    if isinstance(spec, vk.UniformTypeKVCacheSpecs):
-        distinct = set(spec.kv_cache_specs.values())
-        if len(distinct) != 1:
-            raise VllmIntegrationError(
-                f"a vLLM group of layers {group.layer_names[:3]}... has {len(distinct)} different specs in "
-                "one block table (UniformTypeKVCacheSpecs); a kvcore group has one spec"
-            )
-        return distinct.pop()
-    return spec
+    if not isinstance(spec, vk.UniformTypeKVCacheSpecs):
+        return KVCacheGroup(
+            layer_names=layer_names, spec=convert(group.layer_names[0] if group.layer_names else "?", spec)
+        )
+    made: dict[vk.KVCacheSpec, KVCacheSpec] = {}
+    specs = {}
+    for vllm_name, name in zip(group.layer_names, layer_names, strict=True):
+        layer_spec = spec.kv_cache_specs[vllm_name]
+        converted = made.get(layer_spec)
+        if converted is None:
+            converted = made[layer_spec] = convert(vllm_name, layer_spec)
+        specs[name] = converted
+    first = specs[layer_names[0]]
+    return KVCacheGroup(
+        layer_names=layer_names,
+        spec=first,
+        layer_specs={name: s for name, s in specs.items() if s != first},
+    )
 
 
 def plan_from_vllm_config(
@@ -348,14 +421,16 @@ def plan_from_vllm_config(
 ) -> KVCachePlan:
     """vLLM's ``KVCacheConfig`` read as a kvcore plan (block 0 its null block).
 
-    Groups, specs and byte ranges are vLLM's: each vLLM tensor's layer ``l`` becomes a kvcore
+    Groups, specs and byte ranges are vLLM's (a ``UniformTypeKVCacheSpecs`` group of
+    different specs becomes a mixed-page group): each vLLM tensor's layer ``l`` becomes a kvcore
     tensor at ``offset + l * layer_stride`` with vLLM's block stride, and layers vLLM places at
     one offset and stride share it. Its figures (``max_concurrency()``, ``usable_blocks``) are
     what vLLM's own plan holds, by kvcore's count.
 
     Args:
         config: a worker's (or the scheduler's) config.
-        context: what the plan holds is measured against (``VllmRules.context()``).
+        context: what the plan holds is measured against (``VllmRules.context()``); its
+            ``max_encoder_tokens`` sizes cross-attention layers.
         available_bytes: the budget it was made for (default: its backing allocation).
         policy: the name the plan records.
 
@@ -363,8 +438,8 @@ def plan_from_vllm_config(
         The plan, checked like any kvcore plan.
 
     Raises:
-        VllmIntegrationError: a spec has no kvcore form, a group mixes specs, or the tensors do
-            not share one backing allocation.
+        VllmIntegrationError: a spec has no kvcore form (or a cross-attention layer has no
+            ``context.max_encoder_tokens``), or the tensors do not share one backing allocation.
         PlanValidationError: the config is not a sound plan by kvcore's rules.
     """
     sizes = {t.size for t in config.kv_cache_tensors}
@@ -373,19 +448,13 @@ def plan_from_vllm_config(
             f"vLLM's tensors have {len(sizes)} different backing sizes; vLLM 0.33 uses one"
         )
     backing = sizes.pop() if sizes else 0
-    groups = tuple(
-        KVCacheGroup(
-            layer_names=tuple(kvcore_layer_name(n) for n in g.layer_names),
-            spec=spec_from_vllm(g.layer_names[0] if g.layer_names else "?", _group_spec(g), padded=True),
-        )
-        for g in config.kv_cache_groups
-    )
+    groups = tuple(_group_from_vllm(g, context) for g in config.kv_cache_groups)
     lanes: dict[tuple[int, int], list[str]] = {}
     for tensor in config.kv_cache_tensors:
         for index, name in enumerate(tensor.layers):
             key = (tensor.offset + index * tensor.layer_stride, tensor.block_stride)
             lanes.setdefault(key, []).append(kvcore_layer_name(name))
-    page_of = {name: g.spec.page_size_bytes for g in groups for name in g.layer_names}
+    page_of = {name: g.spec_of(name).page_size_bytes for g in groups for name in g.layer_names}
     num_blocks = config.num_blocks
     tensors = tuple(
         KVCacheTensor(

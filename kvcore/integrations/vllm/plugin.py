@@ -8,7 +8,9 @@ environment variable ``KVCORE_VLLM_POLICY`` names a kvcore policy (``shared_buff
 calls to turn the workers' layer specs and profiled memory into one ``KVCacheConfig`` per
 worker. The replacement (:func:`kvcore_kv_cache_configs`):
 
-- converts each worker's specs to kvcore's (:func:`~kvcore.integrations.vllm.convert.specs_from_vllm`),
+- converts each worker's specs to kvcore's (:func:`~kvcore.integrations.vllm.convert.specs_from_vllm`;
+  an encoder-decoder model's cross-attention layers cache the scheduler's
+  ``max_num_encoder_input_tokens``, the length vLLM sizes its ``CrossAttentionSpec`` by),
 - plans them with the policy under vLLM's rules
   (:func:`~kvcore.integrations.vllm.rules.plan_for_vllm`: null block, tokens in flight from the
   scheduler config, one block id per page), honouring ``num_gpu_blocks_override``,
@@ -104,6 +106,7 @@ def kvcore_kv_cache_configs(
             or vLLM's scheduler counts tokens in flight differently.
         KVCoreError: the policy cannot plan the layers or the budget holds no request.
     """
+    from vllm.v1 import kv_cache_interface as vk
     from vllm.v1.core.kv_cache_planning import kv_cache_groups_tp_replicas
 
     from kvcore.integrations.vllm.convert import plan_to_vllm_config, specs_from_vllm
@@ -117,19 +120,34 @@ def kvcore_kv_cache_configs(
             "set VLLM_KV_CACHE_LAYOUT=LBNHC"
         )
     scheduler = vllm_config.scheduler_config
+    cross = any(
+        isinstance(spec, vk.CrossAttentionSpec) for specs in kv_cache_specs for spec in specs.values()
+    )
     rules = VllmRules(
         max_model_len=vllm_config.model_config.max_model_len,
         max_num_batched_tokens=scheduler.max_num_batched_tokens,
         async_scheduling=bool(scheduler.async_scheduling),
+        # vLLM's CrossAttentionSpec.max_memory_usage_bytes sizes for this many encoder tokens
+        max_encoder_tokens=scheduler.max_num_encoder_input_tokens if cross else 0,
     )
     if vllm_config.max_in_flight_tokens != rules.max_in_flight_tokens:
         raise VllmIntegrationError(
             f"vLLM counts {vllm_config.max_in_flight_tokens} tokens in flight (pipeline parallelism or a "
             f"model runner kvcore does not model), kvcore {rules.max_in_flight_tokens}; unset {POLICY_ENV}"
         )
+    lookahead = int(getattr(vllm_config, "num_lookahead_tokens", 0) or 0)
+    if lookahead:  # the engine matrix's "speculative decoding: no", said where it matters
+        _log.warning(
+            "kvcore: vLLM reserves %d speculative lookahead slots per step, which kvcore's plan does "
+            "not count; a request near max_model_len may find fewer blocks than the plan says",
+            lookahead,
+        )
     registry = (make_registry or Registry.default)()
     override = vllm_config.cache_config.num_gpu_blocks_override
-    workers = [specs_from_vllm(specs, rename=False) for specs in kv_cache_specs]
+    workers = [
+        specs_from_vllm(specs, rename=False, max_encoder_tokens=rules.max_encoder_tokens)
+        for specs in kv_cache_specs
+    ]
 
     def plan_all(num_blocks: int | None) -> list[Any]:
         return [

@@ -22,21 +22,55 @@ plan holds; :func:`plan_for_vllm` plans for them:
 4. **One backing allocation.** Every vLLM ``KVCacheTensor`` is a view of one buffer; a plan of
    separate tensors is laid end to end in one buffer when it is converted
    (:func:`kvcore.integrations.vllm.convert.plan_to_vllm_config`); its figures do not change.
+
+What vLLM runs of a plan is read from the tables here (:data:`VLLM_SPEC_CLASSES`,
+:data:`MIXED_PAGE_KINDS`), which the conversions and :func:`capabilities` (the engine
+matrix) share: one block pool, every kind in the table, mixed-page groups of attention kinds
+as vLLM's ``UniformTypeKVCacheSpecs``.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 
 import attrs
 
 from kvcore.errors import KVCoreError, PolicyNotApplicableError
+from kvcore.integrations.capabilities import EngineCapabilities
+from kvcore.integrations.vllm import VLLM_VERSIONS
 from kvcore.plan import KVCachePlan
 from kvcore.planning.planner import plan_kv_cache
 from kvcore.planning.registry import Registry
 from kvcore.policy import AllocationPolicy, PlanOptions
 from kvcore.spec import DEFAULT_MAX_NUM_BATCHED_TOKENS, KVCacheSpec, SizingContext
-from kvcore.validators import boolean, positive_int
+from kvcore.validators import boolean, non_negative_int, positive_int
+
+#: kvcore's kinds the vLLM adapter converts, each to the vLLM 0.33 spec class of that name
+#: (``vllm/v1/kv_cache_interface.py``), and back. A state becomes a ``MambaSpec`` in
+#: ``mamba_cache_mode`` ``'none'`` (one state per request).
+VLLM_SPEC_CLASSES: dict[str, str] = {
+    "full_attention": "FullAttentionSpec",
+    "sliding_window": "SlidingWindowSpec",
+    "chunked_local_attention": "ChunkedLocalAttentionSpec",
+    "mla": "MLAAttentionSpec",
+    "cross_attention": "CrossAttentionSpec",
+    "state": "MambaSpec",
+}
+
+#: Kinds whose layers of different page sizes vLLM runs in one block table: a kvcore
+#: mixed-page group of them becomes one ``UniformTypeKVCacheSpecs`` (one block size, one
+#: registered uniform-type base class: ``FullAttentionSpec`` for full attention and MLA, the
+#: kind's own class for the others; ``vllm/v1/core/single_type_kv_cache_manager.py``,
+#: ``register_all_kvcache_specs``). kvcore never puts state layers in a mixed-page group.
+MIXED_PAGE_KINDS: frozenset[str] = frozenset(VLLM_SPEC_CLASSES) - {"state"}
+
+#: Kinds whose layers vLLM's prefix caching runs on in a plan kvcore made: attention kinds.
+#: A state layer under prefix caching is a ``MambaSpec`` in ``mamba_cache_mode`` ``'align'``,
+#: which the adapter refuses (it holds more than one state per request); vLLM itself turns
+#: prefix caching off for encoder-decoder models (``SchedulerConfig``), so cross attention never
+#: runs with it.
+PREFIX_CACHING_KINDS: frozenset[str] = MIXED_PAGE_KINDS - {"cross_attention"}
 
 
 class VllmIntegrationError(KVCoreError, ValueError):
@@ -54,11 +88,17 @@ class VllmRules:
             of one step; kvcore's default, 2048, unless given).
         async_scheduling: vLLM's ``async_scheduling`` (the default in 0.33): two batches in
             flight instead of one.
+        max_encoder_tokens: the longest encoder output a request brings to cross-attention
+            layers (an encoder-decoder model such as Whisper); ``0`` leaves each
+            ``cross_attention`` spec's own (the model's, 1500 audio frames for Whisper). The
+            plugin sets vLLM's ``max_num_encoder_input_tokens``, which vLLM sizes its
+            ``CrossAttentionSpec`` with.
     """
 
     max_model_len: int = attrs.field(validator=positive_int)
     max_num_batched_tokens: int = attrs.field(default=DEFAULT_MAX_NUM_BATCHED_TOKENS, validator=positive_int)
     async_scheduling: bool = attrs.field(default=True, validator=boolean)
+    max_encoder_tokens: int = attrs.field(default=0, validator=non_negative_int)
 
     @property
     def max_concurrent_batches(self) -> int:
@@ -78,13 +118,28 @@ class VllmRules:
         worst, which is what vLLM's admission cap and pool sizing count.
         """
         return SizingContext(
-            max_model_len=self.max_model_len, max_num_batched_tokens=self.max_in_flight_tokens
+            max_model_len=self.max_model_len,
+            max_num_batched_tokens=self.max_in_flight_tokens,
+            max_encoder_tokens=self.max_encoder_tokens,
         )
 
     def options(self, options: PlanOptions | None = None) -> PlanOptions:
-        """``options`` (or the defaults) with the null block reserved, as vLLM's pool keeps it,
-        and one spec per group (no mixed-page groups, which kvcore does not convert yet)."""
-        return attrs.evolve(options or PlanOptions(), reserve_null_block=True, mixed_pages=False)
+        """``options`` (or the defaults) with the null block reserved, as vLLM's pool keeps it.
+        Mixed-page groups stay as the options say (on by default): vLLM runs them
+        (:data:`MIXED_PAGE_KINDS`)."""
+        return attrs.evolve(options or PlanOptions(), reserve_null_block=True)
+
+
+def encoder_tokens_of(specs: Mapping[str, KVCacheSpec]) -> int:
+    """The longest encoder output ``specs``' cross-attention layers cache (their own
+    ``max_encoder_tokens``, read from the model's config), ``0`` without any: what
+    :class:`VllmRules` takes when vLLM's scheduler is not there to say."""
+    from kvcore.plugins.cross_attention import CrossAttentionSpec
+
+    return max(
+        (spec.max_encoder_tokens for spec in specs.values() if isinstance(spec, CrossAttentionSpec)),
+        default=0,
+    )
 
 
 def page_span(plan: KVCachePlan) -> int:
@@ -93,30 +148,32 @@ def page_span(plan: KVCachePlan) -> int:
 
 
 def check_runnable(plan: KVCachePlan) -> None:
-    """Raise unless vLLM 0.33's one block pool and one page size per group can run ``plan``.
+    """Raise unless vLLM 0.33's one block pool can run ``plan``'s groups.
 
     Args:
         plan: a kvcore plan.
 
     Raises:
-        VllmIntegrationError: the plan has several block pools (vLLM has one
-            ``BlockPool``), or a group whose layers have different page sizes (vLLM puts such
-            layers in one group only when they are the whole model, and kvcore does not
-            convert those groups yet).
+        VllmIntegrationError: the plan has several block pools (vLLM's ``KVCacheManager``
+            draws every group's block ids from one ``BlockPool`` of one ``num_blocks``, and its
+            workers view one backing allocation, so pools of their own counts and block bytes
+            have no vLLM form), or a mixed-page group of a kind vLLM does not run in one block
+            table (:data:`MIXED_PAGE_KINDS`).
     """
     if plan.is_multi_pool:
         raise VllmIntegrationError(
             f"policy {plan.policy!r} made a plan of {len(plan.pools)} block pools, but vLLM 0.33 has one "
-            "block pool shared by every group; plan for vLLM with a policy of one pool (shared_buffer, "
-            "uniform, equal_groups)"
+            "block pool (one num_blocks, one block size in bytes) shared by every group; plan for vLLM "
+            "with a policy of one pool (shared_buffer, uniform, equal_groups)"
         )
-    mixed = [index for index, group in enumerate(plan.groups) if group.layer_specs]
-    if mixed:
-        raise VllmIntegrationError(
-            f"policy {plan.policy!r} made group(s) {mixed} of layers with different page sizes (mixed-page "
-            "groups); kvcore does not convert them to vLLM's UniformTypeKVCacheSpecs yet; plan for vLLM "
-            "with a policy whose groups have one spec each (shared_buffer, uniform, equal_groups)"
-        )
+    for index, group in enumerate(plan.groups):
+        odd = sorted({spec.kind for spec in group.specs} - MIXED_PAGE_KINDS) if group.layer_specs else []
+        if odd:
+            raise VllmIntegrationError(
+                f"policy {plan.policy!r} made group {index} of {odd} layers with different page sizes; vLLM "
+                f"runs a mixed-page group (UniformTypeKVCacheSpecs) of {sorted(MIXED_PAGE_KINDS)} layers "
+                "only; plan with PlanOptions(mixed_pages=False)"
+            )
 
 
 def scale_blocks(specs: Mapping[str, KVCacheSpec], factor: int) -> dict[str, KVCacheSpec]:
@@ -244,3 +301,115 @@ def split_states(
                 made[key] = spec.with_block_size(spec.block_size + j)
             out[name] = made[key]
     return out
+
+
+# -- the engine matrix ----------------------------------------------------------------------
+
+_PROBE_LENGTH = 4096
+_PROBE_BUDGET = 2**30
+
+
+def _probes() -> dict[str, dict[str, KVCacheSpec]]:
+    """Small models of each shape a policy may be asked to plan for vLLM: full attention,
+    full + sliding, full + chunked, full + cross attention, an attention + state hybrid, and
+    full attention of two page sizes (a mixed-page group where the policy makes one)."""
+    from kvcore.plugins.chunked_local_attention import ChunkedLocalAttentionSpec
+    from kvcore.plugins.cross_attention import CrossAttentionSpec
+    from kvcore.plugins.full_attention import FullAttentionSpec
+    from kvcore.plugins.sliding_window import SlidingWindowSpec
+    from kvcore.plugins.state import StatePart, StateSpec
+
+    geometry = {"block_size": 16, "num_kv_heads": 8, "head_size": 128, "dtype": "bfloat16"}
+    full = FullAttentionSpec(**geometry)  # type: ignore[arg-type]
+    narrow = FullAttentionSpec(**{**geometry, "num_kv_heads": 4})  # type: ignore[arg-type]
+    sliding = SlidingWindowSpec(**geometry, sliding_window=1024)  # type: ignore[arg-type]
+    chunked = ChunkedLocalAttentionSpec(**geometry, attention_chunk_size=2048)  # type: ignore[arg-type]
+    cross = CrossAttentionSpec(**geometry, max_encoder_tokens=1500)  # type: ignore[arg-type]
+    state = StateSpec(
+        block_size=16,
+        parts=(
+            StatePart(name="conv", shape=(3, 1024), dtype="bfloat16"),
+            StatePart(name="ssm", shape=(16, 64, 16), dtype="float32"),
+        ),
+    )
+
+    def model(*kinds: KVCacheSpec) -> dict[str, KVCacheSpec]:
+        return {f"model.layers.{i}": spec for i, spec in enumerate(kinds)}
+
+    return {
+        "full": model(full, full, full, full),
+        "sliding": model(sliding, sliding, sliding, full, sliding, sliding, sliding, full),
+        "chunked": model(chunked, chunked, chunked, full),
+        "cross": model(full, cross, full, cross),
+        "state": model(state, state, state, full),
+        "mixed pages": model(full, narrow, full, narrow),
+    }
+
+
+def _vllm_runs(policy: str, specs: Mapping[str, KVCacheSpec], registry: Registry) -> bool | None:
+    """Whether the adapter plans ``specs`` with ``policy`` into a plan vLLM runs; ``None``
+    when the policy itself does not plan such layers (its ``why_not``)."""
+    if registry.policy(policy).why_not(specs) is not None:
+        return None
+    rules = VllmRules(max_model_len=_PROBE_LENGTH)
+    try:
+        plan_for_vllm(specs, _PROBE_BUDGET, rules, registry=registry, policy=policy)
+    except KVCoreError:
+        return False
+    return True
+
+
+@functools.cache
+def capabilities() -> EngineCapabilities:
+    """What vLLM 0.33 runs of kvcore's plans, read from this adapter (no vLLM needed).
+
+    The kinds are :data:`VLLM_SPEC_CLASSES`'s; a built-in policy counts when every probe
+    model it plans (:func:`_probes`) comes out of :func:`plan_for_vllm` as a plan
+    :func:`check_runnable` passes; several pools and mixed pages are what
+    :func:`check_runnable` says of a ``kind_pools`` plan and of a mixed-page plan.
+    """
+    registry = Registry.default(autoload=False)  # kvcore's own kinds and policies
+    probes = _probes()
+    policies = []
+    for name in registry.policies:
+        runs = [_vllm_runs(name, specs, registry) for specs in probes.values()]
+        if any(runs) and False not in runs:
+            policies.append(name)
+    rules = VllmRules(max_model_len=_PROBE_LENGTH)
+
+    def passes(plan: KVCachePlan) -> bool:
+        try:
+            check_runnable(plan)
+        except VllmIntegrationError:
+            return False
+        return True
+
+    pooled = plan_kv_cache(
+        probes["sliding"],
+        _PROBE_BUDGET,
+        rules.context(),
+        registry=registry,
+        policy="kind_pools",
+        options=rules.options(),
+    )
+    mixed = plan_for_vllm(
+        probes["mixed pages"], _PROBE_BUDGET, rules, registry=registry, policy="shared_buffer"
+    )
+    return EngineCapabilities(
+        engine="vllm",
+        versions=VLLM_VERSIONS,
+        kinds=VLLM_SPEC_CLASSES,
+        policies=policies,
+        several_pools=pooled.is_multi_pool and passes(pooled),
+        mixed_pages=any(g.layer_specs for g in mixed.groups) and passes(mixed),
+        prefix_caching=bool(PREFIX_CACHING_KINDS),
+        speculative_decoding=False,
+        notes=(
+            "one block pool: a plan of several pools is refused (vLLM's KVCacheManager draws every "
+            "group's block ids from one BlockPool)",
+            "mixed-page groups run as UniformTypeKVCacheSpecs",
+            "prefix caching on attention layers only: a state layer in vLLM's 'align' mode is refused "
+            "(start hybrids with enable_prefix_caching=False)",
+            "speculative decoding: plans leave out vLLM's lookahead slots and Mamba speculative blocks",
+        ),
+    )
