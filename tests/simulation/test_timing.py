@@ -8,8 +8,7 @@ import random
 
 import attrs
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from kvcore import InvalidInputError, KVCoreError, SizingContext, Workload, plan_kv_cache, simulate
 from kvcore.errors import UnknownGpuError
