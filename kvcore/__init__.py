@@ -36,6 +36,7 @@ from kvcore.errors import (
     PolicyNotApplicableError as PolicyNotApplicableError,
     SpecMismatchError as SpecMismatchError,
     StoreUnavailableError as StoreUnavailableError,
+    UnknownGpuError as UnknownGpuError,
     UnknownModelError as UnknownModelError,
     UnknownPolicyError as UnknownPolicyError,
     UnknownSpecKindError as UnknownSpecKindError,
@@ -129,9 +130,15 @@ if _typing.TYPE_CHECKING:
         determine_available_memory as determine_available_memory,
     )
     from kvcore.runtime.prefix_cache import PrefixKey as PrefixKey
+    from kvcore.simulation.gpus import find_gpu as find_gpu
     from kvcore.simulation.simulator import (
         SimulationResult as SimulationResult,
         simulate as simulate,
+    )
+    from kvcore.simulation.timing import (
+        latency_report as latency_report,
+        read_profile as read_profile,
+        roofline as roofline,
     )
     from kvcore.simulation.workload import (
         Request as Request,

@@ -93,6 +93,11 @@ class UnknownModelError(KVCoreError, LookupError):
     """No bundled model has that name, or no model-family plugin knows the config's model type."""
 
 
+class UnknownGpuError(KVCoreError, LookupError):
+    """The GPU catalogue (``kvcore/data/gpus.json``) has no GPU of that name; the message lists
+    the names it has and the closest one."""
+
+
 #: What did not fit, and so what an :class:`InsufficientMemoryError` suggests changing:
 #: ``"memory"``: one request of ``max_model_len`` tokens needs more blocks than the memory holds
 #: (lower ``max_model_len``, or give the KV cache more memory); ``"num_blocks"``: it needs more
@@ -370,6 +375,7 @@ __all__ = [
     "ShortfallReason",
     "SpecMismatchError",
     "StoreUnavailableError",
+    "UnknownGpuError",
     "UnknownModelError",
     "UnknownPolicyError",
     "UnknownSpecKindError",

@@ -11,14 +11,14 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from kvcore.cli import gpu, inputs, replay
+from kvcore.cli import gpu, inputs, replay, timing
 from kvcore.cli.inputs import FLAG_NAMES
 from kvcore.cli.replay import variant_cells
 from kvcore.cli.report import plan_report
 from kvcore.cli.table import add_csv_option, render_table, wants_csv, write_csv
 from kvcore.dtypes import dtype_name, to_dtype
 from kvcore.error_messages import render
-from kvcore.errors import InvalidSpecError
+from kvcore.errors import InvalidInputError, InvalidSpecError
 from kvcore.planning.capacity import finite_or_none, format_figure
 from kvcore.planning.compare import Candidate, compare_policies, variant_specs
 from kvcore.planning.frontier import FrontierPoint, policy_frontier
@@ -28,6 +28,7 @@ from kvcore.units import format_bytes
 
 if TYPE_CHECKING:  # the simulation layer loads only when a workload is given
     from kvcore.simulation.simulator import SimulationResult
+    from kvcore.simulation.timing import LatencyReport
     from kvcore.simulation.workload import Workload
 
 
@@ -91,6 +92,7 @@ def add_parser(sub: Any) -> None:
         ),
     )
     inputs.add_workload_options(parser, trace_flag="--workload", required=False)
+    timing.add_timing_options(parser)
     parser.add_argument(
         "--engine",
         choices=("kvcore", "vllm"),
@@ -191,15 +193,24 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
 
         return vllm_compare.run(args, registry, specs)
     simulated: dict[int, SimulationResult] = {}
+    latencies: dict[int, LatencyReport | None] = {}
     workload: Workload | None = None
+    step_time = timing.step_time_factory(args, registry)
+    if step_time is not None and not inputs.wants_workload(args):
+        raise InvalidInputError(
+            "--gpu and --step-profile time a simulation: give a workload (--workload FILE or --requests N)"
+        )
     if inputs.wants_workload(args):
         # the workload is read (and checked) before any plan is made
-        workload = inputs.load_workload(args, inputs.sizing_context(args).max_model_len)
+        workload = inputs.load_workload(
+            args, inputs.sizing_context(args).max_model_len, per_second=step_time is not None
+        )
         candidates = build_candidates(args, registry, specs)
-        simulated = {
-            id(s.candidate): s.result
-            for s in replay.simulate_candidates(candidates, workload, prefix_caching=args.prefix_caching)
-        }
+        runs = replay.simulate_candidates(
+            candidates, workload, prefix_caching=args.prefix_caching, step_time=step_time
+        )
+        simulated = {id(s.candidate): s.result for s in runs}
+        latencies = {id(s.candidate): timing.latency_of(args, workload, s.result) for s in runs}
         # the best plan for this traffic first; those without a plan keep their place at the end
 
         def rank(c: Candidate) -> float:
@@ -240,7 +251,13 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
                 **candidate_row(c),
                 "best": best is not None and best.candidate is c,
                 **(
-                    {"simulation": replay.simulation_row(simulated[id(c)]) if id(c) in simulated else None}
+                    {
+                        "simulation": timing.with_latency(
+                            replay.simulation_row(simulated[id(c)]), latencies.get(id(c))
+                        )
+                        if id(c) in simulated
+                        else None
+                    }
                     if workload is not None
                     else {}
                 ),
@@ -282,6 +299,9 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
                 f"{result.mean_running:,.1f}",
                 f"{result.preemptions:,}",
             ]
+            report = latencies.get(id(c))
+            if report is not None:
+                row += timing.summary_cells(report)
         rows.append(row)
     gpu.print_budget(budget)
     print(
@@ -308,6 +328,10 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
             "(the workload's tokens served per step, recomputation not counted)"
         )
         headers += ["tokens/step", "mean running", "preemptions"]
+        timed = next((r for r in latencies.values() if r is not None), None)
+        if timed is not None:
+            print(f"time: {timed.model}")
+            headers += timing.summary_headers(timed)
     lead = 4 if modes else 3
     print(render_table(headers, rows, align="l" * lead + "r" * (len(headers) - lead)))
     if best is not None:

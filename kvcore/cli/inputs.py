@@ -611,7 +611,8 @@ def add_workload_options(parser: argparse.ArgumentParser, *, trace_flag: str, re
         metavar="FILE.jsonl",
         help=(
             'a trace: one request a line, {"prompt_tokens": N, "output_tokens": M, "arrival_step": S} '
-            "(arrival_step optional, default 0; docs/reference/json-formats.md)"
+            "(arrival_step optional, default 0; or arrival_time in seconds with --gpu or --step-profile; "
+            "docs/reference/json-formats.md)"
         ),
     )
     source.add_argument(
@@ -634,7 +635,10 @@ def add_workload_options(parser: argparse.ArgumentParser, *, trace_flag: str, re
         "--rate",
         type=rate,
         metavar="R",
-        help="with --requests: Poisson arrivals, R requests per step on average (default: all at step 0)",
+        help=(
+            "with --requests: Poisson arrivals, R requests per step on average, or per second with a "
+            "step-time model (--gpu, --step-profile) (default: all at once)"
+        ),
     )
     parser.add_argument("--seed", type=seed, metavar="S", help="with --requests: the random seed (default 0)")
     parser.add_argument(
@@ -662,7 +666,7 @@ def wants_workload(args: argparse.Namespace) -> bool:
     return getattr(args, "trace", None) is not None or getattr(args, "requests", None) is not None
 
 
-def load_workload(args: argparse.Namespace, max_model_len: int) -> Workload:
+def load_workload(args: argparse.Namespace, max_model_len: int, *, per_second: bool = False) -> Workload:
     """The workload the options describe: ``--trace``/``--workload FILE`` read, or
     ``--requests N`` drawn (lengths clipped to ``max_model_len``).
 
@@ -679,7 +683,13 @@ def load_workload(args: argparse.Namespace, max_model_len: int) -> Workload:
                 f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} to --requests only; "
                 "a trace states its own lengths and arrival steps"
             )
-        return read_trace(args.trace)
+        workload = read_trace(args.trace)
+        if not per_second and workload.requests[0].arrival_time is not None:
+            raise InvalidInputError(
+                f"{args.trace}: the trace gives arrival_time in seconds: time the steps with --gpu NAME "
+                "(with --model) or --step-profile FILE"
+            )
+        return workload
     lengths = {"--prompt-len": args.prompt_len, "--output-len": args.output_len}
     missing = [flag for flag, value in lengths.items() if value is None]
     if missing:
@@ -700,4 +710,5 @@ def load_workload(args: argparse.Namespace, max_model_len: int) -> Workload:
         max_model_len=max_model_len,
         prefix_share=args.prefix_share or 0.0,
         prefix_tokens=args.prefix_len or 0,
+        per_second=per_second,
     )

@@ -13,6 +13,7 @@ from kvcore.dtypes import dtype_name
 from kvcore.planning.compare import Candidate
 
 if TYPE_CHECKING:  # the simulation layer loads only when a command simulates
+    from kvcore.cli.timing import StepTimeFactory
     from kvcore.simulation.simulator import SimulationResult
     from kvcore.simulation.workload import Workload
 
@@ -39,10 +40,15 @@ class Simulated:
 
 
 def simulate_candidates(
-    candidates: Sequence[Candidate], workload: Workload, *, prefix_caching: bool = False
+    candidates: Sequence[Candidate],
+    workload: Workload,
+    *,
+    prefix_caching: bool = False,
+    step_time: StepTimeFactory | None = None,
 ) -> list[Simulated]:
     """Replay ``workload`` through every candidate that has a plan, in order (with
-    ``prefix_caching``, each pool caches the requests' shared prefixes).
+    ``prefix_caching``, each pool caches the requests' shared prefixes; with ``step_time``,
+    each plan's steps are timed by the model it makes for the plan).
 
     Each plan's own ``max_num_batched_tokens`` (``--max-num-batched-tokens``) is the step
     budget. Workloads of :data:`PROGRESS_MIN_REQUESTS` requests or more show a progress line
@@ -58,15 +64,21 @@ def simulate_candidates(
     for candidate in candidates:
         if candidate.plan is None:
             continue
+        timer = step_time(candidate.plan) if step_time is not None else None
         if total < PROGRESS_MIN_REQUESTS:
-            out.append(
-                Simulated(candidate, simulate(candidate.plan, workload, prefix_caching=prefix_caching))
-            )
+            result = simulate(candidate.plan, workload, prefix_caching=prefix_caching, step_time=timer)
+            out.append(Simulated(candidate, result))
             continue
         count = _FinishedCount(total)
         label = f"simulating {total:,} requests on {plan_label(candidate)}"
         with progress(label, detail=count.text):
-            result = simulate(candidate.plan, workload, on_step=count.on_step, prefix_caching=prefix_caching)
+            result = simulate(
+                candidate.plan,
+                workload,
+                on_step=count.on_step,
+                prefix_caching=prefix_caching,
+                step_time=timer,
+            )
             out.append(Simulated(candidate, result))
     return out
 
@@ -109,6 +121,11 @@ def workload_row(workload: Workload) -> dict[str, Any]:
         "mean_output_tokens": sum(outputs) / count,
         "max_output_tokens": max(outputs, default=0),
         "last_arrival_step": max((r.arrival_step for r in workload.requests), default=0),
+        **(
+            {"last_arrival_time": max(r.arrival_time or 0.0 for r in workload.requests)}
+            if workload.requests and workload.requests[0].arrival_time is not None
+            else {}
+        ),
     }
 
 
@@ -118,6 +135,7 @@ def simulation_row(result: SimulationResult, *, series: bool = False) -> dict[st
     row: dict[str, Any] = {
         key: list(value) if isinstance(value, tuple) else value for key, value in attrs.asdict(result).items()
     }
+    row.pop("timeline", None)  # the seconds are reported by the latency figures
     row["served_tokens_per_step"] = served_tokens_per_step(result)
     if not series:
         row.pop("running", None)

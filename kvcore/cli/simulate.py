@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kvcore.cli import gpu, inputs
+from kvcore.cli import gpu, inputs, timing
 from kvcore.cli.compare import (
     add_candidate_options,
     build_candidates,
@@ -65,6 +65,7 @@ def add_parser(sub: Any) -> None:
     inputs.add_sizing_options(parser, auto_length=False)
     add_candidate_options(parser)
     inputs.add_workload_options(parser, trace_flag="--trace", required=True)
+    timing.add_timing_options(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     add_csv_option(parser, "one row per plan")
     parser.add_argument(
@@ -85,10 +86,16 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
     wants_csv(args)
     specs = inputs.load_layer_specs(args, registry)
     budget = gpu.settle_budget(args, registry)
-    workload = inputs.load_workload(args, inputs.sizing_context(args).max_model_len)
+    step_time = timing.step_time_factory(args, registry)
+    workload = inputs.load_workload(
+        args, inputs.sizing_context(args).max_model_len, per_second=step_time is not None
+    )
     candidates = build_candidates(args, registry, specs)
-    simulated = simulate_candidates(candidates, workload, prefix_caching=args.prefix_caching)
+    simulated = simulate_candidates(
+        candidates, workload, prefix_caching=args.prefix_caching, step_time=step_time
+    )
     results = {id(s.candidate): s.result for s in simulated}
+    latencies = {id(s.candidate): timing.latency_of(args, workload, s.result) for s in simulated}
     if wants_csv(args):
         write_csv(
             [
@@ -106,7 +113,11 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
             "candidates": [
                 {
                     **candidate_row(c),
-                    "simulation": (simulation_row(results[id(c)], series=True) if id(c) in results else None),
+                    "simulation": (
+                        timing.with_latency(simulation_row(results[id(c)], series=True), latencies[id(c)])
+                        if id(c) in results
+                        else None
+                    ),
                 }
                 for c in candidates
             ],
@@ -115,6 +126,13 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
     else:
         gpu.print_budget(budget)
         print_table(args, workload, candidates, results)
+        timing.print_latency_table(
+            [
+                (variant_cells(s.candidate), report)
+                for s in simulated
+                if (report := latencies[id(s.candidate)])
+            ]
+        )
     if args.plot and simulated:
         title = f"{workload.name}: {len(workload.requests):,} requests"
         say_written(render_simulation_plot(simulated, args.plot, title=title), PLOT)

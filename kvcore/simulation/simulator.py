@@ -34,6 +34,13 @@ again after a preemption) starts from the tokens of its ``prefix_id``'s first
 Only shared prefixes are cached (a request's own tokens, and what a preempted request
 generated, are computed again).
 
+With a step-time model (``step_time``, :mod:`kvcore.simulation.timing`), each step is described
+by a :class:`~kvcore.simulation.steps.StepRecord` (prefill tokens, decodes, requests, context
+read, query-key pairs) and the model's seconds advance a clock; requests may then arrive in
+seconds (``arrival_time``), and the result carries a :class:`~kvcore.simulation.steps.Timeline`
+(each request's arrival, first token and finish in seconds). The step figures are the same with
+or without it.
+
 Speed: the pool is called only when a request's tables change. For kinds whose pages follow
 the default :meth:`~kvcore.KVCacheSpec.live_pages` (every built-in kind), the token counts at
 which a table grows or frees a page depend on the count alone, so they are computed once per
@@ -45,6 +52,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import attrs
 
@@ -53,9 +61,12 @@ from kvcore.limits import MAX_TOKENS, check_at_most
 from kvcore.plan import KVCachePlan
 from kvcore.runtime.block_pool import BlockPool
 from kvcore.runtime.prefix_cache import PrefixKey
+from kvcore.simulation.steps import StepRecord, StepTimeModel, Timeline
 from kvcore.simulation.workload import Request, Workload
 from kvcore.spec import KVCacheSpec, SizingContext
 from kvcore.validators import check_int
+
+_T = TypeVar("_T", int, float)
 
 
 @attrs.frozen(kw_only=True)
@@ -103,6 +114,7 @@ class SimulationResult:
     prefix_caching: bool = False
     cached_tokens: int = 0
     prefix_hit_rate: float = 0.0
+    timeline: Timeline | None = attrs.field(default=None, repr=False)
 
 
 def simulate(
@@ -112,6 +124,7 @@ def simulate(
     max_num_batched_tokens: int | None = None,
     on_step: Callable[[int, int], None] | None = None,
     prefix_caching: bool = False,
+    step_time: StepTimeModel | None = None,
 ) -> SimulationResult:
     """Replay ``workload`` through ``plan``'s block pool until every request has finished.
 
@@ -123,6 +136,9 @@ def simulate(
         on_step: called after every step (after an idle stretch, once) with the steps done and
             the requests finished so far, e.g. to draw a progress bar.
         prefix_caching: cache the requests' shared prefixes (``prefix_id``) in the pool.
+        step_time: turns each step into seconds (:mod:`kvcore.simulation.timing`); the result
+            then carries a :class:`~kvcore.simulation.steps.Timeline`. Needed when the
+            requests arrive in seconds (``arrival_time``).
 
     Returns:
         The figures and the per-step series.
@@ -130,10 +146,15 @@ def simulate(
     Raises:
         InvalidInputError: a request is longer than ``plan.context.max_model_len``, or needs
             more block ids than the pool has even when it runs alone (the message names it), or
-            ``max_num_batched_tokens`` is not an int from 1 to ``kvcore.limits.MAX_TOKENS``.
+            ``max_num_batched_tokens`` is not an int from 1 to ``kvcore.limits.MAX_TOKENS``, or
+            the requests arrive in seconds and no ``step_time`` is given.
     """
     simulator = Simulator(
-        plan, workload, max_num_batched_tokens=max_num_batched_tokens, prefix_caching=prefix_caching
+        plan,
+        workload,
+        max_num_batched_tokens=max_num_batched_tokens,
+        prefix_caching=prefix_caching,
+        step_time=step_time,
     )
     while not simulator.done:
         simulator.step()
@@ -152,6 +173,10 @@ class Simulator:
         workload: the requests.
         max_num_batched_tokens: tokens per step (default: the plan's).
         prefix_caching: cache shared prefixes (as :func:`simulate`).
+        step_time: the step-time model (as :func:`simulate`). With it the simulator keeps a
+            clock: step ``k`` starts when step ``k - 1`` ended; requests that arrive in seconds
+            join the queue at the first step starting at or after their arrival, and when
+            nothing runs or waits the clock jumps to the next arrival.
 
     Raises:
         InvalidInputError: as :func:`simulate`.
@@ -164,6 +189,7 @@ class Simulator:
         *,
         max_num_batched_tokens: int | None = None,
         prefix_caching: bool = False,
+        step_time: StepTimeModel | None = None,
     ) -> None:
         budget = (
             plan.context.max_num_batched_tokens if max_num_batched_tokens is None else max_num_batched_tokens
@@ -185,7 +211,24 @@ class Simulator:
                 PrefixKey(r.prefix_id if r.prefix_tokens else None, r.prefix_tokens) for r in self.requests
             ]
         count = len(self.requests)
-        self._arrival = [r.arrival_step for r in self.requests]
+        self._arrival: list[int] | list[float] = [r.arrival_step for r in self.requests]
+        #: the step each request joined the queue at (the arrival step, unless they arrive in seconds)
+        self._queued = self._arrival
+        #: with a step-time model: the clock, and each request's first-token and finish steps
+        self._step_time = step_time
+        self.clock = 0.0
+        self._step_end: list[float] = []
+        self._token_step = [-1] * count if step_time is not None else []
+        self._finish_step = [-1] * count if step_time is not None else []
+        self._in_seconds = any(r.arrival_time is not None for r in self.requests)
+        if self._in_seconds:
+            if step_time is None:
+                raise InvalidInputError(
+                    f"the workload {workload.name!r} gives arrival times in seconds: simulating it needs a "
+                    "step-time model (a GPU's roofline or a measured step-time profile)"
+                )
+            self._arrival = [r.arrival_time or 0.0 for r in self.requests]
+            self._queued = [-1] * count
         self._computed = [0] * count  # tokens cached
         self._known = [r.prompt_tokens for r in self.requests]  # prompt + tokens generated so far
         self._end = [r.total_tokens - 1 for r in self.requests]  # tokens cached when the last is sampled
@@ -240,13 +283,22 @@ class Simulator:
         arrival, waiting, running = self._arrival, self._waiting, self._running
         count = len(arrival)
         upcoming = self._next
-        if not running and not waiting and arrival[upcoming] > step:
-            gap = arrival[upcoming] - step
+        timed = self._step_time is not None
+        now = self.clock if self._in_seconds else step
+        if not running and not waiting and arrival[upcoming] > now:
+            if self._in_seconds:  # nothing to run: the clock jumps to the next arrival
+                self.clock = arrival[upcoming]
+                return
+            gap = int(arrival[upcoming]) - step
             self._running_series.extend([0] * gap)
             self._usage_series.extend([0.0] * gap)
+            if timed:  # an idle step runs nothing and takes no time
+                self._step_end.extend([self.clock] * gap)
             self.steps += gap
             return
-        while upcoming < count and arrival[upcoming] <= step:
+        while upcoming < count and arrival[upcoming] <= now:
+            if self._in_seconds:
+                self._queued[upcoming] = step
             waiting.append(upcoming)
             upcoming += 1
         self._next = upcoming
@@ -260,6 +312,10 @@ class Simulator:
         stale: list[int] = []  # requests whose new tokens free a page
         preempted = False
         victim = -1
+        # with a step-time model, what the step computed (a StepRecord) and who sampled a token:
+        # decodes and the context they read; prefilling requests, their tokens, context and pairs
+        decodes = decode_context = prefills = prefill = prefill_context = pairs = 0
+        token_step = self._token_step
         # ``for`` over a list the loop pops from the end: CPython's iterator stops at the new end
         for r in running:
             if not budget:
@@ -285,7 +341,18 @@ class Simulator:
                     break
             computed[r] = c
             budget -= new
+            if timed:
+                if new == 1:
+                    decodes += 1
+                    decode_context += c
+                else:
+                    prefills += 1
+                    prefill += new
+                    prefill_context += c
+                    pairs += new * c - new * (new - 1) // 2  # token i of the chunk attends to c - new + i
             if c == ahead:  # every known token is cached: the next one is sampled
+                if timed and token_step[r] < 0:
+                    token_step[r] = step
                 if c == end[r]:
                     finishing.append(r)
                     continue
@@ -313,9 +380,20 @@ class Simulator:
                 if first[r] < 0:
                     first[r] = step
                 self.cached_tokens += hit
+                if timed:
+                    if new == 1:
+                        decodes += 1
+                        decode_context += hit + 1
+                    else:
+                        prefills += 1
+                        prefill += new
+                        prefill_context += hit + new
+                        pairs += new * (hit + new) - new * (new - 1) // 2
                 new += hit
                 computed[r] = new
                 if new == known[r]:
+                    if timed and token_step[r] < 0:
+                        token_step[r] = step
                     if new == end[r]:
                         finishing.append(r)
                         continue
@@ -330,6 +408,19 @@ class Simulator:
                 "plan more blocks, or give a smaller max_num_batched_tokens"
             )
         self.total_tokens += tokens
+        if self._step_time is not None:
+            context = decode_context + prefill_context
+            record = StepRecord(prefill, decodes, decodes + prefills, context, pairs + decode_context)
+            seconds = self._step_time(record)
+            if not 0.0 <= seconds < math.inf:  # NaN fails too
+                raise InvalidInputError(
+                    f"the step-time model {self._step_time.description!r} gave {seconds!r} seconds for step "
+                    f"{step} ({record}): a step takes a finite time >= 0; fix the model"
+                )
+            self.clock += seconds
+            self._step_end.append(self.clock)
+            for r in finishing:
+                self._finish_step[r] = step
         self._running_series.append(len(running))
         self._usage_series.append(self._usage())
         # after the step: free what fell out of windows and chunks, and finished requests
@@ -372,7 +463,7 @@ class Simulator:
         usage = self._usage_series
         stats = self.pool.prefix_cache_stats
         delays = sorted(
-            first - arrival for first, arrival in zip(self._first, self._arrival, strict=True) if first >= 0
+            first - queued for first, queued in zip(self._first, self._queued, strict=True) if first >= 0
         )
         return SimulationResult(
             policy=self.plan.policy,
@@ -393,10 +484,33 @@ class Simulator:
             prefix_caching=stats.enabled,
             cached_tokens=self.cached_tokens,
             prefix_hit_rate=stats.hit_rate,
+            timeline=self._timeline(),
+        )
+
+    def _timeline(self) -> Timeline | None:
+        """The run in seconds, with a step-time model (``None`` without one)."""
+        model = self._step_time
+        if model is None:
+            return None
+        ends = self._step_end
+
+        def at(step: int) -> float:  # when ``step`` ended; -1: not yet
+            return ends[step] if step >= 0 else float("nan")
+
+        if self._in_seconds:
+            arrival = tuple(float(t) for t in self._arrival)
+        else:  # a request arriving at step k arrives when step k starts
+            arrival = tuple(ends[s - 1] if s > 0 else 0.0 for s in self._arrival)  # type: ignore[index]
+        return Timeline(
+            model=model.description,
+            step_end=tuple(ends),
+            arrival=arrival,
+            first_token=tuple(at(s) for s in self._token_step),
+            finish=tuple(at(s) for s in self._finish_step),
         )
 
 
-def percentile(ordered: Sequence[int], q: float) -> int:
+def percentile(ordered: Sequence[_T], q: float) -> _T:
     """The ``q``-th percentile of sorted values by nearest rank (``ordered`` non-empty)."""
     rank = max(1, math.ceil(q / 100 * len(ordered)))
     return ordered[rank - 1]

@@ -1,7 +1,9 @@
 """Workloads: the requests a simulation replays, from a JSON-lines trace or drawn at random.
 
-A :class:`Request` is a prompt length, an output length and the step it arrives at. A trace file
-(:func:`read_trace`) has one JSON object a line::
+A :class:`Request` is a prompt length, an output length and when it arrives: at a scheduler step
+(``arrival_step``), or at a time in seconds (``arrival_time``, which a simulation with a step-time
+model reads; :mod:`kvcore.simulation.timing`). A trace file (:func:`read_trace`) has one JSON
+object a line::
 
     {"prompt_tokens": 812, "output_tokens": 143}
     {"prompt_tokens": 2048, "output_tokens": 512, "arrival_step": 40}
@@ -36,8 +38,19 @@ MAX_REQUESTS: Final = 1_000_000
 #: The latest step a request may arrive at: 10,000,000 (a simulation records every step).
 MAX_ARRIVAL_STEP: Final = 10_000_000
 
-#: The keys a trace line may have; the first two are required, the last two go together.
-TRACE_KEYS: Final = ("prompt_tokens", "output_tokens", "arrival_step", "prefix_id", "prefix_tokens")
+#: The latest time in seconds a request may arrive at: 10,000,000 s (about 116 days).
+MAX_ARRIVAL_TIME: Final = 10_000_000.0
+
+#: The keys a trace line may have; the first two are required, ``prefix_id`` and
+#: ``prefix_tokens`` go together, and a trace gives ``arrival_step`` or ``arrival_time``, not both.
+TRACE_KEYS: Final = (
+    "prompt_tokens",
+    "output_tokens",
+    "arrival_step",
+    "prefix_id",
+    "prefix_tokens",
+    "arrival_time",
+)
 
 #: The longest ``prefix_id`` string a trace may give.
 MAX_PREFIX_ID_CHARS: Final = 200
@@ -57,6 +70,22 @@ def _check_prefix(request: Request, attribute: attrs.Attribute[int], value: int)
         raise InvalidInputError(f"request {request.id}: prefix_tokens ({value}) needs a prefix_id")
 
 
+def _check_arrival_time(request: Request, attribute: attrs.Attribute[float | None], value: object) -> None:
+    """``arrival_time`` is ``None`` or a number of seconds from 0 to MAX_ARRIVAL_TIME."""
+    if value is None:
+        return
+    if not is_number(value) or not 0 <= value <= MAX_ARRIVAL_TIME:
+        raise InvalidInputError(
+            f"request {request.id}: 'arrival_time' must be a number of seconds from 0 to "
+            f"{MAX_ARRIVAL_TIME:,.0f} (kvcore.simulation.workload.MAX_ARRIVAL_TIME) (got {value!r})"
+        )
+    if request.arrival_step:
+        raise InvalidInputError(
+            f"request {request.id}: give 'arrival_step' or 'arrival_time', not both "
+            "(steps without a step-time model, seconds with one)"
+        )
+
+
 LengthKind = Literal["fixed", "uniform", "lognormal"]
 
 
@@ -73,6 +102,8 @@ class Request:
             string; ``None``: the prompt is the request's own).
         prefix_tokens: how many leading prompt tokens ``prefix_id`` names (``0`` to
             ``prompt_tokens``).
+        arrival_time: when it arrives, in seconds from the start (``None``: at
+            ``arrival_step``); simulating such a request needs a step-time model.
         line: the trace line it was read from (counted from 1, as editors count), for
             messages; ``None`` for a request not read from a trace.
     """
@@ -83,6 +114,7 @@ class Request:
     arrival_step: int = attrs.field(default=0, validator=int_at_least(0))
     prefix_id: int | str | None = attrs.field(default=None)
     prefix_tokens: int = attrs.field(default=0, validator=_check_prefix)
+    arrival_time: float | None = attrs.field(default=None, validator=_check_arrival_time)
     line: int | None = attrs.field(
         default=None, kw_only=True, eq=False, validator=attrs.validators.optional(int_at_least(1))
     )
@@ -106,7 +138,13 @@ def _sorted_requests(requests: object) -> tuple[Request, ...]:
         raise InvalidInputError(
             f"a workload's requests must be a sequence of Request (got {type(requests).__name__})"
         )
-    ordered = tuple(sorted(requests, key=lambda r: (r.arrival_step, r.id)))
+    timed = sum(r.arrival_time is not None for r in requests)
+    if timed not in (0, len(requests)):
+        raise InvalidInputError(
+            f"{timed} of the workload's {len(requests)} requests give an arrival_time: give every request "
+            "an arrival_time in seconds, or none (arrival_step)"
+        )
+    ordered = tuple(sorted(requests, key=lambda r: (r.arrival_step, r.arrival_time or 0.0, r.id)))
     ids = {r.id for r in ordered}
     if len(ids) != len(ordered):
         raise InvalidInputError(
@@ -117,7 +155,7 @@ def _sorted_requests(requests: object) -> tuple[Request, ...]:
 
 @attrs.frozen
 class Workload:
-    """Requests to replay, sorted by arrival step, then id.
+    """Requests to replay, sorted by arrival (step or time), then id.
 
     Attributes:
         requests: the requests (sorted when the workload is made; ids unique).
@@ -144,8 +182,10 @@ def read_trace(path: str | os.PathLike[str]) -> Workload:
 
     Each line is an object with ``prompt_tokens`` and ``output_tokens`` (ints ``>= 1``, at most
     :data:`kvcore.limits.MAX_TOKENS`) and optionally ``arrival_step`` (an int ``>= 0``, at most
-    :data:`MAX_ARRIVAL_STEP`; default 0); no other keys. Requests are numbered from 0 in file
-    order and remember their line (from 1), which the simulator's messages name. A trace has 1
+    :data:`MAX_ARRIVAL_STEP`; default 0) or ``arrival_time`` (seconds, a number ``>= 0``, at
+    most :data:`MAX_ARRIVAL_TIME`; every line or none), and ``prefix_id`` with
+    ``prefix_tokens``; no other keys. Requests are numbered from 0 in file order and remember
+    their line (from 1), which the simulator's messages name. A trace has 1
     to :data:`MAX_REQUESTS` requests.
 
     Args:
@@ -182,7 +222,10 @@ def read_trace(path: str | os.PathLike[str]) -> Workload:
         requests.append(_request_from_line(text, len(requests), f"{where}:{number}", number))
     if not requests:
         raise InvalidInputError(f"{where}: the trace has no requests (one JSON object a line)")
-    return Workload(tuple(requests), name=os.path.basename(where) or where)
+    try:
+        return Workload(tuple(requests), name=os.path.basename(where) or where)
+    except InvalidInputError as exc:
+        raise InvalidInputError(f"{where}: {exc}") from None
 
 
 def _request_from_line(text: str, index: int, where: str, line: int) -> Request:
@@ -219,6 +262,12 @@ def _request_from_line(text: str, index: int, where: str, line: int) -> Request:
         values[key] = check_at_most(
             value, limit, f"{where}: {key!r} ({constant})", "shorten the trace's requests"
         )
+    arrival_time = item.get("arrival_time")
+    if "arrival_time" in item and (not is_number(arrival_time) or not 0 <= arrival_time <= MAX_ARRIVAL_TIME):
+        raise InvalidInputError(
+            f"{where}: 'arrival_time' must be a number of seconds from 0 to {MAX_ARRIVAL_TIME:,.0f} "
+            f"(kvcore.simulation.workload.MAX_ARRIVAL_TIME) (got {arrival_time!r})"
+        )
     prefix_id = item.get("prefix_id")
     if "prefix_id" in item and (
         type(prefix_id) not in (int, str)
@@ -229,7 +278,13 @@ def _request_from_line(text: str, index: int, where: str, line: int) -> Request:
             f"(got {type(prefix_id).__name__})"
         )
     try:
-        return Request(id=index, prefix_id=prefix_id, line=line, **values)
+        return Request(
+            id=index,
+            prefix_id=prefix_id,
+            line=line,
+            arrival_time=None if arrival_time is None else float(arrival_time),
+            **values,
+        )
     except InvalidInputError as exc:
         raise InvalidInputError(f"{where}: {str(exc).removeprefix(f'request {index}: ')}") from None
 
@@ -351,6 +406,7 @@ def synthetic(
     max_model_len: int,
     prefix_share: float = 0.0,
     prefix_tokens: int = 0,
+    per_second: bool = False,
 ) -> Workload:
     """Draw a workload: ``count`` requests with random lengths and arrivals.
 
@@ -364,15 +420,20 @@ def synthetic(
     ``prefix_share``: its prompt is the prefix plus the drawn prompt length (clipped as
     above, so a clipped prompt may be all prefix). The other requests' prompts are their own.
 
+    With ``per_second``, ``rate`` is requests per second and the requests get an
+    ``arrival_time`` (the Poisson process's times, in seconds) instead of an arrival step.
+
     Args:
         count: requests (1 to :data:`MAX_REQUESTS`).
         prompt: the prompt-length distribution.
         output: the output-length distribution.
-        rate: mean arrivals per step (``> 0``), or ``None``.
+        rate: mean arrivals per step (per second with ``per_second``; ``> 0``), or ``None``.
         seed: seeds ``random.Random``; the same arguments give the same workload.
         max_model_len: the longest request (prompt plus output, ``>= 2``).
         prefix_share: the share of requests that start with the shared prefix (0 to 1).
         prefix_tokens: the shared prefix's length (``0`` to ``max_model_len - 2``; ``0``: none).
+        per_second: ``rate`` is per second, and arrivals are times (``arrival_time``; at once:
+            every request at time 0).
 
     Returns:
         The workload, named after its arguments.
@@ -390,8 +451,9 @@ def synthetic(
         max_model_len, MAX_TOKENS, "'max_model_len' (kvcore.limits.MAX_TOKENS)", "give a shorter length"
     )
     check_int(seed, "'seed'")
+    unit = "second" if per_second else "step"
     if rate is not None and (not is_number(rate) or not math.isfinite(rate) or rate <= 0):
-        raise InvalidInputError(f"'rate' must be a number of requests per step > 0, or None (got {rate!r})")
+        raise InvalidInputError(f"'rate' must be a number of requests per {unit} > 0, or None (got {rate!r})")
     if not is_number(prefix_share) or not 0 <= prefix_share <= 1:
         raise InvalidInputError(f"'prefix_share' must be a number from 0 to 1 (got {prefix_share!r})")
     check_int(prefix_tokens, "'prefix_tokens'", minimum=0, below=max_model_len - 1)
@@ -399,12 +461,22 @@ def synthetic(
     prompts = prompt.sample(rng, count, max_model_len - 1)
     outputs = output.sample(rng, count, max_model_len - 1)
     arrivals = [0] * count
+    times: list[float | None] = [0.0 if per_second else None] * count
     if rate is not None:
         now = 0.0
         for index in range(count):
             now += rng.expovariate(rate)
             arrivals[index] = int(now)
-        if arrivals[-1] > MAX_ARRIVAL_STEP:
+            if per_second:
+                times[index] = now
+        if per_second:
+            arrivals = [0] * count  # the times say when
+            if now > MAX_ARRIVAL_TIME:
+                raise InvalidInputError(
+                    f"at {rate:g} requests per second, {count} requests arrive until {now:,.0f} s, past "
+                    f"{MAX_ARRIVAL_TIME:,.0f} s (kvcore.simulation.workload.MAX_ARRIVAL_TIME); raise the rate"
+                )
+        elif arrivals[-1] > MAX_ARRIVAL_STEP:
             raise InvalidInputError(
                 f"at {rate:g} requests per step, {count} requests arrive until step {arrivals[-1]:,}, past "
                 f"{MAX_ARRIVAL_STEP:,} (kvcore.simulation.workload.MAX_ARRIVAL_STEP); raise the rate"
@@ -424,9 +496,10 @@ def synthetic(
                 arrivals[index],
                 prefix_id=0 if shared[index] else None,
                 prefix_tokens=prefix_tokens if shared[index] else 0,
+                arrival_time=times[index],
             )
         )
-    arriving = "at once" if rate is None else f"Poisson {rate:g}/step"
+    arriving = "at once" if rate is None else f"Poisson {rate:g}/{'s' if per_second else 'step'}"
     name = f"{count} requests, prompt {prompt}, output {output}, {arriving}, seed {seed}"
     if prefix_share and prefix_tokens:
         name += f", {prefix_share:g} share a {prefix_tokens}-token prefix"

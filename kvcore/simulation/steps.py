@@ -1,0 +1,78 @@
+"""What a scheduler step did, as a step-time model reads it, and what a timed run recorded.
+
+A scheduler (:mod:`kvcore.simulation.simulator`, or any other that feeds the same records)
+describes each step by a :class:`StepRecord`; a :class:`StepTimeModel`
+(:mod:`kvcore.simulation.timing`: a roofline from the model and the GPU, or a measured profile)
+turns it into seconds. The run's clock and each request's events in seconds are a
+:class:`Timeline`, from which :func:`kvcore.simulation.timing.latency_report` computes latencies.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Protocol
+
+import attrs
+
+
+class StepRecord(NamedTuple):
+    """What one scheduler step computed (a named tuple: one is made per simulated step, and a
+    tuple is several times cheaper to make than an attrs instance).
+
+    Attributes:
+        prefill_tokens: tokens computed by requests that computed more than one token in the
+            step (prompt chunks, recomputation after a preemption).
+        decode_tokens: requests that computed exactly one token (one token each).
+        requests: requests scheduled in the step (``decode_tokens`` plus those prefilling).
+        context_tokens: over the scheduled requests, the tokens each has cached once the step's
+            are written: the KV entries the step's attention reads.
+        attention_pairs: over every token computed, the tokens it attends to (itself and those
+            before it): query-key pairs, which the attention FLOPs scale with.
+    """
+
+    prefill_tokens: int
+    decode_tokens: int
+    requests: int
+    context_tokens: int
+    attention_pairs: int
+
+
+class StepTimeModel(Protocol):
+    """Seconds one scheduler step takes on some hardware."""
+
+    @property
+    def description(self) -> str:
+        """Which model produced the seconds, as reports state it (``"roofline on H100-SXM, a
+        lower bound"``)."""
+        ...
+
+    def __call__(self, record: StepRecord) -> float:
+        """The step's duration in seconds (``>= 0``)."""
+        ...
+
+
+@attrs.frozen(kw_only=True)
+class Timeline:
+    """A timed run: the clock after every step, and each request's events in seconds.
+
+    Requests are in the workload's order; times are seconds since the run started (time 0).
+
+    Attributes:
+        model: the step-time model's :attr:`~StepTimeModel.description`.
+        step_end: the clock when each step ended (an idle step, which runs nothing, takes no
+            time).
+        arrival: when each request arrived.
+        first_token: when each request's first output token was sampled (the end of the step
+            that computed the last token of its prompt).
+        finish: when each request's last output token was sampled.
+    """
+
+    model: str
+    step_end: tuple[float, ...] = attrs.field(repr=False)
+    arrival: tuple[float, ...] = attrs.field(repr=False)
+    first_token: tuple[float, ...] = attrs.field(repr=False)
+    finish: tuple[float, ...] = attrs.field(repr=False)
+
+    @property
+    def seconds(self) -> float:
+        """The run's length: the clock when the last step ended."""
+        return self.step_end[-1] if self.step_end else 0.0
