@@ -18,6 +18,7 @@ import attrs
 #: without importing its engine (so the matrix can be read where no engine is installed).
 ENGINE_CAPABILITY_MODULES: dict[str, str] = {
     "vllm": "kvcore.integrations.vllm.rules",
+    "sglang": "kvcore.integrations.sglang.rules",
 }
 
 
