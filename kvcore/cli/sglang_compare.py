@@ -51,7 +51,9 @@ def requests_held(sizes: SglangPoolSizes, specs: Mapping[str, KVCacheSpec], rule
     return min(held, default=0)
 
 
-def _row(name: str, sizes: SglangPoolSizes, specs: Mapping[str, KVCacheSpec], rules: SglangRules) -> dict[str, Any]:
+def _row(
+    name: str, sizes: SglangPoolSizes, specs: Mapping[str, KVCacheSpec], rules: SglangRules
+) -> dict[str, Any]:
     return {
         "policy": name,
         "page_size": sizes.page_size,
@@ -124,8 +126,8 @@ def run(args: argparse.Namespace, registry: Registry, specs: Mapping[str, KVCach
         return 0 if rows else 1
     print(
         f"budget {format_bytes(args.memory)} (SGLang's: gpu x mem_fraction_static - weights), context_len "
-        f"{rules.context_len:,}, page_size {rules.page_size}; as SGLang 0.5 runs it: one token pool per kind, "
-        f"first page padded, {rules.tokens_in_flight:,} prefill tokens in flight; own sizing with "
+        f"{rules.context_len:,}, page_size {rules.page_size}; as SGLang 0.5 runs it: one token pool per "
+        f"kind, first page padded, {rules.tokens_in_flight:,} prefill tokens in flight; own sizing with "
         f"swa_full_tokens_ratio {rules.swa_full_tokens_ratio}"
     )
     table = [

@@ -34,8 +34,8 @@ def _torchvision_importable() -> bool:
 
 
 def _stand_in_torchvision() -> None:
-    import transformers.image_processing_utils  # noqa: F401
-    import transformers.image_utils  # noqa: F401
+    import transformers.image_processing_utils
+    import transformers.image_utils
     import transformers.video_processing_utils  # noqa: F401
 
     class InterpolationMode(enum.Enum):
@@ -45,13 +45,17 @@ def _stand_in_torchvision() -> None:
 
     def missing(module: str):  # type: ignore[no-untyped-def]
         def __getattr__(name: str) -> object:
-            raise AttributeError(f"{module}.{name}: torchvision is not installed in kvcore's SGLang test environment")
+            raise AttributeError(
+                f"{module}.{name}: torchvision is not installed in kvcore's SGLang test environment"
+            )
 
         return __getattr__
 
     for name in ("torchvision", "torchvision.transforms", "torchvision.transforms.functional"):
         module = types.ModuleType(name)
-        module.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=not name.endswith("functional"))
+        module.__spec__ = importlib.machinery.ModuleSpec(
+            name, None, is_package=not name.endswith("functional")
+        )
         module.__path__ = []  # type: ignore[attr-defined]
         module.__getattr__ = missing(name)  # type: ignore[method-assign]
         sys.modules[name] = module

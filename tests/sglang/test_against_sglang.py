@@ -20,9 +20,9 @@ from sglang.srt.runtime_context import get_parallel
 
 from kvcore.frontends.hf_config import model_layer_specs
 from kvcore.integrations.sglang import convert, plugin, rules
+from kvcore.planning.registry import Registry
 from kvcore.plugins.full_attention import FullAttentionSpec
 from kvcore.plugins.sliding_window import SlidingWindowSpec
-from kvcore.planning.registry import Registry
 
 #: Bundled models whose KV layers SGLang's configurators size (full, sliding, MLA).
 MODELS = [
@@ -113,7 +113,9 @@ def test_plugin_replaces_sglangs_configurator(monkeypatch, registry):
         HookRegistry.apply_hooks()
         assert pool_configurator.create_memory_pool_configurator is not original
         full = FullAttentionSpec(block_size=16, num_kv_heads=4, head_size=64, dtype="bfloat16")
-        sliding = SlidingWindowSpec(block_size=16, num_kv_heads=4, head_size=64, dtype="bfloat16", sliding_window=256)
+        sliding = SlidingWindowSpec(
+            block_size=16, num_kv_heads=4, head_size=64, dtype="bfloat16", sliding_window=256
+        )
         specs = {convert.layer_name(i): (full if i % 4 == 3 else sliding) for i in range(8)}
         kvc = _kvc(specs, sliding_window=256)
         with get_parallel().override(attn_tp_size=1):
@@ -135,7 +137,11 @@ def test_plugin_replaces_sglangs_configurator(monkeypatch, registry):
 
 
 def test_two_windows_are_refused(registry):
-    make = lambda w: SlidingWindowSpec(block_size=16, num_kv_heads=2, head_size=64, dtype="bfloat16", sliding_window=w)  # noqa: E731
+    def make(window: int) -> SlidingWindowSpec:
+        return SlidingWindowSpec(
+            block_size=16, num_kv_heads=2, head_size=64, dtype="bfloat16", sliding_window=window
+        )
+
     specs = {"a": make(128), "b": make(512)}
     with pytest.raises(rules.SglangIntegrationError, match=r"windows \[128, 512\]"):
         rules.plan_for_sglang(specs, BUDGET, RULES, registry=registry)

@@ -20,6 +20,7 @@ from sglang.srt.model_executor.pool_configurator import MemoryPoolConfig
 
 from kvcore.dtypes import dtype_name
 from kvcore.integrations.sglang.rules import SglangIntegrationError, SglangPoolSizes, check_specs
+from kvcore.plugins.attention import AttentionSpec
 from kvcore.plugins.full_attention import FullAttentionSpec
 from kvcore.plugins.mla import MLAAttentionSpec
 from kvcore.plugins.sliding_window import SlidingWindowSpec
@@ -56,13 +57,16 @@ def specs_from_sglang(kvc: Any) -> dict[str, KVCacheSpec]:
         full_ids, swa_ids = list(range(info.start_layer, info.end_layer)), []
     if config.attention_arch == AttentionArch.MLA:
         full: KVCacheSpec = MLAAttentionSpec(
-            block_size=page, kv_lora_rank=config.kv_lora_rank, qk_rope_head_dim=config.qk_rope_head_dim, dtype=dtype
+            block_size=page,
+            kv_lora_rank=config.kv_lora_rank,
+            qk_rope_head_dim=config.qk_rope_head_dim,
+            dtype=dtype,
         )
     else:
         if config.head_dim != config.v_head_dim:
             raise SglangIntegrationError(
-                f"K heads of {config.head_dim} and V heads of {config.v_head_dim}: kvcore's attention specs have "
-                "one head size; unset KVCORE_SGLANG_POLICY to let SGLang size this model"
+                f"K heads of {config.head_dim} and V heads of {config.v_head_dim}: kvcore's attention specs "
+                "have one head size; unset KVCORE_SGLANG_POLICY to let SGLang size this model"
             )
         full = FullAttentionSpec(
             block_size=page,
@@ -96,11 +100,17 @@ def memory_pool_config(sizes: SglangPoolSizes) -> MemoryPoolConfig:
     )
 
 
-def _torch_dtype(spec: KVCacheSpec) -> torch.dtype:
-    dtype = getattr(torch, dtype_name(getattr(spec, "dtype")))
+def _torch_dtype(spec: AttentionSpec | MLAAttentionSpec) -> torch.dtype:
+    dtype = getattr(torch, dtype_name(spec.dtype))
     if not isinstance(dtype, torch.dtype):
-        raise SglangIntegrationError(f"{dtype_name(getattr(spec, 'dtype'))} is not a torch dtype SGLang's pools take")
+        raise SglangIntegrationError(f"{dtype_name(spec.dtype)} is not a torch dtype SGLang's pools take")
     return dtype
+
+
+def _attention(spec: KVCacheSpec) -> AttentionSpec:
+    if not isinstance(spec, AttentionSpec):
+        raise SglangIntegrationError(f"SGLang's MHA pools hold attention layers, not {spec.kind}")
+    return spec
 
 
 def _full_pool(spec: KVCacheSpec, size: int, page: int, layers: int, device: str) -> KVCache:
@@ -115,12 +125,13 @@ def _full_pool(spec: KVCacheSpec, size: int, page: int, layers: int, device: str
             device=device,
             enable_memory_saver=False,
         )
+    mha = _attention(spec)
     return MHATokenToKVPool(
         size=size,
         page_size=page,
-        dtype=_torch_dtype(spec),
-        head_num=getattr(spec, "num_kv_heads"),
-        head_dim=getattr(spec, "head_size"),
+        dtype=_torch_dtype(mha),
+        head_num=mha.num_kv_heads,
+        head_dim=mha.head_size,
         layer_num=layers,
         device=device,
         enable_memory_saver=False,
@@ -140,7 +151,7 @@ def build_pools(sizes: SglangPoolSizes, specs: Mapping[str, KVCacheSpec], device
     full_names, swa_names = pools.get("full", []), pools.get("swa", [])
     if not sizes.is_hybrid_swa:
         return _full_pool(specs[full_names[0]], sizes.full_tokens, sizes.page_size, len(full_names), device)
-    swa, full = specs[swa_names[0]], specs[full_names[0]] if full_names else None
+    swa, full = _attention(specs[swa_names[0]]), specs[full_names[0]] if full_names else None
     if isinstance(full, MLAAttentionSpec):
         raise SglangIntegrationError("kvcore builds SGLang's sliding pools of MHA layers only")
     return SWAKVPool(
@@ -148,8 +159,8 @@ def build_pools(sizes: SglangPoolSizes, specs: Mapping[str, KVCacheSpec], device
         size_swa=sizes.swa_tokens,
         page_size=sizes.page_size,
         dtype=_torch_dtype(swa),
-        head_num=getattr(swa, "num_kv_heads"),
-        head_dim=getattr(swa, "head_size"),
+        head_num=swa.num_kv_heads,
+        head_dim=swa.head_size,
         swa_attention_layer_ids=[order.index(n) for n in swa_names],
         full_attention_layer_ids=[order.index(n) for n in full_names],
         device=device,

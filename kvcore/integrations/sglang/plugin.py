@@ -29,7 +29,7 @@ POLICY_VARIABLE = "KVCORE_SGLANG_POLICY"
 TARGET = "sglang.srt.model_executor.pool_configurator.create_memory_pool_configurator"
 
 
-class KVCorePoolConfigurator(MemoryPoolConfigurator):
+class KVCorePoolConfigurator(MemoryPoolConfigurator):  # type: ignore[misc]  # SGLang's class is Any to mypy
     """SGLang's memory-pool configurator, with kvcore's plan for the pool sizes.
 
     Args:
@@ -51,7 +51,9 @@ class KVCorePoolConfigurator(MemoryPoolConfigurator):
 
     def sizes(self, available_bytes: int) -> Any:
         """The pools of kvcore's plan for ``available_bytes`` (:class:`~.rules.SglangPoolSizes`)."""
-        plan = plan_for_sglang(self.specs, available_bytes, self.rules, registry=self.registry, policy=self.policy)
+        plan = plan_for_sglang(
+            self.specs, available_bytes, self.rules, registry=self.registry, policy=self.policy
+        )
         return pool_sizes(plan, self.specs)
 
     def calculate_pool_sizes(self, available_bytes: int, page_size: int) -> MemoryPoolConfig:
@@ -59,11 +61,14 @@ class KVCorePoolConfigurator(MemoryPoolConfigurator):
         self._check_page(page_size)
         return memory_pool_config(self.sizes(int(available_bytes)))
 
-    def calculate_pool_sizes_from_max_tokens(self, max_total_num_tokens: int, page_size: int) -> MemoryPoolConfig:
+    def calculate_pool_sizes_from_max_tokens(
+        self, max_total_num_tokens: int, page_size: int
+    ) -> MemoryPoolConfig:
         """SGLang's constraint path (``--max-total-tokens``): refused, kvcore sizes from bytes."""
         raise SglangIntegrationError(
             f"--max-total-tokens {max_total_num_tokens:,} caps SGLang's pools below kvcore's plan of "
-            f"{self.policy!r}; give SGLang the budget instead (--mem-fraction-static) or unset {POLICY_VARIABLE}"
+            f"{self.policy!r}; give SGLang the budget instead (--mem-fraction-static) or unset "
+            f"{POLICY_VARIABLE}"
         )
 
     def _check_page(self, page_size: int) -> None:

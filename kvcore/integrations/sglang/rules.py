@@ -43,6 +43,8 @@ from kvcore.integrations.capabilities import EngineCapabilities
 from kvcore.plan import KVCacheGroup, KVCachePlan
 from kvcore.planning.planner import plan_kv_cache
 from kvcore.planning.registry import Registry
+from kvcore.plugins.full_attention import FullAttentionSpec
+from kvcore.plugins.sliding_window import SlidingWindowSpec
 from kvcore.policy import AllocationPolicy, PlanOptions
 from kvcore.spec import DEFAULT_MAX_NUM_BATCHED_TOKENS, KVCacheSpec, SizingContext
 from kvcore.validators import positive_int
@@ -77,7 +79,9 @@ UNCONVERTED_KINDS: dict[str, str] = {
         "SGLang runs Llama 4's chunked attention over the full token pool, so its pool sizes "
         "are not kvcore's chunked plan"
     ),
-    "cross_attention": "SGLang's encoder-decoder models keep their cross-attention cache outside the token pools",
+    "cross_attention": (
+        "SGLang's encoder-decoder models keep their cross-attention cache outside the token pools"
+    ),
 }
 
 
@@ -154,6 +158,13 @@ def kv_budget(gpu_bytes: int, weight_bytes: int, mem_fraction_static: float) -> 
     return budget
 
 
+def window_of(spec: KVCacheSpec) -> int:
+    """The window of a sliding-window layer (the one kind :data:`POOL_OF_KIND` puts in ``swa``)."""
+    if not isinstance(spec, SlidingWindowSpec):
+        raise SglangIntegrationError(f"a {spec.kind} layer has no sliding window")
+    return spec.sliding_window
+
+
 def token_bytes(spec: KVCacheSpec) -> int:
     """Bytes one token of a layer with ``spec`` takes in an SGLang pool (a page's bytes per token)."""
     return spec.page_size_bytes // spec.block_size
@@ -182,7 +193,7 @@ def check_specs(specs: Mapping[str, KVCacheSpec]) -> dict[str, list[str]]:
             one head count and head size each).
     """
     pools = _pool_layers(specs)
-    windows = sorted({int(getattr(specs[n], "sliding_window")) for n in pools.get("swa", ())})
+    windows = sorted({window_of(specs[n]) for n in pools.get("swa", ())})
     if len(windows) > 1:
         raise SglangIntegrationError(
             f"sliding-window layers have windows {windows}, but SGLang reads one sliding_window_size "
@@ -254,7 +265,8 @@ def check_runnable(plan: KVCachePlan, specs: Mapping[str, KVCacheSpec]) -> dict[
     sizes = sorted({g.spec.block_size for g in plan.groups})
     if len(sizes) > 1:
         raise SglangIntegrationError(
-            f"policy {plan.policy!r} planned block sizes {sizes}, but SGLang has one --page-size for every pool"
+            f"policy {plan.policy!r} planned block sizes {sizes}, but SGLang has one --page-size for "
+            "every pool"
         )
     if plan.null_block is None:
         raise SglangIntegrationError(
@@ -266,8 +278,8 @@ def check_runnable(plan: KVCachePlan, specs: Mapping[str, KVCacheSpec]) -> dict[
         owners = {id(plan.group_of(n)): plan.group_of(n) for n in names}
         if len(owners) > 1:
             raise SglangIntegrationError(
-                f"policy {plan.policy!r} split the {pool} pool's layers into {len(owners)} groups, but SGLang "
-                "keeps one token index for all of them; plan for SGLang with kind_pools"
+                f"policy {plan.policy!r} split the {pool} pool's layers into {len(owners)} groups, but "
+                "SGLang keeps one token index for all of them; plan for SGLang with kind_pools"
             )
         (group,) = owners.values()
         if len(group.layer_names) != len(names):
@@ -294,7 +306,7 @@ def pool_sizes(plan: KVCachePlan, specs: Mapping[str, KVCacheSpec]) -> SglangPoo
         page_size=plan.groups[0].spec.block_size,
         full_tokens=tokens.get("full", 0),
         swa_tokens=tokens.get("swa", 0),
-        sliding_window=int(getattr(swa.spec, "sliding_window")) if swa is not None else None,
+        sliding_window=window_of(swa.spec) if swa is not None else None,
     )
 
 
@@ -312,9 +324,7 @@ def own_pool_sizes(specs: Mapping[str, KVCacheSpec], budget: int, rules: SglangR
     page = rules.page_size
     full_cell = sum(token_bytes(specs[n]) for n in pools.get("full", ()))
     swa_cell = sum(token_bytes(specs[n]) for n in pools.get("swa", ()))
-    window = (
-        int(getattr(specs[pools["swa"][0]], "sliding_window")) if pools.get("swa") else None
-    )
+    window = window_of(specs[pools["swa"][0]]) if pools.get("swa") else None
     if window is None:
         full = budget // full_cell // page * page
         swa = 0
@@ -380,7 +390,12 @@ def plan_for_sglang(
     check_specs(specs)
     paged = paged_specs(specs, rules.page_size)
     plan = plan_kv_cache(
-        paged, available_bytes, rules.context(), registry=registry, policy=policy, options=rules.options(options)
+        paged,
+        available_bytes,
+        rules.context(),
+        registry=registry,
+        policy=policy,
+        options=rules.options(options),
     )
     check_runnable(plan, paged)
     return plan
@@ -403,13 +418,12 @@ def capabilities() -> EngineCapabilities:
     The kinds are :data:`POOL_OF_KIND`'s; a built-in policy is listed when its plan of a
     reference model of one full and one sliding layer passes :func:`check_runnable`.
     """
-    from kvcore.plugins.full_attention import FullAttentionSpec
-    from kvcore.plugins.sliding_window import SlidingWindowSpec
-
     registry = Registry.default(autoload=False)  # the built-in policies only
     rules = SglangRules(context_len=256, page_size=16, chunked_prefill_size=64)
     full = FullAttentionSpec(block_size=16, num_kv_heads=2, head_size=64, dtype="bfloat16")
-    sliding = SlidingWindowSpec(block_size=16, num_kv_heads=2, head_size=64, dtype="bfloat16", sliding_window=64)
+    sliding = SlidingWindowSpec(
+        block_size=16, num_kv_heads=2, head_size=64, dtype="bfloat16", sliding_window=64
+    )
     references: dict[str, dict[str, KVCacheSpec]] = {
         "full attention only": {"0": full, "1": full},
         "full and sliding layers": {"0": full, "1": sliding},
@@ -422,7 +436,11 @@ def capabilities() -> EngineCapabilities:
             except KVCoreError:
                 continue
             runs.setdefault(name, []).append(model)
-    partial = [f"{name}: runs on models of {' and '.join(models)}" for name, models in runs.items() if len(models) < len(references)]
+    partial = [
+        f"{name}: runs on models of {' and '.join(models)}"
+        for name, models in runs.items()
+        if len(models) < len(references)
+    ]
     return EngineCapabilities(
         engine="sglang",
         versions=SGLANG_VERSIONS,
