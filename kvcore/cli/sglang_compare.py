@@ -20,15 +20,18 @@ from kvcore.cli.inputs import FLAG_NAMES
 from kvcore.cli.table import render_table
 from kvcore.error_messages import render
 from kvcore.errors import InvalidInputError, KVCoreError
+from kvcore.frontends.hf_config import load_model_config
 from kvcore.integrations.sglang.rules import (
     SglangPoolSizes,
     SglangRules,
+    as_sglang_runs,
     check_specs,
     own_pool_sizes,
     paged_specs,
     plan_for_sglang,
     pool_bytes,
     pool_sizes,
+    runs_hybrid_swa,
 )
 from kvcore.planning.registry import Registry
 from kvcore.spec import KVCacheSpec
@@ -65,6 +68,16 @@ def _row(
     }
 
 
+def hybrid_swa(args: argparse.Namespace) -> bool:
+    """Whether SGLang runs the model with its sliding pool: by ``--model``'s architectures; a
+    ``--specs`` file is taken as a model SGLang does."""
+    if not getattr(args, "model", None):
+        return True
+    config, _ = load_model_config(args.model)
+    architectures = config.get("architectures") or ()
+    return runs_hybrid_swa([str(a) for a in architectures])
+
+
 def run(args: argparse.Namespace, registry: Registry, specs: Mapping[str, KVCacheSpec]) -> int:
     """Print the comparison (a table, or ``--json``); 0 when some policy planned, else 1.
 
@@ -92,6 +105,8 @@ def run(args: argparse.Namespace, registry: Registry, specs: Mapping[str, KVCach
         chunked_prefill_size=args.max_num_batched_tokens,
         **({"page_size": block} if block else {}),
     )
+    swa_pool = hybrid_swa(args)
+    specs = as_sglang_runs(specs, swa_pool)
     names = [p.strip() for p in args.policies.split(",")] if args.policies else list(registry.policies)
     rows: list[dict[str, Any]] = []
     failures: dict[str, str] = {}
@@ -117,6 +132,7 @@ def run(args: argparse.Namespace, registry: Registry, specs: Mapping[str, KVCach
                     "context_len": rules.context_len,
                     "page_size": rules.page_size,
                     "swa_full_tokens_ratio": rules.swa_full_tokens_ratio,
+                    "hybrid_swa": swa_pool,
                     "candidates": [*rows, *({"policy": n, "error": e} for n, e in failures.items())],
                     "sglang_own": own_row if own_row is not None else {"error": why},
                 },
@@ -129,6 +145,11 @@ def run(args: argparse.Namespace, registry: Registry, specs: Mapping[str, KVCach
         f"{rules.context_len:,}, page_size {rules.page_size}; as SGLang 0.5 runs it: one token pool per "
         f"kind, first page padded, {rules.tokens_in_flight:,} prefill tokens in flight; own sizing with "
         f"swa_full_tokens_ratio {rules.swa_full_tokens_ratio}"
+        + (
+            ""
+            if swa_pool
+            else "; SGLang gives this model no sliding pool, so its sliding layers keep every token"
+        )
     )
     table = [
         [

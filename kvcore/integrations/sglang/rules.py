@@ -34,7 +34,7 @@ the page (:func:`pool_sizes`). :func:`plan_for_sglang` plans for that;
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import attrs
 
@@ -83,6 +83,50 @@ UNCONVERTED_KINDS: dict[str, str] = {
         "SGLang's encoder-decoder models keep their cross-attention cache outside the token pools"
     ),
 }
+
+
+#: The architectures SGLang runs with its sliding-window pool (``is_hybrid_swa_model`` in
+#: ``sglang/srt/configs/model_config.py``, with its ``SWA_SINK_ARCHS`` and ``MIMO_V2_MODEL_ARCHS``).
+#: Any other model's sliding layers keep every token in the full pool; Gemma 2 and 3 are
+#: turned off explicitly (``disable_hybrid_swa_memory`` in
+#: ``sglang/srt/arg_groups/model_overrides/gemma2_gemma3.py``).
+HYBRID_SWA_ARCHITECTURES: frozenset[str] = frozenset(
+    {
+        "BeamForCausalLM",
+        "Llama4ForConditionalGeneration",
+        "DeepseekV4ForCausalLM",
+        "DeepseekV4ForCausalLMNextN",
+        "DeepseekV4ForCausalLMDSpark",
+        "GptOssForCausalLM",
+        "GraniteSWAForCausalLM",
+        "GraniteMoeSWAForCausalLM",
+        "IQuestQ1ForCausalLM",
+        "IQuestQ1MTP",
+        "MiMoV2ForCausalLM",
+        "MiMoV2FlashForCausalLM",
+        "MiMoV2MTP",
+        "Step3p5ForCausalLM",
+        "Step3p5MTP",
+        "Step3p7ForConditionalGeneration",
+        "Gemma4ForCausalLM",
+        "Gemma4ForConditionalGeneration",
+        "EmbeddingGemma2Model",
+        "Gemma4UnifiedForConditionalGeneration",
+        "DiffusionGemmaForBlockDiffusion",
+        "LagunaForCausalLM",
+        "MellumForCausalLM",
+        "MuseGlimmerForCausalLM",
+        "MuseGlimmerForConditionalGeneration",
+        "InklingForConditionalGeneration",
+        "InklingForConditionalGenerationMTP",
+        "UnlimitedOCRForCausalLM",
+    }
+)
+
+
+def runs_hybrid_swa(architectures: Sequence[str]) -> bool:
+    """Whether SGLang gives a model of ``architectures`` (``config.json``'s) a sliding pool."""
+    return any(a in HYBRID_SWA_ARCHITECTURES for a in architectures)
 
 
 class SglangIntegrationError(KVCoreError, ValueError):
@@ -399,6 +443,26 @@ def plan_for_sglang(
     )
     check_runnable(plan, paged)
     return plan
+
+
+def as_sglang_runs(specs: Mapping[str, KVCacheSpec], hybrid_swa: bool) -> dict[str, KVCacheSpec]:
+    """``specs`` as SGLang keeps them: without its sliding pool (``hybrid_swa`` false, see
+    :func:`runs_hybrid_swa`) a sliding layer keeps every token in the full pool, so it is
+    planned as full attention of the same heads."""
+    if hybrid_swa:
+        return dict(specs)
+    made: dict[int, KVCacheSpec] = {}
+    out: dict[str, KVCacheSpec] = {}
+    for name, spec in specs.items():
+        if isinstance(spec, SlidingWindowSpec) and id(spec) not in made:
+            made[id(spec)] = FullAttentionSpec(
+                block_size=spec.block_size,
+                num_kv_heads=spec.num_kv_heads,
+                head_size=spec.head_size,
+                dtype=spec.dtype,
+            )
+        out[name] = made.get(id(spec), spec)
+    return out
 
 
 def paged_specs(specs: Mapping[str, KVCacheSpec], page_size: int) -> dict[str, KVCacheSpec]:
