@@ -172,7 +172,7 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
     if args.engine == "sglang":
         from kvcore.cli import sglang_compare
 
-        return sglang_compare.run(args, registry, specs)
+        return sglang_compare.run(args, registry, specs, budget)
     simulated: dict[int, SimulationResult] = {}
     workload: Workload | None = None
     if inputs.wants_workload(args):

@@ -26,6 +26,7 @@ from kvcore.integrations.sglang.rules import (
     SglangRules,
     as_sglang_runs,
     check_specs,
+    kv_budget,
     own_pool_sizes,
     paged_specs,
     plan_for_sglang,
@@ -33,6 +34,7 @@ from kvcore.integrations.sglang.rules import (
     pool_sizes,
     runs_hybrid_swa,
 )
+from kvcore.planning.gpu_budget import GpuBudget
 from kvcore.planning.registry import Registry
 from kvcore.spec import KVCacheSpec
 from kvcore.units import format_bytes
@@ -78,8 +80,17 @@ def hybrid_swa(args: argparse.Namespace) -> bool:
     return runs_hybrid_swa([str(a) for a in architectures])
 
 
-def run(args: argparse.Namespace, registry: Registry, specs: Mapping[str, KVCacheSpec]) -> int:
+def run(
+    args: argparse.Namespace,
+    registry: Registry,
+    specs: Mapping[str, KVCacheSpec],
+    gpu_budget: GpuBudget | None = None,
+) -> int:
     """Print the comparison (a table, or ``--json``); 0 when some policy planned, else 1.
+
+    With ``--gpu-memory`` (``gpu_budget``), the budget is SGLang's: ``--utilization`` is its
+    ``mem_fraction_static`` and the weights come out of it (:func:`~.rules.kv_budget`; SGLang's
+    slack of ``1 - mem_fraction_static`` holds the activations kvcore's own budget counts).
 
     Raises:
         InvalidInputError: options the SGLang comparison does not take.
@@ -105,6 +116,8 @@ def run(args: argparse.Namespace, registry: Registry, specs: Mapping[str, KVCach
         chunked_prefill_size=args.max_num_batched_tokens,
         **({"page_size": block} if block else {}),
     )
+    if gpu_budget is not None:
+        args.memory = kv_budget(gpu_budget.gpu_memory, gpu_budget.weights, gpu_budget.utilization)
     swa_pool = hybrid_swa(args)
     specs = as_sglang_runs(specs, swa_pool)
     names = [p.strip() for p in args.policies.split(",")] if args.policies else list(registry.policies)
@@ -129,6 +142,7 @@ def run(args: argparse.Namespace, registry: Registry, specs: Mapping[str, KVCach
                 {
                     "engine": "sglang",
                     "available_memory_bytes": args.memory,
+                    **({"mem_fraction_static": gpu_budget.utilization} if gpu_budget is not None else {}),
                     "context_len": rules.context_len,
                     "page_size": rules.page_size,
                     "swa_full_tokens_ratio": rules.swa_full_tokens_ratio,
@@ -140,8 +154,14 @@ def run(args: argparse.Namespace, registry: Registry, specs: Mapping[str, KVCach
             )
         )
         return 0 if rows else 1
+    where = (
+        f"{format_bytes(gpu_budget.gpu_memory)} x mem_fraction_static {gpu_budget.utilization} - weights "
+        f"{format_bytes(gpu_budget.weights)}"
+        if gpu_budget is not None
+        else "SGLang's: gpu x mem_fraction_static - weights"
+    )
     print(
-        f"budget {format_bytes(args.memory)} (SGLang's: gpu x mem_fraction_static - weights), context_len "
+        f"budget {format_bytes(args.memory)} ({where}), context_len "
         f"{rules.context_len:,}, page_size {rules.page_size}; as SGLang 0.5 runs it: one token pool per "
         f"kind, first page padded, {rules.tokens_in_flight:,} prefill tokens in flight; own sizing with "
         f"swa_full_tokens_ratio {rules.swa_full_tokens_ratio}"

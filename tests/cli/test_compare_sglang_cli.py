@@ -67,3 +67,15 @@ def test_kinds_sglang_has_no_pool_for_are_named(run_cli):
 def test_options_it_does_not_take_are_refused(run_cli):
     status, _, err = run_cli("compare", *BASE, "--block-sizes", "16,32")
     assert status != 0 and "--engine sglang" in err and "--block-sizes" in err and "Traceback" not in err
+
+
+def test_gpu_memory_is_sized_with_mem_fraction_static(run_cli):
+    gpu = ("--model", "openai/gpt-oss-20b", "--gpu-memory", "80GiB", "--utilization", "0.85")
+    status, out, err = run_cli("compare", *gpu, "--max-model-len", "8192", "--engine", "sglang", "--json")
+    assert status == 0, err
+    payload = json.loads(out)
+    # kvcore's own budget: the same weights, less its activation estimate as well
+    _, own_out, _ = run_cli("compare", *gpu, "--max-model-len", "8192", "--policies", "kind_pools", "--json")
+    weights = json.loads(own_out)["gpu_budget"]["weights_bytes"]
+    assert payload["mem_fraction_static"] == 0.85
+    assert payload["available_memory_bytes"] == rules.kv_budget(80 * 2**30, weights, 0.85)

@@ -142,11 +142,6 @@ def _ratio(instance: object, attribute: attrs.Attribute[float], value: float) ->
         )
 
 
-def _fraction(instance: object, attribute: attrs.Attribute[float], value: float) -> None:
-    if not 0 < value <= 1:
-        raise SglangIntegrationError(f"mem_fraction_static must be in (0, 1] (got {value})")
-
-
 @attrs.frozen(kw_only=True)
 class SglangRules:
     """The server settings of an SGLang engine that its KV pools depend on.
@@ -158,7 +153,6 @@ class SglangRules:
         overlap_schedule: whether the overlap scheduler runs (the default): two chunks in
             flight, as ``compute_swa_request_cap`` counts them (``chunks_in_flight``).
         swa_full_tokens_ratio: sliding-pool tokens per full-pool token in SGLang's own sizing.
-        mem_fraction_static: the share of GPU memory for weights and KV pools (:func:`kv_budget`).
     """
 
     context_len: int = attrs.field(validator=positive_int)
@@ -166,7 +160,6 @@ class SglangRules:
     chunked_prefill_size: int = attrs.field(default=DEFAULT_MAX_NUM_BATCHED_TOKENS, validator=positive_int)
     overlap_schedule: bool = True
     swa_full_tokens_ratio: float = attrs.field(default=DEFAULT_SWA_FULL_TOKENS_RATIO, validator=_ratio)
-    mem_fraction_static: float = attrs.field(default=0.9, validator=_fraction)
 
     @property
     def tokens_in_flight(self) -> int:
@@ -191,8 +184,11 @@ def kv_budget(gpu_bytes: int, weight_bytes: int, mem_fraction_static: float) -> 
     mem_fraction_static)``.
 
     Raises:
-        SglangIntegrationError: the weights leave nothing (SGLang's "Not enough memory").
+        SglangIntegrationError: ``mem_fraction_static`` outside (0, 1], or weights that leave
+            nothing (SGLang's "Not enough memory").
     """
+    if not 0 < mem_fraction_static <= 1:
+        raise SglangIntegrationError(f"mem_fraction_static must be in (0, 1] (got {mem_fraction_static})")
     budget = int(gpu_bytes * mem_fraction_static) - weight_bytes
     if budget <= 0:
         raise SglangIntegrationError(
