@@ -87,7 +87,8 @@ def test_sglang_pools_hold_what_kvcore_promises(model, registry, tmp_path):
     # SGLang's model config and kvcore's model front end agree on every layer's bytes per token
     ours = _as_sglang_runs(model, registry)
     assert sorted(map(rules.token_bytes, specs.values())) == sorted(map(rules.token_bytes, ours.values()))
-    config = plugin.KVCorePoolConfigurator(kvc, "kind_pools", RULES).calculate_pool_sizes(BUDGET, PAGE)
+    own = pool_configurator.create_memory_pool_configurator(kvc)
+    config = plugin.KVCorePoolConfigurator(kvc, own, "kind_pools", RULES).calculate_pool_sizes(BUDGET, PAGE)
     assert isinstance(config, pool_configurator.MemoryPoolConfig)
     plan = rules.plan_for_sglang(specs, BUDGET, RULES, registry=registry)
     sizes = rules.pool_sizes(plan, specs)
@@ -113,7 +114,7 @@ def test_plugin_replaces_sglangs_configurator(monkeypatch, registry, tmp_path):
         assert pool_configurator.create_memory_pool_configurator is not original
         config = kvc.config_from_budget(budget)  # SGLang's own start-up path
     finally:
-        monkeypatch.setattr(pool_configurator, "create_memory_pool_configurator", original)
+        pool_configurator.create_memory_pool_configurator = original  # unhook for the other tests
         HookRegistry._hooks.pop(plugin.TARGET, None)
         HookRegistry._patched.discard(plugin.TARGET)
     sglang_rules = plugin._rules_of(kvc)
@@ -122,8 +123,17 @@ def test_plugin_replaces_sglangs_configurator(monkeypatch, registry, tmp_path):
     assert config == convert.memory_pool_config(rules.pool_sizes(plan, specs))
     # the padded page is inside kvcore's budget, outside SGLang's own
     assert config.max_total_num_tokens == sglang_own.max_total_num_tokens - PAGE
+    own = pool_configurator.create_memory_pool_configurator(kvc)
     with pytest.raises(rules.SglangIntegrationError, match="max-total-tokens"):
-        plugin.KVCorePoolConfigurator(kvc, "kind_pools").calculate_pool_sizes_from_max_tokens(1024, PAGE)
+        plugin.KVCorePoolConfigurator(kvc, own, "kind_pools").calculate_pool_sizes_from_max_tokens(1024, PAGE)
+
+
+def test_bytes_kvcore_does_not_plan_are_refused(tmp_path):
+    kvc = kv_cache_configurator("meta-llama/Llama-3.1-8B", tmp_path, page_size=PAGE)
+    kvc.kv_cache_dtype_str = "mxfp8"  # SGLang adds a scale byte per 32 elements
+    own = pool_configurator.create_memory_pool_configurator(kvc)
+    with pytest.raises(rules.SglangIntegrationError, match="bytes per token"):
+        plugin.KVCorePoolConfigurator(kvc, own, "kind_pools", RULES)
 
 
 def test_two_windows_are_refused(registry):

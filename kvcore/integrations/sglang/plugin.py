@@ -2,7 +2,7 @@
 
 SGLang runs every general plugin in each process it starts (``sglang.srt.plugins.load_plugins``).
 :func:`register` does nothing unless ``KVCORE_SGLANG_POLICY`` names a kvcore policy; then it
-replaces ``create_memory_pool_configurator`` (``sglang/srt/model_executor/pool_configurator.py``,
+wraps ``create_memory_pool_configurator`` (``sglang/srt/model_executor/pool_configurator.py``,
 which ``KVCacheConfigurator.config_from_budget`` calls at start-up) through SGLang's
 ``HookRegistry`` with one that returns :class:`KVCorePoolConfigurator`: the profiled budget is
 planned with that policy under SGLang's rules and the pools get the tokens kvcore's plan
@@ -14,12 +14,25 @@ compressed pools, Mamba/linear hybrids) or a plan SGLang cannot run raises
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
-from sglang.srt.model_executor.pool_configurator import MemoryPoolConfig, MemoryPoolConfigurator
+from sglang.srt.model_executor.pool_configurator import (
+    DefaultPoolConfigurator,
+    HybridSWAPoolConfigurator,
+    MemoryPoolConfig,
+    MemoryPoolConfigurator,
+)
 
 from kvcore.integrations.sglang.convert import memory_pool_config, specs_from_sglang
-from kvcore.integrations.sglang.rules import SglangIntegrationError, SglangRules, plan_for_sglang, pool_sizes
+from kvcore.integrations.sglang.rules import (
+    SglangIntegrationError,
+    SglangRules,
+    check_specs,
+    plan_for_sglang,
+    pool_sizes,
+    token_bytes,
+)
 from kvcore.planning.registry import Registry
 
 #: The environment variable naming the kvcore policy that sizes SGLang's pools.
@@ -34,17 +47,22 @@ class KVCorePoolConfigurator(MemoryPoolConfigurator):  # type: ignore[misc]  # S
 
     Args:
         kvc: SGLang's ``KVCacheConfigurator`` (what SGLang passes its own configurators).
+        own: the configurator SGLang itself would use for ``kvc`` (checked with
+            :func:`check_bytes`).
         policy: the kvcore policy.
         rules: SGLang's settings; read from ``kvc`` and SGLang's schedule config when omitted.
     """
 
-    def __init__(self, kvc: Any, policy: str, rules: SglangRules | None = None) -> None:
+    def __init__(
+        self, kvc: Any, own: MemoryPoolConfigurator, policy: str, rules: SglangRules | None = None
+    ) -> None:
         if getattr(kvc, "mambaish_config", None) is not None:
             raise SglangIntegrationError(
                 f"{POLICY_VARIABLE}={policy}: SGLang sizes Mamba/linear-attention state pools before the KV "
                 "pools, outside the configurator kvcore replaces; unset it to serve this model"
             )
         self.specs = specs_from_sglang(kvc)
+        check_bytes(own, self.specs)
         self.policy = policy
         self.rules = rules or _rules_of(kvc)
         self.registry = Registry.default()
@@ -78,6 +96,43 @@ class KVCorePoolConfigurator(MemoryPoolConfigurator):  # type: ignore[misc]  # S
             )
 
 
+def check_bytes(own: MemoryPoolConfigurator, specs: dict[str, Any]) -> None:
+    """Raise unless SGLang's own configurator ``own`` counts the bytes per token kvcore's
+    ``specs`` do, pool by pool.
+
+    SGLang adds bytes kvcore's kinds do not describe for a DSA indexer, an FP4/MXFP8 scale
+    buffer, a speculative draft model's layers or a QSA cache (``DefaultPoolConfigurator
+    ._compute_cell_size``, ``HybridSWAPoolConfigurator._recompute_cell_size``); a plan made
+    without them would overrun the budget, so those models are refused. The figures are the
+    configurators' own (private) fields of sglang 0.5.23.
+
+    Raises:
+        SglangIntegrationError: another configurator (DeepSeek V4's compressed pools) or other
+            bytes per token.
+    """
+    pools = check_specs(specs)
+    ours = {pool: sum(token_bytes(specs[n]) for n in names) for pool, names in pools.items()}
+    if isinstance(own, HybridSWAPoolConfigurator):
+        theirs = {"full": own._full_cell_bytes(), "swa": own._swa_cell_bytes()}
+        # drafts and DFLASH are in the cell SGLang divides the budget by, beside the two pools
+        if own._cell_size != own._full_cell_bytes() + own._swa_full_tokens_ratio * own._swa_cell_bytes():
+            theirs["draft"] = int(own._cell_size)
+    elif isinstance(own, DefaultPoolConfigurator):
+        theirs = {"full": own._cell_size}
+    else:
+        raise SglangIntegrationError(
+            f"SGLang sizes this model with {type(own).__name__}, whose pools kvcore does not plan; unset "
+            f"{POLICY_VARIABLE} to serve it"
+        )
+    theirs = {pool: n for pool, n in theirs.items() if n}
+    if theirs != ours:
+        raise SglangIntegrationError(
+            f"SGLang's pools take {theirs} bytes per token, kvcore's specs of its layers {ours} (an "
+            "indexer, a scaled or quantized cache, or a draft model kvcore does not plan); unset "
+            f"{POLICY_VARIABLE} to serve this model"
+        )
+
+
 def _rules_of(kvc: Any) -> SglangRules:
     """SGLang's settings as the running server resolved them (``get_schedule()``)."""
     from sglang.srt.runtime_context import get_schedule
@@ -94,9 +149,10 @@ def _rules_of(kvc: Any) -> SglangRules:
     )
 
 
-def create_memory_pool_configurator(kvc: Any) -> MemoryPoolConfigurator:
-    """What replaces SGLang's ``create_memory_pool_configurator`` while the policy is set."""
-    return KVCorePoolConfigurator(kvc, os.environ[POLICY_VARIABLE])
+def create_memory_pool_configurator(sglangs: Callable[[Any], Any], kvc: Any) -> MemoryPoolConfigurator:
+    """The hook around SGLang's ``create_memory_pool_configurator`` (``sglangs``) while the
+    policy is set: kvcore's configurator, checked against the one SGLang would use."""
+    return KVCorePoolConfigurator(kvc, sglangs(kvc), os.environ[POLICY_VARIABLE])
 
 
 def register() -> None:
@@ -112,4 +168,5 @@ def register() -> None:
         )
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    HookRegistry.register(TARGET, create_memory_pool_configurator, HookType.REPLACE)
+    # AROUND, not REPLACE: kvcore's configurator checks itself against SGLang's own
+    HookRegistry.register(TARGET, create_memory_pool_configurator, HookType.AROUND)
