@@ -5,6 +5,8 @@ SGLang's own configurators."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 from kvcore import Registry
 from kvcore.errors import InsufficientMemoryError, KVCoreError
@@ -23,9 +25,12 @@ SLIDING = SlidingWindowSpec(
 )
 
 
+REGISTRY = Registry.default(autoload=False)
+
+
 @pytest.fixture(scope="module")
 def registry() -> Registry:
-    return Registry.default(autoload=False)
+    return REGISTRY
 
 
 def hybrid(layers: int = 6) -> dict:
@@ -134,3 +139,38 @@ def test_capabilities_are_read_from_the_rules():
     assert set(caps.kinds) == set(rules.POOL_OF_KIND)
     assert "kind_pools" in caps.policies and caps.several_pools and not caps.mixed_pages
     assert any(note.startswith("state:") for note in caps.notes)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    full_layers=st.integers(0, 4),
+    sliding_layers=st.integers(0, 4),
+    heads=st.sampled_from([1, 2, 8]),
+    window=st.sampled_from([32, 128, 1000]),
+    page=st.sampled_from([1, 16, 64]),
+    budget=st.integers(1 << 20, 64 << 20),
+)
+def test_sglangs_pools_of_a_plan_fit_the_budget_and_hold_its_tokens(
+    full_layers, sliding_layers, heads, window, page, budget
+):
+    assume(full_layers + sliding_layers > 0)
+    full = FullAttentionSpec(block_size=page, num_kv_heads=heads, head_size=64, dtype="bfloat16")
+    sliding = SlidingWindowSpec(
+        block_size=page, num_kv_heads=heads, head_size=64, dtype="bfloat16", sliding_window=window
+    )
+    specs = {
+        **{f"f{i}": full for i in range(full_layers)},
+        **{f"s{i}": sliding for i in range(sliding_layers)},
+    }
+    sglang = rules.SglangRules(context_len=512, page_size=page, chunked_prefill_size=64)
+    try:
+        plan = rules.plan_for_sglang(specs, budget, sglang, registry=REGISTRY)
+    except InsufficientMemoryError:
+        return
+    sizes = rules.pool_sizes(plan, specs)
+    # every pool a whole number of pages, the padded page inside the budget, one request held
+    assert sizes.full_tokens % page == 0 and sizes.swa_tokens % page == 0
+    assert rules.pool_bytes(sizes, specs) == plan.kv_cache_bytes <= budget
+    assert plan.max_concurrency() >= 1
+    for group in plan.groups:
+        assert plan.tokens_held(group) in (sizes.full_tokens, sizes.swa_tokens)
