@@ -26,6 +26,7 @@ from sglang.srt.model_executor.pool_configurator import (
 
 from kvcore.integrations.sglang.convert import memory_pool_config, specs_from_sglang
 from kvcore.integrations.sglang.rules import (
+    DEFAULT_SWA_FULL_TOKENS_RATIO,
     SglangIntegrationError,
     SglangRules,
     check_specs,
@@ -135,6 +136,7 @@ def check_bytes(own: MemoryPoolConfigurator, specs: dict[str, Any]) -> None:
 
 def _rules_of(kvc: Any) -> SglangRules:
     """SGLang's settings as the running server resolved them (``get_schedule()``)."""
+    from sglang.srt.environ import envs
     from sglang.srt.runtime_context import get_schedule
 
     schedule = get_schedule()
@@ -145,7 +147,8 @@ def _rules_of(kvc: Any) -> SglangRules:
         # a disabled chunked prefill (-1) writes a whole prompt: size for the context
         chunked_prefill_size=int(chunk) if chunk and chunk > 0 else int(kvc.model_config.context_len),
         overlap_schedule=not bool(schedule.disable_overlap_schedule),
-        swa_full_tokens_ratio=float(schedule.swa_full_tokens_ratio or 0.8),
+        swa_full_tokens_ratio=float(schedule.swa_full_tokens_ratio or DEFAULT_SWA_FULL_TOKENS_RATIO),
+        swa_eviction_interval=max(1, envs.SGLANG_SWA_EVICTION_INTERVAL.get()),
     )
 
 

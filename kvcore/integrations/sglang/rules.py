@@ -56,6 +56,9 @@ SGLANG_VERSIONS = ">=0.5.23,<0.6"
 #: the field's fallback).
 DEFAULT_SWA_FULL_TOKENS_RATIO = 0.8
 
+#: SGLang's default ``SGLANG_SWA_EVICTION_INTERVAL`` (``sglang/srt/environ.py``).
+DEFAULT_SWA_EVICTION_INTERVAL = 128
+
 #: SGLang's default ``--page-size`` (``ServerArgs.page_size`` resolves to 1 on most backends).
 DEFAULT_PAGE_SIZE = 1
 
@@ -153,6 +156,8 @@ class SglangRules:
         overlap_schedule: whether the overlap scheduler runs (the default): two chunks in
             flight, as ``compute_swa_request_cap`` counts them (``chunks_in_flight``).
         swa_full_tokens_ratio: sliding-pool tokens per full-pool token in SGLang's own sizing.
+        swa_eviction_interval: decode tokens between SGLang's evictions of a request's old
+            sliding tokens (``SGLANG_SWA_EVICTION_INTERVAL``).
     """
 
     context_len: int = attrs.field(validator=positive_int)
@@ -160,11 +165,16 @@ class SglangRules:
     chunked_prefill_size: int = attrs.field(default=DEFAULT_MAX_NUM_BATCHED_TOKENS, validator=positive_int)
     overlap_schedule: bool = True
     swa_full_tokens_ratio: float = attrs.field(default=DEFAULT_SWA_FULL_TOKENS_RATIO, validator=_ratio)
+    swa_eviction_interval: int = attrs.field(default=DEFAULT_SWA_EVICTION_INTERVAL, validator=positive_int)
 
     @property
     def tokens_in_flight(self) -> int:
-        """Prefill tokens a sliding layer may still need while the next chunk is scheduled."""
-        return (2 if self.overlap_schedule else 1) * self.chunked_prefill_size
+        """Tokens a sliding layer may hold past its window: the prefill chunks in flight, or,
+        if more, the decode tokens SGLang lets pile up before it evicts (it frees a request's
+        sliding tokens only every ``SGLANG_SWA_EVICTION_INTERVAL`` tokens, plus a page:
+        ``ScheduleBatch.maybe_evict_swa`` in ``sglang/srt/managers/schedule_batch.py``)."""
+        chunks = (2 if self.overlap_schedule else 1) * self.chunked_prefill_size
+        return max(chunks, self.swa_eviction_interval + self.page_size)
 
     def context(self) -> SizingContext:
         """The sizing context of a plan SGLang runs: the chunks in flight stand for the step."""
