@@ -95,10 +95,11 @@ def add_parser(sub: Any) -> None:
     timing.add_timing_options(parser)
     parser.add_argument(
         "--engine",
-        choices=("kvcore", "vllm"),
+        choices=("kvcore", "vllm", "sglang"),
         default="kvcore",
-        help="whose rules the plans run under: kvcore's own pool (default), or vLLM 0.33's (null block, "
-        "async scheduling's tokens in flight, one block id per page), beside vLLM's own plan",
+        help="whose rules the plans run under: kvcore's own pool (default), vLLM 0.33's (null block, "
+        "async scheduling's tokens in flight, one block id per page), beside vLLM's own plan, or SGLang "
+        "0.5's (one token pool per kind, one page size, padded first page), beside SGLang's own sizing",
     )
     parser.add_argument(
         "--frontier",
@@ -192,6 +193,10 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
         from kvcore.cli import vllm_compare
 
         return vllm_compare.run(args, registry, specs)
+    if args.engine == "sglang":
+        from kvcore.cli import sglang_compare
+
+        return sglang_compare.run(args, registry, specs, budget)
     simulated: dict[int, SimulationResult] = {}
     latencies: dict[int, LatencyReport | None] = {}
     workload: Workload | None = None

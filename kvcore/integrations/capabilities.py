@@ -22,6 +22,7 @@ from kvcore.planning.registry import Registry
 ENGINE_CAPABILITY_MODULES: dict[str, str] = {
     "vllm": "kvcore.integrations.vllm.rules",
     "transformers": "kvcore.integrations.transformers.rules",
+    "sglang": "kvcore.integrations.sglang.rules",
 }
 
 

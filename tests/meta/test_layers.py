@@ -75,6 +75,7 @@ ALLOWED: dict[str, frozenset[str]] = {
 TORCH_LAYERS = frozenset({"runtime", "engine", "integrations", "testing"})
 #: The only package that may import vLLM (an extra, in an environment of its own).
 VLLM_PACKAGE = "kvcore.integrations.vllm"
+SGLANG_PACKAGE = "kvcore.integrations.sglang"
 TORCH_MODULES = frozenset({"kvcore.frontends.module_scan", "kvcore.plugins.transformers_modules"})
 
 
@@ -248,6 +249,9 @@ def violations(imports: Iterable[Import]) -> list[str]:
         vllm = imp.target == "vllm" or imp.target.startswith("vllm.")
         if vllm and not imp.importer.startswith(VLLM_PACKAGE):
             problems.append(f"{imp}: only {VLLM_PACKAGE} imports vllm")
+        sglang = imp.target == "sglang" or imp.target.startswith("sglang.")
+        if sglang and not imp.importer.startswith(SGLANG_PACKAGE):
+            problems.append(f"{imp}: only {SGLANG_PACKAGE} imports sglang")
     problems.extend(_torch_at_load(imports))
     return problems
 

@@ -1,0 +1,195 @@
+"""``kvcore compare --engine sglang``: every policy's plan as SGLang 0.5 would run it, beside SGLang's own.
+
+Each candidate is planned under SGLang's rules (:func:`kvcore.integrations.sglang.rules.plan_for_sglang`:
+SGLang's page as the block size, one token pool per attention kind, block 0 of each pool as
+SGLang's padded page, sliding layers sized for the overlap scheduler's two prefill chunks in
+flight); the tokens of each pool are what SGLang's ``MemoryPoolConfig`` would take. SGLang's
+own sizing of the same budget (``DefaultPoolConfigurator`` / ``HybridSWAPoolConfigurator`` with
+its ``swa_full_tokens_ratio``) is the last row. Neither needs SGLang installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from kvcore.cli import inputs
+from kvcore.cli.inputs import FLAG_NAMES
+from kvcore.cli.table import render_table
+from kvcore.error_messages import render
+from kvcore.errors import InvalidInputError, KVCoreError
+from kvcore.frontends.hf_config import load_model_config
+from kvcore.integrations.sglang.rules import (
+    SglangPoolSizes,
+    SglangRules,
+    as_sglang_runs,
+    check_specs,
+    kv_budget,
+    own_pool_sizes,
+    paged_specs,
+    plan_for_sglang,
+    pool_bytes,
+    pool_sizes,
+    runs_hybrid_swa,
+)
+from kvcore.planning.gpu_budget import GpuBudget
+from kvcore.planning.registry import Registry
+from kvcore.spec import KVCacheSpec
+from kvcore.units import format_bytes
+
+#: The name of SGLang's own sizing in the table.
+OWN = "sglang (own sizing)"
+
+
+def requests_held(sizes: SglangPoolSizes, specs: Mapping[str, KVCacheSpec], rules: SglangRules) -> int:
+    """Requests of ``context_len`` tokens both pools of ``sizes`` hold at once, counted as kvcore
+    counts a request's pages (the same count for every row, so the rows compare)."""
+    paged = paged_specs(specs, sizes.page_size)
+    context = rules.context()
+    held = []
+    for pool, tokens in check_specs(paged).items():
+        need = paged[tokens[0]].max_num_blocks(context)
+        have = (sizes.full_tokens if pool == "full" else sizes.swa_tokens) // sizes.page_size
+        held.append(have // need)
+    return min(held, default=0)
+
+
+def _row(
+    name: str, sizes: SglangPoolSizes, specs: Mapping[str, KVCacheSpec], rules: SglangRules
+) -> dict[str, Any]:
+    return {
+        "policy": name,
+        "page_size": sizes.page_size,
+        "full_tokens": sizes.full_tokens,
+        "swa_tokens": sizes.swa_tokens,
+        "max_total_num_tokens": sizes.max_total_num_tokens,
+        "requests": requests_held(sizes, specs, rules),
+        "pool_bytes": pool_bytes(sizes, paged_specs(specs, sizes.page_size)),
+    }
+
+
+def hybrid_swa(args: argparse.Namespace) -> bool:
+    """Whether SGLang runs the model with its sliding pool: by ``--model``'s architectures; a
+    ``--specs`` file is taken as a model SGLang does."""
+    if not getattr(args, "model", None):
+        return True
+    config, _ = load_model_config(args.model)
+    architectures = config.get("architectures") or ()
+    return runs_hybrid_swa([str(a) for a in architectures])
+
+
+def run(
+    args: argparse.Namespace,
+    registry: Registry,
+    specs: Mapping[str, KVCacheSpec],
+    gpu_budget: GpuBudget | None = None,
+) -> int:
+    """Print the comparison (a table, or ``--json``); 0 when some policy planned, else 1.
+
+    With ``--gpu-memory`` (``gpu_budget``), the budget is SGLang's: ``--utilization`` is its
+    ``mem_fraction_static`` and the weights come out of it (:func:`~.rules.kv_budget`; SGLang's
+    slack of ``1 - mem_fraction_static`` holds the activations kvcore's own budget counts).
+
+    Raises:
+        InvalidInputError: options the SGLang comparison does not take.
+    """
+    unsupported = [
+        flag
+        for flag, given in (
+            ("--workload/--requests", inputs.wants_workload(args)),
+            ("--block-sizes", bool(args.block_sizes)),
+            ("--kv-cache-dtypes", bool(args.kv_cache_dtypes)),
+            ("--frontier", bool(getattr(args, "frontier", False))),
+        )
+        if given
+    ]
+    if unsupported:
+        raise InvalidInputError(
+            f"--engine sglang compares the policies as SGLang runs them and does not take "
+            f"{', '.join(unsupported)}; drop it, or leave out --engine sglang"
+        )
+    block = getattr(args, "block_size", None)
+    rules = SglangRules(
+        context_len=args.max_model_len,
+        chunked_prefill_size=args.max_num_batched_tokens,
+        **({"page_size": block} if block else {}),
+    )
+    if gpu_budget is not None:
+        args.memory = kv_budget(gpu_budget.gpu_memory, gpu_budget.weights, gpu_budget.utilization)
+    swa_pool = hybrid_swa(args)
+    specs = as_sglang_runs(specs, swa_pool)
+    names = [p.strip() for p in args.policies.split(",")] if args.policies else list(registry.policies)
+    rows: list[dict[str, Any]] = []
+    failures: dict[str, str] = {}
+    for name in names:
+        try:
+            plan = plan_for_sglang(
+                specs, args.memory, rules, registry=registry, policy=name, options=inputs.plan_options(args)
+            )
+            rows.append(_row(name, pool_sizes(plan, paged_specs(specs, rules.page_size)), specs, rules))
+        except KVCoreError as exc:
+            failures[name] = render(exc, FLAG_NAMES)
+    try:
+        own_row: dict[str, Any] | None = _row(OWN, own_pool_sizes(specs, args.memory, rules), specs, rules)
+        why = ""
+    except KVCoreError as exc:
+        own_row, why = None, render(exc, FLAG_NAMES)
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "engine": "sglang",
+                    "available_memory_bytes": args.memory,
+                    **({"mem_fraction_static": gpu_budget.utilization} if gpu_budget is not None else {}),
+                    "context_len": rules.context_len,
+                    "page_size": rules.page_size,
+                    "swa_full_tokens_ratio": rules.swa_full_tokens_ratio,
+                    "hybrid_swa": swa_pool,
+                    "candidates": [*rows, *({"policy": n, "error": e} for n, e in failures.items())],
+                    "sglang_own": own_row if own_row is not None else {"error": why},
+                },
+                indent=2,
+            )
+        )
+        return 0 if rows else 1
+    where = (
+        f"{format_bytes(gpu_budget.gpu_memory)} x mem_fraction_static {gpu_budget.utilization} - weights "
+        f"{format_bytes(gpu_budget.weights)}"
+        if gpu_budget is not None
+        else "SGLang's: gpu x mem_fraction_static - weights"
+    )
+    print(
+        f"budget {format_bytes(args.memory)} ({where}), context_len "
+        f"{rules.context_len:,}, page_size {rules.page_size}; as SGLang 0.5 runs it: one token pool per "
+        f"kind, first page padded, {rules.tokens_in_flight:,} prefill tokens in flight; own sizing with "
+        f"swa_full_tokens_ratio {rules.swa_full_tokens_ratio}"
+        + (
+            ""
+            if swa_pool
+            else "; SGLang gives this model no sliding pool, so its sliding layers keep every token"
+        )
+    )
+    table = [
+        [
+            r["policy"],
+            f"{r['full_tokens']:,}",
+            f"{r['swa_tokens']:,}",
+            f"{r['requests']:,}",
+            format_bytes(r["pool_bytes"]),
+        ]
+        for r in [*rows, *([own_row] if own_row is not None else [])]
+    ]
+    print(
+        render_table(
+            ["policy", "full tokens", "swa tokens", "requests", "pool bytes"],
+            table,
+            align="l" + "r" * 4,
+        )
+    )
+    for name, error in failures.items():
+        print(f"  {name}: no plan: {error}")
+    if own_row is None:
+        print(f"  {OWN}: not shown: {why}")
+    return 0 if rows else 1

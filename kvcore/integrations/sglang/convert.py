@@ -1,0 +1,168 @@
+"""kvcore plans <-> SGLang 0.5's memory pools (imports SGLang and torch).
+
+:func:`specs_from_sglang` reads the layers SGLang's ``KVCacheConfigurator`` describes as kvcore
+specs; :func:`memory_pool_config` turns a plan's :class:`~kvcore.integrations.sglang.rules.SglangPoolSizes`
+into SGLang's own ``MemoryPoolConfig`` (``sglang/srt/model_executor/pool_configurator.py``);
+:func:`build_pools` builds SGLang's pool classes (``MHATokenToKVPool``, ``MLATokenToKVPool``,
+``SWAKVPool`` of ``sglang/srt/mem_cache/memory_pool.py`` and ``swa_memory_pool.py``) of those
+sizes, as SGLang's model runner does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from sglang.srt.mem_cache.memory_pool import KVCache, MHATokenToKVPool, MLATokenToKVPool
+from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
+from sglang.srt.model_executor.pool_configurator import MemoryPoolConfig
+
+from kvcore.dtypes import dtype_name
+from kvcore.integrations.sglang.rules import SglangIntegrationError, SglangPoolSizes, check_specs
+from kvcore.plugins.attention import AttentionSpec
+from kvcore.plugins.full_attention import FullAttentionSpec
+from kvcore.plugins.mla import MLAAttentionSpec
+from kvcore.plugins.sliding_window import SlidingWindowSpec
+from kvcore.spec import KVCacheSpec
+
+
+def layer_name(layer_id: int) -> str:
+    """The kvcore name of SGLang's layer ``layer_id`` (SGLang indexes its pools by layer id)."""
+    return f"model.layers.{layer_id}"
+
+
+def specs_from_sglang(kvc: Any) -> dict[str, KVCacheSpec]:
+    """The KV layers of an SGLang ``KVCacheConfigurator`` as kvcore specs, in layer order.
+
+    Reads what SGLang's own configurators read (``DefaultPoolConfigurator`` and
+    ``HybridSWAPoolConfigurator.__init__``): the layer ids of ``kvc.layer_info``, the head shape
+    of ``kvc.model_config`` at the attention tensor-parallel size, ``kvc.kv_cache_dtype``,
+    ``kvc.page_size`` and ``kvc.sliding_window_size``.
+
+    Raises:
+        SglangIntegrationError: K and V heads of different sizes (kvcore's attention specs
+            have one head size).
+    """
+    from sglang.srt.configs.model_config import AttentionArch
+    from sglang.srt.runtime_context import get_parallel
+
+    config = kvc.model_config
+    dtype = dtype_name(kvc.kv_cache_dtype)
+    page = int(kvc.page_size)
+    info = kvc.layer_info
+    if getattr(kvc, "is_hybrid_swa", False):
+        full_ids, swa_ids = list(info.full_attention_layer_ids), list(info.swa_attention_layer_ids)
+    else:
+        full_ids, swa_ids = list(range(info.start_layer, info.end_layer)), []
+    if config.attention_arch == AttentionArch.MLA:
+        full: KVCacheSpec = MLAAttentionSpec(
+            block_size=page,
+            kv_lora_rank=config.kv_lora_rank,
+            qk_rope_head_dim=config.qk_rope_head_dim,
+            dtype=dtype,
+        )
+    else:
+        if config.head_dim != config.v_head_dim:
+            raise SglangIntegrationError(
+                f"K heads of {config.head_dim} and V heads of {config.v_head_dim}: kvcore's attention specs "
+                "have one head size; unset KVCORE_SGLANG_POLICY to let SGLang size this model"
+            )
+        full = FullAttentionSpec(
+            block_size=page,
+            num_kv_heads=config.get_num_kv_heads(get_parallel().attn_tp_size),
+            head_size=config.head_dim,
+            dtype=dtype,
+        )
+    specs: dict[int, KVCacheSpec] = dict.fromkeys(full_ids, full)
+    if swa_ids:
+        sliding = SlidingWindowSpec(
+            block_size=page,
+            num_kv_heads=config.get_swa_num_kv_heads(get_parallel().attn_tp_size),
+            head_size=config.swa_head_dim,
+            dtype=dtype,
+            sliding_window=int(kvc.sliding_window_size),
+        )
+        specs.update(dict.fromkeys(swa_ids, sliding))
+    return {layer_name(i): specs[i] for i in sorted(specs)}
+
+
+def memory_pool_config(sizes: SglangPoolSizes) -> MemoryPoolConfig:
+    """SGLang's ``MemoryPoolConfig`` for ``sizes``: the same fields its own configurators fill
+    (``DefaultPoolConfigurator`` only ``max_total_num_tokens``; ``HybridSWAPoolConfigurator``
+    the full and sliding pools too)."""
+    if not sizes.is_hybrid_swa:
+        return MemoryPoolConfig(max_total_num_tokens=sizes.max_total_num_tokens)
+    return MemoryPoolConfig(
+        max_total_num_tokens=sizes.max_total_num_tokens,
+        full_max_total_num_tokens=sizes.full_tokens,
+        swa_max_total_num_tokens=sizes.swa_tokens,
+    )
+
+
+def _torch_dtype(spec: AttentionSpec | MLAAttentionSpec) -> torch.dtype:
+    dtype = getattr(torch, dtype_name(spec.dtype))
+    if not isinstance(dtype, torch.dtype):
+        raise SglangIntegrationError(f"{dtype_name(spec.dtype)} is not a torch dtype SGLang's pools take")
+    return dtype
+
+
+def _attention(spec: KVCacheSpec) -> AttentionSpec:
+    if not isinstance(spec, AttentionSpec):
+        raise SglangIntegrationError(f"SGLang's MHA pools hold attention layers, not {spec.kind}")
+    return spec
+
+
+def _full_pool(spec: KVCacheSpec, size: int, page: int, layers: int, device: str) -> KVCache:
+    if isinstance(spec, MLAAttentionSpec):
+        return MLATokenToKVPool(
+            size=size,
+            page_size=page,
+            dtype=_torch_dtype(spec),
+            kv_lora_rank=spec.kv_lora_rank,
+            qk_rope_head_dim=spec.qk_rope_head_dim,
+            layer_num=layers,
+            device=device,
+            enable_memory_saver=False,
+        )
+    mha = _attention(spec)
+    return MHATokenToKVPool(
+        size=size,
+        page_size=page,
+        dtype=_torch_dtype(mha),
+        head_num=mha.num_kv_heads,
+        head_dim=mha.head_size,
+        layer_num=layers,
+        device=device,
+        enable_memory_saver=False,
+    )
+
+
+def build_pools(sizes: SglangPoolSizes, specs: Mapping[str, KVCacheSpec], device: str = "cpu") -> KVCache:
+    """SGLang's token-to-KV pool of ``sizes`` for the layers ``specs`` (in layer order), as its
+    model runner builds it: one ``MHATokenToKVPool`` or ``MLATokenToKVPool``, or an
+    ``SWAKVPool`` of a full and a sliding ``MHATokenToKVPool`` for a sliding model.
+
+    Raises:
+        SglangIntegrationError: layers SGLang cannot run (:func:`~.rules.check_specs`).
+    """
+    pools = check_specs(specs)
+    order = list(specs)
+    full_names, swa_names = pools.get("full", []), pools.get("swa", [])
+    if not sizes.is_hybrid_swa:
+        return _full_pool(specs[full_names[0]], sizes.full_tokens, sizes.page_size, len(full_names), device)
+    swa, full = _attention(specs[swa_names[0]]), specs[full_names[0]] if full_names else None
+    if isinstance(full, MLAAttentionSpec):
+        raise SglangIntegrationError("kvcore builds SGLang's sliding pools of MHA layers only")
+    return SWAKVPool(
+        size=sizes.full_tokens,
+        size_swa=sizes.swa_tokens,
+        page_size=sizes.page_size,
+        dtype=_torch_dtype(swa),
+        head_num=swa.num_kv_heads,
+        head_dim=swa.head_size,
+        swa_attention_layer_ids=[order.index(n) for n in swa_names],
+        full_attention_layer_ids=[order.index(n) for n in full_names],
+        device=device,
+        enable_memory_saver=False,
+    )

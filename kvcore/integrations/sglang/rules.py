@@ -1,0 +1,531 @@
+"""SGLang's memory-pool rules, and planning under them with any kvcore policy (no SGLang needed).
+
+SGLang 0.5 sizes its KV cache once at start-up: ``KVCacheConfigurator._resolve_memory_pool_config``
+(``sglang/srt/mem_cache/kv_cache_configurator.py``) profiles the bytes left for the cache and
+hands them to the configurator ``create_memory_pool_configurator`` picks
+(``sglang/srt/model_executor/pool_configurator.py``), whose ``MemoryPoolConfig`` says how many
+tokens each pool holds. The rules this module models, each from those files of sglang 0.5.23:
+
+1. **The budget.** ``KVCacheConfigurator._profile_available_bytes``: the cache gets the memory
+   free after the weights load less ``pre_model_load_memory x (1 - mem_fraction_static)`` of
+   runtime slack, i.e. ``gpu x mem_fraction_static - weights`` (:func:`kv_budget`).
+2. **One token pool per attention kind.** Full-attention (and MLA) layers share one token
+   index; sliding-window layers share a second (``HybridSWAPoolConfigurator``); the two never
+   share memory. A pool of ``size`` tokens allocates ``size + page_size`` rows: the first page
+   is the padded slot that dummy tokens write to (``MHATokenToKVPool.__init__`` and
+   ``_create_buffers`` in ``sglang/srt/mem_cache/memory_pool.py``).
+3. **Sizing.** ``DefaultPoolConfigurator.calculate_pool_sizes``: ``budget // cell_size`` tokens,
+   ``cell_size`` the bytes of one token over every layer, floored to a page.
+   ``HybridSWAPoolConfigurator``: ``full = budget // (full_cell + swa_full_tokens_ratio x
+   swa_cell)``, floored to a page, and ``swa = int(full x swa_full_tokens_ratio)``, floored to
+   a page (ratio 0.8 unless ``--swa-full-tokens-ratio`` says otherwise:
+   ``sglang/srt/arg_groups/fields/schedule.py``); an all-sliding model gets ``budget //
+   swa_cell``. ``MemoryPoolConfigurator.validate_swa_pool_size`` refuses a sliding pool of at
+   most ``sliding_window + page_size`` tokens.
+4. **One page size, one window.** ``--page-size`` is one number for every pool, and the
+   configurator reads one ``sliding_window_size``, so every sliding layer has the same window.
+
+A kvcore plan SGLang can run therefore gives each SGLang pool one group of its own block pool,
+all of one block size (SGLang's page), with block 0 of each pool kept back as SGLang's padded
+page (``PlanOptions.reserve_null_block``); the tokens a pool holds are its usable blocks times
+the page (:func:`pool_sizes`). :func:`plan_for_sglang` plans for that;
+:func:`check_runnable` refuses, naming why, what SGLang cannot run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import attrs
+
+from kvcore.errors import KVCoreError
+from kvcore.integrations.capabilities import EngineCapabilities
+from kvcore.plan import KVCacheGroup, KVCachePlan
+from kvcore.planning.planner import plan_kv_cache
+from kvcore.planning.registry import Registry
+from kvcore.plugins.full_attention import FullAttentionSpec
+from kvcore.plugins.sliding_window import SlidingWindowSpec
+from kvcore.policy import AllocationPolicy, PlanOptions
+from kvcore.spec import DEFAULT_MAX_NUM_BATCHED_TOKENS, KVCacheSpec, SizingContext
+from kvcore.validators import positive_int
+
+#: The SGLang releases this integration is written and tested against (pyproject's extra).
+SGLANG_VERSIONS = ">=0.5.23,<0.6"
+
+#: SGLang's default ``--swa-full-tokens-ratio`` (``sglang/srt/arg_groups/fields/schedule.py``:
+#: the field's fallback).
+DEFAULT_SWA_FULL_TOKENS_RATIO = 0.8
+
+#: SGLang's default ``SGLANG_SWA_EVICTION_INTERVAL`` (``sglang/srt/environ.py``).
+DEFAULT_SWA_EVICTION_INTERVAL = 128
+
+#: SGLang's default ``--page-size`` (``ServerArgs.page_size`` resolves to 1 on most backends).
+DEFAULT_PAGE_SIZE = 1
+
+#: SGLang's pools, by the kvcore kind whose layers they hold (rule 2): ``full`` is the token
+#: pool of ``MHATokenToKVPool``/``MLATokenToKVPool`` (``DefaultPoolConfigurator``, the full
+#: side of ``HybridSWAPoolConfigurator``), ``swa`` the sliding side of ``SWAKVPool``.
+POOL_OF_KIND: dict[str, str] = {
+    "full_attention": "full",
+    "mla": "full",
+    "sliding_window": "swa",
+}
+
+#: kvcore kinds SGLang has a pool for but this integration does not convert, and why.
+UNCONVERTED_KINDS: dict[str, str] = {
+    "state": (
+        "SGLang sizes its Mamba/linear-attention state pool from --max-mamba-cache-size and "
+        "--mamba-full-memory-ratio before the KV pools (KVCacheConfigurator._handle_max_mamba_cache), "
+        "not through the memory-pool configurator this integration replaces"
+    ),
+    "chunked_local_attention": (
+        "SGLang runs Llama 4's chunked attention over the full token pool, so its pool sizes "
+        "are not kvcore's chunked plan"
+    ),
+    "cross_attention": (
+        "SGLang's encoder-decoder models keep their cross-attention cache outside the token pools"
+    ),
+}
+
+
+#: The architectures SGLang runs with its sliding-window pool (``is_hybrid_swa_model`` in
+#: ``sglang/srt/configs/model_config.py``, with its ``SWA_SINK_ARCHS`` and ``MIMO_V2_MODEL_ARCHS``).
+#: Any other model's sliding layers keep every token in the full pool; Gemma 2 and 3 are
+#: turned off explicitly (``disable_hybrid_swa_memory`` in
+#: ``sglang/srt/arg_groups/model_overrides/gemma2_gemma3.py``).
+HYBRID_SWA_ARCHITECTURES: frozenset[str] = frozenset(
+    {
+        "BeamForCausalLM",
+        "Llama4ForConditionalGeneration",
+        "DeepseekV4ForCausalLM",
+        "DeepseekV4ForCausalLMNextN",
+        "DeepseekV4ForCausalLMDSpark",
+        "GptOssForCausalLM",
+        "GraniteSWAForCausalLM",
+        "GraniteMoeSWAForCausalLM",
+        "IQuestQ1ForCausalLM",
+        "IQuestQ1MTP",
+        "MiMoV2ForCausalLM",
+        "MiMoV2FlashForCausalLM",
+        "MiMoV2MTP",
+        "Step3p5ForCausalLM",
+        "Step3p5MTP",
+        "Step3p7ForConditionalGeneration",
+        "Gemma4ForCausalLM",
+        "Gemma4ForConditionalGeneration",
+        "EmbeddingGemma2Model",
+        "Gemma4UnifiedForConditionalGeneration",
+        "DiffusionGemmaForBlockDiffusion",
+        "LagunaForCausalLM",
+        "MellumForCausalLM",
+        "MuseGlimmerForCausalLM",
+        "MuseGlimmerForConditionalGeneration",
+        "InklingForConditionalGeneration",
+        "InklingForConditionalGenerationMTP",
+        "UnlimitedOCRForCausalLM",
+    }
+)
+
+
+def runs_hybrid_swa(architectures: Sequence[str]) -> bool:
+    """Whether SGLang gives a model of ``architectures`` (``config.json``'s) a sliding pool."""
+    return any(a in HYBRID_SWA_ARCHITECTURES for a in architectures)
+
+
+class SglangIntegrationError(KVCoreError, ValueError):
+    """Something kvcore and SGLang cannot agree on: a kind SGLang has no pool for, a plan its
+    memory-pool configuration cannot express, or SGLang missing or of another version."""
+
+
+def _ratio(instance: object, attribute: attrs.Attribute[float], value: float) -> None:
+    if not 0 < value <= 1:
+        raise SglangIntegrationError(
+            f"swa_full_tokens_ratio must be in (0, 1], as SGLang checks (got {value}); "
+            "pass --swa-full-tokens-ratio between 0 and 1"
+        )
+
+
+@attrs.frozen(kw_only=True)
+class SglangRules:
+    """The server settings of an SGLang engine that its KV pools depend on.
+
+    Attributes:
+        context_len: the longest request (SGLang's ``--context-length``).
+        page_size: tokens per page (``--page-size``), every pool's.
+        chunked_prefill_size: tokens one prefill chunk computes (``--chunked-prefill-size``).
+        overlap_schedule: whether the overlap scheduler runs (the default): two chunks in
+            flight, as ``compute_swa_request_cap`` counts them (``chunks_in_flight``).
+        swa_full_tokens_ratio: sliding-pool tokens per full-pool token in SGLang's own sizing.
+        swa_eviction_interval: decode tokens between SGLang's evictions of a request's old
+            sliding tokens (``SGLANG_SWA_EVICTION_INTERVAL``).
+    """
+
+    context_len: int = attrs.field(validator=positive_int)
+    page_size: int = attrs.field(default=DEFAULT_PAGE_SIZE, validator=positive_int)
+    chunked_prefill_size: int = attrs.field(default=DEFAULT_MAX_NUM_BATCHED_TOKENS, validator=positive_int)
+    overlap_schedule: bool = True
+    swa_full_tokens_ratio: float = attrs.field(default=DEFAULT_SWA_FULL_TOKENS_RATIO, validator=_ratio)
+    swa_eviction_interval: int = attrs.field(default=DEFAULT_SWA_EVICTION_INTERVAL, validator=positive_int)
+
+    @property
+    def tokens_in_flight(self) -> int:
+        """Tokens a sliding layer may hold past its window: the prefill chunks in flight, or,
+        if more, the decode tokens SGLang lets pile up before it evicts (it frees a request's
+        sliding tokens only every ``SGLANG_SWA_EVICTION_INTERVAL`` tokens, plus a page:
+        ``ScheduleBatch.maybe_evict_swa`` in ``sglang/srt/managers/schedule_batch.py``)."""
+        chunks = (2 if self.overlap_schedule else 1) * self.chunked_prefill_size
+        return max(chunks, self.swa_eviction_interval + self.page_size)
+
+    def context(self) -> SizingContext:
+        """The sizing context of a plan SGLang runs: the chunks in flight stand for the step."""
+        return SizingContext(max_model_len=self.context_len, max_num_batched_tokens=self.tokens_in_flight)
+
+    def options(self, options: PlanOptions | None = None) -> PlanOptions:
+        """``options`` with block 0 of each pool kept back as SGLang's padded page (rule 2) and
+        one spec per group (an SGLang pool has one head shape)."""
+        return attrs.evolve(options or PlanOptions(), reserve_null_block=True, mixed_pages=False)
+
+
+def kv_budget(gpu_bytes: int, weight_bytes: int, mem_fraction_static: float) -> int:
+    """The bytes SGLang leaves its KV pools (rule 1): ``gpu x mem_fraction_static - weights``.
+
+    ``KVCacheConfigurator._profile_available_bytes`` takes the memory free after loading
+    (``gpu - weights`` on an otherwise idle device) less the slack ``gpu x (1 -
+    mem_fraction_static)``.
+
+    Raises:
+        SglangIntegrationError: ``mem_fraction_static`` outside (0, 1], or weights that leave
+            nothing (SGLang's "Not enough memory").
+    """
+    if not 0 < mem_fraction_static <= 1:
+        raise SglangIntegrationError(f"mem_fraction_static must be in (0, 1] (got {mem_fraction_static})")
+    budget = int(gpu_bytes * mem_fraction_static) - weight_bytes
+    if budget <= 0:
+        raise SglangIntegrationError(
+            f"weights of {weight_bytes:,} bytes leave no KV pool within mem_fraction_static "
+            f"{mem_fraction_static} of {gpu_bytes:,} bytes; raise --mem-fraction-static"
+        )
+    return budget
+
+
+def window_of(spec: KVCacheSpec) -> int:
+    """The window of a sliding-window layer (the one kind :data:`POOL_OF_KIND` puts in ``swa``)."""
+    if not isinstance(spec, SlidingWindowSpec):
+        raise SglangIntegrationError(f"a {spec.kind} layer has no sliding window")
+    return spec.sliding_window
+
+
+def token_bytes(spec: KVCacheSpec) -> int:
+    """Bytes one token of a layer with ``spec`` takes in an SGLang pool (a page's bytes per token)."""
+    return spec.page_size_bytes // spec.block_size
+
+
+def _pool_layers(specs: Mapping[str, KVCacheSpec]) -> dict[str, list[str]]:
+    """The layers of ``specs`` by SGLang pool; raises for a kind SGLang's pools do not hold."""
+    pools: dict[str, list[str]] = {}
+    for name, spec in specs.items():
+        pool = POOL_OF_KIND.get(spec.kind)
+        if pool is None:
+            why = UNCONVERTED_KINDS.get(spec.kind, "SGLang has no pool for it")
+            raise SglangIntegrationError(
+                f"layer {name!r} is of kind {spec.kind!r}, which kvcore does not convert for SGLang: {why}"
+            )
+        pools.setdefault(pool, []).append(name)
+    return pools
+
+
+def check_specs(specs: Mapping[str, KVCacheSpec]) -> dict[str, list[str]]:
+    """The layers of ``specs`` by SGLang pool (``full``, ``swa``), checked against rules 2 and 4.
+
+    Raises:
+        SglangIntegrationError: a kind SGLang has no pool for, sliding layers of two different
+            windows, or layers of one pool with different token shapes (SGLang's pools have
+            one head count and head size each).
+    """
+    pools = _pool_layers(specs)
+    windows = sorted({window_of(specs[n]) for n in pools.get("swa", ())})
+    if len(windows) > 1:
+        raise SglangIntegrationError(
+            f"sliding-window layers have windows {windows}, but SGLang reads one sliding_window_size "
+            "for its sliding pool; SGLang cannot run this model with different windows"
+        )
+    for pool, names in pools.items():
+        shapes = sorted({token_bytes(specs[n]) for n in names})
+        if len(shapes) > 1:
+            raise SglangIntegrationError(
+                f"the {pool} pool's layers take {shapes} bytes per token, but an SGLang pool has one "
+                "head count and head size for all its layers"
+            )
+    return pools
+
+
+@attrs.frozen(kw_only=True)
+class SglangPoolSizes:
+    """What SGLang's ``MemoryPoolConfig`` takes, with the figures kvcore promises for it.
+
+    Attributes:
+        page_size: ``--page-size`` (every pool's).
+        full_tokens: tokens of the full pool (``full_max_total_num_tokens``), 0 if none.
+        swa_tokens: tokens of the sliding pool (``swa_max_total_num_tokens``), 0 if none.
+        sliding_window: the one window of the sliding layers, or ``None``.
+    """
+
+    page_size: int = attrs.field(validator=positive_int)
+    full_tokens: int = 0
+    swa_tokens: int = 0
+    sliding_window: int | None = None
+
+    @property
+    def is_hybrid_swa(self) -> bool:
+        """Whether SGLang runs a sliding pool (``KVCacheConfigurator.is_hybrid_swa``)."""
+        return self.sliding_window is not None
+
+    @property
+    def max_total_num_tokens(self) -> int:
+        """``MemoryPoolConfig.max_total_num_tokens``: the full pool's tokens, or the sliding
+        pool's when the model has no full layer (``HybridSWAPoolConfigurator._solve_pool_sizes``)."""
+        return self.full_tokens or self.swa_tokens
+
+
+def _runnable_group(plan: KVCachePlan, group: KVCacheGroup, pool: str) -> None:
+    if group.layer_specs:
+        raise SglangIntegrationError(
+            f"policy {plan.policy!r} put layers of different page sizes in one group; an SGLang {pool} pool "
+            "has one page shape; plan with PlanOptions(mixed_pages=False)"
+        )
+    sharing = [g for g in plan.groups if g.pool == group.pool]
+    if len(sharing) > 1:
+        raise SglangIntegrationError(
+            f"policy {plan.policy!r} made {len(sharing)} groups draw from one block pool, but SGLang's "
+            "full and sliding pools never share memory and every layer of a pool shares one token index; "
+            "plan for SGLang with kind_pools (one pool per kind)"
+        )
+
+
+def check_runnable(plan: KVCachePlan, specs: Mapping[str, KVCacheSpec]) -> dict[str, KVCacheGroup]:
+    """The group of each SGLang pool, or raise for a plan SGLang's pools cannot hold.
+
+    Raises:
+        SglangIntegrationError: a kind or window SGLang cannot run (:func:`check_specs`), two
+            groups for one SGLang pool or one block pool for two groups, a mixed-page group,
+            block sizes that differ (SGLang has one page size), or no padded page (block 0
+            not kept back).
+    """
+    by_pool = check_specs(specs)
+    sizes = sorted({g.spec.block_size for g in plan.groups})
+    if len(sizes) > 1:
+        raise SglangIntegrationError(
+            f"policy {plan.policy!r} planned block sizes {sizes}, but SGLang has one --page-size for "
+            "every pool"
+        )
+    if plan.null_block is None:
+        raise SglangIntegrationError(
+            f"policy {plan.policy!r} planned without block 0 kept back, but every SGLang pool allocates a "
+            "padded first page; plan with PlanOptions(reserve_null_block=True) (plan_for_sglang does)"
+        )
+    groups: dict[str, KVCacheGroup] = {}
+    for pool, names in by_pool.items():
+        owners = {id(plan.group_of(n)): plan.group_of(n) for n in names}
+        if len(owners) > 1:
+            raise SglangIntegrationError(
+                f"policy {plan.policy!r} split the {pool} pool's layers into {len(owners)} groups, but "
+                "SGLang keeps one token index for all of them; plan for SGLang with kind_pools"
+            )
+        (group,) = owners.values()
+        if len(group.layer_names) != len(names):
+            raise SglangIntegrationError(
+                f"policy {plan.policy!r} put layers of another kind in the {pool} pool's group; SGLang keeps "
+                "full and sliding layers in pools of their own; plan for SGLang with kind_pools"
+            )
+        _runnable_group(plan, group, pool)
+        groups[pool] = group
+    return groups
+
+
+def pool_sizes(plan: KVCachePlan, specs: Mapping[str, KVCacheSpec]) -> SglangPoolSizes:
+    """What SGLang's ``MemoryPoolConfig`` takes to run ``plan``: each pool's tokens are its
+    group's usable blocks times the page (block 0 is SGLang's padded page).
+
+    Raises:
+        SglangIntegrationError: a plan SGLang cannot run (:func:`check_runnable`).
+    """
+    groups = check_runnable(plan, specs)
+    tokens = {pool: plan.tokens_held(group) or 0 for pool, group in groups.items()}
+    swa = groups.get("swa")
+    return SglangPoolSizes(
+        page_size=plan.groups[0].spec.block_size,
+        full_tokens=tokens.get("full", 0),
+        swa_tokens=tokens.get("swa", 0),
+        sliding_window=window_of(swa.spec) if swa is not None else None,
+    )
+
+
+def own_pool_sizes(specs: Mapping[str, KVCacheSpec], budget: int, rules: SglangRules) -> SglangPoolSizes:
+    """The pools SGLang's own configurator sizes for ``specs`` in ``budget`` bytes (rule 3).
+
+    ``DefaultPoolConfigurator`` without sliding layers, ``HybridSWAPoolConfigurator`` with
+    them, each with SGLang's ``swa_full_tokens_ratio`` and ``page_size`` from ``rules``.
+
+    Raises:
+        SglangIntegrationError: layers SGLang cannot run (:func:`check_specs`), or a budget
+            whose pools cannot hold one request (SGLang's own start-up errors).
+    """
+    pools = check_specs(specs)
+    page = rules.page_size
+    full_cell = sum(token_bytes(specs[n]) for n in pools.get("full", ()))
+    swa_cell = sum(token_bytes(specs[n]) for n in pools.get("swa", ()))
+    window = window_of(specs[pools["swa"][0]]) if pools.get("swa") else None
+    if window is None:
+        full = budget // full_cell // page * page
+        swa = 0
+    elif not full_cell:
+        full, swa = 0, budget // swa_cell // page * page
+    else:
+        # SGLang's cell size is a float here (ratio x swa bytes) and divides with //
+        full = int(budget // (full_cell + rules.swa_full_tokens_ratio * swa_cell)) // page * page
+        swa = int(full * rules.swa_full_tokens_ratio) // page * page
+        if window + page >= swa:
+            raise SglangIntegrationError(
+                f"SGLang's sliding pool of {swa:,} tokens cannot hold one request (window {window:,} + page "
+                f"{page}); raise --swa-full-tokens-ratio or the budget"
+            )
+    if max(full, swa) <= 0:
+        raise SglangIntegrationError(
+            f"a budget of {budget:,} bytes holds no page of SGLang's pools; raise --mem-fraction-static"
+        )
+    return SglangPoolSizes(page_size=page, full_tokens=full, swa_tokens=swa, sliding_window=window)
+
+
+def pool_bytes(sizes: SglangPoolSizes, specs: Mapping[str, KVCacheSpec]) -> int:
+    """Bytes SGLang's pools of ``sizes`` allocate, the padded page of each included (rule 2)."""
+    pools = check_specs(specs)
+    total = 0
+    for pool, tokens in (("full", sizes.full_tokens), ("swa", sizes.swa_tokens)):
+        if tokens and pools.get(pool):
+            total += (tokens + sizes.page_size) * sum(token_bytes(specs[n]) for n in pools[pool])
+    return total
+
+
+def plan_for_sglang(
+    specs: Mapping[str, KVCacheSpec],
+    available_bytes: int,
+    rules: SglangRules,
+    *,
+    registry: Registry,
+    policy: str | AllocationPolicy = "kind_pools",
+    options: PlanOptions | None = None,
+) -> KVCachePlan:
+    """Plan ``specs`` with a kvcore policy so that SGLang's pools hold what kvcore counts.
+
+    The specs are re-blocked to SGLang's page size, planned for the chunks in flight
+    (:meth:`SglangRules.context`) with block 0 of each pool kept back, and checked with
+    :func:`check_runnable`.
+
+    Args:
+        specs: ``{layer name: spec}`` in model order.
+        available_bytes: SGLang's KV budget in bytes (:func:`kv_budget`).
+        rules: SGLang's server settings.
+        registry: where the policy is looked up.
+        policy: a policy name, ``"auto"``, or a policy object (``kind_pools``, SGLang's own
+            layout, by default).
+        options: policy knobs; the padded page and one spec per group are forced.
+
+    Returns:
+        The plan, runnable by SGLang (:func:`pool_sizes` gives its ``MemoryPoolConfig``).
+
+    Raises:
+        SglangIntegrationError: layers or a plan SGLang cannot run.
+        PolicyNotApplicableError, InsufficientMemoryError: as :func:`plan_kv_cache`.
+    """
+    check_specs(specs)
+    paged = paged_specs(specs, rules.page_size)
+    plan = plan_kv_cache(
+        paged,
+        available_bytes,
+        rules.context(),
+        registry=registry,
+        policy=policy,
+        options=rules.options(options),
+    )
+    check_runnable(plan, paged)
+    return plan
+
+
+def as_sglang_runs(specs: Mapping[str, KVCacheSpec], hybrid_swa: bool) -> dict[str, KVCacheSpec]:
+    """``specs`` as SGLang keeps them: without its sliding pool (``hybrid_swa`` false, see
+    :func:`runs_hybrid_swa`) a sliding layer keeps every token in the full pool, so it is
+    planned as full attention of the same heads."""
+    if hybrid_swa:
+        return dict(specs)
+    made: dict[int, KVCacheSpec] = {}
+    out: dict[str, KVCacheSpec] = {}
+    for name, spec in specs.items():
+        if isinstance(spec, SlidingWindowSpec) and id(spec) not in made:
+            made[id(spec)] = FullAttentionSpec(
+                block_size=spec.block_size,
+                num_kv_heads=spec.num_kv_heads,
+                head_size=spec.head_size,
+                dtype=spec.dtype,
+            )
+        out[name] = made.get(id(spec), spec)
+    return out
+
+
+def paged_specs(specs: Mapping[str, KVCacheSpec], page_size: int) -> dict[str, KVCacheSpec]:
+    """``specs`` with SGLang's page as every block size (equal specs stay one object)."""
+    made: dict[int, KVCacheSpec] = {}
+    out: dict[str, KVCacheSpec] = {}
+    for name, spec in specs.items():
+        if id(spec) not in made:
+            made[id(spec)] = spec if spec.block_size == page_size else spec.with_block_size(page_size)
+        out[name] = made[id(spec)]
+    return out
+
+
+def capabilities() -> EngineCapabilities:
+    """What SGLang runs of kvcore's plans, read from this module's tables and checks.
+
+    The kinds are :data:`POOL_OF_KIND`'s; a built-in policy is listed when its plan of a
+    reference model of one full and one sliding layer passes :func:`check_runnable`.
+    """
+    registry = Registry.default(autoload=False)  # the built-in policies only
+    rules = SglangRules(context_len=256, page_size=16, chunked_prefill_size=64)
+    full = FullAttentionSpec(block_size=16, num_kv_heads=2, head_size=64, dtype="bfloat16")
+    sliding = SlidingWindowSpec(
+        block_size=16, num_kv_heads=2, head_size=64, dtype="bfloat16", sliding_window=64
+    )
+    references: dict[str, dict[str, KVCacheSpec]] = {
+        "full attention only": {"0": full, "1": full},
+        "full and sliding layers": {"0": full, "1": sliding},
+    }
+    runs: dict[str, list[str]] = {}
+    for model, reference in references.items():
+        for name in registry.policies:
+            try:
+                plan_for_sglang(reference, 1 << 24, rules, registry=registry, policy=name)
+            except KVCoreError:
+                continue
+            runs.setdefault(name, []).append(model)
+    partial = [
+        f"{name}: runs on models of {' and '.join(models)}"
+        for name, models in runs.items()
+        if len(models) < len(references)
+    ]
+    return EngineCapabilities(
+        engine="sglang",
+        versions=SGLANG_VERSIONS,
+        kinds=POOL_OF_KIND,
+        policies=runs,
+        # kind_pools is the only built-in policy of several pools
+        several_pools="kind_pools" in runs,
+        mixed_pages=rules.options().mixed_pages,
+        prefix_caching=False,
+        speculative_decoding=False,
+        notes=(
+            *(f"{kind}: not converted ({why})" for kind, why in UNCONVERTED_KINDS.items()),
+            *partial,
+            "one sliding window per model: SGLang reads one sliding_window_size",
+            "one page size for every pool: SGLang's --page-size",
+            "SGLang's radix cache runs over kvcore's pool sizes, but kvcore's plans do not size for it",
+        ),
+    )

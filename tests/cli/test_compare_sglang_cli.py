@@ -1,0 +1,81 @@
+"""``kvcore compare --engine sglang``: the policies as SGLang 0.5 runs them (one token pool per
+kind, one page size, the padded first page inside the budget) beside SGLang's own sizing, without
+SGLang installed (tests/sglang checks the own-sizing row against SGLang's configurators)."""
+
+import json
+
+from kvcore import Registry, model_layer_specs
+from kvcore.integrations.sglang import rules
+
+BASE = ("--model", "openai/gpt-oss-20b", "--memory", "8GiB", "--max-model-len", "8192", "--engine", "sglang")
+
+
+def test_rows_are_sglangs_pools(run_cli):
+    status, out, err = run_cli("compare", *BASE, "--json")
+    assert status == 0, err
+    payload = json.loads(out)
+    assert payload["engine"] == "sglang" and payload["hybrid_swa"] and payload["swa_full_tokens_ratio"] == 0.8
+    rows = {row["policy"]: row for row in payload["candidates"]}
+    assert "one token index" in rows["equal_groups"]["error"]
+    registry = Registry.default()
+    specs = model_layer_specs("openai/gpt-oss-20b", registry)
+    sglang = rules.SglangRules(context_len=8192)
+    plan = rules.plan_for_sglang(specs, 8 * 2**30, sglang, registry=registry)
+    sizes = rules.pool_sizes(plan, rules.paged_specs(specs, 1))
+    row = rows["kind_pools"]
+    assert (row["full_tokens"], row["swa_tokens"]) == (sizes.full_tokens, sizes.swa_tokens)
+    assert row["pool_bytes"] == plan.kv_cache_bytes <= 8 * 2**30
+    own = payload["sglang_own"]
+    assert own["full_tokens"] == rules.own_pool_sizes(specs, 8 * 2**30, sglang).full_tokens
+    # kvcore's split by what a request needs holds more requests than SGLang's fixed ratio
+    assert row["requests"] > own["requests"]
+
+
+def test_gemma_3_runs_without_a_sliding_pool(run_cli):
+    status, out, err = run_cli(
+        "compare",
+        "--model",
+        "google/gemma-3-27b-it",
+        "--memory",
+        "8GiB",
+        "--max-model-len",
+        "8192",
+        "--engine",
+        "sglang",
+        "--policies",
+        "kind_pools",
+    )
+    assert status == 0, err
+    assert "SGLang gives this model no sliding pool" in out and "sglang (own sizing)" in out
+
+
+def test_kinds_sglang_has_no_pool_for_are_named(run_cli):
+    status, out, _ = run_cli(
+        "compare",
+        "--model",
+        "openai/whisper-large-v3",
+        "--memory",
+        "8GiB",
+        "--max-model-len",
+        "448",
+        "--engine",
+        "sglang",
+    )
+    assert status == 1 and "cross_attention" in out and "not shown" in out
+
+
+def test_options_it_does_not_take_are_refused(run_cli):
+    status, _, err = run_cli("compare", *BASE, "--block-sizes", "16,32")
+    assert status != 0 and "--engine sglang" in err and "--block-sizes" in err and "Traceback" not in err
+
+
+def test_gpu_memory_is_sized_with_mem_fraction_static(run_cli):
+    gpu = ("--model", "openai/gpt-oss-20b", "--gpu-memory", "80GiB", "--utilization", "0.85")
+    status, out, err = run_cli("compare", *gpu, "--max-model-len", "8192", "--engine", "sglang", "--json")
+    assert status == 0, err
+    payload = json.loads(out)
+    # kvcore's own budget: the same weights, less its activation estimate as well
+    _, own_out, _ = run_cli("compare", *gpu, "--max-model-len", "8192", "--policies", "kind_pools", "--json")
+    weights = json.loads(own_out)["gpu_budget"]["weights_bytes"]
+    assert payload["mem_fraction_static"] == 0.85
+    assert payload["available_memory_bytes"] == rules.kv_budget(80 * 2**30, weights, 0.85)

@@ -1,0 +1,153 @@
+"""kvcore's plans against SGLang 0.5's own code, on CPU.
+
+For every bundled model SGLang can run, SGLang's own ``KVCacheConfigurator`` is built from the
+model's ``config.json`` (:mod:`tests.sglang.sglang_models`) and:
+
+- SGLang's ``create_memory_pool_configurator`` sizes the pools; kvcore's model of that sizing
+  (:func:`kvcore.integrations.sglang.rules.own_pool_sizes`, what ``kvcore compare --engine
+  sglang`` shows) gives the same tokens;
+- kvcore's configurator plans the same layers (read from SGLang's model config) and SGLang's
+  ``MHATokenToKVPool`` / ``MLATokenToKVPool`` / ``SWAKVPool`` are built from its
+  ``MemoryPoolConfig``: each pool holds the tokens kvcore promises and allocates the plan's
+  bytes, padded page included;
+- once the plugin is registered through SGLang's ``HookRegistry``, SGLang's own
+  ``KVCacheConfigurator.config_from_budget`` returns kvcore's pool sizes.
+"""
+
+from __future__ import annotations
+
+import pytest
+from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
+from sglang.srt.model_executor import pool_configurator
+from sglang.srt.plugins.hook_registry import HookRegistry
+
+from kvcore.frontends.hf_config import load_model_config, model_layer_specs
+from kvcore.integrations.sglang import convert, plugin, rules
+from kvcore.planning.registry import Registry
+from kvcore.plugins.sliding_window import SlidingWindowSpec
+from tests.sglang.sglang_models import kv_cache_configurator
+
+#: Bundled models whose KV layers SGLang's configurators size (full, sliding, MLA).
+MODELS = [
+    "meta-llama/Llama-3.1-8B",
+    "Qwen/Qwen3-8B",
+    "microsoft/Phi-3-mini-4k-instruct",
+    "mistralai/Mistral-7B-v0.1",
+    "google/gemma-2-9b-it",
+    "google/gemma-3-27b-it",
+    "openai/gpt-oss-20b",
+    "deepseek-ai/DeepSeek-V3",
+]
+
+PAGE = 16
+RULES = rules.SglangRules(context_len=256, page_size=PAGE, chunked_prefill_size=64)
+#: What the pools built on CPU may take.
+BUDGET = 192 << 20
+
+
+@pytest.fixture(scope="module")
+def registry() -> Registry:
+    return Registry.default(autoload=False)
+
+
+def _as_sglang_runs(model: str, registry: Registry) -> dict:
+    config, _ = load_model_config(model)
+    hybrid = rules.runs_hybrid_swa(config.get("architectures") or ())
+    return rules.paged_specs(rules.as_sglang_runs(model_layer_specs(model, registry), hybrid), PAGE)
+
+
+def _pool_bytes(pool: object) -> int:
+    pools = [pool.full_kv_pool, pool.swa_kv_pool] if isinstance(pool, SWAKVPool) else [pool]
+    total = 0
+    for p in pools:
+        for name in ("k_buffer", "v_buffer", "kv_buffer"):
+            for t in getattr(p, name, None) or ():
+                total += t.numel() * t.element_size()
+    return total
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_sglangs_own_sizing_is_what_kvcore_models(model, registry, tmp_path):
+    kvc = kv_cache_configurator(model, tmp_path, page_size=PAGE)
+    budget = 20 << 30
+    theirs = pool_configurator.create_memory_pool_configurator(kvc).calculate_pool_sizes(budget, PAGE)
+    ours = rules.own_pool_sizes(_as_sglang_runs(model, registry), budget, RULES)
+    assert theirs.max_total_num_tokens == ours.max_total_num_tokens
+    if ours.is_hybrid_swa:
+        assert (theirs.full_max_total_num_tokens, theirs.swa_max_total_num_tokens) == (
+            ours.full_tokens,
+            ours.swa_tokens,
+        )
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_sglang_pools_hold_what_kvcore_promises(model, registry, tmp_path):
+    kvc = kv_cache_configurator(model, tmp_path, page_size=PAGE)
+    specs = convert.specs_from_sglang(kvc)
+    # SGLang's model config and kvcore's model front end agree on every layer's bytes per token
+    ours = _as_sglang_runs(model, registry)
+    assert sorted(map(rules.token_bytes, specs.values())) == sorted(map(rules.token_bytes, ours.values()))
+    own = pool_configurator.create_memory_pool_configurator(kvc)
+    config = plugin.KVCorePoolConfigurator(kvc, own, "kind_pools", RULES).calculate_pool_sizes(BUDGET, PAGE)
+    assert isinstance(config, pool_configurator.MemoryPoolConfig)
+    plan = rules.plan_for_sglang(specs, BUDGET, RULES, registry=registry)
+    sizes = rules.pool_sizes(plan, specs)
+    assert config == convert.memory_pool_config(sizes)
+    pool = convert.build_pools(sizes, specs)
+    for group in plan.groups:
+        swa = rules.POOL_OF_KIND[group.spec.kind] == "swa"
+        held = pool.size_swa if swa else pool.size
+        assert held == plan.tokens_held(group) == (sizes.swa_tokens if swa else sizes.full_tokens)
+    # SGLang allocates size + page_size rows per layer: block 0 of each kvcore pool
+    assert _pool_bytes(pool) == plan.kv_cache_bytes <= BUDGET
+
+
+def test_plugin_replaces_sglangs_configurator(monkeypatch, registry, tmp_path):
+    model, budget = "microsoft/Phi-3-mini-4k-instruct", 2 << 30
+    kvc = kv_cache_configurator(model, tmp_path, page_size=PAGE)
+    sglang_own = kvc.config_from_budget(budget)
+    monkeypatch.setenv(plugin.POLICY_VARIABLE, "kind_pools")
+    original = pool_configurator.create_memory_pool_configurator
+    plugin.register()
+    try:
+        HookRegistry.apply_hooks()
+        assert pool_configurator.create_memory_pool_configurator is not original
+        config = kvc.config_from_budget(budget)  # SGLang's own start-up path
+    finally:
+        pool_configurator.create_memory_pool_configurator = original  # unhook for the other tests
+        HookRegistry._hooks.pop(plugin.TARGET, None)
+        HookRegistry._patched.discard(plugin.TARGET)
+    sglang_rules = plugin._rules_of(kvc)
+    specs = convert.specs_from_sglang(kvc)
+    plan = rules.plan_for_sglang(specs, budget, sglang_rules, registry=registry)
+    assert config == convert.memory_pool_config(rules.pool_sizes(plan, specs))
+    # the padded page is inside kvcore's budget, outside SGLang's own
+    assert config.max_total_num_tokens == sglang_own.max_total_num_tokens - PAGE
+    own = pool_configurator.create_memory_pool_configurator(kvc)
+    with pytest.raises(rules.SglangIntegrationError, match="max-total-tokens"):
+        plugin.KVCorePoolConfigurator(kvc, own, "kind_pools").calculate_pool_sizes_from_max_tokens(1024, PAGE)
+
+
+def test_bytes_kvcore_does_not_plan_are_refused(tmp_path):
+    kvc = kv_cache_configurator("meta-llama/Llama-3.1-8B", tmp_path, page_size=PAGE)
+    kvc.kv_cache_dtype_str = "mxfp8"  # SGLang adds a scale byte per 32 elements
+    own = pool_configurator.create_memory_pool_configurator(kvc)
+    with pytest.raises(rules.SglangIntegrationError, match="bytes per token"):
+        plugin.KVCorePoolConfigurator(kvc, own, "kind_pools", RULES)
+
+
+def test_two_windows_are_refused(registry):
+    def make(window: int) -> SlidingWindowSpec:
+        return SlidingWindowSpec(
+            block_size=PAGE, num_kv_heads=2, head_size=64, dtype="bfloat16", sliding_window=window
+        )
+
+    specs = {"a": make(128), "b": make(512)}
+    with pytest.raises(rules.SglangIntegrationError, match=r"windows \[128, 512\]"):
+        rules.plan_for_sglang(specs, BUDGET, RULES, registry=registry)
+
+
+def test_unknown_policy_is_refused_at_start_up(monkeypatch):
+    monkeypatch.setenv(plugin.POLICY_VARIABLE, "no_such_policy")
+    with pytest.raises(rules.SglangIntegrationError, match="not a kvcore policy"):
+        plugin.register()
