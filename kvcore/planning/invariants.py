@@ -245,10 +245,10 @@ def _rows_problems(plan: KVCachePlan) -> list[str] | None:
         if not tensor.size:
             continue
         for name in tensor.shared_by:
-            gi = group_of.get(name)
-            if gi is None:
+            found = group_of.get(name)
+            if found is None:
                 continue
-            group = plan.groups[gi]
+            group = plan.groups[found]
             span = group.blocks_per_page
             spec = group.spec_of(name)
             page = page_of.get(id(spec))
@@ -262,7 +262,7 @@ def _rows_problems(plan: KVCachePlan) -> list[str] | None:
                 return None  # tensors of different row widths: no common rows
             row = width
             if page > 0:
-                places.setdefault(gi, []).append((tensor.offset, page, name, ti))
+                places.setdefault(found, []).append((tensor.offset, page, name, ti))
     problems: list[str] = []
     for gi, members in places.items():
         group = plan.groups[gi]
