@@ -18,7 +18,8 @@ entries name and what a layer's view indexes along its block dimension:
 To keep aligned runs available, single blocks are taken from the low end of the id space and runs
 from the high end. Free ids are a min-heap and free runs are tracked per run length with a count of
 free ids per aligned chunk and a heap of fully free chunks, so every operation costs
-``O(log num_blocks)`` per block. A simulator drives the pool millions of times
+``O(log num_blocks)`` per block. A pool without aligned runs keeps a free map (one byte per id)
+instead of the heap and hands a request whole runs of the lowest free ids at once. A simulator drives the pool millions of times
 (:mod:`kvcore.simulation`), so the request methods take and free every group's pages in bulk.
 
 On top of that the pool keeps one block table per request and group (:meth:`BlockPool.reserve`,
