@@ -1,7 +1,7 @@
 """How long planning for vLLM takes (:func:`kvcore.integrations.vllm.rules.plan_for_vllm`; no
 vLLM needed): every bundled model, the two synthetic hybrids of ``tests/models/configs``
 (Nemotron-H-like: 54 Mamba-2 + 10 attention layers; Qwen3-Next-like) and Mamba-like hybrids
-of 64 and 128 layers (one full-attention layer in eight, the rest states of hidden size 4,096
+of 72 and 128 layers (one full-attention layer in eight, the rest states of hidden size 4,096
 or 8,192: :func:`kvcore.testing.mixes.state_hybrid`), with ``shared_buffer`` (whose state
 groups span several block ids, so the plan is re-made with larger attention blocks until every
 page takes one), at 8 GiB / max_model_len 8,192 and 24 GiB / 32,768, async scheduling.
@@ -37,7 +37,7 @@ def models(registry: Registry) -> list[tuple[str, dict[str, KVCacheSpec]]]:
     out = [(m.name, layer_specs_from_config(m.config(), registry)) for m in bundled_models()]
     for path in sorted(SYNTHETIC.glob("*.json")):
         out.append((path.stem, layer_specs_from_config(read_config_file(path), registry)))
-    out.append(("mamba-like 64 (56 state h4096 + 8 full)", state_hybrid(64, hidden=4096)))
+    out.append(("mamba-like 72 (63 state h4096 + 9 full)", state_hybrid(72, hidden=4096)))
     out.append(("mamba-like 128 (112 state h8192 + 16 full)", state_hybrid(128)))
     return out
 
