@@ -27,6 +27,7 @@ of several pools, :class:`~kvcore.runtime.block_pool.MultiPoolBlockPool`).
 from __future__ import annotations
 
 import argparse
+import math
 import random
 import time
 from collections import deque
@@ -175,11 +176,14 @@ def run_vllm(plan: KVCachePlan, workload: Workload, caching: bool, max_num_seqs:
 
     config = plan_to_vllm_config(plan)
     block = min(g.kv_cache_spec.block_size for g in config.kv_cache_groups)
+    # vLLM schedules in the least common multiple of the groups' block sizes (remainder groups
+    # of shared_buffer have larger blocks); KVCacheCoordinator asserts it
+    scheduled = math.lcm(*(g.kv_cache_spec.block_size for g in config.kv_cache_groups))
     init_none_hash(sha256)
     manager = KVCacheManager(
         kv_cache_config=config,
         max_model_len=MAX_MODEL_LEN,
-        scheduler_block_size=block,
+        scheduler_block_size=scheduled,
         hash_block_size=block,
         enable_caching=caching,
     )
@@ -193,7 +197,7 @@ def run_vllm(plan: KVCachePlan, workload: Workload, caching: bool, max_num_seqs:
             str(r), shared + own, SamplingParams(max_tokens=request.output_tokens), None, block_hasher=hasher
         )
         made[r] = vreq
-        blocks, hit = manager.get_computed_blocks(vreq)
+        blocks, hit = manager.get_computed_blocks(vreq)[:2]  # 0.33 adds a third value
         vreq.num_computed_tokens = hit
         vreq._kvcore_blocks = blocks
         return int(hit)
@@ -291,11 +295,14 @@ def admission_vllm(plan: KVCachePlan, caching: bool) -> tuple[float, float]:
 
     config = plan_to_vllm_config(plan)
     block = min(g.kv_cache_spec.block_size for g in config.kv_cache_groups)
+    # vLLM schedules in the least common multiple of the groups' block sizes (remainder groups
+    # of shared_buffer have larger blocks); KVCacheCoordinator asserts it
+    scheduled = math.lcm(*(g.kv_cache_spec.block_size for g in config.kv_cache_groups))
     init_none_hash(sha256)
     manager = KVCacheManager(
         kv_cache_config=config,
         max_model_len=MAX_MODEL_LEN,
-        scheduler_block_size=block,
+        scheduler_block_size=scheduled,
         hash_block_size=block,
         enable_caching=caching,
     )
@@ -308,7 +315,7 @@ def admission_vllm(plan: KVCachePlan, caching: bool) -> tuple[float, float]:
 
     def reserve(r: int, tokens: int) -> None:
         made[r] = vreq = request(r, tokens)
-        blocks, hit = manager.get_computed_blocks(vreq)
+        blocks, hit = manager.get_computed_blocks(vreq)[:2]  # 0.33 adds a third value
         manager.allocate_slots(vreq, tokens - hit, hit, blocks)
 
     pool = manager.block_pool
@@ -319,7 +326,7 @@ def admission_vllm(plan: KVCachePlan, caching: bool) -> tuple[float, float]:
     for vreq in prompts:
         before = pool.get_num_free_blocks()
         start = time.perf_counter()
-        computed, hit = manager.get_computed_blocks(vreq)
+        computed, hit = manager.get_computed_blocks(vreq)[:2]
         manager.allocate_slots(vreq, ADMITTED_TOKENS - hit, hit, computed)
         total += time.perf_counter() - start
         blocks += before - pool.get_num_free_blocks()

@@ -19,8 +19,9 @@ To keep aligned runs available, single blocks are taken from the low end of the 
 from the high end. Free ids are a min-heap and free runs are tracked per run length with a count of
 free ids per aligned chunk and a heap of fully free chunks, so every operation costs
 ``O(log num_blocks)`` per block. A pool without aligned runs keeps a free map (one byte per id)
-instead of the heap and hands a request whole runs of the lowest free ids at once. A simulator drives the pool millions of times
-(:mod:`kvcore.simulation`), so the request methods take and free every group's pages in bulk.
+instead of the heap and hands a request whole runs of the lowest free ids at once. A simulator
+drives the pool millions of times (:mod:`kvcore.simulation`), so the request methods take and
+free every group's pages in bulk.
 
 On top of that the pool keeps one block table per request and group (:meth:`BlockPool.reserve`,
 :meth:`BlockPool.release_stale`, :meth:`BlockPool.free_request`). What a request holds comes
@@ -610,8 +611,13 @@ class BlockPool:
             if total > self._num_free:
                 index, count = grows[0]
                 raise self._exhausted(index, count)
-            ids = self._take_singles(None, total)
             taken: dict[int, list[int]] = {}
+            if self._flat:  # each group's runs, owners set a run at a time
+                for index, count in grows:
+                    taken[index] = self._take_runs(count, index)
+                self._num_free -= total
+                return taken
+            ids = self._take_singles(None, total)
             owner, at = self._owner, 0
             for index, count in grows:
                 pages = taken[index] = ids[at : at + count]
@@ -963,7 +969,8 @@ class BlockPool:
                     pages.append(block)
             return pages
         if self._flat:
-            pages = self._take_runs(num_pages)
+            pages = self._take_runs(num_pages, group)
+            group = None  # owners set
         elif self._stacked:
             pages = singles[len(singles) - num_pages :]
             del singles[len(singles) - num_pages :]
@@ -975,10 +982,10 @@ class BlockPool:
         self._num_free -= num_pages
         return pages
 
-    def _take_runs(self, num_pages: int) -> list[int]:
-        """The ``num_pages`` lowest free ids of the free map, taken run by run (the caller
-        checked they exist and counts them)."""
-        free_map, at, last = self._free_map, self._low, self.num_blocks
+    def _take_runs(self, num_pages: int, group: int | None = None) -> list[int]:
+        """The ``num_pages`` lowest free ids of the free map, taken run by run, owned by
+        ``group`` unless ``None`` (the caller checked they exist and counts them)."""
+        free_map, owner, at, last = self._free_map, self._owner, self._low, self.num_blocks
         pages: list[int] = []
         need = num_pages
         while need:
@@ -989,6 +996,8 @@ class BlockPool:
                 end = stop
             pages.extend(range(start, end))
             free_map[start:end] = bytes(end - start)
+            if group is not None:
+                owner[start:end] = [group] * (end - start)
             need -= end - start
             at = end
         self._low = at  # every id below it is taken
