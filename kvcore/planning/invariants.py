@@ -21,7 +21,12 @@ and a plan handed to allocation.
   bytes and the pools apart), and each pool is checked on its own. A layer's page is its own
   spec's (``group.spec_of(layer)``), so a mixed-page group's layers are checked at their sizes.
 
-The live-page check works per tensor and per (tensor, group), not per page: every tensor's
+Most one-buffer plans are checked by the *row rule* (:func:`_rows_problems`): where every
+page of a group that spans ``s`` block ids lies in the ``s`` rows of ``W`` bytes that are its own
+block ids, pages of different groups may share bytes and only the layers of one group need a
+look, a sort per group (linear in the layers up to the sort, whatever the spans).
+
+Other layouts are checked per tensor and per (tensor, group), not per page: every tensor's
 pages repeat with its page stride, so within one period ``L`` (the least common multiple of
 the strides) a tensor is a few byte intervals. Two tensors can only collide where those
 intervals meet; for each such pair the pages that overlap form arithmetic runs, and since
