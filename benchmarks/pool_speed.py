@@ -404,7 +404,7 @@ def main() -> None:
                 f"{vllm_cells}"
             )
     print(
-        f"\nadmitting a {ADMITTED_TOKENS:,}-token prompt of its own into a pool half full and fragmented "
+        f"\nadmitting an {ADMITTED_TOKENS:,}-token prompt of its own into a pool half full and fragmented "
         f"(mean of {ADMISSIONS}; target: kvcore's µs per block <= vLLM's)\n"
     )
     header = f"{'caching':<7} {'blocks':>6} {'kvcore µs':>9} {'ns/block':>8}   {'vLLM µs':>8} {'ns/block':>8}"
