@@ -2,10 +2,10 @@
 
 :func:`kvcore.planning.frontier.policy_frontier` plans one policy under tighter and tighter
 group bounds. Its work is bounded: the bound halves above 16 groups and steps down one group at
-a time below, and it makes at most 32 plans. For three mixes at 1,000 and 10,000 layers, each
+a time below, and it makes at most 32 plans. For four mixes at 1,000 and 10,000 layers, each
 row gives the policy's own plan time, the frontier's time, the plans it made, the points it
 kept (groups: efficiency), and the frontier's time in units of one plan (target: at most 32,
-whatever the depth), e.g.
+whatever the depth; on the Mamba-like ``1 full : 7 state`` hybrid, seconds at 10,000 layers), e.g.
 
     taskset -c 0 python benchmarks/frontier_speed.py
 """
@@ -20,7 +20,7 @@ from kvcore.errors import KVCoreError
 from kvcore.planning import frontier as frontier_module
 from kvcore.planning.frontier import MAX_PLANS, policy_frontier
 from kvcore.spec import KVCacheSpec
-from kvcore.testing.mixes import full, sliding
+from kvcore.testing.mixes import full, sliding, state
 
 CONTEXT = SizingContext(max_model_len=32768, max_num_batched_tokens=2048)
 GiB = 2**30
@@ -36,6 +36,8 @@ MIXES = {
         full(),
     ],
     "7 full : 5 sw2048 : 11 sw512": [full()] * 7 + [sliding(2048)] * 5 + [sliding(512)] * 11,
+    # a Mamba-like hybrid: its state group's page spans several block ids (target: seconds)
+    "1 full : 7 state": [state()] * 7 + [full()],
 }
 POLICIES = ("shared_buffer", "equal_groups", "kind_pools")
 

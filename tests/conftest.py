@@ -17,6 +17,50 @@ settings.register_profile(
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
+# -- the default run: a quick one ---------------------------------------------------------------
+#
+# ``python -m pytest`` with no paths, no ``-m`` and no ``-n`` is the command people run often: it
+# skips the tests marked ``slow`` and, where pytest-xdist is installed (the ``test`` extra), runs
+# on every CPU. ``--run-slow`` runs everything (CI does); naming paths, a ``-m`` expression or
+# ``-n`` keeps the choice to the caller (a slow test named by its file runs).
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--run-slow",
+        action="store_true",
+        default=False,
+        help="also run the tests marked slow (the default run of the whole suite skips them)",
+    )
+
+
+def _default_run(config) -> bool:
+    """Whether this is the suite's default run: no paths given (pytest took its testpaths)."""
+    return config.args_source is pytest.Config.ArgsSource.TESTPATHS and not config.option.markexpr
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config):
+    # before xdist reads -n: the default run spreads over the CPUs when xdist is there
+    if (
+        _default_run(config)
+        and config.pluginmanager.hasplugin("xdist")
+        and getattr(config.option, "numprocesses", 0) is None
+        and not hasattr(config, "workerinput")
+    ):
+        config.option.numprocesses = "auto"
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--run-slow") or not _default_run(config):
+        return
+    slow = [item for item in items if item.get_closest_marker("slow")]
+    if slow:
+        kept = [item for item in items if not item.get_closest_marker("slow")]
+        config.hook.pytest_deselected(items=slow)
+        items[:] = kept
+
+
 @pytest.fixture
 def kvcore_pm():
     """A fresh plugin manager with the built-ins only (entry points are not loaded)."""

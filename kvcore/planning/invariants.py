@@ -21,7 +21,12 @@ and a plan handed to allocation.
   bytes and the pools apart), and each pool is checked on its own. A layer's page is its own
   spec's (``group.spec_of(layer)``), so a mixed-page group's layers are checked at their sizes.
 
-The live-page check works per tensor and per (tensor, group), not per page: every tensor's
+Most one-buffer plans are checked by the *row rule* (:func:`_rows_problems`): where every
+page of a group that spans ``s`` block ids lies in the ``s`` rows of ``W`` bytes that are its own
+block ids, pages of different groups may share bytes and only the layers of one group need a
+look, a sort per group (linear in the layers up to the sort, whatever the spans).
+
+Other layouts are checked per tensor and per (tensor, group), not per page: every tensor's
 pages repeat with its page stride, so within one period ``L`` (the least common multiple of
 the strides) a tensor is a few byte intervals. Two tensors can only collide where those
 intervals meet; for each such pair the pages that overlap form arithmetic runs, and since
@@ -99,7 +104,15 @@ def alignment_problems(plan: KVCachePlan) -> list[str]:
     stride are both multiples of it. A view of a page that breaks it cannot be made without a
     copy; pools laid end to end must keep each pool's start aligned for its layers too."""
     # (alignment, pool) per layer, built once: the plan's group_of builds its index per call
-    need = {name: (g.spec_of(name).alignment_bytes, g.pool) for g in plan.groups for name in g.layer_names}
+    aligns: dict[int, int] = {}  # id(spec) -> alignment (a state works its out on every read)
+    need: dict[str, tuple[int, int]] = {}
+    for g in plan.groups:
+        for name in g.layer_names:
+            spec = g.spec_of(name)
+            align = aligns.get(id(spec))
+            if align is None:
+                align = aligns[id(spec)] = spec.alignment_bytes
+            need[name] = (align, g.pool)
     problems: list[str] = []
     for index, tensor in enumerate(plan.tensors):
         for name in tensor.shared_by:
@@ -163,15 +176,14 @@ def overlap_problems(plan: KVCachePlan, *, limit: int = MAX_CHECKED_PAGES) -> li
     """
     if len(plan.pools) > 1:
         return _pools_problems(plan, limit)
-    spans = {g.blocks_per_page for g in plan.groups if g.layer_names and plan.num_pages(g)}
-    if len(spans) <= 1:
-        # Layers that share a tensor are in different groups (a structural rule), and with one
-        # page span their pages cover the same block ids: sharing a tensor is always sound.
-        if not plan.single_buffer:
-            return []
-        verdict = _rows_problems(plan, next(iter(spans), 1))
+    if plan.single_buffer:
+        verdict = _rows_problems(plan)
         if verdict is not None:
             return verdict
+    elif len({g.blocks_per_page for g in plan.groups if g.layer_names and plan.num_pages(g)}) <= 1:
+        # Layers that share a tensor are in different groups (a structural rule), and with one
+        # page span their pages cover the same block ids: sharing a tensor is always sound.
+        return []
     return _exact_problems(plan, limit)
 
 
@@ -213,52 +225,69 @@ def _renumbered(problem: str, members: Sequence[int], offset: int = 0) -> str:
     return re.sub(r"\bbytes (\d+)\.\.(\d+)", shifted, worded) if offset else worded
 
 
-def _rows_problems(plan: KVCachePlan, span: int) -> list[str] | None:
-    """The common one-buffer layout, tensor by tensor: every tensor with the same page stride
-    ``L``, its pages in rows ``0, 1, ...`` of ``L`` bytes, at its own place in the row.
+def _rows_problems(plan: KVCachePlan) -> list[str] | None:
+    """The one-buffer layout of rows, tensor by tensor: block id ``b`` is row ``b`` of ``W``
+    bytes, and a group whose page spans ``s`` block ids lays page ``j`` of each layer inside
+    rows ``j*s .. j*s + s - 1`` (its tensor's page stride is ``s*W`` and every page ends within
+    its run of rows).
 
-    Page ``j`` of every layer is then in row ``j`` and covers block ids of page ``j``, so pages
-    of different groups may share bytes and pages of one group may not. (A plan of several
-    pools is checked pool by pool, each as a plan of one pool: :func:`_pools_problems`.)
+    A page then covers only rows that are its own block ids, so pages of different groups that
+    share bytes share a row, hence a block id, and may overlap; pages of one group meet only in
+    one run (the same page index), so only the layers of one group must not overlap within
+    their run. That is a sort per group: linear in the layers up to the sort. (A plan of
+    several pools is checked pool by pool, each as a plan of one pool: :func:`_pools_problems`.)
     Returns ``None`` where the layout is not of this form (the caller checks it exactly).
     """
-    tensors = [t for t in plan.tensors if t.shared_by and t.size]
-    if not tensors:
-        return []
-    row = tensors[0].page_stride
-    pages = plan.num_blocks // span
-    # a tensor's bytes in its row: at most its size less the rows above its last page
-    tail = (pages - 1) * row
-    end = -1
-    ordered = True
-    for tensor in tensors:
-        offset = tensor.offset
-        if tensor.page_stride != row or offset + tensor.size - tail > row:
-            return None  # another stride, or a tensor that starts past row 0 or wraps
-        if offset < end:
-            ordered = False  # keep looking: every tensor must still have the row's stride
-        end = max(end, offset + tensor.size - tail)
-    if ordered:
-        return []  # no two tensors meet: each is alone at its place in the row
-    # tensors meet in the row (groups of different page sizes side by side): then only
-    # layers of one group must not
-    offset_of = {name: t.offset for t in tensors for name in t.shared_by}
-    problems: list[str] = []
+    group_of: dict[str, int] = {}
     for gi, group in enumerate(plan.groups):
-        if not group.layer_names or not pages:
+        if plan.num_pages(group):
+            group_of.update(dict.fromkeys(group.layer_names, gi))
+    row = 0  # W, the bytes of one block id, common to every tensor
+    page_of: dict[int, int] = {}  # id(spec) -> page bytes (specs live as long as the plan)
+    # per group: (offset in the run, page bytes, layer, tensor index) of each of its layers
+    places: dict[int, list[tuple[int, int, str, int]]] = {}
+    for ti, tensor in enumerate(plan.tensors):
+        if not tensor.size:
             continue
-        places = sorted((offset_of[name], name) for name in group.layer_names if name in offset_of)
-        for (a, first), (b, second) in itertools.pairwise(places):
-            page = group.spec_of(first).page_size_bytes
-            if b < a + page:
-                other = group.spec_of(second).page_size_bytes
-                x = _Series(a, row, page, pages, span, gi, first, plan.tensors.index(plan.tensor_of(first)))
-                y = _Series(
-                    b, row, other, pages, span, gi, second, plan.tensors.index(plan.tensor_of(second))
-                )
+        for name in tensor.shared_by:
+            found = group_of.get(name)
+            if found is None:
+                continue
+            group = plan.groups[found]
+            span = group.blocks_per_page
+            spec = group.spec_of(name)
+            page = page_of.get(id(spec))
+            if page is None:  # a state's page is worked out from its parts on every read
+                page = page_of[id(spec)] = spec.page_size_bytes
+            # page j must lie in rows j*span ..: a stride of span rows, the page inside the first run
+            if tensor.page_stride % span or tensor.offset + page > tensor.page_stride:
+                return None
+            width = tensor.page_stride // span
+            if row and width != row:
+                return None  # tensors of different row widths: no common rows
+            row = width
+            if page > 0:
+                places.setdefault(found, []).append((tensor.offset, page, name, ti))
+    problems: list[str] = []
+    for gi, members in places.items():
+        group = plan.groups[gi]
+        span, pages = group.blocks_per_page, plan.num_pages(group)
+        members.sort()
+        # (end, place) of the member that reaches furthest so far: a later member that starts
+        # before it overlaps it (sorted by start, any overlap shows against that one)
+        reach: tuple[int, tuple[int, int, str, int]] | None = None
+        for place in members:
+            offset, page, name, ti = place
+            if reach is not None and offset < reach[0]:
+                a, other, first, tj = reach[1]
+                stride = plan.tensors[tj].page_stride
+                x = _Series(a, stride, other, pages, span, gi, first, tj)
+                y = _Series(offset, plan.tensors[ti].page_stride, page, pages, span, gi, name, ti)
                 problems.append(_describe(x, 0, y, 0))
                 if len(problems) >= MAX_PROBLEMS:
                     return problems
+            if reach is None or offset + page > reach[0]:
+                reach = (offset + page, place)
     return problems
 
 

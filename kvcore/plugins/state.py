@@ -13,6 +13,7 @@ ids, so attention layers keep their own small block size (``docs/reference/model
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
@@ -103,6 +104,20 @@ def _align(offset: int, alignment: int) -> int:
     return cdiv(offset, alignment) * alignment
 
 
+@functools.lru_cache(maxsize=256)
+def _page_layout(parts: tuple[StatePart, ...]) -> tuple[tuple[int, ...], int, int]:
+    """``(offset of each part, page bytes, alignment)`` of a state of ``parts``: worked out once
+    per shape (planners read a state's page size per layer, thousands of times a plan)."""
+    offsets = []
+    offset = 0
+    for part in parts:
+        offset = _align(offset, dtype_size(part.dtype))
+        offsets.append(offset)
+        offset += part.nbytes
+    align = max(dtype_size(part.dtype) for part in parts)
+    return tuple(offsets), _align(offset, align), align
+
+
 @attrs.frozen(kw_only=True, repr=False)
 class StateSpec(KVCacheSpec):
     """A fixed per-request state: one page per state, independent of the request's length.
@@ -147,13 +162,7 @@ class StateSpec(KVCacheSpec):
     @property
     def part_offsets(self) -> tuple[int, ...]:
         """Byte offset of each part inside the page."""
-        offsets = []
-        offset = 0
-        for part in self.parts:
-            offset = _align(offset, dtype_size(part.dtype))
-            offsets.append(offset)
-            offset += part.nbytes
-        return tuple(offsets)
+        return _page_layout(self.parts)[0]
 
     @property
     def state_bytes(self) -> int:
@@ -162,12 +171,11 @@ class StateSpec(KVCacheSpec):
 
     @property
     def page_size_bytes(self) -> int:
-        end = self.part_offsets[-1] + self.parts[-1].nbytes
-        return _align(end, self.alignment_bytes)
+        return _page_layout(self.parts)[1]
 
     @property
     def alignment_bytes(self) -> int:
-        return max(dtype_size(part.dtype) for part in self.parts)
+        return _page_layout(self.parts)[2]
 
     @property
     def tokens_per_page(self) -> None:

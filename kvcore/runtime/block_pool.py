@@ -18,8 +18,10 @@ entries name and what a layer's view indexes along its block dimension:
 To keep aligned runs available, single blocks are taken from the low end of the id space and runs
 from the high end. Free ids are a min-heap and free runs are tracked per run length with a count of
 free ids per aligned chunk and a heap of fully free chunks, so every operation costs
-``O(log num_blocks)`` per block. A simulator drives the pool millions of times
-(:mod:`kvcore.simulation`), so the request methods take and free every group's pages in bulk.
+``O(log num_blocks)`` per block. A pool without aligned runs keeps a free map (one byte per id)
+instead of the heap and hands a request whole runs of the lowest free ids at once. A simulator
+drives the pool millions of times (:mod:`kvcore.simulation`), so the request methods take and
+free every group's pages in bulk.
 
 On top of that the pool keeps one block table per request and group (:meth:`BlockPool.reserve`,
 :meth:`BlockPool.release_stale`, :meth:`BlockPool.free_request`). What a request holds comes
@@ -186,6 +188,14 @@ class BlockPool:
         self._stacked = self._bulk and not lowest_first and all(span == 1 for span in self._spans)
         if self._stacked:
             self._singles.reverse()
+        # lowest first without aligned runs: a free map (one byte per id) and the lowest id that
+        # may be free, so a request takes whole runs of free ids (two C scans per run) instead
+        # of one heap pop per id, in the same order the heap would give them
+        self._flat = self._bulk and not self._stacked and all(span == 1 for span in self._spans)
+        self._free_map = bytearray(b"\x01") * (plan.num_blocks if self._flat else 0)
+        self._low = 0
+        if self._flat:
+            self._singles = []
         # per group: tokens per page when the spec keeps the default live_pages rule (so the
         # table's length is inline arithmetic), else 0; and whether it never frees a page
         self._paged = [_default_paging(g.spec) for g in plan.groups]
@@ -601,8 +611,13 @@ class BlockPool:
             if total > self._num_free:
                 index, count = grows[0]
                 raise self._exhausted(index, count)
-            ids = self._take_singles(None, total)
             taken: dict[int, list[int]] = {}
+            if self._flat:  # each group's runs, owners set a run at a time
+                for index, count in grows:
+                    taken[index] = self._take_runs(count, index)
+                self._num_free -= total
+                return taken
+            ids = self._take_singles(None, total)
             owner, at = self._owner, 0
             for index, count in grows:
                 pages = taken[index] = ids[at : at + count]
@@ -953,7 +968,10 @@ class BlockPool:
                     self._take(block, group)
                     pages.append(block)
             return pages
-        if self._stacked:
+        if self._flat:
+            pages = self._take_runs(num_pages, group)
+            group = None  # owners set
+        elif self._stacked:
             pages = singles[len(singles) - num_pages :]
             del singles[len(singles) - num_pages :]
         else:
@@ -963,6 +981,41 @@ class BlockPool:
             list(map(owner.__setitem__, pages, repeat(group, num_pages)))
         self._num_free -= num_pages
         return pages
+
+    def _take_runs(self, num_pages: int, group: int | None = None) -> list[int]:
+        """The ``num_pages`` lowest free ids of the free map, taken run by run, owned by
+        ``group`` unless ``None`` (the caller checked they exist and counts them)."""
+        free_map, owner, at, last = self._free_map, self._owner, self._low, self.num_blocks
+        pages: list[int] = []
+        need = num_pages
+        while need:
+            start = free_map.find(1, at)
+            stop = min(start + need, last)
+            end = free_map.find(0, start, stop)  # the run ends at the first taken id, or at need
+            if end < 0:
+                end = stop
+            pages.extend(range(start, end))
+            free_map[start:end] = bytes(end - start)
+            if group is not None:
+                owner[start:end] = [group] * (end - start)
+            need -= end - start
+            at = end
+        self._low = at  # every id below it is taken
+        return pages
+
+    def _put_back(self, blocks: list[int]) -> None:
+        """Return freed ids (owners already cleared) to the free ids: the free map, the stack or
+        the heap."""
+        if self._flat:
+            free_map = self._free_map
+            list(map(free_map.__setitem__, blocks, repeat(1, len(blocks))))
+            low = min(blocks)
+            if low < self._low:
+                self._low = low
+        elif self._stacked:
+            self._singles.extend(blocks)
+        else:
+            list(map(heapq.heappush, repeat(self._singles, len(blocks)), blocks))
 
     def _free_groups(self, pages: dict[int, list[int]]) -> None:
         """Free the pages the pool's own tables say each group holds, all at once when it can."""
@@ -974,12 +1027,12 @@ class BlockPool:
                 self._free_own(index, held)
             return
         blocks = list(chain.from_iterable(pages.values()))
+        if not blocks:
+            return
         list(map(self._owner.__setitem__, blocks, repeat(_FREE, len(blocks))))
         self._num_free += len(blocks)
-        if self._stacked:
-            self._singles.extend(blocks)
-        else:
-            list(map(heapq.heappush, repeat(self._singles, len(blocks)), blocks))
+        self._put_back(blocks)
+        if not self._stacked:
             self._compact()
 
     def _free_own(self, group: int, pages: list[int]) -> None:
@@ -996,10 +1049,7 @@ class BlockPool:
         if not blocks:
             return
         list(map(self._owner.__setitem__, blocks, repeat(_FREE, len(blocks))))
-        if self._stacked:
-            self._singles.extend(blocks)
-        else:
-            list(map(heapq.heappush, repeat(self._singles, len(blocks)), blocks))
+        self._put_back(blocks)
         self._num_free += len(blocks)
         if self._runs:
             for runs in self._runs.values():
@@ -1024,7 +1074,10 @@ class BlockPool:
         the run around it, as :attr:`KVCachePlan.reserved_blocks` counts)."""
         self._owner[block] = _NULL
         self._num_free -= 1
-        self._singles.remove(block)
+        if self._flat:
+            self._free_map[block] = 0
+        else:
+            self._singles.remove(block)
         for runs in self._runs.values():
             runs.taken(block)
 
@@ -1242,10 +1295,8 @@ class BlockPool:
                     freed.append(block)
         if freed:
             self._num_free += len(freed)
-            if self._stacked:
-                self._singles.extend(freed)
-            else:
-                list(map(heapq.heappush, repeat(self._singles, len(freed)), freed))
+            self._put_back(freed)
+            if not self._stacked:
                 self._compact()
 
     def _exhausted(self, group: int, num_pages: int) -> BlockPoolExhaustedError:

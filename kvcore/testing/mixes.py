@@ -17,6 +17,7 @@ from kvcore.plugins.chunked_local_attention import ChunkedLocalAttentionSpec
 from kvcore.plugins.full_attention import FullAttentionSpec
 from kvcore.plugins.mla import MLAAttentionSpec
 from kvcore.plugins.sliding_window import SlidingWindowSpec
+from kvcore.plugins.state import StatePart, StateSpec
 from kvcore.spec import KVCacheSpec, SizingContext
 
 __all__ = [
@@ -31,6 +32,8 @@ __all__ = [
     "interleave",
     "openelm_like",
     "sliding",
+    "state",
+    "state_hybrid",
     "three_to_two",
 ]
 
@@ -56,6 +59,25 @@ def chunked(chunk: int) -> KVCacheSpec:
     return ChunkedLocalAttentionSpec(
         block_size=16, num_kv_heads=8, head_size=128, dtype="bfloat16", attention_chunk_size=chunk
     )
+
+
+def state(hidden: int = 8192) -> KVCacheSpec:
+    """A Mamba-1-like state of a model of hidden size ``hidden`` (expand 1): a conv window of 3
+    x ``hidden`` and an SSM state of ``hidden`` x 16, bf16 (311,296 bytes at 8,192)."""
+    return StateSpec(
+        block_size=16,
+        parts=(
+            StatePart(name="conv", shape=(3, hidden), dtype="bfloat16"),
+            StatePart(name="ssm", shape=(hidden, 16), dtype="bfloat16"),
+        ),
+    )
+
+
+def state_hybrid(layers: int, every: int = 8, hidden: int = 8192) -> dict[str, KVCacheSpec]:
+    """A Mamba-like hybrid of ``layers`` layers: one full-attention layer in ``every`` (the
+    last of each run), the rest :func:`state` layers."""
+    states, attention = state(hidden), full()
+    return {f"model.layers.{i}": attention if i % every == every - 1 else states for i in range(layers)}
 
 
 def interleave(*parts: tuple[int, KVCacheSpec]) -> dict[str, KVCacheSpec]:

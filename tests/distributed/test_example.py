@@ -31,6 +31,7 @@ def test_the_how_to_shows_a_run_and_a_failure():
     assert [("--fail-rank" in command) for command, _ in RUNS] == [False, True]
 
 
+@pytest.mark.slow  # four real ranks through the documented torchrun-style run (~14 s)
 def test_the_documented_run_is_what_rank_0_prints():
     command, output = RUNS[0]
     reports = _launch(command)

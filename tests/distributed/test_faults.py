@@ -18,6 +18,9 @@ from kvcore.spec import SizingContext
 from tests.distributed._faults import Case, StoreHost, check_no_split, run_case
 from tests.distributed._ranks import Scenario, preload_forkserver, rank_specs, toy_registry
 
+#: about 70 s of real rank processes: CI and ``--run-slow`` run it, the default run skips it
+pytestmark = pytest.mark.slow
+
 MiB = 2**20
 TIMEOUT_S = 2.0
 #: The bound every live rank must end within (from the moment every rank starts).

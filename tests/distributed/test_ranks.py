@@ -144,6 +144,7 @@ def test_tensor_parallel_ranks_that_disagree_fail_on_every_rank_naming_the_layer
         assert "num_kv_heads (2 vs 3)" in message
 
 
+@pytest.mark.slow  # real ranks waiting out their timeout (~5 s)
 @pytest.mark.parametrize("fault", ["exit", "hang"])
 def test_a_rank_that_dies_or_hangs_is_named_on_every_other_rank_within_the_timeout(fault):
     scenario = Scenario(tp=2, pp=2, faults={2: fault}, timeout_s=2.0)

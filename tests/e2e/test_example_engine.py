@@ -154,6 +154,7 @@ def _shared_prompt_requests(vocab_size: int) -> list[DecodeRequest]:
     ]
 
 
+@pytest.mark.slow  # every model, twice, through a shared system prompt (~5 s)
 @pytest.mark.parametrize("name", MODELS)
 @pytest.mark.parametrize("rollback", [False, True])
 def test_prefix_caching_over_a_shared_system_prompt_gives_the_same_tokens(

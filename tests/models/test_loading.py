@@ -115,6 +115,7 @@ def test_max_position_embeddings():
     assert max_position_embeddings({"text_config": {}}) is None
 
 
+@pytest.mark.slow  # a fresh interpreter that imports torch (~5-12 s)
 def test_plugins_load_without_transformers():
     code = textwrap.dedent(
         """

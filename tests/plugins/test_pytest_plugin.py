@@ -203,6 +203,7 @@ def outer_pytest(pytester):
     return pytester
 
 
+@pytest.mark.slow  # a whole pytest run of an author's project inside this one (~8 s)
 def test_the_suites_run_in_an_authors_project(outer_pytest):
     # every check of TestRing and TestStacked; two checks of the other classes
     selection = "TestRing or TestStacked or max_usage or json_round_trip or fixtures"

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import attrs
 import pytest
-from hypothesis import find, given
+from hypothesis import Phase, find, given, settings
 from hypothesis import strategies as st
 from hypothesis.errors import NoSuchExample, Unsatisfiable
 
@@ -64,12 +64,18 @@ def test_a_plugin_kind_without_a_strategy_says_how_to_add_one(ring_registry):
     assert "strategies={'test.ring': my_specs()}" in str(exc.value)
 
 
+#: A list that covers every kind exists: the first one found will do. Shrinking it (a list of
+#: specs of every kind, each shrunk in turn) took 45-120 s of the suite for nothing checked.
+NO_SHRINK = settings(phases=(Phase.generate,), database=None)
+
+
 def test_specs_of_every_registered_kind(ring_registry, clean_registrations):
     kst.register_spec_strategy(Ring, RINGS)
     every_kind = set(ring_registry.kinds)
     seen = find(
         st.lists(kst.specs(registry=ring_registry), min_size=len(every_kind)),
         lambda drawn: {spec.kind for spec in drawn} == every_kind,
+        settings=NO_SHRINK,
     )
     assert {spec.kind for spec in seen} == every_kind
 
@@ -121,6 +127,7 @@ def test_a_plugin_registers_its_kinds_strategy_through_the_hook(make_kvcore_regi
     drawn = find(
         st.lists(kst.specs(registry=registry), min_size=len(registry.kinds)),
         lambda specs: {s.kind for s in specs} == set(registry.kinds),
+        settings=NO_SHRINK,
     )
     assert {s.kind for s in drawn} == set(registry.kinds)
 

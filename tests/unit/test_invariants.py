@@ -236,3 +236,66 @@ def test_a_misaligned_plan_read_from_json_is_refused(registry):
     text = text.replace('"offset": 64', '"offset": 66')
     with pytest.raises(PlanValidationError, match="4-byte alignment"):
         plan_from_json(text, registry, source="plan.json")
+
+
+def _run_plan(state_offsets, attention_offsets, span=4, row=64, blocks=16):
+    """One buffer of ``blocks`` rows of ``row`` bytes: a group of 32-byte pages spanning
+    ``span`` rows (a state's aligned run) with layers at ``state_offsets`` in its run, beside a
+    group of one-row pages with layers at ``attention_offsets`` in the row."""
+    spec = _spec(4)  # 32-byte pages
+    groups = (
+        KVCacheGroup(
+            layer_names=tuple(f"s{i}" for i in range(len(state_offsets))), spec=spec, blocks_per_page=span
+        ),
+        KVCacheGroup(layer_names=tuple(f"a{i}" for i in range(len(attention_offsets))), spec=spec),
+    )
+    tensors = [
+        KVCacheTensor(
+            size=(blocks // span - 1) * span * row + 32,
+            offset=o,
+            page_stride=span * row,
+            shared_by=(f"s{i}",),
+        )
+        for i, o in enumerate(state_offsets)
+    ] + [
+        KVCacheTensor(size=(blocks - 1) * row + 32, offset=o, page_stride=row, shared_by=(f"a{i}",))
+        for i, o in enumerate(attention_offsets)
+    ]
+    return KVCachePlan(
+        policy="test",
+        num_blocks=blocks,
+        bytes_per_block=row,
+        single_buffer=True,
+        groups=groups,
+        tensors=tuple(tensors),
+        context=CTX,
+        available_memory_bytes=blocks * row,
+    )
+
+
+def test_pages_spanning_a_run_of_rows_share_bytes_with_the_rows_they_cover():
+    # state pages side by side in their run of 4 rows cross the attention pages of those rows
+    # (the same block ids), for any number of layers: the row rule, not a pair per tensor
+    plan = _run_plan([32 * i for i in range(8)], [0, 32])
+    assert plan_problems(plan) == []
+    assert not _oracle(plan)
+
+
+def test_two_layers_of_one_spanning_group_on_the_same_bytes_are_named():
+    plan = _run_plan([0, 40, 48], [0, 32])
+    problems = plan_problems(plan)
+    assert _oracle(plan)
+    assert (
+        problems
+        and "pages of one group (group 0)" in problems[0]
+        and "'s1'" in problems[0]
+        and "'s2'" in problems[0]
+    )
+
+
+def test_a_page_that_leaves_its_run_is_checked_exactly():
+    # the last state page reaches into the next run, whose block ids the attention pages there
+    # (of group 1) may hold while the state page is live: the check must not take the row rule
+    plan = _run_plan([0, 240], [0, 32], blocks=18)
+    assert _oracle(plan)
+    assert bool(plan_problems(plan)) == _oracle(plan)

@@ -43,7 +43,7 @@ from kvcore.plan import KVCachePlan
 from kvcore.planning.planner import plan_kv_cache
 from kvcore.planning.registry import Registry
 from kvcore.policy import AllocationPolicy, PlanOptions
-from kvcore.spec import DEFAULT_MAX_NUM_BATCHED_TOKENS, KVCacheSpec, SizingContext
+from kvcore.spec import DEFAULT_MAX_NUM_BATCHED_TOKENS, KVCacheSpec, SizingContext, cdiv
 from kvcore.validators import boolean, non_negative_int, positive_int
 
 #: kvcore's kinds the vLLM adapter converts, each to the vLLM 0.33 spec class of that name
@@ -259,26 +259,57 @@ def plan_for_vllm(
 def _page_sized(
     specs: Mapping[str, KVCacheSpec], plan_at: Callable[[Mapping[str, KVCacheSpec], int], KVCachePlan]
 ) -> KVCachePlan | None:
-    """The best plan whose every page takes one block id: the state layers cut into ``k``
-    groups (``k`` = 1 .. their count) and the attention blocks ``f`` times larger, from the
-    smallest ``f`` that makes a row as wide as a state group's page up to twice that."""
-    states = [name for name, spec in specs.items() if not spec.page_scales_with_block_size]
+    """The best plan whose every page takes one block id, over the state layers cut into ``k``
+    groups and the attention blocks ``f`` times larger (see :func:`_shapes`)."""
     best: KVCachePlan | None = None
-    for count in range(1, len(states) + 1):
-        tagged = split_states(specs, states, count)
-        first: int | None = None
-        factor = 1
-        while factor <= _MAX_FACTOR and (first is None or factor <= 2 * first):
-            try:
-                candidate = plan_at(tagged, factor)
-            except KVCoreError:
-                candidate = None
-            if candidate is not None and page_span(candidate) == 1:
-                first = first or factor
-                if best is None or candidate.max_concurrency() > best.max_concurrency():
-                    best = candidate
-            factor += 1
+    for count, factor in _shapes(specs):
+        try:
+            candidate = plan_at(split_states(specs, _states(specs), count), factor)
+        except KVCoreError:
+            continue
+        if page_span(candidate) != 1:
+            continue
+        if best is None or candidate.max_concurrency() > best.max_concurrency():
+            best = candidate
     return best
+
+
+def _states(specs: Mapping[str, KVCacheSpec]) -> list[str]:
+    return [name for name, spec in specs.items() if not spec.page_scales_with_block_size]
+
+
+def _shapes(specs: Mapping[str, KVCacheSpec]) -> list[tuple[int, int]]:
+    """The ``(k, f)`` worth planning: state groups of at most ``m`` layers each, in the fewest
+    groups that allows (``k = ceil(n / m)``: more groups of the same width only add pages per
+    request), and for each the factors ``f`` at which ``c`` attention pages of one kind just
+    cover such a group's states side by side (``c`` = 1 .. that kind's layer count), where a
+    row of the attention group is as wide as the state group's page with the least padding;
+    plus ``f = 1`` (attention pages left small in a row the states set). These are a handful
+    of plans per width (about 2·sqrt(n) widths), where trying every ``(k, f)`` up to
+    :data:`_MAX_FACTOR` took thousands of plans on a model of 54 state layers.
+    """
+    states = _states(specs)
+    if not states:
+        return []
+    distinct = {id(specs[name]): specs[name] for name in states}.values()
+    # bytes one state takes beside the others in a row (its slot, on its alignment)
+    slot = max(cdiv(s.page_size_bytes, s.alignment_bytes) * s.alignment_bytes for s in distinct)
+    attention: dict[int, int] = {}  # page bytes at the model's block size -> layers
+    for spec in specs.values():
+        if spec.page_scales_with_block_size and spec.page_size_bytes:
+            attention[spec.page_size_bytes] = attention.get(spec.page_size_bytes, 0) + 1
+    n = len(states)
+    shapes: list[tuple[int, int]] = []
+    for count in sorted({cdiv(n, m) for m in range(1, n + 1)}):
+        need = cdiv(n, count) * slot  # the widest state group's page
+        factors = {1}
+        for page, layers in attention.items():
+            for c in range(1, layers + 1):
+                factor = cdiv(need, c * page)
+                if factor <= _MAX_FACTOR:
+                    factors.add(factor)
+        shapes.extend((count, f) for f in sorted(factors))
+    return shapes
 
 
 #: The largest attention block enlargement :func:`plan_for_vllm` tries.
