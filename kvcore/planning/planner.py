@@ -40,6 +40,7 @@ from kvcore.errors import (
     PolicyNotApplicableError,
 )
 from kvcore.limits import MAX_BYTES, check_at_most
+from kvcore.peaks import pool_peaks
 from kvcore.plan import KVCacheGroup, KVCachePlan, KVCachePool, KVCacheTensor
 from kvcore.planning.admission import check_admission
 from kvcore.planning.capacity import blocks_that_fit, split_budget
@@ -527,8 +528,9 @@ def tightest_rank(plans: Sequence[KVCachePlan]) -> int:
 
 
 def pool_needs(groups: Sequence[KVCacheGroup], num_pools: int, context: SizingContext) -> tuple[int, ...]:
-    """Block ids one request of ``context.max_model_len`` tokens needs in each pool, worst case
-    (the whole model's groups: every rank splits its budget by the same needs).
+    """Block ids one request of ``context.max_model_len`` tokens needs in each pool, its groups
+    at their worst moment together (:func:`~kvcore.peaks.pool_peaks`; the whole model's groups:
+    every rank splits its budget by the same needs).
 
     Args:
         groups: the policy's groups (not a projection).
@@ -538,11 +540,7 @@ def pool_needs(groups: Sequence[KVCacheGroup], num_pools: int, context: SizingCo
     Returns:
         One count per pool.
     """
-    need = [0] * num_pools
-    for group in groups:
-        if group.pool < num_pools:
-            need[group.pool] += group.blocks_per_request(context)
-    return tuple(need)
+    return pool_peaks(groups, num_pools, context)
 
 
 def forced_counts(num_blocks: int | Sequence[int], num_pools: int, policy_name: str) -> tuple[int, ...]:
