@@ -248,6 +248,27 @@ def plan_model(
             )
         built.append(plan)
     plans = tuple(built)
+    strict = _strict_options(options)
+    if strict is not None and not all(plan.fits() for plan in plans):
+        # a grouping tolerance may cost concurrency, never the request length: where the
+        # tolerant grouping holds no request of the length, the exact one is taken if it does
+        try:
+            exact = plan_model(
+                specs,
+                rank_memory,
+                context,
+                registry=registry,
+                policy=chosen,
+                options=strict,
+                num_blocks=num_blocks,
+                check_fit=False,
+                rank_layers=rank_layers,
+                rank_names=rank_names,
+            ).plans
+        except InsufficientMemoryError:  # a forced block count the exact grouping's pools exceed
+            exact = ()
+        if exact and all(plan.fits() for plan in exact):
+            return PlanningResult(choice=choice, plans=exact)
     if check_fit:
         tightest = tightest_rank(plans)
         try:
@@ -275,6 +296,12 @@ def plan_model(
             why = f"{who}: " if num_blocks is not None else f"{who} has the fewest blocks: "
             raise _on_rank(exc, why) from None
     return PlanningResult(choice=choice, plans=plans)
+
+
+def _strict_options(options: PlanOptions | None) -> PlanOptions | None:
+    """``options`` without their grouping tolerance, or ``None`` when they have none."""
+    chosen = options if options is not None else PlanOptions()
+    return attrs.evolve(chosen, grouping_tolerance=0.0) if chosen.grouping_tolerance else None
 
 
 def nothing_to_cache(

@@ -81,6 +81,8 @@ BUILT_IN = kst.specs(
 CONTEXTS = kst.sizing_contexts(
     max_model_len=st.integers(1, 700), max_num_batched_tokens=st.integers(1, 400), serving=True
 )
+
+
 def walk(weighted: Sequence[tuple[KVCacheSpec, int]], context: SizingContext) -> int:
     """The brute force: every step start, every kind added up at it."""
     length, per_step = context.max_model_len, context.max_tokens_per_step
