@@ -27,12 +27,22 @@ from __future__ import annotations
 import functools
 import heapq
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from kvcore.spec import KVCacheSpec, SizingContext
 
-if TYPE_CHECKING:
-    from kvcore.plan import KVCacheGroup
+
+class PooledGroup(Protocol):
+    """What :func:`pool_peaks` reads of a group (a :class:`~kvcore.plan.KVCacheGroup`)."""
+
+    @property
+    def spec(self) -> KVCacheSpec: ...
+
+    @property
+    def blocks_per_page(self) -> int: ...
+
+    @property
+    def pool(self) -> int: ...
 
 #: Candidates the walk visits at most before it settles for the bound it has reached (the
 #: sum of each group's worst case over the steps it did not visit): an upper bound that keeps
@@ -135,7 +145,7 @@ def _peak(items: tuple[tuple[KVCacheSpec, int], ...], context: SizingContext) ->
     return fixed + best, where
 
 
-def pool_peaks(groups: Iterable[KVCacheGroup], num_pools: int, context: SizingContext) -> tuple[int, ...]:
+def pool_peaks(groups: Iterable[PooledGroup], num_pools: int, context: SizingContext) -> tuple[int, ...]:
     """Block ids one request needs in each pool: the joint peak of the pool's groups, each
     weighted by its block ids per page (a pool's groups draw from one free list, so what
     counts is their sum at the worst moment; pools are reserved each on its own).

@@ -122,10 +122,11 @@ def run(args: argparse.Namespace, registry: Registry, specs: Mapping[str, KVCach
     print(
         f"budget {format_bytes(args.memory)}, max_model_len {args.max_model_len:,}; as vLLM 0.33 runs it: "
         f"block 0 kept as the null block, {rules.max_in_flight_tokens:,} tokens in flight (async scheduling, "
-        f"2 x max_num_batched_tokens {args.max_num_batched_tokens:,}), one block id per page; "
-        "blocks/request is the most a request holds at once (its groups at one moment, what vLLM's "
-        "manager runs), 'vLLM admits by' what vLLM's scheduler wants free to admit one (each group's "
-        "worst case, summed)"
+        f"2 x max_num_batched_tokens {args.max_num_batched_tokens:,}), one block id per page"
+    )
+    print(
+        "blocks/request: the most one request holds at once (what vLLM's manager runs); vLLM admits by: "
+        "the free blocks vLLM's scheduler wants to admit one (each group's worst case, summed)"
     )
     table = [
         [
