@@ -9,17 +9,19 @@ it can only bound), and each kind's ``max_num_blocks`` must be the largest count
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 import attrs
 import pytest
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from kvcore import peaks
+from kvcore import BlockPool, Registry, peaks, plan_kv_cache
 from kvcore.plugins.attention import AttentionSpec, attention_specs
 from kvcore.plugins.chunked_local_attention import chunked_local_attention_specs
 from kvcore.plugins.sliding_window import sliding_window_specs
+from kvcore.runtime.block_pool import NULL_PAGE
 from kvcore.spec import KVCacheSpec, SizingContext, cdiv
 from kvcore.testing import strategies as kst
 
@@ -142,3 +144,50 @@ def test_a_cut_short_walk_still_bounds_the_peak(mix, context, walk_limit, monkey
 def monkeypatch_module():
     with pytest.MonkeyPatch.context() as patch:
         yield patch
+
+
+@given(
+    distinct=st.lists(st.one_of(BUILT_IN, STRIDED), min_size=1, max_size=3),
+    counts=st.lists(st.integers(1, 4), min_size=3, max_size=3),
+    context=kst.sizing_contexts(
+        max_model_len=st.integers(1, 400), max_num_batched_tokens=st.integers(1, 200)
+    ),
+    chunks=st.lists(st.integers(1, 200), max_size=30),
+)
+def test_a_pool_never_holds_more_than_the_plan_counts(distinct, counts, context, chunks):
+    registry = Registry.default(autoload=False)
+    specs = {f"l{i}.{j}": spec for i, spec in enumerate(distinct) for j in range(counts[i])}
+    probe = plan_kv_cache(specs, 2**34, context, registry=registry, policy="shared_buffer")
+    peak = probe.blocks_per_request()
+    # pages of one block id each: runs of several ids may not pack into exactly the peak (their
+    # alignment is the pool's business, not what a request holds)
+    assume(all(g.blocks_per_page == 1 for g in probe.groups))
+    # a pool of one request's worth of blocks (the budget's count would be millions of ids)
+    plan = plan_kv_cache(
+        specs, 2**34, context, registry=registry, policy="shared_buffer", num_blocks=max(peak, 1)
+    )
+    length, per_step = context.max_model_len, context.max_tokens_per_step
+    # the drawn chunking, then the worst one: steps that start where the groups hold the most
+    worst = peaks.worst_step([(g.spec, g.blocks_per_page) for g in plan.groups], plan.context)
+    drawn = [0]
+    for chunk in [*chunks, *[per_step] * length]:
+        if drawn[-1] >= length:
+            break
+        drawn.append(min(drawn[-1] + min(chunk, per_step), length))
+    aligned = sorted({0, *range(worst % per_step or per_step, length, per_step), length})
+    most = []
+    for bounds in (drawn, aligned):
+        pool = BlockPool(plan)
+        pool.reserve("r", 0)
+        held_most = 0
+        for start, end in itertools.pairwise(bounds):
+            pool.release_stale("r", start)
+            pool.reserve("r", end)
+            held = sum(
+                g.blocks_per_page * sum(page != NULL_PAGE for page in pool.block_table("r", i))
+                for i, g in enumerate(plan.groups)
+            )
+            held_most = max(held_most, held)
+        assert held_most <= peak  # the reservation is never short
+        most.append(held_most)
+    assert most[1] == peak  # and the worst chunking reaches it
