@@ -3,8 +3,10 @@
 A *spec* says what cache one layer needs: how many bytes one block of ``block_size`` tokens
 takes (:attr:`KVCacheSpec.page_size_bytes`), which pages of its block table a request holds
 after a number of tokens (:meth:`KVCacheSpec.live_pages`, what a block pool takes and frees)
-and how many pages one request holds at most (:meth:`KVCacheSpec.max_num_blocks`, what a
-planner sizes for, by default read off ``live_pages``). Concrete kinds (full attention, sliding
+and how many pages one request holds at most (:meth:`KVCacheSpec.max_num_blocks`, by default
+read off ``live_pages``). A planner sizes for the most a request's layers hold together at one
+moment, read off ``live_pages`` at the steps :meth:`KVCacheSpec.growth_steps` names
+(:mod:`kvcore.peaks`). Concrete kinds (full attention, sliding
 window, MLA, SSM state, third-party kinds) are plugins; nothing here knows their names.
 
 Specs are frozen, keyword-only attrs classes. Input is validated when a spec is built and every
