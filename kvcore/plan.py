@@ -27,6 +27,7 @@ from collections.abc import Iterable, Iterator, Mapping
 import attrs
 
 from kvcore.errors import MultiplePoolsError, PlanValidationError
+from kvcore.peaks import pool_peaks
 from kvcore.spec import KVCacheSpec, SizingContext
 from kvcore.validators import non_negative_int, positive_int
 
@@ -134,7 +135,9 @@ class KVCacheGroup:
         return max(spec.page_size_bytes for spec in self.specs)
 
     def pages_per_request(self, context: SizingContext) -> int:
-        """Pages one request of ``context.max_model_len`` tokens holds at most in this group."""
+        """Pages one request of ``context.max_model_len`` tokens holds at most in this group
+        (the group's own worst case; a plan's figures add its groups at one moment,
+        :meth:`KVCachePlan.blocks_per_request_by_pool`)."""
         return self.spec.max_num_blocks(context)
 
     def blocks_per_request(self, context: SizingContext) -> int:
@@ -420,18 +423,17 @@ class KVCachePlan:
         return sum(p.nbytes for p in self.pools)
 
     def blocks_per_request(self, max_model_len: int | None = None) -> int:
-        """Block ids one request of ``max_model_len`` tokens holds at most, over all groups
-        (of all pools)."""
-        context = self._context_for(max_model_len)
-        return sum(group.blocks_per_request(context) for group in self.groups)
+        """Block ids one request of ``max_model_len`` tokens holds at most: each pool's joint
+        peak (:meth:`blocks_per_request_by_pool`), summed over pools."""
+        return sum(self.blocks_per_request_by_pool(max_model_len))
 
     def blocks_per_request_by_pool(self, max_model_len: int | None = None) -> tuple[int, ...]:
-        """Block ids one request of ``max_model_len`` tokens holds at most, in each pool."""
-        context = self._context_for(max_model_len)
-        need = [0] * len(self.pools)
-        for group in self.groups:
-            need[group.pool] += group.blocks_per_request(context)
-        return tuple(need)
+        """Block ids one request of ``max_model_len`` tokens holds at most, in each pool: the
+        most its groups of that pool hold at one moment together
+        (:func:`~kvcore.peaks.pool_peaks`), not the sum of each group's own worst case, which
+        comes at different moments (a full-attention group's at the end, a chunked-local
+        group's mid-chunk)."""
+        return pool_peaks(self.groups, len(self.pools), self._context_for(max_model_len))
 
     def max_concurrency(self, max_model_len: int | None = None) -> float:
         """Requests of ``max_model_len`` tokens (default: the plan's) the plan holds at once:

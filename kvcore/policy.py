@@ -60,7 +60,10 @@ class PlanOptions:
         grouping_tolerance: the fraction of capacity a policy may give up, relative to the best
             layout it found, in exchange for fewer groups (block tables). ``0`` asks for the
             highest capacity whatever the number of groups; the default ``0.005`` (0.5 %)
-            usually halves the group count or better at no visible cost.
+            usually halves the group count or better at no visible cost. It never costs
+            request length: where the tolerant layout holds no request of ``max_model_len``
+            and the layout of tolerance ``0`` does, the planner takes the latter, so the
+            longest request admitted is never shorter than with tolerance ``0``.
         max_block_size: the largest block size a policy may give a group when it enlarges
             blocks to even out page sizes (by the factors :attr:`block_multiples` allows).
             The block size of the specs themselves is never changed otherwise.

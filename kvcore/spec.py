@@ -3,8 +3,10 @@
 A *spec* says what cache one layer needs: how many bytes one block of ``block_size`` tokens
 takes (:attr:`KVCacheSpec.page_size_bytes`), which pages of its block table a request holds
 after a number of tokens (:meth:`KVCacheSpec.live_pages`, what a block pool takes and frees)
-and how many pages one request holds at most (:meth:`KVCacheSpec.max_num_blocks`, what a
-planner sizes for, by default read off ``live_pages``). Concrete kinds (full attention, sliding
+and how many pages one request holds at most (:meth:`KVCacheSpec.max_num_blocks`, by default
+read off ``live_pages``). A planner sizes for the most a request's layers hold together at one
+moment, read off ``live_pages`` at the steps :meth:`KVCacheSpec.growth_steps` names
+(:mod:`kvcore.peaks`). Concrete kinds (full attention, sliding
 window, MLA, SSM state, third-party kinds) are plugins; nothing here knows their names.
 
 Specs are frozen, keyword-only attrs classes. Input is validated when a spec is built and every
@@ -43,6 +45,14 @@ _S = TypeVar("_S", bound="KVCacheSpec")
 def cdiv(a: int, b: int) -> int:
     """Ceiling division of non-negative ``a`` by positive ``b``."""
     return -(-a // b)
+
+
+def page_boundary_steps(per_page: int, context: SizingContext) -> range:
+    """The step starts ``c >= 1`` at which ``ceil(min(c + T, L) / per_page)`` grows: the new
+    tokens reach into one more page (``c + T - 1`` a multiple of ``per_page``, ``c + T <= L``)."""
+    per_step, length = context.max_tokens_per_step, context.max_model_len
+    first = (1 - per_step) % per_page or per_page
+    return range(first, length - per_step + 1, per_page)
 
 
 def _at_most_tokens(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
@@ -224,6 +234,38 @@ class KVCacheSpec(abc.ABC):
         ``check_pool_follows_spec`` drives a block pool to hold an override to that.
         """
         return len(self.live_pages(context.max_model_len))
+
+    def growth_steps(self, context: SizingContext) -> range | None:
+        """Where the pages a request holds may grow: the joint peak's candidate step starts.
+
+        A step that starts with ``c`` tokens cached computes up to ``n = min(c + T, L)``
+        (``T`` = ``context.max_tokens_per_step``, ``L`` = ``context.max_model_len``) and holds
+        ``len(live_pages(n, c))`` pages. Across a model's groups a request holds the sum of
+        those at one moment, and the largest such sum (:func:`~kvcore.peaks.joint_peak`)
+        is what a request needs. That sum is largest at ``c = 0`` or at a ``c`` where some kind's
+        count is larger than at ``c - 1``; this method lists those ``c`` for this kind (any
+        superset is fine: more candidates cost time, never exactness).
+
+        The default serves the default :meth:`live_pages` whatever :meth:`first_retained_token`
+        frees (``.start`` only grows with ``c``, so only ``.stop = ceil(n / B)`` raises the
+        count): the ``c`` in ``1 .. L - T`` where ``c + T - 1`` is a multiple of ``B``; a state
+        of the default rule holds one page throughout (an empty range). A kind that overrides
+        :meth:`live_pages` and not this method gets ``None``: the joint peak then counts its
+        :meth:`max_num_blocks` at every moment, an upper bound that is exact for a kind whose
+        page count never changes over a request (cross attention, a per-request state).
+
+        Args:
+            context: the sizing context (as :meth:`sized_for` served the spec).
+
+        Returns:
+            The candidate step starts, ``0`` implied; ``None`` when unknown.
+        """
+        if type(self).live_pages is not KVCacheSpec.live_pages:
+            return None
+        per_page = self.tokens_per_page
+        if per_page is None:
+            return range(0)
+        return page_boundary_steps(per_page, context)
 
     def max_memory_usage_bytes(self, context: SizingContext) -> int:
         """Bytes one request of ``context.max_model_len`` tokens needs at most in this layer."""

@@ -254,6 +254,9 @@ def format_plan(
         ]
         null = f"block id 0 pads block tables; {plan.usable_blocks:,} blocks serve requests"
         one = plural(per_request, "block", spec=",")
+    summed = sum(group.blocks_per_request(ctx) for group in plan.groups)
+    if summed > per_request:  # the groups peak at different moments: say what the table adds up to
+        one += f" at its worst moment (the groups' own worst cases add up to {summed:,})"
     lines = [
         f"policy {plan.policy}" + (f" ({reason})" if reason else ""),
         f"budget {format_bytes(plan.available_memory_bytes)}, max_model_len {ctx.max_model_len:,}, "

@@ -20,7 +20,12 @@ from kvcore.cli.inputs import FLAG_NAMES
 from kvcore.cli.table import render_table, wants_csv, write_csv
 from kvcore.error_messages import render
 from kvcore.errors import InvalidInputError, KVCoreError
-from kvcore.integrations.vllm.rules import VllmRules, encoder_tokens_of, plan_for_vllm
+from kvcore.integrations.vllm.rules import (
+    VllmRules,
+    encoder_tokens_of,
+    plan_for_vllm,
+    vllm_blocks_per_request,
+)
 from kvcore.plan import KVCachePlan
 from kvcore.planning.capacity import Capacity
 from kvcore.planning.registry import Registry
@@ -46,9 +51,9 @@ def own_plan(
         return None, f"vLLM could not plan these layers: {exc}"
 
 
-def _row(name: str, plan: KVCachePlan, specs: Mapping[str, KVCacheSpec]) -> dict[str, Any]:
+def _row(name: str, plan: KVCachePlan, specs: Mapping[str, KVCacheSpec], rules: VllmRules) -> dict[str, Any]:
     capacity = Capacity.of(plan, specs)
-    need = plan.blocks_per_request()
+    need = plan.blocks_per_request()  # the joint peak: what a running request holds at most
     return {
         "policy": name,
         "groups": len(plan.groups),
@@ -56,6 +61,8 @@ def _row(name: str, plan: KVCachePlan, specs: Mapping[str, KVCacheSpec]) -> dict
         "num_blocks": plan.num_blocks,
         "usable_blocks": plan.usable_blocks,
         "blocks_per_request": need,
+        # what vLLM's scheduler wants free to admit one (each group's worst case, summed)
+        "vllm_admission_blocks": vllm_blocks_per_request(plan, rules),
         "max_concurrency": capacity.max_concurrency,
         "requests": plan.usable_blocks // need if need else 0,
         "efficiency": capacity.efficiency,
@@ -101,9 +108,9 @@ def run(args: argparse.Namespace, registry: Registry, specs: Mapping[str, KVCach
         except KVCoreError as exc:
             failures[name] = render(exc, FLAG_NAMES)
             continue
-        rows.append(_row(name, plan, specs))
+        rows.append(_row(name, plan, specs, rules))
     own, why = own_plan(specs, args.memory, rules)
-    own_row = _row(OWN, own, specs) if own is not None else None
+    own_row = _row(OWN, own, specs, rules) if own is not None else None
     if wants_csv(args):
         write_csv(
             [
@@ -133,6 +140,10 @@ def run(args: argparse.Namespace, registry: Registry, specs: Mapping[str, KVCach
         f"block 0 kept as the null block, {rules.max_in_flight_tokens:,} tokens in flight (async scheduling, "
         f"2 x max_num_batched_tokens {args.max_num_batched_tokens:,}), one block id per page"
     )
+    print(
+        "blocks/request: the most one request holds at once (what vLLM's manager runs); vLLM admits by: "
+        "the free blocks vLLM's scheduler wants to admit one (each group's worst case, summed)"
+    )
     table = [
         [
             r["policy"],
@@ -140,6 +151,7 @@ def run(args: argparse.Namespace, registry: Registry, specs: Mapping[str, KVCach
             ",".join(str(b) for b in r["block_sizes"]),
             f"{r['usable_blocks']:,}",
             f"{r['blocks_per_request']:,}",
+            f"{r['vllm_admission_blocks']:,}",
             f"{r['max_concurrency']:,.2f}",
             f"{r['requests']:,}",
             f"{100 * r['efficiency']:.2f}%",
@@ -154,12 +166,13 @@ def run(args: argparse.Namespace, registry: Registry, specs: Mapping[str, KVCach
                 "block",
                 "usable blocks",
                 "blocks/request",
+                "vLLM admits by",
                 "concurrency",
                 "requests",
                 "efficiency",
             ],
             table,
-            align="lll" + "r" * 5,
+            align="lll" + "r" * 6,
         )
     )
     for name, error in failures.items():

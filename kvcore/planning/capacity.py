@@ -1,9 +1,9 @@
 """What a plan means for capacity: one :class:`Capacity` value per plan, and the bound it is
 judged against.
 
-For a request length ``L``, no layout can hold more than
-``available_bytes / sum over layers of max_memory_usage_bytes(L)`` requests at once: that is
-the *ideal concurrency*. A plan's efficiency is its own concurrency divided by this bound.
+For a request length ``L``, no layout can hold more than ``available_bytes`` over the bytes one
+request's layers hold at its worst moment (their joint peak, :func:`request_bytes`) requests
+at once: that is the *ideal concurrency*. A plan's efficiency is its own concurrency divided by this bound.
 
 Every figure the command line, ``kvcore compare``, the engine log and the memory map show is
 read from :meth:`Capacity.of`, computed once per plan.
@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 
 import attrs
 
+from kvcore.peaks import joint_peak, spec_peak
 from kvcore.plan import KVCachePlan
 from kvcore.spec import KVCacheSpec, SizingContext
 
@@ -79,18 +80,13 @@ def split_budget(
 
 
 def request_bytes(specs: Mapping[str, KVCacheSpec], context: SizingContext) -> int:
-    """Bytes one request of ``context.max_model_len`` tokens needs, summed over layers.
+    """Bytes one request of ``context.max_model_len`` tokens needs at its worst moment, over
+    every layer: the joint peak of the layers' pages (:func:`~kvcore.peaks.spec_peak`), not
+    the sum of each layer's own worst case.
 
     Each distinct spec object is asked once, however many layers share it.
     """
-    need = 0
-    known: dict[int, int] = {}
-    for spec in specs.values():
-        bytes_ = known.get(id(spec))
-        if bytes_ is None:
-            bytes_ = known[id(spec)] = spec.max_memory_usage_bytes(context)
-        need += bytes_
-    return need
+    return spec_peak(specs, context)
 
 
 #: How an unbounded figure reads in text (a plan with no cache-holding layer holds any number
@@ -127,10 +123,11 @@ class Capacity:
 
     Attributes:
         max_model_len: the request length the figures are for.
-        blocks_per_request: block ids one request holds at most, over all groups (of all pools).
+        blocks_per_request: block ids one request holds at most, its groups together at their
+            worst moment (each pool's joint peak, summed over pools).
         request_bytes: the bytes those block ids account for (``blocks_per_request x
             bytes_per_block``, summed over pools).
-        ideal_request_bytes: the bytes one request's layers need, summed over layers.
+        ideal_request_bytes: the bytes one request's layers hold together at their worst moment.
         padding_bytes: ``request_bytes - ideal_request_bytes``: what the layout costs a request
             beyond what its layers need.
         max_concurrency: requests of ``max_model_len`` tokens the pool holds at once.
@@ -181,7 +178,9 @@ class Capacity:
         if specs is not None:
             need = request_bytes(specs, context)
         else:
-            need = sum(len(g.layer_names) * g.spec.max_memory_usage_bytes(context) for g in plan.groups)
+            need = joint_peak(
+                ((g.spec, len(g.layer_names) * g.spec.page_size_bytes) for g in plan.groups), context
+            )
         by_pool = plan.blocks_per_request_by_pool()
         pool_bytes = [pool.bytes_per_block for pool in plan.pools]
         held = sum(n * b for n, b in zip(by_pool, pool_bytes, strict=True))

@@ -31,6 +31,7 @@ import attrs
 
 from kvcore.errors import InsufficientMemoryError
 from kvcore.limits import MAX_TOKENS
+from kvcore.peaks import joint_peak
 from kvcore.plan import KVCachePlan
 from kvcore.spec import KVCacheSpec, SizingContext
 
@@ -151,7 +152,7 @@ def memory_bound(
     rank_memory: Sequence[int],
     context: SizingContext,
 ) -> int | None:
-    """The longest request whose ideal need (summed over a rank's layers) fits every rank's budget.
+    """The longest request whose ideal need (a rank's layers at their joint peak) fits every rank's budget.
 
     No layout admits a longer request: a pool holding one request holds at least the bytes its
     layers need.
@@ -170,7 +171,7 @@ def memory_bound(
     def fits(length: int) -> bool:
         sized = context.with_max_model_len(length)
         return all(
-            sum(count * spec.max_memory_usage_bytes(sized) for spec, count in specs) <= memory
+            joint_peak(((spec, count * spec.page_size_bytes) for spec, count in specs), sized) <= memory
             for specs, memory in ranks
         )
 

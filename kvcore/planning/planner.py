@@ -40,6 +40,7 @@ from kvcore.errors import (
     PolicyNotApplicableError,
 )
 from kvcore.limits import MAX_BYTES, check_at_most
+from kvcore.peaks import pool_peaks
 from kvcore.plan import KVCacheGroup, KVCachePlan, KVCachePool, KVCacheTensor
 from kvcore.planning.admission import check_admission
 from kvcore.planning.capacity import blocks_that_fit, split_budget
@@ -247,6 +248,27 @@ def plan_model(
             )
         built.append(plan)
     plans = tuple(built)
+    strict = _strict_options(options)
+    if strict is not None and not all(plan.fits() for plan in plans):
+        # a grouping tolerance may cost concurrency, never the request length: where the
+        # tolerant grouping holds no request of the length, the exact one is taken if it does
+        try:
+            exact = plan_model(
+                specs,
+                rank_memory,
+                context,
+                registry=registry,
+                policy=chosen,
+                options=strict,
+                num_blocks=num_blocks,
+                check_fit=False,
+                rank_layers=rank_layers,
+                rank_names=rank_names,
+            ).plans
+        except InsufficientMemoryError:  # a forced block count the exact grouping's pools exceed
+            exact = ()
+        if exact and all(plan.fits() for plan in exact):
+            return PlanningResult(choice=choice, plans=exact)
     if check_fit:
         tightest = tightest_rank(plans)
         try:
@@ -274,6 +296,12 @@ def plan_model(
             why = f"{who}: " if num_blocks is not None else f"{who} has the fewest blocks: "
             raise _on_rank(exc, why) from None
     return PlanningResult(choice=choice, plans=plans)
+
+
+def _strict_options(options: PlanOptions | None) -> PlanOptions | None:
+    """``options`` without their grouping tolerance, or ``None`` when they have none."""
+    chosen = options if options is not None else PlanOptions()
+    return attrs.evolve(chosen, grouping_tolerance=0.0) if chosen.grouping_tolerance else None
 
 
 def nothing_to_cache(
@@ -527,8 +555,9 @@ def tightest_rank(plans: Sequence[KVCachePlan]) -> int:
 
 
 def pool_needs(groups: Sequence[KVCacheGroup], num_pools: int, context: SizingContext) -> tuple[int, ...]:
-    """Block ids one request of ``context.max_model_len`` tokens needs in each pool, worst case
-    (the whole model's groups: every rank splits its budget by the same needs).
+    """Block ids one request of ``context.max_model_len`` tokens needs in each pool, its groups
+    at their worst moment together (:func:`~kvcore.peaks.pool_peaks`; the whole model's groups:
+    every rank splits its budget by the same needs).
 
     Args:
         groups: the policy's groups (not a projection).
@@ -538,11 +567,7 @@ def pool_needs(groups: Sequence[KVCacheGroup], num_pools: int, context: SizingCo
     Returns:
         One count per pool.
     """
-    need = [0] * num_pools
-    for group in groups:
-        if group.pool < num_pools:
-            need[group.pool] += group.blocks_per_request(context)
-    return tuple(need)
+    return pool_peaks(groups, num_pools, context)
 
 
 def forced_counts(num_blocks: int | Sequence[int], num_pools: int, policy_name: str) -> tuple[int, ...]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -22,12 +23,17 @@ if TYPE_CHECKING:
 class ChunkedLocalAttentionSpec(AttentionSpec):
     """Attention over the current chunk: position ``p`` sees ``[floor(p / C) * C, p]``.
 
-    Worst case per request: a step of ``T`` new tokens may start late in a chunk, so it needs
-    up to ``C - 1`` earlier tokens of that chunk plus the ``T`` new ones. When ``C`` is not a
-    multiple of the block size a chunk starts mid-block, which costs one more block. Never more
-    than a full-attention layer: ``min(ceil(min(C - 1 + T, L) / B) + [C % B != 0], ceil(L / B))``,
-    never below the largest ``len(live_pages(n, c))`` over the steps from ``c`` to
-    ``n <= min(c + T, L)`` tokens, which the block pool holds, and at most one page above it.
+    Worst case per request: a step of ``T`` new tokens (the context's ``max_tokens_per_step``)
+    that starts at the last position of chunk ``k`` needs that chunk from its start, so it
+    holds the blocks from ``floor(kC / B)`` to ``ceil(min((k+1)C - 1 + T, L) / B)``: for a
+    chunk the step does not cut short, ``ceil((kC mod B + C - 1 + T) / B)``, largest for the
+    chunk that starts latest in its block (``kC mod B`` takes every multiple of
+    ``gcd(C, B)`` below ``B``, one per chunk in turn); for the first chunk whose step reaches
+    the request's end, ``ceil(L / B) - floor(kC / B)``. The largest over the chunks is
+    exactly the largest ``len(live_pages(n, c))`` over the steps from ``c`` to
+    ``n <= min(c + T, L)`` tokens, the most a block pool holds. vLLM reserves
+    ``ceil((C - 1 + T) / B) + [C % B != 0]``, up to one page more (its rule is in
+    :mod:`kvcore.integrations.vllm.rules`).
 
     Attributes:
         attention_chunk_size: the chunk, in tokens.
@@ -38,10 +44,21 @@ class ChunkedLocalAttentionSpec(AttentionSpec):
     attention_chunk_size: int = attrs.field(validator=positive_int)
 
     def max_num_blocks(self, context: SizingContext) -> int:
-        length = context.max_model_len
-        live = min(self.attention_chunk_size - 1 + context.max_tokens_per_step, length)
-        misaligned = 1 if self.attention_chunk_size % self.block_size else 0
-        return min(cdiv(live, self.block_size) + misaligned, cdiv(length, self.block_size))
+        length, per_step = context.max_model_len, context.max_tokens_per_step
+        chunk, block = self.attention_chunk_size, self.block_size
+        chunks = cdiv(length, chunk)
+        # chunks whose step from their last position stays inside the request: k < whole
+        whole = min(chunks, max(0, (length - per_step + 1) // chunk))
+        best = 0
+        if whole:
+            step = math.gcd(chunk, block)
+            # after B / gcd chunks every offset kC mod B came, the latest B - gcd among them
+            cycled = whole >= block // step
+            offset = block - step if cycled else max(k * chunk % block for k in range(whole))
+            best = cdiv(offset + chunk - 1 + per_step, block)
+        if whole < chunks:  # the first chunk whose step reaches the end holds the most of the rest
+            best = max(best, cdiv(length, block) - whole * chunk // block)
+        return best
 
     def first_retained_token(self, num_tokens: int) -> int:
         """``(num_tokens // C) * C``: the start of the chunk the next token falls in.

@@ -24,11 +24,14 @@ class SlidingWindowSpec(AttentionSpec):
 
     Worst case per request: while one engine step computes ``T`` new tokens (the context's
     ``max_tokens_per_step``), the earliest of them still needs the ``sliding_window - 1``
-    tokens before it, so ``sliding_window - 1 + T`` tokens are live. The window rarely starts
-    on a block boundary, which costs one more block. It is never more than a full-attention
-    layer would hold: ``min(ceil(min(W - 1 + T, L) / B) + 1, ceil(L / B))`` (vLLM's count). It
-    is never below the largest ``len(live_pages(n, c))`` over the steps from ``c`` to
-    ``n <= min(c + T, L)`` tokens, which the block pool holds, and at most one page above it.
+    tokens before it, so ``X = W - 1 + T`` consecutive positions are live, and they touch one
+    more block when they start late in a block: once the window has slid ``s < B`` tokens
+    past the request's start, it spans ``ceil((X + s) / B)`` blocks, most at ``s = B - 1``
+    (or as far as the request goes). So ``ceil(min(X + min(B - 1, L - W), L) / B)`` pages
+    (``ceil(L / B)`` when ``L <= W``): exactly the largest ``len(live_pages(n, c))`` over
+    the steps from ``c`` to ``n <= min(c + T, L)`` tokens, the most a block pool holds. vLLM
+    reserves ``ceil(X / B) + 1``, up to one page more (its rule is in
+    :mod:`kvcore.integrations.vllm.rules`).
 
     Attributes:
         sliding_window: the window, in tokens.
@@ -39,9 +42,10 @@ class SlidingWindowSpec(AttentionSpec):
     sliding_window: int = attrs.field(validator=positive_int)
 
     def max_num_blocks(self, context: SizingContext) -> int:
-        length = context.max_model_len
-        live = min(self.sliding_window - 1 + context.max_tokens_per_step, length)
-        return min(cdiv(live, self.block_size) + 1, cdiv(length, self.block_size))
+        length, block = context.max_model_len, self.block_size
+        # how far past the start the window may slide before its blocks repeat: B - 1 at most
+        slide = max(0, min(block - 1, length - self.sliding_window))
+        return cdiv(min(self.sliding_window - 1 + context.max_tokens_per_step + slide, length), block)
 
     def first_retained_token(self, num_tokens: int) -> int:
         """``max(0, num_tokens - sliding_window + 1)``: the window of the next token.

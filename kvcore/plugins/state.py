@@ -31,6 +31,7 @@ from kvcore.spec import (
     SizingContext,
     cdiv,
     non_negative_int,
+    page_boundary_steps,
     shown_fields,
 )
 from kvcore.validators import is_int
@@ -191,6 +192,14 @@ class StateSpec(KVCacheSpec):
         if self.cache_mode == "align":
             return range(2 + self.speculative_slots)
         return range(cdiv(num_tokens, self.block_size) + self.speculative_slots)
+
+    def growth_steps(self, context: SizingContext) -> range:
+        """A fixed count of states throughout (``none``, ``align``); one more per block of the
+        request in ``all``, as a full-attention table grows (see
+        :meth:`~kvcore.KVCacheSpec.growth_steps`)."""
+        if self.cache_mode != "all":
+            return range(0)
+        return page_boundary_steps(self.block_size, context)
 
     def sized_for(self, context: SizingContext) -> StateSpec:
         """The context's ``state_cache_mode`` and ``num_speculative_tokens`` (where set) written

@@ -404,10 +404,19 @@ class BlockPool:
         """Block ids ``group`` holds at most for a request of ``num_tokens`` tokens.
 
         From the spec (``max_num_blocks`` times ``blocks_per_page``), with the plan's step size:
-        what a scheduler reserves to admit such a request without preemption.
+        the group's own worst case (a request's reservation over all groups is
+        :meth:`request_blocks_needed`).
         """
         context = self.plan.context.with_max_model_len(num_tokens)
         return self._group(group).blocks_per_request(context)
+
+    def request_blocks_needed(self, num_tokens: int) -> tuple[int, ...]:
+        """Block ids a request of ``num_tokens`` tokens holds at most in each pool, all its
+        groups together at their worst moment (the plan's joint peak,
+        :meth:`~kvcore.KVCachePlan.blocks_per_request_by_pool`): what a scheduler reserves to
+        admit it without preemption. Below the sum of :meth:`blocks_needed` over the groups
+        when their worst cases come at different moments."""
+        return self.plan.blocks_per_request_by_pool(num_tokens)
 
     def new_blocks_needed(self, request_id: Hashable, num_tokens: int) -> int:
         """Block ids :meth:`reserve` would take to cover ``num_tokens`` tokens now."""

@@ -58,6 +58,7 @@ import attrs
 
 from kvcore.errors import BlockPoolExhaustedError, InvalidInputError
 from kvcore.limits import MAX_TOKENS, check_at_most
+from kvcore.peaks import pool_peaks
 from kvcore.plan import KVCachePlan
 from kvcore.runtime.block_pool import BlockPool
 from kvcore.runtime.prefix_cache import PrefixKey
@@ -542,9 +543,7 @@ def _check_fits_alone(plan: KVCachePlan, requests: Sequence[Request], budget: in
     tried: set[tuple[int, int]] = set()
     for length in sorted(by_length, reverse=True):
         context = SizingContext(max_model_len=length, max_num_batched_tokens=budget)
-        need = [0] * len(plan.pools)
-        for group in plan.groups:
-            need[group.pool] += group.blocks_per_request(context)
+        need = pool_peaks(plan.groups, len(plan.pools), context)
         if all(n <= plan.usable_blocks_in(p) for p, n in enumerate(need)):
             return  # the bound grows with the length: every shorter request fits too
         for request in by_length[length]:

@@ -291,6 +291,49 @@ def check_sized_for(spec: KVCacheSpec, context: SizingContext) -> KVCacheSpec:
     return sized
 
 
+@attrs.frozen(kw_only=True)
+class _EveryToken(KVCacheSpec):
+    """A kind that keeps every token (the defaults), one byte a token: the companion whose
+    count grows at the end of a request, beside which a kind's peak is checked."""
+
+    kind = "kvcore.testing.every_token"
+
+    @property
+    def page_size_bytes(self) -> int:
+        return self.block_size
+
+
+def check_joint_peak(spec: KVCacheSpec, context: SizingContext) -> None:
+    """The joint peak never counts less than a request of the kind holds at some step, alone and
+    beside a layer that keeps every token (:func:`kvcore.peaks.joint_peak` against a walk of every step
+    start ``c``, each a step to ``min(c + T, L)``): a ``growth_steps`` that leaves out a step
+    where the kind's count grows makes a plan reserve too little.
+
+    Args:
+        spec: the spec, as sized for ``context`` (:func:`check_sized_for`).
+        context: a short request (the walk visits every token position).
+
+    Raises:
+        AssertionError: naming the step start the joint peak missed.
+    """
+    from kvcore.peaks import joint_peak
+
+    companion = _EveryToken(block_size=spec.block_size)
+    length, per_step = context.max_model_len, context.max_tokens_per_step
+    for weighted in ([(spec, 1)], [(spec, 1), (companion, 1)]):
+        counted = joint_peak(weighted, context)
+        for c in range(length):
+            n = min(c + per_step, length)
+            held = sum(w * len(s.live_pages(n, c)) for s, w in weighted)
+            if held > counted:
+                names = " + ".join(describe_spec(s) for s, _ in weighted)
+                _fail(
+                    f"{names}: a step from {c} to {n} tokens holds {held} pages but the joint peak counts "
+                    f"{counted} for a request of {length} tokens; growth_steps({context!r}) must list every "
+                    f"step start where len(live_pages(min(c + T, L), c)) grows (here {c}), or return None"
+                )
+
+
 def check_pool_follows_spec(spec: KVCacheSpec, context: SizingContext, steps: Sequence[int]) -> None:
     """A block pool holds what the spec says a request holds, and never more than the plan counts.
 

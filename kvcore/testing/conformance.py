@@ -249,6 +249,16 @@ class SpecKindConformance(_Conformance):
         checks.check_pool_follows_spec(sized, context, data.draw(steps, label="steps"))
 
     @_drawing
+    def test_joint_peak_covers_every_step(self, data: st.DataObject) -> None:
+        spec = self._draw(data)
+        context = SizingContext(
+            max_model_len=data.draw(st.integers(1, MAX_POOL_LEN), label="max_model_len"),
+            max_num_batched_tokens=data.draw(st.integers(1, 512), label="max_num_batched_tokens"),
+            **data.draw(serving_options(), label="serving options"),
+        )
+        checks.check_joint_peak(checks.check_sized_for(spec, context), context)
+
+    @_drawing
     def test_group_key_is_stable(self, data: st.DataObject) -> None:
         checks.check_group_key_stable(self._draw(data), self.kit.registry)
 

@@ -6,7 +6,7 @@ import importlib.util
 import json
 
 from kvcore import Registry, model_layer_specs
-from kvcore.integrations.vllm.rules import VllmRules, plan_for_vllm
+from kvcore.integrations.vllm.rules import VllmRules, plan_for_vllm, vllm_blocks_per_request
 
 BASE = ("--model", "google/gemma-3-27b-it", "--memory", "8GiB", "--max-model-len", "8192", "--engine", "vllm")
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
@@ -27,6 +27,13 @@ def test_rows_are_the_plans_vllm_runs(run_cli):
     row = rows["shared_buffer"]
     assert (row["usable_blocks"], row["num_blocks"]) == (plan.num_blocks - 1, plan.num_blocks)
     assert row["requests"] == plan.usable_blocks // plan.blocks_per_request() == 3
+    # both figures: the joint peak a request holds, and what vLLM's scheduler admits one by
+    rules = VllmRules(max_model_len=8192)
+    assert (row["blocks_per_request"], row["vllm_admission_blocks"]) == (
+        plan.blocks_per_request(),
+        vllm_blocks_per_request(plan, rules),
+    )
+    assert row["blocks_per_request"] <= row["vllm_admission_blocks"]
     # async scheduling holds two batches: kvcore's own rules (one batch, no null block) promise more
     status, out, _ = run_cli("compare", *BASE[:-2], "--policies", "shared_buffer", "--json")
     assert json.loads(out)["candidates"][0]["max_concurrency"] > row["max_concurrency"]
@@ -38,7 +45,7 @@ def test_the_table_says_when_vllms_own_plan_is_missing(run_cli):
     status, out, _ = run_cli("compare", *BASE, "--policies", "shared_buffer")
     assert status == 0
     assert "null block" in out and "4,096 tokens in flight" in out
-    assert "shared_buffer" in out
+    assert "shared_buffer" in out and "vLLM admits by" in out
     if not HAS_VLLM:
         assert "vllm (own plan): not shown: vllm is not importable here" in out
 

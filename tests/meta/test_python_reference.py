@@ -46,6 +46,7 @@ def instances(registry):
     return {
         "KVCachePlan": plan,
         "KVCacheGroup": plan.groups[0],
+        "KVCacheSpec": plan.groups[0].spec,
         "KVCacheTensor": plan.tensors[0],
         "PlanOptions": PlanOptions(),
         "BlockPool": BlockPool(plan),

@@ -231,6 +231,31 @@ def test_a_sound_kind_passes_every_check(kinds):
     checks.check_pool_follows_spec(
         spec, SizingContext(max_model_len=300, max_num_batched_tokens=7), [1, 5, 7]
     )
+    checks.check_joint_peak(spec, SizingContext(max_model_len=300, max_num_batched_tokens=7))
+
+
+@attrs.frozen(kw_only=True)
+class Windowed(Ring):
+    """The default ``live_pages``, freeing all but the last 8 tokens, with a ``growth_steps``
+    that claims its pages never grow: the joint peak would count only its first step."""
+
+    kind = "test.windowed"
+
+    def live_pages(self, num_tokens, num_computed_tokens=0):
+        return KVCacheSpec.live_pages(self, num_tokens, num_computed_tokens)
+
+    def first_retained_token(self, num_tokens):
+        return max(0, num_tokens - 8)
+
+    def growth_steps(self, context):
+        return range(0)
+
+
+def test_catches_growth_steps_that_miss_a_step_where_pages_grow():
+    with pytest.raises(AssertionError, match=r"growth_steps\(.*\) must list every step start"):
+        checks.check_joint_peak(
+            Windowed(block_size=4), SizingContext(max_model_len=64, max_num_batched_tokens=4)
+        )
 
 
 def test_catches_a_pool_that_holds_more_than_the_plan():

@@ -57,13 +57,14 @@ def test_bad_modes_are_refused():
 
 
 def test_lookahead_slots_widen_windows_and_chunks_but_not_full_attention():
-    # T = 2048, S = 2: a window of 1024 keeps 1023 + 2050 tokens -> ceil(3073 / 16) + 1 = 194
+    # T = 2048, S = 3: a window of 1024 keeps 1023 + 2051 live tokens, which touch at most
+    # ceil((3074 + 15) / 16) = 194 blocks (193 without the lookahead slots)
     plain = SizingContext(max_model_len=32768)
-    spec_decode = SizingContext(max_model_len=32768, num_speculative_tokens=2)
-    assert spec_decode.max_tokens_per_step == 2050
+    spec_decode = SizingContext(max_model_len=32768, num_speculative_tokens=3)
+    assert spec_decode.max_tokens_per_step == 2051
     assert sliding(1024).max_num_blocks(plain) == 193
     assert sliding(1024).max_num_blocks(spec_decode) == 194
-    assert chunked(8192).max_num_blocks(spec_decode) == -(-(8191 + 2050) // 16)
+    assert chunked(8192).max_num_blocks(spec_decode) == -(-(8191 + 2051) // 16)
     # vLLM caps lookahead slots at max_model_len: full attention and MLA hold ceil(L / B)
     assert full().max_num_blocks(spec_decode) == mla().max_num_blocks(spec_decode) == 2048
 

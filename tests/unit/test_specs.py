@@ -55,7 +55,10 @@ def test_chunked_local_attention_worst_case():
     ctx = SizingContext(max_model_len=131072, max_num_batched_tokens=2048)
     assert spec.max_num_blocks(ctx) == -(-(8191 + 2048) // 16)  # chunk aligned to blocks
     misaligned = chunked(1000, block_size=16)
-    assert misaligned.max_num_blocks(ctx) == -(-(999 + 2048) // 16) + 1
+    # chunk k starts at 1000k mod 16, a multiple of gcd(1000, 16) = 8: 8 tokens into a block at
+    # the latest, so its step holds ceil((8 + 999 + 2048) / 16) = 191 blocks (not 192: a chunk
+    # that starts mid-block never starts 15 tokens in)
+    assert misaligned.max_num_blocks(ctx) == -(-(8 + 999 + 2048) // 16) == 191
     assert spec.max_num_blocks(SizingContext(max_model_len=64)) == 4
 
 

@@ -18,7 +18,7 @@ import pytest
 import torch
 from vllm.v1 import kv_cache_interface as vk
 
-from kvcore import PolicyNotApplicableError, Registry, model_layer_specs
+from kvcore import InsufficientMemoryError, PolicyNotApplicableError, Registry, model_layer_specs
 from kvcore.integrations.vllm import admission, convert
 from kvcore.integrations.vllm.rules import (
     VLLM_SPEC_CLASSES,
@@ -27,6 +27,8 @@ from kvcore.integrations.vllm.rules import (
     encoder_tokens_of,
     page_span,
     plan_for_vllm,
+    vllm_blocks_per_request,
+    vllm_pages_per_request,
 )
 from kvcore.planning.invariants import check_plan
 from kvcore.plugins.cross_attention import CrossAttentionSpec
@@ -155,14 +157,18 @@ def test_cross_attention_needs_its_encoder_length():
     )
 
 
-def test_sliding_and_chunked_size_for_vllms_tokens_in_flight():
+@pytest.mark.parametrize("window", [1000, 1024, 1025])
+def test_sliding_and_chunked_size_for_vllms_tokens_in_flight(window):
     for async_scheduling in (False, True):
         rules = VllmRules(max_model_len=LENGTH, async_scheduling=async_scheduling)
         config = admission.vllm_config(rules)
-        for spec in (sliding(window=1024), chunked(chunk=1024)):
+        for spec in (sliding(window=window), chunked(chunk=window)):
             vllm_spec = convert.spec_to_vllm(spec)
             cap = vllm_spec.max_admission_blocks_per_request(config.max_in_flight_tokens, LENGTH)
-            assert spec.max_num_blocks(rules.context()) == min(cap, -(-LENGTH // spec.block_size))
+            # kvcore's model of vLLM's admission rule is vLLM's own figure
+            assert vllm_pages_per_request(spec, rules) == min(cap, -(-LENGTH // spec.block_size))
+            # and at most one page above the most a request of the kind holds, kvcore's figure
+            assert 0 <= vllm_pages_per_request(spec, rules) - spec.max_num_blocks(rules.context()) <= 1
 
 
 @pytest.mark.parametrize(
@@ -221,6 +227,45 @@ def test_vllms_manager_admits_exactly_kvcores_promise(source, policy, mode):
     assert not all(run.completed for run in over), (
         f"vLLM ran {promise + 1} requests where kvcore promised {promise}"
     )
+
+
+@pytest.mark.parametrize(("mode", "figures"), [("sync", (1280, 1472, 5, 4)), ("async", (1536, 1664, 4, 4))])
+def test_the_chunked_mix_promises_what_vllms_manager_runs(mode, figures):
+    # 12 full + 36 chunked-local(8192) layers, 16k tokens: the chunked groups hold the most
+    # mid-chunk and the full group at the end, so a request never holds every group's worst
+    # case at once; kvcore counts the joint peak, vLLM admits by the per-group sum
+    rules = VllmRules(max_model_len=16384, async_scheduling=MODES[mode])
+    specs = dict(TARGET_MIXES["g 12 full + 36 chunked(8192)"])
+    plan = plan_for_vllm(specs, 10 * GIB, rules, registry=REGISTRY, policy="shared_buffer")
+    joint, per_group, promise, summed = figures
+    assert (plan.blocks_per_request(), vllm_blocks_per_request(plan, rules)) == (joint, per_group)
+    assert admission.promised(plan) == plan.usable_blocks // joint == promise
+    assert plan.usable_blocks // per_group == summed  # what the per-group sum would have promised
+    config = convert.plan_to_vllm_config(plan)
+    assert admission.admitted(config, rules, start=promise) == promise
+    # a lone request, chunked so that a step starts where the groups hold the most, holds the peak
+    peaks = [
+        admission.run_requests(config, rules, 1, first_chunk=f).peak_blocks
+        for f in admission.first_chunks(config, rules)
+    ]
+    assert max(peaks) == joint
+
+
+def test_a_plan_vllm_would_not_admit_one_request_on_is_refused():
+    # the joint peak fits the pool but vLLM's per-group admission figure does not
+    rules = VllmRules(max_model_len=16384, async_scheduling=False)
+    specs = dict(TARGET_MIXES["g 12 full + 36 chunked(8192)"])
+    probe = plan_for_vllm(specs, 10 * GIB, rules, registry=REGISTRY, policy="shared_buffer")
+    blocks = vllm_blocks_per_request(probe, rules)  # 1472, the joint peak 1280, plus the null block
+    with pytest.raises(InsufficientMemoryError, match="every group's worst case") as caught:
+        plan_for_vllm(specs, 10 * GIB, rules, registry=REGISTRY, policy="shared_buffer", num_blocks=blocks)
+    assert caught.value.required_blocks == blocks and caught.value.available_blocks == blocks - 1
+    config = convert.plan_to_vllm_config(
+        plan_for_vllm(
+            specs, 10 * GIB, rules, registry=REGISTRY, policy="shared_buffer", num_blocks=blocks + 1
+        )
+    )
+    assert admission.admitted(config, rules) == 1
 
 
 @pytest.mark.parametrize("mode", list(MODES))

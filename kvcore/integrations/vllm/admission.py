@@ -17,6 +17,7 @@ vLLM is imported (:func:`vllm_config` does when it is unset).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import types
@@ -48,9 +49,11 @@ from vllm.v1.worker.utils import allocate_kv_cache
 from kvcore.integrations.vllm.convert import (
     plan_from_vllm_config,
     plan_to_vllm_config,
+    spec_from_vllm,
     specs_to_vllm,
 )
 from kvcore.integrations.vllm.rules import plan_for_vllm
+from kvcore.peaks import worst_step
 from kvcore.plan import KVCachePlan
 from kvcore.planning.registry import Registry
 
@@ -214,7 +217,9 @@ def encoder_tokens(config: vk.KVCacheConfig, rules: VllmRules) -> int:
 def first_chunks(config: vk.KVCacheConfig, rules: VllmRules) -> tuple[int, ...]:
     """First-chunk sizes that together meet every group's worst case (later chunks are full).
 
-    A sliding window holds one block more than its tokens need when it starts one token
+    The groups together hold the most (their joint peak, :func:`kvcore.peaks.worst_step`) when
+    a step starts at one position, which a first chunk of that position modulo the chunk
+    reaches. A sliding window alone holds one block more than its tokens need when it starts one token
     before a block boundary. A step's chunk starts ``first + k x max_num_batched_tokens``
     tokens in, so a first chunk of ``window - 2`` tokens modulo the block size puts every later
     window start there; the largest such first chunk also ends the last full chunk as late in
@@ -223,12 +228,18 @@ def first_chunks(config: vk.KVCacheConfig, rules: VllmRules) -> tuple[int, ...]:
     """
     chunk = rules.max_num_batched_tokens
     sizes = {chunk}
+    weighted = []
     for group in config.kv_cache_groups:
         spec = group.kv_cache_spec
         if isinstance(spec, vk.SlidingWindowSpec):
             size = chunk - (chunk - (spec.sliding_window - 2)) % spec.block_size
             if size > 0:
                 sizes.add(size)
+        with contextlib.suppress(VllmIntegrationError):  # a kind kvcore does not model: no hint
+            weighted.append((spec_from_vllm(group.layer_names[0], spec, padded=True), 1))
+    # the step where the groups together hold the most starts c tokens in (its tokens in flight
+    # counted as kvcore's step, VllmRules.context): chunks that start at c + k x chunk reach it
+    sizes.add(worst_step(weighted, rules.context()) % chunk or chunk)
     return tuple(sorted(sizes))
 
 

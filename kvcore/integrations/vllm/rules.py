@@ -19,7 +19,15 @@ plan holds; :func:`plan_for_vllm` plans for them:
    the state layers cut into ``k`` groups and the attention blocks ``f`` times larger (``f x
    block_size``, so a multiple of the kernel's block), keeping the ``(k, f)`` that holds the
    most requests.
-4. **One backing allocation.** Every vLLM ``KVCacheTensor`` is a view of one buffer; a plan of
+4. **Admission by group.** vLLM's scheduler admits a request only if the free block ids hold
+   every group's own worst case of it (``full_sequence_must_fit``: each group's
+   ``max_admission_blocks_per_request``, summed over groups; the same figure sizes its pool at
+   start-up). A running request holds less: the most its groups hold at one moment, kvcore's
+   joint peak (:func:`kvcore.peaks.joint_peak`), which is what the plan's figures count and what
+   vLLM's manager runs at once. So a plan for vLLM must also admit one request by vLLM's rule
+   (:func:`vllm_blocks_per_request`), which :func:`plan_for_vllm` checks, and the comparison
+   (``kvcore compare --engine vllm``) shows both figures.
+5. **One backing allocation.** Every vLLM ``KVCacheTensor`` is a view of one buffer; a plan of
    separate tensors is laid end to end in one buffer when it is converted
    (:func:`kvcore.integrations.vllm.convert.plan_to_vllm_config`); its figures do not change.
 
@@ -36,14 +44,17 @@ from collections.abc import Callable, Mapping, Sequence
 
 import attrs
 
-from kvcore.errors import KVCoreError, PolicyNotApplicableError
+from kvcore.errors import InsufficientMemoryError, KVCoreError, PolicyNotApplicableError
 from kvcore.integrations.capabilities import EngineCapabilities
 from kvcore.integrations.vllm import VLLM_VERSIONS
 from kvcore.plan import KVCachePlan
 from kvcore.planning.planner import plan_kv_cache
 from kvcore.planning.registry import Registry
+from kvcore.plugins.chunked_local_attention import ChunkedLocalAttentionSpec
+from kvcore.plugins.sliding_window import SlidingWindowSpec
 from kvcore.policy import AllocationPolicy, PlanOptions
 from kvcore.spec import DEFAULT_MAX_NUM_BATCHED_TOKENS, KVCacheSpec, SizingContext, cdiv
+from kvcore.units import format_bytes
 from kvcore.validators import boolean, non_negative_int, positive_int
 
 #: kvcore's kinds the vLLM adapter converts, each to the vLLM 0.33 spec class of that name
@@ -142,6 +153,66 @@ def encoder_tokens_of(specs: Mapping[str, KVCacheSpec]) -> int:
     )
 
 
+def vllm_pages_per_request(spec: KVCacheSpec, rules: VllmRules) -> int:
+    """Pages vLLM 0.33 admits a request of ``rules.max_model_len`` tokens for in a group of
+    ``spec``: its ``max_admission_blocks_per_request`` capped at ``ceil(L / B)``
+    (``SingleTypeKVCacheManager.get_num_blocks_to_allocate``), with ``I`` its tokens in flight:
+    ``ceil(min(W - 1 + I, L) / B) + 1`` for a sliding window (``SlidingWindowSpec``, one page
+    above the most a window touches when ``W - 1 + I`` is one past a block boundary),
+    ``ceil(min(C + I, L) / B)`` for a chunk (``ChunkedLocalAttentionSpec``); every other kind's
+    is kvcore's own worst case (``vllm/v1/kv_cache_interface.py``)."""
+    context = rules.context()
+    length, in_flight = context.max_model_len, context.max_tokens_per_step
+    whole = cdiv(length, spec.block_size)
+    if isinstance(spec, SlidingWindowSpec):
+        return min(cdiv(min(spec.sliding_window - 1 + in_flight, length), spec.block_size) + 1, whole)
+    if isinstance(spec, ChunkedLocalAttentionSpec):
+        return min(cdiv(min(spec.attention_chunk_size + in_flight, length), spec.block_size), whole)
+    return spec.max_num_blocks(context)
+
+
+def vllm_blocks_per_request(plan: KVCachePlan, rules: VllmRules) -> int:
+    """Block ids vLLM's scheduler wants free to admit one request of ``rules.max_model_len``
+    tokens on ``plan``: each group's :func:`vllm_pages_per_request` summed over the groups
+    (vLLM reserves per group). At least the plan's joint peak, which is what a running request
+    holds (``plan.blocks_per_request()``)."""
+    return sum(vllm_pages_per_request(g.spec, rules) * g.blocks_per_page for g in plan.groups)
+
+
+def check_vllm_admits(plan: KVCachePlan, rules: VllmRules) -> None:
+    """Raise unless vLLM's scheduler admits one request of ``rules.max_model_len`` tokens on
+    ``plan`` when it has the pool to itself (:func:`vllm_blocks_per_request` fits the usable ids).
+
+    Raises:
+        InsufficientMemoryError: with both figures and the longest length vLLM admits there.
+    """
+    need = vllm_blocks_per_request(plan, rules)
+    if need <= plan.usable_blocks:
+        return
+    low, high = 0, rules.max_model_len  # low is admitted (0 trivially), high is not
+    while high - low > 1:
+        middle = (low + high) // 2
+        if vllm_blocks_per_request(plan, attrs.evolve(rules, max_model_len=middle)) <= plan.usable_blocks:
+            low = middle
+        else:
+            high = middle
+    per_block = plan.pools[0].bytes_per_block
+    raise InsufficientMemoryError(
+        f"vLLM admits a request only when the free block ids hold every group's worst case of it: "
+        f"{need:,} blocks of {format_bytes(per_block)} for {rules.max_model_len:,} tokens, but the plan has "
+        f"{plan.usable_blocks:,} usable (a running request holds at most {plan.blocks_per_request():,} at "
+        f"once, which is what kvcore counts); the largest max_model_len vLLM admits here is {low:,}; lower "
+        "max_model_len or give the KV cache more memory",
+        required_bytes=need * per_block,
+        available_bytes=plan.usable_blocks * per_block,
+        max_model_len=rules.max_model_len,
+        largest_fitting_len=low,
+        required_blocks=need,
+        available_blocks=plan.usable_blocks,
+        bytes_per_block=per_block,
+    )
+
+
 def page_span(plan: KVCachePlan) -> int:
     """The most block ids one page of ``plan`` takes (``1``: vLLM can run it as it is)."""
     return max((g.blocks_per_page for g in plan.groups), default=1)
@@ -203,8 +274,9 @@ def plan_for_vllm(
     """Plan ``specs`` with a kvcore policy so that vLLM runs the plan as kvcore counts it.
 
     The plan reserves the null block, is sized for vLLM's tokens in flight
-    (:meth:`VllmRules.context`) and gives every page one block id (see the module docstring);
-    its ``max_concurrency()`` is what vLLM's ``KVCacheManager`` admits.
+    (:meth:`VllmRules.context`), gives every page one block id and admits one request by vLLM's
+    per-group rule (see the module docstring); its ``max_concurrency()`` counts each request at
+    its joint peak, which is what vLLM's ``KVCacheManager`` runs at once.
 
     Args:
         specs: ``{layer name: spec}`` in model order, kvcore's specs (convert vLLM's with
@@ -223,7 +295,8 @@ def plan_for_vllm(
     Raises:
         PolicyNotApplicableError: the policy cannot plan the specs, or no larger attention
             block size gives every page of its plan one block id.
-        InsufficientMemoryError: the budget cannot hold one request of ``max_model_len``.
+        InsufficientMemoryError: the budget cannot hold one request of ``max_model_len``, or
+            vLLM's per-group admission rule does not admit one (:func:`check_vllm_admits`).
         VllmIntegrationError: the policy's plan has several block pools or a mixed-page
             group, which vLLM cannot run (:func:`check_runnable`).
     """
@@ -244,16 +317,17 @@ def plan_for_vllm(
 
     plan = plan_at(specs, 1)
     check_runnable(plan)
-    if page_span(plan) == 1:
-        return plan
-    best = _page_sized(specs, plan_at)
-    if best is None:
-        raise PolicyNotApplicableError(
-            f"policy {plan.policy!r} gives a page {page_span(plan)} block ids, and no larger attention block "
-            "size gives every page one block id, which vLLM needs (its managers hand each group one block "
-            "id per page); plan with another policy"
-        )
-    return best
+    if page_span(plan) != 1:
+        best = _page_sized(specs, plan_at)
+        if best is None:
+            raise PolicyNotApplicableError(
+                f"policy {plan.policy!r} gives a page {page_span(plan)} block ids, and no larger "
+                "attention block size gives every page one block id, which vLLM needs (its managers hand "
+                "each group one block id per page); plan with another policy"
+            )
+        plan = best
+    check_vllm_admits(plan, rules)
+    return plan
 
 
 def _page_sized(

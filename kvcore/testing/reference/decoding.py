@@ -101,14 +101,13 @@ def decode_greedy(
     running: list[_Running] = []
     done: dict[Hashable, Generation] = {}
     plan = runner.plan
-    members = [plan.groups_in(p) for p in range(len(plan.pools))]
     capacity = [plan.pools[p].num_blocks for p in range(len(plan.pools))]
     committed = [0] * len(plan.pools)
     while waiting or running:
         while waiting:
             request = waiting[0]
             length = len(request.prompt) + request.max_new_tokens
-            need = tuple(sum(pool.blocks_needed(g, length) for g in groups) for groups in members)
+            need = pool.request_blocks_needed(length)
             short = [p for p, n in enumerate(need) if n > capacity[p]]
             if short:
                 p = short[0]
