@@ -18,7 +18,6 @@ arguments give the same requests on every machine (``random.Random``, no numpy).
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import random
@@ -27,6 +26,7 @@ from typing import Final, Literal
 import attrs
 
 from kvcore.errors import InvalidInputError
+from kvcore.json_input import loads, read_bounded
 from kvcore.limits import MAX_TOKENS, check_at_most
 from kvcore.validators import check_int, int_at_least, is_number
 
@@ -146,8 +146,7 @@ def read_trace(path: str | os.PathLike[str]) -> Workload:
     """
     where = os.fspath(path)
     try:
-        with open(path, "rb") as handle:
-            raw_lines = handle.read().split(b"\n")
+        raw_lines = read_bounded(path, f"the trace {where}").split(b"\n")
     except OSError as exc:
         raise InvalidInputError(f"cannot read the trace {where}: {exc.strerror or exc}") from None
     requests: list[Request] = []
@@ -173,8 +172,10 @@ def read_trace(path: str | os.PathLike[str]) -> Workload:
 
 def _request_from_line(text: str, index: int, where: str) -> Request:
     try:
-        item = json.loads(text)
-    except (ValueError, RecursionError) as exc:
+        item = loads(text, "the line")
+    except InvalidInputError as exc:  # nested too deep, or a number too long
+        raise InvalidInputError(f"{where}: {exc}") from None
+    except ValueError as exc:
         raise InvalidInputError(f"{where}: not valid JSON ({exc})") from None
     if not isinstance(item, dict):
         raise InvalidInputError(
