@@ -5,8 +5,8 @@ spec files, config.json, saved plans (``kvcore check``) and traces."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -87,7 +87,9 @@ def test_a_file_past_the_byte_limit_is_refused_after_reading_one_byte_more(
     tmp_path: Path, door: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(limits, "MAX_INPUT_BYTES", 4096)
-    with pytest.raises(InvalidInputError, match=r"holds more than 4,096 bytes \(kvcore.limits.MAX_INPUT_BYTES\)"):
+    with pytest.raises(
+        InvalidInputError, match=r"holds more than 4,096 bytes \(kvcore.limits.MAX_INPUT_BYTES\)"
+    ):
         DOORS[door](Path("/dev/zero"))  # /dev/zero never ends
 
 
