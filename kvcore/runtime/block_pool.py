@@ -72,7 +72,6 @@ def _holder(owner: int) -> str:
     return "the null block" if owner == _NULL else f"held by group {owner}"
 
 
-
 def _unhashable(request_id: object) -> InvalidInputError:
     """The error for a request id that cannot key a dict (a list, a dict, a set)."""
     return InvalidInputError(
@@ -121,6 +120,7 @@ def _checked_prefix(
     if num_tokens > max_model_len:  # a hit walks the blocks of num_tokens: 10**9 would run for minutes
         raise _too_long(request_id, num_tokens, max_model_len, "attach")
     return num_tokens, known
+
 
 class _Runs:
     """Free aligned runs of one length: free ids per chunk, and a max-heap of full chunks."""
