@@ -24,8 +24,12 @@ if the collector decided first, that rank returns the payloads too. Hence, for e
 The last round of :func:`~kvcore.initialize_kv_caches` (``ready``) is the commit: its decision
 exists only once every rank has allocated and published the digest of its plan, so either
 every rank returns the same plans or every rank raises, naming the first fault (the abort that
-won). The one exception is a rank that loses the store itself: it raises
-:class:`~kvcore.errors.StoreUnavailableError` without learning the decision.
+won). A rank that loses the store itself raises :class:`~kvcore.errors.StoreUnavailableError`
+without learning the decision, no earlier than ``STORE_GRACE_S`` after its deadline; so each
+rank publishes its deadline (wall clock) with its payload, and the collector writes "ok" only
+before the earliest of them (plus half the grace): a rank 0 that hosts the store (``env://``
+with ranks started by hand) and froze past the others' deadlines aborts instead, and every rank
+raises.
 
 Every store call runs on a worker thread (``TCPStore.check`` and ``add`` ignore the client
 timeout); the caller waits until the round's deadline plus :data:`STORE_GRACE_S` and then
@@ -303,11 +307,15 @@ class StoreAgreement:
     - under torchrun, ``TORCHELASTIC_RUN_ID`` and ``TORCHELASTIC_RESTART_COUNT`` (a restarted
       worker group gets a new one);
     - ``run_id``, when the caller passes one (added to torchrun's, if any); it must differ
-      between attempts on one store;
+      between attempts on one store: each rank claims its slot of the namespace for its
+      process, so a run that reuses one on a store that outlived the earlier run raises
+      :class:`~kvcore.errors.AttemptReusedError` on every rank instead of reading that run's
+      decisions;
     - otherwise a fresh id that rank 0 draws and publishes under ``attempt``; the other ranks
       join it with a nonce of their own and accept it only once rank 0 has admitted that
       nonce, so the keys of an earlier attempt on the same store are never mistaken for it
-      (one agreement at a time per store).
+      (one agreement at a time per store). A rank that comes after rank 0 gave up waiting for
+      it raises naming itself.
 
     With a fixed id, the n-th agreement a rank makes in a process gets the n-th namespace under
     it, so every rank must make its agreements in the same order.
@@ -371,7 +379,9 @@ class StoreAgreement:
 
         Raises:
             DistributedAgreementError: a rank published an error (names it and its error), ranks
-                did not answer within ``timeout_s`` (names them).
+                did not answer within ``timeout_s`` (names them), rank 0 decided after a rank's
+                deadline (names rank 0).
+            AttemptReusedError: the fixed namespace was used by an earlier run on this store.
             AgreementMismatchError: ``validate`` found a mismatch (names the field and ranks).
             StoreUnavailableError: the store was lost or stopped answering (names its host).
         """

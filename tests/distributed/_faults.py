@@ -253,9 +253,7 @@ def run_case(
     ctx = mp.get_context("forkserver")
     results: Any = ctx.Queue()
     procs = [
-        ctx.Process(
-            target=_rank_main, args=(r, port, world, (case, store_pid), results), daemon=True
-        )
+        ctx.Process(target=_rank_main, args=(r, port, world, (case, store_pid), results), daemon=True)
         for r in range(world)
     ]
     reports: dict[int, dict[str, Any]] = {}
