@@ -72,12 +72,19 @@ def _holder(owner: int) -> str:
     return "the null block" if owner == _NULL else f"held by group {owner}"
 
 
-def _unhashable(request_id: object) -> InvalidInputError:
-    """The error for a request id that cannot key a dict (a list, a dict, a set)."""
-    return InvalidInputError(
-        f"request ids must be hashable, such as a str or an int (got a {type(request_id).__name__}: "
-        f"{request_id!r:.60})"
-    )
+def _check_hashable(request_id: object) -> None:
+    """Refuse a request id that cannot key a dict (a list, a dict, a tuple holding a list).
+
+    Raises:
+        InvalidInputError: naming the id's type.
+    """
+    try:
+        hash(request_id)
+    except TypeError:
+        raise InvalidInputError(
+            f"request ids must be hashable, such as a str or an int (got a {type(request_id).__name__}: "
+            f"{request_id!r:.60})"
+        ) from None
 
 
 def _too_long(request_id: Hashable, num_tokens: int, max_model_len: int, what: str) -> InvalidInputError:
@@ -448,8 +455,7 @@ class BlockPool:
 
     def new_blocks_needed(self, request_id: Hashable, num_tokens: int) -> int:
         """Block ids :meth:`reserve` would take to cover ``num_tokens`` tokens now."""
-        if request_id.__hash__ is None:
-            raise _unhashable(request_id)
+        _check_hashable(request_id)
         tables = self._tables.get(request_id)
         released = self._released.get(request_id)
         computed = self._computed.get(request_id, 0)
@@ -480,8 +486,7 @@ class BlockPool:
         """
         if type(num_tokens) is not int or num_tokens < 0 or num_tokens > self._max_len:
             self._check_reserve(request_id, num_tokens)
-        if request_id.__hash__ is None:  # a list or dict: refused before any table is touched
-            raise _unhashable(request_id)
+        _check_hashable(request_id)  # a list or dict: refused before any table is touched
         if self._by_class:  # checks a shrinking count itself
             grown = self._reserve_by_class(request_id, num_tokens)
             if self._pending:
@@ -946,8 +951,7 @@ class BlockPool:
             InvalidInputError: the request is known already, ``num_tokens`` is negative, or the
                 content is neither token ids nor a key.
         """
-        if request_id.__hash__ is None:
-            raise _unhashable(request_id)
+        _check_hashable(request_id)
         num_tokens, known = _checked_prefix(
             request_id, request_id in self._tables, content, num_tokens, self._max_len
         )
@@ -1092,8 +1096,7 @@ class BlockPool:
             raise _too_long(request_id, num_tokens, self._max_len, "reserve")  # type: ignore[arg-type]
 
     def _check_request(self, request_id: Hashable) -> None:
-        if request_id.__hash__ is None:
-            raise _unhashable(request_id)
+        _check_hashable(request_id)
         if request_id not in self._tables:
             raise InvalidInputError(
                 f"unknown request {request_id!r}; reserve() it first ({len(self._tables)} requests live)"
@@ -1523,8 +1526,7 @@ class MultiPoolBlockPool(BlockPool):
         """
         if type(num_tokens) is not int or num_tokens < 0 or num_tokens > self.pools[0]._max_len:
             self.pools[0]._check_reserve(request_id, num_tokens)
-        if request_id.__hash__ is None:
-            raise _unhashable(request_id)
+        _check_hashable(request_id)
         known = request_id in self._order  # reserved before, or attached
         before = self.pools[0].num_tokens(request_id) if known else 0
         if known and num_tokens < before:
@@ -1653,8 +1655,7 @@ class MultiPoolBlockPool(BlockPool):
         Raises:
             InvalidInputError: as :meth:`BlockPool.attach_prefix`.
         """
-        if request_id.__hash__ is None:
-            raise _unhashable(request_id)
+        _check_hashable(request_id)
         num_tokens, known = _checked_prefix(
             request_id, request_id in self._order, content, num_tokens, self.pools[0]._max_len
         )
@@ -1685,8 +1686,7 @@ class MultiPoolBlockPool(BlockPool):
         return self.pools[p], local
 
     def _check_request(self, request_id: Hashable) -> None:
-        if request_id.__hash__ is None:
-            raise _unhashable(request_id)
+        _check_hashable(request_id)
         if request_id not in self._order:
             raise InvalidInputError(
                 f"unknown request {request_id!r}; reserve() it first ({len(self._order)} requests live)"

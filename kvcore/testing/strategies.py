@@ -596,7 +596,7 @@ def multi_pool_plans(
             plan = plan_kv_cache(mix, budget, ctx, registry=reg, policy="kind_pools", check_fit=False)
         except PolicyNotApplicableError:
             reject()
-        if len(plan.pools) < 2:
+        if len(plan.pools) < 2 or not plan.fits():  # (a plan that holds no request is refused)
             reject()
         return plan
 

@@ -83,7 +83,7 @@ def test_attach_prefix_past_max_model_len_is_refused_at_once(parts: Any, caching
 
 
 @pytest.mark.parametrize("parts", [GEMMA_LIKE, TWO_POOLS])
-@pytest.mark.parametrize("request_id", [[1, 2], {"id": 1}, {3}])
+@pytest.mark.parametrize("request_id", [[1, 2], {"id": 1}, {3}, (1, [2])])
 def test_an_unhashable_request_id_is_an_invalid_input_error(parts: Any, request_id: Any) -> None:
     pool = BlockPool(_plan(*parts), prefix_caching=True)
     calls = [
