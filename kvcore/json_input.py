@@ -91,7 +91,9 @@ def loads(text: str, source: str, **kwargs: Any) -> Any:
             or a number has more digits than Python reads (``sys.get_int_max_str_digits()``).
         json.JSONDecodeError: the text is not JSON (the caller words it).
     """
-    depth = json_depth(text)
+    # fewer opening brackets than the limit cannot nest past it (a trace line): skip the scan
+    openers = text.count("[") + text.count("{")
+    depth = json_depth(text) if openers > limits.MAX_JSON_DEPTH else 0
     if depth > limits.MAX_JSON_DEPTH:
         raise InvalidInputError(
             f"{source} nests JSON arrays or objects {depth:,} deep; kvcore reads at most "
