@@ -1,17 +1,23 @@
-"""The fuzz suite at full size: >= 10,000 generated inputs through kvcore's four doors.
+"""The fuzz suite at full size: >= 10,000 generated inputs through kvcore's doors.
 
 The doors and their inputs are ``tests/fuzz/doors.py`` (the quick run is
-``tests/fuzz/test_doors.py``): spec files (mutated valid files, random JSON, broken text),
-config.json files (bundled configs with fields deleted, retyped or made huge), the command
-line's numbers (``--memory``, ``--max-model-len``, ``--num-blocks``, ``--tp``, ``--pp``,
-``--block-size``, through ``kvcore.cli.main`` in-process) and plan JSON (valid plans mutated).
+``tests/fuzz/test_doors.py``): spec files (mutated valid files, random JSON, broken text, JSON
+nested past ``MAX_JSON_DEPTH`` or holding numbers of more than 4,300 digits), config.json files
+(bundled configs with fields deleted, retyped or made huge), the command line's numbers
+(``--memory``, ``--max-model-len``, ``--num-blocks``, ``--tp``, ``--pp``, ``--block-size``,
+through ``kvcore.cli.main`` in-process), plan JSON and plan files (valid plans mutated, shrunk
+to hold no request, made hostile), input sizes (every file reader on ``/dev/zero`` and on a
+file past a lowered ``MAX_INPUT_BYTES``), traces (read and simulated, arrivals ten million
+steps out included) and a block pool driven with random calls (unhashable ids, lengths past
+``max_model_len``, prefix keys of 10**9 tokens, frees of pages a request holds).
 For each door it prints how many inputs were tried, refused with a KVCoreError (exit 1 or 2 with
 one error line on the command line), accepted, and failed: another exception (target 0), an
 accepted plan over its budget (target 0), an accepted plan whose live pages share bytes or that
-breaks another rule of ``kvcore.planning.invariants.plan_problems`` (target 0). Exits 1 if any
-failure was seen, printing the first few.
+breaks another rule of ``kvcore.planning.invariants.plan_problems`` or holds no request, and
+a block id with two holders in the pool (target 0). Exits 1 if any failure was seen, printing
+the first few.
 
-    python benchmarks/fuzz.py                 # 2,500 examples per door, 10,000 in all
+    python benchmarks/fuzz.py                 # 2,500 examples per door, 20,000 in all
     python benchmarks/fuzz.py --examples 500  # per door
 """
 

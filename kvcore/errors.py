@@ -339,6 +339,14 @@ class StoreUnavailableError(DistributedAgreementError):
         self.host = host
 
 
+class AttemptReusedError(DistributedAgreementError):
+    """An agreement's fixed namespace (``run_id``, torchrun's run id and restart count) was used
+    by an earlier run on the same store: its keys and decisions are there, so the run would read
+    another run's decisions. Every rank of the run raises it; ``ranks`` is empty and ``attempt``
+    names the namespace. The fix: a new ``run_id`` for every run (or none: kvcore draws one).
+    """
+
+
 class AgreementMismatchError(DistributedAgreementError):
     """Ranks were started with different inputs that must match (tp/pp size, policy, request
     length, plan options, forced block count, kvcore version, model identity), or initialized
@@ -355,6 +363,7 @@ class AgreementMismatchError(DistributedAgreementError):
 
 __all__ = [
     "AgreementMismatchError",
+    "AttemptReusedError",
     "BlockPoolExhaustedError",
     "DeviceUnavailableError",
     "DistributedAgreementError",

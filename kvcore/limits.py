@@ -31,6 +31,18 @@ MAX_TOKENS = 2**32
 #: to the planner): 100,000, about 1,000 times a large model's layer count.
 MAX_LAYERS = 100_000
 
+#: The most bytes kvcore reads from one input file (a spec file, a ``config.json``, a saved plan,
+#: a trace): 256 MiB, about 30 times a plan of 100,000 layers (7.6 MB) and 4 times a trace of a
+#: million requests. Files are read at most this plus one byte, so a device that never ends
+#: (``/dev/zero``) is refused after that many bytes instead of filling memory. A Python caller
+#: may lower or raise it by assigning ``kvcore.limits.MAX_INPUT_BYTES`` (read at each call).
+MAX_INPUT_BYTES = 2**28
+
+#: The deepest nesting of JSON arrays and objects kvcore reads: 64 levels. Its own formats nest
+#: at most 7 deep (a plan's pools, groups, specs, state parts and shapes); past a few hundred,
+#: Python's JSON reader and every walk of the result run out of stack (``RecursionError``).
+MAX_JSON_DEPTH = 64
+
 #: Names a part of a layer name may not take: the attributes every ``torch.nn.Module`` has
 #: (``to``, ``training``, ``forward``, ``_modules``, ...), which ``add_module`` refuses, and
 #: ``kv_cache``, the attribute binding sets, and ``smart_apply``, which transformers adds to every

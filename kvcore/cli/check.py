@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 from typing import Any
 
 from kvcore.errors import InvalidInputError, PlanValidationError
+from kvcore.json_input import read_bounded
 from kvcore.plan import KVCachePlan
 from kvcore.planning.invariants import MAX_PROBLEMS
 from kvcore.planning.registry import Registry
@@ -45,7 +45,7 @@ def read_plan_file(path: str, registry: Registry) -> KVCachePlan:
         PlanValidationError: the plan breaks an invariant (every problem listed).
     """
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = read_bounded(path).decode("utf-8")
     except FileNotFoundError:
         raise InvalidInputError(f"{path}: no such file") from None
     except UnicodeDecodeError as exc:

@@ -132,8 +132,11 @@ def workload_row(workload: Workload) -> dict[str, Any]:
 def simulation_row(result: SimulationResult, *, series: bool = False) -> dict[str, Any]:
     """A :class:`SimulationResult` as JSON: every figure, and with ``series`` the per-step
     ``running`` and ``pool_usage`` lists."""
+    from kvcore.simulation.series import StepSeries
+
     row: dict[str, Any] = {
-        key: list(value) if isinstance(value, tuple) else value for key, value in attrs.asdict(result).items()
+        key: list(value) if isinstance(value, (tuple, StepSeries)) else value
+        for key, value in attrs.asdict(result).items()
     }
     row.pop("timeline", None)  # the seconds are reported by the latency figures
     row["served_tokens_per_step"] = served_tokens_per_step(result)

@@ -24,8 +24,12 @@ if the collector decided first, that rank returns the payloads too. Hence, for e
 The last round of :func:`~kvcore.initialize_kv_caches` (``ready``) is the commit: its decision
 exists only once every rank has allocated and published the digest of its plan, so either
 every rank returns the same plans or every rank raises, naming the first fault (the abort that
-won). The one exception is a rank that loses the store itself: it raises
-:class:`~kvcore.errors.StoreUnavailableError` without learning the decision.
+won). A rank that loses the store itself raises :class:`~kvcore.errors.StoreUnavailableError`
+without learning the decision, no earlier than ``STORE_GRACE_S`` after its deadline; so each
+rank publishes its deadline (wall clock) with its payload, and the collector writes "ok" only
+before the earliest of them (plus half the grace): a rank 0 that hosts the store (``env://``
+with ranks started by hand) and froze past the others' deadlines aborts instead, and every rank
+raises.
 
 Every store call runs on a worker thread (``TCPStore.check`` and ``add`` ignore the client
 timeout); the caller waits until the round's deadline plus :data:`STORE_GRACE_S` and then
@@ -50,6 +54,7 @@ from torch.distributed import FileStore, PrefixStore, TCPStore  # type: ignore[a
 
 from kvcore.errors import (
     AgreementMismatchError,
+    AttemptReusedError,
     DistributedAgreementError,
     InvalidInputError,
     StoreUnavailableError,
@@ -302,11 +307,15 @@ class StoreAgreement:
     - under torchrun, ``TORCHELASTIC_RUN_ID`` and ``TORCHELASTIC_RESTART_COUNT`` (a restarted
       worker group gets a new one);
     - ``run_id``, when the caller passes one (added to torchrun's, if any); it must differ
-      between attempts on one store;
+      between attempts on one store: each rank claims its slot of the namespace for its
+      process, so a run that reuses one on a store that outlived the earlier run raises
+      :class:`~kvcore.errors.AttemptReusedError` on every rank instead of reading that run's
+      decisions;
     - otherwise a fresh id that rank 0 draws and publishes under ``attempt``; the other ranks
       join it with a nonce of their own and accept it only once rank 0 has admitted that
       nonce, so the keys of an earlier attempt on the same store are never mistaken for it
-      (one agreement at a time per store).
+      (one agreement at a time per store). A rank that comes after rank 0 gave up waiting for
+      it raises naming itself.
 
     With a fixed id, the n-th agreement a rank makes in a process gets the n-th namespace under
     it, so every rank must make its agreements in the same order.
@@ -350,6 +359,9 @@ class StoreAgreement:
         self._rounds: dict[str, int] = {}
         self._join_label = "join"
         self._worker = _StoreWorker()
+        # this process's claim on a fixed namespace: a later run with the same id finds it taken
+        self._session = uuid.uuid4().hex
+        self._claimed = False
 
     @property
     def attempt(self) -> str | None:
@@ -367,7 +379,9 @@ class StoreAgreement:
 
         Raises:
             DistributedAgreementError: a rank published an error (names it and its error), ranks
-                did not answer within ``timeout_s`` (names them).
+                did not answer within ``timeout_s`` (names them), rank 0 decided after a rank's
+                deadline (names rank 0).
+            AttemptReusedError: the fixed namespace was used by an earlier run on this store.
             AgreementMismatchError: ``validate`` found a mismatch (names the field and ranks).
             StoreUnavailableError: the store was lost or stopped answering (names its host).
         """
@@ -375,7 +389,9 @@ class StoreAgreement:
         attempt = self._join(deadline, f"{name}/{self._rounds.get(name, 0) + 1}")
         round_id = self._next_round(name)
         deadline = time.monotonic() + self.timeout_s
-        text = json.dumps({"version": PROTOCOL_VERSION, "ok": payload})
+        # the wall-clock time this rank stops waiting: the collector decides "ok" only before it
+        until = time.time() + self.timeout_s
+        text = json.dumps({"version": PROTOCOL_VERSION, "ok": payload, "until": until})
         self._set(self._key(attempt, round_id, self.rank), text, round_id, deadline)
         if self.rank == 0:
             decision = self._collect(attempt, round_id, deadline, validate)
@@ -469,6 +485,9 @@ class StoreAgreement:
             label: the round the caller is entering (messages name it).
         """
         if self._attempt is not None:
+            if not self._claimed:
+                self._join_label = label
+                self._claim(self._attempt, deadline)
             return self._attempt
         self._join_label = label
         pointer = "attempt"
@@ -483,8 +502,33 @@ class StoreAgreement:
             return attempt
         return self._join_as_follower(pointer, nonce, deadline)
 
+    def _claim(self, attempt: str, deadline: float) -> None:
+        """Claim this rank's slot of a fixed namespace for this process, once.
+
+        A run that reuses a run id on a store that outlived the earlier run would otherwise
+        read that run's decisions as its own (ranks started with different settings would
+        both succeed); it finds every slot taken and raises on every rank instead.
+
+        Raises:
+            AttemptReusedError: an earlier run's process holds the slot.
+        """
+        key = self._key(attempt, "owner", self.rank)
+        raw = self._call(lambda: self.store.compare_set(key, "", self._session), "join", deadline)
+        if bytes(raw).decode("utf-8", "replace") != self._session:
+            raise AttemptReusedError(
+                f"{self.describe(self.rank)}: the agreement namespace {attempt!r} was used on this store "
+                "by an earlier run, whose keys and decisions are still there; a run id must be new for "
+                "every run: pass another run_id (or none, and rank 0 draws a fresh one), or use a new "
+                "store",
+                ranks=(),
+                round_id=self._shown("join"),
+                attempt=attempt,
+            )
+        self._claimed = True
+
     def _join_as_follower(self, pointer: str, nonce: str, deadline: float) -> str:
         current: str | None = None
+        refused: Mapping[str, Any] | None = None  # the last join decision that did not admit this rank
         delay = self.poll_s
         while True:
             if self._check([pointer], "join", deadline):
@@ -501,8 +545,12 @@ class StoreAgreement:
                         self._follow(decision, "join")
                         return current
                     # an earlier attempt's decision: wait for rank 0 to publish the new attempt
+                    refused = decision
             # rank 0 aborts a join at the same deadline: give its decision a moment to arrive
             if time.monotonic() >= deadline + STORE_GRACE_S:
+                late = self._late_join(refused, current)
+                if late is not None:
+                    raise late
                 raise DistributedAgreementError(
                     f"{self.describe(0)} did not admit {self.describe(self.rank)} to an agreement "
                     f"attempt within {self.timeout_s:g} s; it died, hangs or is not running this "
@@ -512,6 +560,30 @@ class StoreAgreement:
                     attempt=current,
                 )
             delay = self._pause(delay, deadline + STORE_GRACE_S)
+
+    def _late_join(
+        self, refused: Mapping[str, Any] | None, attempt: str | None
+    ) -> DistributedAgreementError | None:
+        """The error of a rank that arrived after rank 0 gave up waiting for it: the last attempt
+        it saw aborted its join naming this rank among the missing, and no new one came. It
+        names this rank (the late one), not rank 0; ``None`` when that is not what it saw."""
+        abort = refused.get("abort") if refused is not None else None
+        if not isinstance(abort, dict) or abort.get("kind") != "timeout":
+            return None
+        ranks = tuple(int(r) for r in abort.get("ranks", ()) if is_number(r))
+        if self.rank not in ranks:
+            return None
+        me = self.describe(self.rank)
+        return DistributedAgreementError(
+            f"{me} came too late: {self.describe(0)} stopped waiting for "
+            f"{', '.join(self.describe(r) for r in ranks)} after {float(abort.get('seconds', 0)):g} s in "
+            f"agreement round {self._shown('join')!r} and started no new attempt within "
+            f"{self.timeout_s:g} s; the other ranks have raised: check what delayed {me} (a stopped or "
+            "overloaded process, a slow start), or raise the timeout",
+            ranks=ranks,
+            round_id=self._shown("join"),
+            attempt=attempt,
+        )
 
     def _admits(self, decision: Mapping[str, Any], nonce: str) -> bool:
         if "ok" in decision:
@@ -584,21 +656,43 @@ class StoreAgreement:
             nonces = [json.loads(v.decode("utf-8")) for v in values]
             return self._decide(attempt, round_id, {"ok": nonces}, deadline)
         payloads: list[Payload] = []
+        untils: dict[int, float] = {}
         found: Mismatch | None = None
         for rank, value in enumerate(values):
             try:
-                payloads.append(self._read_json(value, self.describe(rank), round_id).get("ok"))
+                entry = self._read_json(value, self.describe(rank), round_id)
             except AgreementMismatchError as exc:
                 found = found or Mismatch("agreement protocol", str(exc), (rank,))
+                continue
+            payloads.append(entry.get("ok"))
+            if is_number(entry.get("until")):
+                untils[rank] = float(entry["until"])
         if found is None and validate is not None:
             found = validate(payloads)
         if found is not None:
-            entry = self._abort(
+            decision = self._abort(
                 {"kind": "mismatch", "ranks": list(found.ranks), "field": found.field, "detail": found.detail}
             )
         else:
-            entry = {"ok": payloads}
-        return self._decide(attempt, round_id, entry, deadline)
+            decision = self._late(untils) or {"ok": payloads}
+        return self._decide(attempt, round_id, decision, deadline)
+
+    def _late(self, untils: Mapping[int, float]) -> dict[str, Any] | None:
+        """An abort if the collector decides after a rank may have stopped waiting, else ``None``.
+
+        A rank whose store stops answering (rank 0 hosts it under ``env://`` and froze) gives up
+        ``STORE_GRACE_S`` after its deadline without writing anything; if rank 0 then woke and
+        decided "ok", it would return the plan while that rank raised. So an "ok" is written
+        only before every rank's deadline (plus half the grace, for the write and clock skew);
+        past it, every rank that reads the decision raises, naming rank 0.
+        """
+        if not untils:
+            return None
+        rank, until = min(untils.items(), key=lambda item: item[1])
+        past = time.time() - until
+        if past < STORE_GRACE_S / 2:
+            return None
+        return self._abort({"kind": "late", "ranks": [0], "waited": rank, "past": past})
 
     def _nonces(self, attempt: str, round_id: str, deadline: float) -> dict[str, str]:
         present = sorted(set(range(self.world_size)) - set(self._missing(attempt, round_id, deadline)))
@@ -650,6 +744,18 @@ class StoreAgreement:
                 ranks=ranks,
                 round_id=round_id,
                 field=str(abort.get("field")),
+                attempt=self._attempt,
+            )
+        if kind == "late":
+            waited = self.describe(int(abort.get("waited", 0)))
+            return DistributedAgreementError(
+                f"{self.describe(0)} reached the decision of agreement round {round_id!r} "
+                f"{float(abort.get('past', 0.0)):.1f} s after the deadline of {waited}; ranks that lost "
+                "the store meanwhile (rank 0 hosts it when ranks are started by hand) have given up, so "
+                "no rank takes the plan: check what stalled rank 0 (a frozen or overloaded host), or "
+                "raise the timeout",
+                ranks=(0,),
+                round_id=round_id,
                 attempt=self._attempt,
             )
         seconds = float(abort.get("seconds", self.timeout_s))

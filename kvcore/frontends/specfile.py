@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kvcore.errors import InvalidInputError, InvalidSpecError, KVCoreError
+from kvcore.json_input import loads, read_bounded
 from kvcore.limits import check_layer_count, check_layer_name
 from kvcore.planning.serialization import spec_from_dict, spec_to_dict
 from kvcore.spec import KVCacheSpec, check_layer_specs
@@ -44,13 +44,14 @@ def load_json_file(path: str | os.PathLike[str]) -> Any:
     the last one silently.
 
     Raises:
-        InvalidInputError: the file is missing, unreadable, not UTF-8, not JSON, names a key
-            twice in one object, or holds a number of more than 4,300 digits; the message names
-            the file.
+        InvalidInputError: the file is missing, unreadable, larger than
+            :data:`kvcore.limits.MAX_INPUT_BYTES`, not UTF-8, not JSON, nests deeper than
+            :data:`kvcore.limits.MAX_JSON_DEPTH`, names a key twice in one object, or holds a
+            number of more than 4,300 digits; the message names the file.
     """
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        text = read_bounded(p).decode("utf-8")
     except FileNotFoundError:
         raise InvalidInputError(f"file not found: {p}") from None
     except UnicodeDecodeError as exc:
@@ -78,7 +79,7 @@ def parse_json(text: str, source: str) -> Any:
             too deep.
     """
     try:
-        return json.loads(text, object_pairs_hook=_no_duplicate_keys)
+        return loads(text, source, object_pairs_hook=_no_duplicate_keys)
     except json.JSONDecodeError as exc:
         raise InvalidInputError(
             f"{source} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
@@ -88,13 +89,6 @@ def parse_json(text: str, source: str) -> Any:
             f"{source}: {exc.key!r} appears twice in one JSON object (a layer or field named twice); "
             "JSON readers would keep only the last, so kvcore refuses it: remove or rename one"
         ) from None
-    except ValueError:  # Python's limit on the digits of an int (sys.get_int_max_str_digits)
-        raise InvalidInputError(
-            f"{source} holds a number of more than {sys.get_int_max_str_digits():,} digits, more than "
-            "Python reads; no size of a model is that long"
-        ) from None
-    except RecursionError:
-        raise InvalidInputError(f"{source} nests JSON arrays or objects too deeply to read") from None
 
 
 def specs_from_dict(data: Any, registry: Registry, source: str = "spec file") -> dict[str, KVCacheSpec]:

@@ -12,6 +12,10 @@ and a plan handed to allocation.
   offsets, page strides and so the starts of pools laid end to end);
 - *budget*: ``kv_cache_bytes`` (every pool's ``num_blocks x bytes_per_block``) within
   ``available_memory_bytes``;
+- *capacity*: one request of the plan's ``max_model_len`` fits (:meth:`KVCachePlan.fits`, in
+  every pool): a plan of 0 blocks, of too few, or whose pages span more block ids than its pool
+  has, serves no request and is refused wherever it is read or allocated (the planner refuses
+  it with an :class:`~kvcore.errors.InsufficientMemoryError` and its largest fitting length);
 - *live pages*, to the byte: two pages may share bytes only if they belong to layers of
   *different* groups and cover a common block id. A block id belongs to one group at a time,
   so such pages are never live together. Pages of one layer, of two layers of the same group,
@@ -46,6 +50,7 @@ from collections.abc import Iterator, Sequence
 from typing import NamedTuple
 
 from kvcore.errors import PlanValidationError
+from kvcore.limits import shown
 from kvcore.plan import KVCachePlan, structural_problems
 
 #: Above this many pages in all, the fallback sweep checks only the first and last few pages
@@ -59,7 +64,9 @@ _MAX_PERIOD_COPIES = 4096
 MAX_PROBLEMS = 20
 
 
-def plan_problems(plan: KVCachePlan, *, limit: int = MAX_CHECKED_PAGES, structure: bool = True) -> list[str]:
+def plan_problems(
+    plan: KVCachePlan, *, limit: int = MAX_CHECKED_PAGES, structure: bool = True, capacity: bool = True
+) -> list[str]:
     """Every broken rule of ``plan`` (empty when the plan is sound).
 
     Args:
@@ -68,32 +75,41 @@ def plan_problems(plan: KVCachePlan, *, limit: int = MAX_CHECKED_PAGES, structur
             pages of each layer.
         structure: also re-check :func:`~kvcore.plan.structural_problems` (a plan checks
             them when it is built; the planner, which has just built it, skips them).
+        capacity: also check that one request of ``max_model_len`` fits
+            (:func:`capacity_problems`); the planner, which then refuses such a plan with an
+            :class:`~kvcore.errors.InsufficientMemoryError` (or was asked for plans past the
+            fit), skips it.
 
     Returns:
-        One sentence per problem: structure, then budget, then live-page overlaps (at most
-        :data:`MAX_PROBLEMS` of those).
+        One sentence per problem: structure, then budget and capacity, then live-page overlaps
+        (at most :data:`MAX_PROBLEMS` of those).
     """
     broken = list(structural_problems(plan)) if structure else []
     if not broken:  # alignment looks each tensor's layers up in their groups
         broken = alignment_problems(plan)
     problems = broken + budget_problems(plan)
+    if capacity:
+        problems += capacity_problems(plan)
     if not broken:  # the overlap check needs every layer in one group and one tensor
         problems += overlap_problems(plan, limit=limit)
     return problems
 
 
-def check_plan(plan: KVCachePlan, *, source: str | None = None, structure: bool = True) -> None:
+def check_plan(
+    plan: KVCachePlan, *, source: str | None = None, structure: bool = True, capacity: bool = True
+) -> None:
     """Raise unless ``plan`` passes :func:`plan_problems`.
 
     Args:
         plan: the plan to check.
         source: where it came from, for the message (``"policy.layout()"``, a file name).
         structure: re-check the structural rules too (see :func:`plan_problems`).
+        capacity: check that one request fits (see :func:`plan_problems`).
 
     Raises:
         PlanValidationError: listing every problem, with the plan's policy and ``source``.
     """
-    problems = plan_problems(plan, structure=structure)
+    problems = plan_problems(plan, structure=structure, capacity=capacity)
     if problems:
         raise PlanValidationError(problems, policy=plan.policy, source=source)
 
@@ -140,6 +156,28 @@ def budget_problems(plan: KVCachePlan) -> list[str]:
         f"the plan takes {plan.kv_cache_bytes} bytes ({blocks}) but its budget "
         f"(available_memory_bytes) is {plan.available_memory_bytes} bytes"
     ]
+
+
+def capacity_problems(plan: KVCachePlan) -> list[str]:
+    """The capacity rule: one request of the plan's ``max_model_len`` fits in every pool
+    (:meth:`KVCachePlan.fits`). A plan that holds no request would be allocated and bound and
+    then refuse every request, or (hand-edited) hand one request more pages than it has."""
+    if plan.fits():
+        return []
+    length = plan.context.max_model_len
+    needs = plan.blocks_per_request_by_pool()
+    problems = []
+    for p, need in enumerate(needs):
+        usable = plan.usable_blocks_in(p)
+        if need <= usable:
+            continue
+        where = f"pool {p}'s" if plan.is_multi_pool else "the plan's"
+        problems.append(
+            f"one request of max_model_len {length:,} tokens needs {shown(need)} block ids but {where} "
+            f"{plan.pools[p].num_blocks:,} blocks leave {usable:,} for requests, so the plan serves no "
+            "request: plan it with more memory (or blocks), or a lower max_model_len"
+        )
+    return problems
 
 
 class _Series(NamedTuple):

@@ -239,7 +239,7 @@ def plan_model(
         # the one check every plan passes: structure when built, the rest here
         try:
             plan = build_plan(chosen, own, layout, blocks, context, memory, null_block=null_block)
-            problems = plan_problems(plan, structure=False)
+            problems = plan_problems(plan, structure=False, capacity=False)  # admission follows
         except PlanValidationError as exc:
             problems = exc.problems
         if problems:

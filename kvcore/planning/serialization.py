@@ -26,6 +26,7 @@ from cattrs.v import format_exception
 
 from kvcore.dtypes import DType, dtype_name, to_dtype
 from kvcore.errors import InvalidInputError, InvalidSpecError, KVCoreError, PlanValidationError
+from kvcore.json_input import loads
 from kvcore.plan import KVCacheGroup, KVCachePlan
 from kvcore.planning.invariants import check_plan
 from kvcore.spec import OMIT_IF_DEFAULT, KVCacheSpec, SizingContext
@@ -375,12 +376,13 @@ def plan_from_json(text: str, registry: Registry, *, source: str | None = None) 
         source: where the text came from (a file name), for messages.
 
     Raises:
-        InvalidInputError: not JSON, not an object, or not a plan.
+        InvalidInputError: not JSON, nested deeper than :data:`kvcore.limits.MAX_JSON_DEPTH`, a
+            number of more than 4,300 digits, not an object, or not a plan.
         PlanValidationError: the plan breaks an invariant.
     """
     where = f" ({source})" if source is not None else ""
     try:
-        data = json.loads(text)
+        data = loads(text, source or "the plan")
     except json.JSONDecodeError as exc:
         raise InvalidInputError(f"plan{where} is not valid JSON: {exc}") from None
     if not isinstance(data, Mapping):

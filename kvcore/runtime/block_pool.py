@@ -46,7 +46,7 @@ from itertools import chain, repeat
 from typing import Final
 
 from kvcore.errors import BlockPoolExhaustedError, InvalidInputError, MultiplePoolsError
-from kvcore.limits import MAX_TOKENS
+from kvcore.limits import MAX_TOKENS, shown
 from kvcore.plan import KVCacheGroup, KVCachePlan
 from kvcore.runtime.prefix_cache import PrefixCacheStats, PrefixKey, token_block_keys
 from kvcore.spec import KVCacheSpec
@@ -74,15 +74,42 @@ def _holder(owner: int) -> str:
     return "the null block" if owner == _NULL else f"held by group {owner}"
 
 
+def _check_hashable(request_id: object) -> None:
+    """Refuse a request id that cannot key a dict (a list, a dict, a tuple holding a list).
+
+    Raises:
+        InvalidInputError: naming the id's type.
+    """
+    try:
+        hash(request_id)
+    except TypeError:
+        raise InvalidInputError(
+            f"request ids must be hashable, such as a str or an int (got a {type(request_id).__name__}: "
+            f"{request_id!r:.60})"
+        ) from None
+
+
+def _too_long(request_id: Hashable, num_tokens: int, max_model_len: int, what: str) -> InvalidInputError:
+    """The error for a request of more tokens than the plan's ``max_model_len``."""
+    return InvalidInputError(
+        f"cannot {what} {shown(num_tokens)} tokens of request {request_id!r:.60}: the plan's max_model_len "
+        f"is {max_model_len:,}, the most tokens one request holds; plan for a longer max_model_len or "
+        "shorten the request"
+    )
+
 
 def _checked_prefix(
-    request_id: Hashable, known_request: bool, content: Sequence[int] | PrefixKey, num_tokens: int | None
+    request_id: Hashable,
+    known_request: bool,
+    content: Sequence[int] | PrefixKey,
+    num_tokens: int | None,
+    max_model_len: int,
 ) -> tuple[int, int]:
     """The arguments of ``attach_prefix``, checked: ``(num_tokens, tokens the content has)``.
 
     Raises:
         InvalidInputError: the request has tables already, the content is neither token ids
-            nor a :class:`PrefixKey`, or ``num_tokens`` is negative.
+            nor a :class:`PrefixKey`, or ``num_tokens`` is negative or above ``max_model_len``.
     """
     if known_request:
         raise InvalidInputError(
@@ -99,7 +126,10 @@ def _checked_prefix(
     if num_tokens is None:
         num_tokens = known
     check_int(num_tokens, "'num_tokens'", minimum=0)
+    if num_tokens > max_model_len:  # a hit walks the blocks of num_tokens: 10**9 would run for minutes
+        raise _too_long(request_id, num_tokens, max_model_len, "attach")
     return num_tokens, known
+
 
 class _Runs:
     """Free aligned runs of one length: free ids per chunk, and a max-heap of full chunks."""
@@ -173,6 +203,7 @@ class BlockPool:
         self.plan = plan
         self.groups: tuple[KVCacheGroup, ...] = plan.groups
         self.num_blocks: int = plan.num_blocks
+        self._max_len = plan.context.max_model_len
         self._owner = [_FREE] * plan.num_blocks
         self._num_free = plan.num_blocks
         # a min-heap (sorted) of free ids; with aligned runs it keeps ids a run took (lazily cleaned)
@@ -235,6 +266,10 @@ class BlockPool:
         if plan.null_block is not None and plan.num_blocks:
             self._hold_null_block(plan.null_block)
         self._tables: dict[Hashable, list[list[int]]] = {}
+        # the pages allocate() handed out, per group: free() gives back only these, never a page
+        # a request's table holds; _inside counts the request methods' own allocate/free calls
+        self._loose: list[set[int]] = [set() for _ in plan.groups]
+        self._inside = 0
         self._tokens: dict[Hashable, int] = {}
         self._computed: dict[Hashable, int] = {}  # the largest num_computed_tokens released
         self._released: dict[Hashable, list[int]] = {}
@@ -314,6 +349,13 @@ class BlockPool:
         """
         self._refuse_if_caching("allocate")
         group = self._index(group)
+        pages = self._allocate(group, num_pages)
+        if not self._inside:  # a page of the caller's own, which free() may give back
+            self._loose[group].update(pages)
+        return pages
+
+    def _allocate(self, group: int, num_pages: int) -> list[int]:
+        """:meth:`allocate` of a checked group index."""
         span = self._spans[group]
         if num_pages > (self._num_free if span == 1 else self._runs[span].full):
             raise self._exhausted(group, num_pages)
@@ -338,12 +380,18 @@ class BlockPool:
     def free(self, group: int, pages: Iterable[int]) -> None:
         """Give ``group``'s ``pages`` back to the pool.
 
+        Only pages :meth:`allocate` handed out may be freed here: a request's pages are freed by
+        :meth:`free_request`, :meth:`truncate` and :meth:`release_stale`, which also clear its
+        table (freeing them here would leave the table naming ids the pool hands out again).
+
         Raises:
-            InvalidInputError: a page is out of range or not held by ``group``, or the pool caches
-                prefixes (its request methods own every id); nothing was freed.
+            InvalidInputError: a page is out of range or not held by ``group``, is held by a
+                request's table, or the pool caches prefixes (its request methods own every id);
+                nothing was freed.
         """
         self._refuse_if_caching("free")
         pages = list(pages)
+        inside = self._inside
         for page in pages:
             if not 0 <= page < self.plan.num_pages(self._group(group)):
                 raise InvalidInputError(
@@ -359,6 +407,12 @@ class BlockPool:
                     )
         if len(set(pages)) != len(pages):
             raise InvalidInputError(f"cannot free the same page twice in one call (got {pages})")
+        if not inside:
+            loose = self._loose[self._index(group)]
+            for page in pages:
+                if page not in loose:
+                    raise self._not_loose(group, page)
+            loose.difference_update(pages)
         if self._bulk:
             self._give_back(self._index(group), pages)
             return
@@ -420,6 +474,7 @@ class BlockPool:
 
     def new_blocks_needed(self, request_id: Hashable, num_tokens: int) -> int:
         """Block ids :meth:`reserve` would take to cover ``num_tokens`` tokens now."""
+        _check_hashable(request_id)
         tables = self._tables.get(request_id)
         released = self._released.get(request_id)
         computed = self._computed.get(request_id, 0)
@@ -444,11 +499,13 @@ class BlockPool:
             tables' last entries).
 
         Raises:
-            InvalidInputError: ``num_tokens`` is negative, or fewer than the request covers.
+            InvalidInputError: ``num_tokens`` is negative, above the plan's ``max_model_len``, or
+                fewer than the request covers; the request id is not hashable.
             BlockPoolExhaustedError: too few free ids; nothing was taken.
         """
-        if type(num_tokens) is not int or num_tokens < 0:
-            check_int(num_tokens, "'num_tokens'", minimum=0)
+        if type(num_tokens) is not int or num_tokens < 0 or num_tokens > self._max_len:
+            self._check_reserve(request_id, num_tokens)
+        _check_hashable(request_id)  # a list or dict: refused before any table is touched
         if self._by_class:  # checks a shrinking count itself
             grown = self._reserve_by_class(request_id, num_tokens)
             if self._pending:
@@ -634,6 +691,7 @@ class BlockPool:
                 at += count
             return taken
         taken = {}
+        self._inside += 1  # the pages are the request's: allocate() does not count them loose
         try:
             for index, count in grows:
                 taken[index] = self.allocate(index, count)
@@ -641,6 +699,8 @@ class BlockPool:
             for index, pages in taken.items():
                 self._free_own(index, pages)
             raise
+        finally:
+            self._inside -= 1
         return taken
 
     def release_stale(self, request_id: Hashable, num_computed_tokens: int) -> dict[int, list[int]]:
@@ -915,7 +975,10 @@ class BlockPool:
             InvalidInputError: the request is known already, ``num_tokens`` is negative, or the
                 content is neither token ids nor a key.
         """
-        num_tokens, known = _checked_prefix(request_id, request_id in self._tables, content, num_tokens)
+        _check_hashable(request_id)
+        num_tokens, known = _checked_prefix(
+            request_id, request_id in self._tables, content, num_tokens, self._max_len
+        )
         return self._attach_prefix_within(request_id, content, num_tokens, min(num_tokens - 1, known))
 
     def _probe_hit(self, request_id: Hashable, content: Sequence[int] | PrefixKey, limit: int) -> int:
@@ -1048,8 +1111,27 @@ class BlockPool:
         """Free pages the pool's own tables say ``group`` holds (no checks needed)."""
         if self._bulk:
             self._give_back(group, pages)
-        else:
+            return
+        self._inside += 1  # a request's pages: free() gives them back without asking allocate()
+        try:
             self.free(group, pages)
+        finally:
+            self._inside -= 1
+
+    def _not_loose(self, group: int, page: int) -> InvalidInputError:
+        """The error of :meth:`free` given a page that :meth:`allocate` did not hand out."""
+        index = self._index(group)
+        holders = [r for r, tables in self._tables.items() if page in tables[index]]
+        if holders:
+            return InvalidInputError(
+                f"cannot free page {page} of group {group}: request {holders[0]!r} holds it in its "
+                "block table; free a request's pages with free_request(), truncate() or "
+                "release_stale(), which clear its table too"
+            )
+        return InvalidInputError(
+            f"cannot free page {page} of group {group}: allocate() did not hand it out; free() gives "
+            "back only pages allocate() took"
+        )
 
     def _give_back(self, group: int, pages: list[int]) -> None:
         """Free ``group``'s ``pages`` at once (checked by the caller)."""
@@ -1066,7 +1148,14 @@ class BlockPool:
                     runs.released(block)
         self._compact()
 
+    def _check_reserve(self, request_id: Hashable, num_tokens: object) -> None:
+        """Refuse a ``num_tokens`` that is not an int from 0 to the plan's ``max_model_len``."""
+        check_int(num_tokens, "'num_tokens'", minimum=0)
+        if num_tokens > self._max_len:  # type: ignore[operator]
+            raise _too_long(request_id, num_tokens, self._max_len, "reserve")  # type: ignore[arg-type]
+
     def _check_request(self, request_id: Hashable) -> None:
+        _check_hashable(request_id)
         if request_id not in self._tables:
             raise InvalidInputError(
                 f"unknown request {request_id!r}; reserve() it first ({len(self._tables)} requests live)"
@@ -1495,9 +1584,10 @@ class MultiPoolBlockPool(BlockPool):
             BlockPoolExhaustedError: some pool has too few free ids (the message names it);
                 nothing was taken in any pool.
         """
+        if type(num_tokens) is not int or num_tokens < 0 or num_tokens > self.pools[0]._max_len:
+            self.pools[0]._check_reserve(request_id, num_tokens)
+        _check_hashable(request_id)
         known = request_id in self._order  # reserved before, or attached
-        if type(num_tokens) is not int or num_tokens < 0:
-            check_int(num_tokens, "'num_tokens'", minimum=0)
         before = self.pools[0].num_tokens(request_id) if known else 0
         if known and num_tokens < before:
             self.pools[0].reserve(request_id, num_tokens)  # raises its wording
@@ -1625,7 +1715,10 @@ class MultiPoolBlockPool(BlockPool):
         Raises:
             InvalidInputError: as :meth:`BlockPool.attach_prefix`.
         """
-        num_tokens, known = _checked_prefix(request_id, request_id in self._order, content, num_tokens)
+        _check_hashable(request_id)
+        num_tokens, known = _checked_prefix(
+            request_id, request_id in self._order, content, num_tokens, self.pools[0]._max_len
+        )
         limit = min(num_tokens - 1, known)
         if self._caching:  # each pool's hit bounds the others' until they agree
             settled = False
@@ -1653,6 +1746,7 @@ class MultiPoolBlockPool(BlockPool):
         return self.pools[p], local
 
     def _check_request(self, request_id: Hashable) -> None:
+        _check_hashable(request_id)
         if request_id not in self._order:
             raise InvalidInputError(
                 f"unknown request {request_id!r}; reserve() it first ({len(self._order)} requests live)"

@@ -62,6 +62,7 @@ from kvcore.peaks import pool_peaks
 from kvcore.plan import KVCachePlan
 from kvcore.runtime.block_pool import BlockPool
 from kvcore.runtime.prefix_cache import PrefixKey
+from kvcore.simulation.series import StepSeries
 from kvcore.simulation.steps import StepRecord, StepTimeModel, Timeline
 from kvcore.simulation.workload import Request, Workload
 from kvcore.spec import KVCacheSpec, SizingContext
@@ -93,8 +94,9 @@ class SimulationResult:
             (0..1); cached blocks no request holds count as free. With several pools, the share
             of the fullest pool at each step.
         peak_pool_usage: the largest share held during one step.
-        running: running requests at each step.
-        pool_usage: the share of the pool held at each step.
+        running: running requests at each step (a :class:`~kvcore.simulation.series.StepSeries`:
+            reads as a tuple, stores an idle stretch as one run).
+        pool_usage: the share of the pool held at each step (a ``StepSeries`` too).
     """
 
     policy: str
@@ -110,8 +112,8 @@ class SimulationResult:
     p99_queue_delay: float
     mean_pool_usage: float
     peak_pool_usage: float
-    running: tuple[int, ...] = attrs.field(repr=False)
-    pool_usage: tuple[float, ...] = attrs.field(repr=False)
+    running: Sequence[int] = attrs.field(repr=False)
+    pool_usage: Sequence[float] = attrs.field(repr=False)
     prefix_caching: bool = False
     cached_tokens: int = 0
     prefix_hit_rate: float = 0.0
@@ -247,8 +249,9 @@ class Simulator:
             for group in plan.groups:
                 per_page = group.spec.tokens_per_page or 1
                 self._releases[per_page::per_page] = b"\x01" * len(range(per_page, longest + 2, per_page))
-        self._running_series: list[int] = []
-        self._usage_series: list[float] = []
+        # runs of equal values: an idle stretch of millions of steps is one run
+        self._running_series: StepSeries[int] = StepSeries()
+        self._usage_series: StepSeries[float] = StepSeries()
         self.steps = 0
         self.finished = 0
         self.total_tokens = 0
@@ -291,8 +294,8 @@ class Simulator:
                 self.clock = arrival[upcoming]
                 return
             gap = int(arrival[upcoming]) - step
-            self._running_series.extend([0] * gap)
-            self._usage_series.extend([0.0] * gap)
+            self._running_series.extend_repeat(0, gap)
+            self._usage_series.extend_repeat(0.0, gap)
             if timed:  # an idle step runs nothing and takes no time
                 self._step_end.extend([self.clock] * gap)
             self.steps += gap
@@ -470,18 +473,18 @@ class Simulator:
             policy=self.plan.policy,
             num_requests=len(self.requests),
             steps=steps,
-            mean_running=sum(running) / steps if steps else 0.0,
-            peak_running=max(running, default=0),
+            mean_running=running.total() / steps if steps else 0.0,
+            peak_running=running.peak(0),
             tokens_per_step=self.total_tokens / steps if steps else 0.0,
             total_tokens=self.total_tokens,
             recomputed_tokens=self.recomputed_tokens,
             preemptions=self.preemptions,
             mean_queue_delay=sum(delays) / len(delays) if delays else 0.0,
             p99_queue_delay=float(percentile(delays, 99)) if delays else 0.0,
-            mean_pool_usage=sum(usage) / steps if steps else 0.0,
-            peak_pool_usage=max(usage, default=0.0),
-            running=tuple(running),
-            pool_usage=tuple(usage),
+            mean_pool_usage=usage.total() / steps if steps else 0.0,
+            peak_pool_usage=usage.peak(0.0),
+            running=running.copy(),
+            pool_usage=usage.copy(),
             prefix_caching=stats.enabled,
             cached_tokens=self.cached_tokens,
             prefix_hit_rate=stats.hit_rate,

@@ -20,7 +20,6 @@ arguments give the same requests on every machine (``random.Random``, no numpy).
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import random
@@ -29,6 +28,7 @@ from typing import Final, Literal
 import attrs
 
 from kvcore.errors import InvalidInputError
+from kvcore.json_input import loads, read_bounded
 from kvcore.limits import MAX_TOKENS, check_at_most
 from kvcore.validators import check_int, int_at_least, is_number
 
@@ -200,8 +200,7 @@ def read_trace(path: str | os.PathLike[str]) -> Workload:
     """
     where = os.fspath(path)
     try:
-        with open(path, "rb") as handle:
-            raw_lines = handle.read().split(b"\n")
+        raw_lines = read_bounded(path, f"the trace {where}").split(b"\n")
     except OSError as exc:
         raise InvalidInputError(f"cannot read the trace {where}: {exc.strerror or exc}") from None
     requests: list[Request] = []
@@ -230,8 +229,10 @@ def read_trace(path: str | os.PathLike[str]) -> Workload:
 
 def _request_from_line(text: str, index: int, where: str, line: int) -> Request:
     try:
-        item = json.loads(text)
-    except (ValueError, RecursionError) as exc:
+        item = loads(text, "the line")
+    except InvalidInputError as exc:  # nested too deep, or a number too long
+        raise InvalidInputError(f"{where}: {exc}") from None
+    except ValueError as exc:
         raise InvalidInputError(f"{where}: not valid JSON ({exc})") from None
     if not isinstance(item, dict):
         raise InvalidInputError(

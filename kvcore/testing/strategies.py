@@ -471,13 +471,14 @@ def hand_built_multi_pool_plans(
     one tensor per layer side by side in the pool's rows, or the ``k``-th layers of its groups
     sharing one tensor (the shared-buffer way), each at its spec's alignment. Pools lie end to
     end in one buffer, or (sometimes) every tensor is its own allocation. The plan is sound:
-    every check of :func:`kvcore.planning.invariants.plan_problems` passes.
+    every check of :func:`kvcore.planning.invariants.plan_problems` passes (each pool has at
+    least the blocks one request of the context's ``max_model_len`` needs).
 
     Args:
         kinds: the kinds to draw from (default: every kind of ``registry``, see :func:`specs`).
         registry: where kinds and their strategies come from (default: the built-ins).
         max_pools: most pools (at least two).
-        max_blocks: most block ids in one pool.
+        max_blocks: most block ids in one pool drawn (more where one request needs more).
         context: the context the plan is sized for (default: 64 tokens, steps of 16).
         null_block: reserve block 0 of every pool (default: drawn).
     """
@@ -504,7 +505,10 @@ def hand_built_multi_pool_plans(
                 members.append((f"model.layers.{layer}", sibling))
                 layer += 1
             pool_groups.append(members)
-        drawn.append((num_blocks, draw(st.booleans()), pool_groups))
+        # room for one request of ctx.max_model_len (and the null block): the plan check refuses
+        # a plan that serves no request
+        need = sum(members[0][1].max_num_blocks(ctx) for members in pool_groups) + int(reserve)
+        drawn.append((max(num_blocks, need), draw(st.booleans()), pool_groups))
     # every row a multiple of every alignment, so that pools laid end to end stay aligned
     align_all = math.lcm(*(s.alignment_bytes for _, _, pg in drawn for m in pg for _, s in m))
     offset = 0
@@ -592,7 +596,7 @@ def multi_pool_plans(
             plan = plan_kv_cache(mix, budget, ctx, registry=reg, policy="kind_pools", check_fit=False)
         except PolicyNotApplicableError:
             reject()
-        if len(plan.pools) < 2:
+        if len(plan.pools) < 2 or not plan.fits():  # (a plan that holds no request is refused)
             reject()
         return plan
 

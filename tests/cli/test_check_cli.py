@@ -116,10 +116,26 @@ def _edits(data):
     scaled["num_blocks"] *= 4
     for tensor in scaled["tensors"]:
         tensor["size"] = tensor["size"] + 3 * scaled["num_blocks"] // 4 * tensor["page_stride"]
+    # plans that cannot hold one request of their max_model_len: one block short of it, with
+    # the tensors shrunk to match; no blocks at all; pages of 2**40 block ids
+    need = data["blocks_per_request"]  # the report's own figure
+    short = copy.deepcopy(data)
+    old_blocks, short["num_blocks"] = short["num_blocks"], need - 1
+    for tensor in short["tensors"]:
+        tensor["size"] -= (old_blocks - short["num_blocks"]) * tensor["page_stride"]
+    empty = copy.deepcopy(data)
+    empty["num_blocks"] = 0
+    for tensor in empty["tensors"]:
+        tensor["size"] = 0
+    huge_pages = copy.deepcopy(data)
+    huge_pages["groups"][0]["blocks_per_page"] = 2**40
     return {
         "same group": (same_group, "pages of one group"),
         "offset 0": (at_zero, "pages of one group"),
         "x4": (scaled, "available_memory_bytes"),
+        "one block short": (short, f"needs {need} block ids but the plan's {need - 1} blocks"),
+        "no blocks": (empty, "the plan's 0 blocks leave 0 for requests, so the plan serves no request"),
+        "2**40 per page": (huge_pages, "so the plan serves no request"),
     }
 
 
@@ -135,7 +151,9 @@ def test_a_saved_plan_is_valid_as_printed(run_cli, saved, tmp_path, with_plugins
     assert "bound 6 layers" in out
 
 
-@pytest.mark.parametrize("edit", ["same group", "offset 0", "x4"])
+@pytest.mark.parametrize(
+    "edit", ["same group", "offset 0", "x4", "one block short", "no blocks", "2**40 per page"]
+)
 def test_edited_plans_are_refused_at_every_door(run_cli, saved, tmp_path, with_plugins, edit):
     data, problem = _edits(saved)[edit]
     with pytest.raises(PlanValidationError, match=problem) as info:

@@ -21,6 +21,7 @@ import multiprocessing as mp
 import os
 import queue
 import signal
+import socket
 import time
 from datetime import timedelta
 from typing import Any
@@ -71,6 +72,8 @@ class Case:
         run_id: ``TORCHELASTIC_RUN_ID`` of the ranks (``None``: unset, a fresh attempt).
         restart: ``TORCHELASTIC_RESTART_COUNT``.
         resume: frozen ranks to continue once every other rank has reported.
+        store_on_rank0: rank 0 hosts the store (``env://`` with ranks started by hand) instead
+            of a process of its own; it keeps serving it until every rank has reported.
     """
 
     scenario: Scenario
@@ -79,6 +82,7 @@ class Case:
     run_id: str | None = None
     restart: int = 0
     resume: frozenset[int] = frozenset()
+    store_on_rank0: bool = False
 
 
 class _FaultyExecutor(RankExecutor):
@@ -139,7 +143,10 @@ def _rank_main(rank: int, port: int, world: int, job: tuple[Case, int], results:
     if case.run_id is not None:
         os.environ.update(TORCHELASTIC_RUN_ID=case.run_id, TORCHELASTIC_RESTART_COUNT=str(case.restart))
     registry = toy_registry()
-    client = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=60))
+    hosting = case.store_on_rank0 and rank == 0
+    client = dist.TCPStore(
+        "127.0.0.1", port, is_master=hosting, wait_for_workers=False, timeout=timedelta(seconds=60)
+    )
     store = dist.PrefixStore("kvcore", client)
     local = _FaultyExecutor(case, rank, store_pid)
     executor = DistributedExecutor(
@@ -183,6 +190,9 @@ def _rank_main(rank: int, port: int, world: int, job: tuple[Case, int], results:
         }
     result["seconds"] = time.monotonic() - start
     results.put((rank, result))
+    if hosting:  # keep serving the store until every rank has reported, as a live rank 0 does
+        with contextlib.suppress(Exception):
+            client.wait(["done"], timedelta(seconds=120))
 
 
 def _host_store(port_queue: Any) -> None:
@@ -218,6 +228,13 @@ class StoreHost:
         self.close()
 
 
+def _free_port() -> int:
+    """A TCP port free now on 127.0.0.1 (for rank 0's store)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
 def run_case(
     case: Case, *, host: StoreHost | None = None, guard_s: float = 60.0
 ) -> tuple[dict[int, dict[str, Any]], dict[int, int | None]]:
@@ -226,27 +243,29 @@ def run_case(
     Ranks with a ``kill`` or ``freeze`` fault that are not in ``resume`` are not expected to
     report; every other rank must report within ``guard_s`` (else the test fails: a hang).
     """
-    own_host = host is None
-    store_host = StoreHost() if host is None else host
+    own_host = host is None and not case.store_on_rank0
+    store_host = host if host is not None else (None if case.store_on_rank0 else StoreHost())
+    port = store_host.port if store_host is not None else _free_port()
+    store_pid = store_host.pid if store_host is not None else -1
     world = case.scenario.parallelism.world_size
     silent = {r for r, f in case.faults.items() if f in SILENT}
     expect = set(range(world)) - (silent - case.resume)
     ctx = mp.get_context("forkserver")
     results: Any = ctx.Queue()
     procs = [
-        ctx.Process(
-            target=_rank_main, args=(r, store_host.port, world, (case, store_host.pid), results), daemon=True
-        )
+        ctx.Process(target=_rank_main, args=(r, port, world, (case, store_pid), results), daemon=True)
         for r in range(world)
     ]
     reports: dict[int, dict[str, Any]] = {}
     up: set[int] = set()
     resumed = False
     deadline = time.monotonic() + guard_s
-    control = dist.TCPStore("127.0.0.1", store_host.port, is_master=False, timeout=timedelta(seconds=30))
+    control: Any = None
     try:
         for proc in procs:
             proc.start()
+        # (on rank 0's store, the client waits until rank 0 has started it)
+        control = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=30))
         while not expect <= set(reports) and time.monotonic() < deadline:
             if not resumed and case.resume and (expect - case.resume) <= set(reports):
                 for rank in case.resume:
@@ -263,6 +282,9 @@ def run_case(
                 continue
             reports[rank] = result
     finally:
+        if control is not None and case.store_on_rank0:
+            with contextlib.suppress(Exception):
+                control.set("done", "1")
         for rank, proc in enumerate(procs):
             if rank in reports:
                 proc.join(timeout=max(0.0, min(5.0, deadline - time.monotonic())))
@@ -274,7 +296,7 @@ def run_case(
             proc.join(timeout=5)
         results.close()
         del control
-        if own_host:
+        if own_host and store_host is not None:
             store_host.close()
     missing = sorted(expect - set(reports))
     assert not missing, f"ranks {missing} did not report within {guard_s} s: a hang"

@@ -119,6 +119,27 @@ def test_explicit_run_ids_keep_attempts_apart():
     assert first[1] == [0, 1] and again[1] == [0, -1] and other[0] == [5, 6]
 
 
+def test_a_run_id_reused_by_new_processes_is_refused_on_every_rank(monkeypatch):
+    from collections import Counter
+
+    from kvcore.engine import agreement as module
+    from kvcore.errors import AttemptReusedError
+
+    store = dist.HashStore()
+    first = _on_threads(
+        2, lambda r: StoreAgreement(store, r, 2, timeout_s=10, run_id="same").exchange("x", r)
+    )
+    assert first[0] == first[1] == [0, 1]
+    monkeypatch.setattr(module, "_instances", Counter())  # new processes count agreements from 1 again
+    again = _on_threads(
+        2, lambda r: StoreAgreement(store, r, 2, timeout_s=10, run_id="same").exchange("x", -r)
+    )
+    for rank in (0, 1):  # never the first run's decision ([0, 1])
+        assert isinstance(again[rank], AttemptReusedError), again[rank]
+        assert again[rank].attempt == "same/1" and again[rank].ranks == ()
+        assert "was used on this store by an earlier run" in str(again[rank])
+
+
 def test_torchrun_s_run_id_and_restart_count_name_the_attempt(monkeypatch):
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job7")
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "2")

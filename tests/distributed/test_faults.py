@@ -161,3 +161,44 @@ def test_a_rank_frozen_before_a_fresh_attempt_raises_too_when_it_resumes():
     assert check_no_split(reports) == "raised"
     assert all(report["agreement_error"] for report in reports.values())
     assert all(reports[r]["ranks"] == [3] and reports[r]["seconds"] < BOUND_S for r in (0, 1, 2))
+    # the late rank names itself, not rank 0 (which gave up waiting for it)
+    assert reports[3]["ranks"] == [3] and "rank 3" in reports[3]["message"].split(":")[0], reports[3]
+
+
+@pytest.mark.parametrize("fault", ["freeze-mid", "freeze-commit"])
+def test_with_rank_0_hosting_the_store_a_frozen_rank_0_ends_like_the_others(fault):
+    # env:// with ranks started by hand: rank 0's process serves the store, so freezing it
+    # freezes the store; the others give up on it, and rank 0, resumed, must not take the plan
+    case = Case(
+        scenario=_scenario(4),
+        faults={0: fault},
+        resume=frozenset({0}),
+        run_id=f"rank0-store-{fault}",
+        store_on_rank0=True,
+    )
+    reports, _ = run_case(case)
+    assert check_no_split(reports) == "raised"
+    for rank in (1, 2, 3):
+        assert reports[rank]["error"] == "StoreUnavailableError", reports[rank]
+        assert reports[rank]["seconds"] < BOUND_S, reports[rank]
+    assert reports[0]["agreement_error"], reports[0]
+    if fault == "freeze-commit":  # every key of the commit is there: only the clock says no
+        assert reports[0]["ranks"] == [0], reports[0]
+        assert "after the deadline of rank" in reports[0]["message"], reports[0]
+
+
+def test_a_run_id_reused_on_a_surviving_store_is_refused_on_every_rank():
+    # a second run with the same run id (and restart count) must not read the first run's
+    # decisions: ranks started with different policies would both "agree"
+    scenario = _scenario(4)
+    with StoreHost() as host:
+        first, _ = run_case(Case(scenario=scenario, run_id="reused"), host=host)
+        assert check_no_split(first) == "ok"
+        again, _ = run_case(
+            Case(scenario=scenario, run_id="reused", settings={2: {"policy": "uniform"}}), host=host
+        )
+    assert check_no_split(again) == "raised"
+    for report in again.values():
+        assert report["error"] == "AttemptReusedError" and report["agreement_error"], report
+        assert "was used on this store by an earlier run" in report["message"]
+        assert report["seconds"] < BOUND_S, report

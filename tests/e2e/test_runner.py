@@ -131,9 +131,14 @@ def test_the_scheduler_refuses_what_the_pool_cannot_hold(gemma2, registry):
 def test_a_step_the_pool_cannot_hold_takes_nothing(gemma2, registry):
     short = SizingContext(max_model_len=16, max_num_batched_tokens=16)
     runner = kvcore_runner(gemma2, registry, num_blocks=8, context=short)
-    with pytest.raises(BlockPoolExhaustedError):
+    with pytest.raises(InvalidInputError, match="the plan's max_model_len is 16"):  # no request is that long
         runner.step([ScheduledRequest(request_id="a", token_ids=[5] * 40, num_computed=0)])
     assert runner.pool.num_free_blocks == 8 and runner.events == []
+    runner.step([ScheduledRequest(request_id="a", token_ids=[5] * 16, num_computed=0)])
+    free, events = runner.pool.num_free_blocks, list(runner.events)
+    with pytest.raises(BlockPoolExhaustedError):  # a second request of 16 tokens finds too few
+        runner.step([ScheduledRequest(request_id="b", token_ids=[5] * 16, num_computed=0)])
+    assert runner.pool.num_free_blocks == free and runner.events == events
 
 
 def test_reading_past_the_block_table_is_refused():

@@ -5,7 +5,13 @@ numbers, a saved plan. Each door function takes one generated input and returns 
 :class:`Outcome`: kvcore refused it with a :class:`~kvcore.errors.KVCoreError` (or, on the
 command line, exit 1 with one ``kvcore: error:`` line, or argparse's exit 2), or accepted it,
 in which case every plan it made is checked with
-:func:`kvcore.planning.invariants.plan_problems` (budget and live-page overlap). Anything else
+:func:`kvcore.planning.invariants.plan_problems` (budget and live-page overlap) and must hold
+one request of its ``max_model_len``. The file doors are also fed JSON nested past
+``MAX_JSON_DEPTH``, numbers of more than 4,300 digits and files that never end
+(``/dev/zero``); traces are simulated (arrivals ten million steps out included); a block pool
+is driven with random calls (ids that cannot be hashed, lengths past ``max_model_len``, prefix
+keys of 10**9 tokens, frees of pages a request holds) and must never give a block id two
+holders. Anything else
 (another exception, a traceback, a plan with problems) is a *failure*; the outcome carries it.
 
 Used by ``tests/fuzz/test_doors.py`` (quick, the ``ci`` hypothesis profile) and by
@@ -30,6 +36,7 @@ from kvcore import KVCoreError, SizingContext, plan_kv_cache
 from kvcore.cli import main
 from kvcore.frontends.hf_config import bundled_models
 from kvcore.frontends.specfile import read_spec_file
+from kvcore.limits import MAX_JSON_DEPTH
 from kvcore.model_options import ModelOptions
 from kvcore.plan import KVCachePlan
 from kvcore.planning.invariants import plan_problems
@@ -63,6 +70,8 @@ def _judge(plans: list[KVCachePlan]) -> Outcome:
     details = []
     for plan in plans:
         problems = plan_problems(plan)
+        if not plan.fits():  # judged on its own, not only through the check under test
+            problems.append(f"the plan holds no request of {plan.context.max_model_len} tokens")
         if plan.kv_cache_bytes > plan.available_memory_bytes or any("budget" in p for p in problems):
             over += 1
         if problems:
@@ -199,6 +208,8 @@ def spec_file_texts(draw: st.DrawFn) -> bytes:
                 )
             )
         ).encode()
+    if choice == 8:
+        return draw(hostile_json(json.dumps(draw(valid_spec_files()))))
     return draw(
         st.sampled_from(
             [
@@ -211,6 +222,31 @@ def spec_file_texts(draw: st.DrawFn) -> bytes:
             ]
         )
     )
+
+
+@st.composite
+def hostile_json(draw: st.DrawFn, text: str) -> bytes:
+    """``text`` (JSON) with one value replaced by arrays nested past the depth limit (up to
+    100,000 deep, balanced or not) or by a number of more than 4,300 digits."""
+    depth = draw(st.sampled_from([MAX_JSON_DEPTH + 1, 999, 1_000, 5_000, 100_000]))
+    digits = draw(st.sampled_from([4_301, 5_000, 50_000]))
+    value = draw(
+        st.sampled_from(
+            [
+                "[" * depth + "]" * depth,
+                "[" * depth,
+                '{"a": ' * depth + "1" + "}" * depth,
+                "1" + "0" * digits,
+                "-" + "9" * digits,
+            ]
+        )
+    )
+    spots = [i for i, char in enumerate(text) if char == ":"] or [0]
+    at = draw(st.sampled_from(spots)) + 1
+    end = at + 1
+    while end < len(text) and text[end] not in ",}]":  # replace a scalar where there is one
+        end += 1
+    return (text[:at] + " " + value + text[end:]).encode()
 
 
 #: Budgets and lengths: mostly ones a plan fits in (so that accepted plans get checked), and the edges.
@@ -401,13 +437,210 @@ def read_spec_dict(data: Mapping[str, Any]) -> Any:
 
 @st.composite
 def mutated_plans(draw: st.DrawFn) -> dict[str, Any]:
-    """A valid plan's JSON with a few values replaced, scaled, deleted or added."""
+    """A valid plan's JSON with a few values replaced, scaled, deleted or added, or shrunk to
+    hold no request (see :func:`shrunk_plans`)."""
+    if draw(st.integers(0, 3)) == 0:
+        return draw(shrunk_plans())  # type: ignore[no-any-return]
     return _mutate(draw, draw(valid_plans()), draw(st.integers(1, 4)))  # type: ignore[no-any-return]
+
+
+@st.composite
+def shrunk_plans(draw: st.DrawFn) -> dict[str, Any]:
+    """A valid plan's JSON edited so that it cannot hold one request of its ``max_model_len``
+    but is otherwise sound: fewer blocks (0, 1, or one short) with the tensors shrunk to
+    match, or a group's pages spanning ``2**40`` block ids. kvcore must refuse every one."""
+    data = draw(valid_plans())
+    if "pools" in data or not data.get("groups"):
+        return data  # (several pools: the mutations above cover them)
+    edit = draw(st.sampled_from(["blocks", "blocks", "span"]))
+    if edit == "span":
+        group = draw(st.sampled_from(data["groups"]))
+        group["blocks_per_page"] = 2**40
+        return data
+    plan = plan_from_dict(data, REGISTRY)
+    count = draw(st.sampled_from([0, 1, max(0, plan.blocks_per_request() - 1)]))
+    if count >= data["num_blocks"]:
+        return data
+    for tensor in data["tensors"]:
+        width = tensor["size"] - (data["num_blocks"] - 1) * tensor["page_stride"]  # its last page
+        tensor["size"] = (count - 1) * tensor["page_stride"] + width if count else 0
+    data["num_blocks"] = count
+    return data
 
 
 def plan_json_door(data: Any) -> Outcome:
     """Read a (mutated) plan back; an accepted plan must pass every check."""
     return _guarded(lambda: [plan_from_dict(data, REGISTRY)])
+
+
+@st.composite
+def plan_file_texts(draw: st.DrawFn) -> bytes:
+    """Bytes of a saved plan: a mutated or shrunk plan, or one made hostile (deep, long numbers)."""
+    text = json.dumps(draw(mutated_plans()))
+    return draw(hostile_json(text)) if draw(st.booleans()) else text.encode()
+
+
+def plan_file_door(text: bytes) -> Outcome:
+    """Write a plan file and read it as ``kvcore check`` does; an accepted plan is judged."""
+    from kvcore.cli.check import read_plan_file
+
+    path = WORK / "plan.json"
+    path.write_bytes(text)
+    return _guarded(lambda: [read_plan_file(str(path), REGISTRY)])
+
+
+#: The file readers of every file door, for the size bound.
+def _readers() -> dict[str, Callable[[str], object]]:
+    from kvcore.cli.check import read_plan_file
+    from kvcore.frontends.hf_config import read_config_file
+    from kvcore.simulation.workload import read_trace
+
+    return {
+        "spec file": lambda path: read_spec_file(path, REGISTRY),
+        "config.json": read_config_file,
+        "plan": lambda path: read_plan_file(path, REGISTRY),
+        "trace": read_trace,
+    }
+
+
+def input_size_door(reader: str, source: str, limit: int) -> Outcome:
+    """Read a file that never ends (``/dev/zero``) or one larger than the byte limit (lowered
+    to ``limit`` for the run): refused with a KVCoreError, never read to the end."""
+    from kvcore import limits
+
+    path = source
+    if source == "large file":
+        path = str(WORK / "large.json")
+        Path(path).write_bytes(b"[" + b"0, " * limit + b"0]")
+    kept = limits.MAX_INPUT_BYTES
+    limits.MAX_INPUT_BYTES = limit
+    try:
+
+        def read() -> list[KVCachePlan]:
+            _readers()[reader](path)
+            return []
+
+        outcome = _guarded(read)
+    finally:
+        limits.MAX_INPUT_BYTES = kept
+    if outcome.kind == "accepted":  # the file exceeds the limit: accepting it is a failure
+        return Outcome("failure", detail=f"{reader} read {source} past {limit} bytes")
+    return outcome
+
+
+@st.composite
+def trace_texts(draw: st.DrawFn) -> bytes:
+    """A JSON-lines trace: a few requests with random (often huge) fields, one line made hostile."""
+    lines = []
+    for _ in range(draw(st.integers(1, 4))):
+        sound = draw(st.integers(0, 3)) > 0  # mostly requests the plan serves, so they are simulated
+        line: dict[str, Any] = {
+            "prompt_tokens": draw(st.integers(1, 40) if sound else values),
+            "output_tokens": draw(st.integers(1, 8) if sound else values),
+        }
+        if draw(st.booleans()):
+            line["arrival_step"] = draw(
+                st.one_of(st.integers(0, 5), st.sampled_from([10**6, 10**7, 10**7 + 1, 2**63]), values)
+                if not sound
+                else st.one_of(st.integers(0, 5), st.sampled_from([10**6, 10**7 - 1, 10**7]))
+            )
+        lines.append(json.dumps(line))
+    if draw(st.integers(0, 3)) == 0:
+        index = draw(st.integers(0, len(lines) - 1))
+        lines[index] = draw(hostile_json(lines[index])).decode()
+    return "\n".join(lines).encode()
+
+
+TRACE_PLAN = plan_kv_cache(
+    {"model.layers.0": read_spec_dict({"layers": {"l": SPEC_ENTRIES[0]}})["l"],
+     "model.layers.1": read_spec_dict({"layers": {"l": SPEC_ENTRIES[1]}})["l"]},
+    2**30,
+    SizingContext(max_model_len=64, max_num_batched_tokens=16),
+    registry=REGISTRY,
+)  # fmt: skip
+
+
+def trace_door(text: bytes) -> Outcome:
+    """Read a trace and simulate it on a small plan (an arrival ten million steps out included):
+    refused with a KVCoreError, or simulated; nothing else."""
+    from kvcore.simulation.simulator import simulate
+    from kvcore.simulation.workload import read_trace
+
+    path = WORK / "trace.jsonl"
+    path.write_bytes(text)
+
+    def run() -> list[KVCachePlan]:
+        result = simulate(TRACE_PLAN, read_trace(path))
+        if len(result.running) != result.steps:
+            raise AssertionError(f"{result.steps} steps but {len(result.running)} recorded")
+        return [TRACE_PLAN]
+
+    return _guarded(run)
+
+
+#: What a block-pool session does: (operation, request id, number).
+POOL_IDS = st.one_of(st.integers(0, 3), st.sampled_from(["a", "b"]), st.just([1]), st.just({"id": 0}))
+POOL_OPS = st.lists(
+    st.tuples(
+        st.sampled_from(
+            ["reserve", "reserve", "attach", "free held", "free own", "allocate", "free_request", "release"]
+        ),
+        POOL_IDS,
+        st.one_of(st.integers(0, 80), st.sampled_from([63, 64, 65, 2**20, 10**9, -1])),
+    ),
+    max_size=12,
+)
+
+
+def block_pool_door(ops: list[tuple[str, Any, int]], caching: bool, lowest_first: bool) -> Outcome:
+    """Drive a :class:`~kvcore.runtime.block_pool.BlockPool` with random calls: reserves past
+    ``max_model_len``, prefix keys of 10**9 tokens, unhashable ids, frees of pages a request
+    holds. Each call is refused with a KVCoreError or done; after each, no block id may have
+    two holders (request tables and ``allocate()``'s pages together), and the free count must
+    match."""
+    from kvcore.runtime.block_pool import NULL_PAGE, BlockPool
+    from kvcore.runtime.prefix_cache import PrefixKey
+
+    pool = BlockPool(TRACE_PLAN, prefix_caching=caching, lowest_first=lowest_first)
+    own: dict[int, list[int]] = {}  # pages allocate() handed out, per group
+    refused = False
+    for op, rid, number in ops:
+        try:
+            if op == "reserve":
+                pool.reserve(rid, number)
+            elif op == "attach":
+                pool.attach_prefix(rid, PrefixKey("p", number))
+            elif op == "free held":
+                pages = [p for p in pool.block_table(rid, 0) if p != NULL_PAGE][: max(1, number % 4)]
+                pool.free(0, pages)
+            elif op == "free own":
+                pages = own.get(number % 2, [])[: max(1, number % 3)]
+                pool.free(number % 2, pages)
+                own[number % 2] = own.get(number % 2, [])[len(pages) :]
+            elif op == "allocate":
+                own.setdefault(number % 2, []).extend(pool.allocate(number % 2, number % 5))
+            elif op == "free_request":
+                pool.free_request(rid)
+            else:
+                pool.release_stale(rid, number)
+        except KVCoreError as exc:
+            if "\n" in str(exc) or not str(exc):
+                return Outcome("failure", detail=f"{type(exc).__name__} message is not one line: {exc!s}")
+            refused = True
+        except Exception as exc:
+            return Outcome("failure", detail=f"{op}({rid!r}, {number}): {type(exc).__name__}: {exc}"[:500])
+        held = [b for g, pages in own.items() for p in pages for b in pool.blocks_of(g, p)]
+        for request in pool.requests:
+            for g in range(len(TRACE_PLAN.groups)):
+                for page in pool.live_pages(request, g):
+                    held.extend(pool.blocks_of(g, page))
+        if len(held) != len(set(held)) and not caching:  # (a cache shares blocks by design)
+            return Outcome(
+                "failure", overlapping=1, detail=f"after {op}({rid!r}, {number}): a block id has two holders"
+            )
+        if not caching and pool.num_free_blocks != TRACE_PLAN.usable_blocks - len(set(held)):
+            return Outcome("failure", detail=f"after {op}({rid!r}, {number}): the free count is off")
+    return Outcome("refused" if refused else "accepted")  # (refused: at least one call was)
 
 
 #: Every door: its name, the strategy of its inputs (keyword arguments) and its function.
@@ -430,4 +663,20 @@ DOORS: dict[str, tuple[Any, Callable[..., Outcome]]] = {
     ),
     "command line": (st.fixed_dictionaries({"argv": command_lines()}), cli_door),
     "plan JSON": (st.fixed_dictionaries({"data": mutated_plans()}), plan_json_door),
+    "plan file": (st.fixed_dictionaries({"text": plan_file_texts()}), plan_file_door),
+    "input size": (
+        st.fixed_dictionaries(
+            {
+                "reader": st.sampled_from(["spec file", "config.json", "plan", "trace"]),
+                "source": st.sampled_from(["/dev/zero", "large file"]),
+                "limit": st.sampled_from([1, 4096, 65536]),
+            }
+        ),
+        input_size_door,
+    ),
+    "trace": (st.fixed_dictionaries({"text": trace_texts()}), trace_door),
+    "block pool": (
+        st.fixed_dictionaries({"ops": POOL_OPS, "caching": st.booleans(), "lowest_first": st.booleans()}),
+        block_pool_door,
+    ),
 }

@@ -399,7 +399,7 @@ def test_hand_built_plans_are_of_several_pools():
 
 
 def test_allocate_views_each_layer_at_its_own_page_in_its_pools_bytes():
-    plan = _gemma_like(num_blocks=(5, 7))
+    plan = _gemma_like(num_blocks=(9, 16))  # one request of 64 tokens: 9 and 16 blocks
     views = allocate(plan, "cpu", registry=REGISTRY)
     for name, group, _ in plan.iter_layers():
         spec = group.spec_of(name)

@@ -59,7 +59,8 @@ def test_a_trace_reads_in_file_order_and_sorts_by_arrival(tmp_path):
             1,
             "MAX_ARRIVAL",
         ),
-        ("[" * 100_000 + "\n", 1, "not valid JSON"),
+        ("[" * 100_000 + "\n", 1, "the line nests JSON arrays or objects 100,000 deep"),
+        ('{"prompt_tokens": 1' + "0" * 5000 + "}\n", 1, "the line holds a number of more than 4,300 digits"),
     ],
 )
 def test_every_problem_of_a_trace_names_file_and_line(tmp_path, text, line, says):
