@@ -11,12 +11,19 @@ model's ``config.json`` (:mod:`tests.sglang.sglang_models`) and:
   ``MemoryPoolConfig``: each pool holds the tokens kvcore promises and allocates the plan's
   bytes, padded page included;
 - once the plugin is registered through SGLang's ``HookRegistry``, SGLang's own
-  ``KVCacheConfigurator.config_from_budget`` returns kvcore's pool sizes.
+  ``KVCacheConfigurator.config_from_budget`` returns kvcore's pool sizes;
+- for Mamba/linear hybrids (synthetic Qwen3-Next- and Nemotron-H-shaped configs; SGLang 0.5.23
+  has no Jamba model), SGLang's own ``_handle_max_mamba_cache`` split is what kvcore models, and
+  with the plugin's second hook SGLang's ``MambaPool`` and KV pool built from the plan hold the
+  state slots and tokens kvcore promises.
 """
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
+from sglang.srt.mem_cache.kv_cache_configurator import KVCacheConfigurator
 from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
 from sglang.srt.model_executor import pool_configurator
 from sglang.srt.plugins.hook_registry import HookRegistry
@@ -102,21 +109,31 @@ def test_sglang_pools_hold_what_kvcore_promises(model, registry, tmp_path):
     assert _pool_bytes(pool) == plan.kv_cache_bytes <= BUDGET
 
 
-def test_plugin_replaces_sglangs_configurator(monkeypatch, registry, tmp_path):
-    model, budget = "microsoft/Phi-3-mini-4k-instruct", 2 << 30
-    kvc = kv_cache_configurator(model, tmp_path, page_size=PAGE)
-    sglang_own = kvc.config_from_budget(budget)
-    monkeypatch.setenv(plugin.POLICY_VARIABLE, "kind_pools")
+@contextlib.contextmanager
+def plugin_hooked(monkeypatch, policy: str = "kind_pools"):
+    """The plugin registered and SGLang's hooks applied, undone after (for the other tests)."""
+    monkeypatch.setenv(plugin.POLICY_VARIABLE, policy)
     original = pool_configurator.create_memory_pool_configurator
+    handle = KVCacheConfigurator.__dict__["_handle_max_mamba_cache"]
     plugin.register()
     try:
         HookRegistry.apply_hooks()
         assert pool_configurator.create_memory_pool_configurator is not original
-        config = kvc.config_from_budget(budget)  # SGLang's own start-up path
+        yield
     finally:
-        pool_configurator.create_memory_pool_configurator = original  # unhook for the other tests
-        HookRegistry._hooks.pop(plugin.TARGET, None)
-        HookRegistry._patched.discard(plugin.TARGET)
+        pool_configurator.create_memory_pool_configurator = original
+        KVCacheConfigurator._handle_max_mamba_cache = handle
+        for target in (plugin.TARGET, plugin.MAMBA_TARGET):
+            HookRegistry._hooks.pop(target, None)
+            HookRegistry._patched.discard(target)
+
+
+def test_plugin_replaces_sglangs_configurator(monkeypatch, registry, tmp_path):
+    model, budget = "microsoft/Phi-3-mini-4k-instruct", 2 << 30
+    kvc = kv_cache_configurator(model, tmp_path, page_size=PAGE)
+    sglang_own = kvc.config_from_budget(budget)
+    with plugin_hooked(monkeypatch):
+        config = kvc.config_from_budget(budget)  # SGLang's own start-up path
     sglang_rules = plugin._rules_of(kvc)
     specs = convert.specs_from_sglang(kvc)
     plan = rules.plan_for_sglang(specs, budget, sglang_rules, registry=registry)
@@ -203,22 +220,10 @@ def test_plugin_sizes_sglangs_mamba_and_kv_pools_as_kvcore_promises(
     from sglang.srt.runtime_context import get_schedule
 
     kvc = kv_cache_configurator(model, tmp_path, page_size=1, context_length=1024, **MAMBA_ARGS)
-    monkeypatch.setenv(plugin.POLICY_VARIABLE, "kind_pools")
-    original_create = pool_configurator.create_memory_pool_configurator
-    cls = type(kvc)
-    original_handle = cls.__dict__["_handle_max_mamba_cache"]
-    plugin.register()
-    try:
-        HookRegistry.apply_hooks()
+    with plugin_hooked(monkeypatch):
         # SGLang's own start-up path: the Mamba split, then the configurator on what is left
         left = kvc._handle_max_mamba_cache(budget / (1 << 30))
         config = kvc.config_from_budget(int(left * (1 << 30)))
-    finally:
-        pool_configurator.create_memory_pool_configurator = original_create
-        cls._handle_max_mamba_cache = original_handle
-        for target in (plugin.TARGET, plugin.MAMBA_TARGET):
-            HookRegistry._hooks.pop(target, None)
-            HookRegistry._patched.discard(target)
     specs = convert.specs_from_sglang(kvc)
     sglang_rules = _mamba_rules(kvc)
     plan = rules.plan_for_sglang(specs, budget, sglang_rules, registry=registry)
