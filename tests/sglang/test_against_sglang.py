@@ -247,7 +247,9 @@ def test_plugin_sizes_sglangs_mamba_and_kv_pools_as_kvcore_promises(
     assert mamba.size == plan.usable_blocks_in(state_group.pool) == sizes.mamba_states
     assert kv.size == plan.tokens_held(full_group) == sizes.full_tokens
     mamba_bytes = mamba.mamba_cache.mem_usage_bytes()
-    assert mamba_bytes == (sizes.mamba_states + 1) * rules.cell_bytes(specs, [n for n in specs if n not in attention])
+    assert mamba_bytes == (sizes.mamba_states + 1) * rules.cell_bytes(
+        specs, [n for n in specs if n not in attention]
+    )
     assert mamba_bytes + _pool_bytes(kv) == plan.kv_cache_bytes
 
 

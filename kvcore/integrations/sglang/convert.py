@@ -92,7 +92,7 @@ def specs_from_sglang(kvc: Any) -> dict[str, KVCacheSpec]:
         )
         specs.update(dict.fromkeys(swa_ids, sliding))
     if state_ids:
-        specs.update(dict.fromkeys(state_ids, state_spec(mambaish.mamba2_cache_params, page)))
+        specs.update(dict.fromkeys(state_ids, state_spec(kvc.mambaish_config.mamba2_cache_params, page)))
     return {layer_name(i): specs[i] for i in sorted(specs)}
 
 
@@ -108,7 +108,9 @@ def state_spec(cache_params: Any, page: int) -> StateSpec:
     return StateSpec(block_size=page, parts=(*conv, temporal))
 
 
-def build_mamba_pool(sizes: SglangPoolSizes, cache_params: Any, layer_ids: list[int], device: str = "cpu") -> Any:
+def build_mamba_pool(
+    sizes: SglangPoolSizes, cache_params: Any, layer_ids: list[int], device: str = "cpu"
+) -> Any:
     """SGLang's ``MambaPool`` of ``sizes.mamba_states`` slots (and its padding slot) for the
     state layers ``layer_ids``, as ``HybridReqToTokenPool`` builds it without speculative
     decoding."""

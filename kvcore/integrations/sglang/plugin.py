@@ -19,10 +19,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-
-import attrs
 from typing import Any
 
+import attrs
 from sglang.srt.model_executor.pool_configurator import (
     DefaultPoolConfigurator,
     HybridSWAPoolConfigurator,
@@ -94,8 +93,9 @@ class KVCorePoolConfigurator(MemoryPoolConfigurator):  # type: ignore[misc]  # S
         kvc, planned = _PLANNED.get(id(self.kvc), (None, None))
         if kvc is not self.kvc:
             raise SglangIntegrationError(
-                f"{POLICY_VARIABLE}={self.policy}: SGLang sized this model's KV pools without its Mamba "
-                "split (the plugin's hook on _handle_max_mamba_cache did not run); unset it to serve this model"
+                f"{POLICY_VARIABLE}={self.policy}: SGLang sized this model's KV pools without its "
+                "Mamba split (the plugin's hook on _handle_max_mamba_cache did not run); unset it to "
+                "serve this model"
             )
         attention = {n: s for n, s in self.specs.items() if s.kind != "state"}
         needed = pool_bytes(attrs.evolve(planned, mamba_states=0), attention)
@@ -144,7 +144,9 @@ def check_bytes(own: MemoryPoolConfigurator, specs: dict[str, Any]) -> None:
     """
     pools = check_specs(specs)
     # the Mamba pool is sized outside the configurator (checked by handle_max_mamba_cache)
-    ours = {pool: sum(token_bytes(specs[n]) for n in names) for pool, names in pools.items() if pool != "mamba"}
+    ours = {
+        pool: sum(token_bytes(specs[n]) for n in names) for pool, names in pools.items() if pool != "mamba"
+    }
     if isinstance(own, HybridSWAPoolConfigurator):
         theirs = {"full": own._full_cell_bytes(), "swa": own._swa_cell_bytes()}
         # drafts and DFLASH are in the cell SGLang divides the budget by, beside the two pools
@@ -194,7 +196,9 @@ def _refuse_mamba_settings(kvc: Any, policy: str) -> None:
     given = {
         "--max-mamba-cache-size": get_schedule().max_mamba_cache_size is not None,
         "speculative decoding (its intermediate SSM states)": not kvc.spec_algorithm.is_none(),
-        "--enable-linear-replayssm-spec (its replay rings)": bool(get_exec().mamba.enable_linear_replayssm_spec),
+        "--enable-linear-replayssm-spec (its replay rings)": bool(
+            get_exec().mamba.enable_linear_replayssm_spec
+        ),
         "extra Mamba bytes per request": bool(kvc.extra_mamba_cache_bytes_per_req),
         "a fused draft state": kvc.fused_entry_bytes("mamba") is not None,
         "pipeline parallelism": kvc.pp_size > 1,

@@ -39,7 +39,8 @@ tokens each pool holds. The rules this module models, each from those files of s
    overlap scheduler, 1 without or lazy), 1 without the radix cache
    (``resolve_max_num_reqs`` caps running requests at ``K // slots``).
 
-A kvcore plan SGLang can run therefore gives each SGLang pool (the Mamba pool included) one group of its own block pool,
+A kvcore plan SGLang can run therefore gives each SGLang pool (the Mamba pool included) one
+group of its own block pool,
 all of one block size (SGLang's page), with block 0 of each pool kept back as SGLang's padded
 page (``PlanOptions.reserve_null_block``); the tokens a pool holds are its usable blocks times
 the page (:func:`pool_sizes`). :func:`plan_for_sglang` plans for that;
@@ -142,6 +143,11 @@ HYBRID_SWA_ARCHITECTURES: frozenset[str] = frozenset(
         "UnlimitedOCRForCausalLM",
     }
 )
+
+
+#: Bundled architectures SGLang 0.5.23 has no model class for (no ``sglang/srt/models/jamba.py``):
+#: ``kvcore compare --engine sglang`` shows its rules applied to them, and says so.
+NO_SGLANG_MODEL: frozenset[str] = frozenset({"JambaForCausalLM"})
 
 
 def runs_hybrid_swa(architectures: Sequence[str]) -> bool:
@@ -327,8 +333,8 @@ def check_specs(specs: Mapping[str, KVCacheSpec]) -> dict[str, list[str]]:
         shapes = sorted({token_bytes(specs[n]) for n in names})
         if len(shapes) > 1:
             raise SglangIntegrationError(
-                f"the {pool} pool's layers take {shapes} bytes per {'state' if pool == 'mamba' else 'token'}, "
-                "but an SGLang pool has one "
+                f"the {pool} pool's layers take {shapes} bytes per "
+                f"{'state' if pool == 'mamba' else 'token'}, but an SGLang pool has one "
                 + ("state shape" if pool == "mamba" else "head count and head size")
                 + " for all its layers"
             )
@@ -456,8 +462,8 @@ def own_mamba_split(budget: int, slot_bytes: int, rules: SglangRules) -> tuple[i
     slots = int((mamba_budget - slot_bytes) // slot_bytes)
     if slots <= 0:
         raise SglangIntegrationError(
-            f"SGLang's Mamba share of {int(mamba_budget):,} bytes holds no state slot of {slot_bytes:,} bytes; "
-            "raise --mem-fraction-static or --mamba-full-memory-ratio"
+            f"SGLang's Mamba share of {int(mamba_budget):,} bytes holds no state slot of "
+            f"{slot_bytes:,} bytes; raise --mem-fraction-static or --mamba-full-memory-ratio"
         )
     return slots, int((rest - (slots + 1) * slot_bytes / gib) * gib)
 
@@ -575,7 +581,9 @@ def as_sglang_runs(
             made[id(spec)] = attrs.evolve(
                 spec,
                 parts=tuple(
-                    p if p.name.startswith("conv") else StatePart(name=p.name, shape=p.shape, dtype=mamba_ssm_dtype)
+                    p
+                    if p.name.startswith("conv")
+                    else StatePart(name=p.name, shape=p.shape, dtype=mamba_ssm_dtype)
                     for p in spec.parts
                 ),
             )
@@ -658,6 +666,9 @@ def capabilities() -> EngineCapabilities:
         notes=(
             *(f"{kind}: not converted ({why})" for kind, why in UNCONVERTED_KINDS.items()),
             *partial,
+            "state: SGLang's Mamba pool, its slots set by the plugin's hook on "
+            "KVCacheConfigurator._handle_max_mamba_cache; not with speculative decoding, "
+            "--max-mamba-cache-size or sliding layers beside state layers",
             "one sliding window per model: SGLang reads one sliding_window_size",
             "one page size for every pool: SGLang's --page-size",
             "SGLang's radix cache runs over kvcore's pool sizes, but kvcore's plans do not size for it",
