@@ -33,6 +33,7 @@ from kvcore.integrations.sglang.rules import (
     plan_for_sglang,
     pool_bytes,
     pool_sizes,
+    refuse_dsa,
     runs_hybrid_swa,
     sglang_specs,
 )
@@ -109,6 +110,7 @@ def run(
 
     Raises:
         InvalidInputError: options the SGLang comparison does not take.
+        SglangIntegrationError: a model SGLang runs with DSA (kvcore does not plan its pool).
     """
     unsupported = [
         flag
@@ -133,6 +135,9 @@ def run(
     )
     if gpu_budget is not None:
         args.memory = kv_budget(gpu_budget.gpu_memory, gpu_budget.weights, gpu_budget.utilization)
+    if getattr(args, "model", None):
+        config, _ = load_model_config(args.model)
+        refuse_dsa(_architectures(args), config, "leave out --engine sglang to see kvcore's own plans")
     swa_pool = hybrid_swa(args)
     has_sliding = any(s.kind == "sliding_window" for s in specs.values())
     has_states = any(s.kind == "state" for s in specs.values())

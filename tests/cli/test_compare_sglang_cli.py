@@ -101,3 +101,11 @@ def test_a_mamba_hybrid_shows_sglangs_state_split_beside_kvcores(run_cli):
     assert ours["requests"] > theirs["requests"] == own.full_tokens // 8192
     status, out, _ = run_cli("compare", *args, "--policies", "kind_pools")
     assert status == 0 and "mamba states" in out and "no model for this architecture" in out
+
+
+def test_a_dsa_model_is_refused_saying_why(run_cli):
+    # a synthetic DeepSeek-V3.2-shaped config (its "_synthetic" key says so)
+    model = "tests/sglang/synthetic__deepseek-v32-like.json"
+    status, out, err = run_cli("compare", "--model", model, "--memory", "8GiB", "--engine", "sglang")
+    assert status != 0 and not out
+    assert "sparse attention (DSA)" in err and "no spec kind for the indexer" in err

@@ -258,3 +258,21 @@ def test_mamba_settings_kvcore_does_not_plan_are_refused(monkeypatch, tmp_path):
     monkeypatch.setenv(plugin.POLICY_VARIABLE, "kind_pools")
     with pytest.raises(rules.SglangIntegrationError, match="max-mamba-cache-size"):
         plugin.handle_max_mamba_cache(lambda *a: None, kvc, 8.0)
+
+
+#: A synthetic DeepSeek-V3.2-shaped config (its "_synthetic" key says what is made up).
+DSA_CONFIG = "tests/sglang/synthetic__deepseek-v32-like.json"
+
+
+def test_dsa_models_are_refused_naming_the_indexer(monkeypatch, tmp_path):
+    import torch
+
+    # SGLang's DSA argument resolution reads the GPU's compute capability: answer a Hopper's
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    kvc = kv_cache_configurator(DSA_CONFIG, tmp_path, page_size=64)
+    own = pool_configurator.create_memory_pool_configurator(kvc)
+    # SGLang's own cell holds more than kvcore's MLA spec of the layers: the indexer's bytes
+    mla = convert.specs_from_sglang(kvc)
+    assert own._cell_size > sum(rules.token_bytes(s) for s in mla.values())
+    with pytest.raises(rules.SglangIntegrationError, match=r"sparse attention \(DSA\).*indexer"):
+        plugin.KVCorePoolConfigurator(kvc, own, "kind_pools", RULES)

@@ -271,3 +271,10 @@ def test_a_mamba_plan_fits_the_budget_and_holds_its_requests(state_layers, full_
     assert rules.pool_bytes(sizes, paged) == plan.kv_cache_bytes <= budget
     # every request kvcore admits has SGLang's slots (resolve_max_num_reqs caps at states // slots)
     assert 1 <= plan.max_concurrency() <= sizes.mamba_states / slots
+
+
+def test_dsa_models_are_refused_naming_the_indexer():
+    with pytest.raises(rules.SglangIntegrationError, match=r"DSA.*indexer key cache.*; the fix"):
+        rules.refuse_dsa(["DeepseekV32ForCausalLM"], {"index_topk": 2048}, "the fix")
+    # DeepSeek-V3 without an indexer is plain MLA, which SGLang's MLA pool holds
+    rules.refuse_dsa(["DeepseekV3ForCausalLM"], {"kv_lora_rank": 512}, "the fix")

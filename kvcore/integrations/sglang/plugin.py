@@ -39,6 +39,7 @@ from kvcore.integrations.sglang.rules import (
     plan_for_sglang,
     pool_bytes,
     pool_sizes,
+    refuse_dsa,
     sglang_specs,
     token_bytes,
 )
@@ -72,6 +73,12 @@ class KVCorePoolConfigurator(MemoryPoolConfigurator):  # type: ignore[misc]  # S
     def __init__(
         self, kvc: Any, own: MemoryPoolConfigurator, policy: str, rules: SglangRules | None = None
     ) -> None:
+        hf_config = kvc.model_config.hf_config
+        refuse_dsa(
+            list(getattr(hf_config, "architectures", None) or ()),
+            {"index_topk": getattr(kvc.model_config.hf_text_config, "index_topk", None)},
+            f"unset {POLICY_VARIABLE} to let SGLang size this model",
+        )
         self.kvc = kvc
         self.specs = specs_from_sglang(kvc)
         check_bytes(own, self.specs)

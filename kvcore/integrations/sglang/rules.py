@@ -150,6 +150,47 @@ HYBRID_SWA_ARCHITECTURES: frozenset[str] = frozenset(
 NO_SGLANG_MODEL: frozenset[str] = frozenset({"JambaForCausalLM"})
 
 
+#: The architectures SGLang runs with DeepSeek's sparse attention (DSA) when their config has an
+#: ``index_topk`` (``is_deepseek_dsa`` in ``sglang/srt/configs/model_config.py``).
+DSA_ARCHITECTURES: frozenset[str] = frozenset(
+    {
+        "DeepseekV3ForCausalLM",
+        "DeepseekV32ForCausalLM",
+        "DeepseekV3ForCausalLMNextN",
+        "MistralLarge3ForCausalLM",
+        "PixtralForConditionalGeneration",
+        "GlmMoeDsaForCausalLM",
+        "GlmMoeDsaForCausalLMNextN",
+        "Glm5NextForConditionalGenerationNextN",
+        "Glm5NextForConditionalGeneration",
+        "LongcatFlashForCausalLM",
+        "LongcatFlashForCausalLMNextN",
+        "Dots3NoteForCausalLM",
+        "Dots3NoteForCausalLMNextN",
+        "HYV4ForCausalLM",
+        "HYV4ForCausalLMNextN",
+    }
+)
+
+#: Why kvcore does not plan a DSA model for SGLang.
+DSA_REFUSAL = (
+    "SGLang runs this model with DeepSeek's sparse attention (DSA): its DSATokenToKVPool keeps, beside "
+    "each layer's MLA latent (fp8 with per-block scales, in a layout its attention backend picks: "
+    "calculate_mla_kv_cache_dim), an indexer key cache of index_head_dim fp8 bytes and a float32 scale "
+    "per 128 per token (DefaultPoolConfigurator._compute_dsa_indexer_cell_size), on the layers "
+    "dsa_layer_skips_topk leaves; kvcore has no spec kind for the indexer and no fp8-with-scales MLA "
+    "page, so a kvcore plan would promise tokens SGLang's pool cannot hold"
+)
+
+
+def refuse_dsa(architectures: Sequence[str], config: Mapping[str, object], fix: str) -> None:
+    """Raise for a model SGLang runs with DSA (:data:`DSA_REFUSAL` says why; ``fix`` what to do)."""
+    text = config.get("text_config")
+    index_topk = config.get("index_topk") or (text.get("index_topk") if isinstance(text, Mapping) else None)
+    if index_topk is not None and any(a in DSA_ARCHITECTURES for a in architectures):
+        raise SglangIntegrationError(f"{DSA_REFUSAL}; {fix}")
+
+
 def runs_hybrid_swa(architectures: Sequence[str]) -> bool:
     """Whether SGLang gives a model of ``architectures`` (``config.json``'s) a sliding pool."""
     return any(a in HYBRID_SWA_ARCHITECTURES for a in architectures)
@@ -669,6 +710,8 @@ def capabilities() -> EngineCapabilities:
             "state: SGLang's Mamba pool, its slots set by the plugin's hook on "
             "KVCacheConfigurator._handle_max_mamba_cache; not with speculative decoding, "
             "--max-mamba-cache-size or sliding layers beside state layers",
+            "DSA models (DeepSeek-V3.2's sparse attention): refused, kvcore has no spec kind for the "
+            "indexer key cache of SGLang's DSATokenToKVPool",
             "one sliding window per model: SGLang reads one sliding_window_size",
             "one page size for every pool: SGLang's --page-size",
             "SGLang's radix cache runs over kvcore's pool sizes, but kvcore's plans do not size for it",
