@@ -233,6 +233,10 @@ def test_plugin_sizes_sglangs_mamba_and_kv_pools_as_kvcore_promises(
     assert config == convert.memory_pool_config(sizes)
     # each request holds SGLang's slots: the plan's requests are what SGLang lets run
     assert plan.max_concurrency() <= sizes.mamba_states / sglang_rules.mamba_slots_per_request
+    # SGLang caps its running requests by the state slots: no fewer than kvcore's plan holds
+    running = kvc.resolve_max_num_reqs(config.max_total_num_tokens)
+    slots = sglang_rules.mamba_slots_per_request
+    assert running == sizes.mamba_states // slots >= int(plan.max_concurrency())
     assert rules.pool_bytes(sizes, paged) == plan.kv_cache_bytes <= budget
     if not build:  # Nemotron-H's slots are 0.9 GB each: sized, not allocated, on CPU
         return
