@@ -5,7 +5,8 @@ specs; :func:`memory_pool_config` turns a plan's :class:`~kvcore.integrations.sg
 into SGLang's own ``MemoryPoolConfig`` (``sglang/srt/model_executor/pool_configurator.py``);
 :func:`build_pools` builds SGLang's pool classes (``MHATokenToKVPool``, ``MLATokenToKVPool``,
 ``SWAKVPool`` of ``sglang/srt/mem_cache/memory_pool.py`` and ``swa_memory_pool.py``) of those
-sizes, as SGLang's model runner does.
+sizes, as SGLang's model runner does, and :func:`build_mamba_pool` a Mamba hybrid's ``MambaPool``
+of state slots (its layers read from ``Mamba2CacheParams`` by :func:`specs_from_sglang`).
 """
 
 from __future__ import annotations
