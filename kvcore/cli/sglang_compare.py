@@ -22,6 +22,7 @@ from kvcore.error_messages import render
 from kvcore.errors import InvalidInputError, KVCoreError
 from kvcore.frontends.hf_config import load_model_config
 from kvcore.integrations.sglang.rules import (
+    NO_SGLANG_MODEL,
     SglangPoolSizes,
     SglangRules,
     as_sglang_runs,
@@ -32,7 +33,9 @@ from kvcore.integrations.sglang.rules import (
     plan_for_sglang,
     pool_bytes,
     pool_sizes,
+    refuse_dsa,
     runs_hybrid_swa,
+    sglang_specs,
 )
 from kvcore.planning.gpu_budget import GpuBudget
 from kvcore.planning.registry import Registry
@@ -44,15 +47,19 @@ OWN = "sglang (own sizing)"
 
 
 def requests_held(sizes: SglangPoolSizes, specs: Mapping[str, KVCacheSpec], rules: SglangRules) -> int:
-    """Requests of ``context_len`` tokens both pools of ``sizes`` hold at once, counted as kvcore
-    counts a request's pages (the same count for every row, so the rows compare)."""
-    paged = paged_specs(specs, sizes.page_size)
+    """Requests of ``context_len`` tokens every pool of ``sizes`` holds at once, counted as kvcore
+    counts a request's pages and SGLang its state slots (the same count for every row, so the
+    rows compare)."""
+    paged = sglang_specs(specs, rules)
     context = rules.context()
-    held = []
-    for pool, tokens in check_specs(paged).items():
-        need = paged[tokens[0]].max_num_blocks(context)
-        have = (sizes.full_tokens if pool == "full" else sizes.swa_tokens) // sizes.page_size
-        held.append(have // need)
+    have = {
+        "full": sizes.full_tokens // sizes.page_size,
+        "swa": sizes.swa_tokens // sizes.page_size,
+        "mamba": sizes.mamba_states,
+    }
+    held = [
+        have[pool] // paged[names[0]].max_num_blocks(context) for pool, names in check_specs(paged).items()
+    ]
     return min(held, default=0)
 
 
@@ -65,9 +72,20 @@ def _row(
         "full_tokens": sizes.full_tokens,
         "swa_tokens": sizes.swa_tokens,
         "max_total_num_tokens": sizes.max_total_num_tokens,
+        "mamba_states": sizes.mamba_states,
         "requests": requests_held(sizes, specs, rules),
         "pool_bytes": pool_bytes(sizes, paged_specs(specs, sizes.page_size)),
     }
+
+
+def _architectures(args: argparse.Namespace) -> list[str]:
+    config, _ = load_model_config(args.model)
+    return [str(a) for a in config.get("architectures") or ()]
+
+
+def no_sglang_model(args: argparse.Namespace) -> bool:
+    """Whether ``--model`` is of an architecture SGLang has no model class for."""
+    return bool(getattr(args, "model", None)) and any(a in NO_SGLANG_MODEL for a in _architectures(args))
 
 
 def hybrid_swa(args: argparse.Namespace) -> bool:
@@ -75,9 +93,7 @@ def hybrid_swa(args: argparse.Namespace) -> bool:
     ``--specs`` file is taken as a model SGLang does."""
     if not getattr(args, "model", None):
         return True
-    config, _ = load_model_config(args.model)
-    architectures = config.get("architectures") or ()
-    return runs_hybrid_swa([str(a) for a in architectures])
+    return runs_hybrid_swa(_architectures(args))
 
 
 def run(
@@ -94,6 +110,7 @@ def run(
 
     Raises:
         InvalidInputError: options the SGLang comparison does not take.
+        SglangIntegrationError: a model SGLang runs with DSA (kvcore does not plan its pool).
     """
     unsupported = [
         flag
@@ -118,7 +135,12 @@ def run(
     )
     if gpu_budget is not None:
         args.memory = kv_budget(gpu_budget.gpu_memory, gpu_budget.weights, gpu_budget.utilization)
+    if getattr(args, "model", None):
+        config, _ = load_model_config(args.model)
+        refuse_dsa(_architectures(args), config, "leave out --engine sglang to see kvcore's own plans")
     swa_pool = hybrid_swa(args)
+    has_sliding = any(s.kind == "sliding_window" for s in specs.values())
+    has_states = any(s.kind == "state" for s in specs.values())
     specs = as_sglang_runs(specs, swa_pool)
     names = [p.strip() for p in args.policies.split(",")] if args.policies else list(registry.policies)
     rows: list[dict[str, Any]] = []
@@ -128,7 +150,7 @@ def run(
             plan = plan_for_sglang(
                 specs, args.memory, rules, registry=registry, policy=name, options=inputs.plan_options(args)
             )
-            rows.append(_row(name, pool_sizes(plan, paged_specs(specs, rules.page_size)), specs, rules))
+            rows.append(_row(name, pool_sizes(plan, sglang_specs(specs, rules)), specs, rules))
         except KVCoreError as exc:
             failures[name] = render(exc, FLAG_NAMES)
     try:
@@ -147,6 +169,14 @@ def run(
                     "page_size": rules.page_size,
                     "swa_full_tokens_ratio": rules.swa_full_tokens_ratio,
                     "hybrid_swa": swa_pool,
+                    **(
+                        {
+                            "mamba_full_memory_ratio": rules.mamba_full_memory_ratio,
+                            "mamba_slots_per_request": rules.mamba_slots_per_request,
+                        }
+                        if has_states
+                        else {}
+                    ),
                     "candidates": [*rows, *({"policy": n, "error": e} for n, e in failures.items())],
                     "sglang_own": own_row if own_row is not None else {"error": why},
                 },
@@ -167,27 +197,34 @@ def run(
         f"swa_full_tokens_ratio {rules.swa_full_tokens_ratio}"
         + (
             ""
-            if swa_pool
+            if swa_pool or not has_sliding
             else "; SGLang gives this model no sliding pool, so its sliding layers keep every token"
         )
+        + (
+            f"; Mamba pool first: mamba_full_memory_ratio {rules.mamba_full_memory_ratio}, "
+            f"{rules.mamba_slots_per_request} state slots a request, SSM state in {rules.mamba_ssm_dtype}"
+            if has_states
+            else ""
+        )
     )
+    if no_sglang_model(args):
+        print(
+            "  SGLang 0.5 has no model for this architecture: the rows are its sizing rules applied to "
+            "kvcore's layers"
+        )
     table = [
         [
             r["policy"],
             f"{r['full_tokens']:,}",
             f"{r['swa_tokens']:,}",
+            *([f"{r['mamba_states']:,}"] if has_states else []),
             f"{r['requests']:,}",
             format_bytes(r["pool_bytes"]),
         ]
         for r in [*rows, *([own_row] if own_row is not None else [])]
     ]
-    print(
-        render_table(
-            ["policy", "full tokens", "swa tokens", "requests", "pool bytes"],
-            table,
-            align="l" + "r" * 4,
-        )
-    )
+    headers = ["policy", "full tokens", "swa tokens", *(["mamba states"] if has_states else []), "requests"]
+    print(render_table([*headers, "pool bytes"], table, align="l" + "r" * len(headers)))
     for name, error in failures.items():
         print(f"  {name}: no plan: {error}")
     if own_row is None:

@@ -79,3 +79,33 @@ def test_gpu_memory_is_sized_with_mem_fraction_static(run_cli):
     weights = json.loads(own_out)["gpu_budget"]["weights_bytes"]
     assert payload["mem_fraction_static"] == 0.85
     assert payload["available_memory_bytes"] == rules.kv_budget(80 * 2**30, weights, 0.85)
+
+
+def test_a_mamba_hybrid_shows_sglangs_state_split_beside_kvcores(run_cli):
+    model = "ai21labs/AI21-Jamba-1.5-Mini"
+    args = ("--model", model, "--memory", "40GiB", "--max-model-len", "8192", "--engine", "sglang")
+    status, out, err = run_cli("compare", *args, "--policies", "kind_pools", "--json")
+    assert status == 0, err
+    payload = json.loads(out)
+    assert payload["mamba_full_memory_ratio"] == 0.9 and payload["mamba_slots_per_request"] == 3
+    registry = Registry.default()
+    specs = rules.as_sglang_runs(model_layer_specs(model, registry), hybrid_swa=False)
+    sglang = rules.SglangRules(context_len=8192)
+    own = rules.own_pool_sizes(rules.paged_specs(specs, 1), 40 * 2**30, sglang)
+    theirs, (ours,) = payload["sglang_own"], payload["candidates"]
+    assert (theirs["mamba_states"], theirs["full_tokens"]) == (own.mamba_states, own.full_tokens)
+    plan = rules.plan_for_sglang(specs, 40 * 2**30, sglang, registry=registry)
+    sizes = rules.pool_sizes(plan, rules.sglang_specs(specs, sglang))
+    assert (ours["mamba_states"], ours["full_tokens"]) == (sizes.mamba_states, sizes.full_tokens)
+    # SGLang's fixed 0.9 ratio leaves its KV pool short of its state pool's requests; kvcore's balances them
+    assert ours["requests"] > theirs["requests"] == own.full_tokens // 8192
+    status, out, _ = run_cli("compare", *args, "--policies", "kind_pools")
+    assert status == 0 and "mamba states" in out and "no model for this architecture" in out
+
+
+def test_a_dsa_model_is_refused_saying_why(run_cli):
+    # a synthetic DeepSeek-V3.2-shaped config (its "_synthetic" key says so)
+    model = "tests/sglang/synthetic__deepseek-v32-like.json"
+    status, out, err = run_cli("compare", "--model", model, "--memory", "8GiB", "--engine", "sglang")
+    assert status != 0 and not out
+    assert "sparse attention (DSA)" in err and "no spec kind for the indexer" in err

@@ -24,18 +24,26 @@ from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from kvcore.frontends.hf_config import load_model_config
 
 
-def kv_cache_configurator(model: str, folder: Path, *, page_size: int) -> KVCacheConfigurator:
-    """SGLang's ``KVCacheConfigurator`` for the bundled ``model``, its server arguments published.
+def kv_cache_configurator(
+    model: str, folder: Path, *, page_size: int, **server_args: object
+) -> KVCacheConfigurator:
+    """SGLang's ``KVCacheConfigurator`` for the bundled ``model`` (or a config file's path),
+    its server arguments published.
 
     Args:
-        model: a bundled model's name.
+        model: a bundled model's name or a ``config.json`` path.
         folder: an empty folder the model's ``config.json`` is written to.
         page_size: SGLang's ``--page-size``.
+        server_args: further ``ServerArgs`` (a Mamba hybrid on CPU needs
+            ``mamba_radix_cache_strategy="no_buffer"`` and ``disable_overlap_schedule=True``:
+            SGLang's extra buffer needs a GPU).
     """
     config, _ = load_model_config(model)
-    config = {k: v for k, v in config.items() if k != "quantization_config"}
+    config = {k: v for k, v in config.items() if k != "quantization_config" and not k.startswith("_")}
     (folder / "config.json").write_text(json.dumps(config))
-    args = ServerArgs(model_path=str(folder), device="cpu", skip_tokenizer_init=True, page_size=page_size)
+    args = ServerArgs(
+        model_path=str(folder), device="cpu", skip_tokenizer_init=True, page_size=page_size, **server_args
+    )
     publish(args, role="scheduler")
     model_config = ModelConfig.from_server_args(args)
     architectures = model_config.hf_config.architectures

@@ -4,9 +4,9 @@ SGLang's own configurators."""
 
 from __future__ import annotations
 
+import attrs
 import pytest
-from hypothesis import assume, given, settings
-from hypothesis import strategies as st
+from hypothesis import assume, given, settings, strategies as st
 
 from kvcore import Registry
 from kvcore.errors import InsufficientMemoryError, KVCoreError
@@ -31,6 +31,20 @@ REGISTRY = Registry.default(autoload=False)
 @pytest.fixture(scope="module")
 def registry() -> Registry:
     return REGISTRY
+
+
+#: a Mamba-2-shaped state as SGLang keeps it: bfloat16 conv window, float32 temporal state
+STATE = StateSpec(
+    block_size=PAGE,
+    parts=(
+        StatePart(name="conv", shape=(3, 256), dtype="bfloat16"),
+        StatePart(name="ssm", shape=(8, 16, 16), dtype="float32"),
+    ),
+)  # 1,536 + 8,192 = 9,728 bytes a slot
+
+
+def mamba_hybrid(layers: int = 8) -> dict:
+    return {f"l{i}": FULL if i % 4 == 3 else STATE for i in range(layers)}
 
 
 def hybrid(layers: int = 6) -> dict:
@@ -105,9 +119,8 @@ def test_two_windows_state_layers_and_unequal_heads_are_refused(registry):
     )
     with pytest.raises(rules.SglangIntegrationError, match=r"windows \[256, 512\]"):
         rules.check_specs({"a": SLIDING, "b": other})
-    state = StateSpec(block_size=PAGE, parts=(StatePart(name="ssm", shape=(4, 8), dtype="float32"),))
-    with pytest.raises(rules.SglangIntegrationError, match=r"'state'.*max-mamba-cache-size"):
-        rules.check_specs({"a": FULL, "m": state})
+    with pytest.raises(rules.SglangIntegrationError, match=r"state and sliding-window.*unified memory"):
+        rules.check_specs({"a": SLIDING, "m": STATE})
     wide = FullAttentionSpec(block_size=PAGE, num_kv_heads=4, head_size=64, dtype="bfloat16")
     with pytest.raises(rules.SglangIntegrationError, match="one head count"):
         rules.check_specs({"a": FULL, "b": wide})
@@ -136,9 +149,11 @@ def test_kv_budget_is_gpu_times_mem_fraction_static_less_weights():
 def test_capabilities_are_read_from_the_rules():
     assert ENGINE_CAPABILITY_MODULES["sglang"] == rules.__name__
     caps = rules.capabilities()
-    assert set(caps.kinds) == set(rules.POOL_OF_KIND)
+    assert set(caps.kinds) == set(rules.POOL_OF_KIND) and "state" in caps.kinds
     assert "kind_pools" in caps.policies and caps.several_pools and not caps.mixed_pages
-    assert any(note.startswith("state:") for note in caps.notes)
+    # kind_pools runs all three reference models (full; full and sliding; full and state)
+    assert not any(note.startswith("kind_pools:") for note in caps.notes)
+    assert any(note.startswith("state: SGLang's Mamba pool") for note in caps.notes)
 
 
 @settings(max_examples=40, deadline=None)
@@ -174,3 +189,92 @@ def test_sglangs_pools_of_a_plan_fit_the_budget_and_hold_its_tokens(
     assert plan.max_concurrency() >= 1
     for group in plan.groups:
         assert plan.tokens_held(group) in (sizes.full_tokens, sizes.swa_tokens)
+
+
+def test_sglangs_mamba_split_takes_r_over_1_plus_r_of_the_budget_less_a_padding_slot():
+    specs = mamba_hybrid()  # 6 state layers (58,368 B a slot), 2 full (1,024 B a token)
+    slot = 6 * 9728
+    budget = 1 << 30
+    states, left = rules.own_mamba_split(budget, slot, RULES)
+    share = budget * 0.9 / 1.9
+    assert states == int((share - slot) // slot)
+    assert left == budget - (states + 1) * slot  # exact: budget and slot bytes are whole
+    sizes = rules.own_pool_sizes(specs, budget, RULES)
+    assert sizes.mamba_states == states and sizes.full_tokens == left // 1024 // PAGE * PAGE
+    # a larger ratio moves bytes to the state pool, never past the budget
+    more = rules.own_pool_sizes(specs, budget, attrs.evolve(RULES, mamba_full_memory_ratio=2.0))
+    assert more.mamba_states > sizes.mamba_states and more.full_tokens < sizes.full_tokens
+    assert rules.pool_bytes(more, specs) <= budget + PAGE * 1024
+    with pytest.raises(rules.SglangIntegrationError, match="no state slot"):
+        rules.own_mamba_split(slot, slot, RULES)
+
+
+def test_mamba_slots_per_request_are_sglangs_calculate_mamba_ratio():
+    assert rules.mamba_slots_per_request(radix_cache=False) == 1
+    assert rules.mamba_slots_per_request() == 3  # no extra buffer
+    assert rules.mamba_slots_per_request(extra_buffer=True) == 5  # with the overlap scheduler
+    assert rules.mamba_slots_per_request(extra_buffer=True, overlap_schedule=False) == 4
+    assert rules.mamba_slots_per_request(extra_buffer=True, lazy=True) == 4
+    assert rules.mamba_slots_per_request(skip_decode_lock=True) == 3
+    assert rules.mamba_slots_per_request(extra_buffer=True, skip_decode_lock=True) == 4
+
+
+def test_a_kind_pools_plan_of_a_mamba_hybrid_is_sglangs_mamba_and_kv_pools(registry):
+    specs = mamba_hybrid()
+    budget = 64 << 20
+    plan = rules.plan_for_sglang(specs, budget, RULES, registry=registry)
+    paged = rules.sglang_specs(specs, RULES)
+    sizes = rules.pool_sizes(plan, paged)
+    state = next(g for g in plan.groups if g.spec.kind == "state")
+    # a request holds SGLang's 3 slots; block 0 is the MambaPool's padding slot
+    assert state.spec.max_num_blocks(RULES.context()) == 3
+    assert sizes.mamba_states == plan.pools[state.pool].num_blocks - 1
+    assert rules.pool_bytes(sizes, paged) == plan.kv_cache_bytes <= budget
+    # both pools hold the same number of requests of context_len, as SGLang caps them
+    requests = sizes.mamba_states // 3
+    assert abs(requests - sizes.full_tokens // RULES.context_len) <= 1
+
+
+def test_sglang_keeps_the_ssm_state_in_float32():
+    bf16 = StateSpec(
+        block_size=PAGE,
+        parts=(
+            StatePart(name="conv", shape=(3, 8), dtype="bfloat16"),
+            StatePart(name="ssm", shape=(4, 8), dtype="bfloat16"),
+        ),
+    )
+    (kept,) = rules.as_sglang_runs({"m": bf16}, hybrid_swa=False).values()
+    assert [p.dtype for p in kept.parts] == [
+        bf16.parts[0].dtype,
+        rules.StatePart(name="x", shape=(1,), dtype="float32").dtype,
+    ]
+    assert rules.token_bytes(kept) == 3 * 8 * 2 + 4 * 8 * 4
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    state_layers=st.integers(1, 6),
+    full_layers=st.integers(0, 3),
+    ratio=st.sampled_from([0.1, 0.9, 3.0]),
+    slots=st.integers(1, 5),
+    budget=st.integers(1 << 20, 256 << 20),
+)
+def test_a_mamba_plan_fits_the_budget_and_holds_its_requests(state_layers, full_layers, ratio, slots, budget):
+    specs = {**{f"s{i}": STATE for i in range(state_layers)}, **{f"f{i}": FULL for i in range(full_layers)}}
+    sglang = attrs.evolve(RULES, mamba_full_memory_ratio=ratio, mamba_slots_per_request=slots)
+    try:
+        plan = rules.plan_for_sglang(specs, budget, sglang, registry=REGISTRY)
+    except InsufficientMemoryError:
+        return
+    paged = rules.sglang_specs(specs, sglang)
+    sizes = rules.pool_sizes(plan, paged)
+    assert rules.pool_bytes(sizes, paged) == plan.kv_cache_bytes <= budget
+    # every request kvcore admits has SGLang's slots (resolve_max_num_reqs caps at states // slots)
+    assert 1 <= plan.max_concurrency() <= sizes.mamba_states / slots
+
+
+def test_dsa_models_are_refused_naming_the_indexer():
+    with pytest.raises(rules.SglangIntegrationError, match=r"DSA.*indexer key cache.*; the fix"):
+        rules.refuse_dsa(["DeepseekV32ForCausalLM"], {"index_topk": 2048}, "the fix")
+    # DeepSeek-V3 without an indexer is plain MLA, which SGLang's MLA pool holds
+    rules.refuse_dsa(["DeepseekV3ForCausalLM"], {"kv_lora_rank": 512}, "the fix")

@@ -5,7 +5,8 @@ specs; :func:`memory_pool_config` turns a plan's :class:`~kvcore.integrations.sg
 into SGLang's own ``MemoryPoolConfig`` (``sglang/srt/model_executor/pool_configurator.py``);
 :func:`build_pools` builds SGLang's pool classes (``MHATokenToKVPool``, ``MLATokenToKVPool``,
 ``SWAKVPool`` of ``sglang/srt/mem_cache/memory_pool.py`` and ``swa_memory_pool.py``) of those
-sizes, as SGLang's model runner does.
+sizes, as SGLang's model runner does, and :func:`build_mamba_pool` a Mamba hybrid's ``MambaPool``
+of state slots (its layers read from ``Mamba2CacheParams`` by :func:`specs_from_sglang`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from kvcore.plugins.attention import AttentionSpec
 from kvcore.plugins.full_attention import FullAttentionSpec
 from kvcore.plugins.mla import MLAAttentionSpec
 from kvcore.plugins.sliding_window import SlidingWindowSpec
+from kvcore.plugins.state import StatePart, StateSpec
 from kvcore.spec import KVCacheSpec
 
 
@@ -51,8 +53,14 @@ def specs_from_sglang(kvc: Any) -> dict[str, KVCacheSpec]:
     dtype = dtype_name(kvc.kv_cache_dtype)
     page = int(kvc.page_size)
     info = kvc.layer_info
+    mambaish = getattr(kvc, "mambaish_config", None)
+    state_ids: list[int] = []
     if getattr(kvc, "is_hybrid_swa", False):
         full_ids, swa_ids = list(info.full_attention_layer_ids), list(info.swa_attention_layer_ids)
+    elif mambaish is not None:
+        # SGLang's Mamba hybrids: attention layers in the KV pool, the rest in its Mamba pool
+        full_ids, swa_ids = list(mambaish.full_attention_layer_ids), []
+        state_ids = list(mambaish.mamba2_cache_params.layers)
     else:
         full_ids, swa_ids = list(range(info.start_layer, info.end_layer)), []
     if config.attention_arch == AttentionArch.MLA:
@@ -84,7 +92,38 @@ def specs_from_sglang(kvc: Any) -> dict[str, KVCacheSpec]:
             sliding_window=int(kvc.sliding_window_size),
         )
         specs.update(dict.fromkeys(swa_ids, sliding))
+    if state_ids:
+        specs.update(dict.fromkeys(state_ids, state_spec(kvc.mambaish_config.mamba2_cache_params, page)))
     return {layer_name(i): specs[i] for i in sorted(specs)}
+
+
+def state_spec(cache_params: Any, page: int) -> StateSpec:
+    """One layer's slot of SGLang's Mamba pool (``Mamba2CacheParams``: its conv states and
+    its temporal state, in their dtypes) as a kvcore state."""
+    shape, dtypes = cache_params.shape, cache_params.dtype
+    conv = [
+        StatePart(name=f"conv{i}", shape=tuple(s), dtype=dtype_name(dtypes.conv))
+        for i, s in enumerate(shape.conv)
+    ]
+    temporal = StatePart(name="temporal", shape=tuple(shape.temporal), dtype=dtype_name(dtypes.temporal))
+    return StateSpec(block_size=page, parts=(*conv, temporal))
+
+
+def build_mamba_pool(
+    sizes: SglangPoolSizes, cache_params: Any, layer_ids: list[int], device: str = "cpu"
+) -> Any:
+    """SGLang's ``MambaPool`` of ``sizes.mamba_states`` slots (and its padding slot) for the
+    state layers ``layer_ids``, as ``HybridReqToTokenPool`` builds it without speculative
+    decoding."""
+    from sglang.srt.mem_cache.memory_pool import MambaPool
+
+    return MambaPool(
+        size=sizes.mamba_states,
+        spec_state_size=0,
+        cache_params=cache_params,
+        mamba_layer_ids=layer_ids,
+        device=device,
+    )
 
 
 def memory_pool_config(sizes: SglangPoolSizes) -> MemoryPoolConfig:
@@ -150,6 +189,7 @@ def build_pools(sizes: SglangPoolSizes, specs: Mapping[str, KVCacheSpec], device
     order = list(specs)
     full_names, swa_names = pools.get("full", []), pools.get("swa", [])
     if not sizes.is_hybrid_swa:
+        # a Mamba hybrid's KV pool holds its attention layers only (build_mamba_pool the rest)
         return _full_pool(specs[full_names[0]], sizes.full_tokens, sizes.page_size, len(full_names), device)
     swa, full = _attention(specs[swa_names[0]]), specs[full_names[0]] if full_names else None
     if isinstance(full, MLAAttentionSpec):

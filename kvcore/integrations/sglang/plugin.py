@@ -6,8 +6,12 @@ wraps ``create_memory_pool_configurator`` (``sglang/srt/model_executor/pool_conf
 which ``KVCacheConfigurator.config_from_budget`` calls at start-up) through SGLang's
 ``HookRegistry`` with one that returns :class:`KVCorePoolConfigurator`: the profiled budget is
 planned with that policy under SGLang's rules and the pools get the tokens kvcore's plan
-promises. A model SGLang would size with a configurator kvcore does not model (DeepSeek V4's
-compressed pools, Mamba/linear hybrids) or a plan SGLang cannot run raises
+promises. For a Mamba/linear hybrid it also wraps ``KVCacheConfigurator._handle_max_mamba_cache``
+(where SGLang splits the budget between its Mamba state pool and the KV pools, before the
+configurator runs): kvcore plans the whole budget there, sets ``max_mamba_cache_size`` to the
+plan's state slots and leaves the configurator the rest. A model SGLang would size with a
+configurator kvcore does not model (DeepSeek V4's compressed pools, a DSA indexer) or a plan
+SGLang cannot run raises
 :class:`~kvcore.integrations.sglang.rules.SglangIntegrationError` naming why.
 """
 
@@ -17,6 +21,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+import attrs
 from sglang.srt.model_executor.pool_configurator import (
     DefaultPoolConfigurator,
     HybridSWAPoolConfigurator,
@@ -26,12 +31,16 @@ from sglang.srt.model_executor.pool_configurator import (
 
 from kvcore.integrations.sglang.convert import memory_pool_config, specs_from_sglang
 from kvcore.integrations.sglang.rules import (
+    DEFAULT_MAMBA_FULL_MEMORY_RATIO,
     DEFAULT_SWA_FULL_TOKENS_RATIO,
     SglangIntegrationError,
     SglangRules,
     check_specs,
     plan_for_sglang,
+    pool_bytes,
     pool_sizes,
+    refuse_dsa,
+    sglang_specs,
     token_bytes,
 )
 from kvcore.planning.registry import Registry
@@ -41,6 +50,13 @@ POLICY_VARIABLE = "KVCORE_SGLANG_POLICY"
 
 #: The SGLang function the plugin replaces.
 TARGET = "sglang.srt.model_executor.pool_configurator.create_memory_pool_configurator"
+
+#: Where SGLang splits the budget between its Mamba state pool and the KV pools (rule 5).
+MAMBA_TARGET = "sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator._handle_max_mamba_cache"
+
+#: kvcore's sizes the Mamba hook made, by SGLang ``KVCacheConfigurator`` (a slotted class, so
+#: they are kept here, beside it), for the configurator that runs after it.
+_PLANNED: dict[int, tuple[Any, Any]] = {}
 
 
 class KVCorePoolConfigurator(MemoryPoolConfigurator):  # type: ignore[misc]  # SGLang's class is Any to mypy
@@ -57,11 +73,13 @@ class KVCorePoolConfigurator(MemoryPoolConfigurator):  # type: ignore[misc]  # S
     def __init__(
         self, kvc: Any, own: MemoryPoolConfigurator, policy: str, rules: SglangRules | None = None
     ) -> None:
-        if getattr(kvc, "mambaish_config", None) is not None:
-            raise SglangIntegrationError(
-                f"{POLICY_VARIABLE}={policy}: SGLang sizes Mamba/linear-attention state pools before the KV "
-                "pools, outside the configurator kvcore replaces; unset it to serve this model"
-            )
+        hf_config = kvc.model_config.hf_config
+        refuse_dsa(
+            list(getattr(hf_config, "architectures", None) or ()),
+            {"index_topk": getattr(kvc.model_config.hf_text_config, "index_topk", None)},
+            f"unset {POLICY_VARIABLE} to let SGLang size this model",
+        )
+        self.kvc = kvc
         self.specs = specs_from_sglang(kvc)
         check_bytes(own, self.specs)
         self.policy = policy
@@ -69,11 +87,31 @@ class KVCorePoolConfigurator(MemoryPoolConfigurator):  # type: ignore[misc]  # S
         self.registry = Registry.default()
 
     def sizes(self, available_bytes: int) -> Any:
-        """The pools of kvcore's plan for ``available_bytes`` (:class:`~.rules.SglangPoolSizes`)."""
-        plan = plan_for_sglang(
-            self.specs, available_bytes, self.rules, registry=self.registry, policy=self.policy
-        )
-        return pool_sizes(plan, self.specs)
+        """The pools of kvcore's plan for ``available_bytes`` (:class:`~.rules.SglangPoolSizes`).
+
+        For a Mamba hybrid the plan was made for the whole budget by :func:`handle_max_mamba_cache`
+        and ``available_bytes`` is what it left; it is checked to hold the plan's KV pool.
+        """
+        if "mamba" not in check_specs(self.specs):
+            plan = plan_for_sglang(
+                self.specs, available_bytes, self.rules, registry=self.registry, policy=self.policy
+            )
+            return pool_sizes(plan, self.specs)
+        kvc, planned = _PLANNED.get(id(self.kvc), (None, None))
+        if kvc is not self.kvc:
+            raise SglangIntegrationError(
+                f"{POLICY_VARIABLE}={self.policy}: SGLang sized this model's KV pools without its "
+                "Mamba split (the plugin's hook on _handle_max_mamba_cache did not run); unset it to "
+                "serve this model"
+            )
+        attention = {n: s for n, s in self.specs.items() if s.kind != "state"}
+        needed = pool_bytes(attrs.evolve(planned, mamba_states=0), attention)
+        if needed > available_bytes:
+            raise SglangIntegrationError(
+                f"kvcore's KV pool of {planned.full_tokens:,} tokens takes {needed:,} bytes, but SGLang left "
+                f"{available_bytes:,} after the Mamba pool; unset {POLICY_VARIABLE} to serve this model"
+            )
+        return planned
 
     def calculate_pool_sizes(self, available_bytes: int, page_size: int) -> MemoryPoolConfig:
         """SGLang's profiling path: kvcore plans ``available_bytes``."""
@@ -112,7 +150,10 @@ def check_bytes(own: MemoryPoolConfigurator, specs: dict[str, Any]) -> None:
             bytes per token.
     """
     pools = check_specs(specs)
-    ours = {pool: sum(token_bytes(specs[n]) for n in names) for pool, names in pools.items()}
+    # the Mamba pool is sized outside the configurator (checked by handle_max_mamba_cache)
+    ours = {
+        pool: sum(token_bytes(specs[n]) for n in names) for pool, names in pools.items() if pool != "mamba"
+    }
     if isinstance(own, HybridSWAPoolConfigurator):
         theirs = {"full": own._full_cell_bytes(), "swa": own._swa_cell_bytes()}
         # drafts and DFLASH are in the cell SGLang divides the budget by, beside the two pools
@@ -135,7 +176,8 @@ def check_bytes(own: MemoryPoolConfigurator, specs: dict[str, Any]) -> None:
 
 
 def _rules_of(kvc: Any) -> SglangRules:
-    """SGLang's settings as the running server resolved them (``get_schedule()``)."""
+    """SGLang's settings as the running server resolved them (``get_schedule()``; for a Mamba
+    hybrid its slots per request, ``_calculate_mamba_ratio()``)."""
     from sglang.srt.environ import envs
     from sglang.srt.runtime_context import get_schedule
 
@@ -149,7 +191,63 @@ def _rules_of(kvc: Any) -> SglangRules:
         overlap_schedule=not bool(schedule.disable_overlap_schedule),
         swa_full_tokens_ratio=float(schedule.swa_full_tokens_ratio or DEFAULT_SWA_FULL_TOKENS_RATIO),
         swa_eviction_interval=max(1, envs.SGLANG_SWA_EVICTION_INTERVAL.get()),
+        mamba_full_memory_ratio=float(schedule.mamba_full_memory_ratio or DEFAULT_MAMBA_FULL_MEMORY_RATIO),
+        mamba_slots_per_request=int(kvc._calculate_mamba_ratio()) if kvc.mambaish_config is not None else 3,
     )
+
+
+def _refuse_mamba_settings(kvc: Any, policy: str) -> None:
+    """Raise for the Mamba settings SGLang sizes with state kvcore does not plan."""
+    from sglang.srt.runtime_context import get_exec, get_schedule
+
+    given = {
+        "--max-mamba-cache-size": get_schedule().max_mamba_cache_size is not None,
+        "speculative decoding (its intermediate SSM states)": not kvc.spec_algorithm.is_none(),
+        "--enable-linear-replayssm-spec (its replay rings)": bool(
+            get_exec().mamba.enable_linear_replayssm_spec
+        ),
+        "extra Mamba bytes per request": bool(kvc.extra_mamba_cache_bytes_per_req),
+        "a fused draft state": kvc.fused_entry_bytes("mamba") is not None,
+        "pipeline parallelism": kvc.pp_size > 1,
+    }
+    refused = [what for what, on in given.items() if on]
+    if refused:
+        raise SglangIntegrationError(
+            f"{POLICY_VARIABLE}={policy}: SGLang sizes its Mamba pool with {', '.join(refused)}, which "
+            f"kvcore's plan does not hold; drop it or unset {POLICY_VARIABLE}"
+        )
+
+
+def handle_max_mamba_cache(sglangs: Callable[..., Any], kvc: Any, total_rest_memory: float) -> float:
+    """The hook around SGLang's ``KVCacheConfigurator._handle_max_mamba_cache`` while the policy
+    is set: kvcore plans the whole budget (``total_rest_memory`` GiB), SGLang's Mamba pool gets
+    the plan's state slots (``max_mamba_cache_size``), and the configurator is left the rest.
+
+    Raises:
+        SglangIntegrationError: Mamba settings kvcore does not plan, state bytes that differ
+            from SGLang's ``mamba_cache_per_req``, or a plan SGLang cannot run.
+    """
+    from sglang.srt.runtime_context import get_context
+
+    policy = os.environ[POLICY_VARIABLE]
+    _refuse_mamba_settings(kvc, policy)
+    specs = specs_from_sglang(kvc)
+    rules = _rules_of(kvc)
+    states = check_specs(specs)["mamba"]
+    slot = sum(token_bytes(specs[n]) for n in states)
+    theirs = int(kvc.mambaish_config.mamba2_cache_params.mamba_cache_per_req)
+    if slot != theirs:
+        raise SglangIntegrationError(
+            f"SGLang's Mamba slot takes {theirs:,} bytes, kvcore's specs of its state layers {slot:,}; "
+            f"unset {POLICY_VARIABLE} to serve this model"
+        )
+    budget = int(total_rest_memory * (1 << 30))
+    plan = plan_for_sglang(specs, budget, rules, registry=Registry.default(), policy=policy)
+    sizes = pool_sizes(plan, sglang_specs(specs, rules))
+    get_context().override("mamba_pool.kvcore", max_mamba_cache_size=sizes.mamba_states)
+    _PLANNED[id(kvc)] = (kvc, sizes)
+    # an integer byte count over a power of two: SGLang's int(rest x 2**30) gives it back exactly
+    return (budget - (sizes.mamba_states + 1) * slot) / (1 << 30)
 
 
 def create_memory_pool_configurator(sglangs: Callable[[Any], Any], kvc: Any) -> MemoryPoolConfigurator:
@@ -173,3 +271,4 @@ def register() -> None:
 
     # AROUND, not REPLACE: kvcore's configurator checks itself against SGLang's own
     HookRegistry.register(TARGET, create_memory_pool_configurator, HookType.AROUND)
+    HookRegistry.register(MAMBA_TARGET, handle_max_mamba_cache, HookType.AROUND)

@@ -24,8 +24,23 @@ tokens each pool holds. The rules this module models, each from those files of s
    most ``sliding_window + page_size`` tokens.
 4. **One page size, one window.** ``--page-size`` is one number for every pool, and the
    configurator reads one ``sliding_window_size``, so every sliding layer has the same window.
+5. **The Mamba state pool comes first.** A hybrid linear/Mamba model's state pool is sized
+   before the configurator runs (``KVCacheConfigurator._handle_max_mamba_cache``, called from
+   ``_profile_available_bytes``): unless ``--max-mamba-cache-size`` is given, it takes
+   ``budget x r / (1 + r)`` (``r`` the ``--mamba-full-memory-ratio``, 0.9 unless set:
+   ``sglang/srt/arg_groups/fields/schedule.py``), in ``K = (that - slot) // slot`` slots of
+   ``slot`` bytes (every state layer's conv and temporal state:
+   ``Mamba2CacheParams.mamba_cache_per_req`` in ``sglang/srt/configs/mamba_utils.py``), and
+   the configurator gets what is left after ``(K + 1)`` slots (``MambaPool`` allocates a
+   padding slot). The temporal state is kept in ``--mamba-ssm-dtype`` (float32 unless the
+   model config says otherwise: ``mamba2_state_dtype``), and a running request holds
+   ``_calculate_mamba_ratio()`` slots: 3 with the radix cache (2 with
+   ``SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK``), plus the extra buffer's tracking slots (2 with the
+   overlap scheduler, 1 without or lazy), 1 without the radix cache
+   (``resolve_max_num_reqs`` caps running requests at ``K // slots``).
 
-A kvcore plan SGLang can run therefore gives each SGLang pool one group of its own block pool,
+A kvcore plan SGLang can run therefore gives each SGLang pool (the Mamba pool included) one
+group of its own block pool,
 all of one block size (SGLang's page), with block 0 of each pool kept back as SGLang's padded
 page (``PlanOptions.reserve_null_block``); the tokens a pool holds are its usable blocks times
 the page (:func:`pool_sizes`). :func:`plan_for_sglang` plans for that;
@@ -45,6 +60,7 @@ from kvcore.planning.planner import plan_kv_cache
 from kvcore.planning.registry import Registry
 from kvcore.plugins.full_attention import FullAttentionSpec
 from kvcore.plugins.sliding_window import SlidingWindowSpec
+from kvcore.plugins.state import StatePart, StateSpec
 from kvcore.policy import AllocationPolicy, PlanOptions
 from kvcore.spec import DEFAULT_MAX_NUM_BATCHED_TOKENS, KVCacheSpec, SizingContext
 from kvcore.validators import positive_int
@@ -59,6 +75,12 @@ DEFAULT_SWA_FULL_TOKENS_RATIO = 0.8
 #: SGLang's default ``SGLANG_SWA_EVICTION_INTERVAL`` (``sglang/srt/environ.py``).
 DEFAULT_SWA_EVICTION_INTERVAL = 128
 
+#: SGLang's default ``--mamba-full-memory-ratio`` (``sglang/srt/arg_groups/fields/schedule.py``).
+DEFAULT_MAMBA_FULL_MEMORY_RATIO = 0.9
+
+#: SGLang's default ``--mamba-ssm-dtype`` (``mamba2_state_dtype`` in ``sglang/srt/configs/mamba_utils.py``).
+DEFAULT_MAMBA_SSM_DTYPE = "float32"
+
 #: SGLang's default ``--page-size`` (``ServerArgs.page_size`` resolves to 1 on most backends).
 DEFAULT_PAGE_SIZE = 1
 
@@ -69,15 +91,11 @@ POOL_OF_KIND: dict[str, str] = {
     "full_attention": "full",
     "mla": "full",
     "sliding_window": "swa",
+    "state": "mamba",
 }
 
 #: kvcore kinds SGLang has a pool for but this integration does not convert, and why.
 UNCONVERTED_KINDS: dict[str, str] = {
-    "state": (
-        "SGLang sizes its Mamba/linear-attention state pool from --max-mamba-cache-size and "
-        "--mamba-full-memory-ratio before the KV pools (KVCacheConfigurator._handle_max_mamba_cache), "
-        "not through the memory-pool configurator this integration replaces"
-    ),
     "chunked_local_attention": (
         "SGLang runs Llama 4's chunked attention over the full token pool, so its pool sizes "
         "are not kvcore's chunked plan"
@@ -127,6 +145,52 @@ HYBRID_SWA_ARCHITECTURES: frozenset[str] = frozenset(
 )
 
 
+#: Bundled architectures SGLang 0.5.23 has no model class for (no ``sglang/srt/models/jamba.py``):
+#: ``kvcore compare --engine sglang`` shows its rules applied to them, and says so.
+NO_SGLANG_MODEL: frozenset[str] = frozenset({"JambaForCausalLM"})
+
+
+#: The architectures SGLang runs with DeepSeek's sparse attention (DSA) when their config has an
+#: ``index_topk`` (``is_deepseek_dsa`` in ``sglang/srt/configs/model_config.py``).
+DSA_ARCHITECTURES: frozenset[str] = frozenset(
+    {
+        "DeepseekV3ForCausalLM",
+        "DeepseekV32ForCausalLM",
+        "DeepseekV3ForCausalLMNextN",
+        "MistralLarge3ForCausalLM",
+        "PixtralForConditionalGeneration",
+        "GlmMoeDsaForCausalLM",
+        "GlmMoeDsaForCausalLMNextN",
+        "Glm5NextForConditionalGenerationNextN",
+        "Glm5NextForConditionalGeneration",
+        "LongcatFlashForCausalLM",
+        "LongcatFlashForCausalLMNextN",
+        "Dots3NoteForCausalLM",
+        "Dots3NoteForCausalLMNextN",
+        "HYV4ForCausalLM",
+        "HYV4ForCausalLMNextN",
+    }
+)
+
+#: Why kvcore does not plan a DSA model for SGLang.
+DSA_REFUSAL = (
+    "SGLang runs this model with DeepSeek's sparse attention (DSA): its DSATokenToKVPool keeps, beside "
+    "each layer's MLA latent (fp8 with per-block scales, in a layout its attention backend picks: "
+    "calculate_mla_kv_cache_dim), an indexer key cache of index_head_dim fp8 bytes and a float32 scale "
+    "per 128 per token (DefaultPoolConfigurator._compute_dsa_indexer_cell_size), on the layers "
+    "dsa_layer_skips_topk leaves; kvcore has no spec kind for the indexer and no fp8-with-scales MLA "
+    "page, so a kvcore plan would promise tokens SGLang's pool cannot hold"
+)
+
+
+def refuse_dsa(architectures: Sequence[str], config: Mapping[str, object], fix: str) -> None:
+    """Raise for a model SGLang runs with DSA (:data:`DSA_REFUSAL` says why; ``fix`` what to do)."""
+    text = config.get("text_config")
+    index_topk = config.get("index_topk") or (text.get("index_topk") if isinstance(text, Mapping) else None)
+    if index_topk is not None and any(a in DSA_ARCHITECTURES for a in architectures):
+        raise SglangIntegrationError(f"{DSA_REFUSAL}; {fix}")
+
+
 def runs_hybrid_swa(architectures: Sequence[str]) -> bool:
     """Whether SGLang gives a model of ``architectures`` (``config.json``'s) a sliding pool."""
     return any(a in HYBRID_SWA_ARCHITECTURES for a in architectures)
@@ -137,11 +201,39 @@ class SglangIntegrationError(KVCoreError, ValueError):
     memory-pool configuration cannot express, or SGLang missing or of another version."""
 
 
+def mamba_slots_per_request(
+    *,
+    radix_cache: bool = True,
+    extra_buffer: bool = False,
+    overlap_schedule: bool = True,
+    lazy: bool = False,
+    skip_decode_lock: bool = False,
+) -> int:
+    """State slots SGLang keeps per running request of a Mamba hybrid (rule 5):
+    ``KVCacheConfigurator._calculate_mamba_ratio`` with ``get_mamba_tracking_slots``
+    (``sglang/srt/mem_cache/allocation_sizing.py``)."""
+    if not radix_cache:
+        return 1
+    base = 3 - (1 if skip_decode_lock else 0)
+    if extra_buffer:
+        return base + (1 if lazy else 2 if overlap_schedule else 1)
+    # the no-buffer mode under skip-decode-lock adds the dropped slot back
+    return base + (1 if skip_decode_lock else 0)
+
+
 def _ratio(instance: object, attribute: attrs.Attribute[float], value: float) -> None:
     if not 0 < value <= 1:
         raise SglangIntegrationError(
             f"swa_full_tokens_ratio must be in (0, 1], as SGLang checks (got {value}); "
             "pass --swa-full-tokens-ratio between 0 and 1"
+        )
+
+
+def _positive(instance: object, attribute: attrs.Attribute[float], value: float) -> None:
+    if not value > 0:
+        raise SglangIntegrationError(
+            f"mamba_full_memory_ratio must be positive, as SGLang divides by it (got {value}); pass "
+            "--mamba-full-memory-ratio above 0"
         )
 
 
@@ -158,6 +250,11 @@ class SglangRules:
         swa_full_tokens_ratio: sliding-pool tokens per full-pool token in SGLang's own sizing.
         swa_eviction_interval: decode tokens between SGLang's evictions of a request's old
             sliding tokens (``SGLANG_SWA_EVICTION_INTERVAL``).
+        mamba_full_memory_ratio: Mamba state bytes per full-attention byte in SGLang's own
+            split (``--mamba-full-memory-ratio``).
+        mamba_slots_per_request: state slots a running request holds
+            (:func:`mamba_slots_per_request`; 3, the radix cache without the extra buffer).
+        mamba_ssm_dtype: the dtype SGLang keeps the temporal (SSM) state in.
     """
 
     context_len: int = attrs.field(validator=positive_int)
@@ -166,6 +263,15 @@ class SglangRules:
     overlap_schedule: bool = True
     swa_full_tokens_ratio: float = attrs.field(default=DEFAULT_SWA_FULL_TOKENS_RATIO, validator=_ratio)
     swa_eviction_interval: int = attrs.field(default=DEFAULT_SWA_EVICTION_INTERVAL, validator=positive_int)
+    mamba_full_memory_ratio: float = attrs.field(default=DEFAULT_MAMBA_FULL_MEMORY_RATIO, validator=_positive)
+    mamba_slots_per_request: int = attrs.field(default=3, validator=positive_int)
+    mamba_ssm_dtype: str = DEFAULT_MAMBA_SSM_DTYPE
+
+    def state_spec(self, spec: StateSpec) -> StateSpec:
+        """``spec`` holding SGLang's slots per request: kvcore's state counts ``1 +
+        speculative_slots`` states a request, SGLang ``mamba_slots_per_request`` (the radix
+        cache's copies stand where draft states would)."""
+        return attrs.evolve(spec, cache_mode="none", speculative_slots=self.mamba_slots_per_request - 1)
 
     @property
     def tokens_in_flight(self) -> int:
@@ -216,8 +322,18 @@ def window_of(spec: KVCacheSpec) -> int:
 
 
 def token_bytes(spec: KVCacheSpec) -> int:
-    """Bytes one token of a layer with ``spec`` takes in an SGLang pool (a page's bytes per token)."""
+    """Bytes one token of a layer with ``spec`` takes in an SGLang pool (a page's bytes per
+    token), or, for a state layer, one slot of SGLang's Mamba pool: its tensors, unpadded
+    (``MambaPool`` keeps each in a tensor of its own)."""
+    if isinstance(spec, StateSpec):
+        return spec.state_bytes
     return spec.page_size_bytes // spec.block_size
+
+
+def cell_bytes(specs: Mapping[str, KVCacheSpec], names: Sequence[str]) -> int:
+    """Bytes of one token (one state slot for the Mamba pool) over the layers ``names``: what
+    SGLang divides a pool's budget by."""
+    return sum(token_bytes(specs[n]) for n in names)
 
 
 def _pool_layers(specs: Mapping[str, KVCacheSpec]) -> dict[str, list[str]]:
@@ -243,6 +359,11 @@ def check_specs(specs: Mapping[str, KVCacheSpec]) -> dict[str, list[str]]:
             one head count and head size each).
     """
     pools = _pool_layers(specs)
+    if pools.get("mamba") and pools.get("swa"):
+        raise SglangIntegrationError(
+            "the model has state and sliding-window layers: SGLang 0.5 runs those together only in its "
+            "unified memory pool (--enable-unified-memory), whose one buffer kvcore does not plan"
+        )
     windows = sorted({window_of(specs[n]) for n in pools.get("swa", ())})
     if len(windows) > 1:
         raise SglangIntegrationError(
@@ -253,8 +374,10 @@ def check_specs(specs: Mapping[str, KVCacheSpec]) -> dict[str, list[str]]:
         shapes = sorted({token_bytes(specs[n]) for n in names})
         if len(shapes) > 1:
             raise SglangIntegrationError(
-                f"the {pool} pool's layers take {shapes} bytes per token, but an SGLang pool has one "
-                "head count and head size for all its layers"
+                f"the {pool} pool's layers take {shapes} bytes per "
+                f"{'state' if pool == 'mamba' else 'token'}, but an SGLang pool has one "
+                + ("state shape" if pool == "mamba" else "head count and head size")
+                + " for all its layers"
             )
     return pools
 
@@ -268,12 +391,14 @@ class SglangPoolSizes:
         full_tokens: tokens of the full pool (``full_max_total_num_tokens``), 0 if none.
         swa_tokens: tokens of the sliding pool (``swa_max_total_num_tokens``), 0 if none.
         sliding_window: the one window of the sliding layers, or ``None``.
+        mamba_states: state slots of the Mamba pool (``max_mamba_cache_size``), 0 if none.
     """
 
     page_size: int = attrs.field(validator=positive_int)
     full_tokens: int = 0
     swa_tokens: int = 0
     sliding_window: int | None = None
+    mamba_states: int = 0
 
     @property
     def is_hybrid_swa(self) -> bool:
@@ -351,13 +476,37 @@ def pool_sizes(plan: KVCachePlan, specs: Mapping[str, KVCacheSpec]) -> SglangPoo
     """
     groups = check_runnable(plan, specs)
     tokens = {pool: plan.tokens_held(group) or 0 for pool, group in groups.items()}
-    swa = groups.get("swa")
+    swa, mamba = groups.get("swa"), groups.get("mamba")
     return SglangPoolSizes(
         page_size=plan.groups[0].spec.block_size,
         full_tokens=tokens.get("full", 0),
         swa_tokens=tokens.get("swa", 0),
         sliding_window=window_of(swa.spec) if swa is not None else None,
+        # a state takes one block; block 0 is SGLang's padding slot
+        mamba_states=plan.usable_blocks_in(mamba.pool) if mamba is not None else 0,
     )
+
+
+def own_mamba_split(budget: int, slot_bytes: int, rules: SglangRules) -> tuple[int, int]:
+    """SGLang's own split of ``budget`` bytes between its Mamba pool and the KV pools (rule 5):
+    ``(state slots, bytes left to the configurator)``, as ``_handle_max_mamba_cache`` works it
+    out in GiB floats (``_profile_available_bytes`` turns the rest back into bytes).
+
+    Raises:
+        SglangIntegrationError: a budget of no slot (SGLang's "Not enough GPU memory for
+            hybrid (mamba/linear-attention) state cache").
+    """
+    gib = 1 << 30
+    rest = budget / gib
+    ratio = rules.mamba_full_memory_ratio
+    mamba_budget = rest * ratio / (1 + ratio) * gib
+    slots = int((mamba_budget - slot_bytes) // slot_bytes)
+    if slots <= 0:
+        raise SglangIntegrationError(
+            f"SGLang's Mamba share of {int(mamba_budget):,} bytes holds no state slot of "
+            f"{slot_bytes:,} bytes; raise --mem-fraction-static or --mamba-full-memory-ratio"
+        )
+    return slots, int((rest - (slots + 1) * slot_bytes / gib) * gib)
 
 
 def own_pool_sizes(specs: Mapping[str, KVCacheSpec], budget: int, rules: SglangRules) -> SglangPoolSizes:
@@ -372,11 +521,14 @@ def own_pool_sizes(specs: Mapping[str, KVCacheSpec], budget: int, rules: SglangR
     """
     pools = check_specs(specs)
     page = rules.page_size
-    full_cell = sum(token_bytes(specs[n]) for n in pools.get("full", ()))
-    swa_cell = sum(token_bytes(specs[n]) for n in pools.get("swa", ()))
+    states = 0
+    if pools.get("mamba"):
+        states, budget = own_mamba_split(budget, cell_bytes(specs, pools["mamba"]), rules)
+    full_cell = cell_bytes(specs, pools.get("full", ()))
+    swa_cell = cell_bytes(specs, pools.get("swa", ()))
     window = window_of(specs[pools["swa"][0]]) if pools.get("swa") else None
     if window is None:
-        full = budget // full_cell // page * page
+        full = budget // full_cell // page * page if full_cell else 0
         swa = 0
     elif not full_cell:
         full, swa = 0, budget // swa_cell // page * page
@@ -389,11 +541,13 @@ def own_pool_sizes(specs: Mapping[str, KVCacheSpec], budget: int, rules: SglangR
                 f"SGLang's sliding pool of {swa:,} tokens cannot hold one request (window {window:,} + page "
                 f"{page}); raise --swa-full-tokens-ratio or the budget"
             )
-    if max(full, swa) <= 0:
+    if max(full, swa) <= 0 and (full_cell or swa_cell):
         raise SglangIntegrationError(
             f"a budget of {budget:,} bytes holds no page of SGLang's pools; raise --mem-fraction-static"
         )
-    return SglangPoolSizes(page_size=page, full_tokens=full, swa_tokens=swa, sliding_window=window)
+    return SglangPoolSizes(
+        page_size=page, full_tokens=full, swa_tokens=swa, sliding_window=window, mamba_states=states
+    )
 
 
 def pool_bytes(sizes: SglangPoolSizes, specs: Mapping[str, KVCacheSpec]) -> int:
@@ -402,7 +556,10 @@ def pool_bytes(sizes: SglangPoolSizes, specs: Mapping[str, KVCacheSpec]) -> int:
     total = 0
     for pool, tokens in (("full", sizes.full_tokens), ("swa", sizes.swa_tokens)):
         if tokens and pools.get(pool):
-            total += (tokens + sizes.page_size) * sum(token_bytes(specs[n]) for n in pools[pool])
+            total += (tokens + sizes.page_size) * cell_bytes(specs, pools[pool])
+    if sizes.mamba_states and pools.get("mamba"):
+        # MambaPool's padding slot, as the padded page of the token pools
+        total += (sizes.mamba_states + 1) * cell_bytes(specs, pools["mamba"])
     return total
 
 
@@ -438,7 +595,7 @@ def plan_for_sglang(
         PolicyNotApplicableError, InsufficientMemoryError: as :func:`plan_kv_cache`.
     """
     check_specs(specs)
-    paged = paged_specs(specs, rules.page_size)
+    paged = sglang_specs(specs, rules)
     plan = plan_kv_cache(
         paged,
         available_bytes,
@@ -451,16 +608,27 @@ def plan_for_sglang(
     return plan
 
 
-def as_sglang_runs(specs: Mapping[str, KVCacheSpec], hybrid_swa: bool) -> dict[str, KVCacheSpec]:
+def as_sglang_runs(
+    specs: Mapping[str, KVCacheSpec], hybrid_swa: bool, mamba_ssm_dtype: str = DEFAULT_MAMBA_SSM_DTYPE
+) -> dict[str, KVCacheSpec]:
     """``specs`` as SGLang keeps them: without its sliding pool (``hybrid_swa`` false, see
     :func:`runs_hybrid_swa`) a sliding layer keeps every token in the full pool, so it is
-    planned as full attention of the same heads."""
-    if hybrid_swa:
-        return dict(specs)
+    planned as full attention of the same heads; a state's recurrent (non-conv) tensors are
+    kept in ``mamba_ssm_dtype`` (rule 5)."""
     made: dict[int, KVCacheSpec] = {}
     out: dict[str, KVCacheSpec] = {}
     for name, spec in specs.items():
-        if isinstance(spec, SlidingWindowSpec) and id(spec) not in made:
+        if isinstance(spec, StateSpec) and id(spec) not in made:
+            made[id(spec)] = attrs.evolve(
+                spec,
+                parts=tuple(
+                    p
+                    if p.name.startswith("conv")
+                    else StatePart(name=p.name, shape=p.shape, dtype=mamba_ssm_dtype)
+                    for p in spec.parts
+                ),
+            )
+        if not hybrid_swa and isinstance(spec, SlidingWindowSpec) and id(spec) not in made:
             made[id(spec)] = FullAttentionSpec(
                 block_size=spec.block_size,
                 num_kv_heads=spec.num_kv_heads,
@@ -468,6 +636,18 @@ def as_sglang_runs(specs: Mapping[str, KVCacheSpec], hybrid_swa: bool) -> dict[s
                 dtype=spec.dtype,
             )
         out[name] = made.get(id(spec), spec)
+    return out
+
+
+def sglang_specs(specs: Mapping[str, KVCacheSpec], rules: SglangRules) -> dict[str, KVCacheSpec]:
+    """``specs`` as a plan for SGLang takes them: SGLang's page as every block size, and each
+    state holding SGLang's slots per request (:meth:`SglangRules.state_spec`)."""
+    made: dict[int, KVCacheSpec] = {}
+    out: dict[str, KVCacheSpec] = {}
+    for name, spec in paged_specs(specs, rules.page_size).items():
+        if id(spec) not in made:
+            made[id(spec)] = rules.state_spec(spec) if isinstance(spec, StateSpec) else spec
+        out[name] = made[id(spec)]
     return out
 
 
@@ -486,7 +666,8 @@ def capabilities() -> EngineCapabilities:
     """What SGLang runs of kvcore's plans, read from this module's tables and checks.
 
     The kinds are :data:`POOL_OF_KIND`'s; a built-in policy is listed when its plan of a
-    reference model of one full and one sliding layer passes :func:`check_runnable`.
+    reference model (full layers; a full and a sliding layer; a full and a state layer) passes
+    :func:`check_runnable`.
     """
     registry = Registry.default(autoload=False)  # the built-in policies only
     rules = SglangRules(context_len=256, page_size=16, chunked_prefill_size=64)
@@ -494,9 +675,11 @@ def capabilities() -> EngineCapabilities:
     sliding = SlidingWindowSpec(
         block_size=16, num_kv_heads=2, head_size=64, dtype="bfloat16", sliding_window=64
     )
+    state = StateSpec(block_size=16, parts=(StatePart(name="conv", shape=(3, 64), dtype="bfloat16"),))
     references: dict[str, dict[str, KVCacheSpec]] = {
         "full attention only": {"0": full, "1": full},
         "full and sliding layers": {"0": full, "1": sliding},
+        "full and state layers": {"0": full, "1": state},
     }
     runs: dict[str, list[str]] = {}
     for model, reference in references.items():
@@ -524,6 +707,11 @@ def capabilities() -> EngineCapabilities:
         notes=(
             *(f"{kind}: not converted ({why})" for kind, why in UNCONVERTED_KINDS.items()),
             *partial,
+            "state: SGLang's Mamba pool, its slots set by the plugin's hook on "
+            "KVCacheConfigurator._handle_max_mamba_cache; not with speculative decoding, "
+            "--max-mamba-cache-size or sliding layers beside state layers",
+            "DSA models (DeepSeek-V3.2's sparse attention): refused, kvcore has no spec kind for the "
+            "indexer key cache of SGLang's DSATokenToKVPool",
             "one sliding window per model: SGLang reads one sliding_window_size",
             "one page size for every pool: SGLang's --page-size",
             "SGLang's radix cache runs over kvcore's pool sizes, but kvcore's plans do not size for it",
