@@ -1,6 +1,9 @@
-"""Replay a workload through a plan's block pool with a scheduler like vLLM's (v1).
+"""Replay a workload through a plan's block pool, with the ``kvcore`` scheduler profile's rules
+(:func:`simulate` takes any registered profile: :mod:`kvcore.simulation.profile`; the default,
+``vllm``, is :mod:`kvcore.simulation.profiles.vllm`).
 
-Each step schedules up to ``max_num_batched_tokens`` tokens:
+The ``kvcore`` rules, like vLLM's (v1) scheduler without its admission gate: each step
+schedules up to ``max_num_batched_tokens`` tokens:
 
 1. the running requests, in the order they were admitted: a decoding request computes one
    token, a request still in its prompt (chunked prefill) computes the rest of it, as much as the
@@ -45,6 +48,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import attrs
 
@@ -53,9 +57,13 @@ from kvcore.limits import MAX_TOKENS, check_at_most
 from kvcore.plan import KVCachePlan
 from kvcore.runtime.block_pool import BlockPool
 from kvcore.runtime.prefix_cache import PrefixKey
+from kvcore.simulation.profile import DEFAULT_SCHEDULER, SchedulerProfile, resolve_profile
 from kvcore.simulation.workload import Request, Workload
 from kvcore.spec import KVCacheSpec, SizingContext
 from kvcore.validators import check_int
+
+if TYPE_CHECKING:
+    from kvcore.planning.registry import Registry
 
 
 @attrs.frozen(kw_only=True)
@@ -83,6 +91,8 @@ class SimulationResult:
         peak_pool_usage: the largest share held during one step.
         running: running requests at each step.
         pool_usage: the share of the pool held at each step.
+        scheduler: the scheduler profile that ran (``kvcore``, ``vllm``, ...).
+        scheduler_settings: the profile's settings that shaped the run, as ``(name, value)``.
     """
 
     policy: str
@@ -103,6 +113,8 @@ class SimulationResult:
     prefix_caching: bool = False
     cached_tokens: int = 0
     prefix_hit_rate: float = 0.0
+    scheduler: str = "kvcore"
+    scheduler_settings: tuple[tuple[str, object], ...] = ()
 
 
 def simulate(
@@ -112,6 +124,8 @@ def simulate(
     max_num_batched_tokens: int | None = None,
     on_step: Callable[[int, int], None] | None = None,
     prefix_caching: bool = False,
+    scheduler: str | SchedulerProfile = DEFAULT_SCHEDULER,
+    registry: Registry | None = None,
 ) -> SimulationResult:
     """Replay ``workload`` through ``plan``'s block pool until every request has finished.
 
@@ -122,7 +136,11 @@ def simulate(
             ``plan.context.max_num_batched_tokens``).
         on_step: called after every step (after an idle stretch, once) with the steps done and
             the requests finished so far, e.g. to draw a progress bar.
-        prefix_caching: cache the requests' shared prefixes (``prefix_id``) in the pool.
+        prefix_caching: cache blocks for reuse as the scheduler does (``kvcore``: the requests'
+            shared prefixes, ``prefix_id``; ``vllm``: every full block).
+        scheduler: the scheduler profile (a registered name, or a profile object such as
+            ``VllmProfile(async_scheduling=False)``); default ``vllm``.
+        registry: where a profile name is looked up (default: the default registry).
 
     Returns:
         The figures and the per-step series.
@@ -131,8 +149,10 @@ def simulate(
         InvalidInputError: a request is longer than ``plan.context.max_model_len``, or needs
             more block ids than the pool has even when it runs alone (the message names it), or
             ``max_num_batched_tokens`` is not an int from 1 to ``kvcore.limits.MAX_TOKENS``.
+        UnknownSchedulerError: no registered profile is named ``scheduler``.
     """
-    simulator = Simulator(
+    profile = resolve_profile(scheduler, registry)
+    simulator = profile.simulator(
         plan, workload, max_num_batched_tokens=max_num_batched_tokens, prefix_caching=prefix_caching
     )
     while not simulator.done:
