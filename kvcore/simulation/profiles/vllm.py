@@ -48,6 +48,7 @@ figure against vLLM 0.33's real ``Scheduler``.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from typing import TYPE_CHECKING
 
@@ -200,6 +201,8 @@ class VllmSimulator:
             for index, g in enumerate(self.groups):
                 by_type.setdefault((g.sliding, g.tokens_per_page), []).append(index)
             self._hit_types = [(key[0], ids) for key, ids in sorted(by_type.items())]
+        #: the scheduler's block: hits are multiples of it (``_cache_hit_alignment_tokens``)
+        self._align = math.lcm(*(g.tokens_per_page or 1 for g in self.groups))
         self._hashes: list[dict[Hashable, dict[int, None]]] = [{} for _ in self.pools]
         self._hash_of: dict[int, Hashable] = {}
         self._ref: dict[int, int] = {}
@@ -600,21 +603,23 @@ class VllmSimulator:
         return out
 
     def _find_hit(self, r: int) -> tuple[int, list[list[int | None]] | None]:
-        """``get_computed_blocks``: the longest hit every group agrees on, below ``num_tokens``."""
+        """``get_computed_blocks``: the longest hit every group agrees on, below ``num_tokens``
+        and a multiple of the scheduler's block (the groups' least common multiple)."""
         if not self._hit_types:
             return 0, None
+        align = self._align
         hit = self._tokens[r] - 1
         found: dict[int, list[int | None]] = {}
         while True:
             current = hit
             for window, ids in self._hit_types:
                 per_page = self.groups[ids[0]].tokens_per_page
-                blocks, length = (
-                    self._hit_full(r, ids, current // per_page)
-                    if window == 0
-                    else self._hit_window(r, ids, current // per_page, cdiv(window - 1, per_page))
-                )
-                current = min(current, length * per_page)
+                most = current // per_page
+                if window == 0:
+                    blocks, length = self._hit_full(r, ids, most, align)
+                else:
+                    blocks, length = self._hit_window(r, ids, most, cdiv(window - 1, per_page), align)
+                current = min(current, length)
                 for k, g in enumerate(ids):
                     found[g] = [row[k] if row is not None else None for row in blocks]
             if current >= hit:
@@ -629,16 +634,26 @@ class VllmSimulator:
             out.append(found[g][: cdiv(hit, group.tokens_per_page)])
         return hit, out
 
-    def _hit_full(self, r: int, ids: list[int], most: int) -> tuple[list[list[int] | None], int]:
+    def _hit_full(self, r: int, ids: list[int], most: int, align: int) -> tuple[list[list[int] | None], int]:
+        """``FullAttentionManager.find_longest_cache_hit``: cached blocks from the start."""
+        per_page = self.groups[ids[0]].tokens_per_page
         rows: list[list[int] | None] = []
         for j in range(most):
             row = self._cached(r, ids, j)
             if row is None:
                 break
             rows.append(row)
-        return rows, len(rows)
+        length = len(rows) * per_page
+        length -= length % align
+        return rows[: cdiv(length, per_page)], length
 
-    def _hit_window(self, r: int, ids: list[int], most: int, need: int) -> tuple[list[list[int] | None], int]:
+    def _hit_window(
+        self, r: int, ids: list[int], most: int, need: int, align: int
+    ) -> tuple[list[list[int] | None], int]:
+        """``SlidingWindowManager.find_longest_cache_hit``: from the end, the first run of
+        ``need`` cached blocks (the window) ending on an aligned boundary; else the run from
+        the start."""
+        per_page = self.groups[ids[0]].tokens_per_page
         rows: list[list[int] | None] = [None] * most
         run = 0
         for j in range(most - 1, -1, -1):
@@ -646,11 +661,16 @@ class VllmSimulator:
             if row is None:
                 run = 0
                 continue
+            if run == 0 and per_page != align and (j + 1) * per_page % align:
+                continue  # a hit must end on the scheduler's block
             rows[j] = row
             run += 1
             if run >= need:
-                return rows[: j + run], j + run
-        return rows[:run], run
+                return rows[: j + run], (j + run) * per_page
+        kept = run
+        while per_page != align and kept * per_page % align:
+            kept -= 1
+        return rows[:kept], kept * per_page
 
     # -- figures -------------------------------------------------------------------------------
 
