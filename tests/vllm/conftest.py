@@ -13,4 +13,13 @@ os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 
-collect_ignore_glob = [] if HAS_VLLM else ["test_against_vllm.py", "test_plugin.py", "test_howto.py"]
+collect_ignore_glob = (
+    []
+    if HAS_VLLM
+    else [
+        "test_against_vllm.py",
+        "test_plugin.py",
+        "test_howto.py",
+        "test_scheduler_profile.py",
+    ]
+)
