@@ -13,6 +13,7 @@ from kvcore.cli import gpu, inputs, replay
 from kvcore.cli.inputs import FLAG_NAMES
 from kvcore.cli.replay import variant_cells
 from kvcore.cli.report import plan_report
+from kvcore.cli.scheduler_options import add_scheduler_options, scheduler_profile
 from kvcore.cli.table import render_table
 from kvcore.dtypes import dtype_name, to_dtype
 from kvcore.error_messages import render
@@ -88,6 +89,7 @@ def add_parser(sub: Any) -> None:
         ),
     )
     inputs.add_workload_options(parser, trace_flag="--workload", required=False)
+    add_scheduler_options(parser)
     parser.add_argument(
         "--engine",
         choices=("kvcore", "vllm"),
@@ -176,7 +178,12 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
         candidates = build_candidates(args, registry, specs)
         simulated = {
             id(s.candidate): s.result
-            for s in replay.simulate_candidates(candidates, workload, prefix_caching=args.prefix_caching)
+            for s in replay.simulate_candidates(
+                candidates,
+                workload,
+                prefix_caching=args.prefix_caching,
+                scheduler=scheduler_profile(args, registry),
+            )
         }
         # the best plan for this traffic first; those without a plan keep their place at the end
 

@@ -39,10 +39,15 @@ class Simulated:
 
 
 def simulate_candidates(
-    candidates: Sequence[Candidate], workload: Workload, *, prefix_caching: bool = False
+    candidates: Sequence[Candidate],
+    workload: Workload,
+    *,
+    prefix_caching: bool = False,
+    scheduler: Any = "vllm",
 ) -> list[Simulated]:
-    """Replay ``workload`` through every candidate that has a plan, in order (with
-    ``prefix_caching``, each pool caches the requests' shared prefixes).
+    """Replay ``workload`` through every candidate that has a plan, in order, as ``scheduler``
+    (a profile or its name) schedules it (with ``prefix_caching``, each pool caches blocks as
+    that scheduler does).
 
     Each plan's own ``max_num_batched_tokens`` (``--max-num-batched-tokens``) is the step
     budget. Workloads of :data:`PROGRESS_MIN_REQUESTS` requests or more show a progress line
@@ -60,13 +65,22 @@ def simulate_candidates(
             continue
         if total < PROGRESS_MIN_REQUESTS:
             out.append(
-                Simulated(candidate, simulate(candidate.plan, workload, prefix_caching=prefix_caching))
+                Simulated(
+                    candidate,
+                    simulate(candidate.plan, workload, prefix_caching=prefix_caching, scheduler=scheduler),
+                )
             )
             continue
         count = _FinishedCount(total)
         label = f"simulating {total:,} requests on {plan_label(candidate)}"
         with progress(label, detail=count.text):
-            result = simulate(candidate.plan, workload, on_step=count.on_step, prefix_caching=prefix_caching)
+            result = simulate(
+                candidate.plan,
+                workload,
+                on_step=count.on_step,
+                prefix_caching=prefix_caching,
+                scheduler=scheduler,
+            )
             out.append(Simulated(candidate, result))
     return out
 
@@ -118,6 +132,7 @@ def simulation_row(result: SimulationResult, *, series: bool = False) -> dict[st
     row: dict[str, Any] = {
         key: list(value) if isinstance(value, tuple) else value for key, value in attrs.asdict(result).items()
     }
+    row["scheduler_settings"] = dict(result.scheduler_settings)
     row["served_tokens_per_step"] = served_tokens_per_step(result)
     if not series:
         row.pop("running", None)

@@ -1,9 +1,9 @@
 """``kvcore simulate``: replay a workload through every candidate plan's block pool.
 
 The candidates are those ``kvcore compare`` builds (policies x ``--block-sizes`` x
-``--kv-cache-dtypes``); each is replayed with :func:`kvcore.simulation.simulate`, a scheduler
-like the engines' (chunked prefill, decodes first, first-come-first-served admission,
-preemption of the latest admitted request) on kvcore's own :class:`BlockPool`. The figures say
+``--kv-cache-dtypes``); each is replayed with :func:`kvcore.simulation.simulate` as the
+``--scheduler`` profile schedules it (default ``vllm``: vLLM 0.33's v1 scheduler; ``kvcore``:
+kvcore's own rules on its :class:`BlockPool`). The figures say
 how a plan serves *this* traffic, where ``kvcore compare`` says how it holds the worst case.
 """
 
@@ -33,6 +33,12 @@ from kvcore.cli.replay import (
     simulation_row,
     variant_cells,
     workload_row,
+)
+from kvcore.cli.scheduler_options import (
+    add_scheduler_options,
+    describe_scheduler,
+    scheduler_profile,
+    scheduler_row,
 )
 from kvcore.cli.table import render_table
 from kvcore.errors import InvalidInputError
@@ -64,6 +70,7 @@ def add_parser(sub: Any) -> None:
     inputs.add_sizing_options(parser)
     add_candidate_options(parser)
     inputs.add_workload_options(parser, trace_flag="--trace", required=True)
+    add_scheduler_options(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument(
         "--plot",
@@ -83,13 +90,17 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
     budget = gpu.settle_budget(args, registry)
     workload = inputs.load_workload(args, inputs.sizing_context(args).max_model_len)
     candidates = build_candidates(args, registry, specs)
-    simulated = simulate_candidates(candidates, workload, prefix_caching=args.prefix_caching)
+    profile = scheduler_profile(args, registry)
+    simulated = simulate_candidates(
+        candidates, workload, prefix_caching=args.prefix_caching, scheduler=profile
+    )
     results = {id(s.candidate): s.result for s in simulated}
     if args.json:
         payload = {
             "available_memory_bytes": args.memory,
             "max_model_len": args.max_model_len,
             "max_num_batched_tokens": args.max_num_batched_tokens,
+            "scheduler": scheduler_row(profile),
             **({"gpu_budget": budget.to_dict()} if budget is not None else {}),
             "workload": workload_row(workload),
             "candidates": [
@@ -103,7 +114,7 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
         print(json.dumps(payload, indent=2))
     else:
         gpu.print_budget(budget)
-        print_table(args, workload, candidates, results)
+        print_table(args, workload, candidates, results, profile)
     if args.plot and simulated:
         title = f"{workload.name}: {len(workload.requests):,} requests"
         render_simulation_plot(simulated, args.plot, title=title)
@@ -115,6 +126,7 @@ def print_table(
     workload: Workload,
     candidates: Sequence[Candidate],
     results: dict[int, SimulationResult],
+    profile: Any = None,
 ) -> None:
     """The header lines, one row per plan, and why the others have none."""
     figures = workload_row(workload)
@@ -124,6 +136,8 @@ def print_table(
         f"{figures['mean_prompt_tokens']:,.0f} tokens on average (longest {figures['max_prompt_tokens']:,}), "
         f"outputs {figures['mean_output_tokens']:,.0f} (longest {figures['max_output_tokens']:,})"
     )
+    if profile is not None:
+        print(f"scheduler {describe_scheduler(profile)}")
     print(
         f"budget {format_bytes(args.memory)}, max_model_len {args.max_model_len:,}, "
         f"max_num_batched_tokens {args.max_num_batched_tokens:,}; "
