@@ -270,8 +270,8 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
     ]
     if workload is not None:
         print(
-            f"simulated on workload {workload.name}, max_num_batched_tokens "
-            f"{args.max_num_batched_tokens:,}; ranked by tokens per step "
+            f"simulated on workload {workload.name} by the {args.scheduler} scheduler, "
+            f"max_num_batched_tokens {args.max_num_batched_tokens:,}; ranked by tokens per step "
             "(the workload's tokens served per step, recomputation not counted)"
         )
         headers += ["tokens/step", "mean running", "preemptions"]

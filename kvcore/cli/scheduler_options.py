@@ -16,7 +16,7 @@ from kvcore.simulation.profile import DEFAULT_SCHEDULER
 VLLM_MAX_NUM_SEQS = 128
 
 #: vLLM's settings, each with the value vLLM 0.33 has by default.
-VLLM_DEFAULTS = {
+VLLM_DEFAULTS: dict[str, Any] = {
     "async_scheduling": True,
     "max_num_seqs": VLLM_MAX_NUM_SEQS,
     "reserve_full_isl": True,
@@ -85,7 +85,8 @@ def scheduler_profile(args: argparse.Namespace, registry: Registry) -> Any:
                 f"{flags}: vLLM's settings, for --scheduler vllm only (got --scheduler {name})"
             )
         return profile
-    return VllmProfile(**{**VLLM_DEFAULTS, **given})
+    settings: dict[str, Any] = {**VLLM_DEFAULTS, **given}
+    return VllmProfile(**settings)
 
 
 def scheduler_row(profile: Any) -> dict[str, Any]:

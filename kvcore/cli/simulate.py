@@ -130,14 +130,15 @@ def print_table(
 ) -> None:
     """The header lines, one row per plan, and why the others have none."""
     figures = workload_row(workload)
-    print(f"workload {workload.name}")
+    print(
+        f"workload {workload.name}"
+        + (f"; scheduler {describe_scheduler(profile)}" if profile is not None else "")
+    )
     print(
         f"{figures['num_requests']:,} requests, prompts "
         f"{figures['mean_prompt_tokens']:,.0f} tokens on average (longest {figures['max_prompt_tokens']:,}), "
         f"outputs {figures['mean_output_tokens']:,.0f} (longest {figures['max_output_tokens']:,})"
     )
-    if profile is not None:
-        print(f"scheduler {describe_scheduler(profile)}")
     print(
         f"budget {format_bytes(args.memory)}, max_model_len {args.max_model_len:,}, "
         f"max_num_batched_tokens {args.max_num_batched_tokens:,}; "

@@ -10,14 +10,13 @@ default: vLLM 0.33's v1 scheduler) and ``kvcore`` (the simulator's own rules,
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Final, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Final, Protocol, runtime_checkable
 
 from kvcore.errors import InvalidInputError
 
 if TYPE_CHECKING:
     from kvcore.plan import KVCachePlan
     from kvcore.planning.registry import Registry
-    from kvcore.simulation.simulator import SimulationResult
     from kvcore.simulation.workload import Workload
 
 #: The profile :func:`~kvcore.simulation.simulate` and ``kvcore simulate`` use unless told.
@@ -42,8 +41,10 @@ class Stepper(Protocol):
     def step(self) -> None:
         """Run one step (or skip an idle stretch); nothing once :attr:`done`."""
 
-    def result(self) -> SimulationResult:
-        """The figures so far (the whole run once :attr:`done`)."""
+    def result(self) -> Any:
+        """The figures so far (the whole run once :attr:`done`): a
+        :class:`~kvcore.simulation.simulator.SimulationResult` (not imported here: the simulator
+        imports this module)."""
 
 
 @runtime_checkable

@@ -159,7 +159,8 @@ def simulate(
         simulator.step()
         if on_step is not None:
             on_step(simulator.steps, simulator.finished)
-    return simulator.result()
+    result: SimulationResult = simulator.result()
+    return result
 
 
 class Simulator:
