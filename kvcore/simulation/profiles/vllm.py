@@ -203,6 +203,8 @@ class VllmSimulator:
             self._hit_types = [(key[0], ids) for key, ids in sorted(by_type.items())]
         #: the scheduler's block: hits are multiples of it (``_cache_hit_alignment_tokens``)
         self._align = math.lcm(*(g.tokens_per_page or 1 for g in self.groups))
+        #: the hash block: the groups' greatest common divisor (one group: its block)
+        self._hash_block = math.gcd(*(g.tokens_per_page for g in self.groups if g.tokens_per_page)) or 1
         self._hashes: list[dict[Hashable, dict[int, None]]] = [{} for _ in self.pools]
         self._hash_of: dict[int, Hashable] = {}
         self._ref: dict[int, int] = {}
@@ -529,11 +531,7 @@ class VllmSimulator:
         return out
 
     def _evict(self, p: int, block: int) -> None:
-        key = self._hash_of.pop(block)
-        holders = self._hashes[p][key]
-        del holders[block]
-        if not holders:
-            del self._hashes[p][key]
+        self._unhash(p, block)
         del self._ref[block]
 
     def _release(self, p: int, blocks: list[int], span: int) -> None:
@@ -585,12 +583,48 @@ class VllmSimulator:
             table = tables[g]
             for j in range(hashed[g], min(full, len(table))):
                 block = table[j]
-                if block is None or block in self._hash_of:
+                if block is None:
                     continue
-                key = self._content(r, g, j)
-                self._hash_of[block] = key
-                self._hashes[group.pool].setdefault(key, {})[block] = None
+                old = self._hash_of.get(block)
+                if old is not None:
+                    if not _is_partial(old):
+                        continue
+                    self._unhash(group.pool, block)  # the full block's hash replaces the partial one
+                self._hash(group.pool, block, self._content(r, g, j))
             hashed[g] = max(hashed[g], full)
+            if group.sliding == 0 and group.tokens_per_page > self._hash_block:
+                self._cache_partial_tail(r, g, tokens)
+
+    def _cache_partial_tail(self, r: int, g: int, tokens: int) -> None:
+        """``FullAttentionManager._cache_partial_tail_block``: a group whose block is larger than
+        the hash block also registers the block where the prompt's last full hash block ends
+        (a lookup key no full-block lookup matches, but the block counts as cached: freed, it
+        goes to the back of the free queue)."""
+        group = self.groups[g]
+        step = self._hash_block
+        prompt = self.requests[r].prompt_tokens
+        boundary = min((prompt - 1) // step, self._tokens[r] // step) * step
+        if boundary == 0 or boundary > tokens or boundary % group.tokens_per_page == 0:
+            return
+        table = self._tables[r][g]
+        index = boundary // group.tokens_per_page
+        if index >= len(table) or table[index] is None:
+            return
+        block = table[index]
+        if block in self._hash_of:
+            return
+        self._hash(group.pool, block, (g, "partial", r, boundary))
+
+    def _hash(self, p: int, block: int, key: Hashable) -> None:
+        self._hash_of[block] = key
+        self._hashes[p].setdefault(key, {})[block] = None
+
+    def _unhash(self, p: int, block: int) -> None:
+        key = self._hash_of.pop(block)
+        holders = self._hashes[p][key]
+        del holders[block]
+        if not holders:
+            del self._hashes[p][key]
 
     def _cached(self, r: int, ids: list[int], j: int) -> list[int] | None:
         """``BlockPool.get_cached_block``: block ``j``'s cached block in every group of ``ids``."""
@@ -721,6 +755,10 @@ def _group(spec: KVCacheSpec, pool: int, span: int, context: SizingContext) -> _
         cap=spec.max_num_blocks(context) if windowed else None,
         sliding=sliding,
     )
+
+
+def _is_partial(key: Hashable) -> bool:
+    return isinstance(key, tuple) and len(key) > 1 and key[1] == "partial"
 
 
 def _pages(group: _Group, tokens: int) -> int:
