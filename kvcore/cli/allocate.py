@@ -109,10 +109,8 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
         kv_cache_bytes=args.memory,
         zero=not args.no_zero,
     )
-    what = (
-        "planning, allocating and binding"
-        if args.utilization is None
-        else (f"profiling memory on {args.device} (utilization {args.utilization}), allocating and binding")
+    what = "planning, allocating and binding" if args.utilization is None else (
+        f"profiling memory on {args.device} (utilization {args.utilization}), allocating and binding"
     )
     context = inputs.sizing_context(args, auto=True)
     with progress(what):
