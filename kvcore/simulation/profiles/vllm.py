@@ -71,6 +71,9 @@ VLLM_MAX_NUM_SEQS = 128
 
 _WAITING, _RUNNING, _PREEMPTED, _FINISHED = range(4)
 
+#: Token counts no request reaches.
+_NEVER = 1 << 62
+
 
 @attrs.frozen(kw_only=True)
 class VllmProfile:
@@ -220,6 +223,10 @@ class VllmSimulator:
         self._tables: list[list[list[int | None]]] = [[] for _ in range(count)]
         self._hashed: list[list[int]] = [[] for _ in range(count)]  # blocks cached per group
         self._first = [-1] * count
+        # when a request's tables next change (see _note_events); 0: not known, take the full path
+        self._grow_at = [0] * count
+        self._free_at = [0] * count
+        self._cache_at = [0] * count
         self._next = 0
         self._waiting: deque[int] = deque()
         self._running: list[int] = []
@@ -427,6 +434,68 @@ class VllmSimulator:
         hit_blocks: list[list[int | None]] | None = None,
     ) -> bool:
         """``KVCacheManager.allocate_slots`` for ``new`` tokens after ``hit`` cached ones."""
+        if new == 1 and not gate and not hit:
+            # a decode that crosses no page boundary, frees nothing and caches nothing: the
+            # manager would change nothing (the usual step; see _note_events)
+            computed = self._computed[r]
+            if (
+                computed + 1 < self._grow_at[r]
+                and computed - self._in_flight[r] < self._free_at[r]
+                and min(computed + 1, self._tokens[r]) < self._cache_at[r]
+            ):
+                return True
+        granted = self._allocate_slots(r, new, gate=gate, hit=hit, hit_blocks=hit_blocks)
+        if granted:
+            self._note_events(r)
+        return granted
+
+    def _note_events(self, r: int) -> None:
+        """When request ``r``'s tables next change: the slots that take a new page in some group
+        (``_grow_at``), the processed tokens that free a page before a window (``_free_at``) and
+        the tokens that complete a block to cache (``_cache_at``)."""
+        grow = free = cache = _NEVER
+        for group, table in zip(self.groups, self._tables[r], strict=True):
+            per_page = group.tokens_per_page
+            if not per_page:
+                grow = min(grow, 1 if not table else _NEVER)
+                continue
+            grow = min(grow, len(table) * per_page + 1)
+            if group.windowed:
+                nulls = 0
+                while nulls < len(table) and table[nulls] is None:
+                    nulls += 1
+                free = min(free, self._first_freeing(group, (nulls + 1) * per_page))
+        if self.caching:
+            hashed = self._hashed[r]
+            for g, group in enumerate(self.groups):
+                if group.sliding >= 0 and group.tokens_per_page:
+                    cache = min(cache, (hashed[g] + 1) * group.tokens_per_page)
+        self._grow_at[r], self._free_at[r], self._cache_at[r] = grow, free, cache
+
+    def _first_freeing(self, group: _Group, target: int) -> int:
+        """The fewest processed tokens whose first retained token is at least ``target`` (the
+        count is non-decreasing in the tokens: a binary search), or never."""
+        first = group.spec.first_retained_token
+        low, high = target, self.max_model_len + 1
+        if first(high) < target:
+            return _NEVER
+        while low < high:
+            middle = (low + high) // 2
+            if first(middle) >= target:
+                high = middle
+            else:
+                low = middle + 1
+        return low
+
+    def _allocate_slots(
+        self,
+        r: int,
+        new: int,
+        *,
+        gate: bool,
+        hit: int = 0,
+        hit_blocks: list[list[int | None]] | None = None,
+    ) -> bool:
         groups, pools = self.groups, self.pools
         tables = self._tables[r]
         if not tables:
@@ -509,6 +578,7 @@ class VllmSimulator:
                 self._release(group.pool, [b for b in reversed(tables[g]) if b is not None], group.span)
         self._tables[r] = []
         self._hashed[r] = []
+        self._grow_at[r] = 0  # the next allocation takes the full path
 
     def _take(self, p: int, pages: int, span: int) -> list[int]:
         """``BlockPool.get_new_blocks``: uncached blocks first, then the oldest cached ones
