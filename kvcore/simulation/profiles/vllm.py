@@ -49,7 +49,7 @@ figure against vLLM 0.33's real ``Scheduler``.
 from __future__ import annotations
 
 import math
-from collections import deque
+from collections import OrderedDict, deque
 from typing import TYPE_CHECKING
 
 import attrs
@@ -141,7 +141,8 @@ class _Pool:
     def __init__(self, usable: int) -> None:
         self.usable = usable
         self.uncached = usable  # free block ids that hold no cached content
-        self.cached_free: dict[int, int] = {}  # free cached page -> its span, oldest first
+        # free cached page -> its span, oldest first (popping the oldest is O(1))
+        self.cached_free: OrderedDict[int, int] = OrderedDict()
         self.cached_span = 0  # block ids in cached_free
 
     @property
@@ -588,8 +589,7 @@ class VllmSimulator:
         ref = self._ref
         for _ in range(pages):
             while pool.uncached < span:
-                block, block_span = next(iter(pool.cached_free.items()))
-                del pool.cached_free[block]
+                block, block_span = pool.cached_free.popitem(last=False)
                 pool.cached_span -= block_span
                 pool.uncached += block_span
                 self._evict(p, block)
@@ -678,10 +678,8 @@ class VllmSimulator:
             return
         table = self._tables[r][g]
         index = boundary // group.tokens_per_page
-        if index >= len(table) or table[index] is None:
-            return
-        block = table[index]
-        if block in self._hash_of:
+        block = table[index] if index < len(table) else None
+        if block is None or block in self._hash_of:
             return
         self._hash(group.pool, block, (g, "partial", r, boundary))
 
