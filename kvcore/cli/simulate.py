@@ -60,9 +60,9 @@ def add_parser(sub: Any) -> None:
         help="replay a workload (trace or synthetic) through every candidate plan's block pool",
         description=(
             "Replay a workload through each plan kvcore compare builds (policies x --block-sizes x "
-            "--kv-cache-dtypes) with a scheduler like the engines': chunked prefill of up to "
-            "--max-num-batched-tokens per step, decodes first, first-come-first-served admission, "
-            "preemption of the latest admitted request when a decode finds no page. Reports running "
+            "--kv-cache-dtypes) as --scheduler schedules it (default vllm: vLLM 0.33's v1 scheduler, "
+            "whole-prompt admission, chunked prefill of up to --max-num-batched-tokens per step, "
+            "preemption of the latest admitted request; kvcore: kvcore's own rules). Reports running "
             "requests, tokens per step, preemptions, queueing delay and pool usage per plan."
         ),
     )

@@ -21,8 +21,8 @@ import pytest
 from kvcore import Registry, model_layer_specs
 from kvcore.integrations.vllm.rules import VllmRules, plan_for_vllm
 from kvcore.integrations.vllm.scheduler import run_vllm_scheduler
-from kvcore.simulation.simulator import simulate
 from kvcore.simulation.profiles.vllm import VllmProfile
+from kvcore.simulation.simulator import simulate
 from kvcore.simulation.workload import Workload, read_trace
 
 GIB = 2**30
