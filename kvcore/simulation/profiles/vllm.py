@@ -641,10 +641,13 @@ class VllmSimulator:
         return (g, False, r, j)
 
     def _cache_blocks(self, r: int, tokens: int) -> None:
-        """``cache_blocks``: hash the full blocks of known tokens up to ``tokens``."""
+        """``cache_blocks``: hash the full blocks of known tokens up to ``tokens``, rounded down
+        to the scheduler's block (``HybridKVCacheCoordinator.get_num_cacheable_tokens``: only what
+        a hit, a multiple of it, could match)."""
         if not self.caching:
             return
         tokens = min(tokens, self._tokens[r])
+        tokens -= tokens % self._align
         tables, hashed = self._tables[r], self._hashed[r]
         for g, group in enumerate(self.groups):
             if group.sliding < 0 or g >= len(tables):
