@@ -27,7 +27,8 @@ What it follows, with where vLLM does it (``vllm/v1/core/``; facts, not code):
   scheduled; a decoding request holds an output placeholder meanwhile, a preempted request's
   in-flight output is stale and keeps it waiting until it is back (``num_stale_output_tokens``).
 - **Prefix cache** (``block_pool.py``): every full block of a request's known tokens (its
-  prompt and what it generated) is hashed once computed (``cache_blocks``); a freed block that
+  prompt and what it generated) is hashed once computed, up to a multiple of the scheduler
+  block (``cache_blocks``, ``get_num_cacheable_tokens``); a freed block that
   is cached goes to the back of the one free queue and one that is not to the front
   (``BlockPool.free_blocks``); allocation takes from the front, evicting a cached block's hash
   (``get_new_blocks``); an admitted request takes the longest run of cached blocks every group
