@@ -471,7 +471,10 @@ class VllmSimulator:
             hashed = self._hashed[r]
             for g, group in enumerate(self.groups):
                 if group.sliding >= 0 and group.tokens_per_page:
-                    cache = min(cache, (hashed[g] + 1) * group.tokens_per_page)
+                    # tokens are cached in multiples of the scheduler block
+                    cache = min(
+                        cache, cdiv((hashed[g] + 1) * group.tokens_per_page, self._align) * self._align
+                    )
         self._grow_at[r], self._free_at[r], self._cache_at[r] = grow, free, cache
 
     def _first_freeing(self, group: _Group, target: int) -> int:
