@@ -34,6 +34,10 @@ class UnknownPolicyError(KVCoreError, LookupError):
     """A policy name that no registered plugin provides."""
 
 
+class UnknownSchedulerError(KVCoreError, LookupError):
+    """A scheduler profile name (``kvcore simulate --scheduler``) that no registered plugin provides."""
+
+
 class DuplicateRegistrationError(KVCoreError, ValueError):
     """Two plugins registered the same spec kind or policy name, or claimed the same model type."""
 

@@ -98,6 +98,29 @@ def kvcore_register_spec_strategies(
     """
 
 
+@hookspec
+def kvcore_register_scheduler_profiles(register: Callable[[Any], None]) -> None:
+    """Register the scheduler profiles this plugin contributes: the engines ``kvcore simulate``
+    can replay a workload as (``--scheduler NAME``; ``simulate(..., scheduler=NAME)``).
+
+    :param register: call it once per profile *instance*: an object with a ``name`` (the
+        ``--scheduler`` value, unique among plugins), a one-line ``description`` and
+        ``simulator(plan, workload, *, max_num_batched_tokens, prefix_caching)`` returning a
+        stepper (``done``, ``steps``, ``finished``, ``step()``, ``result()``) as
+        :class:`kvcore.simulation.profile.SchedulerProfile` describes. kvcore checks it at
+        once: a name another plugin registered raises
+        :class:`~kvcore.errors.DuplicateRegistrationError` naming both plugins.
+    :returns: nothing; results are ignored.
+
+    All implementations are called, once per plugin manager, when the registry is built;
+    :func:`kvcore.simulation.simulate` then asks the registry for the profile it is given
+    by name. The built-in profiles (``vllm``, the default, and ``kvcore``) are registered by
+    :mod:`kvcore.simulation.profiles` through this same hook.
+
+    .. versionadded:: 0.2
+    """
+
+
 # -- model front ends ----------------------------------------------------------------------
 
 

@@ -30,9 +30,7 @@ import attrs
 from kvcore.dtypes import DType, dtype_name, is_torch_dtype
 from kvcore.errors import InvalidSpecError, SpecMismatchError
 from kvcore.limits import MAX_TOKENS, check_at_most, check_layer_count, check_layer_name
-from kvcore.validators import is_int
-from kvcore.validators import non_negative_int as non_negative_int
-from kvcore.validators import positive_int as positive_int
+from kvcore.validators import is_int, non_negative_int as non_negative_int, positive_int as positive_int
 
 #: Default tokens scheduled per engine step (chunked prefill), the ``T`` that a sliding
 #: window's or a chunk's worst case depends on. 2048 is the long-standing chunked-prefill

@@ -15,6 +15,7 @@ from kvcore.cli import gpu, inputs, replay, timing
 from kvcore.cli.inputs import FLAG_NAMES
 from kvcore.cli.replay import variant_cells
 from kvcore.cli.report import plan_report
+from kvcore.cli.scheduler_options import add_scheduler_options, scheduler_profile
 from kvcore.cli.table import add_csv_option, render_table, wants_csv, write_csv
 from kvcore.dtypes import dtype_name, to_dtype
 from kvcore.error_messages import render
@@ -93,6 +94,7 @@ def add_parser(sub: Any) -> None:
     )
     inputs.add_workload_options(parser, trace_flag="--workload", required=False)
     timing.add_timing_options(parser)
+    add_scheduler_options(parser)
     parser.add_argument(
         "--engine",
         choices=("kvcore", "vllm", "sglang"),
@@ -212,7 +214,11 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
         )
         candidates = build_candidates(args, registry, specs)
         runs = replay.simulate_candidates(
-            candidates, workload, prefix_caching=args.prefix_caching, step_time=step_time
+            candidates,
+            workload,
+            prefix_caching=args.prefix_caching,
+            step_time=step_time,
+            scheduler=scheduler_profile(args, registry),
         )
         simulated = {id(s.candidate): s.result for s in runs}
         latencies = {id(s.candidate): timing.latency_of(args, workload, s.result) for s in runs}
@@ -328,8 +334,8 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
     ]
     if workload is not None:
         print(
-            f"simulated on workload {workload.name}, max_num_batched_tokens "
-            f"{args.max_num_batched_tokens:,}; ranked by tokens per step "
+            f"simulated on workload {workload.name} by the {args.scheduler} scheduler, "
+            f"max_num_batched_tokens {args.max_num_batched_tokens:,}; ranked by tokens per step "
             "(the workload's tokens served per step, recomputation not counted)"
         )
         headers += ["tokens/step", "mean running", "preemptions"]

@@ -147,7 +147,23 @@ def plugin_listing(registry: Registry) -> dict[str, Any]:
         }
         for e in registry.family_entries()
     ]
-    return {"plugins": plugins, "spec_kinds": kinds, "policies": policies, "model_families": families}
+    profiles = [
+        {
+            "scheduler": e.name,
+            "class": e.qualname,
+            "description": getattr(e.obj, "description", ""),
+            "plugin": e.origin.name,
+            "distribution": e.origin.distribution,
+        }
+        for e in registry.profile_entries()
+    ]
+    return {
+        "plugins": plugins,
+        "spec_kinds": kinds,
+        "policies": policies,
+        "model_families": families,
+        "scheduler_profiles": profiles,
+    }
 
 
 def run(args: argparse.Namespace, registry: Registry) -> int:
@@ -183,6 +199,16 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
                 for p in listing["policies"]
             ],
             wrap={3: 60},
+        )
+    )
+    print("\nscheduler profiles (kvcore simulate --scheduler)")
+    print(
+        render_table(
+            ["scheduler", "class", "from", "description"],
+            [
+                [p["scheduler"], p["class"], p["distribution"] or p["plugin"], p["description"]]
+                for p in listing["scheduler_profiles"]
+            ],
         )
     )
     print("\nmodel families")

@@ -45,10 +45,12 @@ def simulate_candidates(
     *,
     prefix_caching: bool = False,
     step_time: StepTimeFactory | None = None,
+    scheduler: Any = "vllm",
 ) -> list[Simulated]:
-    """Replay ``workload`` through every candidate that has a plan, in order (with
-    ``prefix_caching``, each pool caches the requests' shared prefixes; with ``step_time``,
-    each plan's steps are timed by the model it makes for the plan).
+    """Replay ``workload`` through every candidate that has a plan, in order, as ``scheduler``
+    (a profile or its name) schedules it (with ``prefix_caching``, each pool caches blocks as
+    that scheduler does; with ``step_time``, each plan's steps are timed by the model it makes
+    for the plan).
 
     Each plan's own ``max_num_batched_tokens`` (``--max-num-batched-tokens``) is the step
     budget. Workloads of :data:`PROGRESS_MIN_REQUESTS` requests or more show a progress line
@@ -66,7 +68,13 @@ def simulate_candidates(
             continue
         timer = step_time(candidate.plan) if step_time is not None else None
         if total < PROGRESS_MIN_REQUESTS:
-            result = simulate(candidate.plan, workload, prefix_caching=prefix_caching, step_time=timer)
+            result = simulate(
+                candidate.plan,
+                workload,
+                prefix_caching=prefix_caching,
+                step_time=timer,
+                scheduler=scheduler,
+            )
             out.append(Simulated(candidate, result))
             continue
         count = _FinishedCount(total)
@@ -78,6 +86,7 @@ def simulate_candidates(
                 on_step=count.on_step,
                 prefix_caching=prefix_caching,
                 step_time=timer,
+                scheduler=scheduler,
             )
             out.append(Simulated(candidate, result))
     return out
@@ -139,6 +148,7 @@ def simulation_row(result: SimulationResult, *, series: bool = False) -> dict[st
         for key, value in attrs.asdict(result).items()
     }
     row.pop("timeline", None)  # the seconds are reported by the latency figures
+    row["scheduler_settings"] = dict(result.scheduler_settings)
     row["served_tokens_per_step"] = served_tokens_per_step(result)
     if not series:
         row.pop("running", None)

@@ -1,9 +1,9 @@
 """``kvcore simulate``: replay a workload through every candidate plan's block pool.
 
 The candidates are those ``kvcore compare`` builds (policies x ``--block-sizes`` x
-``--kv-cache-dtypes``); each is replayed with :func:`kvcore.simulation.simulate`, a scheduler
-like the engines' (chunked prefill, decodes first, first-come-first-served admission,
-preemption of the latest admitted request) on kvcore's own :class:`BlockPool`. The figures say
+``--kv-cache-dtypes``); each is replayed with :func:`kvcore.simulation.simulate` as the
+``--scheduler`` profile schedules it (default ``vllm``: vLLM 0.33's v1 scheduler; ``kvcore``:
+kvcore's own rules on its :class:`BlockPool`). The figures say
 how a plan serves *this* traffic, where ``kvcore compare`` says how it holds the worst case.
 """
 
@@ -35,6 +35,12 @@ from kvcore.cli.replay import (
     variant_cells,
     workload_row,
 )
+from kvcore.cli.scheduler_options import (
+    add_scheduler_options,
+    describe_scheduler,
+    scheduler_profile,
+    scheduler_row,
+)
 from kvcore.cli.table import add_csv_option, render_table, wants_csv, write_csv
 from kvcore.errors import InvalidInputError
 from kvcore.planning.compare import Candidate
@@ -55,9 +61,9 @@ def add_parser(sub: Any) -> None:
         help="replay a workload (trace or synthetic) through every candidate plan's block pool",
         description=(
             "Replay a workload through each plan kvcore compare builds (policies x --block-sizes x "
-            "--kv-cache-dtypes) with a scheduler like the engines': chunked prefill of up to "
-            "--max-num-batched-tokens per step, decodes first, first-come-first-served admission, "
-            "preemption of the latest admitted request when a decode finds no page. Reports running "
+            "--kv-cache-dtypes) as --scheduler schedules it (default vllm: vLLM 0.33's v1 scheduler, "
+            "whole-prompt admission, chunked prefill of up to --max-num-batched-tokens per step, "
+            "preemption of the latest admitted request; kvcore: kvcore's own rules). Reports running "
             "requests, tokens per step, preemptions, queueing delay and pool usage per plan."
         ),
     )
@@ -66,6 +72,7 @@ def add_parser(sub: Any) -> None:
     add_candidate_options(parser)
     inputs.add_workload_options(parser, trace_flag="--trace", required=True)
     timing.add_timing_options(parser)
+    add_scheduler_options(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     add_csv_option(parser, "one row per plan")
     parser.add_argument(
@@ -91,8 +98,9 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
         args, inputs.sizing_context(args).max_model_len, per_second=step_time is not None
     )
     candidates = build_candidates(args, registry, specs)
+    profile = scheduler_profile(args, registry)
     simulated = simulate_candidates(
-        candidates, workload, prefix_caching=args.prefix_caching, step_time=step_time
+        candidates, workload, prefix_caching=args.prefix_caching, step_time=step_time, scheduler=profile
     )
     results = {id(s.candidate): s.result for s in simulated}
     latencies = {id(s.candidate): timing.latency_of(args, workload, s.result) for s in simulated}
@@ -108,6 +116,7 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
             "available_memory_bytes": args.memory,
             "max_model_len": args.max_model_len,
             "max_num_batched_tokens": args.max_num_batched_tokens,
+            "scheduler": scheduler_row(profile),
             **({"gpu_budget": budget.to_dict()} if budget is not None else {}),
             "workload": workload_row(workload),
             "candidates": [
@@ -125,7 +134,7 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
         print(json.dumps(payload, indent=2))
     else:
         gpu.print_budget(budget)
-        print_table(args, workload, candidates, results)
+        print_table(args, workload, candidates, results, profile)
         timing.print_latency_table(
             [
                 (variant_cells(s.candidate), report)
@@ -144,10 +153,14 @@ def print_table(
     workload: Workload,
     candidates: Sequence[Candidate],
     results: dict[int, SimulationResult],
+    profile: Any = None,
 ) -> None:
     """The header lines, one row per plan, and why the others have none."""
     figures = workload_row(workload)
-    print(f"workload {workload.name}")
+    print(
+        f"workload {workload.name}"
+        + (f"; scheduler {describe_scheduler(profile)}" if profile is not None else "")
+    )
     print(
         f"{figures['num_requests']:,} requests, prompts "
         f"{figures['mean_prompt_tokens']:,.0f} tokens on average (longest {figures['max_prompt_tokens']:,}), "

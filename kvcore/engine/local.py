@@ -20,8 +20,12 @@ from kvcore.planning.registry import Registry
 from kvcore.runtime import DEFAULT_UTILIZATION
 from kvcore.runtime.allocation import Allocator, LayerView, allocate, allocation_sizes
 from kvcore.runtime.binding import DEFAULT_ATTRIBUTE, bind_to_modules, module_targets, resolve_kv_sharing
-from kvcore.runtime.memory import DeviceMemory, MemoryProfile, check_device
-from kvcore.runtime.memory import determine_available_memory as profile_memory
+from kvcore.runtime.memory import (
+    DeviceMemory,
+    MemoryProfile,
+    check_device,
+    determine_available_memory as profile_memory,
+)
 from kvcore.runtime.release import previous_values, return_memory, unbind_modules
 from kvcore.spec import KVCacheSpec
 from kvcore.units import format_bytes

@@ -55,6 +55,8 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "kvcore.policies.shared_buffer",
     "kvcore.policies.equal_groups",
     "kvcore.policies.kind_pools",
+    # scheduler profiles (kvcore_register_scheduler_profiles): vllm, kvcore
+    "kvcore.simulation.profiles",
 )
 
 #: Entry-point group third-party packages register plugins under.

@@ -36,9 +36,11 @@ import attrs
 
 from kvcore.errors import InvalidInputError, InvalidSpecError, SpecMismatchError
 from kvcore.plan import KVCachePlan
-from kvcore.planning.planner import plan_model
-from kvcore.planning.planner import project_groups as project_groups
-from kvcore.planning.planner import tightest_rank as tightest_rank
+from kvcore.planning.planner import (
+    plan_model,
+    project_groups as project_groups,
+    tightest_rank as tightest_rank,
+)
 from kvcore.planning.registry import Registry
 from kvcore.policy import AllocationPolicy, PlanOptions
 from kvcore.spec import KVCacheSpec, SizingContext, check_layer_specs, describe_spec, spec_differences

@@ -30,6 +30,7 @@ from kvcore.errors import (
     PolicyNotApplicableError,
     UnknownModelError,
     UnknownPolicyError,
+    UnknownSchedulerError,
     UnknownSpecKindError,
 )
 from kvcore.model_family import ADD_FAMILY_DOC, ModelFamily
@@ -77,9 +78,11 @@ class Registry:
         self._policies: dict[str, Registered] = {}
         self._families: dict[str, Registered] = {}  # by model type
         self._fallbacks: list[Registered] = []  # in registration order
+        self._profiles: dict[str, Registered] = {}  # scheduler profiles (the simulation's)
         self._collect("kvcore_register_spec_kinds", self._add_kind)
         self._collect("kvcore_register_policies", self._add_policy)
         self._collect("kvcore_register_model_families", self._add_family)
+        self._collect("kvcore_register_scheduler_profiles", self._add_profile)
 
     @classmethod
     def from_plugin_manager(cls, pm: KVCorePluginManager) -> Registry:
@@ -109,7 +112,7 @@ class Registry:
 
     def _drop(self, plugin_name: str) -> None:
         """Forget every kind, policy and model family the plugin ``plugin_name`` registered."""
-        for table in (self._kinds, self._policies, self._families):
+        for table in (self._kinds, self._policies, self._families, self._profiles):
             for key in [key for key, entry in table.items() if entry.origin.name == plugin_name]:
                 del table[key]
         self._fallbacks = [entry for entry in self._fallbacks if entry.origin.name != plugin_name]
@@ -242,7 +245,50 @@ class Registry:
         if family.fallback is not None:
             self._fallbacks.append(entry)
 
+    def _add_profile(self, profile: object, origin: PluginOrigin) -> None:
+        """A scheduler profile: kept as an opaque object (the simulation layer, above planning,
+        defines what it does), checked for the name and methods the simulation calls."""
+        where = f"plugin {origin.describe()}"
+        name = getattr(profile, "name", None)
+        if isinstance(profile, type) or not callable(getattr(profile, "simulator", None)):
+            raise PluginValidationError(
+                f"{where} registered {profile!r} as a scheduler profile, but register() takes an "
+                "instance with 'name', 'description' and simulator(plan, workload, ...)"
+            )
+        if not isinstance(name, str) or not name:
+            raise PluginValidationError(f"{where}: a scheduler profile needs a non-empty name (got {name!r})")
+        entry = Registered(name=name, obj=profile, origin=origin)
+        if name in self._profiles:
+            first = self._profiles[name]
+            raise DuplicateRegistrationError(
+                f"scheduler profile {name!r} is registered twice: by {first.describe()} and by "
+                f"{entry.describe()}; uninstall or block one of the two plugins"
+            )
+        self._profiles[name] = entry
+
     # -- lookups ---------------------------------------------------------------------------
+
+    @property
+    def scheduler_profiles(self) -> Mapping[str, Any]:
+        """Scheduler profiles by name, in registration order (what ``kvcore simulate
+        --scheduler`` accepts; :class:`kvcore.simulation.profile.SchedulerProfile` objects)."""
+        return {name: entry.obj for name, entry in self._profiles.items()}
+
+    def profile_entries(self) -> Iterable[Registered]:
+        """The registered scheduler profiles with their plugins."""
+        return tuple(self._profiles.values())
+
+    def scheduler_profile(self, name: str) -> Any:
+        """The scheduler profile registered as ``name``.
+
+        Raises:
+            UnknownSchedulerError: listing the registered profiles.
+        """
+        try:
+            return self._profiles[name].obj
+        except KeyError:
+            known = ", ".join(self._profiles) or "none (is kvcore.simulation.profiles blocked?)"
+            raise UnknownSchedulerError(f"unknown scheduler {name!r}; choose one of {known}") from None
 
     @property
     def kinds(self) -> Mapping[str, type[KVCacheSpec]]:

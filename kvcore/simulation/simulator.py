@@ -1,6 +1,9 @@
-"""Replay a workload through a plan's block pool with a scheduler like vLLM's (v1).
+"""Replay a workload through a plan's block pool, with the ``kvcore`` scheduler profile's rules
+(:func:`simulate` takes any registered profile: :mod:`kvcore.simulation.profile`; the default,
+``vllm``, is :mod:`kvcore.simulation.profiles.vllm`).
 
-Each step schedules up to ``max_num_batched_tokens`` tokens:
+The ``kvcore`` rules, like vLLM's (v1) scheduler without its admission gate: each step
+schedules up to ``max_num_batched_tokens`` tokens:
 
 1. the running requests, in the order they were admitted: a decoding request computes one
    token, a request still in its prompt (chunked prefill) computes the rest of it, as much as the
@@ -52,7 +55,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import attrs
 
@@ -62,13 +65,16 @@ from kvcore.peaks import pool_peaks
 from kvcore.plan import KVCachePlan
 from kvcore.runtime.block_pool import BlockPool
 from kvcore.runtime.prefix_cache import PrefixKey
+from kvcore.simulation.profile import DEFAULT_SCHEDULER, SchedulerProfile, resolve_profile
 from kvcore.simulation.series import StepSeries
-from kvcore.simulation.steps import StepRecord, StepTimeModel, Timeline
+from kvcore.simulation.steps import StepRecord, StepTimeModel, Timeline, build_timeline
 from kvcore.simulation.workload import Request, Workload
 from kvcore.spec import KVCacheSpec, SizingContext
 from kvcore.validators import check_int
 
 _T = TypeVar("_T", int, float)
+if TYPE_CHECKING:
+    from kvcore.planning.registry import Registry
 
 
 @attrs.frozen(kw_only=True)
@@ -97,6 +103,8 @@ class SimulationResult:
         running: running requests at each step (a :class:`~kvcore.simulation.series.StepSeries`:
             reads as a tuple, stores an idle stretch as one run).
         pool_usage: the share of the pool held at each step (a ``StepSeries`` too).
+        scheduler: the scheduler profile that ran (``kvcore``, ``vllm``, ...).
+        scheduler_settings: the profile's settings that shaped the run, as ``(name, value)``.
     """
 
     policy: str
@@ -118,6 +126,8 @@ class SimulationResult:
     cached_tokens: int = 0
     prefix_hit_rate: float = 0.0
     timeline: Timeline | None = attrs.field(default=None, repr=False)
+    scheduler: str = "kvcore"
+    scheduler_settings: tuple[tuple[str, object], ...] = ()
 
 
 def simulate(
@@ -128,6 +138,8 @@ def simulate(
     on_step: Callable[[int, int], None] | None = None,
     prefix_caching: bool = False,
     step_time: StepTimeModel | None = None,
+    scheduler: str | SchedulerProfile = DEFAULT_SCHEDULER,
+    registry: Registry | None = None,
 ) -> SimulationResult:
     """Replay ``workload`` through ``plan``'s block pool until every request has finished.
 
@@ -138,7 +150,11 @@ def simulate(
             ``plan.context.max_num_batched_tokens``).
         on_step: called after every step (after an idle stretch, once) with the steps done and
             the requests finished so far, e.g. to draw a progress bar.
-        prefix_caching: cache the requests' shared prefixes (``prefix_id``) in the pool.
+        prefix_caching: cache blocks for reuse as the scheduler does (``kvcore``: the requests'
+            shared prefixes, ``prefix_id``; ``vllm``: every full block).
+        scheduler: the scheduler profile (a registered name, or a profile object such as
+            ``VllmProfile(async_scheduling=False)``); default ``vllm``.
+        registry: where a profile name is looked up (default: the default registry).
         step_time: turns each step into seconds (:mod:`kvcore.simulation.timing`); the result
             then carries a :class:`~kvcore.simulation.steps.Timeline`. Needed when the
             requests arrive in seconds (``arrival_time``).
@@ -151,8 +167,10 @@ def simulate(
             more block ids than the pool has even when it runs alone (the message names it), or
             ``max_num_batched_tokens`` is not an int from 1 to ``kvcore.limits.MAX_TOKENS``, or
             the requests arrive in seconds and no ``step_time`` is given.
+        UnknownSchedulerError: no registered profile is named ``scheduler``.
     """
-    simulator = Simulator(
+    profile = resolve_profile(scheduler, registry)
+    simulator = profile.simulator(
         plan,
         workload,
         max_num_batched_tokens=max_num_batched_tokens,
@@ -163,7 +181,8 @@ def simulate(
         simulator.step()
         if on_step is not None:
             on_step(simulator.steps, simulator.finished)
-    return simulator.result()
+    result: SimulationResult = simulator.result()
+    return result
 
 
 class Simulator:
@@ -493,24 +512,15 @@ class Simulator:
 
     def _timeline(self) -> Timeline | None:
         """The run in seconds, with a step-time model (``None`` without one)."""
-        model = self._step_time
-        if model is None:
+        if self._step_time is None:
             return None
-        ends = self._step_end
-
-        def at(step: int) -> float:  # when ``step`` ended; -1: not yet
-            return ends[step] if step >= 0 else float("nan")
-
-        if self._in_seconds:
-            arrival = tuple(float(t) for t in self._arrival)
-        else:  # a request arriving at step k arrives when step k starts
-            arrival = tuple(ends[s - 1] if s > 0 else 0.0 for s in self._arrival)  # type: ignore[index]
-        return Timeline(
-            model=model.description,
-            step_end=tuple(ends),
-            arrival=arrival,
-            first_token=tuple(at(s) for s in self._token_step),
-            finish=tuple(at(s) for s in self._finish_step),
+        return build_timeline(
+            self._step_time,
+            self._step_end,
+            self._arrival,
+            in_seconds=self._in_seconds,
+            first_token_step=self._token_step,
+            finish_step=self._finish_step,
         )
 
 

@@ -9,6 +9,7 @@ turns it into seconds. The run's clock and each request's events in seconds are 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import NamedTuple, Protocol
 
 import attrs
@@ -76,3 +77,40 @@ class Timeline:
     def seconds(self) -> float:
         """The run's length: the clock when the last step ended."""
         return self.step_end[-1] if self.step_end else 0.0
+
+
+def build_timeline(
+    model: StepTimeModel,
+    step_end: Sequence[float],
+    arrival: Sequence[int] | Sequence[float],
+    *,
+    in_seconds: bool,
+    first_token_step: Sequence[int],
+    finish_step: Sequence[int],
+) -> Timeline:
+    """A timed run's :class:`Timeline`, from what any scheduler recorded step by step.
+
+    Args:
+        model: the step-time model that advanced the clock.
+        step_end: the clock when each step ended.
+        arrival: each request's arrival: seconds when ``in_seconds``, else the step it arrived
+            at (a request arriving at step ``k`` arrives when step ``k`` starts).
+        in_seconds: whether ``arrival`` is in seconds.
+        first_token_step: the step that sampled each request's first output token (``-1``: none).
+        finish_step: the step that sampled each request's last output token (``-1``: none).
+    """
+
+    def at(step: int) -> float:  # when ``step`` ended; NaN: not yet
+        return step_end[step] if step >= 0 else float("nan")
+
+    if in_seconds:
+        arrived = tuple(float(t) for t in arrival)
+    else:
+        arrived = tuple(step_end[int(s) - 1] if s > 0 else 0.0 for s in arrival)
+    return Timeline(
+        model=model.description,
+        step_end=tuple(step_end),
+        arrival=arrived,
+        first_token=tuple(at(s) for s in first_token_step),
+        finish=tuple(at(s) for s in finish_step),
+    )

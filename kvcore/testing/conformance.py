@@ -32,8 +32,7 @@ from typing import Any
 
 import attrs
 import pytest
-from hypothesis import given, reject, settings
-from hypothesis import strategies as st
+from hypothesis import given, reject, settings, strategies as st
 
 from kvcore.errors import KVCoreError, UnknownPolicyError
 from kvcore.plan import KVCachePlan

@@ -29,8 +29,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
-from hypothesis import reject
-from hypothesis import strategies as st
+from hypothesis import reject, strategies as st
 
 from kvcore import dtypes as kv_dtypes
 from kvcore.dtypes import DType

@@ -132,6 +132,10 @@ def _check_count_parameters(module, registry):
     assert count_parameters(config, registry).params == 80 + 2 * 4 * 64 + 2 * 3 * 8 * 16 + 5 * 8
 
 
+def _check_scheduler_profiles(module, registry):
+    assert registry.scheduler_profile("acme.small_steps").description.startswith("kvcore's rules")
+
+
 #: What each hook's example must do once registered (a hook without an entry is only registered).
 EXAMPLE_CHECKS = {
     "kvcore_register_spec_strategies": _check_spec_strategies,
@@ -141,6 +145,7 @@ EXAMPLE_CHECKS = {
     "kvcore_spec_for_module": _check_spec_for_module,
     "kvcore_cache_layout": _check_cache_layout,
     "kvcore_count_parameters": _check_count_parameters,
+    "kvcore_register_scheduler_profiles": _check_scheduler_profiles,
 }
 
 

@@ -1,6 +1,6 @@
 """The package keeps its layers: contract ← planning ← front ends ← runtime ← simulation ← engine ← CLI.
 
-Every ``import`` in ``kvcore/`` (``kvcore/plugins/`` and ``kvcore/policies/`` included) is read from the source,
+Every ``import`` in ``kvcore/`` (the built-in plugins and policies included) is read from the source,
 lazy imports inside functions and ``TYPE_CHECKING`` blocks too, and checked against these rules:
 
 1. a module imports only modules of its own layer or of the layers above it (:data:`ALLOWED`);

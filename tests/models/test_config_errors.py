@@ -5,8 +5,7 @@ from __future__ import annotations
 import copy
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
 from kvcore import (
     KVCoreError,

@@ -1,8 +1,7 @@
 """The built-in policies pass the same conformance suite a third-party policy does."""
 
 import pytest
-from hypothesis import settings
-from hypothesis import strategies as st
+from hypothesis import settings, strategies as st
 
 from kvcore import Registry
 from kvcore.plugins.chunked_local_attention import ChunkedLocalAttentionSpec

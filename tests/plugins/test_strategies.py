@@ -4,8 +4,7 @@ from pathlib import Path
 
 import attrs
 import pytest
-from hypothesis import Phase, find, given, settings
-from hypothesis import strategies as st
+from hypothesis import Phase, find, given, settings, strategies as st
 from hypothesis.errors import NoSuchExample, Unsatisfiable
 
 from kvcore import (

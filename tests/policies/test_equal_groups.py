@@ -1,8 +1,7 @@
 """equal_groups: equal-size groups over one page size, one contiguous tensor per layer slot."""
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
 from kvcore import PolicyNotApplicableError, SizingContext, efficiency, plan_kv_cache
 from kvcore.planning.invariants import check_plan

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
 from kvcore.errors import InvalidInputError
 from kvcore.planning.gpu_budget import Quantization, gpu_budget, weight_bytes

@@ -14,8 +14,7 @@ from collections.abc import Sequence
 
 import attrs
 import pytest
-from hypothesis import assume, given
-from hypothesis import strategies as st
+from hypothesis import assume, given, strategies as st
 
 from kvcore import BlockPool, Registry, peaks, plan_kv_cache
 from kvcore.plugins.attention import AttentionSpec, attention_specs

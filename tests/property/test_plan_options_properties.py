@@ -5,8 +5,7 @@ block size means one block size; every plan keeps its invariants."""
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
 from kvcore import GroupLimitError, InvalidInputError, PlanOptions, PolicyNotApplicableError, plan_kv_cache
 from kvcore.planning.invariants import plan_problems

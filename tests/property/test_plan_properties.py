@@ -4,8 +4,7 @@ import contextlib
 import json
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
 from kvcore import (
     InsufficientMemoryError,

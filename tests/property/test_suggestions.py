@@ -5,8 +5,7 @@ changes with the length), budgets around one request's need, both hybrid policie
 without a forced block count (issue 12, "Suggestions that hold")."""
 
 import pytest
-from hypothesis import event, given, settings
-from hypothesis import strategies as st
+from hypothesis import event, given, settings, strategies as st
 
 from kvcore import InsufficientMemoryError, SizingContext, plan_kv_cache, request_bytes
 from kvcore.plugins.chunked_local_attention import ChunkedLocalAttentionSpec

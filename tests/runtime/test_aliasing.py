@@ -10,8 +10,7 @@ from __future__ import annotations
 import attrs
 import pytest
 import torch
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
 from kvcore import (
     BlockPool,

@@ -20,8 +20,7 @@ from kvcore.planning.manager import get_plugin_manager
 from kvcore.planning.registry import Registry
 from kvcore.runtime.block_tables import PAD_SLOT
 from tests.helpers import full, mix, sliding
-from tests.runtime.test_block_pool import ATT, STATE
-from tests.runtime.test_block_pool import _plan as _hand_plan
+from tests.runtime.test_block_pool import ATT, STATE, _plan as _hand_plan
 
 REGISTRY = Registry.from_plugin_manager(get_plugin_manager(autoload=False))
 CTX = SizingContext(max_model_len=64, max_num_batched_tokens=16)

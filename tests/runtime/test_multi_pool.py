@@ -21,8 +21,7 @@ from collections.abc import Hashable
 
 import attrs
 import pytest
-from hypothesis import event, given, settings
-from hypothesis import strategies as st
+from hypothesis import event, given, settings, strategies as st
 
 from kvcore import (
     BlockPool,
@@ -450,7 +449,7 @@ def test_the_simulator_reports_the_fullest_pools_usage():
     plan = _gemma_like(num_blocks=(40, 8))  # the window's pool of 40 ids, full attention's of 8
     assert [plan.pool_of(g).num_blocks for g in plan.groups] == [40, 8]
     workload = Workload(tuple(Request(i, 20, 4, 0) for i in range(3)), name="three")
-    result = simulate(plan, workload)
+    result = simulate(plan, workload, scheduler="kvcore")
     # step 0 computes 16 tokens of request 0: 4 pages in each group, 4 of 40 and 4 of 8 ids
     assert result.pool_usage[0] == 0.5
     assert all(0.0 <= usage <= 1.0 for usage in result.pool_usage)

@@ -7,8 +7,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
 from kvcore import (
     InsufficientMemoryError,
@@ -18,7 +17,7 @@ from kvcore import (
     SizingContext,
     model_layer_specs,
     plan_kv_cache,
-    simulate,
+    simulate as _simulate,
 )
 from kvcore.planning.admission import check_admission
 from kvcore.planning.invariants import check_plan
@@ -28,6 +27,12 @@ from kvcore.planning.serialization import plan_from_dict, plan_to_dict
 from kvcore.runtime.block_pool import BlockPool
 from kvcore.simulation.workload import Request, Workload
 from tests.helpers import full, mix, sliding
+
+
+def simulate(*args, **kwargs):
+    """These tests state the ``kvcore`` scheduler profile's rules (the default is ``vllm``)."""
+    return _simulate(*args, scheduler="kvcore", **kwargs)
+
 
 REGISTRY = Registry.from_plugin_manager(get_plugin_manager(autoload=False))
 NULL = PlanOptions(reserve_null_block=True)

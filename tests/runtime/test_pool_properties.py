@@ -16,8 +16,7 @@ from collections import Counter
 
 import pytest
 import torch
-from hypothesis import event, given, settings
-from hypothesis import strategies as st
+from hypothesis import event, given, settings, strategies as st
 
 from kvcore import BlockPoolExhaustedError, InvalidInputError, PlanOptions, SizingContext, plan_kv_cache
 from kvcore.planning.manager import get_plugin_manager

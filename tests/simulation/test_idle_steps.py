@@ -5,8 +5,7 @@ same figures as a step-by-step record."""
 from __future__ import annotations
 
 import attrs
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
 from kvcore import SizingContext, plan_kv_cache
 from kvcore.planning.registry import Registry

@@ -7,14 +7,18 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
-from kvcore import InvalidInputError, Request, Workload, read_trace, simulate, synthetic
+from kvcore import InvalidInputError, Request, Workload, read_trace, simulate as _simulate, synthetic
 from kvcore.runtime.block_pool import NULL_PAGE
 from kvcore.simulation.simulator import Simulator
 from kvcore.simulation.workload import parse_length
 from tests.simulation.test_simulator import ONE_LAYER, PLANS, _plan
+
+
+def simulate(*args, **kwargs):
+    """These tests state the ``kvcore`` scheduler profile's rules (the default is ``vllm``)."""
+    return _simulate(*args, scheduler="kvcore", **kwargs)
 
 
 def _served(workload):

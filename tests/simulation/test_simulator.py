@@ -7,8 +7,7 @@ import math
 
 import attrs
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
 from kvcore import (
     InvalidInputError,
@@ -17,7 +16,7 @@ from kvcore import (
     Workload,
     model_layer_specs,
     plan_kv_cache,
-    simulate,
+    simulate as _simulate,
 )
 from kvcore.frontends.hf_config import bundled_models
 from kvcore.planning.manager import get_plugin_manager
@@ -28,6 +27,12 @@ from kvcore.simulation.workload import Request, parse_length, synthetic
 from tests.helpers import chunked, full, mix, sliding
 from tests.runtime._kinds import CrossAttentionPlugin, CrossAttentionSpec
 from tests.simulation._reference import reference_run
+
+
+def simulate(*args, **kwargs):
+    """These tests state the ``kvcore`` scheduler profile's rules (the default is ``vllm``)."""
+    return _simulate(*args, scheduler="kvcore", **kwargs)
+
 
 REGISTRY = Registry.from_plugin_manager(get_plugin_manager(autoload=False))
 

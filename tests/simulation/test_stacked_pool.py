@@ -3,8 +3,7 @@ what the default pool holds; only which block ids it hands out differs."""
 
 from __future__ import annotations
 
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
 from kvcore import NULL_PAGE, BlockPool, BlockPoolExhaustedError, SizingContext, plan_kv_cache
 from kvcore.planning.manager import get_plugin_manager

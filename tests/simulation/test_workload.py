@@ -7,8 +7,7 @@ import random
 import statistics
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
 from kvcore import InvalidInputError, KVCoreError, Request, Workload, read_trace, synthetic
 from kvcore.limits import MAX_TOKENS

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import attrs
 import pytest
-from hypothesis import assume, given
-from hypothesis import strategies as st
+from hypothesis import assume, given, strategies as st
 
 from kvcore import KVCacheGroup, KVCachePlan, KVCacheTensor, PlanValidationError, SizingContext
 from kvcore.planning.invariants import check_plan, overlap_problems, plan_problems

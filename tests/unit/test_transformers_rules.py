@@ -12,8 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
 from kvcore.errors import KVCoreError
 from kvcore.integrations.transformers.rules import (

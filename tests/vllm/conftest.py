@@ -16,5 +16,11 @@ HAS_VLLM = importlib.util.find_spec("vllm") is not None
 collect_ignore_glob = (
     []
     if HAS_VLLM
-    else ["test_against_vllm.py", "test_plugin.py", "test_howto.py", "test_longest_admitted.py"]
+    else [
+        "test_against_vllm.py",
+        "test_plugin.py",
+        "test_howto.py",
+        "test_longest_admitted.py",
+        "test_scheduler_profile.py",
+    ]
 )

@@ -1,0 +1,252 @@
+"""vLLM 0.33's real v1 ``Scheduler`` replaying a workload on a kvcore plan, with a fake model
+runner: what the ``vllm`` scheduler profile (:mod:`kvcore.simulation.profiles.vllm`) is checked
+against. Imports vLLM.
+
+The plan becomes vLLM's ``KVCacheConfig`` (:func:`~kvcore.integrations.vllm.convert.plan_to_vllm_config`);
+the scheduler (``vllm/v1/core/sched/scheduler.py``, or ``async_scheduler.py``'s
+``AsyncScheduler`` with async scheduling) is built on it as the engine core builds it, on the CPU
+platform. Each step adds the requests that arrive at it (``add_request``), calls ``schedule()``,
+and hands the ``SchedulerOutput`` to a fake model runner that samples one token for every
+scheduled request whose chunk reaches the end of its known tokens (a partial prefill samples
+nothing, as a real runner discards it). Its ``ModelRunnerOutput`` goes back through
+``update_from_output`` at once (synchronous), or after the next step was scheduled (async: the
+engine core's batch queue of two, ``EngineCore.step_with_batch_queue``).
+
+Token ids: the ``i``-th token of a request is its ``prefix_id``'s ``i``-th token while ``i`` is
+inside ``prefix_tokens``, else its own (distinct from every other request's), generated tokens
+included; so vLLM's block hashes meet exactly where the profile says they do.
+
+The figures are read from the scheduler itself: running requests after each ``schedule()``
+(``len(scheduler.running)``), tokens scheduled, ``KVCacheManager.usage``, preemptions
+(``SchedulerOutput.preempted_req_ids``), the steps until every request finished, queue delays
+(the step a request first appears in ``scheduled_new_reqs``) and prefix hits (a request's
+``num_computed_tokens`` when it is admitted, new or resumed).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import types
+from collections import deque
+
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+
+from vllm.config import CacheConfig, DeviceConfig, SchedulerConfig, VllmConfig
+from vllm.sampling_params import SamplingParams
+from vllm.utils.hashing import get_hash_fn_by_name
+from vllm.v1.core.kv_cache_utils import (
+    get_request_block_hasher,
+    init_none_hash,
+    resolve_kv_cache_block_sizes,
+)
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+from vllm.v1.core.sched.output import SchedulerOutput
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.outputs import ModelRunnerOutput
+from vllm.v1.request import Request
+from vllm.v1.structured_output import StructuredOutputManager
+
+from kvcore.integrations.vllm.convert import plan_to_vllm_config
+from kvcore.integrations.vllm.rules import VllmIntegrationError
+from kvcore.plan import KVCachePlan
+from kvcore.simulation.profiles.vllm import VllmProfile
+from kvcore.simulation.simulator import SimulationResult, percentile
+from kvcore.simulation.workload import Workload
+
+#: Token ids a request's own tokens start from (a shared prefix's ids stay below).
+_OWN_TOKENS = 1 << 20
+
+
+class _Model(types.SimpleNamespace):
+    """The stand-in model config: the fields the scheduler reads are given; any other one it
+    asks for (multimodal, pooling, speculative settings) is ``None``, i.e. not in use."""
+
+    def __getattr__(self, name: str) -> None:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return None
+
+
+def _config(
+    plan: KVCachePlan, profile: VllmProfile, max_num_batched_tokens: int, prefix_caching: bool
+) -> VllmConfig:
+    """A ``VllmConfig`` with the profile's scheduler settings and a stand-in model (the
+    scheduler reads only a few of the model's fields)."""
+    length = plan.context.max_model_len
+    config = VllmConfig(
+        scheduler_config=SchedulerConfig(
+            max_model_len=length,
+            is_encoder_decoder=False,
+            max_num_batched_tokens=max_num_batched_tokens,
+            max_num_seqs=profile.max_num_seqs,
+            async_scheduling=profile.async_scheduling,
+            long_prefill_token_threshold=profile.long_prefill_token_threshold,
+            scheduler_reserve_full_isl=profile.reserve_full_isl,
+        ),
+        cache_config=CacheConfig(enable_prefix_caching=prefix_caching),
+        device_config=DeviceConfig(device="cpu"),
+    )
+    config.scheduler_config.async_scheduling = profile.async_scheduling
+    config.cache_config.num_gpu_blocks = plan.num_blocks  # as the engine core sets it
+    model = _Model(
+        max_model_len=length,
+        original_max_model_len=length,
+        supports_kv_cache_grouping=False,
+        use_mla=False,
+        uses_mrope=False,
+        is_encoder_decoder=False,
+        return_sampling_mask=False,
+        runner_type="generate",
+        is_multimodal_model=False,
+        skip_tokenizer_init=True,
+    )
+    object.__setattr__(config, "model_config", model)
+    return config
+
+
+def _tokens(index: int, prompt: int, prefix: int, prefix_tokens: int) -> list[int]:
+    """A request's prompt: its shared prefix's tokens (``prefix``-th prefix), then its own."""
+    base = _OWN_TOKENS * (index + 1)
+    own = [base + i for i in range(prompt)]
+    if prefix_tokens:  # a prefix's ids: below _OWN_TOKENS, distinct per prefix (the hash chains)
+        own[:prefix_tokens] = [prefix * 4096 + 1 + i % 4096 for i in range(prefix_tokens)]
+    return own
+
+
+def run_vllm_scheduler(
+    plan: KVCachePlan,
+    workload: Workload,
+    profile: VllmProfile,
+    *,
+    max_num_batched_tokens: int,
+    prefix_caching: bool = False,
+    max_steps: int = 1_000_000,
+) -> SimulationResult:
+    """Replay ``workload`` through vLLM's real scheduler on ``plan`` (see the module docstring).
+
+    Args:
+        plan: a plan vLLM can run (made with
+            :func:`~kvcore.integrations.vllm.rules.plan_for_vllm`).
+        workload: the requests.
+        profile: vLLM's settings (async scheduling, ``max_num_seqs``, the admission gate,
+            ``long_prefill_token_threshold``).
+        max_num_batched_tokens: vLLM's ``max_num_batched_tokens``.
+        prefix_caching: vLLM's ``enable_prefix_caching``.
+        max_steps: stop with an error after this many steps (a stuck queue).
+
+    Returns:
+        The figures, as :func:`kvcore.simulation.simulate` reports them.
+
+    Raises:
+        VllmIntegrationError: the requests do not finish within ``max_steps``.
+    """
+    config = _config(plan, profile, max_num_batched_tokens, prefix_caching)
+    kv_config = plan_to_vllm_config(plan)
+    sizes = [g.kv_cache_spec.block_size for g in kv_config.kv_cache_groups]
+    config.cache_config.block_size = math.lcm(*sizes) if sizes else 1
+    # the scheduler's block (lcm of the groups') and the hashes' (their gcd with caching)
+    block, hash_block = resolve_kv_cache_block_sizes(kv_config, config)
+    cls = AsyncScheduler if profile.async_scheduling else Scheduler
+    scheduler = cls(
+        vllm_config=config,
+        kv_cache_config=kv_config,
+        structured_output_manager=StructuredOutputManager(config),
+        block_size=block,
+        hash_block_size=hash_block,
+        log_stats=False,
+    )
+    hasher = None
+    if prefix_caching:  # as the engine core makes it (EngineCore.__init__)
+        hash_fn = get_hash_fn_by_name(config.cache_config.prefix_caching_hash_algo)
+        init_none_hash(hash_fn)
+        hasher = get_request_block_hasher(hash_block, hash_fn, config.num_hash_lookahead_tokens)
+    requests = workload.requests
+    by_id: dict[str, int] = {}
+    prefixes: dict[object, int] = {}
+    pending = deque(range(len(requests)))
+    lag = 1 if profile.async_scheduling else 0
+    in_flight: deque[tuple[SchedulerOutput, ModelRunnerOutput]] = deque()
+    running_series: list[int] = []
+    usage_series: list[float] = []
+    first = [-1] * len(requests)
+    total = preemptions = recomputed = cached = looked_up = 0
+    finished = 0
+    step = 0
+    while finished < len(requests):
+        if step >= max_steps:
+            raise VllmIntegrationError(f"vLLM's scheduler did not finish the workload in {max_steps} steps")
+        while pending and requests[pending[0]].arrival_step <= step:
+            i = pending.popleft()
+            r = requests[i]
+            prefix = prefixes.setdefault(r.prefix_id, len(prefixes))
+            tokens = _tokens(i, r.prompt_tokens, prefix, r.prefix_tokens)
+            params = SamplingParams(max_tokens=r.output_tokens, ignore_eos=True)
+            scheduler.add_request(Request(f"r{i}", tokens, params, None, block_hasher=hasher))
+            by_id[f"r{i}"] = i
+        if not scheduler.has_requests() and not in_flight:  # idle: nothing has arrived yet
+            running_series.append(0)
+            usage_series.append(0.0)
+            step += 1
+            continue
+        before = {rid: scheduler.requests[rid].num_computed_tokens for rid in scheduler.requests}
+        output = scheduler.schedule()
+        preemptions += len(output.preempted_req_ids or ())
+        for rid in output.preempted_req_ids or ():
+            recomputed += before.get(rid, 0)
+        admitted = [d.req_id for d in output.scheduled_new_reqs]
+        admitted += list(output.scheduled_cached_reqs.resumed_req_ids)
+        for rid in admitted:
+            request = scheduler.requests[rid]
+            hit = request.num_computed_tokens - output.num_scheduled_tokens[rid]
+            cached += hit
+            looked_up += request.num_tokens
+            i = by_id[rid]
+            if first[i] < 0:
+                first[i] = step
+        total += output.total_num_scheduled_tokens
+        running_series.append(len(scheduler.running))
+        usage_series.append(scheduler.get_kv_cache_usage())
+        ids = list(output.num_scheduled_tokens)
+        # a request samples when its chunk reaches its end; the token is its own next one (at
+        # position num_computed_tokens), so that its hash is the request's alone
+        sampled = [
+            []
+            if scheduler.requests[rid].is_prefill_chunk
+            else [_OWN_TOKENS * (by_id[rid] + 1) + scheduler.requests[rid].num_computed_tokens]
+            for rid in ids
+        ]
+        runner_output = ModelRunnerOutput(
+            req_ids=ids, req_id_to_index={rid: k for k, rid in enumerate(ids)}, sampled_token_ids=sampled
+        )
+        in_flight.append((output, runner_output))
+        while len(in_flight) > lag:
+            done_output, done_runner = in_flight.popleft()
+            engine_outputs = scheduler.update_from_output(done_output, done_runner)
+            for outputs in engine_outputs.values():
+                finished += sum(1 for o in outputs.outputs if o.finish_reason is not None)
+        step += 1
+    delays = sorted(f - r.arrival_step for f, r in zip(first, requests, strict=True) if f >= 0)
+    steps = step
+    return SimulationResult(
+        policy=plan.policy,
+        num_requests=len(requests),
+        steps=steps,
+        mean_running=sum(running_series) / steps if steps else 0.0,
+        peak_running=max(running_series, default=0),
+        tokens_per_step=total / steps if steps else 0.0,
+        total_tokens=total,
+        recomputed_tokens=recomputed,
+        preemptions=preemptions,
+        mean_queue_delay=sum(delays) / len(delays) if delays else 0.0,
+        p99_queue_delay=float(percentile(delays, 99)) if delays else 0.0,
+        mean_pool_usage=sum(usage_series) / steps if steps else 0.0,
+        peak_pool_usage=max(usage_series, default=0.0),
+        running=tuple(running_series),
+        pool_usage=tuple(usage_series),
+        prefix_caching=prefix_caching,
+        cached_tokens=cached,
+        prefix_hit_rate=cached / looked_up if looked_up else 0.0,
+        scheduler="vllm (vLLM's own Scheduler)",
+        scheduler_settings=profile.settings(),
+    )

@@ -1,0 +1,24 @@
+"""The built-in scheduler profiles, registered through ``kvcore_register_scheduler_profiles``
+exactly as a third-party engine's would be (this module is one of
+``kvcore.planning.manager.BUILTIN_PLUGINS``).
+
+- ``vllm`` (the default): vLLM 0.33's v1 scheduler and KV-cache manager
+  (:mod:`kvcore.simulation.profiles.vllm`);
+- ``kvcore``: the simulator's own rules (:mod:`kvcore.simulation.profiles.kvcore_rules`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from kvcore.hookspecs import hookimpl
+
+
+@hookimpl
+def kvcore_register_scheduler_profiles(register: Callable[[Any], None]) -> None:
+    from kvcore.simulation.profiles.kvcore_rules import KvcoreProfile
+    from kvcore.simulation.profiles.vllm import VllmProfile
+
+    register(VllmProfile())
+    register(KvcoreProfile())

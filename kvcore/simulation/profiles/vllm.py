@@ -1,0 +1,938 @@
+"""The ``vllm`` scheduler profile: vLLM 0.33's v1 scheduler and KV-cache manager, step for step.
+
+What it follows, with where vLLM does it (``vllm/v1/core/``; facts, not code):
+
+- **A step** (``sched/scheduler.py``, ``Scheduler.schedule``): running requests first, in
+  admission order, each asking for what it lacks (``num_tokens + num_output_placeholders -
+  num_computed_tokens``), cut to ``long_prefill_token_threshold`` when more than one request is
+  eligible, to the token budget left and to ``max_model_len``; then, unless a request was
+  preempted in this step, the waiting queue first come first served while the budget lasts and
+  fewer than ``max_num_seqs`` run.
+- **Preemption** (``Scheduler._preempt_request``): when ``allocate_slots`` fails for a running
+  request, the most recently admitted running request is preempted (blocks freed, computed
+  tokens reset to 0, back to the head of the queue) until the allocation succeeds or the
+  request preempted itself. The request later computes its prompt and the tokens it had
+  generated again (full recompute).
+- **Admission gate** (``kv_cache_manager.py``, ``KVCacheManager.allocate_slots`` with
+  ``full_sequence_must_fit``; the scheduler passes ``scheduler_reserve_full_isl``, on by
+  default): a waiting request is admitted only when the pool's free blocks hold its whole
+  known sequence, each sliding or chunked group capped at its ``max_admission_blocks_per_request``
+  (``single_type_kv_cache_manager.py``, ``get_num_blocks_to_allocate`` with
+  ``apply_admission_cap``). Then the per-step check for the chunk itself.
+- **Lazy freeing** (``allocate_slots`` → ``remove_skipped_blocks``): a sliding-window or chunk
+  group frees the blocks before its window only when the request next allocates, counting the
+  tokens processed (``num_computed_tokens - num_in_flight_tokens``), in running order.
+- **Async scheduling** (``sched/async_scheduler.py``, ``engine/core.py``
+  ``step_with_batch_queue``): the output of a step comes back after the next step was
+  scheduled; a decoding request holds an output placeholder meanwhile, a preempted request's
+  in-flight output is stale and keeps it waiting until it is back (``num_stale_output_tokens``).
+- **Prefix cache** (``block_pool.py``): every full block of a request's known tokens (its
+  prompt and what it generated) is hashed once computed, up to a multiple of the scheduler
+  block (``cache_blocks``, ``get_num_cacheable_tokens``); a freed block that
+  is cached goes to the back of the one free queue and one that is not to the front
+  (``BlockPool.free_blocks``); allocation takes from the front, evicting a cached block's hash
+  (``get_new_blocks``); an admitted request takes the longest run of cached blocks every group
+  agrees on, up to ``num_tokens - 1`` (``kv_cache_coordinator.py``,
+  ``HybridKVCacheCoordinator.find_longest_cache_hit``: full attention from the start, a sliding
+  window from the end with ``cdiv(window - 1, block_size)`` contiguous blocks), and so does a
+  preempted request when it is admitted again.
+
+Tokens stand for themselves: the ``j``-th block of a request has the content of its
+``prefix_id``'s ``j``-th block while it lies inside ``prefix_tokens``, else its own.
+
+Where it is an approximation: a Mamba-style state group holds one block per request from its
+first token (vLLM's ``mamba_cache_mode='none'``); with prefix caching, chunked-local and state
+groups never hit (so a plan with them hits nothing); no speculative decoding, no KV connector,
+no encoder inputs, no priority policy, no watermark. ``tests/vllm`` checks the profile figure for
+figure against vLLM 0.33's real ``Scheduler``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict, deque
+from typing import TYPE_CHECKING
+
+import attrs
+
+from kvcore.errors import InvalidInputError
+from kvcore.limits import MAX_TOKENS, check_at_most
+from kvcore.simulation.series import StepSeries
+from kvcore.simulation.simulator import SimulationResult, percentile
+from kvcore.simulation.steps import StepRecord, StepTimeModel, build_timeline
+from kvcore.spec import KVCacheSpec, SizingContext, cdiv
+from kvcore.validators import check_int, int_at_least
+
+if TYPE_CHECKING:
+    from collections.abc import Hashable
+
+    from kvcore.plan import KVCachePlan
+    from kvcore.simulation.workload import Workload
+
+#: vLLM 0.33's ``SchedulerConfig.max_num_seqs`` default (``DEFAULT_MAX_NUM_SEQS``).
+VLLM_MAX_NUM_SEQS = 128
+
+_WAITING, _RUNNING, _PREEMPTED, _FINISHED = range(4)
+
+#: Token counts no request reaches.
+_NEVER = 1 << 62
+
+
+@attrs.frozen(kw_only=True)
+class VllmProfile:
+    """vLLM 0.33's v1 scheduler (see the module docstring), with its settings.
+
+    Attributes:
+        async_scheduling: vLLM's ``async_scheduling`` (on by default in 0.33): a step's output
+            comes back one step later.
+        max_num_seqs: vLLM's ``max_num_seqs``: the most requests running at once.
+        reserve_full_isl: vLLM's ``scheduler_reserve_full_isl``: admit a request only when its
+            whole known sequence fits (on by default).
+        long_prefill_token_threshold: vLLM's ``long_prefill_token_threshold`` (0: off): the most
+            tokens one request computes in a step while another request is eligible.
+    """
+
+    name: str = "vllm"
+    description: str = (
+        "vLLM 0.33's v1 scheduler: whole-prompt admission, lazy window freeing, LRU prefix cache"
+    )
+    async_scheduling: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
+    max_num_seqs: int = attrs.field(default=VLLM_MAX_NUM_SEQS, validator=int_at_least(1))
+    reserve_full_isl: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
+    long_prefill_token_threshold: int = attrs.field(default=0, validator=int_at_least(0))
+
+    def settings(self) -> tuple[tuple[str, object], ...]:
+        """The settings as ``(vLLM's name, value)`` pairs, for reports."""
+        return (
+            ("async_scheduling", self.async_scheduling),
+            ("max_num_seqs", self.max_num_seqs),
+            ("scheduler_reserve_full_isl", self.reserve_full_isl),
+            ("long_prefill_token_threshold", self.long_prefill_token_threshold),
+        )
+
+    def simulator(
+        self,
+        plan: KVCachePlan,
+        workload: Workload,
+        *,
+        max_num_batched_tokens: int | None,
+        prefix_caching: bool,
+        step_time: StepTimeModel | None = None,
+    ) -> VllmSimulator:
+        """A :class:`VllmSimulator` (see :meth:`kvcore.simulation.profile.SchedulerProfile.simulator`)."""
+        return VllmSimulator(
+            plan,
+            workload,
+            self,
+            max_num_batched_tokens=max_num_batched_tokens,
+            prefix_caching=prefix_caching,
+            step_time=step_time,
+        )
+
+
+@attrs.frozen
+class _Group:
+    """What the manager of one plan group needs: its pages and how they free."""
+
+    pool: int
+    tokens_per_page: int  # 0: a per-request state (one page)
+    span: int  # block ids one page takes
+    windowed: bool  # frees pages before its window (first_retained_token)
+    spec: KVCacheSpec
+    cap: int | None  # vLLM's max_admission_blocks_per_request, in pages
+    sliding: int  # the window, for cache hits (0: full attention hits; -1: never hits)
+
+
+class _Pool:
+    """One block pool as vLLM's ``BlockPool`` keeps it: uncached free blocks (interchangeable,
+    counted) ahead of cached free blocks (least recently freed first), and the hash table."""
+
+    def __init__(self, usable: int) -> None:
+        self.usable = usable
+        self.uncached = usable  # free block ids that hold no cached content
+        # free cached page -> its span, oldest first (popping the oldest is O(1))
+        self.cached_free: OrderedDict[int, int] = OrderedDict()
+        self.cached_span = 0  # block ids in cached_free
+
+    @property
+    def free(self) -> int:
+        return self.uncached + self.cached_span
+
+
+class VllmSimulator:
+    """vLLM's scheduler and KV-cache manager over a kvcore plan, one :meth:`step` at a time.
+
+    Args:
+        plan: the plan (one vLLM block pool per plan pool, of its usable block ids).
+        workload: the requests.
+        profile: the settings.
+        max_num_batched_tokens: tokens per step (default: the plan's).
+        prefix_caching: vLLM's ``enable_prefix_caching``.
+        step_time: a step-time model: each step becomes a
+            :class:`~kvcore.simulation.steps.StepRecord` timed by it, a clock runs (requests that
+            arrive in seconds join at the first step starting at or after their arrival; with
+            nothing to run the clock jumps to the next arrival), and the result carries a
+            :class:`~kvcore.simulation.steps.Timeline`.
+
+    Raises:
+        InvalidInputError: a request is longer than the plan's ``max_model_len``, or
+            ``max_num_batched_tokens`` is not an int from 1 to ``kvcore.limits.MAX_TOKENS``, or
+            the requests arrive in seconds and no ``step_time`` is given.
+    """
+
+    def __init__(
+        self,
+        plan: KVCachePlan,
+        workload: Workload,
+        profile: VllmProfile,
+        *,
+        max_num_batched_tokens: int | None = None,
+        prefix_caching: bool = False,
+        step_time: StepTimeModel | None = None,
+    ) -> None:
+        budget = (
+            plan.context.max_num_batched_tokens if max_num_batched_tokens is None else max_num_batched_tokens
+        )
+        check_int(budget, "'max_num_batched_tokens'", minimum=1)
+        check_at_most(budget, MAX_TOKENS, "'max_num_batched_tokens' (kvcore.limits.MAX_TOKENS)", "give fewer")
+        self.plan = plan
+        self.profile = profile
+        self.requests = workload.requests
+        self.budget = budget
+        self.max_model_len = plan.context.max_model_len
+        for request in self.requests:
+            if request.total_tokens > self.max_model_len:
+                raise InvalidInputError(
+                    f"request {request.id} has {request.prompt_tokens} prompt + {request.output_tokens} "
+                    f"output tokens = {request.total_tokens}, more than the plan's max_model_len "
+                    f"({self.max_model_len}); plan for a longer max_model_len or shorten the request"
+                )
+        self.lag = 1 if profile.async_scheduling else 0  # steps before a step's output returns
+        # vLLM's VllmConfig.max_in_flight_tokens: what a window may hold beyond itself
+        in_flight = (self.lag + 1) * budget
+        context = SizingContext(max_model_len=self.max_model_len, max_num_batched_tokens=in_flight)
+        self.groups = [_group(g.spec, g.pool, g.blocks_per_page, context) for g in plan.groups]
+        self.pools = [_Pool(plan.usable_blocks_in(p)) for p in range(len(plan.pools))]
+        self.caching = prefix_caching
+        # cache hits: the attention types, full attention first (vLLM's tighter first bound)
+        self._hit_types: list[tuple[int, list[int]]] = []
+        if prefix_caching and all(g.sliding >= 0 for g in self.groups):
+            by_type: dict[tuple[int, int], list[int]] = {}
+            for index, g in enumerate(self.groups):
+                by_type.setdefault((g.sliding, g.tokens_per_page), []).append(index)
+            self._hit_types = [(key[0], ids) for key, ids in sorted(by_type.items())]
+        #: the scheduler's block: hits are multiples of it (``_cache_hit_alignment_tokens``)
+        self._align = math.lcm(*(g.tokens_per_page or 1 for g in self.groups))
+        #: the hash block: the groups' greatest common divisor (one group: its block)
+        self._hash_block = math.gcd(*(g.tokens_per_page for g in self.groups if g.tokens_per_page)) or 1
+        self._hashes: list[dict[Hashable, dict[int, None]]] = [{} for _ in self.pools]
+        self._hash_of: dict[int, Hashable] = {}
+        self._ref: dict[int, int] = {}
+        self._next_id = 0
+        count = len(self.requests)
+        self._arrival: list[int] | list[float] = [r.arrival_step for r in self.requests]
+        #: the step each request joined the queue at (its arrival step unless it arrives in seconds)
+        self._queued = self._arrival
+        #: with a step-time model: the clock, when each step ended, each request's first-token
+        #: and finish steps
+        self._step_time = step_time
+        self.clock = 0.0
+        self._step_end: list[float] = []
+        self._token_step = [-1] * count if step_time is not None else []
+        self._finish_step = [-1] * count if step_time is not None else []
+        self._in_seconds = any(r.arrival_time is not None for r in self.requests)
+        if self._in_seconds:
+            if step_time is None:
+                raise InvalidInputError(
+                    f"the workload {workload.name!r} gives arrival times in seconds: simulating it needs a "
+                    "step-time model (a GPU's roofline or a measured step-time profile)"
+                )
+            self._arrival = [r.arrival_time or 0.0 for r in self.requests]
+            self._queued = [-1] * count
+        self._tokens = [r.prompt_tokens for r in self.requests]  # vLLM's num_tokens
+        self._computed = [0] * count
+        self._placeholders = [0] * count
+        self._in_flight = [0] * count
+        self._stale = [0] * count
+        self._status = [_WAITING] * count
+        self._tables: list[list[list[int | None]]] = [[] for _ in range(count)]
+        self._hashed: list[list[int]] = [[] for _ in range(count)]  # blocks cached per group
+        self._first = [-1] * count
+        # when a request's tables next change (see _note_events); 0: not known, take the full path
+        self._grow_at = [0] * count
+        self._free_at = [0] * count
+        self._cache_at = [0] * count
+        self._next = 0
+        self._waiting: deque[int] = deque()
+        self._running: list[int] = []
+        self._outputs: deque[tuple[dict[int, int], set[int], int]] = deque()
+        # idle stretches stored as one run (a request arriving at step 10**7 costs nothing)
+        self._running_series: StepSeries[int] = StepSeries()
+        self._usage_series: StepSeries[float] = StepSeries()
+        self.steps = 0
+        self.finished = 0
+        self.total_tokens = 0
+        self.recomputed_tokens = 0
+        self.cached_tokens = 0
+        self.looked_up_tokens = 0
+        self.preemptions = 0
+
+    # -- the stepper ---------------------------------------------------------------------------
+
+    @property
+    def done(self) -> bool:
+        """Whether every request has finished."""
+        return self.finished == len(self.requests)
+
+    @property
+    def running(self) -> tuple[int, ...]:
+        """The running requests (indices into ``workload.requests``), in admission order."""
+        return tuple(self._running)
+
+    @property
+    def waiting(self) -> tuple[int, ...]:
+        """The requests that arrived and wait (preempted ones first), in queue order."""
+        return tuple(self._waiting)
+
+    def step(self) -> None:
+        """Schedule one step, then take back the output of the step ``lag`` steps ago (or skip
+        an idle stretch up to the next arrival).
+
+        Raises:
+            InvalidInputError: the first waiting request can never be admitted: the pool is
+                empty of requests and it still does not fit.
+        """
+        if self.done:
+            return
+        step = self.steps
+        arrival, waiting = self._arrival, self._waiting
+        upcoming = self._next
+        timed = self._step_time is not None
+        now = self.clock if self._in_seconds else step
+        if not self._running and not waiting and not self._outputs and arrival[upcoming] > now:
+            if self._in_seconds:  # nothing to run: the clock jumps to the next arrival
+                self.clock = arrival[upcoming]
+                return
+            gap = int(arrival[upcoming]) - step
+            self._running_series.extend_repeat(0, gap)
+            self._usage_series.extend_repeat(0.0, gap)
+            if timed:  # an idle step runs nothing and takes no time
+                self._step_end.extend([self.clock] * gap)
+            self.steps += gap
+            return
+        while upcoming < len(arrival) and arrival[upcoming] <= now:
+            if self._in_seconds:
+                self._queued[upcoming] = step
+            waiting.append(upcoming)
+            upcoming += 1
+        self._next = upcoming
+        scheduled = self._schedule(step)
+        tokens = sum(scheduled.values())
+        if not tokens and not self._running and not self._outputs and waiting:
+            stuck = self.requests[waiting[0]]
+            raise InvalidInputError(
+                f"request {stuck.id} ({stuck.prompt_tokens} prompt + {stuck.output_tokens} output tokens) "
+                f"cannot be admitted even with the pool to itself ({_usable(self.plan)} block ids): "
+                "plan more blocks, or give a smaller max_num_batched_tokens"
+            )
+        self.total_tokens += tokens
+        self._running_series.append(len(self._running))
+        self._usage_series.append(self._usage())
+        # the fake model runner: a request samples a token when its chunk reaches its end
+        sampled = set()
+        computed, known, placeholders = self._computed, self._tokens, self._placeholders
+        if timed:
+            self._time_step(step, scheduled)
+        for r, n in scheduled.items():
+            computed[r] += n
+            self._in_flight[r] += n
+            if computed[r] >= known[r] + placeholders[r]:  # not a prefill chunk
+                sampled.add(r)
+                if self.lag:
+                    placeholders[r] += 1
+        if timed:
+            token_step = self._token_step
+            for r in sampled:
+                if token_step[r] < 0:
+                    token_step[r] = step
+        self._outputs.append((scheduled, sampled, step))
+        while len(self._outputs) > self.lag:
+            self._update_from_output(*self._outputs.popleft())
+        self.steps = step + 1
+        if self.finished == len(self.requests):
+            self._outputs.clear()  # the last (empty) steps in flight
+
+    def _schedule(self, step: int) -> dict[int, int]:
+        """``Scheduler.schedule``: tokens per request scheduled in this step."""
+        profile = self.profile
+        running, waiting = self._running, self._waiting
+        computed, known, placeholders = self._computed, self._tokens, self._placeholders
+        budget = self.budget
+        limit = self.max_model_len
+        threshold = profile.long_prefill_token_threshold if len(running) + len(waiting) > 1 else 0
+        scheduled: dict[int, int] = {}
+        preempted = False
+        index = 0
+        while index < len(running) and budget > 0:
+            r = running[index]
+            request = self.requests[r]
+            if (
+                placeholders[r]
+                and computed[r] + 2 - placeholders[r] >= request.prompt_tokens + request.output_tokens
+            ):
+                index += 1  # async: its last token is in flight
+                continue
+            new = known[r] + placeholders[r] - computed[r]
+            if 0 < threshold < new:
+                new = threshold
+            new = min(new, budget, limit - computed[r] - 1)
+            if new <= 0:
+                index += 1
+                continue
+            granted = False
+            while True:
+                if self._allocate(r, new, gate=False):
+                    granted = True
+                    break
+                victim = running.pop()
+                self._preempt(victim)
+                preempted = True
+                if victim == r:
+                    break
+            if not granted:
+                break
+            scheduled[r] = new
+            budget -= new
+            index += 1
+        if not preempted:
+            skipped: list[int] = []
+            while budget > 0 and waiting:
+                if len(running) >= profile.max_num_seqs:
+                    break
+                r = waiting[0]
+                if self._stale[r]:  # its in-flight output is not back yet
+                    skipped.append(waiting.popleft())
+                    continue
+                hit, blocks = self._find_hit(r) if self.caching else (0, None)
+                new = known[r] - hit
+                if 0 < threshold < new:
+                    new = threshold
+                new = min(new, budget)
+                if not self._allocate(r, new, gate=profile.reserve_full_isl, hit=hit, hit_blocks=blocks):
+                    break
+                waiting.popleft()
+                running.append(r)
+                self.cached_tokens += hit
+                self.looked_up_tokens += known[r]
+                self._status[r] = _RUNNING
+                computed[r] = hit
+                if self._first[r] < 0:
+                    self._first[r] = step
+                scheduled[r] = new
+                budget -= new
+            waiting.extendleft(reversed(skipped))
+        return scheduled
+
+    def _time_step(self, step: int, scheduled: dict[int, int]) -> None:
+        """Describe the step as a :class:`~kvcore.simulation.steps.StepRecord` (before its tokens
+        are counted as computed) and advance the clock by the step-time model's seconds."""
+        model = self._step_time
+        assert model is not None
+        computed = self._computed
+        decodes = prefills = prefill = context = pairs = 0
+        for r, n in scheduled.items():
+            c = computed[r]
+            context += c + n
+            if n == 1:
+                decodes += 1
+                pairs += c + 1
+            else:
+                prefills += 1
+                prefill += n
+                pairs += n * c + n * (n + 1) // 2  # each new token attends to itself and all before
+        record = StepRecord(prefill, decodes, decodes + prefills, context, pairs)
+        seconds = model(record)
+        if not 0.0 <= seconds < math.inf:  # NaN fails too
+            raise InvalidInputError(
+                f"the step-time model {model.description!r} gave {seconds!r} seconds for step "
+                f"{step} ({record}): a step takes a finite time >= 0; fix the model"
+            )
+        self.clock += seconds
+        self._step_end.append(self.clock)
+
+    def _update_from_output(self, scheduled: dict[int, int], sampled: set[int], step: int) -> None:
+        """``Scheduler.update_from_output``: the tokens of step ``step`` come back."""
+        finished: list[int] = []
+        for r, n in scheduled.items():
+            self._in_flight[r] -= n
+            stale = self._stale[r] > 0
+            if stale:
+                self._stale[r] -= n
+            if self._status[r] == _FINISHED or r not in sampled:
+                continue
+            was_running = self._status[r] == _RUNNING
+            had_placeholders = self._placeholders[r] > 0
+            self._tokens[r] += 1
+            request = self.requests[r]
+            if not stale and self._placeholders[r]:
+                self._placeholders[r] -= 1
+            if self._tokens[r] >= request.total_tokens:
+                finished.append(r)
+                if self._step_time is not None:
+                    self._finish_step[r] = step
+            elif not stale and was_running and had_placeholders:
+                self._cache_blocks(r, self._computed[r] - self._in_flight[r])
+        if finished:
+            for r in finished:
+                if self._status[r] == _RUNNING:
+                    self._free(r)
+                else:
+                    self._waiting.remove(r)
+                self._status[r] = _FINISHED
+            done = set(finished)
+            self._running = [r for r in self._running if r not in done]
+            self.finished += len(finished)
+
+    def _preempt(self, r: int) -> None:
+        self._free(r)
+        self.recomputed_tokens += self._computed[r]
+        self._status[r] = _PREEMPTED
+        self._computed[r] = 0
+        self._stale[r] = self._in_flight[r]
+        self._placeholders[r] = 0
+        self._waiting.appendleft(r)
+        self.preemptions += 1
+
+    # -- the KV-cache manager ------------------------------------------------------------------
+
+    def _allocate(
+        self,
+        r: int,
+        new: int,
+        *,
+        gate: bool,
+        hit: int = 0,
+        hit_blocks: list[list[int | None]] | None = None,
+    ) -> bool:
+        """``KVCacheManager.allocate_slots`` for ``new`` tokens after ``hit`` cached ones."""
+        if new == 1 and not gate and not hit:
+            # a decode that crosses no page boundary, frees nothing and caches nothing: the
+            # manager would change nothing (the usual step; see _note_events)
+            computed = self._computed[r]
+            if (
+                computed + 1 < self._grow_at[r]
+                and computed - self._in_flight[r] < self._free_at[r]
+                and min(computed + 1, self._tokens[r]) < self._cache_at[r]
+            ):
+                return True
+        granted = self._allocate_slots(r, new, gate=gate, hit=hit, hit_blocks=hit_blocks)
+        if granted:
+            self._note_events(r)
+        return granted
+
+    def _note_events(self, r: int) -> None:
+        """When request ``r``'s tables next change: the slots that take a new page in some group
+        (``_grow_at``), the processed tokens that free a page before a window (``_free_at``) and
+        the tokens that complete a block to cache (``_cache_at``)."""
+        grow = free = cache = _NEVER
+        for group, table in zip(self.groups, self._tables[r], strict=True):
+            per_page = group.tokens_per_page
+            if not per_page:
+                grow = min(grow, 1 if not table else _NEVER)
+                continue
+            grow = min(grow, len(table) * per_page + 1)
+            if group.windowed:
+                nulls = 0
+                while nulls < len(table) and table[nulls] is None:
+                    nulls += 1
+                free = min(free, self._first_freeing(group, (nulls + 1) * per_page))
+        if self.caching:
+            hashed = self._hashed[r]
+            for g, group in enumerate(self.groups):
+                if group.sliding >= 0 and group.tokens_per_page:
+                    # tokens are cached in multiples of the scheduler block
+                    cache = min(
+                        cache, cdiv((hashed[g] + 1) * group.tokens_per_page, self._align) * self._align
+                    )
+        self._grow_at[r], self._free_at[r], self._cache_at[r] = grow, free, cache
+
+    def _first_freeing(self, group: _Group, target: int) -> int:
+        """The fewest processed tokens whose first retained token is at least ``target`` (the
+        count is non-decreasing in the tokens: a binary search), or never."""
+        first = group.spec.first_retained_token
+        low, high = target, self.max_model_len + 1
+        if first(high) < target:
+            return _NEVER
+        while low < high:
+            middle = (low + high) // 2
+            if first(middle) >= target:
+                high = middle
+            else:
+                low = middle + 1
+        return low
+
+    def _allocate_slots(
+        self,
+        r: int,
+        new: int,
+        *,
+        gate: bool,
+        hit: int = 0,
+        hit_blocks: list[list[int | None]] | None = None,
+    ) -> bool:
+        groups, pools = self.groups, self.pools
+        tables = self._tables[r]
+        if not tables:
+            tables.extend([] for _ in groups)
+            self._hashed[r] = [0] * len(groups)
+        empty: list[int | None] = []
+        computed = min(self._computed[r] + hit, self.max_model_len)
+        if gate:
+            full = min(self._tokens[r], self.max_model_len)
+            need = [0] * len(pools)
+            for g, group in enumerate(groups):
+                blocks = hit_blocks[g] if hit_blocks is not None else empty
+                need[group.pool] += self._to_allocate(tables[g], group, full, blocks, computed, cap=True)
+            if any(n > pool.free for n, pool in zip(need, pools, strict=True)):
+                return False
+        processed = max(0, computed - self._in_flight[r])
+        for g, group in enumerate(groups):
+            if group.windowed:
+                self._remove_skipped(tables[g], group, processed)
+        slots = min(computed + new, self.max_model_len)
+        need = [0] * len(pools)
+        for g, group in enumerate(groups):
+            blocks = hit_blocks[g] if hit_blocks is not None else empty
+            need[group.pool] += self._to_allocate(tables[g], group, slots, blocks, computed, cap=False)
+        if any(n > pool.free for n, pool in zip(need, pools, strict=True)):
+            return False
+        if hit_blocks is not None and hit:
+            for g, group in enumerate(groups):
+                self._touch(group.pool, hit_blocks[g])
+                tables[g].extend(hit_blocks[g])
+        for g, group in enumerate(groups):
+            pages = _pages(group, slots) - len(tables[g])
+            if pages > 0:
+                tables[g].extend(self._take(group.pool, pages, group.span))
+        if self.caching:
+            self._cache_blocks(r, min(computed + new, self._tokens[r]))
+        return True
+
+    def _to_allocate(
+        self,
+        table: list[int | None],
+        group: _Group,
+        tokens: int,
+        hit_blocks: list[int | None],
+        computed: int,
+        *,
+        cap: bool,
+    ) -> int:
+        """``get_num_blocks_to_allocate`` of one group, in block ids."""
+        required = _pages(group, tokens)
+        if cap and group.cap is not None:
+            required = min(required, group.cap)
+        skipped = group.spec.first_retained_token(computed) // group.tokens_per_page if group.windowed else 0
+        pages = max(required - max(skipped, len(hit_blocks) + len(table)), 0)
+        # a cached hit block nobody holds leaves the free queue when taken
+        ref = self._ref
+        evictable = sum(
+            1 for b in hit_blocks[max(0, skipped - len(table)) :] if b is not None and ref[b] == 0
+        )
+        return (pages + evictable) * group.span
+
+    def _remove_skipped(self, table: list[int | None], group: _Group, processed: int) -> None:
+        """``remove_skipped_blocks``: free the pages before the window, last first."""
+        skipped = min(group.spec.first_retained_token(processed) // group.tokens_per_page, len(table))
+        freed: list[int] = []
+        for i in range(skipped - 1, -1, -1):
+            block = table[i]
+            if block is None:
+                break
+            freed.append(block)
+            table[i] = None
+        if freed:
+            self._release(group.pool, freed, group.span)
+
+    def _free(self, r: int) -> None:
+        """``KVCacheManager.free``: every group's pages, group by group, tail first."""
+        tables = self._tables[r]
+        for g, group in enumerate(self.groups):
+            if g < len(tables):
+                self._release(group.pool, [b for b in reversed(tables[g]) if b is not None], group.span)
+        self._tables[r] = []
+        self._hashed[r] = []
+        self._grow_at[r] = 0  # the next allocation takes the full path
+
+    def _take(self, p: int, pages: int, span: int) -> list[int]:
+        """``BlockPool.get_new_blocks``: uncached blocks first, then the oldest cached ones
+        (their hashes evicted)."""
+        pool = self.pools[p]
+        out: list[int] = []
+        ref = self._ref
+        for _ in range(pages):
+            while pool.uncached < span:
+                block, block_span = pool.cached_free.popitem(last=False)
+                pool.cached_span -= block_span
+                pool.uncached += block_span
+                self._evict(p, block)
+            pool.uncached -= span
+            block = self._next_id
+            self._next_id += 1
+            ref[block] = 1
+            out.append(block)
+        return out
+
+    def _evict(self, p: int, block: int) -> None:
+        self._unhash(p, block)
+        del self._ref[block]
+
+    def _release(self, p: int, blocks: list[int], span: int) -> None:
+        """``BlockPool.free_blocks``: a cached block to the back of the free queue, another one
+        back among the interchangeable uncached blocks at the front."""
+        pool = self.pools[p]
+        ref = self._ref
+        for block in blocks:
+            ref[block] -= 1
+            if ref[block]:
+                continue
+            if block in self._hash_of:
+                pool.cached_free[block] = span
+                pool.cached_span += span
+            else:
+                del ref[block]
+                pool.uncached += span
+
+    def _touch(self, p: int, blocks: list[int | None]) -> None:
+        """``BlockPool.touch``: a hit block leaves the free queue when nobody held it."""
+        pool = self.pools[p]
+        for block in blocks:
+            if block is None:
+                continue
+            if self._ref[block] == 0:
+                pool.cached_span -= pool.cached_free.pop(block)
+            self._ref[block] += 1
+
+    # -- the prefix cache ----------------------------------------------------------------------
+
+    def _content(self, r: int, g: int, j: int) -> Hashable:
+        """What block ``j`` of group ``g`` of request ``r`` holds (its chained hash's identity)."""
+        request = self.requests[r]
+        per_page = self.groups[g].tokens_per_page
+        if request.prefix_tokens and (j + 1) * per_page <= request.prefix_tokens:
+            return (g, True, request.prefix_id, j)
+        return (g, False, r, j)
+
+    def _cache_blocks(self, r: int, tokens: int) -> None:
+        """``cache_blocks``: hash the full blocks of known tokens up to ``tokens``, rounded down
+        to the scheduler's block (``HybridKVCacheCoordinator.get_num_cacheable_tokens``: only what
+        a hit, a multiple of it, could match)."""
+        if not self.caching:
+            return
+        tokens = min(tokens, self._tokens[r])
+        tokens -= tokens % self._align
+        tables, hashed = self._tables[r], self._hashed[r]
+        for g, group in enumerate(self.groups):
+            if group.sliding < 0 or g >= len(tables):
+                continue
+            full = tokens // group.tokens_per_page
+            table = tables[g]
+            for j in range(hashed[g], min(full, len(table))):
+                block = table[j]
+                if block is None:
+                    continue
+                old = self._hash_of.get(block)
+                if old is not None:
+                    if not _is_partial(old):
+                        continue
+                    self._unhash(group.pool, block)  # the full block's hash replaces the partial one
+                self._hash(group.pool, block, self._content(r, g, j))
+            hashed[g] = max(hashed[g], full)
+            if group.sliding == 0 and group.tokens_per_page > self._hash_block:
+                self._cache_partial_tail(r, g, tokens)
+
+    def _cache_partial_tail(self, r: int, g: int, tokens: int) -> None:
+        """``FullAttentionManager._cache_partial_tail_block``: a group whose block is larger than
+        the hash block also registers the block where the prompt's last full hash block ends
+        (a lookup key no full-block lookup matches, but the block counts as cached: freed, it
+        goes to the back of the free queue)."""
+        group = self.groups[g]
+        step = self._hash_block
+        prompt = self.requests[r].prompt_tokens
+        boundary = min((prompt - 1) // step, self._tokens[r] // step) * step
+        if boundary == 0 or boundary > tokens or boundary % group.tokens_per_page == 0:
+            return
+        table = self._tables[r][g]
+        index = boundary // group.tokens_per_page
+        block = table[index] if index < len(table) else None
+        if block is None or block in self._hash_of:
+            return
+        self._hash(group.pool, block, (g, "partial", r, boundary))
+
+    def _hash(self, p: int, block: int, key: Hashable) -> None:
+        self._hash_of[block] = key
+        self._hashes[p].setdefault(key, {})[block] = None
+
+    def _unhash(self, p: int, block: int) -> None:
+        key = self._hash_of.pop(block)
+        holders = self._hashes[p][key]
+        del holders[block]
+        if not holders:
+            del self._hashes[p][key]
+
+    def _cached(self, r: int, ids: list[int], j: int) -> list[int] | None:
+        """``BlockPool.get_cached_block``: block ``j``'s cached block in every group of ``ids``."""
+        out = []
+        for g in ids:
+            holders = self._hashes[self.groups[g].pool].get(self._content(r, g, j))
+            if not holders:
+                return None
+            out.append(next(iter(holders)))
+        return out
+
+    def _find_hit(self, r: int) -> tuple[int, list[list[int | None]] | None]:
+        """``get_computed_blocks``: the longest hit every group agrees on, below ``num_tokens``
+        and a multiple of the scheduler's block (the groups' least common multiple)."""
+        if not self._hit_types:
+            return 0, None
+        align = self._align
+        hit = self._tokens[r] - 1
+        found: dict[int, list[int | None]] = {}
+        while True:
+            current = hit
+            for window, ids in self._hit_types:
+                per_page = self.groups[ids[0]].tokens_per_page
+                most = current // per_page
+                if window == 0:
+                    blocks, length = self._hit_full(r, ids, most, align)
+                else:
+                    blocks, length = self._hit_window(r, ids, most, cdiv(window - 1, per_page), align)
+                current = min(current, length)
+                for k, g in enumerate(ids):
+                    found[g] = [row[k] if row is not None else None for row in blocks]
+            if current >= hit:
+                break
+            hit = current
+            if hit == 0:
+                break
+        if hit <= 0:
+            return 0, None
+        out: list[list[int | None]] = []
+        for g, group in enumerate(self.groups):
+            out.append(found[g][: cdiv(hit, group.tokens_per_page)])
+        return hit, out
+
+    def _hit_full(self, r: int, ids: list[int], most: int, align: int) -> tuple[list[list[int] | None], int]:
+        """``FullAttentionManager.find_longest_cache_hit``: cached blocks from the start."""
+        per_page = self.groups[ids[0]].tokens_per_page
+        rows: list[list[int] | None] = []
+        for j in range(most):
+            row = self._cached(r, ids, j)
+            if row is None:
+                break
+            rows.append(row)
+        length = len(rows) * per_page
+        length -= length % align
+        return rows[: cdiv(length, per_page)], length
+
+    def _hit_window(
+        self, r: int, ids: list[int], most: int, need: int, align: int
+    ) -> tuple[list[list[int] | None], int]:
+        """``SlidingWindowManager.find_longest_cache_hit``: from the end, the first run of
+        ``need`` cached blocks (the window) ending on an aligned boundary; else the run from
+        the start."""
+        per_page = self.groups[ids[0]].tokens_per_page
+        rows: list[list[int] | None] = [None] * most
+        run = 0
+        for j in range(most - 1, -1, -1):
+            row = self._cached(r, ids, j)
+            if row is None:
+                run = 0
+                continue
+            if run == 0 and per_page != align and (j + 1) * per_page % align:
+                continue  # a hit must end on the scheduler's block
+            rows[j] = row
+            run += 1
+            if run >= need:
+                return rows[: j + run], (j + run) * per_page
+        kept = run
+        while per_page != align and kept * per_page % align:
+            kept -= 1
+        return rows[:kept], kept * per_page
+
+    # -- figures -------------------------------------------------------------------------------
+
+    def _usage(self) -> float:
+        """``BlockPool.get_usage`` (``1 - free / usable``) of the fullest pool."""
+        return max((1 - p.free / p.usable for p in self.pools if p.usable), default=0.0)
+
+    def result(self) -> SimulationResult:
+        """The figures so far (the whole run once :attr:`done`)."""
+        steps = self.steps
+        running, usage = self._running_series, self._usage_series
+        delays = sorted(f - a for f, a in zip(self._first, self._queued, strict=True) if f >= 0)
+        return SimulationResult(
+            policy=self.plan.policy,
+            num_requests=len(self.requests),
+            steps=steps,
+            mean_running=running.total() / steps if steps else 0.0,
+            peak_running=running.peak(0),
+            tokens_per_step=self.total_tokens / steps if steps else 0.0,
+            total_tokens=self.total_tokens,
+            recomputed_tokens=self.recomputed_tokens,
+            preemptions=self.preemptions,
+            mean_queue_delay=sum(delays) / len(delays) if delays else 0.0,
+            p99_queue_delay=float(percentile(delays, 99)) if delays else 0.0,
+            mean_pool_usage=usage.total() / steps if steps else 0.0,
+            peak_pool_usage=usage.peak(0.0),
+            running=running.copy(),
+            pool_usage=usage.copy(),
+            prefix_caching=self.caching,
+            cached_tokens=self.cached_tokens,
+            prefix_hit_rate=self.cached_tokens / self.looked_up_tokens if self.looked_up_tokens else 0.0,
+            scheduler=self.profile.name,
+            scheduler_settings=self.profile.settings(),
+            timeline=None
+            if self._step_time is None
+            else build_timeline(
+                self._step_time,
+                self._step_end,
+                self._arrival,
+                in_seconds=self._in_seconds,
+                first_token_step=self._token_step,
+                finish_step=self._finish_step,
+            ),
+        )
+
+
+def _group(spec: KVCacheSpec, pool: int, span: int, context: SizingContext) -> _Group:
+    per_page = spec.tokens_per_page or 0
+    windowed = per_page > 0 and type(spec).first_retained_token is not KVCacheSpec.first_retained_token
+    window = getattr(spec, "sliding_window", None)
+    sliding = 0 if not windowed and per_page else (window if isinstance(window, int) and window > 0 else -1)
+    return _Group(
+        pool=pool,
+        tokens_per_page=per_page,
+        span=span,
+        windowed=windowed,
+        spec=spec,
+        cap=spec.max_num_blocks(context) if windowed else None,
+        sliding=sliding,
+    )
+
+
+def _is_partial(key: Hashable) -> bool:
+    return isinstance(key, tuple) and len(key) > 1 and key[1] == "partial"
+
+
+def _pages(group: _Group, tokens: int) -> int:
+    """Pages covering ``tokens`` (a state: one page from the first token)."""
+    if not group.tokens_per_page:
+        return 1 if tokens > 0 else 0
+    return cdiv(tokens, group.tokens_per_page)
+
+
+def _usable(plan: KVCachePlan) -> str:
+    if len(plan.pools) == 1:
+        return str(plan.usable_blocks)
+    return ", ".join(f"{plan.usable_blocks_in(p)} in pool {p}" for p in range(len(plan.pools)))

@@ -1,0 +1,61 @@
+"""``--scheduler`` and vLLM's settings on ``kvcore simulate`` and ``kvcore compare --workload``."""
+
+import json
+from pathlib import Path
+
+from kvcore.cli.scheduler_options import VLLM_MAX_NUM_SEQS
+from kvcore.simulation.profiles import vllm
+
+ROOT = Path(__file__).parents[2]
+GEMMA = ROOT / "examples" / "specs" / "gemma-3-27b.json"
+SMALL = ("--specs", GEMMA, "--memory", "2GiB", "--max-model-len", "4096", "--policies", "shared_buffer")
+SYNTHETIC = ("--requests", "60", "--prompt-len", "uniform:64:512", "--output-len", "lognormal:64:0.5")
+
+
+def test_the_default_is_vllm_and_the_json_names_it(run_cli):
+    status, out, err = run_cli("simulate", *SMALL, *SYNTHETIC, "--json")
+    assert status == 0, err
+    payload = json.loads(out)
+    assert payload["scheduler"]["name"] == "vllm"
+    assert payload["scheduler"]["settings"]["max_num_seqs"] == vllm.VLLM_MAX_NUM_SEQS == VLLM_MAX_NUM_SEQS
+    simulation = payload["candidates"][0]["simulation"]
+    assert simulation["scheduler"] == "vllm"
+    assert simulation["scheduler_settings"]["async_scheduling"] is True
+
+
+def test_vllms_settings_reach_the_profile(run_cli):
+    status, out, err = run_cli(
+        "simulate",
+        *SMALL,
+        *SYNTHETIC,
+        "--json",
+        "--sync-scheduling",
+        "--max-num-seqs",
+        "4",
+        "--no-reserve-full-isl",
+    )
+    assert status == 0, err
+    simulation = json.loads(out)["candidates"][0]["simulation"]
+    assert simulation["peak_running"] <= 4
+    assert simulation["scheduler_settings"] == {
+        "async_scheduling": False,
+        "max_num_seqs": 4,
+        "scheduler_reserve_full_isl": False,
+        "long_prefill_token_threshold": 0,
+    }
+
+
+def test_kvcores_own_rules_by_name(run_cli):
+    status, out, err = run_cli("simulate", *SMALL, *SYNTHETIC, "--scheduler", "kvcore")
+    assert status == 0, err
+    assert out.splitlines()[0].endswith("; scheduler kvcore")
+    status, out, err = run_cli("compare", *SMALL, *SYNTHETIC, "--scheduler", "kvcore")
+    assert status == 0, err
+    assert "by the kvcore scheduler" in out
+
+
+def test_an_unknown_scheduler_and_vllm_settings_elsewhere_are_one_line_errors(run_cli):
+    status, _, err = run_cli("simulate", *SMALL, *SYNTHETIC, "--scheduler", "sglang")
+    assert status == 1 and "unknown scheduler 'sglang'; choose one of vllm, kvcore" in err
+    status, _, err = run_cli("simulate", *SMALL, *SYNTHETIC, "--scheduler", "kvcore", "--max-num-seqs", "8")
+    assert status == 1 and "--max-num-seqs: vLLM's settings, for --scheduler vllm only" in err

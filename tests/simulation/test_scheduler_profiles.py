@@ -1,0 +1,141 @@
+"""Scheduler profiles: the hook, the registry, and what the ``vllm`` profile does that kvcore's
+own rules do not. (``tests/vllm/test_scheduler_profile.py`` checks the ``vllm`` profile figure
+for figure against vLLM's real scheduler.)"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import attrs
+import pytest
+
+from kvcore import (
+    DuplicateRegistrationError,
+    SizingContext,
+    Workload,
+    hookimpl,
+    model_layer_specs,
+    plan_kv_cache,
+    read_trace,
+    simulate,
+)
+from kvcore.errors import UnknownSchedulerError
+from kvcore.planning.manager import get_plugin_manager
+from kvcore.planning.registry import Registry
+from kvcore.simulation.profiles.kvcore_rules import KvcoreProfile
+from kvcore.simulation.profiles.vllm import VllmProfile
+from kvcore.simulation.workload import Request
+
+GIB = 2**30
+REGISTRY = Registry.from_plugin_manager(get_plugin_manager(autoload=False))
+TRACES = Path(__file__).resolve().parents[2] / "examples" / "traces"
+
+
+def _plan(model, memory, length, step=2048):
+    context = SizingContext(max_model_len=length, max_num_batched_tokens=step)
+    return plan_kv_cache(model_layer_specs(model, REGISTRY), memory, context, registry=REGISTRY)
+
+
+def _trace(name, count):
+    return Workload(read_trace(TRACES / f"{name}.jsonl").requests[:count], name=name)
+
+
+def test_the_builtin_profiles_are_registered_and_vllm_is_the_default():
+    assert list(REGISTRY.scheduler_profiles) == ["vllm", "kvcore"]
+    plan = _plan("meta-llama/Llama-3.2-1B", GIB // 4, 2048)
+    workload = _trace("chat", 20)
+    result = simulate(plan, workload, registry=REGISTRY)
+    assert result.scheduler == "vllm"
+    assert dict(result.scheduler_settings)["async_scheduling"] is True
+    assert simulate(plan, workload, scheduler="kvcore", registry=REGISTRY).scheduler == "kvcore"
+
+
+def test_an_unknown_profile_names_the_registered_ones():
+    plan = _plan("meta-llama/Llama-3.2-1B", GIB // 4, 2048)
+    with pytest.raises(UnknownSchedulerError, match=r"'sglang'.*vllm, kvcore"):
+        simulate(plan, _trace("chat", 2), scheduler="sglang", registry=REGISTRY)
+
+
+@attrs.frozen
+class _EveryStepOne(KvcoreProfile):
+    """A third party's engine: kvcore's rules one token a step (what a plugin can register)."""
+
+    name: str = "one-token"
+
+    def simulator(self, plan, workload, *, max_num_batched_tokens, prefix_caching):
+        return super().simulator(plan, workload, max_num_batched_tokens=1, prefix_caching=prefix_caching)
+
+
+class _Plugin:
+    @hookimpl
+    def kvcore_register_scheduler_profiles(self, register):
+        register(_EveryStepOne())
+
+
+def test_a_plugin_registers_a_profile_that_simulate_runs_by_name():
+    registry = Registry.from_plugin_manager(get_plugin_manager(autoload=False, plugins=[_Plugin()]))
+    plan = _plan("meta-llama/Llama-3.2-1B", GIB // 4, 2048)
+    workload = Workload((Request(0, 10, 3),), name="one")
+    result = simulate(plan, workload, scheduler="one-token", registry=registry)
+    assert result.total_tokens == 12 and result.steps == 12  # 10 prompt + 2 decode tokens, one a step
+
+
+class _Twice:
+    @hookimpl
+    def kvcore_register_scheduler_profiles(self, register):
+        register(KvcoreProfile())
+
+
+def test_a_profile_name_registered_twice_is_refused():
+    with pytest.raises(DuplicateRegistrationError, match="scheduler profile 'kvcore' is registered twice"):
+        Registry.from_plugin_manager(get_plugin_manager(autoload=False, plugins=[_Twice()]))
+
+
+def test_vllms_gate_admits_whole_prompts_so_long_documents_do_not_preempt():
+    """vLLM admits a request only when its whole prompt fits: the long prompts that kvcore's
+    first-chunk admission lets outgrow the pool mid-prefill wait instead."""
+    plan = _plan("meta-llama/Llama-3.1-8B", 3 * GIB, 20480)
+    workload = _trace("long-documents", 20)
+    ours = simulate(plan, workload, scheduler="kvcore", registry=REGISTRY)
+    vllm = simulate(plan, workload, scheduler=VllmProfile(async_scheduling=False), registry=REGISTRY)
+    gateless = simulate(
+        plan,
+        workload,
+        scheduler=VllmProfile(async_scheduling=False, reserve_full_isl=False),
+        registry=REGISTRY,
+    )
+    assert ours.preemptions > 50
+    assert vllm.preemptions < ours.preemptions / 10
+    assert gateless.preemptions > vllm.preemptions
+
+
+def test_max_num_seqs_caps_the_running_requests():
+    plan = _plan("meta-llama/Llama-3.2-1B", 2 * GIB, 2048)
+    workload = _trace("chat", 200)
+    free = simulate(plan, workload, scheduler=VllmProfile(), registry=REGISTRY)
+    capped = simulate(plan, workload, scheduler=VllmProfile(max_num_seqs=8), registry=REGISTRY)
+    assert free.peak_running > 8
+    assert capped.peak_running == 8
+    assert capped.steps > free.steps
+
+
+def test_vllms_prefix_cache_gives_a_preempted_request_its_own_blocks_back():
+    """Without a shared prefix kvcore's cache finds nothing; vLLM's caches every full block, so
+    a request admitted again after a preemption finds what it had computed."""
+    plan = _plan("meta-llama/Llama-3.1-8B", GIB // 2, 2048)
+    workload = _trace("chat", 80)
+    vllm = simulate(plan, workload, scheduler=VllmProfile(), prefix_caching=True, registry=REGISTRY)
+    ours = simulate(plan, workload, scheduler="kvcore", prefix_caching=True, registry=REGISTRY)
+    assert vllm.preemptions > 0
+    assert vllm.cached_tokens > 0 and 0 < vllm.prefix_hit_rate < 1
+    assert ours.cached_tokens == 0
+
+
+def test_async_scheduling_takes_no_fewer_steps():
+    """A step's output returns a step later: a request's next token waits one more step at the
+    end of its prefill, and finishing requests free their blocks later."""
+    plan = _plan("meta-llama/Llama-3.2-1B", GIB // 4, 2048)
+    workload = _trace("chat", 60)
+    sync = simulate(plan, workload, scheduler=VllmProfile(async_scheduling=False), registry=REGISTRY)
+    lagged = simulate(plan, workload, scheduler=VllmProfile(async_scheduling=True), registry=REGISTRY)
+    assert lagged.steps >= sync.steps
