@@ -76,7 +76,9 @@ class SchedulerProfile(Protocol):
             workload: the requests.
             max_num_batched_tokens: tokens one step may schedule (``None``: the plan's).
             prefix_caching: cache blocks for reuse, as the engine does.
-            step_time: a step-time model (:mod:`kvcore.simulation.timing`): the stepper
+            step_time: optional: a profile that times its steps takes it; :func:`simulate`
+                passes it only when a step-time model is given. A step-time model
+                (:mod:`kvcore.simulation.timing`): the stepper
                 describes each step by a :class:`~kvcore.simulation.steps.StepRecord`, keeps
                 a clock, takes requests that arrive in seconds, and its result carries a
                 :class:`~kvcore.simulation.steps.Timeline`.

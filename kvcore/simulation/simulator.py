@@ -52,6 +52,7 @@ simulation; other kinds are asked at every step.
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -170,12 +171,18 @@ def simulate(
         UnknownSchedulerError: no registered profile is named ``scheduler``.
     """
     profile = resolve_profile(scheduler, registry)
+    timed: dict[str, StepTimeModel] = {}
+    if step_time is not None:
+        # ``step_time`` is optional in the protocol: a profile that does not time steps omits it
+        if "step_time" not in inspect.signature(profile.simulator).parameters:
+            raise InvalidInputError(
+                f"the scheduler profile {profile.name!r} does not time its steps (its simulator() takes "
+                "no step_time); simulate it without a step-time model, or with a profile that does "
+                "('vllm', 'kvcore')"
+            )
+        timed["step_time"] = step_time
     simulator = profile.simulator(
-        plan,
-        workload,
-        max_num_batched_tokens=max_num_batched_tokens,
-        prefix_caching=prefix_caching,
-        step_time=step_time,
+        plan, workload, max_num_batched_tokens=max_num_batched_tokens, prefix_caching=prefix_caching, **timed
     )
     while not simulator.done:
         simulator.step()

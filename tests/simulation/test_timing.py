@@ -297,7 +297,7 @@ def test_requests_arriving_in_seconds_join_at_the_first_step_after_and_the_clock
     # r0 runs steps 0-2; r1 arrives at 0.25 and joins step 3 (starts at 0.3); r2 arrives at 5.0,
     # when nothing runs: the clock jumps there
     workload = _timed((10, 3, 0.0), (10, 2, 0.25), (20, 1, 5.0))
-    result = simulate(_plan(ONE_LAYER), workload, step_time=clock)
+    result = simulate(_plan(ONE_LAYER), workload, step_time=clock, scheduler="kvcore")
     timeline = result.timeline
     assert timeline is not None and timeline.model == "constant"
     assert result.steps == 6
@@ -314,7 +314,7 @@ def test_requests_arriving_in_seconds_join_at_the_first_step_after_and_the_clock
 
 def test_a_chunked_prefill_records_its_pairs_and_context():
     clock = Constant(0.01)
-    simulate(_plan(ONE_LAYER, step=8), _timed((12, 2, 0.0)), step_time=clock)
+    simulate(_plan(ONE_LAYER, step=8), _timed((12, 2, 0.0)), step_time=clock, scheduler="kvcore")
     # 8 tokens (pairs 1..8 = 36), then 4 more over a context of 12 (pairs 9..12 = 42), then a decode
     assert clock.records[:3] == [
         StepRecord(8, 0, 1, 8, 36),
@@ -330,7 +330,8 @@ def test_arrival_times_without_a_step_time_model_are_refused():
 
 @settings(max_examples=15, deadline=None)
 @given(seed=st.integers(0, 2**16), rate=st.sampled_from([None, 0.05, 0.5]), prefix=st.booleans())
-def test_a_time_model_leaves_every_step_figure_unchanged(seed, rate, prefix):
+@pytest.mark.parametrize("scheduler", ["kvcore", "vllm"])
+def test_a_time_model_leaves_every_step_figure_unchanged(seed, rate, prefix, scheduler):
     workload = synthetic(
         40,
         parse_length("uniform:16:400"),
@@ -342,9 +343,9 @@ def test_a_time_model_leaves_every_step_figure_unchanged(seed, rate, prefix):
         prefix_tokens=64 if prefix else 0,
     )
     plan = _plan(ONE_LAYER, 512, num_blocks=40, step=256)
-    plain = simulate(plan, workload, prefix_caching=prefix)
+    plain = simulate(plan, workload, prefix_caching=prefix, scheduler=scheduler)
     clock = Constant(0.02)
-    timed = simulate(plan, workload, step_time=clock, prefix_caching=prefix)
+    timed = simulate(plan, workload, step_time=clock, prefix_caching=prefix, scheduler=scheduler)
     assert attrs.evolve(timed, timeline=None) == plain
     assert timed.timeline is not None and len(timed.timeline.step_end) == plain.steps
     assert all(t >= a - 1e-9 for t, a in zip(timed.timeline.first_token, timed.timeline.arrival, strict=True))

@@ -339,8 +339,12 @@ def test_auto_falls_back_when_preferred_policy_is_blocked(make_registry):
 
 
 def test_builtin_list_names_real_modules():
+    import importlib
+
     for name in BUILTIN_PLUGINS:
-        assert name.startswith(("kvcore.plugins.", "kvcore.policies."))
+        # kinds and families, policies, and the scheduler profiles (beside the simulator they drive)
+        assert name.startswith(("kvcore.plugins.", "kvcore.policies.")) or name == "kvcore.simulation.profiles"
+        importlib.import_module(name)
 
 
 # -- model families ------------------------------------------------------------------------

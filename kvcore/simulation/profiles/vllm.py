@@ -203,7 +203,7 @@ class VllmSimulator:
         for request in self.requests:
             if request.total_tokens > self.max_model_len:
                 raise InvalidInputError(
-                    f"request {request.id} has {request.prompt_tokens} prompt + {request.output_tokens} "
+                    f"{request.label} has {request.prompt_tokens} prompt + {request.output_tokens} "
                     f"output tokens = {request.total_tokens}, more than the plan's max_model_len "
                     f"({self.max_model_len}); plan for a longer max_model_len or shorten the request"
                 )
@@ -309,7 +309,11 @@ class VllmSimulator:
         upcoming = self._next
         timed = self._step_time is not None
         now = self.clock if self._in_seconds else step
-        if not self._running and not waiting and not self._outputs and arrival[upcoming] > now:
+        if not self._running and not waiting and arrival[upcoming] > now:
+            # nothing runs or waits: what is still in flight is of finished requests; take it
+            # back now, so the idle stretch is skipped in one go (and takes no time)
+            while self._outputs:
+                self._update_from_output(*self._outputs.popleft())
             if self._in_seconds:  # nothing to run: the clock jumps to the next arrival
                 self.clock = arrival[upcoming]
                 return
@@ -331,7 +335,7 @@ class VllmSimulator:
         if not tokens and not self._running and not self._outputs and waiting:
             stuck = self.requests[waiting[0]]
             raise InvalidInputError(
-                f"request {stuck.id} ({stuck.prompt_tokens} prompt + {stuck.output_tokens} output tokens) "
+                f"{stuck.label} ({stuck.prompt_tokens} prompt + {stuck.output_tokens} output tokens) "
                 f"cannot be admitted even with the pool to itself ({_usable(self.plan)} block ids): "
                 "plan more blocks, or give a smaller max_num_batched_tokens"
             )
@@ -438,6 +442,9 @@ class VllmSimulator:
         are counted as computed) and advance the clock by the step-time model's seconds."""
         model = self._step_time
         assert model is not None
+        if not scheduled:  # async: nothing to schedule while the last tokens are in flight
+            self._step_end.append(self.clock)  # the engine runs no model: the step takes no time
+            return
         computed = self._computed
         decodes = prefills = prefill = context = pairs = 0
         for r, n in scheduled.items():
