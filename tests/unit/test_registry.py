@@ -343,7 +343,8 @@ def test_builtin_list_names_real_modules():
 
     for name in BUILTIN_PLUGINS:
         # kinds and families, policies, and the scheduler profiles (beside the simulator they drive)
-        assert name.startswith(("kvcore.plugins.", "kvcore.policies.")) or name == "kvcore.simulation.profiles"
+        homes = ("kvcore.plugins.", "kvcore.policies.")
+        assert name.startswith(homes) or name == "kvcore.simulation.profiles"
         importlib.import_module(name)
 
 
