@@ -179,7 +179,8 @@ def test_with_rank_0_hosting_the_store_a_frozen_rank_0_ends_like_the_others(faul
     reports, _ = run_case(case)
     assert check_no_split(reports) == "raised"
     for rank in (1, 2, 3):
-        assert reports[rank]["error"] == "StoreUnavailableError", reports[rank]
+        # which they see first, the frozen store or the round's deadline, depends on the load
+        assert reports[rank]["error"] in ("StoreUnavailableError", "DistributedAgreementError"), reports[rank]
         assert reports[rank]["seconds"] < BOUND_S, reports[rank]
     assert reports[0]["agreement_error"], reports[0]
     if fault == "freeze-commit":  # every key of the commit is there: only the clock says no
