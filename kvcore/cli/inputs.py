@@ -666,6 +666,33 @@ def wants_workload(args: argparse.Namespace) -> bool:
     return getattr(args, "trace", None) is not None or getattr(args, "requests", None) is not None
 
 
+def refuse_engine_options(args: argparse.Namespace, engine: str, runs_as: str) -> None:
+    """Refuse the ``compare`` options an ``--engine`` comparison does not take.
+
+    Args:
+        engine: the ``--engine`` value (``vllm``, ``sglang``).
+        runs_as: how the engine names itself in the message (``vLLM``, ``SGLang``).
+
+    Raises:
+        InvalidInputError: naming every such option given.
+    """
+    unsupported = [
+        flag
+        for flag, given in (
+            ("--workload/--requests", wants_workload(args)),
+            ("--block-sizes", bool(args.block_sizes)),
+            ("--kv-cache-dtypes", bool(args.kv_cache_dtypes)),
+            ("--frontier", bool(getattr(args, "frontier", False))),
+        )
+        if given
+    ]
+    if unsupported:
+        raise InvalidInputError(
+            f"--engine {engine} compares the policies as {runs_as} runs them and does not take "
+            f"{', '.join(unsupported)}; drop it, or leave out --engine {engine}"
+        )
+
+
 def load_workload(args: argparse.Namespace, max_model_len: int, *, per_second: bool = False) -> Workload:
     """The workload the options describe: ``--trace``/``--workload FILE`` read, or
     ``--requests N`` drawn (lengths clipped to ``max_model_len``).

@@ -19,7 +19,7 @@ from kvcore.cli import inputs
 from kvcore.cli.inputs import FLAG_NAMES
 from kvcore.cli.table import render_table
 from kvcore.error_messages import render
-from kvcore.errors import InvalidInputError, KVCoreError
+from kvcore.errors import KVCoreError
 from kvcore.frontends.hf_config import load_model_config
 from kvcore.integrations.sglang.rules import (
     NO_SGLANG_MODEL,
@@ -112,21 +112,7 @@ def run(
         InvalidInputError: options the SGLang comparison does not take.
         SglangIntegrationError: a model SGLang runs with DSA (kvcore does not plan its pool).
     """
-    unsupported = [
-        flag
-        for flag, given in (
-            ("--workload/--requests", inputs.wants_workload(args)),
-            ("--block-sizes", bool(args.block_sizes)),
-            ("--kv-cache-dtypes", bool(args.kv_cache_dtypes)),
-            ("--frontier", bool(getattr(args, "frontier", False))),
-        )
-        if given
-    ]
-    if unsupported:
-        raise InvalidInputError(
-            f"--engine sglang compares the policies as SGLang runs them and does not take "
-            f"{', '.join(unsupported)}; drop it, or leave out --engine sglang"
-        )
+    inputs.refuse_engine_options(args, "sglang", "SGLang")
     block = getattr(args, "block_size", None)
     rules = SglangRules(
         context_len=args.max_model_len,

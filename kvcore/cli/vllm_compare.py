@@ -19,7 +19,7 @@ from kvcore.cli import inputs
 from kvcore.cli.inputs import FLAG_NAMES
 from kvcore.cli.table import render_table, wants_csv, write_csv
 from kvcore.error_messages import render
-from kvcore.errors import InvalidInputError, KVCoreError
+from kvcore.errors import KVCoreError
 from kvcore.integrations.vllm.rules import (
     VllmRules,
     encoder_tokens_of,
@@ -75,21 +75,7 @@ def run(args: argparse.Namespace, registry: Registry, specs: Mapping[str, KVCach
     Raises:
         InvalidInputError: options the vLLM comparison does not take.
     """
-    unsupported = [
-        flag
-        for flag, given in (
-            ("--workload/--requests", inputs.wants_workload(args)),
-            ("--block-sizes", bool(args.block_sizes)),
-            ("--kv-cache-dtypes", bool(args.kv_cache_dtypes)),
-            ("--frontier", bool(getattr(args, "frontier", False))),
-        )
-        if given
-    ]
-    if unsupported:
-        raise InvalidInputError(
-            f"--engine vllm compares the policies as vLLM runs them and does not take "
-            f"{', '.join(unsupported)}; drop it, or leave out --engine vllm"
-        )
+    inputs.refuse_engine_options(args, "vllm", "vLLM")
     rules = VllmRules(
         max_model_len=args.max_model_len,
         max_num_batched_tokens=args.max_num_batched_tokens,
