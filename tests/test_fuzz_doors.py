@@ -12,6 +12,8 @@ from hypothesis import HealthCheck, given, settings
 
 from tests.fuzz_doors import DOORS
 
+pytestmark = pytest.mark.fuzz
+
 #: The default run stays quick: a few examples per door beyond the ``ci`` profile's choice.
 QUICK = settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
 

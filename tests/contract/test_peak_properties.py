@@ -24,6 +24,8 @@ from kvcore.runtime.block_pool import NULL_PAGE
 from kvcore.spec import KVCacheSpec, SizingContext, cdiv
 from kvcore.testing import strategies as kst
 
+pytestmark = pytest.mark.property
+
 
 @attrs.frozen(kw_only=True)
 class StridedWindowSpec(AttentionSpec):

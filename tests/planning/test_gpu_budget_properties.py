@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, strategies as st
 
 from kvcore.errors import InvalidInputError
 from kvcore.planning.gpu_budget import Quantization, gpu_budget, weight_bytes
 from kvcore.planning.registry import Registry
 from kvcore.plugins.models.parameters import kvcore_count_parameters
+
+pytestmark = pytest.mark.property
 
 REGISTRY = Registry.default(autoload=False)
 

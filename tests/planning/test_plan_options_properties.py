@@ -18,6 +18,8 @@ from kvcore import (
 from kvcore.planning.invariants import plan_problems
 from kvcore.testing import strategies as kst
 
+pytestmark = pytest.mark.property
+
 
 @pytest.fixture(scope="module")
 def registry():

@@ -20,6 +20,8 @@ from kvcore.planning.invariants import plan_problems
 from kvcore.planning.serialization import plan_from_dict, plan_from_json, plan_to_json, spec_from_dict
 from kvcore.testing import strategies as kst
 
+pytestmark = pytest.mark.property
+
 
 @pytest.fixture(scope="module")
 def registry():

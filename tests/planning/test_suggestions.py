@@ -13,6 +13,8 @@ from kvcore.plugins.full_attention import FullAttentionSpec
 from kvcore.plugins.sliding_window import SlidingWindowSpec
 from kvcore.policy import PlanOptions
 
+pytestmark = pytest.mark.property
+
 
 @pytest.fixture(scope="module")
 def registry():
