@@ -1,7 +1,7 @@
 """The fuzz suite at full size: >= 10,000 generated inputs through kvcore's doors.
 
-The doors and their inputs are ``tests/fuzz/doors.py`` (the quick run is
-``tests/fuzz/test_doors.py``): spec files (mutated valid files, random JSON, broken text, JSON
+The doors and their inputs are ``tests/fuzz_doors.py`` (the quick run is
+``tests/test_fuzz_doors.py``): spec files (mutated valid files, random JSON, broken text, JSON
 nested past ``MAX_JSON_DEPTH`` or holding numbers of more than 4,300 digits), config.json files
 (bundled configs with fields deleted, retyped or made huge), the command line's numbers
 (``--memory``, ``--max-model-len``, ``--num-blocks``, ``--tp``, ``--pp``, ``--block-size``,
@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from hypothesis import HealthCheck, given, settings
 
 from kvcore.cli.table import render_table
-from tests.fuzz.doors import DOORS, Outcome
+from tests.fuzz_doors import DOORS, Outcome
 
 
 def run_door(name: str, examples: int, seed: int) -> tuple[Counter[str], list[str], float]:

@@ -6,7 +6,7 @@ options (tp 1, the model's dtype, block 16), max_num_batched_tokens 2048. For ea
 ideal concurrency (no layout can hold more requests of that length), the planned concurrency,
 their ratio (target >= 0.99), the policy and group count, the largest block size a group got,
 and the padding per request (bytes the plan allocates for one request minus what its layers
-need). The two synthetic hybrids from tests/models/configs (not published models) follow.
+need). The two synthetic hybrids from tests/configs (not published models) follow.
 
     python benchmarks/model_capacity.py
 """
@@ -28,7 +28,7 @@ from kvcore.units import format_bytes
 GIB = 2**30
 BUDGET = 80 * GIB
 LONGEST = 131072
-SYNTHETIC = Path(__file__).parents[1] / "tests" / "models" / "configs"
+SYNTHETIC = Path(__file__).parents[1] / "tests" / "configs"
 
 
 def models() -> list[tuple[str, dict[str, object]]]:

@@ -34,7 +34,7 @@ GIB = 2**30
 BATCH = 2048
 TRACES = Path(__file__).resolve().parents[1] / "examples" / "traces"
 
-#: (model, budget, trace, requests, max_model_len), as tests/vllm/test_scheduler_profile.py.
+#: (model, budget, trace, requests, max_model_len), as tests/integrations/vllm/test_scheduler_profile.py.
 CASES = [
     ("meta-llama/Llama-3.1-8B", GIB // 2, "chat", 80, 2048),
     ("meta-llama/Llama-3.1-8B", 3 * GIB, "long-documents", 12, 20480),

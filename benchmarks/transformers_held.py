@@ -1,6 +1,6 @@
 """transformers' continuous batching on kvcore's cache: requests held at once, beside its own sizing.
 
-The tiny random-weight models of the end-to-end tests (``tests/e2e/_tiny.py``: Llama, Gemma-3
+The tiny random-weight models of the end-to-end tests (``tests/engine/decode/_tiny.py``: Llama, Gemma-3
 with three sliding layers to one full, gpt-oss with sliding and full alternating), on the CPU.
 Twelve requests of 12 prompt + 12 new tokens go through ``generate_batch`` (greedy, no safety
 margin, 256 tokens a batch) at each KV budget, three times:
@@ -55,7 +55,7 @@ from kvcore.integrations.transformers.rules import (
     plan_for_transformers,
 )
 from kvcore.units import format_bytes
-from tests.e2e._tiny import MODELS
+from tests.engine.decode._tiny import MODELS
 
 NAMES = ("llama", "gemma3", "gpt_oss")
 BUDGETS = (1 << 15, 1 << 16, 1 << 18)

@@ -1,5 +1,5 @@
 """How long planning for vLLM takes (:func:`kvcore.integrations.vllm.rules.plan_for_vllm`; no
-vLLM needed): every bundled model, the two synthetic hybrids of ``tests/models/configs``
+vLLM needed): every bundled model, the two synthetic hybrids of ``tests/configs``
 (Nemotron-H-like: 54 Mamba-2 + 10 attention layers; Qwen3-Next-like) and Mamba-like hybrids
 of 72 and 128 layers (one full-attention layer in eight, the rest states of hidden size 4,096
 or 8,192: :func:`kvcore.testing.mixes.state_hybrid`), with ``shared_buffer`` (whose state
@@ -29,7 +29,7 @@ from kvcore.testing.mixes import state_hybrid
 GiB = 2**30
 SETTINGS = ((8 * GiB, 8192), (24 * GiB, 32768))
 TARGET_S = 1.0
-SYNTHETIC = Path(__file__).resolve().parent.parent / "tests" / "models" / "configs"
+SYNTHETIC = Path(__file__).resolve().parent.parent / "tests" / "configs"
 
 
 def models(registry: Registry) -> list[tuple[str, dict[str, KVCacheSpec]]]:

@@ -16,7 +16,7 @@
   context, library workspaces, CUDA graphs).
 
 Every figure is an estimate of what an engine measures; the weights are exact for an
-unquantized model whose family counts it (``tests/models/test_parameters.py`` holds the counts
+unquantized model whose family counts it (``tests/plugins/models/test_parameters.py`` holds the counts
 against the published ones), the rest say what they assume. No torch.
 """
 

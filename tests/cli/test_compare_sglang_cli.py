@@ -1,6 +1,6 @@
 """``kvcore compare --engine sglang``: the policies as SGLang 0.5 runs them (one token pool per
 kind, one page size, the padded first page inside the budget) beside SGLang's own sizing, without
-SGLang installed (tests/sglang checks the own-sizing row against SGLang's configurators)."""
+SGLang installed (tests/integrations/sglang checks the own-sizing row against SGLang's configurators)."""
 
 import json
 
@@ -105,7 +105,7 @@ def test_a_mamba_hybrid_shows_sglangs_state_split_beside_kvcores(run_cli):
 
 def test_a_dsa_model_is_refused_saying_why(run_cli):
     # a synthetic DeepSeek-V3.2-shaped config (its "_synthetic" key says so)
-    model = "tests/sglang/synthetic__deepseek-v32-like.json"
+    model = "tests/integrations/sglang/synthetic__deepseek-v32-like.json"
     status, out, err = run_cli("compare", "--model", model, "--memory", "8GiB", "--engine", "sglang")
     assert status != 0 and not out
     assert "sparse attention (DSA)" in err and "no spec kind for the indexer" in err

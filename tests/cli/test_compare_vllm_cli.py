@@ -1,5 +1,5 @@
 """``kvcore compare --engine vllm``: the policies under vLLM's rules (null block, async tokens in
-flight, one block id per page), and vLLM's own plan when vLLM is importable (tests/vllm checks
+flight, one block id per page), and vLLM's own plan when vLLM is importable (tests/integrations/vllm checks
 that row against the real vLLM; here vLLM may be missing and a line says so)."""
 
 import importlib.util

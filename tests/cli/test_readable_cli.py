@@ -15,7 +15,7 @@ from kvcore.cli.table import render_table
 
 ROOT = Path(__file__).parents[2]
 GEMMA = ROOT / "examples" / "specs" / "gemma-3-27b.json"
-NEMOTRON_H_LIKE = ROOT / "tests" / "models" / "configs" / "synthetic__nemotron-h-like.json"
+NEMOTRON_H_LIKE = ROOT / "tests" / "configs" / "synthetic__nemotron-h-like.json"
 SMALL = ("--specs", GEMMA, "--memory", "2GiB", "--max-model-len", "4096")
 
 

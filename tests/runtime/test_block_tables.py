@@ -1,6 +1,6 @@
 """BlockTables by hand: padding with the null block or the out-of-range sentinel, rows given and
 taken back, in-place updates, slot mappings (freed pages, padding, state groups) and errors.
-The random programs are in test_pool_properties.py; the CUDA copy is in tests/gpu."""
+The random programs are in test_pool_properties.py; the CUDA copy is test_cuda_block_tables.py."""
 
 from __future__ import annotations
 

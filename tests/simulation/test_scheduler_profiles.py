@@ -1,5 +1,5 @@
 """Scheduler profiles: the hook, the registry, and what the ``vllm`` profile does that kvcore's
-own rules do not. (``tests/vllm/test_scheduler_profile.py`` checks the ``vllm`` profile figure
+own rules do not. (``tests/integrations/vllm/test_scheduler_profile.py`` checks the ``vllm`` profile figure
 for figure against vLLM's real scheduler.)"""
 
 from __future__ import annotations

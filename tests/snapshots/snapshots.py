@@ -32,7 +32,7 @@ COMMANDS = (
     "plan --model meta-llama/Llama-3.1-8B --memory 1GiB --max-model-len 131072",
 )
 #: The bundled models the fixture was taken with; models bundled later are pinned by their own
-#: tests (tests/models/test_encoder_decoder.py), so adding one leaves the fixture as it is.
+#: tests (tests/plugins/models/test_encoder_decoder.py), so adding one leaves the fixture as it is.
 MODELS = (
     "ai21labs/AI21-Jamba-1.5-Mini",
     "deepseek-ai/DeepSeek-V3",

@@ -19,7 +19,7 @@ row to it through the hook (see ``docs/reference/hooks.md``). Each function retu
 Counts follow the transformers modules of each architecture. What they leave out is said in
 ``ParameterCount.notes`` (a tower the config omits, DeepSeek-V3's MTP layer). A model type with
 no row is counted as a Llama-like decoder when its config has the fields, and the note says it
-is an estimate. ``tests/models/test_parameters.py`` checks every bundled model against its
+is an estimate. ``tests/plugins/models/test_parameters.py`` checks every bundled model against its
 published parameter count.
 """
 

@@ -43,7 +43,7 @@ Tokens stand for themselves: the ``j``-th block of a request has the content of 
 Where it is an approximation: a Mamba-style state group holds one block per request from its
 first token (vLLM's ``mamba_cache_mode='none'``); with prefix caching, chunked-local and state
 groups never hit (so a plan with them hits nothing); no speculative decoding, no KV connector,
-no encoder inputs, no priority policy, no watermark. ``tests/vllm`` checks the profile figure for
+no encoder inputs, no priority policy, no watermark. ``tests/integrations/vllm`` checks the profile figure for
 figure against vLLM 0.33's real ``Scheduler``.
 """
 

@@ -1,0 +1,266 @@
+"""Every bundled config, layer by layer, against numbers worked out by hand.
+
+Arithmetic used below (bf16 = 2 bytes per element, block 16):
+- attention bytes per token and layer = 2 (K and V) x KV heads x head size x 2 bytes;
+- MLA bytes per token and layer = (kv_lora_rank + qk_rope_head_dim) x 2 bytes;
+- a page = 16 tokens x bytes per token; a state page = the state's bytes (aligned).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import pytest
+
+from kvcore import layer_specs_from_config
+from kvcore.frontends.hf_config import bundled_models
+from kvcore.plugins.state import StatePart
+from tests.zoo import bundled
+
+
+class Expected(NamedTuple):
+    """What a bundled config must give.
+
+    kinds: kind label -> layer indices (labels as ``kind`` or ``kind(window or chunk)``).
+    names: kind -> module name pattern with ``{i}``.
+    kv_heads, head_size: of every attention layer (``None`` for MLA-only models).
+    bytes_per_token: of one attention (or MLA) layer.
+    dtype: of every attention (or MLA) layer.
+    """
+
+    kinds: dict[str, list[int]]
+    names: dict[str, str]
+    kv_heads: int | None
+    head_size: int | None
+    bytes_per_token: int
+    dtype: str = "bfloat16"
+
+
+def every(n, *, but=()):
+    return [i for i in range(n) if i not in set(but)]
+
+
+LAYERS = "model.layers.{i}.self_attn"
+
+EXPECTED = {
+    # 32 layers; attention iff i % 8 == 4 -> 4, 12, 20, 28; heads 4096 // 32 = 128; 2*8*128*2 = 4096
+    "ai21labs/AI21-Jamba-1.5-Mini": Expected(
+        kinds={"full_attention": [4, 12, 20, 28], "state": every(32, but=[4, 12, 20, 28])},
+        names={"full_attention": LAYERS, "state": "model.layers.{i}.mamba"},
+        kv_heads=8,
+        head_size=128,
+        bytes_per_token=4096,
+    ),
+    # 61 MLA layers, latent 512 + 64 = 576 -> 576 * 2 = 1152 bytes per token
+    "deepseek-ai/DeepSeek-V3": Expected(
+        kinds={"mla": every(61)}, names={"mla": LAYERS}, kv_heads=None, head_size=None, bytes_per_token=1152
+    ),
+    # 42 layers; sliding iff (i + 1) % 2 -> even layers; head_dim 256; 2*8*256*2 = 8192
+    "google/gemma-2-9b-it": Expected(
+        kinds={"sliding_window(4096)": list(range(0, 42, 2)), "full_attention": list(range(1, 42, 2))},
+        names={"sliding_window(4096)": LAYERS, "full_attention": LAYERS},
+        kv_heads=8,
+        head_size=256,
+        bytes_per_token=8192,
+    ),
+    # 62 layers; full iff (i + 1) % 6 == 0 -> 5, 11, ..., 59 (10); head_dim 128; 2*16*128*2 = 8192
+    "google/gemma-3-27b-it": Expected(
+        kinds={
+            "full_attention": [5 + 6 * k for k in range(10)],
+            "sliding_window(1024)": every(62, but=[5 + 6 * k for k in range(10)]),
+        },
+        names={
+            "full_attention": "model.language_model.layers.{i}.self_attn",
+            "sliding_window(1024)": "model.language_model.layers.{i}.self_attn",
+        },
+        kv_heads=16,
+        head_size=128,
+        bytes_per_token=8192,
+    ),
+    # 32 full layers; 4096 // 32 = 128; 2*8*128*2 = 4096
+    "meta-llama/Llama-3.1-8B": Expected(
+        kinds={"full_attention": every(32)},
+        names={"full_attention": LAYERS},
+        kv_heads=8,
+        head_size=128,
+        bytes_per_token=4096,
+    ),
+    # 16 full layers; head_dim 64; 2*8*64*2 = 2048
+    "meta-llama/Llama-3.2-1B": Expected(
+        kinds={"full_attention": every(16)},
+        names={"full_attention": LAYERS},
+        kv_heads=8,
+        head_size=64,
+        bytes_per_token=2048,
+    ),
+    # 48 layers; NoPE (full) iff (i + 1) % 4 == 0 -> 3, 7, ..., 47 (12); 36 chunked(8192); 2*8*128*2
+    "meta-llama/Llama-4-Scout-17B-16E-Instruct": Expected(
+        kinds={
+            "full_attention": [3 + 4 * k for k in range(12)],
+            "chunked_local_attention(8192)": every(48, but=[3 + 4 * k for k in range(12)]),
+        },
+        names={
+            "full_attention": "language_model.model.layers.{i}.self_attn",
+            "chunked_local_attention(8192)": "language_model.model.layers.{i}.self_attn",
+        },
+        kv_heads=8,
+        head_size=128,
+        bytes_per_token=4096,
+    ),
+    "meta-llama/Meta-Llama-3-8B-Instruct": Expected(
+        kinds={"full_attention": every(32)},
+        names={"full_attention": LAYERS},
+        kv_heads=8,
+        head_size=128,
+        bytes_per_token=4096,
+    ),
+    # 32 layers all sliding(2047); MHA 32 heads of 3072 // 32 = 96; 2*32*96*2 = 12288
+    "microsoft/Phi-3-mini-4k-instruct": Expected(
+        kinds={"sliding_window(2047)": every(32)},
+        names={"sliding_window(2047)": LAYERS},
+        kv_heads=32,
+        head_size=96,
+        bytes_per_token=12288,
+    ),
+    # 32 layers all sliding(4096); 4096 // 32 = 128; 2*8*128*2 = 4096
+    "mistralai/Mistral-7B-v0.1": Expected(
+        kinds={"sliding_window(4096)": every(32)},
+        names={"sliding_window(4096)": LAYERS},
+        kv_heads=8,
+        head_size=128,
+        bytes_per_token=4096,
+    ),
+    # explicit layer_types: sliding at even layers (12), full at odd (12); head_dim 64; 2*8*64*2 = 2048
+    "openai/gpt-oss-20b": Expected(
+        kinds={"sliding_window(128)": list(range(0, 24, 2)), "full_attention": list(range(1, 24, 2))},
+        names={"sliding_window(128)": LAYERS, "full_attention": LAYERS},
+        kv_heads=8,
+        head_size=64,
+        bytes_per_token=2048,
+    ),
+    # 40 layers; cross attention at text_config.cross_attention_layers 3, 8, ..., 38 (8) over
+    # 4 tiles x ((560 // 14)^2 + 1) = 6404 image tokens, full attention elsewhere (32);
+    # 4096 // 32 = 128; 2*8*128*2 = 4096
+    "meta-llama/Llama-3.2-11B-Vision-Instruct": Expected(
+        kinds={
+            "full_attention": every(40, but=range(3, 40, 5)),
+            "cross_attention(6404)": list(range(3, 40, 5)),
+        },
+        names={
+            "full_attention": "model.language_model.layers.{i}.self_attn",
+            "cross_attention(6404)": "model.language_model.layers.{i}.cross_attn",
+        },
+        kv_heads=8,
+        head_size=128,
+        bytes_per_token=4096,
+    ),
+    # 32 decoder layers, each self attention (full) and cross attention over 1500 audio frames;
+    # MHA 20 heads of 1280 // 20 = 64; float16: 2*20*64*2 = 5120
+    "openai/whisper-large-v3": Expected(
+        kinds={"full_attention": every(32), "cross_attention(1500)": every(32)},
+        names={
+            "full_attention": "model.decoder.layers.{i}.self_attn",
+            "cross_attention(1500)": "model.decoder.layers.{i}.encoder_attn",
+        },
+        kv_heads=20,
+        head_size=64,
+        bytes_per_token=5120,
+        dtype="float16",
+    ),
+    # 36 full layers (use_sliding_window false); head_dim 128; 2*8*128*2 = 4096
+    "Qwen/Qwen3-8B": Expected(
+        kinds={"full_attention": every(36)},
+        names={"full_attention": LAYERS},
+        kv_heads=8,
+        head_size=128,
+        bytes_per_token=4096,
+    ),
+}
+
+
+def label(spec):
+    for field in ("sliding_window", "attention_chunk_size", "max_encoder_tokens"):
+        if hasattr(spec, field):
+            return f"{spec.kind}({getattr(spec, field)})"
+    return spec.kind
+
+
+def test_every_bundled_model_has_expectations():
+    assert [m.name for m in bundled_models()] == sorted(EXPECTED, key=str.lower)
+
+
+@pytest.mark.parametrize("name", list(EXPECTED))
+def test_bundled_model_layer_by_layer(registry, name):
+    expected = EXPECTED[name]
+    specs = layer_specs_from_config(bundled(name), registry)
+    want = {
+        expected.names[kind].format(i=i): kind for kind, indices in expected.kinds.items() for i in indices
+    }
+    # names, model order and kinds (with windows / chunks)
+    order = sorted(want, key=lambda n: int(n.split(".")[-2]))
+    assert list(specs) == order
+    assert {n: label(s) for n, s in specs.items()} == want
+    for spec in specs.values():
+        assert spec.block_size == 16
+        if spec.kind == "state":
+            continue
+        assert str(spec.dtype) == expected.dtype
+        assert spec.page_size_bytes == 16 * expected.bytes_per_token
+        if expected.kv_heads is not None:
+            assert (spec.num_kv_heads, spec.head_size) == (expected.kv_heads, expected.head_size)
+            assert spec.bytes_per_token == expected.bytes_per_token
+
+
+def test_gemma_3_27b(registry):
+    specs = layer_specs_from_config(bundled("google/gemma-3-27b-it"), registry)
+    full = [int(n.split(".")[-2]) for n, s in specs.items() if s.kind == "full_attention"]
+    sliding = [s for s in specs.values() if s.kind == "sliding_window"]
+    assert len(specs) == 62
+    assert full == [5, 11, 17, 23, 29, 35, 41, 47, 53, 59]
+    assert len(sliding) == 52 and {s.sliding_window for s in sliding} == {1024}
+    assert {(s.num_kv_heads, s.head_size) for s in specs.values()} == {(16, 128)}
+
+
+def test_gpt_oss_20b(registry):
+    specs = list(layer_specs_from_config(bundled("openai/gpt-oss-20b"), registry).values())
+    assert [s.kind for s in specs] == ["sliding_window", "full_attention"] * 12
+    assert {s.sliding_window for s in specs if s.kind == "sliding_window"} == {128}
+    assert {(s.num_kv_heads, s.head_size) for s in specs} == {(8, 64)}
+
+
+def test_llama_4_scout(registry):
+    specs = list(
+        layer_specs_from_config(bundled("meta-llama/Llama-4-Scout-17B-16E-Instruct"), registry).values()
+    )
+    assert len(specs) == 48
+    assert sum(s.kind == "full_attention" for s in specs) == 12
+    chunked = [s for s in specs if s.kind == "chunked_local_attention"]
+    assert len(chunked) == 36 and {s.attention_chunk_size for s in chunked} == {8192}
+    assert {(s.num_kv_heads, s.head_size) for s in specs} == {(8, 128)}
+
+
+def test_deepseek_v3(registry):
+    specs = list(layer_specs_from_config(bundled("deepseek-ai/DeepSeek-V3"), registry).values())
+    assert len(specs) == 61
+    assert {(s.kind, s.kv_lora_rank, s.qk_rope_head_dim, s.latent_size) for s in specs} == {
+        ("mla", 512, 64, 576)
+    }
+
+
+def test_jamba_1_5_mini(registry):
+    specs = list(layer_specs_from_config(bundled("ai21labs/AI21-Jamba-1.5-Mini"), registry).values())
+    assert sum(s.kind == "full_attention" for s in specs) == 4
+    states = [s for s in specs if s.kind == "state"]
+    assert len(states) == 28
+    # d_inner = mamba_expand * hidden_size = 2 * 4096; conv keeps mamba_d_conv - 1 = 3 inputs
+    assert set(states) == {
+        states[0].__class__(
+            block_size=16,
+            parts=(
+                StatePart(name="conv", shape=(3, 8192), dtype="bfloat16"),
+                StatePart(name="ssm", shape=(8192, 16), dtype="bfloat16"),
+            ),
+        )
+    }
+    # 3 * 8192 * 2 + 8192 * 16 * 2 = 49,152 + 262,144
+    assert states[0].page_size_bytes == 311_296

@@ -1,0 +1,3 @@
+"""The ``install`` fixture of ``tests/plugins`` (a real distribution with a ``kvcore`` entry point)."""
+
+from tests.plugins.conftest import install  # noqa: F401 (fixture)
