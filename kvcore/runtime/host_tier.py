@@ -33,7 +33,6 @@ from kvcore.dtypes import dtype_size
 from kvcore.errors import HostTierError, InvalidInputError, PlanValidationError
 from kvcore.plan import KVCachePlan, OffloadTier
 from kvcore.runtime.allocation import LayerView, allocate_buffers
-from kvcore.runtime.torch_dtypes import torch_dtype
 from kvcore.spec import KVCacheSpec, describe_spec
 from kvcore.units import format_bytes
 
@@ -325,12 +324,19 @@ class HostTier:
                 shape[part.block_dim] = host_pages
                 strides = list(device.stride())
                 strides[part.block_dim] = stride // item
-                typed = buffer[: buffer.numel() - buffer.numel() % item].view(torch_dtype(part.dtype))
+                # copied as integers of the element's size: the bits move unchanged, and index
+                # copies exist for every integer type (not for float8 and other narrow floats)
+                bits = _BITS[item]
+                typed = buffer[: buffer.numel() - buffer.numel() % item].view(bits)
                 # no rows for this pool: an empty view, which no page ever reaches
                 host = typed.as_strided(shape, strides, start // item if host_pages else 0)
-                parts.append(_PartCopy(device=device, host=host, dim=part.block_dim))
+                parts.append(_PartCopy(device=device.view(bits), host=host, dim=part.block_dim))
             offset += spec.page_size_bytes
         return parts
+
+
+#: The integer type of each element size, which a part is copied as.
+_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 def _device_of(views: Mapping[str, LayerView], plan: KVCachePlan) -> torch.device:
