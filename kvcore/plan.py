@@ -56,11 +56,15 @@ def _pools(value: Iterable[KVCachePool]) -> tuple[KVCachePool, ...]:
 
 def _pool_bytes(value: Iterable[int]) -> tuple[int, ...]:
     if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
-        raise PlanValidationError([f"'pool_bytes' must be a list of byte counts, one per pool (got {value!r})"])
+        raise PlanValidationError(
+            [f"'pool_bytes' must be a list of byte counts, one per pool (got {value!r})"]
+        )
     return tuple(value)
 
 
-def _each_non_negative(instance: object, attribute: attrs.Attribute[tuple[int, ...]], value: tuple[int, ...]) -> None:
+def _each_non_negative(
+    instance: object, attribute: attrs.Attribute[tuple[int, ...]], value: tuple[int, ...]
+) -> None:
     if not value:
         raise PlanValidationError(["an offload tier needs 'pool_bytes' for at least one pool (got none)"])
     for index, nbytes in enumerate(value):
@@ -70,7 +74,9 @@ def _each_non_negative(instance: object, attribute: attrs.Attribute[tuple[int, .
             )
 
 
-def _offload_tier(instance: object, attribute: attrs.Attribute[object], value: object) -> None:
+def _offload_tier(
+    instance: object, attribute: attrs.Attribute[OffloadTier | None], value: OffloadTier | None
+) -> None:
     if value is not None and not isinstance(value, OffloadTier):
         raise PlanValidationError([f"'offload_tier' must be an OffloadTier or None (got {value!r})"])
 
@@ -442,7 +448,9 @@ class KVCachePlan:
             kv_sharing={name: target for name, target in self.kv_sharing.items() if target in layers},
             null_block=self.null_block,
             offload_tier=(
-                None if self.offload_tier is None else OffloadTier(pool_bytes=(self.offload_tier.pool_bytes[pool],))
+                None
+                if self.offload_tier is None
+                else OffloadTier(pool_bytes=(self.offload_tier.pool_bytes[pool],))
             ),
         )
 

@@ -117,7 +117,8 @@ def host_tier_lines(plan: KVCachePlan) -> list[str]:
     if tier is None:
         return []
     pools = [
-        f"{plan.host_blocks_in(p):,} x {format_bytes(pool.bytes_per_block)}" for p, pool in enumerate(plan.pools)
+        f"{plan.host_blocks_in(p):,} x {format_bytes(pool.bytes_per_block)}"
+        for p, pool in enumerate(plan.pools)
     ]
     device = plan.usable_blocks
     held = sum(plan.host_blocks_in(p) for p in range(len(plan.pools)))

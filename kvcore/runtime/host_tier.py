@@ -192,8 +192,8 @@ class HostTier:
                 for back in taken:
                     rows.give_back(back, span)
                 raise HostTierError(
-                    f"the host tier of pool {pool} has no room for {len(device_pages)} page(s) of group {group} "
-                    f"({span} row(s) of {format_bytes(self.plan.pools[pool].bytes_per_block)} each): "
+                    f"the host tier of pool {pool} has no room for {len(device_pages)} page(s) of group "
+                    f"{group} ({span} row(s) of {format_bytes(self.plan.pools[pool].bytes_per_block)} each): "
                     f"{rows.num_free:,} of its {rows.rows:,} rows are free; release host slots first"
                 )
             taken.append(start)
@@ -300,8 +300,9 @@ class HostTier:
         if packed > stride:
             raise PlanValidationError(
                 [
-                    f"group {index}: one page of each of its {len(layers)} layers takes {packed:,} bytes but its "
-                    f"page spans {span} block id(s) of {pool.bytes_per_block:,} bytes; the plan is not sound"
+                    f"group {index}: one page of each of its {len(layers)} layers takes {packed:,} bytes "
+                    f"but its page spans {span} block id(s) of {pool.bytes_per_block:,} bytes; the plan is "
+                    "not sound"
                 ]
             )
         parts: list[_PartCopy] = []
@@ -318,7 +319,10 @@ class HostTier:
                 start = offset + part.offset_bytes
                 if start % item or stride % item:
                     raise PlanValidationError(
-                        [f"group {index}: layer {name!r} part {part.name!r} cannot be aligned in host rows of {stride} bytes"]
+                        [
+                            f"group {index}: layer {name!r} part {part.name!r} cannot be aligned in host "
+                            f"rows of {stride} bytes"
+                        ]
                     )
                 shape = list(device.shape)
                 shape[part.block_dim] = host_pages

@@ -429,22 +429,30 @@ def check_offload_unit(spec: KVCacheSpec, lengths: Sequence[int]) -> None:
     per_page = spec.tokens_per_page
     if unit == "block":
         if per_page is None:
-            _fail(f"{name}: offload_unit 'block' needs pages of tokens, but tokens_per_page is None; say 'checkpoint'")
+            _fail(
+                f"{name}: offload_unit 'block' needs pages of tokens, but tokens_per_page is None; "
+                "say 'checkpoint'"
+            )
         for n in lengths:
             entries = spec.live_pages(n).stop
             if entries != cdiv(n, per_page):
                 _fail(
-                    f"{name}: offload_unit 'block' says entry k holds tokens [k*{per_page}, (k+1)*{per_page}), but "
-                    f"a request of {n} tokens has {entries} entries, not {cdiv(n, per_page)}; say 'request' or 'none'"
+                    f"{name}: offload_unit 'block' says entry k holds tokens [k*{per_page}, "
+                    f"(k+1)*{per_page}), but a request of {n} tokens has {entries} entries, not "
+                    f"{cdiv(n, per_page)}; say 'request' or 'none'"
                 )
     elif unit == "checkpoint" and per_page is not None:
-        _fail(f"{name}: offload_unit 'checkpoint' is for states (tokens_per_page None), but a page holds {per_page} tokens")
+        _fail(
+            f"{name}: offload_unit 'checkpoint' is for states (tokens_per_page None), but a page holds "
+            f"{per_page} tokens"
+        )
     elif unit == "request":
         held = {n: spec.live_pages(n) for n in lengths}
         if len(set(held.values())) > 1:
+            seen = ", ".join(f"{n}: {r}" for n, r in list(held.items())[:3])
             _fail(
-                f"{name}: offload_unit 'request' says a request's pages do not follow its tokens, but live_pages "
-                f"differs with the length ({', '.join(f'{n}: {r}' for n, r in list(held.items())[:3])}); say 'block'"
+                f"{name}: offload_unit 'request' says a request's pages do not follow its tokens, but "
+                f"live_pages differs with the length ({seen}); say 'block'"
             )
 
 
@@ -473,14 +481,17 @@ def check_offload_round_trip(spec: KVCacheSpec, registry: Registry, pages: Seque
     from kvcore.runtime.host_tier import HostTier
 
     context = SizingContext(max_model_len=spec.block_size)
-    count = max(8, spec.max_num_blocks(context))  # the plan must hold one request (cross attention: all its pages)
+    # the plan must hold one request (cross attention: all its pages)
+    count = max(8, spec.max_num_blocks(context))
     plan = _one_group_plan(spec, context, count)
     plan = plan.with_offload_tier(OffloadTier(pool_bytes=(count * spec.page_size_bytes,)))
     views = allocate(plan, "cpu", registry=registry)
     view = views["layer"]
     tensors = (view,) if isinstance(view, torch.Tensor) else tuple(view)
     buffer = torch.empty(0, dtype=torch.uint8).set_(tensors[0].untyped_storage())
-    buffer.copy_(torch.randint(0, 256, buffer.shape, dtype=torch.uint8, generator=torch.Generator().manual_seed(0)))
+    buffer.copy_(
+        torch.randint(0, 256, buffer.shape, dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    )
     layout = registry.cache_layout(spec)
     index = torch.tensor(list(pages))
 
@@ -505,8 +516,8 @@ def check_offload_round_trip(spec: KVCacheSpec, registry: Registry, pages: Seque
     for part, old, new in zip(layout.parts, before, held(), strict=True):
         if not torch.equal(old, new):
             _fail(
-                f"{describe_spec(spec)}: part {part.name!r} of pages {list(pages)} came back from the host tier "
-                "changed; its kvcore_cache_layout must view each page where the plan put it"
+                f"{describe_spec(spec)}: part {part.name!r} of pages {list(pages)} came back from the host "
+                "tier changed; its kvcore_cache_layout must view each page where the plan put it"
             )
 
 

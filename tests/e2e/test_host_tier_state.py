@@ -77,7 +77,13 @@ class StateModel:
         return self.out @ x
 
     def run(
-        self, tokens: list[int], new: int, *, running: int, checkpoints: dict[int, int] | None = None, start: int = 0
+        self,
+        tokens: list[int],
+        new: int,
+        *,
+        running: int,
+        checkpoints: dict[int, int] | None = None,
+        start: int = 0,
     ) -> list[int]:
         """Feed ``tokens[start:]`` then decode ``new`` greedy tokens on the running state in page
         ``running`` (already holding the state after ``start`` tokens); at each block boundary

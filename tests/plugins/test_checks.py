@@ -514,7 +514,9 @@ def test_catches_pages_that_do_not_come_back(kinds, monkeypatch):
     from kvcore.runtime.host_tier import HostTier
 
     monkeypatch.setattr(HostTier, "restore", lambda self, group, slots, pages: None)
-    with pytest.raises(AssertionError, match="part 'kv' of pages \\[2\\] came back from the host tier changed"):
+    with pytest.raises(
+        AssertionError, match="part 'kv' of pages \\[2\\] came back from the host tier changed"
+    ):
         checks.check_offload_round_trip(full(block_size=4, heads=1, head_size=8), kinds, [2])
 
 

@@ -38,7 +38,9 @@ def _specs() -> dict[str, KVCacheSpec]:
         "l1": sliding(32, block_size=16, heads=2, head_size=8, dtype="float16"),
         "l2": _state(),
         "l3": full(block_size=16, heads=2, head_size=8, dtype="float32"),
-        "l4": CrossAttentionSpec(block_size=16, num_kv_heads=1, head_size=8, dtype="float32", max_encoder_tokens=40),
+        "l4": CrossAttentionSpec(
+            block_size=16, num_kv_heads=1, head_size=8, dtype="float32", max_encoder_tokens=40
+        ),
     }
 
 
@@ -85,14 +87,18 @@ def _setup(registry, policy, host=1 << 18, specs=None):
 def test_pages_come_back_byte_for_byte(registry, policy):
     plan, views, raw, tier = _setup(registry, policy)
     assert not tier.pin_memory  # plain memory on the CPU
-    assert tier.nbytes == sum(plan.host_blocks_in(p) * pool.bytes_per_block for p, pool in enumerate(plan.pools))
+    assert tier.nbytes == sum(
+        plan.host_blocks_in(p) * pool.bytes_per_block for p, pool in enumerate(plan.pools)
+    )
     before = raw.snapshot()
     for index, group in enumerate(plan.groups):
         last = plan.num_pages(group) - 1
         pages = [last, 1, 3]
         slots = tier.offload(index, pages)
         for name in group.layer_names:
-            for tensor, part in zip(_parts(views, name), registry.cache_layout(group.spec_of(name)).parts, strict=True):
+            for tensor, part in zip(
+                _parts(views, name), registry.cache_layout(group.spec_of(name)).parts, strict=True
+            ):
                 tensor.index_fill_(part.block_dim, torch.tensor(pages), 0)
         assert not raw.equals(before)  # the pages really were overwritten
         tier.restore(index, slots, pages)
@@ -105,7 +111,7 @@ def test_pages_come_back_byte_for_byte(registry, policy):
 
 def test_a_page_comes_back_into_another_page(registry):
     """A prefix hit restores into whatever page the pool took: page 5's bytes land in page 9."""
-    plan, views, raw, tier = _setup(registry, "kind_pools")
+    plan, views, _, tier = _setup(registry, "kind_pools")
     group = next(i for i, g in enumerate(plan.groups) if g.spec.kind == "full_attention")
     name = plan.groups[group].layer_names[0]
     (kv,) = _parts(views, name)
@@ -134,7 +140,9 @@ def test_a_full_tier_takes_nothing_and_says_so(registry):
     pool = plan.groups[group].pool
     rows = plan.host_blocks_in(pool)
     assert plan.num_pages(plan.groups[group]) > rows
-    with pytest.raises(HostTierError, match=rf"0 of its {rows:,} rows are free|{rows:,} of its {rows:,} rows"):
+    with pytest.raises(
+        HostTierError, match=rf"0 of its {rows:,} rows are free|{rows:,} of its {rows:,} rows"
+    ):
         tier.offload(group, list(range(rows + 1)))
     assert tier.num_free_rows(pool) == rows  # all or nothing
     slots = tier.offload(group, list(range(rows)))
@@ -163,7 +171,7 @@ def test_a_kind_that_stays_on_the_device_is_refused(registry, make_registry):
 
     reg = make_registry(Plugin())
     specs = {"a": Pinned(block_size=16, num_kv_heads=1, head_size=8, dtype="float32")}
-    plan, _, _, tier = _setup(reg, "uniform", specs=specs)
+    _, _, _, tier = _setup(reg, "uniform", specs=specs)
     with pytest.raises(HostTierError, match="offload_unit is 'none'"):
         tier.offload(0, [0])
 

@@ -21,7 +21,9 @@ CONTEXT = SizingContext(max_model_len=4096)
 
 
 def _plan(registry, policy="shared_buffer", specs=None):
-    return plan_kv_cache(specs or mix((2, full()), (6, sliding(128))), 1 << 30, CONTEXT, registry=registry, policy=policy)
+    return plan_kv_cache(
+        specs or mix((2, full()), (6, sliding(128))), 1 << 30, CONTEXT, registry=registry, policy=policy
+    )
 
 
 @pytest.mark.parametrize("bad", [(-1,), (1.5,), ("8",), (True,), ()])
@@ -31,7 +33,10 @@ def test_the_tier_refuses_bad_byte_counts(bad):
 
 
 def test_one_amount_is_shared_as_the_pools_device_bytes_are_in_whole_blocks():
-    pools = (KVCachePool(num_blocks=300, bytes_per_block=1000), KVCachePool(num_blocks=100, bytes_per_block=3000, offset=300_000))
+    pools = (
+        KVCachePool(num_blocks=300, bytes_per_block=1000),
+        KVCachePool(num_blocks=100, bytes_per_block=3000, offset=300_000),
+    )
     # device bytes 300,000 and 300,000: half each, rounded down to whole blocks
     tier = split_host_memory(pools, 1_000_000)
     assert tier.pool_bytes == (500_000, 498_000)
@@ -95,7 +100,10 @@ def test_plan_host_memory_on_the_command_line(capsys):
     assert main([*args, "--host-memory", "256GiB"]) == 0
     out = capsys.readouterr().out
     # 256 GiB of 1.25 MiB blocks: 209,715 (and 0.75 MiB left over)
-    assert "host tier        209,715 x 1.25 MiB blocks = 256.00 GiB of host memory (3.20x the device's 65,536 usable blocks)" in out
+    assert (
+        "host tier        209,715 x 1.25 MiB blocks = 256.00 GiB of host memory "
+        "(3.20x the device's 65,536 usable blocks)" in out
+    )
     assert main([*args, "--host-memory", "256GiB", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["offload_tier"] == {"pool_bytes": [209_715 * 1_310_720]}
