@@ -167,14 +167,18 @@ def host_link(gpu: Gpu) -> HostLink:
         if row is None or lanes < 1:
             known = ", ".join(f"Gen{g}" for g in links["pcie"] if not g.startswith("_"))
             raise InvalidInputError(
-                f"GPU {gpu.name!r}: host link {gpu.host_link!r}: the catalogue knows PCIe {known}, with lanes >= 1"
+                f"GPU {gpu.name!r}: host link {gpu.host_link!r}: the catalogue knows PCIe {known}, "
+                "with lanes >= 1"
             )
         rate = row["gt_per_s"] * lanes * row["data_bits"] / row["line_bits"] / 8
         return HostLink(
             name=gpu.host_link,
             gbps_each_way=rate,
             source=row["source"],
-            notes=f"{row['gt_per_s']} GT/s x {lanes} lanes x {row['data_bits']}/{row['line_bits']} / 8; {row['notes']}",
+            notes=(
+                f"{row['gt_per_s']} GT/s x {lanes} lanes x {row['data_bits']}/{row['line_bits']} / 8; "
+                f"{row['notes']}"
+            ),
         )
     named = links["named"].get(gpu.host_link)
     if named is None:
