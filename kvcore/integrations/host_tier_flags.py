@@ -62,7 +62,7 @@ class EngineHostTier:
 
 def _round_up(value: float) -> float:
     scale = 10**_PLACES
-    return math.ceil(value * scale) / scale
+    return float(math.ceil(value * scale) / scale)
 
 
 def _decimal(value: float) -> str:
@@ -126,9 +126,10 @@ def vllm_host_tier(plan: KVCachePlan, *, world_size: int = 1) -> EngineHostTier:
         holds="blocks",
         holds_count=chunks,
         notes=(
-            f"{_decimal(size_gib)} GiB for all {world_size} rank(s) = {int(size_gib * _GIB):,} bytes; a chunk is one block "
-            f"of every rank, {plan.bytes_per_block:,} x {world_size} bytes rounded up to {VLLM_CHUNK_ALIGNMENT:,}: "
-            f"{chunk:,}; {chunks:,} chunks = {format_bytes(chunks * chunk)} in one /dev/shm region "
+            f"{_decimal(size_gib)} GiB for all {world_size} rank(s) = {int(size_gib * _GIB):,} bytes; "
+            f"a chunk is one block of every rank, {plan.bytes_per_block:,} x {world_size} bytes rounded "
+            f"up to {VLLM_CHUNK_ALIGNMENT:,}: {chunk:,}; {chunks:,} chunks = "
+            f"{format_bytes(chunks * chunk)} in one /dev/shm region "
             f"(the tier asks {blocks:,} blocks, {format_bytes(tier_bytes)} a rank)"
         ),
     )
@@ -167,9 +168,9 @@ def sglang_host_tier(
             holds="tokens",
             holds_count=by_size,
             notes=(
-                f"{gb} GB = {gb * _GB:,} bytes a rank // {per_token:,} bytes a token = {by_size - page_size:,} tokens, "
-                f"plus a padding page of {page_size}: {by_size:,} tokens = {format_bytes(by_size * per_token)} a rank "
-                f"(the tier asks {wanted_tokens:,} tokens)"
+                f"{gb} GB = {gb * _GB:,} bytes a rank // {per_token:,} bytes a token = "
+                f"{by_size - page_size:,} tokens, plus a padding page of {page_size}: {by_size:,} tokens = "
+                f"{format_bytes(by_size * per_token)} a rank (the tier asks {wanted_tokens:,} tokens)"
             ),
         ),
         EngineHostTier(
@@ -179,8 +180,8 @@ def sglang_host_tier(
             holds="tokens",
             holds_count=by_ratio,
             notes=(
-                f"{device_tokens:,} device tokens x {_decimal(ratio)}, plus a padding page of {page_size}: {by_ratio:,} tokens "
-                f"= {format_bytes(by_ratio * per_token)} a rank"
+                f"{device_tokens:,} device tokens x {_decimal(ratio)}, plus a padding page of "
+                f"{page_size}: {by_ratio:,} tokens = {format_bytes(by_ratio * per_token)} a rank"
             ),
         ),
     )
@@ -214,8 +215,9 @@ def lmcache_host_tier(
         holds="tokens",
         holds_count=chunks * chunk_size,
         notes=(
-            f"{_decimal(size_gib)} GiB = {allocated:,} bytes of pinned memory a rank; chunks of {chunk_size} tokens x "
-            f"{per_token:,} bytes: at most {chunks:,} chunks, {chunks * chunk_size:,} tokens"
+            f"{_decimal(size_gib)} GiB = {allocated:,} bytes of pinned memory a rank; chunks of "
+            f"{chunk_size} tokens x {per_token:,} bytes: at most {chunks:,} chunks, "
+            f"{chunks * chunk_size:,} tokens"
         ),
     )
 

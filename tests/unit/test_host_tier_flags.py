@@ -74,7 +74,8 @@ def test_sglang_by_size_in_whole_gb_and_by_ratio_each_with_a_padding_page(regist
 
 def test_lmcache_allocates_whole_gib_as_floats_and_holds_whole_chunks(registry):
     got = lmcache_host_tier(_llama(registry, 100 * GIB + 1234 * 2**20))
-    # 101.205078125 GiB (a whole number of 2 MiB blocks), written rounded up to 101.205079, all of it pinned; chunks of 256 x 128 KiB
+    # 101.205078125 GiB (a whole number of 2 MiB blocks), written rounded up to 101.205079, all
+    # of it pinned; chunks of 256 x 128 KiB
     assert got.flags == ("max_local_cpu_size: 101.205079", "chunk_size: 256")
     assert got.allocated_bytes == int(101.205079 * GIB)
     assert got.holds_count == int(101.205079 * GIB) // (256 * 131_072) * 256
