@@ -120,8 +120,8 @@ class HostTier:
         chosen = tier if tier is not None else plan.offload_tier
         if chosen is None:
             raise InvalidInputError(
-                "the plan has no offload tier; plan one (kvcore.planning.offload.with_host_memory, "
-                "`kvcore plan --host-memory SIZE`) or pass tier="
+                "the plan has no offload tier; give it one (kvcore.planning.offload.with_host_memory) "
+                "or pass tier="
             )
         self.plan = plan.with_offload_tier(chosen)
         check_plan(self.plan, source="HostTier()", structure=False, capacity=False)

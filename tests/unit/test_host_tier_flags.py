@@ -7,7 +7,7 @@ import pytest
 
 from kvcore import SizingContext, plan_kv_cache
 from kvcore.errors import InvalidInputError
-from kvcore.integrations.host_tier_flags import (
+from kvcore.integrations.host_tier.flags import (
     host_tier_flags,
     lmcache_host_tier,
     sglang_host_tier,
