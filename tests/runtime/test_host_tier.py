@@ -205,3 +205,66 @@ def test_pinned_memory_needs_cuda(registry):
     views = allocate(plan, "cpu", registry=registry)
     with pytest.raises(InvalidInputError, match="needs CUDA"):
         HostTier(plan, views, registry=registry, pin_memory=True)
+
+
+@pytest.mark.parametrize("policy", ["shared_buffer", "kind_pools"])
+def test_any_sequence_of_moves_keeps_every_held_page_and_counts_every_row(registry, policy):
+    """Random offloads, restores and releases over groups whose pages span different runs of
+    rows: every held slot still gives back the bytes it took (no two held pages share a row), and
+    the free rows are the rows less those held."""
+    from hypothesis import given, settings, strategies as st
+
+    plan, views, _, tier = _setup(registry, policy, host=1 << 16)
+    layouts = {
+        name: registry.cache_layout(g.spec_of(name)).parts for g in plan.groups for name in g.layer_names
+    }
+
+    def page_bytes(group, page):
+        out = []
+        for name in plan.groups[group].layer_names:
+            for tensor, part in zip(_parts(views, name), layouts[name], strict=True):
+                out.append(tensor.select(part.block_dim, page).contiguous().view(torch.uint8).clone())
+        return out
+
+    @settings(max_examples=15, deadline=None)
+    @given(st.lists(st.tuples(st.integers(0, 2), st.integers(0, 10**6), st.integers(1, 6)), max_size=40))
+    def run(ops):
+        held: dict[tuple[int, int], list[torch.Tensor]] = {}  # (group, slot) -> bytes it took
+        for action, seed, count in ops:
+            group = seed % len(plan.groups)
+            pages = plan.num_pages(plan.groups[group])
+            if action == 0:  # offload a few distinct pages
+                chosen = sorted({(seed * 7919 + k * 104_729) % pages for k in range(count)})
+                wanted = len(chosen) * plan.groups[group].blocks_per_page
+                try:
+                    slots = tier.offload(group, chosen)
+                except HostTierError:
+                    assert (
+                        tier.free_pages(group) < len(chosen)
+                        or tier.num_free_rows(plan.groups[group].pool) < wanted
+                    )
+                    continue
+                for slot, page in zip(slots, chosen, strict=True):
+                    held[(group, slot)] = page_bytes(group, page)
+            elif held:
+                (g, slot), kept = sorted(held.items())[seed % len(held)]
+                if action == 1:  # restore into some page, and compare
+                    target = seed % plan.num_pages(plan.groups[g])
+                    tier.restore(g, [slot], [target])
+                    assert all(torch.equal(a, b) for a, b in zip(page_bytes(g, target), kept, strict=True))
+                else:
+                    tier.release(g, [slot])
+                    del held[(g, slot)]
+        for p in range(len(plan.pools)):
+            spans = sum(plan.groups[g].blocks_per_page for g, _ in held if plan.groups[g].pool == p)
+            assert tier.num_free_rows(p) == plan.host_blocks_in(p) - spans
+        rows = [
+            (plan.groups[g].pool, row)
+            for g, slot in held
+            for row in range(slot, slot + plan.groups[g].blocks_per_page)
+        ]
+        assert len(rows) == len(set(rows)), "two held pages share a host row"
+        for g, slot in list(held):
+            tier.release(g, [slot])
+
+    run()
