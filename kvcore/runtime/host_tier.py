@@ -33,6 +33,7 @@ from kvcore.dtypes import dtype_size
 from kvcore.errors import HostTierError, InvalidInputError, PlanValidationError
 from kvcore.plan import KVCachePlan, OffloadTier
 from kvcore.runtime.allocation import LayerView, allocate_buffers
+from kvcore.runtime.host_rows import HostRows
 from kvcore.spec import KVCacheSpec, describe_spec
 from kvcore.units import format_bytes
 
@@ -48,43 +49,6 @@ class _PartCopy:
 
     device: torch.Tensor
     host: torch.Tensor
-
-
-class _Rows:
-    """The free rows of one pool's host tier, handed out as aligned runs of ``span`` rows.
-
-    Runs of each span a group of the pool uses are kept in a stack of candidates, checked when
-    popped (a row taken by a run of another span leaves stale candidates behind, skipped then):
-    taking and giving back are amortized ``O(span x spans)``.
-    """
-
-    def __init__(self, rows: int, spans: Iterable[int]) -> None:
-        self.rows = rows
-        self.free = bytearray(b"\x01") * rows
-        self.num_free = rows
-        self._candidates = {s: list(range((rows // s - 1) * s, -1, -s)) for s in set(spans)}
-
-    def _is_free(self, start: int, span: int) -> bool:
-        return all(self.free[start : start + span])
-
-    def take(self, span: int) -> int | None:
-        stack = self._candidates[span]
-        while stack:
-            start = stack.pop()
-            if self._is_free(start, span):
-                self.free[start : start + span] = bytes(span)
-                self.num_free -= span
-                return start
-        return None
-
-    def give_back(self, start: int, span: int) -> None:
-        self.free[start : start + span] = b"\x01" * span
-        self.num_free += span
-        for s, stack in self._candidates.items():
-            # every run of span s that holds a row given back may now be whole
-            for run in range(start // s * s, start + span, s):
-                if run + s <= self.rows and self._is_free(run, s):
-                    stack.append(run)
 
 
 class HostTier:
@@ -137,7 +101,7 @@ class HostTier:
         #: the host memory, one ``uint8`` buffer per pool (empty for a pool without rows)
         self.buffers: list[torch.Tensor] = allocate_buffers(sizes, host, zero=True, allocator=allocator)
         self._rows = [
-            _Rows(n, (g.blocks_per_page for g in plan.groups if g.pool == p)) for p, n in enumerate(rows)
+            HostRows(n, (g.blocks_per_page for g in plan.groups if g.pool == p)) for p, n in enumerate(rows)
         ]
         self._parts = [self._group_parts(index, views, registry) for index in range(len(plan.groups))]
         self._owner: dict[tuple[int, int], int] = {}  # (pool, first row) -> group holding it
@@ -154,9 +118,8 @@ class HostTier:
     def free_pages(self, group: int) -> int:
         """Pages of ``group`` that could still go out, if no other group takes rows first
         (a page of a state group takes an aligned run of rows; a lower bound of what fits)."""
-        rows = self._rows[self.plan.groups[group].pool]
-        span = self.plan.groups[group].blocks_per_page
-        return sum(1 for run in range(0, rows.rows - span + 1, span) if rows._is_free(run, span))
+        chosen = self.plan.groups[group]
+        return self._rows[chosen.pool].free_runs(chosen.blocks_per_page)
 
     def offload(self, group: int, pages: Sequence[int]) -> list[int]:
         """Copy pages of ``group`` from the device into free host rows, in one batch.

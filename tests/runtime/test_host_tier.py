@@ -268,3 +268,21 @@ def test_any_sequence_of_moves_keeps_every_held_page_and_counts_every_row(regist
             tier.release(g, [slot])
 
     run()
+
+
+def test_host_rows_hand_out_aligned_runs_and_take_them_back():
+    """The torch-free row count the simulator shares: runs of 1 and 4 rows in 10 rows."""
+
+    from kvcore.runtime.host_rows import HostRows
+
+    rows = HostRows(10, [1, 4])
+    assert rows.take(4) == 0 and rows.take(4) == 4
+    assert rows.take(4) is None  # rows 8-9 are no whole run of 4
+    assert rows.take(1) == 8 and rows.take(1) == 9 and rows.take(1) is None
+    assert rows.num_free == 0 and rows.free_runs(1) == 0
+    rows.give_back(4, 4)
+    assert rows.num_free == 4 and rows.free_runs(4) == 1
+    assert {rows.take(1), rows.take(1)} <= {4, 5, 6, 7}  # single rows come from the run given back
+    assert rows.take(4) is None
+    with pytest.raises(InvalidInputError, match="spans >= 1"):
+        HostRows(4, [0])
