@@ -20,6 +20,7 @@ from kvcore.errors import (
     DistributedAgreementError as DistributedAgreementError,
     DuplicateRegistrationError as DuplicateRegistrationError,
     GroupLimitError as GroupLimitError,
+    HostTierError as HostTierError,
     InsufficientMemoryError as InsufficientMemoryError,
     InvalidInputError as InvalidInputError,
     InvalidSpecError as InvalidSpecError,

@@ -312,6 +312,11 @@ class BlockPoolExhaustedError(KVCoreError, RuntimeError):
         self.free_blocks = free_blocks
 
 
+class HostTierError(KVCoreError, RuntimeError):
+    """A host tier cannot take what it was asked to: pages of a kind that stays on the device,
+    or more pages than it has free rows for."""
+
+
 class DistributedAgreementError(KVCoreError, RuntimeError):
     """Ranks could not agree on a plan: some did not answer in time, one raised, or the store
     that carries the agreement went away. The message names the ranks.

@@ -17,6 +17,9 @@ pool, and read as they always have (:attr:`KVCachePlan.num_blocks`,
 A group's layers share its block table, and so which pages a request holds; their pages may
 still differ in size (a *mixed-page* group, :attr:`KVCacheGroup.layer_specs`): layers whose
 specs have one :attr:`~kvcore.spec.KVCacheSpec.retention_key` hold the same entries.
+
+A plan may carry an *offload tier* (:class:`OffloadTier`): host memory, per pool, that holds
+pages moved off the device (:mod:`kvcore.runtime.host_tier`), in units of the pool's block ids.
 """
 
 from __future__ import annotations
@@ -51,6 +54,33 @@ def _pools(value: Iterable[KVCachePool]) -> tuple[KVCachePool, ...]:
     return tuple(value)
 
 
+def _pool_bytes(value: Iterable[int]) -> tuple[int, ...]:
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise PlanValidationError(
+            [f"'pool_bytes' must be a list of byte counts, one per pool (got {value!r})"]
+        )
+    return tuple(value)
+
+
+def _each_non_negative(
+    instance: object, attribute: attrs.Attribute[tuple[int, ...]], value: tuple[int, ...]
+) -> None:
+    if not value:
+        raise PlanValidationError(["an offload tier needs 'pool_bytes' for at least one pool (got none)"])
+    for index, nbytes in enumerate(value):
+        if type(nbytes) is not int or nbytes < 0:
+            raise PlanValidationError(
+                [f"offload tier: pool {index}'s host bytes must be an int >= 0 (got {nbytes!r})"]
+            )
+
+
+def _offload_tier(
+    instance: object, attribute: attrs.Attribute[OffloadTier | None], value: OffloadTier | None
+) -> None:
+    if value is not None and not isinstance(value, OffloadTier):
+        raise PlanValidationError([f"'offload_tier' must be an OffloadTier or None (got {value!r})"])
+
+
 def _groups(value: Iterable[KVCacheGroup]) -> tuple[KVCacheGroup, ...]:
     return tuple(value)
 
@@ -83,6 +113,63 @@ class KVCachePool:
     def nbytes(self) -> int:
         """Bytes the pool takes: ``num_blocks * bytes_per_block``."""
         return self.num_blocks * self.bytes_per_block
+
+
+@attrs.frozen(kw_only=True)
+class OffloadTier:
+    """Host memory that holds pages moved off the device: a second tier below the pools.
+
+    A block pool that runs out keeps evicted pages here instead of dropping them and brings
+    them back on a hit (the pages of kinds whose
+    :attr:`~kvcore.spec.KVCacheSpec.offload_unit` allows it). The tier of each pool is counted
+    in that pool's block ids: it holds ``pool_bytes[p] // bytes_per_block`` of them
+    (:meth:`KVCachePlan.host_blocks_in`), so pages keep their device size on the host.
+
+    Attributes:
+        pool_bytes: host bytes for each pool of the plan, in pool order (``0``: that pool
+            keeps nothing on the host).
+    """
+
+    pool_bytes: tuple[int, ...] = attrs.field(converter=_pool_bytes, validator=_each_non_negative)
+
+    @property
+    def nbytes(self) -> int:
+        """Host bytes of every pool together."""
+        return sum(self.pool_bytes)
+
+
+def split_host_memory(pools: Iterable[KVCachePool], nbytes: int) -> OffloadTier:
+    """Share ``nbytes`` of host memory among ``pools`` as their device bytes are shared, in
+    whole block ids of each pool (what a pool cannot use is left out, so the tier may hold a
+    little less than ``nbytes``).
+
+    One pool takes all of it (less the remainder of a block); several pools each take bytes in
+    proportion to their device bytes, so every pool's tier holds about the same fraction of its
+    device capacity, the fraction a pool that runs out at once with the others wants.
+
+    Args:
+        pools: the plan's pools.
+        nbytes: host bytes for the whole tier (``>= 0``).
+
+    Returns:
+        The tier, one entry per pool.
+
+    Raises:
+        PlanValidationError: ``nbytes`` is negative or not an int.
+    """
+    chosen = tuple(pools)
+    if type(nbytes) is not int or nbytes < 0:
+        raise PlanValidationError([f"host memory must be an int number of bytes >= 0 (got {nbytes!r})"])
+    device = sum(p.nbytes for p in chosen)
+    shares = []
+    for pool in chosen:
+        if not pool.bytes_per_block or not device:
+            shares.append(0)
+            continue
+        # floor of nbytes * share, in whole blocks: the integer form keeps huge counts exact
+        blocks = nbytes * pool.nbytes // device // pool.bytes_per_block
+        shares.append(blocks * pool.bytes_per_block)
+    return OffloadTier(pool_bytes=shares)
 
 
 @attrs.frozen(kw_only=True)
@@ -207,6 +294,9 @@ class KVCachePlan:
             to a request and the capacity figures count :attr:`usable_blocks`, not
             :attr:`num_blocks`. ``None`` (the default): every block id serves requests. The
             null block's pages are still allocated, so :attr:`kv_cache_bytes` is unchanged.
+        offload_tier: host memory for pages moved off the device (:class:`OffloadTier`, one
+            entry per pool), or ``None`` (the default): no host tier. It is not device memory:
+            :attr:`kv_cache_bytes` and the budget do not count it.
     """
 
     policy: str
@@ -218,6 +308,7 @@ class KVCachePlan:
     available_memory_bytes: int = attrs.field(validator=non_negative_int)
     kv_sharing: Mapping[str, str] = attrs.field(factory=dict, converter=_sharing, hash=False)
     null_block: int | None = attrs.field(default=None, validator=_null_block)
+    offload_tier: OffloadTier | None = attrs.field(default=None, validator=_offload_tier)
 
     def __init__(
         self,
@@ -233,6 +324,7 @@ class KVCachePlan:
         pools: Iterable[KVCachePool] | None = None,
         kv_sharing: Mapping[str, str] | None = None,
         null_block: int | None = None,
+        offload_tier: OffloadTier | None = None,
     ) -> None:
         """Build and check a plan: give ``num_blocks`` and ``bytes_per_block`` (one pool) or
         ``pools``.
@@ -261,6 +353,7 @@ class KVCachePlan:
             available_memory_bytes=available_memory_bytes,
             kv_sharing=kv_sharing if kv_sharing is not None else {},
             null_block=null_block,
+            offload_tier=offload_tier,
         )
 
     def __attrs_post_init__(self) -> None:
@@ -296,6 +389,23 @@ class KVCachePlan:
     def is_multi_pool(self) -> bool:
         """Whether the plan has more than one pool."""
         return len(self.pools) > 1
+
+    def with_offload_tier(self, tier: OffloadTier | None) -> KVCachePlan:
+        """This plan with ``tier`` as its host tier (``None``: without one); checked like any plan.
+
+        Raises:
+            PlanValidationError: the tier does not give one entry per pool.
+        """
+        return attrs.evolve(self, offload_tier=tier)
+
+    def host_blocks_in(self, pool: int) -> int:
+        """Block ids of pool ``pool`` its host tier holds: ``pool_bytes[pool] //
+        bytes_per_block``; 0 without a tier."""
+        tier = self.offload_tier
+        per_block = self.pools[pool].bytes_per_block
+        if tier is None or not per_block:
+            return 0
+        return tier.pool_bytes[pool] // per_block
 
     def pool_of(self, group: KVCacheGroup) -> KVCachePool:
         """The pool ``group`` draws its block ids from."""
@@ -337,6 +447,11 @@ class KVCachePlan:
             available_memory_bytes=chosen.nbytes,
             kv_sharing={name: target for name, target in self.kv_sharing.items() if target in layers},
             null_block=self.null_block,
+            offload_tier=(
+                None
+                if self.offload_tier is None
+                else OffloadTier(pool_bytes=(self.offload_tier.pool_bytes[pool],))
+            ),
         )
 
     # -- lookups ---------------------------------------------------------------------------
@@ -514,6 +629,11 @@ def structural_problems(plan: KVCachePlan) -> Iterator[str]:
     """
     yield from _pool_problems(plan)
     pools = plan.pools
+    if plan.offload_tier is not None and len(plan.offload_tier.pool_bytes) != len(pools):
+        yield (
+            f"the offload tier gives host bytes for {len(plan.offload_tier.pool_bytes)} pool(s) but the "
+            f"plan has {len(pools)}; give one entry per pool"
+        )
     grouped: dict[str, int] = {}
     for index, group in enumerate(plan.groups):
         if group.pool >= len(pools):

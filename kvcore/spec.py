@@ -63,6 +63,14 @@ def _at_most_tokens(instance: object, attribute: attrs.Attribute[int], value: in
 #: ``mamba_cache_mode``: ``none`` one running state per request, ``align`` the running state
 #: and the last one at a block boundary (``2 + S``), ``all`` one state per block of the request.
 STATE_CACHE_MODES = ("none", "align", "all")
+#: How a kind's pages may go to a host tier and come back (:attr:`KVCacheSpec.offload_unit`):
+#: ``none`` they never leave the device (a block pool drops them instead), ``block`` each page
+#: alone (page ``k`` holds tokens ``[k*T, (k+1)*T)`` and depends on no later token, so it serves
+#: any request sharing the prefix through it), ``checkpoint`` a page is a whole state after a
+#: prefix that ends at a block boundary (it serves a request whose prefix ends exactly there),
+#: ``request`` a request's pages go and come back together (they hold what the request brings,
+#: such as its encoder output, not its tokens).
+OFFLOAD_UNITS = ("none", "block", "checkpoint", "request")
 #: Metadata key of a spec field that JSON leaves out while it holds its default: a field a kind
 #: gained later, so that plans and spec files written before read and write the same.
 OMIT_IF_DEFAULT = "kvcore.omit_if_default"
@@ -154,6 +162,12 @@ class KVCacheSpec(abc.ABC):
     #: attention kind's heads, head size and dtype): layers whose specs differ only in these
     #: have one :attr:`retention_key` and may share a block table with mixed page sizes.
     page_fields: ClassVar[tuple[str, ...]] = ()
+    #: Whether and how this kind's pages may be moved to a host tier and brought back
+    #: (:data:`OFFLOAD_UNITS`). The default, ``"none"``, is the safe answer for a kind kvcore
+    #: knows nothing of: its pages stay on the device and a pool that runs out drops them, as
+    #: without a tier. A kind opts in by naming its unit; the conformance check
+    #: ``check_offload_unit`` holds the answer to what :meth:`live_pages` says.
+    offload_unit: ClassVar[str] = "none"
 
     block_size: int = attrs.field(validator=positive_int)
 
@@ -378,7 +392,8 @@ def spec_class_problems(cls: type[KVCacheSpec]) -> list[str]:
     class itself, or attrs never sees those fields: they are not built by ``__init__``, compared,
     hashed or written to JSON. And every attrs class among them must be frozen (attrs'
     ``__setattr__``, which a frozen base passes on). A subclass that adds no fields (it only
-    sets ``kind`` or overrides methods) needs no decorator.
+    sets ``kind`` or overrides methods) needs no decorator. Its :attr:`~KVCacheSpec.offload_unit`
+    must be one of :data:`OFFLOAD_UNITS`.
 
     Args:
         cls: the spec class, as a plugin registers it.
@@ -387,6 +402,11 @@ def spec_class_problems(cls: type[KVCacheSpec]) -> list[str]:
         The problems (empty when there are none).
     """
     problems = []
+    if cls.offload_unit not in OFFLOAD_UNITS:
+        problems.append(
+            f"{cls.__qualname__}.offload_unit is {cls.offload_unit!r}; it must be one of "
+            f"{', '.join(OFFLOAD_UNITS)} (\"none\" keeps its pages on the device)"
+        )
     for klass in cls.__mro__:
         if klass is KVCacheSpec or not issubclass(klass, KVCacheSpec):
             continue

@@ -20,11 +20,14 @@ from kvcore.cli.report import (
     ranks_report,
 )
 from kvcore.cli.table import add_csv_option, wants_csv, write_csv
+from kvcore.plan import KVCachePlan
 from kvcore.planning.gpu_budget import GpuBudget
+from kvcore.planning.offload import with_host_memory
 from kvcore.planning.planner import PlanningResult, plan_model
 from kvcore.planning.ranks import Parallelism, simulate_rank_specs, tightest_rank
 from kvcore.planning.registry import Registry
 from kvcore.spec import KVCacheSpec
+from kvcore.units import format_bytes
 
 
 def add_parser(sub: Any) -> None:
@@ -43,6 +46,13 @@ def add_parser(sub: Any) -> None:
         "--json", action="store_true", help="print the plan and its figures as one JSON object"
     )
     add_csv_option(parser, "the groups table (the ranks table with --tp/--pp)")
+    parser.add_argument(
+        "--host-memory",
+        type=inputs.size,
+        default=0,
+        metavar="SIZE",
+        help="also plan a host tier of this much host memory (e.g. 64GiB), shared among the pools",
+    )
     parser.add_argument(
         "--map",
         metavar="FILE",
@@ -73,6 +83,7 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
         max_model_len=inputs.length_mode(args),
     )
     (plan,) = result.plans
+    plan = with_host_memory(plan, args.host_memory)
     chosen = auto_length(result, inputs.length_cap_name(args))
     if args.map:
         say_written(render_memory_map(plan, args.map), "the memory map")
@@ -85,6 +96,7 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
         report.update(inputs.options_report(args))
         if budget is not None:
             report["gpu_budget"] = budget.to_dict()
+        report.update(host_tier_report(plan))
         print(json.dumps(report, indent=2))
     else:
         if budget is not None:
@@ -93,7 +105,41 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
             print()
         note = chosen_length_line(chosen) if chosen is not None else ""
         print(format_plan(plan, specs, reason=policy_reason(result.choice), note=note))
+        for line in host_tier_lines(plan):
+            print(line)
     return 0
+
+
+def host_tier_lines(plan: KVCachePlan) -> list[str]:
+    """The host tier under the plan's figures: its bytes and the block ids each pool keeps there
+    (nothing without a tier)."""
+    tier = plan.offload_tier
+    if tier is None:
+        return []
+    pools = [
+        f"{plan.host_blocks_in(p):,} x {format_bytes(pool.bytes_per_block)}"
+        for p, pool in enumerate(plan.pools)
+    ]
+    device = plan.usable_blocks
+    held = sum(plan.host_blocks_in(p) for p in range(len(plan.pools)))
+    return [
+        f"  host tier        {' + '.join(pools)} blocks = {format_bytes(tier.nbytes)} of host memory "
+        f"({held / device:.2f}x the device's {device:,} usable blocks)"
+    ]
+
+
+def host_tier_report(plan: KVCachePlan) -> dict[str, Any]:
+    """``{"host_tier": {...}}`` for a JSON report: the tier's bytes and block ids per pool; ``{}``
+    without a tier (the plan's own ``offload_tier`` is in the report already)."""
+    tier = plan.offload_tier
+    if tier is None:
+        return {}
+    return {
+        "host_tier": {
+            "bytes": tier.nbytes,
+            "blocks_by_pool": [plan.host_blocks_in(p) for p in range(len(plan.pools))],
+        }
+    }
 
 
 def auto_length(result: PlanningResult, cap_name: str) -> dict[str, Any] | None:
@@ -130,7 +176,7 @@ def run_ranks(
         rank_names=[parallelism.describe(rank) for rank in range(parallelism.world_size)],
         max_model_len=inputs.length_mode(args),
     )
-    plans = result.plans
+    plans = [with_host_memory(plan, args.host_memory) for plan in result.plans]
     chosen = auto_length(result, inputs.length_cap_name(args))
     rank = tightest_rank(plans)
     plan, own = plans[rank], rank_specs[rank]
@@ -149,6 +195,7 @@ def run_ranks(
         report.update(inputs.options_report(args))
         if budget is not None:
             report["gpu_budget"] = budget.to_dict()
+        report.update(host_tier_report(plan))
         print(json.dumps(report, indent=2))
         return 0
     if budget is not None:
@@ -160,6 +207,8 @@ def run_ranks(
     print(f"plan of {parallelism.describe(rank)}: every rank has these groups; 'layers' counts this rank's")
     note = chosen_length_line(chosen) if chosen is not None else ""
     print(format_plan(plan, own, reason=policy_reason(result.choice), note=note))
+    for line in host_tier_lines(plan):
+        print(line)
     return 0
 
 

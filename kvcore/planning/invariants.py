@@ -12,6 +12,9 @@ and a plan handed to allocation.
   offsets, page strides and so the starts of pools laid end to end);
 - *budget*: ``kv_cache_bytes`` (every pool's ``num_blocks x bytes_per_block``) within
   ``available_memory_bytes``;
+- *host tier*: an offload tier (:class:`~kvcore.plan.OffloadTier`) holds some bytes, and each
+  pool's share is 0 or holds at least one of the pool's largest pages
+  (:func:`offload_tier_problems`);
 - *capacity*: one request of the plan's ``max_model_len`` fits (:meth:`KVCachePlan.fits`, in
   every pool): a plan of 0 blocks, of too few, or whose pages span more block ids than its pool
   has, serves no request and is refused wherever it is read or allocated (the planner refuses
@@ -88,6 +91,8 @@ def plan_problems(
     if not broken:  # alignment looks each tensor's layers up in their groups
         broken = alignment_problems(plan)
     problems = broken + budget_problems(plan)
+    if not broken:
+        problems += offload_tier_problems(plan)
     if capacity:
         problems += capacity_problems(plan)
     if not broken:  # the overlap check needs every layer in one group and one tensor
@@ -156,6 +161,54 @@ def budget_problems(plan: KVCachePlan) -> list[str]:
         f"the plan takes {plan.kv_cache_bytes} bytes ({blocks}) but its budget "
         f"(available_memory_bytes) is {plan.available_memory_bytes} bytes"
     ]
+
+
+def host_page_bytes(plan: KVCachePlan, pool: int) -> int:
+    """Host bytes one page of pool ``pool`` takes at most: its largest run of block ids
+    (``blocks_per_page``, a state's page spans several) times its bytes per block id; what
+    its host tier must hold at least to take any page of its groups."""
+    spans = [g.blocks_per_page for g in plan.groups if g.pool == pool]
+    return max(spans, default=1) * plan.pools[pool].bytes_per_block
+
+
+def smallest_host_memory(plan: KVCachePlan) -> int:
+    """The fewest host bytes that, shared among the pools as
+    :func:`~kvcore.plan.split_host_memory` shares them, give every pool with pages room for one
+    of its largest pages (:func:`host_page_bytes`)."""
+    device = plan.kv_cache_bytes
+    least = 0
+    for p, pool in enumerate(plan.pools):
+        if not pool.nbytes:
+            continue
+        page = host_page_bytes(plan, p)
+        # pool p gets floor(n * nbytes / device) bytes (in whole blocks): solve for page
+        need = -(-page * device // pool.nbytes)
+        while need * pool.nbytes // device // pool.bytes_per_block * pool.bytes_per_block < page:
+            need += 1  # rounding down to whole blocks can cost a byte or two more
+        least = max(least, need)
+    return least
+
+
+def offload_tier_problems(plan: KVCachePlan) -> list[str]:
+    """The host-tier rule: a plan's offload tier holds something, and each pool's share is
+    nothing or at least one of that pool's largest pages (:func:`host_page_bytes`); a share
+    below that takes host memory and could never hold a page."""
+    tier = plan.offload_tier
+    if tier is None:
+        return []
+    if not tier.nbytes:
+        return ["the offload tier has 0 host bytes in every pool; give it host memory, or drop the tier"]
+    problems = []
+    for p, nbytes in enumerate(tier.pool_bytes):
+        page = host_page_bytes(plan, p)
+        if 0 < nbytes < page:
+            where = f"pool {p}'s" if plan.is_multi_pool else "the plan's"
+            problems.append(
+                f"the offload tier gives {where} host tier {nbytes:,} bytes, which cannot hold one of its "
+                f"pages of {page:,} bytes; give it at least {page:,} bytes (host memory of at least "
+                f"{smallest_host_memory(plan):,} bytes for the whole plan) or 0"
+            )
+    return problems
 
 
 def capacity_problems(plan: KVCachePlan) -> list[str]:

@@ -8,7 +8,8 @@ Formats (documented in ``docs/reference/json-formats.md``):
 
 - a spec: ``{"kind": "full_attention", "block_size": 16, "num_kv_heads": 8, ...}``;
 - a group: ``{"layers": [...], "blocks_per_page": 1, "page_size_bytes": ..., <the spec>}``;
-- a plan: the attrs fields of :class:`~kvcore.plan.KVCachePlan`, groups as above.
+- a plan: the attrs fields of :class:`~kvcore.plan.KVCachePlan`, groups as above; an offload
+  tier as ``"offload_tier": {"pool_bytes": [...]}`` (left out when there is none).
 """
 
 from __future__ import annotations
@@ -251,6 +252,8 @@ def make_converter(registry: Registry) -> cattrs.Converter:
         conv,
         kv_sharing=override(omit_if_default=True),
         null_block=override(omit_if_default=True),
+        # a plan without a host tier reads and writes as it always did
+        offload_tier=override(omit_if_default=True),
     )
 
     def unstructure_plan(plan: KVCachePlan) -> dict[str, Any]:

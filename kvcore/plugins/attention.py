@@ -42,6 +42,8 @@ class AttentionSpec(KVCacheSpec):
 
     #: heads, head size and dtype size a page, not which pages a request holds
     page_fields: ClassVar[tuple[str, ...]] = ("num_kv_heads", "head_size", "dtype")
+    #: a page holds its block's tokens, written once: it may go to host and come back alone
+    offload_unit: ClassVar[str] = "block"
 
     num_kv_heads: int = attrs.field(validator=positive_int)
     head_size: int = attrs.field(validator=positive_int)

@@ -51,6 +51,8 @@ class CrossAttentionSpec(AttentionSpec):
     """
 
     kind = "cross_attention"
+    #: the pages hold the request's encoder output, not its tokens: they go and come back together
+    offload_unit = "request"
 
     max_encoder_tokens: int = attrs.field(validator=[positive_int, _at_most_tokens])
 

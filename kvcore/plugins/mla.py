@@ -33,6 +33,8 @@ class MLAAttentionSpec(KVCacheSpec):
     """
 
     kind = "mla"
+    #: a latent page holds its block's tokens, written once: it may go to host and come back alone
+    offload_unit = "block"
 
     kv_lora_rank: int = attrs.field(validator=positive_int)
     qk_rope_head_dim: int = attrs.field(validator=positive_int)

@@ -148,6 +148,8 @@ class StateSpec(KVCacheSpec):
     page_scales_with_block_size = False
     #: the parts size a page; which states a request holds depends on the other fields
     page_fields = ("parts",)
+    #: a page is a whole state: it goes to host as the checkpoint of a prefix at a block boundary
+    offload_unit = "checkpoint"
 
     parts: tuple[StatePart, ...] = attrs.field(converter=_parts)
     cache_mode: str = attrs.field(default="none", validator=_cache_mode, metadata={OMIT_IF_DEFAULT: True})

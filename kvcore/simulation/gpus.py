@@ -5,6 +5,12 @@ The figures live in ``kvcore/data/gpus.json``, one entry per GPU with the vendor
 was read from (``source``) and what was derived (``notes``: vendors print peaks with sparsity
 beside the dense ones; the catalogue holds the dense peaks). :func:`find_gpu` looks a GPU up by
 name or alias, ignoring case, spaces, dashes and underscores (``"h100"``, ``"H100 SXM"``).
+
+The link to the host's memory (what a host tier's blocks cross) is read per direction:
+:func:`host_link` works a PCIe link's bandwidth out of its generation and lanes (the
+catalogue's ``host_links.pcie`` table, from the PCI Express specifications) and takes a named
+link (NVLink-C2C) from ``host_links.named``, each with its source; :func:`host_transfer`
+prices moving bytes each way over it.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from __future__ import annotations
 import difflib
 import json
 import math
+import re
 from functools import cache
 from importlib import resources
 from typing import Any, Final
@@ -80,6 +87,135 @@ class Gpu:
         if fp8 and self.fp8_tflops is not None:
             return self.fp8_tflops * _TERA
         return self.bf16_tflops * _TERA
+
+
+@attrs.frozen(kw_only=True)
+class HostLink:
+    """A GPU's link to its host's memory, per direction.
+
+    Attributes:
+        name: the link as the catalogue names it (``"PCIe Gen5 x16"``, ``"NVLink-C2C"``).
+        gbps_each_way: data bandwidth in each direction, GB/s (1e9 bytes per second); the link
+            moves this much to the host and this much back at the same time.
+        source: where the figure comes from (a URL).
+        notes: how it was worked out.
+    """
+
+    name: str
+    gbps_each_way: float
+    source: str
+    notes: str = ""
+
+    @property
+    def bytes_per_second(self) -> float:
+        """Bandwidth in each direction, bytes per second."""
+        return self.gbps_each_way * _GIGA
+
+
+@attrs.frozen(kw_only=True)
+class HostTransfer:
+    """What moving bytes over a host link costs: each direction's time, and the time of both
+    (the directions overlap on a full-duplex link, so the slower one decides).
+
+    Attributes:
+        link: the link.
+        to_host_bytes: bytes moved from the GPU to host memory (offloaded blocks).
+        to_device_bytes: bytes moved from host memory to the GPU (restored blocks).
+        to_host_seconds: ``to_host_bytes / bandwidth``.
+        to_device_seconds: ``to_device_bytes / bandwidth``.
+    """
+
+    link: HostLink
+    to_host_bytes: int
+    to_device_bytes: int
+    to_host_seconds: float
+    to_device_seconds: float
+
+    @property
+    def seconds(self) -> float:
+        """Both directions at once: the slower one's time (a lower bound: peak link bandwidth,
+        no per-copy latency)."""
+        return max(self.to_host_seconds, self.to_device_seconds)
+
+
+_PCIE = re.compile(r"^PCIe Gen(\d+) x(\d+)$")
+
+
+@cache
+def _host_links() -> dict[str, Any]:
+    text = resources.files(CATALOGUE_PACKAGE).joinpath(CATALOGUE_FILE).read_text(encoding="utf-8")
+    links: dict[str, Any] = json.loads(text)["host_links"]
+    return links
+
+
+def host_link(gpu: Gpu) -> HostLink:
+    """``gpu``'s link to its host's memory, per direction.
+
+    A PCIe link (``"PCIe Gen5 x16"``) is worked out from its generation and lanes:
+    ``GT/s x lanes x data bits / line bits / 8`` (Gen5 x16: ``32 x 16 x 128/130 / 8 = 63.0``
+    GB/s each way); a named link (``"NVLink-C2C"``: 450 GB/s each way) is read from the
+    catalogue.
+
+    Raises:
+        InvalidInputError: the catalogue knows no such link (or PCIe generation).
+    """
+    links = _host_links()
+    match = _PCIE.match(gpu.host_link)
+    if match is not None:
+        generation, lanes = match.group(1), int(match.group(2))
+        row = links["pcie"].get(generation)
+        if row is None or lanes < 1:
+            known = ", ".join(f"Gen{g}" for g in links["pcie"] if not g.startswith("_"))
+            raise InvalidInputError(
+                f"GPU {gpu.name!r}: host link {gpu.host_link!r}: the catalogue knows PCIe {known}, "
+                "with lanes >= 1"
+            )
+        rate = row["gt_per_s"] * lanes * row["data_bits"] / row["line_bits"] / 8
+        return HostLink(
+            name=gpu.host_link,
+            gbps_each_way=rate,
+            source=row["source"],
+            notes=(
+                f"{row['gt_per_s']} GT/s x {lanes} lanes x {row['data_bits']}/{row['line_bits']} / 8; "
+                f"{row['notes']}"
+            ),
+        )
+    named = links["named"].get(gpu.host_link)
+    if named is None:
+        raise InvalidInputError(
+            f"GPU {gpu.name!r}: host link {gpu.host_link!r} is neither 'PCIe GenN xL' nor one of "
+            f"{', '.join(links['named'])} (kvcore/data/gpus.json host_links)"
+        )
+    return HostLink(name=gpu.host_link, **named)
+
+
+def host_transfer(gpu: Gpu, to_host_bytes: int, to_device_bytes: int = 0) -> HostTransfer:
+    """Price moving ``to_host_bytes`` from ``gpu`` to host memory and ``to_device_bytes`` back
+    over its host link (:func:`host_link`), each direction at the link's peak.
+
+    Args:
+        gpu: the GPU.
+        to_host_bytes: bytes offloaded (``>= 0``).
+        to_device_bytes: bytes restored (``>= 0``).
+
+    Returns:
+        The seconds each way, and both together (:attr:`HostTransfer.seconds`).
+
+    Raises:
+        InvalidInputError: a negative or non-integer byte count, or an unknown link.
+    """
+    for what, value in (("to_host_bytes", to_host_bytes), ("to_device_bytes", to_device_bytes)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise InvalidInputError(f"{what} must be an int >= 0 (got {value!r})")
+    link = host_link(gpu)
+    rate = link.bytes_per_second
+    return HostTransfer(
+        link=link,
+        to_host_bytes=to_host_bytes,
+        to_device_bytes=to_device_bytes,
+        to_host_seconds=to_host_bytes / rate,
+        to_device_seconds=to_device_bytes / rate,
+    )
 
 
 def _key(name: str) -> str:

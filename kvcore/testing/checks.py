@@ -404,6 +404,123 @@ def check_pool_follows_spec(spec: KVCacheSpec, context: SizingContext, steps: Se
         _fail(f"{describe_spec(spec)}: freeing the request left {taken} blocks taken")
 
 
+def check_offload_unit(spec: KVCacheSpec, lengths: Sequence[int]) -> None:
+    """The kind's :attr:`~kvcore.KVCacheSpec.offload_unit` is one kvcore knows and says what
+    :meth:`~kvcore.KVCacheSpec.live_pages` says of its pages: a ``block`` kind's entry ``k``
+    holds tokens ``[k*T, (k+1)*T)`` (``T = tokens_per_page``, so a request of ``n`` tokens has
+    ``ceil(n / T)`` entries), a ``checkpoint`` kind holds states, not tokens
+    (``tokens_per_page is None``), a ``request`` kind holds the same entries whatever the
+    request's length. A kind that names the wrong unit would have a pool bring back pages that
+    do not hold what a hit needs.
+
+    Args:
+        spec: the spec.
+        lengths: request lengths (``>= 1``) to read ``live_pages`` at.
+
+    Raises:
+        AssertionError: an unknown unit, or one that ``live_pages`` contradicts.
+    """
+    from kvcore.spec import OFFLOAD_UNITS
+
+    unit = spec.offload_unit
+    name = describe_spec(spec)
+    if unit not in OFFLOAD_UNITS:
+        _fail(f"{name}: offload_unit is {unit!r}; it must be one of {', '.join(OFFLOAD_UNITS)}")
+    per_page = spec.tokens_per_page
+    if unit == "block":
+        if per_page is None:
+            _fail(
+                f"{name}: offload_unit 'block' needs pages of tokens, but tokens_per_page is None; "
+                "say 'checkpoint'"
+            )
+        for n in lengths:
+            entries = spec.live_pages(n).stop
+            if entries != cdiv(n, per_page):
+                _fail(
+                    f"{name}: offload_unit 'block' says entry k holds tokens [k*{per_page}, "
+                    f"(k+1)*{per_page}), but a request of {n} tokens has {entries} entries, not "
+                    f"{cdiv(n, per_page)}; say 'request' or 'none'"
+                )
+    elif unit == "checkpoint" and per_page is not None:
+        _fail(
+            f"{name}: offload_unit 'checkpoint' is for states (tokens_per_page None), but a page holds "
+            f"{per_page} tokens"
+        )
+    elif unit == "request":
+        held = {n: spec.live_pages(n) for n in lengths}
+        if len(set(held.values())) > 1:
+            seen = ", ".join(f"{n}: {r}" for n, r in list(held.items())[:3])
+            _fail(
+                f"{name}: offload_unit 'request' says a request's pages do not follow its tokens, but "
+                f"live_pages differs with the length ({seen}); say 'block'"
+            )
+
+
+def check_offload_round_trip(spec: KVCacheSpec, registry: Registry, pages: Sequence[int]) -> None:
+    """Pages of a kind that may go to a host tier come back byte for byte.
+
+    Allocates a one-layer plan on the CPU with a host tier, fills it with random bytes, sends
+    ``pages`` out in one batch (:class:`~kvcore.runtime.host_tier.HostTier`), overwrites the whole
+    layer, brings them back into the same pages and compares every element of every part of
+    them, bit for bit (padding between parts holds nothing and need not come back); a kind whose
+    :attr:`~kvcore.KVCacheSpec.offload_unit` is ``none`` must be refused instead.
+
+    Args:
+        spec: the spec.
+        registry: whose layout hook views the layer.
+        pages: distinct page indices from 0 to 7.
+
+    Raises:
+        AssertionError: a byte did not come back, or a ``none`` kind was taken.
+    """
+    import torch
+
+    from kvcore.errors import HostTierError
+    from kvcore.plan import OffloadTier
+    from kvcore.runtime.allocation import allocate
+    from kvcore.runtime.host_tier import HostTier
+
+    context = SizingContext(max_model_len=spec.block_size)
+    # the plan must hold one request (cross attention: all its pages)
+    count = max(8, spec.max_num_blocks(context))
+    plan = _one_group_plan(spec, context, count)
+    plan = plan.with_offload_tier(OffloadTier(pool_bytes=(count * spec.page_size_bytes,)))
+    views = allocate(plan, "cpu", registry=registry)
+    view = views["layer"]
+    tensors = (view,) if isinstance(view, torch.Tensor) else tuple(view)
+    buffer = torch.empty(0, dtype=torch.uint8).set_(tensors[0].untyped_storage())
+    buffer.copy_(
+        torch.randint(0, 256, buffer.shape, dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    )
+    layout = registry.cache_layout(spec)
+    index = torch.tensor(list(pages))
+
+    def held() -> list[torch.Tensor]:
+        # each part's pages as bytes: random bits hold NaNs, which compare unequal as floats
+        return [
+            t.index_select(part.block_dim, index).contiguous().view(torch.uint8)
+            for t, part in zip(tensors, layout.parts, strict=True)
+        ]
+
+    before = held()
+    tier = HostTier(plan, views, registry=registry)
+    if spec.offload_unit == "none":
+        try:
+            tier.offload(0, list(pages))
+        except HostTierError:
+            return
+        _fail(f"{describe_spec(spec)}: offload_unit is 'none' but the host tier took its pages")
+    slots = tier.offload(0, list(pages))
+    buffer.fill_(0xA5)
+    tier.restore(0, slots, list(pages))
+    for part, old, new in zip(layout.parts, before, held(), strict=True):
+        if not torch.equal(old, new):
+            _fail(
+                f"{describe_spec(spec)}: part {part.name!r} of pages {list(pages)} came back from the host "
+                "tier changed; its kvcore_cache_layout must view each page where the plan put it"
+            )
+
+
 def _contiguous_strides(shape: tuple[int, ...]) -> list[int]:
     return [math.prod(shape[i + 1 :]) for i in range(len(shape))]
 

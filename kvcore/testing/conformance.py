@@ -281,6 +281,16 @@ class SpecKindConformance(_Conformance):
     def test_cache_layout_fits_in_one_page(self, data: st.DataObject) -> None:
         checks.check_cache_layout(self._draw(data), self.kit.registry)
 
+    @_drawing
+    def test_offload_unit_matches_live_pages(self, data: st.DataObject) -> None:
+        lengths = data.draw(st.lists(st.integers(1, MAX_POOL_LEN), min_size=1, max_size=6), label="lengths")
+        checks.check_offload_unit(self._draw(data), lengths)
+
+    @_drawing
+    def test_offloaded_pages_come_back(self, data: st.DataObject) -> None:
+        pages = data.draw(st.lists(st.integers(0, 7), min_size=1, max_size=8, unique=True), label="pages")
+        checks.check_offload_round_trip(self._draw(data), self.kit.registry, pages)
+
 
 @attrs.frozen(kw_only=True)
 class PolicyKit:

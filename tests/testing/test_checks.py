@@ -448,3 +448,81 @@ def test_catches_silent_refusals(registry):
     )
     assert checks.check_refusal(registry.policy("uniform"), mixed, registry) is False
     assert checks.check_refusal(registry.policy("shared_buffer"), mixed, registry) is True
+
+
+# -- offload units -------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class RingAsBlocks(Ring):
+    kind = "test.ring_as_blocks"
+    offload_unit = "block"  # but it reuses its first pages: entry k does not hold tokens [kT, (k+1)T)
+
+
+@attrs.frozen(kw_only=True)
+class TokensAsCheckpoint(Ring):
+    kind = "test.tokens_as_checkpoint"
+    offload_unit = "checkpoint"
+
+
+@attrs.frozen(kw_only=True)
+class GrowingRequest(Ring):
+    kind = "test.growing_request"
+    offload_unit = "request"  # yet its pages grow with the request's tokens (up to its ring)
+
+
+@attrs.frozen(kw_only=True)
+class UnknownUnit(Ring):
+    kind = "test.unknown_unit"
+    offload_unit = "sometimes"
+
+
+def test_a_sound_offload_unit_passes(kinds):
+    checks.check_offload_unit(full(block_size=4), [1, 4, 5, 1000])
+    checks.check_offload_unit(Ring(block_size=4), [1, 1000])  # "none" claims nothing
+    checks.check_offload_round_trip(full(block_size=4, heads=1, head_size=8), kinds, [0, 3, 7])
+    checks.check_offload_round_trip(Ring(block_size=4), kinds, [1])  # "none" is refused
+
+
+@pytest.mark.parametrize(
+    ("cls", "match"),
+    [
+        (RingAsBlocks, r"a request of 100 tokens has 16 entries, not 25"),
+        (TokensAsCheckpoint, "'checkpoint' is for states"),
+        (GrowingRequest, "live_pages differs with the length"),
+        (UnknownUnit, "offload_unit is 'sometimes'"),
+    ],
+)
+def test_catches_an_offload_unit_that_live_pages_contradicts(cls, match):
+    with pytest.raises(AssertionError, match=match):
+        checks.check_offload_unit(cls(block_size=4), [1, 30, 100])
+
+
+def test_the_registry_refuses_an_unknown_offload_unit(make_kvcore_registry):
+    from kvcore.errors import KVCoreError
+
+    class Plugin:
+        @hookimpl
+        def kvcore_register_spec_kinds(self, register):
+            register(UnknownUnit)
+
+    with pytest.raises(KVCoreError, match="offload_unit is 'sometimes'; it must be one of none, block"):
+        make_kvcore_registry(Plugin())
+
+
+def test_catches_pages_that_do_not_come_back(kinds, monkeypatch):
+    from kvcore.runtime.host_tier import HostTier
+
+    monkeypatch.setattr(HostTier, "restore", lambda self, group, slots, pages: None)
+    with pytest.raises(
+        AssertionError, match="part 'kv' of pages \\[2\\] came back from the host tier changed"
+    ):
+        checks.check_offload_round_trip(full(block_size=4, heads=1, head_size=8), kinds, [2])
+
+
+def test_catches_a_none_kind_whose_pages_are_taken(kinds, monkeypatch):
+    from kvcore.runtime.host_tier import HostTier
+
+    monkeypatch.setattr(HostTier, "offload", lambda self, group, pages: [0])
+    with pytest.raises(AssertionError, match="offload_unit is 'none' but the host tier took its pages"):
+        checks.check_offload_round_trip(Ring(block_size=4), kinds, [1])

@@ -209,9 +209,9 @@ def test_the_suites_run_in_an_authors_project(outer_pytest):
     selection = "TestRing or TestStacked or max_usage or json_round_trip or fixtures"
     result = outer_pytest.runpytest_inprocess("-p", "no:cacheprovider", "-rA", "-k", selection)
     outcomes = result.parseoutcomes()
-    # TestRing 15; TestShrinking, TestShrinkingUndeclared, TestPassingCheckDeclaredFailing one
+    # TestRing 17; TestShrinking, TestShrinkingUndeclared, TestPassingCheckDeclaredFailing one
     # each; TestStacked 12 - 9 declared failures (the planner refuses its plans); the fixture test
-    assert outcomes.get("passed") == 15 + 3 + 3 + 1, result.stdout.str()
+    assert outcomes.get("passed") == 17 + 3 + 3 + 1, result.stdout.str()
     assert outcomes.get("xfailed") == 1 + 9
     assert outcomes.get("failed") == 2  # the undeclared failure and the strict xpass
     assert outcomes.get("errors") == 2 + 2  # TestTypo and TestForgotSpecCls run no check
