@@ -75,6 +75,43 @@ class MaxModelLen:
         return self.tokens if self.auto and self.tokens < MAX_TOKENS else None
 
 
+def sizing_of(
+    context: SizingContext | None, max_model_len: int | Literal["auto"] | MaxModelLen | None
+) -> tuple[SizingContext, MaxModelLen]:
+    """The context and length of a caller that takes both (``context=`` and ``max_model_len=``,
+    as :func:`kvcore.engine.workflow.initialize_kv_caches` does), reconciled once.
+
+    ``"auto"`` caps the length at ``context.max_model_len`` when a context is given, else nothing
+    does (memory alone bounds it); a number or a :class:`MaxModelLen` must agree with a context
+    given beside it.
+
+    Returns:
+        The context (its ``max_model_len`` the length, or ``auto``'s cap) and the length.
+
+    Raises:
+        InvalidInputError: neither given, or two lengths that differ.
+    """
+    if max_model_len == "auto":
+        length = MaxModelLen.up_to(context.max_model_len if context is not None else None)
+    elif max_model_len is None:
+        if context is None:
+            raise InvalidInputError(
+                "give the request length to size for: max_model_len=N or context=SizingContext(...)"
+            )
+        length = MaxModelLen(context.max_model_len)
+    else:
+        length = MaxModelLen.of(max_model_len)
+        if context is not None and context.max_model_len != length.tokens:
+            given = max_model_len if not isinstance(max_model_len, MaxModelLen) else length.tokens
+            raise InvalidInputError(
+                f"got context.max_model_len={context.max_model_len} and max_model_len={given}; "
+                "give one of them"
+            )
+    if context is None:
+        context = SizingContext(max_model_len=length.tokens)
+    return context, length
+
+
 def _specs(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
     if not isinstance(value, Mapping):
         raise InvalidSpecError(
