@@ -57,7 +57,7 @@ from kvcore.planning.max_len import (
     memory_bound,
 )
 from kvcore.planning.registry import Registry
-from kvcore.planning.request import PlanRequest, check_budget as check_budget
+from kvcore.planning.request import PlanRequest, check_budget as check_budget, is_auto
 from kvcore.policy import AllocationPolicy, BlockPlacement, PlanOptions, PolicyChoice
 from kvcore.spec import KVCacheSpec, SizingContext, sized_specs, spec_differences
 from kvcore.validators import check_int
@@ -344,7 +344,7 @@ def plan_kv_cache(
         specs,
         [available_bytes],
         context,
-        auto_length=_auto(max_model_len),
+        auto_length=is_auto(max_model_len),
         policy=policy,
         options=options,
         num_blocks=num_blocks,
@@ -402,7 +402,7 @@ def plan_model(
         specs,
         rank_memory,
         context,
-        auto_length=_auto(max_model_len),
+        auto_length=is_auto(max_model_len),
         policy=policy,
         options=options,
         num_blocks=num_blocks,
@@ -411,19 +411,6 @@ def plan_model(
         rank_names=rank_names,
     )
     return plan(request, registry=registry)
-
-
-def _auto(max_model_len: object) -> bool:
-    """Whether the keyword functions' ``max_model_len`` asks for ``auto``.
-
-    Raises:
-        InvalidInputError: anything but ``"auto"`` or ``None``.
-    """
-    if max_model_len is not None and max_model_len != "auto":
-        raise InvalidInputError(
-            f"max_model_len takes 'auto' or None here (got {max_model_len!r}); a number goes in the context"
-        )
-    return max_model_len == "auto"
 
 
 def _strict_options(options: PlanOptions) -> PlanOptions | None:

@@ -75,6 +75,20 @@ class MaxModelLen:
         return self.tokens if self.auto and self.tokens < MAX_TOKENS else None
 
 
+def is_auto(max_model_len: object) -> bool:
+    """Whether the keyword planning functions' ``max_model_len`` (``"auto"`` or ``None``; the
+    number is the context's) asks for ``auto``.
+
+    Raises:
+        InvalidInputError: anything else.
+    """
+    if max_model_len is not None and max_model_len != "auto":
+        raise InvalidInputError(
+            f"max_model_len takes 'auto' or None here (got {max_model_len!r}); a number goes in the context"
+        )
+    return max_model_len == "auto"
+
+
 def sizing_of(
     context: SizingContext | None, max_model_len: int | Literal["auto"] | MaxModelLen | None
 ) -> tuple[SizingContext, MaxModelLen]:

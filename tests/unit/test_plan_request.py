@@ -166,3 +166,9 @@ def test_sizing_of_reconciles_context_and_length_once():
         sizing_of(None, None)
     with pytest.raises(InvalidInputError, match=r"context\.max_model_len=4096 and max_model_len=8192"):
         sizing_of(context, 8192)
+
+
+def test_the_keyword_functions_take_auto_or_none_and_nothing_else(registry):
+    # a number once sent plan_model down the auto path silently; the length goes in the context
+    with pytest.raises(InvalidInputError, match="max_model_len takes 'auto' or None here"):
+        plan_model(SPECS, [2**30], SizingContext(max_model_len=8192), registry=registry, max_model_len=8192)
