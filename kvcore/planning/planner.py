@@ -65,7 +65,7 @@ from kvcore.validators import check_int
 
 @attrs.frozen(kw_only=True)
 class PlanningResult:
-    """What :func:`plan_model` made: the policy choice and one plan per rank.
+    """What :func:`plan` made: the policy choice and one plan per rank.
 
     Attributes:
         choice: the policy and why it was chosen (``auto``'s reason, for a report).
