@@ -234,6 +234,12 @@ def _layer_set(layers: object) -> Any:
 
 def _check_rank_layers(instance: PlanRequest, attribute: attrs.Attribute[Any], value: object) -> None:
     if value is None:
+        ranks = len(instance.budgets)
+        if ranks > 1 and instance.specs:  # (a model with nothing to cache needs no layers per rank)
+            raise InvalidInputError(
+                f"got the memory of {ranks} ranks but not their layers; give rank_layers, one "
+                "collection of layer names per rank (or one budget)"
+            )
         return
     if not isinstance(value, tuple) or not all(isinstance(layers, frozenset) for layers in value):
         raise InvalidInputError(f"rank_layers must be one collection of layer names per rank (got {value!r})")

@@ -79,7 +79,12 @@ def test_the_context_defaults_to_the_length_and_a_given_one_must_agree():
         ({"check_fit": 1}, InvalidInputError, "'check_fit' must be True or False"),
         ({"budgets": [1, 1], "rank_layers": [{"l0"}]}, InvalidInputError, "the layers of 1 rank"),
         ({"rank_layers": "l0"}, InvalidInputError, "rank_layers must be one collection"),
-        ({"budgets": [2**30, 2**30], "rank_names": ["a"]}, InvalidInputError, "got 1 rank names for 2 ranks"),
+        ({"budgets": [1, 1]}, InvalidInputError, "the memory of 2 ranks but not their layers"),
+        (
+            {"budgets": [2**30, 2**30], "rank_layers": [{"l0"}, {"l1"}], "rank_names": ["a"]},
+            InvalidInputError,
+            "got 1 rank names for 2 ranks",
+        ),
     ],
 )
 def test_every_field_is_checked_when_the_request_is_made(fields, error, words):
