@@ -11,11 +11,11 @@ from typing import Any
 import attrs
 
 from kvcore.cli import inputs
+from kvcore.cli.options import PlanningArgs
 from kvcore.cli.progress import progress
 from kvcore.cli.report import chosen_length, chosen_length_line, format_plan, plan_report, policy_reason
 from kvcore.cli.table import add_csv_option, render_table, wants_csv, write_csv
 from kvcore.errors import InvalidInputError
-from kvcore.limits import MAX_TOKENS
 from kvcore.planning.registry import Registry
 from kvcore.runtime import DEFAULT_UTILIZATION
 from kvcore.units import format_bytes
@@ -81,9 +81,10 @@ def add_parser(sub: Any) -> None:
     parser.set_defaults(run=run)
 
 
-def run(args: argparse.Namespace, registry: Registry) -> int:
+def run(namespace: argparse.Namespace, registry: Registry) -> int:
+    args = PlanningArgs.read(namespace)
     if args.plan is not None:
-        return run_saved_plan(args, registry)
+        return run_saved_plan(args, args.plan, registry)
     if (args.memory is None) == (args.utilization is None):
         raise InvalidInputError(
             "give the KV-cache budget as --memory SIZE (fixed) or as --utilization F (a share of the "
@@ -95,7 +96,7 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
 
     timings: list[tuple[str, float]] = []
     start = time.perf_counter()
-    specs = inputs.load_layer_specs(args, registry)
+    args, specs = inputs.load_layer_specs(args, registry)
     timings.append(("read specs", time.perf_counter() - start))
 
     start = time.perf_counter()
@@ -116,13 +117,14 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
         else (f"profiling memory on {args.device} (utilization {args.utilization}), allocating and binding")
     )
     context = inputs.sizing_context(args, auto=True)
+    length = inputs.request_length(args)
     with progress(what):
         plan = initialize_kv_caches(
             executor,
             registry=registry,
             policy=args.policy,
             context=context,
-            max_model_len=inputs.length_mode(args),
+            max_model_len=length,
             options=inputs.plan_options(args),
             num_blocks=args.num_blocks,
         )
@@ -132,9 +134,8 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
 
     sizes = allocation_sizes(plan)
     chosen = None
-    if inputs.length_mode(args) is not None:
-        cap = context.max_model_len if context.max_model_len < MAX_TOKENS else None
-        chosen = chosen_length(plan.context.max_model_len, cap, inputs.length_cap_name(args))
+    if length.auto:
+        chosen = chosen_length(plan.context.max_model_len, length.cap, inputs.length_cap_name(args))
     if wants_csv(args):
         write_csv(timing_records(timings))
         return 0
@@ -201,14 +202,15 @@ _PLAN_FIXES = (
 )
 
 
-def run_saved_plan(args: argparse.Namespace, registry: Registry) -> int:
-    """``--plan FILE``: read and check a saved plan, allocate it, bind stand-in layers."""
-    given = [flag for dest, flag in _PLAN_FIXES if getattr(args, dest, None) is not None]
+def run_saved_plan(args: PlanningArgs, path: str, registry: Registry) -> int:
+    """``--plan FILE`` (``path``): read and check a saved plan, allocate it, bind stand-in layers."""
+    options = attrs.asdict(args, recurse=False)
+    given = [flag for dest, flag in _PLAN_FIXES if options[dest] is not None]
     if args.policy != "auto":
         given.append("--policy")
-    if getattr(args, "uniform_block_size", False):
+    if args.uniform_block_size:
         given.append("--uniform-block-size")
-    if getattr(args, "block_multiples", "power_of_two") != "power_of_two":
+    if args.block_multiples != "power_of_two":
         given.append("--block-multiples")
     if given:
         raise InvalidInputError(
@@ -221,7 +223,7 @@ def run_saved_plan(args: argparse.Namespace, registry: Registry) -> int:
 
     timings: list[tuple[str, float]] = []
     start = time.perf_counter()
-    plan = read_plan_file(args.plan, registry)
+    plan = read_plan_file(path, registry)
     timings.append(("read and check plan", time.perf_counter() - start))
     specs = {name: group.spec for group in plan.groups for name in group.layer_names}
     start = time.perf_counter()

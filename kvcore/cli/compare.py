@@ -13,6 +13,7 @@ import attrs
 
 from kvcore.cli import gpu, inputs, replay, timing
 from kvcore.cli.inputs import FLAG_NAMES
+from kvcore.cli.options import PlanningArgs
 from kvcore.cli.replay import variant_cells
 from kvcore.cli.report import plan_report
 from kvcore.cli.scheduler_options import add_scheduler_options, scheduler_profile
@@ -132,7 +133,7 @@ def add_candidate_options(parser: argparse.ArgumentParser) -> None:
 
 
 def build_candidates(
-    args: argparse.Namespace, registry: Registry, specs: Mapping[str, KVCacheSpec]
+    args: PlanningArgs, registry: Registry, specs: Mapping[str, KVCacheSpec]
 ) -> list[Candidate]:
     """Every candidate plan the options ask for (:func:`compare_policies`): policies x
     ``--block-sizes`` x ``--kv-cache-dtypes``."""
@@ -140,18 +141,18 @@ def build_candidates(
     policies = policy_names(args, registry)
     return compare_policies(
         specs,
-        args.memory,
+        args.kv_budget,
         inputs.sizing_context(args),
         registry=registry,
         policies=policies,
         block_sizes=args.block_sizes or [None],
         kv_cache_dtypes=dtypes,
         options=inputs.plan_options(args),
-        state_cache_modes=getattr(args, "state_cache_modes", None) or [None],
+        state_cache_modes=args.state_cache_modes or [None],
     )
 
 
-def policy_names(args: argparse.Namespace, registry: Registry) -> list[str] | None:
+def policy_names(args: PlanningArgs, registry: Registry) -> list[str] | None:
     """The policies of ``--policies`` (``None``: every registered one), each checked.
 
     Raises:
@@ -186,11 +187,12 @@ def candidate_row(candidate: Candidate) -> dict[str, Any]:
     }
 
 
-def run(args: argparse.Namespace, registry: Registry) -> int:
+def run(namespace: argparse.Namespace, registry: Registry) -> int:
+    args = PlanningArgs.read(namespace)
     policy_names(args, registry)  # a misspelt policy fails before the model is read
     wants_csv(args)
-    specs = inputs.load_layer_specs(args, registry)
-    budget = gpu.settle_budget(args, registry)
+    args, specs = inputs.load_layer_specs(args, registry)
+    args, budget = gpu.settle_budget(args, registry)
     if args.engine == "vllm":
         from kvcore.cli import vllm_compare
 
@@ -231,9 +233,7 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
         candidates = sorted(candidates, key=rank)
     else:
         candidates = build_candidates(args, registry, specs)
-    frontiers = (
-        candidate_frontiers(args, registry, specs, candidates) if getattr(args, "frontier", False) else {}
-    )
+    frontiers = candidate_frontiers(args, registry, specs, candidates) if args.frontier else {}
     best = best_candidate(candidates, simulated)
     if wants_csv(args):
         write_csv(
@@ -249,7 +249,7 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
         return exit_status(candidates)
     if args.json:
         payload: dict[str, Any] = {
-            "available_memory_bytes": args.memory,
+            "available_memory_bytes": args.kv_budget,
             "max_model_len": args.max_model_len,
             "best_reason": best.reason if best is not None else None,
         }
@@ -279,7 +279,7 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
         ]
         print(json.dumps(payload, indent=2))
         return exit_status(candidates)
-    modes = bool(getattr(args, "state_cache_modes", None))
+    modes = bool(args.state_cache_modes)
     # a pools column only where some plan has several block pools
     pools = any(c.plan is not None and c.plan.is_multi_pool for c in candidates)
     rows = []
@@ -316,7 +316,7 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
         rows.append(row)
     gpu.print_budget(budget)
     print(
-        f"budget {format_bytes(args.memory)}, max_model_len {args.max_model_len:,}; "
+        f"budget {format_bytes(args.kv_budget)}, max_model_len {args.max_model_len:,}; "
         "concurrency = requests of max_model_len held at once"
     )
     headers = [
@@ -356,7 +356,7 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
 
 
 def candidate_frontiers(
-    args: argparse.Namespace,
+    args: PlanningArgs,
     registry: Registry,
     specs: Mapping[str, KVCacheSpec],
     candidates: Sequence[Candidate],
@@ -371,7 +371,7 @@ def candidate_frontiers(
             continue
         variant = variant_specs(specs, block_size=c.block_size, kv_cache_dtype=c.kv_cache_dtype)
         out[id(c)] = policy_frontier(
-            variant, args.memory, c.plan.context, registry=registry, policy=c.policy, options=options
+            variant, args.kv_budget, c.plan.context, registry=registry, policy=c.policy, options=options
         )
     return out
 

@@ -3,10 +3,11 @@ a GPU (:func:`kvcore.planning.gpu_budget.gpu_budget`), and the lines that show i
 
 from __future__ import annotations
 
-import argparse
+import attrs
 
+from kvcore.cli.inputs import load_model
+from kvcore.cli.options import PlanningArgs
 from kvcore.errors import InvalidInputError, ModelConfigError, UnknownModelError
-from kvcore.frontends.hf_config import load_model_config
 from kvcore.plan import KVCachePlan
 from kvcore.planning.capacity import Capacity, format_figure
 from kvcore.planning.gpu_budget import DEFAULT_UTILIZATION, GpuBudget, gpu_budget
@@ -14,35 +15,38 @@ from kvcore.planning.registry import Registry
 from kvcore.units import format_bytes
 
 
-def settle_budget(args: argparse.Namespace, registry: Registry) -> GpuBudget | None:
-    """With ``--gpu-memory``, work out the KV budget and put it in ``args.memory``.
+def settle_budget(args: PlanningArgs, registry: Registry) -> tuple[PlanningArgs, GpuBudget | None]:
+    """With ``--gpu-memory``, work out the KV budget: ``args.memory`` becomes it.
 
     Args:
-        args: the parsed options (``--gpu-memory``, ``--utilization``, ``--model``, ``--tp``,
+        args: the options (``--gpu-memory``, ``--utilization``, ``--model`` loaded, ``--tp``,
             ``--pp``, ``--max-num-batched-tokens``).
         registry: whose plugins count the weights.
 
     Returns:
-        The budget and its terms, or ``None`` when the budget was given as ``--memory``.
+        ``args`` with the budget in ``memory``, and the budget and its terms (``None`` when
+        the budget was given as ``--memory``: ``args`` unchanged).
 
     Raises:
         InvalidInputError: ``--utilization`` without ``--gpu-memory``, ``--gpu-memory`` with a
             spec file, or nothing left for the KV cache.
         UnknownModelError, ModelConfigError: the weights cannot be counted.
     """
-    gpu = getattr(args, "gpu_memory", None)
+    gpu = args.gpu_memory
     if gpu is None:
-        if getattr(args, "utilization", None) is not None:
+        if args.utilization is not None:
             raise InvalidInputError(
                 "--utilization applies to --gpu-memory only; --memory is the KV budget itself"
             )
-        return None
-    if getattr(args, "model", None) is None:
+        return args, None
+    if args.model is None:
         raise InvalidInputError(
             "--gpu-memory needs --model: the weights are counted from the model's config; with a spec "
             "file give the KV budget as --memory SIZE"
         )
-    config, source = load_model_config(args.model)
+    loaded = load_model(args, registry).model_config  # loaded once: by load_layer_specs, before this
+    assert loaded is not None  # --model is given
+    config, source = loaded.config, loaded.source
     try:
         budget = gpu_budget(
             config,
@@ -50,14 +54,13 @@ def settle_budget(args: argparse.Namespace, registry: Registry) -> GpuBudget | N
             gpu,
             utilization=args.utilization if args.utilization is not None else DEFAULT_UTILIZATION,
             max_num_batched_tokens=args.max_num_batched_tokens,
-            tp=getattr(args, "tp", None) or 1,
-            pp=getattr(args, "pp", None) or 1,
+            tp=args.tp_size,
+            pp=args.pp_size,
             source=source.removeprefix("bundled "),
         )
     except (UnknownModelError, ModelConfigError, InvalidInputError) as exc:
         raise type(exc)(_flags(str(exc))) from None
-    args.memory = budget.kv_cache
-    return budget
+    return attrs.evolve(args, memory=budget.kv_cache), budget
 
 
 #: How the planning layer's messages name what the command line spells as flags.

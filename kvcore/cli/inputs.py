@@ -6,20 +6,23 @@ import argparse
 import math
 import re
 import sys
+from collections.abc import Collection, Mapping, Sequence
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
 
 from kvcore.cli import serving
+from kvcore.cli.options import LoadedModel, PlanningArgs
 from kvcore.error_messages import ParameterNames
 from kvcore.errors import InvalidInputError
-from kvcore.frontends.hf_config import ModelLength, load_model_config, model_layer_specs, model_length
+from kvcore.frontends.hf_config import config_layer_specs, load_model_config, model_length
 from kvcore.frontends.specfile import read_spec_file
 from kvcore.limits import MAX_TOKENS
 from kvcore.model_options import ModelOptions
 from kvcore.planning.ranks import Parallelism
 from kvcore.planning.registry import Registry
+from kvcore.planning.request import MaxModelLen, PlanRequest
 from kvcore.policy import BLOCK_MULTIPLES, PlanOptions
 from kvcore.spec import DEFAULT_MAX_NUM_BATCHED_TOKENS, KVCacheSpec, SizingContext, resize_blocks
 from kvcore.units import format_bytes, parse_size
@@ -243,9 +246,9 @@ def add_pipeline_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def parallelism(args: argparse.Namespace) -> Parallelism:
+def parallelism(args: PlanningArgs) -> Parallelism:
     """The :class:`~kvcore.planning.ranks.Parallelism` of ``--tp`` and ``--pp`` (1 where not given)."""
-    return Parallelism(tp_size=getattr(args, "tp", None) or 1, pp_size=getattr(args, "pp", None) or 1)
+    return Parallelism(tp_size=args.tp_size, pp_size=args.pp_size)
 
 
 def add_sizing_options(
@@ -385,37 +388,52 @@ def utilization(text: str) -> float:
     return value
 
 
-def settle_max_model_len(args: argparse.Namespace, registry: Registry) -> None:
-    """Default ``--max-model-len`` to ``--model``'s length (its ``max_position_embeddings``, or
-    its config class's default where the config omits it: :func:`model_length`), and warn (on
-    stderr) when a length given is longer than it. The model's length is kept as
-    ``args.model_length`` for :func:`length_cap`.
+def load_model(args: PlanningArgs, registry: Registry) -> PlanningArgs:
+    """``args`` with the config ``--model`` names loaded, once for the whole command
+    (:attr:`PlanningArgs.model_config`); ``args`` itself for a spec file or a config already loaded.
+
+    Raises:
+        UnknownModelError, InvalidInputError, ModelConfigError: as
+            :func:`~kvcore.frontends.hf_config.load_model_config`.
+    """
+    if args.model is None or args.model_config is not None:
+        return args
+    config, source = load_model_config(args.model)
+    loaded = LoadedModel(name=args.model, config=config, source=source, length=model_length(config, registry))
+    return attrs.evolve(args, model_config=loaded)
+
+
+def settle_max_model_len(args: PlanningArgs, registry: Registry) -> PlanningArgs:
+    """``args`` with ``--max-model-len`` defaulted to ``--model``'s length (its
+    ``max_position_embeddings``, or its config class's default where the config omits it:
+    :func:`model_length`), the model loaded (:func:`load_model`); warns (on stderr) when a
+    length given is longer than the model's.
 
     Raises:
         InvalidInputError: no ``--max-model-len`` and nothing to default it to (a spec file,
             or a config whose family knows no length).
     """
-    given = getattr(args, "max_model_len", None)
-    args.model_length = None
-    if getattr(args, "model", None) is None:
+    given = args.max_model_len
+    args = load_model(args, registry)
+    if args.model is None:
         if given is None:
             raise InvalidInputError("give --max-model-len N (or auto): a spec file states no model length")
-        return
-    config, _ = load_model_config(args.model)
-    args.model_length = length = model_length(config, registry)
+        return args
+    length = args.model_length
     if given is None:
         if length is None:
             raise InvalidInputError(
                 f"{args.model}: the config states no max_position_embeddings and its model family gives "
                 "no default to default to; give --max-model-len N"
             )
-        args.max_model_len = length.value
-    elif given != "auto" and length is not None and given > length.value:
+        return attrs.evolve(args, max_model_len=length.value)
+    if given != "auto" and length is not None and given > length.value:
         print(
             f"kvcore: warning: --max-model-len {given:,} is longer than {args.model}'s "
             f"{length.describe()} ({length.value:,}); the model was not trained for such requests",
             file=sys.stderr,
         )
+    return args
 
 
 def add_planning_options(
@@ -441,48 +459,52 @@ def add_planning_options(
     )
 
 
-def model_options(args: argparse.Namespace) -> ModelOptions:
+def model_options(args: PlanningArgs) -> ModelOptions:
     """The :class:`~kvcore.model_options.ModelOptions` of ``--tp``, ``--kv-cache-dtype``,
     ``--state-dtype`` and ``--block-size``.
 
     Raises:
         InvalidInputError: a model option without ``--model``, or a bad dtype.
     """
-    given = {
-        "tp": getattr(args, "tp", None),
-        "kv_cache_dtype": getattr(args, "kv_cache_dtype", None),
-        "state_dtype": getattr(args, "state_dtype", None),
-        "speculative": getattr(args, "speculative", None),
+    given: dict[str, Any] = {
+        "tp": args.tp,
+        "kv_cache_dtype": args.kv_cache_dtype,
+        "state_dtype": args.state_dtype,
+        "speculative": args.speculative,
     }
-    if getattr(args, "model", None) is None:
+    if args.model is None:
         named = [f"--{key.replace('_', '-')}" for key, value in given.items() if value is not None]
         if named:
             raise InvalidInputError(
                 f"{', '.join(named)} {'applies' if len(named) == 1 else 'apply'} to --model only; "
                 "a spec file states its own sizes"
             )
-    block_size = getattr(args, "block_size", None)
-    values = {key: value for key, value in given.items() if value is not None}
-    return ModelOptions(**values, **({"block_size": block_size} if block_size is not None else {}))
+    values = {
+        key: value for key, value in {**given, "block_size": args.block_size}.items() if value is not None
+    }
+    return ModelOptions(**values)
 
 
-def load_layer_specs(args: argparse.Namespace, registry: Registry) -> dict[str, KVCacheSpec]:
-    """The specs of ``--model`` (with the model options) or of ``--specs`` (with ``--block-size``);
-    ``--max-model-len`` is settled first (:func:`settle_max_model_len`)."""
+def load_layer_specs(args: PlanningArgs, registry: Registry) -> tuple[PlanningArgs, dict[str, KVCacheSpec]]:
+    """The specs of ``--model`` (with the model options) or of ``--specs`` (with ``--block-size``),
+    and ``args`` settled: the model loaded once and ``--max-model-len`` defaulted
+    (:func:`settle_max_model_len`)."""
     options = model_options(args)
-    settle_max_model_len(args, registry)
-    if getattr(args, "model", None) is not None:
-        return model_layer_specs(args.model, registry, options)
+    args = settle_max_model_len(args, registry)
+    if args.model_config is not None:
+        loaded = args.model_config
+        return args, config_layer_specs(loaded.config, loaded.source, registry, options)
+    assert args.specs is not None  # argparse requires --model or --specs
     specs = read_spec_file(args.specs, registry)
-    block_size = getattr(args, "block_size", None)
-    return specs if block_size is None else resize_blocks(specs, block_size)
+    block_size = args.block_size
+    return args, specs if block_size is None else resize_blocks(specs, block_size)
 
 
-def sizing_context(args: argparse.Namespace, *, auto: bool = False) -> SizingContext:
+def sizing_context(args: PlanningArgs, *, auto: bool = False) -> SizingContext:
     """The :class:`SizingContext` the options describe.
 
     Args:
-        args: the parsed options.
+        args: the settled options (:func:`load_layer_specs`).
         auto: the command chooses the length for ``--max-model-len auto``; the context then
             holds the cap (:func:`length_cap`, or :data:`~kvcore.limits.MAX_TOKENS` for none).
 
@@ -497,41 +519,73 @@ def sizing_context(args: argparse.Namespace, *, auto: bool = False) -> SizingCon
                 "needs one length for every plan: give a number"
             )
         length = min(length_cap(args) or MAX_TOKENS, MAX_TOKENS)
+    assert length is not None  # settled by settle_max_model_len
     steps = args.max_num_batched_tokens
     return SizingContext(max_model_len=length, max_num_batched_tokens=steps, **serving.context_fields(args))
 
 
-def length_mode(args: argparse.Namespace) -> Literal["auto"] | None:
-    """``"auto"`` for ``--max-model-len auto`` (the planner's ``max_model_len``), else ``None``."""
-    return "auto" if args.max_model_len == "auto" else None
+def request_length(args: PlanningArgs) -> MaxModelLen:
+    """``--max-model-len`` as the planner takes it: the number, or ``auto`` up to the model's
+    length (:func:`length_cap`; no cap for a spec file)."""
+    context = sizing_context(args, auto=True)
+    return MaxModelLen(context.max_model_len, auto=args.max_model_len == "auto")
 
 
-def length_cap(args: argparse.Namespace) -> int | None:
+def plan_request(
+    args: PlanningArgs,
+    specs: Mapping[str, KVCacheSpec],
+    *,
+    rank_layers: Sequence[Collection[str]] | None = None,
+    rank_names: Sequence[str] | None = None,
+) -> PlanRequest:
+    """The :class:`~kvcore.planning.request.PlanRequest` of ``kvcore plan``: the settled
+    options' budget (``--memory`` for each rank), length, policy, options and forced block count.
+
+    Args:
+        args: the settled options (:func:`load_layer_specs`; the budget settled too).
+        specs: the layer specs (of the whole model).
+        rank_layers: the layers of each simulated rank; ``None`` for one rank.
+        rank_names: how messages name the ranks.
+    """
+    return PlanRequest(
+        specs=specs,
+        budgets=[args.kv_budget] * (len(rank_layers) if rank_layers is not None else 1),
+        max_model_len=request_length(args),
+        context=sizing_context(args, auto=True),
+        policy=args.policy,
+        options=plan_options(args),
+        num_blocks=args.num_blocks,
+        rank_layers=rank_layers,
+        rank_names=rank_names,
+    )
+
+
+def length_cap(args: PlanningArgs) -> int | None:
     """The longest request ``--max-model-len auto`` may choose: ``--model``'s length as
     :func:`settle_max_model_len` found it; ``None`` for a spec file or a model without one."""
-    length: ModelLength | None = getattr(args, "model_length", None)
+    length = args.model_length
     return length.value if length is not None else None
 
 
-def length_cap_name(args: argparse.Namespace) -> str:
+def length_cap_name(args: PlanningArgs) -> str:
     """What the cap of :func:`length_cap` is, for messages (``'max_position_embeddings'``)."""
-    length: ModelLength | None = getattr(args, "model_length", None)
+    length = args.model_length
     return length.describe() if length is not None else "max_position_embeddings"
 
 
-def plan_options(args: argparse.Namespace) -> PlanOptions:
+def plan_options(args: PlanningArgs) -> PlanOptions:
     """The :class:`PlanOptions` the options describe."""
     return PlanOptions(
         grouping_tolerance=args.grouping_tolerance,
         max_block_size=args.max_block_size,
-        reserve_null_block=getattr(args, "reserve_null_block", False),
-        uniform_block_size=getattr(args, "uniform_block_size", False),
-        max_groups=getattr(args, "max_groups", None),
-        block_multiples=getattr(args, "block_multiples", None) or PlanOptions().block_multiples,
+        reserve_null_block=args.reserve_null_block,
+        uniform_block_size=args.uniform_block_size,
+        max_groups=args.max_groups,
+        block_multiples=args.block_multiples,
     )
 
 
-def options_report(args: argparse.Namespace) -> dict[str, Any]:
+def options_report(args: PlanningArgs) -> dict[str, Any]:
     """``{"options": {...}}``, the :class:`PlanOptions` for a JSON report, when any differs from
     its default (``--uniform-block-size``, ``--max-groups`` ...); ``{}`` otherwise, so that a
     plan made with the defaults reads as it always has."""
@@ -592,6 +646,13 @@ SYNTHETIC_OPTIONS = {
     "--prefix-share": "prefix_share",
     "--prefix-len": "prefix_len",
 }
+
+
+def synthetic_options(args: PlanningArgs) -> dict[str, Any]:
+    """``{flag: value}`` of the synthetic-workload options (:data:`SYNTHETIC_OPTIONS`); ``None``
+    where not given."""
+    values = attrs.asdict(args, recurse=False)
+    return {flag: values[name] for flag, name in SYNTHETIC_OPTIONS.items()}
 
 
 def add_workload_options(parser: argparse.ArgumentParser, *, trace_flag: str, required: bool) -> None:
@@ -661,12 +722,12 @@ def add_workload_options(parser: argparse.ArgumentParser, *, trace_flag: str, re
     )
 
 
-def wants_workload(args: argparse.Namespace) -> bool:
+def wants_workload(args: PlanningArgs) -> bool:
     """Whether the options name a workload (a trace or ``--requests``)."""
-    return getattr(args, "trace", None) is not None or getattr(args, "requests", None) is not None
+    return args.trace is not None or args.requests is not None
 
 
-def refuse_engine_options(args: argparse.Namespace, engine: str, runs_as: str) -> None:
+def refuse_engine_options(args: PlanningArgs, engine: str, runs_as: str) -> None:
     """Refuse the ``compare`` options an ``--engine`` comparison does not take.
 
     Args:
@@ -682,7 +743,7 @@ def refuse_engine_options(args: argparse.Namespace, engine: str, runs_as: str) -
             ("--workload/--requests", wants_workload(args)),
             ("--block-sizes", bool(args.block_sizes)),
             ("--kv-cache-dtypes", bool(args.kv_cache_dtypes)),
-            ("--frontier", bool(getattr(args, "frontier", False))),
+            ("--frontier", args.frontier),
         )
         if given
     ]
@@ -693,7 +754,7 @@ def refuse_engine_options(args: argparse.Namespace, engine: str, runs_as: str) -
         )
 
 
-def load_workload(args: argparse.Namespace, max_model_len: int, *, per_second: bool = False) -> Workload:
+def load_workload(args: PlanningArgs, max_model_len: int, *, per_second: bool = False) -> Workload:
     """The workload the options describe: ``--trace``/``--workload FILE`` read, or
     ``--requests N`` drawn (lengths clipped to ``max_model_len``).
 
@@ -703,13 +764,14 @@ def load_workload(args: argparse.Namespace, max_model_len: int, *, per_second: b
     """
     from kvcore.simulation.workload import read_trace, synthetic
 
-    given = [flag for flag, name in SYNTHETIC_OPTIONS.items() if getattr(args, name, None) is not None]
+    given = [flag for flag, value in synthetic_options(args).items() if value is not None]
     if args.requests is None:
         if given:
             raise InvalidInputError(
                 f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} to --requests only; "
                 "a trace states its own lengths and arrival steps"
             )
+        assert args.trace is not None  # a trace, or --requests: argparse requires one
         workload = read_trace(args.trace)
         if not per_second and workload.requests[0].arrival_time is not None:
             raise InvalidInputError(
@@ -717,9 +779,10 @@ def load_workload(args: argparse.Namespace, max_model_len: int, *, per_second: b
                 "(with --model) or --step-profile FILE"
             )
         return workload
-    lengths = {"--prompt-len": args.prompt_len, "--output-len": args.output_len}
-    missing = [flag for flag, value in lengths.items() if value is None]
-    if missing:
+    prompt_len, output_len = args.prompt_len, args.output_len
+    if prompt_len is None or output_len is None:
+        lengths = {"--prompt-len": prompt_len, "--output-len": output_len}
+        missing = [flag for flag, value in lengths.items() if value is None]
         raise InvalidInputError(
             f"--requests {args.requests} needs {' and '.join(missing)}: e.g. --prompt-len lognormal:512:1 "
             "--output-len lognormal:256:1"
@@ -730,8 +793,8 @@ def load_workload(args: argparse.Namespace, max_model_len: int, *, per_second: b
         )
     return synthetic(
         args.requests,
-        args.prompt_len,
-        args.output_len,
+        prompt_len,
+        output_len,
         rate=args.rate,
         seed=args.seed or 0,
         max_model_len=max_model_len,

@@ -12,10 +12,10 @@ from kvcore.cli import inputs
 from kvcore.cli.table import add_csv_option, render_table, wants_csv, write_csv
 from kvcore.frontends.hf_config import (
     bundled_models,
+    config_layer_specs,
     layer_specs_from_config,
     load_model_config,
     max_position_embeddings,
-    model_layer_specs,
 )
 from kvcore.frontends.specfile import specs_to_dict
 from kvcore.model_options import ModelOptions
@@ -101,7 +101,8 @@ def _options(args: argparse.Namespace) -> ModelOptions:
 
 
 def _show_model(args: argparse.Namespace, registry: Registry, options: ModelOptions) -> int:
-    specs = model_layer_specs(args.model, registry, options)
+    config, source = load_model_config(args.model)  # once: the specs and the header line read it
+    specs = config_layer_specs(config, source, registry, options)
     if wants_csv(args):
         write_csv(
             [
@@ -118,7 +119,6 @@ def _show_model(args: argparse.Namespace, registry: Registry, options: ModelOpti
     if args.json:
         print(json.dumps(specs_to_dict(specs, registry), indent=2))
         return 0
-    config, source = load_model_config(args.model)
     summary = summarize(specs)
     kinds = ", ".join(f"{n} {k}" for k, n in summary["kinds"].items())
     print(f"{source} ({config.get('model_type')}): {summary['layers']} layers with a cache: {kinds}")

@@ -9,6 +9,7 @@ from typing import Any
 
 from kvcore.cli import gpu, inputs
 from kvcore.cli.memory_map import check_map_path, render_memory_map, say_written
+from kvcore.cli.options import PlanningArgs
 from kvcore.cli.report import (
     chosen_length,
     chosen_length_line,
@@ -21,9 +22,10 @@ from kvcore.cli.report import (
 )
 from kvcore.cli.table import add_csv_option, wants_csv, write_csv
 from kvcore.plan import KVCachePlan
+from kvcore.planning import planner
 from kvcore.planning.gpu_budget import GpuBudget
 from kvcore.planning.offload import with_host_memory
-from kvcore.planning.planner import PlanningResult, plan_model
+from kvcore.planning.planner import PlanningResult
 from kvcore.planning.ranks import Parallelism, simulate_rank_specs, tightest_rank
 from kvcore.planning.registry import Registry
 from kvcore.spec import KVCacheSpec
@@ -61,27 +63,19 @@ def add_parser(sub: Any) -> None:
     parser.set_defaults(run=run)
 
 
-def run(args: argparse.Namespace, registry: Registry) -> int:
+def run(namespace: argparse.Namespace, registry: Registry) -> int:
+    args = PlanningArgs.read(namespace)
     wants_csv(args)  # --json with --csv is refused before planning
     if args.map:
         check_map_path(args.map)  # before planning, which can take a while
-    specs = inputs.load_layer_specs(args, registry)
-    budget = gpu.settle_budget(args, registry)
+    args, specs = inputs.load_layer_specs(args, registry)
+    args, budget = gpu.settle_budget(args, registry)
     if not specs:
         return run_nothing_to_cache(args, registry)
     parallelism = inputs.parallelism(args)
     if parallelism.world_size > 1:
         return run_ranks(args, registry, specs, parallelism, budget)
-    result = plan_model(
-        specs,
-        [args.memory],
-        inputs.sizing_context(args, auto=True),
-        registry=registry,
-        policy=args.policy,
-        options=inputs.plan_options(args),
-        num_blocks=args.num_blocks,
-        max_model_len=inputs.length_mode(args),
-    )
+    result = planner.plan(inputs.plan_request(args, specs), registry=registry)
     (plan,) = result.plans
     plan = with_host_memory(plan, args.host_memory)
     chosen = auto_length(result, inputs.length_cap_name(args))
@@ -151,7 +145,7 @@ def auto_length(result: PlanningResult, cap_name: str) -> dict[str, Any] | None:
 
 
 def run_ranks(
-    args: argparse.Namespace,
+    args: PlanningArgs,
     registry: Registry,
     specs: Mapping[str, KVCacheSpec],
     parallelism: Parallelism,
@@ -164,18 +158,13 @@ def run_ranks(
     ``specs`` itself: it is planned as :func:`~kvcore.plan_for_ranks` plans merged ranks.
     """
     rank_specs = simulate_rank_specs(specs, parallelism)
-    result = plan_model(
+    request = inputs.plan_request(
+        args,
         specs,
-        [args.memory] * parallelism.world_size,
-        inputs.sizing_context(args, auto=True),
-        registry=registry,
-        policy=args.policy,
-        options=inputs.plan_options(args),
-        num_blocks=args.num_blocks,
         rank_layers=rank_specs,
         rank_names=[parallelism.describe(rank) for rank in range(parallelism.world_size)],
-        max_model_len=inputs.length_mode(args),
     )
+    result = planner.plan(request, registry=registry)
     plans = [with_host_memory(plan, args.host_memory) for plan in result.plans]
     chosen = auto_length(result, inputs.length_cap_name(args))
     rank = tightest_rank(plans)
@@ -212,13 +201,11 @@ def run_ranks(
     return 0
 
 
-def run_nothing_to_cache(args: argparse.Namespace, registry: Registry) -> int:
+def run_nothing_to_cache(args: PlanningArgs, registry: Registry) -> int:
     """A model with no cache-holding layer (attention-free, encoder-only): say so, and with
     ``--json`` print its plan (no groups, no tensors, no blocks) and its figures, the
     unbounded ones ``null``."""
-    result = plan_model(
-        {}, [args.memory], inputs.sizing_context(args, auto=True), registry=registry, policy=args.policy
-    )
+    result = planner.plan(inputs.plan_request(args, {}), registry=registry)
     (plan,) = result.plans
     if wants_csv(args):
         write_csv(group_records(plan, {}))

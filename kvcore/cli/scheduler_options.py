@@ -6,7 +6,10 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+import attrs
+
 from kvcore.cli.inputs import positive_int
+from kvcore.cli.options import PlanningArgs
 from kvcore.errors import InvalidInputError
 from kvcore.planning.registry import Registry
 from kvcore.simulation.profile import DEFAULT_SCHEDULER
@@ -65,7 +68,7 @@ def add_scheduler_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def scheduler_profile(args: argparse.Namespace, registry: Registry) -> Any:
+def scheduler_profile(args: PlanningArgs, registry: Registry) -> Any:
     """The profile the options name, with vLLM's settings when it is ``vllm``.
 
     Raises:
@@ -74,9 +77,9 @@ def scheduler_profile(args: argparse.Namespace, registry: Registry) -> Any:
     """
     from kvcore.simulation.profiles.vllm import VllmProfile
 
-    name = getattr(args, "scheduler", DEFAULT_SCHEDULER)
-    given = {key: getattr(args, key, None) for key in VLLM_DEFAULTS}
-    given = {key: value for key, value in given.items() if value is not None}
+    name = args.scheduler or DEFAULT_SCHEDULER
+    options = attrs.asdict(args, recurse=False)
+    given = {key: options[key] for key in VLLM_DEFAULTS if options[key] is not None}
     profile = registry.scheduler_profile(name)
     if name != "vllm" or not isinstance(profile, VllmProfile):
         if given:

@@ -5,11 +5,14 @@ into the :class:`~kvcore.spec.SizingContext` (and, for ``--speculative``, the mo
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvcore.limits import MAX_TOKENS
 from kvcore.model_options import SPECULATIVE_METHODS
 from kvcore.spec import STATE_CACHE_MODES
+
+if TYPE_CHECKING:
+    from kvcore.cli.options import PlanningArgs
 
 
 def _count(text: str) -> int:
@@ -65,11 +68,10 @@ def add_serving_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def context_fields(args: argparse.Namespace) -> dict[str, Any]:
-    """The :class:`~kvcore.spec.SizingContext` fields the serving options set (none where the
-    command has no such option)."""
+def context_fields(args: PlanningArgs) -> dict[str, Any]:
+    """The :class:`~kvcore.spec.SizingContext` fields the serving options set."""
     return {
-        "num_speculative_tokens": getattr(args, "num_speculative_tokens", 0) or 0,
-        "state_cache_mode": getattr(args, "state_cache_mode", None),
-        "max_encoder_tokens": getattr(args, "max_encoder_tokens", 0) or 0,
+        "num_speculative_tokens": args.num_speculative_tokens,
+        "state_cache_mode": args.state_cache_mode,
+        "max_encoder_tokens": args.max_encoder_tokens,
     }

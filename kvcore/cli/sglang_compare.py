@@ -10,17 +10,18 @@ its ``swa_full_tokens_ratio``) is the last row. Neither needs SGLang installed.
 
 from __future__ import annotations
 
-import argparse
 import json
 from collections.abc import Mapping
 from typing import Any
 
+import attrs
+
 from kvcore.cli import inputs
 from kvcore.cli.inputs import FLAG_NAMES
+from kvcore.cli.options import LoadedModel, PlanningArgs
 from kvcore.cli.table import render_table
 from kvcore.error_messages import render
 from kvcore.errors import KVCoreError
-from kvcore.frontends.hf_config import load_model_config
 from kvcore.integrations.sglang.rules import (
     NO_SGLANG_MODEL,
     SglangPoolSizes,
@@ -78,26 +79,26 @@ def _row(
     }
 
 
-def _architectures(args: argparse.Namespace) -> list[str]:
-    config, _ = load_model_config(args.model)
-    return [str(a) for a in config.get("architectures") or ()]
+def _architectures(loaded: LoadedModel) -> list[str]:
+    return [str(a) for a in loaded.config.get("architectures") or ()]
 
 
-def no_sglang_model(args: argparse.Namespace) -> bool:
-    """Whether ``--model`` is of an architecture SGLang has no model class for."""
-    return bool(getattr(args, "model", None)) and any(a in NO_SGLANG_MODEL for a in _architectures(args))
+def no_sglang_model(args: PlanningArgs) -> bool:
+    """Whether ``--model`` (loaded) is of an architecture SGLang has no model class for."""
+    loaded = args.model_config
+    return loaded is not None and any(a in NO_SGLANG_MODEL for a in _architectures(loaded))
 
 
-def hybrid_swa(args: argparse.Namespace) -> bool:
-    """Whether SGLang runs the model with its sliding pool: by ``--model``'s architectures; a
-    ``--specs`` file is taken as a model SGLang does."""
-    if not getattr(args, "model", None):
+def hybrid_swa(args: PlanningArgs) -> bool:
+    """Whether SGLang runs the model with its sliding pool: by ``--model``'s architectures (the
+    model loaded); a ``--specs`` file is taken as a model SGLang does."""
+    if args.model_config is None:
         return True
-    return runs_hybrid_swa(_architectures(args))
+    return runs_hybrid_swa(_architectures(args.model_config))
 
 
 def run(
-    args: argparse.Namespace,
+    args: PlanningArgs,
     registry: Registry,
     specs: Mapping[str, KVCacheSpec],
     gpu_budget: GpuBudget | None = None,
@@ -113,17 +114,22 @@ def run(
         SglangIntegrationError: a model SGLang runs with DSA (kvcore does not plan its pool).
     """
     inputs.refuse_engine_options(args, "sglang", "SGLang")
-    block = getattr(args, "block_size", None)
+    block = args.block_size
+    page: dict[str, Any] = {"page_size": block} if block else {}
     rules = SglangRules(
-        context_len=args.max_model_len,
+        context_len=inputs.sizing_context(args).max_model_len,
         chunked_prefill_size=args.max_num_batched_tokens,
-        **({"page_size": block} if block else {}),
+        **page,
     )
     if gpu_budget is not None:
-        args.memory = kv_budget(gpu_budget.gpu_memory, gpu_budget.weights, gpu_budget.utilization)
-    if getattr(args, "model", None):
-        config, _ = load_model_config(args.model)
-        refuse_dsa(_architectures(args), config, "leave out --engine sglang to see kvcore's own plans")
+        args = attrs.evolve(
+            args, memory=kv_budget(gpu_budget.gpu_memory, gpu_budget.weights, gpu_budget.utilization)
+        )
+    loaded = args.model_config  # loaded once, with the specs
+    if loaded is not None:
+        refuse_dsa(
+            _architectures(loaded), loaded.config, "leave out --engine sglang to see kvcore's own plans"
+        )
     swa_pool = hybrid_swa(args)
     has_sliding = any(s.kind == "sliding_window" for s in specs.values())
     has_states = any(s.kind == "state" for s in specs.values())
@@ -134,13 +140,18 @@ def run(
     for name in names:
         try:
             plan = plan_for_sglang(
-                specs, args.memory, rules, registry=registry, policy=name, options=inputs.plan_options(args)
+                specs,
+                args.kv_budget,
+                rules,
+                registry=registry,
+                policy=name,
+                options=inputs.plan_options(args),
             )
             rows.append(_row(name, pool_sizes(plan, sglang_specs(specs, rules)), specs, rules))
         except KVCoreError as exc:
             failures[name] = render(exc, FLAG_NAMES)
     try:
-        own_row: dict[str, Any] | None = _row(OWN, own_pool_sizes(specs, args.memory, rules), specs, rules)
+        own_row: dict[str, Any] | None = _row(OWN, own_pool_sizes(specs, args.kv_budget, rules), specs, rules)
         why = ""
     except KVCoreError as exc:
         own_row, why = None, render(exc, FLAG_NAMES)
@@ -149,7 +160,7 @@ def run(
             json.dumps(
                 {
                     "engine": "sglang",
-                    "available_memory_bytes": args.memory,
+                    "available_memory_bytes": args.kv_budget,
                     **({"mem_fraction_static": gpu_budget.utilization} if gpu_budget is not None else {}),
                     "context_len": rules.context_len,
                     "page_size": rules.page_size,
@@ -177,7 +188,7 @@ def run(
         else "SGLang's: gpu x mem_fraction_static - weights"
     )
     print(
-        f"budget {format_bytes(args.memory)} ({where}), context_len "
+        f"budget {format_bytes(args.kv_budget)} ({where}), context_len "
         f"{rules.context_len:,}, page_size {rules.page_size}; as SGLang 0.5 runs it: one token pool per "
         f"kind, first page padded, {rules.tokens_in_flight:,} prefill tokens in flight; own sizing with "
         f"swa_full_tokens_ratio {rules.swa_full_tokens_ratio}"

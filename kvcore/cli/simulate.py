@@ -26,6 +26,7 @@ from kvcore.cli.compare import (
     policy_names,
 )
 from kvcore.cli.memory_map import check_map_path, say_written
+from kvcore.cli.options import PlanningArgs
 from kvcore.cli.replay import (
     Simulated,
     plan_label,
@@ -86,13 +87,14 @@ def add_parser(sub: Any) -> None:
     parser.set_defaults(run=run)
 
 
-def run(args: argparse.Namespace, registry: Registry) -> int:
+def run(namespace: argparse.Namespace, registry: Registry) -> int:
+    args = PlanningArgs.read(namespace)
     if args.plot:
         check_map_path(args.plot, what=PLOT)  # before simulating, which can take a while
     policy_names(args, registry)  # a misspelt policy fails before the model is read
     wants_csv(args)
-    specs = inputs.load_layer_specs(args, registry)
-    budget = gpu.settle_budget(args, registry)
+    args, specs = inputs.load_layer_specs(args, registry)
+    args, budget = gpu.settle_budget(args, registry)
     step_time = timing.step_time_factory(args, registry)
     workload = inputs.load_workload(
         args, inputs.sizing_context(args).max_model_len, per_second=step_time is not None
@@ -113,7 +115,7 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
         )
     elif args.json:
         payload = {
-            "available_memory_bytes": args.memory,
+            "available_memory_bytes": args.kv_budget,
             "max_model_len": args.max_model_len,
             "max_num_batched_tokens": args.max_num_batched_tokens,
             "scheduler": scheduler_row(profile),
@@ -149,7 +151,7 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
 
 
 def print_table(
-    args: argparse.Namespace,
+    args: PlanningArgs,
     workload: Workload,
     candidates: Sequence[Candidate],
     results: dict[int, SimulationResult],
@@ -167,7 +169,7 @@ def print_table(
         f"outputs {figures['mean_output_tokens']:,.0f} (longest {figures['max_output_tokens']:,})"
     )
     print(
-        f"budget {format_bytes(args.memory)}, max_model_len {args.max_model_len:,}, "
+        f"budget {format_bytes(args.kv_budget)}, max_model_len {args.max_model_len:,}, "
         f"max_num_batched_tokens {args.max_num_batched_tokens:,}; "
         "tokens/step = the workload's tokens served per step (recomputation not counted), "
         "delays in steps, pool = share of the blocks in use"

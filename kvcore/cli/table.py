@@ -8,7 +8,7 @@ import json
 import sys
 import textwrap
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from kvcore.errors import InvalidInputError
 
@@ -73,11 +73,25 @@ def add_csv_option(parser: argparse.ArgumentParser, what: str) -> None:
     )
 
 
-def wants_csv(args: argparse.Namespace) -> bool:
-    """Whether ``--csv`` was given (refused beside ``--json``: one format per run)."""
-    if getattr(args, "csv", False) and getattr(args, "json", False):
+class OutputFormats(Protocol):
+    """The options of a command that prints a table: ``--csv`` (:func:`add_csv_option`) and ``--json``."""
+
+    @property
+    def csv(self) -> bool: ...
+
+    @property
+    def json(self) -> bool: ...
+
+
+def wants_csv(args: OutputFormats) -> bool:
+    """Whether ``--csv`` was given (refused beside ``--json``: one format per run).
+
+    Args:
+        args: the command's options (a namespace of a command with both options, or its typed options).
+    """
+    if args.csv and args.json:
         raise InvalidInputError("--json and --csv print the same figures in two formats: give one of them")
-    return bool(getattr(args, "csv", False))
+    return bool(args.csv)
 
 
 def write_csv(records: Sequence[Mapping[str, Any]]) -> None:

@@ -14,6 +14,7 @@ from kvcore.errors import InvalidInputError, UnknownModelError
 from kvcore.planning.registry import Registry
 
 if TYPE_CHECKING:  # the simulation layer loads only when a command simulates
+    from kvcore.cli.options import PlanningArgs
     from kvcore.plan import KVCachePlan
     from kvcore.simulation.simulator import SimulationResult
     from kvcore.simulation.steps import StepTimeModel
@@ -73,12 +74,12 @@ def add_timing_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def is_timed(args: argparse.Namespace) -> bool:
+def is_timed(args: PlanningArgs) -> bool:
     """Whether the options ask for seconds (``--gpu`` or ``--step-profile``)."""
-    return getattr(args, "gpu", None) is not None or getattr(args, "step_profile", None) is not None
+    return args.gpu is not None or args.step_profile is not None
 
 
-def step_time_factory(args: argparse.Namespace, registry: Registry) -> StepTimeFactory | None:
+def step_time_factory(args: PlanningArgs, registry: Registry) -> StepTimeFactory | None:
     """The step-time model the options ask for, per plan; ``None`` without ``--gpu`` or
     ``--step-profile``. Everything is checked here, before any plan is simulated.
 
@@ -88,8 +89,8 @@ def step_time_factory(args: argparse.Namespace, registry: Registry) -> StepTimeF
         UnknownGpuError: a GPU the catalogue does not have (the message says the closest).
     """
     if not is_timed(args):
-        targets = (("--slo-ttft", "slo_ttft"), ("--slo-itl", "slo_itl"))
-        given = [flag for flag, name in targets if getattr(args, name, None) is not None]
+        targets = (("--slo-ttft", args.slo_ttft), ("--slo-itl", args.slo_itl))
+        given = [flag for flag, value in targets if value is not None]
         if given:
             raise InvalidInputError(
                 f"{' and '.join(given)} need seconds: give --gpu NAME (a roofline) or --step-profile FILE"
@@ -100,21 +101,24 @@ def step_time_factory(args: argparse.Namespace, registry: Registry) -> StepTimeF
 
         profile = read_profile(args.step_profile)
         return lambda _plan: profile
-    from kvcore.frontends.hf_config import load_model_config
+    from kvcore.cli.inputs import load_model
     from kvcore.planning.gpu_budget import count_parameters
     from kvcore.simulation.gpus import find_gpu
     from kvcore.simulation.timing import roofline
 
+    assert args.gpu is not None  # timed, and not by a profile
     gpu = find_gpu(args.gpu)
-    if getattr(args, "model", None) is None:
+    if args.model is None:
         raise InvalidInputError(
             "--gpu needs --model: the roofline counts the model's weights and FLOPs from its config; "
             "with a spec file, give a measured --step-profile FILE instead"
         )
-    if (getattr(args, "pp", None) or 1) > 1:
+    if args.pp_size > 1:
         raise InvalidInputError("--gpu's roofline models tensor parallelism (--tp) only: drop --pp")
-    config, source = load_model_config(args.model)
-    tp = getattr(args, "tp", None) or 1
+    loaded = load_model(args, registry).model_config  # loaded once: by load_layer_specs, before this
+    assert loaded is not None  # --model is given
+    config, source = loaded.config, loaded.source
+    tp = args.tp_size
     try:  # counted now, so that a model no plugin counts fails before any simulation
         count_parameters(config, registry, source)
     except UnknownModelError as exc:
@@ -199,9 +203,7 @@ def print_latency_table(rows: Sequence[tuple[Sequence[object], LatencyReport]]) 
     print(render_table(headers, body, align="lll" + "r" * (len(headers) - 3)))
 
 
-def latency_of(
-    args: argparse.Namespace, workload: Workload, result: SimulationResult
-) -> LatencyReport | None:
+def latency_of(args: PlanningArgs, workload: Workload, result: SimulationResult) -> LatencyReport | None:
     """The latencies of a timed run under the options' targets (``None`` when the steps were
     not timed)."""
     if result.timeline is None:
@@ -211,8 +213,8 @@ def latency_of(
     return latency_report(
         result.timeline,
         [r.output_tokens for r in workload.requests],
-        slo_ttft=getattr(args, "slo_ttft", None),
-        slo_itl=getattr(args, "slo_itl", None),
+        slo_ttft=args.slo_ttft,
+        slo_itl=args.slo_itl,
     )
 
 

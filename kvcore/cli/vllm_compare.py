@@ -10,13 +10,13 @@ line says why it is missing.
 
 from __future__ import annotations
 
-import argparse
 import json
 from collections.abc import Mapping
 from typing import Any
 
 from kvcore.cli import inputs
 from kvcore.cli.inputs import FLAG_NAMES
+from kvcore.cli.options import PlanningArgs
 from kvcore.cli.table import render_table, wants_csv, write_csv
 from kvcore.error_messages import render
 from kvcore.errors import KVCoreError
@@ -69,7 +69,7 @@ def _row(name: str, plan: KVCachePlan, specs: Mapping[str, KVCacheSpec], rules: 
     }
 
 
-def run(args: argparse.Namespace, registry: Registry, specs: Mapping[str, KVCacheSpec]) -> int:
+def run(args: PlanningArgs, registry: Registry, specs: Mapping[str, KVCacheSpec]) -> int:
     """Print the comparison (a table, or ``--json``); 0 when some policy planned, else 1.
 
     Raises:
@@ -77,11 +77,11 @@ def run(args: argparse.Namespace, registry: Registry, specs: Mapping[str, KVCach
     """
     inputs.refuse_engine_options(args, "vllm", "vLLM")
     rules = VllmRules(
-        max_model_len=args.max_model_len,
+        max_model_len=inputs.sizing_context(args).max_model_len,
         max_num_batched_tokens=args.max_num_batched_tokens,
         async_scheduling=True,
         # cross-attention layers cache the encoder output the flag or the model's config gives
-        max_encoder_tokens=getattr(args, "max_encoder_tokens", 0) or encoder_tokens_of(specs),
+        max_encoder_tokens=args.max_encoder_tokens or encoder_tokens_of(specs),
     )
     names = [p.strip() for p in args.policies.split(",")] if args.policies else list(registry.policies)
     rows: list[dict[str, Any]] = []
@@ -89,13 +89,18 @@ def run(args: argparse.Namespace, registry: Registry, specs: Mapping[str, KVCach
     for name in names:
         try:
             plan = plan_for_vllm(
-                specs, args.memory, rules, registry=registry, policy=name, options=inputs.plan_options(args)
+                specs,
+                args.kv_budget,
+                rules,
+                registry=registry,
+                policy=name,
+                options=inputs.plan_options(args),
             )
         except KVCoreError as exc:
             failures[name] = render(exc, FLAG_NAMES)
             continue
         rows.append(_row(name, plan, specs, rules))
-    own, why = own_plan(specs, args.memory, rules)
+    own, why = own_plan(specs, args.kv_budget, rules)
     own_row = _row(OWN, own, specs, rules) if own is not None else None
     if wants_csv(args):
         write_csv(
@@ -111,7 +116,7 @@ def run(args: argparse.Namespace, registry: Registry, specs: Mapping[str, KVCach
             json.dumps(
                 {
                     "engine": "vllm",
-                    "available_memory_bytes": args.memory,
+                    "available_memory_bytes": args.kv_budget,
                     "max_model_len": args.max_model_len,
                     "max_in_flight_tokens": rules.max_in_flight_tokens,
                     "candidates": [*rows, *({"policy": n, "error": e} for n, e in failures.items())],
@@ -122,7 +127,7 @@ def run(args: argparse.Namespace, registry: Registry, specs: Mapping[str, KVCach
         )
         return 0 if rows else 1
     print(
-        f"budget {format_bytes(args.memory)}, max_model_len {args.max_model_len:,}; as vLLM 0.33 runs it: "
+        f"budget {format_bytes(args.kv_budget)}, max_model_len {args.max_model_len:,}; as vLLM 0.33 runs it: "
         f"block 0 kept as the null block, {rules.max_in_flight_tokens:,} tokens in flight (async scheduling, "
         f"2 x max_num_batched_tokens {args.max_num_batched_tokens:,}), one block id per page"
     )

@@ -22,12 +22,12 @@ from collections.abc import Mapping, Sequence
 from typing import Literal, Protocol, runtime_checkable
 
 from kvcore.errors import InvalidInputError
-from kvcore.limits import MAX_TOKENS
 from kvcore.plan import KVCachePlan
+from kvcore.planning import planner
 from kvcore.planning.capacity import Capacity, format_figure
-from kvcore.planning.planner import plan_kv_cache
 from kvcore.planning.ranks import merge_worker_specs as merge_worker_specs
 from kvcore.planning.registry import Registry
+from kvcore.planning.request import MaxModelLen, PlanRequest, sizing_of
 from kvcore.policy import AllocationPolicy, PlanOptions
 from kvcore.spec import KVCacheSpec, SizingContext
 from kvcore.units import format_bytes
@@ -126,30 +126,13 @@ def capacity_summary(plan: KVCachePlan, specs: Mapping[str, KVCacheSpec] | None 
     return "\n".join(lines)
 
 
-def _sizing(context: SizingContext | None, max_model_len: int | Literal["auto"] | None) -> SizingContext:
-    if max_model_len == "auto":  # the cap: the context's length, else none
-        return context if context is not None else SizingContext(max_model_len=MAX_TOKENS)
-    if context is not None and max_model_len is not None and context.max_model_len != max_model_len:
-        raise InvalidInputError(
-            f"got context.max_model_len={context.max_model_len} and max_model_len={max_model_len}; "
-            "give one of them"
-        )
-    if context is not None:
-        return context
-    if max_model_len is None:
-        raise InvalidInputError(
-            "give the request length to size for: max_model_len=N or context=SizingContext(...)"
-        )
-    return SizingContext(max_model_len=max_model_len)
-
-
 def initialize_kv_caches(
     executor: Executor,
     *,
     registry: Registry,
     policy: str | AllocationPolicy = "auto",
     context: SizingContext | None = None,
-    max_model_len: int | Literal["auto"] | None = None,
+    max_model_len: int | Literal["auto"] | MaxModelLen | None = None,
     options: PlanOptions | None = None,
     num_blocks: int | Sequence[int] | None = None,
 ) -> KVCachePlan:
@@ -164,9 +147,10 @@ def initialize_kv_caches(
         max_model_len: ... or just the request length (default step size); or ``"auto"``:
             the longest request the memory admits, at most ``context.max_model_len`` when a
             context is given (a model's ``max_position_embeddings``), else bounded by memory
-            alone (:func:`~kvcore.planning.planner.plan_longest`). The plan's
-            ``context.max_model_len`` is the length chosen. Not with an
-            :class:`AgreeingExecutor`.
+            alone; or a :class:`~kvcore.planning.request.MaxModelLen` (its number must be the
+            context's). The two are reconciled by :func:`~kvcore.planning.request.sizing_of`.
+            Under ``auto`` the plan's ``context.max_model_len`` is the length chosen. Not
+            with an :class:`AgreeingExecutor`.
         options: policy knobs.
         num_blocks: force this many block ids (still checked against the memory); one count
             per pool for a policy of several pools.
@@ -186,12 +170,11 @@ def initialize_kv_caches(
         DistributedAgreementError: ranks of an :class:`AgreeingExecutor` did not answer in
             time, or one of them failed; names the ranks.
     """
-    ctx = _sizing(context, max_model_len)
+    ctx, length = sizing_of(context, max_model_len)
     specs = executor.get_kv_cache_spec()
     memory = executor.determine_available_memory()
     start = time.perf_counter()
-    auto: Literal["auto"] | None = "auto" if max_model_len == "auto" else None
-    if auto is not None and isinstance(executor, AgreeingExecutor):
+    if length.auto and isinstance(executor, AgreeingExecutor):
         raise InvalidInputError(
             "max_model_len='auto' plans one rank; ranks that agree on a plan need one length: "
             "give max_model_len a number"
@@ -201,16 +184,16 @@ def initialize_kv_caches(
             specs, memory, ctx, registry=registry, policy=policy, options=options, num_blocks=num_blocks
         )
     else:
-        plan = plan_kv_cache(
-            specs,
-            memory,
-            ctx,
-            registry=registry,
+        request = PlanRequest(
+            specs=specs,
+            budgets=memory,
+            max_model_len=length,
+            context=ctx,
             policy=policy,
             options=options,
             num_blocks=num_blocks,
-            max_model_len=auto,
         )
+        plan = planner.plan(request, registry=registry).plans[0]
     sharing = getattr(executor, "kv_sharing", None)
     if sharing:  # layers that reuse another layer's cache read its group's block table
         plan = plan.with_kv_sharing(sharing)

@@ -281,6 +281,21 @@ def model_layer_specs(
         UnknownModelError, InvalidInputError, ModelConfigError: as those two functions.
     """
     config, source = load_model_config(name_or_path)
+    return config_layer_specs(config, source, registry, options)
+
+
+def config_layer_specs(
+    config: Mapping[str, Any],
+    source: str,
+    registry: Registry,
+    options: ModelOptions | Mapping[str, Any] | None = None,
+) -> dict[str, KVCacheSpec]:
+    """:func:`layer_specs_from_config` of a config already loaded (the command line loads one
+    once per command); errors name ``source``, where it came from.
+
+    Raises:
+        UnknownModelError, InvalidInputError, ModelConfigError: as :func:`layer_specs_from_config`.
+    """
     try:
         return layer_specs_from_config(config, registry, options)
     except (ModelConfigError, UnknownModelError) as exc:

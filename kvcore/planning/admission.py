@@ -23,10 +23,10 @@ def check_admission(
         forced_num_blocks: the block count was forced by the caller (``num_blocks=``), so the
             fix to suggest is a larger block count rather than more memory.
         largest_admitted: called on failure only: the largest ``max_model_len`` that planning
-            with the same inputs admits (the planner passes
-            :func:`~kvcore.planning.planner.largest_admitted`, which plans at other lengths,
-            where the grouping may differ). ``None``: the largest length this plan's own
-            grouping holds (:meth:`~kvcore.plan.KVCachePlan.largest_fitting_len`).
+            with the same inputs admits (the planner passes its search over plans at other
+            lengths, where the grouping may differ:
+            :func:`~kvcore.planning.planner.longest_admitted`). ``None``: the largest length
+            this plan's own grouping holds (:meth:`~kvcore.plan.KVCachePlan.largest_fitting_len`).
 
     Raises:
         InsufficientMemoryError: with the bytes and blocks needed and available, the largest

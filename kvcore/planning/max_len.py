@@ -8,8 +8,9 @@ length ``L`` is *admitted* when planning at ``L`` (same specs, budgets, policy, 
 block count) gives a pool that holds one request of ``L`` tokens.
 
 :func:`largest_admitted_len` searches for the largest admitted length below a bound, asking a
-caller-given function for the plans at a length (the planner passes its own
-:func:`~kvcore.planning.planner.plan_model`; this module does not import it). It descends from
+caller-given function for the plans at a length (the planner passes the one function that
+plans a request at a length, :func:`~kvcore.planning.planner.longest_admitted`; this module
+does not import it). It descends from
 the failing plan's own estimate, in steps that double, to an admitted length, gallops up from
 it (+1, +2, +4, ...) to a refused one, then bisects between the two; the length it returns is
 admitted and the next one is refused. Admission is monotone for a fixed grouping, and in

@@ -5,14 +5,19 @@ The policy decides grouping and layout; this module owns what every policy share
 the policy (:meth:`Registry.select`), checking what the policy returned, sizing the tensors for
 the block count, choosing ``num_blocks`` from the budget (or honouring a forced count), and
 admission (one request of ``max_model_len`` must fit; a refusal names the largest length that
-planning admits, found by planning: :func:`largest_admitted`). ``max_model_len="auto"`` plans
-at that length (:func:`plan_longest`).
+planning admits, found by planning: :func:`longest_admitted`). ``max_model_len`` ``auto`` plans
+at that length.
 
-:func:`plan_model` is the implementation: it groups the whole model once, asks the policy for
-each rank's layout once (the groups projected onto the rank's layers), gives every rank the
-same block count and checks admission on the rank with the fewest blocks.
-:func:`plan_kv_cache` (one worker) and :func:`kvcore.planning.ranks.plan_for_ranks` (a tensor x
-pipeline world) are thin wrappers around it.
+:func:`plan` is the implementation; it takes a :class:`~kvcore.planning.request.PlanRequest`
+(everything one call needs, checked when the request is made). It sizes the specs and chooses
+the policy once, then plans at a length with one function (``_Planner.plans_at``: group the
+whole model once, ask the policy for each rank's layout, give every rank the same block count);
+admission, the longest admitted length and ``auto`` are searches over that function
+(:func:`~kvcore.planning.max_len.largest_admitted_len`), never calls back into :func:`plan`.
+:func:`plan_kv_cache` (one worker), :func:`plan_model`, :func:`plan_longest`,
+:func:`largest_admitted` and :func:`kvcore.planning.ranks.plan_for_ranks` (a tensor x pipeline
+world) are the keyword forms: each builds a request and calls :func:`plan` or
+:func:`longest_admitted`.
 
 Planning works per distinct spec, not per layer, where it can: equal specs are made one object
 first (:func:`share_equal_specs`), so group keys, grouping checks and page sizes are computed
@@ -39,7 +44,6 @@ from kvcore.errors import (
     PluginValidationError,
     PolicyNotApplicableError,
 )
-from kvcore.limits import MAX_BYTES, check_at_most
 from kvcore.peaks import pool_peaks
 from kvcore.plan import KVCacheGroup, KVCachePlan, KVCachePool, KVCacheTensor
 from kvcore.planning.admission import check_admission
@@ -53,14 +57,15 @@ from kvcore.planning.max_len import (
     memory_bound,
 )
 from kvcore.planning.registry import Registry
+from kvcore.planning.request import PlanRequest, check_budget as check_budget, is_auto
 from kvcore.policy import AllocationPolicy, BlockPlacement, PlanOptions, PolicyChoice
-from kvcore.spec import KVCacheSpec, SizingContext, check_layer_specs, sized_specs, spec_differences
+from kvcore.spec import KVCacheSpec, SizingContext, sized_specs, spec_differences
 from kvcore.validators import check_int
 
 
 @attrs.frozen(kw_only=True)
 class PlanningResult:
-    """What :func:`plan_model` made: the policy choice and one plan per rank.
+    """What :func:`plan` made: the policy choice and one plan per rank.
 
     Attributes:
         choice: the policy and why it was chosen (``auto``'s reason, for a report).
@@ -71,6 +76,231 @@ class PlanningResult:
     choice: PolicyChoice
     plans: tuple[KVCachePlan, ...]
     length: LengthChoice | None = None
+
+
+def plan(request: PlanRequest, *, registry: Registry) -> PlanningResult:
+    """Plan a model's KV cache on one rank or several: the one planning implementation.
+
+    The policy groups the whole model once; each rank's plan holds every group, projected onto
+    the rank's own layers (a group may be empty there), laid out by one ``policy.layout`` call;
+    every rank gets the same ``num_blocks``: the forced count, else the smallest number of
+    blocks any rank's budget holds. A fixed length is admitted on the rank with the fewest
+    blocks; ``auto`` plans at the longest length admitted (:func:`longest_admitted`), at most
+    its cap and at most what memory bounds (:func:`~kvcore.planning.max_len.memory_bound`).
+
+    Args:
+        request: the layers, budgets, length, policy, options, forced count and ranks.
+        registry: where policies are looked up.
+
+    Returns:
+        The policy choice and one plan per rank (and, for ``auto``, how the length was
+        chosen: :attr:`PlanningResult.length`).
+
+    Raises:
+        UnknownPolicyError: no policy of that name.
+        PolicyNotApplicableError: the policy cannot plan the whole model (says why).
+        PluginValidationError: the policy's grouping or layout breaks the protocol.
+        InvalidInputError: ``auto`` with no cap where the layers' need stops growing with the
+            length (sliding windows or states only), so memory bounds nothing.
+        InsufficientMemoryError: a forced block count exceeds a rank's budget, or one request
+            does not fit in the common block count (names the rank with the fewest blocks);
+            ``largest_fitting_len`` is the largest length planning admits.
+    """
+    if not request.specs:
+        return nothing_to_cache(request.budgets, request.context, registry=registry, policy=request.policy)
+    planner = _Planner.prepare(request, registry)
+    if request.max_model_len.auto:
+        return planner.plan_longest()
+    return planner.plan_admitted(request.context)
+
+
+def longest_admitted(
+    request: PlanRequest, *, registry: Registry, estimate: int | None = None
+) -> LengthSearch:
+    """The largest request length, up to ``request.max_model_len.tokens``, that :func:`plan`
+    admits with the request's other inputs, and how many plans finding it took.
+
+    Planning at the length succeeds (one request fits in the common block count); planning at
+    one more token is refused (unless the length is the upper bound). Each length is planned for
+    itself, so a grouping that changes with the length is accounted for; see
+    :func:`kvcore.planning.max_len.largest_admitted_len` for the search.
+
+    Args:
+        request: what to plan (its length is the upper bound; ``auto`` or not).
+        registry: where policies are looked up.
+        estimate: a guess below the upper bound when that length is known to be refused (the
+            refused plan's :meth:`~kvcore.plan.KVCachePlan.largest_fitting_len`); ``None`` to
+            plan at the upper bound first.
+
+    Returns:
+        The length (0 if not even one token is admitted) and the plans made.
+    """
+    return _Planner.prepare(request, registry).longest(request.max_model_len.tokens, estimate)
+
+
+@attrs.frozen
+class _Planner:
+    """What planning a request at any length shares: the request, the specs as served (equal
+    ones one object) and the chosen policy. Planning at a length is :meth:`plans_at`; the
+    admission check and the length searches call it, never :func:`plan` again."""
+
+    request: PlanRequest
+    registry: Registry
+    specs: dict[str, KVCacheSpec]
+    choice: PolicyChoice
+
+    @classmethod
+    def prepare(cls, request: PlanRequest, registry: Registry) -> _Planner:
+        """Size the specs for the request's serving options and choose the policy.
+
+        Raises:
+            UnknownPolicyError, PolicyNotApplicableError: as :func:`resolve_policy`.
+        """
+        # serving options the block pool must see (speculative slots, state cache mode, encoder
+        # length) go into the specs the plan keeps; they do not depend on the request length
+        specs = share_equal_specs(sized_specs(request.specs, request.context))
+        return cls(request, registry, specs, resolve_policy(specs, request.policy, registry))
+
+    def plans_at(self, context: SizingContext) -> tuple[KVCachePlan, ...]:
+        """Every rank's plan sized for ``context`` (its length), without the admission check.
+
+        Where the options' grouping tolerance gives a grouping that holds no request of the
+        length, the exact grouping's plans are taken if they do: a tolerance may cost
+        concurrency, never the request length.
+
+        Raises:
+            InsufficientMemoryError: a forced block count exceeds a rank's budget.
+            PluginValidationError, PlanValidationError: the policy broke the protocol.
+        """
+        options = self.request.options
+        plans = self.laid_out(context, options)
+        strict = _strict_options(options)
+        if strict is not None and not all(plan.fits() for plan in plans):
+            try:
+                exact = self.laid_out(context, strict)
+            except InsufficientMemoryError:  # a forced block count the exact grouping's pools exceed
+                exact = ()
+            if exact and all(plan.fits() for plan in exact):
+                return exact
+        return plans
+
+    def laid_out(self, context: SizingContext, options: PlanOptions) -> tuple[KVCachePlan, ...]:
+        """Every rank's plan with ``options``: group, lay out per rank, count the blocks, build
+        and check each plan's structure."""
+        request, chosen = self.request, self.choice.policy
+        groups = group_layers(chosen, self.specs, context, options)
+        rank_layers = request.rank_layers
+        rank_groups = (
+            [groups] if rank_layers is None else [project_groups(groups, own) for own in rank_layers]
+        )
+        layouts = [layout_for(chosen, own) for own in rank_groups]
+        null_block = 0 if options.reserve_null_block else None
+        need = pool_needs(groups, len(layouts[0].pool_bytes), context)
+        budgets = request.budgets
+        if request.num_blocks is None:
+            # every rank's own split of its budget; the common count of each pool is the least
+            splits = [
+                split_budget(memory, layout.pool_bytes, need)
+                for memory, layout in zip(budgets, layouts, strict=True)
+            ]
+            blocks = tuple(min(counts) for counts in zip(*splits, strict=True))
+        else:
+            blocks = forced_counts(request.num_blocks, len(need), chosen.name)
+            for rank, (memory, layout) in enumerate(zip(budgets, layouts, strict=True)):
+                try:
+                    check_forced_pools(blocks, layout.pool_bytes, memory, context)
+                except InsufficientMemoryError as exc:
+                    raise _on_rank(exc, self.prefix(rank)) from None
+        built: list[KVCachePlan] = []
+        for rank, (own, layout, memory) in enumerate(zip(rank_groups, layouts, budgets, strict=True)):
+            # the one check every plan passes: structure when built, the rest here
+            try:
+                plan = build_plan(chosen, own, layout, blocks, context, memory, null_block=null_block)
+                problems = plan_problems(plan, structure=False, capacity=False)  # admission follows
+            except PlanValidationError as exc:
+                problems = exc.problems
+            if problems:
+                raise PlanValidationError(
+                    problems,
+                    policy=chosen.name,
+                    source=self.prefix(rank) + laid_out_by(chosen, self.registry),
+                )
+            built.append(plan)
+        return tuple(built)
+
+    def prefix(self, rank: int) -> str:
+        """How a planning error about ``rank`` starts: its name, or nothing for unnamed ranks."""
+        names = self.request.rank_names
+        return f"{names[rank]}: " if names is not None else ""
+
+    def plan_admitted(self, context: SizingContext) -> PlanningResult:
+        """The plans at ``context``'s length, refused (with the longest length admitted) unless
+        one request fits on every rank (where the request asks for the check)."""
+        plans = self.plans_at(context)
+        request = self.request
+        if request.check_fit or request.max_model_len.auto:
+            tightest = tightest_rank(plans)
+            forced = request.num_blocks is not None
+            try:
+                check_admission(
+                    plans[tightest],
+                    forced_num_blocks=forced,
+                    largest_admitted=lambda: (
+                        self.longest(context.max_model_len, plans[tightest].largest_fitting_len()).length
+                    ),
+                )
+            except InsufficientMemoryError as exc:
+                if request.rank_names is None:
+                    raise
+                who = request.rank_names[tightest]
+                why = f"{who}: " if forced else f"{who} has the fewest blocks: "
+                raise _on_rank(exc, why) from None
+        return PlanningResult(choice=self.choice, plans=plans)
+
+    def longest(self, upper: int, estimate: int | None = None) -> LengthSearch:
+        """The largest length up to ``upper`` whose plans admit one request
+        (:func:`~kvcore.planning.max_len.largest_admitted_len` over :meth:`plans_at`)."""
+        context = self.request.context
+        return largest_admitted_len(
+            lambda length: self.plans_at(context.with_max_model_len(length)), upper, estimate=estimate
+        )
+
+    def plan_longest(self) -> PlanningResult:
+        """``auto``: the plans at the longest length admitted, at most the cap and at most the
+        longest request whose ideal need fits every rank's budget (no layout admits more).
+
+        Raises:
+            InvalidInputError: no cap, and the layers' need stops growing with the length.
+            InsufficientMemoryError: not even one token is admitted (as planning at length 1
+                reports it).
+        """
+        request = self.request
+        cap = request.max_model_len.tokens
+        capped = cap < LENGTH_CEILING
+        rank_layers = request.rank_layers
+        own = (
+            [request.specs]
+            if rank_layers is None
+            else [_layers_of(request.specs, layers) for layers in rank_layers]
+        )
+        bound = memory_bound(own, request.budgets, request.context)
+        if bound is None and not capped:
+            raise InvalidInputError(
+                "cannot choose max_model_len automatically: these layers' need stops growing with the "
+                "request length (sliding windows or states only) and no max_position_embeddings caps "
+                "it; give max_model_len a number"
+            )
+        upper = min(cap, bound) if bound is not None else cap
+        search = self.longest(max(upper, 1))
+        length = max(search.length, 1)  # not even one token: planning at 1 says why
+        result = self.plan_admitted(request.context.with_max_model_len(length))
+        choice = LengthChoice(
+            max_model_len=length,
+            cap=cap if capped else None,
+            limited_by="cap" if capped and length == cap else "memory",
+            plans=search.plans + 1,
+        )
+        return attrs.evolve(result, length=choice)
 
 
 def plan_kv_cache(
@@ -85,7 +315,8 @@ def plan_kv_cache(
     check_fit: bool = True,
     max_model_len: Literal["auto"] | None = None,
 ) -> KVCachePlan:
-    """Plan the KV cache of one worker.
+    """Plan the KV cache of one worker: :func:`plan` of a :class:`~kvcore.planning.request.PlanRequest`
+    of one rank.
 
     Args:
         specs: ``{layer name: spec}`` in model order.
@@ -99,7 +330,7 @@ def plan_kv_cache(
         max_model_len: ``"auto"``: plan for the longest request the budget admits, at most
             ``context.max_model_len`` (give a model's ``max_position_embeddings`` there, or
             :data:`kvcore.limits.MAX_TOKENS` to let memory alone bound it); the plan's
-            ``context.max_model_len`` is the length chosen (:func:`plan_longest`).
+            ``context.max_model_len`` is the length chosen.
 
     Returns:
         The plan.
@@ -109,18 +340,17 @@ def plan_kv_cache(
         InsufficientMemoryError: the budget (or the forced block count) cannot hold one
             request of ``max_model_len`` tokens, or the forced blocks exceed the budget.
     """
-    result = plan_model(
+    request = PlanRequest.for_context(
         specs,
         [available_bytes],
         context,
-        registry=registry,
+        auto_length=is_auto(max_model_len),
         policy=policy,
         options=options,
         num_blocks=num_blocks,
         check_fit=check_fit,
-        max_model_len=max_model_len,
     )
-    return result.plans[0]
+    return plan(request, registry=registry).plans[0]
 
 
 def plan_model(
@@ -137,12 +367,8 @@ def plan_model(
     rank_names: Sequence[str] | None = None,
     max_model_len: Literal["auto"] | None = None,
 ) -> PlanningResult:
-    """Plan a model's KV cache on one rank or several: the one planning implementation.
-
-    The policy groups the whole model once; each rank's plan holds every group, projected onto
-    the rank's own layers (a group may be empty there), laid out by one ``policy.layout`` call;
-    every rank gets the same ``num_blocks``: the forced count, else the smallest number of
-    blocks any rank's budget holds.
+    """:func:`plan` of the :class:`~kvcore.planning.request.PlanRequest` these arguments describe
+    (the keyword form, kept for callers written before the request).
 
     Args:
         specs: the whole model's ``{layer name: spec}`` in model order.
@@ -160,148 +386,36 @@ def plan_model(
             there is one rank and messages name none.
         max_model_len: ``"auto"``: plan for the longest request the budgets admit, at most
             ``context.max_model_len`` (a model's ``max_position_embeddings``; with
-            :data:`kvcore.limits.MAX_TOKENS`, memory alone bounds it); see
-            :func:`plan_longest`. ``None``: plan for ``context.max_model_len``.
+            :data:`kvcore.limits.MAX_TOKENS`, memory alone bounds it). ``None``: plan for
+            ``context.max_model_len``.
 
     Returns:
-        The policy choice and one plan per rank (and, with ``"auto"``, how the length was
-        chosen: :attr:`PlanningResult.length`).
+        As :func:`plan`.
 
     Raises:
-        InvalidSpecError: ``specs`` is not a non-empty mapping of layer names to specs.
+        InvalidSpecError: ``specs`` is not a mapping of layer names to specs.
         InvalidInputError: a budget is not a non-negative int, or the per-rank lists do not
             match ``rank_memory``.
-        UnknownPolicyError: no policy of that name.
-        PolicyNotApplicableError: the policy cannot plan the whole model (says why).
-        PluginValidationError: the policy's grouping or layout breaks the protocol.
-        InsufficientMemoryError: a forced block count exceeds a rank's budget, or one request
-            does not fit in the common block count (names the rank with the fewest blocks);
-            ``largest_fitting_len`` is the largest length planning admits
-            (:func:`largest_admitted`).
+        The errors of :func:`plan`.
     """
-    if isinstance(specs, Mapping) and not specs:
-        return nothing_to_cache(rank_memory, context, registry=registry, policy=policy)
-    if max_model_len is not None:
-        return plan_longest(
-            specs,
-            rank_memory,
-            context,
-            registry=registry,
-            policy=policy,
-            options=options,
-            num_blocks=num_blocks,
-            rank_layers=rank_layers,
-            rank_names=rank_names,
-        )
-    if rank_layers is not None and len(rank_layers) != len(rank_memory):
-        raise InvalidInputError(
-            f"got the layers of {len(rank_layers)} rank(s) but memory of {len(rank_memory)}; "
-            "every rank needs both"
-        )
-    if rank_names is not None and len(rank_names) != len(rank_memory):
-        raise InvalidInputError(f"got {len(rank_names)} rank names for {len(rank_memory)} ranks")
-    if not rank_memory:
-        raise InvalidInputError("no rank budgets given (got an empty list)")
-
-    def prefix(rank: int) -> str:
-        return f"{rank_names[rank]}: " if rank_names is not None else ""
-
-    check_layer_specs(specs)
-    for rank, memory in enumerate(rank_memory):
-        check_budget(memory, prefix(rank))
-    # serving options the block pool must see (speculative slots, state cache mode, encoder
-    # length) go into the specs the plan keeps
-    specs = share_equal_specs(sized_specs(specs, context))
-    choice = resolve_policy(specs, policy, registry)
-    chosen = choice.policy
-    groups = group_layers(chosen, specs, context, options)
-    rank_groups = [groups] if rank_layers is None else [project_groups(groups, own) for own in rank_layers]
-    layouts = [layout_for(chosen, own) for own in rank_groups]
-    null_block = 0 if options is not None and options.reserve_null_block else None
-    need = pool_needs(groups, len(layouts[0].pool_bytes), context)
-
-    if num_blocks is None:
-        # every rank's own split of its budget; the common count of each pool is the least
-        splits = [
-            split_budget(memory, layout.pool_bytes, need)
-            for memory, layout in zip(rank_memory, layouts, strict=True)
-        ]
-        blocks = tuple(min(counts) for counts in zip(*splits, strict=True))
-    else:
-        blocks = forced_counts(num_blocks, len(need), chosen.name)
-        for rank, (memory, layout) in enumerate(zip(rank_memory, layouts, strict=True)):
-            try:
-                check_forced_pools(blocks, layout.pool_bytes, memory, context)
-            except InsufficientMemoryError as exc:
-                raise _on_rank(exc, prefix(rank)) from None
-    built: list[KVCachePlan] = []
-    for rank, (own, layout, memory) in enumerate(zip(rank_groups, layouts, rank_memory, strict=True)):
-        # the one check every plan passes: structure when built, the rest here
-        try:
-            plan = build_plan(chosen, own, layout, blocks, context, memory, null_block=null_block)
-            problems = plan_problems(plan, structure=False, capacity=False)  # admission follows
-        except PlanValidationError as exc:
-            problems = exc.problems
-        if problems:
-            raise PlanValidationError(
-                problems, policy=chosen.name, source=prefix(rank) + laid_out_by(chosen, registry)
-            )
-        built.append(plan)
-    plans = tuple(built)
-    strict = _strict_options(options)
-    if strict is not None and not all(plan.fits() for plan in plans):
-        # a grouping tolerance may cost concurrency, never the request length: where the
-        # tolerant grouping holds no request of the length, the exact one is taken if it does
-        try:
-            exact = plan_model(
-                specs,
-                rank_memory,
-                context,
-                registry=registry,
-                policy=chosen,
-                options=strict,
-                num_blocks=num_blocks,
-                check_fit=False,
-                rank_layers=rank_layers,
-                rank_names=rank_names,
-            ).plans
-        except InsufficientMemoryError:  # a forced block count the exact grouping's pools exceed
-            exact = ()
-        if exact and all(plan.fits() for plan in exact):
-            return PlanningResult(choice=choice, plans=exact)
-    if check_fit:
-        tightest = tightest_rank(plans)
-        try:
-            check_admission(
-                plans[tightest],
-                forced_num_blocks=num_blocks is not None,
-                largest_admitted=lambda: (
-                    largest_admitted(
-                        specs,
-                        rank_memory,
-                        context,
-                        registry=registry,
-                        policy=chosen,
-                        options=options,
-                        num_blocks=num_blocks,
-                        rank_layers=rank_layers,
-                        estimate=plans[tightest].largest_fitting_len(),
-                    ).length
-                ),
-            )
-        except InsufficientMemoryError as exc:
-            if rank_names is None:
-                raise
-            who = rank_names[tightest]
-            why = f"{who}: " if num_blocks is not None else f"{who} has the fewest blocks: "
-            raise _on_rank(exc, why) from None
-    return PlanningResult(choice=choice, plans=plans)
+    request = PlanRequest.for_context(
+        specs,
+        rank_memory,
+        context,
+        auto_length=is_auto(max_model_len),
+        policy=policy,
+        options=options,
+        num_blocks=num_blocks,
+        check_fit=check_fit,
+        rank_layers=rank_layers,
+        rank_names=rank_names,
+    )
+    return plan(request, registry=registry)
 
 
-def _strict_options(options: PlanOptions | None) -> PlanOptions | None:
+def _strict_options(options: PlanOptions) -> PlanOptions | None:
     """``options`` without their grouping tolerance, or ``None`` when they have none."""
-    chosen = options if options is not None else PlanOptions()
-    return attrs.evolve(chosen, grouping_tolerance=0.0) if chosen.grouping_tolerance else None
+    return attrs.evolve(options, grouping_tolerance=0.0) if options.grouping_tolerance else None
 
 
 def nothing_to_cache(
@@ -386,25 +500,6 @@ def _on_rank(exc: InsufficientMemoryError, prefix: str) -> InsufficientMemoryErr
     """``exc`` said of the rank ``prefix`` names (``"rank 2 (...): "``; empty: ``exc`` itself)."""
     where = prefix.removesuffix(": ")
     return exc.on_rank(where) if where else exc
-
-
-def check_budget(available_bytes: int, owner: str = "") -> None:
-    """Check a byte budget: a non-negative ``int`` of at most :data:`~kvcore.limits.MAX_BYTES`.
-
-    Args:
-        available_bytes: the budget.
-        owner: who reported it, for the message (e.g. ``"rank 3: "``).
-
-    Raises:
-        InvalidInputError: anything else.
-    """
-    check_int(available_bytes, "available memory in bytes", minimum=0, owner=owner)
-    check_at_most(
-        available_bytes,
-        MAX_BYTES,
-        f"{owner}available memory in bytes",
-        "1 EiB (kvcore.limits.MAX_BYTES) is the most kvcore plans",
-    )
 
 
 def resolve_policy(
@@ -877,39 +972,30 @@ def largest_admitted(
     rank_layers: Sequence[Collection[str]] | None = None,
     estimate: int | None = None,
 ) -> LengthSearch:
-    """The largest request length, up to ``context.max_model_len``, that :func:`plan_model`
-    admits with these inputs, and how many plans finding it took.
-
-    Planning at the length succeeds (one request fits in the common block count); planning at
-    one more token is refused (unless the length is ``context.max_model_len``). Each length is
-    planned for itself, so a grouping that changes with the length is accounted for; see
-    :func:`kvcore.planning.max_len.largest_admitted_len` for the search.
+    """:func:`longest_admitted` of the request these arguments describe: the largest request
+    length, up to ``context.max_model_len``, that planning admits, and how many plans finding
+    it took.
 
     Args:
         specs, rank_memory, context, registry, policy, options, num_blocks, rank_layers: as
             for :func:`plan_model`.
         estimate: a guess below ``context.max_model_len`` when that length is known to be
-            refused (the refused plan's :meth:`~kvcore.plan.KVCachePlan.largest_fitting_len`);
-            ``None`` to plan at ``context.max_model_len`` first.
+            refused; ``None`` to plan at ``context.max_model_len`` first.
 
     Returns:
         The length (0 if not even one token is admitted) and the plans made.
     """
-
-    def plans_at(length: int) -> tuple[KVCachePlan, ...]:
-        return plan_model(
-            specs,
-            rank_memory,
-            context.with_max_model_len(length),
-            registry=registry,
-            policy=policy,
-            options=options,
-            num_blocks=num_blocks,
-            check_fit=False,
-            rank_layers=rank_layers,
-        ).plans
-
-    return largest_admitted_len(plans_at, context.max_model_len, estimate=estimate)
+    request = PlanRequest.for_context(
+        specs,
+        rank_memory,
+        context,
+        policy=policy,
+        options=options,
+        num_blocks=num_blocks,
+        check_fit=False,
+        rank_layers=rank_layers,
+    )
+    return longest_admitted(request, registry=registry, estimate=estimate)
 
 
 def plan_longest(
@@ -924,69 +1010,30 @@ def plan_longest(
     rank_layers: Sequence[Collection[str]] | None = None,
     rank_names: Sequence[str] | None = None,
 ) -> PlanningResult:
-    """Plan for the longest request the budgets admit (``max_model_len="auto"``).
-
-    The length is the largest one :func:`plan_model` admits (:func:`largest_admitted`), at
-    most ``context.max_model_len`` (the cap: a model's ``max_position_embeddings``) and at
-    most the longest request whose ideal need fits every rank's budget
-    (:func:`~kvcore.planning.max_len.memory_bound`; no layout admits more). A cap of
-    :data:`kvcore.limits.MAX_TOKENS` means no cap: memory alone bounds the length.
+    """Plan for the longest request the budgets admit, at most ``context.max_model_len`` (a cap
+    of :data:`kvcore.limits.MAX_TOKENS`: no cap): :func:`plan` of a request whose
+    ``max_model_len`` is ``auto``.
 
     Args:
         specs, rank_memory, context, registry, policy, options, num_blocks, rank_layers,
             rank_names: as for :func:`plan_model`; ``context.max_model_len`` is the cap.
 
     Returns:
-        The plans at the chosen length (their ``context.max_model_len``), with
-        :attr:`PlanningResult.length` saying how it was chosen.
-
-    Raises:
-        InvalidInputError: there is no cap and the layers' need stops growing with the length
-            (sliding windows or states only), so memory bounds nothing: give a length.
-        InsufficientMemoryError: not even one token is admitted (as planning at length 1
-            reports it).
-        The errors of :func:`plan_model`.
+        The plans at the chosen length, with :attr:`PlanningResult.length` saying how it was
+        chosen.
     """
-    cap = context.max_model_len
-    capped = cap < LENGTH_CEILING
-    own = [specs] if rank_layers is None else [_layers_of(specs, layers) for layers in rank_layers]
-    bound = memory_bound(own, rank_memory, context)
-    if bound is None and not capped:
-        raise InvalidInputError(
-            "cannot choose max_model_len automatically: these layers' need stops growing with the "
-            "request length (sliding windows or states only) and no max_position_embeddings caps "
-            "it; give max_model_len a number"
-        )
-    upper = min(cap, bound) if bound is not None else cap
-    search = largest_admitted(
+    return plan_model(
         specs,
         rank_memory,
-        context.with_max_model_len(max(upper, 1)),
-        registry=registry,
-        policy=policy,
-        options=options,
-        num_blocks=num_blocks,
-        rank_layers=rank_layers,
-    )
-    length = max(search.length, 1)  # not even one token: planning at 1 says why
-    result = plan_model(
-        specs,
-        rank_memory,
-        context.with_max_model_len(length),
+        context,
         registry=registry,
         policy=policy,
         options=options,
         num_blocks=num_blocks,
         rank_layers=rank_layers,
         rank_names=rank_names,
+        max_model_len="auto",
     )
-    choice = LengthChoice(
-        max_model_len=length,
-        cap=cap if capped else None,
-        limited_by="cap" if capped and length == cap else "memory",
-        plans=search.plans + 1,
-    )
-    return attrs.evolve(result, length=choice)
 
 
 def _layers_of(specs: Mapping[str, KVCacheSpec], layers: Collection[str]) -> dict[str, KVCacheSpec]:

@@ -22,9 +22,10 @@ The rules:
   pool's worst-case need (:func:`~kvcore.planning.capacity.split_budget`), and every pool gets
   the minimum over ranks of its own count.
 
-:func:`plan_for_ranks` checks and merges what the ranks report, then plans with
-:func:`kvcore.planning.planner.plan_model`, the planning implementation
-:func:`~kvcore.plan_kv_cache` uses too.
+:func:`plan_for_ranks` checks and merges what the ranks report, then plans a
+:class:`~kvcore.planning.request.PlanRequest` of every rank with
+:func:`kvcore.planning.planner.plan`, the planning implementation :func:`~kvcore.plan_kv_cache`
+uses too.
 """
 
 from __future__ import annotations
@@ -37,11 +38,12 @@ import attrs
 from kvcore.errors import InvalidInputError, InvalidSpecError, SpecMismatchError
 from kvcore.plan import KVCachePlan
 from kvcore.planning.planner import (
-    plan_model,
+    plan,
     project_groups as project_groups,
     tightest_rank as tightest_rank,
 )
 from kvcore.planning.registry import Registry
+from kvcore.planning.request import PlanRequest, is_auto
 from kvcore.policy import AllocationPolicy, PlanOptions
 from kvcore.spec import KVCacheSpec, SizingContext, check_layer_specs, describe_spec, spec_differences
 from kvcore.validators import check_int, int_at_least
@@ -318,7 +320,7 @@ def plan_for_ranks(
         tp_size: tensor-parallel ranks per stage; ``len(rank_specs) // tp_size`` stages.
         check_fit: raise unless one request of ``context.max_model_len`` fits.
         max_model_len: ``"auto"``: plan for the longest request every rank admits, at most
-            ``context.max_model_len`` (:func:`~kvcore.planning.planner.plan_longest`).
+            ``context.max_model_len`` (:func:`~kvcore.planning.planner.plan`).
 
     Returns:
         The plans, in rank order.
@@ -343,17 +345,16 @@ def plan_for_ranks(
     many = parallelism.world_size > 1
     # one rank: its specs are the model's, as plan_kv_cache takes them
     specs = merge_rank_specs(rank_specs, parallelism) if many else rank_specs[0]
-    result = plan_model(
+    request = PlanRequest.for_context(
         specs,
         rank_memory,
         context,
-        registry=registry,
+        auto_length=is_auto(max_model_len),
         policy=policy,
         options=options,
         num_blocks=num_blocks,
         check_fit=check_fit,
         rank_layers=rank_specs if many else None,
         rank_names=[parallelism.describe(r) for r in range(parallelism.world_size)] if many else None,
-        max_model_len=max_model_len,
     )
-    return list(result.plans)
+    return list(plan(request, registry=registry).plans)

@@ -176,12 +176,12 @@ def test_layer_names_no_module_can_have_are_refused_when_read(run_cli, spec_file
 
 
 def test_a_map_into_a_missing_folder_is_refused_before_planning(run_cli, spec_file, monkeypatch):
-    import kvcore.cli.plan
+    import kvcore.planning.planner
 
     def never(*args, **kwargs):
         raise AssertionError("planned before checking --map")
 
-    monkeypatch.setattr(kvcore.cli.plan, "plan_model", never)
+    monkeypatch.setattr(kvcore.planning.planner, "plan", never)
     line = error_line(run_cli, "plan", "--specs", spec_file(ONE), *SPEC, "--map", "/missing/dir/m.png")
     assert "the folder /missing/dir does not exist" in line
 

@@ -22,12 +22,13 @@ from kvcore import (
     SizingContext,
     plan_kv_cache,
 )
+from kvcore.planning.request import MaxModelLen, PlanRequest
 from tests.helpers import full, mix, sliding
 
 PAGE = Path(__file__).parents[2] / "docs" / "reference" / "python.md"
 ROW = re.compile(r"^\| `([A-Za-z_][\w.]*)(\([^`]*\))?` \|", re.M)
 #: Classes whose every public member the page must list.
-COMPLETE = (KVCachePlan, KVCacheGroup, KVCacheTensor, PlanOptions, Capacity)
+COMPLETE = (KVCachePlan, KVCacheGroup, KVCacheTensor, PlanOptions, Capacity, PlanRequest, MaxModelLen)
 
 
 def _documented() -> list[tuple[str, bool]]:
@@ -53,6 +54,8 @@ def instances(registry):
         "Capacity": Capacity.of(plan),
         "LocalExecutor": executor,
         "DistributedExecutor": kvcore.DistributedExecutor,
+        "PlanRequest": PlanRequest(specs=mix((1, full())), budgets=2**24, max_model_len=1024),
+        "MaxModelLen": MaxModelLen.up_to(1024),
     }
 
 
