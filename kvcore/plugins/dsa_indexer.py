@@ -9,7 +9,8 @@ is 128 + 4 = 132 bytes a token for DeepSeek-V3.2, in both engines:
   quant_block_size * 4, dtype=torch.uint8)`` with ``quant_block_size = 128``
   (``vllm/model_executor/models/deepseek_v2.py:723`` and ``:731-735``), whose spec is an
   ``MLAAttentionSpec`` of one head of that many bytes with ``cache_role=SparseCacheRole.INDEXER``
-  (``deepseek_v2.py:658-666``), named ``<attention>.indexer.k_cache``;
+  (``deepseek_v2.py:658-666``), named ``<attention>.indexer.k_cache`` (kvcore names the layer
+  after its module, ``<attention>.indexer``, as transformers' ``DeepseekV32Indexer`` is);
 - SGLang 0.5.23 sizes ``index_head_dim + index_head_dim // 128 x 4`` uint8 a token and layer
   (``DSATokenToKVPool.quant_block_size = 128``, ``index_k_with_scale_buffer_dtype = torch.uint8``:
   ``sglang/srt/mem_cache/memory_pool.py:5279-5282``; ``DefaultPoolConfigurator
@@ -29,9 +30,9 @@ from typing import TYPE_CHECKING, ClassVar
 import attrs
 
 from kvcore.cache_layout import CacheLayout
-from kvcore.dtypes import DType, dtype_size, to_dtype, uint8
+from kvcore.dtypes import DType, bfloat16, dtype_size, to_dtype, uint8
 from kvcore.hookspecs import hookimpl
-from kvcore.plugins.mla import SCALE_BYTES, check_scale_block, scale_bytes
+from kvcore.plugins.mla import SCALE_BYTES, MLAAttentionSpec, check_scale_block, scale_bytes
 from kvcore.spec import KVCacheSpec
 from kvcore.validators import non_negative_int, positive_int
 
@@ -41,6 +42,9 @@ if TYPE_CHECKING:
 #: Elements per float32 scale of DeepSeek's indexer keys (vLLM's ``quant_block_size``,
 #: SGLang's ``DSATokenToKVPool.quant_block_size``; cited in the module docstring).
 INDEXER_SCALE_BLOCK = 128
+#: The indexer keys' dtype: fp8, whatever the cache dtype (vLLM stores them as uint8 fp8 bytes,
+#: ``deepseek_v2.py:727-735``; SGLang's GPU sizing assumes fp8 too, ``pool_configurator.py:574``).
+INDEXER_DTYPE = "float8_e4m3fn"
 
 
 @attrs.frozen(kw_only=True)
@@ -84,6 +88,15 @@ class DSAIndexerSpec(KVCacheSpec):
         # the page is seen as bytes; its widest element is a float32 scale when it has scales
         widest = max(dtype_size(self.dtype), SCALE_BYTES if self.scale_block_size else 1)
         return widest if self.bytes_per_token % widest == 0 else 1
+
+
+def dsa_latent(spec: MLAAttentionSpec) -> MLAAttentionSpec:
+    """A DSA model's MLA latent as its sparse kernels store it: an fp8 cache packed with a
+    float32 scale per 128 elements and a bfloat16 rotary part (vLLM's ``fp8_ds_mla``, 656 bytes
+    on DeepSeek-V3.2; :mod:`kvcore.plugins.mla`); a cache of any other dtype stays plain."""
+    if dtype_size(spec.dtype) != 1 or spec.kv_lora_rank % INDEXER_SCALE_BLOCK:
+        return spec
+    return attrs.evolve(spec, scale_block_size=INDEXER_SCALE_BLOCK, rope_dtype=bfloat16)
 
 
 @hookimpl

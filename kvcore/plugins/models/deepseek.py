@@ -15,7 +15,8 @@ A config with ``index_topk`` is a DSA model (vLLM 0.33 reads it so: ``self.is_v3
 hasattr(config, "index_topk")``, ``vllm/model_executor/models/deepseek_v2.py:1138``). Its layers
 that compute their own top-k also cache the indexer's keys (:class:`~kvcore.plugins.dsa_indexer
 .DSAIndexerSpec`, ``index_head_dim`` fp8 elements and a float32 scale per 128: 132 bytes), named
-as vLLM names that cache, ``model.layers.{i}.self_attn.indexer.k_cache``. A layer skips its
+after the indexer module, ``model.layers.{i}.self_attn.indexer`` (vLLM names its cache
+``....indexer.k_cache``: :func:`kvcore.integrations.vllm.convert.vllm_layer_name`). A layer skips its
 indexer as vLLM decides (``deepseek_v2.py:1144-1168``): by ``index_topk_pattern`` (``"S"``: skip)
 when given, else when ``max(i - index_skip_topk_offset + 1, 0) % index_topk_freq != 0``
 (defaults 2 and 1: no layer skips, as on DeepSeek-V3.2). With an fp8 cache
@@ -30,24 +31,17 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import attrs
-
-from kvcore.dtypes import bfloat16, dtype_size
 from kvcore.hookspecs import hookimpl
 from kvcore.model_family import ModelFamily
 from kvcore.model_options import ModelOptions
-from kvcore.plugins.dsa_indexer import INDEXER_SCALE_BLOCK, DSAIndexerSpec
-from kvcore.plugins.mla import MLAAttentionSpec
+from kvcore.plugins.dsa_indexer import INDEXER_DTYPE, DSAIndexerSpec, dsa_latent
 from kvcore.plugins.models.kit import FULL, ConfigFields, LayerNames, build_layers, mla
 from kvcore.spec import KVCacheSpec
 
 MODEL_TYPES = ("deepseek_v2", "deepseek_v3", "deepseek_v32")
-#: What vLLM appends to an attention layer's name for its indexer's key cache
-#: (``f"{prefix}.indexer"`` then ``f"{prefix}.k_cache"``, ``deepseek_v2.py:1187`` and ``:733``).
-INDEXER_SUFFIX = ".indexer.k_cache"
-#: The indexer keys' dtype: fp8, whatever the cache dtype (vLLM stores them as uint8 fp8 bytes,
-#: ``deepseek_v2.py:727-735``; SGLang's GPU sizing assumes fp8 too, ``pool_configurator.py:574``).
-INDEXER_DTYPE = "float8_e4m3fn"
+#: The indexer module's attribute on an attention layer (vLLM's ``f"{prefix}.indexer"``,
+#: ``deepseek_v2.py:1187``; transformers' ``self.indexer``).
+INDEXER_SUFFIX = ".indexer"
 #: ``index_skip_topk_offset`` when a config leaves it out (vLLM's default, ``deepseek_v2.py:1147``).
 DEFAULT_SKIP_OFFSET = 2
 
@@ -63,14 +57,6 @@ def indexer_layers(cfg: ConfigFields, n: int) -> list[bool]:
     freq = cfg.integer("index_topk_freq", 1)
     offset = cfg.integer("index_skip_topk_offset", DEFAULT_SKIP_OFFSET, minimum=0)
     return [max(i - offset + 1, 0) % freq == 0 for i in range(n)]
-
-
-def dsa_latent(spec: MLAAttentionSpec) -> MLAAttentionSpec:
-    """A DSA model's latent as its sparse kernels store it: an fp8 cache packed with float32
-    scales per 128 and a bfloat16 rotary part (``fp8_ds_mla``); any other dtype stays plain."""
-    if dtype_size(spec.dtype) != 1 or spec.kv_lora_rank % INDEXER_SCALE_BLOCK:
-        return spec
-    return attrs.evolve(spec, scale_block_size=INDEXER_SCALE_BLOCK, rope_dtype=bfloat16)
 
 
 def layer_specs(config: Mapping[str, Any], options: ModelOptions) -> dict[str, KVCacheSpec]:
