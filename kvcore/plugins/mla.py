@@ -14,7 +14,7 @@ x 4 + qk_rope_head_dim x 2``: ``calculate_mla_kv_cache_dim``,
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
 
@@ -35,18 +35,21 @@ def scale_bytes(elements: int, scale_block_size: int) -> int:
     return elements // scale_block_size * SCALE_BYTES if scale_block_size else 0
 
 
-def check_scale_block(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
-    """A ``scale_block_size`` must divide the elements it scales (``scaled_field`` of the kind)."""
-    scaled = getattr(instance, type(instance).scaled_field)  # type: ignore[attr-defined]
+def check_scale_block(instance: Any, attribute: attrs.Attribute[int], value: int) -> None:
+    """A ``scale_block_size`` must divide the elements it scales (the field the kind's
+    ``scaled_field`` class attribute names)."""
+    field: str = type(instance).scaled_field
+    scaled = getattr(instance, field)
     if value and scaled % value:
         raise InvalidSpecError(
-            f"{attribute.name!r} {value} must divide {type(instance).scaled_field} {scaled}: one float32 "
-            "scale covers a whole block of elements (DeepSeek's kernels use 128)"
+            f"{attribute.name!r} {value} must divide {field} {scaled}: one float32 scale covers a whole "
+            "block of elements (DeepSeek's kernels use 128)"
         )
 
 
 def _optional_dtype(value: object) -> DType | None:
     return None if value is None else to_dtype(value)  # type: ignore[arg-type]
+
 
 if TYPE_CHECKING:
     from hypothesis.strategies import SearchStrategy

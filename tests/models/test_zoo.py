@@ -256,7 +256,9 @@ def test_deepseek_v32_caches_a_latent_and_an_indexer_key_on_every_layer(registry
     specs = layer_specs_from_config(config, registry)
     # 61 layers, each its MLA latent then its indexer's keys, named as vLLM names them
     assert list(specs) == [
-        name for i in range(61) for name in (f"model.layers.{i}.self_attn", f"model.layers.{i}.self_attn.indexer")
+        name
+        for i in range(61)
+        for name in (f"model.layers.{i}.self_attn", f"model.layers.{i}.self_attn.indexer")
     ]
     latents = {s for n, s in specs.items() if not n.endswith(".indexer")}
     keys = {s for n, s in specs.items() if n.endswith(".indexer")}

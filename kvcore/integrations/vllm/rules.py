@@ -65,6 +65,8 @@ VLLM_SPEC_CLASSES: dict[str, str] = {
     "sliding_window": "SlidingWindowSpec",
     "chunked_local_attention": "ChunkedLocalAttentionSpec",
     "mla": "MLAAttentionSpec",
+    # a DSA indexer's keys: an MLAAttentionSpec with cache_role INDEXER (deepseek_v2.py:658-666)
+    "dsa_indexer": "MLAAttentionSpec",
     "cross_attention": "CrossAttentionSpec",
     "state": "MambaSpec",
 }

@@ -52,7 +52,9 @@ def indexer_layers(cfg: ConfigFields, n: int) -> list[bool]:
     pattern = cfg.data.get("index_topk_pattern")
     if pattern is not None:
         if not isinstance(pattern, str):
-            raise cfg.error("index_topk_pattern", f"must be a string of 'S' and other letters (got {pattern!r})")
+            raise cfg.error(
+                "index_topk_pattern", f"must be a string of 'S' and other letters (got {pattern!r})"
+            )
         return [not (i < len(pattern) and pattern[i] == "S") for i in range(n)]
     freq = cfg.integer("index_topk_freq", 1)
     offset = cfg.integer("index_skip_topk_offset", DEFAULT_SKIP_OFFSET, minimum=0)

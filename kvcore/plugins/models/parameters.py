@@ -352,10 +352,10 @@ def llama4_vision(groups: Groups, vision: ConfigFields, *, text_hidden: int) -> 
 
 
 def deepseek(config: Mapping[str, Any]) -> ParameterCount:
-    """DeepSeek V2 / V3 / V3.2: MLA (and on V3.2 a sparse-attention indexer) on every layer, dense MLPs in the first ``first_k_dense_replace``
-    layers, then routed and shared experts every ``moe_layer_freq`` layers. The MTP layers
-    (``num_nextn_predict_layers``) are not counted: engines load them only for MTP speculative
-    decoding."""
+    """DeepSeek V2 / V3 / V3.2: MLA (and on V3.2 a sparse-attention indexer) on every layer, dense
+    MLPs in the first ``first_k_dense_replace`` layers, then routed and shared experts every
+    ``moe_layer_freq`` layers. The MTP layers (``num_nextn_predict_layers``) are not counted:
+    engines load them only for MTP speculative decoding."""
     cfg = ConfigFields(config, str(config["model_type"]))
     n, hidden, vocab = cfg.layer_count(), cfg.integer("hidden_size"), cfg.integer("vocab_size")
     heads = cfg.integer("num_attention_heads")
