@@ -286,7 +286,11 @@ def _dsa_configurator(monkeypatch, tmp_path, model, dtype):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
     source, changes = DSA_MODELS[model]
     return kv_cache_configurator(
-        source, tmp_path, page_size=DSA_PAGE, kv_cache_dtype=getattr(torch, DSA_DTYPES[dtype]), config_changes=changes
+        source,
+        tmp_path,
+        page_size=DSA_PAGE,
+        kv_cache_dtype=getattr(torch, DSA_DTYPES[dtype]),
+        config_changes=changes,
     )
 
 
@@ -310,7 +314,9 @@ def test_dsa_layers_are_sglangs_latent_and_indexer_bytes(model, dtype, monkeypat
     source, changes = DSA_MODELS[model]
     config, _ = load_model_config(source)
     ours = layer_specs_from_config(
-        {**config, **(changes or {})}, registry, ModelOptions(kv_cache_dtype=DSA_DTYPES[dtype], block_size=DSA_PAGE)
+        {**config, **(changes or {})},
+        registry,
+        ModelOptions(kv_cache_dtype=DSA_DTYPES[dtype], block_size=DSA_PAGE),
     )
     assert {n.replace(".self_attn", ""): s for n, s in ours.items()} == specs
     # and SGLang's own sizing of a budget is kvcore's model of it
@@ -344,7 +350,7 @@ def test_sglangs_dsa_pool_holds_what_kvcore_promises(model, dtype, monkeypatch, 
 def test_a_dsa_page_sglang_refuses_is_refused(registry, monkeypatch, tmp_path):
     kvc = _dsa_configurator(monkeypatch, tmp_path, "v32-like, shared top-k", "bf16")
     specs = rules.paged_specs(convert.specs_from_sglang(kvc), PAGE)
-    with pytest.raises(rules.SglangIntegrationError, match="--page-size 16.*64-token pages"):
+    with pytest.raises(rules.SglangIntegrationError, match=r"--page-size 16.*64-token pages"):
         rules.plan_for_sglang(specs, BUDGET, RULES, registry=registry)
 
 

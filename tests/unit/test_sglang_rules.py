@@ -298,9 +298,13 @@ def test_a_dsa_pool_is_one_group_of_latents_and_indexer_keys():
     assert {s.kind for s in group.specs} == {"mla", "dsa_indexer"}
     sizes = rules.pool_sizes(plan, specs)
     # 61 x (1152 + 132) bytes a token, the padded page included
-    assert rules.pool_bytes(sizes, specs) == (sizes.full_tokens + 64) * 61 * (1152 + 132) == plan.kv_cache_bytes
+    assert (
+        rules.pool_bytes(sizes, specs) == (sizes.full_tokens + 64) * 61 * (1152 + 132) == plan.kv_cache_bytes
+    )
     # SGLang's own sizing divides by the same cell
     own = rules.own_pool_sizes(specs, 4 << 30, sglang)
     assert own.full_tokens == (4 << 30) // (61 * 1284) // 64 * 64
     with pytest.raises(rules.SglangIntegrationError, match="64-token pages"):
-        rules.plan_for_sglang(specs, 4 << 30, rules.SglangRules(context_len=4096, page_size=16), registry=REGISTRY)
+        rules.plan_for_sglang(
+            specs, 4 << 30, rules.SglangRules(context_len=4096, page_size=16), registry=REGISTRY
+        )

@@ -29,7 +29,6 @@ from kvcore.plugins.sliding_window import SlidingWindowSpec
 from kvcore.plugins.state import StatePart, StateSpec
 from kvcore.spec import KVCacheSpec
 
-
 #: What follows a layer's name for its DSA indexer's keys (SGLang keeps them in the same pool,
 #: by the same layer id).
 INDEXER_SUFFIX = ".indexer"
@@ -145,12 +144,17 @@ def _dsa_indexers(kvc: Any, layer_ids: list[int]) -> dict[int, KVCacheSpec]:
     Raises:
         SglangIntegrationError: pooled index keys (``index_kpool`` > 1), which kvcore does not plan.
     """
-    from sglang.srt.configs.model_config import dsa_layer_skips_topk, get_dsa_index_head_dim, get_dsa_index_kpool
+    from sglang.srt.configs.model_config import (
+        dsa_layer_skips_topk,
+        get_dsa_index_head_dim,
+        get_dsa_index_kpool,
+    )
 
     hf_config = kvc.model_config.hf_config
     if get_dsa_index_kpool(hf_config) != 1:
         raise SglangIntegrationError(
-            f"index_kpool {get_dsa_index_kpool(hf_config)}: SGLang pools the indexer keys of that many tokens, "
+            f"index_kpool {get_dsa_index_kpool(hf_config)}: SGLang pools the indexer keys of that many "
+            "tokens, "
             "which kvcore does not plan; unset KVCORE_SGLANG_POLICY to let SGLang size this model"
         )
     indexer = DSAIndexerSpec(
@@ -214,7 +218,9 @@ def _attention(spec: KVCacheSpec) -> AttentionSpec:
     return spec
 
 
-def _dsa_pool(specs: Mapping[str, KVCacheSpec], names: list[str], size: int, page: int, device: str) -> KVCache:
+def _dsa_pool(
+    specs: Mapping[str, KVCacheSpec], names: list[str], size: int, page: int, device: str
+) -> KVCache:
     """SGLang's ``DSATokenToKVPool`` of ``size`` tokens for a DSA model's full pool: its MLA
     layers (the latent plain or packed, ``kv_cache_dim`` elements) and, on the layers that have
     one, their indexer keys."""

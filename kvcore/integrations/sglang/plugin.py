@@ -142,9 +142,10 @@ def check_bytes(own: MemoryPoolConfigurator, specs: dict[str, Any]) -> None:
     """Raise unless SGLang's own configurator ``own`` counts the bytes per token kvcore's
     ``specs`` do, pool by pool.
 
-    SGLang adds bytes kvcore's kinds do not describe for an FP4/MXFP8 scale buffer, a speculative draft model's layers or a QSA cache (``DefaultPoolConfigurator
-    ._compute_cell_size``, ``HybridSWAPoolConfigurator._recompute_cell_size``); a plan made
-    without them would overrun the budget, so those models are refused. The figures are the
+    SGLang adds bytes kvcore's kinds do not describe for an FP4/MXFP8 scale buffer, a
+    speculative draft model's layers or a QSA cache (``DefaultPoolConfigurator._compute_cell_size``,
+    ``HybridSWAPoolConfigurator._recompute_cell_size``); a plan made without them would overrun
+    the budget, so those models are refused. The figures are the
     configurators' own (private) fields of sglang 0.5.23.
 
     Raises:

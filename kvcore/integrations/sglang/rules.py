@@ -67,12 +67,12 @@ from collections.abc import Mapping, Sequence
 
 import attrs
 
+from kvcore.dtypes import dtype_name
 from kvcore.errors import KVCoreError
 from kvcore.integrations.capabilities import EngineCapabilities
 from kvcore.plan import KVCacheGroup, KVCachePlan
 from kvcore.planning.planner import plan_kv_cache
 from kvcore.planning.registry import Registry
-from kvcore.dtypes import dtype_name
 from kvcore.plugins.dsa_indexer import INDEXER_DTYPE, INDEXER_SCALE_BLOCK, DSAIndexerSpec
 from kvcore.plugins.full_attention import FullAttentionSpec
 from kvcore.plugins.sliding_window import SlidingWindowSpec
@@ -221,7 +221,9 @@ def dsa_gaps(config: Mapping[str, object]) -> list[str]:
             f"{', '.join(sorted(DSA_MODEL_TYPES))} configs only"
         )
     if (config.get("index_kpool") or 1) != 1:
-        gaps.append(f"index_kpool {config.get('index_kpool')}: pooled indexer keys (one per index_kpool tokens)")
+        gaps.append(
+            f"index_kpool {config.get('index_kpool')}: pooled indexer keys (one per index_kpool tokens)"
+        )
     for field in ("indexer_types", "cli_factor"):
         if config.get(field) not in (None, 1):
             gaps.append(f"{field}: SGLang's own rule for the layers that skip the indexer")
@@ -461,9 +463,17 @@ def _check_dsa(specs: Mapping[str, KVCacheSpec], full: Sequence[str]) -> None:
             INDEXER_SCALE_BLOCK,
         ):
             raise SglangIntegrationError(
-                f"{describe_spec(spec)}: SGLang's DSATokenToKVPool keeps indexer keys of {DSA_INDEX_HEAD_DIM} "
+                f"{describe_spec(spec)}: SGLang's DSATokenToKVPool keeps indexer keys of "
+                f"{DSA_INDEX_HEAD_DIM} "
                 f"{INDEXER_DTYPE} elements with a float32 scale per {INDEXER_SCALE_BLOCK}"
             )
+
+
+def default_page_size(specs: Mapping[str, KVCacheSpec]) -> int:
+    """SGLang's ``--page-size`` when none is given: 64 for a DSA model (``Setting page size to
+    64 for DeepSeek DSA``, ``sglang/srt/arg_groups/model_overrides/deepseek_v2.py:171-173``, on
+    CUDA), else :data:`DEFAULT_PAGE_SIZE`."""
+    return DSA_PAGE_SIZE if is_dsa(specs) else DEFAULT_PAGE_SIZE
 
 
 def check_dsa_page(specs: Mapping[str, KVCacheSpec], page_size: int) -> None:
