@@ -414,8 +414,10 @@ def check_specs(specs: Mapping[str, KVCacheSpec]) -> dict[str, list[str]]:
     pools = _pool_layers(specs)
     if pools.get("mamba") and pools.get("swa"):
         raise SglangIntegrationError(
-            "the model has state and sliding-window layers: SGLang 0.5 runs those together only in its "
-            "unified memory pool (--enable-unified-memory), whose one buffer kvcore does not plan"
+            "the model has state and sliding-window layers: SGLang 0.5 runs those (Inkling-class models) "
+            "in its unified memory pool (--enable-unified-memory), one buffer whose sliding region is sized "
+            "at run time, or in separate pools with the extra-buffer Mamba strategy, which needs a GPU; "
+            "kvcore plans neither"
         )
     windows = sorted({window_of(specs[n]) for n in pools.get("swa", ())})
     if len(windows) > 1:
@@ -815,9 +817,11 @@ def capabilities() -> EngineCapabilities:
             *partial,
             "state: SGLang's Mamba pool, its slots set by the plugin's hook on "
             "KVCacheConfigurator._handle_max_mamba_cache; not with speculative decoding, "
-            "--max-mamba-cache-size or sliding layers beside state layers",
-            "DSA models (DeepSeek-V3.2's sparse attention): refused, kvcore has no spec kind for the "
-            "indexer key cache of SGLang's DSATokenToKVPool",
+            "--max-mamba-cache-size or sliding layers beside state layers (SGLang runs those in its "
+            "unified memory pool, sized at run time, or with the GPU-only extra Mamba buffer)",
+            "dsa_indexer: in SGLang's DSATokenToKVPool with the MLA layers, one token index (one kvcore "
+            "group of two page sizes), 64-token pages; DeepSeek-V3.2's indexer only (not GLM's "
+            "indexer_types, LongCat's cli_factor or pooled index_kpool keys)",
             "one sliding window per model: SGLang reads one sliding_window_size",
             "one page size for every pool: SGLang's --page-size",
             "SGLang's radix cache runs over kvcore's pool sizes, but kvcore's plans do not size for it",
