@@ -3,6 +3,7 @@ kind, one page size, the padded first page inside the budget) beside SGLang's ow
 SGLang installed (tests/sglang checks the own-sizing row against SGLang's configurators)."""
 
 import json
+from pathlib import Path
 
 from kvcore import Registry, model_layer_specs
 from kvcore.integrations.sglang import rules
@@ -122,7 +123,7 @@ def test_a_dsa_model_runs_in_one_pool_of_sglangs_64_token_pages(run_cli):
 
 def test_a_dsa_model_kvcore_does_not_map_is_refused_saying_why(run_cli, tmp_path):
     # the synthetic DeepSeek-V3.2-shaped config (its "_synthetic" key says so), with pooled index keys
-    config = json.loads(open("tests/sglang/synthetic__deepseek-v32-like.json").read())
+    config = json.loads(Path("tests/sglang/synthetic__deepseek-v32-like.json").read_text())
     model = tmp_path / "config.json"
     model.write_text(json.dumps({**config, "index_kpool": 4}))
     status, out, err = run_cli("compare", "--model", str(model), "--memory", "8GiB", "--engine", "sglang")
