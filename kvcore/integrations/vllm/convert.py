@@ -18,7 +18,10 @@ DeepSeek-V3.2 (DSA) in vLLM 0.33: the MLA layer's spec is an ``MLAAttentionSpec`
 mla_attention.py:1371-1401``), kvcore's packed ``mla``; its indexer's keys are another
 ``MLAAttentionSpec``, of one ``index_head_dim + index_head_dim / 128 x 4`` = 132-byte uint8 head
 with ``cache_role=SparseCacheRole.INDEXER`` (``vllm/model_executor/models/deepseek_v2.py:658-666``
-and ``:731-735``), kvcore's ``dsa_indexer``.
+and ``:731-735``), kvcore's ``dsa_indexer``. The MLA spec's ``topk_buffer_width`` and
+``is_index_group_leader`` change neither page nor retention and are not kept: a spec made back
+from kvcore's leaves them at their defaults, which only vLLM's HiSparse layout reads
+(``vllm/v1/hisparse/layout.py:139-162``).
 """
 
 from __future__ import annotations
