@@ -28,6 +28,7 @@ from kvcore.integrations.sglang.rules import (
     SglangRules,
     as_sglang_runs,
     check_specs,
+    default_page_size,
     kv_budget,
     own_pool_sizes,
     paged_specs,
@@ -111,15 +112,15 @@ def run(
 
     Raises:
         InvalidInputError: options the SGLang comparison does not take.
-        SglangIntegrationError: a model SGLang runs with DSA (kvcore does not plan its pool).
+        SglangIntegrationError: a model SGLang runs with a DSA pool kvcore does not plan
+            (:func:`~kvcore.integrations.sglang.rules.dsa_gaps`).
     """
     inputs.refuse_engine_options(args, "sglang", "SGLang")
     block = args.block_size
-    page: dict[str, Any] = {"page_size": block} if block else {}
     rules = SglangRules(
         context_len=inputs.sizing_context(args).max_model_len,
         chunked_prefill_size=args.max_num_batched_tokens,
-        **page,
+        page_size=block or default_page_size(specs),  # SGLang's own choice when none is given
     )
     if gpu_budget is not None:
         args = attrs.evolve(

@@ -6,7 +6,8 @@ engines plan them (vLLM puts MTP and EAGLE layers in the target's KV-cache confi
 
 - ``mtp``: the model's own multi-token-prediction modules, ``num_nextn_predict_layers`` of them
   (DeepSeek-V3: 1). Each is a decoder layer like the target's last one, so each gets the spec
-  of the target's last MLA or full-attention layer;
+  of the target's last MLA or full-attention layer, and of that layer's sub-layer caches
+  (DeepSeek-V3.2's ``.indexer``);
 - ``eagle``: one EAGLE-style decoder layer, full attention with the target's attention geometry
   (the last full-attention layer's spec, or a full-attention spec of the last attention layer's
   KV heads, head size and dtype).
@@ -102,7 +103,12 @@ def with_draft_layers(
                 f"{model_type} config: speculative 'mtp' copies the last MLA or full-attention layer, "
                 "and the model has none"
             )
-        out.update(dict.fromkeys(_draft_names(specs, donor, count), specs[donor]))
+        # the donor's own sub-layer caches come along (DeepSeek-V3.2's indexer keys: vLLM builds an
+        # indexer on every MTP layer, vllm/model_executor/models/deepseek_v2.py:1158-1168)
+        companions = [n.removeprefix(donor) for n in specs if n.startswith(donor + ".")]
+        for name in _draft_names(specs, donor, count):
+            out[name] = specs[donor]
+            out.update({name + rest: specs[donor + rest] for rest in companions})
         return out
     donor = _last_of(specs, ("full_attention",))
     if donor is not None:

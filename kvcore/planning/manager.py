@@ -36,6 +36,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "kvcore.plugins.sliding_window",
     "kvcore.plugins.chunked_local_attention",
     "kvcore.plugins.mla",
+    "kvcore.plugins.dsa_indexer",
     "kvcore.plugins.state",
     "kvcore.plugins.cross_attention",
     # model families (kvcore_register_model_families), the module front end, the generic fallback

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING
 from kvcore.errors import ModelConfigError
 from kvcore.hookspecs import hookimpl
 from kvcore.model_options import ModelOptions
+from kvcore.plugins.dsa_indexer import INDEXER_DTYPE, DSAIndexerSpec, dsa_latent
 from kvcore.plugins.mla import MLAAttentionSpec
 from kvcore.plugins.models.kit import (
     CHUNKED,
@@ -156,12 +157,24 @@ def mla_spec(module: torch.nn.Module, name: str, options: ModelOptions) -> KVCac
     rope = getattr(module, "qk_rope_head_dim", None)
     if proj is None or not isinstance(rope, int):
         return None
-    return MLAAttentionSpec(
+    spec = MLAAttentionSpec(
         block_size=options.block_size,
         kv_lora_rank=proj.out_features - rope,
         qk_rope_head_dim=rope,
         dtype=options.cache_dtype(_weight_dtype(module, "kv_a_proj_with_mqa")),
     )
+    # beside a sparse-attention indexer the latent is stored as the sparse kernels read it
+    return dsa_latent(spec) if getattr(module, "indexer", None) is not None else spec
+
+
+def dsa_indexer_spec(module: torch.nn.Module, name: str, options: ModelOptions) -> KVCacheSpec | None:
+    """The key cache of a DeepSeek sparse-attention indexer (transformers' ``DeepseekV32Indexer``:
+    ``index_topk``, a ``wk`` key projection of ``head_dim`` outputs), fp8 with scales as engines
+    keep it (:mod:`kvcore.plugins.dsa_indexer`)."""
+    wk = _linear(module, "wk")
+    if wk is None or not isinstance(getattr(module, "index_topk", None), int):
+        return None
+    return DSAIndexerSpec(block_size=options.block_size, index_head_dim=wk.out_features, dtype=INDEXER_DTYPE)
 
 
 def state_spec(module: torch.nn.Module, name: str, options: ModelOptions) -> KVCacheSpec | None:
@@ -208,7 +221,7 @@ def state_spec(module: torch.nn.Module, name: str, options: ModelOptions) -> KVC
 def kvcore_spec_for_module(module: torch.nn.Module, name: str, options: ModelOptions) -> KVCacheSpec | None:
     if not _is_transformers_module(module) or not isinstance(getattr(module, "layer_idx", None), int):
         return None
-    for recognise in (mla_spec, state_spec, attention_spec):
+    for recognise in (mla_spec, dsa_indexer_spec, state_spec, attention_spec):
         spec = recognise(module, name, options)
         if spec is not None:
             return spec

@@ -3,6 +3,7 @@ kind, one page size, the padded first page inside the budget) beside SGLang's ow
 SGLang installed (tests/integrations/sglang checks the own-sizing row against SGLang's configurators)."""
 
 import json
+from pathlib import Path
 
 from kvcore import Registry, model_layer_specs
 from kvcore.integrations.sglang import rules
@@ -103,9 +104,28 @@ def test_a_mamba_hybrid_shows_sglangs_state_split_beside_kvcores(run_cli):
     assert status == 0 and "mamba states" in out and "no model for this architecture" in out
 
 
-def test_a_dsa_model_is_refused_saying_why(run_cli):
-    # a synthetic DeepSeek-V3.2-shaped config (its "_synthetic" key says so)
-    model = "tests/integrations/sglang/synthetic__deepseek-v32-like.json"
-    status, out, err = run_cli("compare", "--model", model, "--memory", "8GiB", "--engine", "sglang")
+def test_a_dsa_model_runs_in_one_pool_of_sglangs_64_token_pages(run_cli):
+    args = ("--model", "deepseek-ai/DeepSeek-V3.2", "--memory", "8GiB", "--max-model-len", "8192")
+    status, out, err = run_cli("compare", *args, "--engine", "sglang", "--json")
+    assert status == 0, err
+    payload = json.loads(out)
+    registry = Registry.default()
+    specs = model_layer_specs("deepseek-ai/DeepSeek-V3.2", registry)
+    # SGLang's own page for a DSA model (its DeepSeek override), without --block-size
+    sglang = rules.SglangRules(context_len=8192, page_size=64)
+    plan = rules.plan_for_sglang(specs, 8 * 2**30, sglang, registry=registry)
+    sizes = rules.pool_sizes(plan, rules.paged_specs(specs, 64))
+    row = {row["policy"]: row for row in payload["candidates"]}["kind_pools"]
+    assert (row["full_tokens"], row["swa_tokens"]) == (sizes.full_tokens, 0)
+    # SGLang's own: the budget over 61 x (1,152-byte latent + 132-byte indexer key), to a page
+    assert payload["sglang_own"]["full_tokens"] == 8 * 2**30 // (61 * 1284) // 64 * 64
+
+
+def test_a_dsa_model_kvcore_does_not_map_is_refused_saying_why(run_cli, tmp_path):
+    # the synthetic DeepSeek-V3.2-shaped config (its "_synthetic" key says so), with pooled index keys
+    config = json.loads(Path("tests/integrations/sglang/synthetic__deepseek-v32-like.json").read_text())
+    model = tmp_path / "config.json"
+    model.write_text(json.dumps({**config, "index_kpool": 4}))
+    status, out, err = run_cli("compare", "--model", str(model), "--memory", "8GiB", "--engine", "sglang")
     assert status != 0 and not out
-    assert "sparse attention (DSA)" in err and "no spec kind for the indexer" in err
+    assert "sparse attention (DSA)" in err and "index_kpool 4" in err

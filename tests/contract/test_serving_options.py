@@ -96,6 +96,16 @@ def test_deepseek_v3_mtp_plans_62_mla_layers(registry):
     assert list(specs)[-1] == "model.layers.61.self_attn"
 
 
+def test_deepseek_v32_mtp_layer_brings_its_indexer(registry):
+    """vLLM builds an indexer on every MTP layer (deepseek_v2.py:1158-1168): the draft layer
+    caches a latent and indexer keys, as the target's layers do."""
+    target = model_layer_specs("deepseek-ai/DeepSeek-V3.2", registry)
+    specs = model_layer_specs("deepseek-ai/DeepSeek-V3.2", registry, ModelOptions(speculative="mtp"))
+    assert list(specs)[: len(target)] == list(target)
+    assert list(specs)[len(target) :] == ["model.layers.61.self_attn", "model.layers.61.self_attn.indexer"]
+    assert specs["model.layers.61.self_attn.indexer"] == target["model.layers.60.self_attn.indexer"]
+
+
 def test_eagle_adds_one_full_attention_layer_with_the_target_geometry(registry):
     target = model_layer_specs("openai/gpt-oss-20b", registry)
     specs = model_layer_specs("openai/gpt-oss-20b", registry, ModelOptions(speculative="eagle"))

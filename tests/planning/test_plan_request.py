@@ -9,7 +9,7 @@ from kvcore.planning.planner import largest_admitted, longest_admitted, plan, pl
 from kvcore.planning.request import MaxModelLen, PlanRequest, sizing_of
 from tests.helpers import full, mix, sliding
 
-# issue 12's reproducer (tests/unit/test_max_len.py): the grouping changes with the length
+# issue 12's reproducer (tests/planning/test_max_len.py): the grouping changes with the length
 REPRO = mix((1, full()), (36, sliding(4096)))
 REPRO_BYTES = 938_292_019
 SPECS = mix((2, full()), (6, sliding(1024)))

@@ -36,6 +36,7 @@ def test_builtins_register_through_hooks(registry):
         "sliding_window",
         "chunked_local_attention",
         "mla",
+        "dsa_indexer",
         "state",
         "cross_attention",
     ]

@@ -1,6 +1,6 @@
 """The host tier on the CPU: pages of every built-in policy's plan go out and come back byte for
 byte, the rows are counted and refused when short, and bad calls get typed errors. The decode
-tests (tokens with pages that went out and came back) are in tests/e2e/test_host_tier_decode.py."""
+tests (tokens with pages that went out and came back) are in tests/engine/decode/test_host_tier_decode.py."""
 
 from __future__ import annotations
 

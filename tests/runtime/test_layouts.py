@@ -29,6 +29,7 @@ from kvcore import (
 from kvcore.dtypes import dtype_size
 from kvcore.frontends.hf_config import bundled_models
 from kvcore.plugins.attention import AttentionSpec
+from kvcore.plugins.dsa_indexer import DSAIndexerSpec
 from kvcore.plugins.mla import MLAAttentionSpec
 from kvcore.plugins.state import StatePart, StateSpec
 from kvcore.runtime.allocation import empty_bytes
@@ -60,6 +61,10 @@ def _inputs():
         "model.layers.90": _state(),
         "model.layers.91": _state(),
     }
+    # DeepSeek-V3.2 with an fp8 cache: packed (fp8_ds_mla) latents beside the indexer keys
+    cases["DeepSeek-V3.2 fp8"] = model_layer_specs(
+        "deepseek-ai/DeepSeek-V3.2", registry, {"kv_cache_dtype": "fp8", "block_size": 64}
+    )
     cases["mix fp8+bf16"] = mix(
         (3, full(dtype="fp8", heads=2, head_size=64)), (3, sliding(128, heads=2, head_size=64))
     )
@@ -114,10 +119,14 @@ def expected_parts(spec, offset, stride, pages):
         b, h, d = spec.block_size, spec.num_kv_heads, spec.head_size
         # K half then V half of each page: (2, pages, block, heads, head)
         return [("kv", (2, pages, b, h, d), (b * h * d, stride // item, h * d, d, 1), offset // item)]
-    if isinstance(spec, MLAAttentionSpec):
+    if isinstance(spec, MLAAttentionSpec) and not spec.is_packed:
         item = dtype_size(spec.dtype)
         latent = spec.kv_lora_rank + spec.qk_rope_head_dim
         return [("latent", (pages, spec.block_size, latent), (stride // item, latent, 1), offset // item)]
+    if isinstance(spec, (MLAAttentionSpec, DSAIndexerSpec)):
+        # a packed latent or indexer keys: the page as uint8, (pages, block, bytes a token)
+        name, n = "latent" if isinstance(spec, MLAAttentionSpec) else "index_k", spec.bytes_per_token
+        return [(name, (pages, spec.block_size, n), (stride, n, 1), offset)]
     assert isinstance(spec, StateSpec)
     out = []
     for part, at in zip(spec.parts, spec.part_offsets, strict=True):

@@ -20,13 +20,18 @@ from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
 from sglang.srt.model_executor.pool_configurator import MemoryPoolConfig
 
 from kvcore.dtypes import dtype_name
-from kvcore.integrations.sglang.rules import SglangIntegrationError, SglangPoolSizes, check_specs
+from kvcore.integrations.sglang.rules import SglangIntegrationError, SglangPoolSizes, check_specs, is_dsa
 from kvcore.plugins.attention import AttentionSpec
+from kvcore.plugins.dsa_indexer import INDEXER_DTYPE, DSAIndexerSpec, dsa_latent
 from kvcore.plugins.full_attention import FullAttentionSpec
 from kvcore.plugins.mla import MLAAttentionSpec
 from kvcore.plugins.sliding_window import SlidingWindowSpec
 from kvcore.plugins.state import StatePart, StateSpec
 from kvcore.spec import KVCacheSpec
+
+#: What follows a layer's name for its DSA indexer's keys (SGLang keeps them in the same pool,
+#: by the same layer id).
+INDEXER_SUFFIX = ".indexer"
 
 
 def layer_name(layer_id: int) -> str:
@@ -46,7 +51,7 @@ def specs_from_sglang(kvc: Any) -> dict[str, KVCacheSpec]:
         SglangIntegrationError: K and V heads of different sizes (kvcore's attention specs
             have one head size).
     """
-    from sglang.srt.configs.model_config import AttentionArch
+    from sglang.srt.configs.model_config import AttentionArch, is_deepseek_dsa
     from sglang.srt.runtime_context import get_parallel
 
     config = kvc.model_config
@@ -63,13 +68,11 @@ def specs_from_sglang(kvc: Any) -> dict[str, KVCacheSpec]:
         state_ids = list(mambaish.mamba2_cache_params.layers)
     else:
         full_ids, swa_ids = list(range(info.start_layer, info.end_layer)), []
+    indexers: dict[int, KVCacheSpec] = {}
     if config.attention_arch == AttentionArch.MLA:
-        full: KVCacheSpec = MLAAttentionSpec(
-            block_size=page,
-            kv_lora_rank=config.kv_lora_rank,
-            qk_rope_head_dim=config.qk_rope_head_dim,
-            dtype=dtype,
-        )
+        full: KVCacheSpec = _mla_latent(kvc)
+        if is_deepseek_dsa(config.hf_config):
+            indexers = _dsa_indexers(kvc, full_ids)
     else:
         if config.head_dim != config.v_head_dim:
             raise SglangIntegrationError(
@@ -94,7 +97,70 @@ def specs_from_sglang(kvc: Any) -> dict[str, KVCacheSpec]:
         specs.update(dict.fromkeys(swa_ids, sliding))
     if state_ids:
         specs.update(dict.fromkeys(state_ids, state_spec(kvc.mambaish_config.mamba2_cache_params, page)))
-    return {layer_name(i): specs[i] for i in sorted(specs)}
+    out: dict[str, KVCacheSpec] = {}
+    for i in sorted(specs):
+        out[layer_name(i)] = specs[i]
+        if i in indexers:
+            out[layer_name(i) + INDEXER_SUFFIX] = indexers[i]
+    return out
+
+
+def _mla_latent(kvc: Any) -> MLAAttentionSpec:
+    """An MLA layer's latent as SGLang stores it: ``calculate_mla_kv_cache_dim`` elements of
+    ``kvc.kv_cache_dtype`` a token, plain (``kv_lora_rank + qk_rope_head_dim``) or, on a DSA
+    model with an fp8 cache and a scaled-layout backend, packed with float32 scales and a bfloat16
+    rope part (:func:`~kvcore.plugins.dsa_indexer.dsa_latent`).
+
+    Raises:
+        SglangIntegrationError: a latent of bytes kvcore's packing does not give.
+    """
+    from sglang.srt.mem_cache.kv_cache_configurator import calculate_mla_kv_cache_dim
+
+    config = kvc.model_config
+    plain = MLAAttentionSpec(
+        block_size=int(kvc.page_size),
+        kv_lora_rank=config.kv_lora_rank,
+        qk_rope_head_dim=config.qk_rope_head_dim,
+        dtype=dtype_name(kvc.kv_cache_dtype),
+    )
+    dim = calculate_mla_kv_cache_dim(model_config=config, kv_cache_dtype=kvc.kv_cache_dtype)
+    if dim == plain.latent_size:
+        return plain
+    packed = dsa_latent(plain)
+    theirs = dim * kvc.kv_cache_dtype.itemsize
+    if packed.bytes_per_token != theirs:
+        raise SglangIntegrationError(
+            f"SGLang stores this model's MLA latent in {theirs} bytes a token ({dim} x {plain.dtype}), which "
+            "no kvcore mla spec packs; unset KVCORE_SGLANG_POLICY to let SGLang size this model"
+        )
+    return packed
+
+
+def _dsa_indexers(kvc: Any, layer_ids: list[int]) -> dict[int, KVCacheSpec]:
+    """The indexer key caches of a DSA model, by layer id: on each layer SGLang gives index keys
+    (``dsa_layer_skips_topk`` false), ``get_dsa_index_head_dim`` fp8 elements and their float32
+    scales (:class:`~kvcore.plugins.dsa_indexer.DSAIndexerSpec`).
+
+    Raises:
+        SglangIntegrationError: pooled index keys (``index_kpool`` > 1), which kvcore does not plan.
+    """
+    from sglang.srt.configs.model_config import (
+        dsa_layer_skips_topk,
+        get_dsa_index_head_dim,
+        get_dsa_index_kpool,
+    )
+
+    hf_config = kvc.model_config.hf_config
+    if get_dsa_index_kpool(hf_config) != 1:
+        raise SglangIntegrationError(
+            f"index_kpool {get_dsa_index_kpool(hf_config)}: SGLang pools the indexer keys of that many "
+            "tokens, "
+            "which kvcore does not plan; unset KVCORE_SGLANG_POLICY to let SGLang size this model"
+        )
+    indexer = DSAIndexerSpec(
+        block_size=int(kvc.page_size), index_head_dim=get_dsa_index_head_dim(hf_config), dtype=INDEXER_DTYPE
+    )
+    return {i: indexer for i in layer_ids if not dsa_layer_skips_topk(hf_config, i)}
 
 
 def state_spec(cache_params: Any, page: int) -> StateSpec:
@@ -152,6 +218,35 @@ def _attention(spec: KVCacheSpec) -> AttentionSpec:
     return spec
 
 
+def _dsa_pool(
+    specs: Mapping[str, KVCacheSpec], names: list[str], size: int, page: int, device: str
+) -> KVCache:
+    """SGLang's ``DSATokenToKVPool`` of ``size`` tokens for a DSA model's full pool: its MLA
+    layers (the latent plain or packed, ``kv_cache_dim`` elements) and, on the layers that have
+    one, their indexer keys."""
+    from sglang.srt.mem_cache.memory_pool import DSATokenToKVPool
+
+    latents = [n for n in names if isinstance(specs[n], MLAAttentionSpec)]
+    latent = specs[latents[0]]
+    assert isinstance(latent, MLAAttentionSpec)
+    indexer = next(s for s in specs.values() if isinstance(s, DSAIndexerSpec))
+    dtype = _torch_dtype(latent)
+    return DSATokenToKVPool(
+        size=size,
+        page_size=page,
+        kv_lora_rank=latent.kv_lora_rank,
+        dtype=dtype,
+        qk_rope_head_dim=latent.qk_rope_head_dim,
+        layer_num=len(latents),
+        device=device,
+        index_head_dim=indexer.index_head_dim,
+        enable_memory_saver=False,
+        # SGLang's kv_cache_dim counts elements of the cache dtype (calculate_mla_kv_cache_dim)
+        kv_cache_dim=latent.bytes_per_token // dtype.itemsize,
+        skip_topk_layers=[n + INDEXER_SUFFIX not in specs for n in latents],
+    )
+
+
 def _full_pool(spec: KVCacheSpec, size: int, page: int, layers: int, device: str) -> KVCache:
     if isinstance(spec, MLAAttentionSpec):
         return MLATokenToKVPool(
@@ -189,6 +284,8 @@ def build_pools(sizes: SglangPoolSizes, specs: Mapping[str, KVCacheSpec], device
     order = list(specs)
     full_names, swa_names = pools.get("full", []), pools.get("swa", [])
     if not sizes.is_hybrid_swa:
+        if is_dsa(specs):
+            return _dsa_pool(specs, full_names, sizes.full_tokens, sizes.page_size, device)
         # a Mamba hybrid's KV pool holds its attention layers only (build_mamba_pool the rest)
         return _full_pool(specs[full_names[0]], sizes.full_tokens, sizes.page_size, len(full_names), device)
     swa, full = _attention(specs[swa_names[0]]), specs[full_names[0]] if full_names else None

@@ -10,8 +10,8 @@ promises. For a Mamba/linear hybrid it also wraps ``KVCacheConfigurator._handle_
 (where SGLang splits the budget between its Mamba state pool and the KV pools, before the
 configurator runs): kvcore plans the whole budget there, sets ``max_mamba_cache_size`` to the
 plan's state slots and leaves the configurator the rest. A model SGLang would size with a
-configurator kvcore does not model (DeepSeek V4's compressed pools, a DSA indexer) or a plan
-SGLang cannot run raises
+configurator kvcore does not model (DeepSeek V4's compressed pools, a DSA indexer other than
+DeepSeek-V3.2's: pooled or GLM-style shared keys) or a plan SGLang cannot run raises
 :class:`~kvcore.integrations.sglang.rules.SglangIntegrationError` naming why.
 """
 
@@ -45,6 +45,9 @@ from kvcore.integrations.sglang.rules import (
 )
 from kvcore.planning.registry import Registry
 
+#: The config fields :func:`~kvcore.integrations.sglang.rules.refuse_dsa` reads.
+DSA_FIELDS = ("model_type", "index_topk", "index_kpool", "indexer_types", "cli_factor")
+
 #: The environment variable naming the kvcore policy that sizes SGLang's pools.
 POLICY_VARIABLE = "KVCORE_SGLANG_POLICY"
 
@@ -73,10 +76,10 @@ class KVCorePoolConfigurator(MemoryPoolConfigurator):  # type: ignore[misc]  # S
     def __init__(
         self, kvc: Any, own: MemoryPoolConfigurator, policy: str, rules: SglangRules | None = None
     ) -> None:
-        hf_config = kvc.model_config.hf_config
+        hf_config, text = kvc.model_config.hf_config, kvc.model_config.hf_text_config
         refuse_dsa(
             list(getattr(hf_config, "architectures", None) or ()),
-            {"index_topk": getattr(kvc.model_config.hf_text_config, "index_topk", None)},
+            {field: getattr(text, field, None) for field in DSA_FIELDS},
             f"unset {POLICY_VARIABLE} to let SGLang size this model",
         )
         self.kvc = kvc
@@ -139,10 +142,10 @@ def check_bytes(own: MemoryPoolConfigurator, specs: dict[str, Any]) -> None:
     """Raise unless SGLang's own configurator ``own`` counts the bytes per token kvcore's
     ``specs`` do, pool by pool.
 
-    SGLang adds bytes kvcore's kinds do not describe for a DSA indexer, an FP4/MXFP8 scale
-    buffer, a speculative draft model's layers or a QSA cache (``DefaultPoolConfigurator
-    ._compute_cell_size``, ``HybridSWAPoolConfigurator._recompute_cell_size``); a plan made
-    without them would overrun the budget, so those models are refused. The figures are the
+    SGLang adds bytes kvcore's kinds do not describe for an FP4/MXFP8 scale buffer, a
+    speculative draft model's layers or a QSA cache (``DefaultPoolConfigurator._compute_cell_size``,
+    ``HybridSWAPoolConfigurator._recompute_cell_size``); a plan made without them would overrun
+    the budget, so those models are refused. The figures are the
     configurators' own (private) fields of sglang 0.5.23.
 
     Raises:

@@ -24,6 +24,20 @@ tokens each pool holds. The rules this module models, each from those files of s
    most ``sliding_window + page_size`` tokens.
 4. **One page size, one window.** ``--page-size`` is one number for every pool, and the
    configurator reads one ``sliding_window_size``, so every sliding layer has the same window.
+6. **DSA: the indexer's keys share the MLA pool's token index.** A DeepSeek sparse-attention
+   model (``is_deepseek_dsa``: a DSA architecture with ``index_topk``,
+   ``sglang/srt/configs/model_config.py:191-211``) runs one ``DSATokenToKVPool``
+   (``sglang/srt/mem_cache/memory_pool.py:5279``): each layer's MLA latent and, on each layer
+   that computes its own top-k (``dsa_layer_skips_topk``), ``index_head_dim`` fp8 bytes and a
+   float32 scale per 128 of indexer keys (``mem_cache/index_key_cache.py:21-47``), both indexed
+   by the one token slot, both ``size + page_size`` tokens. ``DefaultPoolConfigurator`` divides
+   the budget by the latent's bytes plus the indexer's (``_compute_cell_size``,
+   ``model_executor/pool_configurator.py:344-358``); with an fp8 cache the latent is packed,
+   ``kv_lora_rank + kv_lora_rank / 128 x 4 + qk_rope_head_dim x 2`` bytes
+   (``calculate_mla_kv_cache_dim``, ``mem_cache/kv_cache_configurator.py:3412-3478``). Its
+   pages are 64 tokens (``DSA requires 64-token physical pages``, ``memory_pool.py:5357-5360``).
+   In kvcore the pool is one group of ``mla`` and ``dsa_indexer`` layers, one block table with
+   pages of two sizes (both keep every token).
 5. **The Mamba state pool comes first.** A hybrid linear/Mamba model's state pool is sized
    before the configurator runs (``KVCacheConfigurator._handle_max_mamba_cache``, called from
    ``_profile_available_bytes``): unless ``--max-mamba-cache-size`` is given, it takes
@@ -53,16 +67,18 @@ from collections.abc import Mapping, Sequence
 
 import attrs
 
+from kvcore.dtypes import dtype_name
 from kvcore.errors import KVCoreError
 from kvcore.integrations.capabilities import EngineCapabilities
 from kvcore.plan import KVCacheGroup, KVCachePlan
 from kvcore.planning.planner import plan_kv_cache
 from kvcore.planning.registry import Registry
+from kvcore.plugins.dsa_indexer import INDEXER_DTYPE, INDEXER_SCALE_BLOCK, DSAIndexerSpec
 from kvcore.plugins.full_attention import FullAttentionSpec
 from kvcore.plugins.sliding_window import SlidingWindowSpec
 from kvcore.plugins.state import StatePart, StateSpec
 from kvcore.policy import AllocationPolicy, PlanOptions
-from kvcore.spec import DEFAULT_MAX_NUM_BATCHED_TOKENS, KVCacheSpec, SizingContext
+from kvcore.spec import DEFAULT_MAX_NUM_BATCHED_TOKENS, KVCacheSpec, SizingContext, describe_spec
 from kvcore.validators import positive_int
 
 #: The SGLang releases this integration is written and tested against (pyproject's extra).
@@ -90,6 +106,8 @@ DEFAULT_PAGE_SIZE = 1
 POOL_OF_KIND: dict[str, str] = {
     "full_attention": "full",
     "mla": "full",
+    # SGLang's DSATokenToKVPool indexes the indexer keys by the MLA latent's token slot (rule 6)
+    "dsa_indexer": "full",
     "sliding_window": "swa",
     "state": "mamba",
 }
@@ -172,23 +190,57 @@ DSA_ARCHITECTURES: frozenset[str] = frozenset(
     }
 )
 
-#: Why kvcore does not plan a DSA model for SGLang.
+#: DSA configs kvcore's model front end maps to SGLang's ``DSATokenToKVPool``: DeepSeek-V3.2's
+#: (the deepseek family, :mod:`kvcore.plugins.models.deepseek`).
+DSA_MODEL_TYPES: frozenset[str] = frozenset({"deepseek_v3", "deepseek_v32"})
+#: SGLang's DSA page (rule 6: ``DSATokenToKVPool`` asserts 64-token physical pages on CUDA).
+DSA_PAGE_SIZE = 64
+#: The indexer key size ``DSATokenToKVPool`` asserts (``memory_pool.py:5338``).
+DSA_INDEX_HEAD_DIM = 128
+#: Why kvcore does not plan some DSA models for SGLang (the gaps follow it).
 DSA_REFUSAL = (
     "SGLang runs this model with DeepSeek's sparse attention (DSA): its DSATokenToKVPool keeps, beside "
-    "each layer's MLA latent (fp8 with per-block scales, in a layout its attention backend picks: "
-    "calculate_mla_kv_cache_dim), an indexer key cache of index_head_dim fp8 bytes and a float32 scale "
-    "per 128 per token (DefaultPoolConfigurator._compute_dsa_indexer_cell_size), on the layers "
-    "dsa_layer_skips_topk leaves; kvcore has no spec kind for the indexer and no fp8-with-scales MLA "
-    "page, so a kvcore plan would promise tokens SGLang's pool cannot hold"
+    "each layer's MLA latent, an indexer key cache on the layers dsa_layer_skips_topk leaves"
 )
 
 
+def dsa_gaps(config: Mapping[str, object]) -> list[str]:
+    """What of a DSA config's ``DSATokenToKVPool`` kvcore does not plan (empty: it maps).
+
+    kvcore's deepseek family reads DeepSeek-V3.2's fields (``index_head_dim``, and which layers
+    skip the indexer by ``index_topk_freq`` / ``index_skip_topk_offset`` / ``index_topk_pattern``,
+    as vLLM does); SGLang also reads GLM's ``indexer_types``, LongCat's ``cli_factor`` and
+    pooled keys (``index_kpool``, ``dsa_layer_skips_topk`` and ``get_dsa_index_kpool`` in
+    ``sglang/srt/configs/model_config.py``), which kvcore's specs do not hold.
+    """
+    gaps = []
+    model_type = config.get("model_type")
+    if model_type not in DSA_MODEL_TYPES:
+        gaps.append(
+            f"model type {model_type!r}: kvcore's model front end maps the indexer of "
+            f"{', '.join(sorted(DSA_MODEL_TYPES))} configs only"
+        )
+    if (config.get("index_kpool") or 1) != 1:
+        gaps.append(
+            f"index_kpool {config.get('index_kpool')}: pooled indexer keys (one per index_kpool tokens)"
+        )
+    for field in ("indexer_types", "cli_factor"):
+        if config.get(field) not in (None, 1):
+            gaps.append(f"{field}: SGLang's own rule for the layers that skip the indexer")
+    return gaps
+
+
 def refuse_dsa(architectures: Sequence[str], config: Mapping[str, object], fix: str) -> None:
-    """Raise for a model SGLang runs with DSA (:data:`DSA_REFUSAL` says why; ``fix`` what to do)."""
+    """Raise for a model SGLang runs with DSA in a form kvcore does not plan (:func:`dsa_gaps`);
+    DeepSeek-V3.2's DSA pool maps (rule 6). ``config`` is the ``config.json`` (its
+    ``text_config`` is read too); ``fix`` says what to do."""
     text = config.get("text_config")
-    index_topk = config.get("index_topk") or (text.get("index_topk") if isinstance(text, Mapping) else None)
-    if index_topk is not None and any(a in DSA_ARCHITECTURES for a in architectures):
-        raise SglangIntegrationError(f"{DSA_REFUSAL}; {fix}")
+    fields = {**config, **text} if isinstance(text, Mapping) else config
+    if fields.get("index_topk") is None or not any(a in DSA_ARCHITECTURES for a in architectures):
+        return
+    gaps = dsa_gaps(fields)
+    if gaps:
+        raise SglangIntegrationError(f"{DSA_REFUSAL}, and kvcore does not plan its {'; '.join(gaps)}; {fix}")
 
 
 def runs_hybrid_swa(architectures: Sequence[str]) -> bool:
@@ -286,10 +338,11 @@ class SglangRules:
         """The sizing context of a plan SGLang runs: the chunks in flight stand for the step."""
         return SizingContext(max_model_len=self.context_len, max_num_batched_tokens=self.tokens_in_flight)
 
-    def options(self, options: PlanOptions | None = None) -> PlanOptions:
+    def options(self, options: PlanOptions | None = None, *, dsa: bool = False) -> PlanOptions:
         """``options`` with block 0 of each pool kept back as SGLang's padded page (rule 2) and
-        one spec per group (an SGLang pool has one head shape)."""
-        return attrs.evolve(options or PlanOptions(), reserve_null_block=True, mixed_pages=False)
+        one spec per group (an SGLang pool has one head shape), or, for a DSA model (``dsa``),
+        latents and indexer keys in one group of two page sizes (rule 6)."""
+        return attrs.evolve(options or PlanOptions(), reserve_null_block=True, mixed_pages=dsa)
 
 
 def kv_budget(gpu_bytes: int, weight_bytes: int, mem_fraction_static: float) -> int:
@@ -361,8 +414,10 @@ def check_specs(specs: Mapping[str, KVCacheSpec]) -> dict[str, list[str]]:
     pools = _pool_layers(specs)
     if pools.get("mamba") and pools.get("swa"):
         raise SglangIntegrationError(
-            "the model has state and sliding-window layers: SGLang 0.5 runs those together only in its "
-            "unified memory pool (--enable-unified-memory), whose one buffer kvcore does not plan"
+            "the model has state and sliding-window layers: SGLang 0.5 runs those (Inkling-class models) "
+            "in its unified memory pool (--enable-unified-memory), one buffer whose sliding region is sized "
+            "at run time, or in separate pools with the extra-buffer Mamba strategy, which needs a GPU; "
+            "kvcore plans neither"
         )
     windows = sorted({window_of(specs[n]) for n in pools.get("swa", ())})
     if len(windows) > 1:
@@ -371,15 +426,65 @@ def check_specs(specs: Mapping[str, KVCacheSpec]) -> dict[str, list[str]]:
             "for its sliding pool; SGLang cannot run this model with different windows"
         )
     for pool, names in pools.items():
-        shapes = sorted({token_bytes(specs[n]) for n in names})
-        if len(shapes) > 1:
-            raise SglangIntegrationError(
-                f"the {pool} pool's layers take {shapes} bytes per "
-                f"{'state' if pool == 'mamba' else 'token'}, but an SGLang pool has one "
-                + ("state shape" if pool == "mamba" else "head count and head size")
-                + " for all its layers"
-            )
+        # a DSA pool holds latents and indexer keys: one shape for each (rule 6)
+        for kind in sorted({specs[n].kind for n in names}):
+            shapes = sorted({token_bytes(specs[n]) for n in names if specs[n].kind == kind})
+            if len(shapes) > 1:
+                raise SglangIntegrationError(
+                    f"the {pool} pool's {kind} layers take {shapes} bytes per "
+                    f"{'state' if pool == 'mamba' else 'token'}, but an SGLang pool has one "
+                    + ("state shape" if pool == "mamba" else "head count and head size")
+                    + " for all its layers"
+                )
+    _check_dsa(specs, pools.get("full", ()))
     return pools
+
+
+def is_dsa(specs: Mapping[str, KVCacheSpec]) -> bool:
+    """Whether ``specs`` hold a DSA indexer: SGLang runs them in a ``DSATokenToKVPool`` (rule 6)."""
+    return any(isinstance(s, DSAIndexerSpec) for s in specs.values())
+
+
+def _check_dsa(specs: Mapping[str, KVCacheSpec], full: Sequence[str]) -> None:
+    """Raise unless the full pool's indexer layers are what ``DSATokenToKVPool`` holds: beside
+    MLA layers, keys of 128 fp8 elements with a float32 scale per 128 (it asserts
+    ``index_head_dim == 128``, ``memory_pool.py:5338``; ``quant_block_size = 128``)."""
+    indexers = [specs[n] for n in full if isinstance(specs[n], DSAIndexerSpec)]
+    if not indexers:
+        return
+    kinds = sorted({specs[n].kind for n in full} - {"dsa_indexer"})
+    if kinds != ["mla"]:
+        raise SglangIntegrationError(
+            f"DSA indexer layers beside {kinds or 'no'} layers: SGLang's DSATokenToKVPool is an MLA pool"
+        )
+    for spec in {id(s): s for s in indexers}.values():
+        assert isinstance(spec, DSAIndexerSpec)
+        if (spec.index_head_dim, dtype_name(spec.dtype), spec.scale_block_size) != (
+            DSA_INDEX_HEAD_DIM,
+            INDEXER_DTYPE,
+            INDEXER_SCALE_BLOCK,
+        ):
+            raise SglangIntegrationError(
+                f"{describe_spec(spec)}: SGLang's DSATokenToKVPool keeps indexer keys of "
+                f"{DSA_INDEX_HEAD_DIM} "
+                f"{INDEXER_DTYPE} elements with a float32 scale per {INDEXER_SCALE_BLOCK}"
+            )
+
+
+def default_page_size(specs: Mapping[str, KVCacheSpec]) -> int:
+    """SGLang's ``--page-size`` when none is given: 64 for a DSA model (``Setting page size to
+    64 for DeepSeek DSA``, ``sglang/srt/arg_groups/model_overrides/deepseek_v2.py:171-173``, on
+    CUDA), else :data:`DEFAULT_PAGE_SIZE`."""
+    return DSA_PAGE_SIZE if is_dsa(specs) else DEFAULT_PAGE_SIZE
+
+
+def check_dsa_page(specs: Mapping[str, KVCacheSpec], page_size: int) -> None:
+    """Raise for a DSA model at a page SGLang's ``DSATokenToKVPool`` refuses (rule 6)."""
+    if page_size != DSA_PAGE_SIZE and is_dsa(specs):
+        raise SglangIntegrationError(
+            f"--page-size {page_size}: SGLang's DSA pool requires {DSA_PAGE_SIZE}-token pages "
+            f"(DSATokenToKVPool); serve this model with --page-size {DSA_PAGE_SIZE}"
+        )
 
 
 @attrs.frozen(kw_only=True)
@@ -413,7 +518,8 @@ class SglangPoolSizes:
 
 
 def _runnable_group(plan: KVCachePlan, group: KVCacheGroup, pool: str) -> None:
-    if group.layer_specs:
+    # a DSA pool: latents and indexer keys share the token slot, pages of two sizes (rule 6)
+    if group.layer_specs and {s.kind for s in group.specs} != {"mla", "dsa_indexer"}:
         raise SglangIntegrationError(
             f"policy {plan.policy!r} put layers of different page sizes in one group; an SGLang {pool} pool "
             "has one page shape; plan with PlanOptions(mixed_pages=False)"
@@ -521,6 +627,7 @@ def own_pool_sizes(specs: Mapping[str, KVCacheSpec], budget: int, rules: SglangR
     """
     pools = check_specs(specs)
     page = rules.page_size
+    check_dsa_page(specs, page)
     states = 0
     if pools.get("mamba"):
         states, budget = own_mamba_split(budget, cell_bytes(specs, pools["mamba"]), rules)
@@ -595,6 +702,7 @@ def plan_for_sglang(
         PolicyNotApplicableError, InsufficientMemoryError: as :func:`plan_kv_cache`.
     """
     check_specs(specs)
+    check_dsa_page(specs, rules.page_size)
     paged = sglang_specs(specs, rules)
     plan = plan_kv_cache(
         paged,
@@ -602,7 +710,7 @@ def plan_for_sglang(
         rules.context(),
         registry=registry,
         policy=policy,
-        options=rules.options(options),
+        options=rules.options(options, dsa=is_dsa(specs)),
     )
     check_runnable(plan, paged)
     return plan
@@ -709,9 +817,11 @@ def capabilities() -> EngineCapabilities:
             *partial,
             "state: SGLang's Mamba pool, its slots set by the plugin's hook on "
             "KVCacheConfigurator._handle_max_mamba_cache; not with speculative decoding, "
-            "--max-mamba-cache-size or sliding layers beside state layers",
-            "DSA models (DeepSeek-V3.2's sparse attention): refused, kvcore has no spec kind for the "
-            "indexer key cache of SGLang's DSATokenToKVPool",
+            "--max-mamba-cache-size or sliding layers beside state layers (SGLang runs those in its "
+            "unified memory pool, sized at run time, or with the GPU-only extra Mamba buffer)",
+            "dsa_indexer: in SGLang's DSATokenToKVPool with the MLA layers, one token index (one kvcore "
+            "group of two page sizes), 64-token pages; DeepSeek-V3.2's indexer only (not GLM's "
+            "indexer_types, LongCat's cli_factor or pooled index_kpool keys)",
             "one sliding window per model: SGLang reads one sliding_window_size",
             "one page size for every pool: SGLang's --page-size",
             "SGLang's radix cache runs over kvcore's pool sizes, but kvcore's plans do not size for it",

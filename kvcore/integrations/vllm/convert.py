@@ -8,16 +8,31 @@ plan whose figures are vLLM's.
 Layer names: vLLM names an attention layer's cache after its ``Attention`` module
 (``model.layers.0.self_attn.attn``), kvcore after the layer's attention module
 (``model.layers.0.self_attn``); :func:`vllm_layer_name` adds the ``.attn`` and
-:func:`kvcore_layer_name` takes it off. State (Mamba) layers have one name on both sides.
+:func:`kvcore_layer_name` takes it off. A DSA indexer's keys are vLLM's
+``model.layers.0.self_attn.indexer.k_cache`` and kvcore's ``model.layers.0.self_attn.indexer``
+(``.k_cache`` added and taken off alike). State (Mamba) layers have one name on both sides.
+
+DeepSeek-V3.2 (DSA) in vLLM 0.33: the MLA layer's spec is an ``MLAAttentionSpec`` of one
+576-element head, with ``cache_dtype_str='fp8_ds_mla'``, dtype ``uint8`` and
+``state_content_bytes=656`` when the cache is fp8 (``vllm/model_executor/layers/attention/
+mla_attention.py:1371-1401``), kvcore's packed ``mla``; its indexer's keys are another
+``MLAAttentionSpec``, of one ``index_head_dim + index_head_dim / 128 x 4`` = 132-byte uint8 head
+with ``cache_role=SparseCacheRole.INDEXER`` (``vllm/model_executor/models/deepseek_v2.py:658-666``
+and ``:731-735``), kvcore's ``dsa_indexer``. The MLA spec's ``topk_buffer_width`` and
+``is_index_group_leader`` change neither page nor retention and are not kept: a spec made back
+from kvcore's leaves them at their defaults, which only vLLM's HiSparse layout reads
+(``vllm/v1/hisparse/layout.py:139-162``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
+import attrs
+import torch
 from vllm.v1 import kv_cache_interface as vk
 
-from kvcore.dtypes import to_dtype
+from kvcore.dtypes import dtype_name, to_dtype
 from kvcore.integrations.vllm.rules import (
     VLLM_SPEC_CLASSES,
     VllmIntegrationError,
@@ -28,6 +43,7 @@ from kvcore.plan import KVCacheGroup, KVCachePlan, KVCacheTensor
 from kvcore.plugins.attention import AttentionSpec
 from kvcore.plugins.chunked_local_attention import ChunkedLocalAttentionSpec
 from kvcore.plugins.cross_attention import CrossAttentionSpec
+from kvcore.plugins.dsa_indexer import INDEXER_DTYPE, INDEXER_SCALE_BLOCK, DSAIndexerSpec, dsa_latent
 from kvcore.plugins.full_attention import FullAttentionSpec
 from kvcore.plugins.mla import MLAAttentionSpec
 from kvcore.plugins.sliding_window import SlidingWindowSpec
@@ -48,18 +64,32 @@ SUPPORTED_VLLM_SPECS = tuple(
 MLA_ROPE_DIM = 64
 
 _ATTENTION_SUFFIX = ".attn"
+#: What vLLM appends to the indexer module's name for its key cache (``f"{prefix}.k_cache"``,
+#: ``vllm/model_executor/models/deepseek_v2.py:733``).
+_INDEXER_SUFFIX = ".k_cache"
+#: vLLM's cache format of DeepSeek's packed fp8 latent (``flashmla_sparse.py:79-87``).
+FP8_DS_MLA = "fp8_ds_mla"
 
 
 def vllm_layer_name(name: str, spec: KVCacheSpec) -> str:
-    """The name vLLM gives the cache of kvcore's layer ``name`` (attention: ``+ '.attn'``)."""
-    if isinstance(spec, (AttentionSpec, MLAAttentionSpec)) and not name.endswith(_ATTENTION_SUFFIX):
-        return name + _ATTENTION_SUFFIX
-    return name
+    """The name vLLM gives the cache of kvcore's layer ``name`` (attention: ``+ '.attn'``; a
+    DSA indexer: ``+ '.k_cache'``)."""
+    suffix = (
+        _INDEXER_SUFFIX
+        if isinstance(spec, DSAIndexerSpec)
+        else _ATTENTION_SUFFIX
+        if isinstance(spec, (AttentionSpec, MLAAttentionSpec))
+        else ""
+    )
+    return name if not suffix or name.endswith(suffix) else name + suffix
 
 
 def kvcore_layer_name(name: str) -> str:
-    """kvcore's name for vLLM's cache layer ``name`` (``.attn`` taken off)."""
-    return name[: -len(_ATTENTION_SUFFIX)] if name.endswith(_ATTENTION_SUFFIX) else name
+    """kvcore's name for vLLM's cache layer ``name`` (``.attn`` or ``.k_cache`` taken off)."""
+    for suffix in (_ATTENTION_SUFFIX, _INDEXER_SUFFIX):
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return name
 
 
 def _unsupported(name: str, spec: object, why: str) -> VllmIntegrationError:
@@ -69,17 +99,20 @@ def _unsupported(name: str, spec: object, why: str) -> VllmIntegrationError:
     )
 
 
-def _plain_attention(name: str, spec: vk.AttentionSpec, *, head_size_v: int, padded: bool = False) -> None:
+def _plain_attention(
+    name: str, spec: vk.AttentionSpec, *, head_size_v: int, padded: bool = False, packed: bool = False
+) -> None:
     """Refuse an attention spec whose page kvcore's kinds cannot describe (``padded``: a page
-    padded for placement is read as its content)."""
+    padded for placement is read as its content; ``packed``: an ``fp8_ds_mla`` latent, whose
+    quantization and bytes per token the caller checks)."""
     odd = []
     if spec.head_size_v != head_size_v:
         odd.append(f"head_size_v {spec.head_size_v} != {head_size_v}")
-    if spec.kv_quant_mode != vk.KVQuantMode.NONE:
+    if spec.kv_quant_mode != vk.KVQuantMode.NONE and not packed:
         odd.append(f"kv_quant_mode {spec.kv_quant_mode.name}")
     if not padded and spec.page_size_padded not in (None, spec.unpadded_page_size_bytes):
         odd.append(f"page_size_padded {spec.page_size_padded}")
-    if spec.num_head_slots is not None or spec.state_content_bytes is not None:
+    if spec.num_head_slots is not None or (spec.state_content_bytes is not None and not packed):
         odd.append("a packed page (num_head_slots / state_content_bytes)")
     if spec.tokens_per_state != 1:
         odd.append(f"tokens_per_state {spec.tokens_per_state}")
@@ -128,16 +161,7 @@ def spec_from_vllm(
             max_encoder_tokens=max_encoder_tokens,
         )
     if cls is vk.MLAAttentionSpec:
-        _plain_attention(name, spec, head_size_v=0, padded=padded)
-        if spec.num_kv_heads != 1 or spec.cache_dtype_str not in (None, "auto") or spec.alignment is not None:
-            raise _unsupported(name, spec, "only one latent head without a special cache format")
-        rope = min(MLA_ROPE_DIM, spec.head_size - 1)
-        return MLAAttentionSpec(
-            block_size=spec.block_size,
-            kv_lora_rank=spec.head_size - rope,
-            qk_rope_head_dim=rope,
-            dtype=to_dtype(spec.dtype),
-        )
+        return _mla_from_vllm(name, spec, padded=padded)
     if cls is vk.FullAttentionSpec:
         _plain_attention(name, spec, head_size_v=spec.head_size, padded=padded)
         # a sliding or chunked layer vLLM promoted to full attention holds every token
@@ -195,6 +219,69 @@ def spec_from_vllm(
     raise _unsupported(name, spec, "no kvcore kind holds it")
 
 
+def _mla_from_vllm(name: str, spec: vk.MLAAttentionSpec, *, padded: bool) -> KVCacheSpec:
+    """kvcore's ``mla`` (plain or the packed ``fp8_ds_mla``) or ``dsa_indexer`` for one of
+    vLLM's ``MLAAttentionSpec`` (module docstring)."""
+    odd = []
+    if spec.num_kv_heads != 1:
+        odd.append(f"{spec.num_kv_heads} heads")
+    if spec.alignment is not None or spec.model_version is not None or spec.tokens_per_state != 1:
+        odd.append("DeepSeek-V4's compressed layout (alignment / model_version / tokens_per_state)")
+    if odd:
+        raise _unsupported(name, spec, ", ".join(odd))
+    if spec.cache_role == vk.SparseCacheRole.INDEXER:
+        _plain_attention(name, spec, head_size_v=0, padded=padded)
+        # head_size = d + d / 128 x 4 uint8 bytes (deepseek_v2.py:731-735): d = head_size x 128 / 132
+        per_scale = INDEXER_SCALE_BLOCK + 4
+        dim = spec.head_size * INDEXER_SCALE_BLOCK // per_scale
+        if (
+            spec.dtype != torch.uint8
+            or spec.head_size % per_scale
+            or spec.cache_dtype_str not in (None, "auto")
+        ):
+            raise _unsupported(
+                name,
+                spec,
+                f"an indexer cache of {spec.head_size} x {spec.dtype}, not fp8 keys with a float32 "
+                f"scale per {INDEXER_SCALE_BLOCK} as uint8 (132 bytes for DeepSeek-V3.2)",
+            )
+        return DSAIndexerSpec(block_size=spec.block_size, index_head_dim=dim, dtype=INDEXER_DTYPE)
+    rope = min(MLA_ROPE_DIM, spec.head_size - 1)
+    if spec.cache_dtype_str == FP8_DS_MLA:
+        _plain_attention(name, spec, head_size_v=0, padded=padded, packed=True)
+        packed = dsa_latent(
+            MLAAttentionSpec(
+                block_size=spec.block_size,
+                kv_lora_rank=spec.head_size - rope,
+                qk_rope_head_dim=rope,
+                dtype="fp8",
+            )
+        )
+        if not packed.is_packed or packed.bytes_per_token != spec.state_content_bytes:
+            raise _unsupported(
+                name,
+                spec,
+                f"fp8_ds_mla of {spec.state_content_bytes} bytes a token, kvcore's packing of a "
+                f"{spec.head_size}-element latent takes {packed.bytes_per_token}",
+            )
+        return packed
+    if spec.state_content_bytes is not None:
+        raise _unsupported(
+            name,
+            spec,
+            f"cache format {spec.cache_dtype_str!r} packs {spec.state_content_bytes} bytes a token; "
+            "kvcore packs an MLA latent only as fp8_ds_mla",
+        )
+    # a plain format ('auto', 'bfloat16', ...) quantizes nothing; the rest are refused here
+    _plain_attention(name, spec, head_size_v=0, padded=padded)
+    return MLAAttentionSpec(
+        block_size=spec.block_size,
+        kv_lora_rank=spec.head_size - rope,
+        qk_rope_head_dim=rope,
+        dtype=to_dtype(spec.dtype),
+    )
+
+
 def specs_from_vllm(
     vllm_specs: Mapping[str, vk.KVCacheSpec], *, rename: bool = True, max_encoder_tokens: int = 0
 ) -> dict[str, KVCacheSpec]:
@@ -236,7 +323,37 @@ def spec_to_vllm(spec: KVCacheSpec, *, max_model_len: int | None = None) -> vk.K
             dtypes=tuple(torch_dtype(part.dtype) for part in spec.parts),
             page_size_padded=page if page != spec.state_bytes else None,
         )
+    if isinstance(spec, DSAIndexerSpec):
+        if (spec.scale_block_size, dtype_name(spec.dtype)) != (INDEXER_SCALE_BLOCK, INDEXER_DTYPE):
+            raise VllmIntegrationError(
+                f"{describe_spec(spec)}: vLLM's indexer keeps fp8 keys with a float32 scale per "
+                f"{INDEXER_SCALE_BLOCK} (deepseek_v2.py:723-735)"
+            )
+        return vk.MLAAttentionSpec(
+            block_size=spec.block_size,
+            num_kv_heads=1,
+            max_tp_shards=1,
+            head_size=spec.bytes_per_token,
+            dtype=torch.uint8,
+            cache_role=vk.SparseCacheRole.INDEXER,
+        )
     if isinstance(spec, MLAAttentionSpec):
+        if spec.is_packed:
+            if spec != _fp8_ds_mla_like(spec):  # vLLM has one packing: the one DSA's kernels read
+                raise VllmIntegrationError(
+                    f"{describe_spec(spec)}: vLLM packs an MLA latent only as fp8_ds_mla (fp8 with a "
+                    f"float32 scale per {INDEXER_SCALE_BLOCK} and a bfloat16 rope part)"
+                )
+            return vk.MLAAttentionSpec(
+                block_size=spec.block_size,
+                num_kv_heads=1,
+                max_tp_shards=1,
+                head_size=spec.latent_size,
+                dtype=torch.uint8,
+                cache_dtype_str=FP8_DS_MLA,
+                kv_quant_mode=vk.get_kv_quant_mode(FP8_DS_MLA),
+                state_content_bytes=spec.bytes_per_token,
+            )
         return vk.MLAAttentionSpec(
             block_size=spec.block_size,
             num_kv_heads=1,
@@ -263,6 +380,11 @@ def spec_to_vllm(spec: KVCacheSpec, *, max_model_len: int | None = None) -> vk.K
         f"kvcore's kind {spec.kind!r} ({describe_spec(spec)}) has no vLLM spec class; vLLM runs "
         f"{', '.join(VLLM_SPEC_CLASSES)} layers"
     )
+
+
+def _fp8_ds_mla_like(spec: MLAAttentionSpec) -> MLAAttentionSpec:
+    """``spec``'s latent packed as vLLM's ``fp8_ds_mla``: what a packed latent must equal to convert."""
+    return dsa_latent(attrs.evolve(spec, dtype="fp8", scale_block_size=0, rope_dtype=None))
 
 
 def specs_to_vllm(

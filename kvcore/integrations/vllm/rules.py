@@ -65,6 +65,8 @@ VLLM_SPEC_CLASSES: dict[str, str] = {
     "sliding_window": "SlidingWindowSpec",
     "chunked_local_attention": "ChunkedLocalAttentionSpec",
     "mla": "MLAAttentionSpec",
+    # a DSA indexer's keys: an MLAAttentionSpec with cache_role INDEXER (deepseek_v2.py:658-666)
+    "dsa_indexer": "MLAAttentionSpec",
     "cross_attention": "CrossAttentionSpec",
     "state": "MambaSpec",
 }
@@ -513,6 +515,9 @@ def capabilities() -> EngineCapabilities:
             "one block pool: a plan of several pools is refused (vLLM's KVCacheManager draws every "
             "group's block ids from one BlockPool)",
             "mixed-page groups run as UniformTypeKVCacheSpecs",
+            "mla and dsa_indexer: MLAAttentionSpec, the packed latent as cache_dtype_str fp8_ds_mla "
+            "(656 bytes a token), the indexer keys with cache_role INDEXER (132 uint8 bytes); "
+            "nvfp4_ds_mla and DeepSeek-V4's compressed layouts are refused",
             "prefix caching on attention layers only: a state layer in vLLM's 'align' mode is refused "
             "(start hybrids with enable_prefix_caching=False)",
             "speculative decoding: plans leave out vLLM's lookahead slots and Mamba speculative blocks",

@@ -352,10 +352,10 @@ def llama4_vision(groups: Groups, vision: ConfigFields, *, text_hidden: int) -> 
 
 
 def deepseek(config: Mapping[str, Any]) -> ParameterCount:
-    """DeepSeek V2 / V3: MLA on every layer, dense MLPs in the first ``first_k_dense_replace``
-    layers, then routed and shared experts every ``moe_layer_freq`` layers. The MTP layers
-    (``num_nextn_predict_layers``) are not counted: engines load them only for MTP speculative
-    decoding."""
+    """DeepSeek V2 / V3 / V3.2: MLA (and on V3.2 a sparse-attention indexer) on every layer, dense
+    MLPs in the first ``first_k_dense_replace`` layers, then routed and shared experts every
+    ``moe_layer_freq`` layers. The MTP layers (``num_nextn_predict_layers``) are not counted:
+    engines load them only for MTP speculative decoding."""
     cfg = ConfigFields(config, str(config["model_type"]))
     n, hidden, vocab = cfg.layer_count(), cfg.integer("hidden_size"), cfg.integer("vocab_size")
     heads = cfg.integer("num_attention_heads")
@@ -379,6 +379,16 @@ def deepseek(config: Mapping[str, Any]) -> ParameterCount:
     groups.vector("norms", attn, kv_rank * n)
     groups.linear("attention", attn, kv_rank, heads * (nope + v_dim), count=n)
     groups.linear("attention", attn, heads * v_dim, hidden, count=n)
+    if cfg.has("index_topk"):
+        # DeepSeek-V3.2's indexer on every layer (transformers' DeepseekV32Indexer): wq_b from the
+        # query latent, wk and weights_proj from the hidden state (weights_proj is stored bf16 in
+        # the fp8 checkpoint), k_norm a LayerNorm with bias
+        index_dim, index_heads = cfg.integer("index_head_dim"), cfg.integer("index_n_heads")
+        indexer = f"{attn}.indexer"
+        groups.linear("indexer", indexer, q_rank or hidden, index_heads * index_dim, count=n)
+        groups.linear("indexer", indexer, hidden, index_dim, count=n)
+        groups.add("indexer", f"{indexer}.weights_proj", hidden * index_heads * n, quantizable=False)
+        groups.vector("norms", f"{indexer}.k_norm", 2 * index_dim * n)
     first_dense = cfg.integer("first_k_dense_replace", 0, minimum=0)
     freq = cfg.integer("moe_layer_freq", 1)
     routed = cfg.integer("n_routed_experts", 0, minimum=0)
@@ -690,6 +700,7 @@ COUNTERS: dict[str, Counter] = {
     "llama4_text": llama4,
     "deepseek_v2": deepseek,
     "deepseek_v3": deepseek,
+    "deepseek_v32": deepseek,
     "jamba": jamba,
     "nemotron_h": nemotron_h,
     "qwen3_next": qwen3_next,

@@ -25,7 +25,13 @@ from kvcore.frontends.hf_config import load_model_config
 
 
 def kv_cache_configurator(
-    model: str, folder: Path, *, page_size: int, **server_args: object
+    model: str,
+    folder: Path,
+    *,
+    page_size: int,
+    kv_cache_dtype: torch.dtype = torch.bfloat16,
+    config_changes: dict[str, object] | None = None,
+    **server_args: object,
 ) -> KVCacheConfigurator:
     """SGLang's ``KVCacheConfigurator`` for the bundled ``model`` (or a config file's path),
     its server arguments published.
@@ -34,12 +40,16 @@ def kv_cache_configurator(
         model: a bundled model's name or a ``config.json`` path.
         folder: an empty folder the model's ``config.json`` is written to.
         page_size: SGLang's ``--page-size``.
+        kv_cache_dtype: the cache dtype SGLang resolved (bfloat16, its ``auto`` for these
+            models, or ``torch.float8_e4m3fn`` for ``--kv-cache-dtype fp8_e4m3``).
+        config_changes: fields to set in the ``config.json`` written (a variant of the model).
         server_args: further ``ServerArgs`` (a Mamba hybrid on CPU needs
             ``mamba_radix_cache_strategy="no_buffer"`` and ``disable_overlap_schedule=True``:
             SGLang's extra buffer needs a GPU).
     """
     config, _ = load_model_config(model)
     config = {k: v for k, v in config.items() if k != "quantization_config" and not k.startswith("_")}
+    config |= config_changes or {}
     (folder / "config.json").write_text(json.dumps(config))
     args = ServerArgs(
         model_path=str(folder), device="cpu", skip_tokenizer_init=True, page_size=page_size, **server_args
@@ -63,8 +73,8 @@ def kv_cache_configurator(
         model=None,
         model_config=model_config,
         server_args=args,
-        kv_cache_dtype=torch.bfloat16,
-        kv_cache_dtype_str="auto",
+        kv_cache_dtype=kv_cache_dtype,
+        kv_cache_dtype_str="auto" if kv_cache_dtype == torch.bfloat16 else "fp8_e4m3",
         model_dtype=torch.bfloat16,
         page_size=page_size,
         sliding_window_size=model_config.sliding_window_size if hybrid else None,

@@ -28,7 +28,8 @@ from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
 from sglang.srt.model_executor import pool_configurator
 from sglang.srt.plugins.hook_registry import HookRegistry
 
-from kvcore.frontends.hf_config import load_model_config, model_layer_specs
+from kvcore import ModelOptions
+from kvcore.frontends.hf_config import layer_specs_from_config, load_model_config, model_layer_specs
 from kvcore.integrations.sglang import convert, plugin, rules
 from kvcore.planning.registry import Registry
 from kvcore.plugins.sliding_window import SlidingWindowSpec
@@ -266,17 +267,109 @@ def test_mamba_settings_kvcore_does_not_plan_are_refused(monkeypatch, tmp_path):
 
 #: A synthetic DeepSeek-V3.2-shaped config (its "_synthetic" key says what is made up).
 DSA_CONFIG = "tests/integrations/sglang/synthetic__deepseek-v32-like.json"
+#: DeepSeek's sparse attention in SGLang: its DSATokenToKVPool needs 64-token pages.
+DSA_PAGE = 64
+DSA_RULES = rules.SglangRules(context_len=1024, page_size=DSA_PAGE, chunked_prefill_size=256)
+#: DSA models: the bundled DeepSeek-V3.2 (61 layers), and the 4-layer synthetic one with every
+#: other layer reusing its top-k (SGLang's dsa_layer_skips_topk: no index keys there).
+DSA_MODELS = {
+    "DeepSeek-V3.2": ("deepseek-ai/DeepSeek-V3.2", None),
+    "v32-like, shared top-k": (DSA_CONFIG, {"index_topk_freq": 2}),
+}
+DSA_DTYPES = {"bf16": "bfloat16", "fp8": "float8_e4m3fn"}
 
 
-def test_dsa_models_are_refused_naming_the_indexer(monkeypatch, tmp_path):
+def _dsa_configurator(monkeypatch, tmp_path, model, dtype):
     import torch
 
     # SGLang's DSA argument resolution reads the GPU's compute capability: answer a Hopper's
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
-    kvc = kv_cache_configurator(DSA_CONFIG, tmp_path, page_size=64)
+    source, changes = DSA_MODELS[model]
+    return kv_cache_configurator(
+        source,
+        tmp_path,
+        page_size=DSA_PAGE,
+        kv_cache_dtype=getattr(torch, DSA_DTYPES[dtype]),
+        config_changes=changes,
+    )
+
+
+def _dsa_pool_bytes(pool) -> int:
+    """Bytes SGLang's DSATokenToKVPool allocated: the latents and the indexer keys."""
+    buffers = [*pool.kv_buffer, *pool.index_k_with_scale_buffer]
+    return sum(t.numel() * t.element_size() for t in buffers)
+
+
+@pytest.mark.parametrize("dtype", list(DSA_DTYPES))
+@pytest.mark.parametrize("model", list(DSA_MODELS))
+def test_dsa_layers_are_sglangs_latent_and_indexer_bytes(model, dtype, monkeypatch, tmp_path, registry):
+    kvc = _dsa_configurator(monkeypatch, tmp_path, model, dtype)
+    specs = convert.specs_from_sglang(kvc)
     own = pool_configurator.create_memory_pool_configurator(kvc)
-    # SGLang's own cell holds more than kvcore's MLA spec of the layers: the indexer's bytes
-    mla = convert.specs_from_sglang(kvc)
-    assert own._cell_size > sum(rules.token_bytes(s) for s in mla.values())
-    with pytest.raises(rules.SglangIntegrationError, match=r"sparse attention \(DSA\).*indexer"):
-        plugin.KVCorePoolConfigurator(kvc, own, "kind_pools", RULES)
+    # SGLang's cell (latent + indexer over every layer) is kvcore's specs' bytes per token
+    assert own._cell_size == sum(rules.token_bytes(s) for s in specs.values())
+    latent = 656 if dtype == "fp8" else 1152
+    assert {rules.token_bytes(s) for s in specs.values()} == {latent, 132}
+    # kvcore's model front end reads the config into the same layers and bytes
+    source, changes = DSA_MODELS[model]
+    config, _ = load_model_config(source)
+    ours = layer_specs_from_config(
+        {**config, **(changes or {})},
+        registry,
+        ModelOptions(kv_cache_dtype=DSA_DTYPES[dtype], block_size=DSA_PAGE),
+    )
+    assert {n.replace(".self_attn", ""): s for n, s in ours.items()} == specs
+    # and SGLang's own sizing of a budget is kvcore's model of it
+    budget = 20 << 30
+    theirs = own.calculate_pool_sizes(budget, DSA_PAGE)
+    assert theirs.max_total_num_tokens == rules.own_pool_sizes(specs, budget, DSA_RULES).max_total_num_tokens
+
+
+@pytest.mark.parametrize("dtype", list(DSA_DTYPES))
+@pytest.mark.parametrize("model", list(DSA_MODELS))
+def test_sglangs_dsa_pool_holds_what_kvcore_promises(model, dtype, monkeypatch, tmp_path, registry):
+    kvc = _dsa_configurator(monkeypatch, tmp_path, model, dtype)
+    specs = convert.specs_from_sglang(kvc)
+    own = pool_configurator.create_memory_pool_configurator(kvc)
+    config = plugin.KVCorePoolConfigurator(kvc, own, "kind_pools", DSA_RULES).calculate_pool_sizes(
+        BUDGET, DSA_PAGE
+    )
+    plan = rules.plan_for_sglang(specs, BUDGET, DSA_RULES, registry=registry)
+    # one group: the latents and the indexer keys share SGLang's token slot, pages of two sizes
+    (group,) = plan.groups
+    assert {s.kind for s in group.specs} == {"mla", "dsa_indexer"}
+    sizes = rules.pool_sizes(plan, specs)
+    assert config == convert.memory_pool_config(sizes)
+    pool = convert.build_pools(sizes, specs)
+    assert type(pool).__name__ == "DSATokenToKVPool"
+    assert pool.size == plan.tokens_held(group) == sizes.full_tokens > 0
+    # SGLang allocates size + page_size rows of latents and of index keys per layer: block 0
+    assert _dsa_pool_bytes(pool) == plan.kv_cache_bytes == rules.pool_bytes(sizes, specs) <= BUDGET
+
+
+def test_a_dsa_page_sglang_refuses_is_refused(registry, monkeypatch, tmp_path):
+    kvc = _dsa_configurator(monkeypatch, tmp_path, "v32-like, shared top-k", "bf16")
+    specs = rules.paged_specs(convert.specs_from_sglang(kvc), PAGE)
+    with pytest.raises(rules.SglangIntegrationError, match=r"--page-size 16.*64-token pages"):
+        rules.plan_for_sglang(specs, BUDGET, RULES, registry=registry)
+
+
+def test_pooled_dsa_keys_are_refused_naming_them(monkeypatch, tmp_path):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    kvc = kv_cache_configurator(DSA_CONFIG, tmp_path, page_size=DSA_PAGE, config_changes={"index_kpool": 4})
+    own = pool_configurator.create_memory_pool_configurator(kvc)
+    with pytest.raises(rules.SglangIntegrationError, match=r"sparse attention \(DSA\).*index_kpool 4"):
+        plugin.KVCorePoolConfigurator(kvc, own, "kind_pools", DSA_RULES)
+
+
+def test_plugin_sizes_sglangs_dsa_pool_at_start_up(monkeypatch, tmp_path, registry):
+    kvc = _dsa_configurator(monkeypatch, tmp_path, "DeepSeek-V3.2", "fp8")
+    budget = 8 << 30
+    with plugin_hooked(monkeypatch):
+        config = kvc.config_from_budget(budget)  # SGLang's own start-up path
+    specs = convert.specs_from_sglang(kvc)
+    plan = rules.plan_for_sglang(specs, budget, plugin._rules_of(kvc), registry=registry)
+    assert config == convert.memory_pool_config(rules.pool_sizes(plan, specs))
+    assert config.max_total_num_tokens == plan.tokens_held(plan.groups[0]) > 0

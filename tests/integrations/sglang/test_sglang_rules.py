@@ -273,8 +273,38 @@ def test_a_mamba_plan_fits_the_budget_and_holds_its_requests(state_layers, full_
     assert 1 <= plan.max_concurrency() <= sizes.mamba_states / slots
 
 
-def test_dsa_models_are_refused_naming_the_indexer():
-    with pytest.raises(rules.SglangIntegrationError, match=r"DSA.*indexer key cache.*; the fix"):
-        rules.refuse_dsa(["DeepseekV32ForCausalLM"], {"index_topk": 2048}, "the fix")
-    # DeepSeek-V3 without an indexer is plain MLA, which SGLang's MLA pool holds
-    rules.refuse_dsa(["DeepseekV3ForCausalLM"], {"kv_lora_rank": 512}, "the fix")
+def test_dsa_models_kvcore_does_not_map_are_refused_naming_the_gap():
+    v32 = {"model_type": "deepseek_v32", "index_topk": 2048}
+    rules.refuse_dsa(["DeepseekV32ForCausalLM"], v32, "the fix")  # DeepSeek-V3.2 maps (rule 6)
+    rules.refuse_dsa(["DeepseekV3ForCausalLM"], {"kv_lora_rank": 512}, "the fix")  # no indexer: plain MLA
+    cases = {
+        "model type 'glm_moe_dsa'": {"model_type": "glm_moe_dsa", "index_topk": 2048},
+        "index_kpool 4": {**v32, "index_kpool": 4},
+        "indexer_types": {**v32, "indexer_types": ["full", "shared"]},
+        "cli_factor": {"text_config": {**v32, "cli_factor": 2}},
+    }
+    for gap, config in cases.items():
+        with pytest.raises(rules.SglangIntegrationError, match=rf"DSA.*{gap}.*; the fix"):
+            rules.refuse_dsa(["GlmMoeDsaForCausalLM", "DeepseekV32ForCausalLM"], config, "the fix")
+
+
+def test_a_dsa_pool_is_one_group_of_latents_and_indexer_keys():
+    from kvcore import ModelOptions, model_layer_specs
+
+    specs = model_layer_specs("deepseek-ai/DeepSeek-V3.2", REGISTRY, ModelOptions(block_size=64))
+    sglang = rules.SglangRules(context_len=4096, page_size=64)
+    plan = rules.plan_for_sglang(specs, 4 << 30, sglang, registry=REGISTRY)
+    (group,) = plan.groups
+    assert {s.kind for s in group.specs} == {"mla", "dsa_indexer"}
+    sizes = rules.pool_sizes(plan, specs)
+    # 61 x (1152 + 132) bytes a token, the padded page included
+    assert (
+        rules.pool_bytes(sizes, specs) == (sizes.full_tokens + 64) * 61 * (1152 + 132) == plan.kv_cache_bytes
+    )
+    # SGLang's own sizing divides by the same cell
+    own = rules.own_pool_sizes(specs, 4 << 30, sglang)
+    assert own.full_tokens == (4 << 30) // (61 * 1284) // 64 * 64
+    with pytest.raises(rules.SglangIntegrationError, match="64-token pages"):
+        rules.plan_for_sglang(
+            specs, 4 << 30, rules.SglangRules(context_len=4096, page_size=16), registry=REGISTRY
+        )

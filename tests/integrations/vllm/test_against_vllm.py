@@ -18,7 +18,13 @@ import pytest
 import torch
 from vllm.v1 import kv_cache_interface as vk
 
-from kvcore import InsufficientMemoryError, PolicyNotApplicableError, Registry, model_layer_specs
+from kvcore import (
+    InsufficientMemoryError,
+    ModelOptions,
+    PolicyNotApplicableError,
+    Registry,
+    model_layer_specs,
+)
 from kvcore.integrations.vllm import admission, convert
 from kvcore.integrations.vllm.rules import (
     VLLM_SPEC_CLASSES,
@@ -32,6 +38,7 @@ from kvcore.integrations.vllm.rules import (
 )
 from kvcore.planning.invariants import check_plan
 from kvcore.plugins.cross_attention import CrossAttentionSpec
+from kvcore.plugins.dsa_indexer import DSAIndexerSpec, dsa_latent
 from kvcore.plugins.state import StatePart, StateSpec
 from kvcore.policy import PlanOptions
 from kvcore.testing.mixes import ISSUE_CASES, TARGET_MIXES
@@ -44,6 +51,7 @@ REGISTRY = Registry.default()
 MODELS = [
     "ai21labs/AI21-Jamba-1.5-Mini",
     "deepseek-ai/DeepSeek-V3",
+    "deepseek-ai/DeepSeek-V3.2",
     "google/gemma-2-9b-it",
     "google/gemma-3-27b-it",
     "meta-llama/Llama-3.1-8B",
@@ -57,8 +65,15 @@ MODELS = [
     "Qwen/Qwen3-8B",
     "openai/whisper-large-v3",
 ]
+#: DeepSeek-V3.2 as vLLM serves it with an fp8 cache: 61 fp8_ds_mla latents (656 bytes a token)
+#: and 61 indexer key caches (132), blocks of 64 (the sparse MLA kernels' page).
+DSA_FP8 = "DeepSeek-V3.2 fp8_ds_mla"
 #: Mixes whose layers of one kind have pages of several sizes (mixed-page groups).
-MIXED = {name: ISSUE_CASES[name][0] for name in ("OpenELM-like", "DeepSeek-V3.2-like")}
+MIXED = {name: ISSUE_CASES[name][0] for name in ("OpenELM-like", "DeepSeek-V3.2-like")} | {
+    DSA_FP8: model_layer_specs(
+        "deepseek-ai/DeepSeek-V3.2", REGISTRY, options=ModelOptions(kv_cache_dtype="fp8", block_size=64)
+    )
+}
 MIXES = {**TARGET_MIXES, **MIXED}
 POLICIES = ["uniform", "equal_groups", "shared_buffer"]
 MODES = {"sync": False, "async": True}
@@ -121,11 +136,14 @@ CROSS = CrossAttentionSpec(
     block_size=16, num_kv_heads=20, head_size=64, dtype="float16", max_encoder_tokens=1500
 )
 KINDS = {"full": full(), "sliding": sliding(window=128), "chunked": chunked(chunk=512), "mla": mla()}
-KINDS |= {"cross": CROSS, "state": STATE}
+INDEXER = DSAIndexerSpec(block_size=16, index_head_dim=128, dtype="fp8")
+KINDS |= {"cross": CROSS, "state": STATE, "dsa_indexer": INDEXER}
+#: DeepSeek-V3.2's fp8 latent, vLLM's fp8_ds_mla: a kind already in KINDS, packed
+FP8_DS_MLA = dsa_latent(mla(dtype="fp8"))
 KINDS_BY_NAME = {spec.kind: spec for spec in KINDS.values()}
 
 
-@pytest.mark.parametrize("spec", list(KINDS.values()), ids=list(KINDS))
+@pytest.mark.parametrize("spec", [*KINDS.values(), FP8_DS_MLA], ids=[*KINDS, "mla-fp8_ds_mla"])
 def test_every_kind_converts_both_ways_with_the_same_page(spec):
     vllm_spec = convert.spec_to_vllm(spec)
     assert type(vllm_spec).__name__ == VLLM_SPEC_CLASSES[spec.kind]
@@ -201,6 +219,78 @@ def test_layer_names_follow_vllm():
     names = list(convert.specs_to_vllm(specs))
     assert "model.layers.4.self_attn.attn" in names and "model.layers.0.mamba" in names
     assert list(convert.specs_from_vllm(convert.specs_to_vllm(specs))) == list(specs)
+
+
+def _vllms_dsa_specs(kv_cache_dtype):
+    """One DeepSeek-V3.2 layer's two specs as vLLM's own modules report them (block 64): the
+    MLA layer's (``MLAAttention.get_kv_cache_spec``, run on a stand-in holding the fields it
+    reads) and the indexer cache's (``DeepseekV32IndexerCache``, made as ``Indexer`` makes it:
+    128 + 128 // 128 x 4 uint8 bytes a token)."""
+    from types import SimpleNamespace
+
+    from vllm.config import CacheConfig, VllmConfig, set_current_vllm_config
+    from vllm.model_executor.layers.attention.mla_attention import MLAAttention
+    from vllm.model_executor.models.deepseek_v2 import DeepseekV32IndexerCache
+
+    config = VllmConfig(cache_config=CacheConfig(block_size=64))
+    attention = SimpleNamespace(
+        kv_cache_dtype=kv_cache_dtype,
+        head_size=512 + 64,
+        sliding_window=None,
+        topk_buffer_width=2048,
+        indexer=object(),
+        non_causal_multi_token_decode=False,
+    )
+    with set_current_vllm_config(config):
+        indexer = DeepseekV32IndexerCache(
+            head_dim=128 + 128 // 128 * 4,
+            dtype=torch.uint8,
+            prefix="model.layers.0.self_attn.indexer.k_cache",
+            cache_config=config.cache_config,
+        )
+        return {
+            "model.layers.0.self_attn.attn": MLAAttention.get_kv_cache_spec(attention, config),
+            "model.layers.0.self_attn.indexer.k_cache": indexer.get_kv_cache_spec(config),
+        }
+
+
+@pytest.mark.parametrize(
+    ("kv_cache_dtype", "kvcore_dtype", "latent_bytes"),
+    [
+        ("fp8_ds_mla", "fp8", 656),
+        ("bfloat16", None, 1152),
+    ],
+)
+def test_dsa_layers_as_vllms_modules_report_them_are_kvcores_deepseek_v32(
+    kv_cache_dtype, kvcore_dtype, latent_bytes
+):
+    theirs = convert.specs_from_vllm(_vllms_dsa_specs(kv_cache_dtype))
+    ours = model_layer_specs(
+        "deepseek-ai/DeepSeek-V3.2",
+        REGISTRY,
+        options=ModelOptions(kv_cache_dtype=kvcore_dtype, block_size=64),
+    )
+    assert theirs == {
+        name: ours[name] for name in ("model.layers.0.self_attn", "model.layers.0.self_attn.indexer")
+    }
+    assert theirs["model.layers.0.self_attn"].page_size_bytes == 64 * latent_bytes
+    assert theirs["model.layers.0.self_attn.indexer"].page_size_bytes == 64 * 132
+    # and back, with vLLM's names and pages
+    back = convert.specs_to_vllm(theirs)
+    assert list(back) == list(_vllms_dsa_specs(kv_cache_dtype))
+    assert [s.page_size_bytes for s in back.values()] == [
+        s.page_size_bytes for s in _vllms_dsa_specs(kv_cache_dtype).values()
+    ]
+
+
+def test_a_dsa_cache_kvcore_cannot_pack_is_refused_by_name():
+    """vLLM's nvfp4_ds_mla (352 bytes a token) is not kvcore's fp8 packing: refused, not guessed."""
+    spec = _vllms_dsa_specs("nvfp4_ds_mla")["model.layers.0.self_attn.attn"]
+    with pytest.raises(
+        VllmIntegrationError,
+        match=r"model.layers.0.self_attn.attn.*MLAAttentionSpec.*nvfp4_ds_mla.*352 bytes",
+    ):
+        convert.specs_from_vllm({"model.layers.0.self_attn.attn": spec})
 
 
 # -- admission -----------------------------------------------------------------------------

@@ -34,6 +34,8 @@ PUBLISHED = {
     "ai21labs/AI21-Jamba-1.5-Mini": 262_144,  # card: 256K context window
     # card: 128K in evaluation; config.json states 163,840, which vLLM serves
     "deepseek-ai/DeepSeek-V3": 163_840,
+    # config.json states 163,840 (as V3's), which vLLM serves
+    "deepseek-ai/DeepSeek-V3.2": 163_840,
     "google/gemma-2-9b-it": 8_192,  # card: context length of 8192 tokens
     "google/gemma-3-27b-it": 131_072,  # card: 128K tokens; the config omits the field
     "meta-llama/Llama-3.1-8B": 131_072,  # card: 128k

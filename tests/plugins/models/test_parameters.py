@@ -42,6 +42,12 @@ PUBLISHED: dict[str, tuple[float, str, str | None]] = {
         "14B MTP module",
         None,
     ),
+    "deepseek-ai/DeepSeek-V3.2": (
+        671e9,
+        "DeepSeek-V3.2's report: V3.1-Terminus (671B) continued with the lightning indexer, 0.85B more; "
+        "the 685B on the Hub adds the 14B MTP module",
+        None,
+    ),
     "google/gemma-2-9b-it": (
         917_504_000 + 8_324_201_984,
         "Gemma 2 technical report (arXiv 2408.00118), Table 1: 917,504,000 embedding + "

@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 import pytest
 
-from kvcore import layer_specs_from_config
+from kvcore import ModelOptions, layer_specs_from_config
 from kvcore.frontends.hf_config import bundled_models
 from kvcore.plugins.state import StatePart
 from tests.zoo import bundled
@@ -185,8 +185,12 @@ def label(spec):
     return spec.kind
 
 
+#: Bundled models whose layers the table above cannot state (two specs a layer): tested below.
+OWN_TESTS = {"deepseek-ai/DeepSeek-V3.2"}
+
+
 def test_every_bundled_model_has_expectations():
-    assert [m.name for m in bundled_models()] == sorted(EXPECTED, key=str.lower)
+    assert [m.name for m in bundled_models()] == sorted({*EXPECTED, *OWN_TESTS}, key=str.lower)
 
 
 @pytest.mark.parametrize("name", list(EXPECTED))
@@ -245,6 +249,46 @@ def test_deepseek_v3(registry):
     assert {(s.kind, s.kv_lora_rank, s.qk_rope_head_dim, s.latent_size) for s in specs} == {
         ("mla", 512, 64, 576)
     }
+
+
+def test_deepseek_v32_caches_a_latent_and_an_indexer_key_on_every_layer(registry):
+    config = bundled("deepseek-ai/DeepSeek-V3.2")
+    specs = layer_specs_from_config(config, registry)
+    # 61 layers, each its MLA latent then its indexer's keys, named as vLLM names them
+    assert list(specs) == [
+        name
+        for i in range(61)
+        for name in (f"model.layers.{i}.self_attn", f"model.layers.{i}.self_attn.indexer")
+    ]
+    latents = {s for n, s in specs.items() if not n.endswith(".indexer")}
+    keys = {s for n, s in specs.items() if n.endswith(".indexer")}
+    assert {(s.kind, s.latent_size, s.bytes_per_token, str(s.dtype)) for s in latents} == {
+        ("mla", 576, 576 * 2, "bfloat16")
+    }
+    # index_head_dim 128 fp8 + 128 / 128 float32 scales = 132 bytes
+    assert {(s.kind, s.index_head_dim, s.bytes_per_token, str(s.dtype)) for s in keys} == {
+        ("dsa_indexer", 128, 132, "float8_e4m3fn")
+    }
+    # an fp8 cache packs the latent as the sparse kernels read it: 512 + 4 x 4 + 64 x 2 = 656
+    fp8 = layer_specs_from_config(config, registry, ModelOptions(kv_cache_dtype="fp8", block_size=64))
+    assert {s.page_size_bytes for n, s in fp8.items() if not n.endswith(".indexer")} == {64 * 656}
+    assert {s.page_size_bytes for n, s in fp8.items() if n.endswith(".indexer")} == {64 * 132}
+
+
+@pytest.mark.parametrize(
+    ("fields", "with_indexer"),
+    [
+        ({"index_topk_freq": 2}, [True, True, False, True, False, True]),  # offset 2: layer 1 first
+        ({"index_topk_freq": 3, "index_skip_topk_offset": 1}, [True, False, False, True, False, False]),
+        ({"index_topk_pattern": "FSSFFS"}, [True, False, False, True, True, False]),
+    ],
+)
+def test_dsa_layers_that_share_a_top_k_hold_no_indexer(registry, fields, with_indexer):
+    """vLLM's rule (deepseek_v2.py:1144-1168): a layer that reuses the previous top-k builds no
+    indexer, so it caches no keys."""
+    config = {**bundled("deepseek-ai/DeepSeek-V3.2"), "num_hidden_layers": 6, **fields}
+    specs = layer_specs_from_config(config, registry)
+    assert [f"model.layers.{i}.self_attn.indexer" in specs for i in range(6)] == with_indexer
 
 
 def test_jamba_1_5_mini(registry):
