@@ -28,7 +28,7 @@ def test_model_families_are_listed_with_their_model_types(run_cli):
     status, out, _ = run_cli("plugins", "--json")
     assert status == 0
     families = {f["family"]: f for f in json.loads(out)["model_families"]}
-    assert families["deepseek"]["model_types"] == ["deepseek_v2", "deepseek_v3"]
+    assert families["deepseek"]["model_types"] == ["deepseek_v2", "deepseek_v3", "deepseek_v32"]
     assert families["generic"]["fallback"] and not families["llama"]["fallback"]
     status, out, _ = run_cli("plugins")
     assert "model families" in out and "qwen2, qwen3" in out
