@@ -36,6 +36,7 @@ import time
 from _vllm_style import vllm_groups, vllm_pages
 
 from kvcore import Registry, SizingContext, request_bytes
+from kvcore.planning.max_len import longest_between
 from kvcore.planning.planner import largest_admitted
 from kvcore.policy import PlanOptions
 from kvcore.spec import KVCacheSpec
@@ -69,16 +70,8 @@ def vllm_longest(specs: dict[str, KVCacheSpec], budget: int, cap: int) -> int:
         context = SizingContext(max_model_len=length, max_num_batched_tokens=STEP)
         return vllm_pages(grouping, context) <= usable
 
-    if admits(cap):
-        return cap
-    low, high = 0, cap  # low is admitted (0 trivially), high is not; the need grows with the length
-    while high - low > 1:
-        middle = (low + high) // 2
-        if admits(middle):
-            low = middle
-        else:
-            high = middle
-    return low
+    # the need grows with the length: bisect between 0 (trivially admitted) and a refused cap
+    return cap if admits(cap) else longest_between(admits, 0, cap)
 
 
 def main() -> int:

@@ -73,6 +73,14 @@ def registry(kvcore_pm):
     return Registry.from_plugin_manager(kvcore_pm)
 
 
+@pytest.fixture(scope="module")
+def module_registry():
+    """One registry of the built-ins (no entry points) per module, for hypothesis tests: they run
+    their body many times with one set of fixtures (a function-scoped fixture fails the health
+    check). Read it only: never register into it."""
+    return Registry.default(autoload=False)
+
+
 @pytest.fixture
 def make_registry():
     """Build a registry with extra inline plugins: ``make_registry(plugin, ...)``."""

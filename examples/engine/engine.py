@@ -20,8 +20,11 @@ request picks up the cached blocks of a prefix it shares with earlier requests
 (:meth:`kvcore.BlockPool.attach_prefix`), and :meth:`Engine.rollback`, where a speculative
 decoder returns the pages of rejected tokens (:meth:`kvcore.BlockPool.truncate`).
 
-Plain torch ops, written to be read, not to be fast. Run ``python examples/engine/engine.py``
-for a demo on a tiny random Llama.
+Plain torch ops, written to be read, not to be fast. The attention math itself (transformers'
+eager attention, each query seeing the keys its layer's spec allows) is the one kvcore's
+reference runner uses (:mod:`kvcore.testing.reference.attention`); what is the engine's own is
+where K and V go: into pages, and back, through block tables. Run
+``python examples/engine/engine.py`` for a demo on a tiny random Llama.
 """
 
 from __future__ import annotations
@@ -46,8 +49,7 @@ from kvcore import (
     initialize_kv_caches,
 )
 from kvcore.plugins.attention import AttentionSpec
-from kvcore.plugins.chunked_local_attention import ChunkedLocalAttentionSpec
-from kvcore.plugins.sliding_window import SlidingWindowSpec
+from kvcore.testing.reference.attention import masked_attention, visibility, visible_start
 
 #: The ``attn_implementation`` name the engine registers with transformers.
 ATTENTION_NAME = "kvcore_example_engine"
@@ -149,46 +151,6 @@ def paged_attention(
     return step.engine.attend(module, step, query, key, value, scale, softcap, s_aux), None
 
 
-def visible_start(spec: AttentionSpec, positions: torch.Tensor) -> torch.Tensor:
-    """The first key position each query position sees (it sees up to itself)."""
-    if isinstance(spec, SlidingWindowSpec):
-        return (positions - spec.sliding_window + 1).clamp(min=0)
-    if isinstance(spec, ChunkedLocalAttentionSpec):
-        return positions // spec.attention_chunk_size * spec.attention_chunk_size
-    return torch.zeros_like(positions)
-
-
-def attention(
-    query: torch.Tensor,
-    keys: torch.Tensor,
-    values: torch.Tensor,
-    seen: torch.Tensor,
-    scaling: float,
-    softcap: float | None,
-    sinks: torch.Tensor | None,
-) -> torch.Tensor:
-    """``query`` ``(heads, T, D)`` over ``keys``/``values`` ``(S, kv_heads, D)``; ``seen[t, s]``
-    says whether query ``t`` sees key ``s``. transformers' eager math: grouped-query heads
-    repeated, logits softcapped before the mask, and gpt-oss's per-head sink logits joined to
-    the softmax and dropped after it. Returns ``(T, heads, D)``."""
-    heads = query.shape[0]
-    repeat = heads // keys.shape[1]
-    k = keys.to(query.dtype).transpose(0, 1).repeat_interleave(repeat, dim=0)
-    v = values.to(query.dtype).transpose(0, 1).repeat_interleave(repeat, dim=0)
-    scores = torch.matmul(query, k.transpose(1, 2)) * scaling
-    if softcap is not None:
-        scores = torch.tanh(scores / softcap) * softcap
-    scores = scores.masked_fill(~seen, torch.finfo(scores.dtype).min)
-    if sinks is not None:
-        sink = sinks.to(scores.dtype).reshape(heads, 1, 1).expand(heads, scores.shape[1], 1)
-        combined = torch.cat([scores, sink], dim=-1)
-        combined = combined - combined.max(dim=-1, keepdim=True).values
-        probs = torch.softmax(combined, dim=-1, dtype=combined.dtype)[..., :-1].to(v.dtype)
-    else:
-        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
-    return torch.matmul(probs, v).transpose(0, 1)
-
-
 def _eager(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -203,7 +165,8 @@ def _eager(
     first = (positions - window + 1).clamp(min=0) if window is not None else torch.zeros_like(positions)
     seen = (positions[None, :] <= positions[:, None]) & (positions[None, :] >= first[:, None])
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    out = attention(query[0], key[0].transpose(0, 1), value[0].transpose(0, 1), seen, scale, softcap, sinks)
+    keys, values = key[0].transpose(0, 1), value[0].transpose(0, 1)
+    out = masked_attention(query[0], keys, values, seen, scaling=scale, softcap=softcap, sinks=sinks)
     return out.unsqueeze(0)
 
 
@@ -475,17 +438,18 @@ class Engine:
             layer.keys[pages, slots] = key[0, :, new].transpose(0, 1).to(layer.keys.dtype)
             layer.values[pages, slots] = value[0, :, new].transpose(0, 1).to(layer.values.dtype)
             # read back every key a query of this step sees, by block table
-            first = int(visible_start(layer.spec, positions[:1])[0])
+            first = visible_start(layer.spec, part.start)
             context = torch.arange(first, part.start + part.count)
             pages = table[context // size]
             assert not bool((pages == NULL_PAGE).any()), (
                 "a freed page is still read: the pool freed too early"
             )
             keys, values = layer.keys[pages, context % size], layer.values[pages, context % size]
-            seen = (context[None, :] <= positions[:, None]) & (
-                context[None, :] >= visible_start(layer.spec, positions)[:, None]
+            # each query sees the keys up to itself from where the spec's window or chunk starts
+            seen = visibility(layer.spec, part.start, part.count, first, len(context))
+            output[new] = masked_attention(
+                query[0, :, new], keys, values, seen, scaling=scaling, softcap=softcap, sinks=sinks
             )
-            output[new] = attention(query[0, :, new], keys, values, seen, scaling, softcap, sinks)
         return output.unsqueeze(0)
 
 

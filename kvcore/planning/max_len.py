@@ -20,7 +20,8 @@ and two per doubling of its error otherwise (``benchmarks/suggestions.py`` count
 
 :func:`memory_bound` is the search's ceiling when nothing else bounds the length (``auto``
 with no ``max_position_embeddings``): the longest request whose ideal need fits every rank's
-budget; no layout admits a longer one.
+budget; no layout admits a longer one. :func:`longest_between` is the bisection both use (and
+the benchmarks that find an engine's longest admitted request).
 """
 
 from __future__ import annotations
@@ -139,12 +140,7 @@ def largest_admitted_len(plans_at: PlansAt, upper: int, *, estimate: int | None 
             break
         admitted += step
         step *= 2
-    while refused - admitted > 1:  # admitted is admitted, refused is refused
-        middle = (admitted + refused) // 2
-        if probe.refused(middle) is None:
-            admitted = middle
-        else:
-            refused = middle
+    admitted = longest_between(lambda length: probe.refused(length) is None, admitted, refused)
     return LengthSearch(length=admitted, plans=probe.count)
 
 
@@ -183,13 +179,30 @@ def memory_bound(
     low, high = 1, 2  # low fits; find a high that does not
     while fits(high):
         low, high = high, 2 * high
-    while high - low > 1:
-        middle = (low + high) // 2
-        if fits(middle):
-            low = middle
+    return longest_between(fits, low, high)
+
+
+def longest_between(admits: Callable[[int], bool], admitted: int, refused: int) -> int:
+    """The longest length ``admits`` accepts between a known admitted and a known refused one, by
+    bisection.
+
+    Args:
+        admits: whether a request of a length is admitted; taken to be monotone (every length
+            below an admitted one is admitted) between the two bounds.
+        admitted: a length known to be admitted (or 0, trivially).
+        refused: a longer length known to be refused.
+
+    Returns:
+        A length ``L`` with ``admitted <= L < refused``, ``admits(L)`` (or ``L == admitted``) and
+        ``L + 1`` refused.
+    """
+    while refused - admitted > 1:
+        middle = (admitted + refused) // 2
+        if admits(middle):
+            admitted = middle
         else:
-            high = middle
-    return low
+            refused = middle
+    return admitted
 
 
 def _distinct(specs: Mapping[str, KVCacheSpec]) -> list[tuple[KVCacheSpec, int]]:

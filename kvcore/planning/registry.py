@@ -190,14 +190,7 @@ class Registry:
                 f"{where}: spec class {cls.__qualname__} needs a non-empty 'kind' class attribute "
                 f"(got {kind!r})"
             )
-        entry = Registered(name=kind, obj=cls, origin=origin)
-        if kind in self._kinds:
-            first = self._kinds[kind]
-            raise DuplicateRegistrationError(
-                f"spec kind {kind!r} is registered twice: by {first.describe()} and by "
-                f"{entry.describe()}; uninstall or block one of the two plugins"
-            )
-        self._kinds[kind] = entry
+        _add_once(self._kinds, "spec kind", Registered(name=kind, obj=cls, origin=origin))
 
     def _add_policy(self, policy: object, origin: PluginOrigin) -> None:
         where = f"plugin {origin.describe()}"
@@ -217,14 +210,7 @@ class Registry:
             raise PluginValidationError(
                 f"{where}: a policy needs a non-empty name other than 'auto' (got {name!r})"
             )
-        entry = Registered(name=name, obj=policy, origin=origin)
-        if name in self._policies:
-            first = self._policies[name]
-            raise DuplicateRegistrationError(
-                f"policy {name!r} is registered twice: by {first.describe()} and by "
-                f"{entry.describe()}; uninstall or block one of the two plugins"
-            )
-        self._policies[name] = entry
+        _add_once(self._policies, "policy", Registered(name=name, obj=policy, origin=origin))
 
     def _add_family(self, family: object, origin: PluginOrigin) -> None:
         where = f"plugin {origin.describe()}"
@@ -257,14 +243,7 @@ class Registry:
             )
         if not isinstance(name, str) or not name:
             raise PluginValidationError(f"{where}: a scheduler profile needs a non-empty name (got {name!r})")
-        entry = Registered(name=name, obj=profile, origin=origin)
-        if name in self._profiles:
-            first = self._profiles[name]
-            raise DuplicateRegistrationError(
-                f"scheduler profile {name!r} is registered twice: by {first.describe()} and by "
-                f"{entry.describe()}; uninstall or block one of the two plugins"
-            )
-        self._profiles[name] = entry
+        _add_once(self._profiles, "scheduler profile", Registered(name=name, obj=profile, origin=origin))
 
     # -- lookups ---------------------------------------------------------------------------
 
@@ -600,3 +579,23 @@ def _adapt_0_1_policy(policy: object, where: str) -> object:
 def _describe_family(entry: Registered) -> str:
     """``family 'llama' from builtin kvcore.plugins.models.attention_only``."""
     return f"family {entry.name!r} from {entry.origin.describe()}"
+
+
+def _add_once(table: dict[str, Registered], what: str, entry: Registered) -> None:
+    """Add ``entry`` to ``table`` under its name; a name two plugins register is refused.
+
+    Args:
+        table: the registry's table of spec kinds, policies or scheduler profiles.
+        what: what the table holds, for the message (``"spec kind"``, ``"policy"``).
+        entry: the new registration.
+
+    Raises:
+        DuplicateRegistrationError: ``table`` already holds the name, naming both plugins.
+    """
+    first = table.get(entry.name)
+    if first is not None:
+        raise DuplicateRegistrationError(
+            f"{what} {entry.name!r} is registered twice: by {first.describe()} and by "
+            f"{entry.describe()}; uninstall or block one of the two plugins"
+        )
+    table[entry.name] = entry

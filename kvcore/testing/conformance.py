@@ -114,6 +114,17 @@ class _Conformance:
         request.applymarker(pytest.mark.xfail(reason=reason, strict=True))
 
 
+def _draw_pool_context(data: st.DataObject) -> SizingContext:
+    """A context a block pool is driven through: requests up to :data:`MAX_POOL_LEN` tokens,
+    steps up to 512, and drawn serving options (speculative tokens, state-cache mode, encoder
+    tokens)."""
+    return SizingContext(
+        max_model_len=data.draw(st.integers(1, MAX_POOL_LEN), label="max_model_len"),
+        max_num_batched_tokens=data.draw(st.integers(1, 512), label="max_num_batched_tokens"),
+        **data.draw(serving_options(), label="serving options"),
+    )
+
+
 def _must_override(fixture: str, what: str) -> Any:
     pytest.fail(f"override the {fixture!r} fixture in your subclass: return {what}", pytrace=False)
 
@@ -237,11 +248,7 @@ class SpecKindConformance(_Conformance):
     @_drawing
     def test_block_pool_holds_what_the_spec_says_within_the_plan(self, data: st.DataObject) -> None:
         spec = self._draw(data)
-        context = SizingContext(
-            max_model_len=data.draw(st.integers(1, MAX_POOL_LEN), label="max_model_len"),
-            max_num_batched_tokens=data.draw(st.integers(1, 512), label="max_num_batched_tokens"),
-            **data.draw(serving_options(), label="serving options"),
-        )
+        context = _draw_pool_context(data)
         steps = st.lists(st.integers(1, context.max_tokens_per_step), max_size=24)
         # the planner sizes the spec for the context's serving options (sized_for) first
         sized = checks.check_sized_for(spec, context)
@@ -250,11 +257,7 @@ class SpecKindConformance(_Conformance):
     @_drawing
     def test_joint_peak_covers_every_step(self, data: st.DataObject) -> None:
         spec = self._draw(data)
-        context = SizingContext(
-            max_model_len=data.draw(st.integers(1, MAX_POOL_LEN), label="max_model_len"),
-            max_num_batched_tokens=data.draw(st.integers(1, 512), label="max_num_batched_tokens"),
-            **data.draw(serving_options(), label="serving options"),
-        )
+        context = _draw_pool_context(data)
         checks.check_joint_peak(checks.check_sized_for(spec, context), context)
 
     @_drawing

@@ -7,35 +7,20 @@ import json
 import pytest
 import torch
 
-from kvcore.cli import main
 from kvcore.engine.stand_in import stand_in_model
+from tests.cli.conftest import full_entry, sliding_entry
 
-LAYER = {"block_size": 16, "num_kv_heads": 2, "head_size": 64, "dtype": "bfloat16"}
-
-
-@pytest.fixture
-def run_cli(capsys, monkeypatch):
-    monkeypatch.setenv("KVCORE_DISABLE_PLUGIN_AUTOLOAD", "1")
-
-    def run(*argv):
-        status = main([str(a) for a in argv])
-        out, err = capsys.readouterr()
-        return status, out, err
-
-    return run
+LAYER = {"num_kv_heads": 2, "head_size": 64}  # full_entry gives block size 16 and bfloat16
 
 
 @pytest.fixture
-def specs(tmp_path):
-    layers = {
-        f"model.layers.{i}.self_attn": {**LAYER, "kind": "full_attention"}
-        if i % 3 == 2
-        else {**LAYER, "kind": "sliding_window", "sliding_window": 256}
-        for i in range(6)
-    }
-    path = tmp_path / "specs.json"
-    path.write_text(json.dumps({"layers": layers}))
-    return path
+def specs(spec_file):
+    return spec_file(
+        {
+            f"model.layers.{i}.self_attn": full_entry(**LAYER) if i % 3 == 2 else sliding_entry(256, **LAYER)
+            for i in range(6)
+        }
+    )
 
 
 def test_allocate_with_a_fixed_size(run_cli, specs):
@@ -62,9 +47,8 @@ def test_allocate_with_a_utilization_profiles_the_device(run_cli, specs, monkeyp
     assert "zero-filled" not in out
 
 
-def test_uniform_specs_get_one_tensor_per_layer(run_cli, tmp_path):
-    path = tmp_path / "uniform.json"
-    path.write_text(json.dumps({"layers": {f"l{i}": {**LAYER, "kind": "full_attention"} for i in range(3)}}))
+def test_uniform_specs_get_one_tensor_per_layer(run_cli, spec_file):
+    path = spec_file({f"l{i}": full_entry(**LAYER) for i in range(3)}, "uniform.json")
     status, out, err = run_cli("allocate", "--specs", path, "--memory", "3MiB", "--max-model-len", "256")
     assert status == 0, err
     assert "in 3 tensor(s)" in out and "policy uniform" in out

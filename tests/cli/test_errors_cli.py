@@ -17,39 +17,40 @@ def error_line(run_cli, *argv):
     return err.removeprefix("kvcore: error: ").rstrip("\n")
 
 
-def test_one_request_over_the_memory_names_the_flags(run_cli):
-    line = error_line(
-        run_cli, "plan", "--model", "meta-llama/Llama-3.1-8B", "--memory", "1GiB", "--max-model-len", "131072"
-    )
-    assert line == (
-        "one request of 131072 tokens needs 16.00 GiB of KV cache (8192 blocks of 2.00 MiB) but only "
-        "1.00 GiB is available (512 blocks of 2.00 MiB); the largest max_model_len that fits is 8192; "
-        "lower --max-model-len to 8192 or give the KV cache more memory (--memory, or a higher utilization)"
-    )
+#: Stands in an argv for the path of a spec file of ONE_LAYER (written per test).
+SPECS = "<spec file of ONE_LAYER>"
 
 
-def test_one_request_over_a_forced_block_count_names_the_flags(run_cli, spec_file):
-    line = error_line(
-        run_cli, "plan", "--specs", spec_file(ONE_LAYER), "--memory", "1MiB", "--max-model-len", "512",
-        "--num-blocks", "8",
-    )  # fmt: skip
-    assert line == (
-        "one request of 512 tokens needs 2.00 MiB of KV cache (32 blocks of 64.00 KiB) but --num-blocks 8 "
-        "holds 512.00 KiB; the largest max_model_len that fits is 128; lower --max-model-len to 128 or "
-        "raise --num-blocks to at least 32"
-    )
-
-
-def test_a_forced_block_count_over_the_memory_names_the_flags(run_cli, spec_file):
-    line = error_line(
-        run_cli, "plan", "--specs", spec_file(ONE_LAYER), "--memory", "1MiB", "--max-model-len", "16",
-        "--num-blocks", "20",
-    )  # fmt: skip
-    assert line == (
-        "--num-blocks 20 needs 1.25 MiB (20 blocks of 64.00 KiB) but only 1.00 MiB is available; at most "
-        "16 blocks fit: lower --num-blocks or give the KV cache more memory "
-        "(--memory, or a higher utilization)"
-    )
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        pytest.param(
+            ("--model", "meta-llama/Llama-3.1-8B", "--memory", "1GiB", "--max-model-len", "131072"),
+            "one request of 131072 tokens needs 16.00 GiB of KV cache (8192 blocks of 2.00 MiB) but only "
+            "1.00 GiB is available (512 blocks of 2.00 MiB); the largest max_model_len that fits is 8192; "
+            "lower --max-model-len to 8192 or give the KV cache more memory "
+            "(--memory, or a higher utilization)",
+            id="one request over the memory",
+        ),
+        pytest.param(
+            ("--specs", SPECS, "--memory", "1MiB", "--max-model-len", "512", "--num-blocks", "8"),
+            "one request of 512 tokens needs 2.00 MiB of KV cache (32 blocks of 64.00 KiB) but "
+            "--num-blocks 8 holds 512.00 KiB; the largest max_model_len that fits is 128; "
+            "lower --max-model-len to 128 or raise --num-blocks to at least 32",
+            id="one request over a forced block count",
+        ),
+        pytest.param(
+            ("--specs", SPECS, "--memory", "1MiB", "--max-model-len", "16", "--num-blocks", "20"),
+            "--num-blocks 20 needs 1.25 MiB (20 blocks of 64.00 KiB) but only 1.00 MiB is available; at most "
+            "16 blocks fit: lower --num-blocks or give the KV cache more memory "
+            "(--memory, or a higher utilization)",
+            id="a forced block count over the memory",
+        ),
+    ],
+)
+def test_plan_errors_name_the_flags(run_cli, spec_file, argv, expected):
+    argv = [spec_file(ONE_LAYER) if arg == SPECS else arg for arg in argv]
+    assert error_line(run_cli, "plan", *argv) == expected
 
 
 def test_errors_of_one_rank_name_the_rank_and_the_flags(run_cli):

@@ -29,19 +29,13 @@ def pooled_specs(spec_file):
     return spec_file(layers), layers
 
 
+def _inputs(path):
+    """The spec file and budget every command here plans with."""
+    return ("--specs", path, "--memory", "256MiB", "--max-model-len", "4096")
+
+
 def _plan_args(path, *extra):
-    return (
-        "plan",
-        "--specs",
-        path,
-        "--memory",
-        "256MiB",
-        "--max-model-len",
-        "4096",
-        "--policy",
-        "kind_pools",
-        *extra,
-    )
+    return ("plan", *_inputs(path), "--policy", "kind_pools", *extra)
 
 
 def test_plan_text_shows_every_pool_and_its_groups(run_cli, pooled_specs):
@@ -81,7 +75,7 @@ def test_plan_json_carries_pools_and_reads_back(run_cli, pooled_specs, tmp_path,
 
 def test_one_pool_json_is_unchanged(run_cli, pooled_specs):
     path, _ = pooled_specs
-    status, out, _ = run_cli(*_plan_args(path, "--json")[:-2], "shared_buffer", "--json")
+    status, out, _ = run_cli("plan", *_inputs(path), "--policy", "shared_buffer", "--json")
     assert status == 0
     data = json.loads(out)
     assert list(data)[:2] == ["policy", "num_blocks"]
@@ -182,17 +176,7 @@ def test_memory_map_shows_each_pool_region(registry, pooled_specs):
 def test_compare_for_vllm_labels_a_plan_of_pools_and_goes_on(run_cli, pooled_specs):
     path, _ = pooled_specs
     status, out, _ = run_cli(
-        "compare",
-        "--specs",
-        path,
-        "--memory",
-        "256MiB",
-        "--max-model-len",
-        "4096",
-        "--engine",
-        "vllm",
-        "--policies",
-        "shared_buffer,kind_pools",
+        "compare", *_inputs(path), "--engine", "vllm", "--policies", "shared_buffer,kind_pools"
     )
     assert status == 0
     assert (

@@ -12,20 +12,12 @@ from kvcore import (
     InvalidInputError,
     PlanOptions,
     PolicyNotApplicableError,
-    Registry,
     plan_kv_cache,
 )
 from kvcore.planning.invariants import plan_problems
 from kvcore.testing import strategies as kst
 
 pytestmark = pytest.mark.property
-
-
-@pytest.fixture(scope="module")
-def registry():
-    """One registry per module: it is read-only once built, and hypothesis runs each test body
-    many times with one set of fixtures (a function-scoped fixture fails its health check)."""
-    return Registry.default(autoload=False)
 
 
 POLICIES = ["shared_buffer", "equal_groups"]
@@ -46,17 +38,17 @@ def _plan(registry, specs, context, policy, options):
 
 @pytest.mark.parametrize("policy", POLICIES)
 @given(drawn=inputs(), bound=st.integers(1, 6), uniform=st.booleans())
-def test_the_group_bound_holds_or_names_the_fewest(registry, policy, drawn, bound, uniform):
+def test_the_group_bound_holds_or_names_the_fewest(module_registry, policy, drawn, bound, uniform):
     specs, context = drawn
-    if policy == "equal_groups" and registry.policy(policy).why_not(specs) is not None:
+    if policy == "equal_groups" and module_registry.policy(policy).why_not(specs) is not None:
         return
     options = PlanOptions(max_groups=bound, uniform_block_size=uniform)
     try:
-        plan = _plan(registry, specs, context, policy, options)
+        plan = _plan(module_registry, specs, context, policy, options)
     except GroupLimitError as exc:
         assert exc.smallest_groups > bound
         fewest = _plan(
-            registry,
+            module_registry,
             specs,
             context,
             policy,
@@ -74,6 +66,6 @@ def test_the_group_bound_holds_or_names_the_fewest(registry, policy, drawn, boun
     assert plan_problems(plan, capacity=False) == []  # (planned past the fit: check_fit=False)
     if uniform:
         assert len({g.spec.block_size for g in plan.groups if g.spec.page_scales_with_block_size}) <= 1
-    free = _plan(registry, specs, context, policy, PlanOptions(uniform_block_size=uniform))
+    free = _plan(module_registry, specs, context, policy, PlanOptions(uniform_block_size=uniform))
     if len(free.groups) <= bound:
         assert plan == free, "a bound the usual plan keeps changes nothing"

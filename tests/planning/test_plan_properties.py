@@ -10,7 +10,6 @@ from kvcore import (
     InsufficientMemoryError,
     KVCoreError,
     PlanValidationError,
-    Registry,
     SizingContext,
     ideal_concurrency,
     plan_kv_cache,
@@ -21,13 +20,6 @@ from kvcore.planning.serialization import plan_from_dict, plan_from_json, plan_t
 from kvcore.testing import strategies as kst
 
 pytestmark = pytest.mark.property
-
-
-@pytest.fixture(scope="module")
-def registry():
-    """One registry per module: it is read-only once built, and hypothesis runs each test body
-    many times with one set of fixtures (a function-scoped fixture fails its health check)."""
-    return Registry.default(autoload=False)
 
 
 POLICIES = ["auto", "shared_buffer"]
@@ -48,9 +40,9 @@ def _plan(registry, specs, context, budget, policy, **kwargs):
 
 @pytest.mark.parametrize("policy", POLICIES)
 @given(inputs=planning_inputs())
-def test_plans_keep_their_invariants(registry, policy, inputs):
+def test_plans_keep_their_invariants(module_registry, policy, inputs):
     specs, context, budget = inputs
-    plan = _plan(registry, specs, context, budget, policy)
+    plan = _plan(module_registry, specs, context, budget, policy)
 
     # bytes never exceed the budget, and the layout accounts for all of them
     assert plan.kv_cache_bytes <= budget
@@ -86,22 +78,22 @@ def test_plans_keep_their_invariants(registry, policy, inputs):
 
 @pytest.mark.parametrize("policy", POLICIES)
 @given(inputs=planning_inputs(), extra=st.integers(0, 2**24))
-def test_more_memory_never_gives_fewer_blocks(registry, policy, inputs, extra):
+def test_more_memory_never_gives_fewer_blocks(module_registry, policy, inputs, extra):
     specs, context, budget = inputs
-    small = _plan(registry, specs, context, budget, policy)
-    large = _plan(registry, specs, context, budget + extra, policy)
+    small = _plan(module_registry, specs, context, budget, policy)
+    large = _plan(module_registry, specs, context, budget + extra, policy)
     assert large.num_blocks >= small.num_blocks
     assert large.max_concurrency() >= small.max_concurrency()
 
 
 @pytest.mark.parametrize("policy", POLICIES)
 @given(inputs=planning_inputs())
-def test_equal_inputs_give_equal_plans_and_json_round_trips(registry, policy, inputs):
+def test_equal_inputs_give_equal_plans_and_json_round_trips(module_registry, policy, inputs):
     specs, context, budget = inputs
-    plan = _plan(registry, specs, context, budget, policy)
+    plan = _plan(module_registry, specs, context, budget, policy)
     assert (
         _plan(
-            registry,
+            module_registry,
             dict(specs),
             SizingContext(
                 max_model_len=context.max_model_len,
@@ -115,32 +107,32 @@ def test_equal_inputs_give_equal_plans_and_json_round_trips(registry, policy, in
         )
         == plan
     )
-    text = plan_to_json(plan, registry)
+    text = plan_to_json(plan, module_registry)
     if plan.fits():
-        assert plan_from_json(text, registry) == plan
+        assert plan_from_json(text, module_registry) == plan
     else:  # a plan that holds no request is refused when read
         with pytest.raises(PlanValidationError, match="serves no request"):
-            plan_from_json(text, registry)
-        assert plan_from_dict(json.loads(text), registry, check=False) == plan
+            plan_from_json(text, module_registry)
+        assert plan_from_dict(json.loads(text), module_registry, check=False) == plan
     assert json.loads(text)["num_blocks"] == plan.num_blocks
 
 
 @given(inputs=planning_inputs())
-def test_admission_agrees_with_the_plan(registry, inputs):
+def test_admission_agrees_with_the_plan(module_registry, inputs):
     specs, context, budget = inputs
     try:
-        plan = plan_kv_cache(specs, budget, context, registry=registry)
+        plan = plan_kv_cache(specs, budget, context, registry=module_registry)
     except InsufficientMemoryError as exc:
-        loose = _plan(registry, specs, context, budget, "auto")
+        loose = _plan(module_registry, specs, context, budget, "auto")
         assert not loose.fits()
         # the suggestion is planned for itself (the grouping may change with the length):
         # planning there succeeds, one more token is refused (tests/planning/test_suggestions.py)
         largest = exc.largest_fitting_len
         assert largest < context.max_model_len
         if largest:
-            plan_kv_cache(specs, budget, context.with_max_model_len(largest), registry=registry)
+            plan_kv_cache(specs, budget, context.with_max_model_len(largest), registry=module_registry)
         with pytest.raises(InsufficientMemoryError):
-            plan_kv_cache(specs, budget, context.with_max_model_len(largest + 1), registry=registry)
+            plan_kv_cache(specs, budget, context.with_max_model_len(largest + 1), registry=module_registry)
     else:
         assert plan.blocks_per_request() <= plan.num_blocks
 
@@ -173,7 +165,7 @@ _json_values = st.recursive(
         _json_values | st.sampled_from(["bfloat16", "fp8", "float32", 16, 0, -1, 128]),
     ),
 )
-def test_bad_spec_input_raises_only_kvcore_errors(registry, kind, fields):
+def test_bad_spec_input_raises_only_kvcore_errors(module_registry, kind, fields):
     data = {"kind": kind, **fields}
     with contextlib.suppress(KVCoreError):
-        spec_from_dict(data, registry)
+        spec_from_dict(data, module_registry)

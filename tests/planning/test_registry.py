@@ -130,6 +130,17 @@ def test_duplicate_policy_names_both_sources(make_registry):
         make_registry(Again())
 
 
+class _Registers:
+    """A plugin that registers one object (a spec class, or not) as a kind."""
+
+    def __init__(self, cls):
+        self.cls = cls
+
+    @hookimpl
+    def kvcore_register_spec_kinds(self, register):
+        register(self.cls)
+
+
 @pytest.mark.parametrize(
     ("obj", "match"),
     [
@@ -138,13 +149,8 @@ def test_duplicate_policy_names_both_sources(make_registry):
     ],
 )
 def test_bad_kind_registration(make_registry, obj, match):
-    class Bad:
-        @hookimpl
-        def kvcore_register_spec_kinds(self, register):
-            register(obj)
-
     with pytest.raises(PluginValidationError, match=match):
-        make_registry(Bad())
+        make_registry(_Registers(obj))
 
 
 def test_kind_needs_a_name_and_implementations(make_registry):
@@ -156,31 +162,14 @@ def test_kind_needs_a_name_and_implementations(make_registry):
     class Abstract(KVCacheSpec):
         kind = "acme.abstract"
 
-    class Bad:
-        def __init__(self, cls):
-            self.cls = cls
-
-        @hookimpl
-        def kvcore_register_spec_kinds(self, register):
-            register(self.cls)
-
     with pytest.raises(PluginValidationError, match="non-empty 'kind'"):
-        make_registry(Bad(Nameless))
+        make_registry(_Registers(Nameless))
     # max_num_blocks has a default (read off live_pages): only the page size is left to write
     with pytest.raises(
         PluginValidationError,
         match=r"spec kind 'acme.abstract' \(.*Abstract\) does not implement page_size_bytes$",
     ):
-        make_registry(Bad(Abstract))
-
-
-class _Registers:
-    def __init__(self, cls):
-        self.cls = cls
-
-    @hookimpl
-    def kvcore_register_spec_kinds(self, register):
-        register(self.cls)
+        make_registry(_Registers(Abstract))
 
 
 def test_a_subclass_that_adds_fields_without_attrs_is_refused_naming_the_kind_and_plugin(make_registry):

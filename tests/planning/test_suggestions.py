@@ -7,20 +7,13 @@ without a forced block count (issue 12, "Suggestions that hold")."""
 import pytest
 from hypothesis import event, given, settings, strategies as st
 
-from kvcore import InsufficientMemoryError, Registry, SizingContext, plan_kv_cache, request_bytes
+from kvcore import InsufficientMemoryError, SizingContext, plan_kv_cache, request_bytes
 from kvcore.plugins.chunked_local_attention import ChunkedLocalAttentionSpec
 from kvcore.plugins.full_attention import FullAttentionSpec
 from kvcore.plugins.sliding_window import SlidingWindowSpec
 from kvcore.policy import PlanOptions
 
 pytestmark = pytest.mark.property
-
-
-@pytest.fixture(scope="module")
-def registry():
-    """One registry per module: it is read-only once built, and hypothesis runs each test body
-    many times with one set of fixtures (a function-scoped fixture fails its health check)."""
-    return Registry.default(autoload=False)
 
 
 POLICIES = ["auto", "shared_buffer", "equal_groups"]
@@ -64,11 +57,11 @@ def _admitted(registry, specs, context, budget, length, **kwargs):
 @pytest.mark.parametrize("policy", POLICIES)
 @settings(max_examples=60, deadline=None)
 @given(case=hybrids(), tolerance=st.sampled_from([0.0, 0.01, 0.05]))
-def test_the_suggestion_plans_and_one_more_token_does_not(registry, policy, case, tolerance):
+def test_the_suggestion_plans_and_one_more_token_does_not(module_registry, policy, case, tolerance):
     specs, context, budget = case
     kwargs = {"policy": policy, "options": PlanOptions(grouping_tolerance=tolerance)}
     try:
-        plan_kv_cache(specs, budget, context, registry=registry, **kwargs)
+        plan_kv_cache(specs, budget, context, registry=module_registry, **kwargs)
     except InsufficientMemoryError as exc:
         suggestion = exc.largest_fitting_len
     else:
@@ -77,20 +70,20 @@ def test_the_suggestion_plans_and_one_more_token_does_not(registry, policy, case
     event("refused: a suggestion")
     assert 0 <= suggestion < context.max_model_len
     if suggestion:
-        assert _admitted(registry, specs, context, budget, suggestion, **kwargs)
-    assert not _admitted(registry, specs, context, budget, suggestion + 1, **kwargs)
+        assert _admitted(module_registry, specs, context, budget, suggestion, **kwargs)
+    assert not _admitted(module_registry, specs, context, budget, suggestion + 1, **kwargs)
 
 
 @settings(max_examples=40, deadline=None)
 @given(case=hybrids(), fewer=st.floats(0.05, 0.95))
-def test_a_forced_block_count_gets_a_suggestion_that_holds(registry, case, fewer):
+def test_a_forced_block_count_gets_a_suggestion_that_holds(module_registry, case, fewer):
     specs, context, budget = case
     budget = max(budget, request_bytes(specs, context) * 2)  # room for the forced blocks
-    loose = plan_kv_cache(specs, budget, context, registry=registry, check_fit=False)
+    loose = plan_kv_cache(specs, budget, context, registry=module_registry, check_fit=False)
     forced = max(1, int(loose.blocks_per_request() * fewer))
     kwargs = {"num_blocks": forced}
     try:
-        plan_kv_cache(specs, budget, context, registry=registry, **kwargs)
+        plan_kv_cache(specs, budget, context, registry=module_registry, **kwargs)
     except InsufficientMemoryError as exc:
         if exc.reason == "forced_num_blocks":
             return
@@ -98,20 +91,20 @@ def test_a_forced_block_count_gets_a_suggestion_that_holds(registry, case, fewer
     else:
         return
     if suggestion:
-        assert _admitted(registry, specs, context, budget, suggestion, **kwargs)
-    assert not _admitted(registry, specs, context, budget, suggestion + 1, **kwargs)
+        assert _admitted(module_registry, specs, context, budget, suggestion, **kwargs)
+    assert not _admitted(module_registry, specs, context, budget, suggestion + 1, **kwargs)
 
 
 @settings(max_examples=40, deadline=None)
 @given(case=hybrids())
-def test_auto_plans_the_longest_admitted_length(registry, case):
+def test_auto_plans_the_longest_admitted_length(module_registry, case):
     specs, context, budget = case
     try:
-        plan = plan_kv_cache(specs, budget, context, registry=registry, max_model_len="auto")
+        plan = plan_kv_cache(specs, budget, context, registry=module_registry, max_model_len="auto")
     except InsufficientMemoryError:
-        assert not _admitted(registry, specs, context, budget, 1)
+        assert not _admitted(module_registry, specs, context, budget, 1)
         return
     length = plan.context.max_model_len
     assert 1 <= length <= context.max_model_len and plan.fits()
     if length < context.max_model_len:
-        assert not _admitted(registry, specs, context, budget, length + 1)
+        assert not _admitted(module_registry, specs, context, budget, length + 1)

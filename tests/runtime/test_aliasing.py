@@ -13,7 +13,6 @@ import torch
 from hypothesis import given, strategies as st
 
 from kvcore import (
-    BlockPool,
     PlanValidationError,
     Registry,
     SizingContext,
@@ -27,6 +26,7 @@ from kvcore.plugins.full_attention import FullAttentionSpec
 from kvcore.plugins.mla import MLAAttentionSpec
 from kvcore.plugins.sliding_window import SlidingWindowSpec
 from kvcore.testing import strategies as kst
+from tests.broken import DoubleBookingPool, unchecked_plan
 from tests.helpers import full, sliding
 from tests.runtime._kinds import ToyStatePlugin, ToyStateSpec
 from tests.runtime._workload import run_workload
@@ -117,14 +117,6 @@ def _gemma_like(registry):
     return _plan(specs, SizingContext(max_model_len=64, max_num_batched_tokens=16), registry, 1, 0)
 
 
-def _unchecked(plan, **changes):
-    """``plan`` with ``changes``, built without the plan's own checks (to test what catches them)."""
-    broken = object.__new__(type(plan))
-    for field in attrs.fields(type(plan)):
-        object.__setattr__(broken, field.name, changes.get(field.name, getattr(plan, field.name)))
-    return broken
-
-
 BUSY = [("arrive", 16, 0), ("arrive", 16, 0), ("step", 0, 16), ("step", 1, 16), ("step", 0, 8)]
 
 
@@ -142,25 +134,12 @@ def test_the_workload_catches_a_plan_that_aliases_two_layers_of_one_group(regist
     kept = [t for t in tensors if t.shared_by]
     with pytest.raises(PlanValidationError, match="must be in different groups"):
         attrs.evolve(plan, tensors=kept)  # a plan refuses it when built ...
-    broken = _unchecked(plan, tensors=tuple(kept))  # ... so build it behind the plan's back
+    broken = unchecked_plan(plan, tensors=tuple(kept))  # ... so build it behind the plan's back
     assert plan_problems(broken), "the invariant checker should flag it too"
     with pytest.raises(PlanValidationError):
         allocate(broken, "cpu", registry=registry)
     problems = run_workload(broken, registry, BUSY)
     assert problems and "was overwritten" in problems[0]
-
-
-class DoubleBookingPool(BlockPool):
-    """A broken pool: block ids group 0 takes stay free, so they are handed out again."""
-
-    def _take(self, block, group):
-        super()._take(block, group)
-        if group == 0:
-            self._release(block)
-
-    def free(self, group, pages):
-        if group != 0:
-            super().free(group, pages)
 
 
 def test_the_workload_catches_a_pool_that_hands_a_block_to_two_owners(registry):

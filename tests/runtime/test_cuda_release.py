@@ -18,15 +18,6 @@ pytestmark = [
 MiB = 2**20
 
 
-@pytest.fixture
-def cuda():
-    device = torch.device("cuda", torch.cuda.current_device())
-    torch.cuda.empty_cache()
-    yield device
-    torch.cuda.synchronize(device)
-    torch.cuda.empty_cache()
-
-
 def test_release_gives_the_driver_the_memory_back_and_the_next_profile_sees_it(cuda):
     registry = Registry.from_plugin_manager(
         get_plugin_manager(autoload=False, plugins=[ToyAttentionPlugin()])

@@ -34,15 +34,6 @@ pytestmark = [
 MiB, GiB = 2**20, 2**30
 
 
-@pytest.fixture
-def cuda():
-    device = torch.device("cuda", torch.cuda.current_device())
-    torch.cuda.empty_cache()
-    yield device
-    torch.cuda.synchronize(device)
-    torch.cuda.empty_cache()
-
-
 def test_the_probe_reads_the_device(cuda):
     sample = CudaMemory(cuda).sample()
     assert sample.total_bytes >= sample.free_bytes > 0

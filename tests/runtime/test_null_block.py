@@ -1,6 +1,7 @@
 """The reserved null block (``PlanOptions.reserve_null_block``): block id 0 pads block tables,
 is never handed to a request, still takes its bytes, and costs the capacity figures one block
-(or, with state pages spanning an aligned run, the run that holds it)."""
+(or, with state pages spanning an aligned run, the run that holds it). The simulations state
+the ``kvcore`` scheduler profile's rules (the default is ``vllm``)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from kvcore import (
     SizingContext,
     model_layer_specs,
     plan_kv_cache,
-    simulate as _simulate,
+    simulate,
 )
 from kvcore.planning.admission import check_admission
 from kvcore.planning.invariants import check_plan
@@ -27,12 +28,6 @@ from kvcore.planning.serialization import plan_from_dict, plan_to_dict
 from kvcore.runtime.block_pool import BlockPool
 from kvcore.simulation.workload import Request, Workload
 from tests.helpers import full, mix, sliding
-
-
-def simulate(*args, **kwargs):
-    """These tests state the ``kvcore`` scheduler profile's rules (the default is ``vllm``)."""
-    return _simulate(*args, scheduler="kvcore", **kwargs)
-
 
 REGISTRY = Registry.from_plugin_manager(get_plugin_manager(autoload=False))
 NULL = PlanOptions(reserve_null_block=True)
@@ -61,7 +56,8 @@ def test_a_hundred_blocks_less_the_null_block_hold_four_requests_of_twenty_block
     assert plan.kv_cache_bytes == 100 * plan.bytes_per_block  # its pages are still allocated
     assert plan.max_concurrency() == 99 / 20
     assert plan.tokens_held(plan.groups[0]) == 99 * 16
-    result = simulate(plan, Workload(tuple(Request(i, 319, 1, 0) for i in range(8)), name="same"))
+    workload = Workload(tuple(Request(i, 319, 1, 0) for i in range(8)), name="same")
+    result = simulate(plan, workload, scheduler="kvcore")
     assert result.peak_running == 4  # five without the null block
 
 
@@ -96,7 +92,7 @@ def test_with_aligned_state_runs_the_run_holding_block_0_is_lost():
     assert math.floor(plan.max_concurrency()) == 2
     # two requests of max_model_len still run together: the pool keeps what the figure promises
     workload = Workload(tuple(Request(i, 511, 1, 0) for i in range(5)), name="same")
-    result = simulate(plan, workload, max_num_batched_tokens=5 * 512)
+    result = simulate(plan, workload, scheduler="kvcore", max_num_batched_tokens=5 * 512)
     assert result.peak_running == 2 and result.preemptions == 0
 
 
@@ -107,7 +103,7 @@ def test_a_hybrid_plan_with_a_null_block_runs_its_max_concurrency(policy):
     plan = _plan(specs, 512, num_blocks=int(4.6 * sized.blocks_per_request()) + 1, policy=policy)
     assert math.floor(plan.max_concurrency()) == 4
     workload = Workload(tuple(Request(i, 511, 1, 0) for i in range(13)), name="same")
-    result = simulate(plan, workload, max_num_batched_tokens=13 * 512)
+    result = simulate(plan, workload, scheduler="kvcore", max_num_batched_tokens=13 * 512)
     assert result.running == (4, 4, 4, 1) and result.preemptions == 0
 
 

@@ -12,6 +12,10 @@ reference runner gives the logits transformers gives (float32: within rounding):
 - softmax in float32 (eager), or, with gpt-oss's attention sinks, a per-head sink logit joined
   to each row, the row's maximum subtracted and the sink's probability dropped after the
   softmax.
+
+:func:`masked_attention` is that math under any mask; :func:`causal_attention` gives it the
+mask of a layer's spec and :func:`encoder_attention` none (the example engine in
+``examples/engine`` calls it too).
 """
 
 from __future__ import annotations
@@ -83,6 +87,54 @@ def visibility(
     return (keys[None, :] <= queries[:, None]) & (keys[None, :] >= starts[:, None])
 
 
+def masked_attention(
+    query: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    seen: torch.Tensor,
+    *,
+    scaling: float,
+    softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """transformers' eager attention of queries over keys and values, under a given mask.
+
+    Args:
+        query: ``(num_heads, T, head_size)``.
+        keys: ``(S, num_kv_heads, head_size)``.
+        values: the same for V.
+        seen: ``(T, S)`` booleans, ``True`` where query ``t`` sees key ``s``.
+        scaling: the factor on ``q @ k^T``.
+        softcap: logit softcapping (before the mask), or ``None``.
+        sinks: ``(num_heads,)`` attention-sink logits, or ``None``.
+
+    Returns:
+        ``(T, num_heads, head_size)``, in the query's dtype.
+
+    Raises:
+        InvalidInputError: the query heads are not a multiple of the KV heads.
+    """
+    heads, num_queries, _ = query.shape
+    kv_heads = keys.shape[1]
+    if heads % kv_heads:
+        raise InvalidInputError(f"{heads} query heads cannot share {kv_heads} KV heads evenly")
+    repeat = heads // kv_heads
+    k = keys.to(query.dtype).transpose(0, 1).repeat_interleave(repeat, dim=0)  # (heads, S, D)
+    v = values.to(query.dtype).transpose(0, 1).repeat_interleave(repeat, dim=0)
+    scores = torch.matmul(query, k.transpose(1, 2)) * scaling
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    scores = scores.masked_fill(~seen.to(scores.device), torch.finfo(scores.dtype).min)
+    if sinks is not None:
+        sink = sinks.to(scores.dtype).reshape(heads, 1, 1).expand(heads, num_queries, 1)
+        combined = torch.cat([scores, sink], dim=-1)
+        combined = combined - combined.max(dim=-1, keepdim=True).values
+        probs = torch.softmax(combined, dim=-1, dtype=combined.dtype)[..., :-1].to(v.dtype)
+    else:
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    return torch.matmul(probs, v).transpose(0, 1)
+
+
 def causal_attention(
     query: torch.Tensor,
     keys: torch.Tensor,
@@ -103,7 +155,7 @@ def causal_attention(
         keys: ``(S, num_kv_heads, head_size)``, positions ``key_start .. key_start + S - 1``,
             which must include every key a query sees.
         values: the same for V.
-        spec: the layer's spec.
+        spec: the layer's spec (:func:`visibility` gives the mask).
         query_start: position of the first query.
         key_start: position of the first key.
         scaling: the factor on ``q @ k^T``.
@@ -116,26 +168,8 @@ def causal_attention(
     Raises:
         InvalidInputError: the query heads are not a multiple of the KV heads.
     """
-    heads, num_queries, _ = query.shape
-    kv_heads = keys.shape[1]
-    if heads % kv_heads:
-        raise InvalidInputError(f"{heads} query heads cannot share {kv_heads} KV heads evenly")
-    repeat = heads // kv_heads
-    k = keys.to(query.dtype).transpose(0, 1).repeat_interleave(repeat, dim=0)  # (heads, S, D)
-    v = values.to(query.dtype).transpose(0, 1).repeat_interleave(repeat, dim=0)
-    scores = torch.matmul(query, k.transpose(1, 2)) * scaling
-    if softcap is not None:
-        scores = torch.tanh(scores / softcap) * softcap
-    seen = visibility(spec, query_start, num_queries, key_start, k.shape[1]).to(scores.device)
-    scores = scores.masked_fill(~seen, torch.finfo(scores.dtype).min)
-    if sinks is not None:
-        sink = sinks.to(scores.dtype).reshape(heads, 1, 1).expand(heads, num_queries, 1)
-        combined = torch.cat([scores, sink], dim=-1)
-        combined = combined - combined.max(dim=-1, keepdim=True).values
-        probs = torch.softmax(combined, dim=-1, dtype=combined.dtype)[..., :-1].to(v.dtype)
-    else:
-        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
-    return torch.matmul(probs, v).transpose(0, 1)
+    seen = visibility(spec, query_start, query.shape[1], key_start, keys.shape[0])
+    return masked_attention(query, keys, values, seen, scaling=scaling, softcap=softcap, sinks=sinks)
 
 
 def encoder_attention(
@@ -155,13 +189,5 @@ def encoder_attention(
     Raises:
         InvalidInputError: the query heads are not a multiple of the KV heads.
     """
-    heads = query.shape[0]
-    kv_heads = keys.shape[1]
-    if heads % kv_heads:
-        raise InvalidInputError(f"{heads} query heads cannot share {kv_heads} KV heads evenly")
-    repeat = heads // kv_heads
-    k = keys.to(query.dtype).transpose(0, 1).repeat_interleave(repeat, dim=0)
-    v = values.to(query.dtype).transpose(0, 1).repeat_interleave(repeat, dim=0)
-    scores = torch.matmul(query, k.transpose(1, 2)) * scaling
-    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
-    return torch.matmul(probs, v).transpose(0, 1)
+    seen = torch.ones(query.shape[1], keys.shape[0], dtype=torch.bool)
+    return masked_attention(query, keys, values, seen, scaling=scaling)

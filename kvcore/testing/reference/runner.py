@@ -44,7 +44,12 @@ from kvcore.testing.reference.attention import (
 )
 from kvcore.testing.reference.pages import LayerPages
 from kvcore.testing.reference.requests import ScheduledRequest
-from kvcore.testing.reference.transformers_attention import ATTENTION_NAME, STEP_KWARG, register_attention
+from kvcore.testing.reference.transformers_attention import (
+    ATTENTION_NAME,
+    STEP_KWARG,
+    AttentionCall,
+    register_attention,
+)
 
 if TYPE_CHECKING:
     from kvcore.engine.local import LocalExecutor
@@ -117,45 +122,25 @@ class StepContext:
     index: int
     slices: tuple[_Slice, ...]
 
-    def attend(
-        self,
-        module: torch.nn.Module,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        *,
-        scaling: float,
-        softcap: float | None,
-        sliding_window: int | None,
-        sinks: torch.Tensor | None,
-    ) -> torch.Tensor:
-        """Write the step's K and V into ``module``'s pages and attend over them, per request.
-
-        Args:
-            module: the attention module (must be bound to a planned layer).
-            query: ``(1, num_heads, T, head_size)``, every request's tokens packed.
-            key: ``(1, num_kv_heads, T, head_size)``.
-            value: the same for V.
-            scaling: the factor on ``q @ k^T``.
-            softcap: logit softcapping, or ``None``.
-            sliding_window: the window transformers uses for this layer, or ``None``.
-            sinks: attention-sink logits per head, or ``None``.
+    def attend(self, call: AttentionCall) -> torch.Tensor:
+        """Write the step's K and V into the called module's pages and attend over them, per request.
 
         Returns:
             ``(1, T, num_heads, head_size)``.
 
         Raises:
-            KVCacheBindingError: ``module`` is not a planned layer.
+            KVCacheBindingError: the module is not a planned layer.
             SpecMismatchError: transformers' window differs from the layer's spec.
             InvalidInputError: a batch dimension other than 1 (steps are packed), or a token
                 whose page was freed.
         """
-        layer = self.runner.layer_of(module)
-        if sliding_window is not None and not (
-            isinstance(layer.spec, SlidingWindowSpec) and layer.spec.sliding_window == sliding_window
+        query, key, value, window = call.query, call.key, call.value, call.sliding_window
+        layer = self.runner.layer_of(call.module)
+        if window is not None and not (
+            isinstance(layer.spec, SlidingWindowSpec) and layer.spec.sliding_window == window
         ):
             raise SpecMismatchError(
-                f"layer {layer.name!r}: transformers attends over a sliding window of {sliding_window} "
+                f"layer {layer.name!r}: transformers attends over a sliding window of {window} "
                 f"tokens but the plan gives it {describe_spec(layer.spec)}; plan the specs of this model"
             )
         if query.shape[0] != 1:
@@ -165,7 +150,7 @@ class StepContext:
             )
         output = query.new_empty(query.shape[2], query.shape[1], query.shape[3])
         if isinstance(layer.spec, CrossAttentionSpec):
-            self._attend_encoder(layer, query, key, value, output, scaling)
+            self._attend_encoder(layer, query, key, value, output, call.scaling)
             return output.unsqueeze(0)
         for part in self.slices:
             new = slice(part.offset, part.offset + part.num_tokens)
@@ -182,12 +167,11 @@ class StepContext:
                 spec=layer.spec,
                 query_start=part.start,
                 key_start=first,
-                scaling=scaling,
-                softcap=softcap,
-                sinks=sinks,
+                scaling=call.scaling,
+                softcap=call.softcap,
+                sinks=call.sinks,
             )
         return output.unsqueeze(0)
-
 
     def _attend_encoder(
         self,

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import Any, Final, Protocol, runtime_checkable
 
+import attrs
 import torch
 
 from kvcore.errors import InvalidInputError
@@ -31,22 +32,36 @@ ATTENTION_NAME: Final = "kvcore_reference"
 STEP_KWARG: Final = "kvcore_step"
 
 
+@attrs.frozen(kw_only=True, eq=False)
+class AttentionCall:
+    """One attention layer's call as transformers makes it, its defaults resolved.
+
+    Attributes:
+        module: the attention module (bound to a planned layer).
+        query: ``(1, num_heads, T, head_size)``: the step's tokens of every request, packed.
+        key: ``(1, num_kv_heads, T, head_size)``.
+        value: the same for V.
+        scaling: the factor on ``q @ k^T``.
+        softcap: logit softcapping, or ``None``.
+        sliding_window: the window transformers uses for this layer, or ``None``.
+        sinks: attention-sink logits per head, or ``None``.
+    """
+
+    module: torch.nn.Module
+    query: torch.Tensor
+    key: torch.Tensor
+    value: torch.Tensor
+    scaling: float
+    softcap: float | None
+    sliding_window: int | None
+    sinks: torch.Tensor | None
+
+
 @runtime_checkable
 class PagedStep(Protocol):
     """What a model call through the runner carries: one engine step, able to attend."""
 
-    def attend(
-        self,
-        module: torch.nn.Module,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        *,
-        scaling: float,
-        softcap: float | None,
-        sliding_window: int | None,
-        sinks: torch.Tensor | None,
-    ) -> torch.Tensor:
+    def attend(self, call: AttentionCall) -> torch.Tensor:
         """Store this step's K and V in the layer's pages and attend over the pages."""
         ...
 
@@ -97,17 +112,17 @@ def paged_attention_forward(
             f"the reference runner runs inference only (got dropout={dropout}); call model.eval()"
         )
     head_dim = getattr(module, "head_dim", query.shape[-1])
-    output = step.attend(
-        module,
-        query,
-        key,
-        value,
+    call = AttentionCall(
+        module=module,
+        query=query,
+        key=key,
+        value=value,
         scaling=scaling if scaling is not None else float(head_dim) ** -0.5,
         softcap=softcap,
         sliding_window=sliding_window,
         sinks=s_aux,
     )
-    return output, None
+    return step.attend(call), None
 
 
 def register_attention() -> str:

@@ -12,72 +12,54 @@ from kvcore import NULL_PAGE, BlockPool, BlockPoolExhaustedError, InvalidInputEr
 from kvcore.plugins.cross_attention import CrossAttentionSpec
 from kvcore.plugins.full_attention import FullAttentionSpec
 from kvcore.testing.reference import PagedAttentionRunner, decode_greedy
+from tests.broken import DoubleBookingPool, unchecked_plan
 from tests.engine.decode._tiny import kvcore_runner, mismatches, tight_num_blocks
 
 pytest.importorskip("transformers")
 
 
 class CorruptingRunner(PagedAttentionRunner):
-    """Adds noise to one live page of request r2's first full-attention layer before step 20."""
+    """Adds noise to one live page of request r2's first full-attention layer before step 20
+    (``kind``: the layer's spec class; ``half``: its K or V pages)."""
 
+    kind: type = FullAttentionSpec
+    half = "keys"
     corrupted: tuple[str, int] | None = None
 
     def step(self, batch):
         if self.num_steps == 20:
-            group = next(i for i, g in enumerate(self.plan.groups) if isinstance(g.spec, FullAttentionSpec))
+            group = next(i for i, g in enumerate(self.plan.groups) if isinstance(g.spec, self.kind))
             page = self.pool.live_pages("r2", group)[0]
             name = self.plan.groups[group].layer_names[0]
-            self.layer_of(dict(self.model.named_modules())[name]).pages.keys[page] += 1.0
+            getattr(self.layer_of(dict(self.model.named_modules())[name]).pages, self.half)[page] += 1.0
             self.corrupted = (name, page)
         return super().step(batch)
 
 
-@pytest.mark.parametrize("name", ["llama", "gemma3", "whisper"])
-def test_a_corrupted_live_page_breaks_the_match(subjects, registry, name):
-    subject = subjects(name)
-    runner = kvcore_runner(subject.model, registry, runner_class=CorruptingRunner)
-    generations = decode_greedy(runner, subject.requests)
-    assert runner.corrupted is not None
-    problems = mismatches(generations, subject.reference)
-    assert problems and all(p.startswith("r2:") for p in problems), problems
-
-
-class CrossCorruptingRunner(PagedAttentionRunner):
+class CrossCorruptingRunner(CorruptingRunner):
     """Adds noise to request r2's cached encoder output (a cross-attention page) before step 20:
     written at r2's first step, it is only read from then on."""
 
-    corrupted: tuple[str, int] | None = None
-
-    def step(self, batch):
-        if self.num_steps == 20:
-            group = next(i for i, g in enumerate(self.plan.groups) if isinstance(g.spec, CrossAttentionSpec))
-            page = self.pool.live_pages("r2", group)[0]
-            name = self.plan.groups[group].layer_names[0]
-            self.layer_of(dict(self.model.named_modules())[name]).pages.values[page] += 1.0
-            self.corrupted = (name, page)
-        return super().step(batch)
+    kind = CrossAttentionSpec
+    half = "values"
 
 
-def test_a_corrupted_encoder_page_breaks_the_match(subjects, registry):
-    subject = subjects("whisper")
-    runner = kvcore_runner(subject.model, registry, runner_class=CrossCorruptingRunner)
+@pytest.mark.parametrize(
+    ("name", "runner_class"),
+    [
+        ("llama", CorruptingRunner),
+        ("gemma3", CorruptingRunner),
+        ("whisper", CorruptingRunner),
+        pytest.param("whisper", CrossCorruptingRunner, id="whisper-encoder-page"),
+    ],
+)
+def test_a_corrupted_live_page_breaks_the_match(subjects, registry, name, runner_class):
+    subject = subjects(name)
+    runner = kvcore_runner(subject.model, registry, runner_class=runner_class)
     generations = decode_greedy(runner, subject.requests)
     assert runner.corrupted is not None
     problems = mismatches(generations, subject.reference)
     assert problems and all(p.startswith("r2:") for p in problems), problems
-
-
-class DoubleBookingPool(BlockPool):
-    """A broken pool: the block ids group 0 takes stay free, so they are handed out again."""
-
-    def _take(self, block, group):
-        super()._take(block, group)
-        if group == 0:
-            self._release(block)
-
-    def free(self, group, pages):
-        if group != 0:
-            super().free(group, pages)
 
 
 @pytest.mark.parametrize("name", ["llama", "gemma2"])
@@ -126,9 +108,7 @@ def test_a_plan_that_puts_two_layers_of_one_group_on_the_same_bytes_breaks_the_m
         attrs.evolve(plan, tensors=kept)
     # ... and before allocating it; build and allocate it behind those checks' backs, to show
     # that the comparison with transformers catches it on its own
-    broken = object.__new__(type(plan))
-    for field in attrs.fields(type(plan)):
-        object.__setattr__(broken, field.name, kept if field.name == "tensors" else getattr(plan, field.name))
+    broken = unchecked_plan(plan, tensors=kept)
     monkeypatch.setattr("kvcore.runtime.allocation.check_plan", lambda plan, **kwargs: None)
     generations = decode_greedy(kvcore_runner(subject.model, registry, plan=broken), subject.requests)
     assert mismatches(generations, subject.reference) != []

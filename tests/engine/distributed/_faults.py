@@ -33,7 +33,7 @@ from kvcore import initialize_kv_caches
 from kvcore.engine.distributed import DistributedExecutor
 from kvcore.errors import DistributedAgreementError, MemoryProfilingError
 from kvcore.planning.serialization import plan_to_dict
-from tests.engine.distributed._ranks import DEAD, RankExecutor, Scenario, toy_registry
+from tests.engine.distributed._ranks import DEAD, RankExecutor, Scenario, error_report, toy_registry
 
 #: Every fault a rank can be given (``Case.faults``):
 #: ``kill`` (exit before the first round), ``kill-mid`` (exit right after publishing its plan
@@ -179,10 +179,7 @@ def _rank_main(rank: int, port: int, world: int, job: tuple[Case, int], results:
         }
     except Exception as exc:
         result = {
-            "ok": False,
-            "error": type(exc).__name__,
-            "message": str(exc),
-            "ranks": list(getattr(exc, "ranks", ())),
+            **error_report(exc),
             "round": getattr(exc, "round_id", None),
             "field": getattr(exc, "field", None),
             "host": getattr(exc, "host", None),

@@ -31,10 +31,17 @@ import attrs
 import torch
 import torch.distributed as dist
 
-from kvcore import LocalExecutor, Registry, get_plugin_manager, initialize_kv_caches
+from kvcore import (
+    KVCachePlan,
+    LocalExecutor,
+    Registry,
+    SizingContext,
+    get_plugin_manager,
+    initialize_kv_caches,
+)
 from kvcore.engine.distributed import DistributedExecutor
 from kvcore.errors import MemoryProfilingError
-from kvcore.planning.ranks import Parallelism, partition_layers
+from kvcore.planning.ranks import Parallelism, partition_layers, plan_for_ranks
 from kvcore.planning.serialization import plan_to_dict
 from tests.runtime._kinds import ToyAttention, ToyAttentionPlugin
 
@@ -147,6 +154,28 @@ def rank_specs(scenario: Scenario) -> list[dict[str, Any]]:
     ]
 
 
+def error_report(exc: Exception) -> dict[str, Any]:
+    """What a rank whose start-up raised reports: the error's type and message, the ranks it names."""
+    return {
+        "ok": False,
+        "error": type(exc).__name__,
+        "message": str(exc),
+        "ranks": list(getattr(exc, "ranks", ())),
+    }
+
+
+def expected_plans(scenario: Scenario, registry: Registry) -> list[KVCachePlan]:
+    """Every rank's plan for ``scenario``, computed in this process: what the ranks must agree on."""
+    return plan_for_ranks(
+        rank_specs(scenario),
+        [scenario.memory_of(r) for r in range(scenario.parallelism.world_size)],
+        SizingContext(max_model_len=scenario.max_model_len),
+        registry=registry,
+        policy=scenario.policy,
+        tp_size=scenario.tp,
+    )
+
+
 def _torchrun_env(rank: int, port: int, world: int) -> None:
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
@@ -185,13 +214,7 @@ def _rank_main(rank: int, port: int, world: int, scenario: Scenario, results: An
             "fewest_most": [int(counts[0]), -int(counts[1])],
         }
     except Exception as exc:
-        result = {
-            "ok": False,
-            "error": type(exc).__name__,
-            "message": str(exc),
-            "ranks": list(getattr(exc, "ranks", ())),
-            "seconds": time.monotonic() - start,
-        }
+        result = {**error_report(exc), "seconds": time.monotonic() - start}
     results.put((rank, result))
 
 

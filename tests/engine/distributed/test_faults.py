@@ -12,11 +12,9 @@ import os
 
 import pytest
 
-from kvcore.planning.ranks import plan_for_ranks
 from kvcore.planning.serialization import plan_to_dict
-from kvcore.spec import SizingContext
 from tests.engine.distributed._faults import Case, StoreHost, check_no_split, run_case
-from tests.engine.distributed._ranks import Scenario, preload_forkserver, rank_specs, toy_registry
+from tests.engine.distributed._ranks import Scenario, expected_plans, preload_forkserver, toy_registry
 
 #: about 70 s of real rank processes: CI and ``--run-slow`` run it, the default run skips it
 pytestmark = pytest.mark.slow
@@ -126,15 +124,7 @@ def test_fault_matrix(world, name):
 
 def _expected_plans(scenario: Scenario):
     registry = toy_registry()
-    world = scenario.parallelism.world_size
-    plans = plan_for_ranks(
-        rank_specs(scenario),
-        [scenario.memory_of(r) for r in range(world)],
-        SizingContext(max_model_len=scenario.max_model_len),
-        registry=registry,
-        tp_size=scenario.tp,
-    )
-    return [plan_to_dict(plan, registry) for plan in plans]
+    return [plan_to_dict(plan, registry) for plan in expected_plans(scenario, registry)]
 
 
 @pytest.mark.parametrize("torchrun", [False, True], ids=["fresh-attempt", "torchrun-restart"])

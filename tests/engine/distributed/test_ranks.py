@@ -13,14 +13,12 @@ import json
 import pytest
 
 from kvcore.planning.capacity import split_budget
-from kvcore.planning.ranks import plan_for_ranks
 from kvcore.planning.serialization import plan_from_dict
-from kvcore.spec import SizingContext
 from tests.engine.distributed._ranks import (
     DEAD,
     Scenario,
+    expected_plans,
     preload_forkserver,
-    rank_specs,
     run_ranks,
     toy_registry,
 )
@@ -33,26 +31,13 @@ def _forkserver():
     preload_forkserver()
 
 
-def _expected(scenario: Scenario):
-    registry = toy_registry()
-    world = scenario.parallelism.world_size
-    plans = plan_for_ranks(
-        rank_specs(scenario),
-        [scenario.memory_of(r) for r in range(world)],
-        SizingContext(max_model_len=scenario.max_model_len),
-        registry=registry,
-        policy=scenario.policy,
-        tp_size=scenario.tp,
-    )
-    return registry, plans
-
-
 def _layer(i: int) -> str:
     return f"model.layers.{i}.self_attn"
 
 
 def _check_agreed(scenario: Scenario, reports):
-    registry, expected = _expected(scenario)
+    registry = toy_registry()
+    expected = expected_plans(scenario, registry)
     world = scenario.parallelism.world_size
     assert sorted(reports) == list(range(world))
     for rank, report in reports.items():
