@@ -511,12 +511,14 @@ class SglangSimulator:
             limit_tokens: int | None = rem_chunk
             fits = total < budget.total()
             if fits and swa:
+                needed = self._swa_tokens(self._ceil(extend), max_new, rem_chunk)
                 # plus the sliding slots a cached prefix's window takes again (see _admit)
-                needed = self._swa_tokens(self._ceil(extend), max_new, rem_chunk) + self._hit_window(hit)
-                if needed >= budget.swa():
+                window = self._hit_window(hit)
+                if needed + window >= budget.swa():
                     fits = False
                     if needed >= self.pools.swa_tokens:  # never fits: a smaller chunk may
-                        cap = (int(budget.swa()) - self._swa_tokens(0, max_new, None)) // page * page
+                        headroom = self._swa_tokens(0, max_new, None) + window
+                        cap = (int(budget.swa()) - headroom) // page * page
                         if cap > 0:
                             fits, limit_tokens = True, min(rem_chunk, cap)
             result = _NO_TOKEN
@@ -537,7 +539,7 @@ class SglangSimulator:
                     self._batch_full = bool(admitted) or bool(running)
                 break
             admitted.append((r, extend, node))
-            budget.reserve(extend, full_new, rem_chunk)
+            budget.reserve(extend, full_new, rem_chunk, swa_extra=self._hit_window(hit))
             rem_chunk -= self._ceil(extend)
             self.cached_tokens += hit
             self.looked_up_tokens += fill
@@ -554,7 +556,7 @@ class SglangSimulator:
             if r != chunked:
                 self._admit(r, step, node)
             before = self._committed[r]
-            if swa and not self.caching:
+            if swa:  # what fell out of the window before this chunk (see the docstring)
                 self._free_window(r, before, interval=1)
             self._allocate(r, before + extend)
             batch.append((r, extend, before))
@@ -890,12 +892,13 @@ class _Budget:
             return _OTHER
         return _CONTINUE
 
-    def reserve(self, extend: int, max_new: int, chunk_limit: int) -> None:
-        """``_update_prefill_budget``: the page-rounded extend, a page, and the output."""
+    def reserve(self, extend: int, max_new: int, chunk_limit: int, *, swa_extra: int = 0) -> None:
+        """``_update_prefill_budget``: the page-rounded extend, a page, and the output (and
+        ``swa_extra`` sliding tokens)."""
         sim = self.sim
         paged = sim._ceil(extend)
         self.total_offset += paged + sim.page + max_new
         self.current_offset += paged + sim.page
         if sim.swa_pages:
-            self.swa_offset += sim._swa_tokens(paged, max_new, chunk_limit)
+            self.swa_offset += sim._swa_tokens(paged, max_new, chunk_limit) + swa_extra
         self.rem_input -= paged
