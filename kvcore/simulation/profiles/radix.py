@@ -6,7 +6,8 @@ cached token sequence in a radix tree whose nodes are runs of tokens, page-granu
 
 - ``match_prefix``: walk from the root while a child starts with the next page; a match that
   ends inside a node splits it there (``_split_node``); every node walked has its access time
-  refreshed (``_match_prefix_helper``).
+  refreshed to the walk's start (``_match_prefix_helper``), and a node made by the walk has the
+  later time it was made at (``TreeNode.__init__``), which decides LRU ties.
 - ``insert``: the same walk; what is left becomes a new leaf, counted as evictable
   (``_insert_helper``); the length already in the tree is returned, so that the caller frees
   its duplicate copy of it.
@@ -92,7 +93,7 @@ class RadixTree:
         """``_split_node``: ``node`` becomes ``[at, end)`` under a new node ``[start, at)``."""
         parent = node.parent
         assert parent is not None
-        upper = Node(parent, node.origin, node.start, at, node.used)
+        upper = Node(parent, node.origin, node.start, at, self._tick())  # a new node: its creation time
         upper.lock_ref = node.lock_ref
         parent.children[self._identity(node.origin, node.start)] = upper
         node.start = at
@@ -132,7 +133,7 @@ class RadixTree:
         already cached (the caller's copy of it is a duplicate)."""
         found, node = self._walk(r, length)
         if found < length:
-            leaf = Node(node, r, found, length, node.used)
+            leaf = Node(node, r, found, length, self._tick())  # created after the walk's access time
             node.children[self._identity(r, found)] = leaf
             self._nodes.add(leaf)
             self.evictable += length - found

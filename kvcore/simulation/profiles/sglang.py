@@ -629,11 +629,7 @@ class SglangSimulator:
         run short."""
         running = self._running
         if not self._decode_fits(running):
-            order = sorted(
-                range(len(running)),
-                key=lambda i: (self._outputs[running[i]], -self._prompt[running[i]]),
-                reverse=True,
-            )
+            order = self._retraction_order(running)
             first = True
             while first or not self._decode_fits([running[i] for i in order]):
                 if len(order) == 1:
@@ -675,6 +671,15 @@ class SglangSimulator:
             self._running = [r for r in running if r not in gone]
             self._batch_full = False
         return batch
+
+    def _retraction_order(self, running: list[int]) -> list[int]:
+        """``_get_decode_retraction_order`` (``--retraction-policy length``): positions in
+        ``running``, the one to keep most first; retraction pops from the end (fewest outputs,
+        then longest prompt; among equals the later in the batch)."""
+        outputs, prompt = self._outputs, self._prompt
+        return sorted(
+            range(len(running)), key=lambda i: (outputs[running[i]], -prompt[running[i]]), reverse=True
+        )
 
     def _retract(self, r: int, left: int) -> None:
         """``release_req`` without a checkpoint: free what the request holds outside the tree,
