@@ -43,7 +43,7 @@ class _Allocator:
     def __init__(self) -> None:
         self.freed = 0
 
-    def free_segment(self, value, start_pos=0):  # noqa: ARG002
+    def free_segment(self, value, start_pos=0):
         self.freed += len(value)
 
 
@@ -51,7 +51,7 @@ def _sequences(rng: random.Random, count: int):
     """Token sequences of ``count`` requests: some share a prefix (of whole or partial pages)."""
     prefixes = {p: rng.randint(1, 60) for p in range(3)}
     out = []
-    for r in range(count):
+    for _ in range(count):
         length = rng.randint(1, 120)
         prefix = rng.choice([None, 0, 1, 2])
         shared = min(prefixes[prefix], length) if prefix is not None else 0
@@ -145,14 +145,19 @@ def _simulator(page, tokens, requests, window=0):
     if window:
         specs = mix((1, full(block_size=page)), (1, sliding(window, block_size=page)))
         plan = plan_kv_cache(
-            specs, tokens * 8192, SizingContext(max_model_len=2048, max_num_batched_tokens=512),
-            registry=REGISTRY, policy="kind_pools",
+            specs,
+            tokens * 8192,
+            SizingContext(max_model_len=2048, max_num_batched_tokens=512),
+            registry=REGISTRY,
+            policy="kind_pools",
         )
     else:
         plan = plan_kv_cache(
-            {"model.layers.0": full(block_size=page)}, 2**34,
+            {"model.layers.0": full(block_size=page)},
+            2**34,
             SizingContext(max_model_len=2048, max_num_batched_tokens=512),
-            registry=REGISTRY, num_blocks=tokens // page,
+            registry=REGISTRY,
+            num_blocks=tokens // page,
         )
     return profile.SglangProfile().simulator(
         plan, Workload(tuple(requests), name="x"), max_num_batched_tokens=None, prefix_caching=True
@@ -171,7 +176,8 @@ def test_the_admission_budget_is_sglangs_prefill_budget(page):
     ours = profile._Budget(sim, ratio)
     theirs = PrefillBudget(_Pool(page, sim.full_free * page), _Cache(sim.tree.evictable))
     theirs.total_offset += sum(
-        min(sim._max_new[r] - sim._outputs[r], envs.SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION.get()) * ratio for r in sim.running
+        min(sim._max_new[r] - sim._outputs[r], envs.SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION.get()) * ratio
+        for r in sim.running
     )
     assert ours.total() == pytest.approx(theirs.remaining_total)
     assert ours.current() == pytest.approx(theirs.remaining_current)
@@ -187,12 +193,12 @@ def test_the_admission_budget_is_sglangs_prefill_budget(page):
 
 
 def test_the_ratio_constants_and_the_retraction_are_sglangs():
-    assert profile.INIT_NEW_TOKEN_RATIO == envs.SGLANG_INIT_NEW_TOKEN_RATIO.get()
-    assert profile.MIN_NEW_TOKEN_RATIO_FACTOR == envs.SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR.get()
-    assert profile.NEW_TOKEN_RATIO_DECAY_STEPS == envs.SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS.get()
-    assert profile.RETRACT_DECODE_STEPS == envs.SGLANG_RETRACT_DECODE_STEPS.get()
-    assert profile.CLIP_MAX_NEW_TOKENS == envs.SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION.get()
-    assert profile.SWA_EVICTION_INTERVAL == envs.SGLANG_SWA_EVICTION_INTERVAL.get()
+    assert envs.SGLANG_INIT_NEW_TOKEN_RATIO.get() == profile.INIT_NEW_TOKEN_RATIO
+    assert envs.SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR.get() == profile.MIN_NEW_TOKEN_RATIO_FACTOR
+    assert envs.SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS.get() == profile.NEW_TOKEN_RATIO_DECAY_STEPS
+    assert envs.SGLANG_RETRACT_DECODE_STEPS.get() == profile.RETRACT_DECODE_STEPS
+    assert envs.SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION.get() == profile.CLIP_MAX_NEW_TOKENS
+    assert envs.SGLANG_SWA_EVICTION_INTERVAL.get() == profile.SWA_EVICTION_INTERVAL
     # the ratio after a retraction, over the requests left
     reqs = [
         SimpleNamespace(output_ids=[0] * out, sampling_params=SimpleNamespace(max_new_tokens=new))

@@ -39,7 +39,9 @@ def _tokens(page, tokens):
 
 def _sim(plan, requests, *, caching=False, **settings):
     workload = Workload(tuple(requests), name="hand")
-    return SglangProfile(**settings).simulator(plan, workload, max_num_batched_tokens=None, prefix_caching=caching)
+    return SglangProfile(**settings).simulator(
+        plan, workload, max_num_batched_tokens=None, prefix_caching=caching
+    )
 
 
 def _run(sim):
@@ -222,13 +224,15 @@ def test_a_sliding_pool_frees_out_of_window_slots_every_128_tokens():
 def test_plans_sglang_cannot_run_are_refused_with_the_fix():
     specs = mix((1, full(block_size=16)), (1, sliding(64, block_size=16)))
     shared = _plan(specs, 4096, policy="shared_buffer", memory=2**28)
-    with pytest.raises(InvalidInputError, match="share a block pool.*kind_pools"):
+    with pytest.raises(InvalidInputError, match=r"share a block pool.*kind_pools"):
         simulate(shared, Workload((Request(0, 10, 2),), name="x"), scheduler="sglang", registry=REGISTRY)
 
 
 def test_a_request_that_never_fits_is_refused():
     with pytest.raises(InvalidInputError, match="cannot be admitted even with the pool to itself"):
-        simulate(_tokens(1, 100), Workload((Request(0, 60, 40),), name="x"), scheduler="sglang", registry=REGISTRY)
+        simulate(
+            _tokens(1, 100), Workload((Request(0, 60, 40),), name="x"), scheduler="sglang", registry=REGISTRY
+        )
 
 
 # -- invariants ------------------------------------------------------------------------------
@@ -299,7 +303,9 @@ def test_the_pools_and_the_tree_stay_consistent_and_every_token_is_accounted_for
     result = _run(sim)
     requests = workload.requests
     assert result.total_tokens == (
-        sum(r.prompt_tokens + r.output_tokens - 1 for r in requests) + result.recomputed_tokens - result.cached_tokens
+        sum(r.prompt_tokens + r.output_tokens - 1 for r in requests)
+        + result.recomputed_tokens
+        - result.cached_tokens
     )
     assert result.peak_running <= 12
     assert len(result.running) == result.steps == len(result.pool_usage)

@@ -198,15 +198,15 @@ def sglang_pools(plan: KVCachePlan) -> SglangPools:
             two groups drawing from one block pool, a state or chunked-local group, sliding
             windows of different sizes, or no full-attention group.
     """
-    fix = "plan for SGLang with kind_pools and one block size (kvcore.integrations.sglang.plan_for_sglang does)"
+    fix = "plan for SGLang with kind_pools and one block size (kvcore.integrations.sglang.plan_for_sglang)"
     sizes = sorted({g.spec.block_size for g in plan.groups})
     if len(sizes) > 1:
         raise InvalidInputError(f"the plan has block sizes {sizes}, but SGLang has one --page-size; {fix}")
     owners = [g.pool for g in plan.groups]
     if len(set(owners)) < len(owners):
         raise InvalidInputError(
-            f"policy {plan.policy!r} made groups share a block pool, but SGLang's full and sliding pools never "
-            f"share memory and every layer of a pool shares one token index; {fix}"
+            f"policy {plan.policy!r} made groups share a block pool, but SGLang's full and sliding pools "
+            f"never share memory and every layer of a pool shares one token index; {fix}"
         )
     full: list[int] = []
     swa: list[int] = []
@@ -216,7 +216,8 @@ def sglang_pools(plan: KVCachePlan) -> SglangPools:
         held = plan.tokens_held(group)
         if held is None:
             raise InvalidInputError(
-                f"the plan has a {spec.kind} group: the sglang profile does not model SGLang's Mamba state pool"
+                f"the plan has a {spec.kind} group: the sglang profile does not model SGLang's Mamba "
+                "state pool"
             )
         if type(spec).first_retained_token is KVCacheSpec.first_retained_token:
             full.append(held)
@@ -280,7 +281,11 @@ class SglangSimulator:
     ) -> None:
         chunk = profile.chunked_prefill_size
         if chunk is None:
-            chunk = plan.context.max_num_batched_tokens if max_num_batched_tokens is None else max_num_batched_tokens
+            chunk = (
+                plan.context.max_num_batched_tokens
+                if max_num_batched_tokens is None
+                else max_num_batched_tokens
+            )
         check_int(chunk, "'max_num_batched_tokens'", minimum=1)
         check_at_most(chunk, MAX_TOKENS, "'max_num_batched_tokens' (kvcore.limits.MAX_TOKENS)", "give fewer")
         self.plan = plan
@@ -315,9 +320,7 @@ class SglangSimulator:
         requests = self.requests
         count = len(requests)
         # tokens every request with the same prefix_id shares: the prefix's whole pages
-        self._shared = [
-            r.prefix_tokens // page * page if r.prefix_id is not None else 0 for r in requests
-        ]
+        self._shared = [r.prefix_tokens // page * page if r.prefix_id is not None else 0 for r in requests]
         prefix_ids = [r.prefix_id for r in requests]
         shared = self._shared
 
@@ -432,7 +435,8 @@ class SglangSimulator:
                     f"{stuck.label} ({stuck.prompt_tokens} prompt + {stuck.output_tokens} output tokens) "
                     f"cannot be admitted even with the pool to itself ({self.pools.full_tokens} tokens"
                     + (f", {self.pools.swa_tokens} sliding" if self.pools.swa_tokens else "")
-                    + "): SGLang admits a request when its prompt, its output and a page fit; plan more memory"
+                    + "): SGLang admits a request when its prompt, its output and a page fit; "
+                    "plan more memory"
                 )
         decoding = set(self._running)
         self._running_series.append(len(decoding) + sum(1 for r, _, _ in batch if r not in decoding))
@@ -475,20 +479,21 @@ class SglangSimulator:
         admitted: list[tuple[int, int, Node | None]] = []  # request, extend, node it holds
         new_chunked: int | None = None
         if chunked is not None:
-            rem: int | None = min(rem_chunk, int(budget.total()))
+            # add_chunked_req: what is left of the chunk budget and of the memory
+            rem = min(rem_chunk, int(budget.total()))
             if swa:
-                rem = min(rem, int(budget.swa()) - page)
-                rem = rem if rem > 0 else None
+                rem = min(rem, int(budget.swa()) - page)  # <= 0: the chunk waits
             elif rem <= 0:
                 rem = rem_chunk  # a lone chunk must progress to free its pages
-            if rem is not None:
-                # (and what the pool can give now: SGLang would run out of memory beyond it)
-                rem = min(rem, (budget.free() // page) * page)
-            if rem is not None and rem > 0:
+            # (and what the pool can give now: SGLang would run out of memory beyond it)
+            rem = min(rem, (budget.free() // page) * page)
+            if rem > 0:
                 cand = self._fill(chunked) - self._committed[chunked]
                 truncated = cand > rem
                 extend = min(cand, rem)
-                budget.reserve(extend, 0 if truncated else min(self._max_new[chunked], CLIP_MAX_NEW_TOKENS), rem_chunk)
+                budget.reserve(
+                    extend, 0 if truncated else min(self._max_new[chunked], CLIP_MAX_NEW_TOKENS), rem_chunk
+                )
                 rem_chunk -= self._ceil(extend)
                 admitted.append((chunked, extend, None))
                 new_chunked = chunked if truncated else None
@@ -561,7 +566,7 @@ class SglangSimulator:
             self._allocate(r, before + extend)
             batch.append((r, extend, before))
         self._chunked = new_chunked
-        for r, extend, before in batch:
+        for r, _, _ in batch:
             self._finish_prefill(r, step)
         if chunked is not None and new_chunked == chunked and any(r == chunked for r, _, _ in batch):
             self._batch_full = False  # the chunked request leaves the merged batch
