@@ -61,10 +61,10 @@ Requests generate exactly their ``output_tokens``; ``max_new_tokens`` is taken t
 Where it is an approximation (``docs/explanation/simulating-sglang.md`` lists them): the
 overlap scheduler (on by default) is not modelled (steps as the normal event loop); in a
 sliding-window model the radix cache keeps full-attention tokens only: a finished request's
-sliding tokens are freed at once (SGLang keeps them in the tree until sliding-pool pressure
-tombstones them) and a request that hits a cached prefix takes the sliding tokens of its last
-window again; no Mamba pool, no all-sliding model, no priorities, no speculative decoding, no
-hierarchical cache.
+sliding tokens, and a running one's that the tree holds and that left the window, are freed at
+once (SGLang keeps them in the tree, evictable, until sliding-pool pressure tombstones them),
+and a request that hits a cached prefix takes the sliding tokens of its last window again; no
+Mamba pool, no all-sliding model, no priorities, no speculative decoding, no hierarchical cache.
 """
 
 from __future__ import annotations
@@ -429,8 +429,8 @@ class SglangSimulator:
         if batch is None:
             if self._running:
                 batch = self._decode()
-            else:
-                stuck = self.requests[waiting[0]]
+            else:  # nothing runs and nobody can be admitted: it never will
+                stuck = self.requests[waiting[0] if waiting else self._chunked or 0]
                 raise InvalidInputError(
                     f"{stuck.label} ({stuck.prompt_tokens} prompt + {stuck.output_tokens} output tokens) "
                     f"cannot be admitted even with the pool to itself ({self.pools.full_tokens} tokens"
@@ -724,12 +724,15 @@ class SglangSimulator:
 
     def _free_window(self, r: int, pre_len: int, *, interval: int) -> None:
         """``free_swa_out_of_window_slots``: once ``interval`` tokens slid out of the window,
-        free the sliding slots before it (a page kept whole)."""
+        free the sliding slots before it (a page kept whole). With the radix cache, the sliding
+        slots of tokens the tree holds are freed as soon as they leave the window: SGLang's
+        sliding radix cache counts them evictable and tombstones them when it needs the room."""
         lo = self._swa_lo[r]
-        if pre_len - self.window < lo + interval:
-            return
         keep = self._ceil(max(self.window, self.page)) if self.caching else self.window
-        new = (pre_len - keep) // self.page * self.page
+        frontier = (pre_len - keep) // self.page * self.page
+        new = min(self._protected[r], frontier) if self.caching else lo
+        if pre_len - self.window >= lo + interval:
+            new = frontier
         if new > lo:
             self.swa_free += new // self.page - lo // self.page
             self._swa_lo[r] = new
