@@ -8,8 +8,8 @@ code; line numbers of that release):
   the waiting queue admits someone (or a chunked prompt continues), else one decode token for
   every running request. Prefill and decode never share a step (``--enable-mixed-chunk`` is off
   by default).
-- **Admission** (``PrefillAdder``, ``managers/schedule_policy.py:606``, and ``PrefillBudget``,
-  ``mem_cache/prefill_budget.py:59``): first come first served (``--schedule-policy fcfs``, the
+- **Admission** (``PrefillAdder``, ``managers/schedule_policy.py:607``, and ``PrefillBudget``,
+  ``mem_cache/prefill_budget.py:62``): first come first served (``--schedule-policy fcfs``, the
   default). Each running request reserves ``min(max_new_tokens - output, 4096) x
   new_token_ratio`` tokens (``_get_running_request_total_token_offset``); a waiting request is
   admitted while ``extend + min(max_new_tokens - output, 4096) + page_size`` is below the free
