@@ -610,6 +610,7 @@ class SglangSimulator:
             self._token_step[r] = step
         if self._outputs[r] >= self._max_new[r]:
             self._finish(r, step)
+            self._batch_full = False  # it leaves the batch it was merged into
             return
         self._checkpoint(r)
         self._running.append(r)
