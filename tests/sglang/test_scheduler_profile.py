@@ -4,7 +4,8 @@
   (``create_simulated``, a counting allocator): the same random inserts, matches, locks and
   evictions over token sequences that share prefixes give the same matched and inserted
   lengths, sizes, evictable sizes and evicted tokens, at pages of 1, 4 and 16;
-- the admission arithmetic beside SGLang's ``PrefillBudget`` / ``estimate_swa_kv_tokens``;
+- the admission arithmetic beside SGLang's ``PrefillBudget``, ``SWAPrefillBudget`` and
+  ``estimate_swa_kv_tokens``;
 - the new_token_ratio constants beside SGLang's environment defaults, the ratio a retraction
   sets beside ``NewTokenRatioTracker.estimate_new_token_ratio_after_retract``.
 
@@ -22,7 +23,7 @@ import pytest
 from sglang.srt.environ import envs
 from sglang.srt.managers.scheduler_components.new_token_ratio_tracker import NewTokenRatioTracker
 from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InsertParams, MatchPrefixParams
-from sglang.srt.mem_cache.prefill_budget import PrefillBudget, estimate_swa_kv_tokens
+from sglang.srt.mem_cache.prefill_budget import PrefillBudget, SWAPrefillBudget, estimate_swa_kv_tokens
 from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey
 
 from kvcore import SizingContext, Workload, plan_kv_cache
@@ -190,6 +191,70 @@ def test_the_admission_budget_is_sglangs_prefill_budget(page):
         assert sim._swa_tokens(extend, max_new, chunk) == estimate_swa_kv_tokens(
             extend, max_new, sliding_window_size=128, page_size=page, allocation_limit=chunk
         )
+
+
+class _SwaAllocator:
+    """What ``SWAPrefillBudget`` reads of SGLang's ``SWATokenToKVPoolAllocator``."""
+
+    def __init__(self, sim):
+        self.page_size = sim.page
+        self.size_swa = sim.pools.swa_tokens
+        self._full = sim.full_free * sim.page
+        self._swa = sim.swa_free * sim.page
+
+    def full_available_size(self):
+        return self._full
+
+    def swa_available_size(self):
+        return self._swa
+
+
+class _SwaCache:
+    def __init__(self, sim):
+        self.sliding_window_size = sim.window
+        self._evictable = sim.tree.evictable
+
+    def full_evictable_size(self):
+        return self._evictable
+
+    def swa_evictable_size(self):
+        return 0  # the profile's tree keeps no sliding tokens
+
+
+@pytest.mark.parametrize("page", [1, 16])
+def test_the_sliding_admission_is_sglangs_swa_prefill_budget(page):
+    """A sliding model mid-run: whether a request is admitted, and the chunk it may take, are
+    what SGLang's ``SWAPrefillBudget.check_prefill`` says, a request that never fits the sliding
+    pool whole included; so are the budgets left after admitting one."""
+    sim = _simulator(page, 3000, [Request(i, 200 + 50 * i, 300) for i in range(4)], window=128)
+    for _ in range(40):
+        sim.step()
+    ours = profile._Budget(sim, sim.ratio)
+    theirs = SWAPrefillBudget(_SwaAllocator(sim), _SwaCache(sim))
+    theirs.total_offset = ours.total_offset
+    size = sim.pools.swa_tokens
+    # fits; fits; chunk-limited; too much now (transient: waits); never fits whole (capped chunk)
+    cases = [(10, 5, 512), (300, 200, 512), (900, 100, 256), (880, 100, 1000), (1000, 0, 1200)]
+    cases += [(size, 50, 4096), (2000, 50, 4096), (4 * size, 0, 512)]
+    outcomes = set()
+    for extend, max_new, chunk in cases:
+        total = extend + max_new + page
+        expected = theirs.check_prefill(
+            extend_input_len=extend,
+            total_tokens=total,
+            max_new_tokens=max_new,
+            input_tokens=extend,
+            swa_host_hit_length=0,
+            chunk_limit=chunk,
+        )
+        fits, limit = ours.check_prefill(extend, max_new, total, chunk)
+        assert (fits, limit if fits else None) == expected
+        outcomes.add("capped" if fits and limit < chunk else str(fits))
+    assert outcomes == {"True", "False", "capped"}  # every branch was compared
+    ours.reserve(300, 200, 512)
+    theirs.reserve(300, 200, chunk_limit=512)
+    assert ours.total() == pytest.approx(theirs.remaining_total)
+    assert ours.swa() == theirs.remaining_swa
 
 
 def test_the_ratio_constants_and_the_retraction_are_sglangs():

@@ -512,25 +512,14 @@ class SglangSimulator:
                 self.tree.lock(node)  # the prefix is not evictable while the request is judged
             max_new = min(max(self._max_new[r] - self._outputs[r], 0), CLIP_MAX_NEW_TOKENS)
             extend = fill - hit
-            total = extend + max_new + page
-            limit_tokens: int | None = rem_chunk
-            fits = total < budget.total()
-            if fits and swa:
-                needed = self._swa_tokens(self._ceil(extend), max_new, rem_chunk)
-                # plus the sliding slots a cached prefix's window takes again (see _admit)
-                window = self._hit_window(hit)
-                if needed + window >= budget.swa():
-                    fits = False
-                    if needed >= self.pools.swa_tokens:  # never fits: a smaller chunk may
-                        headroom = self._swa_tokens(0, max_new, None) + window
-                        cap = (int(budget.swa()) - headroom) // page * page
-                        if cap > 0:
-                            fits, limit_tokens = True, min(rem_chunk, cap)
+            fits, limit_tokens = budget.check_prefill(
+                extend, max_new, extend + max_new + page, rem_chunk, hit_window=self._hit_window(hit)
+            )
             result = _NO_TOKEN
             if fits:
                 result = _CONTINUE
                 full_new = min(self._max_new[r], CLIP_MAX_NEW_TOKENS)
-                if limit_tokens is not None and self._ceil(extend) > limit_tokens:
+                if self._ceil(extend) > limit_tokens:
                     end = (hit + limit_tokens // page * page) // page * page
                     extend, full_new = end - hit, 0
                     if extend <= 0 or new_chunked is not None:  # one chunked request at a time
@@ -897,6 +886,29 @@ class _Budget:
     def swa(self) -> int:
         """``remaining_swa`` (the tree keeps no sliding tokens here: none is evictable)."""
         return self.sim.swa_free * self.sim.page - self.swa_offset
+
+    def check_prefill(
+        self, extend: int, max_new: int, total: int, chunk_limit: int, *, hit_window: int = 0
+    ) -> tuple[bool, int]:
+        """``check_prefill``: whether a request asking for ``total`` tokens (its extend, its
+        output and a page) is admitted, and the chunk it may take. With a sliding pool
+        (``SWAPrefillBudget``), its sliding estimate (plus ``hit_window``, the slots a cached
+        prefix's window takes again here) must fit too; one that never fits the sliding pool
+        may take a smaller chunk."""
+        sim = self.sim
+        if total >= self.total():
+            return False, chunk_limit
+        if not sim.swa_pages:
+            return True, chunk_limit
+        page = sim.page
+        needed = sim._swa_tokens(sim._ceil(extend), max_new, chunk_limit)
+        if needed + hit_window < self.swa():
+            return True, chunk_limit
+        if needed >= sim.pools.swa_tokens:  # never fits whole (swa_never_fits): cap the chunk
+            cap = (int(self.swa()) - sim._swa_tokens(0, max_new, None) - hit_window) // page * page
+            if cap > 0:
+                return True, min(chunk_limit, cap)
+        return False, chunk_limit
 
     def state(self, rem_chunk: int) -> int:
         """``budget_state``."""
