@@ -37,7 +37,9 @@ def _tokens(page, tokens):
     return _plan({"model.layers.0": full(block_size=page)}, tokens, num_blocks=tokens // page)
 
 
-def _sim(plan, requests, *, caching=False, **settings):
+def _sim(plan, requests, *, caching=False, overlap_schedule=False, **settings):
+    """The hand-computed cases follow SGLang's normal event loop unless they say otherwise."""
+    settings["overlap_schedule"] = overlap_schedule
     workload = Workload(tuple(requests), name="hand")
     return SglangProfile(**settings).simulator(
         plan, workload, max_num_batched_tokens=None, prefix_caching=caching
@@ -67,6 +69,22 @@ def test_admission_reserves_new_token_ratio_of_what_running_requests_may_still_g
     # step 1, B outgrows the pool beside A: the ratio's bet does not always pay)
     assert result.preemptions == (1 if admitted_at == 1 else 0)
     assert result.total_tokens == (10 + 99) + (prompt + 99) + result.recomputed_tokens
+
+
+def test_with_the_overlap_scheduler_a_finished_request_frees_its_pages_a_step_later():
+    """As above with prompt 20, under the overlap scheduler: A's last token (step 99) is
+    processed after step 100 was scheduled: at step 100 A no longer decodes but still holds its
+    109 tokens (B's 121 do not fit 91), so the step runs nothing; B is admitted at step 101."""
+    sim = _sim(_tokens(1, 200), [Request(0, 10, 100, 0), Request(1, 20, 100, 1)], overlap_schedule=True)
+    for _ in range(101):
+        sim.step()
+        _check_invariants(sim)
+    assert sim._first == [0, -1] and sim.finished == 1 and sim.full_free == 200
+    result = _run(sim)
+    assert sim._first == [0, 101]
+    assert result.steps == 102 + 99  # B: its prefill at 101, 99 decodes
+    assert result.running[100] == 0  # the step that waited for A's result
+    assert result.total_tokens == 109 + 119
 
 
 def test_new_token_ratio_decays_every_decode_step_to_its_floor():
@@ -278,9 +296,10 @@ def _check_invariants(sim: SglangSimulator) -> None:
     window=st.sampled_from([0, 48]),
     tokens=st.integers(600, 3000),
     chunk=st.sampled_from([64, 256]),
+    overlap=st.booleans(),
 )
 def test_the_pools_and_the_tree_stay_consistent_and_every_token_is_accounted_for(
-    seed, page, caching, window, tokens, chunk
+    seed, page, caching, window, tokens, chunk, overlap
 ):
     if window:
         specs = mix((1, full(block_size=page)), (1, sliding(window, block_size=page)))
@@ -297,7 +316,7 @@ def test_the_pools_and_the_tree_stay_consistent_and_every_token_is_accounted_for
         prefix_share=0.6,
         prefix_tokens=64,
     )
-    sim = SglangProfile(max_running_requests=32).simulator(
+    sim = SglangProfile(max_running_requests=32, overlap_schedule=overlap).simulator(
         plan, workload, max_num_batched_tokens=None, prefix_caching=caching
     )
     result = _run(sim)

@@ -58,8 +58,15 @@ code; line numbers of that release):
 Requests generate exactly their ``output_tokens``; ``max_new_tokens`` is taken to be that too
 (the request is not ``ignore_eos``, so the ratio applies).
 
-Where it is an approximation (``docs/explanation/simulating-sglang.md`` lists them): the
-overlap scheduler (on by default) is not modelled (steps as the normal event loop); in a
+- **Overlap scheduling** (on by default; ``Scheduler.event_loop_overlap``,
+  ``scheduler.py:2061``): a step's results are processed after the next step was scheduled, so
+  a finished request's pages, and the tokens a prefill puts in the tree, come back a step
+  later; the next decode skips the requests whose last token is in flight, and waits for them
+  rather than retract (``_reqs_finishing_inflight``).
+
+Where it is an approximation (``docs/explanation/simulating-sglang.md`` lists them): with
+overlap, SGLang's admission reserves for output counts a step old (the last step's tokens not yet
+processed), the profile for the current ones; in a
 sliding-window model the radix cache keeps full-attention tokens only: a finished request's
 sliding tokens, and a running one's that the tree holds and that left the window, are freed at
 once (SGLang keeps them in the tree, evictable, until sliding-pool pressure tombstones them),
@@ -128,6 +135,8 @@ class SglangProfile:
             them.
         schedule_conservativeness: ``--schedule-conservativeness``: scales the initial
             ``new_token_ratio``.
+        overlap_schedule: SGLang's overlap scheduler (on unless ``--disable-overlap-schedule``):
+            a step's results are processed after the next step was scheduled.
     """
 
     name: str = "sglang"
@@ -142,6 +151,7 @@ class SglangProfile:
     )
     max_prefill_tokens: int = attrs.field(default=MAX_PREFILL_TOKENS, validator=int_at_least(1))
     schedule_conservativeness: float = attrs.field(default=1.0)
+    overlap_schedule: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
 
     @schedule_conservativeness.validator
     def _check_conservativeness(self, attribute: attrs.Attribute[float], value: float) -> None:
@@ -156,6 +166,7 @@ class SglangProfile:
             ("chunked_prefill_size", self.chunked_prefill_size),
             ("max_prefill_tokens", self.max_prefill_tokens),
             ("schedule_conservativeness", self.schedule_conservativeness),
+            ("overlap_schedule", self.overlap_schedule),
         )
 
     def simulator(
@@ -345,6 +356,10 @@ class SglangSimulator:
         self._waiting: list[int] = []
         self._running: list[int] = []  # the running (decoding) batch, in SGLang's order
         self._chunked: int | None = None  # the one request whose prompt is being chunked
+        # overlap: the tree insertions and releases of the step before, processed after this
+        # step was scheduled (request, release it too)
+        self._pending: list[tuple[int, bool]] = []
+        self._new_pending: list[tuple[int, bool]] = []
         self._batch_full = False
         self._arrival: list[int] | list[float] = [r.arrival_step for r in requests]
         self._queued = self._arrival
@@ -405,6 +420,7 @@ class SglangSimulator:
         upcoming = self._next
         now = self.clock if self._in_seconds else step
         if not self._running and not waiting and self._chunked is None and arrival[upcoming] > now:
+            self._process_results()  # what is in flight comes back before the idle stretch
             if self._in_seconds:  # nothing to run: the clock jumps to the next arrival
                 self.clock = arrival[upcoming]
                 return
@@ -429,6 +445,8 @@ class SglangSimulator:
         if batch is None:
             if self._running:
                 batch = self._decode()
+            elif self._pending:
+                batch = []  # overlap: nothing to schedule until the last step's results are back
             else:  # nothing runs and nobody can be admitted: it never will
                 stuck = self.requests[waiting[0] if waiting else self._chunked or 0]
                 raise InvalidInputError(
@@ -445,6 +463,19 @@ class SglangSimulator:
             self._time_step(step, batch)
         self.total_tokens += sum(n for _, n, _ in batch)
         self.steps = step + 1
+        self._process_results()
+
+    def _process_results(self) -> None:
+        """Overlap: the step before's results are processed once this step was scheduled:
+        its requests' tokens go into the tree and the finished ones free their pages
+        (``event_loop_overlap``, ``pop_and_process``)."""
+        pending, self._pending, self._new_pending = self._pending, self._new_pending, []
+        for r, release in pending:
+            if release:
+                self._checkpoint(r)
+                self._release(r)
+            elif self._status[r] == _RUNNING:  # not retracted meanwhile
+                self._checkpoint(r)
 
     # -- admission (PrefillAdder) --------------------------------------------------------------
 
@@ -601,7 +632,7 @@ class SglangSimulator:
             self._finish(r, step)
             self._batch_full = False  # it leaves the batch it was merged into
             return
-        self._checkpoint(r)
+        self._after_step(r, release=False)
         self._running.append(r)
 
     # -- decode (update_running_batch) ---------------------------------------------------------
@@ -623,6 +654,11 @@ class SglangSimulator:
         """One decode token for every running request, after retracting some if the pages
         run short."""
         running = self._running
+        if not self._decode_fits(running) and any(release for _, release in self._pending):
+            # the finishing requests in flight free their pages after this step: decode the
+            # rest next step rather than retract (update_running_batch)
+            self._batch_full = False
+            return []
         if not self._decode_fits(running):
             order = self._retraction_order(running)
             first = True
@@ -764,9 +800,20 @@ class SglangSimulator:
         self._node[r] = None
         self._committed[r] = self._protected[r] = self._swa_lo[r] = 0
 
-    def _finish(self, r: int, step: int) -> None:
+    def _after_step(self, r: int, *, release: bool) -> None:
+        """Insert ``r``'s computed tokens into the tree (and release it): now, or with the
+        overlap scheduler once the next step was scheduled."""
+        if self.profile.overlap_schedule:
+            self._new_pending.append((r, release))
+            return
         self._checkpoint(r)
-        self._release(r)
+        if release:
+            self._release(r)
+
+    def _finish(self, r: int, step: int) -> None:
+        """A request sampled its last token: it leaves the batch (with the overlap scheduler
+        the next decode skips it: ``_reqs_finishing_inflight``) and frees its pages."""
+        self._after_step(r, release=True)
         self._status[r] = _FINISHED
         self.finished += 1
         if self._step_time is not None:
@@ -786,6 +833,9 @@ class SglangSimulator:
         clock by the step-time model's seconds."""
         model = self._step_time
         assert model is not None
+        if not batch:  # overlap: a step that waited for results runs no model, takes no time
+            self._step_end.append(self.clock)
+            return
         decodes = prefill = context = pairs = 0
         for _, n, c in batch:
             context += c + n
@@ -812,6 +862,7 @@ class SglangSimulator:
             ("chunked_prefill_size", self.chunk),
             ("max_prefill_tokens", self.profile.max_prefill_tokens),
             ("schedule_conservativeness", self.profile.schedule_conservativeness),
+            ("overlap_schedule", self.profile.overlap_schedule),
             ("page_size", self.page),
             ("full_tokens", self.pools.full_tokens),
             ("swa_tokens", self.pools.swa_tokens),
