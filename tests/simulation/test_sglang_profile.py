@@ -15,6 +15,7 @@ from kvcore.simulation.profiles.sglang import (
     INIT_NEW_TOKEN_RATIO,
     MIN_NEW_TOKEN_RATIO_FACTOR,
     NEW_TOKEN_RATIO_DECAY_STEPS,
+    SglangPools,
     SglangProfile,
     SglangSimulator,
     default_max_running_requests,
@@ -237,6 +238,22 @@ def test_a_sliding_pool_frees_out_of_window_slots_every_128_tokens():
     assert held[:3] == [10, 11, 12]
     assert max(held) == 64 + 128  # at 192 tokens it frees the first 128, keeping 64
     assert held[-1] == 0
+
+
+def test_sglangs_own_pools_can_replace_the_plans():
+    """``SglangProfile(pools=...)`` replays SGLang's own sizing on a plan's context: the same run
+    as a plan whose pool holds those tokens."""
+    requests = [Request(0, 10, 100, 0), Request(1, 10, 100, 1), Request(2, 10, 100, 2)]
+    workload = Workload(tuple(requests), name="hand")
+    big = _plan({"model.layers.0": full(block_size=1)}, 200, num_blocks=5000)
+    given = SglangProfile(pools=SglangPools(page_size=1, full_tokens=200), overlap_schedule=False)
+    ours = simulate(big, workload, scheduler=given, registry=REGISTRY)
+    same = simulate(_tokens(1, 200), workload, scheduler=given, registry=REGISTRY)
+    assert dict(ours.scheduler_settings)["full_tokens"] == 200
+    assert ours.preemptions == same.preemptions == 1
+    assert (ours.steps, ours.total_tokens, ours.running) == (same.steps, same.total_tokens, same.running)
+    with pytest.raises(InvalidInputError, match="both tokens and a window"):
+        SglangPools(page_size=16, full_tokens=1024, swa_tokens=512)
 
 
 def test_plans_sglang_cannot_run_are_refused_with_the_fix():

@@ -122,6 +122,34 @@ def default_max_running_requests(pool_tokens: int, context_len: int) -> int:
     return max(1, min(estimated, pool_tokens // 2))
 
 
+def _sliding(instance: SglangPools, attribute: attrs.Attribute[int], value: int) -> None:
+    if (instance.swa_tokens > 0) != (instance.window > 0):
+        raise InvalidInputError(
+            f"a sliding pool has both tokens and a window (got swa_tokens={instance.swa_tokens}, "
+            f"window={instance.window}); give both, or neither for a model without sliding layers"
+        )
+
+
+@attrs.frozen(kw_only=True)
+class SglangPools:
+    """SGLang's token pools: what the profile reads from a plan (:func:`sglang_pools`), or
+    SGLang's own sizing given instead (``SglangProfile(pools=...)``; e.g. from
+    ``kvcore.integrations.sglang.rules.own_pool_sizes``: ``full_tokens``, ``swa_tokens``,
+    ``sliding_window`` as ``window``, ``page_size``).
+
+    Attributes:
+        page_size: SGLang's ``--page-size``.
+        full_tokens: tokens of the full pool.
+        swa_tokens: tokens of the sliding pool (0: none).
+        window: the sliding layers' window (0: none).
+    """
+
+    page_size: int = attrs.field(validator=int_at_least(1))
+    full_tokens: int = attrs.field(validator=int_at_least(1))
+    swa_tokens: int = attrs.field(default=0, validator=int_at_least(0))
+    window: int = attrs.field(default=0, validator=[int_at_least(0), _sliding])
+
+
 @attrs.frozen(kw_only=True)
 class SglangProfile:
     """SGLang 0.5.23's scheduler (see the module docstring), with its settings.
@@ -137,6 +165,9 @@ class SglangProfile:
             ``new_token_ratio``.
         overlap_schedule: SGLang's overlap scheduler (on unless ``--disable-overlap-schedule``):
             a step's results are processed after the next step was scheduled.
+        pools: SGLang's pools, instead of the plan's (``None``: :func:`sglang_pools` of the
+            plan): to replay SGLang's own sizing (its ``swa_full_tokens_ratio`` split) on the
+            plan's context.
     """
 
     name: str = "sglang"
@@ -152,6 +183,9 @@ class SglangProfile:
     max_prefill_tokens: int = attrs.field(default=MAX_PREFILL_TOKENS, validator=int_at_least(1))
     schedule_conservativeness: float = attrs.field(default=1.0)
     overlap_schedule: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
+    pools: SglangPools | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.instance_of(SglangPools))
+    )
 
     @schedule_conservativeness.validator
     def _check_conservativeness(self, attribute: attrs.Attribute[float], value: float) -> None:
@@ -187,17 +221,6 @@ class SglangProfile:
             prefix_caching=prefix_caching,
             step_time=step_time,
         )
-
-
-@attrs.frozen
-class SglangPools:
-    """SGLang's token pools for a plan: ``full_tokens`` (the full pool), ``swa_tokens`` and
-    ``window`` (the sliding pool, 0 without one), ``page_size``."""
-
-    page_size: int
-    full_tokens: int
-    swa_tokens: int = 0
-    window: int = 0
 
 
 def sglang_pools(plan: KVCachePlan) -> SglangPools:
@@ -263,7 +286,8 @@ class SglangSimulator:
     """SGLang's scheduler over a kvcore plan, one :meth:`step` (one forward batch) at a time.
 
     Args:
-        plan: the plan (:func:`sglang_pools` reads SGLang's pools from it).
+        plan: the plan (:func:`sglang_pools` reads SGLang's pools from it, unless the profile
+            gives them) and its context.
         workload: the requests.
         profile: the settings.
         max_num_batched_tokens: the chunked prefill size unless the profile gives one
@@ -310,7 +334,7 @@ class SglangSimulator:
                     f"output tokens = {request.total_tokens}, more than the plan's max_model_len "
                     f"({self.max_model_len}); plan for a longer max_model_len or shorten the request"
                 )
-        pools = sglang_pools(plan)
+        pools = profile.pools or sglang_pools(plan)
         self.pools = pools
         self.page = page = pools.page_size
         self.chunk = chunk
