@@ -4,7 +4,7 @@ What it follows, with where SGLang does it (``python/sglang/srt/`` of sglang 0.5
 code; line numbers of that release):
 
 - **A step** is one forward batch (``Scheduler.get_next_batch_to_run``,
-  ``managers/scheduler.py:3894``, with the normal, non-overlap event loop): a prefill batch when
+  ``managers/scheduler.py:3894``): a prefill batch when
   the waiting queue admits someone (or a chunked prompt continues), else one decode token for
   every running request. Prefill and decode never share a step (``--enable-mixed-chunk`` is off
   by default).
@@ -47,9 +47,10 @@ code; line numbers of that release):
   used first, only when the free pages run short (``evict_to_free_tokens``).
 - **Pools** (as ``kvcore.integrations.sglang`` converts a plan): one full token pool of the
   full-attention (or MLA) group's tokens, and, for a sliding-window model, a separate sliding
-  pool of the sliding group's tokens (SGLang's ``SWAKVPool``: its size is the plan's, e.g.
-  SGLang's ``swa_full_tokens_ratio`` x the full pool's). Every token takes a slot in both; the
-  sliding pool has its own admission estimate (``SWAPrefillBudget``, ``estimate_swa_kv_tokens``)
+  pool of the sliding group's tokens (SGLang's ``SWAKVPool``: its size is the plan's, or
+  SGLang's own ``swa_full_tokens_ratio`` split given as ``SglangProfile(pools=...)``). Every
+  token takes a slot in both; the sliding pool has its own admission estimate
+  (``SWAPrefillBudget``, ``estimate_swa_kv_tokens``)
   and a running request frees its sliding tokens that fell out of the window every
   ``SGLANG_SWA_EVICTION_INTERVAL`` = 128 tokens (``ScheduleBatch.maybe_evict_swa``,
   ``free_swa_out_of_window_slots`` in ``mem_cache/common.py``). Pages are the plan's block size
@@ -612,8 +613,8 @@ class SglangSimulator:
         self._chunked = new_chunked
         for r, _, _ in batch:
             self._finish_prefill(r, step)
-        if chunked is not None and new_chunked == chunked and any(r == chunked for r, _, _ in batch):
-            self._batch_full = False  # the chunked request leaves the merged batch
+        if new_chunked is not None and new_chunked in taken:
+            self._batch_full = False  # a chunk of this batch stays out of the merged batch
         return batch
 
     def _fill(self, r: int) -> int:
