@@ -114,7 +114,7 @@ def kvcore_register_scheduler_profiles(register: Callable[[Any], None]) -> None:
 
     All implementations are called, once per plugin manager, when the registry is built;
     :func:`kvcore.simulation.simulate` then asks the registry for the profile it is given
-    by name. The built-in profiles (``vllm``, the default, and ``kvcore``) are registered by
+    by name. The built-in profiles (``vllm``, the default, ``kvcore`` and ``sglang``) are registered by
     :mod:`kvcore.simulation.profiles` through this same hook.
 
     .. versionadded:: 0.2

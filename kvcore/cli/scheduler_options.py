@@ -34,7 +34,8 @@ def add_scheduler_options(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_SCHEDULER,
         metavar="NAME",
         help="the scheduler to replay the workload as: vllm (default: vLLM 0.33's v1 scheduler), "
-        "kvcore (kvcore's own rules), or one a plugin registers (`kvcore plugins` lists them)",
+        "kvcore (kvcore's own rules), sglang (SGLang 0.5.23's scheduler), or one a plugin registers "
+        "(`kvcore plugins` lists them)",
     )
     vllm = parser.add_argument_group("vLLM's scheduler settings (with --scheduler vllm)")
     vllm.add_argument(

@@ -56,7 +56,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "kvcore.policies.shared_buffer",
     "kvcore.policies.equal_groups",
     "kvcore.policies.kind_pools",
-    # scheduler profiles (kvcore_register_scheduler_profiles): vllm, kvcore
+    # scheduler profiles (kvcore_register_scheduler_profiles): vllm, kvcore, sglang
     "kvcore.simulation.profiles",
 )
 

@@ -4,8 +4,8 @@ A profile is what a plugin registers through the ``kvcore_register_scheduler_pro
 name (``kvcore simulate --scheduler NAME``), a one-line description, and
 :meth:`SchedulerProfile.simulator`, which makes the stepper :func:`~kvcore.simulation.simulate`
 drives to the end. The built-in profiles are in :mod:`kvcore.simulation.profiles`: ``vllm`` (the
-default: vLLM 0.33's v1 scheduler) and ``kvcore`` (the simulator's own rules,
-:class:`~kvcore.simulation.simulator.Simulator`).
+default: vLLM 0.33's v1 scheduler), ``kvcore`` (the simulator's own rules,
+:class:`~kvcore.simulation.simulator.Simulator`) and ``sglang`` (SGLang 0.5.23's scheduler).
 """
 
 from __future__ import annotations

@@ -55,7 +55,23 @@ def test_kvcores_own_rules_by_name(run_cli):
 
 
 def test_an_unknown_scheduler_and_vllm_settings_elsewhere_are_one_line_errors(run_cli):
-    status, _, err = run_cli("simulate", *SMALL, *SYNTHETIC, "--scheduler", "sglang")
-    assert status == 1 and "unknown scheduler 'sglang'; choose one of vllm, kvcore" in err
+    status, _, err = run_cli("simulate", *SMALL, *SYNTHETIC, "--scheduler", "trtllm")
+    assert status == 1 and "unknown scheduler 'trtllm'; choose one of vllm, kvcore, sglang" in err
     status, _, err = run_cli("simulate", *SMALL, *SYNTHETIC, "--scheduler", "kvcore", "--max-num-seqs", "8")
     assert status == 1 and "--max-num-seqs: vLLM's settings, for --scheduler vllm only" in err
+
+
+def test_sglangs_scheduler_by_name_runs_plans_sglang_can_hold(run_cli):
+    pools = (*SMALL[:-1], "kind_pools")
+    status, out, err = run_cli(
+        "simulate", *pools, *SYNTHETIC, "--json", "--scheduler", "sglang", "--prefix-caching"
+    )
+    assert status == 0, err
+    payload = json.loads(out)
+    assert payload["scheduler"]["name"] == "sglang"
+    settings = payload["candidates"][0]["simulation"]["scheduler_settings"]
+    assert settings["page_size"] == 16 and settings["swa_tokens"] > 0 and settings["full_tokens"] > 0
+    assert settings["max_running_requests"] >= 1 and settings["chunked_prefill_size"] == 2048
+    # the shared buffer puts both kinds in one pool, which SGLang cannot run: one line with the fix
+    status, _, err = run_cli("simulate", *SMALL, *SYNTHETIC, "--scheduler", "sglang")
+    assert status == 1 and "SGLang has one --page-size" in err and "kind_pools" in err

@@ -41,7 +41,7 @@ def _trace(name, count):
 
 
 def test_the_builtin_profiles_are_registered_and_vllm_is_the_default():
-    assert list(REGISTRY.scheduler_profiles) == ["vllm", "kvcore"]
+    assert list(REGISTRY.scheduler_profiles) == ["vllm", "kvcore", "sglang"]
     plan = _plan("meta-llama/Llama-3.2-1B", GIB // 4, 2048)
     workload = _trace("chat", 20)
     result = simulate(plan, workload, registry=REGISTRY)
@@ -52,8 +52,8 @@ def test_the_builtin_profiles_are_registered_and_vllm_is_the_default():
 
 def test_an_unknown_profile_names_the_registered_ones():
     plan = _plan("meta-llama/Llama-3.2-1B", GIB // 4, 2048)
-    with pytest.raises(UnknownSchedulerError, match=r"'sglang'.*vllm, kvcore"):
-        simulate(plan, _trace("chat", 2), scheduler="sglang", registry=REGISTRY)
+    with pytest.raises(UnknownSchedulerError, match=r"'trtllm'.*vllm, kvcore, sglang"):
+        simulate(plan, _trace("chat", 2), scheduler="trtllm", registry=REGISTRY)
 
 
 @attrs.frozen

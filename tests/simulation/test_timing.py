@@ -330,7 +330,7 @@ def test_arrival_times_without_a_step_time_model_are_refused():
 
 @settings(max_examples=15, deadline=None)
 @given(seed=st.integers(0, 2**16), rate=st.sampled_from([None, 0.05, 0.5]), prefix=st.booleans())
-@pytest.mark.parametrize("scheduler", ["kvcore", "vllm"])
+@pytest.mark.parametrize("scheduler", ["kvcore", "vllm", "sglang"])
 def test_a_time_model_leaves_every_step_figure_unchanged(seed, rate, prefix, scheduler):
     workload = synthetic(
         40,

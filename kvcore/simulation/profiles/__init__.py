@@ -4,7 +4,9 @@ exactly as a third-party engine's would be (this module is one of
 
 - ``vllm`` (the default): vLLM 0.33's v1 scheduler and KV-cache manager
   (:mod:`kvcore.simulation.profiles.vllm`);
-- ``kvcore``: the simulator's own rules (:mod:`kvcore.simulation.profiles.kvcore_rules`).
+- ``kvcore``: the simulator's own rules (:mod:`kvcore.simulation.profiles.kvcore_rules`);
+- ``sglang``: SGLang 0.5.23's scheduler, radix cache and token pools
+  (:mod:`kvcore.simulation.profiles.sglang`).
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ from kvcore.hookspecs import hookimpl
 @hookimpl
 def kvcore_register_scheduler_profiles(register: Callable[[Any], None]) -> None:
     from kvcore.simulation.profiles.kvcore_rules import KvcoreProfile
+    from kvcore.simulation.profiles.sglang import SglangProfile
     from kvcore.simulation.profiles.vllm import VllmProfile
 
     register(VllmProfile())
     register(KvcoreProfile())
+    register(SglangProfile())

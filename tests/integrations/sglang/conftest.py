@@ -68,4 +68,4 @@ def _stand_in_torchvision() -> None:
 if HAS_SGLANG and not _torchvision_importable():
     _stand_in_torchvision()
 
-collect_ignore_glob = [] if HAS_SGLANG else ["test_against_sglang.py"]
+collect_ignore_glob = [] if HAS_SGLANG else ["test_against_sglang.py", "test_scheduler_profile.py"]
