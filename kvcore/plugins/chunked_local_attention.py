@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import attrs
 
-from kvcore.hookspecs import hookimpl
 from kvcore.plugins.attention import AttentionSpec, attention_specs
-from kvcore.spec import KVCacheSpec, SizingContext, cdiv
+from kvcore.plugins.kind_hooks import kind_hooks
+from kvcore.spec import SizingContext, cdiv
 from kvcore.validators import positive_int
 
 if TYPE_CHECKING:
@@ -69,11 +68,6 @@ class ChunkedLocalAttentionSpec(AttentionSpec):
         return num_tokens // self.attention_chunk_size * self.attention_chunk_size
 
 
-@hookimpl
-def kvcore_register_spec_kinds(register: Callable[[type[KVCacheSpec]], None]) -> None:
-    register(ChunkedLocalAttentionSpec)
-
-
 def chunked_local_attention_specs(
     *,
     block_sizes: SearchStrategy[int],
@@ -96,10 +90,6 @@ def chunked_local_attention_specs(
     )
 
 
-@hookimpl
-def kvcore_register_spec_strategies(
-    register: Callable[[type[KVCacheSpec], SearchStrategy[KVCacheSpec]], None],
-    block_sizes: SearchStrategy[int],
-    dtypes: SearchStrategy[DType],
-) -> None:
-    register(ChunkedLocalAttentionSpec, chunked_local_attention_specs(block_sizes=block_sizes, dtypes=dtypes))
+kvcore_register_spec_kinds, kvcore_register_spec_strategies = kind_hooks(
+    ChunkedLocalAttentionSpec, chunked_local_attention_specs
+)

@@ -12,16 +12,15 @@ admits: the model family reads it from the config, and a sizing context's
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import attrs
 
 from kvcore.errors import InvalidSpecError
-from kvcore.hookspecs import hookimpl
 from kvcore.limits import MAX_TOKENS, check_at_most
 from kvcore.plugins.attention import AttentionSpec, attention_specs
-from kvcore.spec import KVCacheSpec, SizingContext, cdiv
+from kvcore.plugins.kind_hooks import kind_hooks
+from kvcore.spec import SizingContext, cdiv
 from kvcore.validators import positive_int
 
 if TYPE_CHECKING:
@@ -32,7 +31,10 @@ if TYPE_CHECKING:
 
 def _at_most_tokens(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
     check_at_most(
-        value, MAX_TOKENS, f"cross_attention: {attribute.name!r}", "no encoder output is that long",
+        value,
+        MAX_TOKENS,
+        f"cross_attention: {attribute.name!r}",
+        "no encoder output is that long",
         error=InvalidSpecError,
     )
 
@@ -78,11 +80,6 @@ class CrossAttentionSpec(AttentionSpec):
         return self.sized_for(context).encoder_pages
 
 
-@hookimpl
-def kvcore_register_spec_kinds(register: Callable[[type[KVCacheSpec]], None]) -> None:
-    register(CrossAttentionSpec)
-
-
 def cross_attention_specs(
     *,
     block_sizes: SearchStrategy[int],
@@ -105,10 +102,6 @@ def cross_attention_specs(
     )
 
 
-@hookimpl
-def kvcore_register_spec_strategies(
-    register: Callable[[type[KVCacheSpec], SearchStrategy[KVCacheSpec]], None],
-    block_sizes: SearchStrategy[int],
-    dtypes: SearchStrategy[DType],
-) -> None:
-    register(CrossAttentionSpec, cross_attention_specs(block_sizes=block_sizes, dtypes=dtypes))
+kvcore_register_spec_kinds, kvcore_register_spec_strategies = kind_hooks(
+    CrossAttentionSpec, cross_attention_specs
+)

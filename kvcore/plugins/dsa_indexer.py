@@ -24,7 +24,6 @@ planner may put indexer and MLA layers in one block table with pages of two size
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING, ClassVar
 
 import attrs
@@ -32,6 +31,7 @@ import attrs
 from kvcore.cache_layout import CacheLayout
 from kvcore.dtypes import DType, bfloat16, dtype_size, to_dtype, uint8
 from kvcore.hookspecs import hookimpl
+from kvcore.plugins.kind_hooks import kind_hooks
 from kvcore.plugins.mla import SCALE_BYTES, MLAAttentionSpec, check_scale_block, scale_bytes
 from kvcore.spec import KVCacheSpec
 from kvcore.validators import non_negative_int, positive_int
@@ -101,11 +101,6 @@ def dsa_latent(spec: MLAAttentionSpec) -> MLAAttentionSpec:
     return attrs.evolve(spec, scale_block_size=INDEXER_SCALE_BLOCK, rope_dtype=bfloat16)
 
 
-@hookimpl
-def kvcore_register_spec_kinds(register: Callable[[type[KVCacheSpec]], None]) -> None:
-    register(DSAIndexerSpec)
-
-
 @hookimpl(trylast=True)
 def kvcore_cache_layout(spec: KVCacheSpec) -> CacheLayout | None:
     """``(num_blocks, block_size, bytes_per_token)`` uint8, the view vLLM gives the indexer's
@@ -141,10 +136,4 @@ def dsa_indexer_specs(
     )
 
 
-@hookimpl
-def kvcore_register_spec_strategies(
-    register: Callable[[type[KVCacheSpec], SearchStrategy[KVCacheSpec]], None],
-    block_sizes: SearchStrategy[int],
-    dtypes: SearchStrategy[DType],
-) -> None:
-    register(DSAIndexerSpec, dsa_indexer_specs(block_sizes=block_sizes, dtypes=dtypes))
+kvcore_register_spec_kinds, kvcore_register_spec_strategies = kind_hooks(DSAIndexerSpec, dsa_indexer_specs)

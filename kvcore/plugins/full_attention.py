@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import attrs
 
-from kvcore.hookspecs import hookimpl
 from kvcore.plugins.attention import AttentionSpec, attention_specs
-from kvcore.spec import KVCacheSpec
+from kvcore.plugins.kind_hooks import kind_hooks
 
 if TYPE_CHECKING:
     from hypothesis.strategies import SearchStrategy
@@ -29,11 +27,6 @@ class FullAttentionSpec(AttentionSpec):
     kind = "full_attention"
 
 
-@hookimpl
-def kvcore_register_spec_kinds(register: Callable[[type[KVCacheSpec]], None]) -> None:
-    register(FullAttentionSpec)
-
-
 def full_attention_specs(
     *,
     block_sizes: SearchStrategy[int],
@@ -51,10 +44,6 @@ def full_attention_specs(
     )
 
 
-@hookimpl
-def kvcore_register_spec_strategies(
-    register: Callable[[type[KVCacheSpec], SearchStrategy[KVCacheSpec]], None],
-    block_sizes: SearchStrategy[int],
-    dtypes: SearchStrategy[DType],
-) -> None:
-    register(FullAttentionSpec, full_attention_specs(block_sizes=block_sizes, dtypes=dtypes))
+kvcore_register_spec_kinds, kvcore_register_spec_strategies = kind_hooks(
+    FullAttentionSpec, full_attention_specs
+)

@@ -13,7 +13,6 @@ x 4 + qk_rope_head_dim x 2``: ``calculate_mla_kv_cache_dim``,
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
@@ -22,6 +21,7 @@ from kvcore.cache_layout import CacheLayout
 from kvcore.dtypes import DType, dtype_size, to_dtype, uint8
 from kvcore.errors import InvalidSpecError
 from kvcore.hookspecs import hookimpl
+from kvcore.plugins.kind_hooks import kind_hooks
 from kvcore.spec import OMIT_IF_DEFAULT, KVCacheSpec
 from kvcore.validators import non_negative_int, positive_int
 
@@ -128,11 +128,6 @@ class MLAAttentionSpec(KVCacheSpec):
         return widest if self.bytes_per_token % widest == 0 else 1
 
 
-@hookimpl
-def kvcore_register_spec_kinds(register: Callable[[type[KVCacheSpec]], None]) -> None:
-    register(MLAAttentionSpec)
-
-
 @hookimpl(trylast=True)
 def kvcore_cache_layout(spec: KVCacheSpec) -> CacheLayout | None:
     """``(num_blocks, block_size, kv_lora_rank + qk_rope_head_dim)``; a packed latent as bytes,
@@ -173,10 +168,4 @@ def mla_specs(
     )
 
 
-@hookimpl
-def kvcore_register_spec_strategies(
-    register: Callable[[type[KVCacheSpec], SearchStrategy[KVCacheSpec]], None],
-    block_sizes: SearchStrategy[int],
-    dtypes: SearchStrategy[DType],
-) -> None:
-    register(MLAAttentionSpec, mla_specs(block_sizes=block_sizes, dtypes=dtypes))
+kvcore_register_spec_kinds, kvcore_register_spec_strategies = kind_hooks(MLAAttentionSpec, mla_specs)

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import attrs
 
-from kvcore.hookspecs import hookimpl
 from kvcore.plugins.attention import AttentionSpec, attention_specs
-from kvcore.spec import KVCacheSpec, SizingContext, cdiv
+from kvcore.plugins.kind_hooks import kind_hooks
+from kvcore.spec import SizingContext, cdiv
 from kvcore.validators import positive_int
 
 if TYPE_CHECKING:
@@ -56,11 +55,6 @@ class SlidingWindowSpec(AttentionSpec):
         return max(0, num_tokens - self.sliding_window + 1)
 
 
-@hookimpl
-def kvcore_register_spec_kinds(register: Callable[[type[KVCacheSpec]], None]) -> None:
-    register(SlidingWindowSpec)
-
-
 def sliding_window_specs(
     *,
     block_sizes: SearchStrategy[int],
@@ -83,10 +77,6 @@ def sliding_window_specs(
     )
 
 
-@hookimpl
-def kvcore_register_spec_strategies(
-    register: Callable[[type[KVCacheSpec], SearchStrategy[KVCacheSpec]], None],
-    block_sizes: SearchStrategy[int],
-    dtypes: SearchStrategy[DType],
-) -> None:
-    register(SlidingWindowSpec, sliding_window_specs(block_sizes=block_sizes, dtypes=dtypes))
+kvcore_register_spec_kinds, kvcore_register_spec_strategies = kind_hooks(
+    SlidingWindowSpec, sliding_window_specs
+)

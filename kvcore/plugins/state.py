@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 import attrs
@@ -24,6 +24,7 @@ from kvcore.cache_layout import CacheLayout, PagePart
 from kvcore.dtypes import DType, dtype_name, dtype_size, to_dtype
 from kvcore.errors import InvalidSpecError
 from kvcore.hookspecs import hookimpl
+from kvcore.plugins.kind_hooks import kind_hooks
 from kvcore.spec import (
     OMIT_IF_DEFAULT,
     STATE_CACHE_MODES,
@@ -217,11 +218,6 @@ class StateSpec(KVCacheSpec):
         return len(self.sized_for(context).live_pages(context.max_model_len))
 
 
-@hookimpl
-def kvcore_register_spec_kinds(register: Callable[[type[KVCacheSpec]], None]) -> None:
-    register(StateSpec)
-
-
 @hookimpl(trylast=True)
 def kvcore_cache_layout(spec: KVCacheSpec) -> CacheLayout | None:
     """One part per state tensor, at its aligned offset; the page dimension comes first."""
@@ -271,10 +267,4 @@ def state_specs(
     )
 
 
-@hookimpl
-def kvcore_register_spec_strategies(
-    register: Callable[[type[KVCacheSpec], SearchStrategy[KVCacheSpec]], None],
-    block_sizes: SearchStrategy[int],
-    dtypes: SearchStrategy[DType],
-) -> None:
-    register(StateSpec, state_specs(block_sizes=block_sizes, dtypes=dtypes))
+kvcore_register_spec_kinds, kvcore_register_spec_strategies = kind_hooks(StateSpec, state_specs)
