@@ -28,14 +28,13 @@ backend, ``vllm/v1/attention/backends/mla/flashmla_sparse.py:150-154``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-from kvcore.hookspecs import hookimpl
 from kvcore.model_family import ModelFamily
 from kvcore.model_options import ModelOptions
 from kvcore.plugins.dsa_indexer import INDEXER_DTYPE, DSAIndexerSpec, dsa_latent
-from kvcore.plugins.models.kit import FULL, ConfigFields, LayerNames, build_layers, mla
+from kvcore.plugins.models.kit import FULL, ConfigFields, LayerNames, build_layers, family_hook, mla
 from kvcore.spec import KVCacheSpec
 
 MODEL_TYPES = ("deepseek_v2", "deepseek_v3", "deepseek_v32")
@@ -99,7 +98,4 @@ FAMILY = ModelFamily(
     name="deepseek", model_types=MODEL_TYPES, layer_specs=layer_specs, config_defaults=CONFIG_DEFAULTS
 )
 
-
-@hookimpl
-def kvcore_register_model_families(register: Callable[[ModelFamily], None]) -> None:
-    register(FAMILY)
+kvcore_register_model_families = family_hook(FAMILY)

@@ -14,13 +14,19 @@ family claims the config's model type, and after any fallback a later plugin reg
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-from kvcore.hookspecs import hookimpl
 from kvcore.model_family import ADD_FAMILY_DOC, ModelFamily
 from kvcore.model_options import ModelOptions
-from kvcore.plugins.models.kit import ConfigFields, LayerNames, attention, attention_builders, build_layers
+from kvcore.plugins.models.kit import (
+    ConfigFields,
+    LayerNames,
+    attention,
+    attention_builders,
+    build_layers,
+    family_hook,
+)
 from kvcore.spec import KVCacheSpec
 
 #: Added to the error for a layer type the fallback cannot cache.
@@ -60,7 +66,4 @@ def has_layer_types(config: Mapping[str, Any]) -> bool:
 #: The family as registered: a fallback that claims no model type.
 FAMILY = ModelFamily(name="generic", layer_specs=layer_specs, fallback=has_layer_types)
 
-
-@hookimpl
-def kvcore_register_model_families(register: Callable[[ModelFamily], None]) -> None:
-    register(FAMILY)
+kvcore_register_model_families = family_hook(FAMILY)

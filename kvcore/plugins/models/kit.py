@@ -40,7 +40,9 @@ import attrs
 
 from kvcore.dtypes import DType, to_dtype
 from kvcore.errors import InvalidSpecError, ModelConfigError
+from kvcore.hookspecs import hookimpl
 from kvcore.limits import MAX_LAYERS, shown
+from kvcore.model_family import ModelFamily
 from kvcore.model_options import DEFAULT_MODEL_DTYPE, ModelOptions
 from kvcore.plugins.chunked_local_attention import ChunkedLocalAttentionSpec
 from kvcore.plugins.cross_attention import CrossAttentionSpec
@@ -752,3 +754,19 @@ def mla(cfg: ConfigFields, options: ModelOptions, model_dtype: DType) -> MLAAtte
         qk_rope_head_dim=cfg.integer("qk_rope_head_dim"),
         dtype=options.cache_dtype(model_dtype),
     )
+
+
+def family_hook(*families: ModelFamily) -> Callable[[Callable[[ModelFamily], None]], None]:
+    """The ``kvcore_register_model_families`` implementation that registers ``families``.
+
+    Bind it to that name at module level (pluggy finds hook implementations by name)::
+
+        kvcore_register_model_families = family_hook(FAMILY)
+    """
+
+    @hookimpl
+    def kvcore_register_model_families(register: Callable[[ModelFamily], None]) -> None:
+        for family in families:
+            register(family)
+
+    return kvcore_register_model_families

@@ -15,10 +15,9 @@ Layer names follow transformers 5: ``language_model.model.layers.{i}.self_attn``
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-from kvcore.hookspecs import hookimpl
 from kvcore.model_family import ModelFamily
 from kvcore.model_options import ModelOptions
 from kvcore.plugins.models.kit import (
@@ -29,6 +28,7 @@ from kvcore.plugins.models.kit import (
     attention,
     attention_builders,
     build_layers,
+    family_hook,
 )
 from kvcore.spec import KVCacheSpec
 
@@ -67,7 +67,4 @@ FAMILY = ModelFamily(
     name="llama4", model_types=MODEL_TYPES, layer_specs=layer_specs, config_defaults=CONFIG_DEFAULTS
 )
 
-
-@hookimpl
-def kvcore_register_model_families(register: Callable[[ModelFamily], None]) -> None:
-    register(FAMILY)
+kvcore_register_model_families = family_hook(FAMILY)

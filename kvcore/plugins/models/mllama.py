@@ -15,13 +15,20 @@ Layers are named as in transformers 5's ``MllamaForConditionalGeneration``:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-from kvcore.hookspecs import hookimpl
 from kvcore.model_family import ModelFamily
 from kvcore.model_options import ModelOptions
-from kvcore.plugins.models.kit import CROSS, FULL, ConfigFields, LayerNames, attention, build_layers
+from kvcore.plugins.models.kit import (
+    CROSS,
+    FULL,
+    ConfigFields,
+    LayerNames,
+    attention,
+    build_layers,
+    family_hook,
+)
 from kvcore.spec import KVCacheSpec
 
 MODEL_TYPES = ("mllama",)
@@ -79,7 +86,4 @@ FAMILY = ModelFamily(
     name="mllama", model_types=MODEL_TYPES, layer_specs=layer_specs, config_defaults=CONFIG_DEFAULTS
 )
 
-
-@hookimpl
-def kvcore_register_model_families(register: Callable[[ModelFamily], None]) -> None:
-    register(FAMILY)
+kvcore_register_model_families = family_hook(FAMILY)

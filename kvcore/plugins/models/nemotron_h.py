@@ -16,10 +16,9 @@ Layers are named ``model.layers.{i}.mixer`` (transformers 5's ``NemotronHForCaus
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-from kvcore.hookspecs import hookimpl
 from kvcore.model_family import ModelFamily
 from kvcore.model_options import ModelOptions
 from kvcore.plugins.models.kit import (
@@ -29,6 +28,7 @@ from kvcore.plugins.models.kit import (
     LayerNames,
     attention,
     build_layers,
+    family_hook,
     mamba2_state,
 )
 from kvcore.spec import KVCacheSpec
@@ -109,7 +109,4 @@ FAMILY = ModelFamily(
     name="nemotron_h", model_types=MODEL_TYPES, layer_specs=layer_specs, config_defaults=CONFIG_DEFAULTS
 )
 
-
-@hookimpl
-def kvcore_register_model_families(register: Callable[[ModelFamily], None]) -> None:
-    register(FAMILY)
+kvcore_register_model_families = family_hook(FAMILY)

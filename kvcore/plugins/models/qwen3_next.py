@@ -13,10 +13,9 @@ Layers are named ``model.layers.{i}.self_attn`` and ``model.layers.{i}.linear_at
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-from kvcore.hookspecs import hookimpl
 from kvcore.model_family import ModelFamily
 from kvcore.model_options import ModelOptions
 from kvcore.plugins.models.kit import (
@@ -26,6 +25,7 @@ from kvcore.plugins.models.kit import (
     LayerNames,
     attention,
     build_layers,
+    family_hook,
     gated_delta_net_state,
 )
 from kvcore.spec import KVCacheSpec
@@ -72,7 +72,4 @@ FAMILY = ModelFamily(
     name="qwen3_next", model_types=MODEL_TYPES, layer_specs=layer_specs, config_defaults=CONFIG_DEFAULTS
 )
 
-
-@hookimpl
-def kvcore_register_model_families(register: Callable[[ModelFamily], None]) -> None:
-    register(FAMILY)
+kvcore_register_model_families = family_hook(FAMILY)

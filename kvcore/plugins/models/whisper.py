@@ -13,13 +13,12 @@ and ``model.decoder.layers.{i}.encoder_attn``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-from kvcore.hookspecs import hookimpl
 from kvcore.model_family import ModelFamily
 from kvcore.model_options import ModelOptions
-from kvcore.plugins.models.kit import Attention, ConfigFields
+from kvcore.plugins.models.kit import Attention, ConfigFields, family_hook
 from kvcore.spec import KVCacheSpec
 
 MODEL_TYPES = ("whisper",)
@@ -75,7 +74,4 @@ FAMILY = ModelFamily(
     name="whisper", model_types=MODEL_TYPES, layer_specs=layer_specs, config_defaults=CONFIG_DEFAULTS
 )
 
-
-@hookimpl
-def kvcore_register_model_families(register: Callable[[ModelFamily], None]) -> None:
-    register(FAMILY)
+kvcore_register_model_families = family_hook(FAMILY)
