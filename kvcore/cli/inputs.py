@@ -6,7 +6,7 @@ import argparse
 import math
 import re
 import sys
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -14,8 +14,8 @@ import attrs
 
 from kvcore.cli import serving
 from kvcore.cli.options import LoadedModel, PlanningArgs
-from kvcore.error_messages import ParameterNames
-from kvcore.errors import InvalidInputError
+from kvcore.error_messages import ParameterNames, render
+from kvcore.errors import InvalidInputError, KVCoreError
 from kvcore.frontends.hf_config import config_layer_specs, load_model_config, model_length
 from kvcore.frontends.specfile import read_spec_file
 from kvcore.limits import MAX_TOKENS
@@ -802,3 +802,24 @@ def load_workload(args: PlanningArgs, max_model_len: int, *, per_second: bool = 
         prefix_tokens=args.prefix_len or 0,
         per_second=per_second,
     )
+
+
+def policy_rows(
+    args: PlanningArgs, registry: Registry, row: Callable[[str], dict[str, Any]]
+) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    """``row(policy)`` for each policy ``--policies`` names (every registered one when none is),
+    as an engine comparison tabulates them.
+
+    Returns:
+        The rows of the policies that planned, and ``{policy: error}`` for those that did not
+        (each error worded for the command line).
+    """
+    names = [p.strip() for p in args.policies.split(",")] if args.policies else list(registry.policies)
+    rows: list[dict[str, Any]] = []
+    failures: dict[str, str] = {}
+    for name in names:
+        try:
+            rows.append(row(name))
+        except KVCoreError as exc:
+            failures[name] = render(exc, FLAG_NAMES)
+    return rows, failures

@@ -84,14 +84,7 @@ def run(namespace: argparse.Namespace, registry: Registry) -> int:
     if wants_csv(args):
         write_csv(group_records(plan, specs))
     elif args.json:
-        report = plan_report(plan, specs, registry)
-        if chosen is not None:
-            report["max_model_len_auto"] = chosen
-        report.update(inputs.options_report(args))
-        if budget is not None:
-            report["gpu_budget"] = budget.to_dict()
-        report.update(host_tier_report(plan))
-        print(json.dumps(report, indent=2))
+        print_json_report(plan_report(plan, specs, registry), args, plan, chosen, budget)
     else:
         if budget is not None:
             gpu.print_budget(budget)
@@ -144,6 +137,24 @@ def auto_length(result: PlanningResult, cap_name: str) -> dict[str, Any] | None:
     return chosen_length(result.length.max_model_len, result.length.cap, cap_name)
 
 
+def print_json_report(
+    report: dict[str, Any],
+    args: PlanningArgs,
+    plan: KVCachePlan,
+    chosen: dict[str, Any] | None,
+    budget: GpuBudget | None,
+) -> None:
+    """Print ``report`` (a plan's) as ``--json`` does, with what every plan's JSON adds: the
+    length ``--max-model-len auto`` chose, the options, the GPU budget and the host tier."""
+    if chosen is not None:
+        report["max_model_len_auto"] = chosen
+    report.update(inputs.options_report(args))
+    if budget is not None:
+        report["gpu_budget"] = budget.to_dict()
+    report.update(host_tier_report(plan))
+    print(json.dumps(report, indent=2))
+
+
 def run_ranks(
     args: PlanningArgs,
     registry: Registry,
@@ -179,13 +190,7 @@ def run_ranks(
         report.update(
             tp=parallelism.tp_size, pp=parallelism.pp_size, rank=rank, ranks=ranks_report(plans, parallelism)
         )
-        if chosen is not None:
-            report["max_model_len_auto"] = chosen
-        report.update(inputs.options_report(args))
-        if budget is not None:
-            report["gpu_budget"] = budget.to_dict()
-        report.update(host_tier_report(plan))
-        print(json.dumps(report, indent=2))
+        print_json_report(report, args, plan, chosen, budget)
         return 0
     if budget is not None:
         gpu.print_budget(budget)

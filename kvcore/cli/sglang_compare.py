@@ -135,22 +135,13 @@ def run(
     has_sliding = any(s.kind == "sliding_window" for s in specs.values())
     has_states = any(s.kind == "state" for s in specs.values())
     specs = as_sglang_runs(specs, swa_pool)
-    names = [p.strip() for p in args.policies.split(",")] if args.policies else list(registry.policies)
-    rows: list[dict[str, Any]] = []
-    failures: dict[str, str] = {}
-    for name in names:
-        try:
-            plan = plan_for_sglang(
-                specs,
-                args.kv_budget,
-                rules,
-                registry=registry,
-                policy=name,
-                options=inputs.plan_options(args),
-            )
-            rows.append(_row(name, pool_sizes(plan, sglang_specs(specs, rules)), specs, rules))
-        except KVCoreError as exc:
-            failures[name] = render(exc, FLAG_NAMES)
+
+    def row(name: str) -> dict[str, Any]:
+        options = inputs.plan_options(args)
+        plan = plan_for_sglang(specs, args.kv_budget, rules, registry=registry, policy=name, options=options)
+        return _row(name, pool_sizes(plan, sglang_specs(specs, rules)), specs, rules)
+
+    rows, failures = inputs.policy_rows(args, registry, row)
     try:
         own_row: dict[str, Any] | None = _row(OWN, own_pool_sizes(specs, args.kv_budget, rules), specs, rules)
         why = ""

@@ -15,10 +15,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from kvcore.cli import inputs
-from kvcore.cli.inputs import FLAG_NAMES
 from kvcore.cli.options import PlanningArgs
 from kvcore.cli.table import render_table, wants_csv, write_csv
-from kvcore.error_messages import render
 from kvcore.errors import KVCoreError
 from kvcore.integrations.vllm.rules import (
     VllmRules,
@@ -83,23 +81,13 @@ def run(args: PlanningArgs, registry: Registry, specs: Mapping[str, KVCacheSpec]
         # cross-attention layers cache the encoder output the flag or the model's config gives
         max_encoder_tokens=args.max_encoder_tokens or encoder_tokens_of(specs),
     )
-    names = [p.strip() for p in args.policies.split(",")] if args.policies else list(registry.policies)
-    rows: list[dict[str, Any]] = []
-    failures: dict[str, str] = {}
-    for name in names:
-        try:
-            plan = plan_for_vllm(
-                specs,
-                args.kv_budget,
-                rules,
-                registry=registry,
-                policy=name,
-                options=inputs.plan_options(args),
-            )
-        except KVCoreError as exc:
-            failures[name] = render(exc, FLAG_NAMES)
-            continue
-        rows.append(_row(name, plan, specs, rules))
+
+    def row(name: str) -> dict[str, Any]:
+        options = inputs.plan_options(args)
+        plan = plan_for_vllm(specs, args.kv_budget, rules, registry=registry, policy=name, options=options)
+        return _row(name, plan, specs, rules)
+
+    rows, failures = inputs.policy_rows(args, registry, row)
     own, why = own_plan(specs, args.kv_budget, rules)
     own_row = _row(OWN, own, specs, rules) if own is not None else None
     if wants_csv(args):
