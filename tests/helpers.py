@@ -6,6 +6,8 @@ from kvcore.plugins.chunked_local_attention import ChunkedLocalAttentionSpec
 from kvcore.plugins.full_attention import FullAttentionSpec
 from kvcore.plugins.mla import MLAAttentionSpec
 from kvcore.plugins.sliding_window import SlidingWindowSpec
+from kvcore.runtime.block_pool import BlockPool
+from kvcore.runtime.free_blocks import FREE, FreeBlocks
 
 
 def full(block_size=16, heads=8, head_size=128, dtype="bfloat16"):
@@ -43,3 +45,21 @@ def mix(*parts):
         slots.extend(((k + 0.5) * total / n, index, spec) for k in range(n))
     slots.sort(key=lambda s: (s[0], s[1]))
     return {f"model.layers.{i}": spec for i, (_, _, spec) in enumerate(slots)}
+
+
+class DoubleBookingBlocks(FreeBlocks):
+    """Broken free ids: the block ids group 0 takes stay free, so they are handed out again."""
+
+    def take(self, block, group):
+        super().take(block, group)
+        if group == 0:
+            self.release(block)
+
+    def release(self, block):
+        if self.owner[block] != FREE:  # an id group 0 took was never held
+            super().release(block)
+
+
+def double_booking_pool(plan):
+    """A broken pool that hands one block id to two owners (through the pool's free-ids seam)."""
+    return BlockPool(plan, free_blocks=DoubleBookingBlocks)

@@ -13,7 +13,6 @@ import torch
 from hypothesis import given, strategies as st
 
 from kvcore import (
-    BlockPool,
     PlanValidationError,
     Registry,
     SizingContext,
@@ -27,7 +26,7 @@ from kvcore.plugins.full_attention import FullAttentionSpec
 from kvcore.plugins.mla import MLAAttentionSpec
 from kvcore.plugins.sliding_window import SlidingWindowSpec
 from kvcore.testing import strategies as kst
-from tests.helpers import full, sliding
+from tests.helpers import double_booking_pool, full, sliding
 from tests.runtime._kinds import ToyStatePlugin, ToyStateSpec
 from tests.runtime._workload import run_workload
 
@@ -150,22 +149,9 @@ def test_the_workload_catches_a_plan_that_aliases_two_layers_of_one_group(regist
     assert problems and "was overwritten" in problems[0]
 
 
-class DoubleBookingPool(BlockPool):
-    """A broken pool: block ids group 0 takes stay free, so they are handed out again."""
-
-    def _take(self, block, group):
-        super()._take(block, group)
-        if group == 0:
-            self._release(block)
-
-    def free(self, group, pages):
-        if group != 0:
-            super().free(group, pages)
-
-
 def test_the_workload_catches_a_pool_that_hands_a_block_to_two_owners(registry):
     plan = _gemma_like(registry)
-    problems = run_workload(plan, registry, BUSY, pool_factory=DoubleBookingPool, check_accounting=False)
+    problems = run_workload(plan, registry, BUSY, pool_factory=double_booking_pool, check_accounting=False)
     assert problems and "was overwritten" in problems[0]
 
 
