@@ -20,8 +20,8 @@ importable, else ``vLLM not installed``. Target: kvcore at least as fast as vLLM
 
     taskset -c 0 python benchmarks/pool_speed.py
 
-``--policy kind_pools`` runs the same trace on a plan of one pool per retention kind (the pool
-of several pools, :class:`~kvcore.runtime.block_pool.MultiPoolBlockPool`).
+``--policy kind_pools`` runs the same trace on a plan of one pool per retention kind (one ``BlockPool``
+serving several pools).
 """
 
 from __future__ import annotations

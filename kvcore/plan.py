@@ -25,6 +25,7 @@ pages moved off the device (:mod:`kvcore.runtime.host_tier`), in units of the po
 from __future__ import annotations
 
 import itertools
+import warnings
 from collections.abc import Iterable, Iterator, Mapping
 
 import attrs
@@ -386,8 +387,29 @@ class KVCachePlan:
         return self.pools[0].bytes_per_block
 
     @property
+    def runs_in_one_pool(self) -> bool:
+        """Whether an engine with a single pool of block ids (one ``num_blocks``, one block
+        size in bytes: vLLM's ``KVCacheManager``, transformers' paged cache) can serve the plan,
+        i.e. every group draws from one pool. kvcore's own runtime serves any number of pools."""
+        return len(self.pools) == 1
+
+    @property
+    def names_pools(self) -> bool:
+        """Whether output names each pool and a group's pool: only where the plan has several
+        to tell apart. A plan's only pool goes without saying, so its reports give its blocks
+        as the plan's."""
+        return len(self.pools) > 1
+
+    @property
     def is_multi_pool(self) -> bool:
-        """Whether the plan has more than one pool."""
+        """Deprecated since 0.2 (removed in 0.3): ``len(plan.pools) > 1``; an engine asks
+        :attr:`runs_in_one_pool`, a report :attr:`names_pools`."""
+        warnings.warn(
+            "KVCachePlan.is_multi_pool is deprecated: loop over plan.pools, or ask plan.runs_in_one_pool "
+            "(an engine of one block pool) or plan.names_pools (output) (removed in kvcore 0.3)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
         return len(self.pools) > 1
 
     def with_offload_tier(self, tier: OffloadTier | None) -> KVCachePlan:

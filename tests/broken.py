@@ -10,19 +10,25 @@ from __future__ import annotations
 import attrs
 
 from kvcore import BlockPool, KVCachePlan
+from kvcore.runtime.free_blocks import FREE, FreeBlocks
 
 
-class DoubleBookingPool(BlockPool):
-    """A broken pool: the block ids group 0 takes stay free, so they are handed out again."""
+class DoubleBookingBlocks(FreeBlocks):
+    """Broken free ids: the block ids group 0 takes stay free, so they are handed out again."""
 
-    def _take(self, block, group):
-        super()._take(block, group)
+    def take(self, block, group):
+        super().take(block, group)
         if group == 0:
-            self._release(block)
+            self.release(block)
 
-    def free(self, group, pages):
-        if group != 0:
-            super().free(group, pages)
+    def release(self, block):
+        if self.owner[block] != FREE:  # an id group 0 took was never held
+            super().release(block)
+
+
+def double_booking_pool(plan):
+    """A broken pool that hands one block id to two owners (through the pool's free-ids seam)."""
+    return BlockPool(plan, free_blocks=DoubleBookingBlocks)
 
 
 def unchecked_plan(plan: KVCachePlan, **changes) -> KVCachePlan:

@@ -65,7 +65,7 @@ def summary(plan: KVCachePlan) -> str:
         )
     layers = sum(len(group.layer_names) for group in plan.groups)
     sharing = f" (+{len(plan.kv_sharing)} sharing)" if plan.kv_sharing else ""
-    if plan.is_multi_pool:
+    if plan.names_pools:
         blocks = " + ".join(f"{p.num_blocks:,} x {format_bytes(p.bytes_per_block)}" for p in plan.pools)
         blocks = f"{len(plan.pools)} pools of {blocks} blocks"
     else:

@@ -281,7 +281,7 @@ def run(namespace: argparse.Namespace, registry: Registry) -> int:
         return exit_status(candidates)
     modes = bool(args.state_cache_modes)
     # a pools column only where some plan has several block pools
-    pools = any(c.plan is not None and c.plan.is_multi_pool for c in candidates)
+    pools = any(c.plan is not None and c.plan.names_pools for c in candidates)
     rows = []
     failures: dict[str, str] = {}  # first reason per policy; variants usually fail alike
     for c in candidates:

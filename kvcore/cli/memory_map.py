@@ -90,7 +90,7 @@ def memory_map(plan: KVCachePlan, *, rows: int = 4) -> MemoryMap:
         raise InvalidInputError(f"'rows' must be >= 1 (got {rows})")
     groups = {name: index for index, g in enumerate(plan.groups) for name in g.layer_names}
     shown_rows = min(rows, max(max((pool.num_blocks for pool in plan.pools), default=0), 1))
-    multi = plan.is_multi_pool
+    multi = plan.names_pools
     # where each pool's window starts on the buffer axis, and how wide it is
     starts: list[int] = []
     widths: list[int] = []

@@ -134,7 +134,7 @@ def plan_report(
         "efficiency": capacity.efficiency,
         "kv_cache_tokens": capacity.kv_cache_tokens,
     }
-    if plan.is_multi_pool:
+    if plan.names_pools:
         # the pools carry the block counts (a top-level num_blocks would not read back as a plan)
         figures["blocks_per_request_by_pool"] = list(plan.blocks_per_request_by_pool())
         figures["max_concurrency_by_pool"] = pool_concurrency(plan)
@@ -213,7 +213,7 @@ def format_plan(
     """
     ctx = plan.context
     capacity = Capacity.of(plan, specs)
-    multi = plan.is_multi_pool
+    multi = plan.names_pools
     rows = []
     for index, (group, held) in enumerate(zip(plan.groups, capacity.tokens_held, strict=True)):
         rows.append(
@@ -344,7 +344,7 @@ def ranks_report(plans: Sequence[KVCachePlan], parallelism: Parallelism) -> list
 
 
 def _rank_blocks(plan: KVCachePlan) -> dict[str, Any]:
-    if not plan.is_multi_pool:
+    if not plan.names_pools:
         return {"bytes_per_block": plan.bytes_per_block, "num_blocks": plan.num_blocks}
     return {"pools": [{"num_blocks": p.num_blocks, "bytes_per_block": p.bytes_per_block} for p in plan.pools]}
 
@@ -395,7 +395,7 @@ def format_ranks(plans: Sequence[KVCachePlan], parallelism: Parallelism) -> str:
         if fit == counts
         else f"the block count was forced; {parallelism.describe(tightest)} has the least room"
     )
-    if first.is_multi_pool:
+    if first.names_pools:
         pools = f"{len(first.pools)} block pools of {'/'.join(f'{c:,}' for c in counts)} blocks on every rank"
         split = (
             f"{format_bytes(first.available_memory_bytes)} split by each pool's need per request = "

@@ -67,7 +67,8 @@ Fingerprint = dict[str, Any]
 def block_counts(plan: KVCachePlan) -> int | list[int]:
     """The plan's block count as the ranks publish it: an int for one pool, one count per pool
     (a list) for several."""
-    return [pool.num_blocks for pool in plan.pools] if plan.is_multi_pool else plan.num_blocks
+    counts = [pool.num_blocks for pool in plan.pools]
+    return counts if plan.names_pools else counts[0]
 
 
 def kvcore_version() -> str:

@@ -95,7 +95,7 @@ def capacity_summary(plan: KVCachePlan, specs: Mapping[str, KVCacheSpec] | None 
     """
     capacity = Capacity.of(plan, specs)
     groups = len(plan.groups)
-    if plan.is_multi_pool:
+    if plan.names_pools:
         each = ", ".join(f"{p.num_blocks:,} x {format_bytes(p.bytes_per_block)}" for p in plan.pools)
         blocks = f"{len(plan.pools)} block pools ({each})"
     else:
@@ -116,7 +116,7 @@ def capacity_summary(plan: KVCachePlan, specs: Mapping[str, KVCacheSpec] | None 
         )
         raised = f" (raised from {', '.join(map(str, asked))} by the policy)" if asked else ""
         per_request = group.pages_per_request(context)
-        pool = f", pool {group.pool}" if plan.is_multi_pool else ""
+        pool = f", pool {group.pool}" if plan.names_pools else ""
         sizes = sorted({spec.page_size_bytes for spec in group.specs})
         pages = f", pages of {'/'.join(map(format_bytes, sizes))}" if len(sizes) > 1 else ""
         lines.append(

@@ -140,7 +140,7 @@ def alignment_problems(plan: KVCachePlan) -> list[str]:
             align, pool = need[name]
             if tensor.offset % align == 0 and tensor.page_stride % align == 0:
                 continue
-            where = f" (pool {pool} starts at byte {plan.pools[pool].offset})" if plan.is_multi_pool else ""
+            where = f" (pool {pool} starts at byte {plan.pools[pool].offset})" if plan.names_pools else ""
             problems.append(
                 f"tensor {index} of layer {name!r} starts at byte {tensor.offset}{where} with a page stride "
                 f"of {tensor.page_stride} bytes, but the layer's pages need {align}-byte alignment: "
@@ -202,7 +202,7 @@ def offload_tier_problems(plan: KVCachePlan) -> list[str]:
     for p, nbytes in enumerate(tier.pool_bytes):
         page = host_page_bytes(plan, p)
         if 0 < nbytes < page:
-            where = f"pool {p}'s" if plan.is_multi_pool else "the plan's"
+            where = f"pool {p}'s" if plan.names_pools else "the plan's"
             problems.append(
                 f"the offload tier gives {where} host tier {nbytes:,} bytes, which cannot hold one of its "
                 f"pages of {page:,} bytes; give it at least {page:,} bytes (host memory of at least "
@@ -224,7 +224,7 @@ def capacity_problems(plan: KVCachePlan) -> list[str]:
         usable = plan.usable_blocks_in(p)
         if need <= usable:
             continue
-        where = f"pool {p}'s" if plan.is_multi_pool else "the plan's"
+        where = f"pool {p}'s" if plan.names_pools else "the plan's"
         problems.append(
             f"one request of max_model_len {length:,} tokens needs {shown(need)} block ids but {where} "
             f"{plan.pools[p].num_blocks:,} blocks leave {usable:,} for requests, so the plan serves no "

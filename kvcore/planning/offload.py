@@ -36,7 +36,7 @@ def with_host_memory(plan: KVCachePlan, nbytes: int) -> KVCachePlan:
     for p, share in enumerate(tier.pool_bytes):
         page = host_page_bytes(plan, p)
         if plan.pools[p].nbytes and share < page:
-            where = f"pool {p} gets" if plan.is_multi_pool else "it gives"
+            where = f"pool {p} gets" if plan.names_pools else "it gives"
             raise InvalidInputError(
                 f"host memory of {format_bytes(nbytes)} ({nbytes:,} bytes) cannot hold one page of the plan: "
                 f"{where} {share:,} bytes for pages of {page:,} bytes; give at least "

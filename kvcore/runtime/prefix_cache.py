@@ -11,37 +11,40 @@ the block too:
 - a :class:`PrefixKey`: ``(prefix_id, B, k)`` for the blocks that lie wholly inside its
   ``num_tokens`` (the rest of the request is its own and never cached).
 
-The pool (:class:`~kvcore.runtime.block_pool.BlockPool` with ``prefix_caching=True``) keeps one
-key-to-block table per group and counts lookups in :class:`PrefixCacheStats`.
+The pool (:class:`~kvcore.runtime.block_pool.BlockPool` with ``prefix_caching=True``) keeps a
+:class:`PrefixCache` per pool (one key-to-block table per group, reference counts, the
+evictable blocks least recently used first) and counts lookups in :class:`PrefixCacheStats`.
+An evicted block passes through :class:`PrefixCache`'s ``on_evict`` before its id is handed out
+again: where a second memory tier would keep its bytes.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 from array import array
-from collections.abc import Hashable, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Sequence
+from itertools import repeat
 
 import attrs
 
 from kvcore.errors import InvalidInputError
-from kvcore.validators import int_at_least
+from kvcore.limits import MAX_TOKENS
+from kvcore.plan import KVCacheGroup
+from kvcore.runtime.free_blocks import FreeBlocks
+from kvcore.runtime.request_tables import NULL_PAGE, PrefixKey, RequestRecord
+from kvcore.spec import KVCacheSpec
 
-
-@attrs.frozen
-class PrefixKey:
-    """The first ``num_tokens`` tokens of a request, named by an id instead of token ids.
-
-    Requests with equal ``prefix_id`` share their first ``num_tokens`` tokens (a system prompt,
-    a few-shot preamble); two keys with one id and different lengths share the blocks both
-    cover.
-
-    Attributes:
-        prefix_id: any hashable id (a trace's ``prefix_id``).
-        num_tokens: tokens the id names (``>= 0``).
-    """
-
-    prefix_id: Hashable
-    num_tokens: int = attrs.field(validator=int_at_least(0))
+__all__ = [
+    "EvictionHook",
+    "PrefixCache",
+    "PrefixCacheStats",
+    "PrefixKey",
+    "block_key",
+    "cacheable_blocks",
+    "token_block_keys",
+]
 
 
 @attrs.frozen
@@ -95,3 +98,225 @@ def token_block_keys(tokens: Sequence[int], block_size: int, keys: list[bytes], 
                 f"token ids must be ints that fit 8 bytes (block {k} of {block_size} tokens: {exc})"
             ) from None
         keys.append(digest.digest())
+
+
+def block_key(record: RequestRecord, content: Sequence[int] | PrefixKey, per_page: int, k: int) -> Hashable:
+    """The key of block ``k`` of ``per_page`` tokens of a request's ``content`` (token-id
+    keys are chained once per request and kept in its record)."""
+    if isinstance(content, PrefixKey):
+        return (content.prefix_id, per_page, k)
+    chains = record.chains
+    keys = chains.get(per_page)
+    if keys is None:
+        keys = chains[per_page] = []
+    if len(keys) <= k:
+        token_block_keys(content, per_page, keys, k + 1)
+    return keys[k]
+
+
+def cacheable_blocks(content: Sequence[int] | PrefixKey, per_page: int, tokens: int) -> int:
+    """Full blocks of ``per_page`` tokens among the first ``tokens`` that content names."""
+    known = content.num_tokens if isinstance(content, PrefixKey) else len(content)
+    return min(tokens, known) // per_page
+
+
+#: Where an evicted cached block goes before its id is handed out again:
+#: ``(pool index, block id, key)``. A second memory tier keeps the block's bytes there.
+EvictionHook = Callable[[int, int, Hashable], None]
+
+
+class PrefixCache:
+    """The cached blocks of one pool: per group a key-to-block table, per block id its key and
+    how many requests' tables hold it, and the evictable blocks (cached, held by none) least
+    recently used first.
+
+    A cached block no request holds counts as free: :meth:`evict` hands its id out again when
+    the pool has no free id left, and tells ``on_evict`` first.
+
+    Args:
+        pool: the plan's pool index (what ``on_evict`` is told).
+        groups: every group of the plan (indices are the plan's).
+        members: the indices of the groups drawing from this pool.
+        paged: per group, tokens per page (every member pages by the default rule).
+        free: the pool's free ids, whose owners name each block's group.
+        on_evict: called with ``(pool, block, key)`` for each evicted block, or ``None``.
+    """
+
+    def __init__(
+        self,
+        pool: int,
+        groups: Sequence[KVCacheGroup],
+        members: Sequence[int],
+        paged: Sequence[int],
+        free: FreeBlocks,
+        on_evict: EvictionHook | None = None,
+    ) -> None:
+        self.pool = pool
+        self.groups = groups
+        self.members = tuple(members)
+        self.paged = paged
+        self.free = free
+        self.on_evict = on_evict
+        self.keeps_all = tuple(
+            index
+            for index in members
+            if type(groups[index].spec).first_retained_token is KVCacheSpec.first_retained_token
+        )
+        self.freeing = tuple(index for index in members if index not in self.keeps_all)
+        self.ref = [0] * free.num_blocks
+        self.key: list[Hashable | None] = [None] * free.num_blocks
+        self.cache: dict[int, dict[Hashable, int]] = {index: {} for index in members}
+        self.lru: OrderedDict[int, None] = OrderedDict()  # evictable cached blocks, oldest first
+        self.evictions = 0
+
+    @property
+    def num_evictable(self) -> int:
+        """Cached blocks no request holds."""
+        return len(self.lru)
+
+    def find_hit(
+        self, record: RequestRecord, content: Sequence[int] | PrefixKey, limit: int, step: int
+    ) -> int:
+        """The most tokens (a multiple of ``step``, at most ``limit``) whose live blocks every
+        group of the pool has cached."""
+        upper = limit // step * step if limit > 0 else 0
+        if not upper:
+            return 0
+        for index in self.keeps_all:
+            cache, per_page = self.cache[index], self.paged[index]
+            n = 0
+            while n < upper // per_page and block_key(record, content, per_page, n) in cache:
+                n += 1
+            upper = min(upper, n * per_page) // step * step
+            if not upper:
+                return 0
+        runs: list[tuple[int, list[int]]] = []  # per freeing group: the cached run ending at k
+        for index in self.freeing:
+            cache, per_page, run, length = self.cache[index], self.paged[index], [], 0
+            for k in range(upper // per_page):
+                length = length + 1 if block_key(record, content, per_page, k) in cache else 0
+                run.append(length)
+            runs.append((index, run))
+        for hit in range(upper, 0, -step):
+            for index, run in runs:
+                live = self.groups[index].spec.live_pages(hit, hit)
+                if live.stop > live.start and run[live.stop - 1] < live.stop - live.start:
+                    break
+            else:
+                return hit
+        return 0
+
+    def attach(self, record: RequestRecord, content: Sequence[int] | PrefixKey, hit: int) -> None:
+        """Fill the request's tables of this pool's groups with the cached blocks of a hit."""
+        ref, lru, registered = self.ref, self.lru, record.registered
+        assert registered is not None, "a cached request's record counts what it registered"
+        for index in self.members:
+            live = self.groups[index].spec.live_pages(hit, hit)
+            cache, table, per_page = self.cache[index], record.tables[index], self.paged[index]
+            table.extend(repeat(NULL_PAGE, live.start))
+            for k in live:
+                block = cache[block_key(record, content, per_page, k)]
+                if not ref[block]:
+                    del lru[block]
+                ref[block] += 1
+                table.append(block)
+            record.released[index] = live.start
+            registered[index] = live.stop
+
+    def register(self, record: RequestRecord, content: Sequence[int] | PrefixKey, computed: int) -> float:
+        """Cache the request's full blocks among its first ``computed`` tokens.
+
+        Returns:
+            The computed tokens before which no further block of this pool fills.
+        """
+        registered, tables, keys = record.registered, record.tables, self.key
+        assert registered is not None, "a cached request's record counts what it registered"
+        for index in self.members:
+            start = registered[index]
+            per_page = self.paged[index]
+            end = cacheable_blocks(content, per_page, computed)
+            if end <= start:
+                continue
+            cache, table = self.cache[index], tables[index]
+            for k in range(start, min(end, len(table))):
+                block = table[k]
+                if block == NULL_PAGE or keys[block] is not None:
+                    continue
+                key = block_key(record, content, per_page, k)
+                if key not in cache:  # else another request cached the same tokens first
+                    cache[key] = block
+                    keys[block] = key
+            registered[index] = end
+        due = math.inf
+        fixed = isinstance(content, PrefixKey)  # knows no more tokens later
+        for index in self.members:
+            per_page = self.paged[index]
+            if not fixed or registered[index] < cacheable_blocks(content, per_page, MAX_TOKENS):
+                due = min(due, (registered[index] + 1) * per_page)
+        return due
+
+    def shared_rewrite(self, block: int) -> int:
+        """Other requests holding ``block`` if it is cached (a request writing into it would
+        overwrite their tokens), else -1 when it is not cached."""
+        return -1 if self.key[block] is None else self.ref[block] - 1
+
+    def uncache(self, block: int) -> None:
+        """Take a held block out of the cache (it will be written again)."""
+        key = self.key[block]
+        if key is not None:
+            del self.cache[self.free.owner[block]][key]
+            self.key[block] = None
+
+    def take(self, grows: list[tuple[int, int]]) -> dict[int, list[int]] | None:
+        """Take ``count`` ids for each ``(group, count)``: free ids first, then evicted cached
+        blocks, all or none (``None``: too few)."""
+        free = self.free
+        total = sum(count for _, count in grows)
+        if total > free.num_free + len(self.lru):
+            return None
+        fresh = min(total, free.num_free)
+        ids = free.take_ids(fresh)
+        if total > fresh:
+            ids.extend(self.evict(total - fresh))
+        taken: dict[int, list[int]] = {}
+        owner, ref, at = free.owner, self.ref, 0
+        for index, count in grows:
+            pages = taken[index] = ids[at : at + count]
+            for block in pages:
+                owner[block] = index
+                ref[block] = 1
+            at += count
+        return taken
+
+    def evict(self, count: int) -> list[int]:
+        """Evict the ``count`` least recently used evictable blocks (the caller checked they
+        exist): out of the cache, through ``on_evict``; their ids are the caller's."""
+        lru, keys, owner, on_evict = self.lru, self.key, self.free.owner, self.on_evict
+        blocks: list[int] = []
+        for _ in range(count):
+            block, _ = lru.popitem(last=False)
+            key = keys[block]
+            del self.cache[owner[block]][key]
+            keys[block] = None
+            if on_evict is not None:
+                on_evict(self.pool, block, key)
+            blocks.append(block)
+        self.evictions += count
+        return blocks
+
+    def drop(self, pages: dict[int, list[int]]) -> None:
+        """Drop one reference to each page: a page no request holds becomes evictable if it is
+        cached (a request's last blocks first, so they are evicted first), else free."""
+        ref, keys, lru = self.ref, self.key, self.lru
+        freed: list[int] = []
+        for held in pages.values():
+            for block in reversed(held):
+                ref[block] -= 1
+                if ref[block]:
+                    continue
+                if keys[block] is not None:
+                    lru[block] = None
+                else:
+                    freed.append(block)
+        if freed:
+            self.free.give_back(freed)

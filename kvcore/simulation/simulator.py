@@ -581,7 +581,7 @@ def _check_fits_alone(plan: KVCachePlan, requests: Sequence[Request], budget: in
 
 def _usable(plan: KVCachePlan) -> str:
     """The usable block ids of ``plan``, per pool when it has several, for a message."""
-    if len(plan.pools) == 1:
+    if not plan.names_pools:
         return str(plan.usable_blocks)
     return ", ".join(f"{plan.usable_blocks_in(p)} in pool {p}" for p in range(len(plan.pools)))
 

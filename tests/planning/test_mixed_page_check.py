@@ -125,6 +125,6 @@ def test_a_kind_pools_plan_is_checked_without_a_page_sweep(registry, monkeypatch
         for i in range(30)
     }
     plan = plan_kv_cache(specs, 2**20, CTX, registry=registry, policy="kind_pools")
-    assert plan.is_multi_pool
+    assert not plan.runs_in_one_pool
     monkeypatch.setattr(invariants, "_exact_problems", lambda *a: pytest.fail("the exact check ran"))
     assert overlap_problems(plan) == []

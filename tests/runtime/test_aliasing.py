@@ -26,7 +26,7 @@ from kvcore.plugins.full_attention import FullAttentionSpec
 from kvcore.plugins.mla import MLAAttentionSpec
 from kvcore.plugins.sliding_window import SlidingWindowSpec
 from kvcore.testing import strategies as kst
-from tests.broken import DoubleBookingPool, unchecked_plan
+from tests.broken import double_booking_pool, unchecked_plan
 from tests.helpers import full, sliding
 from tests.runtime._kinds import ToyStatePlugin, ToyStateSpec
 from tests.runtime._workload import run_workload
@@ -144,7 +144,7 @@ def test_the_workload_catches_a_plan_that_aliases_two_layers_of_one_group(regist
 
 def test_the_workload_catches_a_pool_that_hands_a_block_to_two_owners(registry):
     plan = _gemma_like(registry)
-    problems = run_workload(plan, registry, BUSY, pool_factory=DoubleBookingPool, check_accounting=False)
+    problems = run_workload(plan, registry, BUSY, pool_factory=double_booking_pool, check_accounting=False)
     assert problems and "was overwritten" in problems[0]
 
 

@@ -34,10 +34,9 @@ from kvcore import (
     allocate,
     plan_kv_cache,
 )
-from kvcore.errors import MultiplePoolsError
 from kvcore.plan import KVCachePool, structural_problems
 from kvcore.planning.invariants import plan_problems
-from kvcore.runtime.block_pool import NULL_PAGE, MultiPoolBlockPool
+from kvcore.runtime.block_pool import NULL_PAGE
 from kvcore.testing import strategies as kst
 from tests.helpers import full, sliding
 from tests.runtime._workload import run_workload
@@ -72,15 +71,15 @@ def test_a_plan_of_several_pools_gets_a_pool_per_pool():
     plan = _gemma_like(num_blocks=(6, 9))
     assert len(plan.pools) == 2
     pool = BlockPool(plan)
-    assert isinstance(pool, MultiPoolBlockPool)
-    assert [p.plan.num_blocks for p in pool.pools] == [6, 9]
+    assert [p.num_blocks for p in pool.pools] == [6, 9]
+    assert [p.members for p in pool.pools] == [plan.groups_in(0), plan.groups_in(1)]
     assert pool.num_free_blocks == 15
     assert [pool.num_free_blocks_in(p) for p in (0, 1)] == [6, 9]
     assert [pool.num_usable_blocks_in(p) for p in (0, 1)] == [6, 9]
     one = plan_kv_cache(
         {"model.layers.0": full(block_size=4)}, 2**20, CTX, registry=REGISTRY, policy="kind_pools"
     )
-    assert type(BlockPool(one)) is BlockPool  # one pool: today's pool, today's speed
+    assert len(BlockPool(one).pools) == 1  # one pool: a tuple of one, the same type
 
 
 def test_block_ids_are_per_pool_and_group_indices_are_the_plans():
@@ -181,12 +180,45 @@ def test_prefix_caching_hits_the_prefix_every_pool_has():
     assert pool.num_free_blocks == pool.num_usable_blocks
 
 
-def test_a_subclass_of_the_pool_refuses_a_plan_of_several_pools():
+def test_a_subclass_of_the_pool_serves_a_plan_of_several_pools():
     class Mine(BlockPool):
         pass
 
-    with pytest.raises(MultiplePoolsError, match="2"):
-        Mine(_gemma_like(num_blocks=(4, 4)))
+    pool = Mine(_gemma_like(num_blocks=(4, 4)))
+    assert len(pool.pools) == 2 and pool.num_free_blocks == 8
+
+
+def test_the_free_ids_seam_is_asked_once_per_pool_and_sees_every_id_taken():
+    from kvcore.runtime.free_blocks import FreeBlocks
+
+    made, taken = [], []
+
+    class Counting(FreeBlocks):
+        def take(self, block, group):
+            taken.append((group, block))
+            super().take(block, group)
+
+    def factory(num_blocks, spans):
+        made.append((num_blocks, dict(spans)))
+        return Counting(num_blocks, spans)
+
+    plan = _gemma_like(num_blocks=(6, 9))
+    pool = BlockPool(plan, free_blocks=factory)
+    assert made == [
+        (plan.pools[p].num_blocks, {i: plan.groups[i].blocks_per_page for i in plan.groups_in(p)})
+        for p in (0, 1)
+    ]
+    grown = pool.reserve("a", 8)
+    assert sorted(taken) == sorted((g, page) for g, pages in grown.items() for page in pages)
+    pool.free_request("a")
+    assert pool.num_free_blocks == pool.num_usable_blocks
+
+
+def test_the_old_name_of_the_pool_of_several_pools_warns_and_is_the_pool():
+    from kvcore.runtime import block_pool
+
+    with pytest.warns(DeprecationWarning, match="use BlockPool"):
+        assert block_pool.MultiPoolBlockPool is BlockPool
 
 
 # -- the plan check catches broken plans of several pools -------------------------------------

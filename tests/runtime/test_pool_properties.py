@@ -184,6 +184,6 @@ def test_the_checks_catch_a_page_in_two_tables():
     tables = BlockTables(pool, max_requests=2)
     pool.reserve("a", 4)
     pool.reserve("b", 4)
-    pool._tables["b"][0][0] = pool._tables["a"][0][0]  # a broken pool: one page in two tables
+    pool._records["b"].tables[0][0] = pool._records["a"].tables[0][0]  # a broken pool: one page in two tables
     with pytest.raises(AssertionError):
         _check(pool, tables, caching=False, record=print)

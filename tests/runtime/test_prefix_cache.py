@@ -81,6 +81,21 @@ def test_freed_blocks_stay_cached_until_their_ids_are_needed_least_recently_used
     assert _run(pool, "e", [*list(range(16)), 5]) == 0
 
 
+def test_an_evicted_block_passes_through_on_evict_before_its_id_is_handed_out_again():
+    seen = []
+    plan = _plan(mix((2, full(block_size=4, **SMALL))), 12, 48)
+    pool = BlockPool(plan, prefix_caching=True, on_evict=lambda p, block, key: seen.append((p, block, key)))
+    _run(pool, "a", list(range(16)))  # 4 blocks, cached
+    cached = pool.block_table("a", 0)
+    pool.free_request("a")
+    assert seen == []  # freed, still cached: nothing evicted yet
+    _run(pool, "b", list(range(100, 140)))  # 10 blocks: 8 free ids, then a's 2 least recent
+    assert [p for p, _, _ in seen] == [0, 0] and pool.prefix_cache_stats.evictions == 2
+    assert [block for _, block, _ in seen] == cached[::-1][:2]  # a request's last blocks go first
+    assert set(pool.block_table("b", 0)) >= {block for _, block, _ in seen}  # and b holds their ids
+    assert len({key for _, _, key in seen}) == 2
+
+
 def test_a_request_that_cannot_start_counts_no_lookup():
     pool = _full(num_blocks=10, length=40)
     _run(pool, "a", list(range(16)))

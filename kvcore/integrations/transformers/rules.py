@@ -278,7 +278,7 @@ def check_runnable(plan: KVCachePlan) -> None:
             several block sizes (transformers has one ``page_size``), or a layer of a kind
             transformers cannot run (:func:`check_specs`).
     """
-    if plan.is_multi_pool:
+    if not plan.runs_in_one_pool:
         raise TransformersIntegrationError(
             f"policy {plan.policy!r} made a plan of {len(plan.pools)} block pools, but transformers' paged "
             f"cache has one pool of sectors for every allocator; plan with one of {list(RUNNABLE_POLICIES)}"

@@ -233,7 +233,7 @@ def check_runnable(plan: KVCachePlan) -> None:
             have no vLLM form), or a mixed-page group of a kind vLLM does not run in one block
             table (:data:`MIXED_PAGE_KINDS`).
     """
-    if plan.is_multi_pool:
+    if not plan.runs_in_one_pool:
         raise VllmIntegrationError(
             f"policy {plan.policy!r} made a plan of {len(plan.pools)} block pools, but vLLM 0.33 has one "
             "block pool (one num_blocks, one block size in bytes) shared by every group; plan for vLLM "
@@ -507,7 +507,7 @@ def capabilities() -> EngineCapabilities:
         versions=VLLM_VERSIONS,
         kinds=VLLM_SPEC_CLASSES,
         policies=policies,
-        several_pools=pooled.is_multi_pool and passes(pooled),
+        several_pools=not pooled.runs_in_one_pool and passes(pooled),
         mixed_pages=any(g.layer_specs for g in mixed.groups) and passes(mixed),
         prefix_caching=bool(PREFIX_CACHING_KINDS),
         speculative_decoding=False,

@@ -12,7 +12,7 @@ from kvcore import NULL_PAGE, BlockPool, BlockPoolExhaustedError, InvalidInputEr
 from kvcore.plugins.cross_attention import CrossAttentionSpec
 from kvcore.plugins.full_attention import FullAttentionSpec
 from kvcore.testing.reference import PagedAttentionRunner, decode_greedy
-from tests.broken import DoubleBookingPool, unchecked_plan
+from tests.broken import double_booking_pool, unchecked_plan
 from tests.engine.decode._tiny import kvcore_runner, mismatches, tight_num_blocks
 
 pytest.importorskip("transformers")
@@ -65,7 +65,7 @@ def test_a_corrupted_live_page_breaks_the_match(subjects, registry, name, runner
 @pytest.mark.parametrize("name", ["llama", "gemma2"])
 def test_a_pool_that_gives_one_block_to_two_owners_breaks_the_match(subjects, registry, name):
     subject = subjects(name)
-    runner = kvcore_runner(subject.model, registry, pool_factory=DoubleBookingPool)
+    runner = kvcore_runner(subject.model, registry, pool_factory=double_booking_pool)
     generations = decode_greedy(runner, subject.requests)
     assert _double_bookings(runner), "two owners (requests, or groups) held one block id at once"
     assert mismatches(generations, subject.reference) != []
@@ -121,12 +121,13 @@ class EagerPool(BlockPool):
 
     def release_stale(self, request_id, num_computed_tokens):
         freed = super().release_stale(request_id, num_computed_tokens)
-        for group, table in enumerate(self._tables[request_id]):
+        record = self._records[request_id]
+        for group, table in enumerate(record.tables):
             live = [k for k, page in enumerate(table) if page != NULL_PAGE]
             if self.groups[group].spec.kind == "sliding_window" and len(live) > 1:
                 page, table[live[0]] = table[live[0]], NULL_PAGE
-                self._released[request_id][group] = live[0] + 1
-                self._free_groups({group: [page]})
+                record.released[group] = live[0] + 1
+                self.pools[self.groups[group].pool].free_pages({group: [page]})
                 freed.setdefault(group, []).append(page)
         return freed
 

@@ -146,7 +146,7 @@ def test_several_pools_are_refused(registry):
     plan = plan_kv_cache(
         specs, 256 * MIB, SizingContext(max_model_len=4096), registry=registry, policy="kind_pools"
     )
-    assert plan.is_multi_pool
+    assert not plan.runs_in_one_pool
     with pytest.raises(TransformersIntegrationError, match="one pool of sectors"):
         check_runnable(plan)
     with pytest.raises(TransformersIntegrationError, match="one pool of sectors"):
