@@ -74,4 +74,4 @@ def test_sglangs_scheduler_by_name_runs_plans_sglang_can_hold(run_cli):
     assert settings["max_running_requests"] >= 1 and settings["chunked_prefill_size"] == 2048
     # the shared buffer puts both kinds in one pool, which SGLang cannot run: one line with the fix
     status, _, err = run_cli("simulate", *SMALL, *SYNTHETIC, "--scheduler", "sglang")
-    assert status == 1 and "SGLang has one --page-size" in err and "kind_pools" in err
+    assert status == 1 and "SGLang has one page size" in err and "kind_pools" in err
