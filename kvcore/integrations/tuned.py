@@ -84,9 +84,11 @@ class EngineSettings:
         engine: ``vllm`` or ``sglang``.
         flags: the settings, environment variables included.
         cannot_express: ``(setting, why)`` for each part of the candidate the engine cannot take.
-        kvcore_tokens: tokens of KV cache kvcore's layout holds (each pool's usable blocks x its
-            block size, summed over the pools that grow with the request).
-        engine_tokens: what the engine's own sizing holds with these flags (``None``: unknown).
+        unit: what the two capacity figures count: ``requests`` of ``max_model_len`` held at
+            once (vLLM), or ``tokens`` of the full and sliding pools together (SGLang).
+        kvcore_tokens: that figure for kvcore's layout.
+        engine_tokens: that figure for the engine's own sizing with these flags (``None``: it
+            sizes nothing for these layers).
         engine_detail: how the engine's figure was made.
         plan: the plan the engine runs with these flags (``None`` when it runs its own sizing).
     """
@@ -94,8 +96,9 @@ class EngineSettings:
     engine: str
     flags: tuple[Flag, ...]
     cannot_express: tuple[tuple[str, str], ...] = ()
-    kvcore_tokens: int = 0
-    engine_tokens: int | None = None
+    unit: str = "tokens"
+    kvcore_tokens: float = 0
+    engine_tokens: float | None = None
     engine_detail: str = ""
     plan: KVCachePlan | None = attrs.field(default=None, eq=False, repr=False)
 
@@ -114,6 +117,7 @@ class EngineSettings:
             "why": {f.name: f.why for f in self.flags if f.why},
             "command_line": self.command_line(),
             "cannot_express": [{"setting": s, "why": w} for s, w in self.cannot_express],
+            "unit": self.unit,
             "kvcore_tokens": self.kvcore_tokens,
             "engine_tokens": self.engine_tokens,
             "engine_detail": self.engine_detail,
@@ -139,7 +143,11 @@ def vllm_planner(registry: Registry, *, async_scheduling: bool = True) -> Planne
     """
 
     def plan(
-        specs: Mapping[str, KVCacheSpec], memory: int, context: SizingContext, policy: str, options: PlanOptions
+        specs: Mapping[str, KVCacheSpec],
+        memory: int,
+        context: SizingContext,
+        policy: str,
+        options: PlanOptions,
     ) -> KVCachePlan:
         rules = vllm_rules(context, async_scheduling=async_scheduling)
         if options.pool_split is None:
@@ -199,7 +207,9 @@ def vllm_settings(
             )
         )
     if len(plan.pools) > 1:
-        shares = ", ".join(f"{100 * s:.1f}%" for s in trial.pool_split) if trial.pool_split else "by worst case"
+        shares = (
+            ", ".join(f"{100 * s:.1f}%" for s in trial.pool_split) if trial.pool_split else "by worst case"
+        )
         cannot.append(
             (
                 f"{len(plan.pools)} block pools split {shares}",
@@ -218,7 +228,9 @@ def vllm_settings(
         Flag(name="--kv-cache-dtype", value=_dtype(trial, VLLM_DTYPES)),
     ]
     if block is not None:
-        flags.insert(0, Flag(name="--block-size", value=str(block), why="tokens per block of attention layers"))
+        flags.insert(
+            0, Flag(name="--block-size", value=str(block), why="tokens per block of attention layers")
+        )
     if knobs.policy != VLLM_OWN_POLICY or len(plan.pools) > 1:
         flags.append(
             Flag(
@@ -238,7 +250,7 @@ def vllm_settings(
             policy=VLLM_OWN_POLICY,
             options=PlanOptions(mixed_pages=False),
         )
-        engine_tokens: int | None = kv_tokens(own)
+        engine_tokens: float | None = own.max_concurrency()
         detail = f"vLLM's own grouping (modelled by {VLLM_OWN_POLICY}, one page size per group)"
     except KVCoreError as exc:
         engine_tokens, detail = None, f"vLLM's own grouping holds no request here: {exc}"
@@ -246,7 +258,8 @@ def vllm_settings(
         engine="vllm",
         flags=tuple(flags),
         cannot_express=tuple(cannot),
-        kvcore_tokens=kv_tokens(plan),
+        unit="requests",
+        kvcore_tokens=plan.max_concurrency(),
         engine_tokens=engine_tokens,
         engine_detail=detail,
         plan=plan if len(plan.pools) == 1 else None,
@@ -294,11 +307,17 @@ def sglang_settings(
             )
         )
     rules = SglangRules(
-        context_len=plan.context.max_model_len, page_size=page, chunked_prefill_size=knobs.max_num_batched_tokens
+        context_len=plan.context.max_model_len,
+        page_size=page,
+        chunked_prefill_size=knobs.max_num_batched_tokens,
     )
     paged = sglang_specs(variant, rules)
     pools = check_specs(paged)
-    options = PlanOptions(pool_split=trial.pool_split) if trial.pool_split and len(pools) == len(trial.pool_split) else None
+    options = (
+        PlanOptions(pool_split=trial.pool_split)
+        if trial.pool_split and len(pools) == len(trial.pool_split)
+        else None
+    )
     sglang_plan = plan_for_sglang(variant, available_bytes, rules, registry=registry, options=options)
     sizes = pool_sizes(sglang_plan, paged)
     flags = [
@@ -333,8 +352,10 @@ def sglang_settings(
             )
         )
     try:
-        own = own_pool_sizes(paged, available_bytes, attrs.evolve(rules, **({"swa_full_tokens_ratio": ratio} if ratio else {})))
-        engine_tokens: int | None = own.full_tokens + own.swa_tokens
+        own = own_pool_sizes(
+            paged, available_bytes, attrs.evolve(rules, **({"swa_full_tokens_ratio": ratio} if ratio else {}))
+        )
+        engine_tokens: float | None = own.full_tokens + own.swa_tokens
         detail = (
             f"SGLang's own configurator with these flags: full {own.full_tokens:,} + sliding {own.swa_tokens:,} tokens"
             if own.is_hybrid_swa

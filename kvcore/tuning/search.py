@@ -150,12 +150,16 @@ class SearchSpace:
     """
 
     policies: tuple[str, ...] = attrs.field(converter=lambda v: _values("policies", v))
-    block_sizes: tuple[int | None, ...] = attrs.field(default=(None,), converter=lambda v: _values("block_sizes", v))
+    block_sizes: tuple[int | None, ...] = attrs.field(
+        default=(None,), converter=lambda v: _values("block_sizes", v)
+    )
     kv_cache_dtypes: tuple[str | None, ...] = attrs.field(
         default=(None,), converter=lambda v: _values("kv_cache_dtypes", v)
     )
     split_shifts: tuple[float | None, ...] = attrs.field(default=DEFAULT_SPLIT_SHIFTS, converter=_shifts)
-    max_num_seqs: tuple[int, ...] = attrs.field(default=(128,), converter=lambda v: _counts("max_num_seqs", v))
+    max_num_seqs: tuple[int, ...] = attrs.field(
+        default=(128,), converter=lambda v: _counts("max_num_seqs", v)
+    )
     max_num_batched_tokens: tuple[int, ...] = attrs.field(
         default=(2048,), converter=lambda v: _counts("max_num_batched_tokens", v)
     )
@@ -267,7 +271,11 @@ def default_planner(registry: Registry) -> Planner:
     """kvcore's own planner (:func:`~kvcore.planning.planner.plan_kv_cache`) as a :data:`Planner`."""
 
     def plan(
-        specs: Mapping[str, KVCacheSpec], memory: int, context: SizingContext, policy: str, options: PlanOptions
+        specs: Mapping[str, KVCacheSpec],
+        memory: int,
+        context: SizingContext,
+        policy: str,
+        options: PlanOptions,
     ) -> KVCachePlan:
         return plan_kv_cache(specs, memory, context, registry=registry, policy=policy, options=options)
 
@@ -352,18 +360,30 @@ class _Search:
 
     def plan(self, knobs: Knobs) -> tuple[KVCachePlan | None, tuple[float, ...] | None, str | None]:
         """The candidate's plan, split and error (made once per plan key)."""
-        key = (knobs.policy, knobs.block_size, knobs.kv_cache_dtype, knobs.split_shift, knobs.max_num_batched_tokens)
+        key = (
+            knobs.policy,
+            knobs.block_size,
+            knobs.kv_cache_dtype,
+            knobs.split_shift,
+            knobs.max_num_batched_tokens,
+        )
         if key in self.plans:
             return self.plans[key]
         context = attrs.evolve(self.context, max_num_batched_tokens=knobs.max_num_batched_tokens)
         try:
-            variant = variant_specs(self.specs, block_size=knobs.block_size, kv_cache_dtype=knobs.kv_cache_dtype)
+            variant = variant_specs(
+                self.specs, block_size=knobs.block_size, kv_cache_dtype=knobs.kv_cache_dtype
+            )
             plan = self.planner(variant, self.available_bytes, context, knobs.policy, self.options)
             split = None
             if knobs.split_shift is not None and len(plan.pools) > 1:
                 split = shifted(workload_split(plan, self.workload), knobs.split_shift)
                 plan = self.planner(
-                    variant, self.available_bytes, context, knobs.policy, attrs.evolve(self.options, pool_split=split)
+                    variant,
+                    self.available_bytes,
+                    context,
+                    knobs.policy,
+                    attrs.evolve(self.options, pool_split=split),
                 )
             made: tuple[KVCachePlan | None, tuple[float, ...] | None, str | None] = (plan, split, None)
         except (KVCoreError, InvalidSpecError) as exc:
@@ -404,7 +424,9 @@ class _Search:
                 (
                     t
                     for (fp, mnbt, seqs), t in self.runs.items()
-                    if (fp, mnbt) == base and seqs < knobs.max_num_seqs and t.result is not None
+                    if (fp, mnbt) == base
+                    and seqs < knobs.max_num_seqs
+                    and t.result is not None
                     and t.result.peak_running < seqs
                 ),
                 None,
@@ -612,7 +634,11 @@ def tune(
             break
     # what each knob buys alone, from the default (mostly runs the search already made)
     effects = [
-        _effect(knob, default, [search.trial(attrs.evolve(default.knobs, **{knob: v})) for v in space.values(knob)])
+        _effect(
+            knob,
+            default,
+            [search.trial(attrs.evolve(default.knobs, **{knob: v})) for v in space.values(knob)],
+        )
         for knob in varied
     ]
     trials = tuple(search.trials.values())
@@ -650,4 +676,3 @@ def estimated_trials(space: SearchSpace, max_passes: int = 2) -> int:
     every knob per pass, then each knob alone from the default): the progress line's total."""
     per_pass = sum(len(space.values(k)) - 1 for k in KNOBS)
     return 1 + per_pass * (max_passes + 1)
-

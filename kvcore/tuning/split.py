@@ -177,4 +177,3 @@ def need_split(plan: KVCachePlan) -> tuple[float, ...]:
 def tokens_held(plan: KVCachePlan) -> tuple[int, ...]:
     """Usable block ids of each pool (what a split bought), for reports."""
     return tuple(plan.usable_blocks_in(p) for p in range(len(plan.pools)))
-
