@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import attrs
 
@@ -52,7 +52,7 @@ def _block_multiples(instance: object, attribute: attrs.Attribute[str], value: o
 SPLIT_SUM_TOLERANCE = 1e-6
 
 
-def _pool_split(value: object) -> tuple[float, ...] | None:
+def _pool_split(value: Any) -> tuple[float, ...] | None:
     """The fractions as a tuple (a list or tuple of numbers), or ``None``; checked by
     :func:`_check_pool_split`."""
     if value is None:
@@ -64,10 +64,11 @@ def _pool_split(value: object) -> tuple[float, ...] | None:
     return tuple(value)
 
 
-def _check_pool_split(instance: object, attribute: attrs.Attribute[object], value: object) -> None:
+def _check_pool_split(
+    instance: object, attribute: attrs.Attribute[tuple[float, ...] | None], value: tuple[float, ...] | None
+) -> None:
     if value is None:
         return
-    assert isinstance(value, tuple)  # the converter made it one
     if len(value) < 2:
         raise InvalidInputError(
             f"'pool_split' needs a fraction for each of at least 2 pools (got {len(value)}: {list(value)!r})"
@@ -75,7 +76,8 @@ def _check_pool_split(instance: object, attribute: attrs.Attribute[object], valu
     for fraction in value:
         if not is_number(fraction) or not math.isfinite(fraction) or not 0 < fraction < 1:
             raise InvalidInputError(
-                f"'pool_split': every fraction must be a number in (0, 1) (got {fraction!r} in {list(value)!r})"
+                "'pool_split': every fraction must be a number in (0, 1) "
+                f"(got {fraction!r} in {list(value)!r})"
             )
     total = math.fsum(value)
     if abs(total - 1) > SPLIT_SUM_TOLERANCE:

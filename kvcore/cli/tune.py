@@ -56,9 +56,10 @@ def add_parser(sub: Any) -> None:
         "tune",
         help="search the plan and scheduler settings that serve a workload best; print vLLM and SGLang flags",
         description=(
-            "Search policy, block size, KV dtype, pool split, max_num_seqs and max_num_batched_tokens for the "
-            "candidate that serves the workload best under --scheduler (a coordinate search; each candidate is "
-            "replayed as kvcore simulate replays it). Prints the best candidate, what each knob bought alone, "
+            "Search policy, block size, KV dtype, pool split, max_num_seqs and max_num_batched_tokens "
+            "for the candidate that serves the workload best under --scheduler (a coordinate search; "
+            "each candidate is replayed as kvcore simulate replays it). Prints the best candidate, "
+            "what each knob bought alone, "
             "the Pareto front (objective against latency) and the flags for vLLM and SGLang."
         ),
     )
@@ -70,7 +71,8 @@ def add_parser(sub: Any) -> None:
         "--scheduler",
         default="vllm",
         metavar="NAME",
-        help="the scheduler to replay the workload as (default vllm: vLLM 0.33's v1 scheduler, candidates planned "
+        help="the scheduler to replay the workload as (default vllm: vLLM 0.33's v1 scheduler, "
+        "candidates planned "
         "under vLLM's rules; kvcore; or one a plugin registers)",
     )
     space = parser.add_argument_group("the search space (the first value of each is the default candidate)")
@@ -96,7 +98,8 @@ def add_parser(sub: Any) -> None:
         "--batched-tokens",
         type=_ints,
         metavar="N,M",
-        help="max_num_batched_tokens values (SGLang's --chunked-prefill-size; default: --max-num-batched-tokens "
+        help="max_num_batched_tokens values (SGLang's --chunked-prefill-size; default: "
+        "--max-num-batched-tokens "
         "and twice it)",
     )
     space.add_argument(
@@ -114,7 +117,8 @@ def add_parser(sub: Any) -> None:
     parser.add_argument(
         "--objective",
         choices=("goodput", "throughput", "tokens_per_step"),
-        help="what to maximise (default: goodput with --slo-ttft/--slo-itl, throughput (output tokens/s) with "
+        help="what to maximise (default: goodput with --slo-ttft/--slo-itl, throughput "
+        "(output tokens/s) with "
         "--gpu or --step-profile, else served tokens per step)",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -217,7 +221,7 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
             best, specs, args.memory, registry=registry, gpu_memory=gpu_bytes, weights=weights
         )
         sglang_error = ""
-    except Exception as exc:  # noqa: BLE001 - any refusal of SGLang's rules is reported, not raised
+    except Exception as exc:  # any refusal of SGLang's rules is reported, not raised
         from kvcore.errors import KVCoreError
 
         if not isinstance(exc, KVCoreError):
@@ -312,7 +316,8 @@ def _print(
         f"max_model_len {args.max_model_len:,}; scheduler {args.scheduler}; objective {result.objective}"
     )
     print(
-        f"searched {len(result.trials)} candidates of a grid of {result.grid_size:,}: {result.simulations} simulated, "
+        f"searched {len(result.trials)} candidates of a grid of {result.grid_size:,}: "
+        f"{result.simulations} simulated, "
         f"{result.plans} plans made (the rest reused an equal run or were pruned)"
     )
     best, default = result.best, result.default
@@ -363,7 +368,8 @@ def _print(
             f"requests of {args.max_model_len:,} tokens held" if settings.unit == "requests" else "KV tokens"
         )
         print(
-            f"  {what}: kvcore's layout {fmt.format(settings.kvcore_tokens)}; {settings.engine_detail}: {engine}"
+            f"  {what}: kvcore's layout {fmt.format(settings.kvcore_tokens)}; "
+            f"{settings.engine_detail}: {engine}"
         )
     if sglang_run.get("simulated"):
         print(f"  under the sglang profile: {sglang_run['served_tokens_per_step']:,.1f} tok/step")

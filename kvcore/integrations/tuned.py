@@ -352,12 +352,12 @@ def sglang_settings(
             )
         )
     try:
-        own = own_pool_sizes(
-            paged, available_bytes, attrs.evolve(rules, **({"swa_full_tokens_ratio": ratio} if ratio else {}))
-        )
+        own_rules = attrs.evolve(rules, swa_full_tokens_ratio=ratio) if ratio else rules
+        own = own_pool_sizes(paged, available_bytes, own_rules)
         engine_tokens: float | None = own.full_tokens + own.swa_tokens
         detail = (
-            f"SGLang's own configurator with these flags: full {own.full_tokens:,} + sliding {own.swa_tokens:,} tokens"
+            f"SGLang's own configurator with these flags: full {own.full_tokens:,} + sliding "
+            f"{own.swa_tokens:,} tokens"
             if own.is_hybrid_swa
             else f"SGLang's own configurator with these flags: {own.max_total_num_tokens:,} tokens"
         )

@@ -136,6 +136,26 @@ def _shifts(values: Sequence[float | None]) -> tuple[float | None, ...]:
     return out
 
 
+def _policy_values(values: Sequence[str]) -> tuple[str, ...]:
+    return _values("policies", values)
+
+
+def _block_values(values: Sequence[int | None]) -> tuple[int | None, ...]:
+    return _values("block_sizes", values)
+
+
+def _dtype_values(values: Sequence[str | None]) -> tuple[str | None, ...]:
+    return _values("kv_cache_dtypes", values)
+
+
+def _seq_values(values: Sequence[int]) -> tuple[int, ...]:
+    return _counts("max_num_seqs", values)
+
+
+def _token_values(values: Sequence[int]) -> tuple[int, ...]:
+    return _counts("max_num_batched_tokens", values)
+
+
 @attrs.frozen(kw_only=True)
 class SearchSpace:
     """The values each knob may take; the first of each makes the default candidate.
@@ -149,20 +169,12 @@ class SearchSpace:
         max_num_batched_tokens: step token budgets.
     """
 
-    policies: tuple[str, ...] = attrs.field(converter=lambda v: _values("policies", v))
-    block_sizes: tuple[int | None, ...] = attrs.field(
-        default=(None,), converter=lambda v: _values("block_sizes", v)
-    )
-    kv_cache_dtypes: tuple[str | None, ...] = attrs.field(
-        default=(None,), converter=lambda v: _values("kv_cache_dtypes", v)
-    )
+    policies: tuple[str, ...] = attrs.field(converter=_policy_values)
+    block_sizes: tuple[int | None, ...] = attrs.field(default=(None,), converter=_block_values)
+    kv_cache_dtypes: tuple[str | None, ...] = attrs.field(default=(None,), converter=_dtype_values)
     split_shifts: tuple[float | None, ...] = attrs.field(default=DEFAULT_SPLIT_SHIFTS, converter=_shifts)
-    max_num_seqs: tuple[int, ...] = attrs.field(
-        default=(128,), converter=lambda v: _counts("max_num_seqs", v)
-    )
-    max_num_batched_tokens: tuple[int, ...] = attrs.field(
-        default=(2048,), converter=lambda v: _counts("max_num_batched_tokens", v)
-    )
+    max_num_seqs: tuple[int, ...] = attrs.field(default=(128,), converter=_seq_values)
+    max_num_batched_tokens: tuple[int, ...] = attrs.field(default=(2048,), converter=_token_values)
 
     def values(self, knob: str) -> tuple[Any, ...]:
         """The values of one of :data:`KNOBS`."""
@@ -351,7 +363,7 @@ class _Search:
         self.slo_itl = slo_itl
         self.on_trial = on_trial
         self.plans: dict[Hashable, tuple[KVCachePlan | None, tuple[float, ...] | None, str | None]] = {}
-        self.runs: dict[Hashable, Trial] = {}
+        self.runs: dict[tuple[Hashable, int, int], Trial] = {}
         self.trials: dict[Knobs, Trial] = {}
         self.simulations = 0
         self.outputs = [r.output_tokens for r in workload.requests]
@@ -394,10 +406,12 @@ class _Search:
     def profile_for(self, knobs: Knobs) -> SchedulerProfile:
         """The scheduler profile with the candidate's ``max_num_seqs`` (a profile without the
         setting, such as ``kvcore``'s, runs as it is)."""
-        fields = attrs.fields_dict(type(self.profile)) if attrs.has(type(self.profile)) else {}
+        profile: Any = self.profile
+        fields = attrs.fields_dict(type(profile)) if attrs.has(type(profile)) else {}
         for name in ("max_num_seqs", "max_running_requests"):
             if name in fields:
-                return attrs.evolve(self.profile, **{name: knobs.max_num_seqs})  # type: ignore[misc]
+                evolved: SchedulerProfile = attrs.evolve(profile, **{name: knobs.max_num_seqs})
+                return evolved
         return self.profile
 
     def trial(self, knobs: Knobs) -> Trial:
@@ -405,10 +419,7 @@ class _Search:
         if knobs in self.trials:
             return self.trials[knobs]
         plan, split, error = self.plan(knobs)
-        if plan is None:
-            made = Trial(knobs=knobs, plan=None, error=error)
-        else:
-            made = self._run(knobs, plan, split)
+        made = Trial(knobs=knobs, plan=None, error=error) if plan is None else self._run(knobs, plan, split)
         self.trials[knobs] = made
         if self.on_trial is not None:
             self.on_trial(made)

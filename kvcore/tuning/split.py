@@ -103,7 +103,8 @@ def workload_split(
     pools = len(plan.pools)
     if pools < 2:
         raise InvalidInputError(
-            f"a pool split needs a plan of several pools; policy {plan.policy!r} made one (plan with kind_pools)"
+            f"a pool split needs a plan of several pools; policy {plan.policy!r} made one "
+            "(plan with kind_pools)"
         )
     if not workload.requests:
         raise InvalidInputError(f"workload {workload.name!r} has no requests to size the pools by")
