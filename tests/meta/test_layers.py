@@ -58,13 +58,43 @@ ALLOWED: dict[str, frozenset[str]] = {
     "tuning": frozenset({"contract", "planning", "runtime", "simulation", "tuning"}),
     "engine": frozenset({"contract", "planning", "frontends", "runtime", "engine"}),
     "integrations": frozenset(
-        {"contract", "planning", "frontends", "runtime", "simulation", "tuning", "engine", "integrations", "plugins"}
+        {
+            "contract",
+            "planning",
+            "frontends",
+            "runtime",
+            "simulation",
+            "tuning",
+            "engine",
+            "integrations",
+            "plugins",
+        }
     ),
     "cli": frozenset(
-        {"contract", "planning", "frontends", "runtime", "simulation", "tuning", "engine", "integrations", "cli"}
+        {
+            "contract",
+            "planning",
+            "frontends",
+            "runtime",
+            "simulation",
+            "tuning",
+            "engine",
+            "integrations",
+            "cli",
+        }
     ),
     "testing": frozenset(
-        {"contract", "planning", "frontends", "runtime", "simulation", "tuning", "engine", "testing", "plugins"}
+        {
+            "contract",
+            "planning",
+            "frontends",
+            "runtime",
+            "simulation",
+            "tuning",
+            "engine",
+            "testing",
+            "plugins",
+        }
     ),
     "plugins": frozenset({"contract", "planning", "plugins"}),
     "policies": frozenset({"contract", "planning", "policies"}),

@@ -3,8 +3,7 @@
 import math
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
 from kvcore import InsufficientMemoryError, InvalidInputError, PlanOptions, SizingContext, plan_kv_cache
 from kvcore.planning.capacity import split_by_fractions
