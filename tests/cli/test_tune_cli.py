@@ -42,7 +42,7 @@ def test_json_carries_the_best_front_trials_and_flags(run_cli):
 
 def test_plot_writes_an_svg(run_cli, tmp_path):
     path = tmp_path / "tune.svg"
-    status, out, err = run_cli("tune", *SMALL, *SYNTHETIC, *SPACE, "--plot", path)
+    status, _out, err = run_cli("tune", *SMALL, *SYNTHETIC, *SPACE, "--plot", path)
     assert status == 0, err
     text = path.read_text()
     assert text.startswith("<svg") and "<polyline" in text and "circle" in text
@@ -94,6 +94,6 @@ def test_bad_options_are_refused_with_the_fix(run_cli, extra, words):
         status, out, err = run_cli("tune", *SMALL, *SYNTHETIC, "--policies", "shared_buffer", *extra)
     except SystemExit as exc:  # argparse's own refusals
         status = exc.code
-        out, err = run_cli.capsys.readouterr()
+        _out, err = run_cli.capsys.readouterr()
     assert status != 0
     assert words in err and "Traceback" not in err
