@@ -363,14 +363,15 @@ def _print(
         for setting, why in settings.cannot_express:
             print(f"  cannot express {setting}: {why}")
         fmt = "{:,.2f}" if settings.unit == "requests" else "{:,.0f}"
-        engine = fmt.format(settings.engine_tokens) if settings.engine_tokens is not None else "-"
         what = (
             f"requests of {args.max_model_len:,} tokens held" if settings.unit == "requests" else "KV tokens"
         )
-        print(
-            f"  {what}: kvcore's layout {fmt.format(settings.kvcore_tokens)}; "
-            f"{settings.engine_detail}: {engine}"
+        engine = (
+            f"{settings.engine_detail}: {fmt.format(settings.engine_tokens)}"
+            if settings.engine_tokens is not None
+            else settings.engine_detail
         )
+        print(f"  {what}: kvcore's layout {fmt.format(settings.kvcore_tokens)}; {engine}")
     if sglang_run.get("simulated"):
         print(f"  under the sglang profile: {sglang_run['served_tokens_per_step']:,.1f} tok/step")
     else:

@@ -253,7 +253,8 @@ def vllm_settings(
         engine_tokens: float | None = own.max_concurrency()
         detail = f"vLLM's own grouping (modelled by {VLLM_OWN_POLICY}, one page size per group)"
     except KVCoreError as exc:
-        engine_tokens, detail = None, f"vLLM's own grouping holds no request here: {exc}"
+        # the first clause says what is short; the fix that follows is for a plan, not for flags
+        engine_tokens, detail = None, f"vLLM's own grouping holds no request here: {str(exc).split(';')[0]}"
     return EngineSettings(
         engine="vllm",
         flags=tuple(flags),
@@ -362,7 +363,7 @@ def sglang_settings(
             else f"SGLang's own configurator with these flags: {own.max_total_num_tokens:,} tokens"
         )
     except KVCoreError as exc:
-        engine_tokens, detail = None, f"SGLang's own configurator refuses: {exc}"
+        engine_tokens, detail = None, f"SGLang's own configurator refuses: {str(exc).split(';')[0]}"
     return EngineSettings(
         engine="sglang",
         flags=tuple(flags),

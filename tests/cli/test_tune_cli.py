@@ -91,7 +91,7 @@ def test_with_a_gpu_the_objective_is_in_seconds(run_cli):
 )
 def test_bad_options_are_refused_with_the_fix(run_cli, extra, words):
     try:
-        status, out, err = run_cli("tune", *SMALL, *SYNTHETIC, "--policies", "shared_buffer", *extra)
+        status, _, err = run_cli("tune", *SMALL, *SYNTHETIC, "--policies", "shared_buffer", *extra)
     except SystemExit as exc:  # argparse's own refusals
         status = exc.code
         _out, err = run_cli.capsys.readouterr()

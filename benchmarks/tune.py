@@ -1,0 +1,220 @@
+"""What ``kvcore tune`` buys over the engines' defaults, simulated on the bundled traces.
+
+For Gemma-3-27B, gpt-oss-20b, Llama-4-Scout and Jamba-1.5-Mini on samples of the chat and
+long-document traces (``examples/traces``: the first CHAT_REQUESTS chat requests and the first
+DOC_REQUESTS documents), each with a KV budget of BUDGET and max_model_len MAX_LEN, steps timed
+by the H100 roofline at tp 1 (a lower bound; Llama-4-Scout's and Jamba's bf16 weights would not
+fit one H100, and their bytes are still what each step reads):
+
+- **vLLM defaults**: vLLM's own grouping (``equal_groups``, one page size per group, planned
+  under vLLM's rules by ``plan_for_vllm``), the specs' block size, ``max_num_seqs`` 128,
+  ``max_num_batched_tokens`` 2048, async scheduling; replayed by the ``vllm`` profile;
+- **SGLang defaults**: SGLang's own configurator (``swa_full_tokens_ratio`` 0.8, page 1,
+  ``chunked_prefill_size`` 2048, ``max_running_requests`` 128) as a ``kind_pools`` plan of the
+  same pools; replayed by the ``sglang`` profile when one is registered (else its KV tokens
+  only, and the row says so: no other profile stands in);
+- **tuned**: :func:`kvcore.tuning.search.tune` over every policy, the pool split,
+  ``max_num_seqs`` 128/256/512 and ``max_num_batched_tokens`` 2048/4096/8192 (KV dtype as the
+  model's: fp8 changes the model's numbers, so it is not assumed allowed), planned under vLLM's
+  rules and replayed by the ``vllm`` profile, maximising output tokens per second.
+
+Then, on the long-document sample, ``kind_pools`` with the workload-sized split (the best of
+the split knob) beside ``shared_buffer``, every other setting the vLLM defaults'.
+
+Target: tuned >= 1.3x vLLM's defaults on the hybrids (every model here is one). The ratio is
+printed whatever it is.
+
+    python benchmarks/tune.py
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import attrs
+
+from kvcore import Registry, model_layer_specs
+from kvcore.cli.table import render_table
+from kvcore.frontends.hf_config import load_model_config
+from kvcore.integrations.sglang.rules import (
+    SglangRules,
+    as_sglang_runs,
+    cell_bytes,
+    check_specs,
+    own_pool_sizes,
+    plan_for_sglang,
+    runs_hybrid_swa,
+    sglang_specs,
+)
+from kvcore.integrations.tuned import VLLM_OWN_POLICY, sglang_profile, vllm_planner
+from kvcore.integrations.vllm.rules import VllmRules, plan_for_vllm
+from kvcore.policy import PlanOptions
+from kvcore.simulation.gpus import find_gpu
+from kvcore.simulation.profiles.vllm import VllmProfile
+from kvcore.simulation.simulator import SimulationResult, simulate
+from kvcore.simulation.timing import latency_report, roofline
+from kvcore.simulation.workload import Workload, read_trace
+from kvcore.spec import SizingContext
+from kvcore.tuning.search import SearchSpace, tune
+
+GIB = 2**30
+BUDGET = 8 * GIB
+MAX_LEN = 32768
+BATCH = 2048
+CHAT_REQUESTS = 300
+DOC_REQUESTS = 60
+TRACES = Path(__file__).resolve().parents[1] / "examples" / "traces"
+MODELS = [
+    "google/gemma-3-27b-it",
+    "openai/gpt-oss-20b",
+    "meta-llama/Llama-4-Scout-17B-16E-Instruct",
+    "ai21labs/AI21-Jamba-1.5-Mini",
+]
+TARGET = 1.3
+
+
+def _tokens_per_second(result: SimulationResult, workload: Workload) -> float:
+    if result.timeline is None:
+        return 0.0
+    return latency_report(result.timeline, [r.output_tokens for r in workload.requests]).output_tokens_per_second
+
+
+def main() -> int:
+    registry = Registry.default()
+    gpu = find_gpu("H100")
+    sglang = sglang_profile(registry)
+    traces = {
+        "chat": Workload(read_trace(TRACES / "chat.jsonl").requests[:CHAT_REQUESTS], name="chat"),
+        "long-documents": Workload(
+            read_trace(TRACES / "long-documents.jsonl").requests[:DOC_REQUESTS], name="long-documents"
+        ),
+    }
+    space = SearchSpace(
+        policies=tuple(registry.policies),
+        max_num_seqs=(128, 256, 512),
+        max_num_batched_tokens=(BATCH, 2 * BATCH, 4 * BATCH),
+    )
+    rows = []
+    splits = []
+    short = 0
+    started = time.perf_counter()
+    for model in MODELS:
+        config, source = load_model_config(model)
+        specs = model_layer_specs(model, registry)
+
+        def timer(plan, config=config, source=source):  # type: ignore[no-untyped-def]
+            return roofline(config, registry, plan, gpu, source=source)
+
+        for trace, workload in traces.items():
+            context = SizingContext(max_model_len=MAX_LEN, max_num_batched_tokens=BATCH)
+            clock = time.perf_counter()
+            # vLLM's defaults
+            rules = VllmRules(max_model_len=MAX_LEN, max_num_batched_tokens=BATCH)
+            own = plan_for_vllm(
+                specs, BUDGET, rules, registry=registry, policy=VLLM_OWN_POLICY, options=PlanOptions(mixed_pages=False)
+            )
+            vllm_run = simulate(own, workload, step_time=timer(own), scheduler=VllmProfile())
+            vllm_tps = _tokens_per_second(vllm_run, workload)
+            # SGLang's defaults
+            architectures = [str(a) for a in config.get("architectures") or ()]
+            sg_specs = as_sglang_runs(specs, runs_hybrid_swa(architectures))
+            sg_rules = SglangRules(context_len=MAX_LEN, chunked_prefill_size=BATCH)
+            sizes = own_pool_sizes(sglang_specs(sg_specs, sg_rules), BUDGET, sg_rules)
+            sglang_cell = f"{sizes.full_tokens + sizes.swa_tokens:,} tokens, not simulated (no sglang profile)"
+            if sglang is not None:
+                paged = sglang_specs(sg_specs, sg_rules)
+                pools = check_specs(paged)
+                by_pool = {"full": sizes.full_tokens, "swa": sizes.swa_tokens, "mamba": sizes.mamba_states}
+                weights = [by_pool[p] * cell_bytes(paged, names) for p, names in pools.items()]
+                options = PlanOptions(pool_split=tuple(w / sum(weights) for w in weights)) if len(weights) > 1 else None
+                plan = plan_for_sglang(sg_specs, BUDGET, sg_rules, registry=registry, options=options)
+                sg_run = simulate(plan, workload, scheduler=sglang)
+                sglang_cell = f"{sg_run.served_tokens_per_step:,.1f} tok/step"
+            # tuned
+            result = tune(
+                specs,
+                BUDGET,
+                context,
+                workload,
+                space,
+                registry=registry,
+                objective="throughput",
+                scheduler=VllmProfile(),
+                step_time=timer,
+                planner=vllm_planner(registry),
+            )
+            best = result.best
+            ratio = best.score / vllm_tps if vllm_tps else float("inf")
+            short += ratio < TARGET
+            knobs = best.knobs
+            rows.append(
+                [
+                    model.split("/")[-1],
+                    trace,
+                    f"{vllm_tps:,.0f}",
+                    sglang_cell,
+                    f"{best.score:,.0f}",
+                    f"{ratio:.2f}x",
+                    f"{knobs.policy} {knobs.describe('split_shift') if best.pool_split else ''}".strip()
+                    + f", seqs {knobs.max_num_seqs}, batch {knobs.max_num_batched_tokens}",
+                    f"{result.simulations}/{len(result.trials)}",
+                    f"{time.perf_counter() - clock:.0f} s",
+                ]
+            )
+            if trace == "long-documents":
+                pooled = [
+                    t
+                    for t in result.trials
+                    if t.ok and t.knobs.policy == "kind_pools" and t.knobs.split_shift is not None
+                    and (t.knobs.max_num_seqs, t.knobs.max_num_batched_tokens) == (128, BATCH)
+                ]
+                shared = [
+                    t
+                    for t in result.trials
+                    if t.ok and t.knobs.policy == "shared_buffer"
+                    and (t.knobs.max_num_seqs, t.knobs.max_num_batched_tokens) == (128, BATCH)
+                ]
+                if pooled and shared:
+                    top = max(pooled, key=lambda t: t.score)
+                    worst = [t for t in result.trials if t.ok and t.knobs == attrs.evolve(top.knobs, split_shift=None)]
+                    splits.append(
+                        [
+                            model.split("/")[-1],
+                            f"{worst[0].score:,.0f}" if worst else "-",
+                            f"{top.score:,.0f} ({top.knobs.describe('split_shift')})",
+                            f"{shared[0].score:,.0f}",
+                            f"{top.score / shared[0].score:.3f}",
+                        ]
+                    )
+                else:
+                    splits.append([model.split("/")[-1], "-", "no kind_pools plan", "-", "-"])
+            print(f"  {model} {trace}: {time.perf_counter() - clock:.0f} s", file=sys.stderr)
+    print(
+        f"KV budget {BUDGET // GIB} GiB, max_model_len {MAX_LEN:,}, H100 roofline (tp 1); chat: first "
+        f"{CHAT_REQUESTS} requests, long documents: first {DOC_REQUESTS}; output tokens per second"
+    )
+    print(
+        render_table(
+            ["model", "trace", "vLLM defaults", "SGLang defaults", "tuned", "tuned/vLLM", "tuned candidate",
+             "simulated/tried", "time"],
+            rows,
+            align="llrrrrlrr",
+        )
+    )
+    print()
+    print("long documents: kind_pools' split against shared_buffer (max_num_seqs 128, batch 2048; tok/s)")
+    print(
+        render_table(
+            ["model", "worst-case split", "workload-sized split", "shared_buffer", "sized/shared"],
+            splits,
+            align="lrrrr",
+        )
+    )
+    print(f"\n{short} of {len(rows)} rows below {TARGET}x; total {time.perf_counter() - started:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
