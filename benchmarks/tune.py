@@ -37,6 +37,7 @@ import attrs
 
 from kvcore import Registry, model_layer_specs
 from kvcore.cli.table import render_table
+from kvcore.errors import KVCoreError
 from kvcore.frontends.hf_config import load_model_config
 from kvcore.integrations.sglang.rules import (
     SglangRules,
@@ -78,7 +79,9 @@ TARGET = 1.3
 def _tokens_per_second(result: SimulationResult, workload: Workload) -> float:
     if result.timeline is None:
         return 0.0
-    return latency_report(result.timeline, [r.output_tokens for r in workload.requests]).output_tokens_per_second
+    return latency_report(
+        result.timeline, [r.output_tokens for r in workload.requests]
+    ).output_tokens_per_second
 
 
 def main() -> int:
@@ -113,7 +116,12 @@ def main() -> int:
             # vLLM's defaults
             rules = VllmRules(max_model_len=MAX_LEN, max_num_batched_tokens=BATCH)
             own = plan_for_vllm(
-                specs, BUDGET, rules, registry=registry, policy=VLLM_OWN_POLICY, options=PlanOptions(mixed_pages=False)
+                specs,
+                BUDGET,
+                rules,
+                registry=registry,
+                policy=VLLM_OWN_POLICY,
+                options=PlanOptions(mixed_pages=False),
             )
             vllm_run = simulate(own, workload, step_time=timer(own), scheduler=VllmProfile())
             vllm_tps = _tokens_per_second(vllm_run, workload)
@@ -121,17 +129,31 @@ def main() -> int:
             architectures = [str(a) for a in config.get("architectures") or ()]
             sg_specs = as_sglang_runs(specs, runs_hybrid_swa(architectures))
             sg_rules = SglangRules(context_len=MAX_LEN, chunked_prefill_size=BATCH)
-            sizes = own_pool_sizes(sglang_specs(sg_specs, sg_rules), BUDGET, sg_rules)
-            sglang_cell = f"{sizes.full_tokens + sizes.swa_tokens:,} tokens, not simulated (no sglang profile)"
-            if sglang is not None:
+            try:
+                sizes = own_pool_sizes(sglang_specs(sg_specs, sg_rules), BUDGET, sg_rules)
+            except KVCoreError as exc:
+                sizes, sglang_cell = None, f"not sized: {str(exc).split(':')[-1].strip()}"
+            if sizes is not None:
+                sglang_cell = (
+                    f"{sizes.full_tokens + sizes.swa_tokens:,} tokens, not simulated (no sglang profile)"
+                )
+            if sizes is not None and sglang is not None:
                 paged = sglang_specs(sg_specs, sg_rules)
                 pools = check_specs(paged)
                 by_pool = {"full": sizes.full_tokens, "swa": sizes.swa_tokens, "mamba": sizes.mamba_states}
                 weights = [by_pool[p] * cell_bytes(paged, names) for p, names in pools.items()]
-                options = PlanOptions(pool_split=tuple(w / sum(weights) for w in weights)) if len(weights) > 1 else None
+                options = (
+                    PlanOptions(pool_split=tuple(w / sum(weights) for w in weights))
+                    if len(weights) > 1
+                    else None
+                )
                 plan = plan_for_sglang(sg_specs, BUDGET, sg_rules, registry=registry, options=options)
-                sg_run = simulate(plan, workload, scheduler=sglang)
-                sglang_cell = f"{sg_run.served_tokens_per_step:,.1f} tok/step"
+                try:  # in seconds when the profile times its steps
+                    sg_run = simulate(plan, workload, step_time=timer(plan), scheduler=sglang)
+                    sglang_cell = f"{_tokens_per_second(sg_run, workload):,.0f}"
+                except KVCoreError:
+                    sg_run = simulate(plan, workload, scheduler=sglang)
+                    sglang_cell = f"{sg_run.served_tokens_per_step:,.1f} tok/step (untimed profile)"
             # tuned
             result = tune(
                 specs,
@@ -167,18 +189,25 @@ def main() -> int:
                 pooled = [
                     t
                     for t in result.trials
-                    if t.ok and t.knobs.policy == "kind_pools" and t.knobs.split_shift is not None
+                    if t.ok
+                    and t.knobs.policy == "kind_pools"
+                    and t.knobs.split_shift is not None
                     and (t.knobs.max_num_seqs, t.knobs.max_num_batched_tokens) == (128, BATCH)
                 ]
                 shared = [
                     t
                     for t in result.trials
-                    if t.ok and t.knobs.policy == "shared_buffer"
+                    if t.ok
+                    and t.knobs.policy == "shared_buffer"
                     and (t.knobs.max_num_seqs, t.knobs.max_num_batched_tokens) == (128, BATCH)
                 ]
                 if pooled and shared:
                     top = max(pooled, key=lambda t: t.score)
-                    worst = [t for t in result.trials if t.ok and t.knobs == attrs.evolve(top.knobs, split_shift=None)]
+                    worst = [
+                        t
+                        for t in result.trials
+                        if t.ok and t.knobs == attrs.evolve(top.knobs, split_shift=None)
+                    ]
                     splits.append(
                         [
                             model.split("/")[-1],
@@ -190,15 +219,24 @@ def main() -> int:
                     )
                 else:
                     splits.append([model.split("/")[-1], "-", "no kind_pools plan", "-", "-"])
-            print(f"  {model} {trace}: {time.perf_counter() - clock:.0f} s", file=sys.stderr)
+            print("  " + " | ".join(rows[-1]), file=sys.stderr)
     print(
         f"KV budget {BUDGET // GIB} GiB, max_model_len {MAX_LEN:,}, H100 roofline (tp 1); chat: first "
         f"{CHAT_REQUESTS} requests, long documents: first {DOC_REQUESTS}; output tokens per second"
     )
     print(
         render_table(
-            ["model", "trace", "vLLM defaults", "SGLang defaults", "tuned", "tuned/vLLM", "tuned candidate",
-             "simulated/tried", "time"],
+            [
+                "model",
+                "trace",
+                "vLLM defaults",
+                "SGLang defaults",
+                "tuned",
+                "tuned/vLLM",
+                "tuned candidate",
+                "simulated/tried",
+                "time",
+            ],
             rows,
             align="llrrrrlrr",
         )
