@@ -231,18 +231,17 @@ def vllm_settings(
         flags.insert(
             0, Flag(name="--block-size", value=str(block), why="tokens per block of attention layers")
         )
-    if knobs.policy != VLLM_OWN_POLICY or len(plan.pools) > 1:
-        flags.append(
-            Flag(
-                name="KVCORE_VLLM_POLICY",
-                value=knobs.policy,
-                why="kvcore's plugin plans vLLM's KV cache with this policy (pip install kvcore[vllm])",
-            )
-        )
     variant = variant_specs(specs, block_size=knobs.block_size, kv_cache_dtype=knobs.kv_cache_dtype)
-    rules = vllm_rules(plan.context, async_scheduling=async_scheduling)
+    # the candidate's own step budget: its plan's context already counts vLLM's batches in flight
+    rules = VllmRules(
+        max_model_len=plan.context.max_model_len,
+        max_num_batched_tokens=knobs.max_num_batched_tokens,
+        async_scheduling=async_scheduling,
+        max_encoder_tokens=plan.context.max_encoder_tokens,
+    )
+    own_plan: KVCachePlan | None = None
     try:
-        own = plan_for_vllm(
+        own_plan = plan_for_vllm(
             variant,
             available_bytes,
             rules,
@@ -250,11 +249,20 @@ def vllm_settings(
             policy=VLLM_OWN_POLICY,
             options=PlanOptions(mixed_pages=False),
         )
-        engine_tokens: float | None = own.max_concurrency()
+        engine_tokens: float | None = own_plan.max_concurrency()
         detail = f"vLLM's own grouping (modelled by {VLLM_OWN_POLICY}, one page size per group)"
     except KVCoreError as exc:
         # the first clause says what is short; the fix that follows is for a plan, not for flags
         engine_tokens, detail = None, f"vLLM's own grouping holds no request here: {str(exc).split(';')[0]}"
+    if own_plan is None or _pools(own_plan) != _pools(plan):
+        # vLLM's own sizing makes another plan: only kvcore's plugin runs this one
+        flags.append(
+            Flag(
+                name="KVCORE_VLLM_POLICY",
+                value=knobs.policy,
+                why="kvcore's plugin plans vLLM's KV cache with this policy (pip install kvcore[vllm])",
+            )
+        )
     return EngineSettings(
         engine="vllm",
         flags=tuple(flags),
@@ -372,6 +380,15 @@ def sglang_settings(
         engine_tokens=engine_tokens,
         engine_detail=detail,
         plan=sglang_plan,
+    )
+
+
+def _pools(plan: KVCachePlan) -> tuple[object, ...]:
+    """What tells two plans apart for an engine: the pools, and the groups' layers and specs."""
+    return (
+        tuple((p.num_blocks, p.bytes_per_block) for p in plan.pools),
+        tuple((g.layer_names, g.spec, tuple(sorted(g.layer_specs))) for g in plan.groups),
+        plan.context,
     )
 
 

@@ -6,7 +6,7 @@ import math
 import attrs
 import pytest
 
-from kvcore import InvalidInputError, SizingContext
+from kvcore import InvalidInputError, PlanOptions, SizingContext
 from kvcore.dtypes import to_dtype
 from kvcore.integrations.tuned import sglang_settings, vllm_planner, vllm_settings
 from kvcore.integrations.vllm.rules import VllmRules, plan_for_vllm
@@ -128,7 +128,9 @@ def test_vllm_flags_fed_back_reproduce_the_candidate(registry_module):
             int(flags["--kv-cache-memory-bytes"]),
             rules,
             registry=registry_module,
+            # without kvcore's plugin, vLLM plans its own grouping (one page size per group)
             policy=flags.get("KVCORE_VLLM_POLICY", "equal_groups"),
+            options=None if "KVCORE_VLLM_POLICY" in flags else PlanOptions(mixed_pages=False),
         )
         assert trial.plan is not None
         assert [(p.num_blocks, p.bytes_per_block) for p in again.pools] == [
