@@ -257,7 +257,7 @@ class TuneResult:
         objective: what was maximised.
         latency_unit: ``"s"`` or ``"steps"`` (the Pareto front's latency).
         default: the default candidate.
-        best: the best candidate (the first found on a tie).
+        best: the best candidate (the highest score; a tie within :data:`TIE`, the lower latency).
         trials: every candidate tried, in order (reused runs included).
         front: the Pareto front: candidates no other beats on score and latency at once,
             by latency.
@@ -509,6 +509,21 @@ class _Watchdog:
             )
 
 
+#: Scores within this fraction of each other count as a tie, broken by the lower latency: a
+#: simulation's last digits are noise next to a candidate that answers sooner.
+TIE = 1e-3
+
+
+def better(trial: Trial, than: Trial) -> bool:
+    """Whether ``trial`` beats ``than``: a score higher by more than :data:`TIE`, or a tied score
+    and a lower latency."""
+    if not than.ok:
+        return trial.ok
+    if trial.score > than.score * (1 + TIE):
+        return True
+    return trial.score >= than.score * (1 - TIE) and trial.latency_figure < than.latency_figure
+
+
 def shifted(split: Sequence[float], shift: float) -> tuple[float, ...]:
     """``split`` with ``shift`` more of the budget to pool 0, the others giving it up in
     proportion; kept inside (0, 1) so that it stays a valid split."""
@@ -596,7 +611,8 @@ def tune(
         on_trial: called after every candidate (a progress line).
 
     Returns:
-        The result.
+        The result. The best is the highest score; scores within :data:`TIE` of each other are
+        tied, and the lower latency wins the tie.
 
     Raises:
         InvalidInputError: a bad objective for the inputs, ``max_passes`` < 1, a KV dtype no
@@ -638,9 +654,9 @@ def tune(
                     if t.plan is not None and len(t.plan.pools) > 1
                     for shift in space.split_shifts
                 ]
-            top = max(tried, key=lambda t: t.score)
-            if top.ok and top.score > best.score:
-                best, changed = top, True
+            for trial in tried:
+                if trial.ok and better(trial, best):
+                    best, changed = trial, True
         if not changed:
             break
     # what each knob buys alone, from the default (mostly runs the search already made)
