@@ -26,7 +26,7 @@ the split knob) beside ``shared_buffer``, every other setting the vLLM defaults'
 Target: tuned >= 1.3x vLLM's defaults on the hybrids (every model here is one). The ratio is
 printed whatever it is.
 
-    python benchmarks/tune.py
+    python benchmarks/tune.py [--budget-gib 8]
 """
 
 from __future__ import annotations
@@ -65,6 +65,7 @@ from kvcore.spec import KVCacheSpec, SizingContext
 from kvcore.tuning.search import SearchSpace, tune
 
 GIB = 2**30
+#: The KV budget (``--budget-gib N`` on the command line changes it).
 BUDGET = 8 * GIB
 MAX_LEN = 32768
 BATCH = 2048
@@ -277,4 +278,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    if "--budget-gib" in sys.argv:
+        BUDGET = int(float(sys.argv[sys.argv.index("--budget-gib") + 1]) * GIB)
     sys.exit(main())
