@@ -19,8 +19,9 @@ When a plan is asked for with ``policy="auto"``, the registry tries the policies
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import attrs
 
@@ -44,6 +45,45 @@ def _block_multiples(instance: object, attribute: attrs.Attribute[str], value: o
     if value not in BLOCK_MULTIPLES:
         raise InvalidInputError(
             f"'{attribute.name}' must be one of {', '.join(map(repr, BLOCK_MULTIPLES))} (got {value!r})"
+        )
+
+
+#: How far the fractions of :attr:`PlanOptions.pool_split` may sum from 1 (float rounding).
+SPLIT_SUM_TOLERANCE = 1e-6
+
+
+def _pool_split(value: Any) -> tuple[float, ...] | None:
+    """The fractions as a tuple (a list or tuple of numbers), or ``None``; checked by
+    :func:`_check_pool_split`."""
+    if value is None:
+        return None
+    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
+        raise InvalidInputError(
+            f"'pool_split' must be a list of fractions of the budget, one per pool (got {value!r})"
+        )
+    return tuple(value)
+
+
+def _check_pool_split(
+    instance: object, attribute: attrs.Attribute[tuple[float, ...] | None], value: tuple[float, ...] | None
+) -> None:
+    if value is None:
+        return
+    if len(value) < 2:
+        raise InvalidInputError(
+            f"'pool_split' needs a fraction for each of at least 2 pools (got {len(value)}: {list(value)!r})"
+        )
+    for fraction in value:
+        if not is_number(fraction) or not math.isfinite(fraction) or not 0 < fraction < 1:
+            raise InvalidInputError(
+                "'pool_split': every fraction must be a number in (0, 1) "
+                f"(got {fraction!r} in {list(value)!r})"
+            )
+    total = math.fsum(value)
+    if abs(total - 1) > SPLIT_SUM_TOLERANCE:
+        raise InvalidInputError(
+            f"'pool_split': the fractions must sum to 1 (got {list(value)!r}, which sum to {total:.6g}); "
+            "divide each by their sum"
         )
 
 
@@ -93,6 +133,15 @@ class PlanOptions:
             for an engine whose groups take one page size each (vLLM, through
             :mod:`kvcore.integrations.vllm`): every group then has one spec (``kind_pools``
             gives each spec its own pool).
+        pool_split: for a policy that makes several block pools (``kind_pools``), the share of
+            the budget each pool gets, pool by pool (fractions in (0, 1) that sum to 1), in
+            place of the default split by what one request of ``max_model_len`` needs of each
+            (:func:`~kvcore.planning.capacity.split_budget`). A workload whose requests are
+            shorter than ``max_model_len`` holds fewer full-attention pages per sliding page
+            than the worst case; :func:`kvcore.tuning.split.workload_split` derives the
+            fractions from one. Pool ``p`` gets ``floor(budget x fraction / bytes per block)``
+            block ids, so the pools never take more than the budget. ``None`` (the default):
+            the worst-case split. A plan of one pool refuses it.
     """
 
     grouping_tolerance: float = attrs.field(default=0.005, validator=_tolerance)
@@ -102,6 +151,9 @@ class PlanOptions:
     max_groups: int | None = attrs.field(default=None, validator=_optional_count)
     block_multiples: str = attrs.field(default="power_of_two", validator=_block_multiples)
     mixed_pages: bool = attrs.field(default=True, validator=boolean)
+    pool_split: tuple[float, ...] | None = attrs.field(
+        default=None, converter=_pool_split, validator=_check_pool_split
+    )
 
     def check_group_count(self, policy: str, smallest: int) -> None:
         """Raise unless ``smallest`` groups, the fewest ``policy`` can plan the layers in, are

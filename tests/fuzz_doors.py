@@ -383,6 +383,27 @@ def command_lines(draw: st.DrawFn) -> list[str]:
     return argv
 
 
+@st.composite
+def tune_command_lines(draw: st.DrawFn) -> list[str]:
+    """``kvcore tune`` on a small synthetic workload with random numbers for ``--memory``,
+    ``--max-model-len`` and the search's lists (``--num-seqs``, ``--batched-tokens``,
+    ``--block-sizes``, ``--passes``)."""
+    argv = ["--no-plugin-autoload", "tune", "--model", "meta-llama/Llama-3.2-1B"]
+    argv += ["--memory", draw(NUMBER_TEXTS | st.sampled_from(["64MiB", "1GiB"]))]
+    argv += ["--max-model-len", draw(NUMBER_TEXTS | st.sampled_from(["512", "4096"]))]
+    argv += ["--requests", "6", "--prompt-len", "uniform:8:200", "--output-len", "uniform:1:16"]
+    argv += ["--policies", "shared_buffer"]
+    for flag in ("--num-seqs", "--batched-tokens", "--block-sizes", "--passes"):
+        if draw(st.booleans()):
+            values = draw(
+                st.lists(NUMBER_TEXTS | st.sampled_from(["1", "16", "256"]), min_size=1, max_size=3)
+            )
+            argv += [flag, ",".join(values) if flag != "--passes" else values[0]]
+    if draw(st.booleans()):
+        argv.append("--json")
+    return argv
+
+
 def cli_door(argv: list[str]) -> Outcome:
     """Run ``kvcore`` in-process; judge the exit status, stderr and (``--json``) the plan."""
     out, err = io.StringIO(), io.StringIO()
@@ -396,7 +417,7 @@ def cli_door(argv: list[str]) -> Outcome:
         return Outcome("failure", detail=f"{type(exc).__name__}: {exc}"[:500])
     text = err.getvalue()
     if status == 0:
-        if "--json" in argv and "--pp" not in argv and "--tp" not in argv:
+        if "--json" in argv and "--pp" not in argv and "--tp" not in argv and "tune" not in argv:
             report = json.loads(out.getvalue())
             return _guarded(lambda: [plan_from_dict(report, REGISTRY, check=False)])
         return Outcome("accepted")
@@ -662,6 +683,7 @@ DOORS: dict[str, tuple[Any, Callable[..., Outcome]]] = {
         config_door,
     ),
     "command line": (st.fixed_dictionaries({"argv": command_lines()}), cli_door),
+    "tune numbers": (st.fixed_dictionaries({"argv": tune_command_lines()}), cli_door),
     "plan JSON": (st.fixed_dictionaries({"data": mutated_plans()}), plan_json_door),
     "plan file": (st.fixed_dictionaries({"text": plan_file_texts()}), plan_file_door),
     "input size": (

@@ -17,7 +17,7 @@ from types import ModuleType
 from kvcore.errors import KVCoreError, PluginFailedWarning
 
 #: Sub-command modules, in the order ``kvcore --help`` lists them.
-COMMANDS: tuple[str, ...] = ("plan", "compare", "simulate", "allocate", "check", "models", "plugins")
+COMMANDS: tuple[str, ...] = ("plan", "compare", "simulate", "tune", "allocate", "check", "models", "plugins")
 
 
 def _command_modules() -> list[ModuleType]:

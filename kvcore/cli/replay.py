@@ -157,10 +157,5 @@ def simulation_row(result: SimulationResult, *, series: bool = False) -> dict[st
 
 
 def served_tokens_per_step(result: SimulationResult) -> float:
-    """The workload's own tokens per step: scheduled tokens less those recomputed after a
-    preemption, plus those found in the prefix cache, over the steps to drain. The figure plans
-    are ranked by: recomputation keeps the engine busy but serves nothing new, so a plan that
-    preempts more must not look faster; a cached token is served without computing.
-    """
-    served = result.total_tokens - result.recomputed_tokens + result.cached_tokens
-    return served / max(result.steps, 1)
+    """The workload's own tokens per step (:attr:`SimulationResult.served_tokens_per_step`)."""
+    return result.served_tokens_per_step

@@ -34,6 +34,36 @@ def blocks_that_fit(available_bytes: int, bytes_per_block: int) -> int:
     return available_bytes // bytes_per_block if bytes_per_block else 0
 
 
+def split_by_fractions(
+    available_bytes: int, bytes_per_block: Sequence[int], fractions: Sequence[float]
+) -> tuple[int, ...]:
+    """Block counts for several pools that share one budget, pool ``p`` taking the share
+    ``fractions[p]`` of it (:attr:`~kvcore.policy.PlanOptions.pool_split`).
+
+    Pool ``p`` gets ``floor(available_bytes x fractions[p] / bytes_per_block[p])`` ids; the
+    fractions sum to 1 (checked where they are given), and should float rounding make the pools
+    take a byte more than the budget, the pool of the largest blocks gives one back until they
+    do not.
+
+    Args:
+        available_bytes: the budget.
+        bytes_per_block: what one block id of each pool costs (0: the pool has no bytes here).
+        fractions: the share of each pool.
+
+    Returns:
+        The block count of each pool (0 for a pool of no bytes).
+    """
+    counts = [
+        int(available_bytes * fraction) // size if size else 0
+        for fraction, size in zip(fractions, bytes_per_block, strict=True)
+    ]
+    # the fractions sum to 1 only within float rounding: never let that exceed the budget
+    while sum(c * b for c, b in zip(counts, bytes_per_block, strict=True)) > available_bytes:
+        largest = max((p for p, c in enumerate(counts) if c), key=lambda p: bytes_per_block[p])
+        counts[largest] -= 1
+    return tuple(counts)
+
+
 def split_budget(
     available_bytes: int, bytes_per_block: Sequence[int], need: Sequence[int]
 ) -> tuple[int, ...]:

@@ -47,7 +47,7 @@ from kvcore.errors import (
 from kvcore.peaks import pool_peaks
 from kvcore.plan import KVCacheGroup, KVCachePlan, KVCachePool, KVCacheTensor
 from kvcore.planning.admission import check_admission
-from kvcore.planning.capacity import blocks_that_fit, split_budget
+from kvcore.planning.capacity import blocks_that_fit, split_budget, split_by_fractions
 from kvcore.planning.invariants import plan_problems
 from kvcore.planning.max_len import (
     LENGTH_CEILING,
@@ -199,8 +199,11 @@ class _Planner:
         budgets = request.budgets
         if request.num_blocks is None:
             # every rank's own split of its budget; the common count of each pool is the least
+            split = pool_split_of(options, len(need), chosen.name)
             splits = [
                 split_budget(memory, layout.pool_bytes, need)
+                if split is None
+                else split_by_fractions(memory, layout.pool_bytes, split)
                 for memory, layout in zip(budgets, layouts, strict=True)
             ]
             blocks = tuple(min(counts) for counts in zip(*splits, strict=True))
@@ -663,6 +666,26 @@ def pool_needs(groups: Sequence[KVCacheGroup], num_pools: int, context: SizingCo
         One count per pool.
     """
     return pool_peaks(groups, num_pools, context)
+
+
+def pool_split_of(options: PlanOptions | None, num_pools: int, policy_name: str) -> tuple[float, ...] | None:
+    """The fractions :attr:`~kvcore.policy.PlanOptions.pool_split` asks for, checked against the
+    pools the policy made (``None``: split by need).
+
+    Raises:
+        InvalidInputError: a split given for a layout of another number of pools.
+    """
+    split = options.pool_split if options is not None else None
+    if split is None:
+        return None
+    if len(split) != num_pools:
+        made = f"{num_pools} block pool" + ("s" if num_pools != 1 else "")
+        raise InvalidInputError(
+            f"'pool_split' gives {len(split)} fractions but policy {policy_name!r} made {made} for these "
+            "layers; give one fraction per pool"
+            + (", or plan with a policy of several pools (kind_pools)" if num_pools == 1 else "")
+        )
+    return split
 
 
 def forced_counts(num_blocks: int | Sequence[int], num_pools: int, policy_name: str) -> tuple[int, ...]:

@@ -14,6 +14,10 @@ apart; this is kvcore's form of that layout:
   ``max_model_len`` needs of each (:func:`~kvcore.planning.capacity.split_budget`), so for
   requests of that length every pool runs out together and the plan holds the ideal number
   of them, with as many block tables as there are retention kinds.
+- A split of your own, for the traffic rather than the worst case, is
+  :attr:`PlanOptions.pool_split <kvcore.policy.PlanOptions.pool_split>`: one fraction of the
+  budget per pool (:func:`kvcore.tuning.split.workload_split` derives it from a workload;
+  ``kvcore tune`` searches it).
 
 What it costs: pools are not fungible. A workload of requests shorter than ``max_model_len``
 leaves the pool of full-attention layers with room while a sliding-window pool (whose need

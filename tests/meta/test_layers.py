@@ -36,6 +36,7 @@ PREFIXES: tuple[tuple[str, str], ...] = (
     ("kvcore.frontends", "frontends"),
     ("kvcore.runtime", "runtime"),
     ("kvcore.simulation", "simulation"),
+    ("kvcore.tuning", "tuning"),
     ("kvcore.engine", "engine"),
     ("kvcore.integrations", "integrations"),
     ("kvcore.cli", "cli"),
@@ -54,15 +55,46 @@ ALLOWED: dict[str, frozenset[str]] = {
     "frontends": frozenset({"contract", "planning", "frontends", "data"}),
     "runtime": frozenset({"contract", "planning", "runtime"}),
     "simulation": frozenset({"contract", "planning", "runtime", "simulation"}),
+    "tuning": frozenset({"contract", "planning", "runtime", "simulation", "tuning"}),
     "engine": frozenset({"contract", "planning", "frontends", "runtime", "engine"}),
     "integrations": frozenset(
-        {"contract", "planning", "frontends", "runtime", "simulation", "engine", "integrations", "plugins"}
+        {
+            "contract",
+            "planning",
+            "frontends",
+            "runtime",
+            "simulation",
+            "tuning",
+            "engine",
+            "integrations",
+            "plugins",
+        }
     ),
     "cli": frozenset(
-        {"contract", "planning", "frontends", "runtime", "simulation", "engine", "integrations", "cli"}
+        {
+            "contract",
+            "planning",
+            "frontends",
+            "runtime",
+            "simulation",
+            "tuning",
+            "engine",
+            "integrations",
+            "cli",
+        }
     ),
     "testing": frozenset(
-        {"contract", "planning", "frontends", "runtime", "simulation", "engine", "testing", "plugins"}
+        {
+            "contract",
+            "planning",
+            "frontends",
+            "runtime",
+            "simulation",
+            "tuning",
+            "engine",
+            "testing",
+            "plugins",
+        }
     ),
     "plugins": frozenset({"contract", "planning", "plugins"}),
     "policies": frozenset({"contract", "planning", "policies"}),

@@ -74,7 +74,9 @@ def _decimal(value: float) -> str:
 def _tier_bytes(plan: KVCachePlan) -> int:
     tier = plan.offload_tier
     if tier is None:
-        raise InvalidInputError("the plan has no host tier; give it one (kvcore.planning.offload.with_host_memory)")
+        raise InvalidInputError(
+            "the plan has no host tier; give it one (kvcore.planning.offload.with_host_memory)"
+        )
     if not plan.runs_in_one_pool:
         raise InvalidInputError(
             f"the plan has {len(plan.pools)} block pools; vLLM, SGLang and LMCache size one host tier for "

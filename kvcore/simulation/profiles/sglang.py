@@ -236,7 +236,9 @@ def sglang_pools(plan: KVCachePlan) -> SglangPools:
     fix = "plan for SGLang with kind_pools and one block size (kvcore.integrations.sglang.plan_for_sglang)"
     sizes = sorted({g.spec.block_size for g in plan.groups})
     if len(sizes) > 1:
-        raise InvalidInputError(f"the plan has block sizes {sizes}, but SGLang has one page size for every pool; {fix}")
+        raise InvalidInputError(
+            f"the plan has block sizes {sizes}, but SGLang has one page size for every pool; {fix}"
+        )
     owners = [g.pool for g in plan.groups]
     if len(set(owners)) < len(owners):
         raise InvalidInputError(

@@ -1,0 +1,198 @@
+"""kvcore.tuning.search: the coordinate search, its pruning, the Pareto front, and engine flags
+that reproduce the chosen candidate."""
+
+import math
+
+import attrs
+import pytest
+
+from kvcore import InvalidInputError, PlanOptions, SizingContext
+from kvcore.dtypes import to_dtype
+from kvcore.integrations.tuned import sglang_settings, vllm_planner, vllm_settings
+from kvcore.integrations.vllm.rules import VllmRules, plan_for_vllm
+from kvcore.planning.compare import variant_specs
+from kvcore.simulation.workload import parse_length, synthetic
+from kvcore.tuning.search import TIE, Knobs, SearchSpace, Trial, better, dominated, pareto_front, tune
+from tests.helpers import full, mix, sliding
+
+GIB = 1 << 30
+CTX = SizingContext(max_model_len=4096)
+SPECS = mix((2, full()), (10, sliding(512)))
+WORKLOAD = synthetic(
+    40, parse_length("uniform:64:1024"), parse_length("uniform:16:128"), rate=2.0, seed=3, max_model_len=4096
+)
+SPACE = SearchSpace(
+    policies=("shared_buffer", "kind_pools", "equal_groups"),
+    max_num_seqs=(8, 256),
+    max_num_batched_tokens=(512, 1024),
+)
+
+
+@pytest.fixture(scope="module")
+def searched(registry_module):
+    return tune(SPECS, GIB // 8, CTX, WORKLOAD, SPACE, registry=registry_module, scheduler="vllm")
+
+
+@pytest.fixture(scope="module")
+def registry_module():
+    from kvcore.planning.registry import Registry
+
+    return Registry.default()
+
+
+def test_the_best_is_the_highest_score_and_on_the_front(searched):
+    ran = [t for t in searched.trials if t.ok]
+    assert searched.best.score >= max(t.score for t in ran) * (1 - TIE)
+    assert searched.best.score >= searched.default.score
+    assert any(t.knobs == searched.best.knobs or t.score == searched.best.score for t in searched.front)
+
+
+def test_the_front_holds_no_dominated_candidate_and_drops_the_dominated(searched):
+    ran = [t for t in searched.trials if t.ok]
+    for trial in searched.front:
+        assert not dominated(trial, ran)
+    for trial in ran:
+        if trial not in searched.front:
+            assert dominated(trial, ran) or any(
+                (t.score, t.latency_figure) == (trial.score, trial.latency_figure) for t in searched.front
+            )
+
+
+def _trial(score, latency):
+    knobs = Knobs("p", None, None, None, 1, 1)
+    return attrs.evolve(Trial(knobs=knobs, plan=None), score=score, latency_figure=latency, result=object())
+
+
+def test_pareto_front_by_hand():
+    a, b, c, d = _trial(10, 5), _trial(12, 6), _trial(9, 7), _trial(12, 8)
+    assert pareto_front([a, b, c, d]) == (a, b)  # c worse than a on both; d ties b's score, slower
+    assert dominated(c, [a, b, c, d]) and not dominated(a, [a, b, c, d])
+
+
+def test_a_tie_goes_to_the_lower_latency():
+    fast, slow, high = _trial(10.0, 5), _trial(10.0 * (1 + TIE / 2), 9), _trial(10.0 * (1 + 2 * TIE), 9)
+    assert better(fast, slow) and not better(slow, fast)
+    assert better(high, fast)
+
+
+def test_a_cap_that_never_bound_is_not_simulated_again(searched):
+    reused = [t for t in searched.trials if t.reused]
+    assert reused and searched.simulations < len([t for t in searched.trials if t.ok])
+    for trial in reused:
+        # a reused run is a run of the same plan: equal figures
+        twin = next(t for t in searched.trials if not t.reused and t.ok and t.result is trial.result)
+        assert twin.score == trial.score
+
+
+def test_the_split_knob_is_searched_for_the_pooled_policy(searched):
+    splits = {t.knobs.split_shift for t in searched.trials if t.knobs.policy == "kind_pools" and t.ok}
+    assert None in splits and 0.0 in splits
+    sized = next(t for t in searched.trials if t.knobs.policy == "kind_pools" and t.knobs.split_shift == 0.0)
+    assert sized.pool_split is not None and math.isclose(sum(sized.pool_split), 1.0)
+
+
+def test_knob_effects_change_one_knob_from_the_default(searched):
+    default = searched.default.knobs
+    for effect in searched.knob_effects:
+        alone = [
+            t
+            for t in searched.trials
+            if all(
+                getattr(t.knobs, k) == getattr(default, k)
+                for k in attrs.fields_dict(Knobs)
+                if k != effect.knob
+            )
+        ]
+        assert effect.score == max(t.score for t in alone)
+
+
+def test_vllm_flags_fed_back_reproduce_the_candidate(registry_module):
+    space = SearchSpace(
+        policies=("shared_buffer", "equal_groups"),
+        kv_cache_dtypes=(None, "fp8"),
+        max_num_seqs=(16, 128),
+        max_num_batched_tokens=(512, 1024),
+    )
+    budget = GIB // 8
+    result = tune(
+        SPECS, budget, CTX, WORKLOAD, space, registry=registry_module, planner=vllm_planner(registry_module)
+    )
+    for trial in [result.best, *result.front]:
+        settings = vllm_settings(trial, SPECS, budget, registry=registry_module)
+        flags = {f.name: f.value for f in settings.flags}
+        dtype = flags["--kv-cache-dtype"]
+        specs = variant_specs(
+            SPECS,
+            block_size=int(flags["--block-size"]),
+            kv_cache_dtype=None if dtype == "auto" else to_dtype(dtype),
+        )
+        rules = VllmRules(
+            max_model_len=CTX.max_model_len, max_num_batched_tokens=int(flags["--max-num-batched-tokens"])
+        )
+        again = plan_for_vllm(
+            specs,
+            int(flags["--kv-cache-memory-bytes"]),
+            rules,
+            registry=registry_module,
+            # without kvcore's plugin, vLLM plans its own grouping (one page size per group)
+            policy=flags.get("KVCORE_VLLM_POLICY", "equal_groups"),
+            options=None if "KVCORE_VLLM_POLICY" in flags else PlanOptions(mixed_pages=False),
+        )
+        assert trial.plan is not None
+        assert [(p.num_blocks, p.bytes_per_block) for p in again.pools] == [
+            (p.num_blocks, p.bytes_per_block) for p in trial.plan.pools
+        ]
+        assert again.max_concurrency() == trial.plan.max_concurrency() == settings.kvcore_tokens
+        assert int(flags["--max-num-seqs"]) == trial.knobs.max_num_seqs
+
+
+def test_a_pooled_candidate_names_what_vllm_cannot_express_and_gives_sglang_its_split(registry_module):
+    space = SearchSpace(policies=("kind_pools",), split_shifts=(0.0,))
+    result = tune(SPECS, GIB // 2, CTX, WORKLOAD, space, registry=registry_module)
+    vllm = vllm_settings(result.best, SPECS, GIB // 2, registry=registry_module)
+    assert any("block pools" in setting for setting, _ in vllm.cannot_express)
+    sglang = sglang_settings(result.best, SPECS, GIB // 2, registry=registry_module)
+    flags = {f.name: f.value for f in sglang.flags}
+    ratio = float(flags["--swa-full-tokens-ratio"])
+    assert ratio > 0 and not sglang.cannot_express
+    # SGLang's own configurator, told the ratio, sizes what kvcore's split holds (within its page rounding)
+    assert sglang.engine_tokens is not None
+    assert abs(sglang.engine_tokens - sglang.kvcore_tokens) <= 0.01 * sglang.kvcore_tokens
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "words"),
+    [
+        ({"objective": "speed"}, "unknown objective"),
+        ({"objective": "throughput"}, "is in seconds"),
+        ({"objective": "goodput", "step_time": lambda plan: None}, "latency target"),
+        ({"max_passes": 0}, "'max_passes'"),
+    ],
+)
+def test_bad_search_inputs_are_refused(registry_module, kwargs, words):
+    with pytest.raises(InvalidInputError, match=None) as info:
+        tune(SPECS, GIB // 8, CTX, WORKLOAD, SPACE, registry=registry_module, **kwargs)
+    assert words in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "words"),
+    [
+        ("policies", (), "no value"),
+        ("max_num_seqs", (0,), "int >= 1"),
+        ("max_num_batched_tokens", (True,), "int >= 1"),
+        ("split_shifts", (1.5,), "(-1, 1)"),
+    ],
+)
+def test_a_bad_search_space_is_refused(field, value, words):
+    kwargs = {"policies": ("shared_buffer",), field: value}
+    with pytest.raises(InvalidInputError) as info:
+        SearchSpace(**kwargs)
+    assert words in str(info.value)
+
+
+def test_no_candidate_that_runs_says_why(registry_module):
+    with pytest.raises(InvalidInputError, match="no candidate could be planned"):
+        tune(
+            SPECS, 1 << 20, CTX, WORKLOAD, SearchSpace(policies=("shared_buffer",)), registry=registry_module
+        )
