@@ -230,9 +230,11 @@ def _core_modules():
 
 def _engine_flags(path):
     """An engine integration's messages may name the engine's own server flags (SGLang's
-    ``--max-total-tokens``): its users set those on the engine's command line, not kvcore's."""
+    ``--max-total-tokens``): its users set those on the engine's command line, not kvcore's.
+    That is every module of ``integrations/<engine>/`` and the flags-out module ``tuned.py``
+    (each engine's flags for a tuned candidate)."""
     parts = path.relative_to(CORE).parts
-    return parts[0] == "integrations" and len(parts) > 2
+    return parts[0] == "integrations" and (len(parts) > 2 or parts[1] == "tuned.py")
 
 
 @pytest.mark.parametrize("path", _core_modules(), ids=lambda p: str(p.relative_to(CORE)))
