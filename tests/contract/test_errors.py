@@ -231,15 +231,22 @@ def _core_modules():
 def _engine_flags(path):
     """An engine integration's messages may name the engine's own server flags (SGLang's
     ``--max-total-tokens``): its users set those on the engine's command line, not kvcore's.
-    That is every module of ``integrations/<engine>/`` and the flags-out module ``tuned.py``
-    (each engine's flags for a tuned candidate)."""
+    That is every module of ``integrations/<engine>/``."""
     parts = path.relative_to(CORE).parts
-    return parts[0] == "integrations" and (len(parts) > 2 or parts[1] == "tuned.py")
+    return parts[0] == "integrations" and len(parts) > 2
+
+
+#: Modules whose strings are engines' flags as data, not messages: the flags-out table of a
+#: tuned candidate (``--max-num-seqs`` there is vLLM's flag, whatever kvcore's own are called).
+ENGINE_FLAG_TABLES = ("integrations/tuned.py",)
 
 
 @pytest.mark.parametrize("path", _core_modules(), ids=lambda p: str(p.relative_to(CORE)))
 def test_no_message_outside_the_command_line_names_a_flag(path):
     from kvcore.cli import build_parser
+
+    if path.relative_to(CORE).as_posix() in ENGINE_FLAG_TABLES:
+        pytest.skip("its strings are the engines' flags for a tuned candidate")
 
     parser = build_parser()
     kvcore_flags = set(parser._option_string_actions)
