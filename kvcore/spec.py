@@ -22,7 +22,7 @@ from __future__ import annotations
 import abc
 import inspect
 import re
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import ClassVar, TypeVar, get_origin
 
 import attrs
@@ -346,9 +346,7 @@ class KVCacheSpec(abc.ABC):
             return ("keeps every token", self.tokens_per_page)
         if not cls.page_fields:
             return self.group_key
-        return (cls, *(
-            getattr(self, f.name) for f in attrs.fields(cls) if f.name not in cls.page_fields
-        ))
+        return (cls, *(getattr(self, f.name) for f in attrs.fields(cls) if f.name not in cls.page_fields))
 
     def with_block_size(self: _S, block_size: int) -> _S:
         """A copy with another block size (page size changes accordingly)."""
@@ -405,7 +403,7 @@ def spec_class_problems(cls: type[KVCacheSpec]) -> list[str]:
     if cls.offload_unit not in OFFLOAD_UNITS:
         problems.append(
             f"{cls.__qualname__}.offload_unit is {cls.offload_unit!r}; it must be one of "
-            f"{', '.join(OFFLOAD_UNITS)} (\"none\" keeps its pages on the device)"
+            f'{", ".join(OFFLOAD_UNITS)} ("none" keeps its pages on the device)'
         )
     for klass in cls.__mro__:
         if klass is KVCacheSpec or not issubclass(klass, KVCacheSpec):
@@ -521,13 +519,31 @@ def specs_by_group_key(specs: Mapping[str, KVCacheSpec]) -> list[tuple[KVCacheSp
     return list(by_key.values())
 
 
+def map_specs(
+    specs: Mapping[str, KVCacheSpec], change: Callable[[KVCacheSpec], KVCacheSpec]
+) -> dict[str, KVCacheSpec]:
+    """``change`` of every spec, asked once per distinct spec object, so that layers that shared
+    one spec object still share one (grouping compares specs; one object compares at once).
+
+    Returns:
+        ``{layer name: changed spec}`` in ``specs``' order.
+    """
+    done: dict[int, KVCacheSpec] = {}
+    out: dict[str, KVCacheSpec] = {}
+    for name, spec in specs.items():
+        changed = done.get(id(spec))
+        if changed is None:
+            changed = done[id(spec)] = change(spec)
+        out[name] = changed
+    return out
+
+
 def resize_blocks(specs: Mapping[str, KVCacheSpec], block_size: int) -> dict[str, KVCacheSpec]:
     """Give every spec whose page grows with its block size the block size ``block_size``
     (per-request states keep theirs)."""
-    return {
-        name: spec.with_block_size(block_size) if spec.page_scales_with_block_size else spec
-        for name, spec in specs.items()
-    }
+    return map_specs(
+        specs, lambda spec: spec.with_block_size(block_size) if spec.page_scales_with_block_size else spec
+    )
 
 
 def sized_specs(specs: Mapping[str, KVCacheSpec], context: SizingContext) -> Mapping[str, KVCacheSpec]:
@@ -544,16 +560,8 @@ def sized_specs(specs: Mapping[str, KVCacheSpec], context: SizingContext) -> Map
     """
     if context.is_plain:
         return specs
-    done: dict[int, KVCacheSpec] = {}
-    changed = False
-    out: dict[str, KVCacheSpec] = {}
-    for name, spec in specs.items():
-        sized = done.get(id(spec))
-        if sized is None:
-            sized = done[id(spec)] = spec.sized_for(context)
-            changed = changed or sized is not spec
-        out[name] = sized
-    return out if changed else specs
+    out = map_specs(specs, lambda spec: spec.sized_for(context))
+    return out if any(out[name] is not spec for name, spec in specs.items()) else specs
 
 
 def check_layer_specs(specs: Mapping[str, KVCacheSpec]) -> None:

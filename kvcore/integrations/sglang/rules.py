@@ -78,7 +78,7 @@ from kvcore.plugins.full_attention import FullAttentionSpec
 from kvcore.plugins.sliding_window import SlidingWindowSpec
 from kvcore.plugins.state import StatePart, StateSpec
 from kvcore.policy import AllocationPolicy, PlanOptions
-from kvcore.spec import DEFAULT_MAX_NUM_BATCHED_TOKENS, KVCacheSpec, SizingContext, describe_spec
+from kvcore.spec import DEFAULT_MAX_NUM_BATCHED_TOKENS, KVCacheSpec, SizingContext, describe_spec, map_specs
 from kvcore.validators import positive_int
 
 #: The SGLang releases this integration is written and tested against (pyproject's extra).
@@ -750,24 +750,17 @@ def as_sglang_runs(
 def sglang_specs(specs: Mapping[str, KVCacheSpec], rules: SglangRules) -> dict[str, KVCacheSpec]:
     """``specs`` as a plan for SGLang takes them: SGLang's page as every block size, and each
     state holding SGLang's slots per request (:meth:`SglangRules.state_spec`)."""
-    made: dict[int, KVCacheSpec] = {}
-    out: dict[str, KVCacheSpec] = {}
-    for name, spec in paged_specs(specs, rules.page_size).items():
-        if id(spec) not in made:
-            made[id(spec)] = rules.state_spec(spec) if isinstance(spec, StateSpec) else spec
-        out[name] = made[id(spec)]
-    return out
+    return map_specs(
+        paged_specs(specs, rules.page_size),
+        lambda spec: rules.state_spec(spec) if isinstance(spec, StateSpec) else spec,
+    )
 
 
 def paged_specs(specs: Mapping[str, KVCacheSpec], page_size: int) -> dict[str, KVCacheSpec]:
     """``specs`` with SGLang's page as every block size (equal specs stay one object)."""
-    made: dict[int, KVCacheSpec] = {}
-    out: dict[str, KVCacheSpec] = {}
-    for name, spec in specs.items():
-        if id(spec) not in made:
-            made[id(spec)] = spec if spec.block_size == page_size else spec.with_block_size(page_size)
-        out[name] = made[id(spec)]
-    return out
+    return map_specs(
+        specs, lambda spec: spec if spec.block_size == page_size else spec.with_block_size(page_size)
+    )
 
 
 def capabilities() -> EngineCapabilities:

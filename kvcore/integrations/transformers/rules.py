@@ -45,7 +45,7 @@ from kvcore.planning.registry import Registry
 from kvcore.plugins.full_attention import FullAttentionSpec
 from kvcore.plugins.sliding_window import SlidingWindowSpec
 from kvcore.policy import AllocationPolicy, PlanOptions
-from kvcore.spec import KVCacheSpec, SizingContext, cdiv
+from kvcore.spec import KVCacheSpec, SizingContext, cdiv, map_specs
 from kvcore.validators import positive_int
 
 #: The transformers versions the integration reads the rules of and is tested against.
@@ -450,13 +450,7 @@ def plan_for_transformers(
 
 def _with_block_size(specs: Mapping[str, KVCacheSpec], block_size: int) -> dict[str, KVCacheSpec]:
     """``specs`` at ``block_size`` (equal specs stay one object, as policies group by equality)."""
-    made: dict[int, KVCacheSpec] = {}
-    out: dict[str, KVCacheSpec] = {}
-    for name, spec in specs.items():
-        if id(spec) not in made:
-            made[id(spec)] = spec.with_block_size(block_size)
-        out[name] = made[id(spec)]
-    return out
+    return map_specs(specs, lambda spec: spec.with_block_size(block_size))
 
 
 def capabilities() -> EngineCapabilities:
