@@ -253,6 +253,10 @@ class VllmSimulator:
         #: some group registers a partial tail block (see _cache_partial_tail): caching cannot be
         #: skipped on the token count alone
         self._tails = any(g.sliding == 0 and g.tokens_per_page > self._hash_block for g in self.groups)
+        #: hash a request's own blocks when they are freed, not when computed: until then only
+        #: the request could hit them, and it holds them (not with partial tails, which a full
+        #: hash replaces as it is computed)
+        self._lazy = prefix_caching and not self._tails
         self._hashes: list[dict[Hashable, dict[int, None]]] = [{} for _ in self.pools]
         self._hash_of: dict[int, Hashable] = {}
         self._ref: dict[int, int] = {}
@@ -285,7 +289,10 @@ class VllmSimulator:
         self._stale = [0] * count
         self._status = [_WAITING] * count
         self._tables: list[list[list[int | None]]] = [[] for _ in range(count)]
-        self._hashed: list[list[int]] = [[] for _ in range(count)]  # blocks cached per group
+        self._hashed: list[list[int]] = [[] for _ in range(count)]  # blocks cached per class
+        #: with lazy hashing, each request's own blocks freed before their window and not
+        #: hashed yet: (group, table position, block)
+        self._unhashed: list[list[tuple[int, int, int]]] = [[] for _ in range(count)]
         self._first = [-1] * count
         # when a request's tables next change (see _note_events); 0: not known, take the full path
         self._grow_at = [0] * count
@@ -532,7 +539,7 @@ class VllmSimulator:
         if finished:
             for r in finished:
                 if self._status[r] == _RUNNING:
-                    self._free(r)
+                    self._free(r, live=False)
                 else:
                     self._waiting.remove(r)
                 self._status[r] = _FINISHED
@@ -541,7 +548,12 @@ class VllmSimulator:
             self.finished += len(finished)
 
     def _preempt(self, r: int) -> None:
-        self._free(r)
+        if self._unhashed[r]:  # its own blocks freed before their window, still in the queue
+            for g, j, block in self._unhashed[r]:
+                if block in self.pools[self.groups[g].pool].cached_free:
+                    self._hash(self.groups[g].pool, block, (g, False, r, j))
+            self._unhashed[r] = []
+        self._free(r, live=True)
         self.recomputed_tokens += self._computed[r]
         self._status[r] = _PREEMPTED
         self._computed[r] = 0
@@ -584,7 +596,7 @@ class VllmSimulator:
         grow = free = cache = _NEVER
         tables, groups = self._tables[r], self.groups
         hashed = self._hashed[r]
-        for g, _ in self._classes:  # one member answers for its class
+        for c, (g, _) in enumerate(self._classes):  # one member answers for its class
             group, table = groups[g], tables[g]
             per_page = group.tokens_per_page
             if not per_page:
@@ -598,7 +610,7 @@ class VllmSimulator:
                 free = min(free, self._first_freeing(g, (nulls + 1) * per_page))
             if self.caching and group.sliding >= 0:
                 # tokens are cached in multiples of the scheduler block
-                cache = min(cache, cdiv((hashed[g] + 1) * per_page, self._align) * self._align)
+                cache = min(cache, cdiv((hashed[c] + 1) * per_page, self._align) * self._align)
         self._grow_at[r], self._free_at[r], self._cache_at[r] = grow, free, cache
 
     def _first_freeing(self, g: int, target: int) -> int:
@@ -636,7 +648,7 @@ class VllmSimulator:
         tables = self._tables[r]
         if not tables:
             tables.extend([] for _ in groups)
-            self._hashed[r] = [0] * len(groups)
+            self._hashed[r] = [0] * len(self._classes)
         computed = min(self._computed[r] + hit, self.max_model_len)
         if gate:
             whole = min(self._tokens[r], self.max_model_len)
@@ -644,7 +656,7 @@ class VllmSimulator:
             if any(n > pool.free for n, pool in zip(need, pools, strict=True)):
                 return False
         if self._windowed:
-            self._remove_skipped(tables, max(0, computed - self._in_flight[r]))
+            self._remove_skipped(r, tables, max(0, computed - self._in_flight[r]))
         slots = min(computed + new, self.max_model_len)
         need = self._to_allocate(tables, slots, hit_blocks, computed, cap=False)
         if any(n > pool.free for n, pool in zip(need, pools, strict=True)):
@@ -705,7 +717,7 @@ class VllmSimulator:
                     need[groups[i].pool] += evictable * groups[i].span
         return need
 
-    def _remove_skipped(self, tables: list[list[int | None]], processed: int) -> None:
+    def _remove_skipped(self, r: int, tables: list[list[int | None]], processed: int) -> None:
         """``remove_skipped_blocks`` of every windowed group: free the pages before the window,
         last first."""
         groups = self.groups
@@ -737,16 +749,17 @@ class VllmSimulator:
                     break
                 freed.append(block)
                 table[i] = None
-            self._release(groups[g].pool, freed, groups[g].span)
+            self._release(r, g, freed, skipped - 1, live=True, window=True)
 
-    def _free(self, r: int) -> None:
-        """``KVCacheManager.free``: every group's pages, group by group, tail first."""
+    def _free(self, r: int, *, live: bool) -> None:
+        """``KVCacheManager.free``: every group's pages, group by group, tail first (``live``:
+        the request may come back, preempted, and hit its own blocks)."""
         tables = self._tables[r]
         if not tables:
             pass
         elif self.caching:
-            for g, group in enumerate(self.groups):
-                self._release(group.pool, [b for b in reversed(tables[g]) if b is not None], group.span)
+            for g, table in enumerate(tables):
+                self._release(r, g, [b for b in reversed(table) if b is not None], len(table) - 1, live=live)
         else:  # the class's one table (see _allocate_slots)
             for c, (g, _) in enumerate(self._classes):
                 held = len(tables[g]) - tables[g].count(None)
@@ -754,6 +767,8 @@ class VllmSimulator:
                     self.pools[p].uncached += held * span
         self._tables[r] = []
         self._hashed[r] = []
+        if not live:
+            self._unhashed[r] = []  # finished: nothing will hash them
         self._grow_at[r] = self._cache_at[r] = 0  # the next allocation takes the full path
 
     def _take(self, p: int, pages: int, span: int) -> list[int]:
@@ -775,12 +790,13 @@ class VllmSimulator:
                 block, block_span = cached_free.popitem(last=False)
                 pool.cached_span -= block_span
                 pool.uncached += block_span
-                # _evict, inlined: the block's hash goes, and its count
-                key = hash_of.pop(block)
-                holders = hashes[key]
-                del holders[block]
-                if not holders:
-                    del hashes[key]
+                # the block's hash goes (one freed by a finished request has none), and its count
+                key = hash_of.pop(block, None)
+                if key is not None:
+                    holders = hashes[key]
+                    del holders[block]
+                    if not holders:
+                        del hashes[key]
                 del ref[block]
             pool.uncached -= span
             block = self._next_id
@@ -789,16 +805,35 @@ class VllmSimulator:
             out.append(block)
         return out
 
-    def _release(self, p: int, blocks: list[int], span: int) -> None:
-        """``BlockPool.free_blocks``: a cached block to the back of the free queue, another one
-        back among the interchangeable uncached blocks at the front."""
-        pool = self.pools[p]
+    def _release(
+        self, r: int, g: int, blocks: list[int], top: int, *, live: bool, window: bool = False
+    ) -> None:
+        """``BlockPool.free_blocks`` of request ``r``'s blocks of group ``g``, listed from table
+        position ``top`` down: a cached block to the back of the free queue, another one back
+        among the interchangeable uncached blocks at the front.
+
+        With lazy hashing (see :meth:`_cache_blocks`) a block of the request's own below its
+        hashed count is cached too: its hash is made now when the request is ``live`` (only it
+        can hit its own blocks, and only once it is admitted again), else it is queued with no
+        hash (nothing can hit it; it still keeps its place in the queue). Blocks freed as they
+        leave a ``window`` wait for the request's preemption to be hashed (a request that
+        finishes unpreempted never hashes them).
+        """
+        group = self.groups[g]
+        pool, span = self.pools[group.pool], group.span
         ref, hash_of, cached_free = self._ref, self._hash_of, pool.cached_free
-        for block in blocks:
+        # blocks[lazy:] lie below the hashed count: cached, hashed or not
+        lazy = top - self._hashed[r][self._class_of[g]] + 1 if self._lazy else len(blocks)
+        for index, block in enumerate(blocks):
             left = ref[block] - 1
             if left:
                 ref[block] = left
-            elif block in hash_of:
+            elif index >= lazy or block in hash_of:
+                if live and block not in hash_of:
+                    if window:  # hashed if the request is preempted (_preempt), else never
+                        self._unhashed[r].append((g, top - index, block))
+                    else:
+                        self._hash(group.pool, block, (g, False, r, top - index))
                 ref[block] = 0
                 cached_free[block] = span
                 pool.cached_span += span
@@ -835,36 +870,49 @@ class VllmSimulator:
         tokens = min(tokens, self._tokens[r])
         tokens -= tokens % self._align
         tables, hashed = self._tables[r], self._hashed[r]
-        for g, group in enumerate(self.groups):
-            if group.sliding < 0 or g >= len(tables):
+        if not tables:
+            return
+        request = self.requests[r]
+        for c, (g, ids) in enumerate(self._classes):
+            group = self.groups[g]
+            if group.sliding < 0:
                 continue
             full = tokens // group.tokens_per_page
-            table = tables[g]
-            start, end = hashed[g], min(full, len(table))
+            start, end = hashed[c], min(full, len(tables[g]))
+            if self._lazy:  # the request's own blocks are hashed when freed (_release)
+                end = min(end, request.prefix_tokens // group.tokens_per_page)
             if start < end:
-                # _hash of _content, inlined: the one loop over every block of every group
-                hash_of, hashes = self._hash_of, self._hashes[group.pool]
-                request = self.requests[r]
-                shared = request.prefix_tokens // group.tokens_per_page if request.prefix_tokens else 0
-                for j in range(start, end):
-                    block = table[j]
-                    if block is None:
-                        continue
-                    old = hash_of.get(block)
-                    if old is not None:
-                        if not _is_partial(old):
-                            continue
-                        self._unhash(group.pool, block)  # the full block's hash replaces the partial one
-                    key = (g, True, request.prefix_id, j) if j < shared else (g, False, r, j)
-                    hash_of[block] = key
-                    holders = hashes.get(key)
-                    if holders is None:
-                        hashes[key] = {block: None}
-                    else:
-                        holders[block] = None
-            hashed[g] = max(hashed[g], full)
+                for i in ids:
+                    self._hash_blocks(r, i, start, end)
+            hashed[c] = max(start, full)
             if group.sliding == 0 and group.tokens_per_page > self._hash_block:
-                self._cache_partial_tail(r, g, tokens)
+                for i in ids:
+                    self._cache_partial_tail(r, i, tokens)
+
+    def _hash_blocks(self, r: int, g: int, start: int, end: int) -> None:
+        """Hash the blocks of table positions ``start`` to ``end`` of request ``r``'s group ``g``
+        (a full block's hash replaces a partial one; one hashed already keeps its hash)."""
+        group, table = self.groups[g], self._tables[r][g]
+        hash_of, hashes = self._hash_of, self._hashes[group.pool]
+        request = self.requests[r]
+        shared = request.prefix_tokens // group.tokens_per_page
+        for j in range(start, end):
+            block = table[j]
+            if block is None:
+                continue
+            old = hash_of.get(block)
+            if old is not None:
+                if not _is_partial(old):
+                    continue
+                self._unhash(group.pool, block)  # the full block's hash replaces the partial one
+            # _hash of _content, inlined: the one loop over every block hashed
+            key = (g, True, request.prefix_id, j) if j < shared else (g, False, r, j)
+            hash_of[block] = key
+            holders = hashes.get(key)
+            if holders is None:
+                hashes[key] = {block: None}
+            else:
+                holders[block] = None
 
     def _cache_partial_tail(self, r: int, g: int, tokens: int) -> None:
         """``FullAttentionManager._cache_partial_tail_block``: a group whose block is larger than
