@@ -732,17 +732,17 @@ class VllmSimulator:
             if self.caching:
                 freeing.extend((i, skipped) for i in ids)
                 continue
-            freed = 0  # without caching: the class's one table (see _allocate_slots)
+            count = 0  # without caching: the class's one table (see _allocate_slots)
             for i in range(skipped - 1, -1, -1):
                 if table[i] is None:
                     break
                 table[i] = None
-                freed += 1
+                count += 1
             for p, span in self._class_spans[c]:
-                self.pools[p].uncached += freed * span
+                self.pools[p].uncached += count * span
         freeing.sort()  # in group order: the order vLLM frees them in
         for g, skipped in freeing:
-            table, freed = tables[g], []
+            table, freed = tables[g], list[int]()
             for i in range(skipped - 1, -1, -1):
                 block = table[i]
                 if block is None:
