@@ -259,7 +259,12 @@ class VllmSimulator:
         self._lazy = prefix_caching and not self._tails
         self._hashes: list[dict[Hashable, dict[int, None]]] = [{} for _ in self.pools]
         self._hash_of: dict[int, Hashable] = {}
+        #: holders of a block that is cached or shared (0: in the free queue); a block with no
+        #: entry has one holder
         self._ref: dict[int, int] = {}
+        #: the free queue's runs of blocks nothing can hit (keys below 0): each block's ids
+        self._run_span: dict[int, int] = {}
+        self._next_run = 0
         self._next_id = 0
         count = len(self.requests)
         self._arrival: list[int] | list[float] = [r.arrival_step for r in self.requests]
@@ -713,7 +718,7 @@ class VllmSimulator:
                 start = max(0, skipped - len(table))
                 for i in ids:
                     assert hit_blocks is not None
-                    evictable = sum(1 for b in hit_blocks[i][start:] if b is not None and ref[b] == 0)
+                    evictable = sum(1 for b in hit_blocks[i][start:] if b is not None and ref.get(b) == 0)
                     need[groups[i].pool] += evictable * groups[i].span
         return need
 
@@ -775,35 +780,43 @@ class VllmSimulator:
         """``BlockPool.get_new_blocks``: uncached blocks first, then the oldest cached ones
         (their hashes evicted)."""
         pool = self.pools[p]
+        need = pages * span
+        if pool.uncached < need:
+            # vLLM evicts one block per page while the uncached ones fall short: the same
+            # blocks as evicting, oldest first, until they cover every page
+            self._evict(p, need)
+        pool.uncached -= need
         first = self._next_id
-        if pool.uncached >= pages * span:  # no cached block is evicted: fresh ids in one go
-            pool.uncached -= pages * span
-            self._next_id += pages
-            out = list(range(first, first + pages))
-            self._ref.update(dict.fromkeys(out, 1))
-            return out
-        out = []
-        ref = self._ref
-        hash_of, hashes, cached_free = self._hash_of, self._hashes[p], pool.cached_free
-        for _ in range(pages):
-            while pool.uncached < span:
-                block, block_span = cached_free.popitem(last=False)
-                pool.cached_span -= block_span
-                pool.uncached += block_span
-                # the block's hash goes (one freed by a finished request has none), and its count
-                key = hash_of.pop(block, None)
-                if key is not None:
-                    holders = hashes[key]
-                    del holders[block]
-                    if not holders:
-                        del hashes[key]
-                del ref[block]
-            pool.uncached -= span
-            block = self._next_id
-            self._next_id += 1
-            ref[block] = 1
-            out.append(block)
-        return out
+        self._next_id += pages
+        return list(range(first, first + pages))  # fresh ids, one holder each (no _ref entry)
+
+    def _evict(self, p: int, need: int) -> None:
+        """Evict the oldest cached free blocks of pool ``p`` until ``need`` block ids are uncached."""
+        pool = self.pools[p]
+        ref, hash_of, hashes, cached_free = self._ref, self._hash_of, self._hashes[p], pool.cached_free
+        while pool.uncached < need:
+            key, ids = cached_free.popitem(last=False)
+            if key < 0:  # a run of blocks nothing can hit: as many as the pages need
+                span = self._run_span[key]
+                used = min(ids // span, cdiv(need - pool.uncached, span)) * span
+                pool.cached_span -= used
+                pool.uncached += used
+                if used < ids:  # the rest stays at the front
+                    cached_free[key] = ids - used
+                    cached_free.move_to_end(key, last=False)
+                else:
+                    del self._run_span[key]
+                continue
+            pool.cached_span -= ids
+            pool.uncached += ids
+            # the block's hash goes (one freed by a finished request has none), and its count
+            hashed = hash_of.pop(key, None)
+            if hashed is not None:
+                holders = hashes[hashed]
+                del holders[key]
+                if not holders:
+                    del hashes[hashed]
+            del ref[key]
 
     def _release(
         self, r: int, g: int, blocks: list[int], top: int, *, live: bool, window: bool = False
@@ -815,17 +828,32 @@ class VllmSimulator:
         With lazy hashing (see :meth:`_cache_blocks`) a block of the request's own below its
         hashed count is cached too: its hash is made now when the request is ``live`` (only it
         can hit its own blocks, and only once it is admitted again), else it is queued with no
-        hash (nothing can hit it; it still keeps its place in the queue). Blocks freed as they
-        leave a ``window`` wait for the request's preemption to be hashed (a request that
-        finishes unpreempted never hashes them).
+        hash, and a run of such blocks as one entry of the queue (nothing can hit them; they
+        keep their place). Blocks freed as they leave a ``window`` wait for the request's
+        preemption to be hashed (a request that finishes unpreempted never hashes them).
         """
         group = self.groups[g]
         pool, span = self.pools[group.pool], group.span
         ref, hash_of, cached_free = self._ref, self._hash_of, pool.cached_free
         # blocks[lazy:] lie below the hashed count: cached, hashed or not
-        lazy = top - self._hashed[r][self._class_of[g]] + 1 if self._lazy else len(blocks)
+        lazy = max(0, top - self._hashed[r][self._class_of[g]] + 1) if self._lazy else len(blocks)
+        if not live and lazy < len(blocks):
+            # a finished request's own blocks (a request's own block has one holder and no hash:
+            # no _ref entry, not in _hash_of) are queued as one run; a shared block still goes alone
+            end = len(blocks)
+            while end > lazy and blocks[end - 1] in hash_of:  # the shared prefix and hits: the lowest
+                end -= 1
+            run = blocks[lazy:end]
+            if run and hash_of.keys().isdisjoint(run) and ref.keys().isdisjoint(run):
+                self._release(r, g, blocks[:lazy], top, live=live)
+                key = self._next_run = self._next_run - 1
+                self._run_span[key] = span
+                cached_free[key] = len(run) * span
+                pool.cached_span += len(run) * span
+                self._release(r, g, blocks[end:], top - end, live=live)
+                return
         for index, block in enumerate(blocks):
-            left = ref[block] - 1
+            left = ref.get(block, 1) - 1  # no entry: one holder
             if left:
                 ref[block] = left
             elif index >= lazy or block in hash_of:
@@ -838,18 +866,19 @@ class VllmSimulator:
                 cached_free[block] = span
                 pool.cached_span += span
             else:
-                del ref[block]
+                ref.pop(block, None)
                 pool.uncached += span
 
     def _touch(self, p: int, blocks: list[int | None]) -> None:
         """``BlockPool.touch``: a hit block leaves the free queue when nobody held it."""
-        pool = self.pools[p]
+        pool, ref = self.pools[p], self._ref
         for block in blocks:
             if block is None:
                 continue
-            if self._ref[block] == 0:
+            held = ref.get(block, 1)  # no entry: one holder
+            if held == 0:
                 pool.cached_span -= pool.cached_free.pop(block)
-            self._ref[block] += 1
+            ref[block] = held + 1
 
     # -- the prefix cache ----------------------------------------------------------------------
 
