@@ -430,7 +430,10 @@ class VllmSimulator:
             new = known[r] + placeholders[r] - done
             if 0 < threshold < new:
                 new = threshold
-            new = min(new, budget, limit - done - 1)
+            if new > budget:  # min() of three, spelled out: this loop runs per request and step
+                new = budget
+            if new > limit - done - 1:
+                new = limit - done - 1
             if new <= 0:
                 index += 1
                 continue
@@ -439,7 +442,7 @@ class VllmSimulator:
                 new == 1
                 and done + 1 < grow_at[r]
                 and done - in_flight[r] < free_at[r]
-                and min(done + 1, known[r]) < cache_at[r]
+                and (done + 1 if done < known[r] else known[r]) < cache_at[r]
             ):
                 granted = False
                 while True:
