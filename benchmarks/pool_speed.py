@@ -401,7 +401,8 @@ def main() -> None:
         have_vllm = False
     header = (
         f"{'trace':<16} {'caching':<7} {'steps':>7} {'kvcore s':>8} {'steps/s':>8} {'calls/s':>9} "
-        f"{'hit rate':>8}   {'vLLM steps':>10} {'vLLM s':>7} {'steps/s':>8} {'hit rate':>8} {'kvcore x':>8}"
+        f"{'hit rate':>8}   {'vLLM steps':>10} {'vLLM s':>7} {'steps/s':>8} {'hit rate':>8} "
+        f"{'vLLM/kvcore':>11}"
     )
     print(header)
     print("-" * len(header))
@@ -413,7 +414,7 @@ def main() -> None:
                     theirs = run_vllm(plan, workload, caching, args.max_num_seqs)
                     vllm_cells = (
                         f"{theirs['steps']:>10,} {theirs['seconds']:>7.2f} {theirs['steps/s']:>8,.0f} "
-                        f"{100 * theirs['hit rate']:>7.1f}% {theirs['seconds'] / ours['seconds']:>7.1f}x"
+                        f"{100 * theirs['hit rate']:>7.1f}% {theirs['seconds'] / ours['seconds']:>10.1f}x"
                     )
                 except Exception as exc:
                     vllm_cells = f"vLLM failed: {type(exc).__name__}: {exc}"[:80]
