@@ -612,10 +612,16 @@ class VllmSimulator:
                 continue
             grow = min(grow, len(table) * per_page + 1)
             if group.windowed:
-                nulls = 0
-                while nulls < len(table) and table[nulls] is None:
-                    nulls += 1
-                free = min(free, self._first_freeing(g, (nulls + 1) * per_page))
+                # the pages freed before the window: a table's None entries lead it (freed from
+                # the start, hits from a window's end), so a binary search finds the first block
+                low, high = 0, len(table)
+                while low < high:
+                    middle = (low + high) // 2
+                    if table[middle] is None:
+                        low = middle + 1
+                    else:
+                        high = middle
+                free = min(free, self._first_freeing(g, (low + 1) * per_page))
             if self.caching and group.sliding >= 0:
                 # tokens are cached in multiples of the scheduler block
                 cache = min(cache, cdiv((hashed[c] + 1) * per_page, self._align) * self._align)
