@@ -373,7 +373,8 @@ class VllmSimulator:
         self._next = upcoming
         scheduled = self._schedule(step)
         tokens = sum(scheduled.values())
-        if not tokens and not self._running and not self._outputs and waiting:
+        # nothing ran, runs or will come back (async keeps the last, empty, step in flight)
+        if not tokens and not self._running and not any(out[0] for out in self._outputs) and waiting:
             stuck = self.requests[waiting[0]]
             raise InvalidInputError(
                 f"{stuck.label} ({stuck.prompt_tokens} prompt + {stuck.output_tokens} output tokens) "
