@@ -524,7 +524,7 @@ class VllmSimulator:
         finished: list[int] = []
         in_flight, stale_tokens, status = self._in_flight, self._stale, self._status
         known, placeholders, total = self._tokens, self._placeholders, self._total
-        cache = self.caching
+        cache, tails, cache_at = self.caching, self._tails, self._cache_at
         for r, n in scheduled.items():
             in_flight[r] -= n
             stale = stale_tokens[r] > 0
@@ -543,7 +543,7 @@ class VllmSimulator:
             elif cache and had_placeholders and not stale and status[r] == _RUNNING:
                 tokens = self._computed[r] - in_flight[r]
                 # short of the next block to cache (_note_events' bound), it would hash nothing
-                if self._tails or min(tokens, known[r]) >= self._cache_at[r]:
+                if tails or (tokens if tokens < known[r] else known[r]) >= cache_at[r]:
                     self._cache_blocks(r, tokens)
         if finished:
             for r in finished:
