@@ -13,12 +13,17 @@ caching off and on. The plan is ``google/gemma-3-27b-it`` (five sliding-window g
 full-attention one) at 24 GiB, max_model_len 8,192, with the null block vLLM keeps.
 
 Prints steps per second, pool calls per second and the prefix-cache hit rate (cached prompt
-tokens over prompt tokens looked up) per run, and beside them the same trace through vLLM's
-``KVCacheManager`` on the same plan where vLLM (and ``kvcore.integrations.vllm``) is
-importable, else ``vLLM not installed``. Target: kvcore at least as fast as vLLM. Run it with
-``taskset -c 0``::
+tokens over prompt tokens looked up) per run, and beside them the same trace through vLLM
+0.33's ``KVCacheManager`` on the same plan where vLLM (and ``kvcore.integrations.vllm``) is
+importable, else ``vLLM not installed``: made and called as vLLM's scheduler makes and calls it
+(see :func:`run_vllm`; its hit rate is the one vLLM's own prefix-cache statistics report), with
+its steps, seconds and how many times kvcore's time it took. vLLM caches every full block, so it
+also hits a preempted request's own blocks when the request comes back (the "own prompts" rows
+may hit with vLLM and not with kvcore, which caches shared prefixes only). Target: kvcore at
+least as fast as vLLM. Run it with ``taskset -c 0`` (the vLLM column in vLLM's environment)::
 
     taskset -c 0 python benchmarks/pool_speed.py
+    PYTHONPATH=$PWD VLLM_TARGET_DEVICE=cpu taskset -c 0 .venv-vllm/bin/python benchmarks/pool_speed.py
 
 ``--policy kind_pools`` runs the same trace on a plan of one pool per retention kind (one ``BlockPool``
 serving several pools).
@@ -27,11 +32,11 @@ serving several pools).
 from __future__ import annotations
 
 import argparse
-import math
 import random
 import time
 from collections import deque
 from collections.abc import Callable
+from typing import Any
 
 from kvcore.errors import BlockPoolExhaustedError
 from kvcore.frontends.hf_config import model_layer_specs
@@ -162,77 +167,108 @@ def run_kvcore(plan: KVCachePlan, workload: Workload, caching: bool, max_num_seq
     }
 
 
-def run_vllm(plan: KVCachePlan, workload: Workload, caching: bool, max_num_seqs: int) -> dict[str, float]:
-    """The same trace through vLLM's ``KVCacheManager`` on the same plan (needs vLLM and
-    ``kvcore.integrations.vllm``). Token ids: a shared prefix's tokens are the same for every
-    request that has it, the rest are the request's own."""
+def _vllm_manager(plan: KVCachePlan, caching: bool) -> tuple[Any, Callable[[int, list[int], int], Any]]:
+    """vLLM's ``KVCacheManager`` for ``plan`` as its scheduler makes it
+    (:func:`kvcore.integrations.vllm.admission.make_manager`: the scheduler's copy of the
+    converted config, the block sizes the engine core resolves, ``max_in_flight_tokens``, and
+    ``log_stats`` so that the prefix-cache statistics the scheduler records are kept), and a
+    maker of vLLM ``Request`` objects whose block hashes vLLM's own request block hasher computes
+    (``get_request_block_hasher`` at the manager's hash block size, as the engine core does)."""
     from vllm.sampling_params import SamplingParams  # type: ignore[import-not-found]
     from vllm.utils.hashing import sha256  # type: ignore[import-not-found]
-    from vllm.v1.core.kv_cache_manager import KVCacheManager  # type: ignore[import-not-found]
     from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash  # type: ignore[import-not-found]
     from vllm.v1.request import Request as VllmRequest  # type: ignore[import-not-found]
 
+    from kvcore.integrations.vllm.admission import make_manager  # type: ignore[import-not-found]
     from kvcore.integrations.vllm.convert import plan_to_vllm_config  # type: ignore[import-not-found]
+    from kvcore.integrations.vllm.rules import VllmRules  # type: ignore[import-not-found]
 
-    config = plan_to_vllm_config(plan)
-    block = min(g.kv_cache_spec.block_size for g in config.kv_cache_groups)
-    # vLLM schedules in the least common multiple of the groups' block sizes (remainder groups
-    # of shared_buffer have larger blocks); KVCacheCoordinator asserts it
-    scheduled = math.lcm(*(g.kv_cache_spec.block_size for g in config.kv_cache_groups))
+    rules = VllmRules(max_model_len=MAX_MODEL_LEN, max_num_batched_tokens=STEP, async_scheduling=False)
+    manager = make_manager(plan_to_vllm_config(plan), rules, enable_caching=caching, log_stats=True)
     init_none_hash(sha256)
-    manager = KVCacheManager(
-        kv_cache_config=config,
-        max_model_len=MAX_MODEL_LEN,
-        scheduler_block_size=scheduled,
-        hash_block_size=block,
-        enable_caching=caching,
-    )
-    hasher = get_request_block_hasher(block, sha256)
-    made: dict[int, VllmRequest] = {}
+    hasher = get_request_block_hasher(manager.block_pool.hash_block_size, sha256)
 
-    def admit(r: int, request: Request) -> int:
+    def request(r: int, tokens: list[int], max_tokens: int) -> Any:
+        return VllmRequest(str(r), tokens, SamplingParams(max_tokens=max_tokens), None, block_hasher=hasher)
+
+    return manager, request
+
+
+def _hit_rate(manager: Any) -> float:
+    stats = manager.make_prefix_cache_stats()
+    return stats.hits / stats.queries if stats is not None and stats.queries else 0.0
+
+
+def run_vllm(plan: KVCachePlan, workload: Workload, caching: bool, max_num_seqs: int) -> dict[str, float]:
+    """The same trace through vLLM's ``KVCacheManager`` on the same plan (needs vLLM and
+    ``kvcore.integrations.vllm``), called as vLLM's scheduler calls it: a waiting request is
+    looked up (``get_computed_blocks``) and given slots for the tokens past its hit
+    (``allocate_slots`` with ``num_new_computed_tokens`` and ``new_computed_blocks``; its
+    ``num_computed_tokens`` stays 0 until it is scheduled), its hit recorded once admitted
+    (``record_prefix_cache_stats``); a running request is given slots for its new tokens; a
+    preempted or finished one is freed. Token ids: a shared prefix's tokens are the same for
+    every request that has it, the rest are the request's own. Each request's ``Request`` (and
+    its block hashes) is made before the clock starts, as an engine makes it when the request
+    arrives; one preempted is made again when it is admitted again (the trace restarts it from
+    its prompt)."""
+    manager, make = _vllm_manager(plan, caching)
+    requests = workload.requests
+
+    def tokens(r: int) -> list[int]:
+        request = requests[r]
         shared = [7 + (i % 30_000) for i in range(request.prefix_tokens)]
         own = [40_000 + (r * 131 + i) % 20_000 for i in range(request.prompt_tokens - request.prefix_tokens)]
-        vreq = VllmRequest(
-            str(r), shared + own, SamplingParams(max_tokens=request.output_tokens), None, block_hasher=hasher
-        )
-        made[r] = vreq
+        return shared + own
+
+    made = {r: make(r, tokens(r), request.output_tokens) for r, request in enumerate(requests)}
+    holding: set[int] = set()  # requests that hold blocks
+    pending: dict[int, tuple[Any, int]] = {}  # admitted this step: (cached blocks, hit)
+
+    def admit(r: int, request: Request) -> int:
+        vreq = made.get(r)
+        if vreq is None:  # preempted: it starts again from its prompt
+            vreq = made[r] = make(r, tokens(r), request.output_tokens)
         blocks, hit = manager.get_computed_blocks(vreq)[:2]  # 0.33 adds a third value
-        vreq.num_computed_tokens = hit
-        vreq._kvcore_blocks = blocks
+        pending[r] = (blocks, hit)
         return int(hit)
 
     def grow(r: int, tokens: int) -> bool:
         vreq = made[r]
-        new = tokens - vreq.num_computed_tokens
-        blocks = getattr(vreq, "_kvcore_blocks", None)
-        if blocks is not None:
-            del vreq._kvcore_blocks
-            got = manager.allocate_slots(vreq, new, vreq.num_computed_tokens, blocks)
+        if r in pending:  # the admission: slots past the hit, the hit's blocks handed over
+            blocks, hit = pending.pop(r)
+            got = manager.allocate_slots(
+                vreq, tokens - hit, num_new_computed_tokens=hit, new_computed_blocks=blocks
+            )
+            if got is not None:
+                manager.record_prefix_cache_stats(vreq, hit)
+                vreq.num_computed_tokens = hit
         else:
-            got = manager.allocate_slots(vreq, new)
+            got = manager.allocate_slots(vreq, tokens - vreq.num_computed_tokens)
+        if got is not None:
+            holding.add(r)
         return got is not None
 
     def after(r: int, computed: int) -> None:
         vreq = made[r]
         vreq.num_computed_tokens = computed
         if computed >= vreq.num_tokens:
-            vreq.append_output_token_ids(1)
+            vreq.append_output_token_ids(1)  # the request block hasher hashes what it completes
 
     def finish(r: int) -> None:
-        manager.free(made.pop(r))
+        pending.pop(r, None)
+        if r in holding:  # preempted or finished (a request that did not fit keeps its Request)
+            holding.discard(r)
+            manager.free(made.pop(r))
 
     start = time.perf_counter()
     steps, calls = drive(workload, STEP, max_num_seqs, admit=admit, grow=grow, after=after, finish=finish)
     seconds = time.perf_counter() - start
-    stats = manager.make_prefix_cache_stats()
-    rate = stats.hits / stats.queries if stats is not None and stats.queries else 0.0
     return {
         "steps": steps,
         "seconds": seconds,
         "steps/s": steps / seconds,
         "calls/s": calls / seconds,
-        "hit rate": rate,
+        "hit rate": _hit_rate(manager),
     }
 
 
@@ -283,40 +319,20 @@ def admission_kvcore(plan: KVCachePlan, caching: bool) -> tuple[float, float]:
 
 
 def admission_vllm(plan: KVCachePlan, caching: bool) -> tuple[float, float]:
-    """:func:`admission_kvcore` through vLLM's ``KVCacheManager`` on the same plan: the
-    lookup (``get_computed_blocks``) and one ``allocate_slots`` of the whole prompt."""
-    from vllm.sampling_params import SamplingParams  # type: ignore[import-not-found]
-    from vllm.utils.hashing import sha256  # type: ignore[import-not-found]
-    from vllm.v1.core.kv_cache_manager import KVCacheManager  # type: ignore[import-not-found]
-    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash  # type: ignore[import-not-found]
-    from vllm.v1.request import Request as VllmRequest  # type: ignore[import-not-found]
+    """:func:`admission_kvcore` through vLLM's ``KVCacheManager`` on the same plan, as its
+    scheduler admits: the lookup (``get_computed_blocks``) and one ``allocate_slots`` of the
+    prompt past the hit."""
+    manager, make = _vllm_manager(plan, caching)
 
-    from kvcore.integrations.vllm.convert import plan_to_vllm_config  # type: ignore[import-not-found]
+    def request(r: int, tokens: int) -> Any:
+        return make(r, [1 + (r * 131 + i) % 30_000 for i in range(tokens)], 1)
 
-    config = plan_to_vllm_config(plan)
-    block = min(g.kv_cache_spec.block_size for g in config.kv_cache_groups)
-    # vLLM schedules in the least common multiple of the groups' block sizes (remainder groups
-    # of shared_buffer have larger blocks); KVCacheCoordinator asserts it
-    scheduled = math.lcm(*(g.kv_cache_spec.block_size for g in config.kv_cache_groups))
-    init_none_hash(sha256)
-    manager = KVCacheManager(
-        kv_cache_config=config,
-        max_model_len=MAX_MODEL_LEN,
-        scheduler_block_size=scheduled,
-        hash_block_size=block,
-        enable_caching=caching,
-    )
-    hasher = get_request_block_hasher(block, sha256)
-    made: dict[int, VllmRequest] = {}
-
-    def request(r: int, tokens: int) -> VllmRequest:
-        ids = [1 + (r * 131 + i) % 30_000 for i in range(tokens)]
-        return VllmRequest(str(r), ids, SamplingParams(max_tokens=1), None, block_hasher=hasher)
+    made: dict[int, Any] = {}
 
     def reserve(r: int, tokens: int) -> None:
         made[r] = vreq = request(r, tokens)
         blocks, hit = manager.get_computed_blocks(vreq)[:2]  # 0.33 adds a third value
-        manager.allocate_slots(vreq, tokens - hit, hit, blocks)
+        manager.allocate_slots(vreq, tokens - hit, num_new_computed_tokens=hit, new_computed_blocks=blocks)
 
     pool = manager.block_pool
     _fragmented(reserve, lambda r: manager.free(made.pop(r)), pool.get_num_free_blocks)
@@ -327,7 +343,9 @@ def admission_vllm(plan: KVCachePlan, caching: bool) -> tuple[float, float]:
         before = pool.get_num_free_blocks()
         start = time.perf_counter()
         computed, hit = manager.get_computed_blocks(vreq)[:2]
-        manager.allocate_slots(vreq, ADMITTED_TOKENS - hit, hit, computed)
+        manager.allocate_slots(
+            vreq, ADMITTED_TOKENS - hit, num_new_computed_tokens=hit, new_computed_blocks=computed
+        )
         total += time.perf_counter() - start
         blocks += before - pool.get_num_free_blocks()
         manager.free(vreq)
@@ -383,7 +401,8 @@ def main() -> None:
         have_vllm = False
     header = (
         f"{'trace':<16} {'caching':<7} {'steps':>7} {'kvcore s':>8} {'steps/s':>8} {'calls/s':>9} "
-        f"{'hit rate':>8}   {'vLLM steps/s':>12} {'vLLM hit rate':>13}"
+        f"{'hit rate':>8}   {'vLLM steps':>10} {'vLLM s':>7} {'steps/s':>8} {'hit rate':>8} "
+        f"{'vLLM/kvcore':>11}"
     )
     print(header)
     print("-" * len(header))
@@ -393,7 +412,10 @@ def main() -> None:
             if have_vllm:
                 try:
                     theirs = run_vllm(plan, workload, caching, args.max_num_seqs)
-                    vllm_cells = f"{theirs['steps/s']:>12,.0f} {100 * theirs['hit rate']:>12.1f}%"
+                    vllm_cells = (
+                        f"{theirs['steps']:>10,} {theirs['seconds']:>7.2f} {theirs['steps/s']:>8,.0f} "
+                        f"{100 * theirs['hit rate']:>7.1f}% {theirs['seconds'] / ours['seconds']:>10.1f}x"
+                    )
                 except Exception as exc:
                     vllm_cells = f"vLLM failed: {type(exc).__name__}: {exc}"[:80]
             else:

@@ -17,6 +17,22 @@ from typing import TextIO
 _FRAMES = "|/-\\"
 
 
+def eta(done: int, total: int, elapsed: float) -> str:
+    """What is left of a loop at the pace so far, for a progress line: ``"ETA 42 s"``,
+    ``"ETA 3 min 5 s"``; ``""`` before the first item is done (no pace yet).
+
+    Args:
+        done: items done so far.
+        total: items in all.
+        elapsed: seconds since the loop started.
+    """
+    if done <= 0 or done >= total:
+        return ""
+    left = round(elapsed / done * (total - done))
+    minutes, seconds = divmod(left, 60)
+    return f"ETA {minutes} min {seconds} s" if minutes else f"ETA {seconds} s"
+
+
 @contextmanager
 def progress(
     label: str,

@@ -3,12 +3,13 @@ through a workload, and their figures as table cells and JSON."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from kvcore.cli.progress import progress
+from kvcore.cli.progress import eta, progress
 from kvcore.dtypes import dtype_name
 from kvcore.planning.compare import Candidate
 
@@ -77,7 +78,7 @@ def simulate_candidates(
             )
             out.append(Simulated(candidate, result))
             continue
-        count = _FinishedCount(total)
+        count = FinishedCount(total)
         label = f"simulating {total:,} requests on {plan_label(candidate)}"
         with progress(label, detail=count.text):
             result = simulate(
@@ -92,18 +93,27 @@ def simulate_candidates(
     return out
 
 
-class _FinishedCount:
-    """The simulator's ``on_step`` callback, and the progress line's text."""
+class FinishedCount:
+    """The simulator's ``on_step`` callback, and the progress line's text: requests finished and
+    the time left at the pace so far (``"1,200/5,000 finished, ETA 9 s"``).
 
-    def __init__(self, total: int) -> None:
+    Args:
+        total: the workload's requests.
+        clock: seconds, for the pace (a test passes its own).
+    """
+
+    def __init__(self, total: int, clock: Callable[[], float] = time.perf_counter) -> None:
         self.total = total
         self.finished = 0
+        self._clock = clock
+        self._start = clock()
 
     def on_step(self, _step: int, finished: int) -> None:
         self.finished = finished
 
     def text(self) -> str:
-        return f"{self.finished:,}/{self.total:,} finished"
+        left = eta(self.finished, self.total, self._clock() - self._start)
+        return f"{self.finished:,}/{self.total:,} finished" + (f", {left}" if left else "")
 
 
 def plan_label(candidate: Candidate) -> str:

@@ -19,7 +19,7 @@ from kvcore import (
     read_trace,
     simulate,
 )
-from kvcore.errors import UnknownSchedulerError
+from kvcore.errors import InvalidInputError, UnknownSchedulerError
 from kvcore.planning.manager import get_plugin_manager
 from kvcore.planning.registry import Registry
 from kvcore.simulation.profiles.kvcore_rules import KvcoreProfile
@@ -139,3 +139,22 @@ def test_async_scheduling_takes_no_fewer_steps():
     sync = simulate(plan, workload, scheduler=VllmProfile(async_scheduling=False), registry=REGISTRY)
     lagged = simulate(plan, workload, scheduler=VllmProfile(async_scheduling=True), registry=REGISTRY)
     assert lagged.steps >= sync.steps
+
+
+def test_a_request_the_gate_never_admits_is_an_error_not_an_endless_run():
+    """gpt-oss-20b's kind_pools plan at 1/4 GiB, async scheduling: the sliding group's admission
+    cap counts two steps in flight (128 + 2 x 2,048 tokens, 264 blocks) and its pool has 238, so
+    a 4,050-token request is never admitted. The last (empty) step's output is always in flight;
+    the run must still stop and say so (it looped without end)."""
+    context = SizingContext(max_model_len=4096, max_num_batched_tokens=2048)
+    specs = model_layer_specs("openai/gpt-oss-20b", REGISTRY)
+    plan = plan_kv_cache(specs, GIB // 4, context, registry=REGISTRY, policy="kind_pools")
+    workload = Workload([Request(0, 3900, 150)], name="one long request")
+    stepper = VllmProfile().simulator(plan, workload, max_num_batched_tokens=None, prefix_caching=False)
+    with pytest.raises(
+        InvalidInputError, match=r"request 0 .* cannot be admitted even with the pool to itself"
+    ):
+        for _ in range(100):  # it must stop at once, not after any number of steps
+            stepper.step()
+    # synchronous, the cap is one step in flight (136 blocks): the same request runs
+    assert simulate(plan, workload, scheduler=VllmProfile(async_scheduling=False)).steps > 0

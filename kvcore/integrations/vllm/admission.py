@@ -170,14 +170,15 @@ class AdmissionRun:
 
 
 def make_manager(
-    config: vk.KVCacheConfig, rules: VllmRules, *, enable_caching: bool = False
+    config: vk.KVCacheConfig, rules: VllmRules, *, enable_caching: bool = False, log_stats: bool = False
 ) -> KVCacheManager:
     """vLLM's ``KVCacheManager`` for ``config`` as the engine core makes it: from the
     scheduler's copy of the config (``generate_scheduler_kv_cache_config``, which gives a
     ``UniformTypeKVCacheSpecs`` group its first layer's spec), with the block sizes the engine
     core resolves (``resolve_kv_cache_block_sizes``: the least common multiple of the groups'
     for scheduling; with prefix caching, ``enable_caching``, hashing at their greatest common
-    divisor)."""
+    divisor). With ``log_stats`` (the engine's ``log_stats``) the manager keeps the prefix-cache
+    statistics the scheduler records (``record_prefix_cache_stats``)."""
     scheduler_config = generate_scheduler_kv_cache_config([config])
     sizes = [g.kv_cache_spec.block_size for g in scheduler_config.kv_cache_groups]
     block = hash_block = math.lcm(*sizes) if sizes else 1
@@ -193,6 +194,7 @@ def make_manager(
         hash_block_size=hash_block,
         max_in_flight_tokens=rules.max_in_flight_tokens,
         enable_caching=enable_caching,
+        log_stats=log_stats,
     )
 
 

@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict, deque
+from itertools import repeat
 from typing import TYPE_CHECKING
 
 import attrs
@@ -76,6 +77,9 @@ _WAITING, _RUNNING, _PREEMPTED, _FINISHED = range(4)
 
 #: Token counts no request reaches.
 _NEVER = 1 << 62
+
+#: What a table holds for a page without prefix caching (no block id is needed).
+_HELD = 0
 
 
 @attrs.frozen(kw_only=True)
@@ -214,6 +218,27 @@ class VllmSimulator:
         self.groups = [_group(g.spec, g.pool, g.blocks_per_page, context) for g in plan.groups]
         self.pools = [_Pool(plan.usable_blocks_in(p)) for p in range(len(plan.pools))]
         self.caching = prefix_caching
+        # groups of one spec have tables of one shape in every request (lengths, null blocks,
+        # blocks hashed): what depends on the shape alone is worked out once per class
+        # (equal_groups on Gemma-3-27B: 31 groups, 2 classes)
+        members: dict[KVCacheSpec, list[int]] = {}
+        for index, g in enumerate(self.groups):
+            members.setdefault(g.spec, []).append(index)
+        self._classes: list[tuple[int, list[int]]] = [(ids[0], ids) for ids in members.values()]
+        #: per class, the block ids one page of every member takes, by pool
+        self._class_spans: list[list[tuple[int, int]]] = []
+        for _, ids in self._classes:
+            spans: dict[int, int] = {}
+            for index in ids:
+                member = self.groups[index]
+                spans[member.pool] = spans.get(member.pool, 0) + member.span
+            self._class_spans.append(sorted(spans.items()))
+        self._class_of = [0] * len(self.groups)
+        for c, (_, ids) in enumerate(self._classes):
+            for index in ids:
+                self._class_of[index] = c
+        self._windowed = any(g.windowed for g in self.groups)
+        self._freeing: dict[tuple[int, int], int] = {}  # memo of _first_freeing
         # cache hits: the attention types, full attention first (vLLM's tighter first bound)
         self._hit_types: list[tuple[int, list[int]]] = []
         if prefix_caching and all(g.sliding >= 0 for g in self.groups):
@@ -225,9 +250,21 @@ class VllmSimulator:
         self._align = math.lcm(*(g.tokens_per_page or 1 for g in self.groups))
         #: the hash block: the groups' greatest common divisor (one group: its block)
         self._hash_block = math.gcd(*(g.tokens_per_page for g in self.groups if g.tokens_per_page)) or 1
+        #: some group registers a partial tail block (see _cache_partial_tail): caching cannot be
+        #: skipped on the token count alone
+        self._tails = any(g.sliding == 0 and g.tokens_per_page > self._hash_block for g in self.groups)
+        #: hash a request's own blocks when they are freed, not when computed: until then only
+        #: the request could hit them, and it holds them (not with partial tails, which a full
+        #: hash replaces as it is computed)
+        self._lazy = prefix_caching and not self._tails
         self._hashes: list[dict[Hashable, dict[int, None]]] = [{} for _ in self.pools]
         self._hash_of: dict[int, Hashable] = {}
+        #: holders of a block that is cached or shared (0: in the free queue); a block with no
+        #: entry has one holder
         self._ref: dict[int, int] = {}
+        #: the free queue's runs of blocks nothing can hit (keys below 0): each block's ids
+        self._run_span: dict[int, int] = {}
+        self._next_run = 0
         self._next_id = 0
         count = len(self.requests)
         self._arrival: list[int] | list[float] = [r.arrival_step for r in self.requests]
@@ -250,13 +287,17 @@ class VllmSimulator:
             self._arrival = [r.arrival_time or 0.0 for r in self.requests]
             self._queued = [-1] * count
         self._tokens = [r.prompt_tokens for r in self.requests]  # vLLM's num_tokens
+        self._total = [r.total_tokens for r in self.requests]
         self._computed = [0] * count
         self._placeholders = [0] * count
         self._in_flight = [0] * count
         self._stale = [0] * count
         self._status = [_WAITING] * count
         self._tables: list[list[list[int | None]]] = [[] for _ in range(count)]
-        self._hashed: list[list[int]] = [[] for _ in range(count)]  # blocks cached per group
+        self._hashed: list[list[int]] = [[] for _ in range(count)]  # blocks cached per class
+        #: with lazy hashing, each request's own blocks freed before their window and not
+        #: hashed yet: (group, table position, block)
+        self._unhashed: list[list[tuple[int, int, int]]] = [[] for _ in range(count)]
         self._first = [-1] * count
         # when a request's tables next change (see _note_events); 0: not known, take the full path
         self._grow_at = [0] * count
@@ -332,7 +373,8 @@ class VllmSimulator:
         self._next = upcoming
         scheduled = self._schedule(step)
         tokens = sum(scheduled.values())
-        if not tokens and not self._running and not self._outputs and waiting:
+        # nothing ran, runs or will come back (async keeps the last, empty, step in flight)
+        if not tokens and not self._running and not any(out[0] for out in self._outputs) and waiting:
             stuck = self.requests[waiting[0]]
             raise InvalidInputError(
                 f"{stuck.label} ({stuck.prompt_tokens} prompt + {stuck.output_tokens} output tokens) "
@@ -347,12 +389,13 @@ class VllmSimulator:
         computed, known, placeholders = self._computed, self._tokens, self._placeholders
         if timed:
             self._time_step(step, scheduled)
+        in_flight, lag = self._in_flight, self.lag
         for r, n in scheduled.items():
             computed[r] += n
-            self._in_flight[r] += n
+            in_flight[r] += n
             if computed[r] >= known[r] + placeholders[r]:  # not a prefill chunk
                 sampled.add(r)
-                if self.lag:
+                if lag:
                     placeholders[r] += 1
         if timed:
             token_step = self._token_step
@@ -376,35 +419,44 @@ class VllmSimulator:
         threshold = profile.long_prefill_token_threshold if len(running) + len(waiting) > 1 else 0
         scheduled: dict[int, int] = {}
         preempted = False
+        total, in_flight = self._total, self._in_flight
+        grow_at, free_at, cache_at = self._grow_at, self._free_at, self._cache_at
         index = 0
         while index < len(running) and budget > 0:
             r = running[index]
-            request = self.requests[r]
-            if (
-                placeholders[r]
-                and computed[r] + 2 - placeholders[r] >= request.prompt_tokens + request.output_tokens
-            ):
+            done = computed[r]
+            if placeholders[r] and done + 2 - placeholders[r] >= total[r]:
                 index += 1  # async: its last token is in flight
                 continue
-            new = known[r] + placeholders[r] - computed[r]
+            new = known[r] + placeholders[r] - done
             if 0 < threshold < new:
                 new = threshold
-            new = min(new, budget, limit - computed[r] - 1)
+            if new > budget:  # min() of three, spelled out: this loop runs per request and step
+                new = budget
+            if new > limit - done - 1:
+                new = limit - done - 1
             if new <= 0:
                 index += 1
                 continue
-            granted = False
-            while True:
-                if self._allocate(r, new, gate=False):
-                    granted = True
+            # _allocate's shortcut, inlined for the usual step: a decode the manager leaves alone
+            if not (
+                new == 1
+                and done + 1 < grow_at[r]
+                and done - in_flight[r] < free_at[r]
+                and (done + 1 if done < known[r] else known[r]) < cache_at[r]
+            ):
+                granted = False
+                while True:
+                    if self._allocate(r, new, gate=False):
+                        granted = True
+                        break
+                    victim = running.pop()
+                    self._preempt(victim)
+                    preempted = True
+                    if victim == r:
+                        break
+                if not granted:
                     break
-                victim = running.pop()
-                self._preempt(victim)
-                preempted = True
-                if victim == r:
-                    break
-            if not granted:
-                break
             scheduled[r] = new
             budget -= new
             index += 1
@@ -470,29 +522,33 @@ class VllmSimulator:
     def _update_from_output(self, scheduled: dict[int, int], sampled: set[int], step: int) -> None:
         """``Scheduler.update_from_output``: the tokens of step ``step`` come back."""
         finished: list[int] = []
+        in_flight, stale_tokens, status = self._in_flight, self._stale, self._status
+        known, placeholders, total = self._tokens, self._placeholders, self._total
+        cache, tails, cache_at = self.caching, self._tails, self._cache_at
         for r, n in scheduled.items():
-            self._in_flight[r] -= n
-            stale = self._stale[r] > 0
+            in_flight[r] -= n
+            stale = stale_tokens[r] > 0
             if stale:
-                self._stale[r] -= n
-            if self._status[r] == _FINISHED or r not in sampled:
+                stale_tokens[r] -= n
+            if r not in sampled or status[r] == _FINISHED:
                 continue
-            was_running = self._status[r] == _RUNNING
-            had_placeholders = self._placeholders[r] > 0
-            self._tokens[r] += 1
-            request = self.requests[r]
-            if not stale and self._placeholders[r]:
-                self._placeholders[r] -= 1
-            if self._tokens[r] >= request.total_tokens:
+            had_placeholders = placeholders[r] > 0
+            known[r] += 1
+            if had_placeholders and not stale:
+                placeholders[r] -= 1
+            if known[r] >= total[r]:
                 finished.append(r)
                 if self._step_time is not None:
                     self._finish_step[r] = step
-            elif not stale and was_running and had_placeholders:
-                self._cache_blocks(r, self._computed[r] - self._in_flight[r])
+            elif cache and had_placeholders and not stale and status[r] == _RUNNING:
+                tokens = self._computed[r] - in_flight[r]
+                # short of the next block to cache (_note_events' bound), it would hash nothing
+                if tails or (tokens if tokens < known[r] else known[r]) >= cache_at[r]:
+                    self._cache_blocks(r, tokens)
         if finished:
             for r in finished:
                 if self._status[r] == _RUNNING:
-                    self._free(r)
+                    self._free(r, live=False)
                 else:
                     self._waiting.remove(r)
                 self._status[r] = _FINISHED
@@ -501,7 +557,12 @@ class VllmSimulator:
             self.finished += len(finished)
 
     def _preempt(self, r: int) -> None:
-        self._free(r)
+        if self._unhashed[r]:  # its own blocks freed before their window, still in the queue
+            for g, j, block in self._unhashed[r]:
+                if block in self.pools[self.groups[g].pool].cached_free:
+                    self._hash(self.groups[g].pool, block, (g, False, r, j))
+            self._unhashed[r] = []
+        self._free(r, live=True)
         self.recomputed_tokens += self._computed[r]
         self._status[r] = _PREEMPTED
         self._computed[r] = 0
@@ -542,30 +603,41 @@ class VllmSimulator:
         (``_grow_at``), the processed tokens that free a page before a window (``_free_at``) and
         the tokens that complete a block to cache (``_cache_at``)."""
         grow = free = cache = _NEVER
-        for group, table in zip(self.groups, self._tables[r], strict=True):
+        tables, groups = self._tables[r], self.groups
+        hashed = self._hashed[r]
+        for c, (g, _) in enumerate(self._classes):  # one member answers for its class
+            group, table = groups[g], tables[g]
             per_page = group.tokens_per_page
             if not per_page:
                 grow = min(grow, 1 if not table else _NEVER)
                 continue
             grow = min(grow, len(table) * per_page + 1)
             if group.windowed:
-                nulls = 0
-                while nulls < len(table) and table[nulls] is None:
-                    nulls += 1
-                free = min(free, self._first_freeing(group, (nulls + 1) * per_page))
-        if self.caching:
-            hashed = self._hashed[r]
-            for g, group in enumerate(self.groups):
-                if group.sliding >= 0 and group.tokens_per_page:
-                    # tokens are cached in multiples of the scheduler block
-                    cache = min(
-                        cache, cdiv((hashed[g] + 1) * group.tokens_per_page, self._align) * self._align
-                    )
+                # the pages freed before the window: a table's None entries lead it (freed from
+                # the start, hits from a window's end), so a binary search finds the first block
+                low, high = 0, len(table)
+                while low < high:
+                    middle = (low + high) // 2
+                    if table[middle] is None:
+                        low = middle + 1
+                    else:
+                        high = middle
+                free = min(free, self._first_freeing(g, (low + 1) * per_page))
+            if self.caching and group.sliding >= 0:
+                # tokens are cached in multiples of the scheduler block
+                cache = min(cache, cdiv((hashed[c] + 1) * per_page, self._align) * self._align)
         self._grow_at[r], self._free_at[r], self._cache_at[r] = grow, free, cache
 
-    def _first_freeing(self, group: _Group, target: int) -> int:
-        """The fewest processed tokens whose first retained token is at least ``target`` (the
-        count is non-decreasing in the tokens: a binary search), or never."""
+    def _first_freeing(self, g: int, target: int) -> int:
+        """The fewest processed tokens whose first retained token in group ``g`` is at least
+        ``target`` (the count is non-decreasing in the tokens: a binary search, memoized), or
+        never."""
+        known = self._freeing.get((g, target))
+        if known is None:
+            known = self._freeing[g, target] = self._search_freeing(self.groups[g], target)
+        return known
+
+    def _search_freeing(self, group: _Group, target: int) -> int:
         first = group.spec.first_retained_token
         low, high = target, self.max_model_len + 1
         if first(high) < target:
@@ -591,134 +663,232 @@ class VllmSimulator:
         tables = self._tables[r]
         if not tables:
             tables.extend([] for _ in groups)
-            self._hashed[r] = [0] * len(groups)
-        empty: list[int | None] = []
+            self._hashed[r] = [0] * len(self._classes)
         computed = min(self._computed[r] + hit, self.max_model_len)
         if gate:
-            full = min(self._tokens[r], self.max_model_len)
-            need = [0] * len(pools)
-            for g, group in enumerate(groups):
-                blocks = hit_blocks[g] if hit_blocks is not None else empty
-                need[group.pool] += self._to_allocate(tables[g], group, full, blocks, computed, cap=True)
+            whole = min(self._tokens[r], self.max_model_len)
+            need = self._to_allocate(tables, whole, hit_blocks, computed, cap=True)
             if any(n > pool.free for n, pool in zip(need, pools, strict=True)):
                 return False
-        processed = max(0, computed - self._in_flight[r])
-        for g, group in enumerate(groups):
-            if group.windowed:
-                self._remove_skipped(tables[g], group, processed)
+        if self._windowed:
+            self._remove_skipped(r, tables, max(0, computed - self._in_flight[r]))
         slots = min(computed + new, self.max_model_len)
-        need = [0] * len(pools)
-        for g, group in enumerate(groups):
-            blocks = hit_blocks[g] if hit_blocks is not None else empty
-            need[group.pool] += self._to_allocate(tables[g], group, slots, blocks, computed, cap=False)
+        need = self._to_allocate(tables, slots, hit_blocks, computed, cap=False)
         if any(n > pool.free for n, pool in zip(need, pools, strict=True)):
             return False
         if hit_blocks is not None and hit:
             for g, group in enumerate(groups):
                 self._touch(group.pool, hit_blocks[g])
                 tables[g].extend(hit_blocks[g])
-        for g, group in enumerate(groups):
-            pages = _pages(group, slots) - len(tables[g])
-            if pages > 0:
-                tables[g].extend(self._take(group.pool, pages, group.span))
+        pages = [_pages(groups[g], slots) - len(tables[g]) for g, _ in self._classes]
+        if not self.caching:
+            # no block is shared or cached, so an id means nothing: one table per class, and
+            # the pools count every member's pages
+            for c, (g, _) in enumerate(self._classes):
+                if pages[c] > 0:
+                    for p, span in self._class_spans[c]:
+                        pools[p].uncached -= pages[c] * span
+                    tables[g].extend(repeat(_HELD, pages[c]))
+        elif any(n > 0 for n in pages):
+            of_class = self._class_of
+            for g, group in enumerate(groups):  # in group order: the order vLLM takes blocks in
+                if pages[of_class[g]] > 0:
+                    tables[g].extend(self._take(group.pool, pages[of_class[g]], group.span))
         if self.caching:
             self._cache_blocks(r, min(computed + new, self._tokens[r]))
         return True
 
     def _to_allocate(
         self,
-        table: list[int | None],
-        group: _Group,
+        tables: list[list[int | None]],
         tokens: int,
-        hit_blocks: list[int | None],
+        hit_blocks: list[list[int | None]] | None,
         computed: int,
         *,
         cap: bool,
-    ) -> int:
-        """``get_num_blocks_to_allocate`` of one group, in block ids."""
-        required = _pages(group, tokens)
-        if cap and group.cap is not None:
-            required = min(required, group.cap)
-        skipped = group.spec.first_retained_token(computed) // group.tokens_per_page if group.windowed else 0
-        pages = max(required - max(skipped, len(hit_blocks) + len(table)), 0)
-        # a cached hit block nobody holds leaves the free queue when taken
-        ref = self._ref
-        evictable = sum(
-            1 for b in hit_blocks[max(0, skipped - len(table)) :] if b is not None and ref[b] == 0
-        )
-        return (pages + evictable) * group.span
+    ) -> list[int]:
+        """``get_num_blocks_to_allocate`` summed over the groups: block ids per pool."""
+        groups, ref = self.groups, self._ref
+        need = [0] * len(self.pools)
+        for c, (g, ids) in enumerate(self._classes):
+            group, table = groups[g], tables[g]
+            required = _pages(group, tokens)
+            if cap and group.cap is not None:
+                required = min(required, group.cap)
+            skipped = 0
+            if group.windowed:
+                skipped = group.spec.first_retained_token(computed) // group.tokens_per_page
+            hits = len(hit_blocks[g]) if hit_blocks is not None else 0  # one length in a class
+            pages = max(required - max(skipped, hits + len(table)), 0)
+            if pages:
+                for p, span in self._class_spans[c]:
+                    need[p] += pages * span
+            if hits:
+                # a cached hit block nobody holds leaves the free queue when taken
+                start = max(0, skipped - len(table))
+                for i in ids:
+                    assert hit_blocks is not None
+                    evictable = sum(1 for b in hit_blocks[i][start:] if b is not None and ref.get(b) == 0)
+                    need[groups[i].pool] += evictable * groups[i].span
+        return need
 
-    def _remove_skipped(self, table: list[int | None], group: _Group, processed: int) -> None:
-        """``remove_skipped_blocks``: free the pages before the window, last first."""
-        skipped = min(group.spec.first_retained_token(processed) // group.tokens_per_page, len(table))
-        freed: list[int] = []
-        for i in range(skipped - 1, -1, -1):
-            block = table[i]
-            if block is None:
-                break
-            freed.append(block)
-            table[i] = None
-        if freed:
-            self._release(group.pool, freed, group.span)
+    def _remove_skipped(self, r: int, tables: list[list[int | None]], processed: int) -> None:
+        """``remove_skipped_blocks`` of every windowed group: free the pages before the window,
+        last first."""
+        groups = self.groups
+        freeing: list[tuple[int, int]] = []  # (group, pages before the window)
+        for c, (g, ids) in enumerate(self._classes):
+            group, table = groups[g], tables[g]
+            if not group.windowed:
+                continue
+            skipped = min(group.spec.first_retained_token(processed) // group.tokens_per_page, len(table))
+            if not skipped or table[skipped - 1] is None:  # every member has freed them
+                continue
+            if self.caching:
+                freeing.extend((i, skipped) for i in ids)
+                continue
+            count = 0  # without caching: the class's one table (see _allocate_slots)
+            for i in range(skipped - 1, -1, -1):
+                if table[i] is None:
+                    break
+                table[i] = None
+                count += 1
+            for p, span in self._class_spans[c]:
+                self.pools[p].uncached += count * span
+        freeing.sort()  # in group order: the order vLLM frees them in
+        for g, skipped in freeing:
+            table, freed = tables[g], list[int]()
+            for i in range(skipped - 1, -1, -1):
+                block = table[i]
+                if block is None:
+                    break
+                freed.append(block)
+                table[i] = None
+            self._release(r, g, freed, skipped - 1, live=True, window=True)
 
-    def _free(self, r: int) -> None:
-        """``KVCacheManager.free``: every group's pages, group by group, tail first."""
+    def _free(self, r: int, *, live: bool) -> None:
+        """``KVCacheManager.free``: every group's pages, group by group, tail first (``live``:
+        the request may come back, preempted, and hit its own blocks)."""
         tables = self._tables[r]
-        for g, group in enumerate(self.groups):
-            if g < len(tables):
-                self._release(group.pool, [b for b in reversed(tables[g]) if b is not None], group.span)
+        if not tables:
+            pass
+        elif self.caching:
+            for g, table in enumerate(tables):
+                self._release(r, g, [b for b in reversed(table) if b is not None], len(table) - 1, live=live)
+        else:  # the class's one table (see _allocate_slots)
+            for c, (g, _) in enumerate(self._classes):
+                held = len(tables[g]) - tables[g].count(None)
+                for p, span in self._class_spans[c]:
+                    self.pools[p].uncached += held * span
         self._tables[r] = []
         self._hashed[r] = []
-        self._grow_at[r] = 0  # the next allocation takes the full path
+        if not live:
+            self._unhashed[r] = []  # finished: nothing will hash them
+        self._grow_at[r] = self._cache_at[r] = 0  # the next allocation takes the full path
 
     def _take(self, p: int, pages: int, span: int) -> list[int]:
         """``BlockPool.get_new_blocks``: uncached blocks first, then the oldest cached ones
         (their hashes evicted)."""
         pool = self.pools[p]
-        out: list[int] = []
-        ref = self._ref
-        for _ in range(pages):
-            while pool.uncached < span:
-                block, block_span = pool.cached_free.popitem(last=False)
-                pool.cached_span -= block_span
-                pool.uncached += block_span
-                self._evict(p, block)
-            pool.uncached -= span
-            block = self._next_id
-            self._next_id += 1
-            ref[block] = 1
-            out.append(block)
-        return out
+        need = pages * span
+        if pool.uncached < need:
+            # vLLM evicts one block per page while the uncached ones fall short: the same
+            # blocks as evicting, oldest first, until they cover every page
+            self._evict(p, need)
+        pool.uncached -= need
+        first = self._next_id
+        self._next_id += pages
+        return list(range(first, first + pages))  # fresh ids, one holder each (no _ref entry)
 
-    def _evict(self, p: int, block: int) -> None:
-        self._unhash(p, block)
-        del self._ref[block]
-
-    def _release(self, p: int, blocks: list[int], span: int) -> None:
-        """``BlockPool.free_blocks``: a cached block to the back of the free queue, another one
-        back among the interchangeable uncached blocks at the front."""
+    def _evict(self, p: int, need: int) -> None:
+        """Evict the oldest cached free blocks of pool ``p`` until ``need`` block ids are uncached."""
         pool = self.pools[p]
-        ref = self._ref
-        for block in blocks:
-            ref[block] -= 1
-            if ref[block]:
+        ref, hash_of, hashes, cached_free = self._ref, self._hash_of, self._hashes[p], pool.cached_free
+        while pool.uncached < need:
+            key, ids = cached_free.popitem(last=False)
+            if key < 0:  # a run of blocks nothing can hit: as many as the pages need
+                span = self._run_span[key]
+                used = min(ids // span, cdiv(need - pool.uncached, span)) * span
+                pool.cached_span -= used
+                pool.uncached += used
+                if used < ids:  # the rest stays at the front
+                    cached_free[key] = ids - used
+                    cached_free.move_to_end(key, last=False)
+                else:
+                    del self._run_span[key]
                 continue
-            if block in self._hash_of:
-                pool.cached_free[block] = span
+            pool.cached_span -= ids
+            pool.uncached += ids
+            # the block's hash goes (one freed by a finished request has none), and its count
+            hashed = hash_of.pop(key, None)
+            if hashed is not None:
+                holders = hashes[hashed]
+                del holders[key]
+                if not holders:
+                    del hashes[hashed]
+            del ref[key]
+
+    def _release(
+        self, r: int, g: int, blocks: list[int], top: int, *, live: bool, window: bool = False
+    ) -> None:
+        """``BlockPool.free_blocks`` of request ``r``'s blocks of group ``g``, listed from table
+        position ``top`` down: a cached block to the back of the free queue, another one back
+        among the interchangeable uncached blocks at the front.
+
+        With lazy hashing (see :meth:`_cache_blocks`) a block of the request's own below its
+        hashed count is cached too: its hash is made now when the request is ``live`` (only it
+        can hit its own blocks, and only once it is admitted again), else it is queued with no
+        hash, and a run of such blocks as one entry of the queue (nothing can hit them; they
+        keep their place). Blocks freed as they leave a ``window`` wait for the request's
+        preemption to be hashed (a request that finishes unpreempted never hashes them).
+        """
+        group = self.groups[g]
+        pool, span = self.pools[group.pool], group.span
+        ref, hash_of, cached_free = self._ref, self._hash_of, pool.cached_free
+        # blocks[lazy:] lie below the hashed count: cached, hashed or not
+        lazy = max(0, top - self._hashed[r][self._class_of[g]] + 1) if self._lazy else len(blocks)
+        if not live and lazy < len(blocks):
+            # a finished request's own blocks (a request's own block has one holder and no hash:
+            # no _ref entry, not in _hash_of) are queued as one run; a shared block still goes alone
+            end = len(blocks)
+            while end > lazy and blocks[end - 1] in hash_of:  # the shared prefix and hits: the lowest
+                end -= 1
+            run = blocks[lazy:end]
+            if run and hash_of.keys().isdisjoint(run) and ref.keys().isdisjoint(run):
+                self._release(r, g, blocks[:lazy], top, live=live)
+                key = self._next_run = self._next_run - 1
+                self._run_span[key] = span
+                cached_free[key] = len(run) * span
+                pool.cached_span += len(run) * span
+                self._release(r, g, blocks[end:], top - end, live=live)
+                return
+        for index, block in enumerate(blocks):
+            left = ref.get(block, 1) - 1  # no entry: one holder
+            if left:
+                ref[block] = left
+            elif index >= lazy or block in hash_of:
+                if live and block not in hash_of:
+                    if window:  # hashed if the request is preempted (_preempt), else never
+                        self._unhashed[r].append((g, top - index, block))
+                    else:
+                        self._hash(group.pool, block, (g, False, r, top - index))
+                ref[block] = 0
+                cached_free[block] = span
                 pool.cached_span += span
             else:
-                del ref[block]
+                ref.pop(block, None)
                 pool.uncached += span
 
     def _touch(self, p: int, blocks: list[int | None]) -> None:
         """``BlockPool.touch``: a hit block leaves the free queue when nobody held it."""
-        pool = self.pools[p]
+        pool, ref = self.pools[p], self._ref
         for block in blocks:
             if block is None:
                 continue
-            if self._ref[block] == 0:
+            held = ref.get(block, 1)  # no entry: one holder
+            if held == 0:
                 pool.cached_span -= pool.cached_free.pop(block)
-            self._ref[block] += 1
+            ref[block] = held + 1
 
     # -- the prefix cache ----------------------------------------------------------------------
 
@@ -739,24 +909,49 @@ class VllmSimulator:
         tokens = min(tokens, self._tokens[r])
         tokens -= tokens % self._align
         tables, hashed = self._tables[r], self._hashed[r]
-        for g, group in enumerate(self.groups):
-            if group.sliding < 0 or g >= len(tables):
+        if not tables:
+            return
+        request = self.requests[r]
+        for c, (g, ids) in enumerate(self._classes):
+            group = self.groups[g]
+            if group.sliding < 0:
                 continue
             full = tokens // group.tokens_per_page
-            table = tables[g]
-            for j in range(hashed[g], min(full, len(table))):
-                block = table[j]
-                if block is None:
-                    continue
-                old = self._hash_of.get(block)
-                if old is not None:
-                    if not _is_partial(old):
-                        continue
-                    self._unhash(group.pool, block)  # the full block's hash replaces the partial one
-                self._hash(group.pool, block, self._content(r, g, j))
-            hashed[g] = max(hashed[g], full)
+            start, end = hashed[c], min(full, len(tables[g]))
+            if self._lazy:  # the request's own blocks are hashed when freed (_release)
+                end = min(end, request.prefix_tokens // group.tokens_per_page)
+            if start < end:
+                for i in ids:
+                    self._hash_blocks(r, i, start, end)
+            hashed[c] = max(start, full)
             if group.sliding == 0 and group.tokens_per_page > self._hash_block:
-                self._cache_partial_tail(r, g, tokens)
+                for i in ids:
+                    self._cache_partial_tail(r, i, tokens)
+
+    def _hash_blocks(self, r: int, g: int, start: int, end: int) -> None:
+        """Hash the blocks of table positions ``start`` to ``end`` of request ``r``'s group ``g``
+        (a full block's hash replaces a partial one; one hashed already keeps its hash)."""
+        group, table = self.groups[g], self._tables[r][g]
+        hash_of, hashes = self._hash_of, self._hashes[group.pool]
+        request = self.requests[r]
+        shared = request.prefix_tokens // group.tokens_per_page
+        for j in range(start, end):
+            block = table[j]
+            if block is None:
+                continue
+            old = hash_of.get(block)
+            if old is not None:
+                if not _is_partial(old):
+                    continue
+                self._unhash(group.pool, block)  # the full block's hash replaces the partial one
+            # _hash of _content, inlined: the one loop over every block hashed
+            key = (g, True, request.prefix_id, j) if j < shared else (g, False, r, j)
+            hash_of[block] = key
+            holders = hashes.get(key)
+            if holders is None:
+                hashes[key] = {block: None}
+            else:
+                holders[block] = None
 
     def _cache_partial_tail(self, r: int, g: int, tokens: int) -> None:
         """``FullAttentionManager._cache_partial_tail_block``: a group whose block is larger than
