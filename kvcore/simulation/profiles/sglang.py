@@ -86,9 +86,8 @@ import attrs
 from kvcore.errors import InvalidInputError
 from kvcore.limits import MAX_TOKENS, check_at_most
 from kvcore.simulation.profiles.radix import Node, RadixTree
-from kvcore.simulation.series import StepSeries
-from kvcore.simulation.simulator import SimulationResult, percentile
-from kvcore.simulation.steps import StepRecord, StepTimeModel, build_timeline
+from kvcore.simulation.stepper import StepperState
+from kvcore.simulation.steps import StepRecord, StepTimeModel
 from kvcore.spec import KVCacheSpec, cdiv
 from kvcore.validators import check_int, int_at_least
 
@@ -285,7 +284,7 @@ def sglang_pools(plan: KVCachePlan) -> SglangPools:
 _WAITING, _RUNNING, _FINISHED = range(3)
 
 
-class SglangSimulator:
+class SglangSimulator(StepperState):
     """SGLang's scheduler over a kvcore plan, one :meth:`step` (one forward batch) at a time.
 
     Args:
@@ -388,49 +387,10 @@ class SglangSimulator:
         self._pending: list[tuple[int, bool]] = []
         self._new_pending: list[tuple[int, bool]] = []
         self._batch_full = False
-        self._arrival: list[int] | list[float] = [r.arrival_step for r in requests]
-        self._queued = self._arrival
-        self._step_time = step_time
-        self.clock = 0.0
-        self._step_end: list[float] = []
-        self._token_step = [-1] * count if step_time is not None else []
-        self._finish_step = [-1] * count if step_time is not None else []
-        self._in_seconds = any(r.arrival_time is not None for r in requests)
-        if self._in_seconds:
-            if step_time is None:
-                raise InvalidInputError(
-                    f"the workload {workload.name!r} gives arrival times in seconds: simulating it needs a "
-                    "step-time model (a GPU's roofline or a measured step-time profile)"
-                )
-            self._arrival = [r.arrival_time or 0.0 for r in requests]
-            self._queued = [-1] * count
+        self._start(workload, step_time, profile.name)
         self._next = 0
-        self._running_series: StepSeries[int] = StepSeries()
-        self._usage_series: StepSeries[float] = StepSeries()
-        self.steps = 0
-        self.finished = 0
-        self.total_tokens = 0
-        self.recomputed_tokens = 0
-        self.cached_tokens = 0
-        self.looked_up_tokens = 0
-        self.preemptions = 0
 
     # -- the stepper ---------------------------------------------------------------------------
-
-    @property
-    def done(self) -> bool:
-        """Whether every request has finished."""
-        return self.finished == len(self.requests)
-
-    @property
-    def running(self) -> tuple[int, ...]:
-        """The decoding requests (indices into ``workload.requests``), in SGLang's batch order."""
-        return tuple(self._running)
-
-    @property
-    def waiting(self) -> tuple[int, ...]:
-        """The requests that arrived and wait, in queue order."""
-        return tuple(self._waiting)
 
     def step(self) -> None:
         """Run one forward batch (a prefill, else a decode), or skip an idle stretch up to the
@@ -873,14 +833,7 @@ class SglangSimulator:
                 prefill += n
                 pairs += n * c + n * (n + 1) // 2  # each new token attends to itself and all before
         record = StepRecord(prefill, decodes, len(batch), context, pairs)
-        seconds = model(record)
-        if not 0.0 <= seconds < math.inf:  # NaN fails too
-            raise InvalidInputError(
-                f"the step-time model {model.description!r} gave {seconds!r} seconds for step "
-                f"{step} ({record}): a step takes a finite time >= 0; fix the model"
-            )
-        self.clock += seconds
-        self._step_end.append(self.clock)
+        self._advance_clock(step, record)
 
     def settings(self) -> tuple[tuple[str, object], ...]:
         """The settings this run used, SGLang's defaults resolved for the plan."""
@@ -893,44 +846,6 @@ class SglangSimulator:
             ("page_size", self.page),
             ("full_tokens", self.pools.full_tokens),
             ("swa_tokens", self.pools.swa_tokens),
-        )
-
-    def result(self) -> SimulationResult:
-        """The figures so far (the whole run once :attr:`done`)."""
-        steps = self.steps
-        running, usage = self._running_series, self._usage_series
-        delays = sorted(f - a for f, a in zip(self._first, self._queued, strict=True) if f >= 0)
-        return SimulationResult(
-            policy=self.plan.policy,
-            num_requests=len(self.requests),
-            steps=steps,
-            mean_running=running.total() / steps if steps else 0.0,
-            peak_running=running.peak(0),
-            tokens_per_step=self.total_tokens / steps if steps else 0.0,
-            total_tokens=self.total_tokens,
-            recomputed_tokens=self.recomputed_tokens,
-            preemptions=self.preemptions,
-            mean_queue_delay=sum(delays) / len(delays) if delays else 0.0,
-            p99_queue_delay=float(percentile(delays, 99)) if delays else 0.0,
-            mean_pool_usage=usage.total() / steps if steps else 0.0,
-            peak_pool_usage=usage.peak(0.0),
-            running=running.copy(),
-            pool_usage=usage.copy(),
-            prefix_caching=self.caching,
-            cached_tokens=self.cached_tokens,
-            prefix_hit_rate=self.cached_tokens / self.looked_up_tokens if self.looked_up_tokens else 0.0,
-            scheduler=self.profile.name,
-            scheduler_settings=self.settings(),
-            timeline=None
-            if self._step_time is None
-            else build_timeline(
-                self._step_time,
-                self._step_end,
-                self._arrival,
-                in_seconds=self._in_seconds,
-                first_token_step=self._token_step,
-                finish_step=self._finish_step,
-            ),
         )
 
 

@@ -58,9 +58,8 @@ import attrs
 
 from kvcore.errors import InvalidInputError
 from kvcore.limits import MAX_TOKENS, check_at_most
-from kvcore.simulation.series import StepSeries
-from kvcore.simulation.simulator import SimulationResult, percentile
-from kvcore.simulation.steps import StepRecord, StepTimeModel, build_timeline
+from kvcore.simulation.stepper import StepperState
+from kvcore.simulation.steps import StepRecord, StepTimeModel
 from kvcore.spec import KVCacheSpec, SizingContext, cdiv
 from kvcore.validators import check_int, int_at_least
 
@@ -163,7 +162,7 @@ class _Pool:
         return self.uncached + self.cached_span
 
 
-class VllmSimulator:
+class VllmSimulator(StepperState):
     """vLLM's scheduler and KV-cache manager over a kvcore plan, one :meth:`step` at a time.
 
     Args:
@@ -267,25 +266,7 @@ class VllmSimulator:
         self._next_run = 0
         self._next_id = 0
         count = len(self.requests)
-        self._arrival: list[int] | list[float] = [r.arrival_step for r in self.requests]
-        #: the step each request joined the queue at (its arrival step unless it arrives in seconds)
-        self._queued = self._arrival
-        #: with a step-time model: the clock, when each step ended, each request's first-token
-        #: and finish steps
-        self._step_time = step_time
-        self.clock = 0.0
-        self._step_end: list[float] = []
-        self._token_step = [-1] * count if step_time is not None else []
-        self._finish_step = [-1] * count if step_time is not None else []
-        self._in_seconds = any(r.arrival_time is not None for r in self.requests)
-        if self._in_seconds:
-            if step_time is None:
-                raise InvalidInputError(
-                    f"the workload {workload.name!r} gives arrival times in seconds: simulating it needs a "
-                    "step-time model (a GPU's roofline or a measured step-time profile)"
-                )
-            self._arrival = [r.arrival_time or 0.0 for r in self.requests]
-            self._queued = [-1] * count
+        self._start(workload, step_time, profile.name)
         self._tokens = [r.prompt_tokens for r in self.requests]  # vLLM's num_tokens
         self._total = [r.total_tokens for r in self.requests]
         self._computed = [0] * count
@@ -307,33 +288,8 @@ class VllmSimulator:
         self._waiting: deque[int] = deque()
         self._running: list[int] = []
         self._outputs: deque[tuple[dict[int, int], set[int], int]] = deque()
-        # idle stretches stored as one run (a request arriving at step 10**7 costs nothing)
-        self._running_series: StepSeries[int] = StepSeries()
-        self._usage_series: StepSeries[float] = StepSeries()
-        self.steps = 0
-        self.finished = 0
-        self.total_tokens = 0
-        self.recomputed_tokens = 0
-        self.cached_tokens = 0
-        self.looked_up_tokens = 0
-        self.preemptions = 0
 
     # -- the stepper ---------------------------------------------------------------------------
-
-    @property
-    def done(self) -> bool:
-        """Whether every request has finished."""
-        return self.finished == len(self.requests)
-
-    @property
-    def running(self) -> tuple[int, ...]:
-        """The running requests (indices into ``workload.requests``), in admission order."""
-        return tuple(self._running)
-
-    @property
-    def waiting(self) -> tuple[int, ...]:
-        """The requests that arrived and wait (preempted ones first), in queue order."""
-        return tuple(self._waiting)
 
     def step(self) -> None:
         """Schedule one step, then take back the output of the step ``lag`` steps ago (or skip
@@ -510,14 +466,7 @@ class VllmSimulator:
                 prefill += n
                 pairs += n * c + n * (n + 1) // 2  # each new token attends to itself and all before
         record = StepRecord(prefill, decodes, decodes + prefills, context, pairs)
-        seconds = model(record)
-        if not 0.0 <= seconds < math.inf:  # NaN fails too
-            raise InvalidInputError(
-                f"the step-time model {model.description!r} gave {seconds!r} seconds for step "
-                f"{step} ({record}): a step takes a finite time >= 0; fix the model"
-            )
-        self.clock += seconds
-        self._step_end.append(self.clock)
+        self._advance_clock(step, record)
 
     def _update_from_output(self, scheduled: dict[int, int], sampled: set[int], step: int) -> None:
         """``Scheduler.update_from_output``: the tokens of step ``step`` come back."""
@@ -1068,43 +1017,9 @@ class VllmSimulator:
         """``BlockPool.get_usage`` (``1 - free / usable``) of the fullest pool."""
         return max((1 - p.free / p.usable for p in self.pools if p.usable), default=0.0)
 
-    def result(self) -> SimulationResult:
-        """The figures so far (the whole run once :attr:`done`)."""
-        steps = self.steps
-        running, usage = self._running_series, self._usage_series
-        delays = sorted(f - a for f, a in zip(self._first, self._queued, strict=True) if f >= 0)
-        return SimulationResult(
-            policy=self.plan.policy,
-            num_requests=len(self.requests),
-            steps=steps,
-            mean_running=running.total() / steps if steps else 0.0,
-            peak_running=running.peak(0),
-            tokens_per_step=self.total_tokens / steps if steps else 0.0,
-            total_tokens=self.total_tokens,
-            recomputed_tokens=self.recomputed_tokens,
-            preemptions=self.preemptions,
-            mean_queue_delay=sum(delays) / len(delays) if delays else 0.0,
-            p99_queue_delay=float(percentile(delays, 99)) if delays else 0.0,
-            mean_pool_usage=usage.total() / steps if steps else 0.0,
-            peak_pool_usage=usage.peak(0.0),
-            running=running.copy(),
-            pool_usage=usage.copy(),
-            prefix_caching=self.caching,
-            cached_tokens=self.cached_tokens,
-            prefix_hit_rate=self.cached_tokens / self.looked_up_tokens if self.looked_up_tokens else 0.0,
-            scheduler=self.profile.name,
-            scheduler_settings=self.profile.settings(),
-            timeline=None
-            if self._step_time is None
-            else build_timeline(
-                self._step_time,
-                self._step_end,
-                self._arrival,
-                in_seconds=self._in_seconds,
-                first_token_step=self._token_step,
-                finish_step=self._finish_step,
-            ),
-        )
+    def settings(self) -> tuple[tuple[str, object], ...]:
+        """The profile's settings (reported with the result)."""
+        return self.profile.settings()
 
 
 def _group(spec: KVCacheSpec, pool: int, span: int, context: SizingContext) -> _Group:
