@@ -620,8 +620,9 @@ class BlockPool:
             limit = min(num_tokens - 1, known)
             hit = self._agreed_hit(record, content, limit, with_host=False)
             if self._host and hit < limit:  # the tokens beyond the device's hit may be on the host
-                from_host = self._fitting_hit(record, content, self._agreed_hit(record, content, limit)) - hit
-                hit += from_host
+                tiered = self._agreed_hit(record, content, limit)
+                if tiered > hit and self._restores_fit(record, content, tiered):
+                    from_host, hit = tiered - hit, tiered
             if hit:
                 for pool in self.pools:
                     pool.cache.attach(record, content, hit)  # type: ignore[union-attr]
@@ -648,15 +649,15 @@ class BlockPool:
             at = (at + 1) % len(pools)
         return max(limit, 0)
 
-    def _fitting_hit(self, record: RequestRecord, content: Sequence[int] | PrefixKey, hit: int) -> int:
-        """The longest hit, at most ``hit``, whose host-held blocks every pool has device ids
-        to bring back into (a shorter hit needs fewer; 0 needs none)."""
-        while hit and not all(
+    def _restores_fit(self, record: RequestRecord, content: Sequence[int] | PrefixKey, hit: int) -> bool:
+        """Whether every pool has device ids for the host-held blocks of a hit of ``hit``
+        tokens (if not, the hit is the device's alone: a device that cannot take the blocks
+        back is too full to admit the request anyway, and walking down to a partial restore
+        would cost a lookup per block)."""
+        return all(
             pool.cache.restores_fit(record, content, hit)  # type: ignore[union-attr]
             for pool in self.pools
-        ):
-            hit = self._agreed_hit(record, content, hit - 1)
-        return hit
+        )
 
     def _count_lookup(self, record: RequestRecord) -> None:
         queried, hit, from_host = record.pending  # type: ignore[misc]
