@@ -93,7 +93,8 @@ def main() -> None:
     write("chat.jsonl", chat)
     # The first 300 chat turns behind the system prompts of 64 applications (1,000 to 3,000 tokens
     # each, Zipf popularity): an assumed mix, for prefix caching and host-tier sizing.
-    write("chat-system-prompts.jsonl", with_system_prompts(chat[:300], count=64, tokens=(1000, 3000), seed=15))
+    system = with_system_prompts(chat[:300], count=64, tokens=(1000, 3000), seed=15)
+    write("chat-system-prompts.jsonl", system)
     # Long documents (LongBench summarisation: GovReport 8,169 and QMSum 10,546 words on average,
     # about 1.3 tokens a word; answers of at most 512 tokens, LongBench's limit for these tasks).
     write(

@@ -99,7 +99,7 @@ def tier_lines(simulated: Sequence[Simulated]) -> list[str]:
         label = " ".join(str(cell) for cell in variant_cells(s.candidate))
         moved = f"{format_bytes(tier.offloaded_bytes)} to the host, {format_bytes(tier.restored_bytes)} back"
         seconds = (
-            f", {s.result.host_transfer_seconds:,.3f} s on the host link (estimate: the link's peak, no overlap)"
+            f", {s.result.host_transfer_seconds:,.3f} s on the host link (an estimate: its peak, no overlap)"
             if s.result.host_transfer_seconds
             else ""
         )

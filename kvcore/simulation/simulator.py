@@ -273,9 +273,8 @@ class Simulator:
         self.pool = BlockPool(plan, lowest_first=False, prefix_caching=prefix_caching)
         self._pools = len(plan.pools)
         #: each pool's host tier (with prefix caching and a plan that has one)
-        self._hosts: list[HostCache] = [
-            pool.cache.host for pool in self.pool.pools if pool.cache is not None and pool.cache.host is not None
-        ]
+        caches = [pool.cache for pool in self.pool.pools if pool.cache is not None]
+        self._hosts: list[HostCache] = [cache.host for cache in caches if cache.host is not None]
         gpu = getattr(step_time, "gpu", None)  # a roofline's GPU: its host link prices the moves
         self._host_gpu: Gpu | None = gpu if self._hosts and isinstance(gpu, Gpu) else None
         self.host_transfer_seconds = 0.0
