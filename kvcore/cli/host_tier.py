@@ -13,14 +13,17 @@ refused, never ignored.
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import attrs
 
 from kvcore.cli.inputs import size
+from kvcore.cli.memory_map import check_map_path
 from kvcore.cli.options import PlanningArgs
-from kvcore.cli.replay import Simulated, served_tokens_per_step, simulation_row, variant_cells
+from kvcore.cli.replay import Simulated, plan_label, served_tokens_per_step, simulation_row, variant_cells
 from kvcore.cli.table import render_table
 from kvcore.errors import InvalidInputError
 from kvcore.planning.compare import Candidate
@@ -127,7 +130,12 @@ def curve_row(point: CurvePoint) -> dict[str, Any]:
         "policy": policy,
         "block_size": block,
         "kv_cache_dtype": dtype,
-        "simulation": simulation_row(point.simulated.result),
+        # every point names its tier's figures, the point without a tier too
+        "simulation": {
+            "host_tier": None,
+            "host_transfer_seconds": 0.0,
+            **simulation_row(point.simulated.result),
+        },
     }
     if point.latency is not None:
         row["simulation"]["latency"] = point.latency.to_dict()
@@ -187,3 +195,55 @@ def print_curve(points: Sequence[CurvePoint]) -> None:
             else ""
         )
     )
+
+
+#: The curve's picture, as error messages name it.
+CURVE_PLOT = "the tier curve plot"
+
+
+def render_curve_plot(points: Sequence[CurvePoint], path: str | os.PathLike[str], *, title: str = "") -> Path:
+    """Draw the tier curve: prefix hits (top) and TTFT p50 with a step-time model, else
+    tokens per step (bottom), against host memory, one line per plan.
+
+    Raises:
+        InvalidInputError: as :func:`~kvcore.cli.memory_map.check_map_path`, or the file
+            cannot be written.
+    """
+    out = check_map_path(path, what=CURVE_PLOT)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    timed = all(p.latency is not None for p in points)
+    lines: dict[str, list[CurvePoint]] = {}
+    for p in points:
+        lines.setdefault(plan_label(p.simulated.candidate), []).append(p)
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 5), sharex=True)
+    for label, line in lines.items():
+        sizes = [p.nbytes / 2**30 for p in line]
+        top.plot(sizes, [100 * p.simulated.result.prefix_hit_rate for p in line], marker="o", label=label)
+        below = [
+            p.latency.ttft.p50
+            if p.latency is not None and timed
+            else served_tokens_per_step(p.simulated.result)
+            for p in line
+        ]
+        bottom.plot(sizes, below, marker="o", label=label)
+    top.set_ylabel("prefix hits (%)", fontsize=8)
+    bottom.set_ylabel("TTFT p50 (s)" if timed else "tokens/step", fontsize=8)
+    bottom.set_xlabel("host memory (GiB)", fontsize=8)
+    for ax in (top, bottom):
+        ax.tick_params(labelsize=7)
+        ax.grid(True, linewidth=0.3)
+    top.legend(fontsize=7, loc="best")
+    if title:
+        top.set_title(title, fontsize=9)
+    fig.tight_layout()
+    try:
+        fig.savefig(out, dpi=100)
+    except OSError as exc:
+        raise InvalidInputError(f"cannot write {CURVE_PLOT} to {out}: {exc.strerror or exc}") from None
+    finally:
+        plt.close(fig)
+    return out

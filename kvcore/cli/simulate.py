@@ -82,7 +82,7 @@ def add_parser(sub: Any) -> None:
         metavar="FILE",
         help=(
             "also draw running requests and pool usage over the steps, one line per plan, into FILE "
-            "(.png or .svg; needs the 'plot' extra)"
+            "(with a --host-memory list: the tier curve) (.png or .svg; needs the 'plot' extra)"
         ),
     )
     parser.set_defaults(run=run)
@@ -181,7 +181,18 @@ def run_curve(
             for place, s in enumerate(simulated)  # in the candidates' order, the same at every size
         ]
     curve = [point for _, point in sorted(points, key=lambda p: (p[0], p[1].nbytes))]
-    if args.json:
+    if wants_csv(args):  # one row per point: its size, the plan's figures, the simulation's
+        write_csv(
+            [
+                {
+                    "host_memory_bytes": p.nbytes,
+                    **candidate_row(p.simulated.candidate),
+                    **host_tier.curve_row(p)["simulation"],
+                }
+                for p in curve
+            ]
+        )
+    elif args.json:
         payload = {
             "available_memory_bytes": args.kv_budget,
             "max_model_len": args.max_model_len,
@@ -199,6 +210,9 @@ def run_curve(
             f"{len(args.host_memories)} host-memory sizes"
         )
         host_tier.print_curve(curve)
+    if args.plot and curve:
+        title = f"{workload.name}: {len(workload.requests):,} requests"
+        say_written(host_tier.render_curve_plot(curve, args.plot, title=title), host_tier.CURVE_PLOT)
     return exit_status(candidates)
 
 

@@ -29,7 +29,7 @@ def test_a_comma_list_prints_the_tier_curve(run_cli):
     assert status == 0, err
     curve = json.loads(out)["tier_curve"]
     assert [p["host_memory_bytes"] for p in curve] == [0, 4 << 30, 16 << 30]
-    assert curve[0]["simulation"]["host_tier"] is None
+    assert curve[0]["simulation"]["host_tier"] is None  # every point names the figures
     rates = [p["simulation"]["prefix_hit_rate"] for p in curve]
     assert rates[0] < rates[1] < rates[2]  # this trace's prompts outgrow the device
     status, out, err = run_cli("simulate", *LLAMA, *KVCORE, "--host-memory", "0,4GiB", "--gpu", "H100")
@@ -64,3 +64,23 @@ def test_a_tier_needs_prefix_caching_and_sizes(run_cli):
     for bad in ("0,,4GiB", "4GiB,4GiB", "lots"):
         with pytest.raises(SystemExit):
             run_cli("simulate", *LLAMA, *KVCORE, "--host-memory", bad)
+
+
+def test_the_curve_as_csv_and_as_a_plot(run_cli, tmp_path):
+    status, out, err = run_cli("simulate", *LLAMA, *KVCORE, "--host-memory", "0,4GiB", "--csv")
+    assert status == 0, err
+    header, *rows = out.splitlines()
+    assert header.startswith("host_memory_bytes,policy") and "host_tier" in header
+    assert [row.split(",")[0] for row in rows] == ["0", str(4 << 30)]
+    pytest.importorskip("matplotlib")
+    plot = tmp_path / "curve.svg"
+    status, _, err = run_cli("simulate", *LLAMA, *KVCORE, "--host-memory", "0,4GiB", "--plot", plot)
+    assert status == 0, err
+    assert "the tier curve plot" in err and "host memory (GiB)" in plot.read_text()
+
+
+def test_a_run_without_a_tier_reports_as_before(run_cli):
+    status, out, err = run_cli("simulate", *LLAMA, *KVCORE, "--json")
+    assert status == 0, err
+    simulation = json.loads(out)["candidates"][0]["simulation"]
+    assert "host_tier" not in simulation and "host_transfer_seconds" not in simulation
