@@ -620,7 +620,7 @@ class BlockPool:
             limit = min(num_tokens - 1, known)
             hit = self._agreed_hit(record, content, limit, with_host=False)
             if self._host and hit < limit:  # the tokens beyond the device's hit may be on the host
-                tiered = self._agreed_hit(record, content, limit)
+                tiered = self._agreed_hit(record, content, limit, known=hit)
                 if tiered > hit and self._restores_fit(record, content, tiered):
                     from_host, hit = tiered - hit, tiered
             if hit:
@@ -634,16 +634,21 @@ class BlockPool:
     # -- internals -------------------------------------------------------------------------------
 
     def _agreed_hit(
-        self, record: RequestRecord, content: Sequence[int] | PrefixKey, limit: int, with_host: bool = True
+        self,
+        record: RequestRecord,
+        content: Sequence[int] | PrefixKey,
+        limit: int,
+        with_host: bool = True,
+        known: int = 0,
     ) -> int:
         """The most tokens, at most ``limit``, every pool has cached (on the device, or in its
-        host tier too with ``with_host``): each pool's hit bounds the next pool's until every
-        pool in a row agrees (a pool's hit within its own hit is that hit, so the pool that
-        lowered the bound agrees with it)."""
+        host tier too with ``with_host``; ``known`` tokens every pool has, found before): each
+        pool's hit bounds the next pool's until every pool in a row agrees (a pool's hit within
+        its own hit is that hit, so the pool that lowered the bound agrees with it)."""
         pools, step = self.pools, self._step
         agreed, at = 0, 0
         while agreed < len(pools) and limit > 0:
-            hit = pools[at].cache.find_hit(record, content, limit, step, with_host)  # type: ignore[union-attr]
+            hit = pools[at].cache.find_hit(record, content, limit, step, with_host, known)  # type: ignore[union-attr]
             agreed = agreed + 1 if hit == limit else 1
             limit = hit
             at = (at + 1) % len(pools)

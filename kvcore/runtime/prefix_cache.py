@@ -196,16 +196,18 @@ class PrefixCache:
         limit: int,
         step: int,
         with_host: bool = True,
+        known: int = 0,
     ) -> int:
         """The most tokens (a multiple of ``step``, at most ``limit``) whose live blocks every
         group of the pool has cached (on the device, or in the host tier unless ``with_host``
-        is false)."""
+        is false); ``known`` tokens are known cached already (the device's hit, when the
+        host tier is asked after it), so the walk of a group that keeps every block starts there."""
         upper = limit // step * step if limit > 0 else 0
         if not upper:
             return 0
         for index in self.keeps_all:
             kept, per_page = self._kept(index, with_host), self.paged[index]
-            n = 0
+            n = min(known, upper) // per_page
             while n < upper // per_page and kept(block_key(record, content, per_page, n)):
                 n += 1
             upper = min(upper, n * per_page) // step * step

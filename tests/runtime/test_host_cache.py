@@ -167,7 +167,7 @@ PROGRAMS = st.lists(st.tuples(st.integers(0, 3), st.integers(1, 40), st.booleans
 @settings(deadline=None)
 @given(
     program=PROGRAMS,
-    host_blocks=st.integers(1, 24),
+    host_blocks=st.integers(1, 96),
     num_blocks=st.integers(21, 32),
     hybrid=st.booleans(),
 )
@@ -181,6 +181,9 @@ def test_random_programs_hit_at_least_as_much_with_the_tier_and_keep_holders_sin
         plan = _full_plan(num_blocks=num_blocks, host_blocks=host_blocks)
     tiered = BlockPool(plan, prefix_caching=True)
     plain = BlockPool(plan, prefix_caching=True, host_tier=False)
+    # 4 prefixes of 10 blocks a group: a tier of that many blocks never drops one (a smaller
+    # tier may drop a block the device without a tier still has, so a hit can be shorter)
+    big = plan.host_blocks_in(0) >= 40 * len(plan.groups)
     live: list[int] = []
     for step, (prefix, tokens, finish) in enumerate(program):
         content = PrefixKey(prefix, 40)
@@ -190,7 +193,8 @@ def test_random_programs_hit_at_least_as_much_with_the_tier_and_keep_holders_sin
             live.pop(0)
         # full attention: the prefix kept on the device or the host, every block of it
         expected = tokens if hybrid else _present(tiered, content, tokens - 1)
-        fits = tiered.num_free_blocks - tiered.num_evictable_blocks >= expected // 4
+        fits = tiered.num_free_blocks - tiered.num_evictable_blocks >= expected // 4 * len(plan.groups)
+        device = tiered._agreed_hit(RequestRecord(len(plan.groups)), content, tokens - 1, with_host=False)
         hit = tiered.attach_prefix(step, content, tokens)
         if fits and not hybrid:  # with ids free for every restored block, the hit is all the prefix kept
             assert hit == expected
@@ -202,5 +206,8 @@ def test_random_programs_hit_at_least_as_much_with_the_tier_and_keep_holders_sin
         live.append(step)
         _holders_are_single(tiered)
         _holders_are_single(plain)
-        assert hit >= plain_hit or not fits
-    assert tiered.prefix_cache_stats.hit_tokens >= plain.prefix_cache_stats.hit_tokens
+        assert hit >= device  # the tier only adds to what the device has
+        if big and fits:  # a tier that never drops a block finds all the device alone would
+            assert hit >= plain_hit
+    if big:
+        assert tiered.prefix_cache_stats.hit_tokens >= plain.prefix_cache_stats.hit_tokens
