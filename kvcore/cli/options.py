@@ -114,6 +114,8 @@ class PlanningArgs:
     long_prefill_token_threshold: int | None = None
     # a host tier beside the device pool (plan)
     host_memory: int = 0
+    # host tiers to simulate under each plan (simulate: one size, or a curve)
+    host_memories: tuple[int, ...] = ()
     # allocate
     device: str = "cpu"
     no_zero: bool = False

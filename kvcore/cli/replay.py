@@ -158,6 +158,9 @@ def simulation_row(result: SimulationResult, *, series: bool = False) -> dict[st
         for key, value in attrs.asdict(result).items()
     }
     row.pop("timeline", None)  # the seconds are reported by the latency figures
+    if row.get("host_tier") is None:  # no host tier: the figures of a run without one, as before
+        row.pop("host_tier", None)
+        row.pop("host_transfer_seconds", None)
     row["scheduler_settings"] = dict(result.scheduler_settings)
     row["served_tokens_per_step"] = served_tokens_per_step(result)
     if not series:

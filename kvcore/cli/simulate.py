@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kvcore.cli import gpu, inputs, timing
+from kvcore.cli import gpu, host_tier, inputs, timing
 from kvcore.cli.compare import (
     add_candidate_options,
     build_candidates,
@@ -74,6 +74,7 @@ def add_parser(sub: Any) -> None:
     inputs.add_workload_options(parser, trace_flag="--trace", required=True)
     timing.add_timing_options(parser)
     add_scheduler_options(parser)
+    host_tier.add_host_memory_option(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     add_csv_option(parser, "one row per plan")
     parser.add_argument(
@@ -81,7 +82,7 @@ def add_parser(sub: Any) -> None:
         metavar="FILE",
         help=(
             "also draw running requests and pool usage over the steps, one line per plan, into FILE "
-            "(.png or .svg; needs the 'plot' extra)"
+            "(with a --host-memory list: the tier curve) (.png or .svg; needs the 'plot' extra)"
         ),
     )
     parser.set_defaults(run=run)
@@ -99,8 +100,13 @@ def run(namespace: argparse.Namespace, registry: Registry) -> int:
     workload = inputs.load_workload(
         args, inputs.sizing_context(args).max_model_len, per_second=step_time is not None
     )
-    candidates = build_candidates(args, registry, specs)
     profile = scheduler_profile(args, registry)
+    host_tier.check_host_memory(args, profile.name)
+    candidates = build_candidates(args, registry, specs)
+    if len(args.host_memories) > 1:
+        return run_curve(args, workload, candidates, profile, step_time)
+    if args.host_memories:
+        candidates = host_tier.with_tier(candidates, args.host_memories[0])
     simulated = simulate_candidates(
         candidates, workload, prefix_caching=args.prefix_caching, step_time=step_time, scheduler=profile
     )
@@ -137,6 +143,8 @@ def run(namespace: argparse.Namespace, registry: Registry) -> int:
     else:
         gpu.print_budget(budget)
         print_table(args, workload, candidates, results, profile)
+        for line in host_tier.tier_lines(simulated):
+            print(line)
         timing.print_latency_table(
             [
                 (variant_cells(s.candidate), report)
@@ -147,6 +155,64 @@ def run(namespace: argparse.Namespace, registry: Registry) -> int:
     if args.plot and simulated:
         title = f"{workload.name}: {len(workload.requests):,} requests"
         say_written(render_simulation_plot(simulated, args.plot, title=title), PLOT)
+    return exit_status(candidates)
+
+
+def run_curve(
+    args: PlanningArgs,
+    workload: Workload,
+    candidates: Sequence[Candidate],
+    profile: Any,
+    step_time: Any,
+) -> int:
+    """The tier curve: every plan simulated once per ``--host-memory`` size, one table (or one
+    JSON object)."""
+    points: list[tuple[int, host_tier.CurvePoint]] = []  # (the plan's place, the point)
+    for nbytes in args.host_memories:
+        simulated = simulate_candidates(
+            host_tier.with_tier(candidates, nbytes),
+            workload,
+            prefix_caching=args.prefix_caching,
+            step_time=step_time,
+            scheduler=profile,
+        )
+        points += [
+            (place, host_tier.CurvePoint(nbytes, s, timing.latency_of(args, workload, s.result)))
+            for place, s in enumerate(simulated)  # in the candidates' order, the same at every size
+        ]
+    curve = [point for _, point in sorted(points, key=lambda p: (p[0], p[1].nbytes))]
+    if wants_csv(args):  # one row per point: its size, the plan's figures, the simulation's
+        write_csv(
+            [
+                {
+                    "host_memory_bytes": p.nbytes,
+                    **candidate_row(p.simulated.candidate),
+                    **host_tier.curve_row(p)["simulation"],
+                }
+                for p in curve
+            ]
+        )
+    elif args.json:
+        payload = {
+            "available_memory_bytes": args.kv_budget,
+            "max_model_len": args.max_model_len,
+            "max_num_batched_tokens": args.max_num_batched_tokens,
+            "scheduler": scheduler_row(profile),
+            "workload": workload_row(workload),
+            "tier_curve": [host_tier.curve_row(p) for p in curve],
+        }
+        print(json.dumps(payload, indent=2))
+    else:
+        figures = workload_row(workload)
+        print(
+            f"workload {workload.name}: {figures['num_requests']:,} requests; scheduler "
+            f"{describe_scheduler(profile)}; budget {format_bytes(args.kv_budget)}; tier curve over "
+            f"{len(args.host_memories)} host-memory sizes"
+        )
+        host_tier.print_curve(curve)
+    if args.plot and curve:
+        title = f"{workload.name}: {len(workload.requests):,} requests"
+        say_written(host_tier.render_curve_plot(curve, args.plot, title=title), host_tier.CURVE_PLOT)
     return exit_status(candidates)
 
 

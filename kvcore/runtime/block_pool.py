@@ -42,6 +42,7 @@ from collections.abc import Hashable, Iterable, Sequence
 from kvcore.errors import BlockPoolExhaustedError, InvalidInputError
 from kvcore.plan import KVCacheGroup, KVCachePlan
 from kvcore.runtime.free_blocks import FreeBlocksFactory, free_blocks_for, holder
+from kvcore.runtime.host_cache import HostTierStats
 from kvcore.runtime.one_pool import OnePool, default_paging, uncacheable
 from kvcore.runtime.prefix_cache import EvictionHook, PrefixCacheStats, PrefixKey
 from kvcore.runtime.request_tables import (
@@ -114,6 +115,12 @@ class BlockPool:
             released through its ``take`` and ``release``: how tests break a pool on purpose.
         on_evict: with prefix caching, called with ``(pool, block id, key)`` for each cached
             block evicted to hand its id out again (where a second memory tier keeps it).
+        host_tier: with prefix caching and a plan with an
+            :attr:`~kvcore.plan.KVCachePlan.offload_tier`, keep evicted cached blocks of the
+            kinds that move pages one block at a time (``offload_unit == "block"``) in the
+            plan's host rows (:class:`~kvcore.runtime.host_cache.HostCache`, one per pool) and
+            bring them back when a lookup finds them there (:attr:`host_tier_stats`). On by
+            default; ``False`` drops evicted blocks as a plan without a tier does.
 
     Attributes:
         plan: the plan.
@@ -130,6 +137,7 @@ class BlockPool:
         prefix_caching: bool = False,
         free_blocks: FreeBlocksFactory | None = None,
         on_evict: EvictionHook | None = None,
+        host_tier: bool = True,
     ) -> None:
         self.plan = plan
         self.groups: tuple[KVCacheGroup, ...] = plan.groups
@@ -152,13 +160,23 @@ class BlockPool:
                 else free_blocks_for(num_blocks, spans, lowest_first=lowest_first)
             )
             pools.append(
-                OnePool(plan, p, free, prefix_caching=self._caching, on_evict=on_evict, label=labels[p])
+                OnePool(
+                    plan,
+                    p,
+                    free,
+                    prefix_caching=self._caching,
+                    on_evict=on_evict,
+                    label=labels[p],
+                    host_tier=host_tier,
+                )
             )
         self.pools: tuple[OnePool, ...] = tuple(pools)
         self._paged = [default_paging(g.spec) for g in plan.groups]
         self._step = math.lcm(*self._paged) if self._caching and self._paged else 1
         self._records: dict[Hashable, RequestRecord] = {}
         self._lookups = self._hits = self._queried = self._hit_tokens = 0
+        self._host = any(pool.cache is not None and pool.cache.host is not None for pool in self.pools)
+        self._host_hits = self._host_hit_tokens = 0
 
     # -- figures -----------------------------------------------------------------------------
 
@@ -518,6 +536,27 @@ class BlockPool:
             evictions=sum(pool.cache.evictions for pool in self.pools if pool.cache is not None),
         )
 
+    @property
+    def host_tier_stats(self) -> HostTierStats:
+        """What the host tier kept and gave back (all pools together); see
+        :class:`~kvcore.runtime.host_cache.HostTierStats`. Hits are counted as
+        :attr:`prefix_cache_stats` counts them (when a looked-up request's first ``reserve``
+        succeeds); bytes when they move."""
+        hosts = [(pool, pool.cache.host) for pool in self.pools if pool.cache is not None and pool.cache.host]
+        return HostTierStats(
+            enabled=self._host,
+            host_blocks=sum(host.rows.rows for _, host in hosts),
+            held_blocks=sum(host.held_blocks for _, host in hosts),
+            device_hit_tokens=self._hit_tokens - self._host_hit_tokens,
+            host_hits=self._host_hits,
+            host_hit_tokens=self._host_hit_tokens,
+            offloaded_blocks=sum(host.offloaded_blocks for _, host in hosts),
+            offloaded_bytes=sum(host.offloaded_blocks * host.bytes_per_block for _, host in hosts),
+            restored_blocks=sum(host.restored_blocks for _, host in hosts),
+            restored_bytes=sum(host.restored_blocks * host.bytes_per_block for _, host in hosts),
+            host_evictions=sum(host.host_evictions for _, host in hosts),
+        )
+
     def ref_count(self, block: int, pool: int = 0) -> int:
         """How many requests' tables hold block id ``block`` of pool ``pool`` (with prefix
         caching; without it, 1 for a block a request's table holds, else 0 — pages taken
@@ -574,41 +613,66 @@ class BlockPool:
             request_id, request_id in self._records, content, num_tokens, self._max_len
         )
         record = RequestRecord(len(self.groups))
-        hit = 0
+        hit = from_host = 0
         if self._caching:
             record.content = content
             record.registered = [0] * len(self.groups)
-            hit = self._agreed_hit(record, content, min(num_tokens - 1, known))
+            limit = min(num_tokens - 1, known)
+            hit = self._agreed_hit(record, content, limit, with_host=False)
+            if self._host and hit < limit:  # the tokens beyond the device's hit may be on the host
+                tiered = self._agreed_hit(record, content, limit, known=hit)
+                if tiered > hit and self._restores_fit(record, content, tiered):
+                    from_host, hit = tiered - hit, tiered
             if hit:
                 for pool in self.pools:
                     pool.cache.attach(record, content, hit)  # type: ignore[union-attr]
                 record.tokens = record.computed = hit
-        record.pending = (num_tokens, hit)
+        record.pending = (num_tokens, hit, from_host)
         self._records[request_id] = record
         return hit
 
     # -- internals -------------------------------------------------------------------------------
 
-    def _agreed_hit(self, record: RequestRecord, content: Sequence[int] | PrefixKey, limit: int) -> int:
-        """The most tokens, at most ``limit``, every pool has cached: each pool's hit bounds
-        the next pool's until every pool in a row agrees (a pool's hit within its own hit is
-        that hit, so the pool that lowered the bound agrees with it)."""
+    def _agreed_hit(
+        self,
+        record: RequestRecord,
+        content: Sequence[int] | PrefixKey,
+        limit: int,
+        with_host: bool = True,
+        known: int = 0,
+    ) -> int:
+        """The most tokens, at most ``limit``, every pool has cached (on the device, or in its
+        host tier too with ``with_host``; ``known`` tokens every pool has, found before): each
+        pool's hit bounds the next pool's until every pool in a row agrees (a pool's hit within
+        its own hit is that hit, so the pool that lowered the bound agrees with it)."""
         pools, step = self.pools, self._step
         agreed, at = 0, 0
         while agreed < len(pools) and limit > 0:
-            hit = pools[at].cache.find_hit(record, content, limit, step)  # type: ignore[union-attr]
+            hit = pools[at].cache.find_hit(record, content, limit, step, with_host, known)  # type: ignore[union-attr]
             agreed = agreed + 1 if hit == limit else 1
             limit = hit
             at = (at + 1) % len(pools)
         return max(limit, 0)
 
+    def _restores_fit(self, record: RequestRecord, content: Sequence[int] | PrefixKey, hit: int) -> bool:
+        """Whether every pool has device ids for the host-held blocks of a hit of ``hit``
+        tokens (if not, the hit is the device's alone: a device that cannot take the blocks
+        back is too full to admit the request anyway, and walking down to a partial restore
+        would cost a lookup per block)."""
+        return all(
+            pool.cache.restores_fit(record, content, hit)  # type: ignore[union-attr]
+            for pool in self.pools
+        )
+
     def _count_lookup(self, record: RequestRecord) -> None:
-        queried, hit = record.pending  # type: ignore[misc]
+        queried, hit, from_host = record.pending  # type: ignore[misc]
         record.pending = None
         self._lookups += 1
         self._queried += queried
         self._hit_tokens += hit
         self._hits += hit > 0
+        self._host_hit_tokens += from_host
+        self._host_hits += from_host > 0
 
     def _check_room(self, request_id: Hashable, record: RequestRecord, num_tokens: int) -> None:
         """Refuse a reserve some pool has too few free ids for (nothing taken)."""

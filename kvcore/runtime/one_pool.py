@@ -21,6 +21,7 @@ from itertools import chain, repeat
 from kvcore.errors import BlockPoolExhaustedError, InvalidInputError
 from kvcore.plan import KVCachePlan
 from kvcore.runtime.free_blocks import FreeBlocks
+from kvcore.runtime.host_cache import HostCache
 from kvcore.runtime.prefix_cache import EvictionHook, PrefixCache
 from kvcore.runtime.request_tables import NULL_PAGE, RequestRecord
 from kvcore.spec import KVCacheSpec
@@ -49,6 +50,21 @@ def uncacheable(plan: KVCachePlan, pool: int, label: str) -> str:
     return ""
 
 
+def host_cache_for(plan: KVCachePlan, pool: int) -> HostCache | None:
+    """Pool ``pool``'s host tier for its prefix cache: the plan's host rows of the pool, for the
+    groups whose kind moves pages one block at a time (``offload_unit == "block"``); ``None``
+    when the plan gives the pool no rows or no group may go."""
+    rows = plan.host_blocks_in(pool)
+    spans = {
+        index: plan.groups[index].blocks_per_page
+        for index in plan.groups_in(pool)
+        if plan.groups[index].spec.offload_unit == "block"
+    }
+    if not rows or not spans:
+        return None
+    return HostCache(rows, spans, plan.pools[pool].bytes_per_block)
+
+
 class OnePool:
     """The groups of pool ``pool`` of ``plan`` and the pool's block ids.
 
@@ -58,6 +74,8 @@ class OnePool:
         free: the pool's free ids (their ``spans`` are the pool's groups').
         prefix_caching: cache full blocks (every group of the plan can: :func:`uncacheable`).
         on_evict: where an evicted cached block goes (see :class:`PrefixCache`).
+        host_tier: with prefix caching, keep evicted blocks in the plan's host tier
+            (:func:`host_cache_for`) when it gives this pool rows.
         label: ``"pool p: "`` before this pool's messages in a plan of several pools, else ``""``.
 
     Attributes:
@@ -81,6 +99,7 @@ class OnePool:
         prefix_caching: bool,
         on_evict: EvictionHook | None,
         label: str,
+        host_tier: bool = False,
     ) -> None:
         groups = plan.groups
         self.index = pool
@@ -116,8 +135,11 @@ class OnePool:
             free.hold_null(plan.null_block)
             self.num_usable_blocks -= 1
         self.loose: dict[int, set[int]] = {index: set() for index in self.members}  # allocate()'s pages
+        host = host_cache_for(plan, pool) if prefix_caching and host_tier else None
         self.cache = (
-            PrefixCache(pool, groups, self.members, self.paged, free, on_evict) if prefix_caching else None
+            PrefixCache(pool, groups, self.members, self.paged, free, on_evict, host)
+            if prefix_caching
+            else None
         )
         # a stack of default-rule kinds serves a request's groups of one spec together
         self.by_class = free.any_order and self.cache is None and all(self.paged[i] for i in self.members)

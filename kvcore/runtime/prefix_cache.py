@@ -33,6 +33,7 @@ from kvcore.errors import InvalidInputError
 from kvcore.limits import MAX_TOKENS
 from kvcore.plan import KVCacheGroup
 from kvcore.runtime.free_blocks import FreeBlocks
+from kvcore.runtime.host_cache import HostCache
 from kvcore.runtime.request_tables import NULL_PAGE, PrefixKey, RequestRecord
 from kvcore.spec import KVCacheSpec
 
@@ -140,6 +141,9 @@ class PrefixCache:
         paged: per group, tokens per page (every member pages by the default rule).
         free: the pool's free ids, whose owners name each block's group.
         on_evict: called with ``(pool, block, key)`` for each evicted block, or ``None``.
+        host: the pool's host tier (:class:`~kvcore.runtime.host_cache.HostCache`), or
+            ``None``: an evicted block of an offloadable group goes there, and a lookup finds
+            blocks there too and brings them back.
     """
 
     def __init__(
@@ -150,8 +154,10 @@ class PrefixCache:
         paged: Sequence[int],
         free: FreeBlocks,
         on_evict: EvictionHook | None = None,
+        host: HostCache | None = None,
     ) -> None:
         self.pool = pool
+        self.host = host
         self.groups = groups
         self.members = tuple(members)
         self.paged = paged
@@ -174,27 +180,44 @@ class PrefixCache:
         """Cached blocks no request holds."""
         return len(self.lru)
 
+    def _kept(self, index: int, with_host: bool) -> Callable[[Hashable], bool]:
+        """Whether a key of group ``index`` is cached: on the device, or with ``with_host`` in
+        the host tier too."""
+        cache = self.cache[index]
+        hosted = self.host.where.get(index) if with_host and self.host is not None else None
+        if hosted is None:
+            return cache.__contains__
+        return lambda key: key in cache or key in hosted
+
     def find_hit(
-        self, record: RequestRecord, content: Sequence[int] | PrefixKey, limit: int, step: int
+        self,
+        record: RequestRecord,
+        content: Sequence[int] | PrefixKey,
+        limit: int,
+        step: int,
+        with_host: bool = True,
+        known: int = 0,
     ) -> int:
         """The most tokens (a multiple of ``step``, at most ``limit``) whose live blocks every
-        group of the pool has cached."""
+        group of the pool has cached (on the device, or in the host tier unless ``with_host``
+        is false); ``known`` tokens are known cached already (the device's hit, when the
+        host tier is asked after it), so the walk of a group that keeps every block starts there."""
         upper = limit // step * step if limit > 0 else 0
         if not upper:
             return 0
         for index in self.keeps_all:
-            cache, per_page = self.cache[index], self.paged[index]
-            n = 0
-            while n < upper // per_page and block_key(record, content, per_page, n) in cache:
+            kept, per_page = self._kept(index, with_host), self.paged[index]
+            n = min(known, upper) // per_page
+            while n < upper // per_page and kept(block_key(record, content, per_page, n)):
                 n += 1
             upper = min(upper, n * per_page) // step * step
             if not upper:
                 return 0
         runs: list[tuple[int, list[int]]] = []  # per freeing group: the cached run ending at k
         for index in self.freeing:
-            cache, per_page, run, length = self.cache[index], self.paged[index], [], 0
+            kept, per_page, run, length = self._kept(index, with_host), self.paged[index], [], 0
             for k in range(upper // per_page):
-                length = length + 1 if block_key(record, content, per_page, k) in cache else 0
+                length = length + 1 if kept(block_key(record, content, per_page, k)) else 0
                 run.append(length)
             runs.append((index, run))
         for hit in range(upper, 0, -step):
@@ -206,22 +229,77 @@ class PrefixCache:
                 return hit
         return 0
 
-    def attach(self, record: RequestRecord, content: Sequence[int] | PrefixKey, hit: int) -> None:
-        """Fill the request's tables of this pool's groups with the cached blocks of a hit."""
+    def restores_fit(self, record: RequestRecord, content: Sequence[int] | PrefixKey, hit: int) -> bool:
+        """Whether the device has ids for the blocks of a hit of ``hit`` tokens that only the
+        host tier holds (free ids, and evictable blocks the hit itself does not use)."""
+        if self.host is None:
+            return True
+        missing = pinned = 0
+        ref = self.ref
+        for index in self.members:
+            live = self.groups[index].spec.live_pages(hit, hit)
+            cache, per_page = self.cache[index], self.paged[index]
+            for k in live:
+                block = cache.get(block_key(record, content, per_page, k))
+                if block is None:
+                    missing += 1
+                elif not ref[block]:
+                    pinned += 1
+        return missing <= self.free.num_free + len(self.lru) - pinned
+
+    def attach(self, record: RequestRecord, content: Sequence[int] | PrefixKey, hit: int) -> int:
+        """Fill the request's tables of this pool's groups with the cached blocks of a hit,
+        bringing back from the host tier the blocks only it holds (the caller checked
+        :meth:`restores_fit`).
+
+        Returns:
+            Block ids brought back from the host tier.
+        """
         ref, lru, registered = self.ref, self.lru, record.registered
         assert registered is not None, "a cached request's record counts what it registered"
+        missing: list[tuple[int, Hashable, list[int], int]] = []  # (group, key, table, entry)
         for index in self.members:
             live = self.groups[index].spec.live_pages(hit, hit)
             cache, table, per_page = self.cache[index], record.tables[index], self.paged[index]
             table.extend(repeat(NULL_PAGE, live.start))
             for k in live:
-                block = cache[block_key(record, content, per_page, k)]
+                key = block_key(record, content, per_page, k)
+                block = cache.get(key)
+                if block is None:  # in the host tier: an id is found below
+                    missing.append((index, key, table, len(table)))
+                    table.append(NULL_PAGE)
+                    continue
                 if not ref[block]:
                     del lru[block]
                 ref[block] += 1
                 table.append(block)
             record.released[index] = live.start
             registered[index] = live.stop
+        if missing:
+            self._bring_back(missing)
+        return len(missing)
+
+    def _bring_back(self, missing: list[tuple[int, Hashable, list[int], int]]) -> None:
+        """Give each host-held block of a hit a device id, cached under its key, held by the
+        request (every device block the hit uses is held already, so none is evicted)."""
+        host = self.host
+        assert host is not None, "only a pool with a host tier finds blocks there"
+        pages = [(index, key) for index, key, _, _ in missing]
+        host.hold(pages)  # blocks the device evicts now must not push these out
+        counts: dict[int, int] = {}
+        for index, _, _, _ in missing:
+            counts[index] = counts.get(index, 0) + 1
+        taken = self.take(list(counts.items()))
+        assert taken is not None, "restores_fit() checked the device has the ids"
+        keys = self.key
+        used = dict.fromkeys(taken, 0)
+        for index, key, table, at in missing:
+            block = taken[index][used[index]]
+            used[index] += 1
+            table[at] = block
+            self.cache[index][key] = block
+            keys[block] = key
+        host.restore(pages)
 
     def register(self, record: RequestRecord, content: Sequence[int] | PrefixKey, computed: int) -> float:
         """Cache the request's full blocks among its first ``computed`` tokens.
@@ -290,14 +368,17 @@ class PrefixCache:
 
     def evict(self, count: int) -> list[int]:
         """Evict the ``count`` least recently used evictable blocks (the caller checked they
-        exist): out of the cache, through ``on_evict``; their ids are the caller's."""
-        lru, keys, owner, on_evict = self.lru, self.key, self.free.owner, self.on_evict
+        exist): out of the cache, into the host tier (an offloadable group's), through
+        ``on_evict``; their ids are the caller's."""
+        lru, keys, owner, on_evict, host = self.lru, self.key, self.free.owner, self.on_evict, self.host
         blocks: list[int] = []
         for _ in range(count):
             block, _ = lru.popitem(last=False)
             key = keys[block]
             del self.cache[owner[block]][key]
             keys[block] = None
+            if host is not None:
+                host.put(owner[block], key)
             if on_evict is not None:
                 on_evict(self.pool, block, key)
             blocks.append(block)

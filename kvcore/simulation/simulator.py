@@ -37,6 +37,15 @@ again after a preemption) starts from the tokens of its ``prefix_id``'s first
 Only shared prefixes are cached (a request's own tokens, and what a preempted request
 generated, are computed again).
 
+A plan with a host tier (:attr:`~kvcore.KVCachePlan.offload_tier`, e.g.
+:func:`~kvcore.planning.offload.with_host_memory`) keeps the cached blocks the device evicts in
+host memory and brings them back on a hit (:mod:`kvcore.runtime.host_cache`); the result counts
+hits per tier and the bytes moved each way (:attr:`SimulationResult.host_tier`). With a
+step-time model on a GPU (the roofline's ``gpu``), each step also takes the seconds its moves
+take over the GPU's host link at its published bandwidth
+(:func:`~kvcore.simulation.gpus.host_transfer`), after its compute (no overlap): an estimate,
+like the roofline it is added to. Only this profile simulates a host tier.
+
 With a step-time model (``step_time``, :mod:`kvcore.simulation.timing`), each step is described
 by a :class:`~kvcore.simulation.steps.StepRecord` (prefill tokens, decodes, requests, context
 read, query-key pairs) and the model's seconds advance a clock; requests may then arrive in
@@ -65,7 +74,9 @@ from kvcore.limits import MAX_TOKENS, check_at_most
 from kvcore.peaks import pool_peaks
 from kvcore.plan import KVCachePlan
 from kvcore.runtime.block_pool import BlockPool
+from kvcore.runtime.host_cache import HostCache, HostTierStats
 from kvcore.runtime.prefix_cache import PrefixKey
+from kvcore.simulation.gpus import Gpu, host_transfer
 from kvcore.simulation.profile import DEFAULT_SCHEDULER, SchedulerProfile, resolve_profile
 from kvcore.simulation.series import StepSeries
 from kvcore.simulation.steps import StepRecord, StepTimeModel, Timeline, build_timeline
@@ -106,6 +117,11 @@ class SimulationResult:
         pool_usage: the share of the pool held at each step (a ``StepSeries`` too).
         scheduler: the scheduler profile that ran (``kvcore``, ``vllm``, ...).
         scheduler_settings: the profile's settings that shaped the run, as ``(name, value)``.
+        host_tier: with prefix caching and a plan with a host tier, what the tier kept and gave
+            back (hits per tier, blocks and bytes each way); else ``None``.
+        host_transfer_seconds: with a step-time model on a GPU, the seconds the host tier's
+            moves added to the steps (each step's moves at the host link's peak, after its
+            compute); else 0.
     """
 
     policy: str
@@ -129,6 +145,8 @@ class SimulationResult:
     timeline: Timeline | None = attrs.field(default=None, repr=False)
     scheduler: str = "kvcore"
     scheduler_settings: tuple[tuple[str, object], ...] = ()
+    host_tier: HostTierStats | None = None
+    host_transfer_seconds: float = 0.0
 
     @property
     def served_tokens_per_step(self) -> float:
@@ -181,6 +199,17 @@ def simulate(
         UnknownSchedulerError: no registered profile is named ``scheduler``.
     """
     profile = resolve_profile(scheduler, registry)
+    if plan.offload_tier is not None and plan.offload_tier.nbytes and profile.name != "kvcore":
+        raise InvalidInputError(
+            f"the plan has a host tier of {plan.offload_tier.nbytes:,} bytes, but the scheduler profile "
+            f"{profile.name!r} does not simulate one (it would be ignored): simulate it with the 'kvcore' "
+            "profile (--scheduler kvcore), or without the tier"
+        )
+    if plan.offload_tier is not None and plan.offload_tier.nbytes and not prefix_caching:
+        raise InvalidInputError(
+            "the plan has a host tier, which keeps the cached blocks the device evicts: simulate it with "
+            "prefix caching (prefix_caching=True, --prefix-caching), or without the tier"
+        )
     timed: dict[str, StepTimeModel] = {}
     if step_time is not None:
         # ``step_time`` is optional in the protocol: a profile that does not time steps omits it
@@ -243,6 +272,12 @@ class Simulator:
         _check_fits_alone(plan, self.requests, budget)
         self.pool = BlockPool(plan, lowest_first=False, prefix_caching=prefix_caching)
         self._pools = len(plan.pools)
+        #: each pool's host tier (with prefix caching and a plan that has one)
+        caches = [pool.cache for pool in self.pool.pools if pool.cache is not None]
+        self._hosts: list[HostCache] = [cache.host for cache in caches if cache.host is not None]
+        gpu = getattr(step_time, "gpu", None)  # a roofline's GPU: its host link prices the moves
+        self._host_gpu: Gpu | None = gpu if self._hosts and isinstance(gpu, Gpu) else None
+        self.host_transfer_seconds = 0.0
         #: per request, what names its prompt's shared prefix (with prefix caching)
         self._prefixes: list[PrefixKey] | None = None
         if prefix_caching:
@@ -345,6 +380,7 @@ class Simulator:
 
         pool = self.pool
         reserve = pool.reserve
+        moved = self._host_bytes() if self._host_gpu is not None else (0, 0)
         computed, known, end = self._computed, self._known, self._end
         grows, releases = self._grows, self._releases
         budget = self.budget
@@ -457,6 +493,12 @@ class Simulator:
                     f"the step-time model {self._step_time.description!r} gave {seconds!r} seconds for step "
                     f"{step} ({record}): a step takes a finite time >= 0; fix the model"
                 )
+            if self._host_gpu is not None:  # the step's moves to and from the host tier
+                out, back = self._host_bytes()
+                if out > moved[0] or back > moved[1]:
+                    moving = host_transfer(self._host_gpu, out - moved[0], back - moved[1]).seconds
+                    self.host_transfer_seconds += moving
+                    seconds += moving
             self.clock += seconds
             self._step_end.append(self.clock)
             for r in finishing:
@@ -473,6 +515,14 @@ class Simulator:
             self.finished += len(finishing)
             self._running = [r for r in running if computed[r] != end[r]]
         self.steps = step + 1
+
+    def _host_bytes(self) -> tuple[int, int]:
+        """Bytes the host tiers took from the device and gave back so far."""
+        hosts = self._hosts
+        return (
+            sum(host.offloaded_blocks * host.bytes_per_block for host in hosts),
+            sum(host.restored_blocks * host.bytes_per_block for host in hosts),
+        )
 
     def _usage(self) -> float:
         """The pool's usage: the share of usable block ids held, of the fullest pool when
@@ -525,6 +575,8 @@ class Simulator:
             cached_tokens=self.cached_tokens,
             prefix_hit_rate=stats.hit_rate,
             timeline=self._timeline(),
+            host_tier=self.pool.host_tier_stats if self._hosts else None,
+            host_transfer_seconds=self.host_transfer_seconds,
         )
 
     def _timeline(self) -> Timeline | None:

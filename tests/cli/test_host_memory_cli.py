@@ -1,0 +1,86 @@
+"""``kvcore simulate --host-memory``: one size (the tier line and JSON), a comma list (the tier
+curve), and the settings that refuse it."""
+
+import json
+
+import pytest
+
+TRACE = "examples/traces/chat-system-prompts.jsonl"
+LLAMA = ("--model", "meta-llama/Llama-3.1-8B", "--memory", "2GiB", "--max-model-len", "8192")
+KVCORE = ("--trace", TRACE, "--policies", "auto", "--prefix-caching", "--scheduler", "kvcore")
+
+
+def test_one_size_adds_the_tier_line_and_json_figures(run_cli):
+    status, out, err = run_cli("simulate", *LLAMA, *KVCORE, "--host-memory", "8GiB")
+    assert status == 0, err
+    line = next(line for line in out.splitlines() if line.startswith("  host tier"))
+    assert "blocks; hit tokens" in line and "from the host" in line and "back" in line
+    status, out, err = run_cli("simulate", *LLAMA, *KVCORE, "--host-memory", "8GiB", "--json")
+    assert status == 0, err
+    simulation = json.loads(out)["candidates"][0]["simulation"]
+    tier = simulation["host_tier"]
+    assert tier["enabled"] and tier["host_hit_tokens"] > 0
+    assert tier["device_hit_tokens"] + tier["host_hit_tokens"] == simulation["cached_tokens"]
+    assert simulation["host_transfer_seconds"] == 0.0
+
+
+def test_a_comma_list_prints_the_tier_curve(run_cli):
+    status, out, err = run_cli("simulate", *LLAMA, *KVCORE, "--host-memory", "0,4GiB,16GiB", "--json")
+    assert status == 0, err
+    curve = json.loads(out)["tier_curve"]
+    assert [p["host_memory_bytes"] for p in curve] == [0, 4 << 30, 16 << 30]
+    assert curve[0]["simulation"]["host_tier"] is None  # every point names the figures
+    rates = [p["simulation"]["prefix_hit_rate"] for p in curve]
+    assert rates[0] < rates[1] < rates[2]  # this trace's prompts outgrow the device
+    status, out, err = run_cli("simulate", *LLAMA, *KVCORE, "--host-memory", "0,4GiB", "--gpu", "H100")
+    assert status == 0, err
+    lines = out.splitlines()
+    assert "tier curve over 2 host-memory sizes" in lines[0]
+    assert "TTFT p50" in lines[1] and "link s" in lines[1]
+    assert len([line for line in lines if line.startswith("  auto")]) == 2
+    assert "an estimate" in lines[-1]
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (("--scheduler", "vllm"), "--scheduler kvcore"),
+        (("--scheduler", "sglang"), "--scheduler kvcore"),
+        ((), "--scheduler kvcore"),  # the default profile is vllm's
+    ],
+)
+def test_profiles_without_a_tier_refuse_it(run_cli, flags, message):
+    status, _, err = run_cli(
+        "simulate", *LLAMA, "--trace", TRACE, "--prefix-caching", "--host-memory", "8GiB", *flags
+    )
+    assert status != 0 and message in err and "Traceback" not in err
+
+
+def test_a_tier_needs_prefix_caching_and_sizes(run_cli):
+    status, _, err = run_cli(
+        "simulate", *LLAMA, "--trace", TRACE, "--scheduler", "kvcore", "--host-memory", "8GiB"
+    )
+    assert status != 0 and "--prefix-caching" in err
+    for bad in ("0,,4GiB", "4GiB,4GiB", "lots"):
+        with pytest.raises(SystemExit):
+            run_cli("simulate", *LLAMA, *KVCORE, "--host-memory", bad)
+
+
+def test_the_curve_as_csv_and_as_a_plot(run_cli, tmp_path):
+    status, out, err = run_cli("simulate", *LLAMA, *KVCORE, "--host-memory", "0,4GiB", "--csv")
+    assert status == 0, err
+    header, *rows = out.splitlines()
+    assert header.startswith("host_memory_bytes,policy") and "host_tier" in header
+    assert [row.split(",")[0] for row in rows] == ["0", str(4 << 30)]
+    pytest.importorskip("matplotlib")
+    plot = tmp_path / "curve.svg"
+    status, _, err = run_cli("simulate", *LLAMA, *KVCORE, "--host-memory", "0,4GiB", "--plot", plot)
+    assert status == 0, err
+    assert "the tier curve plot" in err and "host memory (GiB)" in plot.read_text()
+
+
+def test_a_run_without_a_tier_reports_as_before(run_cli):
+    status, out, err = run_cli("simulate", *LLAMA, *KVCORE, "--json")
+    assert status == 0, err
+    simulation = json.loads(out)["candidates"][0]["simulation"]
+    assert "host_tier" not in simulation and "host_transfer_seconds" not in simulation

@@ -1,0 +1,99 @@
+"""The simulator with a host tier: hits per tier, bytes each way, the host link's seconds on the
+steps, and the profiles and settings that refuse a tier."""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+
+from kvcore import InvalidInputError, Request, Workload, simulate
+from kvcore.planning.offload import with_host_memory
+from kvcore.simulation.gpus import find_gpu, host_link
+from kvcore.simulation.steps import StepRecord
+from tests.simulation.test_simulator import ONE_LAYER, _plan
+
+
+def _alternating(rounds: int) -> Workload:
+    """Two 256-token system prompts taking turns, one request at a time (each arrives after the
+    one before has finished)."""
+    requests = tuple(
+        Request(i, 300, 2, 10 * i, prefix_id=f"system-{i % 2}", prefix_tokens=256) for i in range(rounds)
+    )
+    return Workload(requests, name="alternating")
+
+
+def _plans():
+    # 25 blocks of 16 tokens: one request of 302 tokens (19 blocks) at a time, and the other
+    # prompt's 16 cached blocks cannot stay
+    plan = _plan(ONE_LAYER, 320, num_blocks=25)
+    return plan, with_host_memory(plan, 40 * plan.pools[0].bytes_per_block)
+
+
+def test_a_tier_keeps_the_prompt_the_device_evicts_and_counts_each_tier():
+    plan, tiered = _plans()
+    workload = _alternating(8)
+    plain = simulate(plan, workload, prefix_caching=True, scheduler="kvcore")
+    result = simulate(tiered, workload, prefix_caching=True, scheduler="kvcore")
+    # the device keeps the first 6 blocks of the other prompt (a request's last blocks go first)
+    assert plain.host_tier is None and plain.cached_tokens == 6 * 96
+    tier = result.host_tier
+    assert tier is not None and tier.enabled and tier.host_blocks == 40
+    assert result.cached_tokens == 6 * 256  # every request after the first two, in full
+    assert tier.device_hit_tokens + tier.host_hit_tokens == result.cached_tokens
+    assert (tier.device_hit_tokens, tier.host_hit_tokens, tier.host_hits) == (6 * 96, 6 * 160, 6)
+    per_block = tiered.pools[0].bytes_per_block
+    assert tier.offloaded_bytes == tier.offloaded_blocks * per_block > 0
+    assert tier.restored_bytes == tier.restored_blocks * per_block > 0
+    assert result.total_tokens < plain.total_tokens  # the host hits were not computed
+    assert result.host_transfer_seconds == 0.0  # no step-time model: no seconds
+
+
+@attrs.frozen
+class _Constant:
+    """A step-time model of fixed seconds on a GPU (what the roofline carries)."""
+
+    seconds: float
+    gpu: object
+
+    @property
+    def description(self) -> str:
+        return "constant"
+
+    def __call__(self, record: StepRecord) -> float:
+        return self.seconds
+
+
+def test_the_host_links_seconds_are_added_to_the_steps():
+    _, tiered = _plans()
+    workload = _alternating(8)
+    gpu = find_gpu("H100")
+    model = _Constant(1e-3, gpu)
+    result = simulate(tiered, workload, prefix_caching=True, scheduler="kvcore", step_time=model)
+    tier = result.host_tier
+    assert tier is not None
+    rate = host_link(gpu).bytes_per_second
+    # each step's moves take max(to host, back) at the link's rate: between the larger total
+    # and both totals together
+    assert max(tier.offloaded_bytes, tier.restored_bytes) / rate <= result.host_transfer_seconds
+    assert result.host_transfer_seconds <= (tier.offloaded_bytes + tier.restored_bytes) / rate
+    busy = sum(1 for running in result.running if running)
+    assert result.timeline is not None
+    assert result.timeline.step_end[-1] == pytest.approx(busy * 1e-3 + result.host_transfer_seconds)
+    # a model without a GPU adds nothing
+    untimed = simulate(
+        tiered, workload, prefix_caching=True, scheduler="kvcore", step_time=_Constant(1e-3, None)
+    )
+    assert untimed.host_transfer_seconds == 0.0 and untimed.host_tier == tier
+
+
+@pytest.mark.parametrize("scheduler", ["vllm", "sglang"])
+def test_profiles_that_do_not_model_a_tier_refuse_it(scheduler):
+    _, tiered = _plans()
+    with pytest.raises(InvalidInputError, match="--scheduler kvcore"):
+        simulate(tiered, _alternating(2), prefix_caching=True, scheduler=scheduler)
+
+
+def test_a_tier_without_prefix_caching_is_refused():
+    _, tiered = _plans()
+    with pytest.raises(InvalidInputError, match="prefix caching"):
+        simulate(tiered, _alternating(2), scheduler="kvcore")
