@@ -203,12 +203,12 @@ def simulate(
         raise InvalidInputError(
             f"the plan has a host tier of {plan.offload_tier.nbytes:,} bytes, but the scheduler profile "
             f"{profile.name!r} does not simulate one (it would be ignored): simulate it with the 'kvcore' "
-            "profile (--scheduler kvcore), or without the tier"
+            "profile (scheduler='kvcore'), or without the tier"
         )
     if plan.offload_tier is not None and plan.offload_tier.nbytes and not prefix_caching:
         raise InvalidInputError(
             "the plan has a host tier, which keeps the cached blocks the device evicts: simulate it with "
-            "prefix caching (prefix_caching=True, --prefix-caching), or without the tier"
+            "prefix caching (prefix_caching=True), or without the tier"
         )
     timed: dict[str, StepTimeModel] = {}
     if step_time is not None:

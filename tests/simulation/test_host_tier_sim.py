@@ -89,7 +89,7 @@ def test_the_host_links_seconds_are_added_to_the_steps():
 @pytest.mark.parametrize("scheduler", ["vllm", "sglang"])
 def test_profiles_that_do_not_model_a_tier_refuse_it(scheduler):
     _, tiered = _plans()
-    with pytest.raises(InvalidInputError, match="--scheduler kvcore"):
+    with pytest.raises(InvalidInputError, match="scheduler='kvcore'"):
         simulate(tiered, _alternating(2), prefix_caching=True, scheduler=scheduler)
 
 
