@@ -173,9 +173,15 @@ def test_with_rank_0_hosting_the_store_a_frozen_rank_0_ends_like_the_others(faul
         assert reports[rank]["error"] in ("StoreUnavailableError", "DistributedAgreementError"), reports[rank]
         assert reports[rank]["seconds"] < BOUND_S, reports[rank]
     assert reports[0]["agreement_error"], reports[0]
-    if fault == "freeze-commit":  # every key of the commit is there: only the clock says no
-        assert reports[0]["ranks"] == [0], reports[0]
-        assert "after the deadline of rank" in reports[0]["message"], reports[0]
+    if fault == "freeze-commit":
+        # rank 0 froze right after its ready key, and the store froze with it: the others' keys
+        # are all there only if they published first (then only the clock says no); otherwise
+        # rank 0, resumed, names a rank whose key never came. Either way it takes no plan.
+        message = reports[0]["message"]
+        if reports[0]["ranks"] == [0]:
+            assert "after the deadline of rank" in message, reports[0]
+        else:
+            assert set(reports[0]["ranks"]) <= {1, 2, 3} and "did not answer" in message, reports[0]
 
 
 def test_a_run_id_reused_on_a_surviving_store_is_refused_on_every_rank():
