@@ -62,101 +62,28 @@ simulation; other kinds are asked at every step.
 from __future__ import annotations
 
 import inspect
-import math
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, TypeVar
-
-import attrs
+from typing import TYPE_CHECKING
 
 from kvcore.errors import BlockPoolExhaustedError, InvalidInputError
 from kvcore.limits import MAX_TOKENS, check_at_most
 from kvcore.peaks import pool_peaks
 from kvcore.plan import KVCachePlan
 from kvcore.runtime.block_pool import BlockPool
-from kvcore.runtime.host_cache import HostCache, HostTierStats
+from kvcore.runtime.host_cache import HostCache
 from kvcore.runtime.prefix_cache import PrefixKey
 from kvcore.simulation.gpus import Gpu, host_transfer
 from kvcore.simulation.profile import DEFAULT_SCHEDULER, SchedulerProfile, resolve_profile
-from kvcore.simulation.series import StepSeries
+from kvcore.simulation.result import SimulationResult as SimulationResult, percentile as percentile
+from kvcore.simulation.stepper import StepperState
 from kvcore.simulation.steps import StepRecord, StepTimeModel, Timeline, build_timeline
 from kvcore.simulation.workload import Request, Workload
 from kvcore.spec import KVCacheSpec, SizingContext
 from kvcore.validators import check_int
 
-_T = TypeVar("_T", int, float)
 if TYPE_CHECKING:
     from kvcore.planning.registry import Registry
-
-
-@attrs.frozen(kw_only=True)
-class SimulationResult:
-    """What one plan served of a workload.
-
-    Attributes:
-        policy: the plan's policy.
-        num_requests: requests in the workload (all of them finish).
-        steps: scheduler steps until the last request finished (idle steps included).
-        mean_running: running requests per step, on average.
-        peak_running: the most requests running in one step.
-        tokens_per_step: tokens scheduled per step (``total_tokens / steps``), the throughput proxy.
-        total_tokens: tokens scheduled (prefill and decode), recomputation included.
-        recomputed_tokens: tokens computed again after a preemption (part of ``total_tokens``).
-        preemptions: how many times a running request was preempted.
-        mean_queue_delay: steps from arrival to first scheduling, on average.
-        p99_queue_delay: the same, 99th percentile (nearest rank).
-        prefix_caching: whether the pool cached prefixes (asked for, and every group can).
-        cached_tokens: prompt tokens found in the prefix cache at admission, not computed.
-        prefix_hit_rate: ``cached_tokens`` over the tokens of the requests looked up (0..1).
-        mean_pool_usage: the share of the pool's usable block ids held during a step, on average
-            (0..1); cached blocks no request holds count as free. With several pools, the share
-            of the fullest pool at each step.
-        peak_pool_usage: the largest share held during one step.
-        running: running requests at each step (a :class:`~kvcore.simulation.series.StepSeries`:
-            reads as a tuple, stores an idle stretch as one run).
-        pool_usage: the share of the pool held at each step (a ``StepSeries`` too).
-        scheduler: the scheduler profile that ran (``kvcore``, ``vllm``, ...).
-        scheduler_settings: the profile's settings that shaped the run, as ``(name, value)``.
-        host_tier: with prefix caching and a plan with a host tier, what the tier kept and gave
-            back (hits per tier, blocks and bytes each way); else ``None``.
-        host_transfer_seconds: with a step-time model on a GPU, the seconds the host tier's
-            moves added to the steps (each step's moves at the host link's peak, after its
-            compute); else 0.
-    """
-
-    policy: str
-    num_requests: int
-    steps: int
-    mean_running: float
-    peak_running: int
-    tokens_per_step: float
-    total_tokens: int
-    recomputed_tokens: int
-    preemptions: int
-    mean_queue_delay: float
-    p99_queue_delay: float
-    mean_pool_usage: float
-    peak_pool_usage: float
-    running: Sequence[int] = attrs.field(repr=False)
-    pool_usage: Sequence[float] = attrs.field(repr=False)
-    prefix_caching: bool = False
-    cached_tokens: int = 0
-    prefix_hit_rate: float = 0.0
-    timeline: Timeline | None = attrs.field(default=None, repr=False)
-    scheduler: str = "kvcore"
-    scheduler_settings: tuple[tuple[str, object], ...] = ()
-    host_tier: HostTierStats | None = None
-    host_transfer_seconds: float = 0.0
-
-    @property
-    def served_tokens_per_step(self) -> float:
-        """The workload's own tokens per step: scheduled tokens less those recomputed after a
-        preemption, plus those found in the prefix cache, over the steps to drain. The figure
-        plans are ranked by: recomputation keeps the engine busy but serves nothing new, so a
-        plan that preempts more must not look faster; a cached token is served without
-        computing."""
-        served = self.total_tokens - self.recomputed_tokens + self.cached_tokens
-        return served / max(self.steps, 1)
 
 
 def simulate(
@@ -231,7 +158,7 @@ def simulate(
     return result
 
 
-class Simulator:
+class Simulator(StepperState):
     """The scheduler and its pool, one :meth:`step` at a time (:func:`simulate` runs it to the end).
 
     Requests are known to the pool by their index in ``workload.requests``.
@@ -285,24 +212,7 @@ class Simulator:
                 PrefixKey(r.prefix_id if r.prefix_tokens else None, r.prefix_tokens) for r in self.requests
             ]
         count = len(self.requests)
-        self._arrival: list[int] | list[float] = [r.arrival_step for r in self.requests]
-        #: the step each request joined the queue at (the arrival step, unless they arrive in seconds)
-        self._queued = self._arrival
-        #: with a step-time model: the clock, and each request's first-token and finish steps
-        self._step_time = step_time
-        self.clock = 0.0
-        self._step_end: list[float] = []
-        self._token_step = [-1] * count if step_time is not None else []
-        self._finish_step = [-1] * count if step_time is not None else []
-        self._in_seconds = any(r.arrival_time is not None for r in self.requests)
-        if self._in_seconds:
-            if step_time is None:
-                raise InvalidInputError(
-                    f"the workload {workload.name!r} gives arrival times in seconds: simulating it needs a "
-                    "step-time model (a GPU's roofline or a measured step-time profile)"
-                )
-            self._arrival = [r.arrival_time or 0.0 for r in self.requests]
-            self._queued = [-1] * count
+        self._start(workload, step_time, "kvcore")
         self._computed = [0] * count  # tokens cached
         self._known = [r.prompt_tokens for r in self.requests]  # prompt + tokens generated so far
         self._end = [r.total_tokens - 1 for r in self.requests]  # tokens cached when the last is sampled
@@ -320,30 +230,6 @@ class Simulator:
             for group in plan.groups:
                 per_page = group.spec.tokens_per_page or 1
                 self._releases[per_page::per_page] = b"\x01" * len(range(per_page, longest + 2, per_page))
-        # runs of equal values: an idle stretch of millions of steps is one run
-        self._running_series: StepSeries[int] = StepSeries()
-        self._usage_series: StepSeries[float] = StepSeries()
-        self.steps = 0
-        self.finished = 0
-        self.total_tokens = 0
-        self.recomputed_tokens = 0
-        self.cached_tokens = 0
-        self.preemptions = 0
-
-    @property
-    def done(self) -> bool:
-        """Whether every request has finished."""
-        return self.finished == len(self.requests)
-
-    @property
-    def running(self) -> tuple[int, ...]:
-        """The running requests (indices into ``workload.requests``), in admission order."""
-        return tuple(self._running)
-
-    @property
-    def waiting(self) -> tuple[int, ...]:
-        """The requests that arrived and wait (preempted ones first), in queue order."""
-        return tuple(self._waiting)
 
     def step(self) -> None:
         """Run one scheduler step, or skip an idle stretch up to the next arrival.
@@ -487,20 +373,13 @@ class Simulator:
         if self._step_time is not None:
             context = decode_context + prefill_context
             record = StepRecord(prefill, decodes, decodes + prefills, context, pairs + decode_context)
-            seconds = self._step_time(record)
-            if not 0.0 <= seconds < math.inf:  # NaN fails too
-                raise InvalidInputError(
-                    f"the step-time model {self._step_time.description!r} gave {seconds!r} seconds for step "
-                    f"{step} ({record}): a step takes a finite time >= 0; fix the model"
-                )
+            moving = 0.0
             if self._host_gpu is not None:  # the step's moves to and from the host tier
                 out, back = self._host_bytes()
                 if out > moved[0] or back > moved[1]:
                     moving = host_transfer(self._host_gpu, out - moved[0], back - moved[1]).seconds
                     self.host_transfer_seconds += moving
-                    seconds += moving
-            self.clock += seconds
-            self._step_end.append(self.clock)
+            self._advance_clock(step, record, extra=moving)
             for r in finishing:
                 self._finish_step[r] = step
         self._running_series.append(len(running))
@@ -591,12 +470,6 @@ class Simulator:
             first_token_step=self._token_step,
             finish_step=self._finish_step,
         )
-
-
-def percentile(ordered: Sequence[_T], q: float) -> _T:
-    """The ``q``-th percentile of sorted values by nearest rank (``ordered`` non-empty)."""
-    rank = max(1, math.ceil(q / 100 * len(ordered)))
-    return ordered[rank - 1]
 
 
 # -- checks before simulating ----------------------------------------------------------------

@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from kvcore.errors import InvalidInputError
+from kvcore.simulation.result import SimulationResult, percentile
 from kvcore.simulation.series import StepSeries
-from kvcore.simulation.simulator import SimulationResult, percentile
 from kvcore.simulation.steps import StepRecord, StepTimeModel, build_timeline
 
 if TYPE_CHECKING:
@@ -96,8 +96,9 @@ class StepperState:
         """The requests that arrived and wait, in queue order."""
         return tuple(self._waiting)
 
-    def _advance_clock(self, step: int, record: StepRecord) -> None:
-        """Advance the clock by the step-time model's seconds for ``record``, step ``step``'s.
+    def _advance_clock(self, step: int, record: StepRecord, extra: float = 0.0) -> None:
+        """Advance the clock by the step-time model's seconds for ``record``, step ``step``'s,
+        and ``extra`` seconds the step spends beside the model (moves to and from a host tier).
 
         Raises:
             InvalidInputError: the model gave a time that is not finite and >= 0.
@@ -110,7 +111,7 @@ class StepperState:
                 f"the step-time model {model.description!r} gave {seconds!r} seconds for step "
                 f"{step} ({record}): a step takes a finite time >= 0; fix the model"
             )
-        self.clock += seconds
+        self.clock += seconds + extra
         self._step_end.append(self.clock)
 
     def settings(self) -> tuple[tuple[str, object], ...]:
