@@ -19,7 +19,6 @@ import hashlib
 import json
 import multiprocessing as mp
 import os
-import queue
 import signal
 import socket
 import time
@@ -248,7 +247,9 @@ def run_case(
     silent = {r for r, f in case.faults.items() if f in SILENT}
     expect = set(range(world)) - (silent - case.resume)
     ctx = mp.get_context("forkserver")
-    results: Any = ctx.Queue()
+    # a SimpleQueue writes in the caller's thread: a Queue's feeder thread may still hold the
+    # queue's write lock when its rank freezes itself (SIGSTOP), and then no rank can report
+    results: Any = ctx.SimpleQueue()
     procs = [
         ctx.Process(target=_rank_main, args=(r, port, world, (case, store_pid), results), daemon=True)
         for r in range(world)
@@ -268,10 +269,10 @@ def run_case(
                 for rank in case.resume:
                     os.kill(procs[rank].pid, signal.SIGCONT)  # type: ignore[arg-type]
                 resumed = True
-            try:
-                rank, result = results.get(timeout=0.1)
-            except queue.Empty:
+            if results.empty():
+                time.sleep(0.05)
                 continue
+            rank, result = results.get()
             if result == "up":
                 up.add(rank)
                 if len(up) == world:
