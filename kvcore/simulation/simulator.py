@@ -66,6 +66,8 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+import attrs
+
 from kvcore.errors import BlockPoolExhaustedError, InvalidInputError
 from kvcore.limits import MAX_TOKENS, check_at_most
 from kvcore.peaks import pool_peaks
@@ -77,7 +79,7 @@ from kvcore.simulation.gpus import Gpu, host_transfer
 from kvcore.simulation.profile import DEFAULT_SCHEDULER, SchedulerProfile, resolve_profile
 from kvcore.simulation.result import SimulationResult as SimulationResult, percentile as percentile
 from kvcore.simulation.stepper import StepperState
-from kvcore.simulation.steps import StepRecord, StepTimeModel, Timeline, build_timeline
+from kvcore.simulation.steps import StepRecord, StepTimeModel
 from kvcore.simulation.workload import Request, Workload
 from kvcore.spec import KVCacheSpec, SizingContext
 from kvcore.validators import check_int
@@ -198,6 +200,7 @@ class Simulator(StepperState):
         _check_lengths(plan, self.requests)
         _check_fits_alone(plan, self.requests, budget)
         self.pool = BlockPool(plan, lowest_first=False, prefix_caching=prefix_caching)
+        self.caching = self.pool.prefix_caching  # what the shared figures report
         self._pools = len(plan.pools)
         #: each pool's host tier (with prefix caching and a plan that has one)
         caches = [pool.cache for pool in self.pool.pools if pool.cache is not None]
@@ -426,49 +429,15 @@ class Simulator(StepperState):
         self.preemptions += 1
 
     def result(self) -> SimulationResult:
-        """The figures so far (the whole run once :attr:`done`)."""
-        steps = self.steps
-        running = self._running_series
-        usage = self._usage_series
+        """The figures so far (the whole run once :attr:`done`): the shared ones, with the
+        prefix cache's and the host tier's from the pool."""
         stats = self.pool.prefix_cache_stats
-        delays = sorted(
-            first - queued for first, queued in zip(self._first, self._queued, strict=True) if first >= 0
-        )
-        return SimulationResult(
-            policy=self.plan.policy,
-            num_requests=len(self.requests),
-            steps=steps,
-            mean_running=running.total() / steps if steps else 0.0,
-            peak_running=running.peak(0),
-            tokens_per_step=self.total_tokens / steps if steps else 0.0,
-            total_tokens=self.total_tokens,
-            recomputed_tokens=self.recomputed_tokens,
-            preemptions=self.preemptions,
-            mean_queue_delay=sum(delays) / len(delays) if delays else 0.0,
-            p99_queue_delay=float(percentile(delays, 99)) if delays else 0.0,
-            mean_pool_usage=usage.total() / steps if steps else 0.0,
-            peak_pool_usage=usage.peak(0.0),
-            running=running.copy(),
-            pool_usage=usage.copy(),
+        return attrs.evolve(
+            super().result(),
             prefix_caching=stats.enabled,
-            cached_tokens=self.cached_tokens,
             prefix_hit_rate=stats.hit_rate,
-            timeline=self._timeline(),
             host_tier=self.pool.host_tier_stats if self._hosts else None,
             host_transfer_seconds=self.host_transfer_seconds,
-        )
-
-    def _timeline(self) -> Timeline | None:
-        """The run in seconds, with a step-time model (``None`` without one)."""
-        if self._step_time is None:
-            return None
-        return build_timeline(
-            self._step_time,
-            self._step_end,
-            self._arrival,
-            in_seconds=self._in_seconds,
-            first_token_step=self._token_step,
-            finish_step=self._finish_step,
         )
 
 

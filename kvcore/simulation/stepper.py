@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from kvcore.errors import InvalidInputError
 from kvcore.simulation.result import SimulationResult, percentile
 from kvcore.simulation.series import StepSeries
-from kvcore.simulation.steps import StepRecord, StepTimeModel, build_timeline
+from kvcore.simulation.steps import StepRecord, StepTimeModel, Timeline, build_timeline
 
 if TYPE_CHECKING:
     from kvcore.plan import KVCachePlan
@@ -115,8 +115,21 @@ class StepperState:
         self._step_end.append(self.clock)
 
     def settings(self) -> tuple[tuple[str, object], ...]:
-        """The scheduler settings this run used (reported with the result)."""
-        raise NotImplementedError
+        """The scheduler settings this run used (reported with the result; none by default)."""
+        return ()
+
+    def _timeline(self) -> Timeline | None:
+        """The run in seconds, with a step-time model (``None`` without one)."""
+        if self._step_time is None:
+            return None
+        return build_timeline(
+            self._step_time,
+            self._step_end,
+            self._arrival,
+            in_seconds=self._in_seconds,
+            first_token_step=self._token_step,
+            finish_step=self._finish_step,
+        )
 
     def result(self) -> SimulationResult:
         """The figures so far (the whole run once :attr:`done`)."""
@@ -144,14 +157,5 @@ class StepperState:
             prefix_hit_rate=self.cached_tokens / self.looked_up_tokens if self.looked_up_tokens else 0.0,
             scheduler=self._scheduler,
             scheduler_settings=self.settings(),
-            timeline=None
-            if self._step_time is None
-            else build_timeline(
-                self._step_time,
-                self._step_end,
-                self._arrival,
-                in_seconds=self._in_seconds,
-                first_token_step=self._token_step,
-                finish_step=self._finish_step,
-            ),
+            timeline=self._timeline(),
         )
