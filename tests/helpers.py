@@ -2,10 +2,33 @@
 
 from __future__ import annotations
 
+from kvcore import hookimpl
 from kvcore.plugins.chunked_local_attention import ChunkedLocalAttentionSpec
 from kvcore.plugins.full_attention import FullAttentionSpec
 from kvcore.plugins.mla import MLAAttentionSpec
 from kvcore.plugins.sliding_window import SlidingWindowSpec
+
+#: The built-in spec kinds, in the order the built-in plugins register them.
+BUILTIN_KINDS = (
+    "full_attention",
+    "sliding_window",
+    "chunked_local_attention",
+    "mla",
+    "dsa_indexer",
+    "state",
+    "cross_attention",
+)
+
+
+def registering(hook, *objects):
+    """A plugin whose ``hook`` (``"kvcore_register_policies"``, ``"kvcore_register_spec_kinds"``,
+    ...) registers each of ``objects``, in order."""
+
+    def register_all(self, register):
+        for obj in objects:
+            register(obj)
+
+    return type("Registering", (), {hook: hookimpl(register_all)})()
 
 
 def full(block_size=16, heads=8, head_size=128, dtype="bfloat16"):

@@ -156,24 +156,15 @@ LAYOUTS = {
 }
 
 
-@attrs.frozen(kw_only=True)
-class Overlapping(Ring):
-    kind = "test.overlapping"
+def ring_named(name, kind):
+    """A :class:`Ring` under another kind: all that differs is its layout in ``LAYOUTS`` (or none)."""
+    return attrs.frozen(kw_only=True)(type(name, (Ring,), {"kind": kind, "__module__": __name__}))
 
 
-@attrs.frozen(kw_only=True)
-class TooBig(Ring):
-    kind = "test.too_big"
-
-
-@attrs.frozen(kw_only=True)
-class OddElements(Ring):
-    kind = "test.odd_elements"
-
-
-@attrs.frozen(kw_only=True)
-class NoLayout(Ring):
-    kind = "test.no_layout"
+Overlapping = ring_named("Overlapping", "test.overlapping")
+TooBig = ring_named("TooBig", "test.too_big")
+OddElements = ring_named("OddElements", "test.odd_elements")
+NoLayout = ring_named("NoLayout", "test.no_layout")
 
 
 KINDS = (
