@@ -66,3 +66,23 @@ def mix(*parts):
         slots.extend(((k + 0.5) * total / n, index, spec) for k in range(n))
     slots.sort(key=lambda s: (s[0], s[1]))
     return {f"model.layers.{i}": spec for i, (_, _, spec) in enumerate(slots)}
+
+
+class RecordingExecutor:
+    """The smallest executor (:class:`kvcore.Executor`): fixed specs and memory; records the
+    order of calls and keeps the plan it was initialized with."""
+
+    def __init__(self, specs, memory):
+        self.specs, self.memory, self.calls, self.plan = specs, memory, [], None
+
+    def get_kv_cache_spec(self):
+        self.calls.append("specs")
+        return self.specs
+
+    def determine_available_memory(self):
+        self.calls.append("memory")
+        return self.memory
+
+    def initialize(self, plan):
+        self.calls.append(("initialize", plan.num_blocks))
+        self.plan = plan
