@@ -132,6 +132,30 @@ def drive(
     return steps, calls
 
 
+def timed_drive(
+    workload: Workload,
+    max_num_seqs: int,
+    hit_rate: Callable[[], float],
+    *,
+    admit: Callable[[int, Request], int],
+    grow: Callable[[int, int], bool],
+    after: Callable[[int, int], None],
+    finish: Callable[[int], None],
+) -> dict[str, float]:
+    """:func:`drive` at ``STEP`` tokens a step, timed: one row's figures for a pool behind the
+    callbacks; ``hit_rate`` reads the pool's prefix-cache hit rate once the run is over."""
+    start = time.perf_counter()
+    steps, calls = drive(workload, STEP, max_num_seqs, admit=admit, grow=grow, after=after, finish=finish)
+    seconds = time.perf_counter() - start
+    return {
+        "steps": steps,
+        "seconds": seconds,
+        "steps/s": steps / seconds,
+        "calls/s": calls / seconds,
+        "hit rate": hit_rate(),
+    }
+
+
 def run_kvcore(plan: KVCachePlan, workload: Workload, caching: bool, max_num_seqs: int) -> dict[str, float]:
     pool = BlockPool(plan, prefix_caching=caching)
     tables = BlockTables(pool, max_requests=max_num_seqs)
@@ -155,16 +179,15 @@ def run_kvcore(plan: KVCachePlan, workload: Workload, caching: bool, max_num_seq
             tables.remove(r)
         pool.free_request(r)
 
-    start = time.perf_counter()
-    steps, calls = drive(workload, STEP, max_num_seqs, admit=admit, grow=grow, after=after, finish=finish)
-    seconds = time.perf_counter() - start
-    return {
-        "steps": steps,
-        "seconds": seconds,
-        "steps/s": steps / seconds,
-        "calls/s": calls / seconds,
-        "hit rate": pool.prefix_cache_stats.hit_rate,
-    }
+    return timed_drive(
+        workload,
+        max_num_seqs,
+        lambda: pool.prefix_cache_stats.hit_rate,
+        admit=admit,
+        grow=grow,
+        after=after,
+        finish=finish,
+    )
 
 
 def _vllm_manager(plan: KVCachePlan, caching: bool) -> tuple[Any, Callable[[int, list[int], int], Any]]:
@@ -260,16 +283,15 @@ def run_vllm(plan: KVCachePlan, workload: Workload, caching: bool, max_num_seqs:
             holding.discard(r)
             manager.free(made.pop(r))
 
-    start = time.perf_counter()
-    steps, calls = drive(workload, STEP, max_num_seqs, admit=admit, grow=grow, after=after, finish=finish)
-    seconds = time.perf_counter() - start
-    return {
-        "steps": steps,
-        "seconds": seconds,
-        "steps/s": steps / seconds,
-        "calls/s": calls / seconds,
-        "hit rate": _hit_rate(manager),
-    }
+    return timed_drive(
+        workload,
+        max_num_seqs,
+        lambda: _hit_rate(manager),
+        admit=admit,
+        grow=grow,
+        after=after,
+        finish=finish,
+    )
 
 
 #: The admission micro-benchmark: prompts of this many tokens admitted into a pool filled half

@@ -3,8 +3,9 @@
 Needs vLLM 0.33 (``pip install 'kvcore[vllm]'`` in an environment of its own; no GPU:
 ``VLLM_TARGET_DEVICE=cpu`` is set for you). For three bundled models (Llama-3.1-8B: full
 attention; Gemma-3-27B: sliding hybrid; gpt-oss-20b: MoE with sliding layers), the first
-requests of ``examples/traces/chat.jsonl`` and ``long-documents.jsonl``, prefix caching off and
-on, synchronous and asynchronous scheduling: the plan ``plan_for_vllm`` makes is replayed by
+requests of ``examples/traces/chat.jsonl`` and ``long-documents.jsonl`` (the cases of
+``tests/integrations/vllm/scheduler_cases.py``, which the tests check figure by figure), prefix
+caching off and on, synchronous and asynchronous scheduling: the plan ``plan_for_vllm`` makes is replayed by
 the profile (``kvcore.simulation.simulate``) and by vLLM's scheduler with a fake model runner
 (``kvcore.integrations.vllm.scheduler.run_vllm_scheduler``). Each row prints the profile's
 figures, then ``=`` when vLLM's are the same at every step (running requests and pool usage per
@@ -22,27 +23,14 @@ from pathlib import Path
 
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
-from kvcore import Registry, model_layer_specs
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from kvcore import Registry
 from kvcore.cli.table import render_table
-from kvcore.integrations.vllm.rules import VllmRules, plan_for_vllm
 from kvcore.integrations.vllm.scheduler import run_vllm_scheduler
 from kvcore.simulation.profiles.vllm import VllmProfile
 from kvcore.simulation.simulator import simulate
-from kvcore.simulation.workload import Workload, read_trace
-
-GIB = 2**30
-BATCH = 2048
-TRACES = Path(__file__).resolve().parents[1] / "examples" / "traces"
-
-#: (model, budget, trace, requests, max_model_len), as tests/integrations/vllm/test_scheduler_profile.py.
-CASES = [
-    ("meta-llama/Llama-3.1-8B", GIB // 2, "chat", 80, 2048),
-    ("meta-llama/Llama-3.1-8B", 3 * GIB, "long-documents", 12, 20480),
-    ("google/gemma-3-27b-it", GIB, "chat", 80, 2048),
-    ("google/gemma-3-27b-it", 4 * GIB, "long-documents", 12, 20480),
-    ("openai/gpt-oss-20b", GIB // 4, "chat", 80, 2048),
-    ("openai/gpt-oss-20b", GIB, "long-documents", 12, 20480),
-]
+from tests.integrations.vllm.scheduler_cases import BATCH, CASES, vllm_plan, workload
 
 
 def main() -> int:
@@ -50,22 +38,19 @@ def main() -> int:
     rows = []
     disagreements = 0
     for model, budget, trace, count, length in CASES:
-        workload = Workload(read_trace(TRACES / f"{trace}.jsonl").requests[:count], name=trace)
+        requests = workload(trace, count)
         for mode in ("sync", "async"):
             asynchronous = mode == "async"
-            rules = VllmRules(
-                max_model_len=length, max_num_batched_tokens=BATCH, async_scheduling=asynchronous
-            )
-            plan = plan_for_vllm(model_layer_specs(model, registry), budget, rules, registry=registry)
+            plan = vllm_plan(model, budget, length, asynchronous=asynchronous, registry=registry)
             profile = VllmProfile(async_scheduling=asynchronous)
             for caching in (False, True):
                 start = time.perf_counter()
                 ours = simulate(
-                    plan, workload, scheduler=profile, prefix_caching=caching, max_num_batched_tokens=BATCH
+                    plan, requests, scheduler=profile, prefix_caching=caching, max_num_batched_tokens=BATCH
                 )
                 middle = time.perf_counter()
                 theirs = run_vllm_scheduler(
-                    plan, workload, profile, max_num_batched_tokens=BATCH, prefix_caching=caching
+                    plan, requests, profile, max_num_batched_tokens=BATCH, prefix_caching=caching
                 )
                 end = time.perf_counter()
 

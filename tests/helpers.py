@@ -2,10 +2,33 @@
 
 from __future__ import annotations
 
+from kvcore import hookimpl
 from kvcore.plugins.chunked_local_attention import ChunkedLocalAttentionSpec
 from kvcore.plugins.full_attention import FullAttentionSpec
 from kvcore.plugins.mla import MLAAttentionSpec
 from kvcore.plugins.sliding_window import SlidingWindowSpec
+
+#: The built-in spec kinds, in the order the built-in plugins register them.
+BUILTIN_KINDS = (
+    "full_attention",
+    "sliding_window",
+    "chunked_local_attention",
+    "mla",
+    "dsa_indexer",
+    "state",
+    "cross_attention",
+)
+
+
+def registering(hook, *objects):
+    """A plugin whose ``hook`` (``"kvcore_register_policies"``, ``"kvcore_register_spec_kinds"``,
+    ...) registers each of ``objects``, in order."""
+
+    def register_all(self, register):
+        for obj in objects:
+            register(obj)
+
+    return type("Registering", (), {hook: hookimpl(register_all)})()
 
 
 def full(block_size=16, heads=8, head_size=128, dtype="bfloat16"):
@@ -43,3 +66,23 @@ def mix(*parts):
         slots.extend(((k + 0.5) * total / n, index, spec) for k in range(n))
     slots.sort(key=lambda s: (s[0], s[1]))
     return {f"model.layers.{i}": spec for i, (_, _, spec) in enumerate(slots)}
+
+
+class RecordingExecutor:
+    """The smallest executor (:class:`kvcore.Executor`): fixed specs and memory; records the
+    order of calls and keeps the plan it was initialized with."""
+
+    def __init__(self, specs, memory):
+        self.specs, self.memory, self.calls, self.plan = specs, memory, [], None
+
+    def get_kv_cache_spec(self):
+        self.calls.append("specs")
+        return self.specs
+
+    def determine_available_memory(self):
+        self.calls.append("memory")
+        return self.memory
+
+    def initialize(self, plan):
+        self.calls.append(("initialize", plan.num_blocks))
+        self.plan = plan

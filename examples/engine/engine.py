@@ -22,8 +22,9 @@ decoder returns the pages of rejected tokens (:meth:`kvcore.BlockPool.truncate`)
 
 Plain torch ops, written to be read, not to be fast. The attention math itself (transformers'
 eager attention, each query seeing the keys its layer's spec allows) is the one kvcore's
-reference runner uses (:mod:`kvcore.testing.reference.attention`); what is the engine's own is
-where K and V go: into pages, and back, through block tables. Run
+reference runner uses (:mod:`kvcore.testing.reference.attention`), and so is the reading of
+transformers' attention call (:mod:`kvcore.testing.reference.transformers_attention`); what is
+the engine's own is where K and V go: into pages, and back, through block tables. Run
 ``python examples/engine/engine.py`` for a demo on a tiny random Llama.
 """
 
@@ -50,11 +51,10 @@ from kvcore import (
 )
 from kvcore.plugins.attention import AttentionSpec
 from kvcore.testing.reference.attention import masked_attention, visibility, visible_start
+from kvcore.testing.reference.transformers_attention import STEP_KWARG, AttentionCall, paged_attention_forward
 
 #: The ``attn_implementation`` name the engine registers with transformers.
 ATTENTION_NAME = "kvcore_example_engine"
-#: The model-call keyword that carries the engine step to every attention call.
-STEP_KWARG = "kvcore_engine_step"
 
 
 @dataclass
@@ -116,10 +116,14 @@ class Slice:
 
 @dataclass
 class Step:
-    """What every attention call of one forward pass sees."""
+    """What every attention call of one forward pass sees (passed as the model call's
+    ``STEP_KWARG``)."""
 
     engine: Engine
     slices: list[Slice]
+
+    def attend(self, call: AttentionCall) -> torch.Tensor:
+        return self.engine.attend(call, self)
 
 
 def paged_attention(
@@ -128,27 +132,27 @@ def paged_attention(
     key: torch.Tensor,
     value: torch.Tensor,
     attention_mask: torch.Tensor | None,
-    scaling: float | None = None,
-    dropout: float = 0.0,
-    softcap: float | None = None,
-    sliding_window: int | None = None,
-    s_aux: torch.Tensor | None = None,
-    **kwargs: Any,
+    **knobs: Any,
 ) -> tuple[torch.Tensor, None]:
-    """The function transformers calls for every attention layer (its attention-function signature).
+    """The function transformers calls for every attention layer.
 
     ``query`` is ``(1, num_heads, T, head_size)``, ``key`` and ``value`` ``(1, num_kv_heads, T,
     head_size)``: the step's tokens of every request, packed, after RoPE. transformers builds no
     mask for an implementation it has no mask function for, so ``attention_mask`` is ``None``
-    and the layer's kvcore spec says which keys a query sees. Returns ``(1, T, num_heads,
-    head_size)``, as eager attention does.
+    and the layer's kvcore spec says which keys a query sees. ``knobs`` are the layer's
+    ``scaling``, ``softcap``, ``sliding_window`` and ``s_aux`` (attention sinks), and the engine
+    step. With a step, kvcore's reference function reads them as transformers' signature gives
+    them (:func:`~kvcore.testing.reference.transformers_attention.paged_attention_forward`: the
+    defaults resolved into an ``AttentionCall``) and hands the call to :meth:`Step.attend`.
+    Returns ``(1, T, num_heads, head_size)``, as eager attention does.
     """
-    step: Step | None = kwargs.get(STEP_KWARG)
-    if step is None:  # the profile run, or a call outside the engine: no cache to use
-        return _eager(query, key, value, scaling, softcap, sliding_window, s_aux), None
-    head_dim = query.shape[-1]
-    scale = scaling if scaling is not None else head_dim**-0.5
-    return step.engine.attend(module, step, query, key, value, scale, softcap, s_aux), None
+    if knobs.get(STEP_KWARG) is None:  # the profile run, or a call outside the engine: no cache
+        causal = _eager(
+            query, key, value, knobs.get("scaling"), knobs.get("softcap"), knobs.get("sliding_window"),
+            knobs.get("s_aux"),
+        )  # fmt: skip
+        return causal, None
+    return paged_attention_forward(module, query, key, value, attention_mask, **knobs)
 
 
 def _eager(
@@ -414,18 +418,9 @@ class Engine:
             )
         return [output.logits[0, s.offset + s.count - 1].float() for s in slices]
 
-    def attend(
-        self,
-        module: torch.nn.Module,
-        step: Step,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        scaling: float,
-        softcap: float | None,
-        sinks: torch.Tensor | None,
-    ) -> torch.Tensor:
-        """Write the step's K and V into ``module``'s pages, then attend over the pages, per request."""
+    def attend(self, call: AttentionCall, step: Step) -> torch.Tensor:
+        """Write the step's K and V into the layer's pages, then attend over the pages, per request."""
+        module, query, key, value, sinks = call.module, call.query, call.key, call.value, call.sinks
         layer = self.layers[id(module)]
         size = layer.spec.block_size
         output = query.new_empty(query.shape[2], query.shape[1], query.shape[3])
@@ -448,7 +443,7 @@ class Engine:
             # each query sees the keys up to itself from where the spec's window or chunk starts
             seen = visibility(layer.spec, part.start, part.count, first, len(context))
             output[new] = masked_attention(
-                query[0, :, new], keys, values, seen, scaling=scaling, softcap=softcap, sinks=sinks
+                query[0, :, new], keys, values, seen, scaling=call.scaling, softcap=call.softcap, sinks=sinks
             )
         return output.unsqueeze(0)
 

@@ -14,29 +14,30 @@ from __future__ import annotations
 import json
 import random
 from pathlib import Path
+from typing import NamedTuple
 
 from kvcore.simulation.workload import LengthDist
 
 HERE = Path(__file__).parent
 
 
-def draw(
-    *,
-    count: int,
-    prompt: LengthDist,
-    output: LengthDist,
-    prompt_range: tuple[int, int],
-    output_range: tuple[int, int],
-    rate: float,
-    seed: int,
-) -> list[dict[str, int]]:
-    """``count`` requests: lengths drawn from ``prompt``/``output`` and clipped to the ranges,
-    arrivals a Poisson process of ``rate`` requests per step."""
+class Lengths(NamedTuple):
+    """A length distribution, its draws clipped to ``low .. high`` tokens."""
+
+    dist: LengthDist
+    low: int
+    high: int
+
+    def sample(self, rng: random.Random, count: int) -> list[int]:
+        return [max(n, self.low) for n in self.dist.sample(rng, count, self.high)]
+
+
+def draw(*, count: int, prompt: Lengths, output: Lengths, rate: float, seed: int) -> list[dict[str, int]]:
+    """``count`` requests: prompt and output lengths drawn (in that order, from one seeded
+    generator), arrivals a Poisson process of ``rate`` requests per step."""
     rng = random.Random(seed)
-    low, high = prompt_range
-    prompts = [max(n, low) for n in prompt.sample(rng, count, high)]
-    low, high = output_range
-    outputs = [max(n, low) for n in output.sample(rng, count, high)]
+    prompts = prompt.sample(rng, count)
+    outputs = output.sample(rng, count)
     now, out = 0.0, []
     for p, o in zip(prompts, outputs, strict=True):
         now += rng.expovariate(rate)
@@ -83,10 +84,8 @@ def main() -> None:
     # prompt + output <= 2,048 tokens, both >= 4.
     chat = draw(
         count=1000,
-        prompt=LengthDist("lognormal", 161, 1.0),
-        output=LengthDist("lognormal", 338, 0.9),
-        prompt_range=(4, 1024),
-        output_range=(4, 1024),
+        prompt=Lengths(LengthDist("lognormal", 161, 1.0), 4, 1024),
+        output=Lengths(LengthDist("lognormal", 338, 0.9), 4, 1024),
         rate=2.0,
         seed=14,
     )
@@ -101,10 +100,8 @@ def main() -> None:
         "long-documents.jsonl",
         draw(
             count=200,
-            prompt=LengthDist("lognormal", 12000, 0.4),
-            output=LengthDist("lognormal", 300, 0.5),
-            prompt_range=(2048, 30000),
-            output_range=(16, 512),
+            prompt=Lengths(LengthDist("lognormal", 12000, 0.4), 2048, 30000),
+            output=Lengths(LengthDist("lognormal", 300, 0.5), 16, 512),
             rate=0.05,
             seed=14,
         ),

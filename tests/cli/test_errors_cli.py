@@ -18,38 +18,40 @@ def error_line(run_cli, *argv):
 
 
 #: Stands in an argv for the path of a spec file of ONE_LAYER (written per test).
-SPECS = "<spec file of ONE_LAYER>"
+SPECS = "<spec-file-of-ONE_LAYER>"
+
+
+#: How every error of too little memory ends on the command line.
+MORE_MEMORY = "give the KV cache more memory (--memory, or a higher utilization)"
 
 
 @pytest.mark.parametrize(
     ("argv", "expected"),
     [
         pytest.param(
-            ("--model", "meta-llama/Llama-3.1-8B", "--memory", "1GiB", "--max-model-len", "131072"),
+            "--model meta-llama/Llama-3.1-8B --memory 1GiB --max-model-len 131072",
             "one request of 131072 tokens needs 16.00 GiB of KV cache (8192 blocks of 2.00 MiB) but only "
             "1.00 GiB is available (512 blocks of 2.00 MiB); the largest max_model_len that fits is 8192; "
-            "lower --max-model-len to 8192 or give the KV cache more memory "
-            "(--memory, or a higher utilization)",
+            f"lower --max-model-len to 8192 or {MORE_MEMORY}",
             id="one request over the memory",
         ),
         pytest.param(
-            ("--specs", SPECS, "--memory", "1MiB", "--max-model-len", "512", "--num-blocks", "8"),
+            f"--specs {SPECS} --memory 1MiB --max-model-len 512 --num-blocks 8",
             "one request of 512 tokens needs 2.00 MiB of KV cache (32 blocks of 64.00 KiB) but "
             "--num-blocks 8 holds 512.00 KiB; the largest max_model_len that fits is 128; "
             "lower --max-model-len to 128 or raise --num-blocks to at least 32",
             id="one request over a forced block count",
         ),
         pytest.param(
-            ("--specs", SPECS, "--memory", "1MiB", "--max-model-len", "16", "--num-blocks", "20"),
-            "--num-blocks 20 needs 1.25 MiB (20 blocks of 64.00 KiB) but only 1.00 MiB is available; at most "
-            "16 blocks fit: lower --num-blocks or give the KV cache more memory "
-            "(--memory, or a higher utilization)",
+            f"--specs {SPECS} --memory 1MiB --max-model-len 16 --num-blocks 20",
+            "--num-blocks 20 needs 1.25 MiB (20 blocks of 64.00 KiB) but only 1.00 MiB is available; "
+            f"at most 16 blocks fit: lower --num-blocks or {MORE_MEMORY}",
             id="a forced block count over the memory",
         ),
     ],
 )
 def test_plan_errors_name_the_flags(run_cli, spec_file, argv, expected):
-    argv = [spec_file(ONE_LAYER) if arg == SPECS else arg for arg in argv]
+    argv = [spec_file(ONE_LAYER) if arg == SPECS else arg for arg in argv.split()]
     assert error_line(run_cli, "plan", *argv) == expected
 
 
@@ -59,9 +61,7 @@ def test_errors_of_one_rank_name_the_rank_and_the_flags(run_cli):
         "--tp", "2", "--pp", "2", "--num-blocks", "100000",
     )  # fmt: skip
     assert line.startswith("rank 0 (pp stage 0, tp rank 0): --num-blocks 100000 needs ")
-    assert line.endswith(
-        "lower --num-blocks or give the KV cache more memory (--memory, or a higher utilization)"
-    )
+    assert line.endswith(f"lower --num-blocks or {MORE_MEMORY}")
 
 
 def test_a_failed_allocation_names_the_flags(run_cli, spec_file, monkeypatch):

@@ -23,6 +23,7 @@ from kvcore.plugins.sliding_window import sliding_window_specs
 from kvcore.runtime.block_pool import NULL_PAGE
 from kvcore.spec import KVCacheSpec, SizingContext, cdiv
 from kvcore.testing import strategies as kst
+from tests.helpers import BUILTIN_KINDS
 
 pytestmark = pytest.mark.property
 
@@ -71,15 +72,7 @@ STRIDED = _third_party(StridedWindowSpec, window=st.integers(1, 300), stride=st.
 RING = _third_party(RingSpec, ring=st.integers(1, 6))
 #: windows and chunks about as long as the requests, so that they slide and end within them
 BUILT_IN = kst.specs(
-    [
-        "full_attention",
-        "sliding_window",
-        "chunked_local_attention",
-        "mla",
-        "dsa_indexer",
-        "state",
-        "cross_attention",
-    ],
+    list(BUILTIN_KINDS),
     strategies={
         "sliding_window": sliding_window_specs(
             block_sizes=kst.block_sizes(), dtypes=kst.dtypes(), max_window=300

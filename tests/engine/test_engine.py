@@ -23,7 +23,7 @@ from kvcore.engine.workflow import capacity_summary, merge_worker_specs
 from kvcore.planning.capacity import Capacity
 from kvcore.runtime.memory import HostMemory
 from kvcore.runtime.torch_dtypes import torch_dtype
-from tests.helpers import full, sliding
+from tests.helpers import RecordingExecutor, full, sliding
 from tests.runtime._fakes import FakeHost
 from tests.runtime._kinds import ToyAttention, ToyAttentionPlugin, ToyModel
 
@@ -160,24 +160,6 @@ def test_a_plan_for_other_layers_fails_before_allocating(toy_registry):
         executor.initialize(other)
     assert repr(ATTN[0]) in str(info.value) and "'model.extra'" in str(info.value)
     assert calls == []
-
-
-class RecordingExecutor:
-    """The smallest executor: fixed specs and memory; records the order of calls."""
-
-    def __init__(self, specs, memory):
-        self.specs, self.memory, self.calls = specs, memory, []
-
-    def get_kv_cache_spec(self):
-        self.calls.append("specs")
-        return self.specs
-
-    def determine_available_memory(self):
-        self.calls.append("memory")
-        return self.memory
-
-    def initialize(self, plan):
-        self.calls.append(("initialize", plan.num_blocks))
 
 
 def test_any_executor_following_the_protocol_runs_the_workflow(registry):

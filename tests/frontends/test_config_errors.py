@@ -39,158 +39,84 @@ def gemma3(**text):
     return base
 
 
-BAD = [
-    pytest.param(
-        without(LLAMA, "num_hidden_layers"),
-        ModelConfigError,
-        "'num_hidden_layers' is missing",
-        id="missing layer count",
-    ),
-    pytest.param(
-        {**LLAMA, "num_attention_heads": 0},
-        ModelConfigError,
-        "'num_attention_heads' must be an int >= 1 (got 0)",
-        id="zero heads",
-    ),
-    pytest.param(
+F = "full_attention"
+JAMBA = bundled("ai21labs/AI21-Jamba-1.5-Mini")
+
+
+#: test id -> (config, what its ModelConfigError says: a fragment or a tuple of fragments)
+CONFIG_ERRORS = {
+    "missing layer count": (without(LLAMA, "num_hidden_layers"), "'num_hidden_layers' is missing"),
+    "zero heads": ({**LLAMA, "num_attention_heads": 0}, "'num_attention_heads' must be an int >= 1 (got 0)"),
+    "negative KV heads": (
         {**LLAMA, "num_key_value_heads": -2},
-        ModelConfigError,
         "'num_key_value_heads' must be an int >= 1 (got -2)",
-        id="negative KV heads",
     ),
-    pytest.param(
-        {**LLAMA, "head_dim": "128"},
-        ModelConfigError,
-        "'head_dim' must be an int >= 1 (got '128', a str)",
-        id="head_dim as text",
-    ),
-    pytest.param(
-        {**LLAMA, "num_hidden_layers": True},
-        ModelConfigError,
-        "'num_hidden_layers' must be an int",
-        id="bool layer count",
-    ),
-    pytest.param(
-        {**LLAMA, "hidden_size": 3},
-        ModelConfigError,
-        "gives a head size of 0; set 'head_dim'",
-        id="head size 0",
-    ),
-    pytest.param(
-        {**LLAMA, "model_type": "banana"},
-        UnknownModelError,
-        ("model type 'banana'", "add-a-model-family"),
-        id="unknown model type",
-    ),
-    pytest.param(without(LLAMA, "model_type"), UnknownModelError, "without 'model_type'", id="no model type"),
-    pytest.param(
-        {**LLAMA, "layer_types": ["full_attention", "banana"]},
-        ModelConfigError,
-        "'layer_types[1]' is 'banana'",
-        id="unknown layer type",
-    ),
-    pytest.param(
-        {**LLAMA, "layer_types": ["full_attention"]},
-        ModelConfigError,
+    "head_dim as text": ({**LLAMA, "head_dim": "128"}, "'head_dim' must be an int >= 1 (got '128', a str)"),
+    "bool layer count": ({**LLAMA, "num_hidden_layers": True}, "'num_hidden_layers' must be an int"),
+    "head size 0": ({**LLAMA, "hidden_size": 3}, "gives a head size of 0; set 'head_dim'"),
+    "unknown layer type": ({**LLAMA, "layer_types": [F, "banana"]}, "'layer_types[1]' is 'banana'"),
+    "layer_types too short": (
+        {**LLAMA, "layer_types": [F]},
         "'layer_types' lists 1 layers but 'num_hidden_layers' is 2",
-        id="layer_types too short",
     ),
-    pytest.param(
-        {**LLAMA, "layer_types": "full_attention"},
-        ModelConfigError,
-        "'layer_types' must be a list of strings",
-        id="layer_types not a list",
-    ),
-    pytest.param(
+    "layer_types not a list": ({**LLAMA, "layer_types": F}, "'layer_types' must be a list of strings"),
+    "sliding without a window": (
         {**LLAMA, "layer_types": ["sliding_attention"] * 2},
-        ModelConfigError,
         "'sliding_window' is missing",
-        id="sliding without a window",
     ),
-    pytest.param(
+    "zero window": (
         {**LLAMA, "model_type": "mistral", "sliding_window": 0},
-        ModelConfigError,
         "'sliding_window' must be an int >= 1 (got 0)",
-        id="zero window",
     ),
-    pytest.param(
-        {**LLAMA, "model_type": "x", "layer_types": ["full_attention", "linear_attention"]},
-        ModelConfigError,
+    "state layer in an unknown model": (
+        {**LLAMA, "model_type": "x", "layer_types": [F, "linear_attention"]},
         ("'linear_attention'", "need a family plugin"),
-        id="state layer in an unknown model",
     ),
-    pytest.param(
-        {**LLAMA, "torch_dtype": "int4"},
-        ModelConfigError,
-        "'torch_dtype' is not a cache dtype",
-        id="bad dtype",
-    ),
-    pytest.param(
-        {"model_type": "gemma3"},
-        ModelConfigError,
-        "gemma3 config: 'text_config' is missing",
-        id="gemma3 without text_config",
-    ),
-    pytest.param(
+    "bad dtype": ({**LLAMA, "torch_dtype": "int4"}, "'torch_dtype' is not a cache dtype"),
+    "gemma3 without text_config": ({"model_type": "gemma3"}, "gemma3 config: 'text_config' is missing"),
+    "gemma3 zero KV heads": (
         gemma3(num_key_value_heads=0),
-        ModelConfigError,
         "'text_config.num_key_value_heads' must be an int >= 1 (got 0)",
-        id="gemma3 zero KV heads",
     ),
-    pytest.param(
+    "gemma2 without head_dim": (
         {**LLAMA, "model_type": "gemma2", "sliding_window": 8},
-        ModelConfigError,
         "gemma2 config: 'head_dim' is missing",
-        id="gemma2 without head_dim",
     ),
-    pytest.param(
+    "deepseek without rank": (
         without(bundled("deepseek-ai/DeepSeek-V3"), "kv_lora_rank"),
-        ModelConfigError,
         "deepseek_v3 config: 'kv_lora_rank' is missing",
-        id="deepseek without rank",
     ),
-    pytest.param(
-        {**bundled("ai21labs/AI21-Jamba-1.5-Mini"), "mamba_d_conv": 1},
-        ModelConfigError,
-        "'mamba_d_conv' must be an int >= 2 (got 1)",
-        id="jamba conv kernel 1",
-    ),
-    pytest.param(
-        {**bundled("ai21labs/AI21-Jamba-1.5-Mini"), "attn_layer_offset": 8},
-        ModelConfigError,
-        "'attn_layer_offset' (8) must be smaller",
-        id="jamba offset >= period",
-    ),
-    pytest.param(
+    "jamba conv kernel 1": ({**JAMBA, "mamba_d_conv": 1}, "'mamba_d_conv' must be an int >= 2 (got 1)"),
+    "jamba offset >= period": ({**JAMBA, "attn_layer_offset": 8}, "'attn_layer_offset' (8) must be smaller"),
+    "nemotron bad pattern": (
         {**synthetic(NEMOTRON_H_LIKE), "hybrid_override_pattern": "M*X"},
-        ModelConfigError,
         "'hybrid_override_pattern[2]' is 'X'",
-        id="nemotron bad pattern",
     ),
-    pytest.param(
+    "nemotron count mismatch": (
         {**synthetic(NEMOTRON_H_LIKE), "num_hidden_layers": 3},
-        ModelConfigError,
         "spells 118 layers but 'num_hidden_layers' is 3",
-        id="nemotron count mismatch",
     ),
-    pytest.param(
+    "nemotron no pattern": (
         without(synthetic(NEMOTRON_H_LIKE), "hybrid_override_pattern"),
-        ModelConfigError,
         "'hybrid_override_pattern' is missing",
-        id="nemotron no pattern",
     ),
-    pytest.param(
+    "qwen3_next missing heads": (
         without(synthetic(QWEN3_NEXT_LIKE), "linear_num_value_heads"),
-        ModelConfigError,
         "'linear_num_value_heads' is missing",
-        id="qwen3_next missing heads",
     ),
-    pytest.param(
-        {**LLAMA, "layer_types": ["mlp", "mlp"]},
-        ModelConfigError,
-        "no layer holds a KV cache",
-        id="no cache layers",
-    ),
+    "no cache layers": ({**LLAMA, "layer_types": ["mlp", "mlp"]}, "no layer holds a KV cache"),
+}
+
+#: test id -> (config, what its UnknownModelError says)
+UNKNOWN_MODELS = {
+    "unknown model type": ({**LLAMA, "model_type": "banana"}, ("model type 'banana'", "add-a-model-family")),
+    "no model type": (without(LLAMA, "model_type"), "without 'model_type'"),
+}
+
+BAD = [
+    pytest.param(config, error, match, id=name)
+    for error, table in ((ModelConfigError, CONFIG_ERRORS), (UnknownModelError, UNKNOWN_MODELS))
+    for name, (config, match) in table.items()
 ]
 
 

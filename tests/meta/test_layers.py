@@ -48,6 +48,8 @@ PREFIXES: tuple[tuple[str, str], ...] = (
 FACADE = "kvcore"
 MAIN = "kvcore.__main__"
 
+#: The layers below the integrations, which the integrations, the CLI and the testing kit import.
+BELOW_INTEGRATIONS = ("contract", "planning", "frontends", "runtime", "simulation", "tuning", "engine")
 #: Which layers each layer may import (its own included).
 ALLOWED: dict[str, frozenset[str]] = {
     "contract": frozenset({"contract"}),
@@ -57,45 +59,9 @@ ALLOWED: dict[str, frozenset[str]] = {
     "simulation": frozenset({"contract", "planning", "runtime", "simulation"}),
     "tuning": frozenset({"contract", "planning", "runtime", "simulation", "tuning"}),
     "engine": frozenset({"contract", "planning", "frontends", "runtime", "engine"}),
-    "integrations": frozenset(
-        {
-            "contract",
-            "planning",
-            "frontends",
-            "runtime",
-            "simulation",
-            "tuning",
-            "engine",
-            "integrations",
-            "plugins",
-        }
-    ),
-    "cli": frozenset(
-        {
-            "contract",
-            "planning",
-            "frontends",
-            "runtime",
-            "simulation",
-            "tuning",
-            "engine",
-            "integrations",
-            "cli",
-        }
-    ),
-    "testing": frozenset(
-        {
-            "contract",
-            "planning",
-            "frontends",
-            "runtime",
-            "simulation",
-            "tuning",
-            "engine",
-            "testing",
-            "plugins",
-        }
-    ),
+    "integrations": frozenset({*BELOW_INTEGRATIONS, "integrations", "plugins"}),
+    "cli": frozenset({*BELOW_INTEGRATIONS, "integrations", "cli"}),
+    "testing": frozenset({*BELOW_INTEGRATIONS, "testing", "plugins"}),
     "plugins": frozenset({"contract", "planning", "plugins"}),
     "policies": frozenset({"contract", "planning", "policies"}),
     "data": frozenset(),

@@ -11,24 +11,16 @@ import pytest
 import torch
 
 import kvcore
-from kvcore import (
-    BlockPool,
-    Capacity,
-    KVCacheGroup,
-    KVCachePlan,
-    KVCacheTensor,
-    LocalExecutor,
-    PlanOptions,
-    SizingContext,
-    plan_kv_cache,
-)
 from kvcore.planning.request import MaxModelLen, PlanRequest
 from tests.helpers import full, mix, sliding
 
 PAGE = Path(__file__).parents[2] / "docs" / "reference" / "python.md"
 ROW = re.compile(r"^\| `([A-Za-z_][\w.]*)(\([^`]*\))?` \|", re.M)
 #: Classes whose every public member the page must list.
-COMPLETE = (KVCachePlan, KVCacheGroup, KVCacheTensor, PlanOptions, Capacity, PlanRequest, MaxModelLen)
+COMPLETE = (
+    kvcore.KVCachePlan, kvcore.KVCacheGroup, kvcore.KVCacheTensor, kvcore.PlanOptions, kvcore.Capacity,
+    PlanRequest, MaxModelLen,
+)  # fmt: skip
 
 
 def _documented() -> list[tuple[str, bool]]:
@@ -37,21 +29,21 @@ def _documented() -> list[tuple[str, bool]]:
 
 @pytest.fixture(scope="module")
 def instances(registry):
-    plan = plan_kv_cache(
+    plan = kvcore.plan_kv_cache(
         mix((3, full(heads=2, head_size=32)), (3, sliding(64, heads=2, head_size=32))),
         2**24,
-        SizingContext(max_model_len=1024),
+        kvcore.SizingContext(max_model_len=1024),
         registry=registry,
     )
-    executor = LocalExecutor(torch.nn.Linear(2, 2), "cpu", registry=registry, kv_cache_bytes=2**20)
+    executor = kvcore.LocalExecutor(torch.nn.Linear(2, 2), "cpu", registry=registry, kv_cache_bytes=2**20)
     return {
         "KVCachePlan": plan,
         "KVCacheGroup": plan.groups[0],
         "KVCacheSpec": plan.groups[0].spec,
         "KVCacheTensor": plan.tensors[0],
-        "PlanOptions": PlanOptions(),
-        "BlockPool": BlockPool(plan),
-        "Capacity": Capacity.of(plan),
+        "PlanOptions": kvcore.PlanOptions(),
+        "BlockPool": kvcore.BlockPool(plan),
+        "Capacity": kvcore.Capacity.of(plan),
         "LocalExecutor": executor,
         "DistributedExecutor": kvcore.DistributedExecutor,
         "PlanRequest": PlanRequest(specs=mix((1, full())), budgets=2**24, max_model_len=1024),

@@ -7,26 +7,19 @@ from kvcore import (
     PolicyChoice,
     PolicyNotApplicableError,
     SizingContext,
-    hookimpl,
     plan_kv_cache,
 )
 from kvcore.cli.report import policy_reason
 from kvcore.planning.planner import plan_model
 from kvcore.policies.shared_buffer import SharedBufferPolicy
-from tests.helpers import full, sliding
+from tests.helpers import full, registering, sliding
 
 UNIFORM = {"a": full(), "b": full()}
 HYBRID = {"a": full(), "b": sliding(128), "c": full()}
 
 
 def plugin(*policies):
-    class Plugin:
-        @hookimpl
-        def kvcore_register_policies(self, register):
-            for policy in policies:
-                register(policy)
-
-    return Plugin()
+    return registering("kvcore_register_policies", *policies)
 
 
 class Eager(SharedBufferPolicy):

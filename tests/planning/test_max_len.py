@@ -8,7 +8,7 @@ from kvcore.limits import MAX_TOKENS
 from kvcore.planning.max_len import largest_admitted_len, memory_bound
 from kvcore.planning.planner import largest_admitted, plan_model
 from kvcore.planning.ranks import plan_for_ranks
-from tests.helpers import full, mix, sliding
+from tests.helpers import RecordingExecutor, full, mix, sliding
 
 # issue 12's reproducer: 1 full + 36 sliding(4096), bf16 8 x 128, block 16
 REPRO = mix((1, full()), (36, sliding(4096)))
@@ -160,26 +160,12 @@ def test_auto_when_not_one_token_fits(registry):
         )
 
 
-class _Executor:
-    def __init__(self, specs, memory):
-        self.specs, self.memory, self.plan = specs, memory, None
-
-    def get_kv_cache_spec(self):
-        return self.specs
-
-    def determine_available_memory(self):
-        return self.memory
-
-    def initialize(self, plan):
-        self.plan = plan
-
-
 def test_initialize_kv_caches_with_auto(registry):
-    executor = _Executor(REPRO, REPRO_BYTES)
+    executor = RecordingExecutor(REPRO, REPRO_BYTES)
     plan = initialize_kv_caches(executor, registry=registry, max_model_len="auto")
     assert plan.context.max_model_len == 7312 and executor.plan is plan
     capped = initialize_kv_caches(
-        _Executor(REPRO, REPRO_BYTES),
+        RecordingExecutor(REPRO, REPRO_BYTES),
         registry=registry,
         max_model_len="auto",
         context=SizingContext(max_model_len=4000),

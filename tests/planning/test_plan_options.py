@@ -164,18 +164,14 @@ class _Ignorant(SharedBufferPolicy):
 
 def test_a_policy_that_ignores_the_options_is_caught_by_the_planner(registry):
     specs = model_layer_specs("google/gemma-3-27b-it", registry)
-    policy = _Ignorant()
-    with pytest.raises(PolicyNotApplicableError, match="max_groups"):
-        plan_kv_cache(
-            specs, BUDGET, CONTEXT, registry=registry, policy=policy, options=PlanOptions(max_groups=3)
+
+    def plan(**options):
+        return plan_kv_cache(
+            specs, BUDGET, CONTEXT, registry=registry, policy=_Ignorant(), options=PlanOptions(**options)
         )
+
+    with pytest.raises(PolicyNotApplicableError, match="max_groups"):
+        plan(max_groups=3)
     # the planner gives it specs of one block size already; it enlarges a remainder group anyway
     with pytest.raises(PolicyNotApplicableError, match="uniform_block_size"):
-        plan_kv_cache(
-            specs,
-            BUDGET,
-            CONTEXT,
-            registry=registry,
-            policy=policy,
-            options=PlanOptions(uniform_block_size=True),
-        )
+        plan(uniform_block_size=True)

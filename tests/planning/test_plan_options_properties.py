@@ -23,11 +23,8 @@ pytestmark = pytest.mark.property
 POLICIES = ["shared_buffer", "equal_groups"]
 
 
-@st.composite
-def inputs(draw):
-    specs = draw(kst.layer_specs(max_layers=16))
-    context = draw(kst.sizing_contexts(max_model_len=st.integers(1, 4096)))
-    return specs, context
+#: ``(specs, context)``: up to 16 layers, requests of up to 4,096 tokens.
+INPUTS = st.tuples(kst.layer_specs(max_layers=16), kst.sizing_contexts(max_model_len=st.integers(1, 4096)))
 
 
 def _plan(registry, specs, context, policy, options):
@@ -37,7 +34,7 @@ def _plan(registry, specs, context, policy, options):
 
 
 @pytest.mark.parametrize("policy", POLICIES)
-@given(drawn=inputs(), bound=st.integers(1, 6), uniform=st.booleans())
+@given(drawn=INPUTS, bound=st.integers(1, 6), uniform=st.booleans())
 def test_the_group_bound_holds_or_names_the_fewest(module_registry, policy, drawn, bound, uniform):
     specs, context = drawn
     if policy == "equal_groups" and module_registry.policy(policy).why_not(specs) is not None:

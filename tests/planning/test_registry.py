@@ -27,19 +27,11 @@ from kvcore import (
 from kvcore.planning.manager import BUILTIN_PLUGINS
 from kvcore.plugins.full_attention import FullAttentionSpec
 from kvcore.spec import SizingContext, cdiv
-from tests.helpers import full, sliding
+from tests.helpers import BUILTIN_KINDS, full, registering, sliding
 
 
 def test_builtins_register_through_hooks(registry):
-    assert list(registry.kinds) == [
-        "full_attention",
-        "sliding_window",
-        "chunked_local_attention",
-        "mla",
-        "dsa_indexer",
-        "state",
-        "cross_attention",
-    ]
+    assert list(registry.kinds) == list(BUILTIN_KINDS)
     assert list(registry.policies) == ["uniform", "shared_buffer", "equal_groups", "kind_pools"]
     entry = {e.name: e for e in registry.kind_entries()}["mla"]
     assert entry.origin.source == "builtin"
@@ -351,13 +343,7 @@ LLAMA_LIKE = {
 
 
 def _family_plugin(*families):
-    class Families:
-        @hookimpl
-        def kvcore_register_model_families(self, register):
-            for family in families:
-                register(family)
-
-    return Families()
+    return registering("kvcore_register_model_families", *families)
 
 
 def _one_layer(config, options):

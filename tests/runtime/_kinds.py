@@ -7,7 +7,7 @@ from __future__ import annotations
 import attrs
 import torch
 
-from kvcore import hookimpl
+from kvcore import Registry, get_plugin_manager, hookimpl
 from kvcore.cache_layout import CacheLayout, PagePart
 from kvcore.dtypes import DType, dtype_size, to_dtype
 from kvcore.plugins.attention import AttentionSpec
@@ -63,6 +63,11 @@ class ToyStatePlugin:
                 ),
             )
         )
+
+
+def toy_state_registry() -> Registry:
+    """A registry of the built-ins (no entry points) and :class:`ToyStatePlugin`."""
+    return Registry.from_plugin_manager(get_plugin_manager(autoload=False, plugins=[ToyStatePlugin()]))
 
 
 @attrs.frozen(kw_only=True)

@@ -14,10 +14,8 @@ from hypothesis import given, strategies as st
 
 from kvcore import (
     PlanValidationError,
-    Registry,
     SizingContext,
     allocate,
-    get_plugin_manager,
     plan_kv_cache,
 )
 from kvcore.planning.invariants import plan_problems
@@ -28,7 +26,7 @@ from kvcore.plugins.sliding_window import SlidingWindowSpec
 from kvcore.testing import strategies as kst
 from tests.broken import double_booking_pool, unchecked_plan
 from tests.helpers import full, sliding
-from tests.runtime._kinds import ToyStatePlugin, ToyStateSpec
+from tests.runtime._kinds import ToyStateSpec, toy_state_registry
 from tests.runtime._workload import run_workload
 
 DTYPES = st.sampled_from([torch.float32, torch.bfloat16, torch.float16, torch.float8_e4m3fn])
@@ -74,7 +72,7 @@ OPS = st.lists(
 
 @pytest.fixture(scope="module")
 def registry():
-    return Registry.from_plugin_manager(get_plugin_manager(autoload=False, plugins=[ToyStatePlugin()]))
+    return toy_state_registry()
 
 
 def _plan(specs, context, registry, extra_requests, spare):

@@ -12,22 +12,20 @@ from kvcore import (
     KVCacheAllocationError,
     PartViews,
     PlanValidationError,
-    Registry,
     SizingContext,
     allocate,
-    get_plugin_manager,
     plan_kv_cache,
 )
 from kvcore.runtime.allocation import allocation_sizes, empty_bytes, view_geometries
 from tests.helpers import full, mix, mla, sliding
-from tests.runtime._kinds import ToyStatePlugin, ToyStateSpec
+from tests.runtime._kinds import ToyStateSpec, toy_state_registry
 
 CTX = SizingContext(max_model_len=1024)
 
 
 @pytest.fixture
 def state_registry():
-    return Registry.from_plugin_manager(get_plugin_manager(autoload=False, plugins=[ToyStatePlugin()]))
+    return toy_state_registry()
 
 
 def _hybrid(registry, budget=2**24):

@@ -23,7 +23,7 @@ from kvcore import (
 from kvcore.cli import main
 from kvcore.runtime.memory import CudaMemory
 from tests.helpers import full, mix, mla, sliding
-from tests.runtime._kinds import ToyAttention, ToyAttentionPlugin, ToyModel, ToyStatePlugin, ToyStateSpec
+from tests.runtime._kinds import ToyAttention, ToyAttentionPlugin, ToyModel, ToyStateSpec, toy_state_registry
 from tests.runtime._workload import run_workload
 
 pytestmark = [
@@ -93,7 +93,7 @@ def test_out_of_memory_releases_everything(cuda, registry):
 
 
 def test_live_pages_never_share_bytes_on_the_device(cuda):
-    registry = Registry.from_plugin_manager(get_plugin_manager(autoload=False, plugins=[ToyStatePlugin()]))
+    registry = toy_state_registry()
     specs = mix(
         (3, full(block_size=4, heads=1, head_size=8, dtype="float16")),
         (3, sliding(12, block_size=4, heads=2, head_size=8, dtype="bfloat16")),

@@ -21,8 +21,9 @@ from kvcore.simulation.profiles.sglang import (
     default_max_running_requests,
     sglang_pools,
 )
-from kvcore.simulation.workload import Request, parse_length, synthetic
+from kvcore.simulation.workload import Request
 from tests.helpers import full, mix, sliding
+from tests.simulation._workloads import random_workload
 
 REGISTRY = Registry.from_plugin_manager(get_plugin_manager(autoload=False))
 DECAY = INIT_NEW_TOKEN_RATIO * (1 - MIN_NEW_TOKEN_RATIO_FACTOR) / NEW_TOKEN_RATIO_DECAY_STEPS
@@ -323,16 +324,7 @@ def test_the_pools_and_the_tree_stay_consistent_and_every_token_is_accounted_for
         plan = _plan(specs, 512, policy="kind_pools", memory=tokens * 2 * 2 * 8 * 128 * 2, step=chunk)
     else:
         plan = _plan({"model.layers.0": full(block_size=page)}, 512, num_blocks=tokens // page, step=chunk)
-    workload = synthetic(
-        30,
-        parse_length("uniform:16:300"),
-        parse_length("uniform:1:300"),
-        rate=None,
-        seed=seed,
-        max_model_len=512,
-        prefix_share=0.6,
-        prefix_tokens=64,
-    )
+    workload = random_workload(seed, 30, "uniform:16:300", "uniform:1:300", prefix_share=0.6)
     sim = SglangProfile(max_running_requests=32, overlap_schedule=overlap).simulator(
         plan, workload, max_num_batched_tokens=None, prefix_caching=caching
     )

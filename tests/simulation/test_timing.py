@@ -28,6 +28,7 @@ from kvcore.simulation.timing import (
 )
 from kvcore.simulation.workload import Request, parse_length, read_trace, synthetic
 from tests.helpers import full
+from tests.simulation._workloads import random_workload
 
 REGISTRY = Registry.from_plugin_manager(get_plugin_manager(autoload=False))
 ONE_LAYER = {"model.layers.0": full(block_size=16)}
@@ -332,16 +333,8 @@ def test_arrival_times_without_a_step_time_model_are_refused():
 @given(seed=st.integers(0, 2**16), rate=st.sampled_from([None, 0.05, 0.5]), prefix=st.booleans())
 @pytest.mark.parametrize("scheduler", ["kvcore", "vllm", "sglang"])
 def test_a_time_model_leaves_every_step_figure_unchanged(seed, rate, prefix, scheduler):
-    workload = synthetic(
-        40,
-        parse_length("uniform:16:400"),
-        parse_length("uniform:1:60"),
-        rate=rate,
-        seed=seed,
-        max_model_len=512,
-        prefix_share=0.7 if prefix else 0.0,
-        prefix_tokens=64 if prefix else 0,
-    )
+    share = 0.7 if prefix else 0.0
+    workload = random_workload(seed, 40, "uniform:16:400", "uniform:1:60", rate=rate, prefix_share=share)
     plan = _plan(ONE_LAYER, 512, num_blocks=40, step=256)
     plain = simulate(plan, workload, prefix_caching=prefix, scheduler=scheduler)
     clock = Constant(0.02)

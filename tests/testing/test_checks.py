@@ -6,26 +6,11 @@ import torch
 
 from kvcore import CacheLayout, KVCacheGroup, KVCachePlan, KVCacheSpec, KVCacheTensor, PagePart, hookimpl
 from kvcore.errors import InvalidInputError
-from kvcore.spec import SizingContext, cdiv, positive_int
+from kvcore.spec import SizingContext, cdiv
 from kvcore.testing import checks
 from kvcore.testing.strategies import PlanningProblem
 from tests.helpers import full
-
-
-@attrs.frozen(kw_only=True)
-class Ring(KVCacheSpec):
-    """A sound kind: a ring of ``slots`` bytes per token, holding the last 64 tokens in the pages
-    of its first 64 (which it reuses). Its worst case is the default, read off ``live_pages``."""
-
-    kind = "test.ring"
-    slots: int = attrs.field(default=4, validator=positive_int)
-
-    @property
-    def page_size_bytes(self):
-        return self.block_size * self.slots
-
-    def live_pages(self, num_tokens, num_computed_tokens=0):
-        return range(min(cdiv(num_tokens, self.block_size), cdiv(64, self.block_size)))
+from tests.testing._ring import Ring
 
 
 @attrs.frozen(kw_only=True)
@@ -156,24 +141,15 @@ LAYOUTS = {
 }
 
 
-@attrs.frozen(kw_only=True)
-class Overlapping(Ring):
-    kind = "test.overlapping"
+def ring_named(name, kind):
+    """A :class:`Ring` under another kind: all that differs is its layout in ``LAYOUTS`` (or none)."""
+    return attrs.frozen(kw_only=True)(type(name, (Ring,), {"kind": kind, "__module__": __name__}))
 
 
-@attrs.frozen(kw_only=True)
-class TooBig(Ring):
-    kind = "test.too_big"
-
-
-@attrs.frozen(kw_only=True)
-class OddElements(Ring):
-    kind = "test.odd_elements"
-
-
-@attrs.frozen(kw_only=True)
-class NoLayout(Ring):
-    kind = "test.no_layout"
+Overlapping = ring_named("Overlapping", "test.overlapping")
+TooBig = ring_named("TooBig", "test.too_big")
+OddElements = ring_named("OddElements", "test.odd_elements")
+NoLayout = ring_named("NoLayout", "test.no_layout")
 
 
 KINDS = (

@@ -2,14 +2,12 @@
 
 from pathlib import Path
 
-import attrs
 import pytest
 from hypothesis import Phase, find, given, settings, strategies as st
 from hypothesis.errors import NoSuchExample, Unsatisfiable
 
 from kvcore import (
     InvalidInputError,
-    KVCacheSpec,
     Registry,
     SizingContext,
     UnknownSpecKindError,
@@ -17,23 +15,10 @@ from kvcore import (
     request_bytes,
 )
 from kvcore.plugins.full_attention import FullAttentionSpec
-from kvcore.spec import cdiv, positive_int
 from kvcore.testing import strategies as kst
 from kvcore.testing.strategies import MissingStrategyError
 from tests.helpers import full, sliding
-
-
-@attrs.frozen(kw_only=True)
-class Ring(KVCacheSpec):
-    kind = "test.ring"
-    slots: int = attrs.field(validator=positive_int)
-
-    @property
-    def page_size_bytes(self):
-        return self.block_size * self.slots
-
-    def max_num_blocks(self, context):
-        return cdiv(min(context.max_model_len, 64), self.block_size)
+from tests.testing._ring import Ring
 
 
 class RingPlugin:

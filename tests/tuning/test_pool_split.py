@@ -17,10 +17,8 @@ CTX = SizingContext(max_model_len=8192)
 SPECS = mix((2, full()), (10, sliding(1024)))
 
 
-def _plan(registry, budget=GIB, **options):
-    return plan_kv_cache(
-        SPECS, budget, CTX, registry=registry, policy="kind_pools", options=PlanOptions(**options)
-    )
+def _plan(registry, budget=GIB, policy="kind_pools", **options):
+    return plan_kv_cache(SPECS, budget, CTX, registry=registry, policy=policy, options=PlanOptions(**options))
 
 
 def test_the_pools_get_the_shares_asked_for(registry):
@@ -69,14 +67,7 @@ def test_bad_fractions_are_refused_with_the_reason(split, words):
 
 def test_a_split_for_the_wrong_number_of_pools_is_refused(registry):
     with pytest.raises(InvalidInputError, match="made 1 block pool"):
-        plan_kv_cache(
-            SPECS,
-            GIB,
-            CTX,
-            registry=registry,
-            policy="shared_buffer",
-            options=PlanOptions(pool_split=(0.5, 0.5)),
-        )
+        _plan(registry, policy="shared_buffer", pool_split=(0.5, 0.5))
     with pytest.raises(InvalidInputError, match="gives 3 fractions"):
         _plan(registry, pool_split=(0.2, 0.3, 0.5))
 

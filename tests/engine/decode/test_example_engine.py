@@ -13,6 +13,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
+import attrs
 import pytest
 import torch
 
@@ -124,8 +125,8 @@ def test_the_check_can_fail_an_engine_that_mixes_up_k_and_v_is_caught(subjects, 
     subject = subjects("gemma3")
 
     class Broken(engine_module.Engine):
-        def attend(self, module, step, query, key, value, *args):
-            return super().attend(module, step, query, value, key, *args)  # K and V swapped
+        def attend(self, call, step):
+            return super().attend(attrs.evolve(call, key=call.value, value=call.key), step)  # K and V swapped
 
     engine = Broken(
         subject.model,

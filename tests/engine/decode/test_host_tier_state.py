@@ -107,16 +107,23 @@ def _prompt(seed: int, length: int) -> list[int]:
     return torch.randint(0, VOCAB, (length,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
-def test_the_same_request_resumes_from_a_checkpoint_that_went_out(registry):
+def _offloaded_checkpoint(registry):
+    """A request's 12 output tokens from a 14-token prompt, then the same prompt's state at 12
+    tokens (block 3's boundary) checkpointed in page 5, sent to the host tier and the device
+    pages poisoned. Returns the model, the prompt, the tokens and the checkpoint's host slot."""
     model = StateModel(registry)
     prompt = _prompt(1, 14)
     model.clear(0)
     expected = model.run(prompt, 12, running=0)
-    # again, keeping the checkpoint at 12 tokens (block 3's boundary) in page 5
     model.clear(0)
     model.run(prompt[:12], 1, running=0, checkpoints={12: 5})
     (slot,) = model.tier.offload(0, [5])
     model.poison()
+    return model, prompt, expected, slot
+
+
+def test_the_same_request_resumes_from_a_checkpoint_that_went_out(registry):
+    model, prompt, expected, slot = _offloaded_checkpoint(registry)
     model.tier.restore(0, [slot], [7])  # back into another page, as a pool hands out
     assert model.run(prompt, 12, running=7, start=12) == expected
 
@@ -137,13 +144,6 @@ def test_a_prefix_hit_resumes_another_request_from_the_checkpoint(registry):
 
 
 def test_the_check_fails_when_the_checkpoint_does_not_come_back(registry):
-    model = StateModel(registry)
-    prompt = _prompt(1, 14)
-    model.clear(0)
-    expected = model.run(prompt, 12, running=0)
-    model.clear(0)
-    model.run(prompt[:12], 1, running=0, checkpoints={12: 5})
-    model.tier.offload(0, [5])
-    model.poison()
+    model, prompt, expected, _ = _offloaded_checkpoint(registry)
     model.clear(7)  # a fresh state instead of the checkpoint
     assert model.run(prompt, 12, running=7, start=12) != expected

@@ -23,6 +23,15 @@ from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
 from kvcore.frontends.hf_config import load_model_config
 
+#: The configurator's arguments that no model here changes: one bfloat16 model on one CPU worker
+#: (no data or pipeline parallelism, no speculative decoding), its pools not built yet.
+ONE_CPU_WORKER: dict[str, object] = dict(
+    device="cpu", gpu_id=0, attn_dp_size=1, pp_size=1, pp_group=None, model=None, model_dtype=torch.bfloat16,
+    spec_algorithm=SpeculativeAlgorithm.NONE, is_draft_worker=False, post_capture_kv_active=False,
+    spec_aux_config=None, is_hybrid_swa_compress=False, forward_stream=None, req_to_token_pool=None,
+    token_to_kv_pool_allocator=None, memory_pool_config=None,
+)  # fmt: skip
+
 
 def kv_cache_configurator(
     model: str,
@@ -65,25 +74,13 @@ def kv_cache_configurator(
     )
     layers = model_config.num_hidden_layers
     return KVCacheConfigurator(
-        device="cpu",
-        gpu_id=0,
-        attn_dp_size=1,
-        pp_size=1,
-        pp_group=None,
-        model=None,
         model_config=model_config,
         server_args=args,
         kv_cache_dtype=kv_cache_dtype,
         kv_cache_dtype_str="auto" if kv_cache_dtype == torch.bfloat16 else "fp8_e4m3",
-        model_dtype=torch.bfloat16,
         page_size=page_size,
         sliding_window_size=model_config.sliding_window_size if hybrid else None,
-        spec_algorithm=SpeculativeAlgorithm.NONE,
-        is_draft_worker=False,
-        post_capture_kv_active=False,
-        spec_aux_config=None,
         is_hybrid_swa=hybrid,
-        is_hybrid_swa_compress=False,
         use_mla_backend=model_config.attention_arch.name == "MLA",
         layer_info=ModelLayerInfo(
             start_layer=0,
@@ -92,8 +89,5 @@ def kv_cache_configurator(
             swa_attention_layer_ids=swa_ids,
             full_attention_layer_ids=full_ids,
         ),
-        forward_stream=None,
-        req_to_token_pool=None,
-        token_to_kv_pool_allocator=None,
-        memory_pool_config=None,
+        **ONE_CPU_WORKER,
     )

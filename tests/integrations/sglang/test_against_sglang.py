@@ -294,6 +294,12 @@ def _dsa_configurator(monkeypatch, tmp_path, model, dtype):
     )
 
 
+def _dsa_sglang(monkeypatch, tmp_path, model, dtype):
+    """The DSA case's configurator, the specs kvcore reads off it and SGLang's own pool configurator."""
+    kvc = _dsa_configurator(monkeypatch, tmp_path, model, dtype)
+    return kvc, convert.specs_from_sglang(kvc), pool_configurator.create_memory_pool_configurator(kvc)
+
+
 def _dsa_pool_bytes(pool) -> int:
     """Bytes SGLang's DSATokenToKVPool allocated: the latents and the indexer keys."""
     buffers = [*pool.kv_buffer, *pool.index_k_with_scale_buffer]
@@ -303,9 +309,7 @@ def _dsa_pool_bytes(pool) -> int:
 @pytest.mark.parametrize("dtype", list(DSA_DTYPES))
 @pytest.mark.parametrize("model", list(DSA_MODELS))
 def test_dsa_layers_are_sglangs_latent_and_indexer_bytes(model, dtype, monkeypatch, tmp_path, registry):
-    kvc = _dsa_configurator(monkeypatch, tmp_path, model, dtype)
-    specs = convert.specs_from_sglang(kvc)
-    own = pool_configurator.create_memory_pool_configurator(kvc)
+    _, specs, own = _dsa_sglang(monkeypatch, tmp_path, model, dtype)
     # SGLang's cell (latent + indexer over every layer) is kvcore's specs' bytes per token
     assert own._cell_size == sum(rules.token_bytes(s) for s in specs.values())
     latent = 656 if dtype == "fp8" else 1152
@@ -328,9 +332,7 @@ def test_dsa_layers_are_sglangs_latent_and_indexer_bytes(model, dtype, monkeypat
 @pytest.mark.parametrize("dtype", list(DSA_DTYPES))
 @pytest.mark.parametrize("model", list(DSA_MODELS))
 def test_sglangs_dsa_pool_holds_what_kvcore_promises(model, dtype, monkeypatch, tmp_path, registry):
-    kvc = _dsa_configurator(monkeypatch, tmp_path, model, dtype)
-    specs = convert.specs_from_sglang(kvc)
-    own = pool_configurator.create_memory_pool_configurator(kvc)
+    kvc, specs, own = _dsa_sglang(monkeypatch, tmp_path, model, dtype)
     config = plugin.KVCorePoolConfigurator(kvc, own, "kind_pools", DSA_RULES).calculate_pool_sizes(
         BUDGET, DSA_PAGE
     )

@@ -25,6 +25,7 @@ from kvcore import (
     Registry,
     model_layer_specs,
 )
+from kvcore.frontends.hf_config import bundled_models
 from kvcore.integrations.vllm import admission, convert
 from kvcore.integrations.vllm.rules import (
     VLLM_SPEC_CLASSES,
@@ -48,23 +49,8 @@ GIB = 2**30
 BUDGET = 8 * GIB
 LENGTH = 8192
 REGISTRY = Registry.default()
-MODELS = [
-    "ai21labs/AI21-Jamba-1.5-Mini",
-    "deepseek-ai/DeepSeek-V3",
-    "deepseek-ai/DeepSeek-V3.2",
-    "google/gemma-2-9b-it",
-    "google/gemma-3-27b-it",
-    "meta-llama/Llama-3.1-8B",
-    "meta-llama/Llama-3.2-1B",
-    "meta-llama/Llama-3.2-11B-Vision-Instruct",
-    "meta-llama/Llama-4-Scout-17B-16E-Instruct",
-    "meta-llama/Meta-Llama-3-8B-Instruct",
-    "microsoft/Phi-3-mini-4k-instruct",
-    "mistralai/Mistral-7B-v0.1",
-    "openai/gpt-oss-20b",
-    "Qwen/Qwen3-8B",
-    "openai/whisper-large-v3",
-]
+#: Every bundled model.
+MODELS = [m.name for m in bundled_models()]
 #: DeepSeek-V3.2 as vLLM serves it with an fp8 cache: 61 fp8_ds_mla latents (656 bytes a token)
 #: and 61 indexer key caches (132), blocks of 64 (the sparse MLA kernels' page).
 DSA_FP8 = "DeepSeek-V3.2 fp8_ds_mla"

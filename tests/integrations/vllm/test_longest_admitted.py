@@ -15,6 +15,7 @@ import pytest
 from kvcore import Registry, SizingContext, request_bytes
 from kvcore.integrations.vllm import admission
 from kvcore.integrations.vllm.rules import VllmRules
+from kvcore.planning.max_len import longest_between
 from kvcore.planning.planner import largest_admitted
 from kvcore.policy import PlanOptions
 from kvcore.testing.mixes import full, interleave, sliding
@@ -34,16 +35,7 @@ def vllm_longest(specs, budget, cap):
             return False
         return True
 
-    if admits(cap):
-        return cap
-    low, high = 0, cap
-    while high - low > 1:
-        middle = (low + high) // 2
-        if admits(middle):
-            low = middle
-        else:
-            high = middle
-    return low
+    return cap if admits(cap) else longest_between(admits, 0, cap)
 
 
 def kvcore_longest(specs, budget, cap, options=None):

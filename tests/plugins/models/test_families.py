@@ -23,26 +23,25 @@ def kinds(registry, config, options=None):
 F, S = "full_attention", "sliding_window"
 
 
+def typed(model_type, layer_types, **fields):
+    """``BASE`` as a ``model_type`` config with explicit ``layer_types`` and the given fields."""
+    return {**BASE, "model_type": model_type, "layer_types": list(layer_types), **fields}
+
+
 # -- layer types ---------------------------------------------------------------------------
 
 
 def test_explicit_layer_types_win_over_the_family_pattern(registry):
     # gemma3_text's default pattern (period 6) would make all four layers sliding
-    config = {
-        **BASE,
-        "model_type": "gemma3_text",
-        "head_dim": 64,
-        "sliding_window": 512,
-        "layer_types": ["full_attention", "sliding_attention", "full_attention", "sliding_attention"],
-    }
+    config = typed("gemma3_text", [F, "sliding_attention"] * 2, head_dim=64, sliding_window=512)
     assert kinds(registry, config) == [F, f"{S}(512)", F, f"{S}(512)"]
     # llama has no pattern of its own, but honours layer_types too
-    llama = {**BASE, "model_type": "llama", "sliding_window": 64, "layer_types": ["sliding_attention"] * 4}
+    llama = typed("llama", ["sliding_attention"] * 4, sliding_window=64)
     assert kinds(registry, llama) == [f"{S}(64)"] * 4
 
 
 def test_legacy_layer_type_names_are_read(registry):
-    config = {**BASE, "model_type": "llama", "layer_types": ["attention"] * 4}
+    config = typed("llama", ["attention"] * 4)
     assert kinds(registry, config) == [F] * 4
 
 
@@ -241,13 +240,8 @@ def test_qwen3_next_interval_and_state(registry):
 
 
 def test_generic_fallback_honours_layer_types(registry):
-    config = {
-        **BASE,
-        "model_type": "somebody_new",
-        "sliding_window": 100,
-        "attention_chunk_size": 200,
-        "layer_types": ["full_attention", "sliding_attention", "mlp", "chunked_attention"],
-    }
+    layer_types = ["full_attention", "sliding_attention", "mlp", "chunked_attention"]
+    config = typed("somebody_new", layer_types, sliding_window=100, attention_chunk_size=200)
     assert kinds(registry, config) == [F, f"{S}(100)", "chunked_local_attention(200)"]
     nested = {"model_type": "somebody_vl", "text_config": {**config, "model_type": "somebody_text"}}
     assert kinds(registry, nested) == [F, f"{S}(100)", "chunked_local_attention(200)"]
@@ -267,7 +261,7 @@ def test_a_family_plugin_wins_over_the_generic_fallback(make_registry):
             iter(layer_specs_from_config(bundled("meta-llama/Llama-3.2-1B"), make_registry()).values())
         )
 
-    config = {**BASE, "model_type": "somebody_new", "layer_types": ["full_attention"] * 4}
+    config = typed("somebody_new", ["full_attention"] * 4)
     assert list(layer_specs_from_config(config, make_registry(AcmeFamily()))) == ["acme.0"]
 
 

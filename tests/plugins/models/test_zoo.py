@@ -22,17 +22,17 @@ class Expected(NamedTuple):
     """What a bundled config must give.
 
     kinds: kind label -> layer indices (labels as ``kind`` or ``kind(window or chunk)``).
-    names: kind -> module name pattern with ``{i}``.
     kv_heads, head_size: of every attention layer (``None`` for MLA-only models).
     bytes_per_token: of one attention (or MLA) layer.
+    names: the module name pattern (with ``{i}``) of every layer, or kind -> pattern.
     dtype: of every attention (or MLA) layer.
     """
 
     kinds: dict[str, list[int]]
-    names: dict[str, str]
     kv_heads: int | None
     head_size: int | None
     bytes_per_token: int
+    names: str | dict[str, str] = "model.layers.{i}.self_attn"
     dtype: str = "bfloat16"
 
 
@@ -40,141 +40,68 @@ def every(n, *, but=()):
     return [i for i in range(n) if i not in set(but)]
 
 
-LAYERS = "model.layers.{i}.self_attn"
+def split(n, kind, indices, rest):
+    """``kind`` at ``indices`` of ``n`` layers, ``rest`` at every other layer."""
+    return {kind: list(indices), rest: every(n, but=indices)}
+
+
+LANGUAGE_MODEL = "model.language_model.layers.{i}.self_attn"
 
 EXPECTED = {
     # 32 layers; attention iff i % 8 == 4 -> 4, 12, 20, 28; heads 4096 // 32 = 128; 2*8*128*2 = 4096
     "ai21labs/AI21-Jamba-1.5-Mini": Expected(
-        kinds={"full_attention": [4, 12, 20, 28], "state": every(32, but=[4, 12, 20, 28])},
-        names={"full_attention": LAYERS, "state": "model.layers.{i}.mamba"},
-        kv_heads=8,
-        head_size=128,
-        bytes_per_token=4096,
+        split(32, "full_attention", [4, 12, 20, 28], "state"), 8, 128, 4096,
+        names={"full_attention": "model.layers.{i}.self_attn", "state": "model.layers.{i}.mamba"},
     ),
     # 61 MLA layers, latent 512 + 64 = 576 -> 576 * 2 = 1152 bytes per token
-    "deepseek-ai/DeepSeek-V3": Expected(
-        kinds={"mla": every(61)}, names={"mla": LAYERS}, kv_heads=None, head_size=None, bytes_per_token=1152
-    ),
+    "deepseek-ai/DeepSeek-V3": Expected({"mla": every(61)}, None, None, 1152),
     # 42 layers; sliding iff (i + 1) % 2 -> even layers; head_dim 256; 2*8*256*2 = 8192
     "google/gemma-2-9b-it": Expected(
-        kinds={"sliding_window(4096)": list(range(0, 42, 2)), "full_attention": list(range(1, 42, 2))},
-        names={"sliding_window(4096)": LAYERS, "full_attention": LAYERS},
-        kv_heads=8,
-        head_size=256,
-        bytes_per_token=8192,
+        split(42, "sliding_window(4096)", range(0, 42, 2), "full_attention"), 8, 256, 8192
     ),
     # 62 layers; full iff (i + 1) % 6 == 0 -> 5, 11, ..., 59 (10); head_dim 128; 2*16*128*2 = 8192
     "google/gemma-3-27b-it": Expected(
-        kinds={
-            "full_attention": [5 + 6 * k for k in range(10)],
-            "sliding_window(1024)": every(62, but=[5 + 6 * k for k in range(10)]),
-        },
-        names={
-            "full_attention": "model.language_model.layers.{i}.self_attn",
-            "sliding_window(1024)": "model.language_model.layers.{i}.self_attn",
-        },
-        kv_heads=16,
-        head_size=128,
-        bytes_per_token=8192,
+        split(62, "full_attention", range(5, 62, 6), "sliding_window(1024)"), 16, 128, 8192, LANGUAGE_MODEL
     ),
     # 32 full layers; 4096 // 32 = 128; 2*8*128*2 = 4096
-    "meta-llama/Llama-3.1-8B": Expected(
-        kinds={"full_attention": every(32)},
-        names={"full_attention": LAYERS},
-        kv_heads=8,
-        head_size=128,
-        bytes_per_token=4096,
-    ),
+    "meta-llama/Llama-3.1-8B": Expected({"full_attention": every(32)}, 8, 128, 4096),
     # 16 full layers; head_dim 64; 2*8*64*2 = 2048
-    "meta-llama/Llama-3.2-1B": Expected(
-        kinds={"full_attention": every(16)},
-        names={"full_attention": LAYERS},
-        kv_heads=8,
-        head_size=64,
-        bytes_per_token=2048,
-    ),
+    "meta-llama/Llama-3.2-1B": Expected({"full_attention": every(16)}, 8, 64, 2048),
     # 48 layers; NoPE (full) iff (i + 1) % 4 == 0 -> 3, 7, ..., 47 (12); 36 chunked(8192); 2*8*128*2
     "meta-llama/Llama-4-Scout-17B-16E-Instruct": Expected(
-        kinds={
-            "full_attention": [3 + 4 * k for k in range(12)],
-            "chunked_local_attention(8192)": every(48, but=[3 + 4 * k for k in range(12)]),
-        },
-        names={
-            "full_attention": "language_model.model.layers.{i}.self_attn",
-            "chunked_local_attention(8192)": "language_model.model.layers.{i}.self_attn",
-        },
-        kv_heads=8,
-        head_size=128,
-        bytes_per_token=4096,
+        split(48, "full_attention", range(3, 48, 4), "chunked_local_attention(8192)"), 8, 128, 4096,
+        names="language_model.model.layers.{i}.self_attn",
     ),
-    "meta-llama/Meta-Llama-3-8B-Instruct": Expected(
-        kinds={"full_attention": every(32)},
-        names={"full_attention": LAYERS},
-        kv_heads=8,
-        head_size=128,
-        bytes_per_token=4096,
-    ),
+    "meta-llama/Meta-Llama-3-8B-Instruct": Expected({"full_attention": every(32)}, 8, 128, 4096),
     # 32 layers all sliding(2047); MHA 32 heads of 3072 // 32 = 96; 2*32*96*2 = 12288
-    "microsoft/Phi-3-mini-4k-instruct": Expected(
-        kinds={"sliding_window(2047)": every(32)},
-        names={"sliding_window(2047)": LAYERS},
-        kv_heads=32,
-        head_size=96,
-        bytes_per_token=12288,
-    ),
+    "microsoft/Phi-3-mini-4k-instruct": Expected({"sliding_window(2047)": every(32)}, 32, 96, 12288),
     # 32 layers all sliding(4096); 4096 // 32 = 128; 2*8*128*2 = 4096
-    "mistralai/Mistral-7B-v0.1": Expected(
-        kinds={"sliding_window(4096)": every(32)},
-        names={"sliding_window(4096)": LAYERS},
-        kv_heads=8,
-        head_size=128,
-        bytes_per_token=4096,
-    ),
+    "mistralai/Mistral-7B-v0.1": Expected({"sliding_window(4096)": every(32)}, 8, 128, 4096),
     # explicit layer_types: sliding at even layers (12), full at odd (12); head_dim 64; 2*8*64*2 = 2048
     "openai/gpt-oss-20b": Expected(
-        kinds={"sliding_window(128)": list(range(0, 24, 2)), "full_attention": list(range(1, 24, 2))},
-        names={"sliding_window(128)": LAYERS, "full_attention": LAYERS},
-        kv_heads=8,
-        head_size=64,
-        bytes_per_token=2048,
+        split(24, "sliding_window(128)", range(0, 24, 2), "full_attention"), 8, 64, 2048
     ),
     # 40 layers; cross attention at text_config.cross_attention_layers 3, 8, ..., 38 (8) over
     # 4 tiles x ((560 // 14)^2 + 1) = 6404 image tokens, full attention elsewhere (32);
     # 4096 // 32 = 128; 2*8*128*2 = 4096
     "meta-llama/Llama-3.2-11B-Vision-Instruct": Expected(
-        kinds={
-            "full_attention": every(40, but=range(3, 40, 5)),
-            "cross_attention(6404)": list(range(3, 40, 5)),
-        },
+        split(40, "cross_attention(6404)", range(3, 40, 5), "full_attention"), 8, 128, 4096,
         names={
-            "full_attention": "model.language_model.layers.{i}.self_attn",
+            "full_attention": LANGUAGE_MODEL,
             "cross_attention(6404)": "model.language_model.layers.{i}.cross_attn",
         },
-        kv_heads=8,
-        head_size=128,
-        bytes_per_token=4096,
     ),
     # 32 decoder layers, each self attention (full) and cross attention over 1500 audio frames;
     # MHA 20 heads of 1280 // 20 = 64; float16: 2*20*64*2 = 5120
     "openai/whisper-large-v3": Expected(
-        kinds={"full_attention": every(32), "cross_attention(1500)": every(32)},
+        {"full_attention": every(32), "cross_attention(1500)": every(32)}, 20, 64, 5120, dtype="float16",
         names={
             "full_attention": "model.decoder.layers.{i}.self_attn",
             "cross_attention(1500)": "model.decoder.layers.{i}.encoder_attn",
         },
-        kv_heads=20,
-        head_size=64,
-        bytes_per_token=5120,
-        dtype="float16",
     ),
     # 36 full layers (use_sliding_window false); head_dim 128; 2*8*128*2 = 4096
-    "Qwen/Qwen3-8B": Expected(
-        kinds={"full_attention": every(36)},
-        names={"full_attention": LAYERS},
-        kv_heads=8,
-        head_size=128,
-        bytes_per_token=4096,
-    ),
+    "Qwen/Qwen3-8B": Expected({"full_attention": every(36)}, 8, 128, 4096),
 }
 
 
@@ -197,8 +124,11 @@ def test_every_bundled_model_has_expectations():
 def test_bundled_model_layer_by_layer(registry, name):
     expected = EXPECTED[name]
     specs = layer_specs_from_config(bundled(name), registry)
+    names = expected.names
     want = {
-        expected.names[kind].format(i=i): kind for kind, indices in expected.kinds.items() for i in indices
+        (names if isinstance(names, str) else names[kind]).format(i=i): kind
+        for kind, indices in expected.kinds.items()
+        for i in indices
     }
     # names, model order and kinds (with windows / chunks)
     order = sorted(want, key=lambda n: int(n.split(".")[-2]))
