@@ -11,6 +11,7 @@ from typing import Any
 import attrs
 
 from kvcore.cli import inputs
+from kvcore.cli.command import Command
 from kvcore.cli.options import PlanningArgs
 from kvcore.cli.progress import progress
 from kvcore.cli.report import chosen_length, chosen_length_line, format_plan, plan_report, policy_reason
@@ -44,18 +45,19 @@ def utilization_arg(text: str) -> float:
     return value
 
 
-def add_parser(sub: Any) -> None:
-    parser = sub.add_parser(
-        "allocate",
-        help="plan, allocate on a device and bind stand-in layers; print sizes and timings",
-        description=(
-            "Plan the KV cache for a spec file, allocate it for real on a device, bind every layer's "
-            "view to a stand-in module, and print the plan, the bytes allocated and the time each "
-            "step took. Give the budget as --memory SIZE, or as --utilization F of the device's "
-            "memory (profiled). With --plan FILE, allocate a saved plan instead (checked first; it "
-            "fixes its own size, so no --memory, --utilization or --max-model-len)."
-        ),
-    )
+COMMAND = Command(
+    help="plan, allocate on a device and bind stand-in layers; print sizes and timings",
+    description="""
+        Plan the KV cache for a spec file, allocate it for real on a device, bind every layer's view to a
+        stand-in module, and print the plan, the bytes allocated and the time each step took. Give the budget
+        as --memory SIZE, or as --utilization F of the device's memory (profiled). With --plan FILE, allocate
+        a saved plan instead (checked first; it fixes its own size, so no --memory, --utilization or
+        --max-model-len).
+    """,
+)
+
+
+def add_options(parser: argparse.ArgumentParser) -> None:
     inputs.add_spec_source(parser, plan_file=True)
     parser.add_argument("--device", type=device_arg, default="cpu", help="cpu (default), cuda or cuda:N")
     parser.add_argument(
@@ -78,7 +80,6 @@ def add_parser(sub: Any) -> None:
         ),
     )
     add_csv_option(parser, "the steps and their milliseconds")
-    parser.set_defaults(run=run)
 
 
 def run(namespace: argparse.Namespace, registry: Registry) -> int:

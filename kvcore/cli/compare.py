@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from kvcore.cli import gpu, inputs, replay, timing
+from kvcore.cli.command import Command
 from kvcore.cli.inputs import FLAG_NAMES
 from kvcore.cli.options import PlanningArgs
 from kvcore.cli.replay import variant_cells
@@ -69,18 +70,18 @@ def _mode_list(text: str) -> list[str]:
     return values
 
 
-def add_parser(sub: Any) -> None:
-    parser = sub.add_parser(
-        "compare",
-        help="compare every policy (and block sizes, KV dtypes) on one model and budget",
-        description=(
-            "Plan the same layers with every policy that can, side by side: concurrency, "
-            "efficiency against the ideal bound, groups, padding, tokens per group. Each row is "
-            "exactly what `kvcore plan --policy NAME` reports. With a workload (--workload FILE.jsonl, "
-            "or --requests N ...), each plan is also simulated as `kvcore simulate` does and the rows "
-            "are ranked by tokens served per step."
-        ),
-    )
+COMMAND = Command(
+    help="compare every policy (and block sizes, KV dtypes) on one model and budget",
+    description="""
+        Plan the same layers with every policy that can, side by side: concurrency, efficiency against the
+        ideal bound, groups, padding, tokens per group. Each row is exactly what `kvcore plan --policy NAME`
+        reports. With a workload (--workload FILE.jsonl, or --requests N ...), each plan is also simulated as
+        `kvcore simulate` does and the rows are ranked by tokens served per step.
+    """,
+)
+
+
+def add_options(parser: argparse.ArgumentParser) -> None:
     inputs.add_spec_source(parser)
     inputs.add_sizing_options(parser, auto_length=False)
     add_candidate_options(parser)
@@ -112,7 +113,6 @@ def add_parser(sub: Any) -> None:
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     add_csv_option(parser, "one row per candidate")
-    parser.set_defaults(run=run)
 
 
 def add_candidate_options(parser: argparse.ArgumentParser) -> None:

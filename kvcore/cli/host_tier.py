@@ -20,6 +20,7 @@ from typing import Any
 
 import attrs
 
+from kvcore.cli.figures import line_panels
 from kvcore.cli.inputs import size
 from kvcore.cli.memory_map import check_map_path
 from kvcore.cli.options import PlanningArgs
@@ -210,40 +211,22 @@ def render_curve_plot(points: Sequence[CurvePoint], path: str | os.PathLike[str]
             cannot be written.
     """
     out = check_map_path(path, what=CURVE_PLOT)
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     timed = all(p.latency is not None for p in points)
     lines: dict[str, list[CurvePoint]] = {}
     for p in points:
         lines.setdefault(plan_label(p.simulated.candidate), []).append(p)
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 5), sharex=True)
-    for label, line in lines.items():
-        sizes = [p.nbytes / 2**30 for p in line]
-        top.plot(sizes, [100 * p.simulated.result.prefix_hit_rate for p in line], marker="o", label=label)
-        below = [
-            p.latency.ttft.p50
-            if p.latency is not None and timed
-            else served_tokens_per_step(p.simulated.result)
-            for p in line
-        ]
-        bottom.plot(sizes, below, marker="o", label=label)
-    top.set_ylabel("prefix hits (%)", fontsize=8)
-    bottom.set_ylabel("TTFT p50 (s)" if timed else "tokens/step", fontsize=8)
-    bottom.set_xlabel("host memory (GiB)", fontsize=8)
-    for ax in (top, bottom):
-        ax.tick_params(labelsize=7)
-        ax.grid(True, linewidth=0.3)
-    top.legend(fontsize=7, loc="best")
-    if title:
-        top.set_title(title, fontsize=9)
-    fig.tight_layout()
-    try:
-        fig.savefig(out, dpi=100)
-    except OSError as exc:
-        raise InvalidInputError(f"cannot write {CURVE_PLOT} to {out}: {exc.strerror or exc}") from None
-    finally:
-        plt.close(fig)
+    with line_panels(out, what=CURVE_PLOT, title=title, size=(7, 5)) as (top, bottom):
+        for label, line in lines.items():
+            sizes = [p.nbytes / 2**30 for p in line]
+            top.plot(sizes, [100 * p.simulated.result.prefix_hit_rate for p in line], marker="o", label=label)
+            below = [
+                p.latency.ttft.p50
+                if p.latency is not None and timed
+                else served_tokens_per_step(p.simulated.result)
+                for p in line
+            ]
+            bottom.plot(sizes, below, marker="o", label=label)
+        top.set_ylabel("prefix hits (%)", fontsize=8)
+        bottom.set_ylabel("TTFT p50 (s)" if timed else "tokens/step", fontsize=8)
+        bottom.set_xlabel("host memory (GiB)", fontsize=8)
     return out

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from kvcore.cli import gpu, inputs
+from kvcore.cli.command import Command
 from kvcore.cli.memory_map import check_map_path, render_memory_map, say_written
 from kvcore.cli.options import PlanningArgs
 from kvcore.cli.report import (
@@ -31,16 +32,16 @@ from kvcore.planning.registry import Registry
 from kvcore.spec import KVCacheSpec
 from kvcore.units import format_bytes
 
+COMMAND = Command(
+    help="plan a KV cache for a memory budget and show capacity",
+    description="""
+        Plan the KV cache for a set of layer specs and a byte budget: groups, block count, tensors, and how
+        many requests of max-model-len tokens fit. No GPU needed.
+    """,
+)
 
-def add_parser(sub: Any) -> None:
-    parser = sub.add_parser(
-        "plan",
-        help="plan a KV cache for a memory budget and show capacity",
-        description=(
-            "Plan the KV cache for a set of layer specs and a byte budget: groups, block count, "
-            "tensors, and how many requests of max-model-len tokens fit. No GPU needed."
-        ),
-    )
+
+def add_options(parser: argparse.ArgumentParser) -> None:
     inputs.add_spec_source(parser)
     inputs.add_pipeline_option(parser)
     inputs.add_planning_options(parser)
@@ -60,7 +61,6 @@ def add_parser(sub: Any) -> None:
         metavar="FILE",
         help="also draw the plan's memory map into FILE (.png or .svg; needs the 'plot' extra)",
     )
-    parser.set_defaults(run=run)
 
 
 def run(namespace: argparse.Namespace, registry: Registry) -> int:

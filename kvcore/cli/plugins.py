@@ -7,18 +7,19 @@ import argparse
 import json
 from typing import Any
 
+from kvcore.cli.command import Command
 from kvcore.cli.table import add_csv_option, render_table, wants_csv, write_csv
 from kvcore.planning.registry import Registry
 
+COMMAND = Command(
+    help="list plugins, spec kinds, policies and model families, and where each came from",
+    description="""
+        List every registered plugin, spec kind, policy and model family, and where each came from.
+    """,
+)
 
-def add_parser(sub: Any) -> None:
-    parser = sub.add_parser(
-        "plugins",
-        help="list plugins, spec kinds, policies and model families, and where each came from",
-        description=(
-            "List every registered plugin, spec kind, policy and model family, and where each came from."
-        ),
-    )
+
+def add_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument(
         "--check",
@@ -29,7 +30,6 @@ def add_parser(sub: Any) -> None:
         ),
     )
     add_csv_option(parser, "every registered plugin, kind, policy and family (a 'section' column first)")
-    parser.set_defaults(run=run)
 
 
 def plugin_health(registry: Registry) -> list[dict[str, Any]]:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kvcore.cli import gpu, host_tier, inputs, timing
+from kvcore.cli.command import Command
 from kvcore.cli.compare import (
     add_candidate_options,
     build_candidates,
@@ -25,6 +26,7 @@ from kvcore.cli.compare import (
     no_plan_reason,
     policy_names,
 )
+from kvcore.cli.figures import line_panels
 from kvcore.cli.memory_map import check_map_path, say_written
 from kvcore.cli.options import PlanningArgs
 from kvcore.cli.replay import (
@@ -43,7 +45,6 @@ from kvcore.cli.scheduler_options import (
     scheduler_row,
 )
 from kvcore.cli.table import add_csv_option, render_table, wants_csv, write_csv
-from kvcore.errors import InvalidInputError
 from kvcore.planning.compare import Candidate
 from kvcore.planning.registry import Registry
 from kvcore.units import format_bytes
@@ -56,18 +57,19 @@ if TYPE_CHECKING:
 PLOT = "the simulation plot"
 
 
-def add_parser(sub: Any) -> None:
-    parser = sub.add_parser(
-        "simulate",
-        help="replay a workload (trace or synthetic) through every candidate plan's block pool",
-        description=(
-            "Replay a workload through each plan kvcore compare builds (policies x --block-sizes x "
-            "--kv-cache-dtypes) as --scheduler schedules it (default vllm: vLLM 0.33's v1 scheduler, "
-            "whole-prompt admission, chunked prefill of up to --max-num-batched-tokens per step, "
-            "preemption of the latest admitted request; kvcore: kvcore's own rules). Reports running "
-            "requests, tokens per step, preemptions, queueing delay and pool usage per plan."
-        ),
-    )
+COMMAND = Command(
+    help="replay a workload (trace or synthetic) through every candidate plan's block pool",
+    description="""
+        Replay a workload through each plan kvcore compare builds (policies x --block-sizes x
+        --kv-cache-dtypes) as --scheduler schedules it (default vllm: vLLM 0.33's v1 scheduler, whole-prompt
+        admission, chunked prefill of up to --max-num-batched-tokens per step, preemption of the latest
+        admitted request; kvcore: kvcore's own rules). Reports running requests, tokens per step, preemptions,
+        queueing delay and pool usage per plan.
+    """,
+)
+
+
+def add_options(parser: argparse.ArgumentParser) -> None:
     inputs.add_spec_source(parser)
     inputs.add_sizing_options(parser, auto_length=False)
     add_candidate_options(parser)
@@ -85,7 +87,6 @@ def add_parser(sub: Any) -> None:
             "(with a --host-memory list: the tier curve) (.png or .svg; needs the 'plot' extra)"
         ),
     )
-    parser.set_defaults(run=run)
 
 
 def run(namespace: argparse.Namespace, registry: Registry) -> int:
@@ -305,32 +306,14 @@ def render_simulation_plot(
             cannot be written.
     """
     out = check_map_path(path, what=PLOT)
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 5.5), sharex=True)
-    for s in simulated:
-        label = plan_label(s.candidate)
-        steps = range(1, len(s.result.running) + 1)
-        top.plot(steps, s.result.running, label=label, linewidth=1)
-        bottom.plot(steps, [100 * u for u in s.result.pool_usage], label=label, linewidth=1)
-    top.set_ylabel("running requests", fontsize=8)
-    bottom.set_ylabel("pool in use (%)", fontsize=8)
-    bottom.set_ylim(0, 105)
-    bottom.set_xlabel("step", fontsize=8)
-    for ax in (top, bottom):
-        ax.tick_params(labelsize=7)
-        ax.grid(True, linewidth=0.3)
-    top.legend(fontsize=7, loc="best")
-    if title:
-        top.set_title(title, fontsize=9)
-    fig.tight_layout()
-    try:
-        fig.savefig(out, dpi=100)
-    except OSError as exc:
-        raise InvalidInputError(f"cannot write {PLOT} to {out}: {exc.strerror or exc}") from None
-    finally:
-        plt.close(fig)
+    with line_panels(out, what=PLOT, title=title, size=(9, 5.5)) as (top, bottom):
+        for s in simulated:
+            label = plan_label(s.candidate)
+            steps = range(1, len(s.result.running) + 1)
+            top.plot(steps, s.result.running, label=label, linewidth=1)
+            bottom.plot(steps, [100 * u for u in s.result.pool_usage], label=label, linewidth=1)
+        top.set_ylabel("running requests", fontsize=8)
+        bottom.set_ylabel("pool in use (%)", fontsize=8)
+        bottom.set_ylim(0, 105)
+        bottom.set_xlabel("step", fontsize=8)
     return out

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kvcore.cli import gpu, inputs, timing
+from kvcore.cli.command import Command
 from kvcore.cli.options import PlanningArgs
 from kvcore.cli.progress import progress
 from kvcore.cli.table import render_table
@@ -52,18 +53,18 @@ def _names(text: str) -> list[str]:
     return _list(str, text)
 
 
-def add_parser(sub: Any) -> None:
-    parser = sub.add_parser(
-        "tune",
-        help="search the plan and scheduler settings that serve a workload best; print vLLM and SGLang flags",
-        description=(
-            "Search policy, block size, KV dtype, pool split, max_num_seqs and max_num_batched_tokens "
-            "for the candidate that serves the workload best under --scheduler (a coordinate search; "
-            "each candidate is replayed as kvcore simulate replays it). Prints the best candidate, "
-            "what each knob bought alone, "
-            "the Pareto front (objective against latency) and the flags for vLLM and SGLang."
-        ),
-    )
+COMMAND = Command(
+    help="search the plan and scheduler settings that serve a workload best; print vLLM and SGLang flags",
+    description="""
+        Search policy, block size, KV dtype, pool split, max_num_seqs and max_num_batched_tokens for the
+        candidate that serves the workload best under --scheduler (a coordinate search; each candidate is
+        replayed as kvcore simulate replays it). Prints the best candidate, what each knob bought alone, the
+        Pareto front (objective against latency) and the flags for vLLM and SGLang.
+    """,
+)
+
+
+def add_options(parser: argparse.ArgumentParser) -> None:
     inputs.add_spec_source(parser)
     inputs.add_sizing_options(parser, auto_length=False)
     inputs.add_workload_options(parser, trace_flag="--trace", required=True)
@@ -126,7 +127,6 @@ def add_parser(sub: Any) -> None:
     parser.add_argument(
         "--plot", metavar="FILE.svg", help="also draw the candidates and the Pareto front (SVG)"
     )
-    parser.set_defaults(run=run)
 
 
 def _objective(args: PlanningArgs, asked: str | None) -> str:
