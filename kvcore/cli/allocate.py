@@ -34,17 +34,6 @@ def device_arg(text: str) -> str:
     return text.strip()
 
 
-def utilization_arg(text: str) -> float:
-    """argparse type: a number in (0, 1]."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {value}")
-    return value
-
-
 COMMAND = Command(
     help="plan, allocate on a device and bind stand-in layers; print sizes and timings",
     description="""
@@ -62,7 +51,7 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", type=device_arg, default="cpu", help="cpu (default), cuda or cuda:N")
     parser.add_argument(
         "--utilization",
-        type=utilization_arg,
+        type=inputs.utilization,
         metavar="F",
         help=(
             "size the KV cache from the device's memory: this share of the GPU's total (CUDA) or of "

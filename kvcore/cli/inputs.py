@@ -177,15 +177,27 @@ def size(text: str) -> int:
     return value
 
 
-def fraction(text: str) -> float:
-    """argparse type: a number in [0, 1)."""
+def number(text: str, fits: Callable[[float], bool], expected: str) -> float:
+    """A number read for an option: a float that ``fits``; else an error saying what was expected
+    (``expected a number in [0, 1), got 1.5``) for argparse to print.
+
+    Args:
+        text: the option's value.
+        fits: whether a number is in the option's range (``nan`` never is: it fails every comparison).
+        expected: the range in words, after "expected" (``'a number in (0, 1]'``).
+    """
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not 0 <= value < 1:
-        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {value}")
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {_shown_text(text)}") from None
+    if not fits(value):
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text.strip()}")
     return value
+
+
+def fraction(text: str) -> float:
+    """argparse type: a number in [0, 1)."""
+    return number(text, lambda value: 0 <= value < 1, "a number in [0, 1)")
 
 
 def add_spec_source(parser: argparse.ArgumentParser, *, plan_file: bool = False) -> None:
@@ -379,13 +391,7 @@ def add_gpu_options(parser: argparse.ArgumentParser, budget: argparse._ActionsCo
 
 def utilization(text: str) -> float:
     """argparse type: a number in (0, 1]."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {_shown_text(text)}") from None
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {value}")
-    return value
+    return number(text, lambda value: 0 < value <= 1, "a number in (0, 1]")
 
 
 def load_model(args: PlanningArgs, registry: Registry) -> PlanningArgs:
@@ -574,15 +580,11 @@ def length_cap_name(args: PlanningArgs) -> str:
 
 
 def plan_options(args: PlanningArgs) -> PlanOptions:
-    """The :class:`PlanOptions` the options describe."""
-    return PlanOptions(
-        grouping_tolerance=args.grouping_tolerance,
-        max_block_size=args.max_block_size,
-        reserve_null_block=args.reserve_null_block,
-        uniform_block_size=args.uniform_block_size,
-        max_groups=args.max_groups,
-        block_multiples=args.block_multiples,
-    )
+    """The :class:`PlanOptions` the options describe: each field of it that is an option too
+    (``--grouping-tolerance``, ``--max-groups`` ...), the same name in :class:`PlanningArgs`;
+    the others (``mixed_pages``) keep their defaults."""
+    given = attrs.asdict(args, recurse=False)
+    return PlanOptions(**{f.name: given[f.name] for f in attrs.fields(PlanOptions) if f.name in given})
 
 
 def options_report(args: PlanningArgs) -> dict[str, Any]:
@@ -606,24 +608,12 @@ def length_dist(text: str) -> LengthDist:
 
 def rate(text: str) -> float:
     """argparse type: a number of requests per step, > 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {_shown_text(text)}") from None
-    if not (value > 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text.strip()}")
-    return value
+    return number(text, lambda value: value > 0 and math.isfinite(value), "a number > 0")
 
 
 def share(text: str) -> float:
     """argparse type: a share of requests, a number from 0 to 1."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number from 0 to 1, got {_shown_text(text)}") from None
-    if not 0 <= value <= 1:
-        raise argparse.ArgumentTypeError(f"expected a number from 0 to 1, got {text.strip()}")
-    return value
+    return number(text, lambda value: 0 <= value <= 1, "a number from 0 to 1")
 
 
 def seed(text: str) -> int:

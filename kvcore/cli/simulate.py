@@ -50,6 +50,7 @@ from kvcore.planning.registry import Registry
 from kvcore.units import format_bytes
 
 if TYPE_CHECKING:
+    from kvcore.planning.gpu_budget import GpuBudget
     from kvcore.simulation.simulator import SimulationResult
     from kvcore.simulation.workload import Workload
 
@@ -122,12 +123,7 @@ def run(namespace: argparse.Namespace, registry: Registry) -> int:
         )
     elif args.json:
         payload = {
-            "available_memory_bytes": args.kv_budget,
-            "max_model_len": args.max_model_len,
-            "max_num_batched_tokens": args.max_num_batched_tokens,
-            "scheduler": scheduler_row(profile),
-            **({"gpu_budget": budget.to_dict()} if budget is not None else {}),
-            "workload": workload_row(workload),
+            **report_head(args, profile, workload, budget),
             "candidates": [
                 {
                     **candidate_row(c),
@@ -157,6 +153,21 @@ def run(namespace: argparse.Namespace, registry: Registry) -> int:
         title = f"{workload.name}: {len(workload.requests):,} requests"
         say_written(render_simulation_plot(simulated, args.plot, title=title), PLOT)
     return exit_status(candidates)
+
+
+def report_head(
+    args: PlanningArgs, profile: Any, workload: Workload, budget: GpuBudget | None = None
+) -> dict[str, Any]:
+    """What a ``kvcore simulate --json`` object opens with, before its plans' figures: the budget,
+    the lengths, the scheduler, the GPU budget where ``--gpu-memory`` gave one, and the workload."""
+    return {
+        "available_memory_bytes": args.kv_budget,
+        "max_model_len": args.max_model_len,
+        "max_num_batched_tokens": args.max_num_batched_tokens,
+        "scheduler": scheduler_row(profile),
+        **({"gpu_budget": budget.to_dict()} if budget is not None else {}),
+        "workload": workload_row(workload),
+    }
 
 
 def run_curve(
@@ -195,11 +206,7 @@ def run_curve(
         )
     elif args.json:
         payload = {
-            "available_memory_bytes": args.kv_budget,
-            "max_model_len": args.max_model_len,
-            "max_num_batched_tokens": args.max_num_batched_tokens,
-            "scheduler": scheduler_row(profile),
-            "workload": workload_row(workload),
+            **report_head(args, profile, workload),
             "tier_curve": [host_tier.curve_row(p) for p in curve],
         }
         print(json.dumps(payload, indent=2))
