@@ -11,7 +11,7 @@ from __future__ import annotations
 import attrs
 
 #: A help text: a string with something in it.
-_TEXT = [attrs.validators.instance_of(str), attrs.validators.min_len(1)]
+_TEXT = attrs.validators.and_(attrs.validators.instance_of(str), attrs.validators.min_len(1))
 
 
 @attrs.frozen(kw_only=True)

@@ -18,7 +18,7 @@ from kvcore.cli.options import PlanningArgs
 from kvcore.cli.replay import variant_cells
 from kvcore.cli.report import plan_report
 from kvcore.cli.scheduler_options import add_scheduler_options, scheduler_profile
-from kvcore.cli.table import add_csv_option, render_table, wants_csv, write_csv
+from kvcore.cli.table import add_output_options, render_table, wants_csv, write_csv
 from kvcore.dtypes import dtype_name, to_dtype
 from kvcore.error_messages import render
 from kvcore.errors import InvalidInputError, InvalidSpecError
@@ -111,8 +111,7 @@ def add_options(parser: argparse.ArgumentParser) -> None:
         help="also show each policy's trade of capacity against groups (block tables): its best layout "
         "at each smaller group count, planned with --max-groups k and --grouping-tolerance 0",
     )
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
-    add_csv_option(parser, "one row per candidate")
+    add_output_options(parser, "one row per candidate")
 
 
 def add_candidate_options(parser: argparse.ArgumentParser) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 
 from kvcore.cli import inputs
 from kvcore.cli.command import Command
-from kvcore.cli.table import add_csv_option, render_table, wants_csv, write_csv
+from kvcore.cli.table import add_output_options, render_table, wants_csv, write_csv
 from kvcore.frontends.hf_config import (
     bundled_models,
     config_layer_specs,
@@ -45,8 +45,7 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--block-size", type=inputs.positive_int, default=16, metavar="N", help="tokens per block"
     )
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
-    add_csv_option(parser, "the listing (or a model's layers)")
+    add_output_options(parser, "the listing (or a model's layers)")
 
 
 def kind_label(spec: KVCacheSpec) -> str:

@@ -21,7 +21,7 @@ from kvcore.cli.report import (
     policy_reason,
     ranks_report,
 )
-from kvcore.cli.table import add_csv_option, wants_csv, write_csv
+from kvcore.cli.table import add_output_options, wants_csv, write_csv
 from kvcore.plan import KVCachePlan
 from kvcore.planning import planner
 from kvcore.planning.gpu_budget import GpuBudget
@@ -45,10 +45,11 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     inputs.add_spec_source(parser)
     inputs.add_pipeline_option(parser)
     inputs.add_planning_options(parser)
-    parser.add_argument(
-        "--json", action="store_true", help="print the plan and its figures as one JSON object"
+    add_output_options(
+        parser,
+        "the groups table (the ranks table with --tp/--pp)",
+        json_help="print the plan and its figures as one JSON object",
     )
-    add_csv_option(parser, "the groups table (the ranks table with --tp/--pp)")
     parser.add_argument(
         "--host-memory",
         type=inputs.size,

@@ -44,7 +44,7 @@ from kvcore.cli.scheduler_options import (
     scheduler_profile,
     scheduler_row,
 )
-from kvcore.cli.table import add_csv_option, render_table, wants_csv, write_csv
+from kvcore.cli.table import add_output_options, render_table, wants_csv, write_csv
 from kvcore.planning.compare import Candidate
 from kvcore.planning.registry import Registry
 from kvcore.units import format_bytes
@@ -78,8 +78,7 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     timing.add_timing_options(parser)
     add_scheduler_options(parser)
     host_tier.add_host_memory_option(parser)
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
-    add_csv_option(parser, "one row per plan")
+    add_output_options(parser, "one row per plan")
     parser.add_argument(
         "--plot",
         metavar="FILE",
