@@ -8,14 +8,15 @@ import re
 import sys
 from collections.abc import Callable, Collection, Mapping, Sequence
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import attrs
 
 from kvcore.cli import serving
 from kvcore.cli.options import LoadedModel, PlanningArgs
+from kvcore.dtypes import to_dtype
 from kvcore.error_messages import ParameterNames, render
-from kvcore.errors import InvalidInputError, KVCoreError
+from kvcore.errors import InvalidInputError, InvalidSpecError, KVCoreError
 from kvcore.frontends.hf_config import config_layer_specs, load_model_config, model_length
 from kvcore.frontends.specfile import read_spec_file
 from kvcore.limits import MAX_TOKENS
@@ -24,11 +25,19 @@ from kvcore.planning.ranks import Parallelism
 from kvcore.planning.registry import Registry
 from kvcore.planning.request import MaxModelLen, PlanRequest
 from kvcore.policy import BLOCK_MULTIPLES, PlanOptions
-from kvcore.spec import DEFAULT_MAX_NUM_BATCHED_TOKENS, KVCacheSpec, SizingContext, resize_blocks
+from kvcore.spec import (
+    DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    STATE_CACHE_MODES,
+    KVCacheSpec,
+    SizingContext,
+    resize_blocks,
+)
 from kvcore.units import format_bytes, parse_size
 
 if TYPE_CHECKING:  # the simulation layer loads only for the commands that simulate
     from kvcore.simulation.workload import LengthDist, Workload
+
+T = TypeVar("T")
 
 #: How error messages name the settings to change on the command line: the options below
 #: (``lower --max-model-len to 8192``, ``--num-blocks 16 holds ...``) instead of the Python
@@ -63,6 +72,58 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a number >= 1, got {value}")
     return value
+
+
+def comma_list(text: str, item: Callable[[str], T]) -> list[T]:
+    """Values separated by commas (spaces around them ignored), each read by ``item``.
+
+    Raises:
+        argparse.ArgumentTypeError: a value is empty (``16,,32``), or as ``item`` raises.
+    """
+    parts = [part.strip() for part in text.split(",")]
+    if not all(parts):
+        raise argparse.ArgumentTypeError(
+            f"empty value in {_shown_text(text)}: give values separated by commas"
+        )
+    return [item(part) for part in parts]
+
+
+def positive_ints(text: str) -> list[int]:
+    """argparse type: whole numbers >= 1, comma-separated (``16,32``)."""
+    return comma_list(text, positive_int)
+
+
+def names(text: str) -> list[str]:
+    """argparse type: names, comma-separated (``shared_buffer,uniform``); each is checked where
+    it is used (a policy against the registry)."""
+    return comma_list(text, str)
+
+
+def _dtype(text: str) -> str:
+    if text != "auto":
+        try:
+            to_dtype(text)
+        except InvalidSpecError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def dtype_names(text: str) -> list[str]:
+    """argparse type: cache dtypes, comma-separated (``auto,fp8``); ``auto`` is the specs' own."""
+    return comma_list(text, _dtype)
+
+
+def _state_cache_mode(text: str) -> str:
+    if text not in STATE_CACHE_MODES:
+        raise argparse.ArgumentTypeError(
+            f"expected state cache modes from {', '.join(STATE_CACHE_MODES)}, got {_shown_text(text)}"
+        )
+    return text
+
+
+def state_cache_modes(text: str) -> list[str]:
+    """argparse type: state cache modes (:data:`~kvcore.spec.STATE_CACHE_MODES`), comma-separated."""
+    return comma_list(text, _state_cache_mode)
 
 
 def block_counts(text: str) -> int | tuple[int, ...]:
@@ -804,7 +865,7 @@ def policy_rows(
         The rows of the policies that planned, and ``{policy: error}`` for those that did not
         (each error worded for the command line).
     """
-    names = [p.strip() for p in args.policies.split(",")] if args.policies else list(registry.policies)
+    names = args.policies or list(registry.policies)
     rows: list[dict[str, Any]] = []
     failures: dict[str, str] = {}
     for name in names:
