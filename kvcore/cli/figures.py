@@ -8,12 +8,25 @@ The path is checked first, before any work, by :func:`kvcore.cli.memory_map.chec
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from kvcore.errors import InvalidInputError
+
+
+def add_picture_option(parser: argparse.ArgumentParser, flag: str, drawing: str) -> None:
+    """An option naming the file to draw a picture into (``--map FILE``, ``--plot FILE``).
+
+    Args:
+        parser: the command's parser.
+        flag: the option.
+        drawing: what is drawn, into FILE, as the help says it after "also draw".
+    """
+    help_text = f"also draw {drawing} (.png or .svg; needs the 'plot' extra)"
+    parser.add_argument(flag, metavar="FILE", help=help_text)
 
 
 def pyplot() -> Any:

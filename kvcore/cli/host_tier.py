@@ -21,7 +21,7 @@ from typing import Any
 import attrs
 
 from kvcore.cli.figures import line_panels
-from kvcore.cli.inputs import size
+from kvcore.cli.inputs import comma_list, size
 from kvcore.cli.memory_map import check_map_path
 from kvcore.cli.options import PlanningArgs
 from kvcore.cli.replay import Simulated, plan_label, served_tokens_per_step, simulation_row, variant_cells
@@ -36,17 +36,20 @@ from kvcore.units import format_bytes
 def host_sizes(text: str) -> tuple[int, ...]:
     """argparse type: one byte size or a comma list of them (``0,16GiB,64GiB``), each as
     :func:`~kvcore.cli.inputs.size` reads it, no size twice."""
-    parts = [part.strip() for part in text.split(",")]
-    if not all(parts):
-        raise argparse.ArgumentTypeError(f"give sizes separated by commas, e.g. 0,16GiB,64GiB (got {text!r})")
-    sizes = tuple(int(size(part)) for part in parts)
+    sizes = tuple(int(value) for value in comma_list(text, size))  # int(): no unit echoed per size
     if len(set(sizes)) != len(sizes):
         raise argparse.ArgumentTypeError(f"a size is given twice in {text!r}")
     return sizes
 
 
-def add_host_memory_option(parser: argparse.ArgumentParser) -> None:
-    """``--host-memory SIZE[,SIZE...]`` (stored as ``host_memories``)."""
+def add_host_memory_option(parser: argparse.ArgumentParser, *, curve: bool) -> None:
+    """``--host-memory``: with ``curve`` (``kvcore simulate``), ``SIZE[,SIZE...]``, the tier to
+    simulate under each plan or a curve of them (stored as ``host_memories``); else
+    (``kvcore plan``) one ``SIZE``, the tier to plan (``host_memory``, 0 for none)."""
+    if not curve:
+        help_text = "also plan a host tier of this much host memory (e.g. 64GiB), shared among the pools"
+        parser.add_argument("--host-memory", type=size, default=0, metavar="SIZE", help=help_text)
+        return
     parser.add_argument(
         "--host-memory",
         dest="host_memories",

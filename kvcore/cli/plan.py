@@ -9,6 +9,8 @@ from typing import Any
 
 from kvcore.cli import gpu, inputs
 from kvcore.cli.command import Command
+from kvcore.cli.figures import add_picture_option
+from kvcore.cli.host_tier import add_host_memory_option
 from kvcore.cli.memory_map import check_map_path, render_memory_map, say_written
 from kvcore.cli.options import PlanningArgs
 from kvcore.cli.report import (
@@ -50,18 +52,8 @@ def add_options(parser: argparse.ArgumentParser) -> None:
         "the groups table (the ranks table with --tp/--pp)",
         json_help="print the plan and its figures as one JSON object",
     )
-    parser.add_argument(
-        "--host-memory",
-        type=inputs.size,
-        default=0,
-        metavar="SIZE",
-        help="also plan a host tier of this much host memory (e.g. 64GiB), shared among the pools",
-    )
-    parser.add_argument(
-        "--map",
-        metavar="FILE",
-        help="also draw the plan's memory map into FILE (.png or .svg; needs the 'plot' extra)",
-    )
+    add_host_memory_option(parser, curve=False)
+    add_picture_option(parser, "--map", "the plan's memory map into FILE")
 
 
 def run(namespace: argparse.Namespace, registry: Registry) -> int:

@@ -26,7 +26,7 @@ from kvcore.cli.compare import (
     no_plan_reason,
     policy_names,
 )
-from kvcore.cli.figures import line_panels
+from kvcore.cli.figures import add_picture_option, line_panels
 from kvcore.cli.memory_map import check_map_path, say_written
 from kvcore.cli.options import PlanningArgs
 from kvcore.cli.replay import (
@@ -77,16 +77,13 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     inputs.add_workload_options(parser, trace_flag="--trace", required=True)
     timing.add_timing_options(parser)
     add_scheduler_options(parser)
-    host_tier.add_host_memory_option(parser)
+    host_tier.add_host_memory_option(parser, curve=True)
     add_output_options(parser, "one row per plan")
-    parser.add_argument(
-        "--plot",
-        metavar="FILE",
-        help=(
-            "also draw running requests and pool usage over the steps, one line per plan, into FILE "
-            "(with a --host-memory list: the tier curve) (.png or .svg; needs the 'plot' extra)"
-        ),
+    drawing = (
+        "running requests and pool usage over the steps, one line per plan, into FILE "
+        "(with a --host-memory list: the tier curve)"
     )
+    add_picture_option(parser, "--plot", drawing)
 
 
 def run(namespace: argparse.Namespace, registry: Registry) -> int:
