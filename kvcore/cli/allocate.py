@@ -6,7 +6,7 @@ import argparse
 import json
 import re
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -163,7 +163,7 @@ def report_allocation(
     plan: KVCachePlan,
     specs: Mapping[str, KVCacheSpec],
     executor: LocalExecutor,
-    timings: list[tuple[str, float]],
+    timings: Sequence[tuple[str, float]],
     *,
     head: Callable[[], list[str]],
     auto_length: dict[str, Any] | None = None,
@@ -178,7 +178,9 @@ def report_allocation(
     """
     from kvcore.runtime.allocation import allocation_sizes
 
-    timings += [(step, executor.timings[step]) for step in WORKFLOW_STEPS if step in executor.timings]
+    # the steps timed here, then those the executor timed itself, in the workflow's order
+    own = executor.timings
+    timings = [*timings, *((step, own[step]) for step in WORKFLOW_STEPS if step in own)]
     sizes = allocation_sizes(plan)
     zeroed = not args.no_zero and bool(sizes)
     if wants_csv(args):
