@@ -116,7 +116,7 @@ def dtype_names(text: str) -> list[str]:
 def _state_cache_mode(text: str) -> str:
     if text not in STATE_CACHE_MODES:
         raise argparse.ArgumentTypeError(
-            f"expected state cache modes from {', '.join(STATE_CACHE_MODES)}, got {_shown_text(text)}"
+            f"expected a state cache mode ({', '.join(STATE_CACHE_MODES)}), got {_shown_text(text)}"
         )
     return text
 
@@ -129,14 +129,9 @@ def state_cache_modes(text: str) -> list[str]:
 def block_counts(text: str) -> int | tuple[int, ...]:
     """argparse type of ``--num-blocks``: one count (``1200``), or one per block pool of the
     policy, comma-separated (``1200,340``), each a :func:`positive_int`."""
-    parts = text.split(",")
-    if len(parts) == 1:
+    if "," not in text:
         return positive_int(text)
-    if any(not part.strip() for part in parts):
-        raise argparse.ArgumentTypeError(
-            f"expected one block count per pool, comma-separated (1200,340), got {_shown_text(text)}"
-        )
-    return tuple(positive_int(part) for part in parts)
+    return tuple(comma_list(text, positive_int))
 
 
 class Echoed(int):

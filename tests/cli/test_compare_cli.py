@@ -55,7 +55,7 @@ def test_table_output(run_cli):
         ("--kv-cache-dtypes", "fp9", "fp9"),
         ("--kv-cache-dtypes", "auto,", "empty value"),
         ("--policies", "shared_buffer,,uniform", "empty value"),
-        ("--state-cache-modes", "none,some", "expected state cache modes from none, align, all, got 'some'"),
+        ("--state-cache-modes", "none,some", "expected a state cache mode (none, align, all), got 'some'"),
     ],
 )
 def test_bad_lists_are_usage_errors(run_cli, flag, value, words):
