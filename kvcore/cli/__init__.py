@@ -3,6 +3,7 @@
 Each sub-command is a module named for it, holding ``COMMAND`` (its help texts, a
 :class:`~kvcore.cli.command.Command`), ``add_options(parser)`` and ``run(args, registry)``;
 :func:`build_parser` makes every sub-parser from them.
+
 Errors kvcore knows about are printed as one line (``kvcore: error: ...``) with exit status 1,
 naming the options to change where the Python message names parameters
 (:data:`kvcore.cli.inputs.FLAG_NAMES`); usage errors exit with status 2, as argparse does.
