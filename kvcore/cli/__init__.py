@@ -1,6 +1,9 @@
 """The ``kvcore`` command line: ``kvcore plan``, ``kvcore plugins``, ...
 
-Each sub-command is a module with ``add_parser(subparsers)`` and ``run(args, registry)``.
+Each sub-command is a module named for it, holding ``COMMAND`` (its help texts, a
+:class:`~kvcore.cli.command.Command`), ``add_options(parser)`` and ``run(args, registry)``;
+:func:`build_parser` makes every sub-parser from them.
+
 Errors kvcore knows about are printed as one line (``kvcore: error: ...``) with exit status 1,
 naming the options to change where the Python message names parameters
 (:data:`kvcore.cli.inputs.FLAG_NAMES`); usage errors exit with status 2, as argparse does.
@@ -14,6 +17,7 @@ import warnings
 from collections.abc import Sequence
 from types import ModuleType
 
+from kvcore.cli.command import Command
 from kvcore.errors import KVCoreError, PluginFailedWarning
 
 #: Sub-command modules, in the order ``kvcore --help`` lists them.
@@ -56,8 +60,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--trace-plugins", action="store_true", help="print every hook call to stderr")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for module in _command_modules():
-        module.add_parser(sub)
+    for name, module in zip(COMMANDS, _command_modules(), strict=True):
+        command: Command = module.COMMAND
+        command_parser = sub.add_parser(name, help=command.help, description=command.description)
+        module.add_options(command_parser)
+        command_parser.set_defaults(run=module.run)
     return parser
 
 

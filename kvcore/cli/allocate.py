@@ -6,19 +6,27 @@ import argparse
 import json
 import re
 import time
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
 from kvcore.cli import inputs
+from kvcore.cli.command import Command
 from kvcore.cli.options import PlanningArgs
 from kvcore.cli.progress import progress
 from kvcore.cli.report import chosen_length, chosen_length_line, format_plan, plan_report, policy_reason
-from kvcore.cli.table import add_csv_option, render_table, wants_csv, write_csv
+from kvcore.cli.table import add_output_options, render_table, wants_csv, write_csv
 from kvcore.errors import InvalidInputError
 from kvcore.planning.registry import Registry
 from kvcore.runtime import DEFAULT_UTILIZATION
 from kvcore.units import format_bytes
+
+if TYPE_CHECKING:  # the engine (and torch) load only when the command runs
+    from kvcore.engine.local import LocalExecutor
+    from kvcore.plan import KVCachePlan
+    from kvcore.spec import KVCacheSpec
 
 #: The workflow's steps as :func:`~kvcore.initialize_kv_caches` times them, in order.
 WORKFLOW_STEPS = ("specs", "memory", "plan", "allocate", "bind", "warmup")
@@ -33,34 +41,24 @@ def device_arg(text: str) -> str:
     return text.strip()
 
 
-def utilization_arg(text: str) -> float:
-    """argparse type: a number in (0, 1]."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {value}")
-    return value
+COMMAND = Command(
+    help="plan, allocate on a device and bind stand-in layers; print sizes and timings",
+    description="""
+        Plan the KV cache for a spec file, allocate it for real on a device, bind every layer's view to a
+        stand-in module, and print the plan, the bytes allocated and the time each step took. Give the budget
+        as --memory SIZE, or as --utilization F of the device's memory (profiled). With --plan FILE, allocate
+        a saved plan instead (checked first; it fixes its own size, so no --memory, --utilization or
+        --max-model-len).
+    """,
+)
 
 
-def add_parser(sub: Any) -> None:
-    parser = sub.add_parser(
-        "allocate",
-        help="plan, allocate on a device and bind stand-in layers; print sizes and timings",
-        description=(
-            "Plan the KV cache for a spec file, allocate it for real on a device, bind every layer's "
-            "view to a stand-in module, and print the plan, the bytes allocated and the time each "
-            "step took. Give the budget as --memory SIZE, or as --utilization F of the device's "
-            "memory (profiled). With --plan FILE, allocate a saved plan instead (checked first; it "
-            "fixes its own size, so no --memory, --utilization or --max-model-len)."
-        ),
-    )
+def add_options(parser: argparse.ArgumentParser) -> None:
     inputs.add_spec_source(parser, plan_file=True)
     parser.add_argument("--device", type=device_arg, default="cpu", help="cpu (default), cuda or cuda:N")
     parser.add_argument(
         "--utilization",
-        type=utilization_arg,
+        type=inputs.utilization,
         metavar="F",
         help=(
             "size the KV cache from the device's memory: this share of the GPU's total (CUDA) or of "
@@ -69,16 +67,11 @@ def add_parser(sub: Any) -> None:
     )
     inputs.add_planning_options(parser, memory_required=False, length_required=False)
     parser.add_argument("--no-zero", action="store_true", help="do not zero-fill the allocated memory")
-    parser.add_argument(
-        "--json",
-        action="store_true",
-        help=(
-            "print one JSON object: the plan and its figures (as kvcore plan --json), the memory "
-            "profile, the bytes allocated and each step's time"
-        ),
+    json_help = (
+        "print one JSON object: the plan and its figures (as kvcore plan --json), the memory "
+        "profile, the bytes allocated and each step's time"
     )
-    add_csv_option(parser, "the steps and their milliseconds")
-    parser.set_defaults(run=run)
+    add_output_options(parser, "the steps and their milliseconds", json_help=json_help)
 
 
 def run(namespace: argparse.Namespace, registry: Registry) -> int:
@@ -90,27 +83,13 @@ def run(namespace: argparse.Namespace, registry: Registry) -> int:
             "give the KV-cache budget as --memory SIZE (fixed) or as --utilization F (a share of the "
             "device's memory, profiled); exactly one of the two"
         )
-    from kvcore.engine.local import LocalExecutor
-    from kvcore.engine.stand_in import stand_in_model
     from kvcore.engine.workflow import initialize_kv_caches
 
     timings: list[tuple[str, float]] = []
-    start = time.perf_counter()
-    args, specs = inputs.load_layer_specs(args, registry)
-    timings.append(("read specs", time.perf_counter() - start))
-
-    start = time.perf_counter()
-    model = stand_in_model(specs)
-    timings.append(("stand-in layers", time.perf_counter() - start))
-    executor = LocalExecutor(
-        model,
-        args.device,
-        registry=registry,
-        specs=specs,
-        utilization=args.utilization or DEFAULT_UTILIZATION,
-        kv_cache_bytes=args.memory,
-        zero=not args.no_zero,
-    )
+    with timed(timings, "read specs"):
+        args, specs = inputs.load_layer_specs(args, registry)
+    utilization = args.utilization or DEFAULT_UTILIZATION
+    executor = stand_in_executor(args, registry, specs, timings, memory=args.memory, utilization=utilization)
     what = (
         "planning, allocating and binding"
         if args.utilization is None
@@ -128,32 +107,96 @@ def run(namespace: argparse.Namespace, registry: Registry) -> int:
             options=inputs.plan_options(args),
             num_blocks=args.num_blocks,
         )
-    timings += [(step, executor.timings[step]) for step in WORKFLOW_STEPS if step in executor.timings]
-
-    from kvcore.runtime.allocation import allocation_sizes
-
-    sizes = allocation_sizes(plan)
     chosen = None
     if length.auto:
         chosen = chosen_length(plan.context.max_model_len, length.cap, inputs.length_cap_name(args))
+
+    def head() -> list[str]:
+        note = chosen_length_line(chosen) if chosen is not None else ""
+        reason = policy_reason(registry.select(specs, args.policy))
+        return [format_plan(plan, specs, reason=reason, note=note), "", str(executor.memory_profile)]
+
+    return report_allocation(args, registry, plan, specs, executor, timings, head=head, auto_length=chosen)
+
+
+@contextmanager
+def timed(timings: list[tuple[str, float]], step: str) -> Iterator[None]:
+    """Time the ``with`` block as ``step``: appended to ``timings`` when it ends."""
+    start = time.perf_counter()
+    yield
+    timings.append((step, time.perf_counter() - start))
+
+
+def stand_in_executor(
+    args: PlanningArgs,
+    registry: Registry,
+    specs: Mapping[str, KVCacheSpec],
+    timings: list[tuple[str, float]],
+    *,
+    memory: int | None,
+    utilization: float = DEFAULT_UTILIZATION,
+    kv_sharing: Mapping[str, str] | None = None,
+) -> LocalExecutor:
+    """A :class:`~kvcore.engine.local.LocalExecutor` on ``--device`` over stand-in modules for
+    ``specs`` and the ``kv_sharing`` layers, zero-filling unless ``--no-zero``; building the
+    modules is timed as ``stand-in layers``.
+
+    Args:
+        memory: the KV-cache budget (``None``: ``utilization`` of the device's memory, profiled).
+        utilization: the share of the device's memory a profiled budget takes.
+        kv_sharing: ``{layer: layer whose cache it reads}`` of a saved plan.
+    """
+    from kvcore.engine.local import LocalExecutor
+    from kvcore.engine.stand_in import stand_in_model
+
+    with timed(timings, "stand-in layers"):
+        model = stand_in_model([*specs, *(kv_sharing or {})])
+    return LocalExecutor(
+        model, args.device, registry=registry, specs=specs, kv_sharing=kv_sharing,
+        utilization=utilization, kv_cache_bytes=memory, zero=not args.no_zero,
+    )
+
+
+def report_allocation(
+    args: PlanningArgs,
+    registry: Registry,
+    plan: KVCachePlan,
+    specs: Mapping[str, KVCacheSpec],
+    executor: LocalExecutor,
+    timings: Sequence[tuple[str, float]],
+    *,
+    head: Callable[[], list[str]],
+    auto_length: dict[str, Any] | None = None,
+) -> int:
+    """Print what allocation did, as ``--csv`` (the steps), ``--json``
+    (:func:`allocation_report`; ``max_model_len_auto`` is ``auto_length``, how
+    ``--max-model-len auto`` chose, where it did) or the report: the lines ``head()`` gives (made
+    only for the report), the bytes allocated and the layers bound, and the steps table.
+
+    Returns:
+        The exit status, 0.
+    """
+    from kvcore.runtime.allocation import allocation_sizes
+
+    # the steps timed here, then those the executor timed itself, in the workflow's order
+    own = executor.timings
+    timings = [*timings, *((step, own[step]) for step in WORKFLOW_STEPS if step in own)]
+    sizes = allocation_sizes(plan)
+    zeroed = not args.no_zero and bool(sizes)
     if wants_csv(args):
         write_csv(timing_records(timings))
         return 0
     if args.json:
         report = plan_report(plan, specs, registry)
-        if chosen is not None:
-            report["max_model_len_auto"] = chosen
-        print(
-            json.dumps(allocation_report(report, executor, sizes, timings, zeroed=not args.no_zero), indent=2)
-        )
+        if auto_length is not None:
+            report["max_model_len_auto"] = auto_length
+        print(json.dumps(allocation_report(report, executor, sizes, timings, zeroed=zeroed), indent=2))
         return 0
-    note = chosen_length_line(chosen) if chosen is not None else ""
-    print(format_plan(plan, specs, reason=policy_reason(registry.select(specs, args.policy)), note=note))
-    print()
-    print(executor.memory_profile)
+    for line in head():
+        print(line)
     print(
         f"allocated {format_bytes(sum(sizes))} ({sum(sizes):,} bytes) on {executor.device} in "
-        f"{len(sizes)} tensor(s){'' if args.no_zero else ', zero-filled'}; bound {len(executor.bound)} "
+        f"{len(sizes)} tensor(s){', zero-filled' if zeroed else ''}; bound {len(executor.bound)} "
         "layers to stand-in modules"
     )
     print()
@@ -217,48 +260,15 @@ def run_saved_plan(args: PlanningArgs, path: str, registry: Registry) -> int:
             f"{', '.join(given)} cannot be combined with --plan: a saved plan fixes its own size and layout"
         )
     from kvcore.cli.check import read_plan_file, summary
-    from kvcore.engine.local import LocalExecutor
-    from kvcore.engine.stand_in import stand_in_model
-    from kvcore.runtime.allocation import allocation_sizes
 
     timings: list[tuple[str, float]] = []
-    start = time.perf_counter()
-    plan = read_plan_file(path, registry)
-    timings.append(("read and check plan", time.perf_counter() - start))
+    with timed(timings, "read and check plan"):
+        plan = read_plan_file(path, registry)
     specs = {name: group.spec for group in plan.groups for name in group.layer_names}
-    start = time.perf_counter()
-    model = stand_in_model([*specs, *plan.kv_sharing])
-    timings.append(("stand-in layers", time.perf_counter() - start))
-    executor = LocalExecutor(
-        model,
-        args.device,
-        registry=registry,
-        specs=specs,
-        kv_sharing=plan.kv_sharing,
-        kv_cache_bytes=plan.available_memory_bytes,
-        zero=not args.no_zero,
-    )
+    memory = plan.available_memory_bytes
+    executor = stand_in_executor(args, registry, specs, timings, memory=memory, kv_sharing=plan.kv_sharing)
     with progress(f"allocating and binding {args.plan}"):
         executor.get_kv_cache_spec()
         executor.initialize(plan)
-    timings += [(step, executor.timings[step]) for step in WORKFLOW_STEPS if step in executor.timings]
-    sizes = allocation_sizes(plan)
-    if wants_csv(args):
-        write_csv(timing_records(timings))
-        return 0
-    if args.json:
-        report = plan_report(plan, specs, registry)
-        print(
-            json.dumps(allocation_report(report, executor, sizes, timings, zeroed=not args.no_zero), indent=2)
-        )
-        return 0
-    print(f"{args.plan}: {summary(plan)}")
-    print(
-        f"allocated {format_bytes(sum(sizes))} ({sum(sizes):,} bytes) on {executor.device} in "
-        f"{len(sizes)} tensor(s){'' if args.no_zero or not sizes else ', zero-filled'}; bound "
-        f"{len(executor.bound)} layers to stand-in modules"
-    )
-    print()
-    rows = [[step, f"{seconds * 1e3:.1f}"] for step, seconds in timings]
-    print(render_table(["step", "ms"], rows, align="lr"))
-    return 0
+    head = [f"{args.plan}: {summary(plan)}"]
+    return report_allocation(args, registry, plan, specs, executor, timings, head=lambda: head)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
 
+from kvcore.cli.command import Command
 from kvcore.errors import InvalidInputError, PlanValidationError
 from kvcore.json_input import read_bounded
 from kvcore.plan import KVCachePlan
@@ -14,20 +14,18 @@ from kvcore.planning.registry import Registry
 from kvcore.planning.serialization import plan_from_json
 from kvcore.units import format_bytes
 
+COMMAND = Command(
+    help="check a saved plan (kvcore plan --json output) as allocation would",
+    description="""
+        Read a plan from a JSON file (what `kvcore plan --json` prints, or a plan dict) and run the check
+        every plan passes before allocation: structure, budget, and no two pages that may be live at once
+        sharing a byte. Exit 0 with a one-line summary when it is valid; else list every problem and exit 1.
+    """,
+)
 
-def add_parser(sub: Any) -> None:
-    parser = sub.add_parser(
-        "check",
-        help="check a saved plan (kvcore plan --json output) as allocation would",
-        description=(
-            "Read a plan from a JSON file (what `kvcore plan --json` prints, or a plan dict) and run "
-            "the check every plan passes before allocation: structure, budget, and no two pages that "
-            "may be live at once sharing a byte. Exit 0 with a one-line summary when it is valid; "
-            "else list every problem and exit 1."
-        ),
-    )
+
+def add_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("plan", metavar="PLAN.json", help="the saved plan")
-    parser.set_defaults(run=run)
 
 
 def read_plan_file(path: str, registry: Registry) -> KVCachePlan:

@@ -12,20 +12,21 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from kvcore.cli import gpu, inputs, replay, timing
+from kvcore.cli.command import Command
 from kvcore.cli.inputs import FLAG_NAMES
 from kvcore.cli.options import PlanningArgs
 from kvcore.cli.replay import variant_cells
 from kvcore.cli.report import plan_report
 from kvcore.cli.scheduler_options import add_scheduler_options, scheduler_profile
-from kvcore.cli.table import add_csv_option, render_table, wants_csv, write_csv
+from kvcore.cli.table import add_output_options, render_table, wants_csv, write_csv
 from kvcore.dtypes import dtype_name, to_dtype
 from kvcore.error_messages import render
-from kvcore.errors import InvalidInputError, InvalidSpecError
+from kvcore.errors import InvalidInputError
 from kvcore.planning.capacity import finite_or_none, format_figure
 from kvcore.planning.compare import Candidate, compare_policies, variant_specs
 from kvcore.planning.frontier import FrontierPoint, policy_frontier
 from kvcore.planning.registry import Registry
-from kvcore.spec import STATE_CACHE_MODES, KVCacheSpec
+from kvcore.spec import KVCacheSpec
 from kvcore.units import format_bytes
 
 if TYPE_CHECKING:  # the simulation layer loads only when a workload is given
@@ -34,59 +35,24 @@ if TYPE_CHECKING:  # the simulation layer loads only when a workload is given
     from kvcore.simulation.workload import Workload
 
 
-def _int_list(text: str) -> list[int]:
-    try:
-        values = [inputs.positive_int(part) for part in text.split(",") if part.strip()]
-    except argparse.ArgumentTypeError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated whole numbers >= 1, got {text!r}"
-        ) from None
-    if not values:
-        raise argparse.ArgumentTypeError("expected at least one value")
-    return values
+COMMAND = Command(
+    help="compare every policy (and block sizes, KV dtypes) on one model and budget",
+    description="""
+        Plan the same layers with every policy that can, side by side: concurrency, efficiency against the
+        ideal bound, groups, padding, tokens per group. Each row is exactly what `kvcore plan --policy NAME`
+        reports. With a workload (--workload FILE.jsonl, or --requests N ...), each plan is also simulated as
+        `kvcore simulate` does and the rows are ranked by tokens served per step.
+    """,
+)
 
 
-def _dtype_list(text: str) -> list[str]:
-    values = [part.strip() for part in text.split(",") if part.strip()]
-    for value in values:
-        if value != "auto":
-            try:
-                to_dtype(value)
-            except InvalidSpecError as exc:
-                raise argparse.ArgumentTypeError(str(exc)) from None
-    if not values:
-        raise argparse.ArgumentTypeError("expected at least one dtype")
-    return values
-
-
-def _mode_list(text: str) -> list[str]:
-    values = [part.strip() for part in text.split(",") if part.strip()]
-    bad = [v for v in values if v not in STATE_CACHE_MODES]
-    if bad or not values:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated state cache modes from {', '.join(STATE_CACHE_MODES)}, got {text!r}"
-        )
-    return values
-
-
-def add_parser(sub: Any) -> None:
-    parser = sub.add_parser(
-        "compare",
-        help="compare every policy (and block sizes, KV dtypes) on one model and budget",
-        description=(
-            "Plan the same layers with every policy that can, side by side: concurrency, "
-            "efficiency against the ideal bound, groups, padding, tokens per group. Each row is "
-            "exactly what `kvcore plan --policy NAME` reports. With a workload (--workload FILE.jsonl, "
-            "or --requests N ...), each plan is also simulated as `kvcore simulate` does and the rows "
-            "are ranked by tokens served per step."
-        ),
-    )
+def add_options(parser: argparse.ArgumentParser) -> None:
     inputs.add_spec_source(parser)
     inputs.add_sizing_options(parser, auto_length=False)
     add_candidate_options(parser)
     parser.add_argument(
         "--state-cache-modes",
-        type=_mode_list,
+        type=inputs.state_cache_modes,
         metavar="A,B",
         help=(
             "also compare these state cache modes (none, align, all): what keeping SSM / linear-attention "
@@ -110,26 +76,30 @@ def add_parser(sub: Any) -> None:
         help="also show each policy's trade of capacity against groups (block tables): its best layout "
         "at each smaller group count, planned with --max-groups k and --grouping-tolerance 0",
     )
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
-    add_csv_option(parser, "one row per candidate")
-    parser.set_defaults(run=run)
+    add_output_options(parser, "one row per candidate")
 
 
-def add_candidate_options(parser: argparse.ArgumentParser) -> None:
-    """Which plans to build: ``--policies``, ``--block-sizes``, ``--kv-cache-dtypes`` (shared
-    with ``kvcore simulate``)."""
+def add_candidate_options(
+    parser: argparse._ActionsContainer,
+    *,
+    policies: str | None = None,
+    block_sizes: str = "also compare these block sizes, e.g. 16,32,64",
+    kv_cache_dtypes: str = "also compare these cache dtypes, e.g. auto,fp8 (auto = as the specs say)",
+) -> None:
+    """Which plans to build, each a comma-separated list: ``--policies``, ``--block-sizes``,
+    ``--kv-cache-dtypes`` (shared with ``kvcore simulate``, and ``kvcore tune``'s search space).
+
+    Args:
+        parser: where the options go (a parser, or a group of one).
+        policies: ``--policies``' help (default: the registered policies named, when shown).
+        block_sizes: ``--block-sizes``' help.
+        kv_cache_dtypes: ``--kv-cache-dtypes``' help.
+    """
     from kvcore.cli.help_text import policies_help
 
-    parser.add_argument("--policies", metavar="A,B", help=policies_help())
-    parser.add_argument(
-        "--block-sizes", type=_int_list, metavar="N,M", help="also compare these block sizes, e.g. 16,32,64"
-    )
-    parser.add_argument(
-        "--kv-cache-dtypes",
-        type=_dtype_list,
-        metavar="D,E",
-        help="also compare these cache dtypes, e.g. auto,fp8 (auto = as the specs say)",
-    )
+    parser.add_argument("--policies", type=inputs.names, metavar="A,B", help=policies or policies_help())
+    parser.add_argument("--block-sizes", type=inputs.positive_ints, metavar="N,M", help=block_sizes)
+    parser.add_argument("--kv-cache-dtypes", type=inputs.dtype_names, metavar="D,E", help=kv_cache_dtypes)
 
 
 def build_candidates(
@@ -161,11 +131,10 @@ def policy_names(args: PlanningArgs, registry: Registry) -> list[str] | None:
     """
     if not args.policies:
         return None
-    names = [p.strip() for p in args.policies.split(",")]
-    for name in names:
+    for name in args.policies:
         if name != "auto":
             registry.policy(name)  # raises, naming the closest registered policies
-    return names
+    return args.policies
 
 
 def candidate_row(candidate: Candidate) -> dict[str, Any]:

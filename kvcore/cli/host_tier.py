@@ -20,7 +20,8 @@ from typing import Any
 
 import attrs
 
-from kvcore.cli.inputs import size
+from kvcore.cli.figures import line_panels
+from kvcore.cli.inputs import comma_list, size
 from kvcore.cli.memory_map import check_map_path
 from kvcore.cli.options import PlanningArgs
 from kvcore.cli.replay import Simulated, plan_label, served_tokens_per_step, simulation_row, variant_cells
@@ -35,17 +36,20 @@ from kvcore.units import format_bytes
 def host_sizes(text: str) -> tuple[int, ...]:
     """argparse type: one byte size or a comma list of them (``0,16GiB,64GiB``), each as
     :func:`~kvcore.cli.inputs.size` reads it, no size twice."""
-    parts = [part.strip() for part in text.split(",")]
-    if not all(parts):
-        raise argparse.ArgumentTypeError(f"give sizes separated by commas, e.g. 0,16GiB,64GiB (got {text!r})")
-    sizes = tuple(int(size(part)) for part in parts)
+    sizes = tuple(int(value) for value in comma_list(text, size))  # int(): no unit echoed per size
     if len(set(sizes)) != len(sizes):
         raise argparse.ArgumentTypeError(f"a size is given twice in {text!r}")
     return sizes
 
 
-def add_host_memory_option(parser: argparse.ArgumentParser) -> None:
-    """``--host-memory SIZE[,SIZE...]`` (stored as ``host_memories``)."""
+def add_host_memory_option(parser: argparse.ArgumentParser, *, curve: bool) -> None:
+    """``--host-memory``: with ``curve`` (``kvcore simulate``), ``SIZE[,SIZE...]``, the tier to
+    simulate under each plan or a curve of them (stored as ``host_memories``); else
+    (``kvcore plan``) one ``SIZE``, the tier to plan (``host_memory``, 0 for none)."""
+    if not curve:
+        help_text = "also plan a host tier of this much host memory (e.g. 64GiB), shared among the pools"
+        parser.add_argument("--host-memory", type=size, default=0, metavar="SIZE", help=help_text)
+        return
     parser.add_argument(
         "--host-memory",
         dest="host_memories",
@@ -210,40 +214,22 @@ def render_curve_plot(points: Sequence[CurvePoint], path: str | os.PathLike[str]
             cannot be written.
     """
     out = check_map_path(path, what=CURVE_PLOT)
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     timed = all(p.latency is not None for p in points)
     lines: dict[str, list[CurvePoint]] = {}
     for p in points:
         lines.setdefault(plan_label(p.simulated.candidate), []).append(p)
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 5), sharex=True)
-    for label, line in lines.items():
-        sizes = [p.nbytes / 2**30 for p in line]
-        top.plot(sizes, [100 * p.simulated.result.prefix_hit_rate for p in line], marker="o", label=label)
-        below = [
-            p.latency.ttft.p50
-            if p.latency is not None and timed
-            else served_tokens_per_step(p.simulated.result)
-            for p in line
-        ]
-        bottom.plot(sizes, below, marker="o", label=label)
-    top.set_ylabel("prefix hits (%)", fontsize=8)
-    bottom.set_ylabel("TTFT p50 (s)" if timed else "tokens/step", fontsize=8)
-    bottom.set_xlabel("host memory (GiB)", fontsize=8)
-    for ax in (top, bottom):
-        ax.tick_params(labelsize=7)
-        ax.grid(True, linewidth=0.3)
-    top.legend(fontsize=7, loc="best")
-    if title:
-        top.set_title(title, fontsize=9)
-    fig.tight_layout()
-    try:
-        fig.savefig(out, dpi=100)
-    except OSError as exc:
-        raise InvalidInputError(f"cannot write {CURVE_PLOT} to {out}: {exc.strerror or exc}") from None
-    finally:
-        plt.close(fig)
+    with line_panels(out, what=CURVE_PLOT, title=title, size=(7, 5)) as (top, bottom):
+        for label, line in lines.items():
+            sizes = [p.nbytes / 2**30 for p in line]
+            top.plot(sizes, [100 * p.simulated.result.prefix_hit_rate for p in line], marker="o", label=label)
+            below = [
+                p.latency.ttft.p50
+                if p.latency is not None and timed
+                else served_tokens_per_step(p.simulated.result)
+                for p in line
+            ]
+            bottom.plot(sizes, below, marker="o", label=label)
+        top.set_ylabel("prefix hits (%)", fontsize=8)
+        bottom.set_ylabel("TTFT p50 (s)" if timed else "tokens/step", fontsize=8)
+        bottom.set_xlabel("host memory (GiB)", fontsize=8)
     return out

@@ -8,14 +8,15 @@ import re
 import sys
 from collections.abc import Callable, Collection, Mapping, Sequence
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import attrs
 
 from kvcore.cli import serving
 from kvcore.cli.options import LoadedModel, PlanningArgs
+from kvcore.dtypes import to_dtype
 from kvcore.error_messages import ParameterNames, render
-from kvcore.errors import InvalidInputError, KVCoreError
+from kvcore.errors import InvalidInputError, InvalidSpecError, KVCoreError
 from kvcore.frontends.hf_config import config_layer_specs, load_model_config, model_length
 from kvcore.frontends.specfile import read_spec_file
 from kvcore.limits import MAX_TOKENS
@@ -24,11 +25,19 @@ from kvcore.planning.ranks import Parallelism
 from kvcore.planning.registry import Registry
 from kvcore.planning.request import MaxModelLen, PlanRequest
 from kvcore.policy import BLOCK_MULTIPLES, PlanOptions
-from kvcore.spec import DEFAULT_MAX_NUM_BATCHED_TOKENS, KVCacheSpec, SizingContext, resize_blocks
+from kvcore.spec import (
+    DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    STATE_CACHE_MODES,
+    KVCacheSpec,
+    SizingContext,
+    resize_blocks,
+)
 from kvcore.units import format_bytes, parse_size
 
 if TYPE_CHECKING:  # the simulation layer loads only for the commands that simulate
     from kvcore.simulation.workload import LengthDist, Workload
+
+T = TypeVar("T")
 
 #: How error messages name the settings to change on the command line: the options below
 #: (``lower --max-model-len to 8192``, ``--num-blocks 16 holds ...``) instead of the Python
@@ -65,17 +74,64 @@ def positive_int(text: str) -> int:
     return value
 
 
+def comma_list(text: str, item: Callable[[str], T]) -> list[T]:
+    """Values separated by commas (spaces around them ignored), each read by ``item``.
+
+    Raises:
+        argparse.ArgumentTypeError: a value is empty (``16,,32``), or as ``item`` raises.
+    """
+    parts = [part.strip() for part in text.split(",")]
+    if not all(parts):
+        raise argparse.ArgumentTypeError(
+            f"empty value in {_shown_text(text)}: give values separated by commas"
+        )
+    return [item(part) for part in parts]
+
+
+def positive_ints(text: str) -> list[int]:
+    """argparse type: whole numbers >= 1, comma-separated (``16,32``)."""
+    return comma_list(text, positive_int)
+
+
+def names(text: str) -> list[str]:
+    """argparse type: names, comma-separated (``shared_buffer,uniform``); each is checked where
+    it is used (a policy against the registry)."""
+    return comma_list(text, str)
+
+
+def _dtype(text: str) -> str:
+    if text != "auto":
+        try:
+            to_dtype(text)
+        except InvalidSpecError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def dtype_names(text: str) -> list[str]:
+    """argparse type: cache dtypes, comma-separated (``auto,fp8``); ``auto`` is the specs' own."""
+    return comma_list(text, _dtype)
+
+
+def _state_cache_mode(text: str) -> str:
+    if text not in STATE_CACHE_MODES:
+        raise argparse.ArgumentTypeError(
+            f"expected a state cache mode ({', '.join(STATE_CACHE_MODES)}), got {_shown_text(text)}"
+        )
+    return text
+
+
+def state_cache_modes(text: str) -> list[str]:
+    """argparse type: state cache modes (:data:`~kvcore.spec.STATE_CACHE_MODES`), comma-separated."""
+    return comma_list(text, _state_cache_mode)
+
+
 def block_counts(text: str) -> int | tuple[int, ...]:
     """argparse type of ``--num-blocks``: one count (``1200``), or one per block pool of the
     policy, comma-separated (``1200,340``), each a :func:`positive_int`."""
-    parts = text.split(",")
-    if len(parts) == 1:
+    if "," not in text:
         return positive_int(text)
-    if any(not part.strip() for part in parts):
-        raise argparse.ArgumentTypeError(
-            f"expected one block count per pool, comma-separated (1200,340), got {_shown_text(text)}"
-        )
-    return tuple(positive_int(part) for part in parts)
+    return tuple(comma_list(text, positive_int))
 
 
 class Echoed(int):
@@ -177,15 +233,27 @@ def size(text: str) -> int:
     return value
 
 
-def fraction(text: str) -> float:
-    """argparse type: a number in [0, 1)."""
+def number(text: str, fits: Callable[[float], bool], expected: str) -> float:
+    """A number read for an option: a float that ``fits``; else an error saying what was expected
+    (``expected a number in [0, 1), got 1.5``) for argparse to print.
+
+    Args:
+        text: the option's value.
+        fits: whether a number is in the option's range (``nan`` never is: it fails every comparison).
+        expected: the range in words, after "expected" (``'a number in (0, 1]'``).
+    """
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not 0 <= value < 1:
-        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {value}")
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {_shown_text(text)}") from None
+    if not fits(value):
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text.strip()}")
     return value
+
+
+def fraction(text: str) -> float:
+    """argparse type: a number in [0, 1)."""
+    return number(text, lambda value: 0 <= value < 1, "a number in [0, 1)")
 
 
 def add_spec_source(parser: argparse.ArgumentParser, *, plan_file: bool = False) -> None:
@@ -379,13 +447,7 @@ def add_gpu_options(parser: argparse.ArgumentParser, budget: argparse._ActionsCo
 
 def utilization(text: str) -> float:
     """argparse type: a number in (0, 1]."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {_shown_text(text)}") from None
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {value}")
-    return value
+    return number(text, lambda value: 0 < value <= 1, "a number in (0, 1]")
 
 
 def load_model(args: PlanningArgs, registry: Registry) -> PlanningArgs:
@@ -574,15 +636,11 @@ def length_cap_name(args: PlanningArgs) -> str:
 
 
 def plan_options(args: PlanningArgs) -> PlanOptions:
-    """The :class:`PlanOptions` the options describe."""
-    return PlanOptions(
-        grouping_tolerance=args.grouping_tolerance,
-        max_block_size=args.max_block_size,
-        reserve_null_block=args.reserve_null_block,
-        uniform_block_size=args.uniform_block_size,
-        max_groups=args.max_groups,
-        block_multiples=args.block_multiples,
-    )
+    """The :class:`PlanOptions` the options describe: each field of it that is an option too
+    (``--grouping-tolerance``, ``--max-groups`` ...), the same name in :class:`PlanningArgs`;
+    the others (``mixed_pages``) keep their defaults."""
+    given = attrs.asdict(args, recurse=False)
+    return PlanOptions(**{f.name: given[f.name] for f in attrs.fields(PlanOptions) if f.name in given})
 
 
 def options_report(args: PlanningArgs) -> dict[str, Any]:
@@ -606,24 +664,12 @@ def length_dist(text: str) -> LengthDist:
 
 def rate(text: str) -> float:
     """argparse type: a number of requests per step, > 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {_shown_text(text)}") from None
-    if not (value > 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text.strip()}")
-    return value
+    return number(text, lambda value: value > 0 and math.isfinite(value), "a number > 0")
 
 
 def share(text: str) -> float:
     """argparse type: a share of requests, a number from 0 to 1."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number from 0 to 1, got {_shown_text(text)}") from None
-    if not 0 <= value <= 1:
-        raise argparse.ArgumentTypeError(f"expected a number from 0 to 1, got {text.strip()}")
-    return value
+    return number(text, lambda value: 0 <= value <= 1, "a number from 0 to 1")
 
 
 def seed(text: str) -> int:
@@ -814,7 +860,7 @@ def policy_rows(
         The rows of the policies that planned, and ``{policy: error}`` for those that did not
         (each error worded for the command line).
     """
-    names = [p.strip() for p in args.policies.split(",")] if args.policies else list(registry.policies)
+    names = args.policies or list(registry.policies)
     rows: list[dict[str, Any]] = []
     failures: dict[str, str] = {}
     for name in names:

@@ -22,6 +22,7 @@ from typing import Any
 
 import attrs
 
+from kvcore.cli.figures import pyplot, save_figure
 from kvcore.errors import InvalidInputError
 from kvcore.plan import KVCacheGroup, KVCachePlan
 from kvcore.planning.capacity import Capacity, format_figure
@@ -316,10 +317,7 @@ def render_memory_map(plan: KVCachePlan, path: str | os.PathLike[str], *, rows: 
     """
     out = check_map_path(path)
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        plt = pyplot()
         from matplotlib.collections import PatchCollection
         from matplotlib.patches import Patch, Rectangle
         from matplotlib.ticker import FixedLocator, FuncFormatter, MultipleLocator
@@ -403,10 +401,4 @@ def render_memory_map(plan: KVCachePlan, path: str | os.PathLike[str], *, rows: 
     )
     fig.legend(handles=handles, loc="lower center", fontsize=7, ncol=2, frameon=False)
     fig.tight_layout(rect=(0, legend_in / fig_h, 1, 1))
-    try:
-        fig.savefig(out, dpi=120)
-    except OSError as exc:
-        raise InvalidInputError(f"cannot write the memory map to {out}: {exc.strerror or exc}") from None
-    finally:
-        plt.close(fig)
-    return out
+    return save_figure(fig, out, what="the memory map", dpi=120)

@@ -9,7 +9,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from kvcore.cli import inputs
-from kvcore.cli.table import add_csv_option, render_table, wants_csv, write_csv
+from kvcore.cli.command import Command
+from kvcore.cli.table import add_output_options, render_table, wants_csv, write_csv
 from kvcore.frontends.hf_config import (
     bundled_models,
     config_layer_specs,
@@ -23,16 +24,16 @@ from kvcore.planning.registry import Registry
 from kvcore.spec import KVCacheSpec, describe_spec
 from kvcore.units import format_bytes
 
+COMMAND = Command(
+    help="list the bundled models (layer counts and kinds), or show one model's layers",
+    description="""
+        Without MODEL: every model whose config.json ships with kvcore, with its cache-holding layers by kind.
+        With MODEL (a bundled name or a config.json path): its layers one by one.
+    """,
+)
 
-def add_parser(sub: Any) -> None:
-    parser = sub.add_parser(
-        "models",
-        help="list the bundled models (layer counts and kinds), or show one model's layers",
-        description=(
-            "Without MODEL: every model whose config.json ships with kvcore, with its cache-holding "
-            "layers by kind. With MODEL (a bundled name or a config.json path): its layers one by one."
-        ),
-    )
+
+def add_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "model", nargs="?", metavar="MODEL", help="a bundled name, a config.json or its folder"
     )
@@ -44,9 +45,7 @@ def add_parser(sub: Any) -> None:
     parser.add_argument(
         "--block-size", type=inputs.positive_int, default=16, metavar="N", help="tokens per block"
     )
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
-    add_csv_option(parser, "the listing (or a model's layers)")
-    parser.set_defaults(run=run)
+    add_output_options(parser, "the listing (or a model's layers)")
 
 
 def kind_label(spec: KVCacheSpec) -> str:

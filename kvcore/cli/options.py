@@ -85,7 +85,7 @@ class PlanningArgs:
     max_groups: int | None = None
     block_multiples: str = _DEFAULTS.block_multiples
     # the candidates of compare and simulate
-    policies: str | None = None
+    policies: list[str] | None = None
     block_sizes: list[int] | None = None
     kv_cache_dtypes: list[str] | None = None
     state_cache_modes: list[str] | None = None

@@ -8,6 +8,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from kvcore.cli import gpu, inputs
+from kvcore.cli.command import Command
+from kvcore.cli.figures import add_picture_option
+from kvcore.cli.host_tier import add_host_memory_option
 from kvcore.cli.memory_map import check_map_path, render_memory_map, say_written
 from kvcore.cli.options import PlanningArgs
 from kvcore.cli.report import (
@@ -20,7 +23,7 @@ from kvcore.cli.report import (
     policy_reason,
     ranks_report,
 )
-from kvcore.cli.table import add_csv_option, wants_csv, write_csv
+from kvcore.cli.table import add_output_options, wants_csv, write_csv
 from kvcore.plan import KVCachePlan
 from kvcore.planning import planner
 from kvcore.planning.gpu_budget import GpuBudget
@@ -31,36 +34,26 @@ from kvcore.planning.registry import Registry
 from kvcore.spec import KVCacheSpec
 from kvcore.units import format_bytes
 
+COMMAND = Command(
+    help="plan a KV cache for a memory budget and show capacity",
+    description="""
+        Plan the KV cache for a set of layer specs and a byte budget: groups, block count, tensors, and how
+        many requests of max-model-len tokens fit. No GPU needed.
+    """,
+)
 
-def add_parser(sub: Any) -> None:
-    parser = sub.add_parser(
-        "plan",
-        help="plan a KV cache for a memory budget and show capacity",
-        description=(
-            "Plan the KV cache for a set of layer specs and a byte budget: groups, block count, "
-            "tensors, and how many requests of max-model-len tokens fit. No GPU needed."
-        ),
-    )
+
+def add_options(parser: argparse.ArgumentParser) -> None:
     inputs.add_spec_source(parser)
     inputs.add_pipeline_option(parser)
     inputs.add_planning_options(parser)
-    parser.add_argument(
-        "--json", action="store_true", help="print the plan and its figures as one JSON object"
+    add_output_options(
+        parser,
+        "the groups table (the ranks table with --tp/--pp)",
+        json_help="print the plan and its figures as one JSON object",
     )
-    add_csv_option(parser, "the groups table (the ranks table with --tp/--pp)")
-    parser.add_argument(
-        "--host-memory",
-        type=inputs.size,
-        default=0,
-        metavar="SIZE",
-        help="also plan a host tier of this much host memory (e.g. 64GiB), shared among the pools",
-    )
-    parser.add_argument(
-        "--map",
-        metavar="FILE",
-        help="also draw the plan's memory map into FILE (.png or .svg; needs the 'plot' extra)",
-    )
-    parser.set_defaults(run=run)
+    add_host_memory_option(parser, curve=False)
+    add_picture_option(parser, "--map", "the plan's memory map into FILE")
 
 
 def run(namespace: argparse.Namespace, registry: Registry) -> int:

@@ -5,20 +5,24 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import attrs
+
+from kvcore.cli.command import Command
 from kvcore.cli.table import add_csv_option, render_table, wants_csv, write_csv
 from kvcore.planning.registry import Registry
 
+COMMAND = Command(
+    help="list plugins, spec kinds, policies and model families, and where each came from",
+    description="""
+        List every registered plugin, spec kind, policy and model family, and where each came from.
+    """,
+)
 
-def add_parser(sub: Any) -> None:
-    parser = sub.add_parser(
-        "plugins",
-        help="list plugins, spec kinds, policies and model families, and where each came from",
-        description=(
-            "List every registered plugin, spec kind, policy and model family, and where each came from."
-        ),
-    )
+
+def add_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument(
         "--check",
@@ -29,7 +33,6 @@ def add_parser(sub: Any) -> None:
         ),
     )
     add_csv_option(parser, "every registered plugin, kind, policy and family (a 'section' column first)")
-    parser.set_defaults(run=run)
 
 
 def plugin_health(registry: Registry) -> list[dict[str, Any]]:
@@ -87,7 +90,7 @@ def _run_check(args: argparse.Namespace, registry: Registry) -> int:
                 [
                     row["name"],
                     row["source"],
-                    f"{row['distribution']} {row['version']}" if row["distribution"] else "-",
+                    _distribution(row),
                     row["api"],
                     row["status"] if row["status"] == "ok" else f"FAILED ({row['stage']})",
                 ]
@@ -102,6 +105,19 @@ def _run_check(args: argparse.Namespace, registry: Registry) -> int:
             print(f"\n{row['name']} (written for plugin API {row['api']}): {note}")
     print(f"\n{len(rows) - len(failed)} plugins loaded, {len(failed)} failed")
     return 1 if failed else 0
+
+
+def _registered(key: str, entry: Any, *, described: bool = False) -> dict[str, Any]:
+    """A registered kind, policy or scheduler profile as the listing shows it: its name (under
+    ``key``), its class, its ``description`` attribute where ``described``, and the plugin and
+    distribution it came from."""
+    return {
+        key: entry.name,
+        "class": entry.qualname,
+        **({"description": getattr(entry.obj, "description", "")} if described else {}),
+        "plugin": entry.origin.name,
+        "distribution": entry.origin.distribution,
+    }
 
 
 def plugin_listing(registry: Registry) -> dict[str, Any]:
@@ -123,20 +139,8 @@ def plugin_listing(registry: Registry) -> dict[str, Any]:
                 "hooks": hooks,
             }
         )
-    kinds = [
-        {"kind": e.name, "class": e.qualname, "plugin": e.origin.name, "distribution": e.origin.distribution}
-        for e in registry.kind_entries()
-    ]
-    policies = [
-        {
-            "policy": e.name,
-            "class": e.qualname,
-            "description": getattr(e.obj, "description", ""),
-            "plugin": e.origin.name,
-            "distribution": e.origin.distribution,
-        }
-        for e in registry.policy_entries()
-    ]
+    kinds = [_registered("kind", e) for e in registry.kind_entries()]
+    policies = [_registered("policy", e, described=True) for e in registry.policy_entries()]
     families = [
         {
             "family": e.obj.name,
@@ -147,16 +151,7 @@ def plugin_listing(registry: Registry) -> dict[str, Any]:
         }
         for e in registry.family_entries()
     ]
-    profiles = [
-        {
-            "scheduler": e.name,
-            "class": e.qualname,
-            "description": getattr(e.obj, "description", ""),
-            "plugin": e.origin.name,
-            "distribution": e.origin.distribution,
-        }
-        for e in registry.profile_entries()
-    ]
+    profiles = [_registered("scheduler", e, described=True) for e in registry.profile_entries()]
     return {
         "plugins": plugins,
         "spec_kinds": kinds,
@@ -164,6 +159,69 @@ def plugin_listing(registry: Registry) -> dict[str, Any]:
         "model_families": families,
         "scheduler_profiles": profiles,
     }
+
+
+def _origin(entry: Mapping[str, Any]) -> str:
+    """Where a registered thing came from: its distribution, else the plugin that registered it."""
+    return str(entry["distribution"] or entry["plugin"])
+
+
+def _family_cells(family: Mapping[str, Any]) -> list[Any]:
+    model_types = ", ".join(family["model_types"]) or "-"
+    return [family["family"], model_types, "yes" if family["fallback"] else "no", _origin(family)]
+
+
+def _distribution(plugin: Mapping[str, Any]) -> str:
+    """A plugin's distribution and its version (``-`` for a built-in)."""
+    return f"{plugin['distribution']} {plugin['version']}" if plugin["distribution"] else "-"
+
+
+def _plugin_cells(plugin: Mapping[str, Any]) -> list[Any]:
+    hooks = ", ".join(hook.removeprefix("kvcore_") for hook in plugin["hooks"])
+    return [plugin["name"], plugin["source"], _distribution(plugin), hooks]
+
+
+@attrs.frozen
+class ListingTable:
+    """One table of the text listing.
+
+    Attributes:
+        title: the line above it.
+        section: its entries' key in :func:`plugin_listing`.
+        headers: the columns.
+        cells: one entry's cells; ``None`` where each header is the entry's key (``from``: where
+            it came from, :func:`_origin`).
+        wrap: ``{column: width}`` of the columns wrapped (long descriptions, hook lists).
+    """
+
+    title: str
+    section: str
+    headers: tuple[str, ...]
+    cells: Callable[[Mapping[str, Any]], list[Any]] | None = None
+    wrap: Mapping[int, int] = attrs.field(factory=dict)
+
+    def rows(self, entries: Sequence[Mapping[str, Any]]) -> list[list[Any]]:
+        """The table's rows of ``entries``."""
+        if self.cells is not None:
+            return [self.cells(entry) for entry in entries]
+        keys = self.headers
+        return [[_origin(entry) if key == "from" else entry[key] for key in keys] for entry in entries]
+
+
+#: The tables ``kvcore plugins`` prints, in order.
+LISTING_TABLES = (
+    ListingTable("spec kinds", "spec_kinds", ("kind", "class", "from")),
+    ListingTable("policies", "policies", ("policy", "class", "from", "description"), wrap={3: 60}),
+    ListingTable(
+        "scheduler profiles (kvcore simulate --scheduler)",
+        "scheduler_profiles",
+        ("scheduler", "class", "from", "description"),
+    ),
+    ListingTable(
+        "model families", "model_families", ("family", "model types", "fallback", "from"), _family_cells
+    ),
+    ListingTable("plugins", "plugins", ("name", "source", "distribution", "hooks"), _plugin_cells, {3: 60}),
+)
 
 
 def run(args: argparse.Namespace, registry: Registry) -> int:
@@ -183,63 +241,9 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
     if args.json:
         print(json.dumps(listing, indent=2))
         return 0
-    print("spec kinds")
-    print(
-        render_table(
-            ["kind", "class", "from"],
-            [[k["kind"], k["class"], k["distribution"] or k["plugin"]] for k in listing["spec_kinds"]],
-        )
-    )
-    print("\npolicies")
-    print(
-        render_table(
-            ["policy", "class", "from", "description"],
-            [
-                [p["policy"], p["class"], p["distribution"] or p["plugin"], p["description"]]
-                for p in listing["policies"]
-            ],
-            wrap={3: 60},
-        )
-    )
-    print("\nscheduler profiles (kvcore simulate --scheduler)")
-    print(
-        render_table(
-            ["scheduler", "class", "from", "description"],
-            [
-                [p["scheduler"], p["class"], p["distribution"] or p["plugin"], p["description"]]
-                for p in listing["scheduler_profiles"]
-            ],
-        )
-    )
-    print("\nmodel families")
-    print(
-        render_table(
-            ["family", "model types", "fallback", "from"],
-            [
-                [
-                    f["family"],
-                    ", ".join(f["model_types"]) or "-",
-                    "yes" if f["fallback"] else "no",
-                    f["distribution"] or f["plugin"],
-                ]
-                for f in listing["model_families"]
-            ],
-        )
-    )
-    print("\nplugins")
-    print(
-        render_table(
-            ["name", "source", "distribution", "hooks"],
-            [
-                [
-                    p["name"],
-                    p["source"],
-                    f"{p['distribution']} {p['version']}" if p["distribution"] else "-",
-                    ", ".join(h.removeprefix("kvcore_") for h in p["hooks"]),
-                ]
-                for p in listing["plugins"]
-            ],
-            wrap={3: 60},
-        )
-    )
+    for number, table in enumerate(LISTING_TABLES):
+        if number:
+            print()
+        print(table.title)
+        print(render_table(table.headers, table.rows(listing[table.section]), wrap=table.wrap))
     return 0

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kvcore.cli import gpu, host_tier, inputs, timing
+from kvcore.cli.command import Command
 from kvcore.cli.compare import (
     add_candidate_options,
     build_candidates,
@@ -25,6 +26,7 @@ from kvcore.cli.compare import (
     no_plan_reason,
     policy_names,
 )
+from kvcore.cli.figures import add_picture_option, line_panels
 from kvcore.cli.memory_map import check_map_path, say_written
 from kvcore.cli.options import PlanningArgs
 from kvcore.cli.replay import (
@@ -42,13 +44,13 @@ from kvcore.cli.scheduler_options import (
     scheduler_profile,
     scheduler_row,
 )
-from kvcore.cli.table import add_csv_option, render_table, wants_csv, write_csv
-from kvcore.errors import InvalidInputError
+from kvcore.cli.table import add_output_options, render_table, wants_csv, write_csv
 from kvcore.planning.compare import Candidate
 from kvcore.planning.registry import Registry
 from kvcore.units import format_bytes
 
 if TYPE_CHECKING:
+    from kvcore.planning.gpu_budget import GpuBudget
     from kvcore.simulation.simulator import SimulationResult
     from kvcore.simulation.workload import Workload
 
@@ -56,36 +58,32 @@ if TYPE_CHECKING:
 PLOT = "the simulation plot"
 
 
-def add_parser(sub: Any) -> None:
-    parser = sub.add_parser(
-        "simulate",
-        help="replay a workload (trace or synthetic) through every candidate plan's block pool",
-        description=(
-            "Replay a workload through each plan kvcore compare builds (policies x --block-sizes x "
-            "--kv-cache-dtypes) as --scheduler schedules it (default vllm: vLLM 0.33's v1 scheduler, "
-            "whole-prompt admission, chunked prefill of up to --max-num-batched-tokens per step, "
-            "preemption of the latest admitted request; kvcore: kvcore's own rules). Reports running "
-            "requests, tokens per step, preemptions, queueing delay and pool usage per plan."
-        ),
-    )
+COMMAND = Command(
+    help="replay a workload (trace or synthetic) through every candidate plan's block pool",
+    description="""
+        Replay a workload through each plan kvcore compare builds (policies x --block-sizes x
+        --kv-cache-dtypes) as --scheduler schedules it (default vllm: vLLM 0.33's v1 scheduler, whole-prompt
+        admission, chunked prefill of up to --max-num-batched-tokens per step, preemption of the latest
+        admitted request; kvcore: kvcore's own rules). Reports running requests, tokens per step, preemptions,
+        queueing delay and pool usage per plan.
+    """,
+)
+
+
+def add_options(parser: argparse.ArgumentParser) -> None:
     inputs.add_spec_source(parser)
     inputs.add_sizing_options(parser, auto_length=False)
     add_candidate_options(parser)
     inputs.add_workload_options(parser, trace_flag="--trace", required=True)
     timing.add_timing_options(parser)
     add_scheduler_options(parser)
-    host_tier.add_host_memory_option(parser)
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
-    add_csv_option(parser, "one row per plan")
-    parser.add_argument(
-        "--plot",
-        metavar="FILE",
-        help=(
-            "also draw running requests and pool usage over the steps, one line per plan, into FILE "
-            "(with a --host-memory list: the tier curve) (.png or .svg; needs the 'plot' extra)"
-        ),
+    host_tier.add_host_memory_option(parser, curve=True)
+    add_output_options(parser, "one row per plan")
+    drawing = (
+        "running requests and pool usage over the steps, one line per plan, into FILE "
+        "(with a --host-memory list: the tier curve)"
     )
-    parser.set_defaults(run=run)
+    add_picture_option(parser, "--plot", drawing)
 
 
 def run(namespace: argparse.Namespace, registry: Registry) -> int:
@@ -121,12 +119,7 @@ def run(namespace: argparse.Namespace, registry: Registry) -> int:
         )
     elif args.json:
         payload = {
-            "available_memory_bytes": args.kv_budget,
-            "max_model_len": args.max_model_len,
-            "max_num_batched_tokens": args.max_num_batched_tokens,
-            "scheduler": scheduler_row(profile),
-            **({"gpu_budget": budget.to_dict()} if budget is not None else {}),
-            "workload": workload_row(workload),
+            **report_head(args, profile, workload, budget),
             "candidates": [
                 {
                     **candidate_row(c),
@@ -156,6 +149,21 @@ def run(namespace: argparse.Namespace, registry: Registry) -> int:
         title = f"{workload.name}: {len(workload.requests):,} requests"
         say_written(render_simulation_plot(simulated, args.plot, title=title), PLOT)
     return exit_status(candidates)
+
+
+def report_head(
+    args: PlanningArgs, profile: Any, workload: Workload, budget: GpuBudget | None = None
+) -> dict[str, Any]:
+    """What a ``kvcore simulate --json`` object opens with, before its plans' figures: the budget,
+    the lengths, the scheduler, the GPU budget where ``--gpu-memory`` gave one, and the workload."""
+    return {
+        "available_memory_bytes": args.kv_budget,
+        "max_model_len": args.max_model_len,
+        "max_num_batched_tokens": args.max_num_batched_tokens,
+        "scheduler": scheduler_row(profile),
+        **({"gpu_budget": budget.to_dict()} if budget is not None else {}),
+        "workload": workload_row(workload),
+    }
 
 
 def run_curve(
@@ -194,11 +202,7 @@ def run_curve(
         )
     elif args.json:
         payload = {
-            "available_memory_bytes": args.kv_budget,
-            "max_model_len": args.max_model_len,
-            "max_num_batched_tokens": args.max_num_batched_tokens,
-            "scheduler": scheduler_row(profile),
-            "workload": workload_row(workload),
+            **report_head(args, profile, workload),
             "tier_curve": [host_tier.curve_row(p) for p in curve],
         }
         print(json.dumps(payload, indent=2))
@@ -305,32 +309,14 @@ def render_simulation_plot(
             cannot be written.
     """
     out = check_map_path(path, what=PLOT)
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 5.5), sharex=True)
-    for s in simulated:
-        label = plan_label(s.candidate)
-        steps = range(1, len(s.result.running) + 1)
-        top.plot(steps, s.result.running, label=label, linewidth=1)
-        bottom.plot(steps, [100 * u for u in s.result.pool_usage], label=label, linewidth=1)
-    top.set_ylabel("running requests", fontsize=8)
-    bottom.set_ylabel("pool in use (%)", fontsize=8)
-    bottom.set_ylim(0, 105)
-    bottom.set_xlabel("step", fontsize=8)
-    for ax in (top, bottom):
-        ax.tick_params(labelsize=7)
-        ax.grid(True, linewidth=0.3)
-    top.legend(fontsize=7, loc="best")
-    if title:
-        top.set_title(title, fontsize=9)
-    fig.tight_layout()
-    try:
-        fig.savefig(out, dpi=100)
-    except OSError as exc:
-        raise InvalidInputError(f"cannot write {PLOT} to {out}: {exc.strerror or exc}") from None
-    finally:
-        plt.close(fig)
+    with line_panels(out, what=PLOT, title=title, size=(9, 5.5)) as (top, bottom):
+        for s in simulated:
+            label = plan_label(s.candidate)
+            steps = range(1, len(s.result.running) + 1)
+            top.plot(steps, s.result.running, label=label, linewidth=1)
+            bottom.plot(steps, [100 * u for u in s.result.pool_usage], label=label, linewidth=1)
+        top.set_ylabel("running requests", fontsize=8)
+        bottom.set_ylabel("pool in use (%)", fontsize=8)
+        bottom.set_ylim(0, 105)
+        bottom.set_xlabel("step", fontsize=8)
     return out

@@ -64,6 +64,15 @@ def render_table(
     return "\n".join([line(list(headers)), rule, *body])
 
 
+def add_output_options(
+    parser: argparse.ArgumentParser, what: str, *, json_help: str = "print one JSON object"
+) -> None:
+    """``--json`` (with ``json_help``) and ``--csv`` (:func:`add_csv_option`, printing ``what``):
+    the two formats a command prints its figures in besides its report."""
+    parser.add_argument("--json", action="store_true", help=json_help)
+    add_csv_option(parser, what)
+
+
 def add_csv_option(parser: argparse.ArgumentParser, what: str) -> None:
     """``--csv``: print ``what`` (the command's table) as CSV, one row per line, for scripts."""
     parser.add_argument(

@@ -15,7 +15,11 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import attrs
+
 from kvcore.cli import gpu, inputs, timing
+from kvcore.cli.command import Command
+from kvcore.cli.compare import add_candidate_options
 from kvcore.cli.options import PlanningArgs
 from kvcore.cli.progress import progress
 from kvcore.cli.table import render_table
@@ -31,39 +35,18 @@ if TYPE_CHECKING:
 PLOT = "the tuning plot"
 
 
-def _list(kind: type, text: str) -> list[Any]:
-    out: list[Any] = []
-    for part in text.split(","):
-        part = part.strip()
-        if not part:
-            raise argparse.ArgumentTypeError(f"empty value in {text!r}: give values separated by commas")
-        if kind is int:
-            out.append(inputs.positive_int(part))
-        else:
-            out.append(part)
-    return out
+COMMAND = Command(
+    help="search the plan and scheduler settings that serve a workload best; print vLLM and SGLang flags",
+    description="""
+        Search policy, block size, KV dtype, pool split, max_num_seqs and max_num_batched_tokens for the
+        candidate that serves the workload best under --scheduler (a coordinate search; each candidate is
+        replayed as kvcore simulate replays it). Prints the best candidate, what each knob bought alone, the
+        Pareto front (objective against latency) and the flags for vLLM and SGLang.
+    """,
+)
 
 
-def _ints(text: str) -> list[int]:
-    return _list(int, text)
-
-
-def _names(text: str) -> list[str]:
-    return _list(str, text)
-
-
-def add_parser(sub: Any) -> None:
-    parser = sub.add_parser(
-        "tune",
-        help="search the plan and scheduler settings that serve a workload best; print vLLM and SGLang flags",
-        description=(
-            "Search policy, block size, KV dtype, pool split, max_num_seqs and max_num_batched_tokens "
-            "for the candidate that serves the workload best under --scheduler (a coordinate search; "
-            "each candidate is replayed as kvcore simulate replays it). Prints the best candidate, "
-            "what each knob bought alone, "
-            "the Pareto front (objective against latency) and the flags for vLLM and SGLang."
-        ),
-    )
+def add_options(parser: argparse.ArgumentParser) -> None:
     inputs.add_spec_source(parser)
     inputs.add_sizing_options(parser, auto_length=False)
     inputs.add_workload_options(parser, trace_flag="--trace", required=True)
@@ -77,27 +60,23 @@ def add_parser(sub: Any) -> None:
         "under vLLM's rules; kvcore; or one a plugin registers)",
     )
     space = parser.add_argument_group("the search space (the first value of each is the default candidate)")
-    space.add_argument(
-        "--policies", type=_names, metavar="A,B", help="policies (default: every registered one)"
-    )
-    space.add_argument(
-        "--block-sizes", type=_ints, metavar="N,M", help="block sizes (default: as the specs say)"
-    )
-    space.add_argument(
-        "--kv-cache-dtypes",
-        type=_names,
-        metavar="D,E",
-        help="KV dtypes, e.g. auto,fp8 (default: auto, as the specs say; fp8 only when you allow it here)",
+    add_candidate_options(
+        space,
+        policies="policies (default: every registered one)",
+        block_sizes="block sizes (default: as the specs say)",
+        kv_cache_dtypes=(
+            "KV dtypes, e.g. auto,fp8 (default: auto, as the specs say; fp8 only when you allow it here)"
+        ),
     )
     space.add_argument(
         "--num-seqs",
-        type=_ints,
+        type=inputs.positive_ints,
         metavar="N,M",
         help="max_num_seqs values (vLLM's --max-num-seqs, SGLang's --max-running-requests; default 128,256)",
     )
     space.add_argument(
         "--batched-tokens",
-        type=_ints,
+        type=inputs.positive_ints,
         metavar="N,M",
         help="max_num_batched_tokens values (SGLang's --chunked-prefill-size; default: "
         "--max-num-batched-tokens "
@@ -126,7 +105,6 @@ def add_parser(sub: Any) -> None:
     parser.add_argument(
         "--plot", metavar="FILE.svg", help="also draw the candidates and the Pareto front (SVG)"
     )
-    parser.set_defaults(run=run)
 
 
 def _objective(args: PlanningArgs, asked: str | None) -> str:
@@ -198,23 +176,14 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
     planner = vllm_planner(registry, async_scheduling=async_scheduling) if args.scheduler == "vllm" else None
     eta = _Eta(estimated_trials(space, args.passes))
     label = f"tuning on {len(workload.requests):,} requests"
+    options = inputs.plan_options(shared)  # --max-groups, --grouping-tolerance ... for every candidate
     with progress(label, detail=eta.text):
+        # the search, the replay as the scheduler runs it, the latency targets and the search's pace
         result = tune(
-            specs,
-            args.memory,
-            context,
-            workload,
-            space,
-            registry=registry,
-            objective=objective,
-            scheduler=profile,
-            step_time=step_time,
-            slo_ttft=args.slo_ttft,
-            slo_itl=args.slo_itl,
-            prefix_caching=args.prefix_caching,
-            planner=planner,
-            max_passes=args.passes,
-            on_trial=eta.on_trial,
+            specs, args.memory, context, workload, space,
+            registry=registry, objective=objective, planner=planner, options=options,
+            scheduler=profile, step_time=step_time, prefix_caching=args.prefix_caching,
+            slo_ttft=args.slo_ttft, slo_itl=args.slo_itl, max_passes=args.passes, on_trial=eta.on_trial,
         )
     best = result.best
     weights = budget.weights if budget is not None else None
@@ -231,12 +200,13 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
         if not isinstance(exc, KVCoreError):
             raise
         sglang, sglang_error = None, str(exc)
-    sglang_run = _simulate_sglang(sglang, workload, best, sglang_profile(registry), args, step_time)
+    sglang_run = _simulate_sglang(sglang, workload, best, sglang_profile(registry), shared, step_time)
+    engines = Engines(vllm=vllm, sglang=sglang, sglang_error=sglang_error, sglang_run=sglang_run)
     if args.json:
-        print(json.dumps(_payload(args, result, vllm, sglang, sglang_error, sglang_run, budget), indent=2))
+        print(json.dumps(_payload(args, result, engines, budget), indent=2))
     else:
         gpu.print_budget(budget)
-        _print(args, result, vllm, sglang, sglang_error, sglang_run, workload)
+        _print(args, result, engines, workload)
     if plot is not None:
         write_svg(result, plot)
         print(f"wrote {PLOT} to {plot}")
@@ -248,7 +218,7 @@ def _simulate_sglang(
     workload: Any,
     best: Trial,
     profile: Any,
-    args: argparse.Namespace,
+    args: PlanningArgs,
     step_time: Any = None,
 ) -> dict[str, Any]:
     """SGLang's candidate replayed under the ``sglang`` profile when one is registered; else why not.
@@ -261,8 +231,6 @@ def _simulate_sglang(
         }
     if sglang is None or sglang.plan is None:
         return {"simulated": False, "why": "SGLang cannot run this model's layers"}
-    import attrs
-
     from kvcore.simulation.simulator import simulate
 
     fields = attrs.fields_dict(type(profile)) if attrs.has(type(profile)) else {}
@@ -283,11 +251,8 @@ def _simulate_sglang(
         "served_tokens_per_step": result.served_tokens_per_step,
         "preemptions": result.preemptions,
     }
-    if result.timeline is not None:
-        from kvcore.simulation.timing import latency_report
-
-        outputs = [r.output_tokens for r in workload.requests]
-        report = latency_report(result.timeline, outputs, slo_ttft=args.slo_ttft, slo_itl=args.slo_itl)
+    report = timing.latency_of(args, workload, result)
+    if report is not None:
         run["output_tokens_per_second"] = report.output_tokens_per_second
     return run
 
@@ -315,15 +280,25 @@ def _knob_cells(trial: Trial) -> list[str]:
 KNOB_HEADERS = ["policy", "block", "kv dtype", "pool split", "max_num_seqs", "batched tokens"]
 
 
-def _print(
-    args: argparse.Namespace,
-    result: TuneResult,
-    vllm: EngineSettings,
-    sglang: EngineSettings | None,
-    sglang_error: str,
-    sglang_run: dict[str, Any],
-    workload: Any,
-) -> None:
+@attrs.frozen(kw_only=True)
+class Engines:
+    """What the best candidate comes to in the engines, as the report and the JSON show it.
+
+    Attributes:
+        vllm: vLLM's settings.
+        sglang: SGLang's settings; ``None`` where SGLang cannot run the layers.
+        sglang_error: why it cannot (``""`` where it can).
+        sglang_run: SGLang's candidate replayed under the ``sglang`` profile, or why it was not
+            (:func:`_simulate_sglang`).
+    """
+
+    vllm: EngineSettings
+    sglang: EngineSettings | None
+    sglang_error: str
+    sglang_run: dict[str, Any]
+
+
+def _print(args: argparse.Namespace, result: TuneResult, engines: Engines, workload: Any) -> None:
     latency_name = "E2E p90" if result.latency_unit == "s" else "queue p99"
     print(
         f"workload {workload.name}: {len(workload.requests):,} requests; budget {format_bytes(args.memory)}, "
@@ -365,10 +340,10 @@ def _print(
         [*_knob_cells(t), _score(result, t.score), _latency(result, t.latency_figure)] for t in result.front
     ]
     print(render_table([*KNOB_HEADERS, "score", latency_name], rows, align="l" * 6 + "rr"))
-    for settings, name in ((vllm, "vLLM 0.33"), (sglang, "SGLang 0.5")):
+    for settings, name in ((engines.vllm, "vLLM 0.33"), (engines.sglang, "SGLang 0.5")):
         print()
         if settings is None:
-            print(f"{name}: cannot run these layers: {sglang_error}")
+            print(f"{name}: cannot run these layers: {engines.sglang_error}")
             continue
         print(f"{name}: {settings.command_line()}")
         for flag in settings.flags:
@@ -386,18 +361,16 @@ def _print(
             else settings.engine_detail
         )
         print(f"  {what}: kvcore's layout {fmt.format(settings.kvcore_tokens)}; {engine}")
-    if sglang_run.get("simulated"):
-        per_second = sglang_run.get("output_tokens_per_second")
+    if engines.sglang_run.get("simulated"):
+        per_second = engines.sglang_run.get("output_tokens_per_second")
         served = f"{per_second:,.0f} tok/s" if per_second is not None else ""
-        served = served or f"{sglang_run['served_tokens_per_step']:,.1f} tok/step"
+        served = served or f"{engines.sglang_run['served_tokens_per_step']:,.1f} tok/step"
         print(f"  under the sglang profile: {served}")
     else:
-        print(f"  {sglang_run['why']}")
+        print(f"  {engines.sglang_run['why']}")
 
 
 def _trial_row(result: TuneResult, trial: Trial) -> dict[str, Any]:
-    import attrs
-
     return {
         "knobs": attrs.asdict(trial.knobs),
         "pool_split": list(trial.pool_split) if trial.pool_split else None,
@@ -409,15 +382,8 @@ def _trial_row(result: TuneResult, trial: Trial) -> dict[str, Any]:
     }
 
 
-def _payload(
-    args: argparse.Namespace,
-    result: TuneResult,
-    vllm: EngineSettings,
-    sglang: EngineSettings | None,
-    sglang_error: str,
-    sglang_run: dict[str, Any],
-    budget: Any,
-) -> dict[str, Any]:
+def _payload(args: argparse.Namespace, result: TuneResult, engines: Engines, budget: Any) -> dict[str, Any]:
+    sglang = engines.sglang
     return {
         "available_memory_bytes": args.memory,
         "max_model_len": args.max_model_len,
@@ -437,11 +403,11 @@ def _payload(
         "front": [_trial_row(result, t) for t in result.front],
         "trials": [_trial_row(result, t) for t in result.trials],
         "engines": {
-            "vllm": vllm.to_dict(),
+            "vllm": engines.vllm.to_dict(),
             "sglang": (
-                {**sglang.to_dict(), "simulation": sglang_run}
+                {**sglang.to_dict(), "simulation": engines.sglang_run}
                 if sglang is not None
-                else {"error": sglang_error}
+                else {"error": engines.sglang_error}
             ),
         },
     }

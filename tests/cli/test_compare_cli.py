@@ -47,11 +47,22 @@ def test_table_output(run_cli):
     assert "shared_buffer" in out and "uniform" in out and "efficiency" in out
 
 
-@pytest.mark.parametrize(("flag", "value"), [("--block-sizes", "16,x"), ("--kv-cache-dtypes", "fp9")])
-def test_bad_lists_are_usage_errors(run_cli, flag, value, capsys):
+@pytest.mark.parametrize(
+    ("flag", "value", "words"),
+    [
+        ("--block-sizes", "16,x", "expected a whole number, got 'x'"),
+        ("--block-sizes", "16,,32", "empty value in '16,,32'"),
+        ("--kv-cache-dtypes", "fp9", "fp9"),
+        ("--kv-cache-dtypes", "auto,", "empty value"),
+        ("--policies", "shared_buffer,,uniform", "empty value"),
+        ("--state-cache-modes", "none,some", "expected a state cache mode (none, align, all), got 'some'"),
+    ],
+)
+def test_bad_lists_are_usage_errors(run_cli, flag, value, words):
     with pytest.raises(SystemExit) as info:
         run_cli("compare", *BASE, flag, value)
     assert info.value.code == 2
+    assert words in run_cli.capsys.readouterr().err
 
 
 def test_a_bundled_hybrid_shows_two_policies_each_as_plan_reports_it(run_cli):

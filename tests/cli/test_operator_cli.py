@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from kvcore.cli import build_parser
+from kvcore.cli import COMMANDS, build_parser
+from kvcore.cli.command import Command
 from kvcore.planning.registry import Registry
 
 ROOT = Path(__file__).parents[2]
@@ -35,6 +36,23 @@ def test_help_names_the_registered_policies(command, option):
     assert option in text
     for name in Registry.default().policies:
         assert name in text
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_each_command_is_listed_and_described_by_its_declaration(command):
+    declared = importlib.import_module(f"kvcore.cli.{command}").COMMAND
+    subparsers = build_parser()._subparsers._group_actions[0]  # type: ignore[union-attr]
+    listed = {action.dest: action.help for action in subparsers._choices_actions}
+    assert listed[command] == declared.help
+    # written as an indented paragraph, shown folded and wrapped (a long option may wrap at a hyphen)
+    assert "".join(declared.description.split()) in "".join(_help(command).split())
+
+
+def test_a_command_declaration_needs_both_texts():
+    with pytest.raises(ValueError, match="help"):
+        Command(help="", description="what it does")
+    with pytest.raises(TypeError, match="description"):
+        Command(help="what it does", description=None)
 
 
 def test_numpy_is_a_base_dependency():

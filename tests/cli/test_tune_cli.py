@@ -97,3 +97,12 @@ def test_bad_options_are_refused_with_the_fix(run_cli, extra, words):
         _out, err = run_cli.capsys.readouterr()
     assert status != 0
     assert words in err and "Traceback" not in err
+
+
+def test_the_plan_options_hold_for_every_candidate(run_cli):
+    # Gemma 3 keeps two retention kinds (sliding and full): no shared_buffer layout fits one group
+    space = ("--policies", "shared_buffer", "--num-seqs", "8", "--batched-tokens", "512")
+    status, _, err = run_cli("tune", *SMALL, *SYNTHETIC, *space, "--passes", "1")
+    assert status == 0, err
+    status, _, err = run_cli("tune", *SMALL, *SYNTHETIC, *space, "--passes", "1", "--max-groups", "1")
+    assert status == 1 and "in at most 1 group" in err and "its fewest is 2 groups" in err
