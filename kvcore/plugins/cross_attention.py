@@ -12,21 +12,14 @@ admits: the model family reads it from the config, and a sizing context's
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import attrs
 
 from kvcore.errors import InvalidSpecError
 from kvcore.limits import MAX_TOKENS, check_at_most
-from kvcore.plugins.attention import AttentionSpec, attention_specs
+from kvcore.plugins.attention import AttentionSpec, attention_kind_specs
 from kvcore.plugins.kind_hooks import kind_hooks
 from kvcore.spec import SizingContext, cdiv
 from kvcore.validators import positive_int
-
-if TYPE_CHECKING:
-    from hypothesis.strategies import SearchStrategy
-
-    from kvcore.dtypes import DType
 
 
 def _at_most_tokens(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
@@ -80,26 +73,9 @@ class CrossAttentionSpec(AttentionSpec):
         return self.sized_for(context).encoder_pages
 
 
-def cross_attention_specs(
-    *,
-    block_sizes: SearchStrategy[int],
-    dtypes: SearchStrategy[DType],
-    max_heads: int = 8,
-    max_head_size: int = 128,
-    max_encoder_tokens: int = 8192,
-) -> SearchStrategy[CrossAttentionSpec]:
-    """A hypothesis strategy for ``cross_attention`` specs of encoder outputs up to
-    ``max_encoder_tokens`` (see :func:`~kvcore.plugins.attention.attention_specs`)."""
-    from hypothesis import strategies as st
-
-    return attention_specs(
-        CrossAttentionSpec,
-        block_sizes=block_sizes,
-        dtypes=dtypes,
-        max_heads=max_heads,
-        max_head_size=max_head_size,
-        max_encoder_tokens=st.integers(1, max_encoder_tokens),
-    )
+#: A hypothesis strategy for ``cross_attention`` specs of encoder outputs up to 8192 tokens
+#: (:func:`~kvcore.plugins.attention.attention_kind_specs`).
+cross_attention_specs = attention_kind_specs(CrossAttentionSpec, max_encoder_tokens=8192)
 
 
 kvcore_register_spec_kinds, kvcore_register_spec_strategies = kind_hooks(

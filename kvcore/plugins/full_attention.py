@@ -2,17 +2,10 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import attrs
 
-from kvcore.plugins.attention import AttentionSpec, attention_specs
+from kvcore.plugins.attention import AttentionSpec, attention_kind_specs
 from kvcore.plugins.kind_hooks import kind_hooks
-
-if TYPE_CHECKING:
-    from hypothesis.strategies import SearchStrategy
-
-    from kvcore.dtypes import DType
 
 
 @attrs.frozen(kw_only=True)
@@ -27,21 +20,9 @@ class FullAttentionSpec(AttentionSpec):
     kind = "full_attention"
 
 
-def full_attention_specs(
-    *,
-    block_sizes: SearchStrategy[int],
-    dtypes: SearchStrategy[DType],
-    max_heads: int = 8,
-    max_head_size: int = 128,
-) -> SearchStrategy[FullAttentionSpec]:
-    """A hypothesis strategy for ``full_attention`` specs (see :func:`attention_specs`)."""
-    return attention_specs(
-        FullAttentionSpec,
-        block_sizes=block_sizes,
-        dtypes=dtypes,
-        max_heads=max_heads,
-        max_head_size=max_head_size,
-    )
+#: A hypothesis strategy for ``full_attention`` specs
+#: (:func:`~kvcore.plugins.attention.attention_kind_specs`).
+full_attention_specs = attention_kind_specs(FullAttentionSpec)
 
 
 kvcore_register_spec_kinds, kvcore_register_spec_strategies = kind_hooks(
