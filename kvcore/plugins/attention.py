@@ -15,7 +15,6 @@ import attrs
 from kvcore.cache_layout import CacheLayout
 from kvcore.dtypes import DType, dtype_size, to_dtype
 from kvcore.hookspecs import hookimpl
-from kvcore.plugins.kind_hooks import SpecStrategy
 from kvcore.spec import KVCacheSpec
 from kvcore.validators import positive_int
 
@@ -87,7 +86,7 @@ def attention_specs(
 
     Args:
         spec_cls: the attention kind to draw.
-        block_sizes: see :class:`~kvcore.plugins.kind_hooks.SpecStrategy`; so is ``dtypes``.
+        block_sizes: see :class:`~kvcore.plugins.kind_hooks.SpecStrategy`, as for ``dtypes``.
         max_heads: most KV heads.
         max_head_size: largest head size, from :data:`HEAD_SIZES`.
         fields: strategies for the kind's own fields (``sliding_window=...``).
@@ -105,42 +104,3 @@ def attention_specs(
         dtype=dtypes,
         **fields,
     )
-
-
-def attention_kind_specs(spec_cls: type[_A], **maxima: int) -> SpecStrategy[_A]:
-    """The strategy function an attention kind registers: :func:`attention_specs` of
-    ``spec_cls``, each of the kind's own size fields drawn from 1 to its entry in ``maxima``.
-
-    Args:
-        spec_cls: the attention kind.
-        maxima: the largest value of each own field (``sliding_window=4096``).
-
-    Returns:
-        A :class:`~kvcore.plugins.kind_hooks.SpecStrategy` that also takes :func:`attention_specs`'s
-        ``max_heads`` and ``max_head_size`` (tests only; imports hypothesis when called).
-    """
-
-    def specs(
-        *,
-        block_sizes: SearchStrategy[int],
-        dtypes: SearchStrategy[DType],
-        max_heads: int = 8,
-        max_head_size: int = 128,
-    ) -> SearchStrategy[_A]:
-        from hypothesis import strategies as st
-
-        own = {name: st.integers(1, top) for name, top in maxima.items()}
-        return attention_specs(
-            spec_cls,
-            block_sizes=block_sizes,
-            dtypes=dtypes,
-            max_heads=max_heads,
-            max_head_size=max_head_size,
-            **own,
-        )
-
-    sizes = ", ".join(f"{name} up to {top}" for name, top in maxima.items())
-    specs.__doc__ = f"A hypothesis strategy for ``{spec_cls.kind}`` specs" + (
-        f" ({sizes})." if sizes else "."
-    )
-    return specs

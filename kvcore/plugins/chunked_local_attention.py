@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from kvcore.plugins.attention import AttentionSpec, attention_kind_specs
+from kvcore.plugins.attention import AttentionSpec, attention_specs
 from kvcore.plugins.kind_hooks import kind_hooks
 from kvcore.spec import SizingContext, cdiv
 from kvcore.validators import positive_int
+
+if TYPE_CHECKING:
+    from hypothesis.strategies import SearchStrategy
 
 
 @attrs.frozen(kw_only=True)
@@ -61,9 +65,15 @@ class ChunkedLocalAttentionSpec(AttentionSpec):
         return num_tokens // self.attention_chunk_size * self.attention_chunk_size
 
 
-#: A hypothesis strategy for ``chunked_local_attention`` specs of chunks up to 8192 tokens
-#: (:func:`~kvcore.plugins.attention.attention_kind_specs`).
-chunked_local_attention_specs = attention_kind_specs(ChunkedLocalAttentionSpec, attention_chunk_size=8192)
+def chunked_local_attention_specs(
+    *, max_chunk: int = 8192, **options: Any
+) -> SearchStrategy[ChunkedLocalAttentionSpec]:
+    """A hypothesis strategy for ``chunked_local_attention`` specs of chunks up to ``max_chunk``
+    tokens; ``options`` as for :func:`~kvcore.plugins.full_attention.full_attention_specs`."""
+    from hypothesis import strategies as st
+
+    chunks = st.integers(1, max_chunk)
+    return attention_specs(ChunkedLocalAttentionSpec, attention_chunk_size=chunks, **options)
 
 
 kvcore_register_spec_kinds, kvcore_register_spec_strategies = kind_hooks(

@@ -12,14 +12,19 @@ admits: the model family reads it from the config, and a sizing context's
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import attrs
 
 from kvcore.errors import InvalidSpecError
 from kvcore.limits import MAX_TOKENS, check_at_most
-from kvcore.plugins.attention import AttentionSpec, attention_kind_specs
+from kvcore.plugins.attention import AttentionSpec, attention_specs
 from kvcore.plugins.kind_hooks import kind_hooks
 from kvcore.spec import SizingContext, cdiv
 from kvcore.validators import positive_int
+
+if TYPE_CHECKING:
+    from hypothesis.strategies import SearchStrategy
 
 
 def _at_most_tokens(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
@@ -73,9 +78,16 @@ class CrossAttentionSpec(AttentionSpec):
         return self.sized_for(context).encoder_pages
 
 
-#: A hypothesis strategy for ``cross_attention`` specs of encoder outputs up to 8192 tokens
-#: (:func:`~kvcore.plugins.attention.attention_kind_specs`).
-cross_attention_specs = attention_kind_specs(CrossAttentionSpec, max_encoder_tokens=8192)
+def cross_attention_specs(
+    *, max_encoder_tokens: int = 8192, **options: Any
+) -> SearchStrategy[CrossAttentionSpec]:
+    """A hypothesis strategy for ``cross_attention`` specs of encoder outputs up to
+    ``max_encoder_tokens``; ``options`` as for
+    :func:`~kvcore.plugins.full_attention.full_attention_specs`."""
+    from hypothesis import strategies as st
+
+    encoder = st.integers(1, max_encoder_tokens)
+    return attention_specs(CrossAttentionSpec, max_encoder_tokens=encoder, **options)
 
 
 kvcore_register_spec_kinds, kvcore_register_spec_strategies = kind_hooks(

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import attrs
 
-from kvcore.plugins.attention import AttentionSpec, attention_kind_specs
+from kvcore.plugins.attention import AttentionSpec, attention_specs
 from kvcore.plugins.kind_hooks import kind_hooks
+
+if TYPE_CHECKING:
+    from hypothesis.strategies import SearchStrategy
 
 
 @attrs.frozen(kw_only=True)
@@ -20,9 +25,11 @@ class FullAttentionSpec(AttentionSpec):
     kind = "full_attention"
 
 
-#: A hypothesis strategy for ``full_attention`` specs
-#: (:func:`~kvcore.plugins.attention.attention_kind_specs`).
-full_attention_specs = attention_kind_specs(FullAttentionSpec)
+def full_attention_specs(**options: Any) -> SearchStrategy[FullAttentionSpec]:
+    """A hypothesis strategy for ``full_attention`` specs; ``options`` as
+    :func:`~kvcore.plugins.attention.attention_specs` takes them (``block_sizes``, ``dtypes``,
+    ``max_heads``, ``max_head_size``)."""
+    return attention_specs(FullAttentionSpec, **options)
 
 
 kvcore_register_spec_kinds, kvcore_register_spec_strategies = kind_hooks(

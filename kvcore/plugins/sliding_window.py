@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import attrs
 
-from kvcore.plugins.attention import AttentionSpec, attention_kind_specs
+from kvcore.plugins.attention import AttentionSpec, attention_specs
 from kvcore.plugins.kind_hooks import kind_hooks
 from kvcore.spec import SizingContext, cdiv
 from kvcore.validators import positive_int
+
+if TYPE_CHECKING:
+    from hypothesis.strategies import SearchStrategy
 
 
 @attrs.frozen(kw_only=True)
@@ -48,9 +53,12 @@ class SlidingWindowSpec(AttentionSpec):
         return max(0, num_tokens - self.sliding_window + 1)
 
 
-#: A hypothesis strategy for ``sliding_window`` specs of windows up to 4096 tokens
-#: (:func:`~kvcore.plugins.attention.attention_kind_specs`).
-sliding_window_specs = attention_kind_specs(SlidingWindowSpec, sliding_window=4096)
+def sliding_window_specs(*, max_window: int = 4096, **options: Any) -> SearchStrategy[SlidingWindowSpec]:
+    """A hypothesis strategy for ``sliding_window`` specs of windows up to ``max_window``;
+    ``options`` as for :func:`~kvcore.plugins.full_attention.full_attention_specs`."""
+    from hypothesis import strategies as st
+
+    return attention_specs(SlidingWindowSpec, sliding_window=st.integers(1, max_window), **options)
 
 
 kvcore_register_spec_kinds, kvcore_register_spec_strategies = kind_hooks(
