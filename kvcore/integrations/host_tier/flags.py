@@ -161,30 +161,31 @@ def sglang_host_tier(
     device_tokens = plan.usable_blocks * plan.groups[0].spec.block_size
     ratio = _round_up(wanted_tokens / device_tokens)
     by_ratio = (int(device_tokens * ratio) // page_size + 1) * page_size
-    common = "--enable-hierarchical-cache"
+
+    def hicache(flag: str, tokens: int, notes: str) -> EngineHostTier:
+        # either flag sizes a host pool of ``tokens`` tokens on every rank
+        return EngineHostTier(
+            engine="sglang",
+            flags=("--enable-hierarchical-cache", flag),
+            allocated_bytes=tokens * per_token * world_size,
+            holds="tokens",
+            holds_count=tokens,
+            notes=notes,
+        )
+
     return (
-        EngineHostTier(
-            engine="sglang",
-            flags=(common, f"--hicache-size {gb}"),
-            allocated_bytes=by_size * per_token * world_size,
-            holds="tokens",
-            holds_count=by_size,
-            notes=(
-                f"{gb} GB = {gb * _GB:,} bytes a rank // {per_token:,} bytes a token = "
-                f"{by_size - page_size:,} tokens, plus a padding page of {page_size}: {by_size:,} tokens = "
-                f"{format_bytes(by_size * per_token)} a rank (the tier asks {wanted_tokens:,} tokens)"
-            ),
+        hicache(
+            f"--hicache-size {gb}",
+            by_size,
+            f"{gb} GB = {gb * _GB:,} bytes a rank // {per_token:,} bytes a token = "
+            f"{by_size - page_size:,} tokens, plus a padding page of {page_size}: {by_size:,} tokens = "
+            f"{format_bytes(by_size * per_token)} a rank (the tier asks {wanted_tokens:,} tokens)",
         ),
-        EngineHostTier(
-            engine="sglang",
-            flags=(common, f"--hicache-ratio {_decimal(ratio)}"),
-            allocated_bytes=by_ratio * per_token * world_size,
-            holds="tokens",
-            holds_count=by_ratio,
-            notes=(
-                f"{device_tokens:,} device tokens x {_decimal(ratio)}, plus a padding page of "
-                f"{page_size}: {by_ratio:,} tokens = {format_bytes(by_ratio * per_token)} a rank"
-            ),
+        hicache(
+            f"--hicache-ratio {_decimal(ratio)}",
+            by_ratio,
+            f"{device_tokens:,} device tokens x {_decimal(ratio)}, plus a padding page of "
+            f"{page_size}: {by_ratio:,} tokens = {format_bytes(by_ratio * per_token)} a rank",
         ),
     )
 

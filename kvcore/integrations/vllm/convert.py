@@ -27,6 +27,7 @@ from kvcore's leaves them at their defaults, which only vLLM's HiSparse layout r
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import attrs
 import torch
@@ -120,6 +121,18 @@ def _plain_attention(
         raise _unsupported(name, spec, ", ".join(odd))
 
 
+def _attention_fields(name: str, spec: vk.AttentionSpec, *, padded: bool) -> dict[str, Any]:
+    """The fields every kvcore attention kind takes, read from a plain vLLM attention spec (one
+    whose K and V heads are alike; :func:`_plain_attention` refuses any other)."""
+    _plain_attention(name, spec, head_size_v=spec.head_size, padded=padded)
+    return {
+        "block_size": spec.block_size,
+        "num_kv_heads": spec.num_kv_heads,
+        "head_size": spec.head_size,
+        "dtype": spec.dtype,
+    }
+
+
 def spec_from_vllm(
     name: str, spec: vk.KVCacheSpec, *, padded: bool = False, max_encoder_tokens: int = 0
 ) -> KVCacheSpec:
@@ -146,53 +159,29 @@ def spec_from_vllm(
     """
     cls = type(spec)
     if cls is vk.CrossAttentionSpec:
-        _plain_attention(name, spec, head_size_v=spec.head_size, padded=padded)
+        fields = _attention_fields(name, spec, padded=padded)
         if max_encoder_tokens <= 0:
             raise VllmIntegrationError(
                 f"layer {name!r}: vLLM's CrossAttentionSpec does not say how many encoder tokens a request "
                 "caches; pass max_encoder_tokens (vLLM sizes it by the scheduler's "
                 "max_num_encoder_input_tokens; Whisper's encoder gives 1500)"
             )
-        return CrossAttentionSpec(
-            block_size=spec.block_size,
-            num_kv_heads=spec.num_kv_heads,
-            head_size=spec.head_size,
-            dtype=spec.dtype,
-            max_encoder_tokens=max_encoder_tokens,
-        )
+        return CrossAttentionSpec(**fields, max_encoder_tokens=max_encoder_tokens)
     if cls is vk.MLAAttentionSpec:
         return _mla_from_vllm(name, spec, padded=padded)
     if cls is vk.FullAttentionSpec:
-        _plain_attention(name, spec, head_size_v=spec.head_size, padded=padded)
         # a sliding or chunked layer vLLM promoted to full attention holds every token
-        return FullAttentionSpec(
-            block_size=spec.block_size,
-            num_kv_heads=spec.num_kv_heads,
-            head_size=spec.head_size,
-            dtype=spec.dtype,
-        )
+        return FullAttentionSpec(**_attention_fields(name, spec, padded=padded))
     if cls is vk.SlidingWindowSpec:
-        _plain_attention(name, spec, head_size_v=spec.head_size, padded=padded)
+        fields = _attention_fields(name, spec, padded=padded)
         if spec.extra_retained_tokens:
             raise _unsupported(
                 name, spec, f"extra_retained_tokens {spec.extra_retained_tokens} (multi-module MTP)"
             )
-        return SlidingWindowSpec(
-            block_size=spec.block_size,
-            num_kv_heads=spec.num_kv_heads,
-            head_size=spec.head_size,
-            dtype=spec.dtype,
-            sliding_window=spec.sliding_window,
-        )
+        return SlidingWindowSpec(**fields, sliding_window=spec.sliding_window)
     if cls is vk.ChunkedLocalAttentionSpec:
-        _plain_attention(name, spec, head_size_v=spec.head_size, padded=padded)
-        return ChunkedLocalAttentionSpec(
-            block_size=spec.block_size,
-            num_kv_heads=spec.num_kv_heads,
-            head_size=spec.head_size,
-            dtype=spec.dtype,
-            attention_chunk_size=spec.attention_chunk_size,
-        )
+        fields = _attention_fields(name, spec, padded=padded)
+        return ChunkedLocalAttentionSpec(**fields, attention_chunk_size=spec.attention_chunk_size)
     if cls is vk.MambaSpec:
         if (
             spec.mamba_cache_mode != "none"
