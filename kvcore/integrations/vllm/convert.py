@@ -318,14 +318,7 @@ def spec_to_vllm(spec: KVCacheSpec, *, max_model_len: int | None = None) -> vk.K
                 f"{describe_spec(spec)}: vLLM's indexer keeps fp8 keys with a float32 scale per "
                 f"{INDEXER_SCALE_BLOCK} (deepseek_v2.py:723-735)"
             )
-        return vk.MLAAttentionSpec(
-            block_size=spec.block_size,
-            num_kv_heads=1,
-            max_tp_shards=1,
-            head_size=spec.bytes_per_token,
-            dtype=torch.uint8,
-            cache_role=vk.SparseCacheRole.INDEXER,
-        )
+        return _vllm_bytes_page(spec.block_size, spec.bytes_per_token, cache_role=vk.SparseCacheRole.INDEXER)
     if isinstance(spec, MLAAttentionSpec):
         if spec.is_packed:
             if spec != _fp8_ds_mla_like(spec):  # vLLM has one packing: the one DSA's kernels read
@@ -333,12 +326,9 @@ def spec_to_vllm(spec: KVCacheSpec, *, max_model_len: int | None = None) -> vk.K
                     f"{describe_spec(spec)}: vLLM packs an MLA latent only as fp8_ds_mla (fp8 with a "
                     f"float32 scale per {INDEXER_SCALE_BLOCK} and a bfloat16 rope part)"
                 )
-            return vk.MLAAttentionSpec(
-                block_size=spec.block_size,
-                num_kv_heads=1,
-                max_tp_shards=1,
-                head_size=spec.latent_size,
-                dtype=torch.uint8,
+            return _vllm_bytes_page(
+                spec.block_size,
+                spec.latent_size,
                 cache_dtype_str=FP8_DS_MLA,
                 kv_quant_mode=vk.get_kv_quant_mode(FP8_DS_MLA),
                 state_content_bytes=spec.bytes_per_token,
@@ -368,6 +358,20 @@ def spec_to_vllm(spec: KVCacheSpec, *, max_model_len: int | None = None) -> vk.K
     raise VllmIntegrationError(
         f"kvcore's kind {spec.kind!r} ({describe_spec(spec)}) has no vLLM spec class; vLLM runs "
         f"{', '.join(VLLM_SPEC_CLASSES)} layers"
+    )
+
+
+def _vllm_bytes_page(block_size: int, head_size: int, **fields: Any) -> vk.MLAAttentionSpec:
+    """vLLM's ``MLAAttentionSpec`` of a page its kernels read as bytes: one uint8 head of
+    ``head_size``, the same on every tensor-parallel rank (the DSA indexer's keys, an
+    ``fp8_ds_mla`` latent), with the class's other ``fields``."""
+    return vk.MLAAttentionSpec(
+        block_size=block_size,
+        num_kv_heads=1,
+        max_tp_shards=1,
+        head_size=head_size,
+        dtype=torch.uint8,
+        **fields,
     )
 
 
