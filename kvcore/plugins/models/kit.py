@@ -668,6 +668,20 @@ def hybrid_layers(
 
 
 # -- states (SSM and linear attention) -----------------------------------------------------
+#
+# Each state builder takes the config (``cfg``, for messages), the model options (``tp`` shards
+# the dimensions it names; ``block_size``) and the state's element type (``dtype``:
+# ``options.state_cache_dtype(model dtype)``), then its own sizes; it returns the state spec of
+# one layer on one rank, whose convolution keeps the last ``conv_kernel - 1`` inputs (the
+# current one is computed), as inference engines store it (transformers keeps ``conv_kernel``).
+
+
+def _conv_state(
+    options: ModelOptions, dtype: DType, conv_kernel: int, channels: int, state: StatePart
+) -> StateSpec:
+    """A state of a convolution over ``channels`` and the recurrent ``state`` part."""
+    conv = StatePart(name="conv", shape=(conv_kernel - 1, channels), dtype=dtype)
+    return StateSpec(block_size=options.block_size, parts=(conv, state))
 
 
 def shard(cfg: ConfigFields, key: str, value: int, options: ModelOptions) -> int:
@@ -701,34 +715,21 @@ def mamba1_state(
     state_size: int,
     conv_kernel: int,
 ) -> StateSpec:
-    """A Mamba-1 state: conv ``(conv_kernel - 1, inner / tp)`` and SSM ``(inner / tp, state_size)``.
-
-    The convolution keeps the last ``conv_kernel - 1`` inputs (the current one is computed), as
-    inference engines store it (vLLM's ``mamba1_state_shape``; transformers keeps
-    ``conv_kernel``).
+    """A Mamba-1 state: conv ``(conv_kernel - 1, inner / tp)`` and SSM ``(inner / tp, state_size)``
+    (vLLM's ``mamba1_state_shape``).
 
     Args:
-        cfg: the config, for messages.
-        options: the model options (``tp`` shards the inner width; ``block_size``).
-        dtype: the state's element type (``options.state_cache_dtype(model dtype)``).
-        inner: ``(field, value)`` of the inner width (``d_inner = expand * hidden_size``).
+        inner: ``(field, value)`` of the inner width (``d_inner = expand * hidden_size``); it
+            must divide by ``tp``.
         state_size: the SSM state size (``d_state``).
         conv_kernel: the convolution's kernel size.
-
-    Returns:
-        The state spec of one layer on one rank.
 
     Raises:
         ModelConfigError: ``tp`` does not divide the inner width.
     """
     width = shard(cfg, inner[0], inner[1], options)
-    return StateSpec(
-        block_size=options.block_size,
-        parts=(
-            StatePart(name="conv", shape=(conv_kernel - 1, width), dtype=dtype),
-            StatePart(name="ssm", shape=(width, state_size), dtype=dtype),
-        ),
-    )
+    ssm = StatePart(name="ssm", shape=(width, state_size), dtype=dtype)
+    return _conv_state(options, dtype, conv_kernel, width, ssm)
 
 
 def mamba2_groups(cfg: ConfigFields, key: str, n_groups: int, options: ModelOptions) -> int:
@@ -769,17 +770,11 @@ def mamba2_state(
     and SSM ``(heads / tp, head_dim, state_size)`` (vLLM's ``mamba2_state_shape``).
 
     Args:
-        cfg: the config, for messages.
-        options: the model options (``tp``; ``block_size``).
-        dtype: the state's element type.
         heads: ``(field, value)`` of the SSM heads; they must divide by ``tp``.
         head_dim: elements per SSM head.
         n_groups: ``(field, value)`` of the groups; see :func:`mamba2_groups`.
         state_size: the SSM state size.
         conv_kernel: the convolution's kernel size.
-
-    Returns:
-        The state spec of one layer on one rank.
 
     Raises:
         ModelConfigError: ``tp`` does not divide the heads, or does not fit the groups.
@@ -787,13 +782,8 @@ def mamba2_state(
     heads_per_rank = shard(cfg, heads[0], heads[1], options)
     groups_per_rank = mamba2_groups(cfg, n_groups[0], n_groups[1], options) // options.tp
     conv_channels = heads_per_rank * head_dim + 2 * groups_per_rank * state_size
-    return StateSpec(
-        block_size=options.block_size,
-        parts=(
-            StatePart(name="conv", shape=(conv_kernel - 1, conv_channels), dtype=dtype),
-            StatePart(name="ssm", shape=(heads_per_rank, head_dim, state_size), dtype=dtype),
-        ),
-    )
+    ssm = StatePart(name="ssm", shape=(heads_per_rank, head_dim, state_size), dtype=dtype)
+    return _conv_state(options, dtype, conv_kernel, conv_channels, ssm)
 
 
 def gated_delta_net_state(
@@ -811,32 +801,19 @@ def gated_delta_net_state(
     and recurrent ``(vh / tp, vd, kd)`` (vLLM's ``gated_delta_net_state_shape``).
 
     Args:
-        cfg: the config, for messages.
-        options: the model options (``tp``; ``block_size``).
-        dtype: the state's element type.
         key_heads: ``(field, value)`` of the key heads; they must divide by ``tp``.
         value_heads: ``(field, value)`` of the value heads; they must divide by ``tp``.
         key_head_dim: elements per key head.
         value_head_dim: elements per value head.
         conv_kernel: the convolution's kernel size.
 
-    Returns:
-        The state spec of one layer on one rank.
-
     Raises:
         ModelConfigError: ``tp`` does not divide the key or value heads.
     """
     kh = shard(cfg, key_heads[0], key_heads[1], options)
     vh = shard(cfg, value_heads[0], value_heads[1], options)
-    return StateSpec(
-        block_size=options.block_size,
-        parts=(
-            StatePart(
-                name="conv", shape=(conv_kernel - 1, 2 * kh * key_head_dim + vh * value_head_dim), dtype=dtype
-            ),
-            StatePart(name="recurrent", shape=(vh, value_head_dim, key_head_dim), dtype=dtype),
-        ),
-    )
+    recurrent = StatePart(name="recurrent", shape=(vh, value_head_dim, key_head_dim), dtype=dtype)
+    return _conv_state(options, dtype, conv_kernel, 2 * kh * key_head_dim + vh * value_head_dim, recurrent)
 
 
 def mla(cfg: ConfigFields, options: ModelOptions, model_dtype: DType) -> MLAAttentionSpec:
