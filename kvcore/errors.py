@@ -173,20 +173,10 @@ class InsufficientMemoryError(KVCoreError, ValueError):
         Args:
             where: the rank, as the message should start (``"rank 1 (pp stage 0, tp rank 1)"``).
         """
-        return InsufficientMemoryError(
-            f"{where}: {self}",
-            required_bytes=self.required_bytes,
-            available_bytes=self.available_bytes,
-            max_model_len=self.max_model_len,
-            largest_fitting_len=self.largest_fitting_len,
-            reason=self.reason,
-            required_blocks=self.required_blocks,
-            available_blocks=self.available_blocks,
-            bytes_per_block=self.bytes_per_block,
-            where=where,
-            required_pool_blocks=self.required_pool_blocks,
-            available_pool_blocks=self.available_pool_blocks,
-        )
+        # every figure __init__ keeps is stored under its keyword's name, so all carry over
+        # (names with dunders, such as add_note's __notes__, are Python's own, not figures)
+        figures = {name: value for name, value in vars(self).items() if not name.startswith("__")}
+        return InsufficientMemoryError(f"{where}: {self}", **{**figures, "where": where})
 
 
 class MultiplePoolsError(KVCoreError, ValueError):

@@ -92,14 +92,8 @@ class ModelOptions:
         return self.kv_cache_dtype or to_dtype(model_dtype)
 
     def state_cache_dtype(self, model_dtype: DTypeLike) -> DType:
-        """The dtype of SSM / linear-attention states.
-
-        Args:
-            model_dtype: the model's own dtype (read only when ``state_dtype`` is auto).
-
-        Returns:
-            ``state_dtype``, else ``model_dtype``.
-        """
+        """The dtype of SSM / linear-attention states: ``state_dtype``, else ``model_dtype``
+        (as :meth:`cache_dtype` is for attention caches)."""
         return self.state_dtype or to_dtype(model_dtype)
 
     def kv_heads_per_rank(self, kv_heads: int) -> int:

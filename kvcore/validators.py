@@ -157,16 +157,8 @@ def positive_int(instance: object, attribute: attrs.Attribute[Any], value: objec
 
 
 def non_negative_int(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    """attrs validator for spec fields: ``value`` is an ``int`` (not a ``bool``) and at least 0.
-
-    Args:
-        instance: the spec being built; the message names its ``kind`` (else its class).
-        attribute: the field.
-        value: the value given.
-
-    Raises:
-        InvalidSpecError: e.g. ``KVCacheTensor: 'offset' must be >= 0 (got -1)``.
-    """
+    """:func:`positive_int` for a field that may be 0: ``value`` is an ``int`` (not a ``bool``)
+    and at least 0, else ``InvalidSpecError`` (``KVCacheTensor: 'offset' must be >= 0 (got -1)``)."""
     _spec_int(instance, attribute, value, 0, "an int >= 0")
 
 

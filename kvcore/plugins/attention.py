@@ -86,8 +86,7 @@ def attention_specs(
 
     Args:
         spec_cls: the attention kind to draw.
-        block_sizes: where ``block_size`` comes from (the testing kit's ``block_sizes()``).
-        dtypes: where ``dtype`` comes from (the testing kit's ``dtypes()``).
+        block_sizes: see :class:`~kvcore.plugins.kind_hooks.SpecStrategy`, as for ``dtypes``.
         max_heads: most KV heads.
         max_head_size: largest head size, from :data:`HEAD_SIZES`.
         fields: strategies for the kind's own fields (``sliding_window=...``).

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
@@ -14,8 +14,6 @@ from kvcore.validators import positive_int
 
 if TYPE_CHECKING:
     from hypothesis.strategies import SearchStrategy
-
-    from kvcore.dtypes import DType
 
 
 @attrs.frozen(kw_only=True)
@@ -28,11 +26,10 @@ class ChunkedLocalAttentionSpec(AttentionSpec):
     chunk the step does not cut short, ``ceil((kC mod B + C - 1 + T) / B)``, largest for the
     chunk that starts latest in its block (``kC mod B`` takes every multiple of
     ``gcd(C, B)`` below ``B``, one per chunk in turn); for the first chunk whose step reaches
-    the request's end, ``ceil(L / B) - floor(kC / B)``. The largest over the chunks is
-    exactly the largest ``len(live_pages(n, c))`` over the steps from ``c`` to
-    ``n <= min(c + T, L)`` tokens, the most a block pool holds. vLLM reserves
-    ``ceil((C - 1 + T) / B) + [C % B != 0]``, up to one page more (its rule is in
-    :mod:`kvcore.integrations.vllm.rules`).
+    the request's end, ``ceil(L / B) - floor(kC / B)``. The largest over the chunks is the
+    exact worst case (:meth:`~kvcore.KVCacheSpec.max_num_blocks`); vLLM's rule
+    (:mod:`kvcore.integrations.vllm.rules`), ``ceil((C - 1 + T) / B) + [C % B != 0]``, may
+    reserve one page more.
 
     Attributes:
         attention_chunk_size: the chunk, in tokens.
@@ -69,25 +66,14 @@ class ChunkedLocalAttentionSpec(AttentionSpec):
 
 
 def chunked_local_attention_specs(
-    *,
-    block_sizes: SearchStrategy[int],
-    dtypes: SearchStrategy[DType],
-    max_heads: int = 8,
-    max_head_size: int = 128,
-    max_chunk: int = 8192,
+    *, max_chunk: int = 8192, **options: Any
 ) -> SearchStrategy[ChunkedLocalAttentionSpec]:
     """A hypothesis strategy for ``chunked_local_attention`` specs of chunks up to ``max_chunk``
-    (see :func:`~kvcore.plugins.attention.attention_specs`)."""
+    tokens; ``options`` as for :func:`~kvcore.plugins.full_attention.full_attention_specs`."""
     from hypothesis import strategies as st
 
-    return attention_specs(
-        ChunkedLocalAttentionSpec,
-        block_sizes=block_sizes,
-        dtypes=dtypes,
-        max_heads=max_heads,
-        max_head_size=max_head_size,
-        attention_chunk_size=st.integers(1, max_chunk),
-    )
+    chunks = st.integers(1, max_chunk)
+    return attention_specs(ChunkedLocalAttentionSpec, attention_chunk_size=chunks, **options)
 
 
 kvcore_register_spec_kinds, kvcore_register_spec_strategies = kind_hooks(

@@ -12,7 +12,7 @@ admits: the model family reads it from the config, and a sizing context's
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
@@ -25,8 +25,6 @@ from kvcore.validators import positive_int
 
 if TYPE_CHECKING:
     from hypothesis.strategies import SearchStrategy
-
-    from kvcore.dtypes import DType
 
 
 def _at_most_tokens(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
@@ -81,25 +79,15 @@ class CrossAttentionSpec(AttentionSpec):
 
 
 def cross_attention_specs(
-    *,
-    block_sizes: SearchStrategy[int],
-    dtypes: SearchStrategy[DType],
-    max_heads: int = 8,
-    max_head_size: int = 128,
-    max_encoder_tokens: int = 8192,
+    *, max_encoder_tokens: int = 8192, **options: Any
 ) -> SearchStrategy[CrossAttentionSpec]:
     """A hypothesis strategy for ``cross_attention`` specs of encoder outputs up to
-    ``max_encoder_tokens`` (see :func:`~kvcore.plugins.attention.attention_specs`)."""
+    ``max_encoder_tokens``; ``options`` as for
+    :func:`~kvcore.plugins.full_attention.full_attention_specs`."""
     from hypothesis import strategies as st
 
-    return attention_specs(
-        CrossAttentionSpec,
-        block_sizes=block_sizes,
-        dtypes=dtypes,
-        max_heads=max_heads,
-        max_head_size=max_head_size,
-        max_encoder_tokens=st.integers(1, max_encoder_tokens),
-    )
+    encoder = st.integers(1, max_encoder_tokens)
+    return attention_specs(CrossAttentionSpec, max_encoder_tokens=encoder, **options)
 
 
 kvcore_register_spec_kinds, kvcore_register_spec_strategies = kind_hooks(

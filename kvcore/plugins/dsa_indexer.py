@@ -114,16 +114,8 @@ def kvcore_cache_layout(spec: KVCacheSpec) -> CacheLayout | None:
 def dsa_indexer_specs(
     *, block_sizes: SearchStrategy[int], dtypes: SearchStrategy[DType]
 ) -> SearchStrategy[DSAIndexerSpec]:
-    """A hypothesis strategy for ``dsa_indexer`` specs around DeepSeek's (tests only; imports
-    hypothesis when called).
-
-    Args:
-        block_sizes: where ``block_size`` comes from (the testing kit's ``block_sizes()``).
-        dtypes: where ``dtype`` comes from (the testing kit's ``dtypes()``).
-
-    Returns:
-        A strategy drawing valid :class:`DSAIndexerSpec` instances.
-    """
+    """A :class:`~kvcore.plugins.kind_hooks.SpecStrategy` for ``dsa_indexer`` specs around
+    DeepSeek's."""
     from hypothesis import strategies as st
 
     # every head dim drawn divides by every scale block drawn

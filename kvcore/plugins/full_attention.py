@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
@@ -11,8 +11,6 @@ from kvcore.plugins.kind_hooks import kind_hooks
 
 if TYPE_CHECKING:
     from hypothesis.strategies import SearchStrategy
-
-    from kvcore.dtypes import DType
 
 
 @attrs.frozen(kw_only=True)
@@ -27,21 +25,11 @@ class FullAttentionSpec(AttentionSpec):
     kind = "full_attention"
 
 
-def full_attention_specs(
-    *,
-    block_sizes: SearchStrategy[int],
-    dtypes: SearchStrategy[DType],
-    max_heads: int = 8,
-    max_head_size: int = 128,
-) -> SearchStrategy[FullAttentionSpec]:
-    """A hypothesis strategy for ``full_attention`` specs (see :func:`attention_specs`)."""
-    return attention_specs(
-        FullAttentionSpec,
-        block_sizes=block_sizes,
-        dtypes=dtypes,
-        max_heads=max_heads,
-        max_head_size=max_head_size,
-    )
+def full_attention_specs(**options: Any) -> SearchStrategy[FullAttentionSpec]:
+    """A hypothesis strategy for ``full_attention`` specs; ``options`` as
+    :func:`~kvcore.plugins.attention.attention_specs` takes them (``block_sizes``, ``dtypes``,
+    ``max_heads``, ``max_head_size``)."""
+    return attention_specs(FullAttentionSpec, **options)
 
 
 kvcore_register_spec_kinds, kvcore_register_spec_strategies = kind_hooks(

@@ -29,7 +29,16 @@ _S = TypeVar("_S", bound=KVCacheSpec, covariant=True)
 
 
 class SpecStrategy(Protocol[_S]):
-    """A kind's strategy function: keyword ``block_sizes`` and ``dtypes``, the rest defaulted."""
+    """A kind's strategy function: keyword ``block_sizes`` and ``dtypes``, the rest defaulted
+    (tests only: it imports hypothesis when called).
+
+    Args:
+        block_sizes: where ``block_size`` comes from (the testing kit's ``block_sizes()``).
+        dtypes: where dtypes come from (the testing kit's ``dtypes()``).
+
+    Returns:
+        A strategy drawing valid instances of the kind.
+    """
 
     def __call__(
         self, *, block_sizes: SearchStrategy[int], dtypes: SearchStrategy[DType]

@@ -144,16 +144,8 @@ def kvcore_cache_layout(spec: KVCacheSpec) -> CacheLayout | None:
 def mla_specs(
     *, block_sizes: SearchStrategy[int], dtypes: SearchStrategy[DType]
 ) -> SearchStrategy[MLAAttentionSpec]:
-    """A hypothesis strategy for ``mla`` specs: latent sizes around DeepSeek's, scaled down
-    (tests only; imports hypothesis when called).
-
-    Args:
-        block_sizes: where ``block_size`` comes from (the testing kit's ``block_sizes()``).
-        dtypes: where ``dtype`` comes from (the testing kit's ``dtypes()``).
-
-    Returns:
-        A strategy drawing valid :class:`MLAAttentionSpec` instances.
-    """
+    """A :class:`~kvcore.plugins.kind_hooks.SpecStrategy` for ``mla`` specs: latent sizes around
+    DeepSeek's, scaled down, the dtype drawn for the rotary part too."""
     from hypothesis import strategies as st
 
     # every rank drawn divides by the scale blocks drawn; a packed latent is drawn one time in three

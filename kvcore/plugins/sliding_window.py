@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
@@ -13,8 +13,6 @@ from kvcore.validators import positive_int
 
 if TYPE_CHECKING:
     from hypothesis.strategies import SearchStrategy
-
-    from kvcore.dtypes import DType
 
 
 @attrs.frozen(kw_only=True)
@@ -27,10 +25,10 @@ class SlidingWindowSpec(AttentionSpec):
     more block when they start late in a block: once the window has slid ``s < B`` tokens
     past the request's start, it spans ``ceil((X + s) / B)`` blocks, most at ``s = B - 1``
     (or as far as the request goes). So ``ceil(min(X + min(B - 1, L - W), L) / B)`` pages
-    (``ceil(L / B)`` when ``L <= W``): exactly the largest ``len(live_pages(n, c))`` over
-    the steps from ``c`` to ``n <= min(c + T, L)`` tokens, the most a block pool holds. vLLM
-    reserves ``ceil(X / B) + 1``, up to one page more (its rule is in
-    :mod:`kvcore.integrations.vllm.rules`).
+    (``ceil(L / B)`` when ``L <= W``), the exact worst case of
+    :meth:`~kvcore.KVCacheSpec.max_num_blocks`: the most a block pool holds over the steps
+    from ``c`` to ``n <= min(c + T, L)`` tokens. vLLM reserves ``ceil(X / B) + 1``, up to one
+    page more (its rule is in :mod:`kvcore.integrations.vllm.rules`).
 
     Attributes:
         sliding_window: the window, in tokens.
@@ -55,26 +53,12 @@ class SlidingWindowSpec(AttentionSpec):
         return max(0, num_tokens - self.sliding_window + 1)
 
 
-def sliding_window_specs(
-    *,
-    block_sizes: SearchStrategy[int],
-    dtypes: SearchStrategy[DType],
-    max_heads: int = 8,
-    max_head_size: int = 128,
-    max_window: int = 4096,
-) -> SearchStrategy[SlidingWindowSpec]:
-    """A hypothesis strategy for ``sliding_window`` specs of windows up to ``max_window``
-    (see :func:`~kvcore.plugins.attention.attention_specs`)."""
+def sliding_window_specs(*, max_window: int = 4096, **options: Any) -> SearchStrategy[SlidingWindowSpec]:
+    """A hypothesis strategy for ``sliding_window`` specs of windows up to ``max_window``;
+    ``options`` as for :func:`~kvcore.plugins.full_attention.full_attention_specs`."""
     from hypothesis import strategies as st
 
-    return attention_specs(
-        SlidingWindowSpec,
-        block_sizes=block_sizes,
-        dtypes=dtypes,
-        max_heads=max_heads,
-        max_head_size=max_head_size,
-        sliding_window=st.integers(1, max_window),
-    )
+    return attention_specs(SlidingWindowSpec, sliding_window=st.integers(1, max_window), **options)
 
 
 kvcore_register_spec_kinds, kvcore_register_spec_strategies = kind_hooks(

@@ -238,17 +238,12 @@ def state_specs(
     max_parts: int = 3,
     max_dim: int = 32,
 ) -> SearchStrategy[StateSpec]:
-    """A hypothesis strategy for ``state`` specs (tests only; imports hypothesis when called).
+    """A :class:`~kvcore.plugins.kind_hooks.SpecStrategy` for ``state`` specs, each part's
+    dtype drawn on its own (parts of different dtypes need alignment).
 
     Args:
-        block_sizes: where ``block_size`` comes from (the testing kit's ``block_sizes()``).
-        dtypes: where each part's dtype comes from (the testing kit's ``dtypes()``); parts of
-            different dtypes need alignment.
         max_parts: most state tensors (``conv``, ``ssm``, ``extra``), at least one.
         max_dim: largest dimension of a part's shape (one to three dimensions).
-
-    Returns:
-        A strategy drawing valid :class:`StateSpec` instances.
     """
     from hypothesis import strategies as st
 

@@ -110,19 +110,36 @@ def _contiguous_strides(shape: Sequence[int]) -> list[int]:
     return strides
 
 
-def _part_view(
-    layer: str, part: PagePart, allocation: int, offset: int, page_stride: int, num_pages: int
-) -> ViewGeometry:
+def part_start(part: PagePart, offset: int, page_stride: int, *, where: str, fix: str) -> tuple[int, int]:
+    """The element size of ``part`` and the byte it starts at, in a page that starts ``offset``
+    bytes into its buffer, pages ``page_stride`` bytes apart: a strided view of its elements
+    needs both to be multiples of the element size.
+
+    Args:
+        where: what the message starts with (``"layer 'model.layers.0.self_attn'"``).
+        fix: what the message ends with: how to make them multiples.
+
+    Raises:
+        PlanValidationError: naming the part, its start, the stride and the element size.
+    """
     item = dtype_size(part.dtype)
     start = offset + part.offset_bytes
     if start % item or page_stride % item:
         raise PlanValidationError(
             [
-                f"layer {layer!r}: part {part.name!r} ({dtype_name(part.dtype)}, {item}-byte elements) "
+                f"{where}: part {part.name!r} ({dtype_name(part.dtype)}, {item}-byte elements) "
                 f"starts at byte {start} with a page stride of {page_stride} bytes, which are not both "
-                f"multiples of {item}; the policy must align pages to the spec's alignment_bytes"
+                f"multiples of {item}; {fix}"
             ]
         )
+    return item, start
+
+
+def _part_view(
+    layer: str, part: PagePart, allocation: int, offset: int, page_stride: int, num_pages: int
+) -> ViewGeometry:
+    fix = "the policy must align pages to the spec's alignment_bytes"
+    item, start = part_start(part, offset, page_stride, where=f"layer {layer!r}", fix=fix)
     inner = _contiguous_strides(part.shape)
     dim = part.block_dim
     return ViewGeometry(

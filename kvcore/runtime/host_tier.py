@@ -29,10 +29,9 @@ from typing import TYPE_CHECKING
 import attrs
 import torch
 
-from kvcore.dtypes import dtype_size
 from kvcore.errors import HostTierError, InvalidInputError, PlanValidationError
 from kvcore.plan import KVCachePlan, OffloadTier
-from kvcore.runtime.allocation import LayerView, allocate_buffers
+from kvcore.runtime.allocation import LayerView, allocate_buffers, part_start
 from kvcore.runtime.host_rows import HostRows
 from kvcore.spec import KVCacheSpec, describe_spec
 from kvcore.units import format_bytes
@@ -279,15 +278,13 @@ class HostTier:
             layout = registry.cache_layout(spec)
             device_views = (view,) if isinstance(view, torch.Tensor) else tuple(view)
             for part, device in zip(layout.parts, device_views, strict=True):
-                item = dtype_size(part.dtype)
-                start = offset + part.offset_bytes
-                if start % item or stride % item:
-                    raise PlanValidationError(
-                        [
-                            f"group {index}: layer {name!r} part {part.name!r} cannot be aligned in host "
-                            f"rows of {stride} bytes"
-                        ]
-                    )
+                item, start = part_start(
+                    part,
+                    offset,
+                    stride,
+                    where=f"group {index}: layer {name!r}",
+                    fix="host rows of the group's page size cannot hold its elements whole",
+                )
                 shape = list(device.shape)
                 shape[part.block_dim] = host_pages
                 strides = list(device.stride())

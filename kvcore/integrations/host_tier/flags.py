@@ -71,7 +71,9 @@ def _decimal(value: float) -> str:
     return f"{value:.{_PLACES}f}".rstrip("0").rstrip(".")
 
 
-def _tier_bytes(plan: KVCachePlan) -> int:
+def _tier_bytes(plan: KVCachePlan, **counts: int) -> int:
+    """The bytes of the plan's host tier (one pool's), once each of ``counts`` (``world_size``
+    and the engine's own, by keyword) is checked to be at least 1."""
     tier = plan.offload_tier
     if tier is None:
         raise InvalidInputError(
@@ -82,6 +84,9 @@ def _tier_bytes(plan: KVCachePlan) -> int:
             f"the plan has {len(plan.pools)} block pools; vLLM, SGLang and LMCache size one host tier for "
             "one KV cache, so plan for them with one pool (not kind_pools)"
         )
+    if any(value < 1 for value in counts.values()):
+        got = ", ".join(str(value) for value in counts.values())
+        raise InvalidInputError(f"{' and '.join(counts)} must be >= 1 (got {got})")
     return tier.nbytes
 
 
@@ -114,9 +119,7 @@ def vllm_host_tier(plan: KVCachePlan, *, world_size: int = 1) -> EngineHostTier:
     Raises:
         InvalidInputError: no tier, several pools, or a world size below 1.
     """
-    tier_bytes = _tier_bytes(plan)
-    if world_size < 1:
-        raise InvalidInputError(f"world_size must be >= 1 (got {world_size})")
+    tier_bytes = _tier_bytes(plan, world_size=world_size)
     blocks = plan.host_blocks_in(0)
     chunk = -(-plan.bytes_per_block * world_size // VLLM_CHUNK_ALIGNMENT) * VLLM_CHUNK_ALIGNMENT
     size_gib = _round_up(blocks * chunk / _GIB)
@@ -151,9 +154,7 @@ def sglang_host_tier(
     Raises:
         InvalidInputError: no tier, several pools, windowed or state layers, bad sizes.
     """
-    tier_bytes = _tier_bytes(plan)
-    if world_size < 1 or page_size < 1:
-        raise InvalidInputError(f"world_size and page_size must be >= 1 (got {world_size}, {page_size})")
+    tier_bytes = _tier_bytes(plan, world_size=world_size, page_size=page_size)
     per_token = _token_bytes(plan)
     wanted_tokens = tier_bytes // per_token
     gb = -(-tier_bytes // _GB)  # --hicache-size is an int of GB: round up to hold the tier
@@ -161,30 +162,31 @@ def sglang_host_tier(
     device_tokens = plan.usable_blocks * plan.groups[0].spec.block_size
     ratio = _round_up(wanted_tokens / device_tokens)
     by_ratio = (int(device_tokens * ratio) // page_size + 1) * page_size
-    common = "--enable-hierarchical-cache"
+
+    def hicache(flag: str, tokens: int, notes: str) -> EngineHostTier:
+        # either flag sizes a host pool of ``tokens`` tokens on every rank
+        return EngineHostTier(
+            engine="sglang",
+            flags=("--enable-hierarchical-cache", flag),
+            allocated_bytes=tokens * per_token * world_size,
+            holds="tokens",
+            holds_count=tokens,
+            notes=notes,
+        )
+
     return (
-        EngineHostTier(
-            engine="sglang",
-            flags=(common, f"--hicache-size {gb}"),
-            allocated_bytes=by_size * per_token * world_size,
-            holds="tokens",
-            holds_count=by_size,
-            notes=(
-                f"{gb} GB = {gb * _GB:,} bytes a rank // {per_token:,} bytes a token = "
-                f"{by_size - page_size:,} tokens, plus a padding page of {page_size}: {by_size:,} tokens = "
-                f"{format_bytes(by_size * per_token)} a rank (the tier asks {wanted_tokens:,} tokens)"
-            ),
+        hicache(
+            f"--hicache-size {gb}",
+            by_size,
+            f"{gb} GB = {gb * _GB:,} bytes a rank // {per_token:,} bytes a token = "
+            f"{by_size - page_size:,} tokens, plus a padding page of {page_size}: {by_size:,} tokens = "
+            f"{format_bytes(by_size * per_token)} a rank (the tier asks {wanted_tokens:,} tokens)",
         ),
-        EngineHostTier(
-            engine="sglang",
-            flags=(common, f"--hicache-ratio {_decimal(ratio)}"),
-            allocated_bytes=by_ratio * per_token * world_size,
-            holds="tokens",
-            holds_count=by_ratio,
-            notes=(
-                f"{device_tokens:,} device tokens x {_decimal(ratio)}, plus a padding page of "
-                f"{page_size}: {by_ratio:,} tokens = {format_bytes(by_ratio * per_token)} a rank"
-            ),
+        hicache(
+            f"--hicache-ratio {_decimal(ratio)}",
+            by_ratio,
+            f"{device_tokens:,} device tokens x {_decimal(ratio)}, plus a padding page of "
+            f"{page_size}: {by_ratio:,} tokens = {format_bytes(by_ratio * per_token)} a rank",
         ),
     )
 
@@ -202,9 +204,7 @@ def lmcache_host_tier(
     Raises:
         InvalidInputError: no tier, several pools, windowed or state layers, bad sizes.
     """
-    tier_bytes = _tier_bytes(plan)
-    if world_size < 1 or chunk_size < 1:
-        raise InvalidInputError(f"world_size and chunk_size must be >= 1 (got {world_size}, {chunk_size})")
+    tier_bytes = _tier_bytes(plan, world_size=world_size, chunk_size=chunk_size)
     per_token = _token_bytes(plan)
     size_gib = _round_up(tier_bytes / _GIB)
     allocated = int(size_gib * _GIB)  # LMCache: int(max_local_cpu_size * 1024**3), pinned

@@ -218,6 +218,18 @@ def _attention(spec: KVCacheSpec) -> AttentionSpec:
     return spec
 
 
+def _pool_args(size: int, page: int, layers: int, device: str) -> dict[str, Any]:
+    """What every SGLang token-to-KV pool kvcore builds takes: ``size`` tokens in pages of
+    ``page``, ``layers`` layers, on ``device``, without SGLang's memory saver."""
+    return {
+        "size": size,
+        "page_size": page,
+        "layer_num": layers,
+        "device": device,
+        "enable_memory_saver": False,
+    }
+
+
 def _dsa_pool(
     specs: Mapping[str, KVCacheSpec], names: list[str], size: int, page: int, device: str
 ) -> KVCache:
@@ -232,15 +244,11 @@ def _dsa_pool(
     indexer = next(s for s in specs.values() if isinstance(s, DSAIndexerSpec))
     dtype = _torch_dtype(latent)
     return DSATokenToKVPool(
-        size=size,
-        page_size=page,
+        **_pool_args(size, page, len(latents), device),
         kv_lora_rank=latent.kv_lora_rank,
         dtype=dtype,
         qk_rope_head_dim=latent.qk_rope_head_dim,
-        layer_num=len(latents),
-        device=device,
         index_head_dim=indexer.index_head_dim,
-        enable_memory_saver=False,
         # SGLang's kv_cache_dim counts elements of the cache dtype (calculate_mla_kv_cache_dim)
         kv_cache_dim=latent.bytes_per_token // dtype.itemsize,
         skip_topk_layers=[n + INDEXER_SUFFIX not in specs for n in latents],
@@ -248,27 +256,17 @@ def _dsa_pool(
 
 
 def _full_pool(spec: KVCacheSpec, size: int, page: int, layers: int, device: str) -> KVCache:
+    common = _pool_args(size, page, layers, device)
     if isinstance(spec, MLAAttentionSpec):
         return MLATokenToKVPool(
-            size=size,
-            page_size=page,
+            **common,
             dtype=_torch_dtype(spec),
             kv_lora_rank=spec.kv_lora_rank,
             qk_rope_head_dim=spec.qk_rope_head_dim,
-            layer_num=layers,
-            device=device,
-            enable_memory_saver=False,
         )
     mha = _attention(spec)
     return MHATokenToKVPool(
-        size=size,
-        page_size=page,
-        dtype=_torch_dtype(mha),
-        head_num=mha.num_kv_heads,
-        head_dim=mha.head_size,
-        layer_num=layers,
-        device=device,
-        enable_memory_saver=False,
+        **common, dtype=_torch_dtype(mha), head_num=mha.num_kv_heads, head_dim=mha.head_size
     )
 
 

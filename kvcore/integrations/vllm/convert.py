@@ -27,6 +27,7 @@ from kvcore's leaves them at their defaults, which only vLLM's HiSparse layout r
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import attrs
 import torch
@@ -120,6 +121,18 @@ def _plain_attention(
         raise _unsupported(name, spec, ", ".join(odd))
 
 
+def _attention_fields(name: str, spec: vk.AttentionSpec, *, padded: bool) -> dict[str, Any]:
+    """The fields every kvcore attention kind takes, read from a plain vLLM attention spec (one
+    whose K and V heads are alike; :func:`_plain_attention` refuses any other)."""
+    _plain_attention(name, spec, head_size_v=spec.head_size, padded=padded)
+    return {
+        "block_size": spec.block_size,
+        "num_kv_heads": spec.num_kv_heads,
+        "head_size": spec.head_size,
+        "dtype": spec.dtype,
+    }
+
+
 def spec_from_vllm(
     name: str, spec: vk.KVCacheSpec, *, padded: bool = False, max_encoder_tokens: int = 0
 ) -> KVCacheSpec:
@@ -146,53 +159,29 @@ def spec_from_vllm(
     """
     cls = type(spec)
     if cls is vk.CrossAttentionSpec:
-        _plain_attention(name, spec, head_size_v=spec.head_size, padded=padded)
+        fields = _attention_fields(name, spec, padded=padded)
         if max_encoder_tokens <= 0:
             raise VllmIntegrationError(
                 f"layer {name!r}: vLLM's CrossAttentionSpec does not say how many encoder tokens a request "
                 "caches; pass max_encoder_tokens (vLLM sizes it by the scheduler's "
                 "max_num_encoder_input_tokens; Whisper's encoder gives 1500)"
             )
-        return CrossAttentionSpec(
-            block_size=spec.block_size,
-            num_kv_heads=spec.num_kv_heads,
-            head_size=spec.head_size,
-            dtype=spec.dtype,
-            max_encoder_tokens=max_encoder_tokens,
-        )
+        return CrossAttentionSpec(**fields, max_encoder_tokens=max_encoder_tokens)
     if cls is vk.MLAAttentionSpec:
         return _mla_from_vllm(name, spec, padded=padded)
     if cls is vk.FullAttentionSpec:
-        _plain_attention(name, spec, head_size_v=spec.head_size, padded=padded)
         # a sliding or chunked layer vLLM promoted to full attention holds every token
-        return FullAttentionSpec(
-            block_size=spec.block_size,
-            num_kv_heads=spec.num_kv_heads,
-            head_size=spec.head_size,
-            dtype=spec.dtype,
-        )
+        return FullAttentionSpec(**_attention_fields(name, spec, padded=padded))
     if cls is vk.SlidingWindowSpec:
-        _plain_attention(name, spec, head_size_v=spec.head_size, padded=padded)
+        fields = _attention_fields(name, spec, padded=padded)
         if spec.extra_retained_tokens:
             raise _unsupported(
                 name, spec, f"extra_retained_tokens {spec.extra_retained_tokens} (multi-module MTP)"
             )
-        return SlidingWindowSpec(
-            block_size=spec.block_size,
-            num_kv_heads=spec.num_kv_heads,
-            head_size=spec.head_size,
-            dtype=spec.dtype,
-            sliding_window=spec.sliding_window,
-        )
+        return SlidingWindowSpec(**fields, sliding_window=spec.sliding_window)
     if cls is vk.ChunkedLocalAttentionSpec:
-        _plain_attention(name, spec, head_size_v=spec.head_size, padded=padded)
-        return ChunkedLocalAttentionSpec(
-            block_size=spec.block_size,
-            num_kv_heads=spec.num_kv_heads,
-            head_size=spec.head_size,
-            dtype=spec.dtype,
-            attention_chunk_size=spec.attention_chunk_size,
-        )
+        fields = _attention_fields(name, spec, padded=padded)
+        return ChunkedLocalAttentionSpec(**fields, attention_chunk_size=spec.attention_chunk_size)
     if cls is vk.MambaSpec:
         if (
             spec.mamba_cache_mode != "none"
@@ -329,14 +318,7 @@ def spec_to_vllm(spec: KVCacheSpec, *, max_model_len: int | None = None) -> vk.K
                 f"{describe_spec(spec)}: vLLM's indexer keeps fp8 keys with a float32 scale per "
                 f"{INDEXER_SCALE_BLOCK} (deepseek_v2.py:723-735)"
             )
-        return vk.MLAAttentionSpec(
-            block_size=spec.block_size,
-            num_kv_heads=1,
-            max_tp_shards=1,
-            head_size=spec.bytes_per_token,
-            dtype=torch.uint8,
-            cache_role=vk.SparseCacheRole.INDEXER,
-        )
+        return _vllm_bytes_page(spec.block_size, spec.bytes_per_token, cache_role=vk.SparseCacheRole.INDEXER)
     if isinstance(spec, MLAAttentionSpec):
         if spec.is_packed:
             if spec != _fp8_ds_mla_like(spec):  # vLLM has one packing: the one DSA's kernels read
@@ -344,12 +326,9 @@ def spec_to_vllm(spec: KVCacheSpec, *, max_model_len: int | None = None) -> vk.K
                     f"{describe_spec(spec)}: vLLM packs an MLA latent only as fp8_ds_mla (fp8 with a "
                     f"float32 scale per {INDEXER_SCALE_BLOCK} and a bfloat16 rope part)"
                 )
-            return vk.MLAAttentionSpec(
-                block_size=spec.block_size,
-                num_kv_heads=1,
-                max_tp_shards=1,
-                head_size=spec.latent_size,
-                dtype=torch.uint8,
+            return _vllm_bytes_page(
+                spec.block_size,
+                spec.latent_size,
                 cache_dtype_str=FP8_DS_MLA,
                 kv_quant_mode=vk.get_kv_quant_mode(FP8_DS_MLA),
                 state_content_bytes=spec.bytes_per_token,
@@ -379,6 +358,20 @@ def spec_to_vllm(spec: KVCacheSpec, *, max_model_len: int | None = None) -> vk.K
     raise VllmIntegrationError(
         f"kvcore's kind {spec.kind!r} ({describe_spec(spec)}) has no vLLM spec class; vLLM runs "
         f"{', '.join(VLLM_SPEC_CLASSES)} layers"
+    )
+
+
+def _vllm_bytes_page(block_size: int, head_size: int, **fields: Any) -> vk.MLAAttentionSpec:
+    """vLLM's ``MLAAttentionSpec`` of a page its kernels read as bytes: one uint8 head of
+    ``head_size``, the same on every tensor-parallel rank (the DSA indexer's keys, an
+    ``fp8_ds_mla`` latent), with the class's other ``fields``."""
+    return vk.MLAAttentionSpec(
+        block_size=block_size,
+        num_kv_heads=1,
+        max_tp_shards=1,
+        head_size=head_size,
+        dtype=torch.uint8,
+        **fields,
     )
 
 

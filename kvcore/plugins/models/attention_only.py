@@ -30,7 +30,6 @@ A plugin author with another attention-only model can register a row of their ow
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from functools import partial
 from typing import Any, Protocol
 
 import attrs
@@ -38,15 +37,7 @@ import attrs
 from kvcore.hookspecs import hookimpl
 from kvcore.model_family import ModelFamily
 from kvcore.model_options import ModelOptions
-from kvcore.plugins.models.kit import (
-    FULL,
-    SLIDING,
-    ConfigFields,
-    LayerNames,
-    attention,
-    attention_builders,
-    build_layers,
-)
+from kvcore.plugins.models.kit import FULL, SLIDING, ConfigFields, LayerNames, attention_layers
 from kvcore.spec import KVCacheSpec
 
 # -- pattern rules -------------------------------------------------------------------------
@@ -161,7 +152,7 @@ class AttentionOnlyFamily:
 
     Attributes:
         name: the family's name in messages and listings.
-        model_types: the ``model_type`` values it claims.
+        model_types: the ``model_type`` values it claims; default the name alone.
         pattern: which layers slide when the config lists no ``layer_types``.
         head_dim_required: ``head_dim`` must be stated (the head size is not ``hidden_size //
             num_attention_heads``, as on Gemma and gpt-oss).
@@ -173,7 +164,9 @@ class AttentionOnlyFamily:
     """
 
     name: str
-    model_types: tuple[str, ...]
+    model_types: tuple[str, ...] = attrs.field(
+        default=attrs.Factory(lambda row: (row.name,), takes_self=True)
+    )
     pattern: PatternRule = AllFull()
     head_dim_required: bool = False
     text_config: bool = False
@@ -199,11 +192,15 @@ class AttentionOnlyFamily:
         n = cfg.layer_count()
         pattern = self.pattern.read(cfg, n)
         types = cfg.layer_types(n) or list(pattern.types)
-        geometry = attention(cfg, options, cfg.dtype(top), derive_head_dim=not self.head_dim_required)
-        builders: dict[str, Callable[[], KVCacheSpec]] = attention_builders(cfg, geometry)
-        if pattern.window is not None:
-            builders[SLIDING] = partial(geometry.sliding, pattern.window)
-        return build_layers(cfg, types, builders, LayerNames(prefix=self.layers))
+        return attention_layers(
+            cfg,
+            options,
+            types,
+            cfg.dtype(top),
+            names=LayerNames(prefix=self.layers),
+            derive_head_dim=not self.head_dim_required,
+            window=pattern.window,
+        )
 
     def family(self) -> ModelFamily:
         """The row as the :class:`~kvcore.ModelFamily` a plugin registers."""
@@ -219,19 +216,27 @@ class AttentionOnlyFamily:
         )
 
 
+#: Gemma 3's language model: 5 local : 1 global; the 27b text_config relies on the default
+#: period 6. Gemma3TextConfig: 131_072 (configuration_gemma3.py:81); the 27b text_config omits it.
+_GEMMA3_TEXT = AttentionOnlyFamily(
+    name="gemma3_text",
+    pattern=LocalGlobal(period=6, period_key="sliding_window_pattern"),
+    head_dim_required=True,
+    max_position_embeddings=131_072,
+)
+
 #: The built-in attention-only families (``docs/reference/models.md`` has the same table).
 #: Each ``max_position_embeddings`` is the default of the family's config class in transformers
 #: 5.24.0, ``transformers/models/<type>/configuration_<type>.py`` (the line is named beside it).
 FAMILIES: tuple[AttentionOnlyFamily, ...] = (
     # Llama 2, 3, 3.1, 3.2
     # LlamaConfig: max_position_embeddings 2048 (configuration_llama.py:70)
-    AttentionOnlyFamily(name="llama", model_types=("llama",), max_position_embeddings=2048),
+    AttentionOnlyFamily(name="llama", max_position_embeddings=2048),
     # Mistral-7B-v0.1: window 4096 on every layer; v0.2 and later (and Nemo) set it to null.
     # A config that omits the key gets MistralConfig's default, 4096.
     # MistralConfig: max_position_embeddings 4096 * 32 (configuration_mistral.py:70)
     AttentionOnlyFamily(
         name="mistral",
-        model_types=("mistral",),
         pattern=UniformWindow(absent=4096),
         max_position_embeddings=4096 * 32,
     ),
@@ -248,49 +253,35 @@ FAMILIES: tuple[AttentionOnlyFamily, ...] = (
     # Qwen3MoeConfig: 32768 (configuration_qwen3_moe.py:87)
     AttentionOnlyFamily(
         name="qwen3_moe",
-        model_types=("qwen3_moe",),
         pattern=WindowFromLayer(first_sliding=0),
         max_position_embeddings=32768,
     ),
     # Phi-3-mini-4k: sliding_window 2047 on every layer, as transformers applies it
     # (Phi3Config defaults it to null: full attention).
     # Phi3Config: 4096 (configuration_phi3.py:70)
-    AttentionOnlyFamily(
-        name="phi3", model_types=("phi3",), pattern=UniformWindow(), max_position_embeddings=4096
-    ),
+    AttentionOnlyFamily(name="phi3", pattern=UniformWindow(), max_position_embeddings=4096),
     # Gemma 2: even layers local (window 4096 on the published models), head_dim 256.
     # Gemma2Config: 8192 (configuration_gemma2.py:75)
     AttentionOnlyFamily(
         name="gemma2",
-        model_types=("gemma2",),
         pattern=LocalGlobal(period=2),
         head_dim_required=True,
         max_position_embeddings=8192,
     ),
-    # Gemma 3: 5 local : 1 global; the 27b text_config relies on the default period 6.
-    # Gemma3ForConditionalGeneration keeps the language model under model.language_model.
-    # Gemma3TextConfig: 131_072 (configuration_gemma3.py:81); the 27b text_config omits it.
-    AttentionOnlyFamily(
+    # Gemma3ForConditionalGeneration: Gemma 3's language model under text_config, its layers
+    # under model.language_model.
+    attrs.evolve(
+        _GEMMA3_TEXT,
         name="gemma3",
         model_types=("gemma3",),
-        pattern=LocalGlobal(period=6, period_key="sliding_window_pattern"),
-        head_dim_required=True,
         text_config=True,
         layers="model.language_model.layers",
-        max_position_embeddings=131_072,
     ),
-    AttentionOnlyFamily(
-        name="gemma3_text",
-        model_types=("gemma3_text",),
-        pattern=LocalGlobal(period=6, period_key="sliding_window_pattern"),
-        head_dim_required=True,
-        max_position_embeddings=131_072,
-    ),
+    _GEMMA3_TEXT,
     # gpt-oss: the published configs list layer_types (sliding first, window 128); head_dim 64.
     # GptOssConfig: 131072 (configuration_gpt_oss.py:63)
     AttentionOnlyFamily(
         name="gpt_oss",
-        model_types=("gpt_oss",),
         pattern=LocalGlobal(period=2),
         head_dim_required=True,
         max_position_embeddings=131072,

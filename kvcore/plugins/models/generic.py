@@ -19,14 +19,7 @@ from typing import Any
 
 from kvcore.model_family import ADD_FAMILY_DOC, ModelFamily
 from kvcore.model_options import ModelOptions
-from kvcore.plugins.models.kit import (
-    ConfigFields,
-    LayerNames,
-    attention,
-    attention_builders,
-    build_layers,
-    family_hook,
-)
+from kvcore.plugins.models.kit import ConfigFields, attention_layers, family_hook
 from kvcore.spec import KVCacheSpec
 
 #: Added to the error for a layer type the fallback cannot cache.
@@ -51,8 +44,7 @@ def layer_specs(config: Mapping[str, Any], options: ModelOptions) -> dict[str, K
     cfg = top.section("text_config") if nested else top
     n = cfg.layer_count()
     types = cfg.layer_types(n) or []
-    geometry = attention(cfg, options, cfg.dtype(top))
-    return build_layers(cfg, types, attention_builders(cfg, geometry), LayerNames(), hint=HINT)
+    return attention_layers(cfg, options, types, cfg.dtype(top), hint=HINT)
 
 
 def has_layer_types(config: Mapping[str, Any]) -> bool:

@@ -15,18 +15,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from kvcore.dtypes import DType
 from kvcore.model_family import ModelFamily
 from kvcore.model_options import ModelOptions
-from kvcore.plugins.models.kit import (
-    FULL,
-    LINEAR,
-    ConfigFields,
-    LayerNames,
-    attention,
-    build_layers,
-    family_hook,
-    mamba1_state,
-)
+from kvcore.plugins.models.kit import FULL, LINEAR, ConfigFields, family_hook, hybrid_layers, mamba1_state
 from kvcore.spec import KVCacheSpec
 
 MODEL_TYPES = ("jamba",)
@@ -51,22 +43,19 @@ def layer_specs(config: Mapping[str, Any], options: ModelOptions) -> dict[str, K
     cfg = ConfigFields(config, "jamba")
     n = cfg.layer_count()
     types = cfg.layer_types(n) or layer_types(cfg, n)
-    dtype = cfg.dtype()
-    geometry = attention(cfg, options, dtype)
 
-    def state() -> KVCacheSpec:
+    def state(dtype: DType) -> KVCacheSpec:
         inner = cfg.integer("mamba_expand") * cfg.integer("hidden_size")
         return mamba1_state(
             cfg,
             options,
-            options.state_cache_dtype(dtype),
+            dtype,
             inner=("mamba_expand * hidden_size", inner),
             state_size=cfg.integer("mamba_d_state"),
             conv_kernel=cfg.integer("mamba_d_conv", minimum=2),
         )
 
-    names = LayerNames(state="mamba")
-    return build_layers(cfg, types, {FULL: geometry.full, LINEAR: state}, names)
+    return hybrid_layers(cfg, options, types, state, state_module="mamba")
 
 
 #: JambaConfig's max_position_embeddings

@@ -8,10 +8,13 @@ specs with :func:`build_layers`, given one builder per type:
 
 - attention: :func:`attention` gives the per-rank geometry (:class:`Attention`), whose
   ``full()``, ``sliding(window)`` and ``chunked(chunk)`` make specs; :func:`attention_builders`
-  maps the three attention types to them;
+  maps the three attention types to them, and :func:`attention_layers` builds a model of
+  attention layers only; :func:`heads_refusal` and :func:`tp_refusal` say why a ``tp`` does not
+  split the heads;
 - MLA: :func:`mla`;
 - SSM / linear-attention states: :func:`mamba1_state`, :func:`mamba2_state`,
-  :func:`gated_delta_net_state` (with :func:`shard` for the dimensions tensor parallelism splits).
+  :func:`gated_delta_net_state` (with :func:`shard` for the dimensions tensor parallelism splits);
+  :func:`hybrid_layers` builds a model of full-attention and state layers.
 
 Module names come from :class:`LayerNames`. The family function built from these is registered
 as a :class:`kvcore.ModelFamily` (``docs/how-to/add-a-model-family.md``); a family whose layers
@@ -34,6 +37,7 @@ This module imports the contract and the built-in spec kinds only (no torch).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from typing import Any
 
 import attrs
@@ -384,6 +388,36 @@ def kv_heads(cfg: ConfigFields) -> int:
     return kv
 
 
+def heads_refusal(
+    cfg: ConfigFields, key: str, heads: int, options: ModelOptions, kv: int | None = None
+) -> ModelConfigError | None:
+    """Why ``options.tp`` cannot split ``heads`` attention heads evenly across ranks, or ``None``.
+
+    Args:
+        cfg: the config, for messages.
+        key: the heads' field (``num_attention_heads``, Whisper's ``decoder_attention_heads``).
+        heads: the attention heads.
+        options: the model options (``tp``).
+        kv: the KV heads, when the tps offered must also fit them (see :func:`tp_refusal`).
+
+    Returns:
+        The error to raise, naming the tps that fit, or ``None`` when ``tp`` divides the heads.
+    """
+    tp = options.tp
+    if heads % tp == 0:
+        return None
+    fits = [
+        n
+        for n in range(1, min(heads, 1024) + 1)
+        if heads % n == 0 and (kv is None or kv % n == 0 or n % kv == 0)
+    ]
+    return cfg.error(
+        key,
+        f"({heads}) does not divide by tp={tp}; engines split the attention heads evenly across "
+        f"tensor-parallel ranks: choose a tp in {fits[:12]}",
+    )
+
+
 def tp_refusal(cfg: ConfigFields, options: ModelOptions, heads: int, kv: int) -> ModelConfigError | None:
     """Why ``options.tp`` cannot split these attention heads, as engines split them, or ``None``.
 
@@ -400,13 +434,9 @@ def tp_refusal(cfg: ConfigFields, options: ModelOptions, heads: int, kv: int) ->
         The error to raise, or ``None`` when ``tp`` fits.
     """
     tp = options.tp
-    if heads % tp:
-        fits = [n for n in range(1, min(heads, 1024) + 1) if heads % n == 0 and (kv % n == 0 or n % kv == 0)]
-        return cfg.error(
-            "num_attention_heads",
-            f"({heads}) does not divide by tp={tp}; engines split the attention heads evenly across "
-            f"tensor-parallel ranks: choose a tp in {fits[:12]}",
-        )
+    refusal = heads_refusal(cfg, "num_attention_heads", heads, options, kv)
+    if refusal is not None:
+        return refusal
     if kv % tp and tp % kv:
         return cfg.error(
             "num_key_value_heads",
@@ -552,7 +582,106 @@ def attention_builders(cfg: ConfigFields, geometry: Attention) -> dict[str, Spec
     }
 
 
+def attention_layers(
+    cfg: ConfigFields,
+    options: ModelOptions,
+    layer_types: Sequence[str],
+    model_dtype: DType,
+    *,
+    names: LayerNames | None = None,
+    derive_head_dim: bool = True,
+    window: int | None = None,
+    hint: str = "",
+) -> dict[str, KVCacheSpec]:
+    """:func:`build_layers` for a model whose layers are all attention of one geometry
+    (:func:`attention`): full, sliding and chunked (:func:`attention_builders`).
+
+    Args:
+        cfg: the config (or its ``text_config``).
+        options: the model options.
+        layer_types: one type per layer, in model order.
+        model_dtype: the model's dtype (:meth:`ConfigFields.dtype`).
+        names: how the layers' modules are named (default :class:`LayerNames`'s).
+        derive_head_dim: see :func:`head_size`.
+        window: the sliding window when the family's own fields gave it (else
+            ``sliding_window`` is read when a sliding layer first appears).
+        hint: see :func:`build_layers`.
+
+    Returns:
+        The attention layers in model order.
+
+    Raises:
+        ModelConfigError: a missing or bad field, or a layer type that is not attention.
+    """
+    geometry = attention(cfg, options, model_dtype, derive_head_dim=derive_head_dim)
+    builders = attention_builders(cfg, geometry)
+    if window is not None:
+        builders[SLIDING] = partial(geometry.sliding, window)
+    return build_layers(cfg, layer_types, builders, names or LayerNames(), hint=hint)
+
+
+def hybrid_layers(
+    cfg: ConfigFields,
+    options: ModelOptions,
+    layer_types: Sequence[str],
+    state: Callable[[DType], KVCacheSpec],
+    *,
+    state_module: str,
+    attention_module: str = "self_attn",
+    head_dim_keys: Sequence[str] = ("head_dim",),
+    derive_head_dim: bool = True,
+) -> dict[str, KVCacheSpec]:
+    """:func:`build_layers` for a hybrid: :data:`FULL` attention layers and :data:`LINEAR` ones
+    holding an SSM or linear-attention state (Jamba, Nemotron-H, Qwen3-Next).
+
+    Each spec is made when a layer of its type first appears, so a model without attention
+    layers needs no attention fields.
+
+    Args:
+        cfg: the config.
+        options: the model options.
+        layer_types: one type per layer, in model order (``mlp`` / ``moe`` hold no cache).
+        state: the state spec of one layer, given the state's element type
+            (``options.state_cache_dtype`` of the model's dtype).
+        state_module: the attribute of a state layer's module (``mamba``, ``linear_attn``).
+        attention_module: the attribute of an attention layer's module.
+        head_dim_keys: see :func:`attention`.
+        derive_head_dim: see :func:`head_size`.
+
+    Returns:
+        The cache-holding layers in model order, named ``model.layers.{i}.{attribute}``.
+
+    Raises:
+        ModelConfigError: a missing or bad field, or a layer type the hybrid cannot cache.
+    """
+    dtype = cfg.dtype()
+
+    def full() -> KVCacheSpec:
+        return attention(
+            cfg, options, dtype, head_dim_keys=head_dim_keys, derive_head_dim=derive_head_dim
+        ).full()
+
+    builders = {FULL: full, LINEAR: lambda: state(options.state_cache_dtype(dtype))}
+    return build_layers(
+        cfg, layer_types, builders, LayerNames(attention=attention_module, state=state_module)
+    )
+
+
 # -- states (SSM and linear attention) -----------------------------------------------------
+#
+# Each state builder takes the config (``cfg``, for messages), the model options (``tp`` shards
+# the dimensions it names; ``block_size``) and the state's element type (``dtype``:
+# ``options.state_cache_dtype(model dtype)``), then its own sizes; it returns the state spec of
+# one layer on one rank, whose convolution keeps the last ``conv_kernel - 1`` inputs (the
+# current one is computed), as inference engines store it (transformers keeps ``conv_kernel``).
+
+
+def _conv_state(
+    options: ModelOptions, dtype: DType, conv_kernel: int, channels: int, state: StatePart
+) -> StateSpec:
+    """A state of a convolution over ``channels`` and the recurrent ``state`` part."""
+    conv = StatePart(name="conv", shape=(conv_kernel - 1, channels), dtype=dtype)
+    return StateSpec(block_size=options.block_size, parts=(conv, state))
 
 
 def shard(cfg: ConfigFields, key: str, value: int, options: ModelOptions) -> int:
@@ -586,34 +715,21 @@ def mamba1_state(
     state_size: int,
     conv_kernel: int,
 ) -> StateSpec:
-    """A Mamba-1 state: conv ``(conv_kernel - 1, inner / tp)`` and SSM ``(inner / tp, state_size)``.
-
-    The convolution keeps the last ``conv_kernel - 1`` inputs (the current one is computed), as
-    inference engines store it (vLLM's ``mamba1_state_shape``; transformers keeps
-    ``conv_kernel``).
+    """A Mamba-1 state: conv ``(conv_kernel - 1, inner / tp)`` and SSM ``(inner / tp, state_size)``
+    (vLLM's ``mamba1_state_shape``).
 
     Args:
-        cfg: the config, for messages.
-        options: the model options (``tp`` shards the inner width; ``block_size``).
-        dtype: the state's element type (``options.state_cache_dtype(model dtype)``).
-        inner: ``(field, value)`` of the inner width (``d_inner = expand * hidden_size``).
+        inner: ``(field, value)`` of the inner width (``d_inner = expand * hidden_size``); it
+            must divide by ``tp``.
         state_size: the SSM state size (``d_state``).
         conv_kernel: the convolution's kernel size.
-
-    Returns:
-        The state spec of one layer on one rank.
 
     Raises:
         ModelConfigError: ``tp`` does not divide the inner width.
     """
     width = shard(cfg, inner[0], inner[1], options)
-    return StateSpec(
-        block_size=options.block_size,
-        parts=(
-            StatePart(name="conv", shape=(conv_kernel - 1, width), dtype=dtype),
-            StatePart(name="ssm", shape=(width, state_size), dtype=dtype),
-        ),
-    )
+    ssm = StatePart(name="ssm", shape=(width, state_size), dtype=dtype)
+    return _conv_state(options, dtype, conv_kernel, width, ssm)
 
 
 def mamba2_groups(cfg: ConfigFields, key: str, n_groups: int, options: ModelOptions) -> int:
@@ -654,17 +770,11 @@ def mamba2_state(
     and SSM ``(heads / tp, head_dim, state_size)`` (vLLM's ``mamba2_state_shape``).
 
     Args:
-        cfg: the config, for messages.
-        options: the model options (``tp``; ``block_size``).
-        dtype: the state's element type.
         heads: ``(field, value)`` of the SSM heads; they must divide by ``tp``.
         head_dim: elements per SSM head.
         n_groups: ``(field, value)`` of the groups; see :func:`mamba2_groups`.
         state_size: the SSM state size.
         conv_kernel: the convolution's kernel size.
-
-    Returns:
-        The state spec of one layer on one rank.
 
     Raises:
         ModelConfigError: ``tp`` does not divide the heads, or does not fit the groups.
@@ -672,13 +782,8 @@ def mamba2_state(
     heads_per_rank = shard(cfg, heads[0], heads[1], options)
     groups_per_rank = mamba2_groups(cfg, n_groups[0], n_groups[1], options) // options.tp
     conv_channels = heads_per_rank * head_dim + 2 * groups_per_rank * state_size
-    return StateSpec(
-        block_size=options.block_size,
-        parts=(
-            StatePart(name="conv", shape=(conv_kernel - 1, conv_channels), dtype=dtype),
-            StatePart(name="ssm", shape=(heads_per_rank, head_dim, state_size), dtype=dtype),
-        ),
-    )
+    ssm = StatePart(name="ssm", shape=(heads_per_rank, head_dim, state_size), dtype=dtype)
+    return _conv_state(options, dtype, conv_kernel, conv_channels, ssm)
 
 
 def gated_delta_net_state(
@@ -696,32 +801,19 @@ def gated_delta_net_state(
     and recurrent ``(vh / tp, vd, kd)`` (vLLM's ``gated_delta_net_state_shape``).
 
     Args:
-        cfg: the config, for messages.
-        options: the model options (``tp``; ``block_size``).
-        dtype: the state's element type.
         key_heads: ``(field, value)`` of the key heads; they must divide by ``tp``.
         value_heads: ``(field, value)`` of the value heads; they must divide by ``tp``.
         key_head_dim: elements per key head.
         value_head_dim: elements per value head.
         conv_kernel: the convolution's kernel size.
 
-    Returns:
-        The state spec of one layer on one rank.
-
     Raises:
         ModelConfigError: ``tp`` does not divide the key or value heads.
     """
     kh = shard(cfg, key_heads[0], key_heads[1], options)
     vh = shard(cfg, value_heads[0], value_heads[1], options)
-    return StateSpec(
-        block_size=options.block_size,
-        parts=(
-            StatePart(
-                name="conv", shape=(conv_kernel - 1, 2 * kh * key_head_dim + vh * value_head_dim), dtype=dtype
-            ),
-            StatePart(name="recurrent", shape=(vh, value_head_dim, key_head_dim), dtype=dtype),
-        ),
-    )
+    recurrent = StatePart(name="recurrent", shape=(vh, value_head_dim, key_head_dim), dtype=dtype)
+    return _conv_state(options, dtype, conv_kernel, 2 * kh * key_head_dim + vh * value_head_dim, recurrent)
 
 
 def mla(cfg: ConfigFields, options: ModelOptions, model_dtype: DType) -> MLAAttentionSpec:
@@ -740,14 +832,9 @@ def mla(cfg: ConfigFields, options: ModelOptions, model_dtype: DType) -> MLAAtte
             ``num_attention_heads`` (engines split the query heads across ranks).
     """
     if cfg.has("num_attention_heads"):
-        heads = cfg.integer("num_attention_heads")
-        if heads % options.tp:
-            fits = [n for n in range(1, min(heads, 1024) + 1) if heads % n == 0]
-            raise cfg.error(
-                "num_attention_heads",
-                f"({heads}) does not divide by tp={options.tp}; engines split the attention heads evenly "
-                f"across tensor-parallel ranks: choose a tp in {fits[:12]}",
-            )
+        refusal = heads_refusal(cfg, "num_attention_heads", cfg.integer("num_attention_heads"), options)
+        if refusal is not None:
+            raise refusal
     return MLAAttentionSpec(
         block_size=options.block_size,
         kv_lora_rank=cfg.integer("kv_lora_rank"),

@@ -20,16 +20,7 @@ from typing import Any
 
 from kvcore.model_family import ModelFamily
 from kvcore.model_options import ModelOptions
-from kvcore.plugins.models.kit import (
-    CHUNKED,
-    FULL,
-    ConfigFields,
-    LayerNames,
-    attention,
-    attention_builders,
-    build_layers,
-    family_hook,
-)
+from kvcore.plugins.models.kit import CHUNKED, FULL, ConfigFields, LayerNames, attention_layers, family_hook
 from kvcore.spec import KVCacheSpec
 
 MODEL_TYPES = ("llama4", "llama4_text")
@@ -53,9 +44,8 @@ def layer_specs(config: Mapping[str, Any], options: ModelOptions) -> dict[str, K
         elif len(rope) != n:
             raise cfg.error("no_rope_layers", f"lists {len(rope)} layers but there are {n}")
         types = [CHUNKED if uses_rope and chunk is not None else FULL for uses_rope in rope]
-    geometry = attention(cfg, options, cfg.dtype(top), derive_head_dim=False)
     names = LayerNames(prefix="language_model.model.layers" if wrapped else "model.layers")
-    return build_layers(cfg, types, attention_builders(cfg, geometry), names)
+    return attention_layers(cfg, options, types, cfg.dtype(top), names=names, derive_head_dim=False)
 
 
 #: Llama4TextConfig's max_position_embeddings, for the wrapper's text_config too

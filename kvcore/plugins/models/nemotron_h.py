@@ -19,18 +19,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from kvcore.dtypes import DType
 from kvcore.model_family import ModelFamily
 from kvcore.model_options import ModelOptions
-from kvcore.plugins.models.kit import (
-    FULL,
-    LINEAR,
-    ConfigFields,
-    LayerNames,
-    attention,
-    build_layers,
-    family_hook,
-    mamba2_state,
-)
+from kvcore.plugins.models.kit import FULL, LINEAR, ConfigFields, family_hook, hybrid_layers, mamba2_state
 from kvcore.spec import KVCacheSpec
 
 MODEL_TYPES = ("nemotron_h",)
@@ -77,19 +69,12 @@ def layer_specs(config: Mapping[str, Any], options: ModelOptions) -> dict[str, K
     """The specs of a Nemotron-H config."""
     cfg = ConfigFields(config, "nemotron_h")
     types = layer_types(cfg)
-    dtype = cfg.dtype()
 
-    def attention_spec() -> KVCacheSpec:
-        geometry = attention(
-            cfg, options, dtype, head_dim_keys=("attention_head_dim", "head_dim"), derive_head_dim=False
-        )
-        return geometry.full()
-
-    def state() -> KVCacheSpec:
+    def state(dtype: DType) -> KVCacheSpec:
         return mamba2_state(
             cfg,
             options,
-            options.state_cache_dtype(dtype),
+            dtype,
             heads=("mamba_num_heads", cfg.integer("mamba_num_heads")),
             head_dim=cfg.integer("mamba_head_dim"),
             n_groups=("n_groups", _first(cfg, "mamba_n_groups", "n_groups")),
@@ -97,8 +82,16 @@ def layer_specs(config: Mapping[str, Any], options: ModelOptions) -> dict[str, K
             conv_kernel=_first(cfg, "mamba_d_conv", "conv_kernel", minimum=2),
         )
 
-    names = LayerNames(attention="mixer", state="mixer")
-    return build_layers(cfg, types, {FULL: attention_spec, LINEAR: state}, names)
+    return hybrid_layers(
+        cfg,
+        options,
+        types,
+        state,
+        state_module="mixer",
+        attention_module="mixer",
+        head_dim_keys=("attention_head_dim", "head_dim"),
+        derive_head_dim=False,
+    )
 
 
 #: NemotronHConfig's max_position_embeddings

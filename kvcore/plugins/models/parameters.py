@@ -124,6 +124,63 @@ def gated_mlp(
     groups.linear(name, module, inner, hidden, bias=bias, count=count)
 
 
+def config_attention(
+    groups: Groups,
+    cfg: ConfigFields,
+    module: str = "model.layers.*.self_attn",
+    *,
+    layers: int,
+    head_dim: int | None = None,
+    bias: bool | None = None,
+    qkv_bias: bool = False,
+    qk_norm: bool = False,
+) -> int:
+    """:func:`attention_projections` with the widths ``cfg`` states: ``hidden_size``,
+    ``num_attention_heads``, the KV heads (:func:`kv_heads`) and the head size
+    (:func:`head_size`, unless ``head_dim`` is given).
+
+    Args:
+        bias: whether the Q, K, V and O projections have biases; ``None`` reads the config's
+            ``attention_bias`` (default false).
+        qkv_bias: Q, K and V have biases whatever ``bias`` says (Qwen 2).
+
+    Returns:
+        The per-token width of Q, K and V.
+    """
+    if bias is None:
+        bias = cfg.boolean("attention_bias", False)
+    return attention_projections(
+        groups,
+        module,
+        hidden=cfg.integer("hidden_size"),
+        heads=cfg.integer("num_attention_heads"),
+        kv=kv_heads(cfg),
+        head_dim=head_size(cfg) if head_dim is None else head_dim,
+        layers=layers,
+        qkv_bias=qkv_bias or bias,
+        o_bias=bias,
+        qk_norm=qk_norm,
+    )
+
+
+def _decoder(
+    cfg: ConfigFields,
+    *outer: ConfigFields,
+    tied: bool = False,
+    vocab: int | None = None,
+    embed: str = "model.embed_tokens",
+    head: str = "lm_head",
+) -> tuple[Groups, int, int, int]:
+    """New groups holding a text decoder's embeddings (and lm_head unless tied: ``tied`` is the
+    family's default, the config or an ``outer`` section may say otherwise), with its layer
+    count, hidden size and vocabulary (``vocab`` when the family defaults it)."""
+    n, hidden = cfg.layer_count(), cfg.integer("hidden_size")
+    vocab = cfg.integer("vocab_size") if vocab is None else vocab
+    groups = Groups()
+    embeddings(groups, vocab, hidden, tied=_tied(cfg, tied, *outer), embed=embed, head=head)
+    return groups, n, hidden, vocab
+
+
 def _tied(cfg: ConfigFields, default: bool, *outer: ConfigFields) -> bool:
     for fields in (cfg, *outer):
         if "tie_word_embeddings" in fields.data:
@@ -165,24 +222,10 @@ def dense_decoder(config: Mapping[str, Any]) -> ParameterCount:
     top = ConfigFields(config, model_type)
     cfg = top.section("text_config") if model_type == "gemma3" else top
     norms_per_layer, tied_default, qkv_bias, qk_norm, vocab_default = _DENSE[model_type]
-    n, hidden = cfg.layer_count(), cfg.integer("hidden_size")
-    vocab = cfg.integer("vocab_size", vocab_default) if vocab_default else cfg.integer("vocab_size")
+    vocab = cfg.integer("vocab_size", vocab_default) if vocab_default else None
+    groups, n, hidden, vocab = _decoder(cfg, top, tied=tied_default, vocab=vocab)
     layers = "model.language_model.layers" if model_type == "gemma3" else "model.layers"
-    groups = Groups()
-    embeddings(groups, vocab, hidden, tied=_tied(cfg, tied_default, top))
-    bias = cfg.boolean("attention_bias", False)
-    qkv = attention_projections(
-        groups,
-        f"{layers}.*.self_attn",
-        hidden=hidden,
-        heads=cfg.integer("num_attention_heads"),
-        kv=kv_heads(cfg),
-        head_dim=head_size(cfg),
-        layers=n,
-        qkv_bias=qkv_bias or bias,
-        o_bias=bias,
-        qk_norm=qk_norm,
-    )
+    qkv = config_attention(groups, cfg, f"{layers}.*.self_attn", layers=n, qkv_bias=qkv_bias, qk_norm=qk_norm)
     inner = cfg.integer("intermediate_size")
     gated_mlp(groups, "mlp", f"{layers}.*.mlp", hidden, inner, count=n, bias=cfg.boolean("mlp_bias", False))
     groups.vector("norms", f"{layers}.*", (norms_per_layer * n + 1) * hidden)
@@ -196,21 +239,8 @@ def qwen3_moe(config: Mapping[str, Any]) -> ParameterCount:
     ``moe_intermediate_size`` on every ``decoder_sparse_step``-th layer not in
     ``mlp_only_layers`` (dense MLPs of ``intermediate_size`` elsewhere)."""
     cfg = ConfigFields(config, "qwen3_moe")
-    n, hidden, vocab = cfg.layer_count(), cfg.integer("hidden_size"), cfg.integer("vocab_size")
-    groups = Groups()
-    embeddings(groups, vocab, hidden, tied=_tied(cfg, False))
-    qkv = attention_projections(
-        groups,
-        "model.layers.*.self_attn",
-        hidden=hidden,
-        heads=cfg.integer("num_attention_heads"),
-        kv=kv_heads(cfg),
-        head_dim=head_size(cfg),
-        layers=n,
-        qkv_bias=cfg.boolean("attention_bias", False),
-        o_bias=cfg.boolean("attention_bias", False),
-        qk_norm=True,
-    )
+    groups, n, hidden, vocab = _decoder(cfg)
+    qkv = config_attention(groups, cfg, layers=n, qk_norm=True)
     step = cfg.integer("decoder_sparse_step", 1)
     dense_only = set(cfg.integers("mlp_only_layers") or [])
     experts = cfg.integer("num_experts")
@@ -244,22 +274,9 @@ def siglip_tower(groups: Groups, vision: ConfigFields, *, text_hidden: int) -> N
 def gpt_oss(config: Mapping[str, Any]) -> ParameterCount:
     """gpt-oss: attention with biases and sinks, a mixture of experts with biased projections."""
     cfg = ConfigFields(config, "gpt_oss")
-    n, hidden, vocab = cfg.layer_count(), cfg.integer("hidden_size"), cfg.integer("vocab_size")
-    heads = cfg.integer("num_attention_heads")
-    groups = Groups()
-    embeddings(groups, vocab, hidden, tied=_tied(cfg, False))
-    qkv = attention_projections(
-        groups,
-        "model.layers.*.self_attn",
-        hidden=hidden,
-        heads=heads,
-        kv=kv_heads(cfg),
-        head_dim=head_size(cfg),
-        layers=n,
-        qkv_bias=True,
-        o_bias=True,
-    )
-    groups.vector("attention", "model.layers.*.self_attn", heads * n)  # the sinks
+    groups, n, hidden, vocab = _decoder(cfg)
+    qkv = config_attention(groups, cfg, layers=n, bias=True)
+    groups.vector("attention", "model.layers.*.self_attn", cfg.integer("num_attention_heads") * n)  # sinks
     experts = cfg.integer("num_local_experts")
     inner = cfg.integer("intermediate_size")
     groups.linear("router", "model.layers.*.mlp.router", hidden, experts, bias=True, count=n)
@@ -278,28 +295,17 @@ def llama4(config: Mapping[str, Any]) -> ParameterCount:
     top = ConfigFields(config, model_type)
     wrapped = model_type == "llama4"
     cfg = top.section("text_config") if wrapped else top
-    n, hidden, vocab = cfg.layer_count(), cfg.integer("hidden_size"), cfg.integer("vocab_size")
     layers = "language_model.model.layers" if wrapped else "model.layers"
-    groups = Groups()
-    embeddings(
-        groups,
-        vocab,
-        hidden,
-        tied=_tied(cfg, False, top),
+    groups, n, hidden, vocab = _decoder(
+        cfg,
+        top,
         embed=f"{layers.removesuffix('.layers')}.embed_tokens",
         head="language_model.lm_head" if wrapped else "lm_head",
     )
-    qkv = attention_projections(
-        groups,
-        f"{layers}.*.self_attn",
-        hidden=hidden,
-        heads=cfg.integer("num_attention_heads"),
-        kv=kv_heads(cfg),
-        head_dim=head_size(cfg, derive=False),
-        layers=n,
-        qkv_bias=cfg.boolean("attention_bias", False),
-        o_bias=cfg.boolean("attention_bias", False),
-    )  # use_qk_norm is an L2 norm without weights
+    # use_qk_norm is an L2 norm without weights
+    qkv = config_attention(
+        groups, cfg, f"{layers}.*.self_attn", layers=n, head_dim=head_size(cfg, derive=False)
+    )
     step = cfg.integer("interleave_moe_layer_step", 1)
     moe_layers = cfg.integers("moe_layers")
     moe = len(moe_layers) if moe_layers is not None else len(range(step - 1, n, step))
@@ -357,7 +363,7 @@ def deepseek(config: Mapping[str, Any]) -> ParameterCount:
     ``moe_layer_freq`` layers. The MTP layers (``num_nextn_predict_layers``) are not counted:
     engines load them only for MTP speculative decoding."""
     cfg = ConfigFields(config, str(config["model_type"]))
-    n, hidden, vocab = cfg.layer_count(), cfg.integer("hidden_size"), cfg.integer("vocab_size")
+    groups, n, hidden, vocab = _decoder(cfg)
     heads = cfg.integer("num_attention_heads")
     nope, rope, v_dim = (
         cfg.integer("qk_nope_head_dim"),
@@ -366,8 +372,6 @@ def deepseek(config: Mapping[str, Any]) -> ParameterCount:
     )
     kv_rank = cfg.integer("kv_lora_rank")
     q_rank = cfg.optional_integer("q_lora_rank")
-    groups = Groups()
-    embeddings(groups, vocab, hidden, tied=_tied(cfg, False))
     attn = "model.layers.*.self_attn"
     if q_rank is None:
         groups.linear("attention", attn, hidden, heads * (nope + rope), count=n)
@@ -424,20 +428,10 @@ def jamba(config: Mapping[str, Any]) -> ParameterCount:
     """Jamba: Mamba-1 mixers with attention every ``attn_layer_period`` layers, and a mixture of
     experts every ``expert_layer_period`` layers."""
     cfg = ConfigFields(config, "jamba")
-    n, hidden, vocab = cfg.layer_count(), cfg.integer("hidden_size"), cfg.integer("vocab_size")
+    groups, n, hidden, vocab = _decoder(cfg)
     period, offset = cfg.integer("attn_layer_period", 8), cfg.integer("attn_layer_offset", 4, minimum=0)
     attention_layers = sum(1 for i in range(n) if i % period == offset)
-    groups = Groups()
-    embeddings(groups, vocab, hidden, tied=_tied(cfg, False))
-    qkv = attention_projections(
-        groups,
-        "model.layers.*.self_attn",
-        hidden=hidden,
-        heads=cfg.integer("num_attention_heads"),
-        kv=kv_heads(cfg),
-        head_dim=head_size(cfg),
-        layers=attention_layers,
-    )
+    qkv = config_attention(groups, cfg, layers=attention_layers, bias=False)
     mamba_layers = n - attention_layers
     inner = cfg.integer("mamba_expand") * hidden
     state, conv = cfg.integer("mamba_d_state"), cfg.integer("mamba_d_conv")
@@ -484,17 +478,8 @@ def nemotron_h(config: Mapping[str, Any]) -> ParameterCount:
     counts = {char: pattern.count(char) for char in "M*-E"}
     groups = Groups()
     embeddings(groups, vocab, hidden, tied=_tied(cfg, False), embed="backbone.embeddings")
-    qkv = attention_projections(
-        groups,
-        "backbone.layers.*.mixer",
-        hidden=hidden,
-        heads=cfg.integer("num_attention_heads"),
-        kv=kv_heads(cfg),
-        head_dim=head_size(cfg, keys=("attention_head_dim", "head_dim")),
-        layers=counts["*"],
-        qkv_bias=cfg.boolean("attention_bias", False),
-        o_bias=cfg.boolean("attention_bias", False),
-    )
+    head_dim = head_size(cfg, keys=("attention_head_dim", "head_dim"))
+    qkv = config_attention(groups, cfg, "backbone.layers.*.mixer", layers=counts["*"], head_dim=head_dim)
     m = counts["M"]
     heads, head_dim = cfg.integer("mamba_num_heads"), cfg.integer("mamba_head_dim")
     n_groups, state = cfg.integer("n_groups"), cfg.integer("ssm_state_size")
@@ -530,11 +515,9 @@ def qwen3_next(config: Mapping[str, Any]) -> ParameterCount:
     """Qwen3-Next: gated attention every ``full_attention_interval`` layers, gated delta nets
     between, a mixture of experts with a gated shared expert on every layer."""
     cfg = ConfigFields(config, "qwen3_next")
-    n, hidden, vocab = cfg.layer_count(), cfg.integer("hidden_size"), cfg.integer("vocab_size")
+    groups, n, hidden, vocab = _decoder(cfg)
     interval = cfg.integer("full_attention_interval", 4)
     full = sum(1 for i in range(n) if (i + 1) % interval == 0)
-    groups = Groups()
-    embeddings(groups, vocab, hidden, tied=_tied(cfg, False))
     heads, kv, head_dim = cfg.integer("num_attention_heads"), kv_heads(cfg), head_size(cfg, derive=False)
     attn = "model.layers.*.self_attn"
     groups.linear("attention", attn, hidden, 2 * heads * head_dim, count=full)  # queries and their gate
@@ -605,31 +588,13 @@ def mllama(config: Mapping[str, Any]) -> ParameterCount:
     cfg = top.section("text_config")
     n, hidden, vocab = cfg.layer_count(), cfg.integer("hidden_size"), cfg.integer("vocab_size")
     cross = len(cfg.integers("cross_attention_layers") or [])
-    heads, kv, head_dim = cfg.integer("num_attention_heads"), kv_heads(cfg), head_size(cfg)
     groups = Groups()
     layers = "language_model.model.layers"
     groups.vector("embeddings", "language_model.model.embed_tokens", (vocab + 8) * hidden)
     if not _tied(cfg, False, top):
         groups.vector("lm_head", "language_model.lm_head", vocab * hidden)
-    qkv = attention_projections(
-        groups,
-        f"{layers}.*.self_attn",
-        hidden=hidden,
-        heads=heads,
-        kv=kv,
-        head_dim=head_dim,
-        layers=n - cross,
-    )
-    attention_projections(
-        groups,
-        f"{layers}.*.cross_attn",
-        hidden=hidden,
-        heads=heads,
-        kv=kv,
-        head_dim=head_dim,
-        layers=cross,
-        qk_norm=True,
-    )
+    qkv = config_attention(groups, cfg, f"{layers}.*.self_attn", layers=n - cross, bias=False)
+    config_attention(groups, cfg, f"{layers}.*.cross_attn", layers=cross, bias=False, qk_norm=True)
     groups.vector("norms", f"{layers}.*.cross_attn", 2 * cross)  # the attention and MLP gates
     inner = cfg.integer("intermediate_size")
     gated_mlp(groups, "mlp", f"{layers}.*.mlp", hidden, inner, count=n)
@@ -669,18 +634,8 @@ def llama_like(config: Mapping[str, Any]) -> ParameterCount | None:
     needed = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "vocab_size")
     if not all(cfg.has(key) for key in needed):
         return None
-    n, hidden, vocab = cfg.layer_count(), cfg.integer("hidden_size"), cfg.integer("vocab_size")
-    groups = Groups()
-    embeddings(groups, vocab, hidden, tied=_tied(cfg, False, top))
-    qkv = attention_projections(
-        groups,
-        "model.layers.*.self_attn",
-        hidden=hidden,
-        heads=cfg.integer("num_attention_heads"),
-        kv=kv_heads(cfg),
-        head_dim=head_size(cfg),
-        layers=n,
-    )
+    groups, n, hidden, vocab = _decoder(cfg, top)
+    qkv = config_attention(groups, cfg, layers=n, bias=False)
     inner = cfg.integer("intermediate_size")
     gated_mlp(groups, "mlp", "model.layers.*.mlp", hidden, inner, count=n)
     groups.vector("norms", "model.layers.*", (2 * n + 1) * hidden)

@@ -16,17 +16,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from kvcore.dtypes import DType
 from kvcore.model_family import ModelFamily
 from kvcore.model_options import ModelOptions
 from kvcore.plugins.models.kit import (
     FULL,
     LINEAR,
     ConfigFields,
-    LayerNames,
-    attention,
-    build_layers,
     family_hook,
     gated_delta_net_state,
+    hybrid_layers,
 )
 from kvcore.spec import KVCacheSpec
 
@@ -43,16 +42,12 @@ def layer_specs(config: Mapping[str, Any], options: ModelOptions) -> dict[str, K
     if types is None:
         interval = cfg.integer("full_attention_interval", DEFAULT_FULL_ATTENTION_INTERVAL)
         types = [LINEAR if (i + 1) % interval else FULL for i in range(n)]
-    dtype = cfg.dtype()
 
-    def attention_spec() -> KVCacheSpec:
-        return attention(cfg, options, dtype, derive_head_dim=False).full()
-
-    def state() -> KVCacheSpec:
+    def state(dtype: DType) -> KVCacheSpec:
         return gated_delta_net_state(
             cfg,
             options,
-            options.state_cache_dtype(dtype),
+            dtype,
             key_heads=("linear_num_key_heads", cfg.integer("linear_num_key_heads")),
             value_heads=("linear_num_value_heads", cfg.integer("linear_num_value_heads")),
             key_head_dim=cfg.integer("linear_key_head_dim"),
@@ -60,8 +55,7 @@ def layer_specs(config: Mapping[str, Any], options: ModelOptions) -> dict[str, K
             conv_kernel=cfg.integer("linear_conv_kernel_dim", minimum=2),
         )
 
-    names = LayerNames(state="linear_attn")
-    return build_layers(cfg, types, {FULL: attention_spec, LINEAR: state}, names)
+    return hybrid_layers(cfg, options, types, state, state_module="linear_attn", derive_head_dim=False)
 
 
 #: Qwen3NextConfig's max_position_embeddings

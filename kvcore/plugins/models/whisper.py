@@ -18,7 +18,7 @@ from typing import Any
 
 from kvcore.model_family import ModelFamily
 from kvcore.model_options import ModelOptions
-from kvcore.plugins.models.kit import Attention, ConfigFields, family_hook
+from kvcore.plugins.models.kit import Attention, ConfigFields, family_hook, heads_refusal
 from kvcore.spec import KVCacheSpec
 
 MODEL_TYPES = ("whisper",)
@@ -36,13 +36,9 @@ def geometry(cfg: ConfigFields, options: ModelOptions) -> Attention:
     width = cfg.integer("d_model")
     if width % heads:
         raise cfg.error("d_model", f"({width}) must divide by 'decoder_attention_heads' ({heads})")
-    if heads % options.tp:
-        fits = [n for n in range(1, min(heads, 1024) + 1) if heads % n == 0]
-        raise cfg.error(
-            "decoder_attention_heads",
-            f"({heads}) does not divide by tp={options.tp}; engines split the attention heads evenly "
-            f"across tensor-parallel ranks: choose a tp in {fits[:12]}",
-        )
+    refusal = heads_refusal(cfg, "decoder_attention_heads", heads, options)
+    if refusal is not None:
+        raise refusal
     return Attention(
         num_kv_heads=options.kv_heads_per_rank(heads),
         head_size=width // heads,
