@@ -35,7 +35,6 @@ free every group's pages in bulk.
 
 from __future__ import annotations
 
-import math
 import warnings
 from collections.abc import Hashable, Iterable, Sequence
 
@@ -43,7 +42,7 @@ from kvcore.errors import BlockPoolExhaustedError, InvalidInputError
 from kvcore.plan import KVCacheGroup, KVCachePlan
 from kvcore.runtime.free_blocks import FreeBlocksFactory, free_blocks_for, holder
 from kvcore.runtime.host_cache import HostTierStats
-from kvcore.runtime.one_pool import OnePool, hit_unit, uncacheable
+from kvcore.runtime.one_pool import OnePool, hit_step_of, hit_unit, uncacheable
 from kvcore.runtime.prefix_cache import EvictionHook, KindHits, PrefixCacheStats, PrefixKey
 from kvcore.runtime.request_tables import (
     NULL_PAGE,
@@ -176,7 +175,7 @@ class BlockPool:
         self.pools: tuple[OnePool, ...] = tuple(pools)
         #: per group, the tokens its hits come in multiples of (tokens per page, or a state's block size)
         self._paged = [hit_unit(g.spec) for g in plan.groups]
-        self._step = math.lcm(*self._paged) if self._caching and self._paged else 1
+        self._step = hit_step_of(plan) if self._caching and self._paged else 1
         self._records: dict[Hashable, RequestRecord] = {}
         self._lookups = self._hits = self._queried = self._hit_tokens = 0
         self._group_hits = [0] * len(self.groups)  # per group: lookups its cached pages served

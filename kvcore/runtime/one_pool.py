@@ -15,6 +15,7 @@ groups of equal specs grow and free alike, which a stacked pool uses to serve th
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from itertools import chain, repeat
 
@@ -44,6 +45,14 @@ def hit_unit(spec: KVCacheSpec) -> int:
     if per_page:
         return per_page
     return spec.block_size if checkpoint_mode(spec) != "none" else 0
+
+
+def hit_step_of(plan: KVCachePlan) -> int:
+    """Tokens every prefix hit on ``plan`` is a multiple of: the least common multiple of each
+    group's :func:`hit_unit` (a hit must end on a page boundary of every group, and on a
+    state group's checkpoint); 0 when some group cannot cache (:func:`uncacheable`)."""
+    units = [hit_unit(group.spec) for group in plan.groups]
+    return 0 if not units or not all(units) else math.lcm(*units)
 
 
 def uncacheable(plan: KVCachePlan, pool: int, label: str) -> str:
