@@ -423,7 +423,9 @@ class BlockPool:
         Returns:
             ``{group index: pages freed}`` for the groups that shrank (with prefix caching, a
             page another request still holds is dropped from this request's table but stays
-            held).
+            held; an ``align`` state group that reached a block boundary is named with the
+            checkpoint it let go of, its table rewritten: the running state's page moved to
+            entry 0 as the new checkpoint, and the next ``reserve`` takes a running page).
 
         Raises:
             InvalidInputError: unknown request, a negative token count, or more tokens than the
@@ -445,9 +447,10 @@ class BlockPool:
         if num_computed_tokens > record.computed:
             record.computed = num_computed_tokens
         content = record.content
+        let_go: dict[int, list[int]] = {}  # state checkpoints an align table moved on from
         if content is not None and record.computed >= record.due:  # cache the full blocks first
             record.due = min(
-                pool.cache.register(record, content, record.computed)  # type: ignore[union-attr]
+                pool.cache.register(record, content, record.computed, let_go)  # type: ignore[union-attr]
                 for pool in self.pools
             )
         freed: dict[int, list[int]] | None = None
@@ -457,6 +460,8 @@ class BlockPool:
                 freed = shrunk
             else:
                 freed.update(shrunk)
+        if let_go:
+            freed = {**(freed or {}), **let_go}
         return freed if freed is not None else {}
 
     def free_request(self, request_id: Hashable) -> None:

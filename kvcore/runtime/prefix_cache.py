@@ -410,9 +410,16 @@ class PrefixCache:
             keys[block] = key
         host.restore(pages)
 
-    def register(self, record: RequestRecord, content: Sequence[int] | PrefixKey, computed: int) -> float:
+    def register(
+        self,
+        record: RequestRecord,
+        content: Sequence[int] | PrefixKey,
+        computed: int,
+        let_go: dict[int, list[int]] | None = None,
+    ) -> float:
         """Cache the request's full blocks among its first ``computed`` tokens, and its state
-        checkpoints (:meth:`_register_checkpoints`).
+        checkpoints (:meth:`_register_checkpoints`; the checkpoints an ``align`` table lets go
+        of are added to ``let_go``, ``{group: pages}``).
 
         Returns:
             The computed tokens before which no further block of this pool fills.
@@ -442,11 +449,16 @@ class PrefixCache:
             if not fixed or registered[index] < cacheable_blocks(content, per_page, MAX_TOKENS):
                 due = min(due, (registered[index] + 1) * per_page)
         if self.checkpoints:
-            due = min(due, self._register_checkpoints(record, content, computed, fixed))
+            due = min(due, self._register_checkpoints(record, content, computed, fixed, let_go))
         return due
 
     def _register_checkpoints(
-        self, record: RequestRecord, content: Sequence[int] | PrefixKey, computed: int, fixed: bool
+        self,
+        record: RequestRecord,
+        content: Sequence[int] | PrefixKey,
+        computed: int,
+        fixed: bool,
+        let_go: dict[int, list[int]] | None = None,
     ) -> float:
         """Cache the state checkpoints ``computed`` tokens complete: in ``all``, table entry
         ``k`` is the state after ``(k+1) * block_size`` tokens, cached once they are computed;
@@ -489,6 +501,8 @@ class PrefixCache:
                         del table[1]  # the next reserve takes the new running state's page
                         if before != NULL_PAGE:
                             self.drop({index: [before]})
+                        if let_go is not None:  # the table changed: its caller re-reads it
+                            let_go.setdefault(index, []).extend([before] if before != NULL_PAGE else [])
                 upcoming = computed // unit
             if not fixed or upcoming < cacheable_blocks(content, unit, MAX_TOKENS):
                 due = min(due, (upcoming + 1) * unit)

@@ -140,8 +140,8 @@ def _drop_checkpoint_at(monkeypatch: pytest.MonkeyPatch, tokens: int) -> None:
     (a broken pool)."""
     register = PrefixCache._register_checkpoints
 
-    def forgetful(self, record, content, computed, fixed):
-        due = register(self, record, content, computed, fixed)
+    def forgetful(self, record, content, computed, fixed, let_go=None):
+        due = register(self, record, content, computed, fixed, let_go)
         for index, unit, _ in self.checkpoints:
             page = self.cache[index].pop(block_key(record, content, unit, tokens // unit - 1), None)
             if page is not None:
@@ -226,3 +226,48 @@ def test_a_checkpoint_no_request_holds_is_evicted_as_a_whole_run():
         pool.free_request(f"x{r}")
     assert pool.num_free_blocks == pool.num_usable_blocks
     assert pool.attach_prefix("b", PrefixKey("system", 64), 100) == 0
+
+
+@pytest.mark.parametrize("mode", ["align", "all"])
+def test_block_tables_follow_the_state_tables_through_checkpoints_and_hits(mode):
+    from kvcore.runtime.block_tables import BlockTables
+
+    pool = BlockPool(_plan(_jamba_like(16), mode), prefix_caching=True)
+    tables = BlockTables(pool, max_requests=2)
+    key = PrefixKey("system", 200)
+
+    def row_matches(request):
+        for group in range(len(pool.groups)):
+            table = pool.block_table(request, group)
+            pad = tables.pad_pages[group]
+            written = tables.tensors[group][tables.row(request)].tolist()
+            assert written[: len(table)] == [pad if page == NULL_PAGE else page for page in table]
+            assert set(written[len(table) :]) <= {pad}
+
+    for request in ("a", "b"):
+        pool.attach_prefix(request, key, 250)
+        computed = pool.num_tokens(request)
+        tables.update(request)  # the first update copies what the hit attached
+        for chunk in (64, 64, 64, 64):
+            after = min(250, computed + chunk)
+            tables.update(request, pool.reserve(request, after))
+            changes = pool.release_stale(request, after)
+            tables.update(request, changes)
+            row_matches(request)
+            computed = after
+    stats = pool.prefix_cache_stats
+    assert stats.hit_tokens == 192 // pool.hit_step * pool.hit_step > 0  # b found a's checkpoint
+
+
+def test_release_stale_names_the_checkpoint_an_align_table_lets_go_of():
+    pool = BlockPool(_plan(_jamba_like(16), "align"), prefix_caching=True)
+    group = next(i for i, g in enumerate(pool.groups) if g.spec.kind == "state")
+    pool.attach_prefix("a", PrefixKey("system", 200), 250)
+    pool.reserve("a", 64)
+    first = pool.block_table("a", group)
+    assert pool.release_stale("a", 64) == {group: [first[0]]}  # entry 0 held no checkpoint yet
+    pool.reserve("a", 128)
+    second = pool.block_table("a", group)
+    assert second[0] == first[1] and pool.release_stale("a", 128) == {group: [first[1]]}
+    assert pool.is_cached(pool.blocks_of(group, first[1])[0])  # let go, still cached (evictable)
+    assert pool.release_stale("a", 128) == {}  # the same boundary again changes nothing
