@@ -30,8 +30,13 @@ REGISTRY = Registry.from_plugin_manager(get_plugin_manager(autoload=False))
 MAX_LEN = 512
 
 
-def _plan(layers: dict[str, KVCacheSpec], mode: str, *, requests: int = 40):
-    context = SizingContext(max_model_len=MAX_LEN, max_num_batched_tokens=64, state_cache_mode=mode)
+def _plan(layers: dict[str, KVCacheSpec], mode: str, *, requests: int = 40, speculative: int = 0):
+    context = SizingContext(
+        max_model_len=MAX_LEN,
+        max_num_batched_tokens=64,
+        state_cache_mode=mode,
+        num_speculative_tokens=speculative,
+    )
     sized = plan_kv_cache(layers, 2**36, context, registry=REGISTRY)
     return plan_kv_cache(
         layers, 2**36, context, registry=REGISTRY, num_blocks=requests * sized.blocks_per_request()
@@ -126,10 +131,13 @@ def _replay(pool: BlockPool, requests, oracle: Oracle) -> list[tuple[int, int]]:
     layers=st.sampled_from([_jamba_like, _three_kinds]),
     block=block_sizes().filter(lambda b: b <= 64),
     mode=st.sampled_from(["align", "all"]),
+    speculative=st.sampled_from([0, 2]),  # states for draft tokens besides the checkpoints
     requests=requests_strategy,
 )
-def test_hit_tokens_are_exactly_those_whose_pages_and_state_were_kept(layers, block, mode, requests):
-    pool = BlockPool(_plan(layers(block), mode), prefix_caching=True)
+def test_hit_tokens_are_exactly_those_whose_pages_and_state_were_kept(
+    layers, block, mode, speculative, requests
+):
+    pool = BlockPool(_plan(layers(block), mode, speculative=speculative), prefix_caching=True)
     assert pool.prefix_caching
     for hit, expected in _replay(pool, requests, Oracle(pool)):
         assert hit == expected
