@@ -366,13 +366,19 @@ class OnePool:
                     "truncate before release_stale() counts the rejected tokens"
                 )
             stops.append(live.stop)
-        rewritten: list[int] = []  # cached pages this request alone holds and will write into
+        rewritten: list[int] = []  # cached pages (first ids) this request alone holds and will write into
         if self.cache is not None:
             for index, stop in zip(self.members, stops, strict=True):
-                per_page = self.paged[index]
-                if per_page and num_tokens % per_page and stop and stop <= len(tables[index]):
-                    page = tables[index][stop - 1]
-                    others = -1 if page == NULL_PAGE else self.cache.shared_rewrite(page)
+                per_page, entry, span = self.paged[index], stop - 1, self.spans[index]
+                if not per_page:  # a state: in all, the entry of the block num_tokens ends in is rewritten
+                    spec = self.groups[index].spec
+                    if checkpoint_mode(spec) != "all":
+                        continue
+                    per_page = spec.block_size
+                    entry = -(-num_tokens // per_page) - 1
+                if num_tokens % per_page and 0 <= entry < len(tables[index]):
+                    page = tables[index][entry]
+                    others = -1 if page == NULL_PAGE else self.cache.shared_rewrite(page * span)
                     if others > 0:
                         raise InvalidInputError(
                             f"{self.label}cannot truncate request {request_id!r} to {num_tokens} tokens: "
@@ -380,7 +386,7 @@ class OnePool:
                             f"other request(s) share; truncate to a multiple of {per_page} tokens or more"
                         )
                     if others == 0:
-                        rewritten.append(page)
+                        rewritten.append(page * span)
         return stops, rewritten
 
     def truncate(self, record: RequestRecord, stops: list[int], rewritten: list[int]) -> dict[int, list[int]]:

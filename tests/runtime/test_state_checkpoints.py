@@ -15,7 +15,7 @@ import math
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from kvcore import PrefixKey, SizingContext, plan_kv_cache
+from kvcore import InvalidInputError, PrefixKey, SizingContext, plan_kv_cache
 from kvcore.planning.manager import get_plugin_manager
 from kvcore.planning.registry import Registry
 from kvcore.runtime.block_pool import NULL_PAGE, BlockPool
@@ -279,3 +279,24 @@ def test_release_stale_names_the_checkpoint_an_align_table_lets_go_of():
     assert second[0] == first[1] and pool.release_stale("a", 128) == {group: [first[1]]}
     assert pool.is_cached(pool.blocks_of(group, first[1])[0])  # let go, still cached (evictable)
     assert pool.release_stale("a", 128) == {}  # the same boundary again changes nothing
+
+
+def test_truncating_inside_a_cached_all_checkpoint_uncaches_it_or_refuses_when_shared():
+    pool = BlockPool(_plan(_jamba_like(16), "all"), prefix_caching=True)
+    group = next(i for i, g in enumerate(pool.groups) if g.spec.kind == "state")
+    pool.attach_prefix("a", PrefixKey("system", 200), 250)
+    pool.reserve("a", 250)
+    pool.release_stale("a", 250)
+    state_after_112 = pool.block_table("a", group)[6]  # entry k: the state after (k+1) * 16 tokens
+    first_id = pool.blocks_of(group, state_after_112)[0]
+    assert pool.is_cached(first_id)
+    pool.truncate("a", 100)  # the state after 112 will be written again from token 100
+    assert not pool.is_cached(first_id) and pool.block_table("a", group)[6] == state_after_112
+    hit = pool.attach_prefix("b", PrefixKey("system", 200), 250)
+    assert hit == 96 // pool.hit_step * pool.hit_step  # the blocks the cut ends in were uncached
+    pool.reserve("b", 250)
+    pool.release_stale("b", 250)
+    with pytest.raises(InvalidInputError, match="cannot truncate request 'b' to 170 tokens"):
+        pool.attach_prefix("c", PrefixKey("system", 200), 250)
+        pool.reserve("c", 250)
+        pool.truncate("b", 170)  # inside blocks c shares with b (attention and the state after 176)
