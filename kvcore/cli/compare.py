@@ -26,6 +26,7 @@ from kvcore.planning.capacity import finite_or_none, format_figure
 from kvcore.planning.compare import Candidate, compare_policies, variant_specs
 from kvcore.planning.frontier import FrontierPoint, policy_frontier
 from kvcore.planning.registry import Registry
+from kvcore.runtime.one_pool import hit_step_of
 from kvcore.spec import KVCacheSpec
 from kvcore.units import format_bytes
 
@@ -279,6 +280,8 @@ def run(namespace: argparse.Namespace, registry: Registry) -> int:
                 f"{result.mean_running:,.1f}",
                 f"{result.preemptions:,}",
             ]
+            if args.prefix_caching:  # the block size's trade: hit granularity against capacity
+                row += [f"{hit_step_of(plan) or '-'}", f"{100 * result.prefix_hit_rate:.1f}%"]
             report = latencies.get(id(c))
             if report is not None:
                 row += timing.summary_cells(report)
@@ -308,6 +311,12 @@ def run(namespace: argparse.Namespace, registry: Registry) -> int:
             "(the workload's tokens served per step, recomputation not counted)"
         )
         headers += ["tokens/step", "mean running", "preemptions"]
+        if args.prefix_caching:
+            print(
+                "prefix caching on: hit unit = tokens every hit is a multiple of (every group's block, "
+                "a state's checkpoint), prefix hits = prompt tokens found cached"
+            )
+            headers += ["hit unit", "prefix hits"]
         timed = next((r for r in latencies.values() if r is not None), None)
         if timed is not None:
             print(f"time: {timed.model}")

@@ -162,11 +162,22 @@ def simulation_row(result: SimulationResult, *, series: bool = False) -> dict[st
         row.pop("host_tier", None)
         row.pop("host_transfer_seconds", None)
     row["scheduler_settings"] = dict(result.scheduler_settings)
+    row.pop("prefix_hits_by_kind", None)
+    if result.prefix_hits_by_kind:  # {kind: {"hits": lookups served, "pages": cached pages used}}
+        row["prefix_hits_by_kind"] = {
+            k.kind: {"hits": k.hits, "pages": k.pages} for k in result.prefix_hits_by_kind
+        }
     row["served_tokens_per_step"] = served_tokens_per_step(result)
     if not series:
         row.pop("running", None)
         row.pop("pool_usage", None)
     return row
+
+
+def kind_hits_line(result: SimulationResult) -> str:
+    """``state 120 (120 pages), full_attention 120 (2,400 pages)``: per group kind, the lookups
+    its cached pages served and the pages they used; ``""`` without per-kind figures."""
+    return ", ".join(f"{k.kind} {k.hits:,} ({k.pages:,} pages)" for k in result.prefix_hits_by_kind)
 
 
 def served_tokens_per_step(result: SimulationResult) -> float:

@@ -31,6 +31,7 @@ from kvcore.cli.memory_map import check_map_path, say_written
 from kvcore.cli.options import PlanningArgs
 from kvcore.cli.replay import (
     Simulated,
+    kind_hits_line,
     plan_label,
     served_tokens_per_step,
     simulate_candidates,
@@ -289,6 +290,14 @@ def print_table(
     print(render_table(headers, rows, align="lll" + "r" * (len(headers) - 3)))
     for policy, error in failures.items():
         print(f"  {policy}: no plan: {error}")
+    hit_lines = [
+        f"  {plan_label(c)}: {line}"
+        for c in candidates
+        if id(c) in results and (line := kind_hits_line(results[id(c)]))
+    ]
+    if hit_lines:
+        print("prefix hits by group kind (lookups whose hit used the kind's cached pages, and the pages):")
+        print("\n".join(hit_lines))
 
 
 def render_simulation_plot(

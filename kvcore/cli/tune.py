@@ -25,6 +25,7 @@ from kvcore.cli.progress import progress
 from kvcore.cli.table import render_table
 from kvcore.errors import InvalidInputError
 from kvcore.planning.registry import Registry
+from kvcore.runtime.one_pool import hit_step_of
 from kvcore.units import format_bytes
 
 if TYPE_CHECKING:
@@ -238,14 +239,19 @@ def _simulate_sglang(
         if name in fields:
             profile = attrs.evolve(profile, **{name: best.knobs.max_num_seqs})
             break
-    result = simulate(
-        sglang.plan,
-        workload,
-        max_num_batched_tokens=best.knobs.max_num_batched_tokens,
-        prefix_caching=args.prefix_caching,
-        scheduler=profile,
-        step_time=step_time(sglang.plan) if step_time is not None else None,  # a factory, per plan
-    )
+    from kvcore.errors import KVCoreError
+
+    try:
+        result = simulate(
+            sglang.plan,
+            workload,
+            max_num_batched_tokens=best.knobs.max_num_batched_tokens,
+            prefix_caching=args.prefix_caching,
+            scheduler=profile,
+            step_time=step_time(sglang.plan) if step_time is not None else None,  # a factory, per plan
+        )
+    except KVCoreError as exc:  # a plan the profile does not model (a state group): say so, keep the rest
+        return {"simulated": False, "why": str(exc)}
     run: dict[str, Any] = {
         "simulated": True,
         "served_tokens_per_step": result.served_tokens_per_step,
@@ -316,7 +322,14 @@ def _print(args: argparse.Namespace, result: TuneResult, engines: Engines, workl
         else ""
     )
     print()
-    print(f"best: {_score(result, best.score)}{gain}, {latency_name} {_latency(result, best.latency_figure)}")
+    ran, plan = best.result, best.plan
+    hits = (  # a larger block holds more but hits in coarser steps; the score counts cached tokens
+        f", prefix hits {100 * ran.prefix_hit_rate:.1f}% (hit unit {hit_step_of(plan)})"
+        if ran is not None and plan is not None and ran.prefix_caching
+        else ""
+    )
+    latency = _latency(result, best.latency_figure)
+    print(f"best: {_score(result, best.score)}{gain}, {latency_name} {latency}{hits}")
     print(render_table(KNOB_HEADERS, [_knob_cells(best)], align="l" * len(KNOB_HEADERS)))
     if best.pool_split:
         print("  pool split: " + ", ".join(f"pool {p} {100 * s:.1f}%" for p, s in enumerate(best.pool_split)))

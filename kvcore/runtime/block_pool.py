@@ -35,7 +35,6 @@ free every group's pages in bulk.
 
 from __future__ import annotations
 
-import math
 import warnings
 from collections.abc import Hashable, Iterable, Sequence
 
@@ -43,8 +42,8 @@ from kvcore.errors import BlockPoolExhaustedError, InvalidInputError
 from kvcore.plan import KVCacheGroup, KVCachePlan
 from kvcore.runtime.free_blocks import FreeBlocksFactory, free_blocks_for, holder
 from kvcore.runtime.host_cache import HostTierStats
-from kvcore.runtime.one_pool import OnePool, default_paging, uncacheable
-from kvcore.runtime.prefix_cache import EvictionHook, PrefixCacheStats, PrefixKey
+from kvcore.runtime.one_pool import OnePool, hit_step_of, hit_unit, uncacheable
+from kvcore.runtime.prefix_cache import EvictionHook, KindHits, PrefixCacheStats, PrefixKey
 from kvcore.runtime.request_tables import (
     NULL_PAGE,
     RequestRecord,
@@ -106,9 +105,12 @@ class BlockPool:
         prefix_caching: share full blocks of equal leading tokens across requests
             (:meth:`attach_prefix`), keep freed ones cached until their ids are needed, and count
             hits (:attr:`prefix_cache_stats`). Off by default; off, the pool behaves and runs as
-            it always did. A plan with a group that cannot cache (a per-request state, or a
-            kind with its own ``live_pages``) gets a pool that caches nothing (the stats say
-            why).
+            it always did. A state group (SSM, linear attention) caches checkpoints as its
+            ``cache_mode`` says (``align``: the state at each block boundary a request's step
+            ends on; ``all``: at every block boundary), and a hit needs the checkpoint at
+            exactly its length. A plan with a group that cannot cache (a state in cache mode
+            ``none``, or a kind with its own ``live_pages``) gets a pool that caches nothing
+            (the stats say why).
         free_blocks: how each pool keeps its free ids, ``(num_blocks, {group: blocks_per_page})
             -> FreeBlocks`` (default: the fastest, :func:`~kvcore.runtime.free_blocks.free_blocks_for`).
             A :class:`~kvcore.runtime.free_blocks.FreeBlocks` subclass sees every id taken and
@@ -171,10 +173,13 @@ class BlockPool:
                 )
             )
         self.pools: tuple[OnePool, ...] = tuple(pools)
-        self._paged = [default_paging(g.spec) for g in plan.groups]
-        self._step = math.lcm(*self._paged) if self._caching and self._paged else 1
+        #: per group, the tokens its hits come in multiples of (tokens per page, or a state's block size)
+        self._paged = [hit_unit(g.spec) for g in plan.groups]
+        self._step = hit_step_of(plan) if self._caching and self._paged else 1
         self._records: dict[Hashable, RequestRecord] = {}
         self._lookups = self._hits = self._queried = self._hit_tokens = 0
+        self._group_hits = [0] * len(self.groups)  # per group: lookups its cached pages served
+        self._group_pages = [0] * len(self.groups)  # per group: the cached pages they used
         self._host = any(pool.cache is not None and pool.cache.host is not None for pool in self.pools)
         self._host_hits = self._host_hit_tokens = 0
 
@@ -418,7 +423,9 @@ class BlockPool:
         Returns:
             ``{group index: pages freed}`` for the groups that shrank (with prefix caching, a
             page another request still holds is dropped from this request's table but stays
-            held).
+            held; an ``align`` state group that reached a block boundary is named with the
+            checkpoint it let go of, its table rewritten: the running state's page moved to
+            entry 0 as the new checkpoint, and the next ``reserve`` takes a running page).
 
         Raises:
             InvalidInputError: unknown request, a negative token count, or more tokens than the
@@ -440,9 +447,10 @@ class BlockPool:
         if num_computed_tokens > record.computed:
             record.computed = num_computed_tokens
         content = record.content
+        let_go: dict[int, list[int]] = {}  # state checkpoints an align table moved on from
         if content is not None and record.computed >= record.due:  # cache the full blocks first
             record.due = min(
-                pool.cache.register(record, content, record.computed)  # type: ignore[union-attr]
+                pool.cache.register(record, content, record.computed, let_go)  # type: ignore[union-attr]
                 for pool in self.pools
             )
         freed: dict[int, list[int]] | None = None
@@ -452,6 +460,8 @@ class BlockPool:
                 freed = shrunk
             else:
                 freed.update(shrunk)
+        if let_go:
+            freed = {**(freed or {}), **let_go}
         return freed if freed is not None else {}
 
     def free_request(self, request_id: Hashable) -> None:
@@ -523,9 +533,22 @@ class BlockPool:
         return self._caching
 
     @property
+    def hit_step(self) -> int:
+        """Tokens every prefix hit is a multiple of (the least common multiple of every group's
+        tokens per page, and of a state group's block size); 1 without prefix caching."""
+        return self._step
+
+    @property
     def prefix_cache_stats(self) -> PrefixCacheStats:
-        """Lookups and hits (one per request, the hit common to every pool) and evictions
-        (all pools together); see :class:`~kvcore.runtime.prefix_cache.PrefixCacheStats`."""
+        """Lookups and hits (one per request, the hit common to every pool), evictions (all
+        pools together) and what each group kind's pages served; see
+        :class:`~kvcore.runtime.prefix_cache.PrefixCacheStats`."""
+        kinds: dict[str, list[int]] = {}
+        if self._caching:
+            for index, group in enumerate(self.groups):
+                counts = kinds.setdefault(group.spec.kind, [0, 0])
+                counts[0] = max(counts[0], self._group_hits[index])  # a hit of the kind, not of each group
+                counts[1] += self._group_pages[index]
         return PrefixCacheStats(
             enabled=self._caching,
             reason=self._cache_reason,
@@ -534,6 +557,7 @@ class BlockPool:
             queried_tokens=self._queried,
             hit_tokens=self._hit_tokens,
             evictions=sum(pool.cache.evictions for pool in self.pools if pool.cache is not None),
+            by_kind=tuple(KindHits(kind, hits, pages) for kind, (hits, pages) in kinds.items()),
         )
 
     @property
@@ -563,14 +587,15 @@ class BlockPool:
         with :meth:`allocate` are not counted)."""
         chosen = self.pools[self._pool_index(pool)]
         if chosen.cache is not None:
-            return chosen.cache.ref[block]
+            return chosen.cache.ref[self._first_id(chosen, block)]
         return sum(block in record.tables[i] for record in self._records.values() for i in chosen.members)
 
     def is_cached(self, block: int, pool: int = 0) -> bool:
         """Whether block id ``block`` of pool ``pool`` is in the prefix cache (held by requests
         or evictable)."""
-        cache = self.pools[self._pool_index(pool)].cache
-        return cache is not None and cache.key[block] is not None
+        chosen = self.pools[self._pool_index(pool)]
+        cache = chosen.cache
+        return cache is not None and cache.key[self._first_id(chosen, block)] is not None
 
     def attach_prefix(
         self, request_id: Hashable, content: Sequence[int] | PrefixKey, num_tokens: int | None = None
@@ -614,6 +639,7 @@ class BlockPool:
         )
         record = RequestRecord(len(self.groups))
         hit = from_host = 0
+        pages: tuple[int, ...] = ()
         if self._caching:
             record.content = content
             record.registered = [0] * len(self.groups)
@@ -627,7 +653,8 @@ class BlockPool:
                 for pool in self.pools:
                     pool.cache.attach(record, content, hit)  # type: ignore[union-attr]
                 record.tokens = record.computed = hit
-        record.pending = (num_tokens, hit, from_host)
+                pages = tuple(len(table) - table.count(NULL_PAGE) for table in record.tables)
+        record.pending = (num_tokens, hit, from_host, pages)
         self._records[request_id] = record
         return hit
 
@@ -664,9 +691,19 @@ class BlockPool:
             for pool in self.pools
         )
 
+    def _first_id(self, pool: OnePool, block: int) -> int:
+        """The first id of the page holding ``block`` (a page of an aligned run is counted by it)."""
+        group = pool.free.owner[block]
+        span = self.groups[group].blocks_per_page if group >= 0 else 1
+        return block - block % span
+
     def _count_lookup(self, record: RequestRecord) -> None:
-        queried, hit, from_host = record.pending  # type: ignore[misc]
+        queried, hit, from_host, pages = record.pending  # type: ignore[misc]
         record.pending = None
+        for index, count in enumerate(pages):
+            if count:
+                self._group_hits[index] += 1
+                self._group_pages[index] += count
         self._lookups += 1
         self._queried += queried
         self._hit_tokens += hit

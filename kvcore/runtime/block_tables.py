@@ -37,6 +37,7 @@ import torch
 
 from kvcore.errors import InvalidInputError
 from kvcore.runtime.block_pool import NULL_PAGE, BlockPool
+from kvcore.runtime.prefix_cache import checkpoint_mode
 from kvcore.validators import check_int
 
 #: Slot of a token with no page, when the plan has no null block (vLLM's ``PAD_SLOT_ID``).
@@ -100,6 +101,9 @@ class BlockTables:
         self._rows: dict[Hashable, int] = {}
         self._free_rows = list(range(max_requests - 1, -1, -1))  # a stack, lowest row on top
         groups = len(plan.groups)
+        #: per group, whether a change rewrites its entries in place (a state group keeping
+        #: ``align`` checkpoints moves its running page to entry 0 at a block boundary)
+        self._rewrites = tuple(checkpoint_mode(g.spec) == "align" for g in plan.groups)
         self._length = [[0] * max_requests for _ in range(groups)]
         self._released = [[0] * max_requests for _ in range(groups)]
         self._dirty: set[int] = set()
@@ -172,7 +176,7 @@ class BlockTables:
             lengths, released = self._length[group], self._released[group]
             old_length, old_released = lengths[row], released[row]
             length, start = extent.stop, extent.start
-            if full:
+            if full or self._rewrites[group]:
                 table = pool.block_table(request_id, group)
                 array[row, :] = pad
                 if table:

@@ -15,6 +15,7 @@ groups of equal specs grow and free alike, which a stacked pool uses to serve th
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from itertools import chain, repeat
 
@@ -22,7 +23,7 @@ from kvcore.errors import BlockPoolExhaustedError, InvalidInputError
 from kvcore.plan import KVCachePlan
 from kvcore.runtime.free_blocks import FreeBlocks
 from kvcore.runtime.host_cache import HostCache
-from kvcore.runtime.prefix_cache import EvictionHook, PrefixCache
+from kvcore.runtime.prefix_cache import EvictionHook, PrefixCache, checkpoint_mode
 from kvcore.runtime.request_tables import NULL_PAGE, RequestRecord
 from kvcore.spec import KVCacheSpec
 
@@ -36,17 +37,43 @@ def default_paging(spec: KVCacheSpec) -> int:
     return per_page if per_page and type(spec).live_pages is KVCacheSpec.live_pages else 0
 
 
+def hit_unit(spec: KVCacheSpec) -> int:
+    """Tokens a prefix hit of a group of ``spec`` comes in multiples of: its tokens per page
+    (default paging), its block size (a state keeping checkpoints,
+    :func:`~kvcore.runtime.prefix_cache.checkpoint_mode`), else 0 (it cannot cache)."""
+    per_page = default_paging(spec)
+    if per_page:
+        return per_page
+    return spec.block_size if checkpoint_mode(spec) != "none" else 0
+
+
+def hit_step_of(plan: KVCachePlan) -> int:
+    """Tokens every prefix hit on ``plan`` is a multiple of: the least common multiple of each
+    group's :func:`hit_unit` (a hit must end on a page boundary of every group, and on a
+    state group's checkpoint); 0 when some group cannot cache (:func:`uncacheable`)."""
+    units = [hit_unit(group.spec) for group in plan.groups]
+    return 0 if not units or not all(units) else math.lcm(*units)
+
+
 def uncacheable(plan: KVCachePlan, pool: int, label: str) -> str:
-    """Why pool ``pool``'s groups cannot cache prefixes (a group keeps a per-request state or
-    pages of its own rule), or ``""`` when they can."""
+    """Why pool ``pool``'s groups cannot cache prefixes (a group keeps a per-request state
+    without checkpoints, or pages of its own rule), or ``""`` when they can."""
     for index in plan.groups_in(pool):
         spec = plan.groups[index].spec
-        if not default_paging(spec):
-            what = "a per-request state" if spec.tokens_per_page is None else "pages of its own rule"
+        if hit_unit(spec):
+            continue
+        if spec.tokens_per_page is None:
+            mode = getattr(spec, "cache_mode", None)
+            keeps = f" (cache_mode {mode!r})" if mode is not None else ""
             return (
-                f"{label}group {index} ({spec.kind}) keeps {what}, which is not cached, so no token can "
-                "hit in every group"
+                f"{label}group {index} ({spec.kind}) keeps a per-request state without checkpoints{keeps}, "
+                "which is not cached, so no token can hit in every group: plan with state_cache_mode "
+                "'align' or 'all' (--state-cache-mode) to cache states at block boundaries"
             )
+        return (
+            f"{label}group {index} ({spec.kind}) keeps pages of its own rule, which is not cached, so no "
+            "token can hit in every group"
+        )
     return ""
 
 
@@ -156,7 +183,7 @@ class OnePool:
     @property
     def num_free_blocks(self) -> int:
         """Ids a request could take now: free ones and evictable cached ones."""
-        return self.free.num_free + (len(self.cache.lru) if self.cache is not None else 0)
+        return self.free.num_free + (self.cache.num_evictable if self.cache is not None else 0)
 
     def live(self, group: int, num_tokens: int, computed: int) -> range:
         """``live_pages`` of ``group``'s spec (computed tokens capped at ``num_tokens``)."""
@@ -339,13 +366,19 @@ class OnePool:
                     "truncate before release_stale() counts the rejected tokens"
                 )
             stops.append(live.stop)
-        rewritten: list[int] = []  # cached pages this request alone holds and will write into
+        rewritten: list[int] = []  # cached pages (first ids) this request alone holds and will write into
         if self.cache is not None:
             for index, stop in zip(self.members, stops, strict=True):
-                per_page = self.paged[index]
-                if num_tokens % per_page and stop and stop <= len(tables[index]):
-                    page = tables[index][stop - 1]
-                    others = -1 if page == NULL_PAGE else self.cache.shared_rewrite(page)
+                per_page, entry, span = self.paged[index], stop - 1, self.spans[index]
+                if not per_page:  # a state: in all, the entry of the block num_tokens ends in is rewritten
+                    spec = self.groups[index].spec
+                    if checkpoint_mode(spec) != "all":
+                        continue
+                    per_page = spec.block_size
+                    entry = -(-num_tokens // per_page) - 1
+                if num_tokens % per_page and 0 <= entry < len(tables[index]):
+                    page = tables[index][entry]
+                    others = -1 if page == NULL_PAGE else self.cache.shared_rewrite(page * span)
                     if others > 0:
                         raise InvalidInputError(
                             f"{self.label}cannot truncate request {request_id!r} to {num_tokens} tokens: "
@@ -353,7 +386,7 @@ class OnePool:
                             f"other request(s) share; truncate to a multiple of {per_page} tokens or more"
                         )
                     if others == 0:
-                        rewritten.append(page)
+                        rewritten.append(page * span)
         return stops, rewritten
 
     def truncate(self, record: RequestRecord, stops: list[int], rewritten: list[int]) -> dict[int, list[int]]:

@@ -16,6 +16,14 @@ The pool (:class:`~kvcore.runtime.block_pool.BlockPool` with ``prefix_caching=Tr
 evictable blocks least recently used first) and counts lookups in :class:`PrefixCacheStats`.
 An evicted block passes through :class:`PrefixCache`'s ``on_evict`` before its id is handed out
 again: where a second memory tier would keep its bytes.
+
+A group of a state kind (SSM, linear attention: ``offload_unit == "checkpoint"``) holds no
+tokens, so it caches *checkpoints*: the state after the first ``b`` tokens, ``b`` a multiple of
+its ``block_size``, keyed like the block that ends at ``b`` (:func:`checkpoint_mode` says which
+the kind keeps). A hit of ``h`` tokens then needs the checkpoint at exactly ``h`` besides every
+other group's pages (vLLM's rule: ``HybridKVCacheCoordinator`` takes the longest hit every group
+serves, and ``MambaManager.find_longest_cache_hit`` a state cached at that block boundary;
+vllm/v1/core/kv_cache_coordinator.py, vllm/v1/core/single_type_kv_cache_manager.py).
 """
 
 from __future__ import annotations
@@ -38,14 +46,52 @@ from kvcore.runtime.request_tables import NULL_PAGE, PrefixKey, RequestRecord
 from kvcore.spec import KVCacheSpec
 
 __all__ = [
+    "CHECKPOINT_MODES",
     "EvictionHook",
+    "KindHits",
     "PrefixCache",
     "PrefixCacheStats",
     "PrefixKey",
     "block_key",
     "cacheable_blocks",
+    "checkpoint_mode",
     "token_block_keys",
 ]
+
+#: The state cache modes whose checkpoints a prefix cache keeps (``none`` keeps only the
+#: running state, which no other request can start from).
+CHECKPOINT_MODES = ("align", "all")
+
+
+def checkpoint_mode(spec: KVCacheSpec) -> str:
+    """Which state checkpoints a group of ``spec`` keeps for prefix caching: ``"align"`` (the
+    state at each block boundary a request's step ends on, the plan's second state),
+    ``"all"`` (the state at every block boundary, one page per block), or ``"none"`` (a kind
+    that is not a per-request state, or keeps only its running state).
+
+    A kind opts in by declaring ``offload_unit = "checkpoint"`` (a page is a whole state after
+    a prefix ending at a block boundary) and a ``cache_mode`` field, as ``state`` does."""
+    if spec.tokens_per_page is not None or spec.offload_unit != "checkpoint":
+        return "none"
+    mode = getattr(spec, "cache_mode", "none")
+    return mode if mode in CHECKPOINT_MODES else "none"
+
+
+@attrs.frozen
+class KindHits:
+    """What one group kind's cached pages served (counted with the lookups).
+
+    Attributes:
+        kind: the group kind (``full_attention``, ``sliding_window``, ``state``, ...).
+        hits: lookups whose hit used at least one cached page of this kind.
+        pages: cached pages of this kind the hits used (all groups of the kind together): a
+            full-attention group's every block up to the hit, a sliding window's last
+            window, a state group's one checkpoint.
+    """
+
+    kind: str
+    hits: int
+    pages: int
 
 
 @attrs.frozen
@@ -61,6 +107,7 @@ class PrefixCacheStats:
         queried_tokens: the tokens those requests had when looked up.
         hit_tokens: the tokens found cached (they need no computing).
         evictions: cached blocks evicted to hand their ids out again.
+        by_kind: per group kind of the plan (in the plan's order), what its pages served.
     """
 
     enabled: bool
@@ -70,6 +117,7 @@ class PrefixCacheStats:
     queried_tokens: int
     hit_tokens: int
     evictions: int
+    by_kind: tuple[KindHits, ...] = ()
 
     @property
     def hit_rate(self) -> float:
@@ -127,20 +175,23 @@ EvictionHook = Callable[[int, int, Hashable], None]
 
 
 class PrefixCache:
-    """The cached blocks of one pool: per group a key-to-block table, per block id its key and
-    how many requests' tables hold it, and the evictable blocks (cached, held by none) least
+    """The cached blocks of one pool: per group a key-to-page table, per block id its key and
+    how many requests' tables hold it, and the evictable pages (cached, held by none) least
     recently used first.
 
-    A cached block no request holds counts as free: :meth:`evict` hands its id out again when
-    the pool has no free id left, and tells ``on_evict`` first.
+    A cached page no request holds counts as free: :meth:`evict` hands its ids out again when
+    the pool has no free id left, and tells ``on_evict`` first. A page of several ids (a state
+    checkpoint in an aligned run) is counted by its first id (``ref``, ``key``), and evicting
+    it frees the whole run.
 
     Args:
         pool: the plan's pool index (what ``on_evict`` is told).
         groups: every group of the plan (indices are the plan's).
         members: the indices of the groups drawing from this pool.
-        paged: per group, tokens per page (every member pages by the default rule).
+        paged: per group, tokens per page (0 for a state group that keeps checkpoints,
+            :func:`checkpoint_mode`; every other member pages by the default rule).
         free: the pool's free ids, whose owners name each block's group.
-        on_evict: called with ``(pool, block, key)`` for each evicted block, or ``None``.
+        on_evict: called with ``(pool, block, key)`` for each evicted page (its first id), or ``None``.
         host: the pool's host tier (:class:`~kvcore.runtime.host_cache.HostCache`), or
             ``None``: an evicted block of an offloadable group goes there, and a lookup finds
             blocks there too and brings them back.
@@ -163,22 +214,34 @@ class PrefixCache:
         self.paged = paged
         self.free = free
         self.on_evict = on_evict
+        #: state groups: (group, tokens per checkpoint, "align" or "all")
+        self.checkpoints = tuple(
+            (index, groups[index].spec.block_size, checkpoint_mode(groups[index].spec))
+            for index in members
+            if not paged[index]
+        )
+        #: the groups that cache token blocks
+        self.token_groups = tuple(index for index in members if paged[index])
         self.keeps_all = tuple(
             index
-            for index in members
+            for index in self.token_groups
             if type(groups[index].spec).first_retained_token is KVCacheSpec.first_retained_token
         )
-        self.freeing = tuple(index for index in members if index not in self.keeps_all)
+        self.freeing = tuple(index for index in self.token_groups if index not in self.keeps_all)
+        self.spans = {index: groups[index].blocks_per_page for index in members}
         self.ref = [0] * free.num_blocks
         self.key: list[Hashable | None] = [None] * free.num_blocks
         self.cache: dict[int, dict[Hashable, int]] = {index: {} for index in members}
         self.lru: OrderedDict[int, None] = OrderedDict()  # evictable cached blocks, oldest first
+        #: evictable cached pages of several ids (their first id), oldest first, and their ids
+        self.run_lru: OrderedDict[int, None] = OrderedDict()
+        self.run_ids = 0
         self.evictions = 0
 
     @property
     def num_evictable(self) -> int:
-        """Cached blocks no request holds."""
-        return len(self.lru)
+        """Block ids of cached pages no request holds."""
+        return len(self.lru) + self.run_ids
 
     def _kept(self, index: int, with_host: bool) -> Callable[[Hashable], bool]:
         """Whether a key of group ``index`` is cached: on the device, or with ``with_host`` in
@@ -199,9 +262,10 @@ class PrefixCache:
         known: int = 0,
     ) -> int:
         """The most tokens (a multiple of ``step``, at most ``limit``) whose live blocks every
-        group of the pool has cached (on the device, or in the host tier unless ``with_host``
-        is false); ``known`` tokens are known cached already (the device's hit, when the
-        host tier is asked after it), so the walk of a group that keeps every block starts there."""
+        group of the pool has cached, and every state group a checkpoint at exactly that
+        length (on the device, or in the host tier unless ``with_host`` is false); ``known``
+        tokens are known cached already (the device's hit, when the host tier is asked after
+        it), so the walk of a group that keeps every block starts there."""
         upper = limit // step * step if limit > 0 else 0
         if not upper:
             return 0
@@ -220,14 +284,31 @@ class PrefixCache:
                 length = length + 1 if kept(block_key(record, content, per_page, k)) else 0
                 run.append(length)
             runs.append((index, run))
+        checkpoints = self.checkpoints
         for hit in range(upper, 0, -step):
-            for index, run in runs:
-                live = self.groups[index].spec.live_pages(hit, hit)
-                if live.stop > live.start and run[live.stop - 1] < live.stop - live.start:
-                    break
-            else:
-                return hit
+            if runs and not self._windows_serve(runs, hit):
+                continue
+            if checkpoints and not self._checkpoints_at(record, content, hit):
+                continue  # a state resumes only from a checkpoint at exactly the hit
+            return hit
         return 0
+
+    def _windows_serve(self, runs: list[tuple[int, list[int]]], hit: int) -> bool:
+        """Whether every freeing group has cached the blocks live at a hit of ``hit`` tokens
+        (``runs``: per group, the length of the cached run ending at each block)."""
+        for index, run in runs:
+            live = self.groups[index].spec.live_pages(hit, hit)
+            if live.stop > live.start and run[live.stop - 1] < live.stop - live.start:
+                return False
+        return True
+
+    def _checkpoints_at(self, record: RequestRecord, content: Sequence[int] | PrefixKey, hit: int) -> bool:
+        """Whether every state group keeps the checkpoint after exactly ``hit`` tokens (on the
+        device: a state page never goes to a host tier here)."""
+        return all(
+            block_key(record, content, unit, hit // unit - 1) in self.cache[index]
+            for index, unit, _ in self.checkpoints
+        )
 
     def restores_fit(self, record: RequestRecord, content: Sequence[int] | PrefixKey, hit: int) -> bool:
         """Whether the device has ids for the blocks of a hit of ``hit`` tokens that only the
@@ -236,7 +317,7 @@ class PrefixCache:
             return True
         missing = pinned = 0
         ref = self.ref
-        for index in self.members:
+        for index in self.token_groups:
             live = self.groups[index].spec.live_pages(hit, hit)
             cache, per_page = self.cache[index], self.paged[index]
             for k in live:
@@ -245,12 +326,18 @@ class PrefixCache:
                     missing += 1
                 elif not ref[block]:
                     pinned += 1
-        return missing <= self.free.num_free + len(self.lru) - pinned
+        for index, unit, _ in self.checkpoints:  # the checkpoint is on the device (find_hit)
+            page = self.cache[index][block_key(record, content, unit, hit // unit - 1)]
+            span = self.spans[index]
+            if not ref[page * span]:
+                pinned += span
+        return missing <= self.free.num_free + self.num_evictable - pinned
 
     def attach(self, record: RequestRecord, content: Sequence[int] | PrefixKey, hit: int) -> int:
         """Fill the request's tables of this pool's groups with the cached blocks of a hit,
         bringing back from the host tier the blocks only it holds (the caller checked
-        :meth:`restores_fit`).
+        :meth:`restores_fit`). A state group's table gets the checkpoint at ``hit``: its
+        first entry (``align``), or entry ``hit / block_size - 1`` after null ones (``all``).
 
         Returns:
             Block ids brought back from the host tier.
@@ -258,7 +345,7 @@ class PrefixCache:
         ref, lru, registered = self.ref, self.lru, record.registered
         assert registered is not None, "a cached request's record counts what it registered"
         missing: list[tuple[int, Hashable, list[int], int]] = []  # (group, key, table, entry)
-        for index in self.members:
+        for index in self.token_groups:
             live = self.groups[index].spec.live_pages(hit, hit)
             cache, table, per_page = self.cache[index], record.tables[index], self.paged[index]
             table.extend(repeat(NULL_PAGE, live.start))
@@ -275,9 +362,31 @@ class PrefixCache:
                 table.append(block)
             record.released[index] = live.start
             registered[index] = live.stop
+        for index, unit, mode in self.checkpoints:
+            k = hit // unit - 1
+            page = self.cache[index][block_key(record, content, unit, k)]
+            self._hold(index, page)
+            table = record.tables[index]
+            if mode == "all":  # the states before the hit stay null: no later token reads them
+                table.extend(repeat(NULL_PAGE, k))
+                record.released[index] = k
+            table.append(page)
+            registered[index] = k + 1
         if missing:
             self._bring_back(missing)
         return len(missing)
+
+    def _hold(self, index: int, page: int) -> None:
+        """One more request holds cached ``page`` of state group ``index`` (no longer evictable)."""
+        span = self.spans[index]
+        first = page * span
+        if not self.ref[first]:
+            if span == 1:
+                del self.lru[first]
+            else:
+                del self.run_lru[first]
+                self.run_ids -= span
+        self.ref[first] += 1
 
     def _bring_back(self, missing: list[tuple[int, Hashable, list[int], int]]) -> None:
         """Give each host-held block of a hit a device id, cached under its key, held by the
@@ -301,15 +410,23 @@ class PrefixCache:
             keys[block] = key
         host.restore(pages)
 
-    def register(self, record: RequestRecord, content: Sequence[int] | PrefixKey, computed: int) -> float:
-        """Cache the request's full blocks among its first ``computed`` tokens.
+    def register(
+        self,
+        record: RequestRecord,
+        content: Sequence[int] | PrefixKey,
+        computed: int,
+        let_go: dict[int, list[int]] | None = None,
+    ) -> float:
+        """Cache the request's full blocks among its first ``computed`` tokens, and its state
+        checkpoints (:meth:`_register_checkpoints`; the checkpoints an ``align`` table lets go
+        of are added to ``let_go``, ``{group: pages}``).
 
         Returns:
             The computed tokens before which no further block of this pool fills.
         """
         registered, tables, keys = record.registered, record.tables, self.key
         assert registered is not None, "a cached request's record counts what it registered"
-        for index in self.members:
+        for index in self.token_groups:
             start = registered[index]
             per_page = self.paged[index]
             end = cacheable_blocks(content, per_page, computed)
@@ -327,10 +444,68 @@ class PrefixCache:
             registered[index] = end
         due = math.inf
         fixed = isinstance(content, PrefixKey)  # knows no more tokens later
-        for index in self.members:
+        for index in self.token_groups:
             per_page = self.paged[index]
             if not fixed or registered[index] < cacheable_blocks(content, per_page, MAX_TOKENS):
                 due = min(due, (registered[index] + 1) * per_page)
+        if self.checkpoints:
+            due = min(due, self._register_checkpoints(record, content, computed, fixed, let_go))
+        return due
+
+    def _register_checkpoints(
+        self,
+        record: RequestRecord,
+        content: Sequence[int] | PrefixKey,
+        computed: int,
+        fixed: bool,
+        let_go: dict[int, list[int]] | None = None,
+    ) -> float:
+        """Cache the state checkpoints ``computed`` tokens complete: in ``all``, table entry
+        ``k`` is the state after ``(k+1) * block_size`` tokens, cached once they are computed;
+        in ``align``, a request reaching a block boundary at the end of a step (``computed`` a
+        multiple of the block size) makes its running state (entry 1) the checkpoint (entry 0),
+        lets go of the checkpoint before (cached, it stays evictable) and takes a new page for
+        the running state at its next ``reserve`` (vLLM's ``mamba_cache_mode='align'``:
+        ``MambaManager`` keeps the state of the last block boundary reached and frees the one
+        before; vllm/v1/core/single_type_kv_cache_manager.py).
+
+        Returns:
+            The computed tokens before which no further checkpoint of this pool is due.
+        """
+        registered, tables, keys = record.registered, record.tables, self.key
+        assert registered is not None, "a cached request's record counts what it registered"
+        due = math.inf
+        for index, unit, mode in self.checkpoints:
+            cache, table, span = self.cache[index], tables[index], self.spans[index]
+            end = cacheable_blocks(content, unit, computed)
+            if mode == "all":
+                for k in range(registered[index], min(end, len(table))):
+                    page = table[k]
+                    key = block_key(record, content, unit, k)
+                    if page != NULL_PAGE and keys[page * span] is None and key not in cache:
+                        cache[key] = page
+                        keys[page * span] = key
+                registered[index] = max(registered[index], end)
+                upcoming = registered[index]
+            else:
+                boundary = computed // unit
+                if computed % unit == 0 and registered[index] < boundary <= end and len(table) >= 2:
+                    registered[index] = boundary
+                    key = block_key(record, content, unit, boundary - 1)
+                    running = table[1]
+                    if running != NULL_PAGE and key not in cache:  # else cached first by another request
+                        cache[key] = running
+                        keys[running * span] = key
+                        before = table[0]
+                        table[0] = running
+                        del table[1]  # the next reserve takes the new running state's page
+                        if before != NULL_PAGE:
+                            self.drop({index: [before]})
+                        if let_go is not None:  # the table changed: its caller re-reads it
+                            let_go.setdefault(index, []).extend([before] if before != NULL_PAGE else [])
+                upcoming = computed // unit
+            if not fixed or upcoming < cacheable_blocks(content, unit, MAX_TOKENS):
+                due = min(due, (upcoming + 1) * unit)
         return due
 
     def shared_rewrite(self, block: int) -> int:
@@ -346,9 +521,11 @@ class PrefixCache:
             self.key[block] = None
 
     def take(self, grows: list[tuple[int, int]]) -> dict[int, list[int]] | None:
-        """Take ``count`` ids for each ``(group, count)``: free ids first, then evicted cached
+        """Take ``count`` pages for each ``(group, count)``: free ids first, then evicted cached
         blocks, all or none (``None``: too few)."""
         free = self.free
+        if free.runs:
+            return self._take_pages(grows)
         total = sum(count for _, count in grows)
         if total > free.num_free + len(self.lru):
             return None
@@ -365,6 +542,52 @@ class PrefixCache:
                 ref[block] = 1
             at += count
         return taken
+
+    def _take_pages(self, grows: list[tuple[int, int]]) -> dict[int, list[int]] | None:
+        """:meth:`take` in a pool with aligned runs: evict least recently used pages (those of
+        several ids first while an aligned run is short) until every page fits, then take them
+        from the free ids. ``None`` when even evicting every evictable page leaves too few
+        (the pages evicted stay evicted; nothing is taken)."""
+        free, spans = self.free, self.spans
+        singles = sum(count for index, count in grows if spans[index] == 1)
+        runs: dict[int, int] = {}
+        for index, count in grows:
+            if spans[index] > 1:
+                runs[spans[index]] = runs.get(spans[index], 0) + count
+        while True:
+            short = [span for span, count in runs.items() if free.runs[span].full < count]
+            if not short and free.num_free - sum(s * c for s, c in runs.items()) >= singles:
+                break
+            if short and self.run_lru:  # a cached run frees a whole aligned run
+                self._evict_run()
+            elif self.lru:
+                self.free.give_back(self.evict(1))
+            elif self.run_lru:
+                self._evict_run()
+            else:
+                return None
+        taken: dict[int, list[int]] = {}
+        ref = self.ref
+        for index, count in sorted(grows, key=lambda grow: -spans[grow[0]]):  # runs before singles
+            pages = taken[index] = free.take_pages(index, count)
+            span = spans[index]
+            for page in pages:
+                ref[page * span] = 1
+        return {index: taken[index] for index, _ in grows}
+
+    def _evict_run(self) -> None:
+        """Evict the least recently used evictable page of several ids, its run freed."""
+        first, _ = self.run_lru.popitem(last=False)
+        index = self.free.owner[first]
+        span = self.spans[index]
+        self.run_ids -= span
+        key = self.key[first]
+        del self.cache[index][key]
+        self.key[first] = None
+        if self.on_evict is not None:
+            self.on_evict(self.pool, first, key)
+        self.free.give_back(list(range(first, first + span)))
+        self.evictions += 1
 
     def evict(self, count: int) -> list[int]:
         """Evict the ``count`` least recently used evictable blocks (the caller checked they
@@ -390,7 +613,21 @@ class PrefixCache:
         cached (a request's last blocks first, so they are evicted first), else free."""
         ref, keys, lru = self.ref, self.key, self.lru
         freed: list[int] = []
-        for held in pages.values():
+        spans = self.spans
+        for index, held in pages.items():
+            span = spans[index]
+            if span > 1:  # pages of aligned runs, counted by their first id
+                for page in reversed(held):
+                    first = page * span
+                    ref[first] -= 1
+                    if ref[first]:
+                        continue
+                    if keys[first] is not None:
+                        self.run_lru[first] = None
+                        self.run_ids += span
+                    else:
+                        freed.extend(range(first, first + span))
+                continue
             for block in reversed(held):
                 ref[block] -= 1
                 if ref[block]:

@@ -52,8 +52,9 @@ class RequestRecord:
         chains: per tokens-per-page, the chained keys of its token ids so far.
         registered: per group, the blocks looked at for caching (prefix caching), else ``None``.
         due: computed tokens before which no block fills (nothing to cache before).
-        pending: ``(tokens looked up, tokens hit, of them tokens the host tier gave)`` of an
-            attach not yet counted (counted at the first reserve), else ``None``.
+        pending: ``(tokens looked up, tokens hit, of them tokens the host tier gave, cached
+            pages attached per group)`` of an attach not yet counted (counted at the first
+            reserve), else ``None``.
     """
 
     __slots__ = (
@@ -77,7 +78,7 @@ class RequestRecord:
         self.chains: dict[int, list[bytes]] = {}
         self.registered: list[int] | None = None
         self.due = 0.0
-        self.pending: tuple[int, int, int] | None = None
+        self.pending: tuple[int, int, int, tuple[int, ...]] | None = None
 
 
 def check_hashable(request_id: object) -> None:

@@ -10,6 +10,7 @@ from typing import TypeVar
 import attrs
 
 from kvcore.runtime.host_cache import HostTierStats
+from kvcore.runtime.prefix_cache import KindHits
 from kvcore.simulation.steps import Timeline
 
 _T = TypeVar("_T", int, float)
@@ -34,6 +35,9 @@ class SimulationResult:
         prefix_caching: whether the pool cached prefixes (asked for, and every group can).
         cached_tokens: prompt tokens found in the prefix cache at admission, not computed.
         prefix_hit_rate: ``cached_tokens`` over the tokens of the requests looked up (0..1).
+        prefix_hits_by_kind: with prefix caching (``kvcore`` profile), per group kind of the
+            plan, the lookups its cached pages served and how many pages they used (a state
+            group's are checkpoints); else empty.
         mean_pool_usage: the share of the pool's usable block ids held during a step, on average
             (0..1); cached blocks no request holds count as free. With several pools, the share
             of the fullest pool at each step.
@@ -68,6 +72,7 @@ class SimulationResult:
     prefix_caching: bool = False
     cached_tokens: int = 0
     prefix_hit_rate: float = 0.0
+    prefix_hits_by_kind: tuple[KindHits, ...] = ()
     timeline: Timeline | None = attrs.field(default=None, repr=False)
     scheduler: str = "kvcore"
     scheduler_settings: tuple[tuple[str, object], ...] = ()

@@ -35,7 +35,15 @@ With ``prefix_caching``, the pool caches full blocks
 again after a preemption) starts from the tokens of its ``prefix_id``'s first
 ``prefix_tokens`` that every group has cached, and computes only the rest.
 Only shared prefixes are cached (a request's own tokens, and what a preempted request
-generated, are computed again).
+generated, are computed again). On a hybrid, a hit is the longest prefix every group serves:
+full attention its blocks from the start, a sliding window the blocks of its last window, a
+state group (cache mode ``align`` or ``all``) a checkpoint after exactly that many tokens. In
+``align`` the pool keeps the state of a block boundary only where a step ends on it, so a
+prefill chunk that would cross the last boundary of its shared prefix (the prefix rounded down
+to the pool's :attr:`~kvcore.runtime.block_pool.BlockPool.hit_step`) stops there, and the rest
+follows in the next step (vLLM's ``Scheduler._mamba_block_aligned_split`` cuts a chunk at the
+last block boundary it can cache; vllm/v1/core/sched/scheduler.py). The result counts what each
+group kind's pages served (:attr:`SimulationResult.prefix_hits_by_kind`).
 
 A plan with a host tier (:attr:`~kvcore.KVCachePlan.offload_tier`, e.g.
 :func:`~kvcore.planning.offload.with_host_memory`) keeps the cached blocks the device evicts in
@@ -74,7 +82,7 @@ from kvcore.peaks import pool_peaks
 from kvcore.plan import KVCachePlan
 from kvcore.runtime.block_pool import BlockPool
 from kvcore.runtime.host_cache import HostCache
-from kvcore.runtime.prefix_cache import PrefixKey
+from kvcore.runtime.prefix_cache import PrefixKey, checkpoint_mode
 from kvcore.simulation.gpus import Gpu, host_transfer
 from kvcore.simulation.profile import DEFAULT_SCHEDULER, SchedulerProfile, resolve_profile
 from kvcore.simulation.result import SimulationResult as SimulationResult, percentile as percentile
@@ -201,6 +209,11 @@ class Simulator(StepperState):
         _check_fits_alone(plan, self.requests, budget)
         self.pool = BlockPool(plan, lowest_first=False, prefix_caching=prefix_caching)
         self.caching = self.pool.prefix_caching  # what the shared figures report
+        #: with align checkpoints, per request the boundary a prefill chunk stops at, else None
+        self._junctions: list[int] | None = None
+        if self.caching and any(checkpoint_mode(g.spec) == "align" for g in plan.groups):
+            unit = self.pool.hit_step
+            self._junctions = [r.prefix_tokens // unit * unit for r in workload.requests]
         self._pools = len(plan.pools)
         #: each pool's host tier (with prefix caching and a plan that has one)
         caches = [pool.cache for pool in self.pool.pools if pool.cache is not None]
@@ -273,6 +286,7 @@ class Simulator(StepperState):
         computed, known, end = self._computed, self._known, self._end
         grows, releases = self._grows, self._releases
         budget = self.budget
+        junctions = self._junctions
         finishing: list[int] = []  # requests that sample their last token in this step
         stale: list[int] = []  # requests whose new tokens free a page
         preempted = False
@@ -290,6 +304,8 @@ class Simulator(StepperState):
             new = ahead - c
             if new > budget:
                 new = budget
+            if junctions is not None and c < junctions[r] < c + new:  # end on the checkpoint
+                new = junctions[r] - c
             c += new
             if new > 1 or grows[c]:
                 while True:
@@ -333,6 +349,8 @@ class Simulator(StepperState):
                 new = known[r] - hit
                 if new > budget:
                     new = budget
+                if junctions is not None and hit < junctions[r] < hit + new:  # end on the checkpoint
+                    new = junctions[r] - hit
                 try:
                     reserve(r, hit + new)
                 except BlockPoolExhaustedError:
@@ -436,6 +454,7 @@ class Simulator(StepperState):
             super().result(),
             prefix_caching=stats.enabled,
             prefix_hit_rate=stats.hit_rate,
+            prefix_hits_by_kind=stats.by_kind,
             host_tier=self.pool.host_tier_stats if self._hosts else None,
             host_transfer_seconds=self.host_transfer_seconds,
         )

@@ -62,3 +62,75 @@ def test_prefix_share_and_len_go_together(run_cli):
     with pytest.raises(SystemExit) as info:
         run_cli("simulate", *SMALL, *SHARED[:-6], "--prefix-share", "2", "--prefix-len", "9")
     assert info.value.code == 2 and "expected a number from 0 to 1" in run_cli.capsys.readouterr().err
+
+
+# -- hybrids: hits per group kind, and the block size's trade ------------------------------------
+
+HYBRID = (
+    "--memory",
+    "8GiB",
+    "--max-model-len",
+    "8192",
+    "--trace",
+    "examples/traces/chat-system-prompts.jsonl",
+    "--prefix-caching",
+    "--scheduler",
+    "kvcore",
+    "--policies",
+    "shared_buffer",
+)
+
+
+def test_simulate_reports_hits_per_group_kind_on_a_hybrid(run_cli):
+    status, out, err = run_cli(
+        "simulate", "--model", "ai21labs/AI21-Jamba-1.5-Mini", "--state-cache-mode", "align", *HYBRID
+    )
+    assert status == 0, err
+    lines = out.splitlines()
+    at = lines.index(
+        "prefix hits by group kind (lookups whose hit used the kind's cached pages, and the pages):"
+    )
+    assert lines[at + 1].startswith("  shared_buffer: state ") and "full_attention" in lines[at + 1]
+    status, out, err = run_cli(
+        "simulate",
+        "--model",
+        "ai21labs/AI21-Jamba-1.5-Mini",
+        "--state-cache-mode",
+        "align",
+        *HYBRID,
+        "--json",
+    )
+    by_kind = json.loads(out)["candidates"][0]["simulation"]["prefix_hits_by_kind"]
+    assert set(by_kind) == {"state", "full_attention"}
+    assert by_kind["state"]["hits"] == by_kind["state"]["pages"] > 0  # one checkpoint a hit
+
+
+def test_without_checkpoints_a_state_model_reports_no_kind(run_cli):
+    status, out, err = run_cli("simulate", "--model", "ai21labs/AI21-Jamba-1.5-Mini", *HYBRID, "--json")
+    assert status == 0, err
+    simulation = json.loads(out)["candidates"][0]["simulation"]
+    assert not simulation["prefix_caching"] and "prefix_hits_by_kind" not in simulation
+
+
+def test_compare_shows_the_block_size_trade_of_hits(run_cli):
+    status, out, err = run_cli(
+        "compare",
+        "--model",
+        "ai21labs/AI21-Jamba-1.5-Mini",
+        "--state-cache-mode",
+        "align",
+        *(a if a != "--trace" else "--workload" for a in HYBRID),
+        "--block-sizes",
+        "16,256,1024",
+    )
+    assert status == 0, err
+    header = next(line for line in out.splitlines() if line.lstrip().startswith("policy"))
+    assert header.split()[-4:] == ["hit", "unit", "prefix", "hits"]
+    rows = {
+        line.split()[1]: line.split()
+        for line in out.splitlines()
+        if line.lstrip().startswith("shared_buffer")
+    }
+    assert [rows[b][-2] for b in ("16", "256", "1024")] == ["16", "256", "1024"]
+    rates = [float(rows[b][-1].rstrip("%")) for b in ("16", "256", "1024")]
+    assert rates[0] > rates[1] > rates[2] > 0  # coarser blocks hit less of each shared prompt

@@ -9,11 +9,21 @@ from collections import Counter
 import pytest
 from hypothesis import given, strategies as st
 
-from kvcore import InvalidInputError, Request, Workload, read_trace, simulate as _simulate, synthetic
+from kvcore import (
+    InvalidInputError,
+    Request,
+    SizingContext,
+    Workload,
+    model_layer_specs,
+    plan_kv_cache,
+    read_trace,
+    simulate as _simulate,
+    synthetic,
+)
 from kvcore.runtime.block_pool import NULL_PAGE
 from kvcore.simulation.simulator import Simulator
 from kvcore.simulation.workload import parse_length
-from tests.simulation.test_simulator import ONE_LAYER, PLANS, _plan
+from tests.simulation.test_simulator import ONE_LAYER, PLANS, REGISTRY, _plan
 
 
 def simulate(*args, **kwargs):
@@ -70,10 +80,27 @@ def test_without_shared_prefixes_prefix_caching_changes_no_figure(name, shapes, 
     )
 
 
-@given(name=st.sampled_from(sorted(PLANS)), shapes=requests_strategy, budget=st.sampled_from([5, 64, 4096]))
+def _checkpoint_plans():
+    """Jamba's layers with states kept for prefix caching, pools of three requests."""
+    jamba = model_layer_specs("ai21labs/AI21-Jamba-1.5-Mini", REGISTRY)
+    for mode in ("align", "all"):
+        context = SizingContext(max_model_len=512, max_num_batched_tokens=64, state_cache_mode=mode)
+        sized = plan_kv_cache(jamba, 2**36, context, registry=REGISTRY)
+        blocks = 3 * sized.blocks_per_request()
+        yield f"jamba {mode}", plan_kv_cache(jamba, 2**36, context, registry=REGISTRY, num_blocks=blocks)
+
+
+CACHING_PLANS = {**PLANS, **dict(_checkpoint_plans())}
+
+
+@given(
+    name=st.sampled_from(sorted(CACHING_PLANS)),
+    shapes=requests_strategy,
+    budget=st.sampled_from([5, 64, 4096]),
+)
 def test_shared_blocks_are_counted_and_every_token_is_served_once(name, shapes, budget):
     workload = _workload(shapes)
-    simulator = Simulator(PLANS[name], workload, max_num_batched_tokens=budget, prefix_caching=True)
+    simulator = Simulator(CACHING_PLANS[name], workload, max_num_batched_tokens=budget, prefix_caching=True)
     pool = simulator.pool
     while not simulator.done:
         simulator.step()
@@ -150,3 +177,55 @@ def test_a_synthetic_workload_can_share_a_prefix():
         synthetic(4, *lengths, max_model_len=1000, prefix_share=1.5, prefix_tokens=3)
     with pytest.raises(InvalidInputError, match="prefix_tokens"):
         synthetic(4, *lengths, max_model_len=1000, prefix_share=0.5, prefix_tokens=999)
+
+
+# -- hybrids: state checkpoints and sliding windows ----------------------------------------------
+
+
+def _model_plan(model, mode, memory=2**33):
+    context = SizingContext(max_model_len=8192, max_num_batched_tokens=2048, state_cache_mode=mode)
+    return plan_kv_cache(model_layer_specs(model, REGISTRY), memory, context, registry=REGISTRY)
+
+
+def test_on_the_shared_prompt_trace_state_and_sliding_groups_hit():
+    trace = read_trace("examples/traces/chat-system-prompts.jsonl")
+    jamba = simulate(_model_plan("ai21labs/AI21-Jamba-1.5-Mini", "align"), trace, prefix_caching=True)
+    gemma = simulate(_model_plan("google/gemma-3-27b-it", None), trace, prefix_caching=True)
+    for result, kinds in (
+        (jamba, {"state", "full_attention"}),
+        (gemma, {"sliding_window", "full_attention"}),
+    ):
+        by_kind = {k.kind: k for k in result.prefix_hits_by_kind}
+        assert set(by_kind) == kinds and result.cached_tokens > 0
+        hits = {k.hits for k in by_kind.values()}
+        assert len(hits) == 1 and hits.pop() > 0  # every kind took part in every hit
+    assert {k.kind: k.hits for k in jamba.prefix_hits_by_kind}["state"] == {
+        k.kind: k.pages for k in jamba.prefix_hits_by_kind
+    }["state"]  # one checkpoint per hit
+
+
+def test_align_stops_a_prefill_chunk_at_its_shared_prefix_so_the_next_request_finds_the_state():
+    plan = _model_plan("ai21labs/AI21-Jamba-1.5-Mini", "align")
+    first = Request(0, 150, 2, 0, prefix_id="system", prefix_tokens=100)
+    second = Request(1, 150, 2, 5, prefix_id="system", prefix_tokens=100)
+    result = simulate(plan, Workload((first, second), name="two"), prefix_caching=True)
+    step = 100 // 16 * 16  # the attention and state blocks are 16 tokens
+    assert result.cached_tokens == step  # the first request's prompt went in two chunks: 96, then 54
+    assert result.total_tokens == 150 + 1 + 150 - step + 1
+    # all: every block boundary keeps a state, so no chunk is cut; the plan's attention block is
+    # 128 tokens there (a state per 16 tokens costs pages), and hits come in 128s
+    longer = [Request(i, 400, 2, 5 * i, prefix_id="system", prefix_tokens=300) for i in range(2)]
+    all_mode = simulate(
+        _model_plan("ai21labs/AI21-Jamba-1.5-Mini", "all"),
+        Workload(tuple(longer), name="two"),
+        prefix_caching=True,
+    )
+    assert all_mode.cached_tokens == 256 and all_mode.total_tokens == 400 + 1 + 400 - 256 + 1
+
+
+def test_a_state_without_checkpoints_caches_nothing():
+    plan = _model_plan("ai21labs/AI21-Jamba-1.5-Mini", "none")
+    first = Request(0, 150, 2, 0, prefix_id="system", prefix_tokens=100)
+    second = Request(1, 150, 2, 5, prefix_id="system", prefix_tokens=100)
+    result = simulate(plan, Workload((first, second), name="two"), prefix_caching=True)
+    assert not result.prefix_caching and result.cached_tokens == 0 and result.prefix_hits_by_kind == ()
