@@ -31,7 +31,7 @@ from typing import Any
 import attrs
 
 from kvcore.dtypes import dtype_name, to_dtype
-from kvcore.errors import KVCoreError
+from kvcore.errors import KVCoreError, PolicyNotApplicableError
 from kvcore.integrations.sglang.rules import (
     SglangRules,
     check_specs,
@@ -155,6 +155,10 @@ def vllm_planner(registry: Registry, *, async_scheduling: bool = True) -> Planne
                 return plan_for_vllm(specs, memory, rules, registry=registry, policy=policy, options=options)
             except VllmIntegrationError:
                 pass  # several pools: planned below under vLLM's sizing, named in its flags
+            except PolicyNotApplicableError:
+                # pages over runs of block ids (unified_pool): planned below, named in its flags;
+                # a policy that cannot plan the layers at all raises again there
+                pass
         return plan_kv_cache(
             specs, memory, rules.context(), registry=registry, policy=policy, options=rules.options(options)
         )

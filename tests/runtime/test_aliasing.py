@@ -77,9 +77,9 @@ def registry():
     return Registry.from_plugin_manager(get_plugin_manager(autoload=False, plugins=[ToyStatePlugin()]))
 
 
-def _plan(specs, context, registry, extra_requests, spare):
+def _plan(specs, context, registry, extra_requests, spare, policy="shared_buffer"):
     probe = plan_kv_cache(
-        specs, 1 << 40, context, registry=registry, policy="shared_buffer", num_blocks=1, check_fit=False
+        specs, 1 << 40, context, registry=registry, policy=policy, num_blocks=1, check_fit=False
     )
     need = probe.blocks_per_request()
     return plan_kv_cache(
@@ -87,7 +87,7 @@ def _plan(specs, context, registry, extra_requests, spare):
         1 << 40,
         context,
         registry=registry,
-        policy="shared_buffer",
+        policy=policy,
         num_blocks=need * (1 + extra_requests) + spare,
     )
 
@@ -103,6 +103,25 @@ def _plan(specs, context, registry, extra_requests, spare):
 def test_live_pages_never_share_bytes(registry, specs, max_model_len, step, extra_requests, spare, ops):
     context = SizingContext(max_model_len=max_model_len, max_num_batched_tokens=step)
     plan = _plan(specs, context, registry, extra_requests, spare)
+    ops = [(kind, min(a, step) if kind == "arrive" else a, min(b, step)) for kind, a, b in ops]
+    assert run_workload(plan, registry, ops) == []
+
+
+@given(
+    specs=kst.layer_specs(max_layers=8, max_distinct=3, spec_strategy=SMALL_SPECS),
+    max_model_len=st.integers(8, 128),
+    step=st.integers(1, 48),
+    extra_requests=st.integers(0, 2),
+    spare=st.integers(0, 7),
+    ops=OPS,
+)
+def test_live_pages_never_share_bytes_in_a_unified_pool(
+    registry, specs, max_model_len, step, extra_requests, spare, ops
+):
+    """unified_pool: each kind's page a run of rows of its own length, the shortest from the
+    low end of the pool and the others from the high end."""
+    context = SizingContext(max_model_len=max_model_len, max_num_batched_tokens=step)
+    plan = _plan(specs, context, registry, extra_requests, spare, policy="unified_pool")
     ops = [(kind, min(a, step) if kind == "arrive" else a, min(b, step)) for kind, a, b in ops]
     assert run_workload(plan, registry, ops) == []
 
