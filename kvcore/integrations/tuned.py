@@ -53,6 +53,11 @@ from kvcore.tuning.search import Planner, Trial
 #: gives each layer slot one tensor (``equal_groups``' layout), one spec per group.
 VLLM_OWN_POLICY = "equal_groups"
 
+#: The policy whose kinds lend each other one buffer (SGLang's unified memory pool,
+#: ``--enable-unified-memory``, does it for an attention and a Mamba sub-pool only:
+#: ``python/sglang/srt/mem_cache/unified_memory_pool.py``).
+UNIFIED_POLICY = "unified_pool"
+
 #: What an engine's ``--kv-cache-dtype`` calls kvcore's cache dtypes (``auto``: the model's).
 VLLM_DTYPES = {"float8_e4m3fn": "fp8_e4m3", "float8_e5m2": "fp8_e5m2"}
 SGLANG_DTYPES = {"float8_e4m3fn": "fp8_e4m3", "float8_e5m2": "fp8_e5m2"}
@@ -210,6 +215,16 @@ def vllm_settings(
                 "vLLM's --block-size is one number; kvcore's plugin sets each group's own block size",
             )
         )
+    runs = sorted({g.blocks_per_page for g in plan.groups if g.blocks_per_page > 1})
+    if runs and any(g.spec.tokens_per_page for g in plan.groups if g.blocks_per_page > 1):
+        cannot.append(
+            (
+                f"attention pages over runs of {runs} block ids ({knobs.policy})",
+                "vLLM's managers hand each group one block id per page, and no attention block size "
+                "gives every kind's page one; serve this candidate with kvcore's runtime or take the best "
+                "candidate vLLM runs",
+            )
+        )
     if len(plan.pools) > 1:
         shares = (
             ", ".join(f"{100 * s:.1f}%" for s in trial.pool_split) if trial.pool_split else "by worst case"
@@ -311,7 +326,17 @@ def sglang_settings(
     cannot: list[tuple[str, str]] = []
     variant = variant_specs(specs, block_size=knobs.block_size, kv_cache_dtype=knobs.kv_cache_dtype)
     page = min((g.spec.block_size for g in plan.groups if g.spec.tokens_per_page), default=1)
-    if knobs.policy != "kind_pools":
+    if knobs.policy == UNIFIED_POLICY:
+        cannot.append(
+            (
+                f"policy {knobs.policy}",
+                "the kinds lend each other one buffer's rows; SGLang's unified memory pool "
+                "(--enable-unified-memory) lends one buffer only between an attention and a Mamba "
+                "sub-pool, and keeps sliding-window layers in a pool of their own; its settings are "
+                "kind_pools' split by the worst case",
+            )
+        )
+    elif knobs.policy != "kind_pools":
         cannot.append(
             (
                 f"policy {knobs.policy}",
