@@ -86,7 +86,8 @@ def pool_fractions(text: str) -> tuple[float, ...]:
         fractions = tuple(float(part) for part in parts)
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f"expected one fraction of the budget per pool, comma-separated (0.3,0.7), got {_shown_text(text)}"
+            "expected one fraction of the budget per pool, comma-separated (0.3,0.7), "
+            f"got {_shown_text(text)}"
         ) from None
     try:
         PlanOptions(pool_split=fractions)

@@ -9,9 +9,9 @@ import pytest
 
 from kvcore import Capacity, PlanOptions, PlanValidationError, SizingContext, plan_kv_cache
 from kvcore.cli.report import format_ranks
-from kvcore.planning.ranks import Parallelism
 from kvcore.planning.capacity import own_pool_blocks, split_budget
 from kvcore.planning.planner import plan_model
+from kvcore.planning.ranks import Parallelism
 from kvcore.planning.serialization import plan_from_json, plan_to_json
 from tests.helpers import full, mix, sliding
 
@@ -37,7 +37,9 @@ def test_blocks_that_fit_follow_the_split(registry):
     plan = _pools(registry, options=PlanOptions(pool_split=SPLIT))
     counts = tuple(p.num_blocks for p in plan.pools)
     worst = split_budget(
-        plan.available_memory_bytes, [p.bytes_per_block for p in plan.pools], plan.blocks_per_request_by_pool()
+        plan.available_memory_bytes,
+        [p.bytes_per_block for p in plan.pools],
+        plan.blocks_per_request_by_pool(),
     )
     assert worst != counts  # the worst-case split would count other blocks
     assert own_pool_blocks(plan) == counts

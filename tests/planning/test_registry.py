@@ -40,7 +40,13 @@ def test_builtins_register_through_hooks(registry):
         "state",
         "cross_attention",
     ]
-    assert list(registry.policies) == ["uniform", "shared_buffer", "equal_groups", "kind_pools", "unified_pool"]
+    assert list(registry.policies) == [
+        "uniform",
+        "shared_buffer",
+        "equal_groups",
+        "kind_pools",
+        "unified_pool",
+    ]
     entry = {e.name: e for e in registry.kind_entries()}["mla"]
     assert entry.origin.source == "builtin"
     assert entry.origin.name == "kvcore.plugins.mla"
