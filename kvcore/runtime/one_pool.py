@@ -40,12 +40,18 @@ def uncacheable(plan: KVCachePlan, pool: int, label: str) -> str:
     """Why pool ``pool``'s groups cannot cache prefixes (a group keeps a per-request state or
     pages of its own rule), or ``""`` when they can."""
     for index in plan.groups_in(pool):
-        spec = plan.groups[index].spec
+        group = plan.groups[index]
+        spec = group.spec
         if not default_paging(spec):
             what = "a per-request state" if spec.tokens_per_page is None else "pages of its own rule"
             return (
                 f"{label}group {index} ({spec.kind}) keeps {what}, which is not cached, so no token can "
                 "hit in every group"
+            )
+        if group.blocks_per_page > 1:  # unified_pool: the cache keeps pages of one block id
+            return (
+                f"{label}group {index} ({spec.kind}) spreads a page over a run of {group.blocks_per_page} "
+                "block ids, which the prefix cache does not keep, so no token can hit in every group"
             )
     return ""
 

@@ -105,3 +105,16 @@ def test_the_kinds_grow_from_the_two_ends_of_the_pool(registry):
     assert pool.allocate(full_group, 1) == [1]  # the hole is refilled from the low end
     # every id is someone's or free; the free runs of 26 are the ones no run of 5 has touched
     assert pool.num_free_pages(slide_group) == 40 - 2 - 1
+
+
+def test_prefix_caching_is_off_for_pages_over_runs_and_says_why(registry):
+    specs = mix((5, sliding(64, block_size=4)), (1, full(block_size=4)))
+    context = SizingContext(max_model_len=256, max_num_batched_tokens=64)
+    plan = _plan(registry, specs, GIB, context, num_blocks=600)
+    assert sorted(g.blocks_per_page for g in plan.groups) == [1, 5]
+    pool = BlockPool(plan, prefix_caching=True)
+    assert not pool.prefix_caching
+    assert "run of 5 block ids" in pool.prefix_cache_stats.reason
+    pool.reserve("a", 200)  # the pool still serves, without the cache
+    pool.free_request("a")
+    assert pool.num_free_blocks == 600
