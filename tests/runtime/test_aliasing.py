@@ -179,3 +179,17 @@ def test_a_shifted_tensor_overlapping_its_neighbour_is_caught(registry):
         allocate(broken, "cpu", registry=registry)
     problems = run_workload(broken, registry, BUSY)  # allocates without the check
     assert problems and "was overwritten" in problems[0]
+
+
+def test_two_run_lengths_growing_from_the_two_ends_never_share_bytes(registry):
+    """unified_pool's Gemma-3 shape: 26 sliding and 5 full-attention layers of one page share a
+    row of one page, so both kinds are runs (26 and 5 ids), the 5s from the low end."""
+    tiny = {"block_size": 4, "heads": 1, "head_size": 8, "dtype": "float32"}
+    specs = {f"model.layers.{i}": (full(**tiny) if i % 6 == 5 else sliding(16, **tiny)) for i in range(31)}
+    plan = _plan(
+        specs, SizingContext(max_model_len=64, max_num_batched_tokens=16), registry, 2, 3, "unified_pool"
+    )
+    assert sorted(g.blocks_per_page for g in plan.groups) == [5, 26]
+    ops = [("arrive", 16, 0), ("arrive", 16, 0), ("arrive", 8, 0), ("step", 0, 16), ("step", 1, 16)]
+    ops += [("step", 2, 8), ("finish", 1, 0), ("step", 0, 16), ("arrive", 16, 0), ("step", 2, 16)]
+    assert run_workload(plan, registry, ops) == []
