@@ -24,7 +24,7 @@ full-attention pages grow with every token, and a long-document workload runs a 
 requests at once, so the pool that binds changes with each admission. On the first 60 long
 documents at 8 GiB the best fixed split of Gemma-3-27B's two pools, searched in steps of 2 %
 of the budget, serves 0.94 of what ``shared_buffer`` serves (Llama-4-Scout: 0.96), and the
-split this module derives is within 1 % of it. The ``unified_pool`` policy
+split this module derives 0.93 (0.96) (``benchmarks/pool_split_grid.py``). The ``unified_pool`` policy
 (:mod:`kvcore.policies.unified_pool`) keeps one block table per kind and lends the kinds one
 pool's rows instead, which follows the demand step by step (``benchmarks/tune.py``).
 """
