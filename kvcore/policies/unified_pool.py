@@ -6,30 +6,35 @@ made decides how much of the budget sliding-window pages may hold and how much f
 pages may. Demand does not stay at one split: a request being admitted holds its whole window
 (and, under vLLM's admission gate, the window plus the tokens in flight) while one decoding holds
 far less, and the full-attention pages grow with every request. A static split leaves one
-pool idle while the other turns requests away (``benchmarks/tune.py``: the best static split of
-Gemma-3-27B on long documents served 0.94x what ``shared_buffer`` serves).
+pool idle while the other turns requests away (``benchmarks/pool_split_grid.py``: the best
+static split of Gemma-3-27B on long documents served 0.94x what ``shared_buffer`` serves).
 
 This policy keeps ``kind_pools``' groups (one mixed-page group per retention kind, so one
 block table per kind) and lends the bytes instead of splitting them: all groups draw block ids
 from **one pool of rows** of ``W`` bytes. A kind whose page (its layers' pages side by side)
-is wider than a row takes an aligned run of ``blocks_per_page`` rows per page; the runtime
-hands single rows out from the low end of the id space and runs from the high end
-(:mod:`kvcore.runtime.free_blocks`), so each kind grows towards the other inside one buffer,
-as SGLang's unified memory pool (``--enable-unified-memory``, two sub-pools growing from the two
-ends of one byte buffer: ``python/sglang/srt/mem_cache/unified_memory_pool.py``) does.
+is wider than a row takes an aligned run of ``blocks_per_page`` rows per page. The runtime
+hands single rows out from the low end of the id space and runs from the high end, and in a
+pool of runs only, the shortest runs from the low end (:mod:`kvcore.runtime.free_blocks`), so
+the kinds grow towards each other inside one buffer, as SGLang's unified memory pool
+(``--enable-unified-memory``, two sub-pools growing from the two ends of one byte buffer:
+``python/sglang/srt/mem_cache/unified_memory_pool.py``) does.
 
 What it costs is the part of a run a kind's page leaves empty. The policy chooses the row and
 each kind's block size (by the factors :attr:`PlanOptions.block_multiples` allows, up to
 ``max_block_size``; a state's page keeps its size) to minimise the bytes one request of
-``max_model_len`` holds: every kind's page at every allowed block size is tried as the row,
-and each other kind then takes the block size whose run wastes least. Gemma-3-27B's 52
-sliding-window layers (block 16) beside its 10 full-attention layers fill a run of 21 rows
-of the full-attention page at block 64, about 1% of the sliding pages left empty.
+``max_model_len`` holds (:func:`choose_rows`): every kind's page at every allowed block size
+is tried as the row, and so is every common divisor of two kinds' pages (every kind a run,
+none wasting a byte, at most :data:`MAX_RUN` rows a page); each kind then takes the block size
+whose run wastes least. Gemma-3-27B's 52 sliding-window layers beside its 10 full-attention
+layers, all of one page, share a row of two pages: a sliding page is a run of 26 rows, a
+full-attention page a run of 5, and nothing is padded (with the full-attention page as the row,
+the sliding layers would need block 64 and a run of 21, 1% of it empty, and served 0.98 of
+``shared_buffer`` instead of 1.02).
 
 Against ``shared_buffer``, which cuts a kind into several groups so that every group fills a
-row exactly, it has fewer block tables (one per kind; Gemma-3-27B: 2 instead of 7) at the cost of
-the runs' empty part. ``auto`` never picks it; ``kvcore compare`` and ``kvcore tune`` show
-when it wins.
+row exactly, it has fewer block tables (one per kind; Gemma-3-27B: 2 instead of 7). vLLM cannot
+run it (its managers take one block id per page), and the prefix cache does not keep pages over
+runs. ``auto`` never picks it; ``kvcore compare`` and ``kvcore tune`` show when it wins.
 """
 
 from __future__ import annotations
