@@ -82,6 +82,24 @@ def _offload_tier(
         raise PlanValidationError([f"'offload_tier' must be an OffloadTier or None (got {value!r})"])
 
 
+def _split(value: Iterable[float] | None) -> tuple[float, ...] | None:
+    if value is None:
+        return None
+    if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Iterable):
+        raise PlanValidationError([f"'pool_split' must be a list of fractions, one per pool (got {value!r})"])
+    return tuple(value)
+
+
+def _split_fractions(
+    instance: object, attribute: attrs.Attribute[tuple[float, ...] | None], value: tuple[float, ...] | None
+) -> None:
+    for fraction in value or ():
+        if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction < 1:
+            raise PlanValidationError(
+                [f"'pool_split': every fraction must be a number in (0, 1) (got {fraction!r})"]
+            )
+
+
 def _groups(value: Iterable[KVCacheGroup]) -> tuple[KVCacheGroup, ...]:
     return tuple(value)
 
@@ -298,6 +316,11 @@ class KVCachePlan:
         offload_tier: host memory for pages moved off the device (:class:`OffloadTier`, one
             entry per pool), or ``None`` (the default): no host tier. It is not device memory:
             :attr:`kv_cache_bytes` and the budget do not count it.
+        pool_split: the share of the budget each pool was given
+            (:attr:`PlanOptions.pool_split <kvcore.policy.PlanOptions.pool_split>`), one
+            fraction per pool, so that the figures of what the budget holds
+            (:func:`~kvcore.planning.capacity.own_pool_blocks`) split it the same way; ``None``
+            (the default): split by what one request of ``max_model_len`` needs of each pool.
     """
 
     policy: str
@@ -310,6 +333,9 @@ class KVCachePlan:
     kv_sharing: Mapping[str, str] = attrs.field(factory=dict, converter=_sharing, hash=False)
     null_block: int | None = attrs.field(default=None, validator=_null_block)
     offload_tier: OffloadTier | None = attrs.field(default=None, validator=_offload_tier)
+    pool_split: tuple[float, ...] | None = attrs.field(
+        default=None, converter=_split, validator=_split_fractions
+    )
 
     def __init__(
         self,
@@ -326,6 +352,7 @@ class KVCachePlan:
         kv_sharing: Mapping[str, str] | None = None,
         null_block: int | None = None,
         offload_tier: OffloadTier | None = None,
+        pool_split: Iterable[float] | None = None,
     ) -> None:
         """Build and check a plan: give ``num_blocks`` and ``bytes_per_block`` (one pool) or
         ``pools``.
@@ -355,6 +382,7 @@ class KVCachePlan:
             kv_sharing=kv_sharing if kv_sharing is not None else {},
             null_block=null_block,
             offload_tier=offload_tier,
+            pool_split=pool_split,
         )
 
     def __attrs_post_init__(self) -> None:
@@ -651,6 +679,11 @@ def structural_problems(plan: KVCachePlan) -> Iterator[str]:
     """
     yield from _pool_problems(plan)
     pools = plan.pools
+    if plan.pool_split is not None and len(plan.pool_split) != len(pools):
+        yield (
+            f"'pool_split' gives {len(plan.pool_split)} fractions but the plan has {len(pools)} pool(s); "
+            "give one per pool"
+        )
     if plan.offload_tier is not None and len(plan.offload_tier.pool_bytes) != len(pools):
         yield (
             f"the offload tier gives host bytes for {len(plan.offload_tier.pool_bytes)} pool(s) but the "

@@ -242,6 +242,7 @@ _PLAN_FIXES = (
     ("kv_cache_dtype", "--kv-cache-dtype"),
     ("state_dtype", "--state-dtype"),
     ("max_groups", "--max-groups"),
+    ("pool_split", "--pool-split"),
 )
 
 

@@ -134,6 +134,24 @@ def block_counts(text: str) -> int | tuple[int, ...]:
     return tuple(comma_list(text, positive_int))
 
 
+def pool_fractions(text: str) -> tuple[float, ...]:
+    """argparse type of ``--pool-split``: one fraction of the budget per block pool,
+    comma-separated (``0.3,0.7``), checked as :attr:`PlanOptions.pool_split` checks them."""
+    parts = [part.strip() for part in text.split(",")]
+    try:
+        fractions = tuple(float(part) for part in parts)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            "expected one fraction of the budget per pool, comma-separated (0.3,0.7), "
+            f"got {_shown_text(text)}"
+        ) from None
+    try:
+        PlanOptions(pool_split=fractions)
+    except InvalidInputError as exc:
+        raise argparse.ArgumentTypeError(str(exc).replace("'pool_split'", "--pool-split")) from None
+    return fractions
+
+
 class Echoed(int):
     """A number read from text the command line says back (``32k`` is 32,000 tokens; ``80GB``
     is 74.51 GiB), so that a unit never changes a figure silently: :func:`echo_given` prints
@@ -518,6 +536,15 @@ def add_planning_options(
         metavar="N[,N...]",
         help="force this many blocks instead of filling the budget (checked against max-model-len); "
         "a policy of several block pools takes one count per pool: 1200,340",
+    )
+    parser.add_argument(
+        "--pool-split",
+        type=pool_fractions,
+        metavar="F,F[,F...]",
+        help=(
+            "for a policy of several block pools (kind_pools), the share of the budget each pool "
+            "gets, summing to 1: 0.3,0.7 (default: by what one request of max-model-len needs of each)"
+        ),
     )
 
 

@@ -84,6 +84,7 @@ class PlanningArgs:
     uniform_block_size: bool = False
     max_groups: int | None = None
     block_multiples: str = _DEFAULTS.block_multiples
+    pool_split: tuple[float, ...] | None = None
     # the candidates of compare and simulate
     policies: list[str] | None = None
     block_sizes: list[int] | None = None

@@ -13,7 +13,7 @@ from kvcore.cli.table import render_table
 from kvcore.error_messages import plural
 from kvcore.errors import KVCacheBindingError
 from kvcore.plan import KVCacheGroup, KVCachePlan
-from kvcore.planning.capacity import Capacity, finite_or_none, format_figure, split_budget
+from kvcore.planning.capacity import Capacity, finite_or_none, format_figure, own_pool_blocks
 from kvcore.planning.ranks import Parallelism, tightest_rank
 from kvcore.planning.serialization import plan_to_dict
 from kvcore.policy import PolicyChoice
@@ -350,12 +350,8 @@ def _rank_blocks(plan: KVCachePlan) -> dict[str, Any]:
 
 
 def _own_blocks(plan: KVCachePlan) -> tuple[int, ...]:
-    """The block counts (one per pool) the plan's own memory would hold."""
-    return split_budget(
-        plan.available_memory_bytes,
-        [p.bytes_per_block for p in plan.pools],
-        plan.blocks_per_request_by_pool(),
-    )
+    """The block counts (one per pool) the plan's own memory would hold, split as the plan was."""
+    return own_pool_blocks(plan)
 
 
 #: The widest a line of the ranks table's ``layers`` cell gets; a rank whose layers are not one
@@ -397,8 +393,13 @@ def format_ranks(plans: Sequence[KVCachePlan], parallelism: Parallelism) -> str:
     )
     if first.names_pools:
         pools = f"{len(first.pools)} block pools of {'/'.join(f'{c:,}' for c in counts)} blocks on every rank"
+        by = (
+            "each pool's need per request"
+            if first.pool_split is None
+            else "pool_split " + "/".join(f"{100 * f:.1f}%" for f in first.pool_split)
+        )
         split = (
-            f"{format_bytes(first.available_memory_bytes)} split by each pool's need per request = "
+            f"{format_bytes(first.available_memory_bytes)} split by {by} = "
             f"{'/'.join(f'{c:,}' for c in fit)} blocks"
         )
     else:

@@ -31,7 +31,7 @@ from typing import Any
 import attrs
 
 from kvcore.dtypes import dtype_name, to_dtype
-from kvcore.errors import KVCoreError
+from kvcore.errors import KVCoreError, PolicyNotApplicableError
 from kvcore.integrations.sglang.rules import (
     SglangRules,
     check_specs,
@@ -52,6 +52,11 @@ from kvcore.tuning.search import Planner, Trial
 #: vLLM's own grouping, modelled by a kvcore policy: vLLM pads every group to one page size and
 #: gives each layer slot one tensor (``equal_groups``' layout), one spec per group.
 VLLM_OWN_POLICY = "equal_groups"
+
+#: The policy whose kinds lend each other one buffer (SGLang's unified memory pool,
+#: ``--enable-unified-memory``, does it for an attention and a Mamba sub-pool only:
+#: ``python/sglang/srt/mem_cache/unified_memory_pool.py``).
+UNIFIED_POLICY = "unified_pool"
 
 #: What an engine's ``--kv-cache-dtype`` calls kvcore's cache dtypes (``auto``: the model's).
 VLLM_DTYPES = {"float8_e4m3fn": "fp8_e4m3", "float8_e5m2": "fp8_e5m2"}
@@ -155,6 +160,10 @@ def vllm_planner(registry: Registry, *, async_scheduling: bool = True) -> Planne
                 return plan_for_vllm(specs, memory, rules, registry=registry, policy=policy, options=options)
             except VllmIntegrationError:
                 pass  # several pools: planned below under vLLM's sizing, named in its flags
+            except PolicyNotApplicableError:
+                # pages over runs of block ids (unified_pool): planned below, named in its flags;
+                # a policy that cannot plan the layers at all raises again there
+                pass
         return plan_kv_cache(
             specs, memory, rules.context(), registry=registry, policy=policy, options=rules.options(options)
         )
@@ -204,6 +213,16 @@ def vllm_settings(
             (
                 f"block sizes {sizes}",
                 "vLLM's --block-size is one number; kvcore's plugin sets each group's own block size",
+            )
+        )
+    runs = sorted({g.blocks_per_page for g in plan.groups if g.blocks_per_page > 1})
+    if runs and any(g.spec.tokens_per_page for g in plan.groups if g.blocks_per_page > 1):
+        cannot.append(
+            (
+                f"attention pages over runs of {runs} block ids ({knobs.policy})",
+                "vLLM's managers hand each group one block id per page, and no attention block size "
+                "gives every kind's page one; serve this candidate with kvcore's runtime or take the best "
+                "candidate vLLM runs",
             )
         )
     if len(plan.pools) > 1:
@@ -307,7 +326,17 @@ def sglang_settings(
     cannot: list[tuple[str, str]] = []
     variant = variant_specs(specs, block_size=knobs.block_size, kv_cache_dtype=knobs.kv_cache_dtype)
     page = min((g.spec.block_size for g in plan.groups if g.spec.tokens_per_page), default=1)
-    if knobs.policy != "kind_pools":
+    if knobs.policy == UNIFIED_POLICY:
+        cannot.append(
+            (
+                f"policy {knobs.policy}",
+                "the kinds lend each other one buffer's rows; SGLang's unified memory pool "
+                "(--enable-unified-memory) lends one buffer only between an attention and a Mamba "
+                "sub-pool, and keeps sliding-window layers in a pool of their own; its settings are "
+                "kind_pools' split by the worst case",
+            )
+        )
+    elif knobs.policy != "kind_pools":
         cannot.append(
             (
                 f"policy {knobs.policy}",

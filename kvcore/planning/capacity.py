@@ -109,6 +109,22 @@ def split_budget(
     return tuple(counts)
 
 
+def own_pool_blocks(plan: KVCachePlan) -> tuple[int, ...]:
+    """The block count of each pool that the plan's own budget holds, split as the plan was
+    split: by :attr:`~kvcore.plan.KVCachePlan.pool_split` where it records one
+    (:func:`split_by_fractions`), else by what one request of ``max_model_len`` needs of each
+    pool (:func:`split_budget`). For a plan of one pool, :func:`blocks_that_fit`.
+
+    What a forced block count or the tightest of several ranks set aside, this is what the
+    budget would give: the figure ``Capacity.blocks_that_fit`` and the per-rank report show.
+    """
+    pool_bytes = [pool.bytes_per_block for pool in plan.pools]
+    split = plan.pool_split
+    if split is not None and len(split) == len(pool_bytes) > 1:
+        return split_by_fractions(plan.available_memory_bytes, pool_bytes, split)
+    return split_budget(plan.available_memory_bytes, pool_bytes, plan.blocks_per_request_by_pool())
+
+
 def request_bytes(specs: Mapping[str, KVCacheSpec], context: SizingContext) -> int:
     """Bytes one request of ``context.max_model_len`` tokens needs at its worst moment, over
     every layer: the joint peak of the layers' pages (:func:`~kvcore.peaks.spec_peak`), not
@@ -228,7 +244,7 @@ class Capacity:
             ideal_concurrency=ideal,
             efficiency=1.0 if unbounded and math.isinf(ideal) else concurrency / ideal if ideal else 0.0,
             kv_cache_tokens=None if unbounded else int(concurrency * context.max_model_len),
-            blocks_that_fit=sum(split_budget(plan.available_memory_bytes, pool_bytes, by_pool)),
+            blocks_that_fit=sum(own_pool_blocks(plan)),
             tokens_held=tuple(plan.tokens_held(g) for g in plan.groups),
             pools=len(plan.pools),
         )

@@ -56,6 +56,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "kvcore.policies.shared_buffer",
     "kvcore.policies.equal_groups",
     "kvcore.policies.kind_pools",
+    "kvcore.policies.unified_pool",
     # scheduler profiles (kvcore_register_scheduler_profiles): vllm, kvcore, sglang
     "kvcore.simulation.profiles",
 )

@@ -47,7 +47,7 @@ from kvcore.errors import (
 from kvcore.peaks import pool_peaks
 from kvcore.plan import KVCacheGroup, KVCachePlan, KVCachePool, KVCacheTensor
 from kvcore.planning.admission import check_admission
-from kvcore.planning.capacity import blocks_that_fit, split_budget, split_by_fractions
+from kvcore.planning.capacity import blocks_that_fit, own_pool_blocks, split_budget, split_by_fractions
 from kvcore.planning.invariants import plan_problems
 from kvcore.planning.max_len import (
     LENGTH_CEILING,
@@ -197,6 +197,7 @@ class _Planner:
         null_block = 0 if options.reserve_null_block else None
         need = pool_needs(groups, len(layouts[0].pool_bytes), context)
         budgets = request.budgets
+        split: tuple[float, ...] | None = None  # recorded in the plans: their figures split alike
         if request.num_blocks is None:
             # every rank's own split of its budget; the common count of each pool is the least
             split = pool_split_of(options, len(need), chosen.name)
@@ -218,7 +219,16 @@ class _Planner:
         for rank, (own, layout, memory) in enumerate(zip(rank_groups, layouts, budgets, strict=True)):
             # the one check every plan passes: structure when built, the rest here
             try:
-                plan = build_plan(chosen, own, layout, blocks, context, memory, null_block=null_block)
+                plan = build_plan(
+                    chosen,
+                    own,
+                    layout,
+                    blocks,
+                    context,
+                    memory,
+                    null_block=null_block,
+                    pool_split=split,
+                )
                 problems = plan_problems(plan, structure=False, capacity=False)  # admission follows
             except PlanValidationError as exc:
                 problems = exc.problems
@@ -644,7 +654,7 @@ def tightest_rank(plans: Sequence[KVCachePlan]) -> int:
     def own(rank: int) -> float:
         plan = plans[rank]
         need = plan.blocks_per_request_by_pool()
-        counts = split_budget(plan.available_memory_bytes, [p.bytes_per_block for p in plan.pools], need)
+        counts = own_pool_blocks(plan)
         if len(counts) == 1:
             return counts[0]
         return min((c / n for c, n in zip(counts, need, strict=True) if n), default=float("inf"))
@@ -864,6 +874,7 @@ def build_plan(
     available_bytes: int,
     *,
     null_block: int | None = None,
+    pool_split: Sequence[float] | None = None,
 ) -> KVCachePlan:
     """Size ``layout`` for ``num_blocks`` (one count per pool, or an int for one pool) and
     wrap it in a plan (no admission check). A single-buffer plan lays its pools end to end.
@@ -877,6 +888,8 @@ def build_plan(
         available_bytes: the budget the plan is made for.
         null_block: ``0`` to reserve block id 0 as the null block
             (:attr:`PlanOptions.reserve_null_block`), else ``None``.
+        pool_split: the fractions the block counts were split by
+            (:attr:`PlanOptions.pool_split`), recorded in the plan; ``None``: by need.
 
     Returns:
         The plan.
@@ -903,6 +916,7 @@ def build_plan(
             context=context,
             available_memory_bytes=available_bytes,
             null_block=null_block,
+            pool_split=pool_split,
         )
     except PlanValidationError as exc:
         raise exc.about(policy=policy.name, source="laid out by the policy") from None

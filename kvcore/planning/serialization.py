@@ -254,6 +254,8 @@ def make_converter(registry: Registry) -> cattrs.Converter:
         null_block=override(omit_if_default=True),
         # a plan without a host tier reads and writes as it always did
         offload_tier=override(omit_if_default=True),
+        # and so does a plan split by worst-case need
+        pool_split=override(omit_if_default=True),
     )
 
     def unstructure_plan(plan: KVCachePlan) -> dict[str, Any]:

@@ -87,7 +87,7 @@ class _Bucket:
         limit = max(1, options.max_block_size // spec.block_size) if enlarge else 1
         #: block-size factors this bucket may use: powers of two (kernels take such block sizes),
         #: or every integer up to the limit with ``block_multiples="any"``
-        self.factors = _factors(limit, options)
+        self.factors = block_factors(limit, options)
         self._specs: dict[int, KVCacheSpec] = {}
         self._pages: dict[int, int] = {}
         self._per_request: dict[int, int] = {}
@@ -152,14 +152,14 @@ class _Bucket:
         return sum(s.count * s.span * self.pages_per_request(s.factor) for s in shapes)
 
 
-def _factors(limit: int, options: PlanOptions) -> list[int]:
+def block_factors(limit: int, options: PlanOptions) -> list[int]:
     """Block-size factors up to ``limit`` that ``options.block_multiples`` allows."""
     if options.block_multiples == "any":
         return list(range(1, limit + 1))
     return [1 << i for i in range(limit.bit_length()) if 1 << i <= limit]
 
 
-class _MixedBucket:
+class MixedBucket:
     """The layers of one retention kind whose pages differ: ONE mixed-page group, its layers'
     pages side by side in a row, the whole group enlarged by one factor (like a remainder
     group) so that it fills the row, or its page spread over an aligned run of rows."""
@@ -170,15 +170,19 @@ class _MixedBucket:
         layers: list[str],
         context: SizingContext,
         options: PlanOptions,
+        *,
+        scalable: bool = True,
     ) -> None:
         self.layers = layers
         self.context = context
         self.specs = {name: specs[name] for name in layers}
         self.spec = self.specs[layers[0]]
-        #: only attention-like kinds are mixed (states stay aligned runs of their own spec)
-        self.scalable = True
-        limit = 1 if options.uniform_block_size else max(1, options.max_block_size // self.spec.block_size)
-        self.factors = _factors(limit, options)
+        #: shared_buffer mixes only attention-like kinds (states stay aligned runs of their own
+        #: spec); ``unified_pool`` also passes a state kind, whose page keeps its size
+        self.scalable = scalable
+        enlarge = scalable and not options.uniform_block_size
+        limit = max(1, options.max_block_size // self.spec.block_size) if enlarge else 1
+        self.factors = block_factors(limit, options)
         self._sized: dict[int, dict[str, KVCacheSpec]] = {}
         self._pages: dict[int, int] = {}
         self._per_request: dict[int, int] = {}
@@ -203,7 +207,7 @@ class _MixedBucket:
         places them (each layer on a multiple of its alignment)."""
         page = self._pages.get(factor)
         if page is None:
-            page = self._pages[factor] = _row_end(self.specs_at(factor).values())
+            page = self._pages[factor] = row_end(self.specs_at(factor).values())
         return page
 
     def pages_per_request(self, factor: int = 1) -> int:
@@ -237,7 +241,7 @@ class _MixedBucket:
         )
 
 
-def _row_end(specs: Iterable[KVCacheSpec]) -> int:
+def row_end(specs: Iterable[KVCacheSpec]) -> int:
     """Where the last of ``specs``' pages ends when each starts on a multiple of its alignment
     right after the previous one's slot (its page rounded up to its alignment)."""
     end = 0
@@ -247,7 +251,7 @@ def _row_end(specs: Iterable[KVCacheSpec]) -> int:
     return end
 
 
-_AnyBucket = _Bucket | _MixedBucket
+_AnyBucket = _Bucket | MixedBucket
 
 
 def _buckets(specs: Mapping[str, KVCacheSpec], context: SizingContext, options: PlanOptions) -> list[_Bucket]:
@@ -258,7 +262,7 @@ def _mixed_buckets(
     specs: Mapping[str, KVCacheSpec], context: SizingContext, options: PlanOptions
 ) -> list[_AnyBucket] | None:
     """The buckets of the mixed-page family: each retention kind of attention-like layers whose
-    pages differ is one :class:`_MixedBucket`; every other layer bucketed as usual. ``None``
+    pages differ is one :class:`MixedBucket`; every other layer bucketed as usual. ``None``
     when no retention kind has layers of different pages (the family is the usual one)."""
     by_retention: dict[Hashable, list[str]] = {}
     keys: dict[int, Hashable] = {}
@@ -278,7 +282,7 @@ def _mixed_buckets(
         return None
     in_mixed = {name for layers in mixed.values() for name in layers}
     rest = {name: spec for name, spec in specs.items() if name not in in_mixed}
-    buckets: list[_AnyBucket] = [_MixedBucket(specs, layers, context, options) for layers in mixed.values()]
+    buckets: list[_AnyBucket] = [MixedBucket(specs, layers, context, options) for layers in mixed.values()]
     buckets.extend(_buckets(rest, context, options))
     return buckets
 
@@ -289,7 +293,7 @@ def _candidate_rows(buckets: Sequence[_AnyBucket], enlarged: bool = False) -> li
     also one enlarged page of each bucket (a row that an enlarged group fills)."""
     rows: set[int] = set()
     for bucket in buckets:
-        if isinstance(bucket, _MixedBucket):
+        if isinstance(bucket, MixedBucket):
             rows.update(bucket.page(f) for f in bucket.factors)
             continue
         n = len(bucket.layers)
@@ -383,7 +387,7 @@ class SharedBufferPolicy:
         position = {name: i for i, name in enumerate(specs)}
         groups: list[KVCacheGroup] = []
         for bucket in families[chosen.family]:
-            if isinstance(bucket, _MixedBucket):
+            if isinstance(bucket, MixedBucket):
                 groups.extend(bucket.group(shape) for shape in bucket.cut(chosen.row))
                 continue
             for names, shape in _assign(bucket.layers, bucket.cut(chosen.row)):
@@ -398,41 +402,49 @@ class SharedBufferPolicy:
         return tuple(groups)
 
     def layout(self, groups: Sequence[KVCacheGroup]) -> BlockPlacement:
-        # A group puts its layers' pages side by side, each on a multiple of its alignment;
-        # layer i of a group starts at i x (page rounded up to the alignment).
-        # A mixed-page group places each layer after the previous one's slot, on a multiple
-        # of its own alignment.
-        align = 1
-        row = 0
-        for group in groups:
-            for spec in group.specs:
-                align = math.lcm(align, spec.alignment_bytes)
-            count = len(group.layer_names)
-            if count and group.layer_specs:
-                end = _row_end(group.spec_of(name) for name in group.layer_names)
-                row = max(row, cdiv(end, group.blocks_per_page))
-            elif count:
-                spec = group.spec
-                slot = _round_up(spec.page_size_bytes, spec.alignment_bytes)
-                end = (count - 1) * slot + spec.page_size_bytes
-                row = max(row, cdiv(end, group.blocks_per_page))
-        row = _round_up(row, align)
-        # one tensor per (offset, stride): the layers of different groups at the same place,
-        # in the order the places first appear
-        lanes: list[tuple[int, int, list[str]]] = []
-        at: dict[int, dict[int, list[str]]] = {}  # stride -> offset -> the lane's layers
-        for group in groups:
-            stride = row * group.blocks_per_page
-            by_offset = at.setdefault(stride, {})
-            for offset, name in _offsets(group):
-                lane = by_offset.get(offset)
-                if lane is None:
-                    lane = by_offset[offset] = [name]
-                    lanes.append((offset, stride, lane))
-                else:
-                    lane.append(name)
-        tensors = tuple(TensorPlacement(offset, stride, names) for offset, stride, names in lanes)
-        return BlockPlacement(bytes_per_block=row, single_buffer=True, tensors=tensors)
+        return rows_layout(groups)
+
+
+def rows_layout(groups: Sequence[KVCacheGroup]) -> BlockPlacement:
+    """One pool of rows for ``groups``: each group's pages side by side in a row (a page wider
+    than a row over an aligned run of ``blocks_per_page`` rows); the row is as wide as the widest
+    page needs per row of its run, rounded up to every layer's alignment. Shared by
+    ``shared_buffer`` and ``unified_pool``."""
+    # A group puts its layers' pages side by side, each on a multiple of its alignment;
+    # layer i of a group starts at i x (page rounded up to the alignment).
+    # A mixed-page group places each layer after the previous one's slot, on a multiple
+    # of its own alignment.
+    align = 1
+    row = 0
+    for group in groups:
+        for spec in group.specs:
+            align = math.lcm(align, spec.alignment_bytes)
+        count = len(group.layer_names)
+        if count and group.layer_specs:
+            end = row_end(group.spec_of(name) for name in group.layer_names)
+            row = max(row, cdiv(end, group.blocks_per_page))
+        elif count:
+            spec = group.spec
+            slot = _round_up(spec.page_size_bytes, spec.alignment_bytes)
+            end = (count - 1) * slot + spec.page_size_bytes
+            row = max(row, cdiv(end, group.blocks_per_page))
+    row = _round_up(row, align)
+    # one tensor per (offset, stride): the layers of different groups at the same place,
+    # in the order the places first appear
+    lanes: list[tuple[int, int, list[str]]] = []
+    at: dict[int, dict[int, list[str]]] = {}  # stride -> offset -> the lane's layers
+    for group in groups:
+        stride = row * group.blocks_per_page
+        by_offset = at.setdefault(stride, {})
+        for offset, name in _offsets(group):
+            lane = by_offset.get(offset)
+            if lane is None:
+                lane = by_offset[offset] = [name]
+                lanes.append((offset, stride, lane))
+            else:
+                lane.append(name)
+    tensors = tuple(TensorPlacement(offset, stride, names) for offset, stride, names in lanes)
+    return BlockPlacement(bytes_per_block=row, single_buffer=True, tensors=tensors)
 
 
 def _offsets(group: KVCacheGroup) -> Iterable[tuple[int, str]]:

@@ -251,7 +251,8 @@ class BlockPool:
 
         Returns:
             The pages (block-table entries): block ids for single-block pages (lowest first),
-            aligned-run indices for larger pages (highest first).
+            aligned-run indices for larger pages (highest first; in a pool of runs of several
+            lengths and no single ids, the shortest lowest first).
 
         Raises:
             BlockPoolExhaustedError: too few free ids (or free aligned runs); nothing was taken.

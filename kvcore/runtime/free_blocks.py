@@ -3,7 +3,9 @@
 A pool of ``num_blocks`` ids hands them to groups. A group whose page is one block id takes
 single ids; a group of ``blocks_per_page == s > 1`` takes aligned runs (page ``j`` is ids
 ``[j*s, (j+1)*s)``). Single ids come from the low end of the id space and runs from the high
-end, which keeps runs free. Three ways to keep the free ids, chosen by
+end, which keeps runs free. A pool of runs of several lengths and no single ids (a
+``unified_pool`` plan: each kind's page a run of rows) takes the shortest runs from the low end
+instead, so that the two kinds grow towards each other. Three ways to keep the free ids, chosen by
 :func:`free_blocks_for`:
 
 - :class:`FreeBlocks` (any plan; the only one with aligned runs): a min-heap of free ids, and
@@ -43,14 +45,16 @@ def holder(owner: int) -> str:
 
 
 class AlignedRuns:
-    """Free aligned runs of one length: free ids per chunk, and a max-heap of full chunks."""
+    """Free aligned runs of one length: free ids per chunk, and a heap of full chunks (the
+    highest first, or with ``lowest_first`` the lowest)."""
 
-    def __init__(self, span: int, num_blocks: int) -> None:
+    def __init__(self, span: int, num_blocks: int, *, lowest_first: bool = False) -> None:
         self.span = span
         self.chunks = num_blocks // span
         self.free_in = [span] * self.chunks
         self.full = self.chunks
-        self.heap = [-k for k in range(self.chunks)]
+        self.sign = 1 if lowest_first else -1  # heap keys: k (lowest first) or -k (highest first)
+        self.heap = [self.sign * k for k in range(self.chunks)]
         heapq.heapify(self.heap)
 
     def taken(self, block: int) -> None:
@@ -66,18 +70,18 @@ class AlignedRuns:
             self.free_in[k] += 1
             if self.free_in[k] == self.span:
                 self.full += 1
-                heapq.heappush(self.heap, -k)
+                heapq.heappush(self.heap, self.sign * k)
 
     def pop_full(self) -> int:
-        """The highest fully free chunk (the caller checked that one exists)."""
+        """The highest (or lowest) fully free chunk (the caller checked that one exists)."""
         while True:
-            k = -heapq.heappop(self.heap)
+            k = self.sign * heapq.heappop(self.heap)
             if self.free_in[k] == self.span:
                 return k
 
     def compact(self) -> None:
         if len(self.heap) > 2 * self.chunks + 64:
-            self.heap = [-k for k in range(self.chunks) if self.free_in[k] == self.span]
+            self.heap = [self.sign * k for k in range(self.chunks) if self.free_in[k] == self.span]
             heapq.heapify(self.heap)
 
 
@@ -105,9 +109,11 @@ class FreeBlocks:
         self.num_free = num_blocks
         # a min-heap (sorted) of free ids; with aligned runs it keeps ids a run took (lazily cleaned)
         self.singles = list(range(num_blocks))
-        self.runs = {
-            span: AlignedRuns(span, num_blocks) for span in sorted({s for s in spans.values() if s > 1})
-        }
+        lengths = sorted({s for s in spans.values() if s > 1})
+        # with no single-id group, the shortest runs take the low end that singles would, so
+        # that two kinds of runs grow towards each other (unified_pool) instead of interleaving
+        low = lengths[0] if len(lengths) > 1 and 1 not in spans.values() else None
+        self.runs = {span: AlignedRuns(span, num_blocks, lowest_first=span == low) for span in lengths}
 
     # -- the seam: one id at a time ----------------------------------------------------------
 
@@ -134,7 +140,8 @@ class FreeBlocks:
 
     def take_pages(self, group: int, count: int) -> list[int]:
         """``count`` pages for ``group`` (the caller checked :meth:`available`): the lowest
-        free ids, or aligned-run indices highest first."""
+        free ids, or aligned-run indices highest first (lowest first for the shortest runs of a
+        pool of runs only)."""
         span = self.spans[group]
         pages: list[int] = []
         if span == 1:

@@ -59,7 +59,14 @@ def uncacheable(plan: KVCachePlan, pool: int, label: str) -> str:
     """Why pool ``pool``'s groups cannot cache prefixes (a group keeps a per-request state
     without checkpoints, or pages of its own rule), or ``""`` when they can."""
     for index in plan.groups_in(pool):
-        spec = plan.groups[index].spec
+        group = plan.groups[index]
+        spec = group.spec
+        # unified_pool spreads a page over a run of ids; the cache keeps pages of one block id
+        if default_paging(spec) and group.blocks_per_page > 1:
+            return (
+                f"{label}group {index} ({spec.kind}) spreads a page over a run of {group.blocks_per_page} "
+                "block ids, which the prefix cache does not keep, so no token can hit in every group"
+            )
         if hit_unit(spec):
             continue
         if spec.tokens_per_page is None:

@@ -211,3 +211,40 @@ def test_vllm_runs_mixed_page_groups_of_one_pool_and_refuses_several_pools(regis
     # one spec per group, kind_pools gives each spec its own pool, which vLLM's one pool cannot run
     with pytest.raises(VllmIntegrationError, match="3 block pools"):
         plan_for_vllm(specs, 64 * MiB, rules, registry=registry, policy="kind_pools", options=single)
+
+
+def test_pool_split_shares_the_budget_and_is_recorded(run_cli, pooled_specs, registry):
+    path, _ = pooled_specs
+    status, out, _ = run_cli(*_plan_args(path, "--pool-split", "0.4,0.6", "--json"))
+    assert status == 0
+    data = json.loads(out)
+    assert data["pool_split"] == [0.4, 0.6] and data["options"]["pool_split"] == [0.4, 0.6]
+    budget = 256 * MiB
+    for pool, share in zip(data["pools"], (0.4, 0.6), strict=True):
+        assert pool["num_blocks"] == int(budget * share) // pool["bytes_per_block"]
+    assert plan_from_dict(data, registry).pool_split == (0.4, 0.6)
+    status, out, _ = run_cli(*_plan_args(path, "--json"))  # split by need: nothing recorded
+    assert status == 0 and "pool_split" not in json.loads(out)
+
+
+@pytest.mark.parametrize(
+    ("value", "words"),
+    [
+        ("0.4,0.5", "--pool-split: the fractions must sum to 1 (got [0.4, 0.5]"),
+        ("0.4,x", "expected one fraction of the budget per pool, comma-separated"),
+        ("1.0", "--pool-split needs a fraction for each of at least 2 pools"),
+    ],
+)
+def test_a_bad_pool_split_is_refused_by_argparse(run_cli, pooled_specs, value, words):
+    path, _ = pooled_specs
+    with pytest.raises(SystemExit) as exited:
+        run_cli(*_plan_args(path, "--pool-split", value))
+    assert exited.value.code == 2
+    assert words in run_cli.capsys.readouterr().err
+
+
+def test_pool_split_for_a_policy_of_one_pool_names_the_fix(run_cli, pooled_specs):
+    path, _ = pooled_specs
+    status, _, err = run_cli("plan", *_inputs(path), "--policy", "shared_buffer", "--pool-split", "0.4,0.6")
+    assert status == 1
+    assert "made 1 block pool" in err and "plan with a policy of several pools (kind_pools)" in err

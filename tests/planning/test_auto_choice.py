@@ -36,7 +36,13 @@ class Eager(SharedBufferPolicy):
 
 def test_the_builtins_rank_uniform_then_shared_buffer_then_equal_groups_and_never_kind_pools(registry):
     priorities = {name: policy.auto_priority for name, policy in registry.policies.items()}
-    assert priorities == {"uniform": 200, "shared_buffer": 100, "equal_groups": 0, "kind_pools": None}
+    assert priorities == {
+        "uniform": 200,
+        "shared_buffer": 100,
+        "equal_groups": 0,
+        "kind_pools": None,
+        "unified_pool": None,
+    }
 
 
 def test_auto_picks_uniform_for_one_spec_and_says_why(registry):

@@ -32,7 +32,13 @@ from tests.helpers import BUILTIN_KINDS, full, registering, sliding
 
 def test_builtins_register_through_hooks(registry):
     assert list(registry.kinds) == list(BUILTIN_KINDS)
-    assert list(registry.policies) == ["uniform", "shared_buffer", "equal_groups", "kind_pools"]
+    assert list(registry.policies) == [
+        "uniform",
+        "shared_buffer",
+        "equal_groups",
+        "kind_pools",
+        "unified_pool",
+    ]
     entry = {e.name: e for e in registry.kind_entries()}["mla"]
     assert entry.origin.source == "builtin"
     assert entry.origin.name == "kvcore.plugins.mla"
@@ -304,7 +310,7 @@ def test_select_auto(registry):
 
 def test_select_named_and_errors(registry):
     assert registry.select({"a": full(), "b": full()}, "shared_buffer").name == "shared_buffer"
-    choices = "choose one of auto, uniform, shared_buffer, equal_groups, kind_pools"
+    choices = "choose one of auto, uniform, shared_buffer, equal_groups, kind_pools, unified_pool"
     with pytest.raises(UnknownPolicyError, match=choices):
         registry.select({"a": full()}, "greedy")
     with pytest.raises(PolicyNotApplicableError) as info:

@@ -51,4 +51,4 @@ class TestBuiltinPolicies(PolicyConformance):
 
 
 def test_every_builtin_policy_is_covered():
-    assert set(BUILTIN_POLICIES) == {"uniform", "shared_buffer", "equal_groups", "kind_pools"}
+    assert set(BUILTIN_POLICIES) == {"uniform", "shared_buffer", "equal_groups", "kind_pools", "unified_pool"}

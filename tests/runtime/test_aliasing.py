@@ -75,9 +75,9 @@ def registry():
     return toy_state_registry()
 
 
-def _plan(specs, context, registry, extra_requests, spare):
+def _plan(specs, context, registry, extra_requests, spare, policy="shared_buffer"):
     probe = plan_kv_cache(
-        specs, 1 << 40, context, registry=registry, policy="shared_buffer", num_blocks=1, check_fit=False
+        specs, 1 << 40, context, registry=registry, policy=policy, num_blocks=1, check_fit=False
     )
     need = probe.blocks_per_request()
     return plan_kv_cache(
@@ -85,7 +85,7 @@ def _plan(specs, context, registry, extra_requests, spare):
         1 << 40,
         context,
         registry=registry,
-        policy="shared_buffer",
+        policy=policy,
         num_blocks=need * (1 + extra_requests) + spare,
     )
 
@@ -101,6 +101,25 @@ def _plan(specs, context, registry, extra_requests, spare):
 def test_live_pages_never_share_bytes(registry, specs, max_model_len, step, extra_requests, spare, ops):
     context = SizingContext(max_model_len=max_model_len, max_num_batched_tokens=step)
     plan = _plan(specs, context, registry, extra_requests, spare)
+    ops = [(kind, min(a, step) if kind == "arrive" else a, min(b, step)) for kind, a, b in ops]
+    assert run_workload(plan, registry, ops) == []
+
+
+@given(
+    specs=kst.layer_specs(max_layers=8, max_distinct=3, spec_strategy=SMALL_SPECS),
+    max_model_len=st.integers(8, 128),
+    step=st.integers(1, 48),
+    extra_requests=st.integers(0, 2),
+    spare=st.integers(0, 7),
+    ops=OPS,
+)
+def test_live_pages_never_share_bytes_in_a_unified_pool(
+    registry, specs, max_model_len, step, extra_requests, spare, ops
+):
+    """unified_pool: each kind's page a run of rows of its own length, the shortest from the
+    low end of the pool and the others from the high end."""
+    context = SizingContext(max_model_len=max_model_len, max_num_batched_tokens=step)
+    plan = _plan(specs, context, registry, extra_requests, spare, policy="unified_pool")
     ops = [(kind, min(a, step) if kind == "arrive" else a, min(b, step)) for kind, a, b in ops]
     assert run_workload(plan, registry, ops) == []
 
@@ -158,3 +177,17 @@ def test_a_shifted_tensor_overlapping_its_neighbour_is_caught(registry):
         allocate(broken, "cpu", registry=registry)
     problems = run_workload(broken, registry, BUSY)  # allocates without the check
     assert problems and "was overwritten" in problems[0]
+
+
+def test_two_run_lengths_growing_from_the_two_ends_never_share_bytes(registry):
+    """unified_pool's Gemma-3 shape: 26 sliding and 5 full-attention layers of one page share a
+    row of one page, so both kinds are runs (26 and 5 ids), the 5s from the low end."""
+    tiny = {"block_size": 4, "heads": 1, "head_size": 8, "dtype": "float32"}
+    specs = {f"model.layers.{i}": (full(**tiny) if i % 6 == 5 else sliding(16, **tiny)) for i in range(31)}
+    plan = _plan(
+        specs, SizingContext(max_model_len=64, max_num_batched_tokens=16), registry, 2, 3, "unified_pool"
+    )
+    assert sorted(g.blocks_per_page for g in plan.groups) == [5, 26]
+    ops = [("arrive", 16, 0), ("arrive", 16, 0), ("arrive", 8, 0), ("step", 0, 16), ("step", 1, 16)]
+    ops += [("step", 2, 8), ("finish", 1, 0), ("step", 0, 16), ("arrive", 16, 0), ("step", 2, 16)]
+    assert run_workload(plan, registry, ops) == []

@@ -160,6 +160,25 @@ def test_a_pooled_candidate_names_what_vllm_cannot_express_and_gives_sglang_its_
     assert abs(sglang.engine_tokens - sglang.kvcore_tokens) <= 0.01 * sglang.kvcore_tokens
 
 
+def test_a_unified_pool_candidate_is_weighed_under_vllm_rules_and_named_where_engines_cannot_run_it(
+    registry_module,
+):
+    # 10 sliding layers beside 2 full ones of one page: the sliding page is a run of 5 rows
+    space = SearchSpace(policies=("unified_pool",))
+    result = tune(
+        SPECS, GIB // 2, CTX, WORKLOAD, space, registry=registry_module, planner=vllm_planner(registry_module)
+    )
+    best = result.best
+    assert best.ok and best.plan is not None and best.plan.null_block == 0  # vLLM's sizing rules
+    assert sorted(g.blocks_per_page for g in best.plan.groups) == [1, 5]
+    vllm = vllm_settings(best, SPECS, GIB // 2, registry=registry_module)
+    assert any("runs of [5] block ids" in setting for setting, _ in vllm.cannot_express)
+    assert {f.name: f.value for f in vllm.flags}["KVCORE_VLLM_POLICY"] == "unified_pool"
+    sglang = sglang_settings(best, SPECS, GIB // 2, registry=registry_module)
+    ((setting, why),) = sglang.cannot_express
+    assert setting == "policy unified_pool" and "--enable-unified-memory" in why
+
+
 @pytest.mark.parametrize(
     ("kwargs", "words"),
     [

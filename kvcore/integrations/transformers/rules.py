@@ -294,6 +294,14 @@ def check_runnable(plan: KVCachePlan) -> None:
             f"policy {plan.policy!r} gave its groups block sizes {sizes}, but transformers' paged cache has "
             "one page_size; plan with one block size"
         )
+    runs = sorted({g.blocks_per_page for g in plan.groups if g.blocks_per_page > 1})
+    if runs:
+        # unified_pool spreads a wide kind's page over a run of rows; transformers sizes its own
+        # sectors to hold every allocator's page and takes one per page
+        raise TransformersIntegrationError(
+            f"policy {plan.policy!r} spreads pages over runs of {runs} block ids, but transformers' "
+            f"allocators take one sector per page; plan with one of {list(RUNNABLE_POLICIES)}"
+        )
     check_specs({name: g.spec_of(name) for g in plan.groups for name in g.layer_names})
 
 
@@ -469,7 +477,7 @@ def capabilities() -> EngineCapabilities:
             "the page size and the bytes (as sectors)",
             "sliding layers keep a ring of ceil(window / page) pages; one window per model",
             "prefix caching is transformers' own block sharing, which it runs on full-attention-only models",
-            "several pools (kind_pools), mixed-page groups, KV sharing, chunked, MLA, state and "
-            "cross-attention layers are refused",
+            "several pools (kind_pools), pages over runs of block ids (unified_pool), mixed-page groups, "
+            "KV sharing, chunked, MLA, state and cross-attention layers are refused",
         ),
     )

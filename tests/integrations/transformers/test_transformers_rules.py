@@ -187,7 +187,7 @@ def test_every_builtin_policy_is_listed_or_refused(registry):
             refused.add(policy)
         except KVCoreError:  # the policy does not plan hybrids at all (uniform)
             assert policy in RUNNABLE_POLICIES
-    assert refused == {"kind_pools"}
+    assert refused == {"kind_pools", "unified_pool"}
     assert set(registry.policies) == set(RUNNABLE_POLICIES) | refused
 
 
