@@ -65,7 +65,8 @@ def uncacheable(plan: KVCachePlan, pool: int, label: str) -> str:
         if default_paging(spec) and group.blocks_per_page > 1:
             return (
                 f"{label}group {index} ({spec.kind}) spreads a page over a run of {group.blocks_per_page} "
-                "block ids, which the prefix cache does not keep, so no token can hit in every group"
+                "block ids, which is not cached (the prefix cache keeps pages of one block id), so no token "
+                "can hit in every group"
             )
         if hit_unit(spec):
             continue
