@@ -56,7 +56,9 @@ def main() -> int:
             rules = VllmRules(
                 max_model_len=length, max_num_batched_tokens=BATCH, async_scheduling=asynchronous
             )
-            plan = plan_for_vllm(model_layer_specs(model, registry), budget, rules, registry=registry)
+            plan = plan_for_vllm(
+                rules.request(model_layer_specs(model, registry), budget), rules, registry=registry
+            )
             profile = VllmProfile(async_scheduling=asynchronous)
             for caching in (False, True):
                 start = time.perf_counter()

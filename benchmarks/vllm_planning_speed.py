@@ -44,7 +44,7 @@ def models(registry: Registry) -> list[tuple[str, dict[str, KVCacheSpec]]]:
 
 def main() -> None:
     registry = Registry.default(autoload=False)
-    real = rules_module.plan_kv_cache
+    real = rules_module.plan
     calls = 0
 
     def counting(*args, **kwargs):  # type: ignore[no-untyped-def]
@@ -54,19 +54,16 @@ def main() -> None:
 
     rows = []
     worst = 0.0
-    rules_module.plan_kv_cache = counting  # type: ignore[assignment]
+    rules_module.plan = counting  # type: ignore[assignment]
     try:
         for name, specs in models(registry):
             for memory, length in SETTINGS:
                 calls = 0
                 start = time.perf_counter()
                 try:
+                    rules = VllmRules(max_model_len=length)
                     plan = plan_for_vllm(
-                        specs,
-                        memory,
-                        VllmRules(max_model_len=length),
-                        registry=registry,
-                        policy="shared_buffer",
+                        rules.request(specs, memory, policy="shared_buffer"), rules, registry=registry
                     )
                     outcome = f"{plan.max_concurrency():.2f}"
                 except KVCoreError as exc:
@@ -84,7 +81,7 @@ def main() -> None:
                     ]
                 )
     finally:
-        rules_module.plan_kv_cache = real
+        rules_module.plan = real
     print(
         render_table(
             ["model", "layers", "budget / max_model_len", "ms", "plans", "concurrency"],

@@ -22,8 +22,8 @@ The rules:
   pool's worst-case need (:func:`~kvcore.planning.capacity.split_budget`), and every pool gets
   the minimum over ranks of its own count.
 
-:func:`plan_for_ranks` checks and merges what the ranks report, then plans a
-:class:`~kvcore.planning.request.PlanRequest` of every rank with
+:func:`plan_for_ranks` checks and merges what the ranks report (:func:`ranks_request`: a
+request made for every rank), then plans that :class:`~kvcore.planning.request.PlanRequest` with
 :func:`kvcore.planning.planner.plan`, the planning implementation :func:`~kvcore.plan_kv_cache`
 uses too.
 """
@@ -334,6 +334,43 @@ def plan_for_ranks(
             request does not fit in the common block count (names the rank with the fewest
             blocks).
     """
+    request = PlanRequest.for_context(
+        {},  # the ranks' merged specs replace it
+        0,
+        context,
+        auto_length=is_auto(max_model_len),
+        policy=policy,
+        options=options,
+        num_blocks=num_blocks,
+        check_fit=check_fit,
+    )
+    return list(
+        plan(ranks_request(request, rank_specs, rank_memory, tp_size=tp_size), registry=registry).plans
+    )
+
+
+def ranks_request(
+    request: PlanRequest,
+    rank_specs: Sequence[Mapping[str, KVCacheSpec]],
+    rank_memory: Sequence[int],
+    *,
+    tp_size: int = 1,
+) -> PlanRequest:
+    """``request`` (its length, policy, options, forced count) made for the ranks that report
+    ``rank_specs`` and ``rank_memory``: the stages' specs merged into the whole model, each
+    rank's budget, layers and name. With one rank, its specs and budget as they are.
+
+    Args:
+        request: what to plan; its own specs and budgets are replaced.
+        rank_specs: one ``{layer: spec}`` per rank, in rank order.
+        rank_memory: one byte budget per rank, in the same order.
+        tp_size: tensor-parallel ranks per stage; ``len(rank_specs) // tp_size`` stages.
+
+    Raises:
+        InvalidInputError: the lists differ in length or are empty, a budget is not a
+            non-negative int, or the rank count is not a multiple of ``tp_size``.
+        SpecMismatchError: ranks disagree (names the layer and the ranks).
+    """
     if not rank_specs:
         raise InvalidInputError("no ranks reported layer specs (got an empty list)")
     if len(rank_specs) != len(rank_memory):
@@ -342,19 +379,14 @@ def plan_for_ranks(
             "every rank must report both"
         )
     parallelism = Parallelism.for_world(len(rank_specs), tp_size)
-    many = parallelism.world_size > 1
-    # one rank: its specs are the model's, as plan_kv_cache takes them
-    specs = merge_rank_specs(rank_specs, parallelism) if many else rank_specs[0]
-    request = PlanRequest.for_context(
-        specs,
-        rank_memory,
-        context,
-        auto_length=is_auto(max_model_len),
-        policy=policy,
-        options=options,
-        num_blocks=num_blocks,
-        check_fit=check_fit,
-        rank_layers=rank_specs if many else None,
-        rank_names=[parallelism.describe(r) for r in range(parallelism.world_size)] if many else None,
+    if parallelism.world_size == 1:  # one rank: its specs are the model's
+        return attrs.evolve(
+            request, specs=rank_specs[0], budgets=rank_memory, rank_layers=None, rank_names=None
+        )
+    return attrs.evolve(
+        request,
+        specs=merge_rank_specs(rank_specs, parallelism),
+        budgets=rank_memory,
+        rank_layers=rank_specs,
+        rank_names=[parallelism.describe(r) for r in range(parallelism.world_size)],
     )
-    return list(plan(request, registry=registry).plans)

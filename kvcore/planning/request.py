@@ -127,6 +127,16 @@ def sizing_of(
 
 
 def _specs(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    check_specs(value)
+
+
+def check_specs(value: object) -> None:
+    """Check layer specs as a request takes them: a mapping of layer names to specs, or an
+    empty mapping (a model with nothing to cache).
+
+    Raises:
+        InvalidSpecError: anything else (names the first offending entry).
+    """
     if not isinstance(value, Mapping):
         raise InvalidSpecError(
             f"layer specs must be a mapping of layer name to spec (got a {type(value).__name__})"
@@ -361,3 +371,26 @@ class PlanRequest:
         return attrs.evolve(
             self, max_model_len=MaxModelLen(tokens), context=self.context.with_max_model_len(tokens)
         )
+
+
+def one_budget(request: PlanRequest, owner: str) -> int:
+    """The budget of a request that planning of one rank at one length takes (a comparison, a
+    frontier, an engine's plan).
+
+    Args:
+        request: the request.
+        owner: what takes it, for the message (``"compare_policies"``).
+
+    Raises:
+        InvalidInputError: the request has several ranks' budgets, or a length ``auto`` chooses.
+    """
+    if len(request.budgets) != 1:
+        raise InvalidInputError(
+            f"{owner} plans one rank; the request has the budgets of {len(request.budgets)} ranks "
+            "(give one budget)"
+        )
+    if request.max_model_len.auto:
+        raise InvalidInputError(
+            f"{owner} plans at a given length; the request has max_model_len='auto' (give a number)"
+        )
+    return request.budgets[0]

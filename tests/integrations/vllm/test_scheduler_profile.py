@@ -54,7 +54,7 @@ def _workload(trace: str, count: int) -> Workload:
 def test_the_profile_is_vllms_scheduler(model, budget, trace, count, length, caching, mode):
     asynchronous = mode == "async"
     rules = VllmRules(max_model_len=length, max_num_batched_tokens=BATCH, async_scheduling=asynchronous)
-    plan = plan_for_vllm(model_layer_specs(model, REGISTRY), budget, rules, registry=REGISTRY)
+    plan = plan_for_vllm(rules.request(model_layer_specs(model, REGISTRY), budget), rules, registry=REGISTRY)
     workload = _workload(trace, count)
     profile = VllmProfile(async_scheduling=asynchronous)
     ours = simulate(plan, workload, scheduler=profile, prefix_caching=caching, max_num_batched_tokens=BATCH)
@@ -76,7 +76,7 @@ def test_the_chat_cases_preempt():
     """The budgets are small enough that vLLM preempts (else the comparison proves less)."""
     model, budget, trace, count, length = CASES[0]
     rules = VllmRules(max_model_len=length, max_num_batched_tokens=BATCH, async_scheduling=False)
-    plan = plan_for_vllm(model_layer_specs(model, REGISTRY), budget, rules, registry=REGISTRY)
+    plan = plan_for_vllm(rules.request(model_layer_specs(model, REGISTRY), budget), rules, registry=REGISTRY)
     theirs = run_vllm_scheduler(
         plan, _workload(trace, count), VllmProfile(async_scheduling=False), max_num_batched_tokens=BATCH
     )
@@ -87,7 +87,7 @@ def test_the_profiles_settings_reach_vllm():
     """max_num_seqs, the admission gate off and a long-prefill threshold: still the same figures."""
     model, budget, trace, count, length = CASES[1]
     rules = VllmRules(max_model_len=length, max_num_batched_tokens=BATCH, async_scheduling=False)
-    plan = plan_for_vllm(model_layer_specs(model, REGISTRY), budget, rules, registry=REGISTRY)
+    plan = plan_for_vllm(rules.request(model_layer_specs(model, REGISTRY), budget), rules, registry=REGISTRY)
     workload = _workload(trace, count)
     profile = VllmProfile(
         async_scheduling=False, max_num_seqs=3, reserve_full_isl=False, long_prefill_token_threshold=512
