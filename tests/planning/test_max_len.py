@@ -6,7 +6,7 @@ from kvcore import InsufficientMemoryError, InvalidInputError, SizingContext, pl
 from kvcore.engine.workflow import initialize_kv_caches
 from kvcore.limits import MAX_TOKENS
 from kvcore.planning.max_len import largest_admitted_len, memory_bound
-from kvcore.planning.planner import longest_admitted, plan
+from kvcore.planning.planner import longest_admitted, plan as plan_request
 from kvcore.planning.ranks import plan_for_ranks
 from kvcore.planning.request import PlanRequest
 from tests.helpers import full, mix, sliding
@@ -107,7 +107,7 @@ def test_auto_is_the_longest_admitted_length(registry):
         REPRO, REPRO_BYTES, SizingContext(max_model_len=MAX_TOKENS), registry=registry, max_model_len="auto"
     )
     assert plan.context.max_model_len == 7312
-    result = plan(
+    result = plan_request(
         PlanRequest.for_context(REPRO, [REPRO_BYTES], SizingContext(max_model_len=131072), auto_length=True),
         registry=registry,
     )
@@ -120,7 +120,7 @@ def test_auto_is_the_longest_admitted_length(registry):
 
 
 def test_auto_stops_at_the_cap(registry):
-    result = plan(
+    result = plan_request(
         PlanRequest.for_context(REPRO, [2**40], SizingContext(max_model_len=8192), auto_length=True),
         registry=registry,
     )
