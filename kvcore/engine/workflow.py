@@ -17,10 +17,12 @@ plan (:func:`kvcore.planning.ranks.ranks_request`); the workflow stays the same.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import time
+import warnings
 from collections.abc import Mapping, Sequence
-from typing import Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from kvcore.errors import InvalidInputError
 from kvcore.plan import KVCachePlan
@@ -171,17 +173,11 @@ def initialize_kv_caches(
             "max_model_len='auto' plans one rank; ranks that agree on a plan need one length: "
             "give max_model_len a number"
         )
-    request = PlanRequest(
-        specs=specs,
-        budgets=memory,
-        max_model_len=length,
-        context=ctx,
-        policy=policy,
-        options=options,
-        num_blocks=num_blocks,
+    request = PlanRequest.for_context(
+        specs, memory, ctx, auto_length=length.auto, policy=policy, options=options, num_blocks=num_blocks
     )
     if isinstance(executor, AgreeingExecutor):
-        plan = executor.agree_on_plan(request, registry=registry)
+        plan = _agree(executor, request, registry)
     else:
         plan = planner.plan(request, registry=registry).plans[0]
     sharing = getattr(executor, "kv_sharing", None)
@@ -193,3 +189,27 @@ def initialize_kv_caches(
     logger.info("%s", capacity_summary(plan, specs))
     executor.initialize(plan)
     return plan
+
+
+def _agree(executor: AgreeingExecutor, request: PlanRequest, registry: Registry) -> KVCachePlan:
+    """``executor.agree_on_plan(request)``; an executor written to the 0.1 protocol
+    (``agree_on_plan(specs, memory, context, *, registry, policy, options, num_blocks)``) is
+    called that way until kvcore 0.3, with a ``DeprecationWarning``."""
+    agree = executor.agree_on_plan
+    first = next(iter(inspect.signature(agree).parameters), None)
+    if first != "specs":
+        return agree(request, registry=registry)
+    warnings.warn(
+        f"{type(executor).__qualname__}.agree_on_plan(specs, memory, context, ...) is the 0.1 protocol: "
+        "take agree_on_plan(request, *, registry) (the old one is called until kvcore 0.3)",
+        DeprecationWarning,
+        stacklevel=3,  # the caller of initialize_kv_caches
+    )
+    old: Any = agree  # the 0.1 signature, which the protocol no longer declares
+    return old(  # type: ignore[no-any-return]
+        request.specs,
+        request.budgets[0],
+        request.context,
+        registry=registry,
+        **{field: getattr(request, field) for field in ("policy", "options", "num_blocks")},
+    )
