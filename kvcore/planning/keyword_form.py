@@ -84,7 +84,8 @@ def keyword_form(
     Args:
         old: the names of the old form's three leading arguments (``("specs",
             "available_bytes", "rules")``); they may also come as keywords.
-        new: the replacement, as the warning names it.
+        new: the replacement, as the warning names it (``{name}`` stands for the entry
+            point's own name).
         passes_sizing: the third argument (an engine's rules) stays an argument of the new
             form, after the request (``plan_for_vllm(request, rules)``); otherwise (a context)
             it goes into the request only.
@@ -97,6 +98,7 @@ def keyword_form(
     def wrap(function: _F) -> _F:
         name = function.__qualname__
         call = f"{name}({', '.join(old)}, *, ...)"
+        replacement = new.format(name=name)
 
         @functools.wraps(function)
         def either(*args: Any, **kwargs: Any) -> Any:
@@ -108,7 +110,7 @@ def keyword_form(
             if len(leading) < len(old):  # neither form: let Python name what is missing
                 return function(*args, **kwargs)
             specs, budgets, sizing = leading
-            request = keyword_request(call, new, specs, budgets, sizing, kwargs, stacklevel=3)
+            request = keyword_request(call, replacement, specs, budgets, sizing, kwargs, stacklevel=3)
             passed = (request, sizing) if passes_sizing else (request,)
             return function(*owner, *passed, *given[len(old) :], **kwargs)
 

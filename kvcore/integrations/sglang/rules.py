@@ -71,10 +71,9 @@ import attrs
 from kvcore.dtypes import dtype_name
 from kvcore.errors import KVCoreError
 from kvcore.integrations.capabilities import EngineCapabilities
-from kvcore.integrations.engine_rules import EngineRules
+from kvcore.integrations.engine_rules import EngineRules, takes_engine_keywords
 from kvcore.plan import KVCacheGroup, KVCachePlan
 from kvcore.planning import planner
-from kvcore.planning.keyword_form import keyword_form
 from kvcore.planning.registry import Registry
 from kvcore.planning.request import PlanRequest
 from kvcore.plugins.dsa_indexer import INDEXER_DTYPE, INDEXER_SCALE_BLOCK, DSAIndexerSpec
@@ -677,11 +676,7 @@ def pool_bytes(sizes: SglangPoolSizes, specs: Mapping[str, KVCacheSpec]) -> int:
     return total
 
 
-@keyword_form(
-    ("specs", "available_bytes", "rules"),
-    "plan_for_sglang(rules.request(specs, available_bytes, policy=...), rules, registry=...)",
-    passes_sizing=True,
-)
+@takes_engine_keywords
 def plan_for_sglang(request: PlanRequest, rules: SglangRules, *, registry: Registry) -> KVCachePlan:
     """Plan ``request`` with a kvcore policy so that SGLang's pools hold what kvcore counts.
 

@@ -40,10 +40,9 @@ import attrs
 
 from kvcore.errors import InvalidInputError, KVCoreError
 from kvcore.integrations.capabilities import EngineCapabilities
-from kvcore.integrations.engine_rules import EngineRules
+from kvcore.integrations.engine_rules import EngineRules, takes_engine_keywords
 from kvcore.plan import KVCachePlan
 from kvcore.planning import planner
-from kvcore.planning.keyword_form import keyword_form
 from kvcore.planning.registry import Registry
 from kvcore.planning.request import PlanRequest
 from kvcore.plugins.full_attention import FullAttentionSpec
@@ -377,11 +376,7 @@ def own_layout(
     )
 
 
-@keyword_form(
-    ("specs", "available_bytes", "rules"),
-    "plan_for_transformers(rules.request(specs, available_bytes, policy=...), rules, registry=...)",
-    passes_sizing=True,
-)
+@takes_engine_keywords
 def plan_for_transformers(
     request: PlanRequest,
     rules: TransformersRules,

@@ -47,11 +47,10 @@ import attrs
 
 from kvcore.errors import InsufficientMemoryError, KVCoreError, PolicyNotApplicableError
 from kvcore.integrations.capabilities import EngineCapabilities
-from kvcore.integrations.engine_rules import EngineRules
+from kvcore.integrations.engine_rules import EngineRules, takes_engine_keywords
 from kvcore.integrations.vllm import VLLM_VERSIONS
 from kvcore.plan import KVCachePlan
 from kvcore.planning import planner
-from kvcore.planning.keyword_form import keyword_form
 from kvcore.planning.registry import Registry
 from kvcore.planning.request import PlanRequest
 from kvcore.plugins.chunked_local_attention import ChunkedLocalAttentionSpec
@@ -269,11 +268,7 @@ def scale_blocks(specs: Mapping[str, KVCacheSpec], factor: int) -> dict[str, KVC
     return out
 
 
-@keyword_form(
-    ("specs", "available_bytes", "rules"),
-    "plan_for_vllm(rules.request(specs, available_bytes, policy=...), rules, registry=...)",
-    passes_sizing=True,
-)
+@takes_engine_keywords
 def plan_for_vllm(request: PlanRequest, rules: VllmRules, *, registry: Registry) -> KVCachePlan:
     """Plan ``request`` with a kvcore policy so that vLLM runs the plan as kvcore counts it.
 
