@@ -1,7 +1,8 @@
 """Compare policies (and block sizes, KV dtypes) on one model and budget.
 
-Every figure comes from a real plan made by :func:`kvcore.plan_kv_cache`, exactly as
-``kvcore plan --policy NAME`` would make it, so the two commands always agree.
+Every figure comes from a real plan made by :func:`kvcore.planning.planner.plan` of the
+request with the candidate's policy, exactly as ``kvcore plan --policy NAME`` would make it, so
+the two commands always agree.
 """
 
 from __future__ import annotations

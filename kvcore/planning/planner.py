@@ -604,7 +604,7 @@ def tightest_rank(plans: Sequence[KVCachePlan]) -> int:
     """The rank whose memory bounds the common block count (the first, on a tie).
 
     Args:
-        plans: one plan per rank, as :func:`plan_model` returns them.
+        plans: one plan per rank, as :func:`plan` returns them.
 
     Returns:
         The index of the plan whose own memory would hold the fewest requests (the fewest

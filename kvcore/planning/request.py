@@ -1,11 +1,14 @@
 """What one planning call needs, in one checked value: :class:`PlanRequest`, and the request
 length it plans for, a number or "the longest that fits, up to a cap" (:class:`MaxModelLen`).
 
-The planner's entry point :func:`kvcore.planning.planner.plan` takes a request; the older
-keyword functions (:func:`~kvcore.plan_kv_cache`, :func:`~kvcore.planning.planner.plan_model`,
-:func:`~kvcore.planning.ranks.plan_for_ranks`, ...) build one and call it. Every input is
-checked here, once, when the request is made, so a bad value is named before any planning runs
-and the planner itself reads only checked fields.
+The planner's entry point :func:`kvcore.planning.planner.plan` takes a request, and so do
+the entry points above it (``compare_policies``, ``policy_frontier``, the engines'
+``plan_for_vllm(request, rules)``, an executor's ``agree_on_plan``); the keyword functions
+(:func:`~kvcore.plan_kv_cache`, :func:`~kvcore.planning.ranks.plan_for_ranks`) build one and
+call it, and the deprecated keyword forms are converted in one place
+(:mod:`kvcore.planning.keyword_form`). Every input is checked here, once, when the request is
+made, so a bad value is named before any planning runs and the planner itself reads only
+checked fields.
 """
 
 from __future__ import annotations
