@@ -15,6 +15,8 @@ import abc
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
+import attrs
+
 from kvcore.errors import InvalidInputError
 from kvcore.planning.keyword_form import keyword_form
 from kvcore.planning.request import PlanRequest, one_budget
@@ -72,10 +74,19 @@ class EngineRules(abc.ABC):
         if not isinstance(request, PlanRequest):
             raise InvalidInputError(f"expected a kvcore.PlanRequest (got a {type(request).__name__}); {fix}")
         own = self.context()
-        if request.max_model_len.auto or request.context != own:
-            length = "max_model_len='auto'" if request.max_model_len.auto else f"context {request.context}"
+        if request.max_model_len.auto:
             raise InvalidInputError(
-                f"the request plans for {length}, but {self.engine} runs a plan sized for {own} "
-                f"(its rules' context); {fix}"
+                f"the request plans for max_model_len='auto', but {self.engine} runs a plan of its "
+                f"rules' max_model_len, {own.max_model_len}; {fix}"
+            )
+        differ = [
+            f"{field.name}={getattr(request.context, field.name)} (the rules': {getattr(own, field.name)})"
+            for field in attrs.fields(SizingContext)
+            if getattr(request.context, field.name) != getattr(own, field.name)
+        ]
+        if differ:
+            raise InvalidInputError(
+                f"the request's context has {', '.join(differ)}, but {self.engine} runs a plan sized by "
+                f"its rules' context; {fix}"
             )
         one_budget(request, f"a plan for {self.engine}")
