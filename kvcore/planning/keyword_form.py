@@ -17,16 +17,16 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from kvcore.planning.request import PlanRequest, is_auto
+from kvcore.planning.request import KeywordFields, PlanRequest
 from kvcore.spec import KVCacheSpec, SizingContext
 
 #: The release that removes the keyword forms.
 REMOVED_IN = "0.3"
 
-#: The keyword arguments of the old forms that are :class:`PlanRequest` fields.
-REQUEST_FIELDS: frozenset[str] = frozenset(
-    {"policy", "options", "num_blocks", "check_fit", "rank_layers", "rank_names"}
-)
+#: The keyword arguments of the old forms that go into the request: the keyword functions'
+#: (:class:`~kvcore.planning.request.KeywordFields`, ``max_model_len="auto"`` among them) and
+#: the ranks' layers and names ``plan_model`` took.
+REQUEST_FIELDS: frozenset[str] = frozenset(KeywordFields.__annotations__) | {"rank_layers", "rank_names"}
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -51,9 +51,8 @@ def keyword_request(
             rules (anything with ``request(specs, budgets, **fields)``, e.g.
             :meth:`kvcore.integrations.vllm.rules.VllmRules.request`), which size the request
             as the engine runs it.
-        fields: the old form's keyword arguments: its :data:`REQUEST_FIELDS` (and
-            ``max_model_len="auto"``) are taken out into the request; what is left is for the
-            entry point itself (``registry``, ...).
+        fields: the old form's keyword arguments: its :data:`REQUEST_FIELDS` are taken out
+            into the request; what is left is for the entry point itself (``registry``, ...).
         stacklevel: the frame the warning names (the caller of the deprecated form).
 
     Returns:
@@ -67,11 +66,9 @@ def keyword_request(
         DeprecationWarning,
         stacklevel=stacklevel,
     )
-    taken = {name: fields.pop(name) for name in REQUEST_FIELDS & fields.keys()}
-    if "max_model_len" in fields:  # the old forms' length mode: "auto" (capped by the context) or None
-        taken["auto_length"] = is_auto(fields.pop("max_model_len"))
+    taken: Any = {name: fields.pop(name) for name in REQUEST_FIELDS & fields.keys()}
     if isinstance(sizing, SizingContext):
-        return PlanRequest.for_context(specs, budgets, sizing, **taken)
+        return PlanRequest.from_keywords(specs, budgets, sizing, **taken)
     return sizing.request(specs, budgets, **taken)  # type: ignore[no-any-return]  # engine rules
 
 

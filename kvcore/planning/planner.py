@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection, Mapping, Sequence
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
@@ -58,10 +58,13 @@ from kvcore.planning.max_len import (
     memory_bound,
 )
 from kvcore.planning.registry import Registry
-from kvcore.planning.request import PlanRequest, check_budget as check_budget, is_auto
+from kvcore.planning.request import KeywordFields, PlanRequest, check_budget as check_budget
 from kvcore.policy import AllocationPolicy, BlockPlacement, PlanOptions, PolicyChoice
 from kvcore.spec import KVCacheSpec, SizingContext, sized_specs, spec_differences
 from kvcore.validators import check_int
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # typing's own from Python 3.11
 
 
 @attrs.frozen(kw_only=True)
@@ -313,11 +316,7 @@ def plan_kv_cache(
     context: SizingContext,
     *,
     registry: Registry,
-    policy: str | AllocationPolicy = "auto",
-    options: PlanOptions | None = None,
-    num_blocks: int | Sequence[int] | None = None,
-    check_fit: bool = True,
-    max_model_len: Literal["auto"] | None = None,
+    **fields: Unpack[KeywordFields],
 ) -> KVCachePlan:
     """Plan the KV cache of one worker: :func:`plan` of a :class:`~kvcore.planning.request.PlanRequest`
     of one rank.
@@ -327,14 +326,15 @@ def plan_kv_cache(
         available_bytes: the KV-cache byte budget.
         context: the request length (and step size) to size for.
         registry: where policies are looked up.
-        policy: a policy name, ``"auto"``, or a policy object.
-        options: policy knobs; defaults to :class:`PlanOptions`'s defaults.
-        num_blocks: force this many block ids instead of filling the budget.
-        check_fit: raise unless one request of ``context.max_model_len`` fits.
-        max_model_len: ``"auto"``: plan for the longest request the budget admits, at most
-            ``context.max_model_len`` (give a model's ``max_position_embeddings`` there, or
-            :data:`kvcore.limits.MAX_TOKENS` to let memory alone bound it); the plan's
-            ``context.max_model_len`` is the length chosen.
+        fields: the request's other fields
+            (:class:`~kvcore.planning.request.KeywordFields`): ``policy`` (a policy name,
+            ``"auto"`` (the default), or a policy object), ``options`` (policy knobs),
+            ``num_blocks`` (force this many block ids instead of filling the budget),
+            ``check_fit`` (raise unless one request of ``context.max_model_len`` fits; on by
+            default), ``max_model_len`` (``"auto"``: plan for the longest request the budget
+            admits, at most ``context.max_model_len``, a model's ``max_position_embeddings``
+            or :data:`kvcore.limits.MAX_TOKENS` to let memory alone bound it; the plan's
+            ``context.max_model_len`` is the length chosen).
 
     Returns:
         The plan.
@@ -344,16 +344,7 @@ def plan_kv_cache(
         InsufficientMemoryError: the budget (or the forced block count) cannot hold one
             request of ``max_model_len`` tokens, or the forced blocks exceed the budget.
     """
-    request = PlanRequest.for_context(
-        specs,
-        [available_bytes],
-        context,
-        auto_length=is_auto(max_model_len),
-        policy=policy,
-        options=options,
-        num_blocks=num_blocks,
-        check_fit=check_fit,
-    )
+    request = PlanRequest.from_keywords(specs, [available_bytes], context, **fields)
     return plan(request, registry=registry).plans[0]
 
 

@@ -31,7 +31,7 @@ uses too.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Literal
+from typing import TYPE_CHECKING
 
 import attrs
 
@@ -43,10 +43,12 @@ from kvcore.planning.planner import (
     tightest_rank as tightest_rank,
 )
 from kvcore.planning.registry import Registry
-from kvcore.planning.request import PlanRequest, is_auto
-from kvcore.policy import AllocationPolicy, PlanOptions
+from kvcore.planning.request import KeywordFields, PlanRequest
 from kvcore.spec import KVCacheSpec, SizingContext, check_layer_specs, describe_spec, spec_differences
 from kvcore.validators import check_int, int_at_least
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # typing's own from Python 3.11
 
 #: attrs validator of a parallel size: an int >= 1.
 _parallel_size = int_at_least(1)
@@ -294,12 +296,8 @@ def plan_for_ranks(
     context: SizingContext,
     *,
     registry: Registry,
-    policy: str | AllocationPolicy = "auto",
-    options: PlanOptions | None = None,
-    num_blocks: int | Sequence[int] | None = None,
     tp_size: int = 1,
-    check_fit: bool = True,
-    max_model_len: Literal["auto"] | None = None,
+    **fields: Unpack[KeywordFields],
 ) -> list[KVCachePlan]:
     """One plan per rank, all with the same groups and the same ``num_blocks``.
 
@@ -313,14 +311,11 @@ def plan_for_ranks(
         rank_memory: one byte budget per rank, in the same order.
         context: the request length (and step size) to size for.
         registry: where policies are looked up.
-        policy: a policy name, ``"auto"`` or a policy object (it plans the whole model).
-        options: policy knobs.
-        num_blocks: force this many block ids (checked against every rank's memory).
-            One count per pool for a policy of several pools.
         tp_size: tensor-parallel ranks per stage; ``len(rank_specs) // tp_size`` stages.
-        check_fit: raise unless one request of ``context.max_model_len`` fits.
-        max_model_len: ``"auto"``: plan for the longest request every rank admits, at most
-            ``context.max_model_len`` (:func:`~kvcore.planning.planner.plan`).
+        fields: the request's other fields, as :func:`~kvcore.plan_kv_cache` takes them
+            (:class:`~kvcore.planning.request.KeywordFields`): the policy plans the whole
+            model, a forced ``num_blocks`` is checked against every rank's memory, and
+            ``max_model_len="auto"`` plans for the longest request every rank admits.
 
     Returns:
         The plans, in rank order.
@@ -334,19 +329,8 @@ def plan_for_ranks(
             request does not fit in the common block count (names the rank with the fewest
             blocks).
     """
-    request = PlanRequest.for_context(
-        {},  # the ranks' merged specs replace it
-        0,
-        context,
-        auto_length=is_auto(max_model_len),
-        policy=policy,
-        options=options,
-        num_blocks=num_blocks,
-        check_fit=check_fit,
-    )
-    return list(
-        plan(ranks_request(request, rank_specs, rank_memory, tp_size=tp_size), registry=registry).plans
-    )
+    one = PlanRequest.from_keywords({}, 0, context, **fields)  # the ranks' specs and budgets replace its own
+    return list(plan(ranks_request(one, rank_specs, rank_memory, tp_size=tp_size), registry=registry).plans)
 
 
 def ranks_request(

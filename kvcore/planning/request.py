@@ -14,7 +14,7 @@ checked fields.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
 import attrs
 
@@ -23,6 +23,9 @@ from kvcore.limits import MAX_BYTES, MAX_TOKENS, check_at_most
 from kvcore.policy import AllocationPolicy, PlanOptions
 from kvcore.spec import KVCacheSpec, SizingContext, check_layer_specs
 from kvcore.validators import boolean, check_int, is_int
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # typing's own from Python 3.11
 
 
 def _length_tokens(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
@@ -127,6 +130,28 @@ def sizing_of(
     if context is None:
         context = SizingContext(max_model_len=length.tokens)
     return context, length
+
+
+class KeywordFields(TypedDict, total=False):
+    """The request fields the keyword functions take (:func:`~kvcore.plan_kv_cache`,
+    :func:`~kvcore.planning.ranks.plan_for_ranks`), written once; :meth:`PlanRequest.from_keywords`
+    makes the request of them. Each is optional, with :class:`PlanRequest`'s default.
+
+    Attributes:
+        policy: a policy name, ``"auto"``, or a policy object.
+        options: policy knobs (``None``: :class:`~kvcore.PlanOptions`'s defaults).
+        num_blocks: block ids to force instead of filling the budget (one count per pool for a
+            policy of several pools).
+        check_fit: refuse a plan that cannot hold one request of ``context.max_model_len``.
+        max_model_len: ``"auto"``: plan for the longest request the budgets admit, at most
+            ``context.max_model_len``; ``None``: plan for ``context.max_model_len``.
+    """
+
+    policy: str | AllocationPolicy
+    options: PlanOptions | None
+    num_blocks: int | Sequence[int] | None
+    check_fit: bool
+    max_model_len: Literal["auto"] | None
 
 
 def _specs(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
@@ -360,6 +385,24 @@ class PlanRequest:
             )
         length = MaxModelLen(context.max_model_len, auto=auto_length)
         return cls(specs=specs, budgets=budgets, max_model_len=length, context=context, **fields)
+
+    @classmethod
+    def from_keywords(
+        cls,
+        specs: Mapping[str, KVCacheSpec],
+        budgets: int | Sequence[int],
+        context: SizingContext,
+        **fields: Unpack[KeywordFields],
+    ) -> PlanRequest:
+        """The request of a keyword function's arguments: :meth:`for_context`, with the length
+        mode ``max_model_len`` (``"auto"`` or ``None``) as ``auto_length``.
+
+        Raises:
+            InvalidInputError: ``max_model_len`` other than ``"auto"`` or ``None`` (a number goes
+                in the context), or a field out of range.
+        """
+        length = fields.pop("max_model_len", None)
+        return cls.for_context(specs, budgets, context, auto_length=is_auto(length), **fields)
 
     def rank_prefix(self, rank: int) -> str:
         """How messages start when they are about ``rank``: ``'rank 3 (pp stage 1): '``, ``'rank
