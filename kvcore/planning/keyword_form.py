@@ -17,7 +17,7 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from kvcore.planning.request import KeywordFields, PlanRequest
+from kvcore.planning.request import KeywordFields, PlanRequest, request_from_keywords
 from kvcore.spec import KVCacheSpec, SizingContext
 
 #: The release that removes the keyword forms.
@@ -68,7 +68,7 @@ def keyword_request(
     )
     taken: Any = {name: fields.pop(name) for name in REQUEST_FIELDS & fields.keys()}
     if isinstance(sizing, SizingContext):
-        return PlanRequest.from_keywords(specs, budgets, sizing, **taken)
+        return request_from_keywords(specs, budgets, sizing, taken)
     return sizing.request(specs, budgets, **taken)  # type: ignore[no-any-return]  # engine rules
 
 

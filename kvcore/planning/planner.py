@@ -58,7 +58,12 @@ from kvcore.planning.max_len import (
     memory_bound,
 )
 from kvcore.planning.registry import Registry
-from kvcore.planning.request import KeywordFields, PlanRequest, check_budget as check_budget
+from kvcore.planning.request import (
+    KeywordFields,
+    PlanRequest,
+    check_budget as check_budget,
+    request_from_keywords,
+)
 from kvcore.policy import AllocationPolicy, BlockPlacement, PlanOptions, PolicyChoice
 from kvcore.spec import KVCacheSpec, SizingContext, sized_specs, spec_differences
 from kvcore.validators import check_int
@@ -344,7 +349,7 @@ def plan_kv_cache(
         InsufficientMemoryError: the budget (or the forced block count) cannot hold one
             request of ``max_model_len`` tokens, or the forced blocks exceed the budget.
     """
-    request = PlanRequest.from_keywords(specs, [available_bytes], context, **fields)
+    request = request_from_keywords(specs, [available_bytes], context, fields)
     return plan(request, registry=registry).plans[0]
 
 

@@ -43,7 +43,7 @@ from kvcore.planning.planner import (
     tightest_rank as tightest_rank,
 )
 from kvcore.planning.registry import Registry
-from kvcore.planning.request import KeywordFields, PlanRequest
+from kvcore.planning.request import KeywordFields, PlanRequest, request_from_keywords
 from kvcore.spec import KVCacheSpec, SizingContext, check_layer_specs, describe_spec, spec_differences
 from kvcore.validators import check_int, int_at_least
 
@@ -329,7 +329,7 @@ def plan_for_ranks(
             request does not fit in the common block count (names the rank with the fewest
             blocks).
     """
-    one = PlanRequest.from_keywords({}, 0, context, **fields)  # the ranks' specs and budgets replace its own
+    one = request_from_keywords({}, 0, context, fields)  # the ranks' specs and budgets replace its own
     return list(plan(ranks_request(one, rank_specs, rank_memory, tp_size=tp_size), registry=registry).plans)
 
 

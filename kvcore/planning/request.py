@@ -14,7 +14,7 @@ checked fields.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal, TypedDict
+from typing import Any, Literal, TypedDict
 
 import attrs
 
@@ -23,9 +23,6 @@ from kvcore.limits import MAX_BYTES, MAX_TOKENS, check_at_most
 from kvcore.policy import AllocationPolicy, PlanOptions
 from kvcore.spec import KVCacheSpec, SizingContext, check_layer_specs
 from kvcore.validators import boolean, check_int, is_int
-
-if TYPE_CHECKING:
-    from typing_extensions import Unpack  # typing's own from Python 3.11
 
 
 def _length_tokens(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
@@ -134,7 +131,7 @@ def sizing_of(
 
 class KeywordFields(TypedDict, total=False):
     """The request fields the keyword functions take (:func:`~kvcore.plan_kv_cache`,
-    :func:`~kvcore.planning.ranks.plan_for_ranks`), written once; :meth:`PlanRequest.from_keywords`
+    :func:`~kvcore.planning.ranks.plan_for_ranks`), written once; :func:`request_from_keywords`
     makes the request of them. Each is optional, with :class:`PlanRequest`'s default.
 
     Attributes:
@@ -152,6 +149,24 @@ class KeywordFields(TypedDict, total=False):
     num_blocks: int | Sequence[int] | None
     check_fit: bool
     max_model_len: Literal["auto"] | None
+
+
+def request_from_keywords(
+    specs: Mapping[str, KVCacheSpec],
+    budgets: int | Sequence[int],
+    context: SizingContext,
+    fields: KeywordFields,
+) -> PlanRequest:
+    """The request of a keyword function's arguments: :meth:`PlanRequest.for_context`, with the
+    length mode ``fields["max_model_len"]`` (``"auto"`` or ``None``) as ``auto_length``.
+
+    Raises:
+        InvalidInputError: ``max_model_len`` other than ``"auto"`` or ``None`` (a number goes in
+            the context), or a field out of range.
+    """
+    rest = dict(fields)
+    auto = is_auto(rest.pop("max_model_len", None))
+    return PlanRequest.for_context(specs, budgets, context, auto_length=auto, **rest)
 
 
 def _specs(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
@@ -385,24 +400,6 @@ class PlanRequest:
             )
         length = MaxModelLen(context.max_model_len, auto=auto_length)
         return cls(specs=specs, budgets=budgets, max_model_len=length, context=context, **fields)
-
-    @classmethod
-    def from_keywords(
-        cls,
-        specs: Mapping[str, KVCacheSpec],
-        budgets: int | Sequence[int],
-        context: SizingContext,
-        **fields: Unpack[KeywordFields],
-    ) -> PlanRequest:
-        """The request of a keyword function's arguments: :meth:`for_context`, with the length
-        mode ``max_model_len`` (``"auto"`` or ``None``) as ``auto_length``.
-
-        Raises:
-            InvalidInputError: ``max_model_len`` other than ``"auto"`` or ``None`` (a number goes
-                in the context), or a field out of range.
-        """
-        length = fields.pop("max_model_len", None)
-        return cls.for_context(specs, budgets, context, auto_length=is_auto(length), **fields)
 
     def rank_prefix(self, rank: int) -> str:
         """How messages start when they are about ``rank``: ``'rank 3 (pp stage 1): '``, ``'rank
