@@ -11,7 +11,7 @@ longest admitted request is usually below the cap); steps of 2,048 tokens.
 For each it finds:
 
 - kvcore: the longest request ``plan_kv_cache`` admits with the default options (policy
-  ``auto``; :func:`kvcore.planning.planner.largest_admitted`), and with
+  ``auto``; :func:`kvcore.planning.planner.longest_admitted`), and with
   ``grouping_tolerance=0``;
 - vLLM: the longest request vLLM 0.33's rule admits (no vLLM needed): its grouping of the
   layers (``_vllm_style.vllm_groups``: one page size, group size from the smallest kind),
@@ -37,7 +37,8 @@ from _vllm_style import vllm_groups, vllm_pages
 
 from kvcore import Registry, SizingContext, request_bytes
 from kvcore.planning.max_len import longest_between
-from kvcore.planning.planner import largest_admitted
+from kvcore.planning.planner import longest_admitted
+from kvcore.planning.request import PlanRequest
 from kvcore.policy import PlanOptions
 from kvcore.spec import KVCacheSpec
 from kvcore.testing.mixes import full, interleave, sliding
@@ -56,7 +57,9 @@ def kvcore_longest(
 ) -> int:
     """The longest request up to ``cap`` kvcore's planner admits."""
     context = SizingContext(max_model_len=cap, max_num_batched_tokens=STEP)
-    return largest_admitted(specs, [budget], context, registry=registry, options=options).length
+    return longest_admitted(
+        PlanRequest.for_context(specs, [budget], context, check_fit=False, options=options), registry=registry
+    ).length
 
 
 def vllm_longest(specs: dict[str, KVCacheSpec], budget: int, cap: int) -> int:

@@ -19,6 +19,7 @@ from kvcore.cli.table import render_table
 from kvcore.errors import KVCoreError
 from kvcore.planning import frontier as frontier_module
 from kvcore.planning.frontier import MAX_PLANS, policy_frontier
+from kvcore.planning.request import PlanRequest
 from kvcore.spec import KVCacheSpec
 from kvcore.testing.mixes import full, sliding, state
 
@@ -49,7 +50,7 @@ def _layers(pattern: list[KVCacheSpec], depth: int) -> dict[str, KVCacheSpec]:
 
 def main() -> None:
     registry = Registry.default(autoload=False)
-    real = frontier_module.plan_kv_cache
+    real = frontier_module.plan_request
     rows = []
     for mix, pattern in MIXES.items():
         for depth in DEPTHS:
@@ -77,13 +78,15 @@ def main() -> None:
                     calls += 1
                     return real(*args, **kwargs)
 
-                frontier_module.plan_kv_cache = counting  # type: ignore[assignment]
+                frontier_module.plan_request = counting  # type: ignore[assignment]
                 try:
                     start = time.perf_counter()
-                    points = policy_frontier(specs, memory, CONTEXT, registry=registry, policy=policy)
+                    points = policy_frontier(
+                        PlanRequest.for_context(specs, memory, CONTEXT, policy=policy), registry=registry
+                    )
                     took = time.perf_counter() - start
                 finally:
-                    frontier_module.plan_kv_cache = real
+                    frontier_module.plan_request = real
                 shown = ", ".join(f"{p.groups}: {p.efficiency:.4f}" for p in points)
                 rows.append(
                     [

@@ -29,7 +29,8 @@ import time
 
 from kvcore import InsufficientMemoryError, Registry, SizingContext, plan_kv_cache, request_bytes
 from kvcore.planning.max_len import memory_bound
-from kvcore.planning.planner import largest_admitted
+from kvcore.planning.planner import longest_admitted
+from kvcore.planning.request import PlanRequest
 from kvcore.spec import KVCacheSpec
 from kvcore.testing.mixes import full, interleave, sliding
 
@@ -82,12 +83,9 @@ def main() -> None:
         # what the search costs (the error above ran it once already; this counts its plans)
         loose = plan_kv_cache(specs, budget, context, registry=registry, policy=args.policy, check_fit=False)
         t0 = time.perf_counter()
-        search = largest_admitted(
-            specs,
-            [budget],
-            context,
+        search = longest_admitted(
+            PlanRequest.for_context(specs, [budget], context, check_fit=False, policy=args.policy),
             registry=registry,
-            policy=args.policy,
             estimate=loose.largest_fitting_len(),
         )
         search_time += time.perf_counter() - t0

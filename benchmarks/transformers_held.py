@@ -159,7 +159,7 @@ def zoo_table(registry: Registry) -> str:
     for model in bundled_models():
         specs = model_layer_specs(model.name, registry)
         try:
-            plan = plan_for_transformers(specs, budget, rules, registry=registry)
+            plan = plan_for_transformers(rules.request(specs, budget), rules, registry=registry)
         except KVCoreError as exc:
             other = sorted({spec.kind for spec in specs.values()} - set(ALLOCATOR_OF_KIND))
             rows.append([model.name, "-", "-", "-", "-", "-", ", ".join(other) or str(exc)])

@@ -103,18 +103,15 @@ def vllm_default_plan(specs: Mapping[str, KVCacheSpec], registry: Registry) -> t
     rules = VllmRules(max_model_len=MAX_LEN, max_num_batched_tokens=BATCH)
     try:
         plan = plan_for_vllm(
-            specs,
-            BUDGET,
+            rules.request(specs, BUDGET, policy=VLLM_OWN_POLICY, options=PlanOptions(mixed_pages=False)),
             rules,
             registry=registry,
-            policy=VLLM_OWN_POLICY,
-            options=PlanOptions(mixed_pages=False),
         )
         return plan, VLLM_OWN_POLICY
     except PolicyNotApplicableError:
         # pages of several sizes (a Mamba hybrid): vLLM pads them to the largest, which no kvcore
         # policy plans; kvcore's shared_buffer stands in, which holds at least what vLLM does
-        plan = plan_for_vllm(specs, BUDGET, rules, registry=registry, policy="shared_buffer")
+        plan = plan_for_vllm(rules.request(specs, BUDGET, policy="shared_buffer"), rules, registry=registry)
         return plan, "shared_buffer (stands in: vLLM pads pages, kvcore does not)"
 
 
@@ -210,7 +207,9 @@ def main() -> int:
                     else None
                 )
                 try:
-                    plan = plan_for_sglang(sg_specs, BUDGET, sg_rules, registry=registry, options=options)
+                    plan = plan_for_sglang(
+                        sg_rules.request(sg_specs, BUDGET, options=options), sg_rules, registry=registry
+                    )
                 except KVCoreError as exc:  # SGLang's pools hold no request of MAX_LEN here
                     plan, sglang_cell = None, f"holds no request: {str(exc).split(';')[0]}"
                 if plan is not None:

@@ -49,7 +49,7 @@ def kvcore_figures(
     specs: dict[str, KVCacheSpec], rules: VllmRules, policy: str, registry: Registry
 ) -> tuple[int, int]:
     """kvcore's promise and what vLLM's manager runs on the converted plan."""
-    plan = plan_for_vllm(specs, BUDGET, rules, registry=registry, policy=policy)
+    plan = plan_for_vllm(rules.request(specs, BUDGET, policy=policy), rules, registry=registry)
     promise = admission.promised(plan)
     return promise, admission.admitted(convert.plan_to_vllm_config(plan), rules, start=promise)
 

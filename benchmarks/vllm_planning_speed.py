@@ -21,8 +21,8 @@ from kvcore import Registry
 from kvcore.cli.table import render_table
 from kvcore.errors import KVCoreError
 from kvcore.frontends.hf_config import bundled_models, layer_specs_from_config, read_config_file
-from kvcore.integrations.vllm import rules as rules_module
 from kvcore.integrations.vllm.rules import VllmRules, plan_for_vllm
+from kvcore.planning import planner as planner_module
 from kvcore.spec import KVCacheSpec
 from kvcore.testing.mixes import state_hybrid
 
@@ -44,7 +44,7 @@ def models(registry: Registry) -> list[tuple[str, dict[str, KVCacheSpec]]]:
 
 def main() -> None:
     registry = Registry.default(autoload=False)
-    real = rules_module.plan_kv_cache
+    real = planner_module.plan
     calls = 0
 
     def counting(*args, **kwargs):  # type: ignore[no-untyped-def]
@@ -54,19 +54,16 @@ def main() -> None:
 
     rows = []
     worst = 0.0
-    rules_module.plan_kv_cache = counting  # type: ignore[assignment]
+    planner_module.plan = counting  # type: ignore[assignment]
     try:
         for name, specs in models(registry):
             for memory, length in SETTINGS:
                 calls = 0
                 start = time.perf_counter()
                 try:
+                    rules = VllmRules(max_model_len=length)
                     plan = plan_for_vllm(
-                        specs,
-                        memory,
-                        VllmRules(max_model_len=length),
-                        registry=registry,
-                        policy="shared_buffer",
+                        rules.request(specs, memory, policy="shared_buffer"), rules, registry=registry
                     )
                     outcome = f"{plan.max_concurrency():.2f}"
                 except KVCoreError as exc:
@@ -84,7 +81,7 @@ def main() -> None:
                     ]
                 )
     finally:
-        rules_module.plan_kv_cache = real
+        planner_module.plan = real
     print(
         render_table(
             ["model", "layers", "budget / max_model_len", "ms", "plans", "concurrency"],

@@ -105,6 +105,10 @@ if _typing.TYPE_CHECKING:
         plan_for_ranks as plan_for_ranks,
     )
     from kvcore.planning.registry import Registry as Registry
+    from kvcore.planning.request import (
+        MaxModelLen as MaxModelLen,
+        PlanRequest as PlanRequest,
+    )
     from kvcore.policy import (
         AllocationPolicy as AllocationPolicy,
         BlockPlacement as BlockPlacement,

@@ -26,6 +26,7 @@ from kvcore.planning.capacity import finite_or_none, format_figure
 from kvcore.planning.compare import Candidate, compare_policies, variant_specs
 from kvcore.planning.frontier import FrontierPoint, policy_frontier
 from kvcore.planning.registry import Registry
+from kvcore.planning.request import PlanRequest
 from kvcore.runtime.one_pool import hit_step_of
 from kvcore.spec import KVCacheSpec
 from kvcore.units import format_bytes
@@ -110,15 +111,15 @@ def build_candidates(
     ``--block-sizes`` x ``--kv-cache-dtypes``."""
     dtypes = [None if d == "auto" else to_dtype(d) for d in (args.kv_cache_dtypes or ["auto"])]
     policies = policy_names(args, registry)
+    request = PlanRequest.for_context(
+        specs, args.kv_budget, inputs.sizing_context(args), options=inputs.plan_options(args)
+    )
     return compare_policies(
-        specs,
-        args.kv_budget,
-        inputs.sizing_context(args),
+        request,
+        policies,
         registry=registry,
-        policies=policies,
         block_sizes=args.block_sizes or [None],
         kv_cache_dtypes=dtypes,
-        options=inputs.plan_options(args),
         state_cache_modes=args.state_cache_modes or [None],
     )
 
@@ -348,9 +349,10 @@ def candidate_frontiers(
             out[id(c)] = ()
             continue
         variant = variant_specs(specs, block_size=c.block_size, kv_cache_dtype=c.kv_cache_dtype)
-        out[id(c)] = policy_frontier(
-            variant, args.kv_budget, c.plan.context, registry=registry, policy=c.policy, options=options
+        request = PlanRequest.for_context(
+            variant, args.kv_budget, c.plan.context, policy=c.policy, options=options
         )
+        out[id(c)] = policy_frontier(request, registry=registry)
     return out
 
 

@@ -138,7 +138,9 @@ def run(
 
     def row(name: str) -> dict[str, Any]:
         options = inputs.plan_options(args)
-        plan = plan_for_sglang(specs, args.kv_budget, rules, registry=registry, policy=name, options=options)
+        plan = plan_for_sglang(
+            rules.request(specs, args.kv_budget, policy=name, options=options), rules, registry=registry
+        )
         return _row(name, pool_sizes(plan, sglang_specs(specs, rules)), specs, rules)
 
     rows, failures = inputs.policy_rows(args, registry, row)

@@ -84,7 +84,9 @@ def run(args: PlanningArgs, registry: Registry, specs: Mapping[str, KVCacheSpec]
 
     def row(name: str) -> dict[str, Any]:
         options = inputs.plan_options(args)
-        plan = plan_for_vllm(specs, args.kv_budget, rules, registry=registry, policy=name, options=options)
+        plan = plan_for_vllm(
+            rules.request(specs, args.kv_budget, policy=name, options=options), rules, registry=registry
+        )
         return _row(name, plan, specs, rules)
 
     rows, failures = inputs.policy_rows(args, registry, row)

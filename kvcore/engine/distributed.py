@@ -9,8 +9,9 @@ CPU-side JSON, so it does not care) wraps its own executor in a :class:`Distribu
     plan = initialize_kv_caches(executor, registry=registry, max_model_len=8192)
 
 Specs and memory are found locally; the plan comes from an agreement: every rank publishes its
-specs and memory, reads everyone's, and computes the same :func:`~kvcore.planning.ranks.plan_for_ranks`
-deterministically; it keeps its own plan and allocates and binds only its own layers.
+specs and memory, reads everyone's, and computes the same plans deterministically
+(:func:`~kvcore.planning.ranks.ranks_request`); it keeps its own plan and allocates and binds
+only its own layers.
 
 Why a key-value store and not collectives: ``all_gather_object`` blocks until the process
 group's timeout and then cannot say which rank is missing. Here (:class:`StoreAgreement`) each
@@ -25,7 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from functools import cache
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, TypeVar
@@ -49,11 +50,14 @@ from kvcore.errors import (
 )
 from kvcore.model_options import ModelOptions
 from kvcore.plan import KVCachePlan
-from kvcore.planning.ranks import Parallelism, plan_for_ranks
+from kvcore.planning.keyword_form import keyword_form
+from kvcore.planning.planner import plan
+from kvcore.planning.ranks import Parallelism, ranks_request
 from kvcore.planning.registry import Registry
+from kvcore.planning.request import PlanRequest, check_budget, check_specs
 from kvcore.planning.serialization import plan_to_dict, spec_from_dict, spec_to_dict
-from kvcore.policy import AllocationPolicy, PlanOptions
-from kvcore.spec import KVCacheSpec, SizingContext
+from kvcore.policy import AllocationPolicy
+from kvcore.spec import KVCacheSpec
 
 #: The two rounds of :func:`~kvcore.initialize_kv_caches`: fingerprint, specs and memory, then
 #: initialized (the commit: every rank has allocated the plan whose digest it publishes).
@@ -94,6 +98,13 @@ def digest(value: object) -> str:
 _T = TypeVar("_T")
 
 
+def _checked(value: _T, check: Callable[[_T], None]) -> _T:
+    # checked inside the round, so a bad value stops every rank at once (the request, made
+    # after it, would raise on this rank alone and leave the others waiting for it)
+    check(value)
+    return value
+
+
 class DistributedExecutor:
     """One rank of a tensor x pipeline parallel job: local specs and memory, the plan by agreement.
 
@@ -101,8 +112,9 @@ class DistributedExecutor:
     the model) and follows :class:`kvcore.engine.AgreeingExecutor`, so
     :func:`~kvcore.initialize_kv_caches` runs it like any executor. Two agreement rounds run:
 
-    1. ``plan``: every rank's specs and memory; every rank computes
-       :func:`~kvcore.planning.ranks.plan_for_ranks` and keeps its own plan (``rank_plans`` holds all);
+    1. ``plan``: every rank's specs and memory; every rank plans them all
+       (:func:`~kvcore.planning.ranks.ranks_request`) and keeps its own plan (``rank_plans``
+       holds all);
     2. ``ready``: after the local ``initialize`` (allocate and bind this rank's layers only),
        so an allocation failure on one rank stops every rank too.
 
@@ -206,23 +218,19 @@ class DistributedExecutor:
             raise
 
     def get_kv_cache_spec(self) -> Mapping[str, KVCacheSpec]:
-        """This rank's specs, from the wrapped executor (a failure stops every rank)."""
-        return self._local(self.local.get_kv_cache_spec, PLAN_ROUND)
+        """This rank's specs, from the wrapped executor, checked (a failure stops every rank)."""
+        return self._local(lambda: _checked(self.local.get_kv_cache_spec(), check_specs), PLAN_ROUND)
 
     def determine_available_memory(self) -> int:
-        """This rank's KV-cache budget, from the wrapped executor (a failure stops every rank)."""
-        return self._local(self.local.determine_available_memory, PLAN_ROUND)
+        """This rank's KV-cache budget, from the wrapped executor, checked (a failure stops
+        every rank)."""
+        return self._local(
+            lambda: _checked(self.local.determine_available_memory(), check_budget), PLAN_ROUND
+        )
 
-    def fingerprint(
-        self,
-        context: SizingContext,
-        *,
-        registry: Registry,
-        policy: str | AllocationPolicy = "auto",
-        options: PlanOptions | None = None,
-        num_blocks: int | Sequence[int] | None = None,
-    ) -> Fingerprint:
-        """What must be the same on every rank, field by field (JSON values).
+    def fingerprint(self, request: PlanRequest, *, registry: Registry) -> Fingerprint:
+        """What must be the same on every rank, field by field (JSON values): the parts of
+        ``request`` that are not the rank's own (its specs and budget are).
 
         Returns:
             ``{"kvcore version", "tp_size", "pp_size", "policy", "max_model_len",
@@ -231,14 +239,15 @@ class DistributedExecutor:
             dtype, block size, tp) when it has them, and every ``identity`` entry. A forced
             count per pool is a list.
         """
+        num_blocks = request.num_blocks
         return {
             "kvcore version": kvcore_version(),
             "tp_size": self.parallelism.tp_size,
             "pp_size": self.parallelism.pp_size,
-            "policy": _policy_name(policy),
-            "max_model_len": context.max_model_len,
-            "max_num_batched_tokens": context.max_num_batched_tokens,
-            "plan options": attrs.asdict(options if options is not None else PlanOptions()),
+            "policy": _policy_name(request.policy),
+            "max_model_len": request.context.max_model_len,
+            "max_num_batched_tokens": request.context.max_num_batched_tokens,
+            "plan options": attrs.asdict(request.options),
             # one count, or one per pool (a list, as JSON reads it back on every rank)
             "num_blocks": num_blocks
             if num_blocks is None or isinstance(num_blocks, int)
@@ -269,19 +278,14 @@ class DistributedExecutor:
                 return found
         return None
 
-    def agree_on_plan(
-        self,
-        specs: Mapping[str, KVCacheSpec],
-        memory: int,
-        context: SizingContext,
-        *,
-        registry: Registry,
-        policy: str | AllocationPolicy = "auto",
-        options: PlanOptions | None = None,
-        num_blocks: int | Sequence[int] | None = None,
-    ) -> KVCachePlan:
-        """Share this rank's fingerprint, specs and memory, plan every rank, and return this
-        rank's plan.
+    @keyword_form(
+        ("specs", "memory", "context"),
+        "agree_on_plan(PlanRequest(specs=..., budgets=memory, ...))",
+        method=True,
+    )
+    def agree_on_plan(self, request: PlanRequest, *, registry: Registry) -> KVCachePlan:
+        """Share this rank's fingerprint, specs and memory (the request's), plan every rank,
+        and return this rank's plan.
 
         Raises:
             AgreementMismatchError: ranks were started with different settings (names the
@@ -294,30 +298,23 @@ class DistributedExecutor:
         self._registry = registry
         payload = self._local(
             lambda: {
-                "fingerprint": self.fingerprint(
-                    context, registry=registry, policy=policy, options=options, num_blocks=num_blocks
-                ),
-                "layers": {name: spec_to_dict(spec, registry) for name, spec in specs.items()},
-                "memory": memory,
+                "fingerprint": self.fingerprint(request, registry=registry),
+                "layers": {name: spec_to_dict(spec, registry) for name, spec in request.specs.items()},
+                "memory": request.budgets[0],
             },
             PLAN_ROUND,
         )
         answers = self.agreement.exchange(PLAN_ROUND, payload, validate=self._check_fingerprints)
-        plans = self._local(
-            lambda: plan_for_ranks(
-                [self._read_specs(answer, rank, registry) for rank, answer in enumerate(answers)],
-                [answer["memory"] for answer in answers],
-                context,
-                registry=registry,
-                policy=policy,
-                options=options,
-                num_blocks=num_blocks,
-                tp_size=self.parallelism.tp_size,
-            ),
-            READY_ROUND,
-        )
+        plans = self._local(lambda: self._plan_ranks(request, answers, registry), READY_ROUND)
         self.rank_plans = plans
         return plans[self.rank]
+
+    def _plan_ranks(self, request: PlanRequest, answers: list[Any], registry: Registry) -> list[KVCachePlan]:
+        """Every rank's plan from every rank's answer (the same on every rank)."""
+        rank_specs = [self._read_specs(answer, rank, registry) for rank, answer in enumerate(answers)]
+        memory = [answer["memory"] for answer in answers]
+        ranks = ranks_request(request, rank_specs, memory, tp_size=self.parallelism.tp_size)
+        return list(plan(ranks, registry=registry).plans)
 
     def _read_specs(self, answer: Mapping[str, Any], rank: int, registry: Registry) -> dict[str, KVCacheSpec]:
         try:

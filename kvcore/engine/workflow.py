@@ -4,22 +4,25 @@
 
     specs  = executor.get_kv_cache_spec()            # {layer: spec}
     memory = executor.determine_available_memory()   # bytes for the KV cache
-    plan   = plan_kv_cache(specs, memory, ...)         # or executor.agree_on_plan(...)
+    plan   = plan(PlanRequest(specs=specs, budgets=memory, ...))   # or executor.agree_on_plan(request)
     executor.initialize(plan)                        # allocate, bind, warm up
 
 :func:`initialize_kv_caches` runs it. An executor whose ranks must agree on the plan (an
 :class:`AgreeingExecutor`, e.g. :class:`kvcore.distributed.DistributedExecutor`) plans through
 its own ``agree_on_plan``: it gathers every rank's specs and memory and returns this rank's
-plan (:func:`kvcore.planning.ranks.plan_for_ranks`); the workflow stays the same. Both plan
-with the one implementation, :func:`kvcore.planning.planner.plan_model`.
+plan (:func:`kvcore.planning.ranks.ranks_request`); the workflow stays the same. Both plan a
+:class:`~kvcore.planning.request.PlanRequest` with the one implementation,
+:func:`kvcore.planning.planner.plan`.
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
 import time
+import warnings
 from collections.abc import Mapping, Sequence
-from typing import Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from kvcore.errors import InvalidInputError
 from kvcore.plan import KVCachePlan
@@ -60,18 +63,9 @@ class AgreeingExecutor(Executor, Protocol):
     :func:`initialize_kv_caches` calls :meth:`agree_on_plan` instead of planning alone.
     """
 
-    def agree_on_plan(
-        self,
-        specs: Mapping[str, KVCacheSpec],
-        memory: int,
-        context: SizingContext,
-        *,
-        registry: Registry,
-        policy: str | AllocationPolicy = "auto",
-        options: PlanOptions | None = None,
-        num_blocks: int | Sequence[int] | None = None,
-    ) -> KVCachePlan:
-        """Share ``specs`` and ``memory`` with every rank, and return this rank's plan."""
+    def agree_on_plan(self, request: PlanRequest, *, registry: Registry) -> KVCachePlan:
+        """Share the request's specs and budget (this rank's) with every rank, and return this
+        rank's plan."""
         ...
 
 
@@ -179,20 +173,12 @@ def initialize_kv_caches(
             "max_model_len='auto' plans one rank; ranks that agree on a plan need one length: "
             "give max_model_len a number"
         )
+    request = PlanRequest.for_context(
+        specs, memory, ctx, auto_length=length.auto, policy=policy, options=options, num_blocks=num_blocks
+    )
     if isinstance(executor, AgreeingExecutor):
-        plan = executor.agree_on_plan(
-            specs, memory, ctx, registry=registry, policy=policy, options=options, num_blocks=num_blocks
-        )
+        plan = _agree(executor, request, registry)
     else:
-        request = PlanRequest(
-            specs=specs,
-            budgets=memory,
-            max_model_len=length,
-            context=ctx,
-            policy=policy,
-            options=options,
-            num_blocks=num_blocks,
-        )
         plan = planner.plan(request, registry=registry).plans[0]
     sharing = getattr(executor, "kv_sharing", None)
     if sharing:  # layers that reuse another layer's cache read its group's block table
@@ -203,3 +189,27 @@ def initialize_kv_caches(
     logger.info("%s", capacity_summary(plan, specs))
     executor.initialize(plan)
     return plan
+
+
+def _agree(executor: AgreeingExecutor, request: PlanRequest, registry: Registry) -> KVCachePlan:
+    """``executor.agree_on_plan(request)``; an executor written to the 0.1 protocol
+    (``agree_on_plan(specs, memory, context, *, registry, policy, options, num_blocks)``) is
+    called that way until kvcore 0.3, with a ``DeprecationWarning``."""
+    agree = executor.agree_on_plan
+    first = next(iter(inspect.signature(agree).parameters), None)
+    if first != "specs":
+        return agree(request, registry=registry)
+    warnings.warn(
+        f"{type(executor).__qualname__}.agree_on_plan(specs, memory, context, ...) is the 0.1 protocol: "
+        "take agree_on_plan(request, *, registry) (the old one is called until kvcore 0.3)",
+        DeprecationWarning,
+        stacklevel=3,  # the caller of initialize_kv_caches
+    )
+    old: Any = agree  # the 0.1 signature, which the protocol no longer declares
+    return old(  # type: ignore[no-any-return]
+        request.specs,
+        request.budgets[0],
+        request.context,
+        registry=registry,
+        **{field: getattr(request, field) for field in ("policy", "options", "num_blocks")},
+    )

@@ -42,9 +42,10 @@ from kvcore.integrations.sglang.rules import (
 )
 from kvcore.integrations.vllm.rules import VllmIntegrationError, VllmRules, plan_for_vllm
 from kvcore.plan import KVCachePlan
+from kvcore.planning import planner
 from kvcore.planning.compare import variant_specs
-from kvcore.planning.planner import plan_kv_cache
 from kvcore.planning.registry import Registry
+from kvcore.planning.request import PlanRequest
 from kvcore.policy import PlanOptions
 from kvcore.spec import KVCacheSpec, SizingContext
 from kvcore.tuning.search import Planner, Trial
@@ -147,28 +148,23 @@ def vllm_planner(registry: Registry, *, async_scheduling: bool = True) -> Planne
     name the pools as what vLLM cannot express.
     """
 
-    def plan(
-        specs: Mapping[str, KVCacheSpec],
-        memory: int,
-        context: SizingContext,
-        policy: str,
-        options: PlanOptions,
-    ) -> KVCachePlan:
-        rules = vllm_rules(context, async_scheduling=async_scheduling)
-        if options.pool_split is None:
+    def plan_candidate(request: PlanRequest) -> KVCachePlan:
+        rules = vllm_rules(request.context, async_scheduling=async_scheduling)
+        sized = attrs.evolve(request, context=rules.context())
+        if request.options.pool_split is None:
             try:
-                return plan_for_vllm(specs, memory, rules, registry=registry, policy=policy, options=options)
+                return plan_for_vllm(sized, rules, registry=registry)
             except VllmIntegrationError:
                 pass  # several pools: planned below under vLLM's sizing, named in its flags
             except PolicyNotApplicableError:
                 # pages over runs of block ids (unified_pool): planned below, named in its flags;
                 # a policy that cannot plan the layers at all raises again there
                 pass
-        return plan_kv_cache(
-            specs, memory, rules.context(), registry=registry, policy=policy, options=rules.options(options)
-        )
+        return planner.plan(
+            attrs.evolve(sized, options=rules.options(request.options)), registry=registry
+        ).plans[0]
 
-    return plan
+    return plan_candidate
 
 
 def kv_tokens(plan: KVCachePlan) -> int:
@@ -261,12 +257,11 @@ def vllm_settings(
     own_plan: KVCachePlan | None = None
     try:
         own_plan = plan_for_vllm(
-            variant,
-            available_bytes,
+            rules.request(
+                variant, available_bytes, policy=VLLM_OWN_POLICY, options=PlanOptions(mixed_pages=False)
+            ),
             rules,
             registry=registry,
-            policy=VLLM_OWN_POLICY,
-            options=PlanOptions(mixed_pages=False),
         )
         engine_tokens: float | None = own_plan.max_concurrency()
         detail = f"vLLM's own grouping (modelled by {VLLM_OWN_POLICY}, one page size per group)"
@@ -356,7 +351,9 @@ def sglang_settings(
         if trial.pool_split and len(pools) == len(trial.pool_split)
         else None
     )
-    sglang_plan = plan_for_sglang(variant, available_bytes, rules, registry=registry, options=options)
+    sglang_plan = plan_for_sglang(
+        rules.request(variant, available_bytes, options=options), rules, registry=registry
+    )
     sizes = pool_sizes(sglang_plan, paged)
     flags = [
         Flag(name="--page-size", value=str(page), why="tokens per page of every pool"),

@@ -1,7 +1,8 @@
 """Compare policies (and block sizes, KV dtypes) on one model and budget.
 
-Every figure comes from a real plan made by :func:`kvcore.plan_kv_cache`, exactly as
-``kvcore plan --policy NAME`` would make it, so the two commands always agree.
+Every figure comes from a real plan made by :func:`kvcore.planning.planner.plan` of the
+request with the candidate's policy, exactly as ``kvcore plan --policy NAME`` would make it, so
+the two commands always agree.
 """
 
 from __future__ import annotations
@@ -15,10 +16,11 @@ from kvcore.dtypes import DType, DTypeLike, to_dtype
 from kvcore.errors import InvalidSpecError, KVCoreError
 from kvcore.plan import KVCachePlan
 from kvcore.planning.capacity import Capacity, ideal_concurrency
-from kvcore.planning.planner import plan_kv_cache
+from kvcore.planning.keyword_form import keyword_form
+from kvcore.planning.planner import plan as plan_request
 from kvcore.planning.registry import Registry
-from kvcore.policy import PlanOptions
-from kvcore.spec import KVCacheSpec, SizingContext, resize_blocks
+from kvcore.planning.request import PlanRequest, one_budget
+from kvcore.spec import KVCacheSpec, resize_blocks
 
 
 @attrs.frozen(kw_only=True)
@@ -109,19 +111,17 @@ def variant_specs(
     return variant
 
 
+@keyword_form(("specs", "available_bytes", "context"), "compare_policies(PlanRequest(...), registry=...)")
 def compare_policies(
-    specs: Mapping[str, KVCacheSpec],
-    available_bytes: int,
-    context: SizingContext,
+    request: PlanRequest,
+    policies: Sequence[str] | None = None,
     *,
     registry: Registry,
-    policies: Sequence[str] | None = None,
     block_sizes: Iterable[int | None] = (None,),
     kv_cache_dtypes: Iterable[DTypeLike | None] = (None,),
-    options: PlanOptions | None = None,
     state_cache_modes: Iterable[str | None] = (None,),
 ) -> list[Candidate]:
-    """Plan ``specs`` with every policy (default: all registered), for every variant.
+    """Plan the request's specs with every policy (default: all registered), for every variant.
 
     Variants are every KV dtype x block size x state cache mode (a mode replaces the
     context's ``state_cache_mode``: what keeping states for prefix caching costs).
@@ -129,23 +129,35 @@ def compare_policies(
     A policy that cannot plan the specs, or whose plan cannot hold one request of
     ``max_model_len``, appears with ``plan=None`` and the reason in ``error``.
 
+    Args:
+        request: the specs, the budget, the length and context, the options (and a forced
+            block count) every candidate is planned with; each policy of ``policies`` replaces
+            its policy.
+        policies: the policies to compare (default: every registered one).
+        registry: where the policies are looked up.
+        block_sizes, kv_cache_dtypes, state_cache_modes: the variants (``None``: as the
+            request has it).
+
     Returns:
         Candidates, variant by variant, policies in registry order.
+
+    Raises:
+        InvalidSpecError: a variant's specs are invalid (every policy would fail alike).
     """
     names = list(policies) if policies is not None else list(registry.policies)
     out: list[Candidate] = []
     modes = list(state_cache_modes)
+    available_bytes = one_budget(request, "compare_policies")
     for wanted in kv_cache_dtypes:
         dtype = to_dtype(wanted) if wanted is not None else None
         for block_size, mode in itertools.product(block_sizes, modes):
-            variant = variant_specs(specs, block_size=block_size, kv_cache_dtype=dtype)
-            sized = context if mode is None else attrs.evolve(context, state_cache_mode=mode)
+            variant = variant_specs(request.specs, block_size=block_size, kv_cache_dtype=dtype)
+            sized = request.context if mode is None else attrs.evolve(request.context, state_cache_mode=mode)
             ideal = ideal_concurrency(variant, available_bytes, sized)
             for name in names:
                 try:
-                    plan: KVCachePlan | None = plan_kv_cache(
-                        variant, available_bytes, sized, registry=registry, policy=name, options=options
-                    )
+                    candidate = attrs.evolve(request, specs=variant, context=sized, policy=name)
+                    plan: KVCachePlan | None = plan_request(candidate, registry=registry).plans[0]
                     error, failure = None, None
                 except InvalidSpecError:
                     raise

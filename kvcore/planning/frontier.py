@@ -21,10 +21,11 @@ import attrs
 from kvcore.errors import InvalidSpecError, KVCoreError
 from kvcore.plan import KVCachePlan
 from kvcore.planning.capacity import Capacity, finite_or_none
-from kvcore.planning.planner import plan_kv_cache
+from kvcore.planning.keyword_form import keyword_form
+from kvcore.planning.planner import plan as plan_request
 from kvcore.planning.registry import Registry
-from kvcore.policy import AllocationPolicy, PlanOptions
-from kvcore.spec import KVCacheSpec, SizingContext
+from kvcore.planning.request import PlanRequest, one_budget
+from kvcore.spec import KVCacheSpec
 from kvcore.validators import check_int
 
 #: Below this many groups the bound steps down one group at a time; above it, it halves.
@@ -56,27 +57,18 @@ class FrontierPoint:
         return {**attrs.asdict(self), "max_concurrency": finite_or_none(self.max_concurrency)}
 
 
+@keyword_form(("specs", "available_bytes", "context"), "policy_frontier(PlanRequest(...), registry=...)")
 def policy_frontier(
-    specs: Mapping[str, KVCacheSpec],
-    available_bytes: int,
-    context: SizingContext,
-    *,
-    registry: Registry,
-    policy: str | AllocationPolicy,
-    options: PlanOptions | None = None,
-    max_plans: int = MAX_PLANS,
+    request: PlanRequest, *, registry: Registry, max_plans: int = MAX_PLANS
 ) -> tuple[FrontierPoint, ...]:
     """Capacity against group count for one policy: the layouts a user picks from.
 
     Args:
-        specs: ``{layer name: spec}``.
-        available_bytes: the KV-cache budget.
-        context: the request length (and step size) to size for.
+        request: the layers, the budget (one rank), the length and context, the policy (a
+            name or object; ``"auto"`` is resolved as :func:`~kvcore.planning.planner.plan`
+            resolves it) and its options (block sizes, null block; their ``max_groups`` and
+            ``grouping_tolerance`` are replaced).
         registry: where the policy is looked up.
-        policy: a policy name or object (``"auto"`` is resolved as :func:`~kvcore.plan_kv_cache`
-            resolves it).
-        options: the other policy knobs (block sizes, null block); their ``max_groups`` and
-            ``grouping_tolerance`` are replaced.
         max_plans: the most plans to make (at least 1).
 
     Returns:
@@ -85,18 +77,18 @@ def policy_frontier(
 
     Raises:
         InvalidSpecError: a spec is invalid (every policy would fail alike).
-        InvalidInputError: ``max_plans`` is not an int >= 1.
+        InvalidInputError: ``max_plans`` is not an int >= 1, or the request is not of one
+            rank at a given length (:func:`~kvcore.planning.request.one_budget`).
     """
     check_int(max_plans, "'max_plans'", minimum=1)
-    base = options if options is not None else PlanOptions()
+    one_budget(request, "policy_frontier")
+    base = request.options
     points: list[FrontierPoint] = []
     bound: int | None = None
     for _ in range(max_plans):
         chosen = attrs.evolve(base, grouping_tolerance=0.0, max_groups=bound)
         try:
-            plan = plan_kv_cache(
-                specs, available_bytes, context, registry=registry, policy=policy, options=chosen
-            )
+            plan = plan_request(attrs.evolve(request, options=chosen), registry=registry).plans[0]
         except InvalidSpecError:
             raise
         except KVCoreError:  # GroupLimitError: no layout this small; or nothing fits
@@ -104,7 +96,7 @@ def policy_frontier(
         groups = len(plan.groups)
         if bound is not None and groups > bound:
             break  # the policy does not take max_groups: nothing smaller to find
-        point = _point(plan, specs)
+        point = _point(plan, request.specs)
         # a layout with more groups and no more capacity is dominated by this one
         while points and points[-1].max_concurrency <= point.max_concurrency:
             points.pop()

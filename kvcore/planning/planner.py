@@ -14,10 +14,10 @@ the policy once, then plans at a length with one function (``_Planner.plans_at``
 whole model once, ask the policy for each rank's layout, give every rank the same block count);
 admission, the longest admitted length and ``auto`` are searches over that function
 (:func:`~kvcore.planning.max_len.largest_admitted_len`), never calls back into :func:`plan`.
-:func:`plan_kv_cache` (one worker), :func:`plan_model`, :func:`plan_longest`,
-:func:`largest_admitted` and :func:`kvcore.planning.ranks.plan_for_ranks` (a tensor x pipeline
-world) are the keyword forms: each builds a request and calls :func:`plan` or
-:func:`longest_admitted`.
+:func:`plan_kv_cache` (one worker) and :func:`kvcore.planning.ranks.plan_for_ranks` (a tensor x
+pipeline world) are the keyword forms: each builds a request and calls :func:`plan`;
+:func:`plan_model`, :func:`plan_longest` and :func:`largest_admitted`, the keyword forms of
+0.1, are deprecated (:mod:`kvcore.planning.keyword_form`).
 
 Planning works per distinct spec, not per layer, where it can: equal specs are made one object
 first (:func:`share_equal_specs`), so group keys, grouping checks and page sizes are computed
@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection, Mapping, Sequence
-from typing import Literal
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
@@ -49,6 +49,7 @@ from kvcore.plan import KVCacheGroup, KVCachePlan, KVCachePool, KVCacheTensor
 from kvcore.planning.admission import check_admission
 from kvcore.planning.capacity import blocks_that_fit, own_pool_blocks, split_budget, split_by_fractions
 from kvcore.planning.invariants import plan_problems
+from kvcore.planning.keyword_form import keyword_request
 from kvcore.planning.max_len import (
     LENGTH_CEILING,
     LengthChoice,
@@ -57,10 +58,18 @@ from kvcore.planning.max_len import (
     memory_bound,
 )
 from kvcore.planning.registry import Registry
-from kvcore.planning.request import PlanRequest, check_budget as check_budget, is_auto
+from kvcore.planning.request import (
+    KeywordFields,
+    PlanRequest,
+    check_budget as check_budget,
+    request_from_keywords,
+)
 from kvcore.policy import AllocationPolicy, BlockPlacement, PlanOptions, PolicyChoice
 from kvcore.spec import KVCacheSpec, SizingContext, sized_specs, spec_differences
 from kvcore.validators import check_int
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # typing's own from Python 3.11
 
 
 @attrs.frozen(kw_only=True)
@@ -322,11 +331,7 @@ def plan_kv_cache(
     context: SizingContext,
     *,
     registry: Registry,
-    policy: str | AllocationPolicy = "auto",
-    options: PlanOptions | None = None,
-    num_blocks: int | Sequence[int] | None = None,
-    check_fit: bool = True,
-    max_model_len: Literal["auto"] | None = None,
+    **fields: Unpack[KeywordFields],
 ) -> KVCachePlan:
     """Plan the KV cache of one worker: :func:`plan` of a :class:`~kvcore.planning.request.PlanRequest`
     of one rank.
@@ -336,14 +341,15 @@ def plan_kv_cache(
         available_bytes: the KV-cache byte budget.
         context: the request length (and step size) to size for.
         registry: where policies are looked up.
-        policy: a policy name, ``"auto"``, or a policy object.
-        options: policy knobs; defaults to :class:`PlanOptions`'s defaults.
-        num_blocks: force this many block ids instead of filling the budget.
-        check_fit: raise unless one request of ``context.max_model_len`` fits.
-        max_model_len: ``"auto"``: plan for the longest request the budget admits, at most
-            ``context.max_model_len`` (give a model's ``max_position_embeddings`` there, or
-            :data:`kvcore.limits.MAX_TOKENS` to let memory alone bound it); the plan's
-            ``context.max_model_len`` is the length chosen.
+        fields: the request's other fields
+            (:class:`~kvcore.planning.request.KeywordFields`): ``policy`` (a policy name,
+            ``"auto"`` (the default), or a policy object), ``options`` (policy knobs),
+            ``num_blocks`` (force this many block ids instead of filling the budget),
+            ``check_fit`` (raise unless one request of ``context.max_model_len`` fits; on by
+            default), ``max_model_len`` (``"auto"``: plan for the longest request the budget
+            admits, at most ``context.max_model_len``, a model's ``max_position_embeddings``
+            or :data:`kvcore.limits.MAX_TOKENS` to let memory alone bound it; the plan's
+            ``context.max_model_len`` is the length chosen).
 
     Returns:
         The plan.
@@ -353,16 +359,7 @@ def plan_kv_cache(
         InsufficientMemoryError: the budget (or the forced block count) cannot hold one
             request of ``max_model_len`` tokens, or the forced blocks exceed the budget.
     """
-    request = PlanRequest.for_context(
-        specs,
-        [available_bytes],
-        context,
-        auto_length=is_auto(max_model_len),
-        policy=policy,
-        options=options,
-        num_blocks=num_blocks,
-        check_fit=check_fit,
-    )
+    request = request_from_keywords(specs, [available_bytes], context, fields)
     return plan(request, registry=registry).plans[0]
 
 
@@ -372,58 +369,27 @@ def plan_model(
     context: SizingContext,
     *,
     registry: Registry,
-    policy: str | AllocationPolicy = "auto",
-    options: PlanOptions | None = None,
-    num_blocks: int | Sequence[int] | None = None,
-    check_fit: bool = True,
-    rank_layers: Sequence[Collection[str]] | None = None,
-    rank_names: Sequence[str] | None = None,
-    max_model_len: Literal["auto"] | None = None,
+    **fields: Any,
 ) -> PlanningResult:
-    """:func:`plan` of the :class:`~kvcore.planning.request.PlanRequest` these arguments describe
-    (the keyword form, kept for callers written before the request).
+    """Deprecated since 0.2 (removed in 0.3): :func:`plan` of the
+    :class:`~kvcore.planning.request.PlanRequest` these arguments describe.
 
     Args:
-        specs: the whole model's ``{layer name: spec}`` in model order.
-        rank_memory: one byte budget per rank.
-        context: the request length (and step size) to size for.
+        specs, rank_memory, context: the request's specs, budgets and context.
         registry: where policies are looked up.
-        policy: a policy name, ``"auto"``, or a policy object (it plans the whole model).
-        options: policy knobs; defaults to :class:`PlanOptions`'s defaults.
-        num_blocks: force this many block ids (checked against every rank's budget); for a
-            policy that makes several pools, one count per pool.
-        check_fit: raise unless one request of ``context.max_model_len`` fits.
-        rank_layers: the layers each rank holds, in rank order; ``None`` for one rank that
-            holds every layer.
-        rank_names: how messages name each rank (``'rank 3 (pp stage 1)'``); ``None`` when
-            there is one rank and messages name none.
-        max_model_len: ``"auto"``: plan for the longest request the budgets admit, at most
-            ``context.max_model_len`` (a model's ``max_position_embeddings``; with
-            :data:`kvcore.limits.MAX_TOKENS`, memory alone bounds it). ``None``: plan for
-            ``context.max_model_len``.
-
-    Returns:
-        As :func:`plan`.
-
-    Raises:
-        InvalidSpecError: ``specs`` is not a mapping of layer names to specs.
-        InvalidInputError: a budget is not a non-negative int, or the per-rank lists do not
-            match ``rank_memory``.
-        The errors of :func:`plan`.
+        fields: the request's other fields (``policy``, ``options``, ``num_blocks``,
+            ``check_fit``, ``rank_layers``, ``rank_names``), and ``max_model_len="auto"``
+            for a length ``auto`` chooses, at most ``context.max_model_len``.
     """
-    request = PlanRequest.for_context(
+    request = keyword_request(
+        "plan_model(specs, rank_memory, context, ...)",
+        "plan(PlanRequest(...))",
         specs,
         rank_memory,
         context,
-        auto_length=is_auto(max_model_len),
-        policy=policy,
-        options=options,
-        num_blocks=num_blocks,
-        check_fit=check_fit,
-        rank_layers=rank_layers,
-        rank_names=rank_names,
+        fields,
     )
-    return plan(request, registry=registry)
+    return plan(request, registry=registry, **fields)
 
 
 def _strict_options(options: PlanOptions) -> PlanOptions | None:
@@ -644,7 +610,7 @@ def tightest_rank(plans: Sequence[KVCachePlan]) -> int:
     """The rank whose memory bounds the common block count (the first, on a tie).
 
     Args:
-        plans: one plan per rank, as :func:`plan_model` returns them.
+        plans: one plan per rank, as :func:`plan` returns them.
 
     Returns:
         The index of the plan whose own memory would hold the fewest requests (the fewest
@@ -1003,36 +969,21 @@ def largest_admitted(
     context: SizingContext,
     *,
     registry: Registry,
-    policy: str | AllocationPolicy = "auto",
-    options: PlanOptions | None = None,
-    num_blocks: int | Sequence[int] | None = None,
-    rank_layers: Sequence[Collection[str]] | None = None,
-    estimate: int | None = None,
+    **fields: Any,
 ) -> LengthSearch:
-    """:func:`longest_admitted` of the request these arguments describe: the largest request
-    length, up to ``context.max_model_len``, that planning admits, and how many plans finding
-    it took.
-
-    Args:
-        specs, rank_memory, context, registry, policy, options, num_blocks, rank_layers: as
-            for :func:`plan_model`.
-        estimate: a guess below ``context.max_model_len`` when that length is known to be
-            refused; ``None`` to plan at ``context.max_model_len`` first.
-
-    Returns:
-        The length (0 if not even one token is admitted) and the plans made.
-    """
-    request = PlanRequest.for_context(
+    """Deprecated since 0.2 (removed in 0.3): :func:`longest_admitted` of the request these
+    arguments describe (as :func:`plan_model`'s; ``estimate`` as :func:`longest_admitted`'s),
+    never refusing a length that does not fit (``check_fit=False``)."""
+    fields.setdefault("check_fit", False)
+    request = keyword_request(
+        "largest_admitted(specs, rank_memory, context, ...)",
+        "longest_admitted(PlanRequest(...))",
         specs,
         rank_memory,
         context,
-        policy=policy,
-        options=options,
-        num_blocks=num_blocks,
-        check_fit=False,
-        rank_layers=rank_layers,
+        fields,
     )
-    return longest_admitted(request, registry=registry, estimate=estimate)
+    return longest_admitted(request, registry=registry, **fields)
 
 
 def plan_longest(
@@ -1041,36 +992,20 @@ def plan_longest(
     context: SizingContext,
     *,
     registry: Registry,
-    policy: str | AllocationPolicy = "auto",
-    options: PlanOptions | None = None,
-    num_blocks: int | Sequence[int] | None = None,
-    rank_layers: Sequence[Collection[str]] | None = None,
-    rank_names: Sequence[str] | None = None,
+    **fields: Any,
 ) -> PlanningResult:
-    """Plan for the longest request the budgets admit, at most ``context.max_model_len`` (a cap
-    of :data:`kvcore.limits.MAX_TOKENS`: no cap): :func:`plan` of a request whose
-    ``max_model_len`` is ``auto``.
-
-    Args:
-        specs, rank_memory, context, registry, policy, options, num_blocks, rank_layers,
-            rank_names: as for :func:`plan_model`; ``context.max_model_len`` is the cap.
-
-    Returns:
-        The plans at the chosen length, with :attr:`PlanningResult.length` saying how it was
-        chosen.
-    """
-    return plan_model(
+    """Deprecated since 0.2 (removed in 0.3): :func:`plan` of a request whose length ``auto``
+    chooses, at most ``context.max_model_len`` (the other arguments as :func:`plan_model`'s)."""
+    fields["max_model_len"] = "auto"
+    request = keyword_request(
+        "plan_longest(specs, rank_memory, context, ...)",
+        "plan(PlanRequest(..., max_model_len=MaxModelLen.up_to(cap)))",
         specs,
         rank_memory,
         context,
-        registry=registry,
-        policy=policy,
-        options=options,
-        num_blocks=num_blocks,
-        rank_layers=rank_layers,
-        rank_names=rank_names,
-        max_model_len="auto",
+        fields,
     )
+    return plan(request, registry=registry, **fields)
 
 
 def _layers_of(specs: Mapping[str, KVCacheSpec], layers: Collection[str]) -> dict[str, KVCacheSpec]:

@@ -22,8 +22,8 @@ The rules:
   pool's worst-case need (:func:`~kvcore.planning.capacity.split_budget`), and every pool gets
   the minimum over ranks of its own count.
 
-:func:`plan_for_ranks` checks and merges what the ranks report, then plans a
-:class:`~kvcore.planning.request.PlanRequest` of every rank with
+:func:`plan_for_ranks` checks and merges what the ranks report (:func:`ranks_request`: a
+request made for every rank), then plans that :class:`~kvcore.planning.request.PlanRequest` with
 :func:`kvcore.planning.planner.plan`, the planning implementation :func:`~kvcore.plan_kv_cache`
 uses too.
 """
@@ -31,7 +31,7 @@ uses too.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Literal
+from typing import TYPE_CHECKING
 
 import attrs
 
@@ -43,10 +43,12 @@ from kvcore.planning.planner import (
     tightest_rank as tightest_rank,
 )
 from kvcore.planning.registry import Registry
-from kvcore.planning.request import PlanRequest, is_auto
-from kvcore.policy import AllocationPolicy, PlanOptions
+from kvcore.planning.request import KeywordFields, PlanRequest, request_from_keywords
 from kvcore.spec import KVCacheSpec, SizingContext, check_layer_specs, describe_spec, spec_differences
 from kvcore.validators import check_int, int_at_least
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # typing's own from Python 3.11
 
 #: attrs validator of a parallel size: an int >= 1.
 _parallel_size = int_at_least(1)
@@ -294,12 +296,8 @@ def plan_for_ranks(
     context: SizingContext,
     *,
     registry: Registry,
-    policy: str | AllocationPolicy = "auto",
-    options: PlanOptions | None = None,
-    num_blocks: int | Sequence[int] | None = None,
     tp_size: int = 1,
-    check_fit: bool = True,
-    max_model_len: Literal["auto"] | None = None,
+    **fields: Unpack[KeywordFields],
 ) -> list[KVCachePlan]:
     """One plan per rank, all with the same groups and the same ``num_blocks``.
 
@@ -313,14 +311,11 @@ def plan_for_ranks(
         rank_memory: one byte budget per rank, in the same order.
         context: the request length (and step size) to size for.
         registry: where policies are looked up.
-        policy: a policy name, ``"auto"`` or a policy object (it plans the whole model).
-        options: policy knobs.
-        num_blocks: force this many block ids (checked against every rank's memory).
-            One count per pool for a policy of several pools.
         tp_size: tensor-parallel ranks per stage; ``len(rank_specs) // tp_size`` stages.
-        check_fit: raise unless one request of ``context.max_model_len`` fits.
-        max_model_len: ``"auto"``: plan for the longest request every rank admits, at most
-            ``context.max_model_len`` (:func:`~kvcore.planning.planner.plan`).
+        fields: the request's other fields, as :func:`~kvcore.plan_kv_cache` takes them
+            (:class:`~kvcore.planning.request.KeywordFields`): the policy plans the whole
+            model, a forced ``num_blocks`` is checked against every rank's memory, and
+            ``max_model_len="auto"`` plans for the longest request every rank admits.
 
     Returns:
         The plans, in rank order.
@@ -334,6 +329,32 @@ def plan_for_ranks(
             request does not fit in the common block count (names the rank with the fewest
             blocks).
     """
+    one = request_from_keywords({}, 0, context, fields)  # the ranks' specs and budgets replace its own
+    return list(plan(ranks_request(one, rank_specs, rank_memory, tp_size=tp_size), registry=registry).plans)
+
+
+def ranks_request(
+    request: PlanRequest,
+    rank_specs: Sequence[Mapping[str, KVCacheSpec]],
+    rank_memory: Sequence[int],
+    *,
+    tp_size: int = 1,
+) -> PlanRequest:
+    """``request`` (its length, policy, options, forced count) made for the ranks that report
+    ``rank_specs`` and ``rank_memory``: the stages' specs merged into the whole model, each
+    rank's budget, layers and name. With one rank, its specs and budget as they are.
+
+    Args:
+        request: what to plan; its own specs and budgets are replaced.
+        rank_specs: one ``{layer: spec}`` per rank, in rank order.
+        rank_memory: one byte budget per rank, in the same order.
+        tp_size: tensor-parallel ranks per stage; ``len(rank_specs) // tp_size`` stages.
+
+    Raises:
+        InvalidInputError: the lists differ in length or are empty, a budget is not a
+            non-negative int, or the rank count is not a multiple of ``tp_size``.
+        SpecMismatchError: ranks disagree (names the layer and the ranks).
+    """
     if not rank_specs:
         raise InvalidInputError("no ranks reported layer specs (got an empty list)")
     if len(rank_specs) != len(rank_memory):
@@ -342,19 +363,14 @@ def plan_for_ranks(
             "every rank must report both"
         )
     parallelism = Parallelism.for_world(len(rank_specs), tp_size)
-    many = parallelism.world_size > 1
-    # one rank: its specs are the model's, as plan_kv_cache takes them
-    specs = merge_rank_specs(rank_specs, parallelism) if many else rank_specs[0]
-    request = PlanRequest.for_context(
-        specs,
-        rank_memory,
-        context,
-        auto_length=is_auto(max_model_len),
-        policy=policy,
-        options=options,
-        num_blocks=num_blocks,
-        check_fit=check_fit,
-        rank_layers=rank_specs if many else None,
-        rank_names=[parallelism.describe(r) for r in range(parallelism.world_size)] if many else None,
+    if parallelism.world_size == 1:  # one rank: its specs are the model's
+        return attrs.evolve(
+            request, specs=rank_specs[0], budgets=rank_memory, rank_layers=None, rank_names=None
+        )
+    return attrs.evolve(
+        request,
+        specs=merge_rank_specs(rank_specs, parallelism),
+        budgets=rank_memory,
+        rank_layers=rank_specs,
+        rank_names=[parallelism.describe(r) for r in range(parallelism.world_size)],
     )
-    return list(plan(request, registry=registry).plans)

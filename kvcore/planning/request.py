@@ -1,17 +1,20 @@
 """What one planning call needs, in one checked value: :class:`PlanRequest`, and the request
 length it plans for, a number or "the longest that fits, up to a cap" (:class:`MaxModelLen`).
 
-The planner's entry point :func:`kvcore.planning.planner.plan` takes a request; the older
-keyword functions (:func:`~kvcore.plan_kv_cache`, :func:`~kvcore.planning.planner.plan_model`,
-:func:`~kvcore.planning.ranks.plan_for_ranks`, ...) build one and call it. Every input is
-checked here, once, when the request is made, so a bad value is named before any planning runs
-and the planner itself reads only checked fields.
+The planner's entry point :func:`kvcore.planning.planner.plan` takes a request, and so do
+the entry points above it (``compare_policies``, ``policy_frontier``, the engines'
+``plan_for_vllm(request, rules)``, an executor's ``agree_on_plan``); the keyword functions
+(:func:`~kvcore.plan_kv_cache`, :func:`~kvcore.planning.ranks.plan_for_ranks`) build one and
+call it, and the deprecated keyword forms are converted in one place
+(:mod:`kvcore.planning.keyword_form`). Every input is checked here, once, when the request is
+made, so a bad value is named before any planning runs and the planner itself reads only
+checked fields.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 import attrs
 
@@ -126,7 +129,57 @@ def sizing_of(
     return context, length
 
 
+class KeywordFields(TypedDict, total=False):
+    """The request fields the keyword functions take (:func:`~kvcore.plan_kv_cache`,
+    :func:`~kvcore.planning.ranks.plan_for_ranks`), written once; :func:`request_from_keywords`
+    makes the request of them. Each is optional, with :class:`PlanRequest`'s default.
+
+    Attributes:
+        policy: a policy name, ``"auto"``, or a policy object.
+        options: policy knobs (``None``: :class:`~kvcore.PlanOptions`'s defaults).
+        num_blocks: block ids to force instead of filling the budget (one count per pool for a
+            policy of several pools).
+        check_fit: refuse a plan that cannot hold one request of ``context.max_model_len``.
+        max_model_len: ``"auto"``: plan for the longest request the budgets admit, at most
+            ``context.max_model_len``; ``None``: plan for ``context.max_model_len``.
+    """
+
+    policy: str | AllocationPolicy
+    options: PlanOptions | None
+    num_blocks: int | Sequence[int] | None
+    check_fit: bool
+    max_model_len: Literal["auto"] | None
+
+
+def request_from_keywords(
+    specs: Mapping[str, KVCacheSpec],
+    budgets: int | Sequence[int],
+    context: SizingContext,
+    fields: KeywordFields,
+) -> PlanRequest:
+    """The request of a keyword function's arguments: :meth:`PlanRequest.for_context`, with the
+    length mode ``fields["max_model_len"]`` (``"auto"`` or ``None``) as ``auto_length``.
+
+    Raises:
+        InvalidInputError: ``max_model_len`` other than ``"auto"`` or ``None`` (a number goes in
+            the context), or a field out of range.
+    """
+    rest = dict(fields)
+    auto = is_auto(rest.pop("max_model_len", None))
+    return PlanRequest.for_context(specs, budgets, context, auto_length=auto, **rest)
+
+
 def _specs(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    check_specs(value)
+
+
+def check_specs(value: object) -> None:
+    """Check layer specs as a request takes them: a mapping of layer names to specs, or an
+    empty mapping (a model with nothing to cache).
+
+    Raises:
+        InvalidSpecError: anything else (names the first offending entry).
+    """
     if not isinstance(value, Mapping):
         raise InvalidSpecError(
             f"layer specs must be a mapping of layer name to spec (got a {type(value).__name__})"
@@ -361,3 +414,26 @@ class PlanRequest:
         return attrs.evolve(
             self, max_model_len=MaxModelLen(tokens), context=self.context.with_max_model_len(tokens)
         )
+
+
+def one_budget(request: PlanRequest, owner: str) -> int:
+    """The budget of a request that planning of one rank at one length takes (a comparison, a
+    frontier, an engine's plan).
+
+    Args:
+        request: the request.
+        owner: what takes it, for the message (``"compare_policies"``).
+
+    Raises:
+        InvalidInputError: the request has several ranks' budgets, or a length ``auto`` chooses.
+    """
+    if len(request.budgets) != 1:
+        raise InvalidInputError(
+            f"{owner} plans one rank; the request has the budgets of {len(request.budgets)} ranks "
+            "(give one budget)"
+        )
+    if request.max_model_len.auto:
+        raise InvalidInputError(
+            f"{owner} plans at a given length; the request has max_model_len='auto' (give a number)"
+        )
+    return request.budgets[0]

@@ -39,8 +39,9 @@ from kvcore.dtypes import to_dtype
 from kvcore.errors import InvalidInputError, InvalidSpecError, KVCoreError
 from kvcore.plan import KVCachePlan
 from kvcore.planning.compare import variant_specs
-from kvcore.planning.planner import plan_kv_cache
+from kvcore.planning.planner import plan as plan_request
 from kvcore.planning.registry import Registry
+from kvcore.planning.request import PlanRequest
 from kvcore.policy import PlanOptions
 from kvcore.simulation.profile import SchedulerProfile, resolve_profile
 from kvcore.simulation.simulator import SimulationResult, simulate
@@ -59,9 +60,9 @@ OBJECTIVES = ("goodput", "throughput", "tokens_per_step")
 #: of the budget to pool 0 (taken from the others in proportion).
 DEFAULT_SPLIT_SHIFTS: tuple[float | None, ...] = (None, 0.0, 0.05, 0.1, -0.05)
 
-#: Makes a candidate's plan: ``(specs, available_bytes, context, policy, options)``; an
+#: Makes a candidate's plan from its request (specs, budget, context, policy, options); an
 #: engine's rules may stand behind it (``kvcore.integrations.tuned.vllm_planner``).
-Planner = Callable[[Mapping[str, KVCacheSpec], int, SizingContext, str, PlanOptions], KVCachePlan]
+Planner = Callable[[PlanRequest], KVCachePlan]
 
 #: Makes a plan's step-time model (a roofline depends on the plan's page sizes).
 StepTimeFactory = Callable[[KVCachePlan], StepTimeModel]
@@ -280,18 +281,8 @@ class TuneResult:
 
 
 def default_planner(registry: Registry) -> Planner:
-    """kvcore's own planner (:func:`~kvcore.planning.planner.plan_kv_cache`) as a :data:`Planner`."""
-
-    def plan(
-        specs: Mapping[str, KVCacheSpec],
-        memory: int,
-        context: SizingContext,
-        policy: str,
-        options: PlanOptions,
-    ) -> KVCachePlan:
-        return plan_kv_cache(specs, memory, context, registry=registry, policy=policy, options=options)
-
-    return plan
+    """kvcore's own planner (:func:`~kvcore.planning.planner.plan`) as a :data:`Planner`."""
+    return lambda request: plan_request(request, registry=registry).plans[0]
 
 
 def pareto_front(trials: Sequence[Trial]) -> tuple[Trial, ...]:
@@ -386,18 +377,17 @@ class _Search:
             variant = variant_specs(
                 self.specs, block_size=knobs.block_size, kv_cache_dtype=knobs.kv_cache_dtype
             )
-            plan = self.planner(variant, self.available_bytes, context, knobs.policy, self.options)
+            request = PlanRequest.for_context(
+                variant, self.available_bytes, context, policy=knobs.policy, options=self.options
+            )
+            planned = self.planner(request)
             split = None
-            if knobs.split_shift is not None and len(plan.pools) > 1:
-                split = shifted(workload_split(plan, self.workload), knobs.split_shift)
-                plan = self.planner(
-                    variant,
-                    self.available_bytes,
-                    context,
-                    knobs.policy,
-                    attrs.evolve(self.options, pool_split=split),
+            if knobs.split_shift is not None and len(planned.pools) > 1:
+                split = shifted(workload_split(planned, self.workload), knobs.split_shift)
+                planned = self.planner(
+                    attrs.evolve(request, options=attrs.evolve(self.options, pool_split=split))
                 )
-            made: tuple[KVCachePlan | None, tuple[float, ...] | None, str | None] = (plan, split, None)
+            made: tuple[KVCachePlan | None, tuple[float, ...] | None, str | None] = (planned, split, None)
         except (KVCoreError, InvalidSpecError) as exc:
             made = (None, None, str(exc))
         self.plans[key] = made

@@ -21,7 +21,7 @@ def test_rows_are_sglangs_pools(run_cli):
     registry = Registry.default()
     specs = model_layer_specs("openai/gpt-oss-20b", registry)
     sglang = rules.SglangRules(context_len=8192)
-    plan = rules.plan_for_sglang(specs, 8 * 2**30, sglang, registry=registry)
+    plan = rules.plan_for_sglang(sglang.request(specs, 8 * 2**30), sglang, registry=registry)
     sizes = rules.pool_sizes(plan, rules.paged_specs(specs, 1))
     row = rows["kind_pools"]
     assert (row["full_tokens"], row["swa_tokens"]) == (sizes.full_tokens, sizes.swa_tokens)
@@ -95,7 +95,7 @@ def test_a_mamba_hybrid_shows_sglangs_state_split_beside_kvcores(run_cli):
     own = rules.own_pool_sizes(rules.paged_specs(specs, 1), 40 * 2**30, sglang)
     theirs, (ours,) = payload["sglang_own"], payload["candidates"]
     assert (theirs["mamba_states"], theirs["full_tokens"]) == (own.mamba_states, own.full_tokens)
-    plan = rules.plan_for_sglang(specs, 40 * 2**30, sglang, registry=registry)
+    plan = rules.plan_for_sglang(sglang.request(specs, 40 * 2**30), sglang, registry=registry)
     sizes = rules.pool_sizes(plan, rules.sglang_specs(specs, sglang))
     assert (ours["mamba_states"], ours["full_tokens"]) == (sizes.mamba_states, sizes.full_tokens)
     # SGLang's fixed 0.9 ratio leaves its KV pool short of its state pool's requests; kvcore's balances them
@@ -113,7 +113,7 @@ def test_a_dsa_model_runs_in_one_pool_of_sglangs_64_token_pages(run_cli):
     specs = model_layer_specs("deepseek-ai/DeepSeek-V3.2", registry)
     # SGLang's own page for a DSA model (its DeepSeek override), without --block-size
     sglang = rules.SglangRules(context_len=8192, page_size=64)
-    plan = rules.plan_for_sglang(specs, 8 * 2**30, sglang, registry=registry)
+    plan = rules.plan_for_sglang(sglang.request(specs, 8 * 2**30), sglang, registry=registry)
     sizes = rules.pool_sizes(plan, rules.paged_specs(specs, 64))
     row = {row["policy"]: row for row in payload["candidates"]}["kind_pools"]
     assert (row["full_tokens"], row["swa_tokens"]) == (sizes.full_tokens, 0)

@@ -21,9 +21,8 @@ def test_rows_are_the_plans_vllm_runs(run_cli):
     assert "cannot plan" in rows["uniform"]["error"]
     registry = Registry.default()
     specs = model_layer_specs("google/gemma-3-27b-it", registry)
-    plan = plan_for_vllm(
-        specs, 8 * 2**30, VllmRules(max_model_len=8192), registry=registry, policy="shared_buffer"
-    )
+    rules = VllmRules(max_model_len=8192)
+    plan = plan_for_vllm(rules.request(specs, 8 * 2**30, policy="shared_buffer"), rules, registry=registry)
     row = rows["shared_buffer"]
     assert (row["usable_blocks"], row["num_blocks"]) == (plan.num_blocks - 1, plan.num_blocks)
     assert row["requests"] == plan.usable_blocks // plan.blocks_per_request() == 3

@@ -17,6 +17,7 @@ from kvcore.cli.report import format_plan, plan_report
 from kvcore.engine.workflow import capacity_summary
 from kvcore.planning.capacity import UNBOUNDED, Capacity, finite_or_none, format_figure
 from kvcore.planning.compare import compare_policies
+from kvcore.planning.request import PlanRequest
 from kvcore.simulation.simulator import simulate
 from kvcore.simulation.workload import Request, Workload
 
@@ -68,7 +69,9 @@ def test_start_up_log_line(empty_plan):
 
 
 def test_compare_row_and_gpu_answer(registry, empty_plan):
-    candidates = compare_policies({}, 4 * MiB, SizingContext(max_model_len=256), registry=registry)
+    candidates = compare_policies(
+        PlanRequest.for_context({}, 4 * MiB, SizingContext(max_model_len=256)), registry=registry
+    )
     assert candidates
     for candidate in candidates:
         row = json.loads(json.dumps(candidate_row(candidate), allow_nan=False))

@@ -202,15 +202,19 @@ def test_vllm_runs_mixed_page_groups_of_one_pool_and_refuses_several_pools(regis
     check_runnable(mixed)  # one pool, a mixed-page group of full attention: vLLM's UniformTypeKVCacheSpecs
     assert issubclass(VllmIntegrationError, KVCoreError)
     # planned for vLLM, mixed pages stay as the options say
-    planned = plan_for_vllm(specs, 64 * MiB, rules, registry=registry, policy="shared_buffer")
+    planned = plan_for_vllm(rules.request(specs, 64 * MiB, policy="shared_buffer"), rules, registry=registry)
     assert any(group.layer_specs for group in planned.groups)
     single = PlanOptions(mixed_pages=False)
-    apart = plan_for_vllm(specs, 64 * MiB, rules, registry=registry, policy="shared_buffer", options=single)
+    apart = plan_for_vllm(
+        rules.request(specs, 64 * MiB, policy="shared_buffer", options=single), rules, registry=registry
+    )
     assert not any(group.layer_specs for group in apart.groups)
     check_runnable(apart)
     # one spec per group, kind_pools gives each spec its own pool, which vLLM's one pool cannot run
     with pytest.raises(VllmIntegrationError, match="3 block pools"):
-        plan_for_vllm(specs, 64 * MiB, rules, registry=registry, policy="kind_pools", options=single)
+        plan_for_vllm(
+            rules.request(specs, 64 * MiB, policy="kind_pools", options=single), rules, registry=registry
+        )
 
 
 def test_pool_split_shares_the_budget_and_is_recorded(run_cli, pooled_specs, registry):

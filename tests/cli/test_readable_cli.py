@@ -53,12 +53,16 @@ def test_ties_go_to_fewer_groups_and_a_near_second_is_named(run_cli):
     from kvcore.cli.compare import best_candidate
     from kvcore.planning.compare import compare_policies
     from kvcore.planning.registry import Registry
+    from kvcore.planning.request import PlanRequest
     from kvcore.spec import SizingContext
     from tests.helpers import full
 
     registry = Registry.default(autoload=False)
     candidates = compare_policies(
-        {f"l{i}": full() for i in range(4)}, 2**30, SizingContext(max_model_len=4096), registry=registry
+        PlanRequest.for_context(
+            {f"l{i}": full() for i in range(4)}, 2**30, SizingContext(max_model_len=4096)
+        ),
+        registry=registry,
     )
     best = best_candidate(candidates)
     planned = [c for c in candidates if c.plan is not None]

@@ -16,7 +16,8 @@ import pytest
 from kvcore import BlockPool, InsufficientMemoryError, Registry, SizingContext, plan_kv_cache
 from kvcore.peaks import joint_peak, pool_peaks, worst_step
 from kvcore.planning.capacity import Capacity
-from kvcore.planning.planner import largest_admitted
+from kvcore.planning.planner import longest_admitted
+from kvcore.planning.request import PlanRequest
 from kvcore.policy import PlanOptions
 from kvcore.runtime.block_pool import NULL_PAGE
 from kvcore.testing.mixes import TARGET_MIXES, full, interleave, sliding
@@ -71,10 +72,15 @@ def test_the_default_tolerance_admits_as_long_a_request_as_tolerance_zero():
     specs = interleave((1, full()), (36, sliding(4096)))
     budget = 938_292_019
     context = SizingContext(max_model_len=131072)
-    exact = largest_admitted(
-        specs, [budget], context, registry=REGISTRY, options=PlanOptions(grouping_tolerance=0)
+    exact = longest_admitted(
+        PlanRequest.for_context(
+            specs, [budget], context, check_fit=False, options=PlanOptions(grouping_tolerance=0)
+        ),
+        registry=REGISTRY,
     )
-    default = largest_admitted(specs, [budget], context, registry=REGISTRY)
+    default = longest_admitted(
+        PlanRequest.for_context(specs, [budget], context, check_fit=False), registry=REGISTRY
+    )
     assert default.length == exact.length == 7312
     plan = plan_kv_cache(specs, budget, context.with_max_model_len(7312), registry=REGISTRY)
     assert plan.fits()
@@ -93,8 +99,11 @@ def test_a_tolerance_never_shortens_the_longest_request(n_full, n_sliding, windo
     probe = plan_kv_cache(specs, 2**40, context, registry=REGISTRY)
     budget = int(share * probe.blocks_per_request() * probe.bytes_per_block) + 12_345
     lengths = [
-        largest_admitted(
-            specs, [budget], context, registry=REGISTRY, options=PlanOptions(grouping_tolerance=t)
+        longest_admitted(
+            PlanRequest.for_context(
+                specs, [budget], context, check_fit=False, options=PlanOptions(grouping_tolerance=t)
+            ),
+            registry=REGISTRY,
         )
         for t in (0.0, 0.005, 0.05)
     ]

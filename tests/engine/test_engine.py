@@ -170,6 +170,40 @@ def test_any_executor_following_the_protocol_runs_the_workflow(registry):
     assert plan.available_memory_bytes == 2**30
 
 
+class AgreeingRecorder(RecordingExecutor):
+    """An executor of ranks that agree: plans the request it is given, alone."""
+
+    def agree_on_plan(self, request, *, registry):
+        self.calls.append(("agree", request.policy, request.num_blocks))
+        return plan_kv_cache(
+            request.specs,
+            request.budgets[0],
+            request.context,
+            registry=registry,
+            num_blocks=request.num_blocks,
+        )
+
+
+class AgreeingRecorder01(RecordingExecutor):
+    """The same, written to the 0.1 protocol: the keyword bundle instead of a request."""
+
+    def agree_on_plan(
+        self, specs, memory, context, *, registry, policy="auto", options=None, num_blocks=None
+    ):
+        self.calls.append(("agree", policy, num_blocks))
+        return plan_kv_cache(specs, memory, context, registry=registry, num_blocks=num_blocks)
+
+
+def test_an_agreeing_executor_gets_the_request_and_one_written_to_0_1_its_keywords_with_a_warning(registry):
+    specs, context = {"a": full(), "b": sliding(128)}, SizingContext(max_model_len=4096)
+    new, old = AgreeingRecorder(specs, 2**30), AgreeingRecorder01(specs, 2**30)
+    plan = initialize_kv_caches(new, registry=registry, context=context, policy="uniform", num_blocks=500)
+    with pytest.warns(DeprecationWarning, match=r"AgreeingRecorder01.agree_on_plan\(specs, .* 0.1 protocol"):
+        same = initialize_kv_caches(old, registry=registry, context=context, policy="uniform", num_blocks=500)
+    assert plan == same and plan.num_blocks == 500
+    assert new.calls == old.calls == ["specs", "memory", ("agree", "uniform", 500), ("initialize", 500)]
+
+
 def test_the_request_length_must_be_given_once(registry):
     executor = RecordingExecutor({"a": full()}, 2**30)
     with pytest.raises(InvalidInputError, match="max_model_len"):

@@ -121,7 +121,8 @@ def test_vllm_refuses_a_mixed_page_group_of_a_kind_it_does_not_run():
     class Odd(FullAttentionSpec):
         kind = "test.odd"
 
-    plan = plan_for_vllm(openelm_like(), 2**30, VllmRules(max_model_len=2048), registry=BUILTIN)
+    rules = VllmRules(max_model_len=2048)
+    plan = plan_for_vllm(rules.request(openelm_like(), 2**30), rules, registry=BUILTIN)
     (group,) = plan.groups
     assert group.layer_specs
     check_runnable(plan)

@@ -10,7 +10,8 @@ from kvcore import (
     plan_kv_cache,
 )
 from kvcore.cli.report import policy_reason
-from kvcore.planning.planner import plan_model
+from kvcore.planning.planner import plan as plan_request
+from kvcore.planning.request import PlanRequest
 from kvcore.policies.shared_buffer import SharedBufferPolicy
 from tests.helpers import full, registering, sliding
 
@@ -83,7 +84,9 @@ def test_a_third_party_policy_above_every_builtin_wins_everywhere(make_registry)
     registry = make_registry(plugin(Eager("acme.first", 1000)))
     assert registry.select(UNIFORM).name == "acme.first"
     assert registry.select(HYBRID).name == "acme.first"
-    result = plan_model(UNIFORM, [2**30], SizingContext(max_model_len=256), registry=registry)
+    result = plan_request(
+        PlanRequest.for_context(UNIFORM, [2**30], SizingContext(max_model_len=256)), registry=registry
+    )
     assert result.choice.name == result.plans[0].policy == "acme.first"
 
 

@@ -9,6 +9,7 @@ from kvcore.cli.report import format_plan, plan_report
 from kvcore.engine.workflow import capacity_summary
 from kvcore.planning.capacity import blocks_that_fit
 from kvcore.planning.compare import compare_policies
+from kvcore.planning.request import PlanRequest
 from tests.helpers import full, mix, sliding
 
 CTX = SizingContext(max_model_len=4096)
@@ -66,6 +67,8 @@ def test_every_reader_shows_the_same_figures(plan, registry):
     assert f"efficiency {100 * capacity.efficiency:.2f}%" in format_plan(plan, SPECS)
     assert concurrency in capacity_summary(plan, SPECS)
     assert f"{capacity.max_concurrency:.2f} requests" in memory_map(plan).title
-    (candidate,) = compare_policies(SPECS, BUDGET, CTX, registry=registry, policies=["shared_buffer"])
+    (candidate,) = compare_policies(
+        PlanRequest.for_context(SPECS, BUDGET, CTX), registry=registry, policies=["shared_buffer"]
+    )
     assert candidate.capacity == capacity
     assert candidate.padding_bytes == capacity.padding_bytes

@@ -11,6 +11,7 @@ from kvcore import PlanOptions, SizingContext, plan_kv_cache
 from kvcore.errors import InvalidInputError, KVCoreError
 from kvcore.planning import frontier as frontier_module
 from kvcore.planning.frontier import DENSE_GROUPS, policy_frontier
+from kvcore.planning.request import PlanRequest
 from kvcore.plugins.full_attention import FullAttentionSpec
 from kvcore.plugins.sliding_window import SlidingWindowSpec
 
@@ -39,7 +40,9 @@ def _gemma(layers: int) -> dict:
 @pytest.mark.parametrize("policy", ["shared_buffer", "equal_groups", "kind_pools"])
 def test_points_are_pareto_and_each_is_the_policys_best_within_its_bound(registry, policy):
     specs = _gemma(32)
-    points = policy_frontier(specs, 40 * GiB, CONTEXT, registry=registry, policy=policy)
+    points = policy_frontier(
+        PlanRequest.for_context(specs, 40 * GiB, CONTEXT, policy=policy), registry=registry
+    )
     assert points
     for first, second in itertools.pairwise(points):
         assert second.groups < first.groups
@@ -74,34 +77,50 @@ def test_points_are_pareto_and_each_is_the_policys_best_within_its_bound(registr
 
 
 def test_a_policy_that_cannot_plan_has_no_frontier(registry):
-    assert policy_frontier(_gemma(12), 40 * GiB, CONTEXT, registry=registry, policy="uniform") == ()
+    assert (
+        policy_frontier(
+            PlanRequest.for_context(_gemma(12), 40 * GiB, CONTEXT, policy="uniform"), registry=registry
+        )
+        == ()
+    )
 
 
 def test_the_work_is_bounded_on_a_model_of_thousands_of_groups(registry, monkeypatch):
     calls: list[int | None] = []
-    real = frontier_module.plan_kv_cache
+    real = frontier_module.plan_request
 
-    def counting(*args, **kwargs):
-        calls.append(kwargs["options"].max_groups)
-        return real(*args, **kwargs)
+    def counting(request, **kwargs):
+        calls.append(request.options.max_groups)
+        return real(request, **kwargs)
 
-    monkeypatch.setattr(frontier_module, "plan_kv_cache", counting)
-    points = policy_frontier(_three_kinds(3001), 400 * GiB, CONTEXT, registry=registry, policy="equal_groups")
+    monkeypatch.setattr(frontier_module, "plan_request", counting)
+    points = policy_frontier(
+        PlanRequest.for_context(_three_kinds(3001), 400 * GiB, CONTEXT, policy="equal_groups"),
+        registry=registry,
+    )
     assert points[0].groups > 1000
     # the bound halves above DENSE_GROUPS groups, then steps down one at a time
     assert len(calls) <= 12 + DENSE_GROUPS
     assert calls[0] is None and all(b is not None for b in calls[1:])
     calls.clear()
     policy_frontier(
-        _three_kinds(3001), 400 * GiB, CONTEXT, registry=registry, policy="equal_groups", max_plans=3
+        PlanRequest.for_context(_three_kinds(3001), 400 * GiB, CONTEXT, policy="equal_groups"),
+        registry=registry,
+        max_plans=3,
     )
     assert len(calls) == 3
     with pytest.raises(InvalidInputError):
-        policy_frontier(_gemma(6), GiB, CONTEXT, registry=registry, policy="shared_buffer", max_plans=0)
+        policy_frontier(
+            PlanRequest.for_context(_gemma(6), GiB, CONTEXT, policy="shared_buffer"),
+            registry=registry,
+            max_plans=0,
+        )
 
 
 def test_frontier_point_json(registry):
-    (point,) = policy_frontier(_gemma(12), 40 * GiB, CONTEXT, registry=registry, policy="kind_pools")
+    (point,) = policy_frontier(
+        PlanRequest.for_context(_gemma(12), 40 * GiB, CONTEXT, policy="kind_pools"), registry=registry
+    )
     assert point.to_dict() == {
         "groups": 2,
         "pools": 2,

@@ -6,8 +6,9 @@ from kvcore import InsufficientMemoryError, InvalidInputError, SizingContext, pl
 from kvcore.engine.workflow import initialize_kv_caches
 from kvcore.limits import MAX_TOKENS
 from kvcore.planning.max_len import largest_admitted_len, memory_bound
-from kvcore.planning.planner import largest_admitted, plan_model
+from kvcore.planning.planner import longest_admitted, plan as plan_request
 from kvcore.planning.ranks import plan_for_ranks
+from kvcore.planning.request import PlanRequest
 from tests.helpers import RecordingExecutor, full, mix, sliding
 
 # issue 12's reproducer: 1 full + 36 sliding(4096), bf16 8 x 128, block 16
@@ -40,7 +41,10 @@ def test_the_issue_reproducer_gets_a_suggestion_that_plans(registry):
 
 
 def test_the_search_costs_a_few_plans(registry):
-    search = largest_admitted(REPRO, [REPRO_BYTES], SizingContext(max_model_len=32768), registry=registry)
+    search = longest_admitted(
+        PlanRequest.for_context(REPRO, [REPRO_BYTES], SizingContext(max_model_len=32768), check_fit=False),
+        registry=registry,
+    )
     assert search.length == 7312
     assert search.plans <= 20
 
@@ -103,8 +107,9 @@ def test_auto_is_the_longest_admitted_length(registry):
         REPRO, REPRO_BYTES, SizingContext(max_model_len=MAX_TOKENS), registry=registry, max_model_len="auto"
     )
     assert plan.context.max_model_len == 7312
-    result = plan_model(
-        REPRO, [REPRO_BYTES], SizingContext(max_model_len=131072), registry=registry, max_model_len="auto"
+    result = plan_request(
+        PlanRequest.for_context(REPRO, [REPRO_BYTES], SizingContext(max_model_len=131072), auto_length=True),
+        registry=registry,
     )
     assert result.length is not None
     assert (result.length.max_model_len, result.length.cap, result.length.limited_by) == (
@@ -115,8 +120,9 @@ def test_auto_is_the_longest_admitted_length(registry):
 
 
 def test_auto_stops_at_the_cap(registry):
-    result = plan_model(
-        REPRO, [2**40], SizingContext(max_model_len=8192), registry=registry, max_model_len="auto"
+    result = plan_request(
+        PlanRequest.for_context(REPRO, [2**40], SizingContext(max_model_len=8192), auto_length=True),
+        registry=registry,
     )
     assert result.plans[0].context.max_model_len == 8192
     assert result.length is not None and result.length.limited_by == "cap"

@@ -1,11 +1,11 @@
 """The plan request: one checked value the planner takes (``kvcore.planning.request``), the
-keyword functions as thin wrappers around it, and the length as a number or auto with a cap."""
+keyword function as a thin wrapper around it, and the length as a number or auto with a cap."""
 
 import pytest
 
 from kvcore import InsufficientMemoryError, InvalidInputError, InvalidSpecError, PlanOptions, SizingContext
 from kvcore.limits import MAX_TOKENS
-from kvcore.planning.planner import largest_admitted, longest_admitted, plan, plan_longest, plan_model
+from kvcore.planning.planner import longest_admitted, plan, plan_kv_cache
 from kvcore.planning.request import MaxModelLen, PlanRequest, sizing_of
 from tests.helpers import full, mix, sliding
 
@@ -101,19 +101,19 @@ def test_rank_budgets_are_named_by_the_ranks():
 # -- the planner takes it ---------------------------------------------------------------------
 
 
-def test_the_keyword_functions_plan_what_the_request_plans(registry):
+def test_the_keyword_function_plans_what_the_request_plans(registry):
     options = PlanOptions(max_groups=2)
     by_request = plan(request(options=options, policy="shared_buffer"), registry=registry)
-    by_keywords = plan_model(
+    by_keywords = plan_kv_cache(
         SPECS,
-        [2**30],
+        2**30,
         SizingContext(max_model_len=8192),
         registry=registry,
         options=options,
         policy="shared_buffer",
     )
-    assert by_request == by_keywords
-    assert by_request.plans[0].context.max_model_len == 8192
+    assert by_request.plans == (by_keywords,)
+    assert by_keywords.context.max_model_len == 8192
 
 
 def test_auto_plans_the_longest_admitted_length_and_says_how(registry):
@@ -125,8 +125,6 @@ def test_auto_plans_the_longest_admitted_length_and_says_how(registry):
     assert auto.length.max_model_len == 7312  # the suggestion test_max_len's reproducer checks
     assert auto.length.limited_by == "memory" and auto.length.cap == 32768
     assert auto.plans[0].context.max_model_len == 7312
-    old = plan_longest(REPRO, [REPRO_BYTES], SizingContext(max_model_len=32768), registry=registry)
-    assert old == auto
 
 
 def test_a_refusal_names_the_longest_length_the_search_finds(registry):
@@ -135,10 +133,6 @@ def test_a_refusal_names_the_longest_length_the_search_finds(registry):
         plan(refused, registry=registry)
     search = longest_admitted(refused, registry=registry)
     assert info.value.largest_fitting_len == search.length == 7312
-    assert (
-        largest_admitted(REPRO, [REPRO_BYTES], SizingContext(max_model_len=32768), registry=registry)
-        == search
-    )
     # admitted at the length, refused one token later: the search's promise
     plan(refused.at_length(search.length), registry=registry)
     with pytest.raises(InsufficientMemoryError):
@@ -173,7 +167,7 @@ def test_sizing_of_reconciles_context_and_length_once():
         sizing_of(context, 8192)
 
 
-def test_the_keyword_functions_take_auto_or_none_and_nothing_else(registry):
-    # a number once sent plan_model down the auto path silently; the length goes in the context
+def test_the_keyword_function_takes_auto_or_none_and_nothing_else(registry):
+    # a number once sent the keyword form down the auto path silently; the length goes in the context
     with pytest.raises(InvalidInputError, match="max_model_len takes 'auto' or None here"):
-        plan_model(SPECS, [2**30], SizingContext(max_model_len=8192), registry=registry, max_model_len=8192)
+        plan_kv_cache(SPECS, 2**30, SizingContext(max_model_len=8192), registry=registry, max_model_len=8192)

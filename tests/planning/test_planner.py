@@ -1,7 +1,6 @@
 """The core planning path shared by every policy: budget, forced blocks, admission, one layout
 call per plan, and one implementation for one rank and many."""
 
-
 import attrs
 import pytest
 
@@ -20,7 +19,8 @@ from kvcore import (
 )
 from kvcore.plan import KVCacheGroup
 from kvcore.planning.invariants import check_plan
-from kvcore.planning.planner import plan_model
+from kvcore.planning.planner import plan as plan_request
+from kvcore.planning.request import PlanRequest
 from kvcore.policies.equal_groups import EqualGroupsPolicy
 from kvcore.policies.shared_buffer import SharedBufferPolicy
 from kvcore.policies.uniform import UniformPolicy
@@ -219,7 +219,9 @@ def test_one_rank_through_plan_for_ranks_is_plan_kv_cache(registry, policy, forc
     alone = plan_kv_cache(specs, 2**28, ctx, registry=registry, policy=policy, num_blocks=forced)
     (ranked,) = plan_for_ranks([specs], [2**28], ctx, registry=registry, policy=policy, num_blocks=forced)
     assert ranked == alone
-    result = plan_model(specs, [2**28], ctx, registry=registry, policy=policy, num_blocks=forced)
+    result = plan_request(
+        PlanRequest.for_context(specs, [2**28], ctx, policy=policy, num_blocks=forced), registry=registry
+    )
     assert result.plans == (alone,)
     assert result.choice.name == alone.policy
 

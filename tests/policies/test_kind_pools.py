@@ -7,7 +7,8 @@ import pytest
 
 from kvcore import GroupLimitError, PlanOptions, SizingContext, efficiency, plan_kv_cache
 from kvcore.planning.invariants import check_plan
-from kvcore.planning.planner import plan_model
+from kvcore.planning.planner import plan as plan_request
+from kvcore.planning.request import PlanRequest
 from kvcore.testing.mixes import ISSUE_CASES, openelm_like
 from tests.helpers import full, mix, mla, sliding
 from tests.policies.test_shared_buffer import CTX, GIB, _State
@@ -88,8 +89,9 @@ def test_pipeline_ranks_agree_on_every_pool(registry):
     specs = mix((8, full()), (16, sliding(1024)), (8, mla()))
     names = list(specs)
     stages = [names[: len(names) // 2], names[len(names) // 2 :]]
-    result = plan_model(
-        specs, [20 * GIB, 16 * GIB], CTX, registry=registry, policy="kind_pools", rank_layers=stages
+    result = plan_request(
+        PlanRequest.for_context(specs, [20 * GIB, 16 * GIB], CTX, policy="kind_pools", rank_layers=stages),
+        registry=registry,
     )
     first, second = result.plans
     assert len(first.pools) == len(second.pools) == 2

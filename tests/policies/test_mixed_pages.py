@@ -5,7 +5,8 @@ import pytest
 
 from kvcore import InvalidInputError, PlanOptions, SizingContext, efficiency, plan_kv_cache
 from kvcore.planning.invariants import check_plan
-from kvcore.planning.planner import plan_model
+from kvcore.planning.planner import plan as plan_request
+from kvcore.planning.request import PlanRequest
 from kvcore.policies import shared_buffer
 from kvcore.testing.mixes import ISSUE_CASES, ISSUE_CONTEXT, three_to_two
 from tests.helpers import full, mix, mla, sliding
@@ -58,8 +59,9 @@ def test_pipeline_projection_keeps_each_layer_page(registry):
     specs, _, context = ISSUE_CASES["OpenELM-like"]
     names = list(specs)
     stages = [names[:8], names[8:]]
-    result = plan_model(
-        specs, [GIB, GIB], context, registry=registry, policy="shared_buffer", rank_layers=stages
+    result = plan_request(
+        PlanRequest.for_context(specs, [GIB, GIB], context, policy="shared_buffer", rank_layers=stages),
+        registry=registry,
     )
     for plan, layers in zip(result.plans, stages, strict=True):
         (group,) = plan.groups

@@ -130,13 +130,14 @@ def test_vllm_flags_fed_back_reproduce_the_candidate(registry_module):
             max_model_len=CTX.max_model_len, max_num_batched_tokens=int(flags["--max-num-batched-tokens"])
         )
         again = plan_for_vllm(
-            specs,
-            int(flags["--kv-cache-memory-bytes"]),
+            rules.request(
+                specs,
+                int(flags["--kv-cache-memory-bytes"]),
+                policy=flags.get("KVCORE_VLLM_POLICY", "equal_groups"),
+                options=None if "KVCORE_VLLM_POLICY" in flags else PlanOptions(mixed_pages=False),
+            ),
             rules,
             registry=registry_module,
-            # without kvcore's plugin, vLLM plans its own grouping (one page size per group)
-            policy=flags.get("KVCORE_VLLM_POLICY", "equal_groups"),
-            options=None if "KVCORE_VLLM_POLICY" in flags else PlanOptions(mixed_pages=False),
         )
         assert trial.plan is not None
         assert [(p.num_blocks, p.bytes_per_block) for p in again.pools] == [

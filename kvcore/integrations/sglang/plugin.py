@@ -97,7 +97,9 @@ class KVCorePoolConfigurator(MemoryPoolConfigurator):  # type: ignore[misc]  # S
         """
         if "mamba" not in check_specs(self.specs):
             plan = plan_for_sglang(
-                self.specs, available_bytes, self.rules, registry=self.registry, policy=self.policy
+                self.rules.request(self.specs, available_bytes, policy=self.policy),
+                self.rules,
+                registry=self.registry,
             )
             return pool_sizes(plan, self.specs)
         kvc, planned = _PLANNED.get(id(self.kvc), (None, None))
@@ -245,7 +247,7 @@ def handle_max_mamba_cache(sglangs: Callable[..., Any], kvc: Any, total_rest_mem
             f"unset {POLICY_VARIABLE} to serve this model"
         )
     budget = int(total_rest_memory * (1 << 30))
-    plan = plan_for_sglang(specs, budget, rules, registry=Registry.default(), policy=policy)
+    plan = plan_for_sglang(rules.request(specs, budget, policy=policy), rules, registry=Registry.default())
     sizes = pool_sizes(plan, sglang_specs(specs, rules))
     get_context().override("mamba_pool.kvcore", max_mamba_cache_size=sizes.mamba_states)
     _PLANNED[id(kvc)] = (kvc, sizes)

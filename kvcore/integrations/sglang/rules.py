@@ -64,20 +64,23 @@ the page (:func:`pool_sizes`). :func:`plan_for_sglang` plans for that;
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import ClassVar
 
 import attrs
 
 from kvcore.dtypes import dtype_name
 from kvcore.errors import KVCoreError
 from kvcore.integrations.capabilities import EngineCapabilities
+from kvcore.integrations.engine_rules import EngineRules, takes_engine_keywords
 from kvcore.plan import KVCacheGroup, KVCachePlan
-from kvcore.planning.planner import plan_kv_cache
+from kvcore.planning import planner
 from kvcore.planning.registry import Registry
+from kvcore.planning.request import PlanRequest
 from kvcore.plugins.dsa_indexer import INDEXER_DTYPE, INDEXER_SCALE_BLOCK, DSAIndexerSpec
 from kvcore.plugins.full_attention import FullAttentionSpec
 from kvcore.plugins.sliding_window import SlidingWindowSpec
 from kvcore.plugins.state import StatePart, StateSpec
-from kvcore.policy import AllocationPolicy, PlanOptions
+from kvcore.policy import PlanOptions
 from kvcore.spec import DEFAULT_MAX_NUM_BATCHED_TOKENS, KVCacheSpec, SizingContext, describe_spec, map_specs
 from kvcore.validators import positive_int
 
@@ -290,7 +293,7 @@ def _positive(instance: object, attribute: attrs.Attribute[float], value: float)
 
 
 @attrs.frozen(kw_only=True)
-class SglangRules:
+class SglangRules(EngineRules):
     """The server settings of an SGLang engine that its KV pools depend on.
 
     Attributes:
@@ -308,6 +311,9 @@ class SglangRules:
             (:func:`mamba_slots_per_request`; 3, the radix cache without the extra buffer).
         mamba_ssm_dtype: the dtype SGLang keeps the temporal (SSM) state in.
     """
+
+    engine: ClassVar[str] = "SGLang"
+    default_policy: ClassVar[str] = "kind_pools"  # SGLang's own layout: a pool per kind
 
     context_len: int = attrs.field(validator=positive_int)
     page_size: int = attrs.field(default=DEFAULT_PAGE_SIZE, validator=positive_int)
@@ -670,50 +676,39 @@ def pool_bytes(sizes: SglangPoolSizes, specs: Mapping[str, KVCacheSpec]) -> int:
     return total
 
 
-def plan_for_sglang(
-    specs: Mapping[str, KVCacheSpec],
-    available_bytes: int,
-    rules: SglangRules,
-    *,
-    registry: Registry,
-    policy: str | AllocationPolicy = "kind_pools",
-    options: PlanOptions | None = None,
-) -> KVCachePlan:
-    """Plan ``specs`` with a kvcore policy so that SGLang's pools hold what kvcore counts.
+@takes_engine_keywords
+def plan_for_sglang(request: PlanRequest, rules: SglangRules, *, registry: Registry) -> KVCachePlan:
+    """Plan ``request`` with a kvcore policy so that SGLang's pools hold what kvcore counts.
 
     The specs are re-blocked to SGLang's page size, planned for the chunks in flight
     (:meth:`SglangRules.context`) with block 0 of each pool kept back, and checked with
     :func:`check_runnable`.
 
     Args:
-        specs: ``{layer name: spec}`` in model order.
-        available_bytes: SGLang's KV budget in bytes (:func:`kv_budget`).
+        request: the specs in model order, SGLang's KV budget in bytes (:func:`kv_budget`), the
+            policy (:meth:`SglangRules.request` gives ``kind_pools``, SGLang's own layout,
+            unless told) and its options (the padded page and one spec per group are forced);
+            sized by the rules (:meth:`SglangRules.request` makes it).
         rules: SGLang's server settings.
         registry: where the policy is looked up.
-        policy: a policy name, ``"auto"``, or a policy object (``kind_pools``, SGLang's own
-            layout, by default).
-        options: policy knobs; the padded page and one spec per group are forced.
 
     Returns:
         The plan, runnable by SGLang (:func:`pool_sizes` gives its ``MemoryPoolConfig``).
 
     Raises:
+        InvalidInputError: a request not sized by ``rules`` (:meth:`SglangRules.check_request`).
         SglangIntegrationError: layers or a plan SGLang cannot run.
-        PolicyNotApplicableError, InsufficientMemoryError: as :func:`plan_kv_cache`.
+        PolicyNotApplicableError, InsufficientMemoryError: as :func:`~kvcore.planning.planner.plan`.
     """
+    rules.check_request(request)
+    specs = request.specs
     check_specs(specs)
     check_dsa_page(specs, rules.page_size)
     paged = sglang_specs(specs, rules)
-    plan = plan_kv_cache(
-        paged,
-        available_bytes,
-        rules.context(),
-        registry=registry,
-        policy=policy,
-        options=rules.options(options, dsa=is_dsa(specs)),
-    )
-    check_runnable(plan, paged)
-    return plan
+    chosen = attrs.evolve(request, specs=paged, options=rules.options(request.options, dsa=is_dsa(specs)))
+    made = planner.plan(chosen, registry=registry).plans[0]
+    check_runnable(made, paged)
+    return made
 
 
 def as_sglang_runs(
@@ -786,7 +781,7 @@ def capabilities() -> EngineCapabilities:
     for model, reference in references.items():
         for name in registry.policies:
             try:
-                plan_for_sglang(reference, 1 << 24, rules, registry=registry, policy=name)
+                plan_for_sglang(rules.request(reference, 1 << 24, policy=name), rules, registry=registry)
             except KVCoreError:
                 continue
             runs.setdefault(name, []).append(model)

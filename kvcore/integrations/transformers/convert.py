@@ -69,9 +69,8 @@ def plan_for_model(
             :func:`~kvcore.integrations.transformers.rules.plan_for_transformers`.
     """
     specs = model_specs(model, registry)
-    return plan_for_transformers(
-        specs, available_bytes, rules, registry=registry, policy=policy, options=options
-    )
+    request = rules.request(specs, available_bytes, policy=policy, options=options)
+    return plan_for_transformers(request, rules, registry=registry)
 
 
 def continuous_batching_config(plan: TransformersPlan, **fields: Any) -> ContinuousBatchingConfig:

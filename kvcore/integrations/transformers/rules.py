@@ -34,17 +34,20 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from typing import ClassVar
 
 import attrs
 
 from kvcore.errors import InvalidInputError, KVCoreError
 from kvcore.integrations.capabilities import EngineCapabilities
+from kvcore.integrations.engine_rules import EngineRules, takes_engine_keywords
 from kvcore.plan import KVCachePlan
-from kvcore.planning.planner import plan_kv_cache
+from kvcore.planning import planner
 from kvcore.planning.registry import Registry
+from kvcore.planning.request import PlanRequest
 from kvcore.plugins.full_attention import FullAttentionSpec
 from kvcore.plugins.sliding_window import SlidingWindowSpec
-from kvcore.policy import AllocationPolicy, PlanOptions
+from kvcore.policy import PlanOptions
 from kvcore.spec import KVCacheSpec, SizingContext, cdiv, map_specs
 from kvcore.validators import positive_int
 
@@ -78,7 +81,7 @@ class TransformersIntegrationError(KVCoreError, ValueError):
 
 
 @attrs.frozen(kw_only=True)
-class TransformersRules:
+class TransformersRules(EngineRules):
     """The continuous-batching settings a plan for transformers depends on.
 
     Attributes:
@@ -86,6 +89,8 @@ class TransformersRules:
         max_batch_tokens: ``ContinuousBatchingConfig.max_batch_tokens``, the tokens of one
             batch (kvcore's sliding and chunked kinds size for them per step).
     """
+
+    engine: ClassVar[str] = "transformers"
 
     max_model_len: int = attrs.field(validator=positive_int)
     max_batch_tokens: int = attrs.field(default=256, validator=positive_int)
@@ -379,43 +384,44 @@ def own_layout(
     )
 
 
+@takes_engine_keywords
 def plan_for_transformers(
-    specs: Mapping[str, KVCacheSpec],
-    available_bytes: int,
+    request: PlanRequest,
     rules: TransformersRules,
     *,
     registry: Registry,
-    policy: str | AllocationPolicy = "auto",
-    options: PlanOptions | None = None,
     page_sizes: Sequence[int] = PAGE_SIZES,
 ) -> TransformersPlan:
-    """Plan ``specs`` with a kvcore policy for transformers' continuous batching.
+    """Plan ``request`` with a kvcore policy for transformers' continuous batching.
 
-    At each page size the policy plans the model in ``available_bytes``; the plan's bytes
+    At each page size the policy plans the model in the request's budget; the plan's bytes
     become transformers' cache (:func:`layout_in`, trash sectors included), and the page size
     whose cache holds the most requests of ``rules.max_model_len`` wins (the larger page on a
     tie: fewer pages to index).
 
     Args:
-        specs: ``{layer name: spec}`` in model order (from a front end; their block size is
-            replaced by each page size tried).
-        available_bytes: the KV-cache budget in bytes.
+        request: the specs in model order (from a front end; their block size is replaced by
+            each page size tried), the KV-cache budget in bytes, the policy and its options
+            (one block size and one page size per group are asked whatever they say:
+            :meth:`TransformersRules.options`); sized by the rules
+            (:meth:`TransformersRules.request` makes it).
         rules: the continuous-batching settings.
         registry: where the policy is looked up.
-        policy: a policy name, ``"auto"``, or a policy object.
-        options: policy knobs; one block size and one page size per group are asked whatever
-            they say (:meth:`TransformersRules.options`).
         page_sizes: the page sizes to try (each at least 4, transformers' smallest).
 
     Returns:
         The plan and the layout.
 
     Raises:
+        InvalidInputError: a request not sized by ``rules`` (:meth:`TransformersRules.check_request`).
         TransformersIntegrationError: a layer transformers cannot run, a plan it cannot lay
             out, or no page size whose cache holds one request.
         PolicyNotApplicableError, InsufficientMemoryError: as kvcore's planner, at every page
             size.
     """
+    rules.check_request(request)
+    specs = request.specs
+    chosen = attrs.evolve(request, options=rules.options(request.options))
     check_specs(specs)
     small = [size for size in page_sizes if size < MIN_PAGE_SIZE]
     if small or not page_sizes:
@@ -427,20 +433,13 @@ def plan_for_transformers(
     for size in sorted(set(page_sizes)):
         resized = _with_block_size(specs, size)
         try:
-            plan = plan_kv_cache(
-                resized,
-                available_bytes,
-                rules.context(),
-                registry=registry,
-                policy=policy,
-                options=rules.options(options),
-            )
-            check_runnable(plan)
-            layout = layout_in(resized, plan.kv_cache_bytes, size)
+            made = planner.plan(attrs.evolve(chosen, specs=resized), registry=registry).plans[0]
+            check_runnable(made)
+            layout = layout_in(resized, made.kv_cache_bytes, size)
         except KVCoreError as exc:
             failure = failure if isinstance(failure, TransformersIntegrationError) else exc
             continue
-        candidate = TransformersPlan(plan=plan, layout=layout, rules=rules)
+        candidate = TransformersPlan(plan=made, layout=layout, rules=rules)
         if candidate.sequences_held >= 1 and (
             best is None or candidate.sequences_held >= best.sequences_held
         ):
@@ -449,7 +448,7 @@ def plan_for_transformers(
         if failure is not None:
             raise failure
         raise TransformersIntegrationError(
-            f"at page sizes {sorted(set(page_sizes))}, {available_bytes} bytes laid out as transformers' "
+            f"at page sizes {sorted(set(page_sizes))}, {request.budgets[0]} bytes laid out as transformers' "
             f"paged cache hold no request of {rules.max_model_len} tokens; give more memory or a shorter "
             "max_model_len"
         )

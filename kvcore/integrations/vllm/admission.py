@@ -406,7 +406,7 @@ def measure(
         KVCoreError: the policy cannot plan the layers (``PolicyNotApplicableError``) or the
             budget holds no request.
     """
-    plan = plan_for_vllm(specs, available_bytes, rules, registry=registry, policy=policy)
+    plan = plan_for_vllm(rules.request(specs, available_bytes, policy=policy), rules, registry=registry)
     promise = promised(plan)
     manager = admitted(plan_to_vllm_config(plan), rules, start=promise)
     own_config = vllm_own_config(vllm_layer_specs(specs, rules), available_bytes, rules)

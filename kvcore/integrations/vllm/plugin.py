@@ -151,7 +151,9 @@ def kvcore_kv_cache_configs(
 
     def plan_all(num_blocks: int | None) -> list[Any]:
         return [
-            plan_for_vllm(specs, memory, rules, registry=registry, policy=policy, num_blocks=num_blocks)
+            plan_for_vllm(
+                rules.request(specs, memory, policy=policy, num_blocks=num_blocks), rules, registry=registry
+            )
             for specs, memory in zip(workers, available_memory, strict=True)
         ]
 

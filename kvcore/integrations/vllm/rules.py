@@ -41,18 +41,21 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Mapping, Sequence
+from typing import ClassVar
 
 import attrs
 
 from kvcore.errors import InsufficientMemoryError, KVCoreError, PolicyNotApplicableError
 from kvcore.integrations.capabilities import EngineCapabilities
+from kvcore.integrations.engine_rules import EngineRules, takes_engine_keywords
 from kvcore.integrations.vllm import VLLM_VERSIONS
 from kvcore.plan import KVCachePlan
-from kvcore.planning.planner import plan_kv_cache
+from kvcore.planning import planner
 from kvcore.planning.registry import Registry
+from kvcore.planning.request import PlanRequest
 from kvcore.plugins.chunked_local_attention import ChunkedLocalAttentionSpec
 from kvcore.plugins.sliding_window import SlidingWindowSpec
-from kvcore.policy import AllocationPolicy, PlanOptions
+from kvcore.policy import PlanOptions
 from kvcore.spec import DEFAULT_MAX_NUM_BATCHED_TOKENS, KVCacheSpec, SizingContext, cdiv
 from kvcore.units import format_bytes
 from kvcore.validators import boolean, non_negative_int, positive_int
@@ -92,7 +95,7 @@ class VllmIntegrationError(KVCoreError, ValueError):
 
 
 @attrs.frozen(kw_only=True)
-class VllmRules:
+class VllmRules(EngineRules):
     """The scheduler settings of a vLLM engine that a KV-cache plan depends on.
 
     Attributes:
@@ -107,6 +110,8 @@ class VllmRules:
             plugin sets vLLM's ``max_num_encoder_input_tokens``, which vLLM sizes its
             ``CrossAttentionSpec`` with.
     """
+
+    engine: ClassVar[str] = "vLLM"
 
     max_model_len: int = attrs.field(validator=positive_int)
     max_num_batched_tokens: int = attrs.field(default=DEFAULT_MAX_NUM_BATCHED_TOKENS, validator=positive_int)
@@ -263,17 +268,9 @@ def scale_blocks(specs: Mapping[str, KVCacheSpec], factor: int) -> dict[str, KVC
     return out
 
 
-def plan_for_vllm(
-    specs: Mapping[str, KVCacheSpec],
-    available_bytes: int,
-    rules: VllmRules,
-    *,
-    registry: Registry,
-    policy: str | AllocationPolicy = "auto",
-    options: PlanOptions | None = None,
-    num_blocks: int | None = None,
-) -> KVCachePlan:
-    """Plan ``specs`` with a kvcore policy so that vLLM runs the plan as kvcore counts it.
+@takes_engine_keywords
+def plan_for_vllm(request: PlanRequest, rules: VllmRules, *, registry: Registry) -> KVCachePlan:
+    """Plan ``request`` with a kvcore policy so that vLLM runs the plan as kvcore counts it.
 
     The plan reserves the null block, is sized for vLLM's tokens in flight
     (:meth:`VllmRules.context`), gives every page one block id and admits one request by vLLM's
@@ -281,20 +278,19 @@ def plan_for_vllm(
     its joint peak, which is what vLLM's ``KVCacheManager`` runs at once.
 
     Args:
-        specs: ``{layer name: spec}`` in model order, kvcore's specs (convert vLLM's with
-            :func:`kvcore.integrations.vllm.convert.specs_from_vllm`).
-        available_bytes: vLLM's KV-cache budget in bytes.
+        request: kvcore's specs (convert vLLM's with
+            :func:`kvcore.integrations.vllm.convert.specs_from_vllm`), vLLM's KV-cache budget,
+            the policy and its options (the null block is reserved whatever they say), and a
+            forced block count (null block included), as ``num_gpu_blocks_override`` gives
+            one; sized by the rules (:meth:`VllmRules.request` makes it).
         rules: vLLM's scheduler settings.
         registry: where the policy is looked up.
-        policy: a policy name, ``"auto"``, or a policy object.
-        options: policy knobs; the null block is reserved whatever they say.
-        num_blocks: force this many block ids (null block included), as
-            ``num_gpu_blocks_override`` does.
 
     Returns:
         The plan (``policy`` is the policy's name).
 
     Raises:
+        InvalidInputError: a request not sized by ``rules`` (:meth:`VllmRules.check_request`).
         PolicyNotApplicableError: the policy cannot plan the specs, or no larger attention
             block size gives every page of its plan one block id.
         InsufficientMemoryError: the budget cannot hold one request of ``max_model_len``, or
@@ -302,34 +298,27 @@ def plan_for_vllm(
         VllmIntegrationError: the policy's plan has several block pools or a mixed-page
             group, which vLLM cannot run (:func:`check_runnable`).
     """
-    context = rules.context()
-    chosen = rules.options(options)
+    rules.check_request(request)
+    chosen = attrs.evolve(request, options=rules.options(request.options))
 
     def plan_at(layers: Mapping[str, KVCacheSpec], factor: int) -> KVCachePlan:
         scaled = layers if factor == 1 else scale_blocks(layers, factor)
-        return plan_kv_cache(
-            scaled,
-            available_bytes,
-            context,
-            registry=registry,
-            policy=policy,
-            options=chosen,
-            num_blocks=num_blocks,
-        )
+        return planner.plan(attrs.evolve(chosen, specs=scaled), registry=registry).plans[0]
 
-    plan = plan_at(specs, 1)
-    check_runnable(plan)
-    if page_span(plan) != 1:
+    specs = request.specs
+    made = plan_at(specs, 1)
+    check_runnable(made)
+    if page_span(made) != 1:
         best = _page_sized(specs, plan_at)
         if best is None:
             raise PolicyNotApplicableError(
-                f"policy {plan.policy!r} gives a page {page_span(plan)} block ids, and no larger "
+                f"policy {made.policy!r} gives a page {page_span(made)} block ids, and no larger "
                 "attention block size gives every page one block id, which vLLM needs (its managers hand "
                 "each group one block id per page); plan with another policy"
             )
-        plan = best
-    check_vllm_admits(plan, rules)
-    return plan
+        made = best
+    check_vllm_admits(made, rules)
+    return made
 
 
 def _page_sized(
@@ -460,7 +449,7 @@ def _vllm_runs(policy: str, specs: Mapping[str, KVCacheSpec], registry: Registry
         return None
     rules = VllmRules(max_model_len=_PROBE_LENGTH)
     try:
-        plan_for_vllm(specs, _PROBE_BUDGET, rules, registry=registry, policy=policy)
+        plan_for_vllm(rules.request(specs, _PROBE_BUDGET, policy=policy), rules, registry=registry)
     except KVCoreError:
         return False
     return True
@@ -491,17 +480,10 @@ def capabilities() -> EngineCapabilities:
             return False
         return True
 
-    pooled = plan_kv_cache(
-        probes["sliding"],
-        _PROBE_BUDGET,
-        rules.context(),
-        registry=registry,
-        policy="kind_pools",
-        options=rules.options(),
-    )
-    mixed = plan_for_vllm(
-        probes["mixed pages"], _PROBE_BUDGET, rules, registry=registry, policy="shared_buffer"
-    )
+    sliding = rules.request(probes["sliding"], _PROBE_BUDGET, policy="kind_pools", options=rules.options())
+    pooled = planner.plan(sliding, registry=registry).plans[0]
+    mixed_pages = rules.request(probes["mixed pages"], _PROBE_BUDGET, policy="shared_buffer")
+    mixed = plan_for_vllm(mixed_pages, rules, registry=registry)
     return EngineCapabilities(
         engine="vllm",
         versions=VLLM_VERSIONS,

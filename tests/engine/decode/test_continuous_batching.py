@@ -105,7 +105,9 @@ def test_generate_batch_on_a_cache_for_two_of_four_requests_preempts_and_gives_g
     # the bytes of two longest requests' sectors and the trash, at the roomy plan's page size
     budget = (layout.sectors_for(2, MAX_MODEL_LEN) + TRASH_SECTORS) * layout.bytes_per_sector
     specs = model_specs(subject.model, registry)
-    plan = plan_for_transformers(specs, budget, rules, registry=registry, page_sizes=(layout.page_size,))
+    plan = plan_for_transformers(
+        rules.request(specs, budget), rules, registry=registry, page_sizes=(layout.page_size,)
+    )
     assert plan.sequences_held == 2 < len(subject.requests)
 
     run = _run(subject, plan)

@@ -9,10 +9,17 @@ from datetime import timedelta
 import pytest
 import torch.distributed as dist
 
-from kvcore import InvalidInputError, KVCacheAllocationError, ModelOptions, initialize_kv_caches
+from kvcore import (
+    InvalidInputError,
+    KVCacheAllocationError,
+    ModelOptions,
+    SizingContext,
+    initialize_kv_caches,
+)
 from kvcore.engine.agreement import StoreAgreement, elastic_run_id, majority_mismatch, store_from_env
 from kvcore.engine.distributed import DistributedExecutor
 from kvcore.errors import AgreementMismatchError, DistributedAgreementError, StoreUnavailableError
+from kvcore.planning.request import PlanRequest
 from tests.engine.distributed._ranks import RankExecutor, Scenario, toy_registry
 
 
@@ -342,3 +349,30 @@ def test_a_whole_stage_with_another_kv_dtype_or_model_is_refused_before_planning
     for rank in range(2):
         assert isinstance(out[rank], AgreementMismatchError), out[rank]
         assert out[rank].field == what and out[rank].ranks == (1,)
+
+
+def test_agree_on_plan_takes_a_request_and_its_keyword_form_warns_and_agrees_alike():
+    scenario = Scenario(tp=1, pp=2, windows={5: 32, 6: 32})
+    registry = toy_registry()
+    context = SizingContext(max_model_len=scenario.max_model_len)
+
+    def agree(store, rank, old):
+        executor = DistributedExecutor(
+            RankExecutor(scenario, rank, registry), rank=rank, world_size=2, store=store, timeout_s=30
+        )
+        specs, memory = executor.get_kv_cache_spec(), executor.determine_available_memory()
+        if old:
+            return executor.agree_on_plan(specs, memory, context, registry=registry, policy=scenario.policy)
+        request = PlanRequest.for_context(specs, memory, context, policy=scenario.policy)
+        return executor.agree_on_plan(request, registry=registry)
+
+    first, second = dist.HashStore(), dist.HashStore()
+    by_request = _on_threads(2, lambda rank: agree(first, rank, old=False))
+    # one catch around both rank threads: warning filters are the process's, not a thread's
+    with pytest.warns(
+        DeprecationWarning, match=r"agree_on_plan\(specs, memory, context, .* deprecated"
+    ) as caught:
+        by_keywords = _on_threads(2, lambda rank: agree(second, rank, old=True))
+    assert len(caught) == 2  # one a rank
+    assert by_request == by_keywords
+    assert by_request[0].num_blocks == by_request[1].num_blocks > 0

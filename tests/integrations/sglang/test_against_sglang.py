@@ -98,7 +98,7 @@ def test_sglang_pools_hold_what_kvcore_promises(model, registry, tmp_path):
     own = pool_configurator.create_memory_pool_configurator(kvc)
     config = plugin.KVCorePoolConfigurator(kvc, own, "kind_pools", RULES).calculate_pool_sizes(BUDGET, PAGE)
     assert isinstance(config, pool_configurator.MemoryPoolConfig)
-    plan = rules.plan_for_sglang(specs, BUDGET, RULES, registry=registry)
+    plan = rules.plan_for_sglang(RULES.request(specs, BUDGET), RULES, registry=registry)
     sizes = rules.pool_sizes(plan, specs)
     assert config == convert.memory_pool_config(sizes)
     pool = convert.build_pools(sizes, specs)
@@ -137,7 +137,7 @@ def test_plugin_replaces_sglangs_configurator(monkeypatch, registry, tmp_path):
         config = kvc.config_from_budget(budget)  # SGLang's own start-up path
     sglang_rules = plugin._rules_of(kvc)
     specs = convert.specs_from_sglang(kvc)
-    plan = rules.plan_for_sglang(specs, budget, sglang_rules, registry=registry)
+    plan = rules.plan_for_sglang(sglang_rules.request(specs, budget), sglang_rules, registry=registry)
     assert config == convert.memory_pool_config(rules.pool_sizes(plan, specs))
     # the padded page is inside kvcore's budget, outside SGLang's own
     assert config.max_total_num_tokens == sglang_own.max_total_num_tokens - PAGE
@@ -162,7 +162,7 @@ def test_two_windows_are_refused(registry):
 
     specs = {"a": make(128), "b": make(512)}
     with pytest.raises(rules.SglangIntegrationError, match=r"windows \[128, 512\]"):
-        rules.plan_for_sglang(specs, BUDGET, RULES, registry=registry)
+        rules.plan_for_sglang(RULES.request(specs, BUDGET), RULES, registry=registry)
 
 
 def test_unknown_policy_is_refused_at_start_up(monkeypatch):
@@ -227,7 +227,7 @@ def test_plugin_sizes_sglangs_mamba_and_kv_pools_as_kvcore_promises(
         config = kvc.config_from_budget(int(left * (1 << 30)))
     specs = convert.specs_from_sglang(kvc)
     sglang_rules = _mamba_rules(kvc)
-    plan = rules.plan_for_sglang(specs, budget, sglang_rules, registry=registry)
+    plan = rules.plan_for_sglang(sglang_rules.request(specs, budget), sglang_rules, registry=registry)
     paged = rules.sglang_specs(specs, sglang_rules)
     sizes = rules.pool_sizes(plan, paged)
     assert get_schedule().max_mamba_cache_size == sizes.mamba_states > 0
@@ -336,7 +336,7 @@ def test_sglangs_dsa_pool_holds_what_kvcore_promises(model, dtype, monkeypatch, 
     config = plugin.KVCorePoolConfigurator(kvc, own, "kind_pools", DSA_RULES).calculate_pool_sizes(
         BUDGET, DSA_PAGE
     )
-    plan = rules.plan_for_sglang(specs, BUDGET, DSA_RULES, registry=registry)
+    plan = rules.plan_for_sglang(DSA_RULES.request(specs, BUDGET), DSA_RULES, registry=registry)
     # one group: the latents and the indexer keys share SGLang's token slot, pages of two sizes
     (group,) = plan.groups
     assert {s.kind for s in group.specs} == {"mla", "dsa_indexer"}
@@ -353,7 +353,7 @@ def test_a_dsa_page_sglang_refuses_is_refused(registry, monkeypatch, tmp_path):
     kvc = _dsa_configurator(monkeypatch, tmp_path, "v32-like, shared top-k", "bf16")
     specs = rules.paged_specs(convert.specs_from_sglang(kvc), PAGE)
     with pytest.raises(rules.SglangIntegrationError, match=r"--page-size 16.*64-token pages"):
-        rules.plan_for_sglang(specs, BUDGET, RULES, registry=registry)
+        rules.plan_for_sglang(RULES.request(specs, BUDGET), RULES, registry=registry)
 
 
 def test_pooled_dsa_keys_are_refused_naming_them(monkeypatch, tmp_path):
@@ -372,6 +372,7 @@ def test_plugin_sizes_sglangs_dsa_pool_at_start_up(monkeypatch, tmp_path, regist
     with plugin_hooked(monkeypatch):
         config = kvc.config_from_budget(budget)  # SGLang's own start-up path
     specs = convert.specs_from_sglang(kvc)
-    plan = rules.plan_for_sglang(specs, budget, plugin._rules_of(kvc), registry=registry)
+    sized = plugin._rules_of(kvc)
+    plan = rules.plan_for_sglang(sized.request(specs, budget), sized, registry=registry)
     assert config == convert.memory_pool_config(rules.pool_sizes(plan, specs))
     assert config.max_total_num_tokens == plan.tokens_held(plan.groups[0]) > 0

@@ -83,7 +83,7 @@ def test_own_sizing_refuses_a_sliding_pool_that_holds_no_request():
 def test_a_kind_pools_plan_is_sglangs_pools_with_the_padded_page_inside_the_budget(registry):
     specs = hybrid()
     budget = 10_000_000
-    plan = rules.plan_for_sglang(specs, budget, RULES, registry=registry)
+    plan = rules.plan_for_sglang(RULES.request(specs, budget), RULES, registry=registry)
     sizes = rules.pool_sizes(plan, specs)
     assert plan.null_block is not None and len(plan.pools) == 2
     for group in plan.groups:
@@ -95,7 +95,9 @@ def test_a_kind_pools_plan_is_sglangs_pools_with_the_padded_page_inside_the_budg
 def test_mla_goes_to_the_full_pool(registry):
     mla = MLAAttentionSpec(block_size=PAGE, kv_lora_rank=512, qk_rope_head_dim=64, dtype="bfloat16")
     specs = {f"l{i}": mla for i in range(3)}
-    sizes = rules.pool_sizes(rules.plan_for_sglang(specs, 50_000_000, RULES, registry=registry), specs)
+    sizes = rules.pool_sizes(
+        rules.plan_for_sglang(RULES.request(specs, 50_000_000), RULES, registry=registry), specs
+    )
     assert sizes.full_tokens > 0 and sizes.swa_tokens == 0
     assert sizes.full_tokens <= rules.own_pool_sizes(specs, 50_000_000, RULES).full_tokens
 
@@ -110,7 +112,7 @@ def test_mla_goes_to_the_full_pool(registry):
 )
 def test_plans_sglang_cannot_run_are_refused_naming_why(registry, policy, why):
     with pytest.raises(KVCoreError, match=why):
-        rules.plan_for_sglang(hybrid(), 10_000_000, RULES, registry=registry, policy=policy)
+        rules.plan_for_sglang(RULES.request(hybrid(), 10_000_000, policy=policy), RULES, registry=registry)
 
 
 def test_two_windows_state_layers_and_unequal_heads_are_refused(registry):
@@ -128,7 +130,7 @@ def test_two_windows_state_layers_and_unequal_heads_are_refused(registry):
 
 def test_a_budget_too_small_for_one_request_is_kvcores_error(registry):
     with pytest.raises(InsufficientMemoryError):
-        rules.plan_for_sglang(hybrid(), 100_000, RULES, registry=registry)
+        rules.plan_for_sglang(RULES.request(hybrid(), 100_000), RULES, registry=registry)
 
 
 def test_models_sglang_gives_no_sliding_pool_keep_every_token():
@@ -179,7 +181,7 @@ def test_sglangs_pools_of_a_plan_fit_the_budget_and_hold_its_tokens(
     }
     sglang = rules.SglangRules(context_len=512, page_size=page, chunked_prefill_size=64)
     try:
-        plan = rules.plan_for_sglang(specs, budget, sglang, registry=REGISTRY)
+        plan = rules.plan_for_sglang(sglang.request(specs, budget), sglang, registry=REGISTRY)
     except InsufficientMemoryError:
         return
     sizes = rules.pool_sizes(plan, specs)
@@ -222,7 +224,7 @@ def test_mamba_slots_per_request_are_sglangs_calculate_mamba_ratio():
 def test_a_kind_pools_plan_of_a_mamba_hybrid_is_sglangs_mamba_and_kv_pools(registry):
     specs = mamba_hybrid()
     budget = 64 << 20
-    plan = rules.plan_for_sglang(specs, budget, RULES, registry=registry)
+    plan = rules.plan_for_sglang(RULES.request(specs, budget), RULES, registry=registry)
     paged = rules.sglang_specs(specs, RULES)
     sizes = rules.pool_sizes(plan, paged)
     state = next(g for g in plan.groups if g.spec.kind == "state")
@@ -263,7 +265,7 @@ def test_a_mamba_plan_fits_the_budget_and_holds_its_requests(state_layers, full_
     specs = {**{f"s{i}": STATE for i in range(state_layers)}, **{f"f{i}": FULL for i in range(full_layers)}}
     sglang = attrs.evolve(RULES, mamba_full_memory_ratio=ratio, mamba_slots_per_request=slots)
     try:
-        plan = rules.plan_for_sglang(specs, budget, sglang, registry=REGISTRY)
+        plan = rules.plan_for_sglang(sglang.request(specs, budget), sglang, registry=REGISTRY)
     except InsufficientMemoryError:
         return
     paged = rules.sglang_specs(specs, sglang)
@@ -293,7 +295,7 @@ def test_a_dsa_pool_is_one_group_of_latents_and_indexer_keys():
 
     specs = model_layer_specs("deepseek-ai/DeepSeek-V3.2", REGISTRY, ModelOptions(block_size=64))
     sglang = rules.SglangRules(context_len=4096, page_size=64)
-    plan = rules.plan_for_sglang(specs, 4 << 30, sglang, registry=REGISTRY)
+    plan = rules.plan_for_sglang(sglang.request(specs, 4 << 30), sglang, registry=REGISTRY)
     (group,) = plan.groups
     assert {s.kind for s in group.specs} == {"mla", "dsa_indexer"}
     sizes = rules.pool_sizes(plan, specs)
@@ -304,7 +306,6 @@ def test_a_dsa_pool_is_one_group_of_latents_and_indexer_keys():
     # SGLang's own sizing divides by the same cell
     own = rules.own_pool_sizes(specs, 4 << 30, sglang)
     assert own.full_tokens == (4 << 30) // (61 * 1284) // 64 * 64
+    sized = rules.SglangRules(context_len=4096, page_size=16)
     with pytest.raises(rules.SglangIntegrationError, match="64-token pages"):
-        rules.plan_for_sglang(
-            specs, 4 << 30, rules.SglangRules(context_len=4096, page_size=16), registry=REGISTRY
-        )
+        rules.plan_for_sglang(sized.request(specs, 4 << 30), sized, registry=REGISTRY)

@@ -33,6 +33,7 @@ from kvcore.spec import SizingContext
 from tests.helpers import chunked, full, mix, sliding
 
 MIB = 1 << 20
+RULES = TransformersRules(max_model_len=4096)
 
 
 def gemma3_like(block_size=256):
@@ -74,12 +75,14 @@ def test_the_largest_page_among_the_best_wins(registry):
     specs = mix((2, full(block_size=16, heads=2, head_size=8, dtype="float32")))
     rules = TransformersRules(max_model_len=32, max_batch_tokens=16)
 
-    chosen = plan_for_transformers(specs, 1 << 16, rules, registry=registry)
+    chosen = plan_for_transformers(rules.request(specs, 1 << 16), rules, registry=registry)
 
     each = {}
     for size in PAGE_SIZES:
         try:
-            each[size] = plan_for_transformers(specs, 1 << 16, rules, registry=registry, page_sizes=(size,))
+            each[size] = plan_for_transformers(
+                rules.request(specs, 1 << 16), rules, registry=registry, page_sizes=(size,)
+            )
         except TransformersIntegrationError:  # 64 KiB is less than trash and one sector at large pages
             assert size >= 64
     best = max(p.sequences_held for p in each.values())
@@ -132,13 +135,21 @@ def test_the_cache_fits_its_budget_and_holds_exactly_what_its_sectors_allow(
 def test_layers_transformers_has_no_allocator_for_are_refused(registry):
     rules = TransformersRules(max_model_len=64)
     with pytest.raises(TransformersIntegrationError, match="chunked_local_attention"):
-        plan_for_transformers(mix((3, chunked(64)), (1, full())), MIB * 64, rules, registry=registry)
+        plan_for_transformers(
+            rules.request(mix((3, chunked(64)), (1, full())), MIB * 64), rules, registry=registry
+        )
     with pytest.raises(TransformersIntegrationError, match=r"windows \[128, 512\]"):
-        plan_for_transformers(mix((2, sliding(128)), (2, sliding(512))), MIB * 64, rules, registry=registry)
+        plan_for_transformers(
+            rules.request(mix((2, sliding(128)), (2, sliding(512))), MIB * 64), rules, registry=registry
+        )
     with pytest.raises(TransformersIntegrationError, match="bytes per token"):
-        plan_for_transformers(mix((2, full(head_size=64)), (2, full())), MIB * 64, rules, registry=registry)
+        plan_for_transformers(
+            rules.request(mix((2, full(head_size=64)), (2, full())), MIB * 64), rules, registry=registry
+        )
     with pytest.raises(TransformersIntegrationError, match="page sizes"):
-        plan_for_transformers(gemma3_like(), MIB * 64, rules, registry=registry, page_sizes=(2,))
+        plan_for_transformers(
+            rules.request(gemma3_like(), MIB * 64), rules, registry=registry, page_sizes=(2,)
+        )
 
 
 def test_several_pools_are_refused(registry):
@@ -150,24 +161,18 @@ def test_several_pools_are_refused(registry):
     with pytest.raises(TransformersIntegrationError, match="one pool of sectors"):
         check_runnable(plan)
     with pytest.raises(TransformersIntegrationError, match="one pool of sectors"):
-        plan_for_transformers(
-            specs, 256 * MIB, TransformersRules(max_model_len=4096), registry=registry, policy="kind_pools"
-        )
+        plan_for_transformers(RULES.request(specs, 256 * MIB, policy="kind_pools"), RULES, registry=registry)
 
 
 def test_too_little_memory_says_so(registry):
     with pytest.raises(KVCoreError):
-        plan_for_transformers(
-            gemma3_like(), 4 * MIB, TransformersRules(max_model_len=4096), registry=registry
-        )
+        plan_for_transformers(RULES.request(gemma3_like(), 4 * MIB), RULES, registry=registry)
 
 
 @pytest.mark.parametrize("policy", RUNNABLE_POLICIES)
 def test_the_policies_the_matrix_lists_run(registry, policy):
     specs = gemma3_like(block_size=16) if policy != "uniform" else mix((4, full(block_size=16)))
-    made = plan_for_transformers(
-        specs, 512 * MIB, TransformersRules(max_model_len=4096), registry=registry, policy=policy
-    )
+    made = plan_for_transformers(RULES.request(specs, 512 * MIB, policy=policy), RULES, registry=registry)
     check_runnable(made.plan)
     assert made.plan.policy == policy and made.sequences_held >= 1
 
@@ -177,11 +182,7 @@ def test_every_builtin_policy_is_listed_or_refused(registry):
     for policy in registry.policies:
         try:
             plan_for_transformers(
-                gemma3_like(16),
-                512 * MIB,
-                TransformersRules(max_model_len=4096),
-                registry=registry,
-                policy=policy,
+                RULES.request(gemma3_like(16), 512 * MIB, policy=policy), RULES, registry=registry
             )
         except TransformersIntegrationError:
             refused.add(policy)

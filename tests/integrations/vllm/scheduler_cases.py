@@ -43,4 +43,4 @@ def vllm_plan(model: str, budget: int, length: int, *, asynchronous: bool, regis
     """The plan ``plan_for_vllm`` makes for a bundled ``model`` in ``budget`` bytes, as vLLM would
     be configured for the case (``max_model_len`` = ``length``, ``BATCH`` tokens a step)."""
     rules = VllmRules(max_model_len=length, max_num_batched_tokens=BATCH, async_scheduling=asynchronous)
-    return plan_for_vllm(model_layer_specs(model, registry), budget, rules, registry=registry)
+    return plan_for_vllm(rules.request(model_layer_specs(model, registry), budget), rules, registry=registry)

@@ -83,7 +83,9 @@ def _rules(source, async_scheduling=True):
 
 def _plan(source, policy, async_scheduling, *, budget=BUDGET, options=None):
     rules = _rules(source, async_scheduling)
-    plan = plan_for_vllm(_layers(source), budget, rules, registry=REGISTRY, policy=policy, options=options)
+    plan = plan_for_vllm(
+        rules.request(_layers(source), budget, policy=policy, options=options), rules, registry=REGISTRY
+    )
     return plan, rules
 
 
@@ -312,7 +314,7 @@ def test_the_chunked_mix_promises_what_vllms_manager_runs(mode, figures):
     # case at once; kvcore counts the joint peak, vLLM admits by the per-group sum
     rules = VllmRules(max_model_len=16384, async_scheduling=MODES[mode])
     specs = dict(TARGET_MIXES["g 12 full + 36 chunked(8192)"])
-    plan = plan_for_vllm(specs, 10 * GIB, rules, registry=REGISTRY, policy="shared_buffer")
+    plan = plan_for_vllm(rules.request(specs, 10 * GIB, policy="shared_buffer"), rules, registry=REGISTRY)
     joint, per_group, promise, summed = figures
     assert (plan.blocks_per_request(), vllm_blocks_per_request(plan, rules)) == (joint, per_group)
     assert admission.promised(plan) == plan.usable_blocks // joint == promise
@@ -331,14 +333,20 @@ def test_a_plan_vllm_would_not_admit_one_request_on_is_refused():
     # the joint peak fits the pool but vLLM's per-group admission figure does not
     rules = VllmRules(max_model_len=16384, async_scheduling=False)
     specs = dict(TARGET_MIXES["g 12 full + 36 chunked(8192)"])
-    probe = plan_for_vllm(specs, 10 * GIB, rules, registry=REGISTRY, policy="shared_buffer")
+    probe = plan_for_vllm(rules.request(specs, 10 * GIB, policy="shared_buffer"), rules, registry=REGISTRY)
     blocks = vllm_blocks_per_request(probe, rules)  # 1472, the joint peak 1280, plus the null block
     with pytest.raises(InsufficientMemoryError, match="every group's worst case") as caught:
-        plan_for_vllm(specs, 10 * GIB, rules, registry=REGISTRY, policy="shared_buffer", num_blocks=blocks)
+        plan_for_vllm(
+            rules.request(specs, 10 * GIB, policy="shared_buffer", num_blocks=blocks),
+            rules,
+            registry=REGISTRY,
+        )
     assert caught.value.required_blocks == blocks and caught.value.available_blocks == blocks - 1
     config = convert.plan_to_vllm_config(
         plan_for_vllm(
-            specs, 10 * GIB, rules, registry=REGISTRY, policy="shared_buffer", num_blocks=blocks + 1
+            rules.request(specs, 10 * GIB, policy="shared_buffer", num_blocks=blocks + 1),
+            rules,
+            registry=REGISTRY,
         )
     )
     assert admission.admitted(config, rules) == 1
@@ -350,7 +358,9 @@ def test_kvcores_best_plan_holds_at_least_vllms_own(source, mode):
     rules = _rules(source, MODES[mode])
     specs = _layers(source)
     best = max(
-        admission.promised(plan_for_vllm(specs, BUDGET, rules, registry=REGISTRY, policy=policy))
+        admission.promised(
+            plan_for_vllm(rules.request(specs, BUDGET, policy=policy), rules, registry=REGISTRY)
+        )
         for policy in ("auto", "shared_buffer")
     )
     own_config = admission.vllm_own_config(admission.vllm_layer_specs(specs, rules), BUDGET, rules)

@@ -16,7 +16,8 @@ from kvcore import Registry, SizingContext, request_bytes
 from kvcore.integrations.vllm import admission
 from kvcore.integrations.vllm.rules import VllmRules
 from kvcore.planning.max_len import longest_between
-from kvcore.planning.planner import largest_admitted
+from kvcore.planning.planner import longest_admitted
+from kvcore.planning.request import PlanRequest
 from kvcore.policy import PlanOptions
 from kvcore.testing.mixes import full, interleave, sliding
 
@@ -40,7 +41,9 @@ def vllm_longest(specs, budget, cap):
 
 def kvcore_longest(specs, budget, cap, options=None):
     context = SizingContext(max_model_len=cap, max_num_batched_tokens=STEP)
-    return largest_admitted(specs, [budget], context, registry=REGISTRY, options=options).length
+    return longest_admitted(
+        PlanRequest.for_context(specs, [budget], context, check_fit=False, options=options), registry=REGISTRY
+    ).length
 
 
 def test_the_tolerance_no_longer_trades_admission_where_vllm_admits_more():

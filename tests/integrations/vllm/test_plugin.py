@@ -89,11 +89,9 @@ def test_vllms_engine_core_takes_kvcores_plan(patched, model):
     vllm_specs = admission.vllm_layer_specs(specs, rules)
     workers, scheduler_config = _start([vllm_specs], [8 * GIB], rules)
     expected = plan_for_vllm(
-        convert.specs_from_vllm(vllm_specs, rename=False),
-        8 * GIB,
+        rules.request(convert.specs_from_vllm(vllm_specs, rename=False), 8 * GIB, policy="shared_buffer"),
         rules,
         registry=REGISTRY,
-        policy="shared_buffer",
     )
     assert len(workers) == 1
     assert workers[0].num_blocks == scheduler_config.num_blocks == expected.num_blocks
@@ -118,11 +116,13 @@ def test_whisper_starts_with_cross_attention_sized_by_vllms_encoder_budget(patch
     encoder = admission.vllm_config(rules).scheduler_config.max_num_encoder_input_tokens
     sized = VllmRules(max_model_len=448, max_encoder_tokens=encoder)
     expected = plan_for_vllm(
-        convert.specs_from_vllm(vllm_specs, rename=False, max_encoder_tokens=encoder),
-        8 * GIB,
+        sized.request(
+            convert.specs_from_vllm(vllm_specs, rename=False, max_encoder_tokens=encoder),
+            8 * GIB,
+            policy="shared_buffer",
+        ),
         sized,
         registry=REGISTRY,
-        policy="shared_buffer",
     )
     assert workers[0].num_blocks == scheduler_config.num_blocks == expected.num_blocks
     kinds = {type(g.kv_cache_spec) for g in workers[0].kv_cache_groups}
@@ -144,11 +144,9 @@ def test_a_mixed_page_plan_reaches_the_workers_as_uniform_type_specs(patched):
     assert len({s.page_size_bytes for s in group.kv_cache_spec.kv_cache_specs.values()}) == 3
     assert isinstance(scheduler_config.kv_cache_groups[0].kv_cache_spec, vk.FullAttentionSpec)
     expected = plan_for_vllm(
-        convert.specs_from_vllm(vllm_specs, rename=False),
-        GIB,
+        rules.request(convert.specs_from_vllm(vllm_specs, rename=False), GIB, policy="shared_buffer"),
         rules,
         registry=REGISTRY,
-        policy="shared_buffer",
     )
     promise = admission.promised(expected)
     assert admission.runs_all(workers[0], rules, promise)

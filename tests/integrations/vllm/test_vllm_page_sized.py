@@ -40,7 +40,7 @@ def test_the_shapes_tried_hold_as_many_requests_as_every_shape(registry):
     # 14 state layers (hidden 2,048) and 2 full: a state group's page spans several block ids
     specs = state_hybrid(16, hidden=2048)
     vllm = VllmRules(max_model_len=8192)
-    plan = plan_for_vllm(specs, 4 * GiB, vllm, registry=registry, policy="shared_buffer")
+    plan = plan_for_vllm(vllm.request(specs, 4 * GiB, policy="shared_buffer"), vllm, registry=registry)
     every = _every_shape(specs, 4 * GiB, vllm, registry, most_factor=32)
     assert page_span(plan) == 1 and every > 0
     assert plan.max_concurrency() >= every
