@@ -76,7 +76,7 @@ def uncacheable(plan: KVCachePlan, pool: int, label: str) -> str:
             return (
                 f"{label}group {index} ({spec.kind}) keeps a per-request state without checkpoints{keeps}, "
                 "which is not cached, so no token can hit in every group: plan with state_cache_mode "
-                "'align' or 'all' (--state-cache-mode) to cache states at block boundaries"
+                "'align' or 'all' to cache states at block boundaries"
             )
         return (
             f"{label}group {index} ({spec.kind}) keeps pages of its own rule, which is not cached, so no "
