@@ -13,8 +13,9 @@ the pages least recently used first; a full tier drops its oldest pages until a 
 
 A cached page's bytes never change (a block is cached once its tokens are computed, a
 checkpoint once its state is, and either leaves the cache before it is written again), so a page
-brought back keeps its host copy: evicting it again moves no bytes, only refreshes it. This module counts; the bytes move in
-:mod:`kvcore.runtime.host_tier` (real tensors) or are priced by the simulator.
+brought back keeps its host copy: evicting it again moves no bytes, only refreshes it. This
+module counts; the bytes move in :mod:`kvcore.runtime.host_tier` (real tensors) or are priced
+by the simulator.
 """
 
 from __future__ import annotations

@@ -14,8 +14,11 @@ the block too:
 The pool (:class:`~kvcore.runtime.block_pool.BlockPool` with ``prefix_caching=True``) keeps a
 :class:`PrefixCache` per pool (one key-to-block table per group, reference counts, the
 evictable blocks least recently used first) and counts lookups in :class:`PrefixCacheStats`.
-An evicted block passes through :class:`PrefixCache`'s ``on_evict`` before its id is handed out
-again: where a second memory tier would keep its bytes.
+An evicted page passes through :class:`PrefixCache`'s ``on_evict`` before its ids are handed out
+again, and, with a plan's host tier, into the pool's
+:class:`~kvcore.runtime.host_cache.HostCache` when its kind lets it go (a token block, or a state
+checkpoint as a whole page); a lookup then counts what the host keeps as cached and brings back
+what the hit needs.
 
 A group of a state kind (SSM, linear attention: ``offload_unit == "checkpoint"``) holds no
 tokens, so it caches *checkpoints*: the state after the first ``b`` tokens, ``b`` a multiple of
@@ -288,8 +291,8 @@ class PrefixCache:
         for hit in range(upper, 0, -step):
             if runs and not self._windows_serve(runs, hit):
                 continue
-            if states and not all(kept(block_key(record, content, unit, hit // unit - 1)) for kept, unit in states):
-                continue  # a state resumes only from a checkpoint at exactly the hit
+            if states and not all(kept(block_key(record, content, u, hit // u - 1)) for kept, u in states):
+                continue  # a state resumes only from a checkpoint at exactly the hit (device or host)
             return hit
         return 0
 
@@ -344,9 +347,7 @@ class PrefixCache:
             span = spans[owner[first]]
             evictable[span] = evictable.get(span, 0) + 1
         free_runs = self.free.runs
-        return all(
-            free_runs[s].full + evictable.get(s, 0) - pinned.get(s, 0) >= missing[s] for s in runs
-        )
+        return all(free_runs[s].full + evictable.get(s, 0) - pinned.get(s, 0) >= missing[s] for s in runs)
 
     def attach(self, record: RequestRecord, content: Sequence[int] | PrefixKey, hit: int) -> int:
         """Fill the request's tables of this pool's groups with the cached blocks of a hit,
@@ -597,7 +598,9 @@ class PrefixCache:
         return {index: taken[index] for index, _ in grows}
 
     def _evict_run(self) -> None:
-        """Evict the least recently used evictable page of several ids, its run freed."""
+        """Evict the least recently used evictable page of several ids (a state checkpoint),
+        its run freed: out of the cache, into the host tier whole (an offloadable group's),
+        through ``on_evict`` (its first id)."""
         first, _ = self.run_lru.popitem(last=False)
         index = self.free.owner[first]
         span = self.spans[index]
