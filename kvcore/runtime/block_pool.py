@@ -684,10 +684,10 @@ class BlockPool:
         return max(limit, 0)
 
     def _restores_fit(self, record: RequestRecord, content: Sequence[int] | PrefixKey, hit: int) -> bool:
-        """Whether every pool has device ids for the host-held blocks of a hit of ``hit``
-        tokens (if not, the hit is the device's alone: a device that cannot take the blocks
-        back is too full to admit the request anyway, and walking down to a partial restore
-        would cost a lookup per block)."""
+        """Whether every pool has device pages for the host-held pages of a hit of ``hit``
+        tokens, blocks and checkpoints (if not, the hit is the device's alone: a device that
+        cannot take the pages back is too full to admit the request anyway, and walking down
+        to a partial restore would cost a lookup per block)."""
         return all(
             pool.cache.restores_fit(record, content, hit)  # type: ignore[union-attr]
             for pool in self.pools

@@ -110,6 +110,8 @@ class HostCache:
             return False
         span = self.spans[group]
         rows = self.rows
+        if span > rows.rows:  # no run of the tier could ever hold it: drop nothing for it
+            return False
         row = rows.take(span)
         while row is None and self.lru:  # full: drop the oldest page until a run frees up
             (old_group, old_key), _ = self.lru.popitem(last=False)

@@ -20,6 +20,7 @@ from kvcore.planning.offload import with_host_memory
 from kvcore.plugins.state import StateSpec
 from kvcore.runtime import one_pool
 from kvcore.runtime.block_pool import NULL_PAGE, BlockPool
+from kvcore.runtime.host_cache import HostCache
 from kvcore.runtime.prefix_cache import block_key
 from kvcore.runtime.request_tables import RequestRecord
 from kvcore.spec import KVCacheSpec
@@ -276,3 +277,17 @@ def test_the_program_of_the_twin_passes_with_checkpoints_in_the_tier():
     test_hits_are_what_device_and_host_keep_and_never_fewer_than_without_the_tier.hypothesis.inner_test(
         _jamba_like, 16, "align", programs
     )
+
+
+def test_a_checkpoint_takes_an_aligned_run_of_rows_and_a_full_tier_drops_its_oldest_pages_for_it():
+    host = HostCache(4, {0: 1, 1: 2}, bytes_per_block=10)
+    for key in "abcd":  # four blocks fill the rows 0 to 3
+        assert host.put(0, key)
+    assert host.put(1, "state")  # drops a and b, the oldest, which free the run at row 0
+    assert host.where[1]["state"] == 0 and sorted(host.where[0]) == ["c", "d"]
+    assert (host.host_evictions, host.held_blocks, host.offloaded_blocks) == (2, 4, 6)
+    assert not host.put(1, "state")  # kept already: refreshed, not copied again
+    small = HostCache(1, {0: 1, 1: 2}, bytes_per_block=10)
+    assert small.put(0, "a")
+    assert not small.put(1, "state")  # no run of two rows exists: nothing is dropped for it
+    assert small.holds(0, "a") and small.host_evictions == 0
