@@ -57,9 +57,10 @@ def add_host_memory_option(parser: argparse.ArgumentParser, *, curve: bool) -> N
         default=(),
         metavar="SIZE[,SIZE...]",
         help=(
-            "give each plan a host tier of this much host memory (e.g. 64GiB) that keeps the cached blocks "
-            "the device evicts and brings them back on a hit (needs --prefix-caching and --scheduler "
-            "kvcore); a comma list (0,16GiB,64GiB) prints the tier curve, one simulation per size"
+            "give each plan a host tier of this much host memory (e.g. 64GiB) that keeps the cached "
+            "pages (blocks, state checkpoints) the device evicts and brings them back on a hit (needs "
+            "--prefix-caching and --scheduler kvcore); a comma list (0,16GiB,64GiB) prints the tier "
+            "curve, one simulation per size"
         ),
     )
 

@@ -118,11 +118,13 @@ class BlockPool:
         on_evict: with prefix caching, called with ``(pool, block id, key)`` for each cached
             block evicted to hand its id out again (where a second memory tier keeps it).
         host_tier: with prefix caching and a plan with an
-            :attr:`~kvcore.plan.KVCachePlan.offload_tier`, keep evicted cached blocks of the
-            kinds that move pages one block at a time (``offload_unit == "block"``) in the
-            plan's host rows (:class:`~kvcore.runtime.host_cache.HostCache`, one per pool) and
-            bring them back when a lookup finds them there (:attr:`host_tier_stats`). On by
-            default; ``False`` drops evicted blocks as a plan without a tier does.
+            :attr:`~kvcore.plan.KVCachePlan.offload_tier`, keep evicted cached pages of the
+            kinds whose ``offload_unit`` lets them go (``"block"``: token blocks one at a
+            time; ``"checkpoint"``: a state checkpoint, its whole page) in the plan's host
+            rows (:class:`~kvcore.runtime.host_cache.HostCache`, one per pool) and bring them
+            back when a lookup needs them (:attr:`host_tier_stats`): a hit is the longest
+            prefix every group serves from the device or the host. On by default; ``False``
+            drops evicted pages as a plan without a tier does.
 
     Attributes:
         plan: the plan.
@@ -683,10 +685,10 @@ class BlockPool:
         return max(limit, 0)
 
     def _restores_fit(self, record: RequestRecord, content: Sequence[int] | PrefixKey, hit: int) -> bool:
-        """Whether every pool has device ids for the host-held blocks of a hit of ``hit``
-        tokens (if not, the hit is the device's alone: a device that cannot take the blocks
-        back is too full to admit the request anyway, and walking down to a partial restore
-        would cost a lookup per block)."""
+        """Whether every pool has device pages for the host-held pages of a hit of ``hit``
+        tokens, blocks and checkpoints (if not, the hit is the device's alone: a device that
+        cannot take the pages back is too full to admit the request anyway, and walking down
+        to a partial restore would cost a lookup per block)."""
         return all(
             pool.cache.restores_fit(record, content, hit)  # type: ignore[union-attr]
             for pool in self.pools

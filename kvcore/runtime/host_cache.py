@@ -3,18 +3,19 @@
 A plan with an :class:`~kvcore.plan.OffloadTier` gives pool ``p`` ``plan.host_blocks_in(p)``
 host rows of one block id's bytes each. With prefix caching the block pool
 (:class:`~kvcore.runtime.block_pool.BlockPool`) keeps a :class:`HostCache` per pool that has
-rows: a cached block the device evicts (to hand its id out again) goes here instead of being
-dropped, when its group's kind moves pages one at a time
-(:attr:`~kvcore.spec.KVCacheSpec.offload_unit` ``"block"``); a prefix lookup that finds a block
-here brings it back into a device id. Rows are counted by
-:class:`~kvcore.runtime.host_rows.HostRows` (a page of ``s`` block ids takes an aligned run of
-``s`` rows), the blocks least recently used first; a full tier drops its oldest block to take a
-new one.
+rows: a cached page the device evicts (to hand its ids out again) goes here instead of being
+dropped, when its group's kind says it may (:attr:`~kvcore.spec.KVCacheSpec.offload_unit`
+``"block"``: a token block, alone; ``"checkpoint"``: a state checkpoint, the whole page); a
+prefix lookup that finds a page here brings it back into device ids. Rows are counted by
+:class:`~kvcore.runtime.host_rows.HostRows` (a page of ``s`` block ids, such as a large state
+checkpoint, takes an aligned run of ``s`` rows and comes back into an aligned run of ``s`` ids),
+the pages least recently used first; a full tier drops its oldest pages until a new one fits.
 
-A cached block's bytes never change (a block is cached once its tokens are computed and leaves
-the cache before it is written again), so a block brought back keeps its host copy: evicting it
-again moves no bytes, only refreshes it. This module counts; the bytes move in
-:mod:`kvcore.runtime.host_tier` (real tensors) or are priced by the simulator.
+A cached page's bytes never change (a block is cached once its tokens are computed, a
+checkpoint once its state is, and either leaves the cache before it is written again), so a page
+brought back keeps its host copy: evicting it again moves no bytes, only refreshes it. This
+module counts; the bytes move in :mod:`kvcore.runtime.host_tier` (real tensors) or are priced
+by the simulator.
 """
 
 from __future__ import annotations
@@ -35,11 +36,12 @@ class HostTierStats:
 
     Attributes:
         enabled: whether the pool has a host tier (prefix caching on, the plan has an offload
-            tier, and some group's kind moves pages one block at a time).
+            tier, and some group's kind lets its cached pages go: ``offload_unit`` ``block``
+            or ``checkpoint``).
         host_blocks: host rows of every pool (block ids' worth of host memory).
         held_blocks: rows holding a block now.
         device_hit_tokens: hit tokens the device alone had cached.
-        host_hits: lookups whose hit needed a block from the host tier.
+        host_hits: lookups whose hit needed a page (a block or a checkpoint) from the host tier.
         host_hit_tokens: hit tokens beyond what the device alone had (those the host tier gave).
         offloaded_blocks: block ids' worth of pages copied to the host (a page already there
             is not copied again).
@@ -63,7 +65,7 @@ class HostTierStats:
 
 
 class HostCache:
-    """The host rows of one pool, holding evicted cached blocks by ``(group, key)``.
+    """The host rows of one pool, holding evicted cached pages by ``(group, key)``.
 
     Args:
         rows: host rows of the pool (``plan.host_blocks_in(pool)``).
@@ -90,14 +92,15 @@ class HostCache:
         return self.rows.rows - self.rows.num_free
 
     def holds(self, group: int, key: Hashable) -> bool:
-        """Whether the tier keeps ``group``'s block of ``key``."""
+        """Whether the tier keeps ``group``'s page of ``key``."""
         kept = self.where.get(group)
         return kept is not None and key in kept
 
     def put(self, group: int, key: Hashable) -> bool:
-        """Keep an evicted device block: ``True`` when its bytes are copied to the host (a
-        block the tier keeps already is only refreshed; a group that stays on the device, or a
-        tier whose every row is held by pages being brought back, keeps nothing)."""
+        """Keep an evicted device page (a block, or a checkpoint's run of ``span`` ids):
+        ``True`` when its bytes are copied to the host (a page the tier keeps already is only
+        refreshed; a group that stays on the device, or a tier with no free aligned run left
+        once every other page is dropped, keeps nothing)."""
         kept = self.where.get(group)
         if kept is None:
             return False
@@ -107,6 +110,8 @@ class HostCache:
             return False
         span = self.spans[group]
         rows = self.rows
+        if span > rows.rows:  # no run of the tier could ever hold it: drop nothing for it
+            return False
         row = rows.take(span)
         while row is None and self.lru:  # full: drop the oldest page until a run frees up
             (old_group, old_key), _ = self.lru.popitem(last=False)

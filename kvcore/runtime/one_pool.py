@@ -29,6 +29,12 @@ from kvcore.spec import KVCacheSpec
 
 _NOT_NULL = NULL_PAGE.__ne__
 
+#: The :attr:`~kvcore.spec.KVCacheSpec.offload_unit` values whose cached pages a prefix cache
+#: moves to its host tier and back: ``block`` (a token block, alone) and ``checkpoint`` (a
+#: state after a block boundary, the whole page, an aligned run of its ids). ``request`` pages
+#: are a request's own and never cached; ``none`` stays on the device.
+TIERED_UNITS = ("block", "checkpoint")
+
 
 def default_paging(spec: KVCacheSpec) -> int:
     """Tokens per page when ``spec`` keeps the default :meth:`~kvcore.KVCacheSpec.live_pages`
@@ -87,13 +93,13 @@ def uncacheable(plan: KVCachePlan, pool: int, label: str) -> str:
 
 def host_cache_for(plan: KVCachePlan, pool: int) -> HostCache | None:
     """Pool ``pool``'s host tier for its prefix cache: the plan's host rows of the pool, for the
-    groups whose kind moves pages one block at a time (``offload_unit == "block"``); ``None``
-    when the plan gives the pool no rows or no group may go."""
+    groups whose kind says its cached pages may go (:data:`TIERED_UNITS`); ``None`` when the
+    plan gives the pool no rows or no group may go."""
     rows = plan.host_blocks_in(pool)
     spans = {
         index: plan.groups[index].blocks_per_page
         for index in plan.groups_in(pool)
-        if plan.groups[index].spec.offload_unit == "block"
+        if plan.groups[index].spec.offload_unit in TIERED_UNITS
     }
     if not rows or not spans:
         return None

@@ -14,8 +14,11 @@ the block too:
 The pool (:class:`~kvcore.runtime.block_pool.BlockPool` with ``prefix_caching=True``) keeps a
 :class:`PrefixCache` per pool (one key-to-block table per group, reference counts, the
 evictable blocks least recently used first) and counts lookups in :class:`PrefixCacheStats`.
-An evicted block passes through :class:`PrefixCache`'s ``on_evict`` before its id is handed out
-again: where a second memory tier would keep its bytes.
+An evicted page passes through :class:`PrefixCache`'s ``on_evict`` before its ids are handed out
+again, and, with a plan's host tier, into the pool's
+:class:`~kvcore.runtime.host_cache.HostCache` when its kind lets it go (a token block, or a state
+checkpoint as a whole page); a lookup then counts what the host keeps as cached and brings back
+what the hit needs.
 
 A group of a state kind (SSM, linear attention: ``offload_unit == "checkpoint"``) holds no
 tokens, so it caches *checkpoints*: the state after the first ``b`` tokens, ``b`` a multiple of
@@ -284,12 +287,12 @@ class PrefixCache:
                 length = length + 1 if kept(block_key(record, content, per_page, k)) else 0
                 run.append(length)
             runs.append((index, run))
-        checkpoints = self.checkpoints
+        states = [(self._kept(index, with_host), unit) for index, unit, _ in self.checkpoints]
         for hit in range(upper, 0, -step):
             if runs and not self._windows_serve(runs, hit):
                 continue
-            if checkpoints and not self._checkpoints_at(record, content, hit):
-                continue  # a state resumes only from a checkpoint at exactly the hit
+            if states and not all(kept(block_key(record, content, u, hit // u - 1)) for kept, u in states):
+                continue  # a state resumes only from a checkpoint at exactly the hit (device or host)
             return hit
         return 0
 
@@ -302,36 +305,49 @@ class PrefixCache:
                 return False
         return True
 
-    def _checkpoints_at(self, record: RequestRecord, content: Sequence[int] | PrefixKey, hit: int) -> bool:
-        """Whether every state group keeps the checkpoint after exactly ``hit`` tokens (on the
-        device: a state page never goes to a host tier here)."""
-        return all(
-            block_key(record, content, unit, hit // unit - 1) in self.cache[index]
-            for index, unit, _ in self.checkpoints
-        )
-
     def restores_fit(self, record: RequestRecord, content: Sequence[int] | PrefixKey, hit: int) -> bool:
-        """Whether the device has ids for the blocks of a hit of ``hit`` tokens that only the
-        host tier holds (free ids, and evictable blocks the hit itself does not use)."""
+        """Whether the device has room for the pages of a hit of ``hit`` tokens that only the
+        host tier holds: single ids among the free ones and the evictable cached pages the hit
+        itself does not use, and for a checkpoint of ``s > 1`` ids a whole aligned run (a
+        free one, or an evictable cached page of ``s`` ids the hit does not use; runs that
+        evicting single ids would piece together are not counted, so a hit may be cut short
+        of what a perfect packing would bring back)."""
         if self.host is None:
             return True
-        missing = pinned = 0
-        ref = self.ref
+        ref, spans = self.ref, self.spans
+        missing: dict[int, int] = {}  # per span: pages only the host holds
+        pinned: dict[int, int] = {}  # per span: evictable device pages the hit uses
         for index in self.token_groups:
             live = self.groups[index].spec.live_pages(hit, hit)
             cache, per_page = self.cache[index], self.paged[index]
             for k in live:
                 block = cache.get(block_key(record, content, per_page, k))
                 if block is None:
-                    missing += 1
+                    missing[1] = missing.get(1, 0) + 1
                 elif not ref[block]:
-                    pinned += 1
-        for index, unit, _ in self.checkpoints:  # the checkpoint is on the device (find_hit)
-            page = self.cache[index][block_key(record, content, unit, hit // unit - 1)]
-            span = self.spans[index]
-            if not ref[page * span]:
-                pinned += span
-        return missing <= self.free.num_free + self.num_evictable - pinned
+                    pinned[1] = pinned.get(1, 0) + 1
+        for index, unit, _ in self.checkpoints:
+            span = spans[index]
+            page = self.cache[index].get(block_key(record, content, unit, hit // unit - 1))
+            if page is None:
+                missing[span] = missing.get(span, 0) + 1
+            elif not ref[page * span]:
+                pinned[span] = pinned.get(span, 0) + 1
+        if not missing:
+            return True
+        spare = self.free.num_free + self.num_evictable - sum(s * c for s, c in pinned.items())
+        if sum(s * c for s, c in missing.items()) > spare:
+            return False
+        runs = [s for s in missing if s > 1]
+        if not runs:
+            return True
+        owner = self.free.owner
+        evictable: dict[int, int] = {}  # per span: evictable cached runs (the hit's own among them)
+        for first in self.run_lru:
+            span = spans[owner[first]]
+            evictable[span] = evictable.get(span, 0) + 1
+        free_runs = self.free.runs
+        return all(free_runs[s].full + evictable.get(s, 0) - pinned.get(s, 0) >= missing[s] for s in runs)
 
     def attach(self, record: RequestRecord, content: Sequence[int] | PrefixKey, hit: int) -> int:
         """Fill the request's tables of this pool's groups with the cached blocks of a hit,
@@ -364,12 +380,17 @@ class PrefixCache:
             registered[index] = live.stop
         for index, unit, mode in self.checkpoints:
             k = hit // unit - 1
-            page = self.cache[index][block_key(record, content, unit, k)]
-            self._hold(index, page)
+            key = block_key(record, content, unit, k)
             table = record.tables[index]
             if mode == "all":  # the states before the hit stay null: no later token reads them
                 table.extend(repeat(NULL_PAGE, k))
                 record.released[index] = k
+            page = self.cache[index].get(key)
+            if page is None:  # in the host tier: a whole page (an aligned run) is found below
+                missing.append((index, key, table, len(table)))
+                page = NULL_PAGE
+            else:
+                self._hold(index, page)
             table.append(page)
             registered[index] = k + 1
         if missing:
@@ -389,8 +410,9 @@ class PrefixCache:
         self.ref[first] += 1
 
     def _bring_back(self, missing: list[tuple[int, Hashable, list[int], int]]) -> None:
-        """Give each host-held block of a hit a device id, cached under its key, held by the
-        request (every device block the hit uses is held already, so none is evicted)."""
+        """Give each host-held page of a hit a device page (a block id, or an aligned run for a
+        checkpoint of several ids), cached under its key, held by the request (every device
+        page the hit uses is held already, so none is evicted)."""
         host = self.host
         assert host is not None, "only a pool with a host tier finds blocks there"
         pages = [(index, key) for index, key, _, _ in missing]
@@ -400,14 +422,14 @@ class PrefixCache:
             counts[index] = counts.get(index, 0) + 1
         taken = self.take(list(counts.items()))
         assert taken is not None, "restores_fit() checked the device has the ids"
-        keys = self.key
+        keys, spans = self.key, self.spans
         used = dict.fromkeys(taken, 0)
         for index, key, table, at in missing:
-            block = taken[index][used[index]]
+            page = taken[index][used[index]]
             used[index] += 1
-            table[at] = block
-            self.cache[index][key] = block
-            keys[block] = key
+            table[at] = page
+            self.cache[index][key] = page
+            keys[page * spans[index]] = key  # a page of an aligned run is keyed by its first id
         host.restore(pages)
 
     def register(
@@ -576,7 +598,9 @@ class PrefixCache:
         return {index: taken[index] for index, _ in grows}
 
     def _evict_run(self) -> None:
-        """Evict the least recently used evictable page of several ids, its run freed."""
+        """Evict the least recently used evictable page of several ids (a state checkpoint),
+        its run freed: out of the cache, into the host tier whole (an offloadable group's),
+        through ``on_evict`` (its first id)."""
         first, _ = self.run_lru.popitem(last=False)
         index = self.free.owner[first]
         span = self.spans[index]
@@ -584,6 +608,8 @@ class PrefixCache:
         key = self.key[first]
         del self.cache[index][key]
         self.key[first] = None
+        if self.host is not None:  # a checkpoint's whole run goes to the host, if its kind moves
+            self.host.put(index, key)
         if self.on_evict is not None:
             self.on_evict(self.pool, first, key)
         self.free.give_back(list(range(first, first + span)))

@@ -10,6 +10,8 @@ from kvcore import InvalidInputError, Request, Workload, simulate
 from kvcore.planning.offload import with_host_memory
 from kvcore.simulation.gpus import find_gpu, host_link
 from kvcore.simulation.steps import StepRecord
+from tests.runtime.test_host_checkpoints import _plan as _hybrid_plan
+from tests.runtime.test_state_checkpoints import _jamba_like
 from tests.simulation.test_simulator import ONE_LAYER, _plan
 
 
@@ -46,6 +48,27 @@ def test_a_tier_keeps_the_prompt_the_device_evicts_and_counts_each_tier():
     assert tier.restored_bytes == tier.restored_blocks * per_block > 0
     assert result.total_tokens < plain.total_tokens  # the host hits were not computed
     assert result.host_transfer_seconds == 0.0  # no step-time model: no seconds
+
+
+def test_a_hybrids_evicted_checkpoints_come_back_from_the_tier():
+    """Jamba-like layers (state and full attention, align checkpoints) on a device of one
+    request: each request evicts the other prompt's checkpoint, so without a tier nothing hits;
+    with one, every request after the first two brings the checkpoint at 256 back."""
+    plain = _hybrid_plan(_jamba_like(16), "align", requests=1, host_rows=0)
+    tiered = _hybrid_plan(_jamba_like(16), "align", requests=1, host_rows=2000)
+    workload = _alternating(8)
+    before = simulate(plain, workload, prefix_caching=True, scheduler="kvcore")
+    result = simulate(tiered, workload, prefix_caching=True, scheduler="kvcore")
+    assert before.cached_tokens == 0 and before.host_tier is None
+    tier = result.host_tier
+    assert tier is not None and result.cached_tokens == 6 * 256
+    assert (tier.host_hits, tier.host_hit_tokens, tier.host_evictions) == (6, 6 * 256, 0)
+    span = next(g.blocks_per_page for g in tiered.groups if g.spec.kind == "state")
+    assert tier.restored_blocks >= 6 * span  # each hit brought a checkpoint's whole run back
+    per_block = tiered.pools[0].bytes_per_block
+    assert tier.restored_bytes == tier.restored_blocks * per_block
+    assert tier.offloaded_bytes == tier.offloaded_blocks * per_block == tier.held_blocks * per_block
+    assert result.total_tokens < before.total_tokens  # the host hits were not computed
 
 
 @attrs.frozen
