@@ -358,7 +358,7 @@ class VllmSimulator(StepperState):
             waiting.append(upcoming)
             upcoming += 1
         self._next = upcoming
-        scheduled = self._schedule(step)
+        scheduled, sampled = self._schedule(step)
         tokens = sum(scheduled.values())
         # nothing ran, runs or will come back (async keeps the last, empty, step in flight)
         if not tokens and not self._running and not any(out[0] for out in self._outputs) and waiting:
@@ -371,20 +371,8 @@ class VllmSimulator(StepperState):
         self.total_tokens += tokens
         self._running_series.append(len(self._running))
         self._usage_series.append(self._usage())
-        # the fake model runner: a request samples a token when its chunk reaches its end
-        sampled = set()
-        computed, known, placeholders = self._computed, self._tokens, self._placeholders
         if timed:
             self._time_step(step, scheduled)
-        in_flight, lag = self._in_flight, self.lag
-        for r, n in scheduled.items():
-            computed[r] += n
-            in_flight[r] += n
-            if computed[r] >= known[r] + placeholders[r]:  # not a prefill chunk
-                sampled.add(r)
-                if lag:
-                    placeholders[r] += 1
-        if timed:
             token_step = self._token_step
             for r in sampled:
                 if token_step[r] < 0:
@@ -396,8 +384,14 @@ class VllmSimulator(StepperState):
         if self.finished == len(self.requests):
             self._outputs.clear()  # the last (empty) steps in flight
 
-    def _schedule(self, step: int) -> dict[int, int]:
-        """``Scheduler.schedule``: tokens per request scheduled in this step."""
+    def _schedule(self, step: int) -> tuple[dict[int, int], set[int]]:
+        """``Scheduler.schedule``: tokens per request scheduled in this step, and the requests
+        that sample a token in it.
+
+        The fake model runner's part is done here as each request is scheduled, once nothing
+        else in the step reads its counts: its tokens are computed and in flight, and it
+        samples a token when its chunk reaches its end (then, async, it holds a placeholder).
+        """
         profile = self.profile
         running, waiting = self._running, self._waiting
         computed, known, placeholders = self._computed, self._tokens, self._placeholders
@@ -408,13 +402,15 @@ class VllmSimulator(StepperState):
         preempted = False
         total, in_flight = self._total, self._in_flight
         grow_at, free_at, cache_at = self._grow_at, self._free_at, self._cache_at
-        index = 0
-        while index < len(running) and budget > 0:
-            r = running[index]
+        sampled: set[int] = set()
+        lag = self.lag
+        # why a for loop: a preemption pops only requests after this one (or this one, then breaks)
+        for r in running:
+            if budget <= 0:
+                break
             done = computed[r]
             if placeholders[r] and done + 2 - placeholders[r] >= total[r]:
-                index += 1  # async: its last token is in flight
-                continue
+                continue  # async: its last token is in flight
             new = known[r] + placeholders[r] - done
             if 0 < threshold < new:
                 new = threshold
@@ -423,7 +419,6 @@ class VllmSimulator(StepperState):
             if new > limit - done - 1:
                 new = limit - done - 1
             if new <= 0:
-                index += 1
                 continue
             # _allocate's shortcut, inlined for the usual step: a decode the manager leaves alone
             if not (
@@ -446,7 +441,11 @@ class VllmSimulator(StepperState):
                     break
             scheduled[r] = new
             budget -= new
-            index += 1
+            computed[r] = done + new
+            in_flight[r] += new
+            if done + new >= known[r] + placeholders[r]:  # not a prefill chunk
+                sampled.add(r)
+                placeholders[r] += lag
         if not preempted:
             skipped: list[int] = []
             while budget > 0 and waiting:
@@ -468,17 +467,21 @@ class VllmSimulator(StepperState):
                 self.cached_tokens += hit
                 self.looked_up_tokens += known[r]
                 self._status[r] = _RUNNING
-                computed[r] = hit
                 if self._first[r] < 0:
                     self._first[r] = step
                 scheduled[r] = new
                 budget -= new
+                computed[r] = hit + new
+                in_flight[r] += new
+                if hit + new >= known[r] + placeholders[r]:  # the whole prompt: it samples
+                    sampled.add(r)
+                    placeholders[r] += lag
             waiting.extendleft(reversed(skipped))
-        return scheduled
+        return scheduled, sampled
 
     def _time_step(self, step: int, scheduled: dict[int, int]) -> None:
-        """Describe the step as a :class:`~kvcore.simulation.steps.StepRecord` (before its tokens
-        are counted as computed) and advance the clock by the step-time model's seconds."""
+        """Describe the step as a :class:`~kvcore.simulation.steps.StepRecord` (its tokens are
+        counted as computed already) and advance the clock by the step-time model's seconds."""
         model = self._step_time
         assert model is not None
         if not scheduled:  # async: nothing to schedule while the last tokens are in flight
@@ -487,7 +490,7 @@ class VllmSimulator(StepperState):
         computed = self._computed
         decodes = prefills = prefill = context = pairs = 0
         for r, n in scheduled.items():
-            c = computed[r]
+            c = computed[r] - n  # computed before the step
             context += c + n
             if n == 1:
                 decodes += 1
@@ -512,18 +515,18 @@ class VllmSimulator(StepperState):
                 stale_tokens[r] -= n
             if r not in sampled or status[r] == _FINISHED:
                 continue
-            had_placeholders = placeholders[r] > 0
-            known[r] += 1
+            had_placeholders = placeholders[r]
+            tokens_known = known[r] = known[r] + 1
             if had_placeholders and not stale:
-                placeholders[r] -= 1
-            if known[r] >= total[r]:
+                placeholders[r] = had_placeholders - 1
+            if tokens_known >= total[r]:
                 finished.append(r)
                 if self._step_time is not None:
                     self._finish_step[r] = step
             elif cache and had_placeholders and not stale and status[r] == _RUNNING:
                 tokens = self._computed[r] - in_flight[r]
                 # short of the next block to cache (_note_events' bound), it would hash nothing
-                if tails or (tokens if tokens < known[r] else known[r]) >= cache_at[r]:
+                if tails or (tokens if tokens < tokens_known else tokens_known) >= cache_at[r]:
                     self._cache_blocks(r, tokens)
         if finished:
             for r in finished:
