@@ -52,7 +52,7 @@ from __future__ import annotations
 import math
 from collections import OrderedDict, deque
 from itertools import repeat
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import attrs
 
@@ -260,6 +260,20 @@ class VllmSimulator(StepperState):
             for index in ids:
                 self._class_of[index] = c
         self._windowed = any(g.windowed for g in self.groups)
+        #: the windowed groups in group order (vLLM's order of freeing), cut where the class,
+        #: pool or span changes: (class, groups)
+        self._window_segments: list[tuple[int, tuple[int, ...]]] = []
+        segment_key = (-1, -1, -1)
+        for index, g in enumerate(self.groups):
+            if not g.windowed:
+                continue
+            key = (self._class_of[index], g.pool, g.span)
+            if key == segment_key:
+                c, segment = self._window_segments[-1]
+                self._window_segments[-1] = (c, (*segment, index))
+                continue
+            segment_key = key
+            self._window_segments.append((self._class_of[index], (index,)))
         self._freeing: dict[tuple[int, int], int] = {}  # memo of _first_freeing
         # cache hits: the attention types, full attention first (vLLM's tighter first bound)
         self._hit_types: list[tuple[int, list[int]]] = []
@@ -724,8 +738,8 @@ class VllmSimulator(StepperState):
         """``remove_skipped_blocks`` of every windowed group: free the pages before the window,
         last first."""
         groups = self.groups
-        freeing: list[tuple[int, int, int]] = []  # (group, pages before the window, first held)
-        for c, (g, ids) in enumerate(self._classes):
+        by_class: dict[int, tuple[int, int]] = {}  # class -> (pages before the window, first held)
+        for c, (g, _) in enumerate(self._classes):
             group, table = groups[g], tables[g]
             if not group.windowed:
                 continue
@@ -736,7 +750,7 @@ class VllmSimulator(StepperState):
                 low = skipped - 1  # the lowest page still held: the same in every member
                 while low > 0 and table[low - 1] is not None:
                     low -= 1
-                freeing.extend((i, skipped, low) for i in ids)
+                by_class[c] = (skipped, low)
                 continue
             count = 0  # without caching: the class's one table (see _allocate_slots)
             for i in range(skipped - 1, -1, -1):
@@ -746,11 +760,27 @@ class VllmSimulator(StepperState):
                 count += 1
             for p, span in self._class_spans[c]:
                 self.pools[p].uncached += count * span
-        freeing.sort()  # in group order: the order vLLM frees them in
-        ref, hash_of, hashed, lazy = self._ref, self._hash_of, self._hashed[r], self._lazy
-        own = lazy and not self._exposed[r]  # every block is the request's own, unhashed
-        if self._compact[r] and any(skipped > hashed[self._class_of[g]] for g, skipped, _ in freeing):
+        if not by_class:
+            return
+        hashed = self._hashed[r]
+        if self._compact[r]:
+            if all(skipped <= hashed[c] for c, (skipped, _) in by_class.items()):
+                # one table per class, every block its own and below the hashed count: each
+                # class's pages to the back of the queue as runs, group by group
+                for c, (skipped, low) in by_class.items():
+                    tables[self._classes[c][0]][low:skipped] = repeat(None, skipped - low)
+                for c, members in self._window_segments:
+                    if c in by_class:
+                        skipped, low = by_class[c]
+                        self._queue_pending(r, members, skipped - 1, skipped - low)
+                return
             self._materialise(r)  # some block goes back among the uncached one by one (_release)
+        # in group order: the order vLLM frees them in
+        freeing = sorted(
+            (i, *by_class[c]) for c, (_, ids) in enumerate(self._classes) if c in by_class for i in ids
+        )
+        ref, hash_of, lazy = self._ref, self._hash_of, self._lazy
+        own = lazy and not self._exposed[r]  # every block is the request's own, unhashed
         batch: list[int] = []  # groups in a row whose blocks go to the queue as one run
         batch_key: tuple[int, int, int, int] = (0, 0, 0, 0)  # its pool, span, pages before and after
         for g, skipped, low in freeing:
@@ -780,7 +810,7 @@ class VllmSimulator(StepperState):
             if batch:
                 self._queue_pending(r, tuple(batch), batch_key[2] - 1, batch_key[2] - batch_key[3])
                 batch = []
-            held = table[low:skipped]
+            held = cast("list[int]", table[low:skipped])  # pages still held: no None among them
             held.reverse()  # last first
             table[low:skipped] = repeat(None, skipped - low)
             self._release(r, g, held, skipped - 1, live=True, window=True)
