@@ -57,11 +57,11 @@ from typing import TYPE_CHECKING, Any, cast
 import attrs
 
 from kvcore.errors import InvalidInputError
-from kvcore.limits import MAX_TOKENS, check_at_most
-from kvcore.simulation.stepper import StepperState
+from kvcore.simulation.profile import BuiltInProfile
+from kvcore.simulation.stepper import StepperState, check_lengths, step_budget
 from kvcore.simulation.steps import StepRecord, StepTimeModel
 from kvcore.spec import KVCacheSpec, SizingContext, cdiv
-from kvcore.validators import check_int, int_at_least
+from kvcore.validators import int_at_least
 
 if TYPE_CHECKING:
     from collections.abc import Hashable
@@ -82,7 +82,7 @@ _HELD = 0
 
 
 @attrs.frozen(kw_only=True)
-class VllmProfile:
+class VllmProfile(BuiltInProfile):
     """vLLM 0.33's v1 scheduler (see the module docstring), with its settings.
 
     Attributes:
@@ -113,24 +113,9 @@ class VllmProfile:
             ("long_prefill_token_threshold", self.long_prefill_token_threshold),
         )
 
-    def simulator(
-        self,
-        plan: KVCachePlan,
-        workload: Workload,
-        *,
-        max_num_batched_tokens: int | None,
-        prefix_caching: bool,
-        step_time: StepTimeModel | None = None,
-    ) -> VllmSimulator:
-        """A :class:`VllmSimulator` (see :meth:`kvcore.simulation.profile.SchedulerProfile.simulator`)."""
-        return VllmSimulator(
-            plan,
-            workload,
-            self,
-            max_num_batched_tokens=max_num_batched_tokens,
-            prefix_caching=prefix_caching,
-            step_time=step_time,
-        )
+    def _stepper(self, plan: KVCachePlan, workload: Workload, options: dict[str, Any]) -> VllmSimulator:
+        """A :class:`VllmSimulator` (:meth:`simulator` passes ``options``)."""
+        return VllmSimulator(plan, workload, self, **options)
 
 
 @attrs.frozen
@@ -216,23 +201,13 @@ class VllmSimulator(StepperState):
         prefix_caching: bool = False,
         step_time: StepTimeModel | None = None,
     ) -> None:
-        budget = (
-            plan.context.max_num_batched_tokens if max_num_batched_tokens is None else max_num_batched_tokens
-        )
-        check_int(budget, "'max_num_batched_tokens'", minimum=1)
-        check_at_most(budget, MAX_TOKENS, "'max_num_batched_tokens' (kvcore.limits.MAX_TOKENS)", "give fewer")
+        budget = step_budget(plan, max_num_batched_tokens)
         self.plan = plan
         self.profile = profile
         self.requests = workload.requests
         self.budget = budget
         self.max_model_len = plan.context.max_model_len
-        for request in self.requests:
-            if request.total_tokens > self.max_model_len:
-                raise InvalidInputError(
-                    f"{request.label} has {request.prompt_tokens} prompt + {request.output_tokens} "
-                    f"output tokens = {request.total_tokens}, more than the plan's max_model_len "
-                    f"({self.max_model_len}); plan for a longer max_model_len or shorten the request"
-                )
+        check_lengths(plan, self.requests)
         self.lag = 1 if profile.async_scheduling else 0  # steps before a step's output returns
         # vLLM's VllmConfig.max_in_flight_tokens: what a window may hold beyond itself
         in_flight = (self.lag + 1) * budget
@@ -322,7 +297,7 @@ class VllmSimulator(StepperState):
         #: prefix or a partial tail, or a hit); until then each is its own, unhashed, one holder
         self._exposed = [False] * count
         #: whether a request's tables are compact: one list per class, which its members share,
-        #: holding _HELD for each page (see _allocate_slots)
+        #: holding _HELD for each page (see _allocate)
         self._compact = [False] * count
         self._first = [-1] * count
         # when a request's tables next change (see _note_events); 0: not known, take the full path
@@ -434,7 +409,8 @@ class VllmSimulator(StepperState):
                 new = limit - done - 1
             if new <= 0:
                 continue
-            # _allocate's shortcut, inlined for the usual step: a decode the manager leaves alone
+            # the usual step: a decode that crosses no page boundary, frees nothing and caches
+            # nothing, which the manager leaves alone (see _note_events)
             if not (
                 new == 1
                 and done + 1 < grow_at[r]
@@ -569,31 +545,6 @@ class VllmSimulator(StepperState):
 
     # -- the KV-cache manager ------------------------------------------------------------------
 
-    def _allocate(
-        self,
-        r: int,
-        new: int,
-        *,
-        gate: bool,
-        hit: int = 0,
-        hit_blocks: list[list[int | None]] | None = None,
-    ) -> bool:
-        """``KVCacheManager.allocate_slots`` for ``new`` tokens after ``hit`` cached ones."""
-        if new == 1 and not gate and not hit:
-            # a decode that crosses no page boundary, frees nothing and caches nothing: the
-            # manager would change nothing (the usual step; see _note_events)
-            computed = self._computed[r]
-            if (
-                computed + 1 < self._grow_at[r]
-                and computed - self._in_flight[r] < self._free_at[r]
-                and min(computed + 1, self._tokens[r]) < self._cache_at[r]
-            ):
-                return True
-        granted = self._allocate_slots(r, new, gate=gate, hit=hit, hit_blocks=hit_blocks)
-        if granted:
-            self._note_events(r)
-        return granted
-
     def _note_events(self, r: int) -> None:
         """When request ``r``'s tables next change: the slots that take a new page in some group
         (``_grow_at``), the processed tokens that free a page before a window (``_free_at``) and
@@ -646,7 +597,7 @@ class VllmSimulator(StepperState):
                 low = middle + 1
         return low
 
-    def _allocate_slots(
+    def _allocate(
         self,
         r: int,
         new: int,
@@ -655,8 +606,13 @@ class VllmSimulator(StepperState):
         hit: int = 0,
         hit_blocks: list[list[int | None]] | None = None,
     ) -> bool:
+        """``KVCacheManager.allocate_slots`` for ``new`` tokens after ``hit`` cached ones; granted,
+        when the tables next change is noted (:meth:`_note_events`: a decode short of it needs
+        no call, see :meth:`_schedule`)."""
         groups, pools = self.groups, self.pools
         tables = self._tables[r]
+        if hit and self._compact[r]:  # admitted with a hit after a try without: hit blocks have ids
+            tables.clear()
         if not tables:
             if self._lazy and not hit:
                 # compact tables: while every block is the request's own and unhashed, a block's
@@ -667,6 +623,7 @@ class VllmSimulator(StepperState):
                 self._compact[r] = True
             else:
                 tables.extend([] for _ in groups)
+                self._compact[r] = False
             self._hashed[r] = [0] * len(self._classes)
         computed = min(self._computed[r] + hit, self.max_model_len)
         if gate:
@@ -698,6 +655,7 @@ class VllmSimulator(StepperState):
             self._take(tables, pages, compact=self._compact[r])
         if self.caching:
             self._cache_blocks(r, min(computed + new, self._tokens[r]))
+        self._note_events(r)
         return True
 
     def _to_allocate(
@@ -752,7 +710,7 @@ class VllmSimulator(StepperState):
                     low -= 1
                 by_class[c] = (skipped, low)
                 continue
-            count = 0  # without caching: the class's one table (see _allocate_slots)
+            count = 0  # without caching: the class's one table (see _allocate)
             for i in range(skipped - 1, -1, -1):
                 if table[i] is None:
                     break
@@ -856,7 +814,7 @@ class VllmSimulator(StepperState):
                         self._queue_run(group.pool, group.span, below, -1)
                     continue
                 self._release(r, g, [b for b in reversed(table) if b is not None], len(table) - 1, live=live)
-        else:  # the class's one table (see _allocate_slots)
+        else:  # the class's one table (see _allocate)
             for c, (g, _) in enumerate(self._classes):
                 held = len(tables[g]) - tables[g].count(None)
                 for p, span in self._class_spans[c]:
@@ -890,7 +848,7 @@ class VllmSimulator(StepperState):
                     if pool.uncached < need:
                         self._evict(p, need)
                     pool.uncached -= need
-        if compact:  # one shared table per class (see _allocate_slots)
+        if compact:  # one shared table per class (see _allocate)
             for c, (g, _) in enumerate(self._classes):
                 if pages[c] > 0:
                     tables[g].extend(repeat(_HELD, pages[c]))
@@ -988,7 +946,7 @@ class VllmSimulator(StepperState):
                 pool.uncached += span
 
     def _materialise(self, r: int) -> None:
-        """Give request ``r``'s compact tables (see :meth:`_allocate_slots`) one table per group
+        """Give request ``r``'s compact tables (see :meth:`_allocate`) one table per group
         and a fresh id per page, before a block of them is hashed or released one by one."""
         tables = self._tables[r]
         for g, shared in enumerate(tables):
