@@ -89,6 +89,32 @@ class SchedulerProfile(Protocol):
         """
 
 
+class BuiltInProfile:
+    """What the built-in profiles share: :meth:`simulator` hands the options every profile takes
+    to the profile's own stepper (:meth:`_stepper`)."""
+
+    def simulator(
+        self,
+        plan: KVCachePlan,
+        workload: Workload,
+        *,
+        max_num_batched_tokens: int | None,
+        prefix_caching: bool,
+        step_time: StepTimeModel | None = None,
+    ) -> Stepper:
+        """A fresh stepper (see :meth:`SchedulerProfile.simulator`)."""
+        options = {
+            "max_num_batched_tokens": max_num_batched_tokens,
+            "prefix_caching": prefix_caching,
+            "step_time": step_time,
+        }
+        return self._stepper(plan, workload, options)
+
+    def _stepper(self, plan: KVCachePlan, workload: Workload, options: dict[str, Any]) -> Stepper:
+        """The profile's stepper, made with ``options`` (the keywords of :meth:`simulator`)."""
+        raise NotImplementedError
+
+
 def resolve_profile(scheduler: str | SchedulerProfile, registry: Registry | None = None) -> SchedulerProfile:
     """The profile ``scheduler`` names (looked up in ``registry``, default: the default
     registry's), or ``scheduler`` itself when it is a profile object.

@@ -77,7 +77,6 @@ from typing import TYPE_CHECKING
 import attrs
 
 from kvcore.errors import BlockPoolExhaustedError, InvalidInputError
-from kvcore.limits import MAX_TOKENS, check_at_most
 from kvcore.peaks import pool_peaks
 from kvcore.plan import KVCachePlan
 from kvcore.runtime.block_pool import BlockPool
@@ -86,11 +85,10 @@ from kvcore.runtime.prefix_cache import PrefixKey, checkpoint_mode
 from kvcore.simulation.gpus import Gpu, host_transfer
 from kvcore.simulation.profile import DEFAULT_SCHEDULER, SchedulerProfile, resolve_profile
 from kvcore.simulation.result import SimulationResult as SimulationResult, percentile as percentile
-from kvcore.simulation.stepper import StepperState
+from kvcore.simulation.stepper import StepperState, check_lengths, step_budget
 from kvcore.simulation.steps import StepRecord, StepTimeModel
 from kvcore.simulation.workload import Request, Workload
 from kvcore.spec import KVCacheSpec, SizingContext
-from kvcore.validators import check_int
 
 if TYPE_CHECKING:
     from kvcore.planning.registry import Registry
@@ -196,16 +194,12 @@ class Simulator(StepperState):
         prefix_caching: bool = False,
         step_time: StepTimeModel | None = None,
     ) -> None:
-        budget = (
-            plan.context.max_num_batched_tokens if max_num_batched_tokens is None else max_num_batched_tokens
-        )
-        check_int(budget, "'max_num_batched_tokens'", minimum=1)
-        check_at_most(budget, MAX_TOKENS, "'max_num_batched_tokens' (kvcore.limits.MAX_TOKENS)", "give fewer")
+        budget = step_budget(plan, max_num_batched_tokens)
         self.plan = plan
         self.workload = workload
         self.requests: tuple[Request, ...] = workload.requests
         self.budget: int = budget
-        _check_lengths(plan, self.requests)
+        check_lengths(plan, self.requests)
         _check_fits_alone(plan, self.requests, budget)
         self.pool = BlockPool(plan, lowest_first=False, prefix_caching=prefix_caching)
         self.caching = self.pool.prefix_caching  # what the shared figures report
@@ -461,17 +455,6 @@ class Simulator(StepperState):
 
 
 # -- checks before simulating ----------------------------------------------------------------
-
-
-def _check_lengths(plan: KVCachePlan, requests: Sequence[Request]) -> None:
-    limit = plan.context.max_model_len
-    for request in requests:
-        if request.total_tokens > limit:
-            raise InvalidInputError(
-                f"{request.label} has {request.prompt_tokens} prompt + {request.output_tokens} output "
-                f"tokens = {request.total_tokens}, more than the plan's max_model_len ({limit}); plan for a "
-                "longer max_model_len or shorten the request"
-            )
 
 
 def _check_fits_alone(plan: KVCachePlan, requests: Sequence[Request], budget: int) -> None:

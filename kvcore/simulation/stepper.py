@@ -14,13 +14,43 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from kvcore.errors import InvalidInputError
+from kvcore.limits import MAX_TOKENS, check_at_most
 from kvcore.simulation.result import SimulationResult, percentile
 from kvcore.simulation.series import StepSeries
 from kvcore.simulation.steps import StepRecord, StepTimeModel, Timeline, build_timeline
+from kvcore.validators import check_int
 
 if TYPE_CHECKING:
     from kvcore.plan import KVCachePlan
     from kvcore.simulation.workload import Request, Workload
+
+
+def step_budget(plan: KVCachePlan, tokens: int | None) -> int:
+    """The tokens one step may schedule: ``tokens``, else the plan's ``max_num_batched_tokens``.
+
+    Raises:
+        InvalidInputError: it is not an int from 1 to ``kvcore.limits.MAX_TOKENS``.
+    """
+    budget = plan.context.max_num_batched_tokens if tokens is None else tokens
+    check_int(budget, "'max_num_batched_tokens'", minimum=1)
+    check_at_most(budget, MAX_TOKENS, "'max_num_batched_tokens' (kvcore.limits.MAX_TOKENS)", "give fewer")
+    return budget
+
+
+def check_lengths(plan: KVCachePlan, requests: Sequence[Request]) -> None:
+    """Refuse a request longer than the plan's ``max_model_len`` (no step could finish it).
+
+    Raises:
+        InvalidInputError: naming the first such request, its lengths and the plan's limit.
+    """
+    limit = plan.context.max_model_len
+    for request in requests:
+        if request.total_tokens > limit:
+            raise InvalidInputError(
+                f"{request.label} has {request.prompt_tokens} prompt + {request.output_tokens} output "
+                f"tokens = {request.total_tokens}, more than the plan's max_model_len ({limit}); plan for a "
+                "longer max_model_len or shorten the request"
+            )
 
 
 class StepperState:

@@ -24,7 +24,7 @@ from kvcore.planning.manager import get_plugin_manager
 from kvcore.planning.registry import Registry
 from kvcore.simulation.profiles.kvcore_rules import KvcoreProfile
 from kvcore.simulation.profiles.vllm import VllmProfile
-from kvcore.simulation.workload import Request
+from kvcore.simulation.workload import Request, parse_length, synthetic
 
 GIB = 2**30
 REGISTRY = Registry.from_plugin_manager(get_plugin_manager(autoload=False))
@@ -158,3 +158,30 @@ def test_a_request_the_gate_never_admits_is_an_error_not_an_endless_run():
             stepper.step()
     # synchronous, the cap is one step in flight (136 blocks): the same request runs
     assert simulate(plan, workload, scheduler=VllmProfile(async_scheduling=False)).steps > 0
+
+
+@pytest.mark.parametrize("policy", ["shared_buffer", "equal_groups", "kind_pools"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_vllms_prefix_cache_changes_nothing_when_nothing_can_hit(policy, seed):
+    """No shared prefix and no preemption: no request can hit a cached block, and a cached free
+    block counts as free, so caching on must give every figure of caching off. On Gemma-3's
+    plans (sliding windows, equal groups: ``equal_groups`` makes 31 groups of two specs) at 40 GiB
+    the pool runs out of uncached blocks and evicts thousands of times, so this holds the free
+    queue's accounting to account: blocks freed before their window and at a request's end queue
+    as runs, allocations evict from them, and a class of equal groups shares a table."""
+    context = SizingContext(max_model_len=8192, max_num_batched_tokens=2048)
+    specs = model_layer_specs("google/gemma-3-27b-it", REGISTRY)
+    plan = plan_kv_cache(specs, 40 * GIB, context, registry=REGISTRY, policy=policy)
+    prompt, output = parse_length("lognormal:1024:1.0"), parse_length("lognormal:200:1.0")
+    workload = synthetic(150, prompt, output, rate=0.6, seed=seed, max_model_len=8192)
+    off = simulate(plan, workload, registry=REGISTRY)
+    on = simulate(plan, workload, prefix_caching=True, registry=REGISTRY)
+    assert off.preemptions == 0  # the case's premise: nobody comes back to hit its own blocks
+    assert on.cached_tokens == 0
+    assert (on.steps, on.running, on.pool_usage, on.total_tokens, on.mean_queue_delay) == (
+        off.steps,
+        off.running,
+        off.pool_usage,
+        off.total_tokens,
+        off.mean_queue_delay,
+    )

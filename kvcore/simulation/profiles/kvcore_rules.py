@@ -9,20 +9,20 @@ reproducible; the default profile is ``vllm``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from kvcore.simulation.profile import BuiltInProfile
 from kvcore.simulation.simulator import Simulator
 
 if TYPE_CHECKING:
     from kvcore.plan import KVCachePlan
-    from kvcore.simulation.steps import StepTimeModel
     from kvcore.simulation.workload import Workload
 
 
 @attrs.frozen
-class KvcoreProfile:
+class KvcoreProfile(BuiltInProfile):
     """kvcore's own scheduling rules (no settings)."""
 
     name: str = "kvcore"
@@ -30,21 +30,6 @@ class KvcoreProfile:
         "kvcore's own rules: first-chunk admission, end-of-step window freeing, shared-prefix cache"
     )
 
-    def simulator(
-        self,
-        plan: KVCachePlan,
-        workload: Workload,
-        *,
-        max_num_batched_tokens: int | None,
-        prefix_caching: bool,
-        step_time: StepTimeModel | None = None,
-    ) -> Simulator:
-        """A :class:`~kvcore.simulation.simulator.Simulator` (see
-        :meth:`kvcore.simulation.profile.SchedulerProfile.simulator`)."""
-        return Simulator(
-            plan,
-            workload,
-            max_num_batched_tokens=max_num_batched_tokens,
-            prefix_caching=prefix_caching,
-            step_time=step_time,
-        )
+    def _stepper(self, plan: KVCachePlan, workload: Workload, options: dict[str, Any]) -> Simulator:
+        """A :class:`~kvcore.simulation.simulator.Simulator` (:meth:`simulator` passes ``options``)."""
+        return Simulator(plan, workload, **options)

@@ -79,17 +79,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Hashable
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import attrs
 
 from kvcore.errors import InvalidInputError
-from kvcore.limits import MAX_TOKENS, check_at_most
+from kvcore.simulation.profile import BuiltInProfile
 from kvcore.simulation.profiles.radix import Node, RadixTree
-from kvcore.simulation.stepper import StepperState
+from kvcore.simulation.stepper import StepperState, check_lengths, step_budget
 from kvcore.simulation.steps import StepRecord, StepTimeModel
 from kvcore.spec import KVCacheSpec, cdiv
-from kvcore.validators import check_int, int_at_least
+from kvcore.validators import int_at_least
 
 if TYPE_CHECKING:
     from kvcore.plan import KVCachePlan
@@ -151,7 +151,7 @@ class SglangPools:
 
 
 @attrs.frozen(kw_only=True)
-class SglangProfile:
+class SglangProfile(BuiltInProfile):
     """SGLang 0.5.23's scheduler (see the module docstring), with its settings.
 
     Attributes:
@@ -203,24 +203,9 @@ class SglangProfile:
             ("overlap_schedule", self.overlap_schedule),
         )
 
-    def simulator(
-        self,
-        plan: KVCachePlan,
-        workload: Workload,
-        *,
-        max_num_batched_tokens: int | None,
-        prefix_caching: bool,
-        step_time: StepTimeModel | None = None,
-    ) -> SglangSimulator:
-        """A :class:`SglangSimulator` (see :meth:`kvcore.simulation.profile.SchedulerProfile.simulator`)."""
-        return SglangSimulator(
-            plan,
-            workload,
-            self,
-            max_num_batched_tokens=max_num_batched_tokens,
-            prefix_caching=prefix_caching,
-            step_time=step_time,
-        )
+    def _stepper(self, plan: KVCachePlan, workload: Workload, options: dict[str, Any]) -> SglangSimulator:
+        """A :class:`SglangSimulator` (:meth:`simulator` passes ``options``)."""
+        return SglangSimulator(plan, workload, self, **options)
 
 
 def sglang_pools(plan: KVCachePlan) -> SglangPools:
@@ -316,26 +301,13 @@ class SglangSimulator(StepperState):
         prefix_caching: bool = True,
         step_time: StepTimeModel | None = None,
     ) -> None:
-        chunk = profile.chunked_prefill_size
-        if chunk is None:
-            chunk = (
-                plan.context.max_num_batched_tokens
-                if max_num_batched_tokens is None
-                else max_num_batched_tokens
-            )
-        check_int(chunk, "'max_num_batched_tokens'", minimum=1)
-        check_at_most(chunk, MAX_TOKENS, "'max_num_batched_tokens' (kvcore.limits.MAX_TOKENS)", "give fewer")
+        size = profile.chunked_prefill_size
+        chunk = step_budget(plan, max_num_batched_tokens if size is None else size)
         self.plan = plan
         self.profile = profile
         self.requests = workload.requests
         self.max_model_len = plan.context.max_model_len
-        for request in self.requests:
-            if request.total_tokens > self.max_model_len:
-                raise InvalidInputError(
-                    f"{request.label} has {request.prompt_tokens} prompt + {request.output_tokens} "
-                    f"output tokens = {request.total_tokens}, more than the plan's max_model_len "
-                    f"({self.max_model_len}); plan for a longer max_model_len or shorten the request"
-                )
+        check_lengths(plan, self.requests)
         pools = profile.pools or sglang_pools(plan)
         self.pools = pools
         self.page = page = pools.page_size

@@ -52,16 +52,16 @@ from __future__ import annotations
 import math
 from collections import OrderedDict, deque
 from itertools import repeat
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 import attrs
 
 from kvcore.errors import InvalidInputError
-from kvcore.limits import MAX_TOKENS, check_at_most
-from kvcore.simulation.stepper import StepperState
+from kvcore.simulation.profile import BuiltInProfile
+from kvcore.simulation.stepper import StepperState, check_lengths, step_budget
 from kvcore.simulation.steps import StepRecord, StepTimeModel
 from kvcore.spec import KVCacheSpec, SizingContext, cdiv
-from kvcore.validators import check_int, int_at_least
+from kvcore.validators import int_at_least
 
 if TYPE_CHECKING:
     from collections.abc import Hashable
@@ -82,7 +82,7 @@ _HELD = 0
 
 
 @attrs.frozen(kw_only=True)
-class VllmProfile:
+class VllmProfile(BuiltInProfile):
     """vLLM 0.33's v1 scheduler (see the module docstring), with its settings.
 
     Attributes:
@@ -113,24 +113,9 @@ class VllmProfile:
             ("long_prefill_token_threshold", self.long_prefill_token_threshold),
         )
 
-    def simulator(
-        self,
-        plan: KVCachePlan,
-        workload: Workload,
-        *,
-        max_num_batched_tokens: int | None,
-        prefix_caching: bool,
-        step_time: StepTimeModel | None = None,
-    ) -> VllmSimulator:
-        """A :class:`VllmSimulator` (see :meth:`kvcore.simulation.profile.SchedulerProfile.simulator`)."""
-        return VllmSimulator(
-            plan,
-            workload,
-            self,
-            max_num_batched_tokens=max_num_batched_tokens,
-            prefix_caching=prefix_caching,
-            step_time=step_time,
-        )
+    def _stepper(self, plan: KVCachePlan, workload: Workload, options: dict[str, Any]) -> VllmSimulator:
+        """A :class:`VllmSimulator` (:meth:`simulator` passes ``options``)."""
+        return VllmSimulator(plan, workload, self, **options)
 
 
 @attrs.frozen
@@ -160,6 +145,29 @@ class _Pool:
     @property
     def free(self) -> int:
         return self.uncached + self.cached_span
+
+
+class _Run:
+    """Blocks of one span that lie together in a pool's free queue as one entry (its key below 0).
+
+    A run stands for blocks nothing can hit yet: a request's own blocks, unhashed (lazy hashing)
+    and held by nobody. Evicting takes them from the front by count. A run ``owner`` (a live
+    request's blocks freed before their window) keeps, in queue order, which blocks it holds,
+    as ``[group, top position, count]`` segments (positions top, top - 1, ...): if the owner is
+    preempted it may hit them when admitted again, so the run is then ``expanded`` into hashed
+    blocks, each its own entry of ``members`` (in the same order), which a hit can take from
+    the middle. A segment ``[groups, top, count]`` holds each group's positions in turn (vLLM
+    frees group by group).
+    """
+
+    __slots__ = ("consumed", "members", "owner", "segments", "span")
+
+    def __init__(self, span: int, owner: int) -> None:
+        self.span = span  # block ids of one block of the run
+        self.owner = owner  # the request that may hash them (-1: none; they are never hit)
+        self.segments: list[list[Any]] = []
+        self.consumed = 0  # blocks evicted from the front
+        self.members: OrderedDict[int, None] | None = None  # once expanded: the blocks left
 
 
 class VllmSimulator(StepperState):
@@ -193,23 +201,13 @@ class VllmSimulator(StepperState):
         prefix_caching: bool = False,
         step_time: StepTimeModel | None = None,
     ) -> None:
-        budget = (
-            plan.context.max_num_batched_tokens if max_num_batched_tokens is None else max_num_batched_tokens
-        )
-        check_int(budget, "'max_num_batched_tokens'", minimum=1)
-        check_at_most(budget, MAX_TOKENS, "'max_num_batched_tokens' (kvcore.limits.MAX_TOKENS)", "give fewer")
+        budget = step_budget(plan, max_num_batched_tokens)
         self.plan = plan
         self.profile = profile
         self.requests = workload.requests
         self.budget = budget
         self.max_model_len = plan.context.max_model_len
-        for request in self.requests:
-            if request.total_tokens > self.max_model_len:
-                raise InvalidInputError(
-                    f"{request.label} has {request.prompt_tokens} prompt + {request.output_tokens} "
-                    f"output tokens = {request.total_tokens}, more than the plan's max_model_len "
-                    f"({self.max_model_len}); plan for a longer max_model_len or shorten the request"
-                )
+        check_lengths(plan, self.requests)
         self.lag = 1 if profile.async_scheduling else 0  # steps before a step's output returns
         # vLLM's VllmConfig.max_in_flight_tokens: what a window may hold beyond itself
         in_flight = (self.lag + 1) * budget
@@ -237,6 +235,20 @@ class VllmSimulator(StepperState):
             for index in ids:
                 self._class_of[index] = c
         self._windowed = any(g.windowed for g in self.groups)
+        #: the windowed groups in group order (vLLM's order of freeing), cut where the class,
+        #: pool or span changes: (class, groups)
+        self._window_segments: list[tuple[int, tuple[int, ...]]] = []
+        segment_key = (-1, -1, -1)
+        for index, g in enumerate(self.groups):
+            if not g.windowed:
+                continue
+            key = (self._class_of[index], g.pool, g.span)
+            if key == segment_key:
+                c, segment = self._window_segments[-1]
+                self._window_segments[-1] = (c, (*segment, index))
+                continue
+            segment_key = key
+            self._window_segments.append((self._class_of[index], (index,)))
         self._freeing: dict[tuple[int, int], int] = {}  # memo of _first_freeing
         # cache hits: the attention types, full attention first (vLLM's tighter first bound)
         self._hit_types: list[tuple[int, list[int]]] = []
@@ -261,8 +273,10 @@ class VllmSimulator(StepperState):
         #: holders of a block that is cached or shared (0: in the free queue); a block with no
         #: entry has one holder
         self._ref: dict[int, int] = {}
-        #: the free queue's runs of blocks nothing can hit (keys below 0): each block's ids
-        self._run_span: dict[int, int] = {}
+        #: the free queue's runs of blocks (keys below 0; see _Run)
+        self._runs: dict[int, _Run] = {}
+        #: the run each block of an expanded run lies in
+        self._run_of: dict[int, int] = {}
         self._next_run = 0
         self._next_id = 0
         count = len(self.requests)
@@ -276,9 +290,15 @@ class VllmSimulator(StepperState):
         self._status = [_WAITING] * count
         self._tables: list[list[list[int | None]]] = [[] for _ in range(count)]
         self._hashed: list[list[int]] = [[] for _ in range(count)]  # blocks cached per class
-        #: with lazy hashing, each request's own blocks freed before their window and not
-        #: hashed yet: (group, table position, block)
-        self._unhashed: list[list[tuple[int, int, int]]] = [[] for _ in range(count)]
+        #: with lazy hashing, the runs of each request's own blocks freed before their window
+        #: and not hashed yet (hashed if the request is preempted)
+        self._pending: list[list[int]] = [[] for _ in range(count)]
+        #: whether a block in a request's tables may be hashed or held twice (hashed as a shared
+        #: prefix or a partial tail, or a hit); until then each is its own, unhashed, one holder
+        self._exposed = [False] * count
+        #: whether a request's tables are compact: one list per class, which its members share,
+        #: holding _HELD for each page (see _allocate)
+        self._compact = [False] * count
         self._first = [-1] * count
         # when a request's tables next change (see _note_events); 0: not known, take the full path
         self._grow_at = [0] * count
@@ -327,7 +347,7 @@ class VllmSimulator(StepperState):
             waiting.append(upcoming)
             upcoming += 1
         self._next = upcoming
-        scheduled = self._schedule(step)
+        scheduled, sampled = self._schedule(step)
         tokens = sum(scheduled.values())
         # nothing ran, runs or will come back (async keeps the last, empty, step in flight)
         if not tokens and not self._running and not any(out[0] for out in self._outputs) and waiting:
@@ -340,20 +360,8 @@ class VllmSimulator(StepperState):
         self.total_tokens += tokens
         self._running_series.append(len(self._running))
         self._usage_series.append(self._usage())
-        # the fake model runner: a request samples a token when its chunk reaches its end
-        sampled = set()
-        computed, known, placeholders = self._computed, self._tokens, self._placeholders
         if timed:
             self._time_step(step, scheduled)
-        in_flight, lag = self._in_flight, self.lag
-        for r, n in scheduled.items():
-            computed[r] += n
-            in_flight[r] += n
-            if computed[r] >= known[r] + placeholders[r]:  # not a prefill chunk
-                sampled.add(r)
-                if lag:
-                    placeholders[r] += 1
-        if timed:
             token_step = self._token_step
             for r in sampled:
                 if token_step[r] < 0:
@@ -365,8 +373,14 @@ class VllmSimulator(StepperState):
         if self.finished == len(self.requests):
             self._outputs.clear()  # the last (empty) steps in flight
 
-    def _schedule(self, step: int) -> dict[int, int]:
-        """``Scheduler.schedule``: tokens per request scheduled in this step."""
+    def _schedule(self, step: int) -> tuple[dict[int, int], set[int]]:
+        """``Scheduler.schedule``: tokens per request scheduled in this step, and the requests
+        that sample a token in it.
+
+        The fake model runner's part is done here as each request is scheduled, once nothing
+        else in the step reads its counts: its tokens are computed and in flight, and it
+        samples a token when its chunk reaches its end (then, async, it holds a placeholder).
+        """
         profile = self.profile
         running, waiting = self._running, self._waiting
         computed, known, placeholders = self._computed, self._tokens, self._placeholders
@@ -377,13 +391,15 @@ class VllmSimulator(StepperState):
         preempted = False
         total, in_flight = self._total, self._in_flight
         grow_at, free_at, cache_at = self._grow_at, self._free_at, self._cache_at
-        index = 0
-        while index < len(running) and budget > 0:
-            r = running[index]
+        sampled: set[int] = set()
+        lag = self.lag
+        # why a for loop: a preemption pops only requests after this one (or this one, then breaks)
+        for r in running:
+            if budget <= 0:
+                break
             done = computed[r]
             if placeholders[r] and done + 2 - placeholders[r] >= total[r]:
-                index += 1  # async: its last token is in flight
-                continue
+                continue  # async: its last token is in flight
             new = known[r] + placeholders[r] - done
             if 0 < threshold < new:
                 new = threshold
@@ -392,9 +408,9 @@ class VllmSimulator(StepperState):
             if new > limit - done - 1:
                 new = limit - done - 1
             if new <= 0:
-                index += 1
                 continue
-            # _allocate's shortcut, inlined for the usual step: a decode the manager leaves alone
+            # the usual step: a decode that crosses no page boundary, frees nothing and caches
+            # nothing, which the manager leaves alone (see _note_events)
             if not (
                 new == 1
                 and done + 1 < grow_at[r]
@@ -415,7 +431,11 @@ class VllmSimulator(StepperState):
                     break
             scheduled[r] = new
             budget -= new
-            index += 1
+            computed[r] = done + new
+            in_flight[r] += new
+            if done + new >= known[r] + placeholders[r]:  # not a prefill chunk
+                sampled.add(r)
+                placeholders[r] += lag
         if not preempted:
             skipped: list[int] = []
             while budget > 0 and waiting:
@@ -437,17 +457,21 @@ class VllmSimulator(StepperState):
                 self.cached_tokens += hit
                 self.looked_up_tokens += known[r]
                 self._status[r] = _RUNNING
-                computed[r] = hit
                 if self._first[r] < 0:
                     self._first[r] = step
                 scheduled[r] = new
                 budget -= new
+                computed[r] = hit + new
+                in_flight[r] += new
+                if hit + new >= known[r] + placeholders[r]:  # the whole prompt: it samples
+                    sampled.add(r)
+                    placeholders[r] += lag
             waiting.extendleft(reversed(skipped))
-        return scheduled
+        return scheduled, sampled
 
     def _time_step(self, step: int, scheduled: dict[int, int]) -> None:
-        """Describe the step as a :class:`~kvcore.simulation.steps.StepRecord` (before its tokens
-        are counted as computed) and advance the clock by the step-time model's seconds."""
+        """Describe the step as a :class:`~kvcore.simulation.steps.StepRecord` (its tokens are
+        counted as computed already) and advance the clock by the step-time model's seconds."""
         model = self._step_time
         assert model is not None
         if not scheduled:  # async: nothing to schedule while the last tokens are in flight
@@ -456,7 +480,7 @@ class VllmSimulator(StepperState):
         computed = self._computed
         decodes = prefills = prefill = context = pairs = 0
         for r, n in scheduled.items():
-            c = computed[r]
+            c = computed[r] - n  # computed before the step
             context += c + n
             if n == 1:
                 decodes += 1
@@ -481,18 +505,18 @@ class VllmSimulator(StepperState):
                 stale_tokens[r] -= n
             if r not in sampled or status[r] == _FINISHED:
                 continue
-            had_placeholders = placeholders[r] > 0
-            known[r] += 1
+            had_placeholders = placeholders[r]
+            tokens_known = known[r] = known[r] + 1
             if had_placeholders and not stale:
-                placeholders[r] -= 1
-            if known[r] >= total[r]:
+                placeholders[r] = had_placeholders - 1
+            if tokens_known >= total[r]:
                 finished.append(r)
                 if self._step_time is not None:
                     self._finish_step[r] = step
             elif cache and had_placeholders and not stale and status[r] == _RUNNING:
                 tokens = self._computed[r] - in_flight[r]
                 # short of the next block to cache (_note_events' bound), it would hash nothing
-                if tails or (tokens if tokens < known[r] else known[r]) >= cache_at[r]:
+                if tails or (tokens if tokens < tokens_known else tokens_known) >= cache_at[r]:
                     self._cache_blocks(r, tokens)
         if finished:
             for r in finished:
@@ -506,11 +530,10 @@ class VllmSimulator(StepperState):
             self.finished += len(finished)
 
     def _preempt(self, r: int) -> None:
-        if self._unhashed[r]:  # its own blocks freed before their window, still in the queue
-            for g, j, block in self._unhashed[r]:
-                if block in self.pools[self.groups[g].pool].cached_free:
-                    self._hash(self.groups[g].pool, block, (g, False, r, j))
-            self._unhashed[r] = []
+        if self._pending[r]:  # its own blocks freed before their window, still in the queue
+            for key in self._pending[r]:
+                self._expand(key, r)
+            self._pending[r] = []
         self._free(r, live=True)
         self.recomputed_tokens += self._computed[r]
         self._status[r] = _PREEMPTED
@@ -521,31 +544,6 @@ class VllmSimulator(StepperState):
         self.preemptions += 1
 
     # -- the KV-cache manager ------------------------------------------------------------------
-
-    def _allocate(
-        self,
-        r: int,
-        new: int,
-        *,
-        gate: bool,
-        hit: int = 0,
-        hit_blocks: list[list[int | None]] | None = None,
-    ) -> bool:
-        """``KVCacheManager.allocate_slots`` for ``new`` tokens after ``hit`` cached ones."""
-        if new == 1 and not gate and not hit:
-            # a decode that crosses no page boundary, frees nothing and caches nothing: the
-            # manager would change nothing (the usual step; see _note_events)
-            computed = self._computed[r]
-            if (
-                computed + 1 < self._grow_at[r]
-                and computed - self._in_flight[r] < self._free_at[r]
-                and min(computed + 1, self._tokens[r]) < self._cache_at[r]
-            ):
-                return True
-        granted = self._allocate_slots(r, new, gate=gate, hit=hit, hit_blocks=hit_blocks)
-        if granted:
-            self._note_events(r)
-        return granted
 
     def _note_events(self, r: int) -> None:
         """When request ``r``'s tables next change: the slots that take a new page in some group
@@ -599,7 +597,7 @@ class VllmSimulator(StepperState):
                 low = middle + 1
         return low
 
-    def _allocate_slots(
+    def _allocate(
         self,
         r: int,
         new: int,
@@ -608,10 +606,24 @@ class VllmSimulator(StepperState):
         hit: int = 0,
         hit_blocks: list[list[int | None]] | None = None,
     ) -> bool:
+        """``KVCacheManager.allocate_slots`` for ``new`` tokens after ``hit`` cached ones; granted,
+        when the tables next change is noted (:meth:`_note_events`: a decode short of it needs
+        no call, see :meth:`_schedule`)."""
         groups, pools = self.groups, self.pools
         tables = self._tables[r]
+        if hit and self._compact[r]:  # admitted with a hit after a try without: hit blocks have ids
+            tables.clear()
         if not tables:
-            tables.extend([] for _ in groups)
+            if self._lazy and not hit:
+                # compact tables: while every block is the request's own and unhashed, a block's
+                # id means nothing (runs count them, a preemption hashes fresh ids): the members
+                # of a class share one table, as without caching, until _materialise
+                shared: list[list[int | None]] = [[] for _ in self._classes]
+                tables.extend(shared[c] for c in self._class_of)
+                self._compact[r] = True
+            else:
+                tables.extend([] for _ in groups)
+                self._compact[r] = False
             self._hashed[r] = [0] * len(self._classes)
         computed = min(self._computed[r] + hit, self.max_model_len)
         if gate:
@@ -629,6 +641,7 @@ class VllmSimulator(StepperState):
             for g, group in enumerate(groups):
                 self._touch(group.pool, hit_blocks[g])
                 tables[g].extend(hit_blocks[g])
+            self._exposed[r] = True
         pages = [_pages(groups[g], slots) - len(tables[g]) for g, _ in self._classes]
         if not self.caching:
             # no block is shared or cached, so an id means nothing: one table per class, and
@@ -639,12 +652,10 @@ class VllmSimulator(StepperState):
                         pools[p].uncached -= pages[c] * span
                     tables[g].extend(repeat(_HELD, pages[c]))
         elif any(n > 0 for n in pages):
-            of_class = self._class_of
-            for g, group in enumerate(groups):  # in group order: the order vLLM takes blocks in
-                if pages[of_class[g]] > 0:
-                    tables[g].extend(self._take(group.pool, pages[of_class[g]], group.span))
+            self._take(tables, pages, compact=self._compact[r])
         if self.caching:
             self._cache_blocks(r, min(computed + new, self._tokens[r]))
+        self._note_events(r)
         return True
 
     def _to_allocate(
@@ -685,8 +696,8 @@ class VllmSimulator(StepperState):
         """``remove_skipped_blocks`` of every windowed group: free the pages before the window,
         last first."""
         groups = self.groups
-        freeing: list[tuple[int, int]] = []  # (group, pages before the window)
-        for c, (g, ids) in enumerate(self._classes):
+        by_class: dict[int, tuple[int, int]] = {}  # class -> (pages before the window, first held)
+        for c, (g, _) in enumerate(self._classes):
             group, table = groups[g], tables[g]
             if not group.windowed:
                 continue
@@ -694,9 +705,12 @@ class VllmSimulator(StepperState):
             if not skipped or table[skipped - 1] is None:  # every member has freed them
                 continue
             if self.caching:
-                freeing.extend((i, skipped) for i in ids)
+                low = skipped - 1  # the lowest page still held: the same in every member
+                while low > 0 and table[low - 1] is not None:
+                    low -= 1
+                by_class[c] = (skipped, low)
                 continue
-            count = 0  # without caching: the class's one table (see _allocate_slots)
+            count = 0  # without caching: the class's one table (see _allocate)
             for i in range(skipped - 1, -1, -1):
                 if table[i] is None:
                     break
@@ -704,16 +718,74 @@ class VllmSimulator(StepperState):
                 count += 1
             for p, span in self._class_spans[c]:
                 self.pools[p].uncached += count * span
-        freeing.sort()  # in group order: the order vLLM frees them in
-        for g, skipped in freeing:
-            table, freed = tables[g], list[int]()
-            for i in range(skipped - 1, -1, -1):
-                block = table[i]
-                if block is None:
-                    break
-                freed.append(block)
-                table[i] = None
-            self._release(r, g, freed, skipped - 1, live=True, window=True)
+        if not by_class:
+            return
+        hashed = self._hashed[r]
+        if self._compact[r]:
+            if all(skipped <= hashed[c] for c, (skipped, _) in by_class.items()):
+                # one table per class, every block its own and below the hashed count: each
+                # class's pages to the back of the queue as runs, group by group
+                for c, (skipped, low) in by_class.items():
+                    tables[self._classes[c][0]][low:skipped] = repeat(None, skipped - low)
+                for c, members in self._window_segments:
+                    if c in by_class:
+                        skipped, low = by_class[c]
+                        self._queue_pending(r, members, skipped - 1, skipped - low)
+                return
+            self._materialise(r)  # some block goes back among the uncached one by one (_release)
+        # in group order: the order vLLM frees them in
+        freeing = sorted(
+            (i, *by_class[c]) for c, (_, ids) in enumerate(self._classes) if c in by_class for i in ids
+        )
+        ref, hash_of, lazy = self._ref, self._hash_of, self._lazy
+        own = lazy and not self._exposed[r]  # every block is the request's own, unhashed
+        batch: list[int] = []  # groups in a row whose blocks go to the queue as one run
+        batch_key: tuple[int, int, int, int] = (0, 0, 0, 0)  # its pool, span, pages before and after
+        for g, skipped, low in freeing:
+            table = tables[g]
+            if (
+                lazy
+                and skipped <= hashed[self._class_of[g]]
+                and (
+                    own
+                    or (
+                        ref.keys().isdisjoint(table[low:skipped])
+                        and hash_of.keys().isdisjoint(table[low:skipped])
+                    )
+                )
+            ):
+                # the usual case: the request's own blocks, unhashed and below its hashed count,
+                # all to the back of the queue (what _release does block by block)
+                if table[low] is not None:  # a compact table is its class's: freed once
+                    table[low:skipped] = repeat(None, skipped - low)
+                key = (groups[g].pool, groups[g].span, skipped, low)
+                if batch and key != batch_key:
+                    self._queue_pending(r, tuple(batch), batch_key[2] - 1, batch_key[2] - batch_key[3])
+                    batch = []
+                batch.append(g)
+                batch_key = key
+                continue
+            if batch:
+                self._queue_pending(r, tuple(batch), batch_key[2] - 1, batch_key[2] - batch_key[3])
+                batch = []
+            held = cast("list[int]", table[low:skipped])  # pages still held: no None among them
+            held.reverse()  # last first
+            table[low:skipped] = repeat(None, skipped - low)
+            self._release(r, g, held, skipped - 1, live=True, window=True)
+        if batch:
+            self._queue_pending(r, tuple(batch), batch_key[2] - 1, batch_key[2] - batch_key[3])
+
+    def _queue_pending(self, r: int, groups: tuple[int, ...], top: int, count: int) -> None:
+        """Queue request ``r``'s own unhashed blocks at table positions ``top``, ``top - 1``, ...
+        (``count`` of them) of each of ``groups`` in turn (one pool, one span), freed before
+        their window, as a run it owns (hashed if ``r`` is preempted, see :meth:`_expand`)."""
+        group = self.groups[groups[0]]
+        segments = self._queue_run(group.pool, group.span, count * len(groups), r).segments
+        last = segments[-1] if segments else None
+        if last is not None and len(groups) == 1 and last[0] == groups and last[1] - last[2] == top:
+            last[2] += count  # the next positions down of the same group
+        else:
+            segments.append([groups, top, count])
 
     def _free(self, r: int, *, live: bool) -> None:
         """``KVCacheManager.free``: every group's pages, group by group, tail first (``live``:
@@ -722,32 +794,72 @@ class VllmSimulator(StepperState):
         if not tables:
             pass
         elif self.caching:
+            if live and self._compact[r]:  # released block by block: each needs its own id
+                self._materialise(r)
+            ref, hash_of, hashed, groups = self._ref, self._hash_of, self._hashed[r], self.groups
+            own = self._lazy and not self._exposed[r]  # every block is the request's own, unhashed
             for g, table in enumerate(tables):
+                if (
+                    not live
+                    and self._lazy
+                    and (own or (ref.keys().isdisjoint(table) and hash_of.keys().isdisjoint(table)))
+                ):
+                    # the usual finish: the request's own blocks only, those above its hashed
+                    # count back among the uncached, those below as one run (as _release does)
+                    group = groups[g]
+                    first = table.count(None)  # freed pages lead a table
+                    below = max(0, min(hashed[self._class_of[g]], len(table)) - first)
+                    self.pools[group.pool].uncached += (len(table) - first - below) * group.span
+                    if below:
+                        self._queue_run(group.pool, group.span, below, -1)
+                    continue
                 self._release(r, g, [b for b in reversed(table) if b is not None], len(table) - 1, live=live)
-        else:  # the class's one table (see _allocate_slots)
+        else:  # the class's one table (see _allocate)
             for c, (g, _) in enumerate(self._classes):
                 held = len(tables[g]) - tables[g].count(None)
                 for p, span in self._class_spans[c]:
                     self.pools[p].uncached += held * span
         self._tables[r] = []
         self._hashed[r] = []
-        if not live:
-            self._unhashed[r] = []  # finished: nothing will hash them
+        self._exposed[r] = self._compact[r] = False
+        if not live:  # finished: nothing will hash its runs
+            for key in self._pending[r]:
+                run = self._runs.get(key)
+                if run is not None:
+                    run.owner = -1
+                    run.segments = []
+            self._pending[r] = []
         self._grow_at[r] = self._cache_at[r] = 0  # the next allocation takes the full path
 
-    def _take(self, p: int, pages: int, span: int) -> list[int]:
-        """``BlockPool.get_new_blocks``: uncached blocks first, then the oldest cached ones
-        (their hashes evicted)."""
-        pool = self.pools[p]
-        need = pages * span
-        if pool.uncached < need:
-            # vLLM evicts one block per page while the uncached ones fall short: the same
-            # blocks as evicting, oldest first, until they cover every page
-            self._evict(p, need)
-        pool.uncached -= need
-        first = self._next_id
-        self._next_id += pages
-        return list(range(first, first + pages))  # fresh ids, one holder each (no _ref entry)
+    def _take(self, tables: list[list[int | None]], pages: list[int], *, compact: bool) -> None:
+        """``BlockPool.get_new_blocks`` for ``pages[c]`` new pages of every group of class ``c``:
+        uncached blocks first, then the oldest cached ones (their hashes evicted).
+
+        vLLM takes group by group, each evicting from the front of the queue while the uncached
+        blocks fall short of its pages; together that evicts the shortest front of the queue
+        that covers every group's pages, so each pool evicts once for all of them.
+        """
+        pools = self.pools
+        for c, spans in enumerate(self._class_spans):
+            if pages[c] > 0:
+                for p, span in spans:
+                    need = pages[c] * span
+                    pool = pools[p]
+                    if pool.uncached < need:
+                        self._evict(p, need)
+                    pool.uncached -= need
+        if compact:  # one shared table per class (see _allocate)
+            for c, (g, _) in enumerate(self._classes):
+                if pages[c] > 0:
+                    tables[g].extend(repeat(_HELD, pages[c]))
+            return
+        of_class = self._class_of
+        for g in range(len(self.groups)):  # fresh ids, one holder each (no _ref entry)
+            count = pages[of_class[g]]
+            if count > 0:
+                first = self._next_id
+                self._next_id = first + count
+                tables[g].extend(range(first, first + count))
 
     def _evict(self, p: int, need: int) -> None:
         """Evict the oldest cached free blocks of pool ``p`` until ``need`` block ids are uncached."""
@@ -755,16 +867,23 @@ class VllmSimulator(StepperState):
         ref, hash_of, hashes, cached_free = self._ref, self._hash_of, self._hashes[p], pool.cached_free
         while pool.uncached < need:
             key, ids = cached_free.popitem(last=False)
-            if key < 0:  # a run of blocks nothing can hit: as many as the pages need
-                span = self._run_span[key]
+            if key < 0:  # a run: as many of its blocks as the pages need, from its front
+                run = self._runs[key]
+                span = run.span
                 used = min(ids // span, cdiv(need - pool.uncached, span)) * span
                 pool.cached_span -= used
                 pool.uncached += used
+                if run.members is not None:  # expanded: hashed blocks, each evicted as one
+                    for _ in range(used // span):
+                        block, _ = run.members.popitem(last=False)
+                        self._unhash(p, block)
+                        del ref[block], self._run_of[block]
+                run.consumed += used // span
                 if used < ids:  # the rest stays at the front
                     cached_free[key] = ids - used
                     cached_free.move_to_end(key, last=False)
                 else:
-                    del self._run_span[key]
+                    del self._runs[key]
                 continue
             pool.cached_span -= ids
             pool.uncached += ids
@@ -805,10 +924,7 @@ class VllmSimulator(StepperState):
             run = blocks[lazy:end]
             if run and hash_of.keys().isdisjoint(run) and ref.keys().isdisjoint(run):
                 self._release(r, g, blocks[:lazy], top, live=live)
-                key = self._next_run = self._next_run - 1
-                self._run_span[key] = span
-                cached_free[key] = len(run) * span
-                pool.cached_span += len(run) * span
+                self._queue_run(group.pool, span, len(run), -1)
                 self._release(r, g, blocks[end:], top - end, live=live)
                 return
         for index, block in enumerate(blocks):
@@ -818,15 +934,71 @@ class VllmSimulator(StepperState):
             elif index >= lazy or block in hash_of:
                 if live and block not in hash_of:
                     if window:  # hashed if the request is preempted (_preempt), else never
-                        self._unhashed[r].append((g, top - index, block))
-                    else:
-                        self._hash(group.pool, block, (g, False, r, top - index))
+                        ref.pop(block, None)
+                        self._queue_pending(r, (g,), top - index, 1)
+                        continue
+                    self._hash(group.pool, block, (g, False, r, top - index))
                 ref[block] = 0
                 cached_free[block] = span
                 pool.cached_span += span
             else:
                 ref.pop(block, None)
                 pool.uncached += span
+
+    def _materialise(self, r: int) -> None:
+        """Give request ``r``'s compact tables (see :meth:`_allocate`) one table per group
+        and a fresh id per page, before a block of them is hashed or released one by one."""
+        tables = self._tables[r]
+        for g, shared in enumerate(tables):
+            first = self._next_id
+            self._next_id += len(shared)
+            tables[g] = [None if block is None else first + j for j, block in enumerate(shared)]
+        self._compact[r] = False
+
+    def _queue_run(self, p: int, span: int, count: int, owner: int) -> _Run:
+        """Queue ``count`` blocks of ``span`` ids at the back of pool ``p``'s free queue as a run
+        (see :class:`_Run`), joining the run at the back when it is one of the same kind."""
+        cached_free = self.pools[p].cached_free
+        self.pools[p].cached_span += count * span
+        if cached_free:
+            last = next(reversed(cached_free))
+            # why: blocks evicted by count from one entry or from two in a row are the same blocks
+            run = self._runs.get(last) if last < 0 else None
+            if run is not None and run.span == span and run.owner == owner and run.members is None:
+                cached_free[last] += count * span
+                return run
+        key = self._next_run = self._next_run - 1
+        run = self._runs[key] = _Run(span, owner)
+        cached_free[key] = count * span
+        if owner >= 0:
+            self._pending[owner].append(key)
+        return run
+
+    def _expand(self, key: int, r: int) -> None:
+        """Hash the blocks left in request ``r``'s run ``key`` (``r`` is preempted: it may hit them
+        once admitted again), each its own member of the run, in the run's order."""
+        run = self._runs.get(key)
+        if run is None:  # evicted whole
+            return
+        members: OrderedDict[int, None] = OrderedDict()
+        skip = run.consumed
+        for groups, top, count in run.segments:
+            for g in groups:
+                if skip >= count:
+                    skip -= count
+                    continue
+                p = self.groups[g].pool
+                for j in range(top - skip, top - count, -1):
+                    block = self._next_id  # a fresh id: the freed one is in no table any more
+                    self._next_id += 1
+                    members[block] = None
+                    self._hash(p, block, (g, False, r, j))
+                    self._ref[block] = 0
+                    self._run_of[block] = key
+                skip = 0
+        run.members = members
+        run.owner = -1
+        run.segments = []
 
     def _touch(self, p: int, blocks: list[int | None]) -> None:
         """``BlockPool.touch``: a hit block leaves the free queue when nobody held it."""
@@ -836,7 +1008,17 @@ class VllmSimulator(StepperState):
                 continue
             held = ref.get(block, 1)  # no entry: one holder
             if held == 0:
-                pool.cached_span -= pool.cached_free.pop(block)
+                key = self._run_of.pop(block, None)
+                if key is None:
+                    pool.cached_span -= pool.cached_free.pop(block)
+                else:  # a member of an expanded run: taken from its middle
+                    run = self._runs[key]
+                    assert run.members is not None
+                    del run.members[block]
+                    pool.cached_span -= run.span
+                    pool.cached_free[key] -= run.span
+                    if not run.members:
+                        del pool.cached_free[key], self._runs[key]
             ref[block] = held + 1
 
     # -- the prefix cache ----------------------------------------------------------------------
@@ -870,6 +1052,8 @@ class VllmSimulator(StepperState):
             if self._lazy:  # the request's own blocks are hashed when freed (_release)
                 end = min(end, request.prefix_tokens // group.tokens_per_page)
             if start < end:
+                if self._compact[r]:  # a hashed block needs its own id
+                    self._materialise(r)
                 for i in ids:
                     self._hash_blocks(r, i, start, end)
             hashed[c] = max(start, full)
@@ -893,6 +1077,7 @@ class VllmSimulator(StepperState):
                 if not _is_partial(old):
                     continue
                 self._unhash(group.pool, block)  # the full block's hash replaces the partial one
+            self._exposed[r] = True
             # _hash of _content, inlined: the one loop over every block hashed
             key = (g, True, request.prefix_id, j) if j < shared else (g, False, r, j)
             hash_of[block] = key
@@ -918,6 +1103,7 @@ class VllmSimulator(StepperState):
         block = table[index] if index < len(table) else None
         if block is None or block in self._hash_of:
             return
+        self._exposed[r] = True
         self._hash(group.pool, block, (g, "partial", r, boundary))
 
     def _hash(self, p: int, block: int, key: Hashable) -> None:
