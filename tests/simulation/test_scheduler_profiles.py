@@ -160,6 +160,26 @@ def test_a_request_the_gate_never_admits_is_an_error_not_an_endless_run():
     assert simulate(plan, workload, scheduler=VllmProfile(async_scheduling=False)).steps > 0
 
 
+def test_a_request_that_cannot_grow_alone_without_the_gate_is_an_error_not_an_endless_run():
+    """Gemma-3-27B's kind_pools plan at 4 GiB, the admission gate off: a long document is admitted
+    when its first chunk fits, cannot take its second chunk even with the pool to itself, is
+    preempted, and admitted again: it looped without end (200,000 preemptions in 400,000 steps).
+    The run must stop and say so; with the gate on the same request is refused at once, and with
+    prefix caching on it finds its own blocks when admitted again and the run ends."""
+    context = SizingContext(max_model_len=32768, max_num_batched_tokens=2048)
+    specs = model_layer_specs("google/gemma-3-27b-it", REGISTRY)
+    plan = plan_kv_cache(specs, 4 * GIB, context, registry=REGISTRY, policy="kind_pools")
+    workload = _trace("long-documents", 12)
+    gateless = VllmProfile(reserve_full_isl=False)
+    stepper = gateless.simulator(plan, workload, max_num_batched_tokens=None, prefix_caching=False)
+    with pytest.raises(InvalidInputError, match=r"cannot grow past 2,048 computed tokens even with the pool"):
+        for _ in range(100):  # it must stop within a few steps
+            stepper.step()
+    assert simulate(plan, workload, scheduler=gateless, prefix_caching=True, registry=REGISTRY).steps > 0
+    with pytest.raises(InvalidInputError, match="cannot be admitted even with the pool to itself"):
+        simulate(plan, workload, scheduler=VllmProfile(), registry=REGISTRY)
+
+
 @pytest.mark.parametrize("policy", ["shared_buffer", "equal_groups", "kind_pools"])
 @pytest.mark.parametrize("seed", [0, 1])
 def test_vllms_prefix_cache_changes_nothing_when_nothing_can_hit(policy, seed):

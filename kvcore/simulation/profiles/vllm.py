@@ -287,6 +287,9 @@ class VllmSimulator(StepperState):
         self._placeholders = [0] * count
         self._in_flight = [0] * count
         self._stale = [0] * count
+        #: request -> (its computed tokens, requests finished) when it last failed to grow
+        #: running alone (:meth:`_check_alone`)
+        self._failed_alone: dict[int, tuple[int, int]] = {}
         self._status = [_WAITING] * count
         self._tables: list[list[list[int | None]]] = [[] for _ in range(count)]
         self._hashed: list[list[int]] = [[] for _ in range(count)]  # blocks cached per class
@@ -423,6 +426,8 @@ class VllmSimulator(StepperState):
                         granted = True
                         break
                     victim = running.pop()
+                    if victim == r and not running:  # it failed with the pool to itself
+                        self._check_alone(r)
                     self._preempt(victim)
                     preempted = True
                     if victim == r:
@@ -528,6 +533,29 @@ class VllmSimulator(StepperState):
             done = set(finished)
             self._running = [r for r in self._running if r not in done]
             self.finished += len(finished)
+
+    def _check_alone(self, r: int) -> None:
+        """Stop a run that would never end: request ``r``, running alone, failed to grow where it
+        failed alone before, and no request finished in between. With the admission gate off
+        (``reserve_full_isl=False``) a request is admitted when its first chunk fits, so one
+        that cannot get past some point even with the pool to itself is preempted, admitted
+        again and preempted at that same point without end (with prefix caching on it usually
+        finds its own blocks and gets further each time, so this never fires).
+
+        Raises:
+            InvalidInputError: ``r`` failed alone at the same point twice.
+        """
+        point = (self._computed[r], self.finished)
+        if self._failed_alone.get(r) == point:
+            stuck = self.requests[r]
+            raise InvalidInputError(
+                f"{stuck.label} ({stuck.prompt_tokens} prompt + {stuck.output_tokens} output tokens) "
+                f"cannot grow past {point[0]:,} computed tokens even with the pool to itself "
+                f"({_usable(self.plan)} block ids), so it would be admitted and preempted without end: "
+                "plan more blocks, give a smaller max_num_batched_tokens, or keep reserve_full_isl on "
+                "(vLLM's default: a request waits until its whole prompt fits)"
+            )
+        self._failed_alone[r] = point
 
     def _preempt(self, r: int) -> None:
         if self._pending[r]:  # its own blocks freed before their window, still in the queue
