@@ -250,6 +250,18 @@ class VllmSimulator(StepperState):
             segment_key = key
             self._window_segments.append((self._class_of[index], (index,)))
         self._freeing: dict[tuple[int, int], int] = {}  # memo of _first_freeing
+        #: per class, what a decode's boundary call reads (see _allocate_decode): its first
+        #: member, tokens per page (0: a state), first_retained_token (None: not windowed) and
+        #: block ids per page by pool
+        self._decode_classes: list[tuple[int, int, Any, list[tuple[int, int]]]] = [
+            (
+                g,
+                self.groups[g].tokens_per_page,
+                self.groups[g].spec.first_retained_token if self.groups[g].windowed else None,
+                self._class_spans[c],
+            )
+            for c, (g, _) in enumerate(self._classes)
+        ]
         # cache hits: the attention types, full attention first (vLLM's tighter first bound)
         self._hit_types: list[tuple[int, list[int]]] = []
         if prefix_caching and all(g.sliding >= 0 for g in self.groups):
@@ -391,6 +403,7 @@ class VllmSimulator(StepperState):
         preempted = False
         total, in_flight = self._total, self._in_flight
         grow_at, free_at, cache_at = self._grow_at, self._free_at, self._cache_at
+        compact = self._compact
         sampled: set[int] = set()
         lag = self.lag
         # why a for loop: a preemption pops only requests after this one (or this one, then breaks)
@@ -419,7 +432,9 @@ class VllmSimulator(StepperState):
             ):
                 granted = False
                 while True:
-                    if self._allocate(r, new, gate=False):
+                    # a decode of a request whose tables are compact: the lean boundary call
+                    lean = new == 1 and compact[r]
+                    if self._allocate_decode(r) if lean else self._allocate(r, new, gate=False):
                         granted = True
                         break
                     victim = running.pop()
@@ -655,6 +670,77 @@ class VllmSimulator(StepperState):
             self._take(tables, pages, compact=self._compact[r])
         if self.caching:
             self._cache_blocks(r, min(computed + new, self._tokens[r]))
+        self._note_events(r)
+        return True
+
+    def _allocate_decode(self, r: int) -> bool:
+        """:meth:`_allocate` of one decode token of request ``r`` whose tables are compact (every
+        block its own and unhashed, one table per class; no hit, no admission gate), with what
+        depends on the class alone looked up once: the window's free, the fit check, the new
+        pages, the blocks to cache and the next events, in :meth:`_allocate`'s order.
+
+        It assumes what a decode's scheduling checked: ``computed + 1`` is within
+        ``max_model_len``. A page before the window above the hashed count (then
+        :meth:`_remove_skipped` materialises the tables) takes :meth:`_allocate` instead,
+        before anything changed.
+        """
+        tables, hashed = self._tables[r], self._hashed[r]
+        computed = self._computed[r]
+        processed = computed - self._in_flight[r]
+        if processed < 0:
+            processed = 0
+        freeing: dict[int, tuple[int, int]] = {}  # class -> (pages before the window, first held)
+        for c, (g, per_page, first_retained, _) in enumerate(self._decode_classes):
+            if first_retained is None:
+                continue
+            table = tables[g]
+            skipped = first_retained(processed) // per_page
+            if skipped > len(table):
+                skipped = len(table)
+            if not skipped or table[skipped - 1] is None:  # freed already
+                continue
+            if skipped > hashed[c]:  # released one by one: the full path materialises
+                return self._allocate(r, 1, gate=False)
+            low = skipped - 1  # freed pages lead a table: walk down to the first held
+            while low > 0 and table[low - 1] is not None:
+                low -= 1
+            freeing[c] = (skipped, low)
+        if freeing:  # _remove_skipped's compact case: each class's pages as runs, group by group
+            for c, (skipped, low) in freeing.items():
+                tables[self._classes[c][0]][low:skipped] = repeat(None, skipped - low)
+            for c, members in self._window_segments:
+                if c in freeing:
+                    skipped, low = freeing[c]
+                    self._queue_pending(r, members, skipped - 1, skipped - low)
+        slots = computed + 1
+        pools = self.pools
+        need = [0] * len(pools)
+        pages: list[int] = []  # new pages per class
+        grows = False
+        for g, per_page, first_retained, spans in self._decode_classes:
+            table = tables[g]
+            required = (slots + per_page - 1) // per_page if per_page else 1  # _pages
+            pages.append(required - len(table))
+            held = len(table)
+            if first_retained is not None:  # _to_allocate: pages before the window need none
+                skipped = first_retained(computed) // per_page
+                if skipped > held:
+                    held = skipped
+            if required > held:
+                grows = True
+                for p, span in spans:
+                    need[p] += (required - held) * span
+        if grows:
+            for n, pool in zip(need, pools, strict=True):
+                if n > pool.uncached + pool.cached_span:  # pool.free, inlined
+                    return False
+        if any(n > 0 for n in pages):
+            self._take(tables, pages, compact=True)
+        known = self._tokens[r]
+        tokens = slots if slots < known else known
+        # below the next block to cache (_note_events' bound) _cache_blocks hashes nothing
+        if tokens - tokens % self._align >= self._cache_at[r]:
+            self._cache_blocks(r, tokens)
         self._note_events(r)
         return True
 
