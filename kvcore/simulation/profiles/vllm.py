@@ -738,9 +738,15 @@ class VllmSimulator(StepperState):
             self._take(tables, pages, compact=True)
         known = self._tokens[r]
         tokens = slots if slots < known else known
+        tokens -= tokens % self._align
         # below the next block to cache (_note_events' bound) _cache_blocks hashes nothing
-        if tokens - tokens % self._align >= self._cache_at[r]:
-            self._cache_blocks(r, tokens)
+        if tokens >= self._cache_at[r]:
+            if self.requests[r].prefix_tokens:
+                self._cache_blocks(r, tokens)
+            else:  # no shared prefix: lazy hashing only counts the full blocks (_cache_blocks)
+                for c, (g, per_page, _, _) in enumerate(self._decode_classes):
+                    if self.groups[g].sliding >= 0 and tokens // per_page > hashed[c]:
+                        hashed[c] = tokens // per_page
         self._note_events(r)
         return True
 
@@ -884,6 +890,9 @@ class VllmSimulator(StepperState):
                 self._materialise(r)
             ref, hash_of, hashed, groups = self._ref, self._hash_of, self._hashed[r], self.groups
             own = self._lazy and not self._exposed[r]  # every block is the request's own, unhashed
+            # runs of groups in a row of one pool and span: queued as one (the second would join
+            # the first at the back of the queue): pool, span, blocks
+            run_pool, run_span, run_count = -1, 0, 0
             for g, table in enumerate(tables):
                 if (
                     not live
@@ -897,9 +906,19 @@ class VllmSimulator(StepperState):
                     below = max(0, min(hashed[self._class_of[g]], len(table)) - first)
                     self.pools[group.pool].uncached += (len(table) - first - below) * group.span
                     if below:
-                        self._queue_run(group.pool, group.span, below, -1)
+                        if group.pool == run_pool and group.span == run_span:
+                            run_count += below
+                        else:
+                            if run_count:
+                                self._queue_run(run_pool, run_span, run_count, -1)
+                            run_pool, run_span, run_count = group.pool, group.span, below
                     continue
+                if run_count:  # queued before this group's blocks
+                    self._queue_run(run_pool, run_span, run_count, -1)
+                    run_pool, run_span, run_count = -1, 0, 0
                 self._release(r, g, [b for b in reversed(table) if b is not None], len(table) - 1, live=live)
+            if run_count:
+                self._queue_run(run_pool, run_span, run_count, -1)
         else:  # the class's one table (see _allocate)
             for c, (g, _) in enumerate(self._classes):
                 held = len(tables[g]) - tables[g].count(None)
