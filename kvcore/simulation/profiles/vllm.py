@@ -313,7 +313,7 @@ class VllmSimulator(StepperState):
         self._compact = [False] * count
         self._first = [-1] * count
         # when a request's tables next change (see _note_events); 0: not known, take the full path
-        self._grow_at = [0] * count
+        self._quiet = [0] * count
         self._free_at = [0] * count
         self._cache_at = [0] * count
         self._next = 0
@@ -402,7 +402,7 @@ class VllmSimulator(StepperState):
         scheduled: dict[int, int] = {}
         preempted = False
         total, in_flight = self._total, self._in_flight
-        grow_at, free_at, cache_at = self._grow_at, self._free_at, self._cache_at
+        quiet, free_at, cache_at = self._quiet, self._free_at, self._cache_at
         compact = self._compact
         sampled: set[int] = set()
         lag = self.lag
@@ -411,7 +411,22 @@ class VllmSimulator(StepperState):
             if budget <= 0:
                 break
             done = computed[r]
-            if placeholders[r] and done + 2 - placeholders[r] >= total[r]:
+            out = placeholders[r]
+            if done + 1 == known[r] + out:  # a decode (one new token)
+                if out and known[r] + 1 >= total[r]:
+                    continue  # async: its last token is in flight
+                # the usual step: a decode short of the next page, the window's next free and
+                # the next block to cache (see _note_events), which the manager leaves alone;
+                # below quiet it stays under max_model_len, and a decode's token samples
+                if done < quiet[r] and done - in_flight[r] < free_at[r] and known[r] < cache_at[r]:
+                    scheduled[r] = 1
+                    budget -= 1
+                    computed[r] = done + 1
+                    in_flight[r] += 1
+                    sampled.add(r)
+                    placeholders[r] = out + lag
+                    continue
+            elif out and done + 2 - out >= total[r]:
                 continue  # async: its last token is in flight
             new = known[r] + placeholders[r] - done
             if 0 < threshold < new:
@@ -426,7 +441,7 @@ class VllmSimulator(StepperState):
             # nothing, which the manager leaves alone (see _note_events)
             if not (
                 new == 1
-                and done + 1 < grow_at[r]
+                and done < quiet[r]
                 and done - in_flight[r] < free_at[r]
                 and (done + 1 if done < known[r] else known[r]) < cache_at[r]
             ):
@@ -562,7 +577,7 @@ class VllmSimulator(StepperState):
 
     def _note_events(self, r: int) -> None:
         """When request ``r``'s tables next change: the slots that take a new page in some group
-        (``_grow_at``), the processed tokens that free a page before a window (``_free_at``) and
+        (less one, and at most ``max_model_len - 1``: ``_quiet``), the processed tokens that free a page before a window (``_free_at``) and
         the tokens that complete a block to cache (``_cache_at``)."""
         grow = free = cache = _NEVER
         tables, groups = self._tables[r], self.groups
@@ -588,7 +603,9 @@ class VllmSimulator(StepperState):
             if self.caching and group.sliding >= 0:
                 # tokens are cached in multiples of the scheduler block
                 cache = min(cache, cdiv((hashed[c] + 1) * per_page, self._align) * self._align)
-        self._grow_at[r], self._free_at[r], self._cache_at[r] = grow, free, cache
+        # a decode computing below quiet takes no page and stays within max_model_len
+        self._quiet[r] = min(grow, self.max_model_len) - 1
+        self._free_at[r], self._cache_at[r] = free, cache
 
     def _first_freeing(self, g: int, target: int) -> int:
         """The fewest processed tokens whose first retained token in group ``g`` is at least
@@ -934,7 +951,7 @@ class VllmSimulator(StepperState):
                     run.owner = -1
                     run.segments = []
             self._pending[r] = []
-        self._grow_at[r] = self._cache_at[r] = 0  # the next allocation takes the full path
+        self._quiet[r] = self._cache_at[r] = 0  # the next allocation takes the full path
 
     def _take(self, tables: list[list[int | None]], pages: list[int], *, compact: bool) -> None:
         """``BlockPool.get_new_blocks`` for ``pages[c]`` new pages of every group of class ``c``:
