@@ -528,26 +528,32 @@ class VllmSimulator(StepperState):
         in_flight, stale_tokens, status = self._in_flight, self._stale, self._status
         known, placeholders, total = self._tokens, self._placeholders, self._total
         cache, tails, cache_at = self.caching, self._tails, self._cache_at
+        computed = self._computed
         for r, n in scheduled.items():
             in_flight[r] -= n
-            stale = stale_tokens[r] > 0
-            if stale:
+            if stale_tokens[r] > 0:  # a preempted request's output (rare)
                 stale_tokens[r] -= n
+                stale = True
+            else:
+                stale = False
             if r not in sampled or status[r] == _FINISHED:
                 continue
-            had_placeholders = placeholders[r]
+            out = placeholders[r]
             tokens_known = known[r] = known[r] + 1
-            if had_placeholders and not stale:
-                placeholders[r] = had_placeholders - 1
+            if out and not stale:
+                placeholders[r] = out - 1
+                if tokens_known < total[r]:  # the usual decode: not finished
+                    # short of the next block to cache (_note_events' bound; min(tokens,
+                    # tokens_known) below), it would hash nothing
+                    if cache and (tails or tokens_known >= cache_at[r]) and status[r] == _RUNNING:
+                        tokens = computed[r] - in_flight[r]
+                        if tails or (tokens if tokens < tokens_known else tokens_known) >= cache_at[r]:
+                            self._cache_blocks(r, tokens)
+                    continue
             if tokens_known >= total[r]:
                 finished.append(r)
                 if self._step_time is not None:
                     self._finish_step[r] = step
-            elif cache and had_placeholders and not stale and status[r] == _RUNNING:
-                tokens = self._computed[r] - in_flight[r]
-                # short of the next block to cache (_note_events' bound), it would hash nothing
-                if tails or (tokens if tokens < tokens_known else tokens_known) >= cache_at[r]:
-                    self._cache_blocks(r, tokens)
         if finished:
             for r in finished:
                 if self._status[r] == _RUNNING:
@@ -577,8 +583,9 @@ class VllmSimulator(StepperState):
 
     def _note_events(self, r: int) -> None:
         """When request ``r``'s tables next change: the slots that take a new page in some group
-        (less one, and at most ``max_model_len - 1``: ``_quiet``), the processed tokens that free a page before a window (``_free_at``) and
-        the tokens that complete a block to cache (``_cache_at``)."""
+        (less one, and at most ``max_model_len - 1``: ``_quiet``), the processed tokens that
+        free a page before a window (``_free_at``) and the tokens that complete a block to cache
+        (``_cache_at``)."""
         grow = free = cache = _NEVER
         tables, groups = self._tables[r], self.groups
         hashed = self._hashed[r]
@@ -591,14 +598,8 @@ class VllmSimulator(StepperState):
             grow = min(grow, len(table) * per_page + 1)
             if group.windowed:
                 # the pages freed before the window: a table's None entries lead it (freed from
-                # the start, hits from a window's end), so a binary search finds the first block
-                low, high = 0, len(table)
-                while low < high:
-                    middle = (low + high) // 2
-                    if table[middle] is None:
-                        low = middle + 1
-                    else:
-                        high = middle
+                # the start, hits from a window's end), so their count is the first block's index
+                low = table.count(None)
                 free = min(free, self._first_freeing(g, (low + 1) * per_page))
             if self.caching and group.sliding >= 0:
                 # tokens are cached in multiples of the scheduler block
@@ -988,7 +989,8 @@ class VllmSimulator(StepperState):
         pool = self.pools[p]
         ref, hash_of, hashes, cached_free = self._ref, self._hash_of, self._hashes[p], pool.cached_free
         while pool.uncached < need:
-            key, ids = cached_free.popitem(last=False)
+            key = next(iter(cached_free))  # the front (a run partly used stays there)
+            ids = cached_free[key]
             if key < 0:  # a run: as many of its blocks as the pages need, from its front
                 run = self._runs[key]
                 span = run.span
@@ -1003,10 +1005,10 @@ class VllmSimulator(StepperState):
                 run.consumed += used // span
                 if used < ids:  # the rest stays at the front
                     cached_free[key] = ids - used
-                    cached_free.move_to_end(key, last=False)
                 else:
-                    del self._runs[key]
+                    del cached_free[key], self._runs[key]
                 continue
+            del cached_free[key]
             pool.cached_span -= ids
             pool.uncached += ids
             # the block's hash goes (one freed by a finished request has none), and its count
