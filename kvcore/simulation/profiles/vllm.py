@@ -250,15 +250,17 @@ class VllmSimulator(StepperState):
             segment_key = key
             self._window_segments.append((self._class_of[index], (index,)))
         self._freeing: dict[tuple[int, int], int] = {}  # memo of _first_freeing
-        #: per class, what a decode's boundary call reads (see _allocate_decode): its first
-        #: member, tokens per page (0: a state), first_retained_token (None: not windowed) and
-        #: block ids per page by pool
-        self._decode_classes: list[tuple[int, int, Any, list[tuple[int, int]]]] = [
+        #: per class, what a boundary call reads (_allocate_decode, _note_events): its first
+        #: member, tokens per page (0: a state), first_retained_token (None: not windowed),
+        #: block ids per page by pool, and whether its blocks are cached (prefix caching on and
+        #: the group hits)
+        self._decode_classes: list[tuple[int, int, Any, list[tuple[int, int]], bool]] = [
             (
                 g,
                 self.groups[g].tokens_per_page,
                 self.groups[g].spec.first_retained_token if self.groups[g].windowed else None,
                 self._class_spans[c],
+                prefix_caching and self.groups[g].sliding >= 0,
             )
             for c, (g, _) in enumerate(self._classes)
         ]
@@ -587,23 +589,24 @@ class VllmSimulator(StepperState):
         free a page before a window (``_free_at``) and the tokens that complete a block to cache
         (``_cache_at``)."""
         grow = free = cache = _NEVER
-        tables, groups = self._tables[r], self.groups
-        hashed = self._hashed[r]
-        for c, (g, _) in enumerate(self._classes):  # one member answers for its class
-            group, table = groups[g], tables[g]
-            per_page = group.tokens_per_page
+        table_of, hashed, align = self._tables[r], self._hashed[r], self._align
+        freeing = self._freeing
+        for c, (g, per_page, first_retained, _, hashes) in enumerate(self._decode_classes):
+            table = table_of[g]  # one member answers for its class
             if not per_page:
-                grow = min(grow, 1 if not table else _NEVER)
+                if not table:
+                    grow = min(grow, 1)
                 continue
             grow = min(grow, len(table) * per_page + 1)
-            if group.windowed:
+            if first_retained is not None:
                 # the pages freed before the window: a table's None entries lead it (freed from
                 # the start, hits from a window's end), so their count is the first block's index
-                low = table.count(None)
-                free = min(free, self._first_freeing(g, (low + 1) * per_page))
-            if self.caching and group.sliding >= 0:
+                target = (table.count(None) + 1) * per_page
+                known = freeing.get((g, target))
+                free = min(free, self._first_freeing(g, target) if known is None else known)
+            if hashes:
                 # tokens are cached in multiples of the scheduler block
-                cache = min(cache, cdiv((hashed[c] + 1) * per_page, self._align) * self._align)
+                cache = min(cache, -(-(hashed[c] + 1) * per_page // align) * align)
         # a decode computing below quiet takes no page and stays within max_model_len
         self._quiet[r] = min(grow, self.max_model_len) - 1
         self._free_at[r], self._cache_at[r] = free, cache
@@ -708,7 +711,7 @@ class VllmSimulator(StepperState):
         if processed < 0:
             processed = 0
         freeing: dict[int, tuple[int, int]] = {}  # class -> (pages before the window, first held)
-        for c, (g, per_page, first_retained, _) in enumerate(self._decode_classes):
+        for c, (g, per_page, first_retained, _, _) in enumerate(self._decode_classes):
             if first_retained is None:
                 continue
             table = tables[g]
@@ -735,7 +738,7 @@ class VllmSimulator(StepperState):
         need = [0] * len(pools)
         pages: list[int] = []  # new pages per class
         grows = False
-        for g, per_page, first_retained, spans in self._decode_classes:
+        for g, per_page, first_retained, spans, _ in self._decode_classes:
             table = tables[g]
             required = (slots + per_page - 1) // per_page if per_page else 1  # _pages
             pages.append(required - len(table))
@@ -762,8 +765,8 @@ class VllmSimulator(StepperState):
             if self.requests[r].prefix_tokens:
                 self._cache_blocks(r, tokens)
             else:  # no shared prefix: lazy hashing only counts the full blocks (_cache_blocks)
-                for c, (g, per_page, _, _) in enumerate(self._decode_classes):
-                    if self.groups[g].sliding >= 0 and tokens // per_page > hashed[c]:
+                for c, (_, per_page, _, _, hashes) in enumerate(self._decode_classes):
+                    if hashes and tokens // per_page > hashed[c]:
                         hashed[c] = tokens // per_page
         self._note_events(r)
         return True
@@ -963,14 +966,17 @@ class VllmSimulator(StepperState):
         that covers every group's pages, so each pool evicts once for all of them.
         """
         pools = self.pools
+        need = [0] * len(pools)  # block ids per pool, every class's together
         for c, spans in enumerate(self._class_spans):
             if pages[c] > 0:
                 for p, span in spans:
-                    need = pages[c] * span
-                    pool = pools[p]
-                    if pool.uncached < need:
-                        self._evict(p, need)
-                    pool.uncached -= need
+                    need[p] += pages[c] * span
+        for p, ids in enumerate(need):
+            if ids:
+                pool = pools[p]
+                if pool.uncached < ids:  # why once: class by class evicts the same front
+                    self._evict(p, ids)
+                pool.uncached -= ids
         if compact:  # one shared table per class (see _allocate)
             for c, (g, _) in enumerate(self._classes):
                 if pages[c] > 0:
