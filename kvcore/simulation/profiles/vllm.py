@@ -735,28 +735,39 @@ class VllmSimulator(StepperState):
                     self._queue_pending(r, members, skipped - 1, skipped - low)
         slots = computed + 1
         pools = self.pools
-        need = [0] * len(pools)
+        need = [0] * len(pools)  # block ids to allocate (_to_allocate)
+        take = [0] * len(pools)  # block ids taken (_take)
         pages: list[int] = []  # new pages per class
         grows = False
         for g, per_page, first_retained, spans, _ in self._decode_classes:
             table = tables[g]
-            required = (slots + per_page - 1) // per_page if per_page else 1  # _pages
-            pages.append(required - len(table))
             held = len(table)
-            if first_retained is not None:  # _to_allocate: pages before the window need none
-                skipped = first_retained(computed) // per_page
-                if skipped > held:
-                    held = skipped
+            required = (slots + per_page - 1) // per_page if per_page else 1  # _pages
+            pages.append(required - held)
             if required > held:
-                grows = True
                 for p, span in spans:
-                    need[p] += (required - held) * span
+                    take[p] += (required - held) * span
+                if first_retained is not None:  # _to_allocate: pages before the window need none
+                    skipped = first_retained(computed) // per_page
+                    if skipped > held:
+                        held = skipped
+                if required > held:
+                    grows = True
+                    for p, span in spans:
+                        need[p] += (required - held) * span
         if grows:
             for n, pool in zip(need, pools, strict=True):
                 if n > pool.uncached + pool.cached_span:  # pool.free, inlined
                     return False
-        if any(n > 0 for n in pages):
-            self._take(tables, pages, compact=True)
+        for p, ids in enumerate(take):  # _take of the compact tables, inlined
+            if ids:
+                pool = pools[p]
+                if pool.uncached < ids:
+                    self._evict(p, ids)
+                pool.uncached -= ids
+        for c, (g, _, _, _, _) in enumerate(self._decode_classes):
+            if pages[c] > 0:
+                tables[g].extend(repeat(_HELD, pages[c]))
         known = self._tokens[r]
         tokens = slots if slots < known else known
         tokens -= tokens % self._align
@@ -994,13 +1005,16 @@ class VllmSimulator(StepperState):
         """Evict the oldest cached free blocks of pool ``p`` until ``need`` block ids are uncached."""
         pool = self.pools[p]
         ref, hash_of, hashes, cached_free = self._ref, self._hash_of, self._hashes[p], pool.cached_free
+        runs = self._runs
         while pool.uncached < need:
             key = next(iter(cached_free))  # the front (a run partly used stays there)
             ids = cached_free[key]
             if key < 0:  # a run: as many of its blocks as the pages need, from its front
-                run = self._runs[key]
+                run = runs[key]
                 span = run.span
-                used = min(ids // span, cdiv(need - pool.uncached, span)) * span
+                used = -(-(need - pool.uncached) // span) * span  # whole blocks (ids is too)
+                if used > ids:
+                    used = ids
                 pool.cached_span -= used
                 pool.uncached += used
                 if run.members is not None:  # expanded: hashed blocks, each evicted as one
@@ -1012,7 +1026,7 @@ class VllmSimulator(StepperState):
                 if used < ids:  # the rest stays at the front
                     cached_free[key] = ids - used
                 else:
-                    del cached_free[key], self._runs[key]
+                    del cached_free[key], runs[key]
                 continue
             del cached_free[key]
             pool.cached_span -= ids
