@@ -250,6 +250,19 @@ class VllmSimulator(StepperState):
             segment_key = key
             self._window_segments.append((self._class_of[index], (index,)))
         self._freeing: dict[tuple[int, int], int] = {}  # memo of _first_freeing
+        #: the groups in group order, cut where the pool or span changes: (pool, span, how many
+        #: groups of each class) (see _finish_compact)
+        self._free_segments: list[tuple[int, int, list[tuple[int, int]]]] = []
+        for index, g in enumerate(self.groups):
+            c = self._class_of[index]
+            if self._free_segments and self._free_segments[-1][:2] == (g.pool, g.span):
+                counts = self._free_segments[-1][2]
+                if counts[-1][0] == c:
+                    counts[-1] = (c, counts[-1][1] + 1)
+                else:
+                    counts.append((c, 1))
+            else:
+                self._free_segments.append((g.pool, g.span, [(c, 1)]))
         #: per class, what a boundary call reads (_allocate_decode, _note_events): its first
         #: member, tokens per page (0: a state), first_retained_token (None: not windowed),
         #: block ids per page by pool, and whether its blocks are cached (prefix caching on and
@@ -917,6 +930,8 @@ class VllmSimulator(StepperState):
         tables = self._tables[r]
         if not tables:
             pass
+        elif self.caching and not live and self._compact[r]:
+            self._finish_compact(r)  # the usual finish, counted per class
         elif self.caching:
             if live and self._compact[r]:  # released block by block: each needs its own id
                 self._materialise(r)
@@ -967,6 +982,35 @@ class VllmSimulator(StepperState):
                     run.segments = []
             self._pending[r] = []
         self._quiet[r] = self._cache_at[r] = 0  # the next allocation takes the full path
+
+    def _finish_compact(self, r: int) -> None:
+        """The usual finish of :meth:`_free` for compact tables (every block the request's own and
+        unhashed, one table per class): each class's pages above its hashed count back among
+        the uncached, those below queued group by group, counted once per class and queued
+        per run of groups in a row of one pool and span (:attr:`_free_segments`)."""
+        tables, hashed, pools = self._tables[r], self._hashed[r], self.pools
+        below: list[int] = []  # per class: pages below the hashed count, still held
+        for c, (g, _) in enumerate(self._classes):
+            table = tables[g]
+            first = table.count(None)  # freed pages lead a table
+            queued = max(0, min(hashed[c], len(table)) - first)
+            below.append(queued)
+            for p, span in self._class_spans[c]:
+                pools[p].uncached += (len(table) - first - queued) * span
+        # a group with nothing below keeps the batch open, as in _free
+        run_pool, run_span, run_count = -1, 0, 0
+        for p, span, members in self._free_segments:
+            count = sum(n * below[c] for c, n in members)
+            if not count:
+                continue
+            if p == run_pool and span == run_span:
+                run_count += count
+            else:
+                if run_count:
+                    self._queue_run(run_pool, run_span, run_count, -1)
+                run_pool, run_span, run_count = p, span, count
+        if run_count:
+            self._queue_run(run_pool, run_span, run_count, -1)
 
     def _take(self, tables: list[list[int | None]], pages: list[int], *, compact: bool) -> None:
         """``BlockPool.get_new_blocks`` for ``pages[c]`` new pages of every group of class ``c``:
