@@ -420,6 +420,7 @@ class VllmSimulator(StepperState):
         quiet, free_at, cache_at = self._quiet, self._free_at, self._cache_at
         compact = self._compact
         sampled: set[int] = set()
+        add = sampled.add
         lag = self.lag
         # why a for loop: a preemption pops only requests after this one (or this one, then breaks)
         for r in running:
@@ -427,20 +428,23 @@ class VllmSimulator(StepperState):
                 break
             done = computed[r]
             out = placeholders[r]
-            if done + 1 == known[r] + out:  # a decode (one new token)
-                if out and known[r] + 1 >= total[r]:
+            tokens = known[r]
+            if done + 1 == tokens + out:  # a decode (one new token)
+                if out and tokens + 1 >= total[r]:
                     continue  # async: its last token is in flight
-                # the usual step: a decode short of the next page, the window's next free and
-                # the next block to cache (see _note_events), which the manager leaves alone;
+                # the usual step: a decode short of the next page, the next block to cache and
+                # the window's next free (see _note_events), which the manager leaves alone;
                 # below quiet it stays under max_model_len, and a decode's token samples
-                if done < quiet[r] and done - in_flight[r] < free_at[r] and known[r] < cache_at[r]:
-                    scheduled[r] = 1
-                    budget -= 1
-                    computed[r] = done + 1
-                    in_flight[r] += 1
-                    sampled.add(r)
-                    placeholders[r] = out + lag
-                    continue
+                if done < quiet[r] and tokens < cache_at[r]:
+                    flying = in_flight[r]
+                    if done - flying < free_at[r]:
+                        scheduled[r] = 1
+                        budget -= 1
+                        computed[r] = done + 1
+                        in_flight[r] = flying + 1
+                        add(r)
+                        placeholders[r] = out + lag
+                        continue
             elif out and done + 2 - out >= total[r]:
                 continue  # async: its last token is in flight
             new = known[r] + placeholders[r] - done
