@@ -332,6 +332,11 @@ class VllmSimulator(StepperState):
         self._free_at = [0] * count
         self._cache_at = [0] * count
         self._next = 0
+        #: the admission gate's block ids per pool of a request that failed it before it ever
+        #: ran and has no shared prefix: nothing can hit its blocks and its tables and counts
+        #: stay as they are, so the same gate fails while a pool's free blocks fall short of it
+        #: (the retry, a cache lookup of its whole prompt and the gate, is skipped)
+        self._blocked: dict[int, list[int]] = {}
         self._waiting: deque[int] = deque()
         self._running: list[int] = []
         self._outputs: deque[tuple[dict[int, int], set[int], int]] = deque()
@@ -486,6 +491,7 @@ class VllmSimulator(StepperState):
                 sampled.add(r)
                 placeholders[r] += lag
         if not preempted:
+            blocked, pools = self._blocked, self.pools
             skipped: list[int] = []
             while budget > 0 and waiting:
                 if len(running) >= profile.max_num_seqs:
@@ -494,6 +500,9 @@ class VllmSimulator(StepperState):
                 if self._stale[r]:  # its in-flight output is not back yet
                     skipped.append(waiting.popleft())
                     continue
+                gate = blocked.get(r)
+                if gate is not None and any(n > pool.free for n, pool in zip(gate, pools, strict=True)):
+                    break  # its admission gate fails as it did (see _blocked)
                 hit, blocks = self._find_hit(r) if self.caching else (0, None)
                 new = known[r] - hit
                 if 0 < threshold < new:
@@ -503,6 +512,7 @@ class VllmSimulator(StepperState):
                     break
                 waiting.popleft()
                 running.append(r)
+                blocked.pop(r, None)
                 self.cached_tokens += hit
                 self.looked_up_tokens += known[r]
                 self._status[r] = _RUNNING
@@ -683,6 +693,8 @@ class VllmSimulator(StepperState):
             whole = min(self._tokens[r], self.max_model_len)
             need = self._to_allocate(tables, whole, hit_blocks, computed, cap=True)
             if any(n > pool.free for n, pool in zip(need, pools, strict=True)):
+                if self._status[r] == _WAITING and not self.requests[r].prefix_tokens:
+                    self._blocked[r] = need  # (see _blocked)
                 return False
         if self._windowed:
             self._remove_skipped(r, tables, max(0, computed - self._in_flight[r]))
