@@ -740,7 +740,10 @@ class VllmSimulator(StepperState):
         if processed < 0:
             processed = 0
         freeing: dict[int, tuple[int, int]] = {}  # class -> (pages before the window, first held)
-        for c, (g, per_page, first_retained, _, _) in enumerate(self._decode_classes):
+        # short of _note_events' next free no window frees a page: the loop is skipped
+        classes = self._decode_classes
+        windows = classes if processed >= self._free_at[r] else ()
+        for c, (g, per_page, first_retained, _, _) in enumerate(windows):
             if first_retained is None:
                 continue
             table = tables[g]
@@ -768,7 +771,8 @@ class VllmSimulator(StepperState):
         take = [0] * len(pools)  # block ids taken (_take)
         pages: list[int] = []  # new pages per class
         grows = False
-        for g, per_page, first_retained, spans, _ in self._decode_classes:
+        # below _note_events' quiet bound no table grows: the loop is skipped
+        for g, per_page, first_retained, spans, _ in classes if computed >= self._quiet[r] else ():
             table = tables[g]
             held = len(table)
             required = (slots + per_page - 1) // per_page if per_page else 1  # _pages
@@ -794,9 +798,9 @@ class VllmSimulator(StepperState):
                 if pool.uncached < ids:
                     self._evict(p, ids)
                 pool.uncached -= ids
-        for c, (g, _, _, _, _) in enumerate(self._decode_classes):
-            if pages[c] > 0:
-                tables[g].extend(repeat(_HELD, pages[c]))
+        for c, count in enumerate(pages):
+            if count > 0:
+                tables[self._classes[c][0]].extend(repeat(_HELD, count))
         known = self._tokens[r]
         tokens = slots if slots < known else known
         tokens -= tokens % self._align
