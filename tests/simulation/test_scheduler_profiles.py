@@ -219,7 +219,13 @@ def test_vllms_lean_paths_give_the_full_paths_figures(policy, prefix_share, memo
     plan = plan_kv_cache(specs, memory * GIB, context, registry=REGISTRY, policy=policy)
     prompt, output = parse_length("lognormal:1024:1.0"), parse_length("lognormal:200:1.0")
     workload = synthetic(
-        150, prompt, output, rate=0.6, seed=1, max_model_len=8192, prefix_share=prefix_share,
+        150,
+        prompt,
+        output,
+        rate=0.6,
+        seed=1,
+        max_model_len=8192,
+        prefix_share=prefix_share,
         prefix_tokens=1024,
     )
     results = []
