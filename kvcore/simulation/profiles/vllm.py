@@ -610,11 +610,17 @@ class VllmSimulator(StepperState):
 
     # -- the KV-cache manager ------------------------------------------------------------------
 
-    def _note_events(self, r: int) -> None:
+    def _note_events(self, r: int, *, grew: bool = True, freed: bool = True, cached: bool = True) -> None:
         """When request ``r``'s tables next change: the slots that take a new page in some group
         (less one, and at most ``max_model_len - 1``: ``_quiet``), the processed tokens that
         free a page before a window (``_free_at``) and the tokens that complete a block to cache
-        (``_cache_at``)."""
+        (``_cache_at``).
+
+        Args:
+            grew, freed, cached: which may have changed since they were last noted (a table's
+                length, the pages freed before a window, the blocks counted as cached); the
+                others are kept.
+        """
         grow = free = cache = _NEVER
         table_of, hashed, align = self._tables[r], self._hashed[r], self._align
         freeing = self._freeing
@@ -624,19 +630,24 @@ class VllmSimulator(StepperState):
                 if not table:
                     grow = min(grow, 1)
                 continue
-            grow = min(grow, len(table) * per_page + 1)
-            if first_retained is not None:
+            if grew:
+                grow = min(grow, len(table) * per_page + 1)
+            if freed and first_retained is not None:
                 # the pages freed before the window: a table's None entries lead it (freed from
                 # the start, hits from a window's end), so their count is the first block's index
                 target = (table.count(None) + 1) * per_page
                 known = freeing.get((g, target))
                 free = min(free, self._first_freeing(g, target) if known is None else known)
-            if hashes:
+            if cached and hashes:
                 # tokens are cached in multiples of the scheduler block
                 cache = min(cache, -(-(hashed[c] + 1) * per_page // align) * align)
-        # a decode computing below quiet takes no page and stays within max_model_len
-        self._quiet[r] = min(grow, self.max_model_len) - 1
-        self._free_at[r], self._cache_at[r] = free, cache
+        if grew:
+            # a decode computing below quiet takes no page and stays within max_model_len
+            self._quiet[r] = min(grow, self.max_model_len) - 1
+        if freed:
+            self._free_at[r] = free
+        if cached:
+            self._cache_at[r] = cache
 
     def _first_freeing(self, g: int, target: int) -> int:
         """The fewest processed tokens whose first retained token in group ``g`` is at least
@@ -798,21 +809,27 @@ class VllmSimulator(StepperState):
                 if pool.uncached < ids:
                     self._evict(p, ids)
                 pool.uncached -= ids
+        grew = False
         for c, count in enumerate(pages):
             if count > 0:
                 tables[self._classes[c][0]].extend(repeat(_HELD, count))
+                grew = True
         known = self._tokens[r]
         tokens = slots if slots < known else known
         tokens -= tokens % self._align
         # below the next block to cache (_note_events' bound) _cache_blocks hashes nothing
-        if tokens >= self._cache_at[r]:
+        cached = tokens >= self._cache_at[r]
+        if cached:
             if self.requests[r].prefix_tokens:
-                self._cache_blocks(r, tokens)
+                self._cache_blocks(r, tokens)  # (materialising keeps the tables' shape)
             else:  # no shared prefix: lazy hashing only counts the full blocks (_cache_blocks)
                 for c, (_, per_page, _, _, hashes) in enumerate(self._decode_classes):
                     if hashes and tokens // per_page > hashed[c]:
                         hashed[c] = tokens // per_page
-        self._note_events(r)
+        # what did not change keeps its bound (a cache bound may be stale-low after
+        # _update_from_output's caching, so it is noted again whenever it was reached)
+        if grew or freeing or cached:
+            self._note_events(r, grew=grew, freed=bool(freeing), cached=cached)
         return True
 
     def _to_allocate(
