@@ -780,15 +780,15 @@ class VllmSimulator(StepperState):
         pools = self.pools
         need = [0] * len(pools)  # block ids to allocate (_to_allocate)
         take = [0] * len(pools)  # block ids taken (_take)
-        pages: list[int] = []  # new pages per class
+        grown: list[tuple[list[int | None], int]] = []  # (a class's table, its new pages)
         grows = False
         # below _note_events' quiet bound no table grows: the loop is skipped
         for g, per_page, first_retained, spans, _ in classes if computed >= self._quiet[r] else ():
             table = tables[g]
             held = len(table)
             required = (slots + per_page - 1) // per_page if per_page else 1  # _pages
-            pages.append(required - held)
             if required > held:
+                grown.append((table, required - held))
                 for p, span in spans:
                     take[p] += (required - held) * span
                 if first_retained is not None:  # _to_allocate: pages before the window need none
@@ -809,11 +809,9 @@ class VllmSimulator(StepperState):
                 if pool.uncached < ids:
                     self._evict(p, ids)
                 pool.uncached -= ids
-        grew = False
-        for c, count in enumerate(pages):
-            if count > 0:
-                tables[self._classes[c][0]].extend(repeat(_HELD, count))
-                grew = True
+        for table, count in grown:
+            table.extend(repeat(_HELD, count))
+        grew = bool(grown)
         known = self._tokens[r]
         tokens = slots if slots < known else known
         tokens -= tokens % self._align
