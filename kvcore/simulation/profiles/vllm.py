@@ -1355,6 +1355,9 @@ class VllmSimulator(StepperState):
         and a multiple of the scheduler's block (the groups' least common multiple)."""
         if not self._hit_types:
             return 0, None
+        if self._status[r] == _WAITING and not self.requests[r].prefix_tokens:
+            # it never ran and shares no prefix: no block was ever hashed with its content
+            return 0, None
         align = self._align
         hit = self._tokens[r] - 1
         found: dict[int, list[int | None]] = {}
