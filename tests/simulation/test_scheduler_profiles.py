@@ -23,7 +23,7 @@ from kvcore.errors import InvalidInputError, UnknownSchedulerError
 from kvcore.planning.manager import get_plugin_manager
 from kvcore.planning.registry import Registry
 from kvcore.simulation.profiles.kvcore_rules import KvcoreProfile
-from kvcore.simulation.profiles.vllm import VllmProfile
+from kvcore.simulation.profiles.vllm import VllmProfile, VllmSimulator
 from kvcore.simulation.workload import Request, parse_length, synthetic
 
 GIB = 2**30
@@ -205,3 +205,57 @@ def test_vllms_prefix_cache_changes_nothing_when_nothing_can_hit(policy, seed):
         off.total_tokens,
         off.mean_queue_delay,
     )
+
+
+class _FullPathSimulator(VllmSimulator):
+    """The ``vllm`` profile with its lean paths off: every decode's boundary call takes the full
+    ``_allocate``, a refused admission is gated again each step, and a finished request's pages
+    are freed group by group."""
+
+    def _allocate_decode(self, r):
+        return self._allocate(r, 1, gate=False)
+
+    def _allocate(self, r, new, **options):
+        granted = super()._allocate(r, new, **options)
+        self._blocked.clear()  # no memo of a refused admission
+        return granted
+
+    def _finish_compact(self, r):
+        self._compact[r] = False  # the finish as for tables of their own, group by group
+        self._free(r, live=False)
+
+
+@pytest.mark.parametrize("policy", ["shared_buffer", "equal_groups", "kind_pools"])
+@pytest.mark.parametrize("prefix_share", [0.0, 0.7])
+@pytest.mark.parametrize("memory", [12, 40])
+def test_vllms_lean_paths_give_the_full_paths_figures(policy, prefix_share, memory):
+    """The ``vllm`` profile's lean paths (a decode's boundary call on compact tables, a refused
+    admission not retried while the pools fall short of the same need, a finished request freed
+    per class) change no figure: every field of the result, per-step series included, matches
+    the full path's on Gemma-3's plans, with and without a shared prefix (tables that stop being
+    compact), at a budget that preempts (12 GiB) and one that evicts without preempting."""
+    context = SizingContext(max_model_len=8192, max_num_batched_tokens=2048)
+    specs = model_layer_specs("google/gemma-3-27b-it", REGISTRY)
+    plan = plan_kv_cache(specs, memory * GIB, context, registry=REGISTRY, policy=policy)
+    prompt, output = parse_length("lognormal:1024:1.0"), parse_length("lognormal:200:1.0")
+    workload = synthetic(
+        150,
+        prompt,
+        output,
+        rate=0.6,
+        seed=1,
+        max_model_len=8192,
+        prefix_share=prefix_share,
+        prefix_tokens=1024,
+    )
+    results = []
+    for simulator in (VllmSimulator, _FullPathSimulator):
+        stepper = simulator(plan, workload, VllmProfile(), prefix_caching=True)
+        while not stepper.done:
+            stepper.step()
+        results.append(stepper.result())
+    lean, full = results
+    if memory == 12:
+        assert lean.preemptions > 0  # the case's premise: preempted requests come back
+    assert lean.cached_tokens == full.cached_tokens
+    assert lean == full

@@ -250,6 +250,33 @@ class VllmSimulator(StepperState):
             segment_key = key
             self._window_segments.append((self._class_of[index], (index,)))
         self._freeing: dict[tuple[int, int], int] = {}  # memo of _first_freeing
+        #: the groups in group order, cut where the pool or span changes: (pool, span, how many
+        #: groups of each class) (see _finish_compact)
+        self._free_segments: list[tuple[int, int, list[tuple[int, int]]]] = []
+        for index, g in enumerate(self.groups):
+            c = self._class_of[index]
+            if self._free_segments and self._free_segments[-1][:2] == (g.pool, g.span):
+                counts = self._free_segments[-1][2]
+                if counts[-1][0] == c:
+                    counts[-1] = (c, counts[-1][1] + 1)
+                else:
+                    counts.append((c, 1))
+            else:
+                self._free_segments.append((g.pool, g.span, [(c, 1)]))
+        #: per class, what a boundary call reads (_allocate_decode, _note_events): its first
+        #: member, tokens per page (0: a state), first_retained_token (None: not windowed),
+        #: block ids per page by pool, and whether its blocks are cached (prefix caching on and
+        #: the group hits)
+        self._decode_classes: list[tuple[int, int, Any, list[tuple[int, int]], bool]] = [
+            (
+                g,
+                self.groups[g].tokens_per_page,
+                self.groups[g].spec.first_retained_token if self.groups[g].windowed else None,
+                self._class_spans[c],
+                prefix_caching and self.groups[g].sliding >= 0,
+            )
+            for c, (g, _) in enumerate(self._classes)
+        ]
         # cache hits: the attention types, full attention first (vLLM's tighter first bound)
         self._hit_types: list[tuple[int, list[int]]] = []
         if prefix_caching and all(g.sliding >= 0 for g in self.groups):
@@ -304,10 +331,15 @@ class VllmSimulator(StepperState):
         self._compact = [False] * count
         self._first = [-1] * count
         # when a request's tables next change (see _note_events); 0: not known, take the full path
-        self._grow_at = [0] * count
+        self._quiet = [0] * count
         self._free_at = [0] * count
         self._cache_at = [0] * count
         self._next = 0
+        #: the admission gate's block ids per pool of a request that failed it before it ever
+        #: ran and has no shared prefix: nothing can hit its blocks and its tables and counts
+        #: stay as they are, so the same gate fails while a pool's free blocks fall short of it
+        #: (the retry, a cache lookup of its whole prompt and the gate, is skipped)
+        self._blocked: dict[int, list[int]] = {}
         self._waiting: deque[int] = deque()
         self._running: list[int] = []
         self._outputs: deque[tuple[dict[int, int], set[int], int]] = deque()
@@ -393,15 +425,35 @@ class VllmSimulator(StepperState):
         scheduled: dict[int, int] = {}
         preempted = False
         total, in_flight = self._total, self._in_flight
-        grow_at, free_at, cache_at = self._grow_at, self._free_at, self._cache_at
+        quiet, free_at, cache_at = self._quiet, self._free_at, self._cache_at
+        compact = self._compact
         sampled: set[int] = set()
+        add = sampled.add
         lag = self.lag
         # why a for loop: a preemption pops only requests after this one (or this one, then breaks)
         for r in running:
             if budget <= 0:
                 break
             done = computed[r]
-            if placeholders[r] and done + 2 - placeholders[r] >= total[r]:
+            out = placeholders[r]
+            tokens = known[r]
+            if done + 1 == tokens + out:  # a decode (one new token)
+                if out and tokens + 1 >= total[r]:
+                    continue  # async: its last token is in flight
+                # the usual step: a decode short of the next page, the next block to cache and
+                # the window's next free (see _note_events), which the manager leaves alone;
+                # below quiet it stays under max_model_len, and a decode's token samples
+                if done < quiet[r] and tokens < cache_at[r]:
+                    flying = in_flight[r]
+                    if done - flying < free_at[r]:
+                        scheduled[r] = 1
+                        budget -= 1
+                        computed[r] = done + 1
+                        in_flight[r] = flying + 1
+                        add(r)
+                        placeholders[r] = out + lag
+                        continue
+            elif out and done + 2 - out >= total[r]:
                 continue  # async: its last token is in flight
             new = known[r] + placeholders[r] - done
             if 0 < threshold < new:
@@ -416,13 +468,15 @@ class VllmSimulator(StepperState):
             # nothing, which the manager leaves alone (see _note_events)
             if not (
                 new == 1
-                and done + 1 < grow_at[r]
+                and done < quiet[r]
                 and done - in_flight[r] < free_at[r]
                 and (done + 1 if done < known[r] else known[r]) < cache_at[r]
             ):
                 granted = False
                 while True:
-                    if self._allocate(r, new, gate=False):
+                    # a decode of a request whose tables are compact: the lean boundary call
+                    lean = new == 1 and compact[r]
+                    if self._allocate_decode(r) if lean else self._allocate(r, new, gate=False):
                         granted = True
                         break
                     victim = running.pop()
@@ -442,6 +496,7 @@ class VllmSimulator(StepperState):
                 sampled.add(r)
                 placeholders[r] += lag
         if not preempted:
+            blocked, pools = self._blocked, self.pools
             skipped: list[int] = []
             while budget > 0 and waiting:
                 if len(running) >= profile.max_num_seqs:
@@ -450,6 +505,9 @@ class VllmSimulator(StepperState):
                 if self._stale[r]:  # its in-flight output is not back yet
                     skipped.append(waiting.popleft())
                     continue
+                gate = blocked.get(r)
+                if gate is not None and any(n > pool.free for n, pool in zip(gate, pools, strict=True)):
+                    break  # its admission gate fails as it did (see _blocked)
                 hit, blocks = self._find_hit(r) if self.caching else (0, None)
                 new = known[r] - hit
                 if 0 < threshold < new:
@@ -459,6 +517,7 @@ class VllmSimulator(StepperState):
                     break
                 waiting.popleft()
                 running.append(r)
+                blocked.pop(r, None)
                 self.cached_tokens += hit
                 self.looked_up_tokens += known[r]
                 self._status[r] = _RUNNING
@@ -503,26 +562,32 @@ class VllmSimulator(StepperState):
         in_flight, stale_tokens, status = self._in_flight, self._stale, self._status
         known, placeholders, total = self._tokens, self._placeholders, self._total
         cache, tails, cache_at = self.caching, self._tails, self._cache_at
+        computed = self._computed
         for r, n in scheduled.items():
             in_flight[r] -= n
-            stale = stale_tokens[r] > 0
-            if stale:
+            if stale_tokens[r] > 0:  # a preempted request's output (rare)
                 stale_tokens[r] -= n
+                stale = True
+            else:
+                stale = False
             if r not in sampled or status[r] == _FINISHED:
                 continue
-            had_placeholders = placeholders[r]
+            out = placeholders[r]
             tokens_known = known[r] = known[r] + 1
-            if had_placeholders and not stale:
-                placeholders[r] = had_placeholders - 1
+            if out and not stale:
+                placeholders[r] = out - 1
+                if tokens_known < total[r]:  # the usual decode: not finished
+                    # short of the next block to cache (_note_events' bound; min(tokens,
+                    # tokens_known) below), it would hash nothing
+                    if cache and (tails or tokens_known >= cache_at[r]) and status[r] == _RUNNING:
+                        tokens = computed[r] - in_flight[r]
+                        if tails or (tokens if tokens < tokens_known else tokens_known) >= cache_at[r]:
+                            self._cache_blocks(r, tokens)
+                    continue
             if tokens_known >= total[r]:
                 finished.append(r)
                 if self._step_time is not None:
                     self._finish_step[r] = step
-            elif cache and had_placeholders and not stale and status[r] == _RUNNING:
-                tokens = self._computed[r] - in_flight[r]
-                # short of the next block to cache (_note_events' bound), it would hash nothing
-                if tails or (tokens if tokens < tokens_known else tokens_known) >= cache_at[r]:
-                    self._cache_blocks(r, tokens)
         if finished:
             for r in finished:
                 if self._status[r] == _RUNNING:
@@ -573,35 +638,44 @@ class VllmSimulator(StepperState):
 
     # -- the KV-cache manager ------------------------------------------------------------------
 
-    def _note_events(self, r: int) -> None:
+    def _note_events(self, r: int, *, grew: bool = True, freed: bool = True, cached: bool = True) -> None:
         """When request ``r``'s tables next change: the slots that take a new page in some group
-        (``_grow_at``), the processed tokens that free a page before a window (``_free_at``) and
-        the tokens that complete a block to cache (``_cache_at``)."""
+        (less one, and at most ``max_model_len - 1``: ``_quiet``), the processed tokens that
+        free a page before a window (``_free_at``) and the tokens that complete a block to cache
+        (``_cache_at``).
+
+        Args:
+            grew, freed, cached: which may have changed since they were last noted (a table's
+                length, the pages freed before a window, the blocks counted as cached); the
+                others are kept.
+        """
         grow = free = cache = _NEVER
-        tables, groups = self._tables[r], self.groups
-        hashed = self._hashed[r]
-        for c, (g, _) in enumerate(self._classes):  # one member answers for its class
-            group, table = groups[g], tables[g]
-            per_page = group.tokens_per_page
+        table_of, hashed, align = self._tables[r], self._hashed[r], self._align
+        freeing = self._freeing
+        for c, (g, per_page, first_retained, _, hashes) in enumerate(self._decode_classes):
+            table = table_of[g]  # one member answers for its class
             if not per_page:
-                grow = min(grow, 1 if not table else _NEVER)
+                if not table:
+                    grow = min(grow, 1)
                 continue
-            grow = min(grow, len(table) * per_page + 1)
-            if group.windowed:
+            if grew:
+                grow = min(grow, len(table) * per_page + 1)
+            if freed and first_retained is not None:
                 # the pages freed before the window: a table's None entries lead it (freed from
-                # the start, hits from a window's end), so a binary search finds the first block
-                low, high = 0, len(table)
-                while low < high:
-                    middle = (low + high) // 2
-                    if table[middle] is None:
-                        low = middle + 1
-                    else:
-                        high = middle
-                free = min(free, self._first_freeing(g, (low + 1) * per_page))
-            if self.caching and group.sliding >= 0:
+                # the start, hits from a window's end), so their count is the first block's index
+                target = (table.count(None) + 1) * per_page
+                known = freeing.get((g, target))
+                free = min(free, self._first_freeing(g, target) if known is None else known)
+            if cached and hashes:
                 # tokens are cached in multiples of the scheduler block
-                cache = min(cache, cdiv((hashed[c] + 1) * per_page, self._align) * self._align)
-        self._grow_at[r], self._free_at[r], self._cache_at[r] = grow, free, cache
+                cache = min(cache, -(-(hashed[c] + 1) * per_page // align) * align)
+        if grew:
+            # a decode computing below quiet takes no page and stays within max_model_len
+            self._quiet[r] = min(grow, self.max_model_len) - 1
+        if freed:
+            self._free_at[r] = free
+        if cached:
+            self._cache_at[r] = cache
 
     def _first_freeing(self, g: int, target: int) -> int:
         """The fewest processed tokens whose first retained token in group ``g`` is at least
@@ -658,6 +732,8 @@ class VllmSimulator(StepperState):
             whole = min(self._tokens[r], self.max_model_len)
             need = self._to_allocate(tables, whole, hit_blocks, computed, cap=True)
             if any(n > pool.free for n, pool in zip(need, pools, strict=True)):
+                if self._status[r] == _WAITING and not self.requests[r].prefix_tokens:
+                    self._blocked[r] = need  # (see _blocked)
                 return False
         if self._windowed:
             self._remove_skipped(r, tables, max(0, computed - self._in_flight[r]))
@@ -684,6 +760,102 @@ class VllmSimulator(StepperState):
         if self.caching:
             self._cache_blocks(r, min(computed + new, self._tokens[r]))
         self._note_events(r)
+        return True
+
+    def _allocate_decode(self, r: int) -> bool:
+        """:meth:`_allocate` of one decode token of request ``r`` whose tables are compact (every
+        block its own and unhashed, one table per class; no hit, no admission gate), with what
+        depends on the class alone looked up once: the window's free, the fit check, the new
+        pages, the blocks to cache and the next events, in :meth:`_allocate`'s order.
+
+        It assumes what a decode's scheduling checked: ``computed + 1`` is within
+        ``max_model_len``. A page before the window above the hashed count (then
+        :meth:`_remove_skipped` materialises the tables) takes :meth:`_allocate` instead,
+        before anything changed.
+        """
+        tables, hashed = self._tables[r], self._hashed[r]
+        computed = self._computed[r]
+        processed = computed - self._in_flight[r]
+        if processed < 0:
+            processed = 0
+        freeing: dict[int, tuple[int, int]] = {}  # class -> (pages before the window, first held)
+        # short of _note_events' next free no window frees a page: the loop is skipped
+        classes = self._decode_classes
+        windows = classes if processed >= self._free_at[r] else ()
+        for c, (g, per_page, first_retained, _, _) in enumerate(windows):
+            if first_retained is None:
+                continue
+            table = tables[g]
+            skipped = first_retained(processed) // per_page
+            if skipped > len(table):
+                skipped = len(table)
+            if not skipped or table[skipped - 1] is None:  # freed already
+                continue
+            if skipped > hashed[c]:  # released one by one: the full path materialises
+                return self._allocate(r, 1, gate=False)
+            low = skipped - 1  # freed pages lead a table: walk down to the first held
+            while low > 0 and table[low - 1] is not None:
+                low -= 1
+            freeing[c] = (skipped, low)
+        if freeing:  # _remove_skipped's compact case: each class's pages as runs, group by group
+            for c, (skipped, low) in freeing.items():
+                tables[self._classes[c][0]][low:skipped] = repeat(None, skipped - low)
+            for c, members in self._window_segments:
+                if c in freeing:
+                    skipped, low = freeing[c]
+                    self._queue_pending(r, members, skipped - 1, skipped - low)
+        slots = computed + 1
+        pools = self.pools
+        need = [0] * len(pools)  # block ids to allocate (_to_allocate)
+        take = [0] * len(pools)  # block ids taken (_take)
+        grown: list[tuple[list[int | None], int]] = []  # (a class's table, its new pages)
+        grows = False
+        # below _note_events' quiet bound no table grows: the loop is skipped
+        for g, per_page, first_retained, spans, _ in classes if computed >= self._quiet[r] else ():
+            table = tables[g]
+            held = len(table)
+            required = (slots + per_page - 1) // per_page if per_page else 1  # _pages
+            if required > held:
+                grown.append((table, required - held))
+                for p, span in spans:
+                    take[p] += (required - held) * span
+                if first_retained is not None:  # _to_allocate: pages before the window need none
+                    skipped = first_retained(computed) // per_page
+                    if skipped > held:
+                        held = skipped
+                if required > held:
+                    grows = True
+                    for p, span in spans:
+                        need[p] += (required - held) * span
+        if grows:
+            for n, pool in zip(need, pools, strict=True):
+                if n > pool.uncached + pool.cached_span:  # pool.free, inlined
+                    return False
+        for p, ids in enumerate(take):  # _take of the compact tables, inlined
+            if ids:
+                pool = pools[p]
+                if pool.uncached < ids:
+                    self._evict(p, ids)
+                pool.uncached -= ids
+        for table, count in grown:
+            table.extend(repeat(_HELD, count))
+        grew = bool(grown)
+        known = self._tokens[r]
+        tokens = slots if slots < known else known
+        tokens -= tokens % self._align
+        # below the next block to cache (_note_events' bound) _cache_blocks hashes nothing
+        cached = tokens >= self._cache_at[r]
+        if cached:
+            if self.requests[r].prefix_tokens:
+                self._cache_blocks(r, tokens)  # (materialising keeps the tables' shape)
+            else:  # no shared prefix: lazy hashing only counts the full blocks (_cache_blocks)
+                for c, (_, per_page, _, _, hashes) in enumerate(self._decode_classes):
+                    if hashes and tokens // per_page > hashed[c]:
+                        hashed[c] = tokens // per_page
+        # what did not change keeps its bound (a cache bound may be stale-low after
+        # _update_from_output's caching, so it is noted again whenever it was reached)
+        if grew or freeing or cached:
+            self._note_events(r, grew=grew, freed=bool(freeing), cached=cached)
         return True
 
     def _to_allocate(
@@ -821,11 +993,16 @@ class VllmSimulator(StepperState):
         tables = self._tables[r]
         if not tables:
             pass
+        elif self.caching and not live and self._compact[r]:
+            self._finish_compact(r)  # the usual finish, counted per class
         elif self.caching:
             if live and self._compact[r]:  # released block by block: each needs its own id
                 self._materialise(r)
             ref, hash_of, hashed, groups = self._ref, self._hash_of, self._hashed[r], self.groups
             own = self._lazy and not self._exposed[r]  # every block is the request's own, unhashed
+            # runs of groups in a row of one pool and span: queued as one (the second would join
+            # the first at the back of the queue): pool, span, blocks
+            run_pool, run_span, run_count = -1, 0, 0
             for g, table in enumerate(tables):
                 if (
                     not live
@@ -839,9 +1016,19 @@ class VllmSimulator(StepperState):
                     below = max(0, min(hashed[self._class_of[g]], len(table)) - first)
                     self.pools[group.pool].uncached += (len(table) - first - below) * group.span
                     if below:
-                        self._queue_run(group.pool, group.span, below, -1)
+                        if group.pool == run_pool and group.span == run_span:
+                            run_count += below
+                        else:
+                            if run_count:
+                                self._queue_run(run_pool, run_span, run_count, -1)
+                            run_pool, run_span, run_count = group.pool, group.span, below
                     continue
+                if run_count:  # queued before this group's blocks
+                    self._queue_run(run_pool, run_span, run_count, -1)
+                    run_pool, run_span, run_count = -1, 0, 0
                 self._release(r, g, [b for b in reversed(table) if b is not None], len(table) - 1, live=live)
+            if run_count:
+                self._queue_run(run_pool, run_span, run_count, -1)
         else:  # the class's one table (see _allocate)
             for c, (g, _) in enumerate(self._classes):
                 held = len(tables[g]) - tables[g].count(None)
@@ -857,7 +1044,36 @@ class VllmSimulator(StepperState):
                     run.owner = -1
                     run.segments = []
             self._pending[r] = []
-        self._grow_at[r] = self._cache_at[r] = 0  # the next allocation takes the full path
+        self._quiet[r] = self._cache_at[r] = 0  # the next allocation takes the full path
+
+    def _finish_compact(self, r: int) -> None:
+        """The usual finish of :meth:`_free` for compact tables (every block the request's own and
+        unhashed, one table per class): each class's pages above its hashed count back among
+        the uncached, those below queued group by group, counted once per class and queued
+        per run of groups in a row of one pool and span (:attr:`_free_segments`)."""
+        tables, hashed, pools = self._tables[r], self._hashed[r], self.pools
+        below: list[int] = []  # per class: pages below the hashed count, still held
+        for c, (g, _) in enumerate(self._classes):
+            table = tables[g]
+            first = table.count(None)  # freed pages lead a table
+            queued = max(0, min(hashed[c], len(table)) - first)
+            below.append(queued)
+            for p, span in self._class_spans[c]:
+                pools[p].uncached += (len(table) - first - queued) * span
+        # a group with nothing below keeps the batch open, as in _free
+        run_pool, run_span, run_count = -1, 0, 0
+        for p, span, members in self._free_segments:
+            count = sum(n * below[c] for c, n in members)
+            if not count:
+                continue
+            if p == run_pool and span == run_span:
+                run_count += count
+            else:
+                if run_count:
+                    self._queue_run(run_pool, run_span, run_count, -1)
+                run_pool, run_span, run_count = p, span, count
+        if run_count:
+            self._queue_run(run_pool, run_span, run_count, -1)
 
     def _take(self, tables: list[list[int | None]], pages: list[int], *, compact: bool) -> None:
         """``BlockPool.get_new_blocks`` for ``pages[c]`` new pages of every group of class ``c``:
@@ -868,14 +1084,17 @@ class VllmSimulator(StepperState):
         that covers every group's pages, so each pool evicts once for all of them.
         """
         pools = self.pools
+        need = [0] * len(pools)  # block ids per pool, every class's together
         for c, spans in enumerate(self._class_spans):
             if pages[c] > 0:
                 for p, span in spans:
-                    need = pages[c] * span
-                    pool = pools[p]
-                    if pool.uncached < need:
-                        self._evict(p, need)
-                    pool.uncached -= need
+                    need[p] += pages[c] * span
+        for p, ids in enumerate(need):
+            if ids:
+                pool = pools[p]
+                if pool.uncached < ids:  # why once: class by class evicts the same front
+                    self._evict(p, ids)
+                pool.uncached -= ids
         if compact:  # one shared table per class (see _allocate)
             for c, (g, _) in enumerate(self._classes):
                 if pages[c] > 0:
@@ -893,12 +1112,16 @@ class VllmSimulator(StepperState):
         """Evict the oldest cached free blocks of pool ``p`` until ``need`` block ids are uncached."""
         pool = self.pools[p]
         ref, hash_of, hashes, cached_free = self._ref, self._hash_of, self._hashes[p], pool.cached_free
+        runs = self._runs
         while pool.uncached < need:
-            key, ids = cached_free.popitem(last=False)
+            key = next(iter(cached_free))  # the front (a run partly used stays there)
+            ids = cached_free[key]
             if key < 0:  # a run: as many of its blocks as the pages need, from its front
-                run = self._runs[key]
+                run = runs[key]
                 span = run.span
-                used = min(ids // span, cdiv(need - pool.uncached, span)) * span
+                used = -(-(need - pool.uncached) // span) * span  # whole blocks (ids is too)
+                if used > ids:
+                    used = ids
                 pool.cached_span -= used
                 pool.uncached += used
                 if run.members is not None:  # expanded: hashed blocks, each evicted as one
@@ -909,10 +1132,10 @@ class VllmSimulator(StepperState):
                 run.consumed += used // span
                 if used < ids:  # the rest stays at the front
                     cached_free[key] = ids - used
-                    cached_free.move_to_end(key, last=False)
                 else:
-                    del self._runs[key]
+                    del cached_free[key], runs[key]
                 continue
+            del cached_free[key]
             pool.cached_span -= ids
             pool.uncached += ids
             # the block's hash goes (one freed by a finished request has none), and its count
@@ -1159,6 +1382,9 @@ class VllmSimulator(StepperState):
         """``get_computed_blocks``: the longest hit every group agrees on, below ``num_tokens``
         and a multiple of the scheduler's block (the groups' least common multiple)."""
         if not self._hit_types:
+            return 0, None
+        if self._status[r] == _WAITING and not self.requests[r].prefix_tokens:
+            # it never ran and shares no prefix: no block was ever hashed with its content
             return 0, None
         align = self._align
         hit = self._tokens[r] - 1
