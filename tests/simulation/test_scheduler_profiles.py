@@ -20,10 +20,13 @@ from kvcore import (
     simulate,
 )
 from kvcore.errors import InvalidInputError, UnknownSchedulerError
+from kvcore.frontends.hf_config import load_model_config
 from kvcore.planning.manager import get_plugin_manager
 from kvcore.planning.registry import Registry
+from kvcore.simulation.gpus import find_gpu
 from kvcore.simulation.profiles.kvcore_rules import KvcoreProfile
 from kvcore.simulation.profiles.vllm import VllmProfile, VllmSimulator
+from kvcore.simulation.timing import roofline
 from kvcore.simulation.workload import Request, parse_length, synthetic
 
 GIB = 2**30
@@ -208,9 +211,13 @@ def test_vllms_prefix_cache_changes_nothing_when_nothing_can_hit(policy, seed):
 
 
 class _FullPathSimulator(VllmSimulator):
-    """The ``vllm`` profile with its lean paths off: every decode's boundary call takes the full
-    ``_allocate``, a refused admission is gated again each step, and a finished request's pages
-    are freed group by group."""
+    """The ``vllm`` profile with its lean paths off: every running request is visited every step
+    (no steady decoders), every decode's boundary call takes the full ``_allocate``, a refused
+    admission is gated again each step, and a finished request's pages are freed group by
+    group."""
+
+    def _join_steady(self, scheduled, sampled, step):
+        pass  # nobody becomes steady: each decode is scheduled and taken back one by one
 
     def _allocate_decode(self, r):
         return self._allocate(r, 1, gate=False)
@@ -259,3 +266,88 @@ def test_vllms_lean_paths_give_the_full_paths_figures(policy, prefix_share, memo
         assert lean.preemptions > 0  # the case's premise: preempted requests come back
     assert lean.cached_tokens == full.cached_tokens
     assert lean == full
+
+
+class _CountingSimulator(VllmSimulator):
+    """The ``vllm`` profile, counting the steps its steady decoders ran without a visit."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.unvisited = 0
+
+    def _settle(self, r, step):
+        self.unvisited += step - self._since[r]
+        super()._settle(r, step)
+
+
+def _dropping_budget(simulator):
+    """``simulator`` whose token budget drops to 8 every fifth step: the decoders after the
+    eighth token of those steps do not run (vLLM's loop stops where the budget runs out), which
+    a fixed budget never leaves behind a steady decoder (a request is admitted only while the
+    budget lasts, so the running requests after it are the latest admitted, still prefilling)."""
+
+    class Dropping(simulator):
+        def step(self):
+            self.budget = 8 if self.steps % 5 == 4 else 2048
+            super().step()
+
+    return Dropping
+
+
+@pytest.mark.parametrize(
+    ("profile", "memory", "budget"),
+    [
+        (VllmProfile(), 40, None),
+        (VllmProfile(async_scheduling=False), 40, None),
+        (VllmProfile(), 40, _dropping_budget),
+        (VllmProfile(async_scheduling=False), 40, _dropping_budget),
+        # a budget that preempts: steady decoders are the victims
+        (VllmProfile(), 12, None),
+        (VllmProfile(async_scheduling=False, long_prefill_token_threshold=300, max_num_seqs=40), 12, None),
+    ],
+    ids=[
+        "async",
+        "sync",
+        "async-budget-drops",
+        "sync-budget-drops",
+        "async-preempts",
+        "sync-threshold-preempts",
+    ],
+)
+@pytest.mark.parametrize("caching", [False, True])
+@pytest.mark.parametrize("policy", ["shared_buffer", "kind_pools"])
+def test_vllms_steady_decoders_give_the_figures_of_visiting_every_request(
+    policy, caching, profile, memory, budget
+):
+    """A steady decoder (a decode that changes no table, caches nothing and does not finish for
+    some steps) is counted, not visited, until its next event; its counts are brought up to date
+    when it is visited, preempted or left out by the token budget. Every field of the result,
+    per-step series and the step-time model's timeline included, matches visiting every
+    request every step: sync and async (an output still in flight when it is brought up to
+    date), a budget that runs out among the decoders, preemptions, a shared prefix, caching
+    off and on."""
+    context = SizingContext(max_model_len=8192, max_num_batched_tokens=2048)
+    specs = model_layer_specs("google/gemma-3-27b-it", REGISTRY)
+    plan = plan_kv_cache(specs, memory * GIB, context, registry=REGISTRY, policy=policy)
+    prompt, output = parse_length("lognormal:1024:1.0"), parse_length("lognormal:200:1.0")
+    workload = synthetic(
+        120, prompt, output, rate=0.6, seed=2, max_model_len=8192, prefix_share=0.5, prefix_tokens=512
+    )
+    config, _ = load_model_config("google/gemma-3-27b-it")
+    step_time = roofline(config, REGISTRY, plan, find_gpu("H100"))
+    results = []
+    steppers = []
+    for simulator in (_CountingSimulator, _FullPathSimulator):
+        if budget is not None:
+            simulator = budget(simulator)
+        stepper = simulator(plan, workload, profile, prefix_caching=caching, step_time=step_time)
+        while not stepper.done:
+            stepper.step()
+        results.append(stepper.result())
+        steppers.append(stepper)
+    steady, visited = results
+    assert steppers[0].unvisited > 1000  # the case's premise: decoders did run unvisited
+    if memory == 12:
+        assert steady.preemptions > 0
+    assert steady.timeline is not None
+    assert steady == visited

@@ -343,6 +343,13 @@ class VllmSimulator(StepperState):
         self._waiting: deque[int] = deque()
         self._running: list[int] = []
         self._outputs: deque[tuple[dict[int, int], set[int], int]] = deque()
+        #: steady decoders (see _join_steady): request -> the first step it is visited again
+        #: (0: not steady), the step it became steady, how many are steady and the sum of their
+        #: computed tokens less that step (what _time_step reads of them)
+        self._until = [0] * count
+        self._since = [0] * count
+        self._steady = 0
+        self._steady_base = 0
 
     # -- the stepper ---------------------------------------------------------------------------
 
@@ -383,7 +390,7 @@ class VllmSimulator(StepperState):
             upcoming += 1
         self._next = upcoming
         scheduled, sampled = self._schedule(step)
-        tokens = sum(scheduled.values())
+        tokens = sum(scheduled.values()) + self._steady  # the steady decoders each ran a token
         # nothing ran, runs or will come back (async keeps the last, empty, step in flight)
         if not tokens and not self._running and not any(out[0] for out in self._outputs) and waiting:
             stuck = self.requests[waiting[0]]
@@ -404,6 +411,7 @@ class VllmSimulator(StepperState):
         self._outputs.append((scheduled, sampled, step))
         while len(self._outputs) > self.lag:
             self._update_from_output(*self._outputs.popleft())
+        self._join_steady(scheduled, sampled, step)
         self.steps = step + 1
         if self.finished == len(self.requests):
             self._outputs.clear()  # the last (empty) steps in flight
@@ -430,10 +438,20 @@ class VllmSimulator(StepperState):
         sampled: set[int] = set()
         add = sampled.add
         lag = self.lag
+        until = self._until
         # why a for loop: a preemption pops only requests after this one (or this one, then breaks)
         for r in running:
             if budget <= 0:
+                if self._steady:  # the steady decoders from here on did not run
+                    for held in running[running.index(r) :]:
+                        if until[held]:
+                            self._settle(held, step)
                 break
+            if until[r]:
+                if until[r] > step:  # a steady decoder: one token, counted (see _join_steady)
+                    budget -= 1
+                    continue
+                self._settle(r, step)  # its next event: visited as any request
             done = computed[r]
             out = placeholders[r]
             tokens = known[r]
@@ -538,11 +556,16 @@ class VllmSimulator(StepperState):
         counted as computed already) and advance the clock by the step-time model's seconds."""
         model = self._step_time
         assert model is not None
-        if not scheduled:  # async: nothing to schedule while the last tokens are in flight
+        steady = self._steady
+        if not scheduled and not steady:  # async: nothing to schedule while the last tokens are in flight
             self._step_end.append(self.clock)  # the engine runs no model: the step takes no time
             return
         computed = self._computed
-        decodes = prefills = prefill = context = pairs = 0
+        # the steady decoders: each computed (its computed tokens less its start) + step before
+        # the step, and attends to that and its new token
+        decodes = steady
+        context = pairs = self._steady_base + steady * (step + 1)
+        prefills = prefill = 0
         for r, n in scheduled.items():
             c = computed[r] - n  # computed before the step
             context += c + n
@@ -623,6 +646,8 @@ class VllmSimulator(StepperState):
         self._failed_alone[r] = point
 
     def _preempt(self, r: int) -> None:
+        if self._until[r]:  # a steady decoder (it is after the request being scheduled)
+            self._settle(r, self.steps)
         if self._pending[r]:  # its own blocks freed before their window, still in the queue
             for key in self._pending[r]:
                 self._expand(key, r)
@@ -635,6 +660,88 @@ class VllmSimulator(StepperState):
         self._placeholders[r] = 0
         self._waiting.appendleft(r)
         self.preemptions += 1
+
+    # -- steady decoders -----------------------------------------------------------------------
+
+    def _join_steady(self, scheduled: dict[int, int], sampled: set[int], step: int) -> None:
+        """Make steady the requests of step ``step`` whose next steps are the usual decode.
+
+        A decode that crosses no page boundary, frees no page before a window and caches no
+        block (``_note_events``' bounds), whose output neither finishes the request nor caches
+        (``_update_from_output``), changes nothing but its own counts: computed and known
+        tokens each grow by one a step while in-flight tokens and placeholders stay. Such a
+        request is not visited step by step: it is *steady* from the next step until the first
+        step one of those bounds is reached (``_until``), and its counts are brought up to date
+        (:meth:`_settle`) when it is visited then, or earlier when it is preempted or the token
+        budget runs out before it. Only requests visited in this step can become steady: the
+        others' bounds did not change.
+
+        With async scheduling the bounds hold one step further: a steady decoder's last output
+        is still in flight when it is settled, and is taken back as any other.
+        """
+        until, status, stale = self._until, self._status, self._stale
+        computed, known, in_flight = self._computed, self._tokens, self._in_flight
+        placeholders = self._placeholders
+        quiet, cache_at, free_at, total = self._quiet, self._cache_at, self._free_at, self._total
+        lag, requests = self.lag, self.requests
+        caching_output = self.caching and lag  # async: taking an output back may cache blocks
+        for r, n in scheduled.items():
+            if n != 1 or r not in sampled or status[r] != _RUNNING or stale[r] or until[r]:
+                continue
+            c, k, out = computed[r], known[r], placeholders[r]
+            if c + 1 != k + out:  # not a decode in the next step
+                continue
+            # steps it stays steady: each bound the first step that reaches it, less one
+            steps = min(
+                quiet[r] - c,  # _schedule: computed below quiet (no page)
+                cache_at[r] - k,  # known below the next block to cache
+                free_at[r] + in_flight[r] - c,  # processed below the window's next free
+                total[r] - k - 1 - lag,  # no output that finishes it (async: nor the last in flight)
+            )
+            if caching_output:
+                # no output taken back while it is steady caches a block: the m-th after this
+                # step's has min(processed, known) = first + m, and caches from cache_at on
+                # (with partial tails too: _cache_blocks rounds down to the scheduler block, and
+                # a tail is registered at the first multiple past the prompt's last hash block,
+                # where _note_events puts cache_at)
+                first = min(c + 1 - in_flight[r], k + 1)
+                # the output of its last steady step is taken back after it is settled, in
+                # another place of the step's order: it may cache only blocks no other request
+                # can hold the content of (no shared prefix)
+                last = 1 if requests[r].prefix_tokens else 0
+                if cache_at[r] - first - last < steps:
+                    steps = cache_at[r] - first - last
+            if steps < 1:
+                continue
+            until[r] = step + 1 + steps
+            self._since[r] = step + 1
+            self._steady += 1
+            self._steady_base += c - step - 1
+
+    def _settle(self, r: int, step: int) -> None:
+        """Bring steady request ``r``'s counts to where they stand when step ``step`` begins (the
+        steps it ran since it became steady, see :meth:`_join_steady`) and make it unsteady.
+
+        Async: the output of its last step is in flight; it joins that step's output, and its
+        counts stand as before that output is taken back (the first output it had in flight when
+        it became steady was taken back as any other).
+        """
+        since = self._since[r]
+        base = self._computed[r]
+        ran = step - since
+        if ran > 0:
+            lag = self.lag
+            self._computed[r] = base + ran
+            self._tokens[r] += ran - lag
+            if lag:
+                self._in_flight[r] += 1
+                self._placeholders[r] += 1
+                scheduled, sampled, _ = self._outputs[-1]
+                scheduled[r] = 1
+                sampled.add(r)
+        self._until[r] = 0
+        self._steady -= 1
+        self._steady_base -= base - since
 
     # -- the KV-cache manager ------------------------------------------------------------------
 
