@@ -561,8 +561,8 @@ class VllmSimulator(StepperState):
             self._step_end.append(self.clock)  # the engine runs no model: the step takes no time
             return
         computed = self._computed
-        # the steady decoders: each computed (its computed tokens less its start) + step before
-        # the step, and attends to that and its new token
+        # the steady decoders: each had computed (its count when it became steady, less that
+        # step) + this step tokens before the step, and attends to those and its new token
         decodes = steady
         context = pairs = self._steady_base + steady * (step + 1)
         prefills = prefill = 0
@@ -676,8 +676,8 @@ class VllmSimulator(StepperState):
         budget runs out before it. Only requests visited in this step can become steady: the
         others' bounds did not change.
 
-        With async scheduling the bounds hold one step further: a steady decoder's last output
-        is still in flight when it is settled, and is taken back as any other.
+        With async scheduling the output of a steady decoder's last step is still in flight when
+        it is settled: it joins that step's output and is taken back as any other.
         """
         until, status, stale = self._until, self._status, self._stale
         computed, known, in_flight = self._computed, self._tokens, self._in_flight
