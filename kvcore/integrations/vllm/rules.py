@@ -40,6 +40,7 @@ as vLLM's ``UniformTypeKVCacheSpecs``.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import ClassVar
 
@@ -236,7 +237,11 @@ def check_runnable(plan: KVCachePlan) -> None:
             draws every group's block ids from one ``BlockPool`` of one ``num_blocks``, and its
             workers view one backing allocation, so pools of their own counts and block bytes
             have no vLLM form), or a mixed-page group of a kind vLLM does not run in one block
-            table (:data:`MIXED_PAGE_KINDS`).
+            table (:data:`MIXED_PAGE_KINDS`), or a chunked local attention group whose block
+            size is not the scheduler's block (the least common multiple of every group's):
+            vLLM's prefix-cache lookup asserts it is
+            (``ChunkedLocalAttentionManager.find_longest_cache_hit``), and prefix caching is on
+            by default.
     """
     if not plan.runs_in_one_pool:
         raise VllmIntegrationError(
@@ -244,7 +249,16 @@ def check_runnable(plan: KVCachePlan) -> None:
             "block pool (one num_blocks, one block size in bytes) shared by every group; plan for vLLM "
             "with a policy of one pool (shared_buffer, uniform, equal_groups)"
         )
+    scheduler_block = math.lcm(*(group.spec.tokens_per_page or 1 for group in plan.groups))
     for index, group in enumerate(plan.groups):
+        if group.spec.kind == "chunked_local_attention" and group.spec.block_size != scheduler_block:
+            raise VllmIntegrationError(
+                f"policy {plan.policy!r} gave chunked local attention group {index} blocks of "
+                f"{group.spec.block_size} tokens, but vLLM 0.33's prefix cache looks such a group up only "
+                f"when its block is the scheduler's ({scheduler_block} tokens, the least common multiple of "
+                "every group's block size); plan with PlanOptions(uniform_block_size=True), as "
+                "plan_for_vllm does for a model with chunked local attention"
+            )
         odd = sorted({spec.kind for spec in group.specs} - MIXED_PAGE_KINDS) if group.layer_specs else []
         if odd:
             raise VllmIntegrationError(
@@ -299,7 +313,11 @@ def plan_for_vllm(request: PlanRequest, rules: VllmRules, *, registry: Registry)
             group, which vLLM cannot run (:func:`check_runnable`).
     """
     rules.check_request(request)
-    chosen = attrs.evolve(request, options=rules.options(request.options))
+    options = rules.options(request.options)
+    if any(spec.kind == "chunked_local_attention" for spec in request.specs.values()):
+        # one block size: vLLM's prefix cache asserts a chunked group's block is the scheduler's
+        options = attrs.evolve(options, uniform_block_size=True)
+    chosen = attrs.evolve(request, options=options)
 
     def plan_at(layers: Mapping[str, KVCacheSpec], factor: int) -> KVCachePlan:
         scaled = layers if factor == 1 else scale_blocks(layers, factor)

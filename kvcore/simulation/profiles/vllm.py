@@ -34,15 +34,18 @@ What it follows, with where vLLM does it (``vllm/v1/core/``; facts, not code):
   (``get_new_blocks``); an admitted request takes the longest run of cached blocks every group
   agrees on, up to ``num_tokens - 1`` (``kv_cache_coordinator.py``,
   ``HybridKVCacheCoordinator.find_longest_cache_hit``: full attention from the start, a sliding
-  window from the end with ``cdiv(window - 1, block_size)`` contiguous blocks), and so does a
-  preempted request when it is admitted again.
+  window from the end with ``cdiv(window - 1, block_size)`` contiguous blocks, chunked local
+  attention from the start of the chunk the hit ends in, the blocks before it counted as hit),
+  and so does a preempted request when it is admitted again.
 
 Tokens stand for themselves: the ``j``-th block of a request has the content of its
 ``prefix_id``'s ``j``-th block while it lies inside ``prefix_tokens``, else its own.
 
 Where it is an approximation: a Mamba-style state group holds one block per request from its
-first token (vLLM's ``mamba_cache_mode='none'``); with prefix caching, chunked-local and state
-groups never hit (so a plan with them hits nothing); no speculative decoding, no KV connector,
+first token (vLLM's ``mamba_cache_mode='none'``); with prefix caching, state groups never hit,
+nor do chunked local groups whose block is not the scheduler's (vLLM's lookup asserts that it
+is; ``plan_for_vllm`` never makes such a plan), so a plan with them hits nothing; no speculative
+decoding, no KV connector,
 no encoder inputs, no priority policy, no watermark. ``tests/integrations/vllm`` checks the profile figure for
 figure against vLLM 0.33's real ``Scheduler``.
 """
@@ -128,7 +131,8 @@ class _Group:
     windowed: bool  # frees pages before its window (first_retained_token)
     spec: KVCacheSpec
     cap: int | None  # vLLM's max_admission_blocks_per_request, in pages
-    sliding: int  # the window, for cache hits (0: full attention hits; -1: never hits)
+    sliding: int  # the window, for cache hits (0: hits from the start or its chunk's; -1: never hits)
+    chunk: int  # chunked local attention's chunk, for cache hits (0: not chunked)
 
 
 class _Pool:
@@ -212,7 +216,9 @@ class VllmSimulator(StepperState):
         # vLLM's VllmConfig.max_in_flight_tokens: what a window may hold beyond itself
         in_flight = (self.lag + 1) * budget
         context = SizingContext(max_model_len=self.max_model_len, max_num_batched_tokens=in_flight)
-        self.groups = [_group(g.spec, g.pool, g.blocks_per_page, context) for g in plan.groups]
+        #: the scheduler's block: hits are multiples of it (``_cache_hit_alignment_tokens``)
+        self._align = math.lcm(*(g.spec.tokens_per_page or 1 for g in plan.groups))
+        self.groups = [_group(g.spec, g.pool, g.blocks_per_page, context, self._align) for g in plan.groups]
         self.pools = [_Pool(plan.usable_blocks_in(p)) for p in range(len(plan.pools))]
         self.caching = prefix_caching
         # groups of one spec have tables of one shape in every request (lengths, null blocks,
@@ -282,15 +288,15 @@ class VllmSimulator(StepperState):
         if prefix_caching and all(g.sliding >= 0 for g in self.groups):
             by_type: dict[tuple[int, int], list[int]] = {}
             for index, g in enumerate(self.groups):
-                by_type.setdefault((g.sliding, g.tokens_per_page), []).append(index)
-            self._hit_types = [(key[0], ids) for key, ids in sorted(by_type.items())]
-        #: the scheduler's block: hits are multiples of it (``_cache_hit_alignment_tokens``)
-        self._align = math.lcm(*(g.tokens_per_page or 1 for g in self.groups))
+                by_type.setdefault((g.sliding, g.chunk, g.tokens_per_page), []).append(index)
+            self._hit_types = [(key[0], key[1], ids) for key, ids in sorted(by_type.items())]
         #: the hash block: the groups' greatest common divisor (one group: its block)
         self._hash_block = math.gcd(*(g.tokens_per_page for g in self.groups if g.tokens_per_page)) or 1
         #: some group registers a partial tail block (see _cache_partial_tail): caching cannot be
         #: skipped on the token count alone
-        self._tails = any(g.sliding == 0 and g.tokens_per_page > self._hash_block for g in self.groups)
+        self._tails = any(
+            g.sliding == 0 and not g.chunk and g.tokens_per_page > self._hash_block for g in self.groups
+        )
         #: hash a request's own blocks when they are freed, not when computed: until then only
         #: the request could hit them, and it holds them (not with partial tails, which a full
         #: hash replaces as it is computed)
@@ -1415,7 +1421,7 @@ class VllmSimulator(StepperState):
                 for i in ids:
                     self._hash_blocks(r, i, start, end)
             hashed[c] = max(start, full)
-            if group.sliding == 0 and group.tokens_per_page > self._hash_block:
+            if group.sliding == 0 and not group.chunk and group.tokens_per_page > self._hash_block:
                 for i in ids:
                     self._cache_partial_tail(r, i, tokens)
 
@@ -1498,10 +1504,12 @@ class VllmSimulator(StepperState):
         found: dict[int, list[int | None]] = {}
         while True:
             current = hit
-            for window, ids in self._hit_types:
+            for window, chunk, ids in self._hit_types:
                 per_page = self.groups[ids[0]].tokens_per_page
                 most = current // per_page
-                if window == 0:
+                if chunk:
+                    blocks, length = self._hit_chunk(r, ids, current, chunk)
+                elif window == 0:
                     blocks, length = self._hit_full(r, ids, most, align)
                 else:
                     blocks, length = self._hit_window(r, ids, most, cdiv(window - 1, per_page), align)
@@ -1532,6 +1540,20 @@ class VllmSimulator(StepperState):
         length = len(rows) * per_page
         length -= length % align
         return rows[: cdiv(length, per_page)], length
+
+    def _hit_chunk(self, r: int, ids: list[int], most: int, chunk: int) -> tuple[list[list[int] | None], int]:
+        """``ChunkedLocalAttentionManager.find_longest_cache_hit`` for at most ``most`` tokens: the
+        blocks before the chunk ``most`` lies in count as hit (null, outside the attention), then
+        cached blocks from the chunk's start (its block is the scheduler's: see :func:`_group`)."""
+        per_page = self.groups[ids[0]].tokens_per_page
+        start = most // chunk * chunk // per_page
+        rows: list[list[int] | None] = [None] * start
+        for j in range(start, most // per_page):
+            row = self._cached(r, ids, j)
+            if row is None:
+                break
+            rows.append(row)
+        return rows, len(rows) * per_page
 
     def _hit_window(
         self, r: int, ids: list[int], most: int, need: int, align: int
@@ -1569,11 +1591,20 @@ class VllmSimulator(StepperState):
         return self.profile.settings()
 
 
-def _group(spec: KVCacheSpec, pool: int, span: int, context: SizingContext) -> _Group:
+def _group(spec: KVCacheSpec, pool: int, span: int, context: SizingContext, align: int) -> _Group:
+    """A plan group as the manager sees it; ``align`` is the scheduler's block (hits are multiples
+    of it)."""
     per_page = spec.tokens_per_page or 0
     windowed = per_page > 0 and type(spec).first_retained_token is not KVCacheSpec.first_retained_token
     window = getattr(spec, "sliding_window", None)
     sliding = 0 if not windowed and per_page else (window if isinstance(window, int) and window > 0 else -1)
+    chunk = getattr(spec, "attention_chunk_size", 0) if windowed else 0
+    if chunk and per_page == align:
+        sliding = 0  # hits from its chunk's start
+    elif chunk:
+        # vLLM's lookup asserts a chunked group's block is the scheduler's; the vLLM adapter
+        # plans such models with one block size, and here such a group never hits
+        chunk = 0
     return _Group(
         pool=pool,
         tokens_per_page=per_page,
@@ -1582,6 +1613,7 @@ def _group(spec: KVCacheSpec, pool: int, span: int, context: SizingContext) -> _
         spec=spec,
         cap=spec.max_num_blocks(context) if windowed else None,
         sliding=sliding,
+        chunk=chunk,
     )
 
 

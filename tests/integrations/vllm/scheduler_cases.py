@@ -20,9 +20,11 @@ BATCH = 2048
 TRACES = Path(__file__).resolve().parents[3] / "examples" / "traces"
 
 #: (model, budget, trace, requests, max_model_len): one full-attention model, one sliding
-#: hybrid (Gemma-3: five sliding layers to one full, groups of 16-, 32- and 64-token blocks) and
-#: one MoE with sliding layers. The budgets are small so that preemption happens (the chat cases
-#: preempt 85 to 159 times); the traces are cut to their first requests so that each case takes seconds.
+#: hybrid (Gemma-3: five sliding layers to one full, groups of 16-, 32- and 64-token blocks), one
+#: MoE with sliding layers and one with chunked local layers (Llama 4 Scout: three chunked layers
+#: to one full, chunks of 8,192 tokens). The budgets are small so that preemption happens (the chat
+#: cases preempt 70 to 120 times); the traces are cut to their first requests so that each case
+#: takes seconds.
 CASES = [
     ("meta-llama/Llama-3.1-8B", GIB // 2, "chat", 80, 2048),
     ("meta-llama/Llama-3.1-8B", 3 * GIB, "long-documents", 12, 20480),
@@ -30,6 +32,8 @@ CASES = [
     ("google/gemma-3-27b-it", 4 * GIB, "long-documents", 12, 20480),
     ("openai/gpt-oss-20b", GIB // 4, "chat", 80, 2048),
     ("openai/gpt-oss-20b", GIB, "long-documents", 12, 20480),
+    ("meta-llama/Llama-4-Scout-17B-16E-Instruct", 2 * GIB, "chat", 80, 2048),
+    ("meta-llama/Llama-4-Scout-17B-16E-Instruct", 8 * GIB, "long-documents", 12, 20480),
 ]
 
 

@@ -307,7 +307,7 @@ def test_vllms_manager_admits_exactly_kvcores_promise(source, policy, mode):
     )
 
 
-@pytest.mark.parametrize(("mode", "figures"), [("sync", (1280, 1472, 5, 4)), ("async", (1536, 1664, 4, 4))])
+@pytest.mark.parametrize(("mode", "figures"), [("sync", (2560, 2944, 5, 4)), ("async", (3072, 3328, 4, 4))])
 def test_the_chunked_mix_promises_what_vllms_manager_runs(mode, figures):
     # 12 full + 36 chunked-local(8192) layers, 16k tokens: the chunked groups hold the most
     # mid-chunk and the full group at the end, so a request never holds every group's worst
@@ -334,7 +334,7 @@ def test_a_plan_vllm_would_not_admit_one_request_on_is_refused():
     rules = VllmRules(max_model_len=16384, async_scheduling=False)
     specs = dict(TARGET_MIXES["g 12 full + 36 chunked(8192)"])
     probe = plan_for_vllm(rules.request(specs, 10 * GIB, policy="shared_buffer"), rules, registry=REGISTRY)
-    blocks = vllm_blocks_per_request(probe, rules)  # 1472, the joint peak 1280, plus the null block
+    blocks = vllm_blocks_per_request(probe, rules)  # 2944, the joint peak 2560, plus the null block
     with pytest.raises(InsufficientMemoryError, match="every group's worst case") as caught:
         plan_for_vllm(
             rules.request(specs, 10 * GIB, policy="shared_buffer", num_blocks=blocks),
