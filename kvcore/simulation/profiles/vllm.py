@@ -283,10 +283,11 @@ class VllmSimulator(StepperState):
             )
             for c, (g, _) in enumerate(self._classes)
         ]
-        # cache hits: the attention types, full attention first (vLLM's tighter first bound)
-        self._hit_types: list[tuple[int, list[int]]] = []
+        # cache hits: the attention types as (window, chunk, groups), full attention first
+        # (vLLM's tighter first bound)
+        self._hit_types: list[tuple[int, int, list[int]]] = []
         if prefix_caching and all(g.sliding >= 0 for g in self.groups):
-            by_type: dict[tuple[int, int], list[int]] = {}
+            by_type: dict[tuple[int, int, int], list[int]] = {}
             for index, g in enumerate(self.groups):
                 by_type.setdefault((g.sliding, g.chunk, g.tokens_per_page), []).append(index)
             self._hit_types = [(key[0], key[1], ids) for key, ids in sorted(by_type.items())]
