@@ -300,7 +300,7 @@ class BlockPool:
             if page not in loose:
                 raise self._not_loose(group, page)
         loose.difference_update(pages)
-        pool.free.give_back(pool.free.blocks(group, pages))
+        pool.free.give_back_pages({group: pages})
 
     # -- requests --------------------------------------------------------------------------------
 

@@ -9,10 +9,12 @@ instead, so that the two kinds grow towards each other. Three ways to keep the f
 :func:`free_blocks_for`:
 
 - :class:`FreeBlocks` (any plan; the only one with aligned runs): a min-heap of free ids, and
-  per run length a count of free ids per aligned chunk with a heap of fully free chunks, so
-  every id costs ``O(log num_blocks)``. Every id goes through :meth:`FreeBlocks.take` and
-  :meth:`FreeBlocks.release`, the seam a test replaces to break a pool on purpose
-  (``BlockPool(plan, free_blocks=...)``).
+  per run length a count of free ids per aligned chunk with a heap of fully free chunks. A
+  single id costs ``O(log num_blocks)``; a whole aligned run is taken and given back at once,
+  for the chunks it overlaps of each run length, not id by id. :meth:`FreeBlocks.take` and
+  :meth:`FreeBlocks.release` are the seam a test replaces to break a pool on purpose
+  (``BlockPool(plan, free_blocks=...)``): a subclass that overrides either sees every id go
+  through it, one at a time (the whole-run path leaves the same state as that one).
 - :class:`MappedFreeBlocks` (lowest first, no runs): a free map, one byte per id, and the
   lowest id that may be free, so a request takes whole runs of free ids (two C scans per run)
   in the order the heap would give them.
@@ -72,6 +74,26 @@ class AlignedRuns:
                 self.full += 1
                 heapq.heappush(self.heap, self.sign * k)
 
+    def taken_range(self, first: int, stop: int) -> None:
+        """:meth:`taken` for every id of ``[first, stop)``, a chunk at a time."""
+        span, free_in = self.span, self.free_in
+        for k in range(first // span, min((stop - 1) // span + 1, self.chunks)):
+            before = free_in[k]
+            after = free_in[k] = before - (min(stop, (k + 1) * span) - max(first, k * span))
+            if after < span <= before:  # an id at a time would have passed through ``span`` once
+                self.full -= 1
+
+    def released_range(self, first: int, stop: int) -> None:
+        """:meth:`released` for every id of ``[first, stop)``, a chunk at a time (a chunk made
+        full pushed in the order id by id would push it: ascending)."""
+        span, free_in = self.span, self.free_in
+        for k in range(first // span, min((stop - 1) // span + 1, self.chunks)):
+            before = free_in[k]
+            after = free_in[k] = before + (min(stop, (k + 1) * span) - max(first, k * span))
+            if before < span <= after:  # an id at a time would have reached ``span`` once
+                self.full += 1
+                heapq.heappush(self.heap, self.sign * k)
+
     def pop_full(self) -> int:
         """The highest (or lowest) fully free chunk (the caller checked that one exists)."""
         while True:
@@ -114,6 +136,8 @@ class FreeBlocks:
         # that two kinds of runs grow towards each other (unified_pool) instead of interleaving
         low = lengths[0] if len(lengths) > 1 and 1 not in spans.values() else None
         self.runs = {span: AlignedRuns(span, num_blocks, lowest_first=span == low) for span in lengths}
+        # a subclass replacing the seam sees every id; else a whole run is taken and freed at once
+        self.whole_runs = type(self).take is FreeBlocks.take and type(self).release is FreeBlocks.release
 
     # -- the seam: one id at a time ----------------------------------------------------------
 
@@ -131,6 +155,24 @@ class FreeBlocks:
         heapq.heappush(self.singles, block)
         for runs in self.runs.values():
             runs.released(block)
+
+    def take_run(self, first: int, count: int, group: int) -> None:
+        """:meth:`take` for the free ids ``[first, first + count)``, at once."""
+        stop = first + count
+        self.owner[first:stop] = [group] * count
+        self.num_free -= count
+        for runs in self.runs.values():
+            runs.taken_range(first, stop)
+
+    def release_run(self, first: int, count: int) -> None:
+        """:meth:`release` for the held ids ``[first, first + count)``, at once (pushed onto
+        the heap of free ids in the same order)."""
+        stop = first + count
+        self.owner[first:stop] = [FREE] * count
+        self.num_free += count
+        list(map(heapq.heappush, repeat(self.singles, count), range(first, stop)))  # ascending, as id by id
+        for runs in self.runs.values():
+            runs.released_range(first, stop)
 
     # -- what a pool calls -------------------------------------------------------------------
 
@@ -155,8 +197,11 @@ class FreeBlocks:
         runs = self.runs[span]
         for _ in range(count):
             chunk = runs.pop_full()
-            for block in range(chunk * span, (chunk + 1) * span):
-                self.take(block, group)
+            if self.whole_runs:
+                self.take_run(chunk * span, span, group)
+            else:
+                for block in range(chunk * span, (chunk + 1) * span):
+                    self.take(block, group)
             pages.append(chunk)
         return pages
 
@@ -188,6 +233,23 @@ class FreeBlocks:
         """Make held ids free again (their owners cleared here)."""
         for block in blocks:
             self.release(block)
+        self.compact()
+
+    def give_back_pages(self, pages: Mapping[int, list[int]]) -> None:
+        """Make the pages ``{group: pages}`` hold free again: :meth:`give_back` of the ids
+        :meth:`blocks` names, in that order, with a page of an aligned run freed whole."""
+        if not (self.runs and self.whole_runs):
+            self.give_back([b for group, held in pages.items() for b in self.blocks(group, held)])
+            return
+        spans = self.spans
+        for group, held in pages.items():
+            span = spans[group]
+            if span == 1:
+                for block in held:
+                    self.release(block)
+            else:
+                for page in held:
+                    self.release_run(page * span, span)
         self.compact()
 
     def hold_null(self, block: int) -> None:
