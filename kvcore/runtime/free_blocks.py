@@ -80,7 +80,9 @@ class AlignedRuns:
         """:meth:`taken` for every id of ``[first, stop)``, a chunk at a time."""
         span, free_in = self.span, self.free_in
         k = first // span
-        last = min((stop - 1) // span, self.chunks - 1)  # ids past the last whole chunk are in none
+        last = (stop - 1) // span
+        if last >= self.chunks:  # ids past the last whole chunk are in none
+            last = self.chunks - 1
         while k <= last:
             end = (k + 1) * span
             before = free_in[k]
@@ -94,7 +96,9 @@ class AlignedRuns:
         full pushed in the order id by id would push them: ascending)."""
         span, free_in = self.span, self.free_in
         k = first // span
-        last = min((stop - 1) // span, self.chunks - 1)
+        last = (stop - 1) // span
+        if last >= self.chunks:
+            last = self.chunks - 1
         while k <= last:
             end = (k + 1) * span
             before = free_in[k]
