@@ -113,8 +113,9 @@ class BlockPool:
             (the stats say why).
         free_blocks: how each pool keeps its free ids, ``(num_blocks, {group: blocks_per_page})
             -> FreeBlocks`` (default: the fastest, :func:`~kvcore.runtime.free_blocks.free_blocks_for`).
-            A :class:`~kvcore.runtime.free_blocks.FreeBlocks` subclass sees every id taken and
-            released through its ``take`` and ``release``: how tests break a pool on purpose.
+            A :class:`~kvcore.runtime.free_blocks.FreeBlocks` subclass that overrides ``take``
+            or ``release`` sees every id taken and released through them, one at a time: how
+            tests break a pool on purpose.
         on_evict: with prefix caching, called with ``(pool, block id, key)`` for each cached
             block evicted to hand its id out again (where a second memory tier keeps it).
         host_tier: with prefix caching and a plan with an
@@ -300,7 +301,7 @@ class BlockPool:
             if page not in loose:
                 raise self._not_loose(group, page)
         loose.difference_update(pages)
-        pool.free.give_back(pool.free.blocks(group, pages))
+        pool.free.give_back_pages({group: pages})
 
     # -- requests --------------------------------------------------------------------------------
 

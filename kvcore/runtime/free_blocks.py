@@ -8,11 +8,15 @@ end, which keeps runs free. A pool of runs of several lengths and no single ids 
 instead, so that the two kinds grow towards each other. Three ways to keep the free ids, chosen by
 :func:`free_blocks_for`:
 
-- :class:`FreeBlocks` (any plan; the only one with aligned runs): a min-heap of free ids, and
-  per run length a count of free ids per aligned chunk with a heap of fully free chunks, so
-  every id costs ``O(log num_blocks)``. Every id goes through :meth:`FreeBlocks.take` and
-  :meth:`FreeBlocks.release`, the seam a test replaces to break a pool on purpose
-  (``BlockPool(plan, free_blocks=...)``).
+- :class:`FreeBlocks` (any plan; the only one with aligned runs): a min-heap of free ids (kept
+  only where a group takes single ids), and per run length a count of free ids per aligned
+  chunk with a heap of fully free chunks. A single id costs ``O(log num_blocks)``; a page of an
+  aligned run is taken (:meth:`FreeBlocks.take_pages`) and given back
+  (:meth:`FreeBlocks.give_back_pages`) whole, in steps of the chunks it overlaps of each run
+  length, not id by id. :meth:`FreeBlocks.take` and :meth:`FreeBlocks.release` are the seam a
+  test replaces to break a pool on purpose (``BlockPool(plan, free_blocks=...)``): a subclass
+  that overrides either sees every id go through it, one at a time, and the whole-run path
+  leaves exactly the state that one does.
 - :class:`MappedFreeBlocks` (lowest first, no runs): a free map, one byte per id, and the
   lowest id that may be free, so a request takes whole runs of free ids (two C scans per run)
   in the order the heap would give them.
@@ -72,6 +76,38 @@ class AlignedRuns:
                 self.full += 1
                 heapq.heappush(self.heap, self.sign * k)
 
+    def taken_range(self, first: int, stop: int) -> None:
+        """:meth:`taken` for every id of ``[first, stop)``, a chunk at a time."""
+        span, free_in = self.span, self.free_in
+        k = first // span
+        last = (stop - 1) // span
+        if last >= self.chunks:  # ids past the last whole chunk are in none
+            last = self.chunks - 1
+        while k <= last:
+            end = (k + 1) * span
+            before = free_in[k]
+            after = free_in[k] = before - ((end if end < stop else stop) - first)
+            if after < span <= before:  # an id at a time would have passed through ``span`` once
+                self.full -= 1
+            first, k = end, k + 1
+
+    def released_range(self, first: int, stop: int) -> None:
+        """:meth:`released` for every id of ``[first, stop)``, a chunk at a time (chunks made
+        full pushed in the order id by id would push them: ascending)."""
+        span, free_in = self.span, self.free_in
+        k = first // span
+        last = (stop - 1) // span
+        if last >= self.chunks:
+            last = self.chunks - 1
+        while k <= last:
+            end = (k + 1) * span
+            before = free_in[k]
+            after = free_in[k] = before + ((end if end < stop else stop) - first)
+            if before < span <= after:  # an id at a time would have reached ``span`` once
+                self.full += 1
+                heapq.heappush(self.heap, self.sign * k)
+            first, k = end, k + 1
+
     def pop_full(self) -> int:
         """The highest (or lowest) fully free chunk (the caller checked that one exists)."""
         while True:
@@ -107,13 +143,19 @@ class FreeBlocks:
         self.spans = spans
         self.owner = [FREE] * num_blocks
         self.num_free = num_blocks
-        # a min-heap (sorted) of free ids; with aligned runs it keeps ids a run took (lazily cleaned)
+        # a min-heap (sorted) of free ids; with aligned runs it keeps ids a run took (lazily
+        # cleaned), and a pool with no single-id group never pops it, so pushes nothing onto it
         self.singles = list(range(num_blocks))
         lengths = sorted({s for s in spans.values() if s > 1})
         # with no single-id group, the shortest runs take the low end that singles would, so
         # that two kinds of runs grow towards each other (unified_pool) instead of interleaving
         low = lengths[0] if len(lengths) > 1 and 1 not in spans.values() else None
         self.runs = {span: AlignedRuns(span, num_blocks, lowest_first=span == low) for span in lengths}
+        # per run length, the others: a run taken whole empties its own chunk and counts theirs down
+        self.other_runs = {span: [r for s, r in self.runs.items() if s != span] for span in lengths}
+        # a subclass replacing the seam sees every id; else a whole run is taken and freed at once
+        self.whole_runs = type(self).take is FreeBlocks.take and type(self).release is FreeBlocks.release
+        self.has_singles = 1 in spans.values()
 
     # -- the seam: one id at a time ----------------------------------------------------------
 
@@ -128,7 +170,8 @@ class FreeBlocks:
         """Make held id ``block`` free again."""
         self.owner[block] = FREE
         self.num_free += 1
-        heapq.heappush(self.singles, block)
+        if self.has_singles:
+            heapq.heappush(self.singles, block)
         for runs in self.runs.values():
             runs.released(block)
 
@@ -153,11 +196,32 @@ class FreeBlocks:
                     pages.append(block)
             return pages
         runs = self.runs[span]
+        if self.whole_runs:
+            return self._take_whole_runs(group, span, count)
         for _ in range(count):
             chunk = runs.pop_full()
             for block in range(chunk * span, (chunk + 1) * span):
                 self.take(block, group)
             pages.append(chunk)
+        return pages
+
+    def _take_whole_runs(self, group: int, span: int, count: int) -> list[int]:
+        """:meth:`take_pages` of ``count`` aligned runs, each taken whole: the state :meth:`take`
+        of every id would leave, its own chunk emptied and the other lengths' chunks it overlaps
+        counted down at once."""
+        runs, others, owner = self.runs[span], self.other_runs[span], self.owner
+        free_in, fill = runs.free_in, [group] * span
+        pages: list[int] = []
+        for _ in range(count):
+            chunk = runs.pop_full()
+            first = chunk * span
+            owner[first : first + span] = fill
+            free_in[chunk] = 0  # it was full: pop_full checked
+            for other in others:
+                other.taken_range(first, first + span)
+            pages.append(chunk)
+        runs.full -= count
+        self.num_free -= count * span
         return pages
 
     def take_for(self, grows: list[tuple[int, int]]) -> dict[int, list[int]] | None:
@@ -170,7 +234,7 @@ class FreeBlocks:
         for group, count in grows:
             if count > self.available(self.spans[group]):  # give back what the others took
                 for index, pages in taken.items():
-                    self.give_back(self.blocks(index, pages))
+                    self.give_back_pages({index: pages})
                 return None
             taken[group] = self.take_pages(group, count)
         return taken
@@ -188,6 +252,37 @@ class FreeBlocks:
         """Make held ids free again (their owners cleared here)."""
         for block in blocks:
             self.release(block)
+        self.compact()
+
+    def give_back_pages(self, pages: Mapping[int, list[int]]) -> None:
+        """Make the pages ``{group: pages}`` hold free again: :meth:`give_back` of the ids
+        :meth:`blocks` names, in that order, with a page of an aligned run freed whole."""
+        if not (self.runs and self.whole_runs):
+            self.give_back([b for group, held in pages.items() for b in self.blocks(group, held)])
+            return
+        owner, singles, push = self.owner, self.singles, heapq.heappush
+        for group, held in pages.items():
+            span = self.spans[group]
+            if span == 1:
+                for block in held:
+                    self.release(block)
+                continue
+            runs, others = self.runs[span], self.other_runs[span]
+            free_in, heap, sign, fill = runs.free_in, runs.heap, runs.sign, [FREE] * span
+            for page in held:
+                first = page * span
+                stop = first + span
+                owner[first:stop] = fill
+                before = free_in[page]
+                after = free_in[page] = before + span
+                if before < span <= after:  # as id by id: full once its last id is back
+                    runs.full += 1
+                    push(heap, sign * page)
+                if self.has_singles:  # pushed as release would push them: ascending
+                    list(map(push, repeat(singles, span), range(first, stop)))
+                for other in others:
+                    other.released_range(first, stop)
+            self.num_free += span * len(held)
         self.compact()
 
     def hold_null(self, block: int) -> None:

@@ -439,8 +439,8 @@ class OnePool:
             self.cache.drop(pages)
             return
         free = self.free
-        if free.runs:  # a page of an aligned run is several ids
-            free.give_back([b for index, held in pages.items() for b in free.blocks(index, held)])
+        if free.runs:  # a page of an aligned run is several ids, freed whole
+            free.give_back_pages(pages)
         else:
             free.give_back(list(chain.from_iterable(pages.values())))
 

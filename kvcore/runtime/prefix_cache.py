@@ -612,7 +612,7 @@ class PrefixCache:
             self.host.put(index, key)
         if self.on_evict is not None:
             self.on_evict(self.pool, first, key)
-        self.free.give_back(list(range(first, first + span)))
+        self.free.give_back_pages({index: [first // span]})
         self.evictions += 1
 
     def evict(self, count: int) -> list[int]:
@@ -638,10 +638,11 @@ class PrefixCache:
         """Drop one reference to each page: a page no request holds becomes evictable if it is
         cached (a request's last blocks first, so they are evicted first), else free."""
         ref, keys, lru = self.ref, self.key, self.lru
-        freed: list[int] = []
+        freed: dict[int, list[int]] = {}  # pages per group, each aligned run freed whole
         spans = self.spans
         for index, held in pages.items():
             span = spans[index]
+            out: list[int] = []
             if span > 1:  # pages of aligned runs, counted by their first id
                 for page in reversed(held):
                     first = page * span
@@ -652,15 +653,17 @@ class PrefixCache:
                         self.run_lru[first] = None
                         self.run_ids += span
                     else:
-                        freed.extend(range(first, first + span))
-                continue
-            for block in reversed(held):
-                ref[block] -= 1
-                if ref[block]:
-                    continue
-                if keys[block] is not None:
-                    lru[block] = None
-                else:
-                    freed.append(block)
+                        out.append(page)
+            else:
+                for block in reversed(held):
+                    ref[block] -= 1
+                    if ref[block]:
+                        continue
+                    if keys[block] is not None:
+                        lru[block] = None
+                    else:
+                        out.append(block)
+            if out:
+                freed[index] = out
         if freed:
-            self.free.give_back(freed)
+            self.free.give_back_pages(freed)
