@@ -53,7 +53,17 @@ class PluginValidationError(KVCoreError, TypeError):
     """A plugin implements a hook wrongly or contributes an object of the wrong type."""
 
 
-class PluginFailedWarning(UserWarning):
+class KVCoreWarning(UserWarning):
+    """Base class of kvcore's warnings: something ran, but the user should know a limit of it
+    (the command line shows each as one ``kvcore: warning:`` line)."""
+
+
+class SimulationWarning(KVCoreWarning):
+    """A simulation runs, but a figure stands for less than the engine it models would do; the
+    message says which, why, and how to plan so that it does not."""
+
+
+class PluginFailedWarning(KVCoreWarning):
     """A third-party plugin failed to import or register and was skipped.
 
     Warned (not raised) so that one broken plugin package does not stop every user of the

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from types import ModuleType
 
 from kvcore.cli.command import Command
-from kvcore.errors import KVCoreError, PluginFailedWarning
+from kvcore.errors import KVCoreError, KVCoreWarning, PluginFailedWarning
 
 #: Sub-command modules, in the order ``kvcore --help`` lists them.
 COMMANDS: tuple[str, ...] = ("plan", "compare", "simulate", "tune", "allocate", "check", "models", "plugins")
@@ -69,10 +69,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _show_warnings(caught: Sequence[warnings.WarningMessage]) -> None:
-    """A skipped plugin as one ``kvcore: warning:`` line; any other warning as Python shows it."""
+    """kvcore's own warnings (a skipped plugin, a simulation's limit) as one ``kvcore: warning:``
+    line each, the same text once; any other warning as Python shows it."""
+    shown: set[str] = set()
     for w in caught:
-        if issubclass(w.category, PluginFailedWarning):
-            print(f"kvcore: warning: {w.message}", file=sys.stderr)
+        if issubclass(w.category, KVCoreWarning):
+            text = str(w.message)
+            if text not in shown:
+                shown.add(text)
+                print(f"kvcore: warning: {text}", file=sys.stderr)
         else:
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
 
@@ -95,7 +100,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 trace=True if args.trace_plugins else None,
             )
         _show_warnings(caught)
-        status: int = args.run(args, registry)
+        ran: list[warnings.WarningMessage] = []
+        try:
+            with warnings.catch_warnings(record=True) as ran:
+                warnings.simplefilter("always", KVCoreWarning)
+                status: int = args.run(args, registry)
+        finally:  # shown (once the recording is over) before an error's line too
+            _show_warnings(ran)
     except KVCoreError as exc:
         from kvcore.cli.inputs import FLAG_NAMES
         from kvcore.error_messages import render

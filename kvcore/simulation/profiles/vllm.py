@@ -53,13 +53,14 @@ figure against vLLM 0.33's real ``Scheduler``.
 from __future__ import annotations
 
 import math
+import warnings
 from collections import OrderedDict, deque
 from itertools import repeat
 from typing import TYPE_CHECKING, Any, cast
 
 import attrs
 
-from kvcore.errors import InvalidInputError
+from kvcore.errors import InvalidInputError, SimulationWarning
 from kvcore.simulation.profile import BuiltInProfile
 from kvcore.simulation.stepper import StepperState, check_lengths, step_budget
 from kvcore.simulation.steps import StepRecord, StepTimeModel
@@ -219,6 +220,8 @@ class VllmSimulator(StepperState):
         #: the scheduler's block: hits are multiples of it (``_cache_hit_alignment_tokens``)
         self._align = math.lcm(*(g.spec.tokens_per_page or 1 for g in plan.groups))
         self.groups = [_group(g.spec, g.pool, g.blocks_per_page, context, self._align) for g in plan.groups]
+        if prefix_caching:
+            _warn_unhit_chunks(plan, self._align)
         self.pools = [_Pool(plan.usable_blocks_in(p)) for p in range(len(plan.pools))]
         self.caching = prefix_caching
         # groups of one spec have tables of one shape in every request (lengths, null blocks,
@@ -1616,6 +1619,29 @@ def _group(spec: KVCacheSpec, pool: int, span: int, context: SizingContext, alig
         sliding=sliding,
         chunk=chunk,
     )
+
+
+def _warn_unhit_chunks(plan: KVCachePlan, align: int) -> None:
+    """Warn when a chunked local group's block is not the scheduler's ``align``: vLLM 0.33 stops
+    on such a plan at its first prefix-cache lookup, and the profile lets the group never hit, so
+    the plan hits nothing."""
+    odd = [
+        (index, group.spec.tokens_per_page)
+        for index, group in enumerate(plan.groups)
+        if getattr(group.spec, "attention_chunk_size", None) and group.spec.tokens_per_page != align
+    ]
+    if odd:
+        index, block = odd[0]
+        warnings.warn(
+            SimulationWarning(
+                f"policy {plan.policy!r}: chunked local attention group {index} has blocks of {block} "
+                f"tokens, not the scheduler's {align} (the least common multiple of every group's block "
+                "size); vLLM 0.33 stops on such a plan at its first prefix-cache lookup, and here its "
+                "chunked groups never hit, so the plan hits nothing; plan with uniform_block_size=True "
+                "(one block size) for the hits vLLM would find"
+            ),
+            stacklevel=4,
+        )
 
 
 def _is_partial(key: Hashable) -> bool:

@@ -8,10 +8,12 @@ needed; ``test_scheduler_profile.py`` checks the hits against vLLM's real schedu
 from __future__ import annotations
 
 import math
+import warnings
 
 import pytest
 
 from kvcore import model_layer_specs, plan_kv_cache, simulate
+from kvcore.errors import SimulationWarning
 from kvcore.integrations.vllm.rules import VllmIntegrationError, VllmRules, check_runnable, plan_for_vllm
 from kvcore.simulation.workload import parse_length, synthetic
 
@@ -60,9 +62,28 @@ def test_the_vllm_profile_hits_chunked_groups_only_on_the_scheduler_block(regist
     workload = synthetic(
         60, prompt, output, rate=0.5, seed=4, max_model_len=16384, prefix_share=0.8, prefix_tokens=512
     )
-    hit = simulate(made, workload, prefix_caching=True, registry=registry)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SimulationWarning)  # a plan vLLM runs: nothing to warn of
+        hit = simulate(made, workload, prefix_caching=True, registry=registry)
     assert hit.cached_tokens > 0
     # vLLM would stop at its assertion on this plan; the profile lets its chunked groups never
-    # hit, and a hit needs every group, so nothing hits
-    missed = simulate(free, workload, prefix_caching=True, registry=registry)
+    # hit, and a hit needs every group, so nothing hits, and it says so
+    with pytest.warns(SimulationWarning, match=r"group 0 has blocks of 16 tokens, not the scheduler's 32"):
+        missed = simulate(free, workload, prefix_caching=True, registry=registry)
     assert missed.cached_tokens == 0
+
+
+def test_the_command_line_shows_the_warning_once_per_plan(capsys):
+    """``kvcore simulate`` shows the profile's warning as one ``kvcore: warning:`` line, for the
+    plan it concerns only."""
+    from kvcore.cli import main
+
+    argv = [
+        *("simulate", "--model", SCOUT, "--memory", "8GiB", "--max-model-len", "8192"),
+        *("--requests", "20", "--prompt-len", "uniform:64:256", "--output-len", "uniform:8:32"),
+        *("--prefix-caching", "--policies", "shared_buffer,kind_pools"),
+    ]
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert err.count("kvcore: warning: policy 'shared_buffer': chunked local attention group 0") == 1
+    assert "kind_pools':" not in err  # its groups take one block size
