@@ -40,7 +40,6 @@ as vLLM's ``UniformTypeKVCacheSpecs``.
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import ClassVar
 
@@ -57,6 +56,7 @@ from kvcore.planning.request import PlanRequest
 from kvcore.plugins.chunked_local_attention import ChunkedLocalAttentionSpec
 from kvcore.plugins.sliding_window import SlidingWindowSpec
 from kvcore.policy import PlanOptions
+from kvcore.simulation.profiles.vllm import chunks_off_scheduler_block, scheduler_block
 from kvcore.spec import DEFAULT_MAX_NUM_BATCHED_TOKENS, KVCacheSpec, SizingContext, cdiv
 from kvcore.units import format_bytes
 from kvcore.validators import boolean, non_negative_int, positive_int
@@ -249,16 +249,16 @@ def check_runnable(plan: KVCachePlan) -> None:
             "block pool (one num_blocks, one block size in bytes) shared by every group; plan for vLLM "
             "with a policy of one pool (shared_buffer, uniform, equal_groups)"
         )
-    scheduler_block = math.lcm(*(group.spec.tokens_per_page or 1 for group in plan.groups))
+    off = chunks_off_scheduler_block(plan)
+    if off:
+        raise VllmIntegrationError(
+            f"policy {plan.policy!r} gave chunked local attention group {off[0]} blocks of "
+            f"{plan.groups[off[0]].spec.block_size} tokens, but vLLM 0.33's prefix cache looks such a group "
+            f"up only when its block is the scheduler's ({scheduler_block(plan)} tokens, the least common "
+            "multiple of every group's block size); plan with PlanOptions(uniform_block_size=True), as "
+            "plan_for_vllm does for a model with chunked local attention"
+        )
     for index, group in enumerate(plan.groups):
-        if group.spec.kind == "chunked_local_attention" and group.spec.block_size != scheduler_block:
-            raise VllmIntegrationError(
-                f"policy {plan.policy!r} gave chunked local attention group {index} blocks of "
-                f"{group.spec.block_size} tokens, but vLLM 0.33's prefix cache looks such a group up only "
-                f"when its block is the scheduler's ({scheduler_block} tokens, the least common multiple of "
-                "every group's block size); plan with PlanOptions(uniform_block_size=True), as "
-                "plan_for_vllm does for a model with chunked local attention"
-            )
         odd = sorted({spec.kind for spec in group.specs} - MIXED_PAGE_KINDS) if group.layer_specs else []
         if odd:
             raise VllmIntegrationError(

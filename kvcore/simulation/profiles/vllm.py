@@ -218,10 +218,14 @@ class VllmSimulator(StepperState):
         in_flight = (self.lag + 1) * budget
         context = SizingContext(max_model_len=self.max_model_len, max_num_batched_tokens=in_flight)
         #: the scheduler's block: hits are multiples of it (``_cache_hit_alignment_tokens``)
-        self._align = math.lcm(*(g.spec.tokens_per_page or 1 for g in plan.groups))
-        self.groups = [_group(g.spec, g.pool, g.blocks_per_page, context, self._align) for g in plan.groups]
-        if prefix_caching:
-            _warn_unhit_chunks(plan, self._align)
+        self._align = scheduler_block(plan)
+        unhit = chunks_off_scheduler_block(plan)
+        self.groups = [
+            _group(g.spec, g.pool, g.blocks_per_page, context, hits_chunk=index not in unhit)
+            for index, g in enumerate(plan.groups)
+        ]
+        if prefix_caching and unhit:
+            _warn_unhit_chunks(plan, unhit[0])
         self.pools = [_Pool(plan.usable_blocks_in(p)) for p in range(len(plan.pools))]
         self.caching = prefix_caching
         # groups of one spec have tables of one shape in every request (lengths, null blocks,
@@ -1595,15 +1599,33 @@ class VllmSimulator(StepperState):
         return self.profile.settings()
 
 
-def _group(spec: KVCacheSpec, pool: int, span: int, context: SizingContext, align: int) -> _Group:
-    """A plan group as the manager sees it; ``align`` is the scheduler's block (hits are multiples
-    of it)."""
+def scheduler_block(plan: KVCachePlan) -> int:
+    """vLLM's scheduler block for ``plan``: the least common multiple of its groups' block sizes
+    (a state group counts 1). Prefix hits are multiples of it."""
+    return math.lcm(*(group.spec.tokens_per_page or 1 for group in plan.groups))
+
+
+def chunks_off_scheduler_block(plan: KVCachePlan) -> list[int]:
+    """The chunked local attention groups of ``plan`` whose block is not its
+    :func:`scheduler_block`: vLLM 0.33's prefix-cache lookup asserts that it is
+    (``ChunkedLocalAttentionManager.find_longest_cache_hit``)."""
+    block = scheduler_block(plan)
+    return [
+        index
+        for index, group in enumerate(plan.groups)
+        if getattr(group.spec, "attention_chunk_size", None) and group.spec.tokens_per_page != block
+    ]
+
+
+def _group(spec: KVCacheSpec, pool: int, span: int, context: SizingContext, *, hits_chunk: bool) -> _Group:
+    """A plan group as the manager sees it; ``hits_chunk``: a chunked local group on the
+    scheduler's block, which prefix hits look up (see :func:`chunks_off_scheduler_block`)."""
     per_page = spec.tokens_per_page or 0
     windowed = per_page > 0 and type(spec).first_retained_token is not KVCacheSpec.first_retained_token
     window = getattr(spec, "sliding_window", None)
     sliding = 0 if not windowed and per_page else (window if isinstance(window, int) and window > 0 else -1)
     chunk = getattr(spec, "attention_chunk_size", 0) if windowed else 0
-    if chunk and per_page == align:
+    if chunk and hits_chunk:
         sliding = 0  # hits from its chunk's start
     elif chunk:
         # vLLM's lookup asserts a chunked group's block is the scheduler's; the vLLM adapter
@@ -1621,27 +1643,20 @@ def _group(spec: KVCacheSpec, pool: int, span: int, context: SizingContext, alig
     )
 
 
-def _warn_unhit_chunks(plan: KVCachePlan, align: int) -> None:
-    """Warn when a chunked local group's block is not the scheduler's ``align``: vLLM 0.33 stops
-    on such a plan at its first prefix-cache lookup, and the profile lets the group never hit, so
+def _warn_unhit_chunks(plan: KVCachePlan, index: int) -> None:
+    """Warn that chunked local group ``index`` is off the scheduler block: vLLM 0.33 stops on
+    such a plan at its first prefix-cache lookup, and the profile lets the group never hit, so
     the plan hits nothing."""
-    odd = [
-        (index, group.spec.tokens_per_page)
-        for index, group in enumerate(plan.groups)
-        if getattr(group.spec, "attention_chunk_size", None) and group.spec.tokens_per_page != align
-    ]
-    if odd:
-        index, block = odd[0]
-        warnings.warn(
-            SimulationWarning(
-                f"policy {plan.policy!r}: chunked local attention group {index} has blocks of {block} "
-                f"tokens, not the scheduler's {align} (the least common multiple of every group's block "
-                "size); vLLM 0.33 stops on such a plan at its first prefix-cache lookup, and here its "
-                "chunked groups never hit, so the plan hits nothing; plan with uniform_block_size=True "
-                "(one block size) for the hits vLLM would find"
-            ),
-            stacklevel=4,
-        )
+    warnings.warn(
+        SimulationWarning(
+            f"policy {plan.policy!r}: chunked local attention group {index} has blocks of "
+            f"{plan.groups[index].spec.tokens_per_page} tokens, not the scheduler's {scheduler_block(plan)} "
+            "(the least common multiple of every group's block size); vLLM 0.33 stops on such a plan at "
+            "its first prefix-cache lookup, and here its chunked groups never hit, so the plan hits "
+            "nothing; plan with uniform_block_size=True (one block size) for the hits vLLM would find"
+        ),
+        stacklevel=4,
+    )
 
 
 def _is_partial(key: Hashable) -> bool:
