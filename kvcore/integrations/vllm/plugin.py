@@ -23,8 +23,11 @@ allocation and the attention backends run the config as they run vLLM's. With
 ``--max-model-len auto`` (``original_max_model_len == -1``) vLLM's own function runs instead, as
 kvcore does not fit the length for vLLM.
 
-Tested against vLLM ``>=0.33,<0.34`` (:data:`kvcore.integrations.vllm.VLLM_VERSIONS`); another
-version is refused at start-up with a message rather than patched blindly.
+Tested against vLLM 0.32 (the CPU build), 0.33 and 0.34
+(:data:`kvcore.integrations.vllm.versions.VLLM_VERSIONS`; where their APIs differ,
+:mod:`~kvcore.integrations.vllm.versions` says how); another version is refused at start-up
+with a message rather than patched blindly. kvcore's lines are logged under ``kvcore.vllm``
+through vLLM's own handlers, so they show in vLLM's log.
 """
 
 from __future__ import annotations
@@ -32,7 +35,10 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from kvcore.plan import KVCachePlan
 
 #: The environment variable that turns the plugin on and names the policy.
 POLICY_ENV = "KVCORE_VLLM_POLICY"
@@ -44,39 +50,54 @@ def register() -> None:
     """vLLM's entry point: patch vLLM's KV-cache planning when ``KVCORE_VLLM_POLICY`` is set.
 
     Raises:
-        VllmIntegrationError: the installed vLLM is not one this plugin supports.
+        VllmIntegrationError: the installed vLLM is not one this plugin supports
+            (:data:`~kvcore.integrations.vllm.versions.VLLM_VERSIONS`).
     """
     policy = os.environ.get(POLICY_ENV, "").strip()
     if not policy:
         return
-    import vllm
-    import vllm.v1.engine.core as core
-
+    from kvcore.integrations.vllm import versions
     from kvcore.integrations.vllm.rules import VllmIntegrationError
 
-    version = str(getattr(vllm, "__version__", "?"))
-    if not version.startswith("0.33."):
-        raise VllmIntegrationError(
-            f"{POLICY_ENV}={policy} asks kvcore to plan vLLM's KV cache, but kvcore's plugin supports vLLM "
-            f">=0.33,<0.34 and this is vLLM {version}; unset {POLICY_ENV} or install vllm 0.33"
-        )
-    original = core.get_kv_cache_configs
-    if getattr(original, "_kvcore", False):  # registered twice in one process
-        return
+    try:
+        versions.installed_minor()
+    except VllmIntegrationError as error:
+        raise VllmIntegrationError(f"{POLICY_ENV}={policy}: {error}") from None
+    _log_through_vllm()
 
-    def get_kv_cache_configs(
-        vllm_config: Any,
-        kv_cache_specs: list[dict[str, Any]],
-        available_memory: list[int],
-        global_groups: Any,
-    ) -> list[Any]:
+    def plan(vllm_config: Any, kv_cache_specs: list[dict[str, Any]], available_memory: list[int]) -> Any:
         if vllm_config.model_config.original_max_model_len == -1:
             _log.info("kvcore: max_model_len 'auto' (original_max_model_len -1): vLLM plans the cache")
-            return list(original(vllm_config, kv_cache_specs, available_memory, global_groups))
+            return None
         return kvcore_kv_cache_configs(vllm_config, kv_cache_specs, available_memory, policy)
 
-    get_kv_cache_configs._kvcore = True  # type: ignore[attr-defined]
-    core.get_kv_cache_configs = get_kv_cache_configs
+    versions.wrap_engine_planning(plan)
+
+
+class _ThroughVllmHandlers(logging.Handler):
+    """Hands each record to the handlers vLLM's ``vllm`` logger has when the record is logged
+    (vLLM may configure its logging after the plugin loads, and again in each process)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        for handler in logging.getLogger("vllm").handlers:
+            if record.levelno >= handler.level:
+                handler.handle(record)
+
+
+def _log_through_vllm() -> None:
+    """Show kvcore's log lines in vLLM's log.
+
+    vLLM configures only its own ``vllm`` logger (``vllm.logger``, ``propagate`` off), so a line
+    logged under ``kvcore.*`` would reach no handler inside vLLM and be dropped. The ``kvcore``
+    logger gets a handler that writes through vLLM's, at INFO; it still propagates, so an
+    application that configured the root logger (``VLLM_CONFIGURE_LOGGING=0``) gets it there.
+    """
+    kvcore_log = logging.getLogger("kvcore")
+    if any(isinstance(h, _ThroughVllmHandlers) for h in kvcore_log.handlers):
+        return
+    kvcore_log.addHandler(_ThroughVllmHandlers())
+    if kvcore_log.level == logging.NOTSET or kvcore_log.level > logging.INFO:
+        kvcore_log.setLevel(logging.INFO)
 
 
 def kvcore_kv_cache_configs(
@@ -88,7 +109,47 @@ def kvcore_kv_cache_configs(
     make_registry: Callable[[], Any] | None = None,
 ) -> list[Any]:
     """One ``KVCacheConfig`` per worker, planned by kvcore's ``policy`` (what replaces
-    ``get_kv_cache_configs``; see the module docstring).
+    ``get_kv_cache_configs``; see the module docstring): :func:`kvcore_plans`, converted.
+
+    Returns:
+        The configs, every one with the same ``num_blocks``.
+    """
+    from kvcore.integrations.vllm.convert import plan_to_vllm_config
+    from kvcore.integrations.vllm.versions import installed_version, kv_cache_groups_tp_replicas
+
+    plans = kvcore_plans(vllm_config, kv_cache_specs, available_memory, policy, make_registry=make_registry)
+    configs = [plan_to_vllm_config(plan, names={}) for plan in plans]
+    for config in configs:
+        config.kv_tp_replicas = kv_cache_groups_tp_replicas(
+            config.kv_cache_groups,
+            vllm_config.parallel_config.tensor_parallel_size,
+            vllm_config.parallel_config.decode_context_parallel_size,
+        )
+    first = plans[0]
+    _log.info(
+        "kvcore: policy %s planned %d blocks (null block included) in %d groups; %.2f requests of %d tokens "
+        "(vLLM %s)",
+        first.policy,
+        first.num_blocks,
+        len(first.groups),
+        first.max_concurrency(),
+        first.context.max_model_len,
+        installed_version(),
+    )
+    _say_whose_concurrency(vllm_config, configs, first.max_concurrency())
+    return configs
+
+
+def kvcore_plans(
+    vllm_config: Any,
+    kv_cache_specs: Sequence[dict[str, Any]],
+    available_memory: Sequence[int],
+    policy: str,
+    *,
+    make_registry: Callable[[], Any] | None = None,
+) -> list[KVCachePlan]:
+    """kvcore's plan per worker for vLLM's layer specs and budgets, under vLLM's rules (what
+    :func:`kvcore_kv_cache_configs` converts; a test reads it to hold the engine to the plan).
 
     Args:
         vllm_config: vLLM's ``VllmConfig`` (model, scheduler and cache settings).
@@ -99,7 +160,7 @@ def kvcore_kv_cache_configs(
             included).
 
     Returns:
-        The configs, every one with the same ``num_blocks``.
+        The plans, every one with the same ``num_blocks`` (vLLM's rule: the smallest of them).
 
     Raises:
         VllmIntegrationError: a spec has no kvcore form, the layout cannot hold kvcore's pages,
@@ -107,9 +168,8 @@ def kvcore_kv_cache_configs(
         KVCoreError: the policy cannot plan the layers or the budget holds no request.
     """
     from vllm.v1 import kv_cache_interface as vk
-    from vllm.v1.core.kv_cache_planning import kv_cache_groups_tp_replicas
 
-    from kvcore.integrations.vllm.convert import plan_to_vllm_config, specs_from_vllm
+    from kvcore.integrations.vllm.convert import specs_from_vllm
     from kvcore.integrations.vllm.rules import VllmIntegrationError, VllmRules, plan_for_vllm
     from kvcore.planning.registry import Registry
 
@@ -149,7 +209,7 @@ def kvcore_kv_cache_configs(
         for specs in kv_cache_specs
     ]
 
-    def plan_all(num_blocks: int | None) -> list[Any]:
+    def plan_all(num_blocks: int | None) -> list[KVCachePlan]:
         return [
             plan_for_vllm(
                 rules.request(specs, memory, policy=policy, num_blocks=num_blocks), rules, registry=registry
@@ -161,20 +221,30 @@ def kvcore_kv_cache_configs(
     fewest = min(plan.num_blocks for plan in plans)
     if any(plan.num_blocks != fewest for plan in plans):
         plans = plan_all(fewest)
-    configs = [plan_to_vllm_config(plan, names={}) for plan in plans]
-    for config in configs:
-        config.kv_tp_replicas = kv_cache_groups_tp_replicas(
-            config.kv_cache_groups,
-            vllm_config.parallel_config.tensor_parallel_size,
-            vllm_config.parallel_config.decode_context_parallel_size,
-        )
-    first = plans[0]
-    _log.info(
-        "kvcore: policy %s planned %d blocks (null block included) in %d groups; %.2f requests of %d tokens",
-        first.policy,
-        first.num_blocks,
-        len(first.groups),
-        first.max_concurrency(),
-        rules.max_model_len,
+    return plans
+
+
+def _say_whose_concurrency(vllm_config: Any, configs: Sequence[Any], promised: float) -> None:
+    """Where vLLM's own "Maximum concurrency" line will disagree with kvcore's promise, say which
+    one the engine runs by.
+
+    vLLM logs its figure from a formula over the groups (``get_max_concurrency_for_kv_cache_config``)
+    that assumes its own layout; on kvcore's plan (groups sharing one buffer, say) that formula
+    under- or over-counts, while the scheduler admits requests by the block pool the plan built,
+    whose capacity is kvcore's figure.
+    """
+    from vllm.v1.core.kv_cache_utils import (
+        generate_scheduler_kv_cache_config,
+        get_max_concurrency_for_kv_cache_config,
     )
-    return configs
+
+    vllms = get_max_concurrency_for_kv_cache_config(vllm_config, generate_scheduler_kv_cache_config(configs))
+    if abs(vllms - promised) < 0.005:  # the two print the same to two decimals
+        return
+    _log.info(
+        "kvcore: vLLM's \"Maximum concurrency\" line will read %.2fx, its formula for vLLM's own layout; "
+        "the scheduler admits by kvcore's block pool, which holds %.2f requests of %d tokens",
+        vllms,
+        promised,
+        vllm_config.model_config.max_model_len,
+    )

@@ -48,7 +48,7 @@ import attrs
 from kvcore.errors import InsufficientMemoryError, KVCoreError, PolicyNotApplicableError
 from kvcore.integrations.capabilities import EngineCapabilities
 from kvcore.integrations.engine_rules import EngineRules, takes_engine_keywords
-from kvcore.integrations.vllm import VLLM_VERSIONS
+from kvcore.integrations.vllm.versions import VLLM_VERSIONS
 from kvcore.plan import KVCachePlan
 from kvcore.planning import planner
 from kvcore.planning.registry import Registry

@@ -35,11 +35,7 @@ os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 from vllm.config import CacheConfig, DeviceConfig, SchedulerConfig, VllmConfig
 from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import get_hash_fn_by_name
-from vllm.v1.core.kv_cache_utils import (
-    get_request_block_hasher,
-    init_none_hash,
-    resolve_kv_cache_block_sizes,
-)
+from vllm.v1.core.kv_cache_utils import init_none_hash, resolve_kv_cache_block_sizes
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler
@@ -49,6 +45,11 @@ from vllm.v1.structured_output import StructuredOutputManager
 
 from kvcore.integrations.vllm.convert import plan_to_vllm_config
 from kvcore.integrations.vllm.rules import VllmIntegrationError
+from kvcore.integrations.vllm.versions import (
+    admitted_request_ids,
+    model_runner_output,
+    request_block_hasher,
+)
 from kvcore.plan import KVCachePlan
 from kvcore.simulation.profiles.vllm import VllmProfile
 from kvcore.simulation.simulator import SimulationResult, percentile
@@ -160,7 +161,7 @@ def run_vllm_scheduler(
     if prefix_caching:  # as the engine core makes it (EngineCore.__init__)
         hash_fn = get_hash_fn_by_name(config.cache_config.prefix_caching_hash_algo)
         init_none_hash(hash_fn)
-        hasher = get_request_block_hasher(hash_block, hash_fn, config.num_hash_lookahead_tokens)
+        hasher = request_block_hasher(hash_block, hash_fn, config)
     requests = workload.requests
     by_id: dict[str, int] = {}
     prefixes: dict[object, int] = {}
@@ -194,9 +195,7 @@ def run_vllm_scheduler(
         preemptions += len(output.preempted_req_ids or ())
         for rid in output.preempted_req_ids or ():
             recomputed += before.get(rid, 0)
-        admitted = [d.req_id for d in output.scheduled_new_reqs]
-        admitted += list(output.scheduled_cached_reqs.resumed_req_ids)
-        for rid in admitted:
+        for rid in admitted_request_ids(output):
             request = scheduler.requests[rid]
             hit = request.num_computed_tokens - output.num_scheduled_tokens[rid]
             cached += hit
@@ -216,9 +215,7 @@ def run_vllm_scheduler(
             else [_OWN_TOKENS * (by_id[rid] + 1) + scheduler.requests[rid].num_computed_tokens]
             for rid in ids
         ]
-        runner_output = ModelRunnerOutput(
-            req_ids=ids, req_id_to_index={rid: k for k, rid in enumerate(ids)}, sampled_token_ids=sampled
-        )
+        runner_output = model_runner_output(ids, sampled)
         in_flight.append((output, runner_output))
         while len(in_flight) > lag:
             done_output, done_runner = in_flight.popleft()

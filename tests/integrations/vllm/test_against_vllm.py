@@ -228,6 +228,9 @@ def _vllms_dsa_specs(kv_cache_dtype):
         topk_buffer_width=2048,
         indexer=object(),
         non_causal_multi_token_decode=False,
+        # vLLM 0.34 asks the layer's backend for the packed row's bytes; the base backend's
+        # answer (vllm/v1/attention/backend.py, get_fp8_ds_mla_row_bytes) is DeepSeek-V3.2's 656
+        impl=SimpleNamespace(get_fp8_ds_mla_row_bytes=lambda: 656),
     )
     with set_current_vllm_config(config):
         indexer = DeepseekV32IndexerCache(
