@@ -27,9 +27,7 @@ EXTRAS = {"torch": "torch", "numpy": "torch", "huggingface_hub": "hub"}
 def install_hint(extra: str) -> str:
     """How to install ``extra``: ``pip install 'kvcore[torch]'`` (a checkout adds its
     constraints file, whose torch pin is the CPU build)."""
-    return (
-        f"pip install 'kvcore[{extra}]' (from a checkout: pip install -c constraints.txt -e '.[{extra}]')"
-    )
+    return f"pip install 'kvcore[{extra}]' (from a checkout: pip install -c constraints.txt -e '.[{extra}]')"
 
 
 def missing(module: str, purpose: str) -> MissingDependencyError:

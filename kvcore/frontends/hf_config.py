@@ -238,11 +238,13 @@ def find_model_config(name_or_path: str | os.PathLike[str], *, revision: str | N
     if Path(text).exists():
         if revision is not None:
             raise InvalidInputError(
-                f"a revision ({revision!r}) names a version of a Hugging Face repository; {text} is a path here"
+                f"a revision ({revision!r}) names a version of a Hugging Face repository; {text} is a "
+                "path here"
             )
         path = Path(text)
         folder = path if path.is_dir() else path.parent
-        return ModelConfig(name=text, config=read_config_file(text), origin="path", source=text, folder=folder)
+        config = read_config_file(text)
+        return ModelConfig(name=text, config=config, origin="path", source=text, folder=folder)
     bundled = find_bundled_model(text) if revision is None else None
     if bundled is not None:
         return ModelConfig(name=text, config=bundled.config(), origin="zoo", source=f"bundled {bundled.name}")

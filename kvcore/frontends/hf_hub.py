@@ -70,6 +70,20 @@ def hub_available() -> bool:
     return offline_variable() is None and importlib.util.find_spec("huggingface_hub") is not None
 
 
+def hub_where() -> str:
+    """The Hub in words, as the environment stands: ``'https://huggingface.co'``, with why it
+    will not be asked (``'https://huggingface.co; off: HF_HUB_OFFLINE is set'``)."""
+    import importlib.util
+
+    endpoint = hub_endpoint()
+    variable = offline_variable()
+    if variable is not None:
+        return f"{endpoint}; off: {variable} is set"
+    if importlib.util.find_spec("huggingface_hub") is None:
+        return f"{endpoint}; off: huggingface_hub is not installed, pip install 'kvcore[hub]'"
+    return endpoint
+
+
 @attrs.frozen(kw_only=True)
 class HubConfig:
     """A model's ``config.json`` as the Hub served it.
@@ -138,13 +152,19 @@ def translate(exc: Exception, name: str, filename: str, revision: str | None, en
     at = f"revision {revision}" if revision else "its default branch"
     page = f"{endpoint}/{name}"
     if isinstance(exc, GatedRepoError) or (
-        isinstance(exc, HfHubHTTPError) and not isinstance(exc, RepositoryNotFoundError) and _status(exc) == 403
+        isinstance(exc, HfHubHTTPError)
+        and not isinstance(exc, RepositoryNotFoundError)
+        and _status(exc) == 403
     ):
         return ModelAccessError(
             f"{name} is gated on the Hugging Face Hub ({endpoint}: HTTP {_status(exc) or 403}): accept its "
             f"licence on {page} and set HF_TOKEN to a token of that account (or run `hf auth login`)"
         )
-    if isinstance(exc, HfHubHTTPError) and not isinstance(exc, RepositoryNotFoundError) and _status(exc) == 401:
+    if (
+        isinstance(exc, HfHubHTTPError)
+        and not isinstance(exc, RepositoryNotFoundError)
+        and _status(exc) == 401
+    ):
         return ModelAccessError(
             f"the Hugging Face Hub ({endpoint}) refused the token for {name} (HTTP 401): set HF_TOKEN to a "
             "valid token (or run `hf auth login`), or unset it for a public model"
@@ -154,17 +174,20 @@ def translate(exc: Exception, name: str, filename: str, revision: str | None, en
     if isinstance(exc, RepositoryNotFoundError):
         status = _status(exc)
         private = (
-            "; a private or gated repository answers so without a token: set HF_TOKEN to a token that may read it"
+            "; a private or gated repository answers so without a token: set HF_TOKEN to a token that "
+            "may read it"
             if status == 401
             else ""
         )
         return UnknownModelError(
-            f"{name}: no such model repository on the Hugging Face Hub ({endpoint}, HTTP {status or 404}){private}; "
+            f"{name}: no such model repository on the Hugging Face Hub ({endpoint}, HTTP {status or 404})"
+            f"{private}; "
             "check the name (org/model, as on its page)"
         )
     if isinstance(exc, RevisionNotFoundError):
         return UnknownModelError(
-            f"{name} has no revision {revision!r} on the Hugging Face Hub ({endpoint}); give a branch, tag or "
+            f"{name} has no revision {revision!r} on the Hugging Face Hub ({endpoint}); give a branch, "
+            "tag or "
             f"commit of {page}"
         )
     if isinstance(exc, OfflineModeIsEnabled):
@@ -202,7 +225,8 @@ def offline_error(name: str, revision: str | None) -> UnknownModelError:
     at = f" at revision {revision}" if revision else ""
     return UnknownModelError(
         f"{name} is neither bundled nor in the Hugging Face cache ({hub_cache_dir()}){at}, and {variable}="
-        f"{os.environ.get(variable, '1')} keeps kvcore off the Hub: unset {variable} to read it from the Hub, "
+        f"{os.environ.get(variable, '1')} keeps kvcore off the Hub: unset {variable} to read it from the "
+        "Hub, "
         "download it into that cache (or set HF_HUB_CACHE / HF_HOME to the cache that holds it), or pass "
         "the path of a config.json"
     )

@@ -91,7 +91,9 @@ def read_header(path: Path) -> dict[str, Any]:
                 )
             raw = file.read(length)
     except OSError as exc:
-        raise InvalidInputError(f"{path}: cannot read its safetensors header: {exc.strerror or exc}") from None
+        raise InvalidInputError(
+            f"{path}: cannot read its safetensors header: {exc.strerror or exc}"
+        ) from None
     if len(raw) != length:
         raise InvalidInputError(f"{path}: the safetensors header is cut short ({len(raw)} of {length} bytes)")
     try:

@@ -350,6 +350,7 @@ class GpuBudget:
 
     def to_dict(self) -> dict[str, Any]:
         """The figures as JSON (``gpu_budget`` in ``kvcore plan --json``)."""
+        counted_estimate = self.quantization.estimate and not self.weights_source
         return {
             "gpu_memory_bytes": self.gpu_memory,
             "utilization": self.utilization,
@@ -365,8 +366,7 @@ class GpuBudget:
             "max_num_batched_tokens": self.max_num_batched_tokens,
             "ranks": self.ranks,
             "weights_source": self.weights_source or "counted from the config",
-            "notes": list(self.notes)
-            + ([self.quantization.estimate] if self.quantization.estimate and not self.weights_source else []),
+            "notes": list(self.notes) + ([self.quantization.estimate] if counted_estimate else []),
         }
 
 

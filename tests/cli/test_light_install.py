@@ -45,7 +45,9 @@ def run_without_torch(body: str, tmp_path: Path) -> subprocess.CompletedProcess[
 
 def test_the_planner_commands_run_without_torch(tmp_path):
     trace = tmp_path / "trace.jsonl"
-    trace.write_text("".join(json.dumps({"prompt_tokens": 900, "output_tokens": 100}) + "\n" for _ in range(20)))
+    trace.write_text(
+        "".join(json.dumps({"prompt_tokens": 900, "output_tokens": 100}) + "\n" for _ in range(20))
+    )
     model = ["--model", "google/gemma-3-27b-it", "--max-model-len", "8192"]
     workload = ["--requests", "20", "--prompt-len", "900", "--output-len", "100"]
     commands = [
@@ -100,9 +102,9 @@ def test_allocation_without_torch_names_the_extra(tmp_path):
     done = run_without_torch(body, tmp_path)
     assert done.returncode == 1
     assert done.stderr.strip() == (
-        "kvcore: error: kvcore allocate (allocating and binding a KV cache) needs torch, which is not installed: "
-        "pip install 'kvcore[torch]' (from a checkout: pip install -c constraints.txt -e '.[torch]'); planning, "
-        "comparing, simulating and tuning run without it"
+        "kvcore: error: kvcore allocate (allocating and binding a KV cache) needs torch, which is not "
+        "installed: pip install 'kvcore[torch]' (from a checkout: pip install -c constraints.txt -e "
+        "'.[torch]'); planning, comparing, simulating and tuning run without it"
     )
     lines = done.stdout.strip().splitlines()
     assert lines[0].startswith("python: torch kvcore.allocate needs torch, which is not installed")
@@ -122,12 +124,22 @@ def test_a_fresh_install_without_extras_plans_without_torch(tmp_path):
         timeout=600,
         cwd=tmp_path,
     )
-    listed = subprocess.run([str(pip), "list", "--format", "json"], capture_output=True, text=True, check=True)
+    listed = subprocess.run(
+        [str(pip), "list", "--format", "json"], capture_output=True, text=True, check=True
+    )
     names = {entry["name"].lower() for entry in json.loads(listed.stdout)}
     assert "kvcore" in names and not {"torch", "numpy", "huggingface-hub", "huggingface_hub"} & names
     done = subprocess.run(
-        [str(venv / "bin" / "kvcore"), "plan", "--model", "google/gemma-3-27b-it", "--memory", "80GiB",
-         "--max-model-len", "32768"],
+        [
+            str(venv / "bin" / "kvcore"),
+            "plan",
+            "--model",
+            "google/gemma-3-27b-it",
+            "--memory",
+            "80GiB",
+            "--max-model-len",
+            "32768",
+        ],
         capture_output=True,
         text=True,
         timeout=300,

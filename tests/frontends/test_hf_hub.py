@@ -15,7 +15,7 @@ import pytest
 
 from kvcore.cli import main
 from kvcore.errors import HubUnavailableError, ModelAccessError, UnknownModelError
-from kvcore.frontends.hf_config import find_model_config, find_bundled_model
+from kvcore.frontends.hf_config import find_bundled_model, find_model_config
 from tests.frontends.hub_stand_in import HubStandIn, Repo, safetensors_file
 
 pytest.importorskip("huggingface_hub")
@@ -117,26 +117,42 @@ def test_plan_reads_a_model_neither_bundled_nor_cached_from_the_hub(hub, capsys)
 def test_the_weights_are_read_from_the_safetensors_headers_by_range_requests(hub, capsys):
     hub.repos["acme/qwen-like"] = sharded_repo()
     status, out, err = cli(
-        capsys, "plan", "--model", "acme/qwen-like", "--gpu-memory", "24GiB", "--max-model-len", "4096", "--json"
+        capsys,
+        "plan",
+        "--model",
+        "acme/qwen-like",
+        "--gpu-memory",
+        "24GiB",
+        "--max-model-len",
+        "4096",
+        "--json",
     )
     assert status == 0, err
     budget = json.loads(out)["gpu_budget"]
     assert budget["weights_bytes"] == SHARD_BYTES  # read, where the count of Qwen3-8B says 15 GiB
     assert budget["weights_by_group"] == {"BF16": 1000 * 256 * 4, "F8_E4M3": 512 * 256, "F32": 512 * 4}
-    assert budget["weights_source"].startswith("2 safetensors headers (the Hugging Face Hub http://127.0.0.1:")
+    assert budget["weights_source"].startswith(
+        "2 safetensors headers (the Hugging Face Hub http://127.0.0.1:"
+    )
     commit = sharded_repo().commit
     shard_gets = [(m, p, r) for m, p, r in hub.fetched() if p.endswith(".safetensors") and m == "GET"]
-    assert sorted(p for _, p, _ in shard_gets) == [f"/acme/qwen-like/resolve/{commit}/{s}" for s in sorted(SHARDS)]
+    assert sorted(p for _, p, _ in shard_gets) == [
+        f"/acme/qwen-like/resolve/{commit}/{s}" for s in sorted(SHARDS)
+    ]
     assert all(r == "bytes=0-100000" for _, _, r in shard_gets)  # headers only: ranged, never the data
     assert not any(p.endswith(".py") for _, p, _ in hub.fetched())
     # the text output says where the weights came from
-    status, out, _ = cli(capsys, "plan", "--model", "acme/qwen-like", "--gpu-memory", "24GiB", "--max-model-len", "4096")
+    status, out, _ = cli(
+        capsys, "plan", "--model", "acme/qwen-like", "--gpu-memory", "24GiB", "--max-model-len", "4096"
+    )
     assert status == 0
     assert "  - weights          1.10 MiB  (read from 2 safetensors headers (the Hugging Face Hub" in out
 
 
 def test_one_safetensors_file_and_a_long_header(hub, capsys):
-    tensors = {f"model.layers.{i}.weight.with.a.long.name.{'x' * 200}": ("BF16", [64, 64]) for i in range(600)}
+    tensors = {
+        f"model.layers.{i}.weight.with.a.long.name.{'x' * 200}": ("BF16", [64, 64]) for i in range(600)
+    }
     hub.repos["acme/single"] = Repo(
         files={"config.json": json.dumps(QWEN).encode(), "model.safetensors": safetensors_file(tensors)}
     )
@@ -144,7 +160,11 @@ def test_one_safetensors_file_and_a_long_header(hub, capsys):
     found = find_model_config("acme/single")
     weights, _ = found.checkpoint_weights()
     assert weights is not None and weights.files == 1
-    assert (weights.total, weights.elements, weights.by_dtype) == (600 * 64 * 64 * 2, 600 * 64 * 64, (("BF16", 600 * 8192),))
+    assert (weights.total, weights.elements, weights.by_dtype) == (
+        600 * 64 * 64 * 2,
+        600 * 64 * 64,
+        (("BF16", 600 * 8192),),
+    )
     ranges = [r for m, p, r in hub.fetched() if p.endswith("/model.safetensors") and m == "GET"]
     assert ranges[0] == "bytes=0-100000" and ranges[1].startswith("bytes=8-")
 
@@ -152,7 +172,15 @@ def test_one_safetensors_file_and_a_long_header(hub, capsys):
 def test_a_repository_without_safetensors_falls_back_to_the_count(hub, capsys):
     hub.repos["acme/bin-only"] = Repo(files={"config.json": json.dumps(QWEN).encode()})
     status, out, err = cli(
-        capsys, "plan", "--model", "acme/bin-only", "--gpu-memory", "80GiB", "--max-model-len", "4096", "--json"
+        capsys,
+        "plan",
+        "--model",
+        "acme/bin-only",
+        "--gpu-memory",
+        "80GiB",
+        "--max-model-len",
+        "4096",
+        "--json",
     )
     assert status == 0, err
     budget = json.loads(out)["gpu_budget"]
@@ -184,7 +212,9 @@ def test_a_revision_is_read_at_that_branch_and_an_unknown_one_is_named(hub, caps
 
 
 def test_a_bundled_name_with_a_revision_is_read_from_the_hub(hub, capsys):
-    hub.repos["Qwen/Qwen3-8B"] = Repo(files={"config.json": json.dumps(dict(QWEN, num_hidden_layers=3)).encode()})
+    hub.repos["Qwen/Qwen3-8B"] = Repo(
+        files={"config.json": json.dumps(dict(QWEN, num_hidden_layers=3)).encode()}
+    )
     found = find_model_config("Qwen/Qwen3-8B", revision="main")
     assert found.origin == "hub" and found.config["num_hidden_layers"] == 3
     assert find_model_config("Qwen/Qwen3-8B").origin == "zoo"  # the zoo stays the default
@@ -285,7 +315,12 @@ def test_a_fresh_process_reads_the_environment(hub, tmp_path):
     env.update(HF_TOKEN=SECRET, HF_HOME=str(tmp_path / "fresh"), HF_HUB_DISABLE_TELEMETRY="1")
     argv = ["plan", "--model", "acme/qwen-like", "--gpu-memory", "24GiB", "--max-model-len", "4096", "--json"]
     done = subprocess.run(
-        [sys.executable, "-m", "kvcore", *argv], capture_output=True, text=True, env=env, cwd=ROOT, timeout=120
+        [sys.executable, "-m", "kvcore", *argv],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=120,
     )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["gpu_budget"]["weights_bytes"] == SHARD_BYTES
@@ -306,7 +341,9 @@ def test_without_huggingface_hub_the_error_names_the_extra(tmp_path):
     )
     env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}
     env.update(HF_HOME=str(tmp_path), KVCORE_DISABLE_PLUGIN_AUTOLOAD="1")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT, timeout=120
+    )
     assert done.returncode == 1 and len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert "reading acme/anything from the Hugging Face Hub needs huggingface_hub" in done.stderr
     assert "pip install 'kvcore[hub]'" in done.stderr
