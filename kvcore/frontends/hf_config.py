@@ -199,7 +199,6 @@ class ModelConfig:
             return weights, ""
         snapshot = HubConfig(
             name=self.name.strip(),
-            config=self.config,
             path=self.folder / "config.json",
             commit=self.folder.name,
             revision=None,
@@ -271,7 +270,7 @@ def find_model_config(name_or_path: str | os.PathLike[str], *, revision: str | N
             raise UnknownModelError(f"{close}{exc}" if close else str(exc)) from None
         return ModelConfig(
             name=text,
-            config=dict(hub.config),
+            config=read_config_file(hub.path),
             origin="hub",
             source=hub.describe(),
             folder=None,

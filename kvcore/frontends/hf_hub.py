@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -86,11 +85,10 @@ def hub_where() -> str:
 
 @attrs.frozen(kw_only=True)
 class HubConfig:
-    """A model's ``config.json`` as the Hub served it.
+    """Where the Hub served a model's ``config.json`` from (:func:`fetch_config`).
 
     Attributes:
         name: the repository id.
-        config: the parsed config (JSON only).
         path: where huggingface_hub cached it (``.../snapshots/<commit>/config.json``).
         commit: the commit it is from; the safetensors headers are read at the same commit.
         revision: the revision asked for (``None``: the default branch).
@@ -98,7 +96,6 @@ class HubConfig:
     """
 
     name: str
-    config: Mapping[str, Any]
     path: Path
     commit: str
     revision: str | None
@@ -237,7 +234,8 @@ def _hub(name: str) -> Any:
 
 
 def fetch_config(name: str, revision: str | None = None) -> HubConfig:
-    """Download ``config.json`` of repository ``name`` into the Hugging Face cache and read it.
+    """Download ``config.json`` of repository ``name`` into the Hugging Face cache (the caller
+    reads it: :func:`kvcore.frontends.hf_config.find_model_config`).
 
     Args:
         name: the repository id, ``org/model``.
@@ -248,7 +246,6 @@ def fetch_config(name: str, revision: str | None = None) -> HubConfig:
         ModelAccessError: a gated or private repository refused the request (401 / 403).
         HubUnavailableError: the Hub could not be reached or failed.
         MissingDependencyError: huggingface_hub is not installed (``kvcore[hub]``).
-        InvalidInputError, ModelConfigError: the file is not a JSON object.
     """
     if offline_variable() is not None:
         raise offline_error(name, revision)
@@ -268,12 +265,8 @@ def fetch_config(name: str, revision: str | None = None) -> HubConfig:
         )
     except Exception as exc:  # huggingface_hub's errors, and its HTTP client's
         raise translate(exc, name, "config.json", revision, endpoint) from None
-    from kvcore.frontends.hf_config import read_config_file
-
-    config = read_config_file(path)
     return HubConfig(
         name=name,
-        config=config,
         path=path,
         commit=path.parent.name,
         revision=revision,
