@@ -12,7 +12,6 @@ from kvcore.cli import inputs
 from kvcore.cli.command import Command
 from kvcore.cli.table import add_output_options, render_table, wants_csv, write_csv
 from kvcore.errors import InvalidInputError
-from kvcore.frontends.hf_cache import hub_cache_dir
 from kvcore.frontends.hf_config import (
     bundled_models,
     config_layer_specs,
@@ -20,7 +19,6 @@ from kvcore.frontends.hf_config import (
     layer_specs_from_config,
     max_position_embeddings,
 )
-from kvcore.frontends.hf_hub import hub_where
 from kvcore.frontends.specfile import specs_to_dict
 from kvcore.model_options import ModelOptions
 from kvcore.planning.registry import Registry
@@ -177,7 +175,7 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
         "plan one with `kvcore plan --model NAME --memory SIZE --max-model-len N`"
     )
     print(
-        f"These are bundled (kvcore/data/zoo, no network); any other org/name is read from the Hugging Face "
-        f"cache ({hub_cache_dir()}), else from the Hub ({hub_where()})"
+        "These are bundled (kvcore/data/zoo, read without the network); any other org/name is read from "
+        "the Hugging Face cache, else the Hub (kvcore[hub]): `kvcore models org/name` says which"
     )
     return 0

@@ -69,20 +69,6 @@ def hub_available() -> bool:
     return offline_variable() is None and importlib.util.find_spec("huggingface_hub") is not None
 
 
-def hub_where() -> str:
-    """The Hub in words, as the environment stands: ``'https://huggingface.co'``, with why it
-    will not be asked (``'https://huggingface.co; off: HF_HUB_OFFLINE is set'``)."""
-    import importlib.util
-
-    endpoint = hub_endpoint()
-    variable = offline_variable()
-    if variable is not None:
-        return f"{endpoint}; off: {variable} is set"
-    if importlib.util.find_spec("huggingface_hub") is None:
-        return f"{endpoint}; off: huggingface_hub is not installed, pip install 'kvcore[hub]'"
-    return endpoint
-
-
 @attrs.frozen(kw_only=True)
 class HubConfig:
     """Where the Hub served a model's ``config.json`` from (:func:`fetch_config`).
