@@ -16,6 +16,7 @@ revision asked for by name is ``refs/<branch or tag>``'s snapshot, or the snapsh
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 
@@ -46,11 +47,21 @@ def _repo_dir(cache: Path, name: str) -> Path | None:
     return matches[0] if len(matches) == 1 else None
 
 
+#: One part of a repository id as the Hub allows it (huggingface_hub's ``validate_repo_id``:
+#: letters, digits, ``-``, ``_`` and ``.``, at most 96 characters, no ``--`` or ``..``).
+_REPO_PART = re.compile(r"[A-Za-z0-9_.-]{1,96}")
+
+
 def is_repo_id(name: str) -> bool:
-    """Whether ``name`` reads as a Hub repository id ``org/model`` (two non-empty parts, neither
-    ``.`` nor ``..``): the only names looked up in the cache and on the Hub."""
+    """Whether ``name`` reads as a Hub repository id ``org/model`` (two parts of the characters
+    the Hub allows, neither ``.``, ``..``, holding ``--`` or ending in ``.json``, which is a
+    config file's path mistyped): the only names looked up in the cache and on the Hub."""
     parts = name.strip().split("/")
-    return len(parts) == 2 and all(parts) and not any(part in (".", "..") for part in parts)
+    return (
+        len(parts) == 2
+        and all(_REPO_PART.fullmatch(part) and "--" not in part and ".." not in part for part in parts)
+        and not name.strip().lower().endswith(".json")
+    )
 
 
 def _is_name(text: str) -> bool:
