@@ -349,7 +349,9 @@ def test_without_huggingface_hub_the_error_names_the_extra(tmp_path):
     assert "pip install 'kvcore[hub]'" in done.stderr
 
 
-@pytest.mark.parametrize("name", ["configs/missing.json", "acme/has space", "acme--x/y", "acme/x..y", "a/b/c"])
+@pytest.mark.parametrize(
+    "name", ["configs/missing.json", "acme/has space", "acme--x/y", "acme/x..y", "a/b/c"]
+)
 def test_names_that_are_no_repository_id_never_reach_the_hub(hub, name):
     with pytest.raises(UnknownModelError, match="is neither a file or folder here, nor a bundled model"):
         find_model_config(name)
