@@ -21,6 +21,7 @@ from kvcore.errors import (
     DuplicateRegistrationError as DuplicateRegistrationError,
     GroupLimitError as GroupLimitError,
     HostTierError as HostTierError,
+    HubUnavailableError as HubUnavailableError,
     InsufficientMemoryError as InsufficientMemoryError,
     InvalidInputError as InvalidInputError,
     InvalidSpecError as InvalidSpecError,
@@ -29,6 +30,8 @@ from kvcore.errors import (
     KVCoreError as KVCoreError,
     KVCoreWarning as KVCoreWarning,
     MemoryProfilingError as MemoryProfilingError,
+    MissingDependencyError as MissingDependencyError,
+    ModelAccessError as ModelAccessError,
     ModelConfigError as ModelConfigError,
     MultiplePoolsError as MultiplePoolsError,
     PlanValidationError as PlanValidationError,
@@ -212,7 +215,16 @@ def __getattr__(name: str) -> _typing.Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'kvcore' has no attribute {name!r}")
-    value = getattr(_importlib.import_module(module), name)
+    try:
+        imported = _importlib.import_module(module)
+    except ModuleNotFoundError as exc:  # torch, for the runtime's names: say which extra brings it
+        from kvcore.optional_dependencies import missing_from
+
+        error = missing_from(exc, f"kvcore.{name}")
+        if error is None:
+            raise
+        raise error from None
+    value = getattr(imported, name)
     globals()[name] = value
     return value
 

@@ -107,6 +107,30 @@ class UnknownModelError(KVCoreError, LookupError):
     """No bundled model has that name, or no model-family plugin knows the config's model type."""
 
 
+class ModelAccessError(KVCoreError, PermissionError):
+    """The Hugging Face Hub refused a model's files (HTTP 401 / 403): the repository is gated or
+    private. The message says to set ``HF_TOKEN`` and accept the licence on the model's page; it
+    never holds the token."""
+
+
+class HubUnavailableError(KVCoreError, ConnectionError):
+    """The Hugging Face Hub (or the ``HF_ENDPOINT`` standing in for it) could not be reached, or
+    answered with a server error; the message names the endpoint and says how to work offline."""
+
+
+class MissingDependencyError(KVCoreError, ImportError):
+    """An optional dependency is not installed: torch for allocation and the runtime
+    (``kvcore[torch]``), huggingface_hub for models fetched from the Hub (``kvcore[hub]``).
+
+    Attributes:
+        extra: the extra that installs it (``"torch"``, ``"hub"``).
+    """
+
+    def __init__(self, message: str, *, extra: str) -> None:
+        super().__init__(message)
+        self.extra = extra
+
+
 class UnknownGpuError(KVCoreError, LookupError):
     """The GPU catalogue (``kvcore/data/gpus.json``) has no GPU of that name; the message lists
     the names it has and the closest one."""

@@ -114,3 +114,25 @@ class ParameterCount:
         for group in self.groups:
             totals[group.name] = totals.get(group.name, 0) + group.params
         return totals
+
+
+@attrs.frozen(kw_only=True)
+class CheckpointWeights:
+    """What a checkpoint's weights take, read from its safetensors headers (no tensor data):
+    the bytes are the checkpoint's own, so a quantized checkpoint's scales and packing are in
+    them, where a :class:`ParameterCount` estimates them.
+
+    Attributes:
+        total: bytes of tensor data, every tensor of every file.
+        elements: tensor elements (a packed 4-bit tensor holds two parameters per element).
+        by_dtype: bytes per safetensors dtype (``"BF16"``, ``"F8_E4M3"``), largest first.
+        files: the safetensors files read.
+        source: where the headers were read, for messages (``"3 safetensors headers on the
+            Hugging Face Hub"``).
+    """
+
+    total: int = attrs.field(validator=_count)
+    elements: int = attrs.field(validator=_count)
+    by_dtype: tuple[tuple[str, int], ...] = attrs.field(converter=_tuple)
+    files: int = attrs.field(validator=_positive)
+    source: str = attrs.field(validator=_name)

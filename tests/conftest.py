@@ -16,6 +16,14 @@ settings.register_profile(
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
+# No test reaches the Hugging Face Hub: a model name that is neither bundled nor cached would be
+# looked up there (kvcore.frontends.hf_hub), so the whole run is offline, and huggingface_hub
+# (imported later by the tests that use it, which read these at import) sends no telemetry. The
+# tests of the Hub path turn the offline mode off against a stand-in on a loopback port
+# (tests/frontends/hub_stand_in.py).
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
+
 
 # -- the default run: a quick one ---------------------------------------------------------------
 #

@@ -19,6 +19,7 @@ from kvcore.cli.progress import progress
 from kvcore.cli.report import chosen_length, chosen_length_line, format_plan, plan_report, policy_reason
 from kvcore.cli.table import add_output_options, render_table, wants_csv, write_csv
 from kvcore.errors import InvalidInputError
+from kvcore.optional_dependencies import require
 from kvcore.planning.registry import Registry
 from kvcore.runtime import DEFAULT_UTILIZATION
 from kvcore.units import format_bytes
@@ -75,6 +76,7 @@ def add_options(parser: argparse.ArgumentParser) -> None:
 
 
 def run(namespace: argparse.Namespace, registry: Registry) -> int:
+    require("torch", "kvcore allocate (allocating and binding a KV cache)")
     args = PlanningArgs.read(namespace)
     if args.plan is not None:
         return run_saved_plan(args, args.plan, registry)

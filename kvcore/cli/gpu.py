@@ -47,6 +47,7 @@ def settle_budget(args: PlanningArgs, registry: Registry) -> tuple[PlanningArgs,
     loaded = load_model(args, registry).model_config  # loaded once: by load_layer_specs, before this
     assert loaded is not None  # --model is given
     config, source = loaded.config, loaded.source
+    checkpoint, note = loaded.found.checkpoint_weights() if loaded.found is not None else (None, "")
     try:
         budget = gpu_budget(
             config,
@@ -57,9 +58,12 @@ def settle_budget(args: PlanningArgs, registry: Registry) -> tuple[PlanningArgs,
             tp=args.tp_size,
             pp=args.pp_size,
             source=source.removeprefix("bundled "),
+            checkpoint=checkpoint,
         )
     except (UnknownModelError, ModelConfigError, InvalidInputError) as exc:
         raise type(exc)(_flags(str(exc))) from None
+    if note:
+        budget = attrs.evolve(budget, notes=(*budget.notes, note))
     return attrs.evolve(args, memory=budget.kv_cache), budget
 
 

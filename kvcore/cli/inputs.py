@@ -17,7 +17,7 @@ from kvcore.cli.options import LoadedModel, PlanningArgs
 from kvcore.dtypes import to_dtype
 from kvcore.error_messages import ParameterNames, render
 from kvcore.errors import InvalidInputError, InvalidSpecError, KVCoreError
-from kvcore.frontends.hf_config import config_layer_specs, load_model_config, model_length
+from kvcore.frontends.hf_config import config_layer_specs, find_model_config, model_length
 from kvcore.frontends.specfile import read_spec_file
 from kvcore.limits import MAX_TOKENS
 from kvcore.model_options import ModelOptions
@@ -293,9 +293,12 @@ def add_spec_source(parser: argparse.ArgumentParser, *, plan_file: bool = False)
         metavar="NAME|PATH",
         help=(
             "a Hugging Face config.json, a folder holding one, a bundled model (see `kvcore models`), "
-            "or org/name in the local Hugging Face cache (HF_HUB_CACHE, HF_HOME; never downloaded)"
+            "or org/name: from the local Hugging Face cache (HF_HUB_CACHE, HF_HOME), else from the Hub "
+            "(with kvcore[hub]: config.json and safetensors headers only; HF_TOKEN, HF_ENDPOINT, "
+            "HF_HUB_OFFLINE honoured)"
         ),
     )
+    add_revision_option(parser)
     parser.add_argument(
         "--tp",
         type=positive_int,
@@ -315,6 +318,30 @@ def add_spec_source(parser: argparse.ArgumentParser, *, plan_file: bool = False)
         metavar="DTYPE",
         help="with --model: SSM / linear-attention state dtype, auto (the model's), float32, ...",
     )
+
+
+def add_revision_option(parser: argparse.ArgumentParser) -> None:
+    """``--revision REV``: the branch, tag or commit of a Hub model ``--model org/name`` names."""
+    parser.add_argument(
+        "--revision",
+        type=revision,
+        metavar="REV",
+        help=(
+            "with --model org/name: a branch, tag or commit of the Hugging Face repository, read from "
+            "the cache or the Hub (the bundled configs are passed over) (default: the cached snapshot, "
+            "else the default branch)"
+        ),
+    )
+
+
+def revision(text: str) -> str:
+    """argparse type: a Hub revision, a branch, tag or commit (no spaces, at most 200 characters)."""
+    value = text.strip()
+    if not value or len(value) > 200 or any(c.isspace() for c in value) or ".." in value:
+        raise argparse.ArgumentTypeError(
+            f"expected a branch, tag or commit of a Hugging Face repository, got {_shown_text(text)}"
+        )
+    return value
 
 
 def add_pipeline_option(parser: argparse.ArgumentParser) -> None:
@@ -474,12 +501,21 @@ def load_model(args: PlanningArgs, registry: Registry) -> PlanningArgs:
 
     Raises:
         UnknownModelError, InvalidInputError, ModelConfigError: as
-            :func:`~kvcore.frontends.hf_config.load_model_config`.
+            :func:`~kvcore.frontends.hf_config.find_model_config`, and ModelAccessError,
+            HubUnavailableError, MissingDependencyError for a model read from the Hub.
     """
     if args.model is None or args.model_config is not None:
+        if args.revision is not None and args.model is None:
+            raise InvalidInputError("--revision applies to --model org/name only")
         return args
-    config, source = load_model_config(args.model)
-    loaded = LoadedModel(name=args.model, config=config, source=source, length=model_length(config, registry))
+    found = find_model_config(args.model, revision=args.revision)
+    loaded = LoadedModel(
+        name=args.model,
+        config=found.config,
+        source=found.source,
+        length=model_length(found.config, registry),
+        found=found,
+    )
     return attrs.evolve(args, model_config=loaded)
 
 

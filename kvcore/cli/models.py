@@ -11,11 +11,12 @@ from typing import Any
 from kvcore.cli import inputs
 from kvcore.cli.command import Command
 from kvcore.cli.table import add_output_options, render_table, wants_csv, write_csv
+from kvcore.errors import InvalidInputError
 from kvcore.frontends.hf_config import (
     bundled_models,
     config_layer_specs,
+    find_model_config,
     layer_specs_from_config,
-    load_model_config,
     max_position_embeddings,
 )
 from kvcore.frontends.specfile import specs_to_dict
@@ -27,16 +28,21 @@ from kvcore.units import format_bytes
 COMMAND = Command(
     help="list the bundled models (layer counts and kinds), or show one model's layers",
     description="""
-        Without MODEL: every model whose config.json ships with kvcore, with its cache-holding layers by kind.
-        With MODEL (a bundled name or a config.json path): its layers one by one.
+        Without MODEL: every model whose config.json ships with kvcore (the zoo, kvcore/data/zoo), with its
+        cache-holding layers by kind. With MODEL (a bundled name, a config.json path, or org/name from the
+        local Hugging Face cache or the Hub): where its config came from, and its layers one by one.
     """,
 )
 
 
 def add_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "model", nargs="?", metavar="MODEL", help="a bundled name, a config.json or its folder"
+        "model",
+        nargs="?",
+        metavar="MODEL",
+        help="a bundled name, a config.json or its folder, or org/name (the Hugging Face cache, else Hub)",
     )
+    inputs.add_revision_option(parser)
     parser.add_argument("--tp", type=inputs.positive_int, default=1, metavar="N", help="tensor-parallel size")
     parser.add_argument("--kv-cache-dtype", default="auto", metavar="DTYPE", help="attention cache dtype")
     parser.add_argument(
@@ -82,6 +88,7 @@ def model_listing(registry: Registry, options: ModelOptions) -> list[dict[str, A
         rows.append(
             {
                 "name": model.name,
+                "source": "zoo",
                 "model_type": config.get("model_type"),
                 "max_position_embeddings": max_position_embeddings(config, registry),
                 **summarize(specs),
@@ -100,7 +107,8 @@ def _options(args: argparse.Namespace) -> ModelOptions:
 
 
 def _show_model(args: argparse.Namespace, registry: Registry, options: ModelOptions) -> int:
-    config, source = load_model_config(args.model)  # once: the specs and the header line read it
+    found = find_model_config(args.model, revision=args.revision)  # once: the specs and the header read it
+    config, source = found.config, found.source
     specs = config_layer_specs(config, source, registry, options)
     if wants_csv(args):
         write_csv(
@@ -116,7 +124,7 @@ def _show_model(args: argparse.Namespace, registry: Registry, options: ModelOpti
         )
         return 0
     if args.json:
-        print(json.dumps(specs_to_dict(specs, registry), indent=2))
+        print(json.dumps(specs_to_dict(specs, registry), indent=2))  # a spec file: --specs reads it back
         return 0
     summary = summarize(specs)
     kinds = ", ".join(f"{n} {k}" for k, n in summary["kinds"].items())
@@ -135,6 +143,8 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
     options = _options(args)
     if args.model is not None:
         return _show_model(args, registry, options)
+    if args.revision is not None:
+        raise InvalidInputError("--revision applies to a MODEL named org/name; the listing is the zoo")
     listing = model_listing(registry, options)
     if wants_csv(args):
         write_csv(listing)
@@ -163,5 +173,9 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
     print(
         f"\nKV/token and state/request are per tensor-parallel rank (tp {options.tp}); "
         "plan one with `kvcore plan --model NAME --memory SIZE --max-model-len N`"
+    )
+    print(
+        "These are bundled (kvcore/data/zoo, read without the network); any other org/name is read from "
+        "the Hugging Face cache, else the Hub (kvcore[hub]): `kvcore models org/name` says which"
     )
     return 0

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import attrs
 
 from kvcore.errors import InvalidInputError
-from kvcore.frontends.hf_config import ModelLength
+from kvcore.frontends.hf_config import ModelConfig, ModelLength
 from kvcore.policy import PlanOptions
 from kvcore.spec import DEFAULT_MAX_NUM_BATCHED_TOKENS
 
@@ -38,12 +38,15 @@ class LoadedModel:
         source: where it came from, for messages (``'bundled google/gemma-3-27b-it'``).
         length: the longest context it was trained for (``None`` where neither the config nor
             its family says).
+        found: the lookup's answer (where it came from: a path, the zoo, the cache, the Hub),
+            which reads the checkpoint's weights where ``--gpu-memory`` needs them.
     """
 
     name: str
     config: Mapping[str, Any]
     source: str
     length: ModelLength | None
+    found: ModelConfig | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -60,6 +63,7 @@ class PlanningArgs:
     model: str | None = None
     specs: str | None = None
     plan: str | None = None
+    revision: str | None = None
     tp: int | None = None
     pp: int | None = None
     kv_cache_dtype: str | None = None

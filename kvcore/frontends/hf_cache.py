@@ -9,12 +9,14 @@ after the bundled zoo and without touching the network. The cache is, in order:
 
 A repository ``org/name`` lives in ``models--org--name/``; ``refs/main`` names the revision whose
 files are in ``snapshots/<revision>/``. When ``refs/main`` is missing (a download by revision),
-the one snapshot holding a ``config.json`` is used, or the most recently modified of several.
+the one snapshot holding a ``config.json`` is used, or the most recently modified of several. A
+revision asked for by name is ``refs/<branch or tag>``'s snapshot, or the snapshot of that commit.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 
@@ -45,20 +47,43 @@ def _repo_dir(cache: Path, name: str) -> Path | None:
     return matches[0] if len(matches) == 1 else None
 
 
-def find_cached_config(name: str, cache: Path | None = None) -> Path | None:
+#: One part of a repository id as the Hub allows it (huggingface_hub's ``validate_repo_id``:
+#: letters, digits, ``-``, ``_`` and ``.``, at most 96 characters, no ``--`` or ``..``).
+_REPO_PART = re.compile(r"[A-Za-z0-9_.-]{1,96}")
+
+
+def is_repo_id(name: str) -> bool:
+    """Whether ``name`` reads as a Hub repository id ``org/model`` (two parts of the characters
+    the Hub allows, neither ``.``, ``..``, holding ``--`` or ending in ``.json``, which is a
+    config file's path mistyped): the only names looked up in the cache and on the Hub."""
+    parts = name.strip().split("/")
+    return (
+        len(parts) == 2
+        and all(_REPO_PART.fullmatch(part) and "--" not in part and ".." not in part for part in parts)
+        and not name.strip().lower().endswith(".json")
+    )
+
+
+def _is_name(text: str) -> bool:
+    return bool(text) and "/" not in text and "\\" not in text and text not in (".", "..")
+
+
+def find_cached_config(name: str, cache: Path | None = None, *, revision: str | None = None) -> Path | None:
     """The cached ``config.json`` of repository ``name`` (``"org/model"``), or ``None``.
 
     Args:
         name: the repository id; anything but ``org/model`` is never in the cache.
         cache: the hub cache folder; default :func:`hub_cache_dir`.
+        revision: a branch, tag or commit: the snapshot ``refs/<revision>`` names, or the
+            snapshot of that commit; ``None`` for the default below.
 
     Returns:
         The path of the config in the snapshot ``refs/main`` names (else the only, or the most
         recently modified, snapshot holding one), or ``None`` when the cache does not hold it.
     """
-    parts = name.strip().split("/")
-    if len(parts) != 2 or not all(parts) or any(part in (".", "..") for part in parts):
+    if not is_repo_id(name):
         return None
+    parts = name.strip().split("/")
     root = cache if cache is not None else hub_cache_dir()
     if not root.is_dir():
         return None
@@ -66,6 +91,13 @@ def find_cached_config(name: str, cache: Path | None = None) -> Path | None:
     if repo is None:
         return None
     snapshots = repo / "snapshots"
+    if revision is not None:
+        if not _is_name(revision):
+            return None
+        ref = repo / "refs" / revision
+        commit = ref.read_text(encoding="utf-8").strip() if ref.is_file() else revision
+        config = snapshots / commit / "config.json"
+        return config if _is_name(commit) and config.is_file() else None
     ref = repo / "refs" / "main"
     if ref.is_file():
         revision = ref.read_text(encoding="utf-8").strip()

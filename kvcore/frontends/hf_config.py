@@ -7,8 +7,9 @@ type), and the registry (:meth:`~kvcore.planning.registry.Registry.layer_specs`)
 that claims a config. This module reads configs:
 
 - the way transformers does (``Infinity`` and ``NaN``, bare or tagged as
-  ``{"__float__": "Infinity"}``), from a file, a folder holding ``config.json``, or by the name
-  of a model bundled with kvcore (:func:`bundled_models`). Nothing here touches the network;
+  ``{"__float__": "Infinity"}``), from a file, a folder holding ``config.json``, by the name
+  of a model bundled with kvcore (:func:`bundled_models`), from the local Hugging Face cache,
+  or from the Hub (:func:`find_model_config`; only this last one touches the network);
 - :func:`layer_specs_from_config` and :func:`model_layer_specs`, which hand a config and the
   :class:`~kvcore.model_options.ModelOptions` to the registry.
 
@@ -25,13 +26,21 @@ from collections.abc import Mapping
 from functools import cache
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
 
 from kvcore.error_messages import did_you_mean
-from kvcore.errors import InvalidInputError, ModelConfigError, UnknownModelError
+from kvcore.errors import (
+    HubUnavailableError,
+    InvalidInputError,
+    ModelAccessError,
+    ModelConfigError,
+    UnknownModelError,
+)
+from kvcore.frontends.hf_hub import HubConfig
 from kvcore.frontends.specfile import load_json_file
+from kvcore.model_weights import CheckpointWeights
 from kvcore.spec import KVCacheSpec
 from kvcore.validators import is_int
 
@@ -135,43 +144,162 @@ def find_bundled_model(name: str) -> BundledModel | None:
     return short[0] if len(short) == 1 else None
 
 
-def load_model_config(name_or_path: str | os.PathLike[str]) -> tuple[dict[str, Any], str]:
-    """The config of a model given as a path (file or folder), a bundled model's name, or an
-    ``org/name`` in the local Hugging Face cache (:mod:`kvcore.frontends.hf_cache`).
+#: Where a model's config came from: a path given, the bundled zoo, the local Hugging Face
+#: cache, or the Hugging Face Hub.
+ModelOrigin = Literal["path", "zoo", "cache", "hub"]
 
-    An existing path wins over a bundled name, which wins over the cache. Nothing is downloaded.
+
+@attrs.frozen(kw_only=True)
+class ModelConfig:
+    """A model's config and where it came from (:func:`find_model_config`).
+
+    Attributes:
+        name: the model as asked for (a path, a bundled name, ``org/name``).
+        config: the parsed config.
+        origin: ``"path"``, ``"zoo"``, ``"cache"`` or ``"hub"``.
+        source: where it came from, for messages (``'bundled google/gemma-3-27b-it'``,
+            ``'org/name (Hugging Face cache /.../config.json)'``).
+        folder: the folder the config lies in (a model folder, a cache snapshot), where a
+            safetensors checkpoint beside it is looked for; ``None`` for a bundled model.
+        hub: the Hub's answer, for a model read from the Hub.
+    """
+
+    name: str
+    config: dict[str, Any]
+    origin: ModelOrigin
+    source: str
+    folder: Path | None = None
+    hub: HubConfig | None = None
+
+    def checkpoint_weights(self) -> tuple[CheckpointWeights | None, str]:
+        """The checkpoint's weights read from its safetensors headers, and a note for messages.
+
+        The headers are read beside the config (a model folder, a cache snapshot holding the
+        whole checkpoint), else on the Hub: for a model read from there, and for a cached one
+        whose snapshot lacks the weights while the Hub may be asked (huggingface_hub installed,
+        not offline; the snapshot's commit is read). ``None`` where there are none (a bundled
+        model ships its config only; no safetensors checkpoint), and the weights are then
+        counted from the config; the note says why where a Hub read failed for a cached model.
+
+        Raises:
+            HubUnavailableError, ModelAccessError, UnknownModelError: a Hub request failed for a
+                model read from the Hub.
+            InvalidInputError: an index or header that is not what safetensors writes.
+        """
+        from kvcore.frontends.hf_hub import fetch_weights, hub_available, hub_endpoint
+        from kvcore.frontends.safetensors_header import local_weights
+
+        if self.hub is not None:
+            return fetch_weights(self.hub), ""
+        if self.folder is None:
+            return None, ""
+        where = "the Hugging Face cache" if self.origin == "cache" else str(self.folder)
+        weights = local_weights(self.folder, where)
+        if weights is not None or self.origin != "cache" or not hub_available():
+            return weights, ""
+        snapshot = HubConfig(
+            name=self.name.strip(),
+            path=self.folder / "config.json",
+            commit=self.folder.name,
+            revision=None,
+            endpoint=hub_endpoint(),
+        )
+        try:
+            return fetch_weights(snapshot), ""
+        except (HubUnavailableError, ModelAccessError, UnknownModelError) as exc:
+            return None, f"weights counted from the config: their safetensors headers were not read ({exc})"
+
+
+def find_model_config(name_or_path: str | os.PathLike[str], *, revision: str | None = None) -> ModelConfig:
+    """The config of a model given as a path (file or folder), a bundled model's name, an
+    ``org/name`` in the local Hugging Face cache (:mod:`kvcore.frontends.hf_cache`), or an
+    ``org/name`` on the Hugging Face Hub (:mod:`kvcore.frontends.hf_hub`, with the
+    ``kvcore[hub]`` extra), in that order: the Hub is asked only for what is not here.
+
+    Args:
+        name_or_path: the path or name.
+        revision: a branch, tag or commit of a Hub repository: the bundled configs are then
+            passed over (each is one published revision), and the cache and the Hub are asked
+            for that revision.
+
+    Raises:
+        UnknownModelError: not found (the message lists the bundled names and the cache folder
+            looked in; in offline mode it names HF_HUB_OFFLINE).
+        ModelAccessError: a gated or private repository refused the request.
+        HubUnavailableError: the Hub could not be reached.
+        MissingDependencyError: the model must come from the Hub and huggingface_hub is missing.
+        InvalidInputError: the file is unreadable or not JSON, or a revision with a path.
+        ModelConfigError: the JSON is not an object.
+    """
+    from kvcore.frontends.hf_cache import find_cached_config, hub_cache_dir, is_repo_id
+
+    text = os.fspath(name_or_path)
+    if Path(text).exists():
+        if revision is not None:
+            raise InvalidInputError(
+                f"a revision ({revision!r}) names a version of a Hugging Face repository; {text} is a "
+                "path here"
+            )
+        path = Path(text)
+        folder = path if path.is_dir() else path.parent
+        config = read_config_file(text)
+        return ModelConfig(name=text, config=config, origin="path", source=text, folder=folder)
+    bundled = find_bundled_model(text) if revision is None else None
+    if bundled is not None:
+        return ModelConfig(name=text, config=bundled.config(), origin="zoo", source=f"bundled {bundled.name}")
+    cached = find_cached_config(text, revision=revision)
+    if cached is not None:
+        return ModelConfig(
+            name=text,
+            config=read_config_file(cached),
+            origin="cache",
+            source=f"{text} (Hugging Face cache {cached})",
+            folder=cached.parent,
+        )
+    models = bundled_models()
+    # 'gemma-3-27b' is close to the short name, 'google/gemma-3-27b' to the full one
+    close = did_you_mean(text, [m.name for m in models]) or did_you_mean(
+        text, [m.name.split("/", 1)[-1] for m in models]
+    )
+    if is_repo_id(text):
+        from kvcore.frontends.hf_hub import fetch_config
+
+        try:
+            hub = fetch_config(text.strip(), revision)
+        except UnknownModelError as exc:
+            raise UnknownModelError(f"{close}{exc}" if close else str(exc)) from None
+        return ModelConfig(
+            name=text,
+            config=read_config_file(hub.path),
+            origin="hub",
+            source=hub.describe(),
+            folder=None,
+            hub=hub,
+        )
+    names = ", ".join(m.name for m in models)
+    raise UnknownModelError(
+        f"{text!r} is neither a file or folder here, nor a bundled model, nor in the Hugging Face cache "
+        f"({hub_cache_dir()}); {close}pass the path of a config.json (or of its folder), org/name of a model "
+        f"in that cache or on the Hugging Face Hub (set HF_HUB_CACHE or HF_HOME to use another cache), "
+        f"or one of: {names}"
+    )
+
+
+def load_model_config(
+    name_or_path: str | os.PathLike[str], *, revision: str | None = None
+) -> tuple[dict[str, Any], str]:
+    """The config of a model and where it came from (:func:`find_model_config`, which says in
+    what order it looks: a path, the bundled zoo, the local Hugging Face cache, the Hub).
 
     Returns:
         ``(config, source)``: the parsed config and where it came from, for messages.
 
     Raises:
-        UnknownModelError: neither an existing path, a bundled name nor in the cache; lists the
-            bundled names and the cache folder looked in.
-        InvalidInputError: the file is unreadable or not JSON.
-        ModelConfigError: the JSON is not an object.
+        UnknownModelError, ModelAccessError, HubUnavailableError, MissingDependencyError,
+        InvalidInputError, ModelConfigError: as :func:`find_model_config`.
     """
-    from kvcore.frontends.hf_cache import find_cached_config, hub_cache_dir
-
-    text = os.fspath(name_or_path)
-    if Path(text).exists():
-        return read_config_file(text), text
-    bundled = find_bundled_model(text)
-    if bundled is not None:
-        return bundled.config(), f"bundled {bundled.name}"
-    cached = find_cached_config(text)
-    if cached is not None:
-        return read_config_file(cached), f"{text} (Hugging Face cache {cached})"
-    models = bundled_models()
-    names = ", ".join(m.name for m in models)
-    # 'gemma-3-27b' is close to the short name, 'google/gemma-3-27b' to the full one
-    close = did_you_mean(text, [m.name for m in models]) or did_you_mean(
-        text, [m.name.split("/", 1)[-1] for m in models]
-    )
-    raise UnknownModelError(
-        f"{text!r} is neither a file or folder here, nor a bundled model, nor in the Hugging Face cache "
-        f"({hub_cache_dir()}); {close}kvcore never downloads, so pass the path of a config.json (or of its "
-        f"folder), a model in that cache (set HF_HUB_CACHE or HF_HOME to use another), or one of: {names}"
-    )
+    found = find_model_config(name_or_path, revision=revision)
+    return found.config, found.source
 
 
 # -- configs to specs ----------------------------------------------------------------------

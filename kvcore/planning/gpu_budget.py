@@ -30,7 +30,7 @@ from typing import Any
 import attrs
 
 from kvcore.errors import InvalidInputError, ModelConfigError, PluginValidationError, UnknownModelError
-from kvcore.model_weights import ParameterCount, WeightGroup
+from kvcore.model_weights import CheckpointWeights, ParameterCount, WeightGroup
 from kvcore.planning.registry import Registry
 from kvcore.units import format_bytes
 
@@ -299,6 +299,9 @@ class GpuBudget:
         max_num_batched_tokens: the batch the activation estimate is for.
         ranks: the ranks the weights are split across (``tp x pp``).
         notes: what the count left out or assumed.
+        weights_source: where the weights' bytes came from: ``""`` when counted from the
+            config, else the safetensors headers they were read from (``weight_groups`` are
+            then bytes per safetensors dtype).
     """
 
     gpu_memory: int
@@ -313,6 +316,7 @@ class GpuBudget:
     max_num_batched_tokens: int
     ranks: int = 1
     notes: tuple[str, ...] = ()
+    weights_source: str = ""
 
     @property
     def usable(self) -> int:
@@ -324,24 +328,29 @@ class GpuBudget:
         per_rank = f" per rank (1/{self.ranks} of the model)" if self.ranks > 1 else ""
         groups = ", ".join(f"{name} {format_bytes(size)}" for name, size in self.weight_groups)
         quant = "" if self.quantization.method == "none" else f"; {self.quantization.describe()}"
+        what = (
+            f"read from {self.weights_source}: {groups}"
+            if self.weights_source
+            else f"{self.params / 1e9:,.2f}B parameters{quant}: {groups}"
+        )
         lines = [
             f"GPU {format_bytes(self.gpu_memory)} x utilization {self.utilization:g} = "
             f"{format_bytes(self.usable)}",
-            f"  - weights       {format_bytes(self.weights):>11}{per_rank}  "
-            f"({self.params / 1e9:,.2f}B parameters{quant}: {groups})",
+            f"  - weights       {format_bytes(self.weights):>11}{per_rank}  ({what})",
             f"  - activations   {format_bytes(self.activation):>11}  "
             f"(estimate for {self.max_num_batched_tokens:,} batched tokens)",
             f"  - reserve       {format_bytes(self.reserve):>11}  (CUDA context, workspaces, CUDA graphs)",
             f"  = KV cache      {format_bytes(self.kv_cache):>11}",
         ]
         estimates = [*self.notes]
-        if self.quantization.estimate:
+        if self.quantization.estimate and not self.weights_source:
             estimates.append(f"quantized weights: {self.quantization.estimate}")
         lines += [f"  note: {note}" for note in estimates]
         return lines
 
     def to_dict(self) -> dict[str, Any]:
         """The figures as JSON (``gpu_budget`` in ``kvcore plan --json``)."""
+        counted_estimate = self.quantization.estimate and not self.weights_source
         return {
             "gpu_memory_bytes": self.gpu_memory,
             "utilization": self.utilization,
@@ -356,7 +365,8 @@ class GpuBudget:
             "bits_per_converted_parameter": self.quantization.bits_per_param or None,
             "max_num_batched_tokens": self.max_num_batched_tokens,
             "ranks": self.ranks,
-            "notes": list(self.notes) + ([self.quantization.estimate] if self.quantization.estimate else []),
+            "weights_source": self.weights_source or "counted from the config",
+            "notes": list(self.notes) + ([self.quantization.estimate] if counted_estimate else []),
         }
 
 
@@ -394,6 +404,7 @@ def gpu_budget(
     pp: int = 1,
     reserve: int = RESERVE_BYTES,
     source: str = "config",
+    checkpoint: CheckpointWeights | None = None,
 ) -> GpuBudget:
     """The KV-cache budget of one rank when the model is served on GPUs of ``gpu_memory`` bytes.
 
@@ -411,6 +422,8 @@ def gpu_budget(
         pp: pipeline stages.
         reserve: bytes set aside for what profiling does not see.
         source: the config's name, for messages.
+        checkpoint: the weights read from the checkpoint's safetensors headers: their bytes
+            replace the count's (which still gives the activation estimate's widths).
 
     Returns:
         The budget and its terms.
@@ -425,6 +438,13 @@ def gpu_budget(
     count = count_parameters(config, registry, source)
     quant = quantization(config, source)
     weights = weight_bytes(count, quant)
+    if checkpoint is not None:
+        weights = WeightBytes(
+            total=checkpoint.total,
+            by_group=checkpoint.by_dtype,
+            converted_params=weights.converted_params,
+            params=weights.params,
+        )
     ranks = tp * pp
     per_rank = -(-weights.total // ranks)
     activation = activation_peak_bytes(count, max_num_batched_tokens, tp=tp)
@@ -450,5 +470,6 @@ def gpu_budget(
         quantization=quant,
         max_num_batched_tokens=max_num_batched_tokens,
         ranks=ranks,
-        notes=count.notes,
+        notes=count.notes if checkpoint is None else (),
+        weights_source=checkpoint.source if checkpoint is not None else "",
     )

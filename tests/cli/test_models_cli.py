@@ -97,7 +97,7 @@ def test_model_options_need_a_model(run_cli, tmp_path):
 def test_bad_model_inputs_are_one_line_errors(run_cli):
     common = ("--memory", "80GiB", "--max-model-len", "4096")
     status, _, err = run_cli("plan", "--model", "not-a-model", *common)
-    assert status == 1 and "never downloads" in err and len(err.strip().splitlines()) == 1
+    assert status == 1 and "nor a bundled model" in err and len(err.strip().splitlines()) == 1
     status, _, err = run_cli("plan", "--model", "Qwen3-8B", "--kv-cache-dtype", "int4", *common)
     assert status == 1 and "or 'auto'" in err and len(err.strip().splitlines()) == 1
     status, _, err = run_cli("plan", "--model", "AI21-Jamba-1.5-Mini", "--tp", "3", *common)

@@ -55,9 +55,13 @@ def test_a_command_declaration_needs_both_texts():
         Command(help="what it does", description=None)
 
 
-def test_numpy_is_a_base_dependency():
-    """torch warns at import when numpy is missing; the base install must not make it warn."""
+def test_numpy_comes_with_torch_and_the_base_install_has_neither():
+    """torch warns at import when numpy is missing, so the extra that brings torch brings numpy;
+    the base install (the planner) needs neither (tests/cli/test_light_install.py runs it so)."""
     text = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
     dependencies = re.search(r"^dependencies = \[(.*?)^\]", text, re.M | re.S)
-    assert dependencies is not None
-    assert re.search(r'^\s*"numpy[^"]*",', dependencies.group(1), re.M)
+    torch_extra = re.search(r"^torch = \[(.*?)^\]", text, re.M | re.S)
+    assert dependencies is not None and torch_extra is not None
+    assert not re.search(r'^\s*"(numpy|torch)[^"]*",', dependencies.group(1), re.M)
+    assert re.search(r'^\s*"numpy[^"]*",', torch_extra.group(1), re.M)
+    assert re.search(r'^\s*"torch>=[^"]*",', torch_extra.group(1), re.M)

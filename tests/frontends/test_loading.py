@@ -78,8 +78,8 @@ def test_bundled_names_are_found_by_short_name_and_any_case():
 
 
 def test_unknown_names_list_the_bundled_ones():
-    with pytest.raises(UnknownModelError, match="never downloads") as info:
-        load_model_config("org/not-a-model")
+    with pytest.raises(UnknownModelError, match="nor a bundled model") as info:
+        load_model_config("not-a-model")  # not org/name: never looked up on the Hub
     assert "google/gemma-3-27b-it" in str(info.value)
 
 
