@@ -147,6 +147,7 @@ class _Eta:
 
 
 def run(args: argparse.Namespace, registry: Registry) -> int:
+    from kvcore.cli.sglang_compare import model_of
     from kvcore.integrations.tuned import sglang_profile, sglang_settings, vllm_planner, vllm_settings
     from kvcore.tuning.search import SearchSpace, estimated_trials, tune
 
@@ -191,8 +192,10 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
     gpu_bytes = budget.gpu_memory if budget is not None else None
     vllm = vllm_settings(best, specs, args.memory, registry=registry, async_scheduling=async_scheduling)
     try:
+        # what SGLang runs for the model: the answer compare --engine sglang reads too
+        model = model_of(shared, specs, "its vLLM settings above still apply")
         sglang: EngineSettings | None = sglang_settings(
-            best, specs, args.memory, registry=registry, gpu_memory=gpu_bytes, weights=weights
+            best, model, args.memory, registry=registry, gpu_memory=gpu_bytes, weights=weights
         )
         sglang_error = ""
     except Exception as exc:  # any refusal of SGLang's rules is reported, not raised
