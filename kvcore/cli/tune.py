@@ -203,7 +203,10 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
 
         if not isinstance(exc, KVCoreError):
             raise
-        sglang, sglang_error = None, str(exc)
+        from kvcore.cli.inputs import FLAG_NAMES
+        from kvcore.error_messages import render
+
+        sglang, sglang_error = None, render(exc, FLAG_NAMES)
     sglang_run = _simulate_sglang(sglang, workload, best, sglang_profile(registry), shared, step_time)
     engines = Engines(vllm=vllm, sglang=sglang, sglang_error=sglang_error, sglang_run=sglang_run)
     if args.json:
@@ -234,7 +237,7 @@ def _simulate_sglang(
             "not simulated (no other profile stands in for it)",
         }
     if sglang is None or sglang.plan is None:
-        return {"simulated": False, "why": "SGLang cannot run this model's layers"}
+        return {"simulated": False, "why": "not simulated: SGLang has no plan for this candidate"}
     from kvcore.simulation.simulator import simulate
 
     fields = attrs.fields_dict(type(profile)) if attrs.has(type(profile)) else {}
@@ -359,7 +362,7 @@ def _print(args: argparse.Namespace, result: TuneResult, engines: Engines, workl
     for settings, name in ((engines.vllm, "vLLM 0.33"), (engines.sglang, "SGLang 0.5")):
         print()
         if settings is None:
-            print(f"{name}: cannot run these layers: {engines.sglang_error}")
+            print(f"{name}: no plan for this candidate: {engines.sglang_error}")
             continue
         print(f"{name}: {settings.command_line()}")
         for flag in settings.flags:

@@ -148,7 +148,7 @@ def sglang_model(
     specs: Mapping[str, KVCacheSpec],
     config: Mapping[str, object] | None,
     *,
-    fix: str,
+    fix: str = "serve it without kvcore's SGLang plugin (unset KVCORE_SGLANG_POLICY)",
     disable_hybrid_swa_memory: bool = False,
     mamba_ssm_dtype: str = DEFAULT_MAMBA_SSM_DTYPE,
 ) -> SglangModel:
