@@ -492,7 +492,10 @@ def best_lines(best: Best | None, vllm_best: Best | None, auto: str | None) -> l
             "(--engine vllm: as vLLM's own rules size it)"
         )
     else:
-        lines.append("+ vLLM 0.33 runs none of these layouts")
+        lines.append(
+            "+ vLLM 0.33 runs none of these layouts as planned here (--engine vllm plans each policy "
+            "under vLLM's rules)"
+        )
     if auto is None:
         return lines
     if auto == best.candidate.policy:
