@@ -168,7 +168,7 @@ def check_hybrid_swa(kvc: Any) -> None:
         raise SglangIntegrationError(
             f"SGLang {'gives' if theirs else 'does not give'} this model ({', '.join(architectures)}) a "
             f"sliding-window pool, but kvcore's model of SGLang says it {'does' if ours else 'does not'}: "
-            "kvcore's figures for it (compare --engine sglang, tune) are not what this SGLang runs; unset "
+            "the pools kvcore's SGLang figures show for it are not what this SGLang runs; unset "
             f"{POLICY_VARIABLE} to let SGLang size this model"
         )
 
