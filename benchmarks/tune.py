@@ -45,14 +45,13 @@ from kvcore import Registry, model_layer_specs
 from kvcore.cli.table import render_table
 from kvcore.errors import KVCoreError, PolicyNotApplicableError
 from kvcore.frontends.hf_config import load_model_config
+from kvcore.integrations.sglang.model import sglang_model
 from kvcore.integrations.sglang.rules import (
     SglangRules,
-    as_sglang_runs,
     cell_bytes,
     check_specs,
     own_pool_sizes,
     plan_for_sglang,
-    runs_hybrid_swa,
     sglang_specs,
 )
 from kvcore.integrations.tuned import VLLM_OWN_POLICY, sglang_profile, vllm_planner
@@ -185,8 +184,7 @@ def main() -> int:
             )
             vllm_tps = _tokens_per_second(vllm_run, workload)
             # SGLang's defaults
-            architectures = [str(a) for a in config.get("architectures") or ()]
-            sg_specs = as_sglang_runs(specs, runs_hybrid_swa(architectures))
+            sg_specs = sglang_model(specs, config, fix="").specs
             sg_rules = SglangRules(context_len=MAX_LEN, chunked_prefill_size=BATCH)
             try:
                 sizes = own_pool_sizes(sglang_specs(sg_specs, sg_rules), BUDGET, sg_rules)

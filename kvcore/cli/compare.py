@@ -21,7 +21,7 @@ from kvcore.cli.scheduler_options import add_scheduler_options, scheduler_profil
 from kvcore.cli.table import add_output_options, render_table, wants_csv, write_csv
 from kvcore.dtypes import dtype_name, to_dtype
 from kvcore.error_messages import render
-from kvcore.errors import InvalidInputError
+from kvcore.errors import InvalidInputError, KVCoreError
 from kvcore.planning.capacity import finite_or_none, format_figure
 from kvcore.planning.compare import Candidate, compare_policies, variant_specs
 from kvcore.planning.frontier import FrontierPoint, policy_frontier
@@ -70,7 +70,8 @@ def add_options(parser: argparse.ArgumentParser) -> None:
         default="kvcore",
         help="whose rules the plans run under: kvcore's own pool (default), vLLM 0.33's (null block, "
         "async scheduling's tokens in flight, one block id per page), beside vLLM's own plan, or SGLang "
-        "0.5's (one token pool per kind, one page size, padded first page), beside SGLang's own sizing",
+        "0.5's (one token pool per kind, one page size, padded first page; one --block-sizes value is its "
+        "--page-size), beside SGLang's own sizing; the star marks the best candidate that engine runs",
     )
     parser.add_argument(
         "--frontier",
@@ -206,12 +207,16 @@ def run(namespace: argparse.Namespace, registry: Registry) -> int:
         candidates = build_candidates(args, registry, specs)
     frontiers = candidate_frontiers(args, registry, specs, candidates) if args.frontier else {}
     best = best_candidate(candidates, simulated)
+    # the best one vLLM runs too, beside the best for kvcore's runtime (which runs every plan)
+    vllm_best = best_candidate([c for c in candidates if vllm_runs(c)], simulated)
+    auto = auto_choice(registry, specs)
     if wants_csv(args):
         write_csv(
             [
                 {
                     **candidate_row(c),
                     "best": best is not None and best.candidate is c,
+                    "best_vllm_runs": vllm_best is not None and vllm_best.candidate is c,
                     **(replay.simulation_row(simulated[id(c)]) if id(c) in simulated else {}),
                 }
                 for c in candidates
@@ -222,7 +227,10 @@ def run(namespace: argparse.Namespace, registry: Registry) -> int:
         payload: dict[str, Any] = {
             "available_memory_bytes": args.kv_budget,
             "max_model_len": args.max_model_len,
+            "judged_for": "kvcore",
             "best_reason": best.reason if best is not None else None,
+            "best_vllm_runs_reason": vllm_best.reason if vllm_best is not None else None,
+            "auto_policy": auto,
         }
         if budget is not None:
             payload["gpu_budget"] = budget.to_dict()
@@ -232,6 +240,7 @@ def run(namespace: argparse.Namespace, registry: Registry) -> int:
             {
                 **candidate_row(c),
                 "best": best is not None and best.candidate is c,
+                "best_vllm_runs": vllm_best is not None and vllm_best.candidate is c,
                 **(
                     {
                         "simulation": timing.with_latency(
@@ -263,6 +272,8 @@ def run(namespace: argparse.Namespace, registry: Registry) -> int:
         cells = variant_cells(c)
         if best is not None and best.candidate is c:
             cells[0] = f"{cells[0]}*"  # the best candidate, explained under the table
+        elif vllm_best is not None and vllm_best.candidate is c:
+            cells[0] = f"{cells[0]}+"  # the best one vLLM runs, where the best is not
         row = [
             *cells,
             *([c.state_cache_mode] if modes else []),
@@ -324,8 +335,8 @@ def run(namespace: argparse.Namespace, registry: Registry) -> int:
             headers += timing.summary_headers(timed)
     lead = 4 if modes else 3
     print(render_table(headers, rows, align="l" * lead + "r" * (len(headers) - lead)))
-    if best is not None:
-        print(f"  * best: {best_label(best)}: {best.reason}")
+    for line in best_lines(best, vllm_best, auto):
+        print(f"  {line}")
     for policy, error in failures.items():
         print(f"  {policy}: no plan: {error}")
     if frontiers:
@@ -439,6 +450,63 @@ def best_candidate(
             f"({short:.2g}% fewer) with {len(close.plan.groups)} groups instead of {len(best.plan.groups)}"
         )
     return Best(candidate=best, reason=reason)
+
+
+def vllm_runs(candidate: Candidate) -> bool:
+    """Whether vLLM 0.33 runs the candidate's layout (with kvcore's plugin): one block pool,
+    one block id per page, groups its managers take
+    (:func:`~kvcore.integrations.vllm.rules.check_runnable`). Its figures under vLLM's own
+    rules are ``kvcore compare --engine vllm``'s."""
+    from kvcore.integrations.vllm.rules import VllmIntegrationError, check_runnable, page_span
+
+    if candidate.plan is None:
+        return False
+    try:
+        check_runnable(candidate.plan)
+    except VllmIntegrationError:
+        return False
+    return page_span(candidate.plan) == 1
+
+
+def auto_choice(registry: Registry, specs: Mapping[str, KVCacheSpec]) -> str | None:
+    """The policy ``kvcore plan --policy auto`` (the default) picks for ``specs``; ``None``
+    when no policy it may pick plans them."""
+    try:
+        return registry.select(specs, "auto").policy.name
+    except KVCoreError:
+        return None
+
+
+def best_lines(best: Best | None, vllm_best: Best | None, auto: str | None) -> list[str]:
+    """The lines under the table that name the picks: the best for kvcore's runtime (``*``), the
+    best vLLM runs where that is another candidate (``+``), and how ``kvcore plan``'s ``auto``
+    relates to them."""
+    if best is None:
+        return []
+    lines = [f"* best for kvcore's runtime (judged for --engine kvcore): {best_label(best)}: {best.reason}"]
+    if vllm_best is not None and vllm_best.candidate is best.candidate:
+        lines[0] += "; vLLM 0.33 runs it too"
+    elif vllm_best is not None:
+        lines.append(
+            f"+ best vLLM 0.33 runs: {best_label(vllm_best)}: {vllm_best.reason} "
+            "(--engine vllm: as vLLM's own rules size it)"
+        )
+    else:
+        lines.append(
+            "+ vLLM 0.33 runs none of these layouts as planned here (--engine vllm plans each policy "
+            "under vLLM's rules)"
+        )
+    if auto is None:
+        return lines
+    if auto == best.candidate.policy:
+        lines.append(f"kvcore plan's default (--policy auto) picks {auto}, as starred")
+    else:
+        lines.append(
+            f"kvcore plan's default (--policy auto) picks {auto}: auto asks only the policies that declare "
+            f"an auto priority, by priority, not by these figures; to plan the starred layout: kvcore plan "
+            f"--policy {best.candidate.policy}"
+        )
+    return lines
 
 
 def _tie_note(tied: Sequence[Candidate]) -> str:

@@ -18,15 +18,14 @@ import attrs
 
 from kvcore.cli import inputs
 from kvcore.cli.inputs import FLAG_NAMES
-from kvcore.cli.options import LoadedModel, PlanningArgs
+from kvcore.cli.options import PlanningArgs
 from kvcore.cli.table import render_table
 from kvcore.error_messages import render
 from kvcore.errors import KVCoreError
+from kvcore.integrations.sglang.model import SglangModel, sglang_model
 from kvcore.integrations.sglang.rules import (
-    NO_SGLANG_MODEL,
     SglangPoolSizes,
     SglangRules,
-    as_sglang_runs,
     check_specs,
     default_page_size,
     kv_budget,
@@ -35,8 +34,6 @@ from kvcore.integrations.sglang.rules import (
     plan_for_sglang,
     pool_bytes,
     pool_sizes,
-    refuse_dsa,
-    runs_hybrid_swa,
     sglang_specs,
 )
 from kvcore.planning.gpu_budget import GpuBudget
@@ -80,22 +77,18 @@ def _row(
     }
 
 
-def _architectures(loaded: LoadedModel) -> list[str]:
-    return [str(a) for a in loaded.config.get("architectures") or ()]
+def model_of(args: PlanningArgs, specs: Mapping[str, KVCacheSpec], fix: str) -> SglangModel:
+    """What SGLang runs for ``--model`` (loaded) or a ``--specs`` file (taken as a model SGLang
+    gives its sliding pool): :func:`~kvcore.integrations.sglang.model.sglang_model`, the one
+    answer ``compare --engine sglang``, ``tune``'s SGLang flags and the plugin read."""
+    loaded = args.model_config  # loaded once, with the specs
+    return sglang_model(specs, loaded.config if loaded is not None else None, fix=fix)
 
 
-def no_sglang_model(args: PlanningArgs) -> bool:
-    """Whether ``--model`` (loaded) is of an architecture SGLang has no model class for."""
-    loaded = args.model_config
-    return loaded is not None and any(a in NO_SGLANG_MODEL for a in _architectures(loaded))
-
-
-def hybrid_swa(args: PlanningArgs) -> bool:
-    """Whether SGLang runs the model with its sliding pool: by ``--model``'s architectures (the
-    model loaded); a ``--specs`` file is taken as a model SGLang does."""
-    if args.model_config is None:
-        return True
-    return runs_hybrid_swa(_architectures(args.model_config))
+def best_row(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The candidate SGLang serves most with: the most requests of ``context_len`` held, then the
+    most KV tokens (full and sliding pools together); ties go to the first listed."""
+    return max(rows, key=lambda r: (r["requests"], r["full_tokens"] + r["swa_tokens"]), default=None)
 
 
 def run(
@@ -115,8 +108,9 @@ def run(
         SglangIntegrationError: a model SGLang runs with a DSA pool kvcore does not plan
             (:func:`~kvcore.integrations.sglang.rules.dsa_gaps`).
     """
-    inputs.refuse_engine_options(args, "sglang", "SGLang")
-    block = args.block_size
+    # one --block-sizes value is SGLang's --page-size (a list is for kvcore's own comparison)
+    block = args.block_sizes[0] if args.block_sizes and len(args.block_sizes) == 1 else args.block_size
+    inputs.refuse_engine_options(attrs.evolve(args, block_sizes=None) if block else args, "sglang", "SGLang")
     rules = SglangRules(
         context_len=inputs.sizing_context(args).max_model_len,
         chunked_prefill_size=args.max_num_batched_tokens,
@@ -126,15 +120,9 @@ def run(
         args = attrs.evolve(
             args, memory=kv_budget(gpu_budget.gpu_memory, gpu_budget.weights, gpu_budget.utilization)
         )
-    loaded = args.model_config  # loaded once, with the specs
-    if loaded is not None:
-        refuse_dsa(
-            _architectures(loaded), loaded.config, "leave out --engine sglang to see kvcore's own plans"
-        )
-    swa_pool = hybrid_swa(args)
-    has_sliding = any(s.kind == "sliding_window" for s in specs.values())
+    model = model_of(args, specs, "leave out --engine sglang to see kvcore's own plans")
     has_states = any(s.kind == "state" for s in specs.values())
-    specs = as_sglang_runs(specs, swa_pool)
+    specs = model.specs
 
     def row(name: str) -> dict[str, Any]:
         options = inputs.plan_options(args)
@@ -144,6 +132,7 @@ def run(
         return _row(name, pool_sizes(plan, sglang_specs(specs, rules)), specs, rules)
 
     rows, failures = inputs.policy_rows(args, registry, row)
+    best = best_row(rows)
     try:
         own_row: dict[str, Any] | None = _row(OWN, own_pool_sizes(specs, args.kv_budget, rules), specs, rules)
         why = ""
@@ -159,7 +148,7 @@ def run(
                     "context_len": rules.context_len,
                     "page_size": rules.page_size,
                     "swa_full_tokens_ratio": rules.swa_full_tokens_ratio,
-                    "hybrid_swa": swa_pool,
+                    "hybrid_swa": model.hybrid_swa,
                     **(
                         {
                             "mamba_full_memory_ratio": rules.mamba_full_memory_ratio,
@@ -168,7 +157,11 @@ def run(
                         if has_states
                         else {}
                     ),
-                    "candidates": [*rows, *({"policy": n, "error": e} for n, e in failures.items())],
+                    "best": best["policy"] if best is not None else None,
+                    "candidates": [
+                        *({**r, "best": r is best} for r in rows),
+                        *({"policy": n, "error": e} for n, e in failures.items()),
+                    ],
                     "sglang_own": own_row if own_row is not None else {"error": why},
                 },
                 indent=2,
@@ -186,11 +179,7 @@ def run(
         f"{rules.context_len:,}, page_size {rules.page_size}; as SGLang 0.5 runs it: one token pool per "
         f"kind, first page padded, {rules.tokens_in_flight:,} prefill tokens in flight; own sizing with "
         f"swa_full_tokens_ratio {rules.swa_full_tokens_ratio}"
-        + (
-            ""
-            if swa_pool or not has_sliding
-            else "; SGLang gives this model no sliding pool, so its sliding layers keep every token"
-        )
+        + (f"; {model.note()}" if model.note() else "")
         + (
             f"; Mamba pool first: mamba_full_memory_ratio {rules.mamba_full_memory_ratio}, "
             f"{rules.mamba_slots_per_request} state slots a request, SSM state in {rules.mamba_ssm_dtype}"
@@ -198,14 +187,14 @@ def run(
             else ""
         )
     )
-    if no_sglang_model(args):
+    if not model.has_model_class:
         print(
             "  SGLang 0.5 has no model for this architecture: the rows are its sizing rules applied to "
             "kvcore's layers"
         )
     table = [
         [
-            r["policy"],
+            f"{r['policy']}*" if r is best else r["policy"],
             f"{r['full_tokens']:,}",
             f"{r['swa_tokens']:,}",
             *([f"{r['mamba_states']:,}"] if has_states else []),
@@ -216,6 +205,17 @@ def run(
     ]
     headers = ["policy", "full tokens", "swa tokens", *(["mamba states"] if has_states else []), "requests"]
     print(render_table([*headers, "pool bytes"], table, align="l" + "r" * len(headers)))
+    if best is not None:
+        tied = sum(
+            (r["requests"], r["full_tokens"] + r["swa_tokens"])
+            == (best["requests"], best["full_tokens"] + best["swa_tokens"])
+            for r in rows
+        )
+        print(
+            f"  * best SGLang 0.5 runs: {best['policy']}: the most requests of {rules.context_len:,} tokens "
+            f"held at once ({best['requests']:,}; {best['full_tokens'] + best['swa_tokens']:,} KV tokens)"
+            + (f"; {tied} candidates tie: the first listed" if tied > 1 else "")
+        )
     for name, error in failures.items():
         print(f"  {name}: no plan: {error}")
     if own_row is None:

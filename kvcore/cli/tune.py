@@ -147,6 +147,7 @@ class _Eta:
 
 
 def run(args: argparse.Namespace, registry: Registry) -> int:
+    from kvcore.cli.sglang_compare import model_of
     from kvcore.integrations.tuned import sglang_profile, sglang_settings, vllm_planner, vllm_settings
     from kvcore.tuning.search import SearchSpace, estimated_trials, tune
 
@@ -191,8 +192,10 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
     gpu_bytes = budget.gpu_memory if budget is not None else None
     vllm = vllm_settings(best, specs, args.memory, registry=registry, async_scheduling=async_scheduling)
     try:
+        # what SGLang runs for the model: the answer compare --engine sglang reads too
+        model = model_of(shared, specs, "its vLLM settings above still apply")
         sglang: EngineSettings | None = sglang_settings(
-            best, specs, args.memory, registry=registry, gpu_memory=gpu_bytes, weights=weights
+            best, model, args.memory, registry=registry, gpu_memory=gpu_bytes, weights=weights
         )
         sglang_error = ""
     except Exception as exc:  # any refusal of SGLang's rules is reported, not raised
@@ -200,7 +203,10 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
 
         if not isinstance(exc, KVCoreError):
             raise
-        sglang, sglang_error = None, str(exc)
+        from kvcore.cli.inputs import FLAG_NAMES
+        from kvcore.error_messages import render
+
+        sglang, sglang_error = None, render(exc, FLAG_NAMES)
     sglang_run = _simulate_sglang(sglang, workload, best, sglang_profile(registry), shared, step_time)
     engines = Engines(vllm=vllm, sglang=sglang, sglang_error=sglang_error, sglang_run=sglang_run)
     if args.json:
@@ -231,7 +237,7 @@ def _simulate_sglang(
             "not simulated (no other profile stands in for it)",
         }
     if sglang is None or sglang.plan is None:
-        return {"simulated": False, "why": "SGLang cannot run this model's layers"}
+        return {"simulated": False, "why": "not simulated: SGLang has no plan for this candidate"}
     from kvcore.simulation.simulator import simulate
 
     fields = attrs.fields_dict(type(profile)) if attrs.has(type(profile)) else {}
@@ -356,7 +362,7 @@ def _print(args: argparse.Namespace, result: TuneResult, engines: Engines, workl
     for settings, name in ((engines.vllm, "vLLM 0.33"), (engines.sglang, "SGLang 0.5")):
         print()
         if settings is None:
-            print(f"{name}: cannot run these layers: {engines.sglang_error}")
+            print(f"{name}: no plan for this candidate: {engines.sglang_error}")
             continue
         print(f"{name}: {settings.command_line()}")
         for flag in settings.flags:

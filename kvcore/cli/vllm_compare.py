@@ -67,6 +67,13 @@ def _row(name: str, plan: KVCachePlan, specs: Mapping[str, KVCacheSpec], rules: 
     }
 
 
+def best_row(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The candidate vLLM serves most with: the highest max concurrency (requests of
+    ``max_model_len`` held at once), then the fewest groups (block tables per request); ties go to
+    the first listed."""
+    return max(rows, key=lambda r: (round(r["max_concurrency"], 9), -r["groups"]), default=None)
+
+
 def run(args: PlanningArgs, registry: Registry, specs: Mapping[str, KVCacheSpec]) -> int:
     """Print the comparison (a table, or ``--json``); 0 when some policy planned, else 1.
 
@@ -90,12 +97,13 @@ def run(args: PlanningArgs, registry: Registry, specs: Mapping[str, KVCacheSpec]
         return _row(name, plan, specs, rules)
 
     rows, failures = inputs.policy_rows(args, registry, row)
+    best = best_row(rows)
     own, why = own_plan(specs, args.kv_budget, rules)
     own_row = _row(OWN, own, specs, rules) if own is not None else None
     if wants_csv(args):
         write_csv(
             [
-                *rows,
+                *({**r, "best": r is best} for r in rows),
                 *({"policy": n, "error": e} for n, e in failures.items()),
                 own_row if own_row is not None else {"policy": OWN, "error": why},
             ]
@@ -109,7 +117,11 @@ def run(args: PlanningArgs, registry: Registry, specs: Mapping[str, KVCacheSpec]
                     "available_memory_bytes": args.kv_budget,
                     "max_model_len": args.max_model_len,
                     "max_in_flight_tokens": rules.max_in_flight_tokens,
-                    "candidates": [*rows, *({"policy": n, "error": e} for n, e in failures.items())],
+                    "best": best["policy"] if best is not None else None,
+                    "candidates": [
+                        *({**r, "best": r is best} for r in rows),
+                        *({"policy": n, "error": e} for n, e in failures.items()),
+                    ],
                     "vllm_own": own_row if own_row is not None else {"error": why},
                 },
                 indent=2,
@@ -127,7 +139,7 @@ def run(args: PlanningArgs, registry: Registry, specs: Mapping[str, KVCacheSpec]
     )
     table = [
         [
-            r["policy"],
+            f"{r['policy']}*" if r is best else r["policy"],
             r["groups"],
             ",".join(str(b) for b in r["block_sizes"]),
             f"{r['usable_blocks']:,}",
@@ -156,6 +168,12 @@ def run(args: PlanningArgs, registry: Registry, specs: Mapping[str, KVCacheSpec]
             align="lll" + "r" * 6,
         )
     )
+    if best is not None:
+        print(
+            f"  * best vLLM 0.33 runs: {best['policy']}: the highest max concurrency: "
+            f"{best['max_concurrency']:,.2f} requests of {args.max_model_len:,} tokens, "
+            f"{best['groups']} groups"
+        )
     for name, error in failures.items():
         print(f"  {name}: no plan: {error}")
     if own_row is None:

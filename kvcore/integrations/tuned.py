@@ -32,6 +32,7 @@ import attrs
 
 from kvcore.dtypes import dtype_name, to_dtype
 from kvcore.errors import KVCoreError, PolicyNotApplicableError
+from kvcore.integrations.sglang.model import SglangModel
 from kvcore.integrations.sglang.rules import (
     SglangRules,
     check_specs,
@@ -291,7 +292,7 @@ def vllm_settings(
 
 def sglang_settings(
     trial: Trial,
-    specs: Mapping[str, KVCacheSpec],
+    model: SglangModel,
     available_bytes: int,
     *,
     registry: Registry,
@@ -301,12 +302,17 @@ def sglang_settings(
     """The SGLang 0.5 settings of ``trial`` and the pools SGLang's own configurator sizes with them.
 
     The candidate's layout as SGLang runs it is ``kind_pools`` at SGLang's page (the block
-    size), with the candidate's pool split (SGLang always keeps its pools apart); the sliding
-    pool's tokens over the full pool's are its ``--swa-full-tokens-ratio``.
+    size; 64 for a DSA model), with the candidate's pool split (SGLang always keeps its pools
+    apart); the sliding pool's tokens over the full pool's are its ``--swa-full-tokens-ratio``.
+    The layers are ``model``'s, as SGLang keeps them
+    (:func:`~kvcore.integrations.sglang.model.sglang_model`, which ``kvcore compare --engine
+    sglang`` reads too): a model SGLang gives no sliding pool has no ratio, its sliding layers
+    keep every token in the full pool, and a candidate's split of several pools is named as one
+    SGLang cannot express.
 
     Args:
         trial: the candidate.
-        specs: the model's specs.
+        model: the model as SGLang runs it.
         available_bytes: the KV budget.
         registry: where policies are looked up.
         gpu_memory: the GPU's bytes, with ``weights``: adds ``--mem-fraction-static``.
@@ -319,9 +325,28 @@ def sglang_settings(
     plan = _plan_of(trial)
     knobs = trial.knobs
     cannot: list[tuple[str, str]] = []
-    variant = variant_specs(specs, block_size=knobs.block_size, kv_cache_dtype=knobs.kv_cache_dtype)
-    page = min((g.spec.block_size for g in plan.groups if g.spec.tokens_per_page), default=1)
-    if knobs.policy == UNIFIED_POLICY:
+    variant = variant_specs(model.specs, block_size=knobs.block_size, kv_cache_dtype=knobs.kv_cache_dtype)
+    page = model.page_size(min((g.spec.block_size for g in plan.groups if g.spec.tokens_per_page), default=1))
+    rules = SglangRules(
+        context_len=plan.context.max_model_len,
+        page_size=page,
+        chunked_prefill_size=knobs.max_num_batched_tokens,
+    )
+    paged = sglang_specs(variant, rules)
+    pools = check_specs(paged)
+    if model.sliding_in_full_pool:
+        shares = (
+            ", ".join(f"{100 * s:.1f}%" for s in trial.pool_split) if trial.pool_split else "by worst case"
+        )
+        split = f"{len(plan.pools)} pools split {shares}" if len(plan.pools) > len(pools) else ""
+        cannot.append(
+            (
+                split or "a pool of its own for the sliding layers",
+                f"{model.note()}: no --swa-full-tokens-ratio",
+            )
+        )
+    several = len(pools) > 1  # with one SGLang pool, every layout of it is SGLang's own
+    if several and knobs.policy == UNIFIED_POLICY:
         cannot.append(
             (
                 f"policy {knobs.policy}",
@@ -331,7 +356,7 @@ def sglang_settings(
                 "kind_pools' split by the worst case",
             )
         )
-    elif knobs.policy != "kind_pools":
+    elif several and knobs.policy != "kind_pools":
         cannot.append(
             (
                 f"policy {knobs.policy}",
@@ -339,13 +364,6 @@ def sglang_settings(
                 "with this candidate's split",
             )
         )
-    rules = SglangRules(
-        context_len=plan.context.max_model_len,
-        page_size=page,
-        chunked_prefill_size=knobs.max_num_batched_tokens,
-    )
-    paged = sglang_specs(variant, rules)
-    pools = check_specs(paged)
     options = (
         PlanOptions(pool_split=trial.pool_split)
         if trial.pool_split and len(pools) == len(trial.pool_split)

@@ -129,3 +129,16 @@ def test_a_dsa_model_kvcore_does_not_map_is_refused_saying_why(run_cli, tmp_path
     status, out, err = run_cli("compare", "--model", str(model), "--memory", "8GiB", "--engine", "sglang")
     assert status != 0 and not out
     assert "sparse attention (DSA)" in err and "index_kpool 4" in err
+
+
+def test_the_best_candidate_sglang_runs_is_starred(run_cli):
+    status, out, err = run_cli("compare", *BASE)
+    assert status == 0, err
+    firsts = [line.split()[0] for line in out.splitlines() if line.split()]
+    starred = [first for first in firsts if first.endswith("*") and first != "*"]
+    # gpt-oss: only kind_pools keeps SGLang's full and sliding pools apart
+    assert starred == ["kind_pools*"]
+    assert "  * best SGLang 0.5 runs: kind_pools: the most requests of 8,192 tokens held at once" in out
+    payload = json.loads(run_cli("compare", *BASE, "--json")[1])
+    assert payload["best"] == "kind_pools"
+    assert [r["policy"] for r in payload["candidates"] if r.get("best")] == ["kind_pools"]

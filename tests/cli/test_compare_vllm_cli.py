@@ -52,3 +52,19 @@ def test_the_table_says_when_vllms_own_plan_is_missing(run_cli):
 def test_options_it_does_not_take_are_refused(run_cli):
     status, _, err = run_cli("compare", *BASE, "--block-sizes", "16,32")
     assert status != 0 and "--engine vllm" in err and "--block-sizes" in err and "Traceback" not in err
+
+
+def test_the_best_candidate_vllm_runs_is_starred(run_cli):
+    status, out, err = run_cli("compare", *BASE)
+    assert status == 0, err
+    firsts = [line.split()[0] for line in out.splitlines() if line.split()]
+    starred = [first for first in firsts if first.endswith("*") and first != "*"]
+    (why,) = [line.strip() for line in out.splitlines() if line.strip().startswith("* best vLLM 0.33 runs: ")]
+    assert len(starred) == 1 and why.startswith(f"* best vLLM 0.33 runs: {starred[0][:-1]}: ")
+    payload = json.loads(run_cli("compare", *BASE, "--json")[1])
+    ran = [row for row in payload["candidates"] if "error" not in row]
+    (best,) = [row for row in ran if row["best"]]
+    # the highest concurrency among the plans vLLM runs (never kind_pools or unified_pool here)
+    assert best["policy"] == payload["best"]
+    assert best["max_concurrency"] == max(r["max_concurrency"] for r in ran)
+    assert best["policy"] not in ("kind_pools", "unified_pool")

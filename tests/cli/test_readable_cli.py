@@ -26,6 +26,9 @@ def rows_of(text):
 # -- the best candidate ----------------------------------------------------------------------
 
 
+BEST_KVCORE = "best for kvcore's runtime (judged for --engine kvcore)"
+
+
 def test_compare_marks_the_best_candidate_and_says_why(run_cli):
     status, out, err = run_cli("compare", *SMALL, "--policies", "shared_buffer,equal_groups,kind_pools")
     assert status == 0, err
@@ -35,9 +38,10 @@ def test_compare_marks_the_best_candidate_and_says_why(run_cli):
         if line.split() and line.split()[0][-2:-1].isalnum() and line.split()[0].endswith("*")
     ]
     assert len(marked) == 1
-    (why,) = [line for line in out.splitlines() if line.lstrip().startswith("* best: ")]
+    (why,) = [line for line in out.splitlines() if line.lstrip().startswith("* best ")]
     best = marked[0].removesuffix("*")
-    assert why.lstrip().startswith(f"* best: {best}: the highest max concurrency: ")
+    # it says which engine it judged for
+    assert why.lstrip().startswith(f"* {BEST_KVCORE}: {best}: the highest max concurrency: ")
     # the JSON names the same candidate, with the highest concurrency of all
     status, out, _ = run_cli(
         "compare", *SMALL, "--policies", "shared_buffer,equal_groups,kind_pools", "--json"
@@ -209,3 +213,24 @@ def test_compare_engine_vllm_takes_csv(run_cli):
         c["policy"] for c in payload["candidates"]
     ]
     assert rows[-1]["policy"] == "vllm (own plan)"
+
+
+def test_compare_marks_the_best_one_vllm_runs_beside_the_best_and_what_auto_picks(run_cli):
+    # Gemma 3: unified_pool holds the most, but its sliding pages take runs of block ids, which
+    # vLLM cannot run, and auto (kvcore plan's default) never picks it
+    args = ("compare", "--model", "google/gemma-3-27b-it", "--memory", "16GiB", "--max-model-len", "8192")
+    status, out, err = run_cli(*args, "--policies", "shared_buffer,kind_pools,unified_pool")
+    assert status == 0, err
+    firsts = [line.split()[0] for line in out.splitlines() if line.split()]
+    assert "unified_pool*" in firsts and "shared_buffer+" in firsts
+    notes = [line.strip() for line in out.splitlines() if line.strip()[:2] in ("* ", "+ ")]
+    assert notes[0].startswith(f"* {BEST_KVCORE}: unified_pool: ")
+    assert notes[1].startswith("+ best vLLM 0.33 runs: shared_buffer: ")
+    (auto,) = [line.strip() for line in out.splitlines() if "--policy auto" in line]
+    assert auto.startswith("kvcore plan's default (--policy auto) picks shared_buffer: ")
+    assert auto.endswith("kvcore plan --policy unified_pool")
+    status, plan_out, err = run_cli("plan", *args[1:])  # kvcore plan, the same options
+    assert plan_out.startswith("policy shared_buffer (auto")
+    data = json.loads(run_cli(*args, "--policies", "shared_buffer,kind_pools,unified_pool", "--json")[1])
+    assert (data["judged_for"], data["auto_policy"]) == ("kvcore", "shared_buffer")
+    assert [c["policy"] for c in data["candidates"] if c["best_vllm_runs"]] == ["shared_buffer"]

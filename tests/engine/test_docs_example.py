@@ -23,7 +23,7 @@ def test_the_engine_example_prints_what_the_page_shows(capsys, monkeypatch):
     blocks = _blocks(HOWTO.read_text())
     index = next(i for i, (lang, code) in enumerate(blocks) if lang == "python" and "def main(" in code)
     script = blocks[index][1]
-    shown = next(code for lang, code in blocks[index + 1 :] if lang == "")
+    shown = next(code for lang, code in blocks[index + 1 :] if lang == "text")
     monkeypatch.setattr("sys.argv", ["integrate.py"])  # the CPU run the page shows
     root = logging.getLogger()
     saved = (root.handlers[:], root.level)

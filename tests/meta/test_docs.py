@@ -21,6 +21,7 @@ from kvcore.plugins.full_attention import FullAttentionSpec
 from kvcore.testing import checks
 from kvcore.testing.conformance import PolicyConformance, SpecKindConformance
 from kvcore.testing.registries import build_registry
+from tests.meta.doc_blocks import PAGES
 
 ROOT = Path(__file__).parents[2]
 DOCS = ROOT / "docs"
@@ -216,10 +217,15 @@ def test_quoted_code_matches_its_file(path, quoted):
 
 
 def _checked_outputs():
-    for page in sorted(DOCS.rglob("*.md")):
+    # README.md and every docs page (tests/meta/doc_blocks.py says what each marker means)
+    for page in PAGES:
         text = page.read_text(encoding="utf-8")
-        for match in re.finditer(r"<!-- checked-output -->\n```console\n\$ (.*?)\n(.*?)```", text, re.S):
-            yield pytest.param(match.group(1), match.group(2), id=f"{page.name}:{match.group(1)[:60]}")
+        pattern = r"<!-- checked-output(: slow)? -->\n```console\n\$ (.*?)\n(.*?)```"
+        for match in re.finditer(pattern, text, re.S):
+            marks = [pytest.mark.slow] if match.group(1) else []
+            yield pytest.param(
+                match.group(2), match.group(3), id=f"{page.name}:{match.group(2)[:60]}", marks=marks
+            )
 
 
 EXAMPLE_INSTALLED = "example_quantized" in {ep.name for ep in importlib.metadata.entry_points(group="kvcore")}

@@ -8,6 +8,7 @@ import pytest
 
 from kvcore import InvalidInputError, PlanOptions, SizingContext
 from kvcore.dtypes import to_dtype
+from kvcore.integrations.sglang.model import sglang_model
 from kvcore.integrations.tuned import sglang_settings, vllm_planner, vllm_settings
 from kvcore.integrations.vllm.rules import VllmRules, plan_for_vllm
 from kvcore.planning.compare import variant_specs
@@ -18,6 +19,8 @@ from tests.helpers import full, mix, sliding
 GIB = 1 << 30
 CTX = SizingContext(max_model_len=4096)
 SPECS = mix((2, full()), (10, sliding(512)))
+#: ``SPECS`` as SGLang runs a model it gives a sliding pool (gpt-oss's architecture)
+SWA_MODEL = sglang_model(SPECS, {"architectures": ["GptOssForCausalLM"]}, fix="")
 WORKLOAD = synthetic(
     40, parse_length("uniform:64:1024"), parse_length("uniform:16:128"), rate=2.0, seed=3, max_model_len=4096
 )
@@ -152,7 +155,7 @@ def test_a_pooled_candidate_names_what_vllm_cannot_express_and_gives_sglang_its_
     result = tune(SPECS, GIB // 2, CTX, WORKLOAD, space, registry=registry_module)
     vllm = vllm_settings(result.best, SPECS, GIB // 2, registry=registry_module)
     assert any("block pools" in setting for setting, _ in vllm.cannot_express)
-    sglang = sglang_settings(result.best, SPECS, GIB // 2, registry=registry_module)
+    sglang = sglang_settings(result.best, SWA_MODEL, GIB // 2, registry=registry_module)
     flags = {f.name: f.value for f in sglang.flags}
     ratio = float(flags["--swa-full-tokens-ratio"])
     assert ratio > 0 and not sglang.cannot_express
@@ -175,7 +178,7 @@ def test_a_unified_pool_candidate_is_weighed_under_vllm_rules_and_named_where_en
     vllm = vllm_settings(best, SPECS, GIB // 2, registry=registry_module)
     assert any("runs of [5] block ids" in setting for setting, _ in vllm.cannot_express)
     assert {f.name: f.value for f in vllm.flags}["KVCORE_VLLM_POLICY"] == "unified_pool"
-    sglang = sglang_settings(best, SPECS, GIB // 2, registry=registry_module)
+    sglang = sglang_settings(best, SWA_MODEL, GIB // 2, registry=registry_module)
     ((setting, why),) = sglang.cannot_express
     assert setting == "policy unified_pool" and "--enable-unified-memory" in why
 
@@ -216,3 +219,21 @@ def test_no_candidate_that_runs_says_why(registry_module):
         tune(
             SPECS, 1 << 20, CTX, WORKLOAD, SearchSpace(policies=("shared_buffer",)), registry=registry_module
         )
+
+
+def test_sglang_settings_of_a_model_sglang_gives_no_sliding_pool_have_no_ratio(registry_module):
+    # Gemma 3's architecture: SGLang turns its sliding pool off and sizes it as full attention
+    model = sglang_model(SPECS, {"architectures": ["Gemma3ForCausalLM"]}, fix="")
+    space = SearchSpace(policies=("kind_pools",), split_shifts=(0.0,))
+    result = tune(SPECS, GIB // 2, CTX, WORKLOAD, space, registry=registry_module)
+    sglang = sglang_settings(result.best, model, GIB // 2, registry=registry_module)
+    flags = {f.name: f.value for f in sglang.flags}
+    assert "--swa-full-tokens-ratio" not in flags
+    ((setting, why),) = sglang.cannot_express
+    assert setting.startswith("2 pools split") and "no sliding pool" in why
+    # kvcore's plan for SGLang and SGLang's own configurator: one full pool of the same tokens
+    assert sglang.plan is not None and len(sglang.plan.pools) == 1
+    assert int(flags["--max-total-tokens"]) == sglang.kvcore_tokens
+    assert sglang.engine_tokens is not None
+    # SGLang floors its own pool to a page: kvcore's plan holds as much, within a page
+    assert abs(sglang.engine_tokens - sglang.kvcore_tokens) <= int(flags["--page-size"])

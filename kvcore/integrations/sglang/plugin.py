@@ -30,6 +30,7 @@ from sglang.srt.model_executor.pool_configurator import (
 )
 
 from kvcore.integrations.sglang.convert import memory_pool_config, specs_from_sglang
+from kvcore.integrations.sglang.model import runs_hybrid_swa
 from kvcore.integrations.sglang.rules import (
     DEFAULT_MAMBA_FULL_MEMORY_RATIO,
     DEFAULT_SWA_FULL_TOKENS_RATIO,
@@ -47,6 +48,9 @@ from kvcore.planning.registry import Registry
 
 #: The config fields :func:`~kvcore.integrations.sglang.rules.refuse_dsa` reads.
 DSA_FIELDS = ("model_type", "index_topk", "index_kpool", "indexer_types", "cli_factor")
+
+#: The text-config fields :func:`~kvcore.integrations.sglang.model.runs_hybrid_swa` reads.
+SWA_FIELDS = ("layer_types", "sliding_window", "is_hybrid_swa")
 
 #: The environment variable naming the kvcore policy that sizes SGLang's pools.
 POLICY_VARIABLE = "KVCORE_SGLANG_POLICY"
@@ -82,6 +86,7 @@ class KVCorePoolConfigurator(MemoryPoolConfigurator):  # type: ignore[misc]  # S
             {field: getattr(text, field, None) for field in DSA_FIELDS},
             f"unset {POLICY_VARIABLE} to let SGLang size this model",
         )
+        check_hybrid_swa(kvc)
         self.kvc = kvc
         self.specs = specs_from_sglang(kvc)
         check_bytes(own, self.specs)
@@ -138,6 +143,34 @@ class KVCorePoolConfigurator(MemoryPoolConfigurator):  # type: ignore[misc]  # S
             raise SglangIntegrationError(
                 f"SGLang asks for page_size {page_size}, kvcore planned {self.rules.page_size}"
             )
+
+
+def check_hybrid_swa(kvc: Any) -> None:
+    """Raise unless SGLang's own answer (``kvc.is_hybrid_swa``) to whether this model gets a
+    sliding pool is kvcore's (:func:`~kvcore.integrations.sglang.model.runs_hybrid_swa`, the answer
+    ``kvcore compare --engine sglang`` and ``kvcore tune`` show): if they differed, the pools kvcore
+    promised there would not be the ones SGLang runs."""
+    model_config = kvc.model_config
+    hf_config, text = model_config.hf_config, model_config.hf_text_config
+    architectures = [str(a) for a in getattr(hf_config, "architectures", None) or ()]
+    config = {
+        "architectures": architectures,
+        "sliding_window_pattern": getattr(hf_config, "sliding_window_pattern", None),
+        "text_config": {field: getattr(text, field, None) for field in SWA_FIELDS},
+    }
+    ours = runs_hybrid_swa(
+        architectures,
+        config,
+        disable_hybrid_swa_memory=bool(getattr(model_config, "disable_hybrid_swa_memory", False)),
+    )
+    theirs = bool(getattr(kvc, "is_hybrid_swa", False))
+    if ours != theirs:
+        raise SglangIntegrationError(
+            f"SGLang {'gives' if theirs else 'does not give'} this model ({', '.join(architectures)}) a "
+            f"sliding-window pool, but kvcore's model of SGLang says it {'does' if ours else 'does not'}: "
+            "the pools kvcore's SGLang figures show for it are not what this SGLang runs; unset "
+            f"{POLICY_VARIABLE} to let SGLang size this model"
+        )
 
 
 def check_bytes(own: MemoryPoolConfigurator, specs: dict[str, Any]) -> None:

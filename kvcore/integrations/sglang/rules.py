@@ -129,9 +129,9 @@ UNCONVERTED_KINDS: dict[str, str] = {
 
 #: The architectures SGLang runs with its sliding-window pool (``is_hybrid_swa_model`` in
 #: ``sglang/srt/configs/model_config.py``, with its ``SWA_SINK_ARCHS`` and ``MIMO_V2_MODEL_ARCHS``).
-#: Any other model's sliding layers keep every token in the full pool; Gemma 2 and 3 are
-#: turned off explicitly (``disable_hybrid_swa_memory`` in
-#: ``sglang/srt/arg_groups/model_overrides/gemma2_gemma3.py``).
+#: Any other model's sliding layers keep every token in the full pool. The decision for a model
+#: (this list, its two conditions, the config's opt-in and the overrides that turn it off) is
+#: :func:`kvcore.integrations.sglang.model.runs_hybrid_swa`'s.
 HYBRID_SWA_ARCHITECTURES: frozenset[str] = frozenset(
     {
         "BeamForCausalLM",
@@ -244,11 +244,6 @@ def refuse_dsa(architectures: Sequence[str], config: Mapping[str, object], fix: 
     gaps = dsa_gaps(fields)
     if gaps:
         raise SglangIntegrationError(f"{DSA_REFUSAL}, and kvcore does not plan its {'; '.join(gaps)}; {fix}")
-
-
-def runs_hybrid_swa(architectures: Sequence[str]) -> bool:
-    """Whether SGLang gives a model of ``architectures`` (``config.json``'s) a sliding pool."""
-    return any(a in HYBRID_SWA_ARCHITECTURES for a in architectures)
 
 
 class SglangIntegrationError(KVCoreError, ValueError):
@@ -715,9 +710,9 @@ def as_sglang_runs(
     specs: Mapping[str, KVCacheSpec], hybrid_swa: bool, mamba_ssm_dtype: str = DEFAULT_MAMBA_SSM_DTYPE
 ) -> dict[str, KVCacheSpec]:
     """``specs`` as SGLang keeps them: without its sliding pool (``hybrid_swa`` false, see
-    :func:`runs_hybrid_swa`) a sliding layer keeps every token in the full pool, so it is
-    planned as full attention of the same heads; a state's recurrent (non-conv) tensors are
-    kept in ``mamba_ssm_dtype`` (rule 5)."""
+    :func:`kvcore.integrations.sglang.model.runs_hybrid_swa`) a sliding layer keeps every
+    token in the full pool, so it is planned as full attention of the same heads; a state's
+    recurrent (non-conv) tensors are kept in ``mamba_ssm_dtype`` (rule 5)."""
     made: dict[int, KVCacheSpec] = {}
     out: dict[str, KVCacheSpec] = {}
     for name, spec in specs.items():

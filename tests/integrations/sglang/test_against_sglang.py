@@ -31,6 +31,7 @@ from sglang.srt.plugins.hook_registry import HookRegistry
 from kvcore import ModelOptions
 from kvcore.frontends.hf_config import layer_specs_from_config, load_model_config, model_layer_specs
 from kvcore.integrations.sglang import convert, plugin, rules
+from kvcore.integrations.sglang.model import runs_hybrid_swa
 from kvcore.planning.registry import Registry
 from kvcore.plugins.sliding_window import SlidingWindowSpec
 from tests.integrations.sglang.sglang_models import kv_cache_configurator
@@ -60,7 +61,7 @@ def registry() -> Registry:
 
 def _as_sglang_runs(model: str, registry: Registry) -> dict:
     config, _ = load_model_config(model)
-    hybrid = rules.runs_hybrid_swa(config.get("architectures") or ())
+    hybrid = runs_hybrid_swa(config.get("architectures") or (), config)
     return rules.paged_specs(rules.as_sglang_runs(model_layer_specs(model, registry), hybrid), PAGE)
 
 
@@ -376,3 +377,40 @@ def test_plugin_sizes_sglangs_dsa_pool_at_start_up(monkeypatch, tmp_path, regist
     plan = rules.plan_for_sglang(sized.request(specs, budget), sized, registry=registry)
     assert config == convert.memory_pool_config(rules.pool_sizes(plan, specs))
     assert config.max_total_num_tokens == plan.tokens_held(plan.groups[0]) > 0
+
+
+def _sglang_model_config(model: str, folder):
+    """SGLang's own ``ModelConfig`` of a bundled model (its overrides applied), as the server builds it."""
+    import json
+
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.runtime_context import publish
+    from sglang.srt.server_args import ServerArgs
+
+    config, _ = load_model_config(model)
+    config = {k: v for k, v in config.items() if k != "quantization_config" and not k.startswith("_")}
+    (folder / "config.json").write_text(json.dumps(config))
+    args = ServerArgs(model_path=str(folder), device="cpu", skip_tokenizer_init=True)
+    publish(args, role="scheduler")
+    return ModelConfig.from_server_args(args)
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_sglang_gives_a_sliding_pool_where_kvcore_says(model, registry, tmp_path):
+    # the one answer compare --engine sglang, tune and the plugin read is SGLang's own
+    config, _ = load_model_config(model)
+    theirs = _sglang_model_config(model, tmp_path).is_hybrid_swa
+    assert runs_hybrid_swa(config.get("architectures") or (), config) == theirs
+    kvc = kv_cache_configurator(model, tmp_path, page_size=PAGE)
+    plugin.check_hybrid_swa(kvc)  # the plugin agrees as well
+    assert bool(kvc.is_hybrid_swa) == theirs
+
+
+def test_the_plugin_refuses_a_model_whose_sliding_pool_kvcore_would_get_wrong(tmp_path):
+    import types
+
+    kvc = kv_cache_configurator("google/gemma-3-27b-it", tmp_path, page_size=PAGE)
+    # an SGLang that gave Gemma 3 its sliding pool would run other pools than kvcore shows
+    wrong = types.SimpleNamespace(model_config=kvc.model_config, is_hybrid_swa=True)
+    with pytest.raises(rules.SglangIntegrationError, match=r"gives this model .* a sliding-window pool"):
+        plugin.check_hybrid_swa(wrong)

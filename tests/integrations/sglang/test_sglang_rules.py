@@ -12,6 +12,7 @@ from kvcore import Registry
 from kvcore.errors import InsufficientMemoryError, KVCoreError
 from kvcore.integrations.capabilities import ENGINE_CAPABILITY_MODULES
 from kvcore.integrations.sglang import rules
+from kvcore.integrations.sglang.model import runs_hybrid_swa
 from kvcore.plugins.full_attention import FullAttentionSpec
 from kvcore.plugins.mla import MLAAttentionSpec
 from kvcore.plugins.sliding_window import SlidingWindowSpec
@@ -134,9 +135,7 @@ def test_a_budget_too_small_for_one_request_is_kvcores_error(registry):
 
 
 def test_models_sglang_gives_no_sliding_pool_keep_every_token():
-    assert rules.runs_hybrid_swa(["GptOssForCausalLM"]) and not rules.runs_hybrid_swa(
-        ["Gemma3ForConditionalGeneration"]
-    )
+    assert runs_hybrid_swa(["GptOssForCausalLM"]) and not runs_hybrid_swa(["Gemma3ForConditionalGeneration"])
     full = rules.as_sglang_runs(hybrid(), hybrid_swa=False)
     assert {s.kind for s in full.values()} == {"full_attention"}
     assert rules.as_sglang_runs(hybrid(), hybrid_swa=True) == hybrid()

@@ -41,7 +41,7 @@ def acme_module(tmp_path, monkeypatch):
 def test_the_example_prints_what_the_page_shows(acme_module, capsys):
     (acme_module / "try_acme.py").write_text(blocks("python")[1])
     runpy.run_path(str(acme_module / "try_acme.py"))
-    shown = next(b for b in blocks("") if b.startswith("model.layers.0.mixer"))
+    shown = next(b for b in blocks("text") if b.startswith("model.layers.0.mixer"))
     assert capsys.readouterr().out == shown
 
 
@@ -76,3 +76,18 @@ def test_the_attention_only_row_example_registers_and_reads(tmp_path, monkeypatc
             layer_specs_from_config({**config, "head_dim": None}, registry)
     finally:
         sys.modules.pop("acme_lite_kvcore", None)
+
+
+def test_a_config_no_family_knows_fails_as_the_page_shows(tmp_path, monkeypatch, capsys):
+    # the page's first block: a folder acme/ holding a config.json of model type acme
+    from tests.meta.doc_blocks import console_runs, run_command
+
+    command, shown = next(
+        run for block in blocks("console") for run in console_runs(block) if "--model acme " in run[0]
+    )
+    (tmp_path / "acme").mkdir()
+    (tmp_path / "acme" / "config.json").write_text('{"model_type": "acme", "num_hidden_layers": 4}')
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("KVCORE_DISABLE_PLUGIN_AUTOLOAD", "1")
+    status, _, err = run_command(command)
+    assert (status, err) == (1, shown)
