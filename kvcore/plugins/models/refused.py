@@ -81,14 +81,16 @@ REFUSED: tuple[Refusal, ...] = (
         model="DeepSeek-V4",
         model_types=("deepseek_v4",),
         reason=(
-            "every layer keeps a 128-token sliding-window cache of 584-byte fp8 latents, and its "
+            "every layer keeps a sliding-window cache (sliding_window, 128 by default) of one "
+            "head_dim-element latent per token (SlidingWindowMLASpec, 584 bytes a token in the "
+            "fp8_ds_mla layout; vllm/v1/attention/backends/mla/sparse_swa.py:116-140), and its "
             "compressed layers ('compressed_sparse_attention' at compress ratio 4, "
-            "'heavily_compressed_attention' at 128) add a latent cache of one 512-element entry per "
-            "ratio tokens (vLLM 0.32's MLAAttentionSpec(tokens_per_state=compress_ratio, alignment "
-            "576 or 512), vllm/models/deepseek_v4/attention.py:856-879), sliding-window compressor "
-            "states (SlidingWindowMLASpec, vllm/models/deepseek_v4/compressor.py:179-192) and, on "
-            "the ratio-4 layers, a Lightning-indexer key cache per ratio tokens (attention.py:907-920); "
-            "kvcore has no spec kind for entries that cover several tokens"
+            "'heavily_compressed_attention' at 128) add a latent cache of one entry per ratio "
+            "tokens (MLAAttentionSpec(tokens_per_state=compress_ratio), pages aligned to 576 or 512 "
+            "bytes; vllm/models/deepseek_v4/attention.py:856-879), sliding-window compressor states "
+            "(vllm/models/deepseek_v4/compressor.py:179-192) and, on the ratio-4 layers, a "
+            "Lightning-indexer key cache per ratio tokens (attention.py:907-920); kvcore has no spec "
+            "kind for entries that cover several tokens"
         ),
     ),
     Refusal(

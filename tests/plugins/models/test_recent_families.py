@@ -321,3 +321,125 @@ def test_every_refusal_claims_its_model_types(registry, refusal):
         assert registry.family_for({"model_type": model_type}).name == refusal.name
         with pytest.raises(ModelConfigError, match=refusal.model.replace("(", r"\(").replace(")", r"\)")):
             layer_specs_from_config({"model_type": model_type, "layer_types": [F]}, registry)
+
+
+# -- weights ---------------------------------------------------------------------------------
+
+_GEMMA4 = {
+    "num_hidden_layers": 12,
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "vocab_size": 128,
+    "vocab_size_per_layer_input": 100,
+    "hidden_size_per_layer_input": 8,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "global_head_dim": 32,
+}
+_QWEN3_5 = {
+    "num_hidden_layers": 4,
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "vocab_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+    "linear_key_head_dim": 8,
+    "linear_value_head_dim": 8,
+}
+_KIMI = {
+    "num_hidden_layers": 5,
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "moe_intermediate_size": 32,
+    "vocab_size": 128,
+    "pad_token_id": 0,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "kv_lora_rank": 32,
+    "qk_rope_head_dim": 8,
+    "qk_nope_head_dim": 16,
+    "v_head_dim": 16,
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+    "linear_num_heads": 4,
+    "linear_head_dim": 16,
+}
+_TINY_VISION = {"depth": 2, "hidden_size": 32, "intermediate_size": 48, "num_heads": 2, "out_hidden_size": 64}
+#: name -> (config class, fields, model class)
+WEIGHTS = {
+    "gemma4_text": ("Gemma4TextConfig", _GEMMA4, "Gemma4ForCausalLM"),
+    "gemma4_text shared, K=V, double-wide": (
+        "Gemma4TextConfig",
+        {
+            **_GEMMA4,
+            "num_kv_shared_layers": 4,
+            "attention_k_eq_v": True,
+            "num_global_key_value_heads": 1,
+            "use_double_wide_mlp": True,
+        },
+        "Gemma4ForCausalLM",
+    ),
+    "gemma4_text MoE, no PLE, biases, untied": (
+        "Gemma4TextConfig",
+        {
+            **_GEMMA4,
+            "hidden_size_per_layer_input": 0,
+            "enable_moe_block": True,
+            "num_experts": 4,
+            "top_k_experts": 2,
+            "moe_intermediate_size": 24,
+            "attention_bias": True,
+            "tie_word_embeddings": False,
+        },
+        "Gemma4ForCausalLM",
+    ),
+    "qwen3_5_text": ("Qwen3_5TextConfig", _QWEN3_5, "Qwen3_5ForCausalLM"),
+    "qwen3_5_moe_text": (
+        "Qwen3_5MoeTextConfig",
+        {
+            **_QWEN3_5,
+            "num_experts": 4,
+            "moe_intermediate_size": 32,
+            "shared_expert_intermediate_size": 24,
+            "layer_types": ["linear_attention", "full_attention"] * 2,
+        },
+        "Qwen3_5MoeForCausalLM",
+    ),
+    "qwen3_5 with its vision tower": (
+        "Qwen3_5Config",
+        {"text_config": _QWEN3_5, "vision_config": _TINY_VISION},
+        "Qwen3_5ForConditionalGeneration",
+    ),
+    "kimi_linear": ("KimiLinearConfig", _KIMI, "KimiLinearForCausalLM"),
+    "kimi_linear with query LoRA, two shared experts": (
+        "KimiLinearConfig",
+        {**_KIMI, "q_lora_rank": 24, "num_shared_experts": 2},
+        "KimiLinearForCausalLM",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(WEIGHTS))
+def test_parameter_count_equals_the_transformers_model(registry, tmp_path, name):
+    from kvcore.planning.gpu_budget import count_parameters
+
+    config_class, fields, model_class = WEIGHTS[name]
+    hf_config = getattr(transformers, config_class)(**fields)
+    with torch.device("meta"):
+        model = getattr(transformers, model_class)(hf_config)
+    expected = sum(p.numel() for p in model.parameters())
+    count = count_parameters(saved(hf_config, tmp_path), registry)
+    assert count.params == expected
+    assert not count.notes
+
+
+def test_gemma4_towers_are_named_when_left_out(registry, tmp_path):
+    from kvcore.planning.gpu_budget import count_parameters
+
+    config = saved(transformers.Gemma4Config(text_config=_GEMMA4, vision_config={}), tmp_path)
+    (note,) = count_parameters(config, registry).notes
+    assert "vision_config" in note and "not counted" in note
