@@ -688,6 +688,62 @@ def gemma4(config: Mapping[str, Any]) -> ParameterCount:
     return _count(groups, cfg.dtype(top), hidden, vocab, width, notes)
 
 
+def laguna(config: Mapping[str, Any]) -> ParameterCount:
+    """Laguna (transformers' ``Laguna*`` modules): attention with QK norms and a softplus output
+    gate (``g_proj``: one output per head, or per head channel when ``gating`` is
+    ``"per-element"``), ``num_attention_heads_per_layer`` query heads per layer; dense MLPs where
+    ``mlp_layer_types`` says ``dense`` (the first layer by default), else routed experts (router
+    with a score-correction bias) and a shared expert of ``shared_expert_intermediate_size``."""
+    cfg = ConfigFields(config, "laguna")
+    groups, n, hidden, vocab = _decoder(cfg)
+    heads_per_layer = (
+        cfg.integers("num_attention_heads_per_layer") or [cfg.integer("num_attention_heads")] * n
+    )
+    if len(heads_per_layer) != n:
+        raise cfg.error("num_attention_heads_per_layer", f"lists {len(heads_per_layer)} layers, not {n}")
+    kv, head_dim, bias = kv_heads(cfg), head_size(cfg), cfg.boolean("attention_bias", False)
+    gating = config.get("gating", True)
+    per_head = gating is True or gating == "per-head"
+    attn = "model.layers.*.self_attn"
+    width = 0
+    for heads in heads_per_layer:
+        width = max(
+            width,
+            attention_projections(
+                groups,
+                attn,
+                hidden=hidden,
+                heads=heads,
+                kv=kv,
+                head_dim=head_dim,
+                layers=1,
+                qkv_bias=bias,
+                o_bias=bias,
+                qk_norm=True,
+            ),
+        )
+        groups.linear("attention", attn, hidden, heads if per_head else heads * head_dim)
+    mlp_types = cfg.data.get("mlp_layer_types")
+    if isinstance(mlp_types, list) and len(mlp_types) == n:
+        moe = sum(1 for t in mlp_types if t == "sparse")
+    else:
+        moe = n - 1
+    dense_inner = cfg.integer("intermediate_size")
+    mlp = "model.layers.*.mlp"
+    gated_mlp(groups, "mlp", mlp, hidden, dense_inner, count=n - moe)
+    width = max(width, 3 * dense_inner if moe < n else 0)
+    if moe:
+        experts, inner = cfg.integer("num_experts"), cfg.integer("moe_intermediate_size")
+        shared = cfg.integer("shared_expert_intermediate_size", 0, minimum=0)
+        groups.add("router", f"{mlp}.gate", hidden * experts * moe, quantizable=False)
+        groups.vector("router", f"{mlp}.gate", experts * moe)  # e_score_correction_bias
+        gated_mlp(groups, "experts", f"{mlp}.experts", hidden, inner, count=experts * moe)
+        gated_mlp(groups, "shared experts", f"{mlp}.shared_experts", hidden, shared, count=moe)
+        width = max(width, 3 * (inner * cfg.integer("num_experts_per_tok", 8) + shared))
+    groups.vector("norms", "model.layers.*", (2 * n + 1) * hidden)
+    return _count(groups, cfg.dtype(), hidden, vocab, width)
+
+
 def kimi_linear(config: Mapping[str, Any]) -> ParameterCount:
     """Kimi-Linear (transformers' ``KimiLinear*`` modules): MLA on the full-attention layers (no
     query LoRA unless ``q_lora_rank``), Kimi delta attention on the others (q, k, v projections, a
@@ -872,6 +928,7 @@ COUNTERS: dict[str, Counter] = {
     "gemma4": gemma4,
     "gemma4_text": gemma4,
     "kimi_linear": kimi_linear,
+    "laguna": laguna,
     "whisper": whisper,
     "mllama": mllama,
 }

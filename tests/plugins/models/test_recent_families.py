@@ -420,6 +420,43 @@ WEIGHTS = {
         {**_KIMI, "q_lora_rank": 24, "num_shared_experts": 2},
         "KimiLinearForCausalLM",
     ),
+    "laguna": (
+        "LagunaConfig",
+        {
+            "num_hidden_layers": 3,
+            "hidden_size": 64,
+            "intermediate_size": 96,
+            "vocab_size": 128,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 16,
+            "num_experts": 4,
+            "moe_intermediate_size": 32,
+            "shared_expert_intermediate_size": 24,
+            "num_experts_per_tok": 2,
+            "num_attention_heads_per_layer": [4, 8, 4],
+        },
+        "LagunaForCausalLM",
+    ),
+    "laguna per-element gate, biases": (
+        "LagunaConfig",
+        {
+            "num_hidden_layers": 3,
+            "hidden_size": 64,
+            "intermediate_size": 96,
+            "vocab_size": 128,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 16,
+            "num_experts": 4,
+            "moe_intermediate_size": 32,
+            "num_experts_per_tok": 2,
+            "gating": "per-element",
+            "attention_bias": True,
+            "mlp_layer_types": ["sparse", "dense", "sparse"],
+        },
+        "LagunaForCausalLM",
+    ),
 }
 
 
