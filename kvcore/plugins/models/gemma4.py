@@ -61,7 +61,7 @@ DEFAULT_PERIOD = 6
 DEFAULT_GLOBAL_HEAD_DIM = 512
 
 
-def _per_layer_overrides(cfg: ConfigFields, n: int) -> dict[int, Mapping[str, Any]] | None:
+def per_layer_overrides(cfg: ConfigFields, n: int) -> dict[int, Mapping[str, Any]] | None:
     """``per_layer_config`` as ``{layer index: overrides}``, or ``None`` when absent."""
     value = cfg.data.get("per_layer_config")
     if value is None:
@@ -81,7 +81,7 @@ def _per_layer_overrides(cfg: ConfigFields, n: int) -> dict[int, Mapping[str, An
     return overrides
 
 
-def _layer_geometry(
+def layer_geometry(
     cfg: ConfigFields,
     overrides: dict[int, Mapping[str, Any]] | None,
     index: int,
@@ -148,7 +148,7 @@ def layer_specs(config: Mapping[str, Any], options: ModelOptions) -> dict[str, K
     n = cfg.layer_count()
     types = layer_types(cfg, n)
     reuse = reuse_layers(cfg, types)
-    overrides = _per_layer_overrides(cfg, n)
+    overrides = per_layer_overrides(cfg, n)
     dtype: DType = options.cache_dtype(cfg.dtype(top))
     heads = cfg.integer("num_attention_heads")
     window = cfg.integer("sliding_window") if SLIDING in types else None
@@ -163,7 +163,7 @@ def layer_specs(config: Mapping[str, Any], options: ModelOptions) -> dict[str, K
             )
         if index in reuse:
             continue
-        head_dim, kv = _layer_geometry(cfg, overrides, index, layer_type)
+        head_dim, kv = layer_geometry(cfg, overrides, index, layer_type)
         key = (head_dim, kv, layer_type)
         if key not in built:
             if heads % kv:

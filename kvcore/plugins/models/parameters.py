@@ -39,6 +39,13 @@ import attrs
 from kvcore.dtypes import DType
 from kvcore.hookspecs import hookimpl
 from kvcore.model_weights import ParameterCount, WeightGroup
+from kvcore.plugins.models.gemma4 import (
+    layer_geometry,
+    layer_types as gemma4_layer_types,
+    per_layer_overrides,
+    reuse_layers,
+)
+from kvcore.plugins.models.kimi_linear import layer_types as kimi_layer_types
 from kvcore.plugins.models.kit import ConfigFields, head_size, kv_heads
 
 #: A counting function: the whole config in, the count out.
@@ -620,8 +627,6 @@ def gemma4(config: Mapping[str, Any]) -> ParameterCount:
     ``vocab_size_per_layer_input x layers x hidden_size_per_layer_input``, its projection, and a
     gate and projection per layer). The ``gemma4`` wrapper's vision and audio towers are not
     counted (the notes say so)."""
-    from kvcore.plugins.models.gemma4 import _layer_geometry, _per_layer_overrides, layer_types, reuse_layers
-
     model_type = str(config["model_type"])
     top = ConfigFields(config, model_type)
     wrapped = model_type == "gemma4"
@@ -637,15 +642,15 @@ def gemma4(config: Mapping[str, Any]) -> ParameterCount:
         tied=_tied(cfg, True, top),
         embed=f"{layers.removesuffix('.layers')}.embed_tokens",
     )
-    types = layer_types(cfg, n)
+    types = gemma4_layer_types(cfg, n)
     reuse = reuse_layers(cfg, types)
-    overrides = _per_layer_overrides(cfg, n)
+    overrides = per_layer_overrides(cfg, n)
     heads, bias = cfg.integer("num_attention_heads"), cfg.boolean("attention_bias", False)
     k_eq_v = cfg.boolean("attention_k_eq_v", False)
     attn = f"{layers}.*.self_attn"
     width = 0
     for index, layer_type in enumerate(types):
-        head_dim, kv = _layer_geometry(cfg, overrides, index, layer_type)
+        head_dim, kv = layer_geometry(cfg, overrides, index, layer_type)
         groups.linear("attention", attn, hidden, heads * head_dim, bias=bias)
         groups.linear("attention", attn, heads * head_dim, hidden, bias=bias)
         groups.vector("norms", attn, head_dim)  # q_norm (v_norm has no weight)
@@ -750,12 +755,10 @@ def kimi_linear(config: Mapping[str, Any]) -> ParameterCount:
     depthwise convolution over the three, the low-rank forget gate and output gate, ``b_proj``,
     ``A_log``, ``dt_bias``, the gated norm), dense MLPs where ``mlp_layer_types`` says ``dense``
     (the first ``first_k_dense_replace``, default 1), else routed and shared experts."""
-    from kvcore.plugins.models.kimi_linear import layer_types
-
     cfg = ConfigFields(config, "kimi_linear")
     groups, n, hidden, vocab = _decoder(cfg)
     linear_cfg = cfg.section("linear_attn_config") if cfg.has("linear_attn_config") else None
-    types = layer_types(cfg, linear_cfg, n)
+    types = kimi_layer_types(cfg, linear_cfg, n)
 
     def read(nested: str, flat: str) -> int:
         if linear_cfg is not None and linear_cfg.has(nested):
