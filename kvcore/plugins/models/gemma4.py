@@ -29,8 +29,10 @@ serves it (``vllm/model_executor/models/gemma4.py``):
   the K and V slots (``gemma4.py:90-118``). It changes the weights, not the cache bytes.
 
 ``use_bidirectional_attention: "all"`` (an encoder-style variant, no causal decoding) is refused.
-Layers are named ``model.layers.{i}.self_attn`` (``gemma4_text``) or
-``model.language_model.layers.{i}.self_attn`` (``gemma4``, the language model under
+Gemma 4 Unified (``gemma4_unified``, ``gemma4_unified_text``) has the same text config
+(``Gemma4UnifiedTextConfig.__post_init__`` and ``kv_sharing_modes`` are Gemma 4's) and is read
+alike. Layers are named ``model.layers.{i}.self_attn`` (the ``_text`` configs) or
+``model.language_model.layers.{i}.self_attn`` (the wrappers, the language model under
 ``text_config``).
 """
 
@@ -54,7 +56,9 @@ from kvcore.plugins.models.kit import (
 from kvcore.spec import KVCacheSpec
 from kvcore.validators import is_int
 
-MODEL_TYPES = ("gemma4", "gemma4_text")
+MODEL_TYPES = ("gemma4", "gemma4_text", "gemma4_unified", "gemma4_unified_text")
+#: The wrappers whose language model sits under ``text_config``.
+WRAPPERS = frozenset({"gemma4", "gemma4_unified"})
 #: ``Gemma4TextConfig.__post_init__``: five sliding layers to one full when ``layer_types`` is absent.
 DEFAULT_PERIOD = 6
 #: ``Gemma4TextConfig.__post_init__``: ``kwargs.pop("global_head_dim", 512)``.
@@ -137,7 +141,7 @@ def layer_specs(config: Mapping[str, Any], options: ModelOptions) -> dict[str, K
     """The specs of a Gemma 4 config (module docstring)."""
     model_type = str(config["model_type"])
     top = ConfigFields(config, model_type)
-    wrapped = model_type == "gemma4"
+    wrapped = model_type in WRAPPERS
     cfg = top.section("text_config") if wrapped else top
     if cfg.string("use_bidirectional_attention") == "all":
         raise cfg.error(
@@ -183,9 +187,15 @@ def layer_specs(config: Mapping[str, Any], options: ModelOptions) -> dict[str, K
     return specs
 
 
-#: Gemma4TextConfig's max_position_embeddings
-#: (transformers 5.24.0, transformers/models/gemma4/configuration_gemma4.py, ``131_072``).
-CONFIG_DEFAULTS = {model_type: {"max_position_embeddings": 131_072} for model_type in MODEL_TYPES}
+#: Gemma4TextConfig's and Gemma4UnifiedTextConfig's max_position_embeddings (transformers 5.24.0,
+#: models/gemma4/configuration_gemma4.py ``131_072``, models/gemma4_unified/configuration_gemma4_unified.py
+#: ``262_144``).
+CONFIG_DEFAULTS = {
+    "gemma4": {"max_position_embeddings": 131_072},
+    "gemma4_text": {"max_position_embeddings": 131_072},
+    "gemma4_unified": {"max_position_embeddings": 262_144},
+    "gemma4_unified_text": {"max_position_embeddings": 262_144},
+}
 #: The family as registered.
 FAMILY = ModelFamily(
     name="gemma4", model_types=MODEL_TYPES, layer_specs=layer_specs, config_defaults=CONFIG_DEFAULTS

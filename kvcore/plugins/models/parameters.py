@@ -625,11 +625,11 @@ def gemma4(config: Mapping[str, Any]) -> ParameterCount:
     as wide on those layers with ``use_double_wide_mlp``; a mixture of experts beside it with
     ``enable_moe_block``; the per-layer input embeddings (PLE: a table of
     ``vocab_size_per_layer_input x layers x hidden_size_per_layer_input``, its projection, and a
-    gate and projection per layer). The ``gemma4`` wrapper's vision and audio towers are not
-    counted (the notes say so)."""
+    gate and projection per layer; Gemma 4 Unified has neither). The wrappers' vision and audio
+    towers are not counted (the notes say so)."""
     model_type = str(config["model_type"])
     top = ConfigFields(config, model_type)
-    wrapped = model_type == "gemma4"
+    wrapped = model_type in ("gemma4", "gemma4_unified")
     cfg = top.section("text_config") if wrapped else top
     layers = "model.language_model.layers" if wrapped else "model.layers"
     n, hidden = cfg.layer_count(), cfg.integer("hidden_size")
@@ -666,14 +666,17 @@ def gemma4(config: Mapping[str, Any]) -> ParameterCount:
     gated_mlp(groups, "mlp", f"{layers}.*.mlp", hidden, 2 * inner, count=wide)
     width = max(width, 3 * inner * (2 if wide else 1))
     norms = 4
-    if cfg.boolean("enable_moe_block", False):
+    # Gemma 4 Unified's decoder layers have neither the MoE block nor per-layer inputs
+    # (transformers 5.24 models/gemma4_unified/modeling_gemma4_unified.py)
+    unified = model_type.startswith("gemma4_unified")
+    if not unified and cfg.boolean("enable_moe_block", False):
         experts, expert_inner = cfg.integer("num_experts"), cfg.integer("moe_intermediate_size")
         groups.linear("router", f"{layers}.*.router", hidden, experts, count=n)
         groups.vector("router", f"{layers}.*.router", n * (hidden + experts))  # scale, per_expert_scale
         gated_mlp(groups, "experts", f"{layers}.*.experts", hidden, expert_inner, count=experts * n)
         norms += 3
         width = max(width, 3 * inner + 3 * expert_inner * cfg.integer("top_k_experts", 1))
-    per_layer = cfg.integer("hidden_size_per_layer_input", 0, minimum=0)
+    per_layer = 0 if unified else cfg.integer("hidden_size_per_layer_input", 0, minimum=0)
     if per_layer:
         table = cfg.integer("vocab_size_per_layer_input", vocab)
         base = layers.removesuffix(".layers")
@@ -928,8 +931,10 @@ COUNTERS: dict[str, Counter] = {
     "nemotron_h": nemotron_h,
     "qwen3_next": qwen3_next,
     **{model_type: qwen3_5 for model_type in ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text")},
-    "gemma4": gemma4,
-    "gemma4_text": gemma4,
+    **{
+        model_type: gemma4
+        for model_type in ("gemma4", "gemma4_text", "gemma4_unified", "gemma4_unified_text")
+    },
     "kimi_linear": kimi_linear,
     "laguna": laguna,
     "whisper": whisper,

@@ -73,7 +73,7 @@ class Refusal:
 #: ``max_position_embeddings`` is the default of the text config class in transformers 5.24.0:
 #: deepseek_v4/configuration_deepseek_v4.py:142, minimax_m3_vl/configuration_minimax_m3_vl.py:89,
 #: glm5_next/configuration_glm5_next.py:121, mimo_v2_flash/configuration_mimo_v2_flash.py:84,
-#: step3p7/configuration_step3p7.py:152.
+#: step3p7/configuration_step3p7.py:152; the Gemma 4 assistant's text config is Gemma 4's.
 REFUSED: tuple[Refusal, ...] = (
     Refusal(
         name="deepseek_v4",
@@ -91,6 +91,17 @@ REFUSED: tuple[Refusal, ...] = (
             "(vllm/models/deepseek_v4/compressor.py:179-192) and, on the ratio-4 layers, a "
             "Lightning-indexer key cache per ratio tokens (attention.py:907-920); kvcore has no spec "
             "kind for entries that cover several tokens"
+        ),
+    ),
+    Refusal(
+        name="gemma4_assistant",
+        max_position_embeddings=131_072,
+        model="Gemma 4 assistant (drafter)",
+        model_types=("gemma4_assistant", "gemma4_unified_assistant"),
+        reason=(
+            "every one of its layers reads the target model's keys and values "
+            "(Gemma4AssistantConfig sets num_kv_shared_layers to num_hidden_layers), so it holds no "
+            "cache of its own; plan the target Gemma 4 model instead"
         ),
     ),
     Refusal(

@@ -112,6 +112,14 @@ def test_gemma4_wrapper_and_tp(registry, tmp_path):
     assert max_position_embeddings(config, registry) == 131_072
 
 
+def test_gemma4_unified_reads_as_gemma4(registry, tmp_path):
+    config = saved(transformers.Gemma4UnifiedConfig(), tmp_path)
+    layers = by_index(layer_specs_from_config(config, registry))
+    assert [i for i, s in layers.items() if s.kind == F] == [5, 11, 17, 23, 29]
+    assert (layers[5].head_size, layers[0].head_size, layers[0].sliding_window) == (512, 256, 1024)
+    assert max_position_embeddings(config, registry) == 262_144
+
+
 @pytest.mark.parametrize(
     ("fields", "message"),
     [
@@ -396,6 +404,11 @@ WEIGHTS = {
             "tie_word_embeddings": False,
         },
         "Gemma4ForCausalLM",
+    ),
+    "gemma4_unified": (
+        "Gemma4UnifiedConfig",
+        {"text_config": {**_GEMMA4, "num_kv_shared_layers": 4}},
+        "Gemma4UnifiedForConditionalGeneration",
     ),
     "qwen3_5_text": ("Qwen3_5TextConfig", _QWEN3_5, "Qwen3_5ForCausalLM"),
     "qwen3_5_moe_text": (
