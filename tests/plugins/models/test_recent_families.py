@@ -493,3 +493,29 @@ def test_gemma4_towers_are_named_when_left_out(registry, tmp_path):
     config = saved(transformers.Gemma4Config(text_config=_GEMMA4, vision_config={}), tmp_path)
     (note,) = count_parameters(config, registry).notes
     assert "vision_config" in note and "not counted" in note
+
+
+# -- the command line ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("config_class", "kinds"),
+    [
+        ("Gemma4Config", {"sliding_window", F}),
+        ("Qwen3_5MoeConfig", {"state", F}),
+        ("KimiLinearConfig", {"state", "mla"}),
+    ],
+)
+def test_kvcore_plan_plans_them(run_cli, tmp_path, config_class, kinds):
+    getattr(transformers, config_class)().save_pretrained(tmp_path)
+    status, out, err = run_cli("plan", "--model", tmp_path, "--gpu-memory", "141GiB", "--json")
+    assert status == 0, err
+    plan = json.loads(out)
+    assert {group["kind"] for group in plan["groups"]} == kinds
+
+
+def test_kvcore_plan_refuses_deepseek_v4_by_name(run_cli, tmp_path):
+    transformers.DeepseekV4Config().save_pretrained(tmp_path)
+    status, out, err = run_cli("plan", "--model", tmp_path, "--memory", "80GiB")
+    assert status != 0 and not out
+    assert "kvcore does not plan DeepSeek-V4 models yet" in err and "Traceback" not in err
