@@ -16,7 +16,8 @@ reading sizes from the module's own weights and attributes, not from a config:
   (queries, keys and values) with ``num_heads``, ``head_dim`` and no ``A_log`` of its own (its
   forget gate holds it); the recurrent state is float32 unless ``state_dtype`` says otherwise;
 - attention: KV heads = ``k_proj.out_features // head_dim`` (Phi-3's fused ``qkv_proj``: the
-  module's ``num_key_value_heads``); sliding window or chunk from the module's ``layer_type``
+  module's ``num_key_value_heads``); a ``v_proj`` wider or narrower than ``k_proj`` (values of
+  another head size, as MiMo-V2-Flash's) is refused; sliding window or chunk from the module's ``layer_type``
   and ``sliding_window``, else from its config's ``layer_types``, else the config's uniform
   ``sliding_window``. Non-causal modules (encoders, vision towers) are skipped, except a
   decoder's attention over an encoder's output: Whisper's ``encoder_attn`` (``is_decoder``, not
@@ -121,6 +122,14 @@ def attention_spec(module: torch.nn.Module, name: str, options: ModelOptions) ->
             return None
     fields = _fields(module, name)
     k_proj = _linear(module, "k_proj")
+    v_proj = _linear(module, "v_proj")
+    if k_proj is not None and v_proj is not None and v_proj.out_features != k_proj.out_features:
+        raise ModelConfigError(
+            f"module {name!r} ({type(module).__name__}) projects keys to {k_proj.out_features} and values to "
+            f"{v_proj.out_features} features: its keys and values have different head sizes (MiMo-V2-Flash's "
+            "v_head_dim), which kvcore's attention specs cannot hold (one head size for both); register a "
+            "kvcore_spec_for_module plugin for it"
+        )
     if k_proj is not None:
         kv_heads = k_proj.out_features // head_dim
     elif _linear(module, "qkv_proj") is not None:

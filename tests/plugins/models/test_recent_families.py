@@ -323,6 +323,25 @@ def test_refused_families_name_the_model_and_the_reason(registry, tmp_path, conf
         layer_specs_from_config(config, registry)
 
 
+def test_the_module_front_end_refuses_values_of_another_head_size(registry):
+    config = transformers.MiMoV2FlashConfig(
+        num_hidden_layers=2,
+        hidden_size=64,
+        intermediate_size=64,
+        moe_intermediate_size=32,
+        vocab_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=24,
+        v_head_dim=16,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+    )
+    model = transformers.MiMoV2FlashForCausalLM._from_config(config, dtype=torch.bfloat16)
+    with pytest.raises(ModelConfigError, match="different head sizes"):
+        scan_module(model, registry)
+
+
 @pytest.mark.parametrize("refusal", REFUSED, ids=lambda r: r.name)
 def test_every_refusal_claims_its_model_types(registry, refusal):
     for model_type in refusal.model_types:
