@@ -313,7 +313,9 @@ def text_config(config: Mapping[str, Any]) -> Mapping[str, Any]:
 
 #: The fields that state a model's longest context; an encoder-decoder states its decoder's
 #: as ``max_target_positions`` (Whisper: 448).
-LENGTH_KEYS = ("max_position_embeddings", "max_target_positions")
+#: ``model_max_length``: where KimiLinearConfig keeps its ``max_position_embeddings`` (an
+#: ``attribute_map`` alias, transformers 5.24 ``models/kimi_linear/configuration_kimi_linear.py``).
+LENGTH_KEYS = ("max_position_embeddings", "max_target_positions", "model_max_length")
 
 
 @attrs.frozen(kw_only=True)

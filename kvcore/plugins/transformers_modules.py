@@ -10,10 +10,14 @@ reading sizes from the module's own weights and attributes, not from a config:
 - Mamba-1 (Jamba): ``A_log`` is ``(d_inner, d_state)``, the conv kernel is ``conv1d``'s;
 - Mamba-2 (Nemotron-H): ``A_log`` is ``(heads,)``, with ``head_dim``, ``n_groups`` and
   ``ssm_state_size``;
-- gated delta net (Qwen3-Next): ``A_log`` is ``(value heads,)``, with ``num_k_heads``,
+- gated delta net (Qwen3-Next, Qwen3.5): ``A_log`` is ``(value heads,)``, with ``num_k_heads``,
   ``head_k_dim`` and ``head_v_dim``;
+- Kimi delta attention (Kimi-Linear): a ``conv1d`` over ``3 x num_heads x head_dim`` channels
+  (queries, keys and values) with ``num_heads``, ``head_dim`` and no ``A_log`` of its own (its
+  forget gate holds it); the recurrent state is float32 unless ``state_dtype`` says otherwise;
 - attention: KV heads = ``k_proj.out_features // head_dim`` (Phi-3's fused ``qkv_proj``: the
-  module's ``num_key_value_heads``); sliding window or chunk from the module's ``layer_type``
+  module's ``num_key_value_heads``); a ``v_proj`` wider or narrower than ``k_proj`` (values of
+  another head size, as MiMo-V2-Flash's) is refused; sliding window or chunk from the module's ``layer_type``
   and ``sliding_window``, else from its config's ``layer_types``, else the config's uniform
   ``sliding_window``. Non-causal modules (encoders, vision towers) are skipped, except a
   decoder's attention over an encoder's output: Whisper's ``encoder_attn`` (``is_decoder``, not
@@ -32,6 +36,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from kvcore.dtypes import float32
 from kvcore.errors import ModelConfigError
 from kvcore.hookspecs import hookimpl
 from kvcore.model_options import ModelOptions
@@ -45,6 +50,7 @@ from kvcore.plugins.models.kit import (
     Attention,
     ConfigFields,
     gated_delta_net_state,
+    kda_state,
     mamba1_state,
     mamba2_state,
 )
@@ -116,6 +122,14 @@ def attention_spec(module: torch.nn.Module, name: str, options: ModelOptions) ->
             return None
     fields = _fields(module, name)
     k_proj = _linear(module, "k_proj")
+    v_proj = _linear(module, "v_proj")
+    if k_proj is not None and v_proj is not None and v_proj.out_features != k_proj.out_features:
+        raise ModelConfigError(
+            f"module {name!r} ({type(module).__name__}) projects keys to {k_proj.out_features} and values to "
+            f"{v_proj.out_features} features: its keys and values have different head sizes (MiMo-V2-Flash's "
+            "v_head_dim), which kvcore's attention specs cannot hold (one head size for both); register a "
+            "kvcore_spec_for_module plugin for it"
+        )
     if k_proj is not None:
         kv_heads = k_proj.out_features // head_dim
     elif _linear(module, "qkv_proj") is not None:
@@ -217,11 +231,37 @@ def state_spec(module: torch.nn.Module, name: str, options: ModelOptions) -> KVC
     )
 
 
+def kda_spec(module: torch.nn.Module, name: str, options: ModelOptions) -> KVCacheSpec | None:
+    """The state of a Kimi delta attention module (transformers' ``KimiLinearDeltaAttention``):
+    a ``conv1d`` over queries, keys and values of ``num_heads x head_dim`` each."""
+    import torch
+
+    conv = getattr(module, "conv1d", None)
+    heads, head_dim = getattr(module, "num_heads", None), getattr(module, "head_dim", None)
+    if (
+        not isinstance(conv, torch.nn.Conv1d)
+        or not isinstance(heads, int)
+        or not isinstance(head_dim, int)
+        or isinstance(getattr(module, "A_log", None), torch.Tensor)
+        or conv.in_channels != 3 * heads * head_dim
+    ):
+        return None
+    return kda_state(
+        _fields(module, name),
+        options,
+        options.state_cache_dtype(_weight_dtype(module, "o_proj", "q_proj")),
+        heads=("num_heads", heads),
+        head_dim=head_dim,
+        conv_kernel=int(conv.kernel_size[0]),
+        recurrent_dtype=options.state_dtype or float32,
+    )
+
+
 @hookimpl(trylast=True)
 def kvcore_spec_for_module(module: torch.nn.Module, name: str, options: ModelOptions) -> KVCacheSpec | None:
     if not _is_transformers_module(module) or not isinstance(getattr(module, "layer_idx", None), int):
         return None
-    for recognise in (mla_spec, dsa_indexer_spec, state_spec, attention_spec):
+    for recognise in (mla_spec, dsa_indexer_spec, state_spec, kda_spec, attention_spec):
         spec = recognise(module, name, options)
         if spec is not None:
             return spec

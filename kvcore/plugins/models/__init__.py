@@ -4,9 +4,11 @@
 - :mod:`.kit`: the family kit, public API for plugin authors (typed config reads whose errors
   name the field, attention geometry, layer types and names, SSM state shapes);
 - :mod:`.attention_only`: one table of the families whose layers are all attention (Llama,
-  Mistral, Qwen 2/3, Phi-3, Gemma 2/3, gpt-oss);
-- :mod:`.llama4`, :mod:`.deepseek`, :mod:`.jamba`, :mod:`.nemotron_h`, :mod:`.qwen3_next`: the
-  families that read their layers their own way;
+  Mistral, Qwen 2/3, Phi-3, Gemma 2/3, Laguna, gpt-oss);
+- :mod:`.llama4`, :mod:`.deepseek`, :mod:`.jamba`, :mod:`.nemotron_h`, :mod:`.qwen3_next`
+  (Qwen3-Next, Qwen3.5), :mod:`.gemma4`, :mod:`.kimi_linear`, :mod:`.whisper`, :mod:`.mllama`:
+  the families that read their layers their own way;
+- :mod:`.refused`: model types kvcore refuses by name, with the reason;
 - :mod:`.generic`: the fallback that honours ``layer_types`` for model types no family claims.
 
 Writing a new family is shown in ``docs/how-to/add-a-model-family.md``.

@@ -1,4 +1,5 @@
-"""The attention-only families, one table: Llama, Mistral, Qwen 2/3, Phi-3, Gemma 2/3, gpt-oss.
+"""The attention-only families, one table: Llama, Mistral, Qwen 2/3, Phi-3, Gemma 2/3, Laguna,
+gpt-oss.
 
 Their layers are all full or sliding-window attention and they differ only in data, so each is
 one :class:`AttentionOnlyFamily` row of :data:`FAMILIES`:
@@ -278,6 +279,11 @@ FAMILIES: tuple[AttentionOnlyFamily, ...] = (
         layers="model.language_model.layers",
     ),
     _GEMMA3_TEXT,
+    # Laguna: one KV geometry (num_key_value_heads x head_dim) on every layer, full unless
+    # layer_types says sliding (window sliding_window); num_attention_heads_per_layer varies the
+    # query heads only (transformers 5.24 LagunaConfig; vLLM 0.32 laguna.py:248-310, 500-506).
+    # LagunaConfig: max_position_embeddings 131072 (configuration_laguna.py:98)
+    AttentionOnlyFamily(name="laguna", max_position_embeddings=131072),
     # gpt-oss: the published configs list layer_types (sliding first, window 128); head_dim 64.
     # GptOssConfig: 131072 (configuration_gpt_oss.py:63)
     AttentionOnlyFamily(

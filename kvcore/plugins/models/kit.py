@@ -13,7 +13,8 @@ specs with :func:`build_layers`, given one builder per type:
   split the heads;
 - MLA: :func:`mla`;
 - SSM / linear-attention states: :func:`mamba1_state`, :func:`mamba2_state`,
-  :func:`gated_delta_net_state` (with :func:`shard` for the dimensions tensor parallelism splits);
+  :func:`gated_delta_net_state`, :func:`kda_state` (with :func:`shard` for the dimensions
+  tensor parallelism splits);
   :func:`hybrid_layers` builds a model of full-attention and state layers.
 
 Module names come from :class:`LayerNames`. The family function built from these is registered
@@ -796,9 +797,10 @@ def gated_delta_net_state(
     key_head_dim: int,
     value_head_dim: int,
     conv_kernel: int,
+    recurrent_dtype: DType | None = None,
 ) -> StateSpec:
-    """A gated-delta-net state (Qwen3-Next): conv ``(conv_kernel - 1, (2*kh*kd + vh*vd) / tp)``
-    and recurrent ``(vh / tp, vd, kd)`` (vLLM's ``gated_delta_net_state_shape``).
+    """A gated-delta-net state (Qwen3-Next, Qwen3.5): conv ``(conv_kernel - 1, (2*kh*kd + vh*vd) /
+    tp)`` and recurrent ``(vh / tp, vd, kd)`` (vLLM's ``gated_delta_net_state_shape``).
 
     Args:
         key_heads: ``(field, value)`` of the key heads; they must divide by ``tp``.
@@ -806,14 +808,52 @@ def gated_delta_net_state(
         key_head_dim: elements per key head.
         value_head_dim: elements per value head.
         conv_kernel: the convolution's kernel size.
+        recurrent_dtype: the recurrent state's element type when it differs from the
+            convolution's (Qwen3.5's ``mamba_ssm_dtype``); default ``dtype``.
 
     Raises:
         ModelConfigError: ``tp`` does not divide the key or value heads.
     """
     kh = shard(cfg, key_heads[0], key_heads[1], options)
     vh = shard(cfg, value_heads[0], value_heads[1], options)
-    recurrent = StatePart(name="recurrent", shape=(vh, value_head_dim, key_head_dim), dtype=dtype)
+    recurrent = StatePart(
+        name="recurrent", shape=(vh, value_head_dim, key_head_dim), dtype=recurrent_dtype or dtype
+    )
     return _conv_state(options, dtype, conv_kernel, 2 * kh * key_head_dim + vh * value_head_dim, recurrent)
+
+
+def kda_state(
+    cfg: ConfigFields,
+    options: ModelOptions,
+    dtype: DType,
+    *,
+    heads: tuple[str, int],
+    head_dim: int,
+    conv_kernel: int,
+    recurrent_dtype: DType,
+) -> StateSpec:
+    """A Kimi delta attention (KDA) state (Kimi-Linear): conv ``(conv_kernel - 1, 3*h*d / tp)``
+    over the queries, keys and values, and recurrent ``(h / tp, d, d)``.
+
+    vLLM 0.32's ``MambaStateShapeCalculator.kda_state_shape``
+    (``vllm/model_executor/layers/mamba/mamba_utils.py:304-327``): ``conv_dim = proj_size + 2 *
+    proj_k_size`` with the key heads and head size equal to the value ones (Kimi-Linear passes
+    neither), state length ``conv_kernel_size - 1``; recurrent ``(num_heads / tp, head_dim,
+    head_dim)``. Its ``kda_state_dtype`` (same file, ``:133-149``) keeps the recurrent state in
+    float32 unless ``mamba_ssm_cache_dtype`` says otherwise.
+
+    Args:
+        heads: ``(field, value)`` of the KDA heads; they must divide by ``tp``.
+        head_dim: elements per head (queries, keys and values alike).
+        conv_kernel: the short convolution's kernel size.
+        recurrent_dtype: the recurrent state's element type.
+
+    Raises:
+        ModelConfigError: ``tp`` does not divide the heads.
+    """
+    h = shard(cfg, heads[0], heads[1], options)
+    recurrent = StatePart(name="recurrent", shape=(h, head_dim, head_dim), dtype=recurrent_dtype)
+    return _conv_state(options, dtype, conv_kernel, 3 * h * head_dim, recurrent)
 
 
 def mla(cfg: ConfigFields, options: ModelOptions, model_dtype: DType) -> MLAAttentionSpec:

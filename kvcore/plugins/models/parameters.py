@@ -10,17 +10,22 @@ row to it through the hook (see ``docs/reference/hooks.md``). Each function retu
   QK norms, gpt-oss sinks), or MLA's low-rank projections (DeepSeek);
 - the MLP: gated (``3 x hidden x intermediate``) or plain (Nemotron-H), with biases where the
   family has them; a mixture of experts: the routed experts, shared experts and the router;
-- norms (two per layer, four on Gemma 2 / 3, plus the final one);
+- norms (two per layer, four on Gemma 2 / 3 / 4, plus the final one);
 - SSM and linear-attention mixers of hybrids (Jamba's Mamba-1, Nemotron-H's Mamba-2,
-  Qwen3-Next's gated delta net);
-- vision and audio towers where the config describes them (Gemma 3's SigLIP, Llama 4's and
-  Llama-3.2-Vision's encoders, Whisper's audio encoder).
+  Qwen3-Next's and Qwen3.5's gated delta nets, Kimi-Linear's Kimi delta attention);
+- Gemma 4's per-layer input embeddings, and the K / V projections its shared-KV and K = V
+  layers do not have;
+- vision and audio towers where the config describes them (Gemma 3's SigLIP, Qwen3.5's vision
+  tower, Llama 4's and Llama-3.2-Vision's encoders, Whisper's audio encoder); Gemma 4's towers
+  are left out, and the notes say so.
 
 Counts follow the transformers modules of each architecture. What they leave out is said in
 ``ParameterCount.notes`` (a tower the config omits, DeepSeek-V3's MTP layer). A model type with
 no row is counted as a Llama-like decoder when its config has the fields, and the note says it
 is an estimate. ``tests/plugins/models/test_parameters.py`` checks every bundled model against its
-published parameter count.
+published parameter count; ``tests/plugins/models/test_recent_families.py`` holds the counts of
+Gemma 4, Qwen3.5 and Kimi-Linear to the parameters of the transformers model built from the
+same config.
 """
 
 from __future__ import annotations
@@ -29,9 +34,18 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import attrs
+
 from kvcore.dtypes import DType
 from kvcore.hookspecs import hookimpl
 from kvcore.model_weights import ParameterCount, WeightGroup
+from kvcore.plugins.models.gemma4 import (
+    layer_geometry,
+    layer_types as gemma4_layer_types,
+    per_layer_overrides,
+    reuse_layers,
+)
+from kvcore.plugins.models.kimi_linear import layer_types as kimi_layer_types
 from kvcore.plugins.models.kit import ConfigFields, head_size, kv_heads
 
 #: A counting function: the whole config in, the count out.
@@ -512,23 +526,74 @@ def nemotron_h(config: Mapping[str, Any]) -> ParameterCount:
 
 
 def qwen3_next(config: Mapping[str, Any]) -> ParameterCount:
-    """Qwen3-Next: gated attention every ``full_attention_interval`` layers, gated delta nets
-    between, a mixture of experts with a gated shared expert on every layer."""
+    """Qwen3-Next: gated attention every ``full_attention_interval`` layers (or where
+    ``layer_types`` says), gated delta nets between, a mixture of experts with a gated shared
+    expert on every layer."""
     cfg = ConfigFields(config, "qwen3_next")
-    groups, n, hidden, vocab = _decoder(cfg)
-    interval = cfg.integer("full_attention_interval", 4)
-    full = sum(1 for i in range(n) if (i + 1) % interval == 0)
+    return _gated_delta_hybrid(cfg, cfg, "model.layers", moe=True)
+
+
+def qwen3_5(config: Mapping[str, Any]) -> ParameterCount:
+    """Qwen3.5 / Qwen3.5-MoE: Qwen3-Next's layers (transformers' ``Qwen3_5*`` modules), with a
+    dense gated MLP of ``intermediate_size`` on ``qwen3_5`` and Qwen3-Next's experts on
+    ``qwen3_5_moe``; the ``qwen3_5`` / ``qwen3_5_moe`` wrappers add the vision tower
+    (:func:`qwen3_5_vision`)."""
+    model_type = str(config["model_type"])
+    top = ConfigFields(config, model_type)
+    wrapped = model_type in ("qwen3_5", "qwen3_5_moe")
+    cfg = top.section("text_config") if wrapped else top
+    layers = "model.language_model.layers" if wrapped else "model.layers"
+    count = _gated_delta_hybrid(cfg, top, layers, moe=model_type.startswith("qwen3_5_moe"))
+    if not (wrapped and top.has("vision_config")):
+        return count
+    groups = Groups()
+    qwen3_5_vision(groups, top.section("vision_config"), text_hidden=count.hidden_size)
+    return attrs.evolve(count, groups=count.groups + groups.groups())
+
+
+def qwen3_5_vision(groups: Groups, vision: ConfigFields, *, text_hidden: int) -> None:
+    """Qwen3.5's vision tower (``model.visual``): a 3-D patch embedding, learned positions,
+    ``depth`` blocks (LayerNorms with biases, fused QKV and projection with biases, an MLP with
+    biases) and the merger of ``spatial_merge_size**2`` patches into the language model's width."""
+    h, inner = vision.integer("hidden_size"), vision.integer("intermediate_size")
+    patch, temporal = vision.integer("patch_size"), vision.integer("temporal_patch_size", 2)
+    channels, depth = vision.integer("in_channels", 3), vision.layer_count("depth")
+    merged = h * vision.integer("spatial_merge_size", 2) ** 2
+    module = "model.visual"
+    groups.vector("vision tower", module, channels * temporal * patch * patch * h + h)
+    groups.vector("vision tower", module, vision.integer("num_position_embeddings") * h)
+    groups.linear("vision tower", module, h, 3 * h, bias=True, count=depth)
+    groups.linear("vision tower", module, h, h, bias=True, count=depth)
+    groups.linear("vision tower", module, h, inner, bias=True, count=depth)
+    groups.linear("vision tower", module, inner, h, bias=True, count=depth)
+    groups.vector("vision tower", module, 4 * h * depth + 2 * h)  # two LayerNorms a block, the merger's
+    groups.linear("vision tower", f"{module}.merger", merged, merged, bias=True)
+    groups.linear(
+        "vision tower", f"{module}.merger", merged, vision.integer("out_hidden_size", text_hidden), bias=True
+    )
+
+
+def _gated_delta_hybrid(cfg: ConfigFields, top: ConfigFields, layers: str, *, moe: bool) -> ParameterCount:
+    """Qwen3-Next's and Qwen3.5's layers: gated attention (queries and their gate, QK norms),
+    gated delta nets (q, k, v, z, b, a projections, a depthwise convolution, ``dt_bias``, ``A_log``,
+    the gated norm) and an MLP or a mixture of experts with a gated shared expert."""
+    groups, n, hidden, vocab = _decoder(cfg, top, embed=f"{layers.removesuffix('.layers')}.embed_tokens")
+    types = cfg.layer_types(n)
+    if types is None:
+        interval = cfg.integer("full_attention_interval", 4)
+        types = ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(n)]
+    full = types.count("full_attention")
     heads, kv, head_dim = cfg.integer("num_attention_heads"), kv_heads(cfg), head_size(cfg, derive=False)
-    attn = "model.layers.*.self_attn"
+    attn = f"{layers}.*.self_attn"
     groups.linear("attention", attn, hidden, 2 * heads * head_dim, count=full)  # queries and their gate
     groups.linear("attention", attn, hidden, kv * head_dim, count=2 * full)
     groups.linear("attention", attn, heads * head_dim, hidden, count=full)
     groups.vector("norms", attn, 2 * head_dim * full)
     kh, vh = cfg.integer("linear_num_key_heads"), cfg.integer("linear_num_value_heads")
     kd, vd = cfg.integer("linear_key_head_dim"), cfg.integer("linear_value_head_dim")
-    linear = n - full
+    linear = types.count("linear_attention")
     key, value = kh * kd, vh * vd
-    module = "model.layers.*.linear_attn"
+    module = f"{layers}.*.linear_attn"
     groups.linear("linear attention", module, hidden, 2 * key + 2 * value, count=linear)  # q, k, v, z
     groups.linear("linear attention", module, hidden, 2 * vh, count=linear)  # b, a
     conv = 2 * key + value
@@ -536,18 +601,224 @@ def qwen3_next(config: Mapping[str, Any]) -> ParameterCount:
         "linear attention", module, linear * (conv * cfg.integer("linear_conv_kernel_dim") + 2 * vh + vd)
     )
     groups.linear("linear attention", module, value, hidden, count=linear)
-    experts, inner = cfg.integer("num_experts"), cfg.integer("moe_intermediate_size")
-    shared = cfg.integer("shared_expert_intermediate_size", 0, minimum=0)
-    mlp = "model.layers.*.mlp"
-    groups.linear("router", f"{mlp}.gate", hidden, experts, count=n)
-    gated_mlp(groups, "experts", f"{mlp}.experts", hidden, inner, count=experts * n)
-    gated_mlp(groups, "shared experts", f"{mlp}.shared_expert", hidden, shared, count=n)
-    groups.linear("router", f"{mlp}.shared_expert_gate", hidden, 1, count=n)
-    groups.vector("norms", "model.layers.*", (2 * n + 1) * hidden)
-    top_k = cfg.integer("num_experts_per_tok", 10)
-    return _count(
-        groups, cfg.dtype(), hidden, vocab, max(3 * (inner * top_k + shared), conv, 3 * heads * head_dim)
+    mlp = f"{layers}.*.mlp"
+    if moe:
+        experts, inner = cfg.integer("num_experts"), cfg.integer("moe_intermediate_size")
+        shared = cfg.integer("shared_expert_intermediate_size", 0, minimum=0)
+        groups.linear("router", f"{mlp}.gate", hidden, experts, count=n)
+        gated_mlp(groups, "experts", f"{mlp}.experts", hidden, inner, count=experts * n)
+        gated_mlp(groups, "shared experts", f"{mlp}.shared_expert", hidden, shared, count=n)
+        groups.linear("router", f"{mlp}.shared_expert_gate", hidden, 1, count=n)
+        width = 3 * (inner * cfg.integer("num_experts_per_tok", 10) + shared)
+    else:
+        inner = cfg.integer("intermediate_size")
+        gated_mlp(groups, "mlp", mlp, hidden, inner, count=n)
+        width = 3 * inner
+    groups.vector("norms", f"{layers}.*", (2 * n + 1) * hidden)
+    return _count(groups, cfg.dtype(top), hidden, vocab, max(width, conv, 3 * heads * head_dim))
+
+
+def gemma4(config: Mapping[str, Any]) -> ParameterCount:
+    """Gemma 4 (transformers' ``Gemma4Text*`` modules): per-layer head sizes and KV heads as the
+    cache reads them (:mod:`kvcore.plugins.models.gemma4`); no ``v_proj`` on K = V full layers and
+    no K / V projections or K norm on layers that reuse an earlier layer's cache; the MLP, twice
+    as wide on those layers with ``use_double_wide_mlp``; a mixture of experts beside it with
+    ``enable_moe_block``; the per-layer input embeddings (PLE: a table of
+    ``vocab_size_per_layer_input x layers x hidden_size_per_layer_input``, its projection, and a
+    gate and projection per layer; Gemma 4 Unified has neither). The wrappers' vision and audio
+    towers are not counted (the notes say so)."""
+    model_type = str(config["model_type"])
+    top = ConfigFields(config, model_type)
+    wrapped = model_type in ("gemma4", "gemma4_unified")
+    cfg = top.section("text_config") if wrapped else top
+    layers = "model.language_model.layers" if wrapped else "model.layers"
+    n, hidden = cfg.layer_count(), cfg.integer("hidden_size")
+    vocab = cfg.integer("vocab_size")
+    groups = Groups()
+    embeddings(
+        groups,
+        vocab,
+        hidden,
+        tied=_tied(cfg, True, top),
+        embed=f"{layers.removesuffix('.layers')}.embed_tokens",
     )
+    types = gemma4_layer_types(cfg, n)
+    reuse = reuse_layers(cfg, types)
+    overrides = per_layer_overrides(cfg, n)
+    heads, bias = cfg.integer("num_attention_heads"), cfg.boolean("attention_bias", False)
+    k_eq_v = cfg.boolean("attention_k_eq_v", False)
+    attn = f"{layers}.*.self_attn"
+    width = 0
+    for index, layer_type in enumerate(types):
+        head_dim, kv = layer_geometry(cfg, overrides, index, layer_type)
+        groups.linear("attention", attn, hidden, heads * head_dim, bias=bias)
+        groups.linear("attention", attn, heads * head_dim, hidden, bias=bias)
+        groups.vector("norms", attn, head_dim)  # q_norm (v_norm has no weight)
+        width = max(width, (heads + 2 * kv) * head_dim)
+        if index in reuse:
+            continue
+        projections = 1 if k_eq_v and layer_type == "full_attention" else 2
+        groups.linear("attention", attn, hidden, kv * head_dim, bias=bias, count=projections)
+        groups.vector("norms", attn, head_dim)  # k_norm
+    inner = cfg.integer("intermediate_size")
+    wide = len(reuse) if cfg.boolean("use_double_wide_mlp", False) else 0
+    gated_mlp(groups, "mlp", f"{layers}.*.mlp", hidden, inner, count=n - wide)
+    gated_mlp(groups, "mlp", f"{layers}.*.mlp", hidden, 2 * inner, count=wide)
+    width = max(width, 3 * inner * (2 if wide else 1))
+    norms = 4
+    # Gemma 4 Unified's decoder layers have neither the MoE block nor per-layer inputs
+    # (transformers 5.24 models/gemma4_unified/modeling_gemma4_unified.py)
+    unified = model_type.startswith("gemma4_unified")
+    if not unified and cfg.boolean("enable_moe_block", False):
+        experts, expert_inner = cfg.integer("num_experts"), cfg.integer("moe_intermediate_size")
+        groups.linear("router", f"{layers}.*.router", hidden, experts, count=n)
+        groups.vector("router", f"{layers}.*.router", n * (hidden + experts))  # scale, per_expert_scale
+        gated_mlp(groups, "experts", f"{layers}.*.experts", hidden, expert_inner, count=experts * n)
+        norms += 3
+        width = max(width, 3 * inner + 3 * expert_inner * cfg.integer("top_k_experts", 1))
+    per_layer = 0 if unified else cfg.integer("hidden_size_per_layer_input", 0, minimum=0)
+    if per_layer:
+        table = cfg.integer("vocab_size_per_layer_input", vocab)
+        base = layers.removesuffix(".layers")
+        groups.vector("embeddings", f"{base}.embed_tokens_per_layer", table * n * per_layer)
+        groups.linear("per-layer inputs", f"{base}.per_layer_model_projection", hidden, n * per_layer)
+        groups.vector("norms", f"{base}.per_layer_projection_norm", per_layer)
+        groups.linear("per-layer inputs", f"{layers}.*", hidden, per_layer, count=n)  # input gate
+        groups.linear("per-layer inputs", f"{layers}.*", per_layer, hidden, count=n)  # projection
+        norms += 1
+    groups.vector("norms", f"{layers}.*", (norms * n + 1) * hidden)
+    towers = [key for key in ("vision_config", "audio_config") if wrapped and top.has(key)]
+    notes = (
+        (f"the {' and '.join(towers)} towers are not counted: kvcore counts Gemma 4's language model only",)
+        if towers
+        else ()
+    )
+    return _count(groups, cfg.dtype(top), hidden, vocab, width, notes)
+
+
+def laguna(config: Mapping[str, Any]) -> ParameterCount:
+    """Laguna (transformers' ``Laguna*`` modules): attention with QK norms and a softplus output
+    gate (``g_proj``: one output per head, or per head channel when ``gating`` is
+    ``"per-element"``), ``num_attention_heads_per_layer`` query heads per layer; dense MLPs where
+    ``mlp_layer_types`` says ``dense`` (the first layer by default), else routed experts (router
+    with a score-correction bias) and a shared expert of ``shared_expert_intermediate_size``."""
+    cfg = ConfigFields(config, "laguna")
+    groups, n, hidden, vocab = _decoder(cfg)
+    heads_per_layer = (
+        cfg.integers("num_attention_heads_per_layer") or [cfg.integer("num_attention_heads")] * n
+    )
+    if len(heads_per_layer) != n:
+        raise cfg.error("num_attention_heads_per_layer", f"lists {len(heads_per_layer)} layers, not {n}")
+    kv, head_dim, bias = kv_heads(cfg), head_size(cfg), cfg.boolean("attention_bias", False)
+    gating = config.get("gating", True)
+    per_head = gating is True or gating == "per-head"
+    attn = "model.layers.*.self_attn"
+    width = 0
+    for heads in heads_per_layer:
+        width = max(
+            width,
+            attention_projections(
+                groups,
+                attn,
+                hidden=hidden,
+                heads=heads,
+                kv=kv,
+                head_dim=head_dim,
+                layers=1,
+                qkv_bias=bias,
+                o_bias=bias,
+                qk_norm=True,
+            ),
+        )
+        groups.linear("attention", attn, hidden, heads if per_head else heads * head_dim)
+    mlp_types = cfg.data.get("mlp_layer_types")
+    if isinstance(mlp_types, list) and len(mlp_types) == n:
+        moe = sum(1 for t in mlp_types if t == "sparse")
+    else:
+        moe = n - 1
+    dense_inner = cfg.integer("intermediate_size")
+    mlp = "model.layers.*.mlp"
+    gated_mlp(groups, "mlp", mlp, hidden, dense_inner, count=n - moe)
+    width = max(width, 3 * dense_inner if moe < n else 0)
+    if moe:
+        experts, inner = cfg.integer("num_experts"), cfg.integer("moe_intermediate_size")
+        shared = cfg.integer("shared_expert_intermediate_size", 0, minimum=0)
+        groups.add("router", f"{mlp}.gate", hidden * experts * moe, quantizable=False)
+        groups.vector("router", f"{mlp}.gate", experts * moe)  # e_score_correction_bias
+        gated_mlp(groups, "experts", f"{mlp}.experts", hidden, inner, count=experts * moe)
+        gated_mlp(groups, "shared experts", f"{mlp}.shared_experts", hidden, shared, count=moe)
+        width = max(width, 3 * (inner * cfg.integer("num_experts_per_tok", 8) + shared))
+    groups.vector("norms", "model.layers.*", (2 * n + 1) * hidden)
+    return _count(groups, cfg.dtype(), hidden, vocab, width)
+
+
+def kimi_linear(config: Mapping[str, Any]) -> ParameterCount:
+    """Kimi-Linear (transformers' ``KimiLinear*`` modules): MLA on the full-attention layers (no
+    query LoRA unless ``q_lora_rank``), Kimi delta attention on the others (q, k, v projections, a
+    depthwise convolution over the three, the low-rank forget gate and output gate, ``b_proj``,
+    ``A_log``, ``dt_bias``, the gated norm), dense MLPs where ``mlp_layer_types`` says ``dense``
+    (the first ``first_k_dense_replace``, default 1), else routed and shared experts."""
+    cfg = ConfigFields(config, "kimi_linear")
+    groups, n, hidden, vocab = _decoder(cfg)
+    linear_cfg = cfg.section("linear_attn_config") if cfg.has("linear_attn_config") else None
+    types = kimi_layer_types(cfg, linear_cfg, n)
+
+    def read(nested: str, flat: str) -> int:
+        if linear_cfg is not None and linear_cfg.has(nested):
+            return linear_cfg.integer(nested)
+        return cfg.integer(flat)
+
+    heads = cfg.integer("num_attention_heads")
+    nope, rope, v_dim = (
+        cfg.integer("qk_nope_head_dim"),
+        cfg.integer("qk_rope_head_dim"),
+        cfg.integer("v_head_dim"),
+    )
+    kv_rank, q_rank = cfg.integer("kv_lora_rank"), cfg.optional_integer("q_lora_rank")
+    full = types.count("full_attention")
+    attn = "model.layers.*.self_attn"
+    if q_rank is None:
+        groups.linear("attention", attn, hidden, heads * (nope + rope), count=full)
+    else:
+        groups.linear("attention", attn, hidden, q_rank, count=full)
+        groups.vector("norms", attn, q_rank * full)
+        groups.linear("attention", attn, q_rank, heads * (nope + rope), count=full)
+    groups.linear("attention", attn, hidden, kv_rank + rope, count=full)
+    groups.vector("norms", attn, kv_rank * full)
+    groups.linear("attention", attn, kv_rank, heads * (nope + v_dim), count=full)
+    groups.linear("attention", attn, heads * v_dim, hidden, count=full)
+    linear = types.count("linear_attention")
+    h, d = read("num_heads", "linear_num_heads"), read("head_dim", "linear_head_dim")
+    kernel = read("short_conv_kernel_size", "linear_conv_kernel_dim")
+    qkv = h * d
+    groups.linear("linear attention", attn, hidden, qkv, count=3 * linear)  # q, k, v
+    groups.vector(
+        "linear attention", attn, linear * (3 * qkv * kernel + qkv + h + d)
+    )  # conv, dt_bias, A_log, norm
+    groups.linear("linear attention", attn, hidden, d, count=2 * linear)  # f_a, g_a
+    groups.linear("linear attention", attn, d, qkv, count=2 * linear)  # f_b, g_b
+    groups.linear("linear attention", attn, hidden, h, count=linear)  # b_proj
+    groups.linear("linear attention", attn, qkv, hidden, count=linear)
+    mlp_types = cfg.data.get("mlp_layer_types")
+    if isinstance(mlp_types, list) and len(mlp_types) == n:
+        moe = sum(1 for t in mlp_types if t == "sparse")
+    else:
+        moe = n - min(n, cfg.integer("first_k_dense_replace", 1, minimum=0))
+    dense_inner = cfg.integer("intermediate_size")
+    gated_mlp(groups, "mlp", "model.layers.*.mlp", hidden, dense_inner, count=n - moe)
+    width = max(heads * (2 * nope + rope + v_dim), 3 * qkv, 3 * dense_inner if moe < n else 0)
+    if moe:
+        experts, inner = cfg.integer("num_experts"), cfg.integer("moe_intermediate_size")
+        shared = cfg.integer("num_shared_experts", 1, minimum=0)
+        groups.add("router", "model.layers.*.mlp.gate", hidden * experts * moe, quantizable=False)
+        gated_mlp(groups, "experts", "model.layers.*.mlp.experts", hidden, inner, count=experts * moe)
+        gated_mlp(
+            groups, "shared experts", "model.layers.*.mlp.shared_experts", hidden, shared * inner, count=moe
+        )
+        top_k = cfg.integer("num_experts_per_token", cfg.integer("num_experts_per_tok", 8))
+        width = max(width, 3 * inner * (top_k + shared))
+    groups.vector("norms", "model.layers.*", (2 * n + 1) * hidden)
+    return _count(groups, cfg.dtype(), hidden, vocab, width)
 
 
 # -- encoder-decoder and cross-attention models ------------------------------------------------
@@ -659,6 +930,13 @@ COUNTERS: dict[str, Counter] = {
     "jamba": jamba,
     "nemotron_h": nemotron_h,
     "qwen3_next": qwen3_next,
+    **{model_type: qwen3_5 for model_type in ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text")},
+    **{
+        model_type: gemma4
+        for model_type in ("gemma4", "gemma4_text", "gemma4_unified", "gemma4_unified_text")
+    },
+    "kimi_linear": kimi_linear,
+    "laguna": laguna,
     "whisper": whisper,
     "mllama": mllama,
 }
