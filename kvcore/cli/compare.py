@@ -66,10 +66,12 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     add_scheduler_options(parser)
     parser.add_argument(
         "--engine",
-        choices=("kvcore", "vllm", "sglang"),
+        choices=("kvcore", "vllm", "vllm-cpu", "sglang"),
         default="kvcore",
-        help="whose rules the plans run under: kvcore's own pool (default), vLLM 0.33's (null block, "
-        "async scheduling's tokens in flight, one block id per page), beside vLLM's own plan, or SGLang "
+        help="whose rules the plans run under: kvcore's own pool (default), vLLM's (null block, "
+        "async scheduling's tokens in flight, one block id per page; vllm-cpu: vLLM's CPU build, block "
+        "128 unless one --block-sizes value asks another, no async scheduling), beside vLLM's own plan, "
+        "or SGLang "
         "0.5's (one token pool per kind, one page size, padded first page; one --block-sizes value is its "
         "--page-size), beside SGLang's own sizing; the star marks the best candidate that engine runs",
     )
@@ -165,7 +167,7 @@ def run(namespace: argparse.Namespace, registry: Registry) -> int:
     wants_csv(args)
     args, specs = inputs.load_layer_specs(args, registry)
     args, budget = gpu.settle_budget(args, registry)
-    if args.engine == "vllm":
+    if args.engine in ("vllm", "vllm-cpu"):
         from kvcore.cli import vllm_compare
 
         return vllm_compare.run(args, registry, specs)

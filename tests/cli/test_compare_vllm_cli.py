@@ -7,6 +7,7 @@ import json
 
 from kvcore import Registry, model_layer_specs
 from kvcore.integrations.vllm.rules import VllmRules, plan_for_vllm, vllm_blocks_per_request
+from kvcore.spec import resize_blocks
 
 BASE = ("--model", "google/gemma-3-27b-it", "--memory", "8GiB", "--max-model-len", "8192", "--engine", "vllm")
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
@@ -59,8 +60,8 @@ def test_the_best_candidate_vllm_runs_is_starred(run_cli):
     assert status == 0, err
     firsts = [line.split()[0] for line in out.splitlines() if line.split()]
     starred = [first for first in firsts if first.endswith("*") and first != "*"]
-    (why,) = [line.strip() for line in out.splitlines() if line.strip().startswith("* best vLLM 0.33 runs: ")]
-    assert len(starred) == 1 and why.startswith(f"* best vLLM 0.33 runs: {starred[0][:-1]}: ")
+    (why,) = [line.strip() for line in out.splitlines() if line.strip().startswith("* best vLLM runs: ")]
+    assert len(starred) == 1 and why.startswith(f"* best vLLM runs: {starred[0][:-1]}: ")
     payload = json.loads(run_cli("compare", *BASE, "--json")[1])
     ran = [row for row in payload["candidates"] if "error" not in row]
     (best,) = [row for row in ran if row["best"]]
@@ -68,3 +69,28 @@ def test_the_best_candidate_vllm_runs_is_starred(run_cli):
     assert best["policy"] == payload["best"]
     assert best["max_concurrency"] == max(r["max_concurrency"] for r in ran)
     assert best["policy"] not in ("kind_pools", "unified_pool")
+
+
+def test_the_cpu_build_runs_its_own_layout(run_cli):
+    """``--engine vllm-cpu`` plans as vLLM's CPU build runs: block 128 by default, one batch in
+    flight (no async scheduling), so the rows are the plans of those specs under those rules."""
+    cpu = (*BASE[:-1], "vllm-cpu", "--policies", "shared_buffer", "--json")
+    status, out, err = run_cli("compare", *cpu)
+    assert status == 0, err
+    payload = json.loads(out)
+    assert (payload["engine"], payload["block_size"], payload["async_scheduling"]) == ("vllm-cpu", 128, False)
+    assert payload["max_in_flight_tokens"] == 2048
+    registry = Registry.default()
+    specs = resize_blocks(model_layer_specs("google/gemma-3-27b-it", registry), 128)
+    rules = VllmRules(max_model_len=8192, async_scheduling=False)
+    plan = plan_for_vllm(rules.request(specs, 8 * 2**30, policy="shared_buffer"), rules, registry=registry)
+    row = payload["candidates"][0]
+    assert (row["num_blocks"], row["block_sizes"]) == (plan.num_blocks, [128])
+    # one --block-sizes value is vLLM's --block-size; the CPU kernels take multiples of 32 only
+    status, out, _ = run_cli("compare", *cpu, "--block-sizes", "64")
+    assert status == 0 and json.loads(out)["block_size"] == 64
+    status, _, err = run_cli("compare", *cpu, "--block-sizes", "16")
+    assert status == 1 and "multiples of 32" in err and "--block-sizes 32" in err
+    # two values are a sweep, which an engine comparison does not take
+    status, _, err = run_cli("compare", *cpu, "--block-sizes", "32,64")
+    assert status == 1 and "does not take --block-sizes" in err

@@ -133,3 +133,22 @@ def test_vllm_refuses_a_mixed_page_group_of_a_kind_it_does_not_run():
     bad = attrs.evolve(plan, groups=(attrs.evolve(group, layer_specs=odd),))
     with pytest.raises(VllmIntegrationError, match=r"\['test.odd'\].*mixed_pages=False"):
         check_runnable(bad)
+
+
+def test_vllms_capabilities_per_release():
+    """Each supported vLLM release has its own column: its version range and its notes; another
+    release is refused, naming the supported range."""
+    import pytest
+
+    from kvcore.integrations.vllm.rules import VllmIntegrationError, capabilities
+
+    every = capabilities()
+    assert every.versions == ">=0.32,<0.35"
+    for minor in (32, 33, 34):
+        one = capabilities(minor)
+        assert one.versions == f">=0.{minor},<0.{minor + 1}"
+        assert one.policies == every.policies and one.kinds == every.kinds
+        assert any(note.startswith(f"0.{minor} ") for note in one.notes)
+    assert any("CPU build" in note for note in capabilities(32).notes)
+    with pytest.raises(VllmIntegrationError, match=r">=0\.32,<0\.35"):
+        capabilities(35)

