@@ -6,7 +6,9 @@ Each sub-command is a module named for it, holding ``COMMAND`` (its help texts, 
 
 Errors kvcore knows about are printed as one line (``kvcore: error: ...``) with exit status 1,
 naming the options to change where the Python message names parameters
-(:data:`kvcore.cli.inputs.FLAG_NAMES`); usage errors exit with status 2, as argparse does.
+(:data:`kvcore.cli.inputs.FLAG_NAMES`); usage errors exit with status 2, as argparse does. An
+option is never abbreviated (argparse's ``allow_abbrev`` is off on every parser): ``--gpu`` is
+an option of its own, never the start of ``--gpu-memory``.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kvcore",
         description="Plan, allocate and bind the KV cache of an LLM inference engine.",
+        allow_abbrev=False,
     )
     parser.add_argument("--version", action="version", version=f"kvcore {_version()}")
     parser.add_argument(
@@ -62,7 +65,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, module in zip(COMMANDS, _command_modules(), strict=True):
         command: Command = module.COMMAND
-        command_parser = sub.add_parser(name, help=command.help, description=command.description)
+        # no abbreviations: `--gpu H100` must never be read as `--gpu-memory H100`
+        command_parser = sub.add_parser(
+            name, help=command.help, description=command.description, allow_abbrev=False
+        )
         module.add_options(command_parser)
         command_parser.set_defaults(run=module.run)
     return parser

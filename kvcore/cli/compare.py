@@ -50,7 +50,7 @@ COMMAND = Command(
 
 def add_options(parser: argparse.ArgumentParser) -> None:
     inputs.add_spec_source(parser)
-    inputs.add_sizing_options(parser, auto_length=False)
+    inputs.add_sizing_options(parser, auto_length=False, gpu_name=True)
     add_candidate_options(parser)
     parser.add_argument(
         "--state-cache-modes",

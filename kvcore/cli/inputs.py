@@ -343,14 +343,18 @@ def add_sizing_options(
     memory_required: bool = True,
     length_required: bool = True,
     auto_length: bool = True,
+    gpu_name: bool = False,
 ) -> None:
     """Budget, request length and grouping knobs: what every planning command takes.
 
     ``auto_length=False`` for a command that compares plans at one length (``compare``,
     ``simulate``): ``--max-model-len`` then offers no ``auto`` (given anyway, it is refused with
-    the reason, :func:`sizing_context`)."""
+    the reason, :func:`sizing_context`). ``gpu_name=True`` for a command that also takes
+    ``--gpu NAME`` (:func:`kvcore.cli.timing.add_timing_options`): the GPU's memory then stands
+    in for ``--gpu-memory`` when no budget is given, so argparse requires none
+    (:func:`kvcore.cli.gpu.settle_budget` does)."""
     budget: argparse._ActionsContainer = (
-        parser.add_mutually_exclusive_group(required=True) if memory_required else parser
+        parser.add_mutually_exclusive_group(required=not gpu_name) if memory_required else parser
     )
     budget.add_argument(
         "--memory",
@@ -359,7 +363,7 @@ def add_sizing_options(
         help="KV-cache byte budget: bytes or a unit, e.g. 24GiB, 500MB",
     )
     if memory_required:
-        add_gpu_options(parser, budget)
+        add_gpu_options(parser, budget, gpu_name=gpu_name)
     auto = (
         "; auto: the longest the memory admits, at most the model's max_position_embeddings"
         if auto_length
@@ -437,7 +441,9 @@ def add_sizing_options(
     serving.add_serving_options(parser)
 
 
-def add_gpu_options(parser: argparse.ArgumentParser, budget: argparse._ActionsContainer) -> None:
+def add_gpu_options(
+    parser: argparse.ArgumentParser, budget: argparse._ActionsContainer, *, gpu_name: bool = False
+) -> None:
     """``--gpu-memory SIZE`` (beside ``--memory`` in ``budget``) and ``--utilization F``: the KV
     budget worked out from a GPU (:mod:`kvcore.planning.gpu_budget`, :mod:`kvcore.cli.gpu`)."""
     from kvcore.planning.gpu_budget import DEFAULT_UTILIZATION
@@ -450,6 +456,11 @@ def add_gpu_options(parser: argparse.ArgumentParser, budget: argparse._ActionsCo
             "with --model: size the KV cache from one GPU of SIZE (e.g. 80GiB): GPU x --utilization "
             "- weights (counted from the config, quantization_config honoured) - activation peak "
             "(estimated from --max-num-batched-tokens) - a fixed reserve, each printed"
+            + (
+                "; with --gpu NAME and no budget given, the GPU's memory (at most that with --gpu)"
+                if gpu_name
+                else ""
+            )
         ),
     )
     parser.add_argument(
