@@ -14,6 +14,7 @@ an option of its own, never the start of ``--gpu-memory``.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import warnings
 from collections.abc import Sequence
@@ -88,10 +89,38 @@ def _show_warnings(caught: Sequence[warnings.WarningMessage]) -> None:
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
 
 
+#: A value that starts like a negative number (``-40GiB``, ``-1.5``, ``-2k``): no kvcore option
+#: starts so, so after an option it is that option's value.
+_NEGATIVE_VALUE = re.compile(r"-\.?[0-9]")
+
+
+def attach_negative_values(argv: Sequence[str]) -> list[str]:
+    """``argv`` with each negative-looking value joined to the option before it
+    (``--memory -40GiB`` becomes ``--memory=-40GiB``).
+
+    argparse reads ``-40GiB`` as an option of its own (only a bare number such as ``-40`` passes
+    as a value), and then says "expected one argument" and prints the whole usage; joined, the
+    value reaches the option's type, which says what is wrong with it (a size must be positive).
+    """
+    joined: list[str] = []
+    for arg in argv:
+        previous = joined[-1] if joined else ""
+        if (
+            _NEGATIVE_VALUE.match(arg)
+            and previous.startswith("--")
+            and "=" not in previous
+            and previous != "--"
+        ):
+            joined[-1] = f"{previous}={arg}"
+        else:
+            joined.append(arg)
+    return joined
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit status."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(attach_negative_values(sys.argv[1:] if argv is None else argv))
     from kvcore.cli.inputs import echo_given
 
     echo_given(args)  # what a unit or suffix made of a number, before anything runs

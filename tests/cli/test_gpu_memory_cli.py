@@ -162,9 +162,12 @@ def test_a_model_nobody_counts_names_memory_on_the_command_line(run_cli, tmp_pat
 
 
 def test_a_gpu_too_small_names_the_flags_to_change(run_cli):
-    status, _, err = run_cli("plan", "--model", LLAMA, "--gpu-memory", "16GiB", "--max-model-len", "4096")
+    status, _, err = run_cli("plan", "--model", LLAMA, "--gpu-memory", "18GiB", "--max-model-len", "4096")
     assert status == 1
     assert "more --tp ranks, a higher --utilization or a smaller --max-num-batched-tokens" in err
+    # at 16 GiB neither the whole GPU nor no activations would leave room: only the ways that can
+    status, _, err = run_cli("plan", "--model", LLAMA, "--gpu-memory", "16GiB", "--max-model-len", "4096")
+    assert status == 1 and err.rstrip().endswith("use a larger GPU or more --tp ranks")
 
 
 # --gpu NAME and the budget (issue 38: `--gpu H100` was read as an abbreviation of --gpu-memory)
@@ -182,7 +185,9 @@ def test_no_option_is_abbreviated(run_cli):
     )
     assert code == 2
     assert "unrecognized arguments: --gpu H100" in err and "cannot read size" not in err
-    code, err = _usage_error(run_cli, "plan", "--model", LLAMA, "--gpu-mem", "80GiB", "--max-model-len", "8192")
+    code, err = _usage_error(
+        run_cli, "plan", "--model", LLAMA, "--gpu-mem", "80GiB", "--max-model-len", "8192"
+    )
     assert code == 2 and "--gpu-mem" in err
 
 
@@ -210,3 +215,25 @@ def test_no_budget_at_all_names_the_three_ways(run_cli):
     status, _, err = run_cli(*_SIMULATE, *_REQUESTS)
     assert status == 1
     assert "--memory SIZE" in err and "--gpu-memory SIZE" in err and "--gpu NAME" in err
+
+
+@pytest.mark.parametrize("given", [["--memory", "-40GiB"], ["--memory=-40GiB"], ["--gpu-memory", "-8GiB"]])
+def test_a_negative_size_says_a_size_must_be_positive(run_cli, given):
+    code, err = _usage_error(run_cli, "plan", "--model", LLAMA, *given, "--max-model-len", "4096")
+    assert code == 2
+    assert "a size must be positive" in err and "expected one argument" not in err
+
+
+def test_weights_larger_than_the_gpu_do_not_suggest_a_higher_utilization(run_cli):
+    status, _, err = run_cli(
+        "plan", "--model", "Qwen/Qwen3-8B", "--gpu-memory", "8GiB", "--max-model-len", "4096"
+    )
+    assert status == 1
+    assert "the weights alone (15.26 GiB) are more than the whole GPU" in err
+    assert "at least 3 such GPUs" in err and "quantized checkpoint" in err
+    assert "--utilization" not in err
+    # weights that fit, with too little left at 0.9: the whole GPU would do, so --utilization helps
+    status, _, err = run_cli(
+        "plan", "--model", "Qwen/Qwen3-8B", "--gpu-memory", "17GiB", "--max-model-len", "4096"
+    )
+    assert status == 1 and "a higher --utilization" in err and "weights alone" not in err
