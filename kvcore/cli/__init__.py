@@ -6,9 +6,10 @@ Each sub-command is a module named for it, holding ``COMMAND`` (its help texts, 
 
 Errors kvcore knows about are printed as one line (``kvcore: error: ...``) with exit status 1,
 naming the options to change where the Python message names parameters
-(:data:`kvcore.cli.inputs.FLAG_NAMES`); usage errors exit with status 2, as argparse does. An
-option is never abbreviated (argparse's ``allow_abbrev`` is off on every parser): ``--gpu`` is
-an option of its own, never the start of ``--gpu-memory``.
+(:data:`kvcore.cli.inputs.FLAG_NAMES`); usage errors exit with status 2, as argparse does;
+Ctrl-C ends a command with one line (``kvcore: interrupted``) and status 130, as a shell
+reports an interrupted command. An option is never abbreviated (argparse's ``allow_abbrev`` is
+off on every parser): ``--gpu`` is an option of its own, never the start of ``--gpu-memory``.
 """
 
 from __future__ import annotations
@@ -73,6 +74,10 @@ def build_parser() -> argparse.ArgumentParser:
         module.add_options(command_parser)
         command_parser.set_defaults(run=module.run)
     return parser
+
+
+#: The exit status after Ctrl-C: 128 + SIGINT (2), as a shell reports a command SIGINT stopped.
+INTERRUPTED = 130
 
 
 def _show_warnings(caught: Sequence[warnings.WarningMessage]) -> None:
@@ -150,6 +155,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except BrokenPipeError:  # pragma: no cover - e.g. `kvcore plan ... | head`
         return 0
+    except KeyboardInterrupt:  # Ctrl-C in a long simulate or tune: one line, no traceback
+        print("kvcore: interrupted", file=sys.stderr)
+        return INTERRUPTED
     return status
 
 
