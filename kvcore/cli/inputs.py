@@ -185,8 +185,12 @@ _SUFFIXED = re.compile(r"\s*([0-9]{1,30}(?:\.[0-9]{1,30})?)([kmgtKMGT])\s*")
 
 def token_count(text: str) -> int:
     """A whole number >= 1, bare (:func:`positive_int`) or with vLLM's suffixes: ``32k`` =
-    32,000 and ``32K`` = 32,768 (:data:`_DECIMAL_SUFFIXES`, :data:`_BINARY_SUFFIXES`); a
-    suffixed count comes back :class:`Echoed`."""
+    32,000 and ``32K`` = 32,768 (:data:`_DECIMAL_SUFFIXES`, :data:`_BINARY_SUFFIXES`).
+
+    A count with a decimal suffix comes back :class:`Echoed`: ``32k`` is 32,000, where a
+    context length is usually meant as a power of two, so the reading is said on stderr. A
+    binary suffix is not said back (as ``80GiB`` is not): ``32K`` = 32,768 is how context lengths
+    are quoted, and saying so on every run was noise (issue 38)."""
     match = _SUFFIXED.fullmatch(text)
     if match is None:
         return positive_int(text)
@@ -207,8 +211,12 @@ def token_count(text: str) -> int:
         value = int(exact)
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a number >= 1, got {_shown_text(text)}")
-    kind = "binary: 1K = 1,024" if suffix in _BINARY_SUFFIXES else "decimal: 1k = 1,000; 1K = 1,024"
-    return Echoed(value, f"{text.strip()} = {value:,} tokens ({suffix} is {kind}, as vLLM reads it)")
+    if suffix in _BINARY_SUFFIXES:  # 32K = 32,768: how context lengths are quoted; said back never
+        return value
+    return Echoed(
+        value,
+        f"{text.strip()} = {value:,} tokens ({suffix} is decimal: 1k = 1,000; 1K = 1,024, as vLLM reads it)",
+    )
 
 
 def tokens(text: str) -> int:
