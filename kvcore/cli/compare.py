@@ -18,7 +18,7 @@ from kvcore.cli.options import PlanningArgs
 from kvcore.cli.replay import variant_cells
 from kvcore.cli.report import plan_report
 from kvcore.cli.scheduler_options import add_scheduler_options, scheduler_profile
-from kvcore.cli.table import add_output_options, render_table, wants_csv, write_csv
+from kvcore.cli.table import add_output_options, collapse_alike, render_table, wants_csv, write_csv
 from kvcore.dtypes import dtype_name, to_dtype
 from kvcore.error_messages import render
 from kvcore.errors import InvalidInputError
@@ -323,7 +323,10 @@ def run(namespace: argparse.Namespace, registry: Registry) -> int:
             print(f"time: {timed.model}")
             headers += timing.summary_headers(timed)
     lead = 4 if modes else 3
+    rows, alike = collapse_alike(rows)  # one row for the policies that plan this model alike
     print(render_table(headers, rows, align="l" * lead + "r" * (len(headers) - lead)))
+    for note in alike:
+        print(f"  {note}")
     if best is not None:
         print(f"  * best: {best_label(best)}: {best.reason}")
     for policy, error in failures.items():
