@@ -321,7 +321,15 @@ def sglang_settings(
     cannot: list[tuple[str, str]] = []
     variant = variant_specs(specs, block_size=knobs.block_size, kv_cache_dtype=knobs.kv_cache_dtype)
     page = min((g.spec.block_size for g in plan.groups if g.spec.tokens_per_page), default=1)
-    if knobs.policy == UNIFIED_POLICY:
+    rules = SglangRules(
+        context_len=plan.context.max_model_len,
+        page_size=page,
+        chunked_prefill_size=knobs.max_num_batched_tokens,
+    )
+    paged = sglang_specs(variant, rules)
+    pools = check_specs(paged)
+    # one pool (a model of one attention kind): every layout is SGLang's, nothing to name
+    if len(pools) > 1 and knobs.policy == UNIFIED_POLICY:
         cannot.append(
             (
                 f"policy {knobs.policy}",
@@ -331,7 +339,7 @@ def sglang_settings(
                 "kind_pools' split by the worst case",
             )
         )
-    elif knobs.policy != "kind_pools":
+    elif len(pools) > 1 and knobs.policy != "kind_pools":
         cannot.append(
             (
                 f"policy {knobs.policy}",
@@ -339,13 +347,6 @@ def sglang_settings(
                 "with this candidate's split",
             )
         )
-    rules = SglangRules(
-        context_len=plan.context.max_model_len,
-        page_size=page,
-        chunked_prefill_size=knobs.max_num_batched_tokens,
-    )
-    paged = sglang_specs(variant, rules)
-    pools = check_specs(paged)
     options = (
         PlanOptions(pool_split=trial.pool_split)
         if trial.pool_split and len(pools) == len(trial.pool_split)

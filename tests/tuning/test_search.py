@@ -216,3 +216,14 @@ def test_no_candidate_that_runs_says_why(registry_module):
         tune(
             SPECS, 1 << 20, CTX, WORKLOAD, SearchSpace(policies=("shared_buffer",)), registry=registry_module
         )
+
+
+@pytest.mark.parametrize("policy", ["uniform", "shared_buffer", "unified_pool"])
+def test_a_model_of_one_kind_is_expressible_in_sglang_under_any_policy(registry_module, policy):
+    """One attention kind is one SGLang pool whatever the policy: no "SGLang keeps each attention
+    kind in a pool of its own" for a model with one kind (issue 38)."""
+    specs = mix((4, full()))
+    space = SearchSpace(policies=(policy,))
+    result = tune(specs, GIB // 2, CTX, WORKLOAD, space, registry=registry_module)
+    sglang = sglang_settings(result.best, specs, GIB // 2, registry=registry_module)
+    assert sglang.cannot_express == ()
