@@ -106,3 +106,15 @@ def test_the_plan_options_hold_for_every_candidate(run_cli):
     assert status == 0, err
     status, _, err = run_cli("tune", *SMALL, *SYNTHETIC, *space, "--passes", "1", "--max-groups", "1")
     assert status == 1 and "in at most 1 group" in err and "its fewest is 2 groups" in err
+
+
+def test_sglang_s_own_figure_is_said_once(run_cli):
+    """A model of one pool: "SGLang's own configurator with these flags: 65,536", not
+    "... 65,536 tokens: 65,536" (issue 38)."""
+    status, out, err = run_cli(
+        "tune", "--model", "meta-llama/Llama-3.2-1B", "--memory", "2GiB", "--max-model-len", "4096",
+        *SYNTHETIC, "--policies", "shared_buffer", "--num-seqs", "8", "--batched-tokens", "512",
+    )  # fmt: skip
+    assert status == 0, err
+    (line,) = [line for line in out.splitlines() if "SGLang's own configurator" in line]
+    assert line.endswith("SGLang's own configurator with these flags: 65,536"), line
