@@ -311,6 +311,9 @@ def run(namespace: argparse.Namespace, registry: Registry) -> int:
             f"max_num_batched_tokens {args.max_num_batched_tokens:,}; ranked by tokens per step "
             "(the workload's tokens served per step, recomputation not counted)"
         )
+        assert isinstance(args.max_model_len, int)  # compare takes a number (sizing_context)
+        if rejected := replay.rejected_line(workload, args.max_model_len):
+            print(rejected)
         headers += ["tokens/step", "mean running", "preemptions"]
         if args.prefix_caching:
             print(

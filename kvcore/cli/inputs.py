@@ -848,11 +848,14 @@ def refuse_engine_options(args: PlanningArgs, engine: str, runs_as: str) -> None
 
 def load_workload(args: PlanningArgs, max_model_len: int, *, per_second: bool = False) -> Workload:
     """The workload the options describe: ``--trace``/``--workload FILE`` read, or
-    ``--requests N`` drawn (lengths clipped to ``max_model_len``).
+    ``--requests N`` drawn (lengths clipped to ``max_model_len``). A trace's requests longer
+    than ``max_model_len`` are set aside as rejected (:meth:`Workload.admit`), as vLLM refuses
+    them and serves the rest.
 
     Raises:
         InvalidInputError: a synthetic option without ``--requests``, ``--requests`` without
-            both lengths, or a bad trace file (naming the file and line).
+            both lengths, a bad trace file (naming the file and line), or a trace whose every
+            request is longer than ``max_model_len``.
     """
     from kvcore.simulation.workload import read_trace, synthetic
 
@@ -870,7 +873,8 @@ def load_workload(args: PlanningArgs, max_model_len: int, *, per_second: bool = 
                 f"{args.trace}: the trace gives arrival_time in seconds: time the steps with --gpu NAME "
                 "(with --model) or --step-profile FILE"
             )
-        return workload
+        # a request longer than max_model_len is refused alone, as vLLM refuses it, not the run
+        return workload.admit(max_model_len)
     prompt_len, output_len = args.prompt_len, args.output_len
     if prompt_len is None or output_len is None:
         lengths = {"--prompt-len": prompt_len, "--output-len": output_len}

@@ -32,7 +32,9 @@ from kvcore.cli.options import PlanningArgs
 from kvcore.cli.replay import (
     Simulated,
     kind_hits_line,
+    overload_lines,
     plan_label,
+    rejected_line,
     served_tokens_per_step,
     simulate_candidates,
     simulation_row,
@@ -239,6 +241,9 @@ def print_table(
         f"{figures['mean_prompt_tokens']:,.0f} tokens on average (longest {figures['max_prompt_tokens']:,}), "
         f"outputs {figures['mean_output_tokens']:,.0f} (longest {figures['max_output_tokens']:,})"
     )
+    assert isinstance(args.max_model_len, int)  # simulate takes a number (sizing_context)
+    if rejected := rejected_line(workload, args.max_model_len):
+        print(rejected)
     print(
         f"budget {format_bytes(args.kv_budget)}, max_model_len {args.max_model_len:,}, "
         f"max_num_batched_tokens {args.max_num_batched_tokens:,}; "
@@ -290,6 +295,8 @@ def print_table(
     print(render_table(headers, rows, align="lll" + "r" * (len(headers) - 3)))
     for policy, error in failures.items():
         print(f"  {policy}: no plan: {error}")
+    for line in overload_lines([(plan_label(c), results[id(c)]) for c in candidates if id(c) in results]):
+        print(line)
     hit_lines = [
         f"  {plan_label(c)}: {line}"
         for c in candidates

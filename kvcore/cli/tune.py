@@ -22,6 +22,7 @@ from kvcore.cli.command import Command
 from kvcore.cli.compare import add_candidate_options
 from kvcore.cli.options import PlanningArgs
 from kvcore.cli.progress import progress
+from kvcore.cli.replay import overload_lines, rejected_line
 from kvcore.cli.table import render_table
 from kvcore.errors import InvalidInputError
 from kvcore.planning.registry import Registry
@@ -181,10 +182,22 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
     with progress(label, detail=eta.text):
         # the search, the replay as the scheduler runs it, the latency targets and the search's pace
         result = tune(
-            specs, args.memory, context, workload, space,
-            registry=registry, objective=objective, planner=planner, options=options,
-            scheduler=profile, step_time=step_time, prefix_caching=args.prefix_caching,
-            slo_ttft=args.slo_ttft, slo_itl=args.slo_itl, max_passes=args.passes, on_trial=eta.on_trial,
+            specs,
+            args.memory,
+            context,
+            workload,
+            space,
+            registry=registry,
+            objective=objective,
+            planner=planner,
+            options=options,
+            scheduler=profile,
+            step_time=step_time,
+            prefix_caching=args.prefix_caching,
+            slo_ttft=args.slo_ttft,
+            slo_itl=args.slo_itl,
+            max_passes=args.passes,
+            on_trial=eta.on_trial,
         )
     best = result.best
     weights = budget.weights if budget is not None else None
@@ -204,7 +217,7 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
     sglang_run = _simulate_sglang(sglang, workload, best, sglang_profile(registry), shared, step_time)
     engines = Engines(vllm=vllm, sglang=sglang, sglang_error=sglang_error, sglang_run=sglang_run)
     if args.json:
-        print(json.dumps(_payload(args, result, engines, budget), indent=2))
+        print(json.dumps(_payload(args, result, engines, budget, workload), indent=2))
     else:
         gpu.print_budget(budget)
         _print(args, result, engines, workload)
@@ -310,6 +323,8 @@ def _print(args: argparse.Namespace, result: TuneResult, engines: Engines, workl
         f"workload {workload.name}: {len(workload.requests):,} requests; budget {format_bytes(args.memory)}, "
         f"max_model_len {args.max_model_len:,}; scheduler {args.scheduler}; objective {result.objective}"
     )
+    if rejected := rejected_line(workload, args.max_model_len):
+        print(rejected)
     print(
         f"searched {len(result.trials)} candidates of a grid of {result.grid_size:,}: "
         f"{result.simulations} simulated, "
@@ -331,6 +346,9 @@ def _print(args: argparse.Namespace, result: TuneResult, engines: Engines, workl
     latency = _latency(result, best.latency_figure)
     print(f"best: {_score(result, best.score)}{gain}, {latency_name} {latency}{hits}")
     print(render_table(KNOB_HEADERS, [_knob_cells(best)], align="l" * len(KNOB_HEADERS)))
+    if ran is not None:  # arrivals the best candidate cannot keep up with: no knob here can
+        for line in overload_lines([("even the best candidate", ran)]):
+            print(line)
     if best.pool_split:
         print("  pool split: " + ", ".join(f"pool {p} {100 * s:.1f}%" for p, s in enumerate(best.pool_split)))
     if result.knob_effects:
@@ -392,14 +410,20 @@ def _trial_row(result: TuneResult, trial: Trial) -> dict[str, Any]:
         "reused": trial.reused,
         "error": trial.error,
         "latency_report": trial.latency.to_dict() if trial.latency is not None else None,
+        "load": trial.result.load.to_dict() if trial.result is not None and trial.result.load else None,
     }
 
 
-def _payload(args: argparse.Namespace, result: TuneResult, engines: Engines, budget: Any) -> dict[str, Any]:
+def _payload(
+    args: argparse.Namespace, result: TuneResult, engines: Engines, budget: Any, workload: Any
+) -> dict[str, Any]:
+    from kvcore.cli.replay import workload_row
+
     sglang = engines.sglang
     return {
         "available_memory_bytes": args.memory,
         "max_model_len": args.max_model_len,
+        "workload": workload_row(workload),
         "scheduler": args.scheduler,
         "objective": result.objective,
         "latency_unit": result.latency_unit,

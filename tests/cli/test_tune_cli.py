@@ -118,3 +118,29 @@ def test_sglang_s_own_figure_is_said_once(run_cli):
     assert status == 0, err
     (line,) = [line for line in out.splitlines() if "SGLang's own configurator" in line]
     assert line.endswith("SGLang's own configurator with these flags: 65,536"), line
+
+
+def test_tune_says_when_even_the_best_candidate_is_overloaded(run_cli):
+    overloaded = ("--requests", "300", "--prompt-len", "1000", "--output-len", "200", "--rate", "1")
+    argv = (
+        "tune",
+        *SMALL,
+        *overloaded,
+        "--policies",
+        "shared_buffer",
+        "--num-seqs",
+        "64",
+        "--batched-tokens",
+        "512",
+    )
+    status, out, err = run_cli(*argv)
+    assert status == 0, err
+    (line,) = [line for line in out.splitlines() if "overloaded" in line]
+    assert (
+        line.startswith("  even the best candidate: overloaded: requests arrive at 0.9")
+        and "queue grows" in line
+    )
+    status, out, err = run_cli(*argv, "--json")
+    payload = json.loads(out)
+    assert payload["best"]["load"]["overloaded"] is True
+    assert payload["workload"]["num_requests"] == 300
