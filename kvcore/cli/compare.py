@@ -50,7 +50,7 @@ COMMAND = Command(
 
 def add_options(parser: argparse.ArgumentParser) -> None:
     inputs.add_spec_source(parser)
-    inputs.add_sizing_options(parser, auto_length=False, gpu_name=True)
+    inputs.add_sizing_options(parser, auto_length="candidates", gpu_name=True)
     add_candidate_options(parser)
     parser.add_argument(
         "--state-cache-modes",
@@ -164,6 +164,7 @@ def run(namespace: argparse.Namespace, registry: Registry) -> int:
     wants_csv(args)
     args, specs = inputs.load_layer_specs(args, registry)
     args, budget = gpu.settle_budget(args, registry)
+    args = inputs.settle_auto_length(args, registry, specs)  # auto: one length for every candidate
     if args.engine == "vllm":
         from kvcore.cli import vllm_compare
 

@@ -350,14 +350,16 @@ def add_sizing_options(
     *,
     memory_required: bool = True,
     length_required: bool = True,
-    auto_length: bool = True,
+    auto_length: Literal["plan", "candidates", "refused"] = "plan",
     gpu_name: bool = False,
 ) -> None:
     """Budget, request length and grouping knobs: what every planning command takes.
 
-    ``auto_length=False`` for a command that compares plans at one length (``compare``,
-    ``simulate``): ``--max-model-len`` then offers no ``auto`` (given anyway, it is refused with
-    the reason, :func:`sizing_context`). ``gpu_name=True`` for a command that also takes
+    ``auto_length`` says what ``--max-model-len auto`` means: ``"plan"``, the longest one plan
+    admits; ``"candidates"`` for a command that compares plans at one length (``compare``,
+    ``simulate``), one length for every candidate, the one the ``auto`` policy's plan chooses
+    (:func:`settle_auto_length`); ``"refused"`` for ``tune``, whose candidates differ in what
+    one length costs (refused with the reason, :func:`sizing_context`). ``gpu_name=True`` for a command that also takes
     ``--gpu NAME`` (:func:`kvcore.cli.timing.add_timing_options`): the GPU's memory then stands
     in for ``--gpu-memory`` when no budget is given, so argparse requires none
     (:func:`kvcore.cli.gpu.settle_budget` does)."""
@@ -372,16 +374,17 @@ def add_sizing_options(
     )
     if memory_required:
         add_gpu_options(parser, budget, gpu_name=gpu_name)
-    auto = (
-        "; auto: the longest the memory admits, at most the model's max_position_embeddings"
-        if auto_length
-        else ""
-    )
+    auto = {
+        "plan": "; auto: the longest the memory admits, at most the model's max_position_embeddings",
+        "candidates": "; auto: the longest the auto policy's plan admits in the budget, at most the "
+        "model's max_position_embeddings, and every candidate at that length",
+        "refused": "",
+    }[auto_length]
     parser.add_argument(
         "--max-model-len",
         type=max_model_len,
         required=False,
-        metavar="N|auto" if auto_length else "N",
+        metavar="N" if auto_length == "refused" else "N|auto",
         help=(
             "longest request (prompt + output) in tokens, e.g. 8192, 32k (32,000) or 32K (32,768); "
             f"one such request must fit{auto} (default with --model: the model's "
@@ -623,13 +626,44 @@ def sizing_context(args: PlanningArgs, *, auto: bool = False) -> SizingContext:
     if length == "auto":
         if not auto:
             raise InvalidInputError(
-                f"--max-model-len auto chooses one length per plan; `kvcore {args.command}` "
-                "needs one length for every plan: give a number"
+                f"--max-model-len auto chooses one length per plan, and `kvcore {args.command}` plans each "
+                "candidate under vLLM's rules at its own max_num_batched_tokens (a sliding window's worst "
+                "case grows with it), so no one length fits them all: give a number (`kvcore plan "
+                "--max-model-len auto` says the longest for one setting)"
             )
         length = min(length_cap(args) or MAX_TOKENS, MAX_TOKENS)
     assert length is not None  # settled by settle_max_model_len
     steps = args.max_num_batched_tokens
     return SizingContext(max_model_len=length, max_num_batched_tokens=steps, **serving.context_fields(args))
+
+
+def settle_auto_length(
+    args: PlanningArgs, registry: Registry, specs: Mapping[str, KVCacheSpec]
+) -> PlanningArgs:
+    """``args`` with ``--max-model-len auto`` made one number, for a command that sets every
+    candidate at one length (``compare``, ``simulate``, ``tune``): the longest request the
+    ``auto`` policy's plan admits in the budget, at most the model's length (what ``kvcore plan
+    --max-model-len auto`` answers). Said on stderr; a length given as a number is kept.
+
+    Raises:
+        KVCoreError: as :func:`kvcore.planning.planner.plan` (not one request fits the budget).
+    """
+    if args.max_model_len != "auto":
+        return args
+    from kvcore.planning import planner
+
+    one = attrs.evolve(args, policy="auto", num_blocks=None, tp=None, pp=None)
+    result = planner.plan(plan_request(one, specs), registry=registry)
+    (plan,) = result.plans
+    length = plan.context.max_model_len
+    cap = length_cap(args)
+    limit = f", at most {length_cap_name(args)} ({cap:,})" if cap is not None else ""
+    print(
+        f"kvcore: note: --max-model-len auto = {length:,} tokens: the longest request the auto policy's "
+        f"plan ({plan.policy}) admits in {format_bytes(args.kv_budget)}{limit}; every candidate is set at it",
+        file=sys.stderr,
+    )
+    return attrs.evolve(args, max_model_len=length)
 
 
 def request_length(args: PlanningArgs) -> MaxModelLen:

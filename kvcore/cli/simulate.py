@@ -75,7 +75,7 @@ COMMAND = Command(
 
 def add_options(parser: argparse.ArgumentParser) -> None:
     inputs.add_spec_source(parser)
-    inputs.add_sizing_options(parser, auto_length=False, gpu_name=True)
+    inputs.add_sizing_options(parser, auto_length="candidates", gpu_name=True)
     add_candidate_options(parser)
     inputs.add_workload_options(parser, trace_flag="--trace", required=True)
     timing.add_timing_options(parser)
@@ -97,6 +97,7 @@ def run(namespace: argparse.Namespace, registry: Registry) -> int:
     wants_csv(args)
     args, specs = inputs.load_layer_specs(args, registry)
     args, budget = gpu.settle_budget(args, registry)
+    args = inputs.settle_auto_length(args, registry, specs)  # auto: one length for every candidate
     step_time = timing.step_time_factory(args, registry)
     workload = inputs.load_workload(
         args, inputs.sizing_context(args).max_model_len, per_second=step_time is not None

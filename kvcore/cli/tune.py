@@ -50,7 +50,7 @@ COMMAND = Command(
 
 def add_options(parser: argparse.ArgumentParser) -> None:
     inputs.add_spec_source(parser)
-    inputs.add_sizing_options(parser, auto_length=False, gpu_name=True)
+    inputs.add_sizing_options(parser, auto_length="refused", gpu_name=True)
     inputs.add_workload_options(parser, trace_flag="--trace", required=True)
     timing.add_timing_options(parser)
     parser.add_argument(

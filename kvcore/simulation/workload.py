@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 import os
 import random
+from collections.abc import Sequence
 from typing import Final, Literal
 
 import attrs
@@ -153,6 +154,10 @@ def _sorted_requests(requests: object) -> tuple[Request, ...]:
     return ordered
 
 
+def _request_tuple(requests: Sequence[Request]) -> tuple[Request, ...]:
+    return tuple(requests)
+
+
 @attrs.frozen
 class Workload:
     """Requests to replay, sorted by arrival (step or time), then id.
@@ -166,7 +171,7 @@ class Workload:
 
     requests: tuple[Request, ...] = attrs.field(converter=_sorted_requests, repr=False)
     name: str
-    rejected: tuple[Request, ...] = attrs.field(default=(), converter=tuple, repr=False)
+    rejected: tuple[Request, ...] = attrs.field(default=(), converter=_request_tuple, repr=False)
 
     def __len__(self) -> int:
         return len(self.requests)
