@@ -42,7 +42,7 @@ COMMAND = Command(
     description="""
         Plan the same layers with every policy that can, side by side: concurrency, efficiency against the
         ideal bound, groups, padding, tokens per group. Each row is exactly what `kvcore plan --policy NAME`
-        reports. With a workload (--workload FILE.jsonl, or --requests N ...), each plan is also simulated as
+        reports. With a workload (--trace FILE.jsonl, or --requests N ...), each plan is also simulated as
         `kvcore simulate` does and the rows are ranked by tokens served per step.
     """,
 )
@@ -61,7 +61,7 @@ def add_options(parser: argparse.ArgumentParser) -> None:
             "states for prefix caching costs; adds a 'state cache' column"
         ),
     )
-    inputs.add_workload_options(parser, trace_flag="--workload", required=False)
+    inputs.add_workload_options(parser, required=False, old_flag="--workload")
     timing.add_timing_options(parser)
     add_scheduler_options(parser)
     parser.add_argument(
@@ -179,7 +179,7 @@ def run(namespace: argparse.Namespace, registry: Registry) -> int:
     step_time = timing.step_time_factory(args, registry)
     if step_time is not None and not inputs.wants_workload(args):
         raise InvalidInputError(
-            "--gpu and --step-profile time a simulation: give a workload (--workload FILE or --requests N)"
+            "--gpu and --step-profile time a simulation: give a workload (--trace FILE or --requests N)"
         )
     if inputs.wants_workload(args):
         # the workload is read (and checked) before any plan is made

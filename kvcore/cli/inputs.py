@@ -231,6 +231,11 @@ def tokens(text: str) -> int:
     return value
 
 
+def token_counts(text: str) -> list[int]:
+    """argparse type: token counts, comma-separated (``2048,4096``), each as :func:`tokens`."""
+    return [int(value) for value in comma_list(text, tokens)]
+
+
 def max_model_len(text: str) -> int | Literal["auto"]:
     """argparse type: ``auto`` or a token count (:func:`tokens`)."""
     if text.strip().lower() == "auto":
@@ -359,9 +364,12 @@ def add_sizing_options(
     admits; ``"candidates"`` for a command that compares plans at one length (``compare``,
     ``simulate``), one length for every candidate, the one the ``auto`` policy's plan chooses
     (:func:`settle_auto_length`); ``"refused"`` for ``tune``, whose candidates differ in what
-    one length costs (refused with the reason, :func:`sizing_context`). ``gpu_name=True`` for a command that also takes
-    ``--gpu NAME`` (:func:`kvcore.cli.timing.add_timing_options`): the GPU's memory then stands
-    in for ``--gpu-memory`` when no budget is given, so argparse requires none
+    one length costs (refused with the reason, :func:`sizing_context`); tune's
+    ``--max-num-batched-tokens`` is then a list, the values its search tries.
+
+    ``gpu_name=True`` for a command that also takes ``--gpu NAME``
+    (:func:`kvcore.cli.timing.add_timing_options`): the GPU's memory then stands in for
+    ``--gpu-memory`` when no budget is given, so argparse requires none
     (:func:`kvcore.cli.gpu.settle_budget` does)."""
     budget: argparse._ActionsContainer = (
         parser.add_mutually_exclusive_group(required=not gpu_name) if memory_required else parser
@@ -391,16 +399,28 @@ def add_sizing_options(
             "max_position_embeddings; required with --specs)"
         ),
     )
-    parser.add_argument(
-        "--max-num-batched-tokens",
-        type=tokens,
-        default=DEFAULT_MAX_NUM_BATCHED_TOKENS,
-        metavar="N",
-        help=(
-            "tokens scheduled per engine step; a sliding window keeps window-1 earlier tokens for "
-            f"each, so its worst case grows with this (default {DEFAULT_MAX_NUM_BATCHED_TOKENS})"
-        ),
-    )
+    if auto_length == "refused":  # tune: the values its search tries
+        parser.add_argument(
+            "--max-num-batched-tokens",
+            type=token_counts,
+            metavar="N[,M...]",
+            help=(
+                "max_num_batched_tokens values to search, as vLLM spells it (SGLang's "
+                "--chunked-prefill-size); the first is the default candidate's (default "
+                f"{DEFAULT_MAX_NUM_BATCHED_TOKENS},{2 * DEFAULT_MAX_NUM_BATCHED_TOKENS})"
+            ),
+        )
+    else:
+        parser.add_argument(
+            "--max-num-batched-tokens",
+            type=tokens,
+            default=DEFAULT_MAX_NUM_BATCHED_TOKENS,
+            metavar="N",
+            help=(
+                "tokens scheduled per engine step; a sliding window keeps window-1 earlier tokens for "
+                f"each, so its worst case grows with this (default {DEFAULT_MAX_NUM_BATCHED_TOKENS})"
+            ),
+        )
     parser.add_argument(
         "--grouping-tolerance",
         type=fraction,
@@ -781,19 +801,27 @@ def synthetic_options(args: PlanningArgs) -> dict[str, Any]:
     return {flag: values[name] for flag, name in SYNTHETIC_OPTIONS.items()}
 
 
-def add_workload_options(parser: argparse.ArgumentParser, *, trace_flag: str, required: bool) -> None:
-    """The workload to simulate: a JSON-lines trace (``trace_flag FILE``: ``--trace`` for
-    ``kvcore simulate``, ``--workload`` for ``kvcore compare``) or a synthetic one
+def add_workload_options(
+    parser: argparse.ArgumentParser, *, required: bool, old_flag: str | None = None
+) -> None:
+    """The workload to simulate: a JSON-lines trace (``--trace FILE``) or a synthetic one
     (``--requests N --prompt-len DIST --output-len DIST [--rate R] [--seed S]``).
 
     Args:
         parser: the command's parser.
-        trace_flag: the option that names the trace file.
         required: the command needs a workload (else without one it does not simulate).
+        old_flag: an old spelling of ``--trace`` the command still takes, with a warning
+            (``--workload`` in ``kvcore compare``; :class:`~kvcore.cli.aliases.DeprecatedAlias`).
     """
     source = parser.add_mutually_exclusive_group(required=required)
+    if old_flag is not None:
+        from kvcore.cli.aliases import DeprecatedAlias
+
+        source.add_argument(
+            old_flag, dest="trace", action=DeprecatedAlias, new="--trace", metavar="FILE.jsonl"
+        )
     source.add_argument(
-        trace_flag,
+        "--trace",
         dest="trace",
         metavar="FILE.jsonl",
         help=(
@@ -866,7 +894,7 @@ def refuse_engine_options(args: PlanningArgs, engine: str, runs_as: str) -> None
     unsupported = [
         flag
         for flag, given in (
-            ("--workload/--requests", wants_workload(args)),
+            ("--trace/--requests", wants_workload(args)),
             ("--block-sizes", bool(args.block_sizes)),
             ("--kv-cache-dtypes", bool(args.kv_cache_dtypes)),
             ("--frontier", args.frontier),
@@ -881,7 +909,7 @@ def refuse_engine_options(args: PlanningArgs, engine: str, runs_as: str) -> None
 
 
 def load_workload(args: PlanningArgs, max_model_len: int, *, per_second: bool = False) -> Workload:
-    """The workload the options describe: ``--trace``/``--workload FILE`` read, or
+    """The workload the options describe: ``--trace FILE`` read, or
     ``--requests N`` drawn (lengths clipped to ``max_model_len``). A trace's requests longer
     than ``max_model_len`` are set aside as rejected (:meth:`Workload.admit`), as vLLM refuses
     them and serves the rest.

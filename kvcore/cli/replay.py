@@ -1,4 +1,4 @@
-"""What ``kvcore simulate`` and ``kvcore compare --workload`` share: the candidates replayed
+"""What ``kvcore simulate`` and ``kvcore compare --trace`` share: the candidates replayed
 through a workload, and their figures as table cells and JSON."""
 
 from __future__ import annotations

@@ -77,7 +77,7 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     inputs.add_spec_source(parser)
     inputs.add_sizing_options(parser, auto_length="candidates", gpu_name=True)
     add_candidate_options(parser)
-    inputs.add_workload_options(parser, trace_flag="--trace", required=True)
+    inputs.add_workload_options(parser, required=True)
     timing.add_timing_options(parser)
     add_scheduler_options(parser)
     host_tier.add_host_memory_option(parser, curve=True)

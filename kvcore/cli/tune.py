@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from kvcore.cli import gpu, inputs, timing
+from kvcore.cli.aliases import DeprecatedAlias
 from kvcore.cli.command import Command
 from kvcore.cli.compare import add_candidate_options
 from kvcore.cli.options import PlanningArgs
@@ -27,11 +28,16 @@ from kvcore.cli.table import render_table
 from kvcore.errors import InvalidInputError
 from kvcore.planning.registry import Registry
 from kvcore.runtime.one_pool import hit_step_of
+from kvcore.spec import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from kvcore.units import format_bytes
 
 if TYPE_CHECKING:
     from kvcore.integrations.tuned import EngineSettings
     from kvcore.tuning.search import Trial, TuneResult
+
+#: The max_num_batched_tokens values searched when --max-num-batched-tokens is not given:
+#: vLLM's default step budget and twice it.
+DEFAULT_BATCHED_TOKENS = (DEFAULT_MAX_NUM_BATCHED_TOKENS, 2 * DEFAULT_MAX_NUM_BATCHED_TOKENS)
 
 #: What the plot is called in messages.
 PLOT = "the tuning plot"
@@ -51,7 +57,7 @@ COMMAND = Command(
 def add_options(parser: argparse.ArgumentParser) -> None:
     inputs.add_spec_source(parser)
     inputs.add_sizing_options(parser, auto_length="refused", gpu_name=True)
-    inputs.add_workload_options(parser, trace_flag="--trace", required=True)
+    inputs.add_workload_options(parser, required=True)
     timing.add_timing_options(parser)
     parser.add_argument(
         "--scheduler",
@@ -71,18 +77,21 @@ def add_options(parser: argparse.ArgumentParser) -> None:
         ),
     )
     space.add_argument(
-        "--num-seqs",
+        "--max-num-seqs",
+        dest="num_seqs",
         type=inputs.positive_ints,
         metavar="N,M",
-        help="max_num_seqs values (vLLM's --max-num-seqs, SGLang's --max-running-requests; default 128,256)",
+        help="max_num_seqs values, as vLLM spells it (SGLang's --max-running-requests; default 128,256)",
+    )
+    space.add_argument(
+        "--num-seqs", dest="num_seqs", type=inputs.positive_ints, action=DeprecatedAlias, new="--max-num-seqs"
     )
     space.add_argument(
         "--batched-tokens",
+        dest="batched_tokens",
         type=inputs.positive_ints,
-        metavar="N,M",
-        help="max_num_batched_tokens values (SGLang's --chunked-prefill-size; default: "
-        "--max-num-batched-tokens "
-        "and twice it)",
+        action=DeprecatedAlias,
+        new="--max-num-batched-tokens",
     )
     space.add_argument(
         "--no-split-search",
@@ -152,6 +161,9 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
     from kvcore.tuning.search import SearchSpace, estimated_trials, tune
 
     plot = _check_plot(args.plot) if args.plot else None
+    # --max-num-batched-tokens N[,M...]: the values searched; the first is the default candidate's
+    batched: list[int] = args.batched_tokens or args.max_num_batched_tokens or DEFAULT_BATCHED_TOKENS
+    args.max_num_batched_tokens = batched[0]
     # the options tune shares with plan and simulate, typed and read once; tune's own stay in args
     shared = PlanningArgs.read(args)
     objective = _objective(shared, args.objective)
@@ -165,14 +177,13 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
     names = args.policies or list(registry.policies)
     for name in names:
         registry.policy(name)  # a misspelt policy fails before any plan
-    first = context.max_num_batched_tokens
     space = SearchSpace(
         policies=names,
         block_sizes=args.block_sizes or (None,),
         kv_cache_dtypes=[None if d == "auto" else d for d in (args.kv_cache_dtypes or ["auto"])],
         split_shifts=(None,) if args.no_split_search else (None, 0.0, 0.05, 0.1, -0.05),
         max_num_seqs=args.num_seqs or (128, 256),
-        max_num_batched_tokens=args.batched_tokens or (first, 2 * first),
+        max_num_batched_tokens=batched,
     )
     async_scheduling = bool(getattr(profile, "async_scheduling", True))
     planner = vllm_planner(registry, async_scheduling=async_scheduling) if args.scheduler == "vllm" else None

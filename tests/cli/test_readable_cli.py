@@ -164,12 +164,15 @@ def test_json_and_csv_together_are_refused(run_cli):
 # -- help and trace lines ----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("command", ["compare", "simulate"])
-def test_help_offers_auto_only_where_it_works(run_cli, command):
+@pytest.mark.parametrize(("command", "auto"), [("compare", True), ("simulate", True), ("tune", False)])
+def test_help_offers_auto_only_where_it_works(run_cli, command, auto):
     with pytest.raises(SystemExit):
         run_cli(command, "--help")
     text = run_cli.capsys.readouterr().out
-    assert "--max-model-len N " in text and "N|auto" not in text and "auto: the longest" not in text
+    if auto:  # one length for every candidate: the auto policy's plan's
+        assert "--max-model-len N|auto" in text and "every candidate at that length" in text
+    else:
+        assert "--max-model-len N " in text and "N|auto" not in text and "auto: the longest" not in text
     with pytest.raises(SystemExit):
         run_cli("plan", "--help")
     assert "N|auto" in run_cli.capsys.readouterr().out

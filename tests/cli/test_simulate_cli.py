@@ -134,9 +134,19 @@ def test_a_request_longer_than_max_model_len_is_rejected_and_the_rest_served(run
 
 def test_compare_rejects_the_same_requests(run_cli, trace):
     path = trace({"prompt_tokens": 100, "output_tokens": 10}, {"prompt_tokens": 5000, "output_tokens": 10})
-    status, out, err = run_cli("compare", *SMALL, "--workload", path, "--policies", "shared_buffer")
+    status, out, err = run_cli("compare", *SMALL, "--trace", path, "--policies", "shared_buffer")
     assert status == 0, err
     assert "rejected 1 of 2 requests, longer than max_model_len 4,096" in out
+
+
+def test_compare_takes_trace_as_simulate_does_and_workload_with_a_warning(run_cli, trace):
+    """One spelling for one idea: ``--trace`` (issue 38); 0.1's ``--workload`` warns."""
+    path = trace({"prompt_tokens": 100, "output_tokens": 10})
+    status, new, err = run_cli("compare", *SMALL, "--trace", path, "--policies", "shared_buffer", "--json")
+    assert status == 0 and err == ""
+    status, old, err = run_cli("compare", *SMALL, "--workload", path, "--policies", "shared_buffer", "--json")
+    assert status == 0 and old == new
+    assert err == "kvcore: warning: --workload is deprecated and goes away in kvcore 0.3; write --trace\n"
 
 
 OVERLOADED = ("--requests", "300", "--prompt-len", "1000", "--output-len", "200", "--rate", "1")
