@@ -199,7 +199,7 @@ class Workload:
             raise InvalidInputError(
                 f"every request of {self.name} is longer than max_model_len ({max_model_len:,}): the "
                 f"longest has {self.longest:,} tokens (prompt + output), the shortest "
-                f"{min(r.total_tokens for r in self.requests):,}; plan for a longer --max-model-len"
+                f"{min(r.total_tokens for r in self.requests):,}; plan for a longer max_model_len"
             )
         return Workload(kept, self.name, rejected=(*self.rejected, *longer))
 
