@@ -124,15 +124,16 @@ def build_candidates(
     )
 
 
-def policy_names(args: PlanningArgs, registry: Registry) -> list[str] | None:
-    """The policies of ``--policies`` (``None``: every registered one), each checked.
+def policy_names(args: PlanningArgs, registry: Registry) -> list[str]:
+    """The policies of ``--policies``, each checked; without it every registered one but the
+    baselines installed packages register (:func:`~kvcore.cli.inputs.default_policies`).
 
     Raises:
         UnknownPolicyError: a name no plugin registers, with the closest names; the command
             exits 1 before planning, as ``plan --policy`` does.
     """
     if not args.policies:
-        return None
+        return inputs.default_policies(registry)
     for name in args.policies:
         if name != "auto":
             registry.policy(name)  # raises, naming the closest registered policies

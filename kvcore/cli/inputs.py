@@ -962,6 +962,22 @@ def load_workload(args: PlanningArgs, max_model_len: int, *, per_second: bool = 
     )
 
 
+def named_only(entry: Any) -> bool:
+    """Whether a registered policy is compared only where ``--policies`` names it: one an
+    installed package registers through an entry point and declares a baseline ``auto`` never
+    picks (``auto_priority = None``). A package installed for its tests (the README's test
+    command installs kvcore's example plugin) would otherwise add its baseline to every
+    ``compare``, ``simulate`` and ``tune`` of the environment; kvcore's own policies and those
+    registered explicitly are compared by default."""
+    return entry.origin.source == "entry point" and getattr(entry.obj, "auto_priority", None) is None
+
+
+def default_policies(registry: Registry) -> list[str]:
+    """The policies ``compare``, ``simulate`` and ``tune`` try when ``--policies`` names none:
+    every registered one but those :func:`named_only`."""
+    return [entry.name for entry in registry.policy_entries() if not named_only(entry)]
+
+
 def policy_rows(
     args: PlanningArgs, registry: Registry, row: Callable[[str], dict[str, Any]]
 ) -> tuple[list[dict[str, Any]], dict[str, str]]:
@@ -972,7 +988,7 @@ def policy_rows(
         The rows of the policies that planned, and ``{policy: error}`` for those that did not
         (each error worded for the command line).
     """
-    names = args.policies or list(registry.policies)
+    names = args.policies or default_policies(registry)
     rows: list[dict[str, Any]] = []
     failures: dict[str, str] = {}
     for name in names:

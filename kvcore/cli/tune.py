@@ -174,7 +174,7 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
     context = inputs.sizing_context(shared)
     workload = inputs.load_workload(shared, context.max_model_len, per_second=step_time is not None)
     profile = registry.scheduler_profile(args.scheduler)
-    names = args.policies or list(registry.policies)
+    names = args.policies or inputs.default_policies(registry)
     for name in names:
         registry.policy(name)  # a misspelt policy fails before any plan
     space = SearchSpace(
