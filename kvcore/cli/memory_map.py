@@ -316,7 +316,7 @@ def fold_rows(plan: KVCachePlan, data: MemoryMap) -> tuple[tuple[Box, ...], tupl
                 attrs.evolve(
                     box,
                     track=row,
-                    band=lane[box.group],
+                    band=lane.get(box.group, 0) if box.group is not None else 0,
                     bands=lanes,
                     x0=at + offset,
                     x1=at + offset + (end - x0),
