@@ -15,6 +15,7 @@ from kvcore.cli import gpu, inputs, replay, timing
 from kvcore.cli.command import Command
 from kvcore.cli.inputs import FLAG_NAMES
 from kvcore.cli.options import PlanningArgs
+from kvcore.cli.policy_defaults import default_policies
 from kvcore.cli.replay import variant_cells
 from kvcore.cli.report import plan_report
 from kvcore.cli.scheduler_options import add_scheduler_options, scheduler_profile
@@ -126,14 +127,14 @@ def build_candidates(
 
 def policy_names(args: PlanningArgs, registry: Registry) -> list[str]:
     """The policies of ``--policies``, each checked; without it every registered one but the
-    baselines installed packages register (:func:`~kvcore.cli.inputs.default_policies`).
+    baselines installed packages register (:func:`~kvcore.cli.policy_defaults.default_policies`).
 
     Raises:
         UnknownPolicyError: a name no plugin registers, with the closest names; the command
             exits 1 before planning, as ``plan --policy`` does.
     """
     if not args.policies:
-        return inputs.default_policies(registry)
+        return default_policies(registry)
     for name in args.policies:
         if name != "auto":
             registry.policy(name)  # raises, naming the closest registered policies

@@ -17,10 +17,10 @@ BUILTIN_POLICIES = ("uniform", "shared_buffer", "equal_groups")
 def policy_lists() -> tuple[str, str]:
     """The registered policies' names, comma-separated: those compared by default, and the
     baselines installed packages add, compared only when named
-    (:func:`~kvcore.cli.inputs.named_only`), each with its package. The built-ins' names and
+    (:func:`~kvcore.cli.policy_defaults.named_only`), each with its package. The built-ins' names and
     ``""`` if plugins fail to load."""
     try:
-        from kvcore.cli.inputs import named_only
+        from kvcore.cli.policy_defaults import named_only
         from kvcore.planning.registry import Registry
 
         entries = sorted(Registry.default().policy_entries(), key=lambda e: e.name)

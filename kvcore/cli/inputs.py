@@ -14,6 +14,7 @@ import attrs
 
 from kvcore.cli import serving
 from kvcore.cli.options import LoadedModel, PlanningArgs
+from kvcore.cli.policy_defaults import default_policies
 from kvcore.dtypes import to_dtype
 from kvcore.error_messages import ParameterNames, render
 from kvcore.errors import InvalidInputError, InvalidSpecError, KVCoreError
@@ -960,22 +961,6 @@ def load_workload(args: PlanningArgs, max_model_len: int, *, per_second: bool = 
         prefix_tokens=args.prefix_len or 0,
         per_second=per_second,
     )
-
-
-def named_only(entry: Any) -> bool:
-    """Whether a registered policy is compared only where ``--policies`` names it: one an
-    installed package registers through an entry point and declares a baseline ``auto`` never
-    picks (``auto_priority = None``). A package installed for its tests (the README's test
-    command installs kvcore's example plugin) would otherwise add its baseline to every
-    ``compare``, ``simulate`` and ``tune`` of the environment; kvcore's own policies and those
-    registered explicitly are compared by default."""
-    return entry.origin.source == "entry point" and getattr(entry.obj, "auto_priority", None) is None
-
-
-def default_policies(registry: Registry) -> list[str]:
-    """The policies ``compare``, ``simulate`` and ``tune`` try when ``--policies`` names none:
-    every registered one but those :func:`named_only`."""
-    return [entry.name for entry in registry.policy_entries() if not named_only(entry)]
 
 
 def policy_rows(

@@ -22,6 +22,7 @@ from kvcore.cli.aliases import DeprecatedAlias
 from kvcore.cli.command import Command
 from kvcore.cli.compare import add_candidate_options
 from kvcore.cli.options import PlanningArgs
+from kvcore.cli.policy_defaults import default_policies
 from kvcore.cli.progress import progress
 from kvcore.cli.replay import overload_lines, rejected_line
 from kvcore.cli.table import render_table
@@ -174,7 +175,7 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
     context = inputs.sizing_context(shared)
     workload = inputs.load_workload(shared, context.max_model_len, per_second=step_time is not None)
     profile = registry.scheduler_profile(args.scheduler)
-    names = args.policies or inputs.default_policies(registry)
+    names = args.policies or default_policies(registry)
     for name in names:
         registry.policy(name)  # a misspelt policy fails before any plan
     space = SearchSpace(

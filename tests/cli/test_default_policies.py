@@ -3,7 +3,7 @@ package's baseline joined every run)."""
 
 import attrs
 
-from kvcore.cli.inputs import default_policies, named_only
+from kvcore.cli.policy_defaults import default_policies, named_only
 from kvcore.planning.manager import PluginOrigin
 from kvcore.planning.registry import Registered, Registry
 
