@@ -331,7 +331,7 @@ def label_tensors(ax: Any, plan: KVCachePlan, data: MemoryMap, width: int) -> No
     """Name each tensor's column (``t0``, ``t1``, ...) along the folded buffer panel's top edge,
     where there is room (at most 24 tensors)."""
     tensors = plan.tensors[:MAX_TRACKS]
-    if not tensors or len(tensors) > 24:
+    if not tensors_named(plan):
         return
     spans = fold_regions(plan, data)
     top = ax.secondary_xaxis("top")
@@ -342,6 +342,11 @@ def label_tensors(ax: Any, plan: KVCachePlan, data: MemoryMap, width: int) -> No
     top.set_xticks([x for x, _ in ticks], [label for _, label in ticks], fontsize=7)
     top.tick_params(axis="x", length=2, pad=1)
     ax.set_xlim(0, max(width, 1))
+
+
+def tensors_named(plan: KVCachePlan) -> bool:
+    """Whether :func:`label_tensors` names the tensors: 1 to 24 of them (more would overlap)."""
+    return 0 < len(plan.tensors) <= 24
 
 
 def tensor_pool(plan: KVCachePlan, index: int) -> int:
@@ -461,10 +466,10 @@ def render_memory_map(plan: KVCachePlan, path: str | os.PathLike[str], *, rows: 
     each = ", each pool's row beside the other's" if data.regions else ""
     hidden = f"; {data.hidden_tracks} more tensors not drawn" if data.hidden_tracks else ""
     if folded is not None:
+        named = "; t0, t1, ... above: where each tensor's page starts" if tensors_named(plan) else ""
         xlabel = (
             f"bytes of a block row{each}: the buffer's first {data.rows} block ids, one row each, a lane per "
-            "group (a block id is one group's at a time); t0, t1, ... above: where each tensor's page "
-            f"starts{hidden}"
+            f"group (a block id is one group's at a time){named}{hidden}"
         )
     else:
         xlabel = f"buffer bytes (the first {data.rows} block ids{each}{hidden})"
@@ -484,7 +489,7 @@ def render_memory_map(plan: KVCachePlan, path: str | os.PathLike[str], *, rows: 
     smallest = min((g.spec.page_size_bytes for g in plan.groups), default=0)
     if smallest and data.row_bytes // smallest <= 16:
         bottom.set_xticks(range(0, data.row_bytes + 1, smallest))
-    top.set_title(data.title, fontsize=9)
+    top.set_title(data.title, fontsize=9, pad=16 if folded is not None else 6)
     draw(bottom, data.row_boxes, data.row_tracks, data.row_bytes, "one block row, as each group fills it")
     handles = [
         Patch(facecolor=colors(i % 20), edgecolor="black", label=text) for i, text in enumerate(data.legend)
