@@ -44,6 +44,7 @@ class PooledGroup(Protocol):
     @property
     def pool(self) -> int: ...
 
+
 #: Candidates the walk visits at most before it settles for the bound it has reached (the
 #: sum of each group's worst case over the steps it did not visit): an upper bound that keeps
 #: planning fast for lengths of billions of tokens; exact whenever the walk ends before.
@@ -119,8 +120,10 @@ def _peak(items: tuple[tuple[KVCacheSpec, int], ...], context: SizingContext) ->
         return fixed, 0
 
     def held(c: int) -> int:
+        # never above max_num_blocks: a kind that caps its pages there only (a fixed-size cross
+        # attention keeping the default live_pages) is held to the cap by the block pool too
         n = min(c + per_step, length)
-        return sum(w * len(spec.live_pages(n, c)) for spec, w, _ in walked)
+        return sum(w * min(most, len(spec.live_pages(n, c))) for spec, w, most in walked)
 
     def bound(c: int) -> int:
         # no step starting at or before c holds more than this (its n is at most min(c + T, L))

@@ -52,6 +52,12 @@ def parse_size(text: str | int) -> int:
         return _at_most_max(text, shown(text))
     match = _SIZE.match(str(text))  # a bool reads as 'True', which is no size
     if match is None:
+        unsigned = str(text).strip().removeprefix("-")
+        if unsigned != str(text).strip() and _SIZE.match(unsigned):
+            raise InvalidInputError(
+                f"a size must be positive, got {_quoted(text)}; write it without the minus sign, "
+                f"e.g. {_quoted(unsigned)}"
+            )
         raise InvalidInputError(
             f"cannot read size {_quoted(text)}; write bytes or a number with a unit, "
             "e.g. '24GiB', '500MB', '1.5G'"

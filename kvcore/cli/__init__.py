@@ -6,12 +6,16 @@ Each sub-command is a module named for it, holding ``COMMAND`` (its help texts, 
 
 Errors kvcore knows about are printed as one line (``kvcore: error: ...``) with exit status 1,
 naming the options to change where the Python message names parameters
-(:data:`kvcore.cli.inputs.FLAG_NAMES`); usage errors exit with status 2, as argparse does.
+(:data:`kvcore.cli.inputs.FLAG_NAMES`); usage errors exit with status 2, as argparse does;
+Ctrl-C ends a command with one line (``kvcore: interrupted``) and status 130, as a shell
+reports an interrupted command. An option is never abbreviated (argparse's ``allow_abbrev`` is
+off on every parser): ``--gpu`` is an option of its own, never the start of ``--gpu-memory``.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import warnings
 from collections.abc import Sequence
@@ -44,6 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kvcore",
         description="Plan, allocate and bind the KV cache of an LLM inference engine.",
+        allow_abbrev=False,
     )
     parser.add_argument("--version", action="version", version=f"kvcore {_version()}")
     parser.add_argument(
@@ -62,10 +67,17 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, module in zip(COMMANDS, _command_modules(), strict=True):
         command: Command = module.COMMAND
-        command_parser = sub.add_parser(name, help=command.help, description=command.description)
+        # no abbreviations: `--gpu H100` must never be read as `--gpu-memory H100`
+        command_parser = sub.add_parser(
+            name, help=command.help, description=command.description, allow_abbrev=False
+        )
         module.add_options(command_parser)
         command_parser.set_defaults(run=module.run)
     return parser
+
+
+#: The exit status after Ctrl-C: 128 + SIGINT (2), as a shell reports a command SIGINT stopped.
+INTERRUPTED = 130
 
 
 def _show_warnings(caught: Sequence[warnings.WarningMessage]) -> None:
@@ -82,10 +94,38 @@ def _show_warnings(caught: Sequence[warnings.WarningMessage]) -> None:
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
 
 
+#: A value that starts like a negative number (``-40GiB``, ``-1.5``, ``-2k``): no kvcore option
+#: starts so, so after an option it is that option's value.
+_NEGATIVE_VALUE = re.compile(r"-\.?[0-9]")
+
+
+def attach_negative_values(argv: Sequence[str]) -> list[str]:
+    """``argv`` with each negative-looking value joined to the option before it
+    (``--memory -40GiB`` becomes ``--memory=-40GiB``).
+
+    argparse reads ``-40GiB`` as an option of its own (only a bare number such as ``-40`` passes
+    as a value), and then says "expected one argument" and prints the whole usage; joined, the
+    value reaches the option's type, which says what is wrong with it (a size must be positive).
+    """
+    joined: list[str] = []
+    for arg in argv:
+        previous = joined[-1] if joined else ""
+        if (
+            _NEGATIVE_VALUE.match(arg)
+            and previous.startswith("--")
+            and "=" not in previous
+            and previous != "--"
+        ):
+            joined[-1] = f"{previous}={arg}"
+        else:
+            joined.append(arg)
+    return joined
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit status."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(attach_negative_values(sys.argv[1:] if argv is None else argv))
     from kvcore.cli.inputs import echo_given
 
     echo_given(args)  # what a unit or suffix made of a number, before anything runs
@@ -115,6 +155,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except BrokenPipeError:  # pragma: no cover - e.g. `kvcore plan ... | head`
         return 0
+    except KeyboardInterrupt:  # Ctrl-C in a long simulate or tune: one line, no traceback
+        print("kvcore: interrupted", file=sys.stderr)
+        return INTERRUPTED
     return status
 
 

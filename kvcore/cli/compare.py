@@ -15,10 +15,11 @@ from kvcore.cli import gpu, inputs, replay, timing
 from kvcore.cli.command import Command
 from kvcore.cli.inputs import FLAG_NAMES
 from kvcore.cli.options import PlanningArgs
+from kvcore.cli.policy_defaults import default_policies
 from kvcore.cli.replay import variant_cells
 from kvcore.cli.report import plan_report
 from kvcore.cli.scheduler_options import add_scheduler_options, scheduler_profile
-from kvcore.cli.table import add_output_options, render_table, wants_csv, write_csv
+from kvcore.cli.table import add_output_options, collapse_alike, render_table, wants_csv, write_csv
 from kvcore.dtypes import dtype_name, to_dtype
 from kvcore.error_messages import render
 from kvcore.errors import InvalidInputError, KVCoreError
@@ -42,7 +43,7 @@ COMMAND = Command(
     description="""
         Plan the same layers with every policy that can, side by side: concurrency, efficiency against the
         ideal bound, groups, padding, tokens per group. Each row is exactly what `kvcore plan --policy NAME`
-        reports. With a workload (--workload FILE.jsonl, or --requests N ...), each plan is also simulated as
+        reports. With a workload (--trace FILE.jsonl, or --requests N ...), each plan is also simulated as
         `kvcore simulate` does and the rows are ranked by tokens served per step.
     """,
 )
@@ -50,7 +51,7 @@ COMMAND = Command(
 
 def add_options(parser: argparse.ArgumentParser) -> None:
     inputs.add_spec_source(parser)
-    inputs.add_sizing_options(parser, auto_length=False)
+    inputs.add_sizing_options(parser, auto_length="candidates", gpu_name=True)
     add_candidate_options(parser)
     parser.add_argument(
         "--state-cache-modes",
@@ -61,7 +62,7 @@ def add_options(parser: argparse.ArgumentParser) -> None:
             "states for prefix caching costs; adds a 'state cache' column"
         ),
     )
-    inputs.add_workload_options(parser, trace_flag="--workload", required=False)
+    inputs.add_workload_options(parser, required=False, old_flag="--workload")
     timing.add_timing_options(parser)
     add_scheduler_options(parser)
     parser.add_argument(
@@ -127,15 +128,16 @@ def build_candidates(
     )
 
 
-def policy_names(args: PlanningArgs, registry: Registry) -> list[str] | None:
-    """The policies of ``--policies`` (``None``: every registered one), each checked.
+def policy_names(args: PlanningArgs, registry: Registry) -> list[str]:
+    """The policies of ``--policies``, each checked; without it every registered one but the
+    baselines installed packages register (:func:`~kvcore.cli.policy_defaults.default_policies`).
 
     Raises:
         UnknownPolicyError: a name no plugin registers, with the closest names; the command
             exits 1 before planning, as ``plan --policy`` does.
     """
     if not args.policies:
-        return None
+        return default_policies(registry)
     for name in args.policies:
         if name != "auto":
             registry.policy(name)  # raises, naming the closest registered policies
@@ -167,6 +169,7 @@ def run(namespace: argparse.Namespace, registry: Registry) -> int:
     wants_csv(args)
     args, specs = inputs.load_layer_specs(args, registry)
     args, budget = gpu.settle_budget(args, registry)
+    args = inputs.settle_auto_length(args, registry, specs)  # auto: one length for every candidate
     if args.engine in ("vllm", "vllm-cpu"):
         from kvcore.cli import vllm_compare
 
@@ -181,7 +184,7 @@ def run(namespace: argparse.Namespace, registry: Registry) -> int:
     step_time = timing.step_time_factory(args, registry)
     if step_time is not None and not inputs.wants_workload(args):
         raise InvalidInputError(
-            "--gpu and --step-profile time a simulation: give a workload (--workload FILE or --requests N)"
+            "--gpu and --step-profile time a simulation: give a workload (--trace FILE or --requests N)"
         )
     if inputs.wants_workload(args):
         # the workload is read (and checked) before any plan is made
@@ -324,6 +327,9 @@ def run(namespace: argparse.Namespace, registry: Registry) -> int:
             f"max_num_batched_tokens {args.max_num_batched_tokens:,}; ranked by tokens per step "
             "(the workload's tokens served per step, recomputation not counted)"
         )
+        assert isinstance(args.max_model_len, int)  # compare takes a number (sizing_context)
+        if rejected := replay.rejected_line(workload, args.max_model_len):
+            print(rejected)
         headers += ["tokens/step", "mean running", "preemptions"]
         if args.prefix_caching:
             print(
@@ -336,7 +342,10 @@ def run(namespace: argparse.Namespace, registry: Registry) -> int:
             print(f"time: {timed.model}")
             headers += timing.summary_headers(timed)
     lead = 4 if modes else 3
+    rows, alike = collapse_alike(rows)  # one row for the policies that plan this model alike
     print(render_table(headers, rows, align="l" * lead + "r" * (len(headers) - lead)))
+    for note in alike:
+        print(f"  {note}")
     for line in best_lines(best, vllm_best, auto):
         print(f"  {line}")
     for policy, error in failures.items():

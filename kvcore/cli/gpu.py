@@ -27,11 +27,17 @@ def settle_budget(args: PlanningArgs, registry: Registry) -> tuple[PlanningArgs,
         ``args`` with the budget in ``memory``, and the budget and its terms (``None`` when
         the budget was given as ``--memory``: ``args`` unchanged).
 
+    With ``--gpu NAME`` (``compare``, ``simulate``, ``tune``) and neither ``--memory`` nor
+    ``--gpu-memory``, the GPU's memory is ``--gpu-memory``; a budget larger than that GPU's
+    memory is refused.
+
     Raises:
         InvalidInputError: ``--utilization`` without ``--gpu-memory``, ``--gpu-memory`` with a
-            spec file, or nothing left for the KV cache.
+            spec file, nothing left for the KV cache, no budget at all, or one over ``--gpu``'s
+            memory.
         UnknownModelError, ModelConfigError: the weights cannot be counted.
     """
+    args = _gpu_name_budget(args)
     gpu = args.gpu_memory
     if gpu is None:
         if args.utilization is not None:
@@ -65,6 +71,48 @@ def settle_budget(args: PlanningArgs, registry: Registry) -> tuple[PlanningArgs,
     if note:
         budget = attrs.evolve(budget, notes=(*budget.notes, note))
     return attrs.evolve(args, memory=budget.kv_cache), budget
+
+
+def _gpu_name_budget(args: PlanningArgs) -> PlanningArgs:
+    """``--gpu NAME`` and the budget: the GPU's memory stands in for ``--gpu-memory`` when
+    neither ``--memory`` nor ``--gpu-memory`` is given, and bounds either when one is.
+
+    Raises:
+        InvalidInputError: no budget at all, a budget larger than the named GPU's memory, or
+            ``--gpu`` as the budget of a spec file.
+        UnknownGpuError: ``--gpu`` names no GPU of the catalogue.
+    """
+    if args.gpu is None:
+        if args.memory is None and args.gpu_memory is None and args.command in _GPU_NAME_COMMANDS:
+            raise InvalidInputError(
+                "give the KV budget: --memory SIZE (the KV cache itself), --gpu-memory SIZE (one GPU, "
+                "the weights counted off), or --gpu NAME (that GPU's memory)"
+            )
+        return args
+    from kvcore.simulation.gpus import find_gpu
+
+    card = find_gpu(args.gpu)
+    limit = card.memory_bytes
+    for flag, given in (("--gpu-memory", args.gpu_memory), ("--memory", args.memory)):
+        if given is not None and given > limit:
+            raise InvalidInputError(
+                f"{flag} {format_bytes(given)} is more than --gpu {args.gpu}'s memory "
+                f"({card.name}: {format_bytes(limit)}); give at most {format_bytes(limit)}, "
+                "or leave out --gpu-memory to size the budget from the GPU"
+            )
+    if args.memory is not None or args.gpu_memory is not None:
+        return args
+    if args.model is None:
+        raise InvalidInputError(
+            "--gpu sizes the KV budget from the GPU's memory with --model only (the weights are "
+            "counted from its config); with a spec file give the KV budget as --memory SIZE"
+        )
+    return attrs.evolve(args, gpu_memory=limit)
+
+
+#: The commands whose budget ``--gpu NAME`` may give (those taking ``--gpu``: argparse requires
+#: no budget of them, :func:`_gpu_name_budget` does).
+_GPU_NAME_COMMANDS = frozenset({"compare", "simulate", "tune"})
 
 
 #: How the planning layer's messages name what the command line spells as flags.

@@ -14,15 +14,30 @@ BUILTIN_POLICIES = ("uniform", "shared_buffer", "equal_groups")
 
 
 @cache
-def policy_names() -> str:
-    """The registered policies' names, comma-separated (the built-ins' if plugins fail to load)."""
+def policy_lists() -> tuple[str, str]:
+    """The registered policies' names, comma-separated: those compared by default, and the
+    baselines installed packages add, compared only when named
+    (:func:`~kvcore.cli.policy_defaults.named_only`), each with its package. The built-ins' names and
+    ``""`` if plugins fail to load."""
     try:
+        from kvcore.cli.policy_defaults import named_only
         from kvcore.planning.registry import Registry
 
-        names = sorted(Registry.default().policies)
+        entries = sorted(Registry.default().policy_entries(), key=lambda e: e.name)
     except KVCoreError:
-        names = list(BUILTIN_POLICIES)
-    return ", ".join(names)
+        return ", ".join(BUILTIN_POLICIES), ""
+    default = ", ".join(e.name for e in entries if not named_only(e))
+    named = ", ".join(
+        f"{e.name} (from {e.origin.distribution or e.origin.name})" for e in entries if named_only(e)
+    )
+    return default, named
+
+
+def policy_names() -> str:
+    """Every registered policy's name, comma-separated, an installed package's baseline marked
+    with its package."""
+    default, named = policy_lists()
+    return f"{default}, {named}" if named else default
 
 
 class LazyHelp(str):
@@ -47,9 +62,13 @@ def policy_help() -> LazyHelp:
     )
 
 
+def _policies_text() -> str:
+    default, named = policy_lists()
+    baselines = f"; an installed package's baseline is compared when named: {named}" if named else ""
+    return f"policies to compare (default: every registered one: {default}{baselines})"
+
+
 def policies_help() -> LazyHelp:
-    """``--policies``' help: which to compare, the registered ones named."""
-    return LazyHelp(
-        lambda: f"policies to compare (default: every registered policy: {policy_names()})",
-        "policies to compare",
-    )
+    """``--policies``' help: which to compare, the registered ones named (the baselines
+    installed packages add apart: compared only when named)."""
+    return LazyHelp(_policies_text, "policies to compare")

@@ -14,6 +14,7 @@ import attrs
 
 from kvcore.cli import serving
 from kvcore.cli.options import LoadedModel, PlanningArgs
+from kvcore.cli.policy_defaults import default_policies
 from kvcore.dtypes import to_dtype
 from kvcore.error_messages import ParameterNames, render
 from kvcore.errors import InvalidInputError, InvalidSpecError, KVCoreError
@@ -185,8 +186,12 @@ _SUFFIXED = re.compile(r"\s*([0-9]{1,30}(?:\.[0-9]{1,30})?)([kmgtKMGT])\s*")
 
 def token_count(text: str) -> int:
     """A whole number >= 1, bare (:func:`positive_int`) or with vLLM's suffixes: ``32k`` =
-    32,000 and ``32K`` = 32,768 (:data:`_DECIMAL_SUFFIXES`, :data:`_BINARY_SUFFIXES`); a
-    suffixed count comes back :class:`Echoed`."""
+    32,000 and ``32K`` = 32,768 (:data:`_DECIMAL_SUFFIXES`, :data:`_BINARY_SUFFIXES`).
+
+    A count with a decimal suffix comes back :class:`Echoed`: ``32k`` is 32,000, where a
+    context length is usually meant as a power of two, so the reading is said on stderr. A
+    binary suffix is not said back (as ``80GiB`` is not): ``32K`` = 32,768 is how context lengths
+    are quoted, and saying so on every run was noise (issue 38)."""
     match = _SUFFIXED.fullmatch(text)
     if match is None:
         return positive_int(text)
@@ -207,8 +212,12 @@ def token_count(text: str) -> int:
         value = int(exact)
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a number >= 1, got {_shown_text(text)}")
-    kind = "binary: 1K = 1,024" if suffix in _BINARY_SUFFIXES else "decimal: 1k = 1,000; 1K = 1,024"
-    return Echoed(value, f"{text.strip()} = {value:,} tokens ({suffix} is {kind}, as vLLM reads it)")
+    if suffix in _BINARY_SUFFIXES:  # 32K = 32,768: how context lengths are quoted; said back never
+        return value
+    return Echoed(
+        value,
+        f"{text.strip()} = {value:,} tokens ({suffix} is decimal: 1k = 1,000; 1K = 1,024, as vLLM reads it)",
+    )
 
 
 def tokens(text: str) -> int:
@@ -221,6 +230,11 @@ def tokens(text: str) -> int:
             "no model serves requests that long"
         )
     return value
+
+
+def token_counts(text: str) -> list[int]:
+    """argparse type: token counts, comma-separated (``2048,4096``), each as :func:`tokens`."""
+    return [int(value) for value in comma_list(text, tokens)]
 
 
 def max_model_len(text: str) -> int | Literal["auto"]:
@@ -369,15 +383,24 @@ def add_sizing_options(
     *,
     memory_required: bool = True,
     length_required: bool = True,
-    auto_length: bool = True,
+    auto_length: Literal["plan", "candidates", "refused"] = "plan",
+    gpu_name: bool = False,
 ) -> None:
     """Budget, request length and grouping knobs: what every planning command takes.
 
-    ``auto_length=False`` for a command that compares plans at one length (``compare``,
-    ``simulate``): ``--max-model-len`` then offers no ``auto`` (given anyway, it is refused with
-    the reason, :func:`sizing_context`)."""
+    ``auto_length`` says what ``--max-model-len auto`` means: ``"plan"``, the longest one plan
+    admits; ``"candidates"`` for a command that compares plans at one length (``compare``,
+    ``simulate``), one length for every candidate, the one the ``auto`` policy's plan chooses
+    (:func:`settle_auto_length`); ``"refused"`` for ``tune``, whose candidates differ in what
+    one length costs (refused with the reason, :func:`sizing_context`); tune's
+    ``--max-num-batched-tokens`` is then a list, the values its search tries.
+
+    ``gpu_name=True`` for a command that also takes ``--gpu NAME``
+    (:func:`kvcore.cli.timing.add_timing_options`): the GPU's memory then stands in for
+    ``--gpu-memory`` when no budget is given, so argparse requires none
+    (:func:`kvcore.cli.gpu.settle_budget` does)."""
     budget: argparse._ActionsContainer = (
-        parser.add_mutually_exclusive_group(required=True) if memory_required else parser
+        parser.add_mutually_exclusive_group(required=not gpu_name) if memory_required else parser
     )
     budget.add_argument(
         "--memory",
@@ -386,33 +409,46 @@ def add_sizing_options(
         help="KV-cache byte budget: bytes or a unit, e.g. 24GiB, 500MB",
     )
     if memory_required:
-        add_gpu_options(parser, budget)
-    auto = (
-        "; auto: the longest the memory admits, at most the model's max_position_embeddings"
-        if auto_length
-        else ""
-    )
+        add_gpu_options(parser, budget, gpu_name=gpu_name)
+    auto = {
+        "plan": "; auto: the longest the memory admits, at most the model's max_position_embeddings",
+        "candidates": "; auto: the longest the auto policy's plan admits in the budget, at most the "
+        "model's max_position_embeddings, and every candidate at that length",
+        "refused": "",
+    }[auto_length]
     parser.add_argument(
         "--max-model-len",
         type=max_model_len,
         required=False,
-        metavar="N|auto" if auto_length else "N",
+        metavar="N" if auto_length == "refused" else "N|auto",
         help=(
             "longest request (prompt + output) in tokens, e.g. 8192, 32k (32,000) or 32K (32,768); "
             f"one such request must fit{auto} (default with --model: the model's "
             "max_position_embeddings; required with --specs)"
         ),
     )
-    parser.add_argument(
-        "--max-num-batched-tokens",
-        type=tokens,
-        default=DEFAULT_MAX_NUM_BATCHED_TOKENS,
-        metavar="N",
-        help=(
-            "tokens scheduled per engine step; a sliding window keeps window-1 earlier tokens for "
-            f"each, so its worst case grows with this (default {DEFAULT_MAX_NUM_BATCHED_TOKENS})"
-        ),
-    )
+    if auto_length == "refused":  # tune: the values its search tries
+        parser.add_argument(
+            "--max-num-batched-tokens",
+            type=token_counts,
+            metavar="N[,M...]",
+            help=(
+                "max_num_batched_tokens values to search, as vLLM spells it (SGLang's "
+                "--chunked-prefill-size); the first is the default candidate's (default "
+                f"{DEFAULT_MAX_NUM_BATCHED_TOKENS},{2 * DEFAULT_MAX_NUM_BATCHED_TOKENS})"
+            ),
+        )
+    else:
+        parser.add_argument(
+            "--max-num-batched-tokens",
+            type=tokens,
+            default=DEFAULT_MAX_NUM_BATCHED_TOKENS,
+            metavar="N",
+            help=(
+                "tokens scheduled per engine step; a sliding window keeps window-1 earlier tokens for "
+                f"each, so its worst case grows with this (default {DEFAULT_MAX_NUM_BATCHED_TOKENS})"
+            ),
+        )
     parser.add_argument(
         "--grouping-tolerance",
         type=fraction,
@@ -464,7 +500,9 @@ def add_sizing_options(
     serving.add_serving_options(parser)
 
 
-def add_gpu_options(parser: argparse.ArgumentParser, budget: argparse._ActionsContainer) -> None:
+def add_gpu_options(
+    parser: argparse.ArgumentParser, budget: argparse._ActionsContainer, *, gpu_name: bool = False
+) -> None:
     """``--gpu-memory SIZE`` (beside ``--memory`` in ``budget``) and ``--utilization F``: the KV
     budget worked out from a GPU (:mod:`kvcore.planning.gpu_budget`, :mod:`kvcore.cli.gpu`)."""
     from kvcore.planning.gpu_budget import DEFAULT_UTILIZATION
@@ -477,6 +515,11 @@ def add_gpu_options(parser: argparse.ArgumentParser, budget: argparse._ActionsCo
             "with --model: size the KV cache from one GPU of SIZE (e.g. 80GiB): GPU x --utilization "
             "- weights (counted from the config, quantization_config honoured) - activation peak "
             "(estimated from --max-num-batched-tokens) - a fixed reserve, each printed"
+            + (
+                "; with --gpu NAME and no budget given, the GPU's memory (at most that with --gpu)"
+                if gpu_name
+                else ""
+            )
         ),
     )
     parser.add_argument(
@@ -640,13 +683,44 @@ def sizing_context(args: PlanningArgs, *, auto: bool = False) -> SizingContext:
     if length == "auto":
         if not auto:
             raise InvalidInputError(
-                f"--max-model-len auto chooses one length per plan; `kvcore {args.command}` "
-                "needs one length for every plan: give a number"
+                f"--max-model-len auto chooses one length per plan, and `kvcore {args.command}` plans each "
+                "candidate under vLLM's rules at its own max_num_batched_tokens (a sliding window's worst "
+                "case grows with it), so no one length fits them all: give a number (`kvcore plan "
+                "--max-model-len auto` says the longest for one setting)"
             )
         length = min(length_cap(args) or MAX_TOKENS, MAX_TOKENS)
     assert length is not None  # settled by settle_max_model_len
     steps = args.max_num_batched_tokens
     return SizingContext(max_model_len=length, max_num_batched_tokens=steps, **serving.context_fields(args))
+
+
+def settle_auto_length(
+    args: PlanningArgs, registry: Registry, specs: Mapping[str, KVCacheSpec]
+) -> PlanningArgs:
+    """``args`` with ``--max-model-len auto`` made one number, for a command that sets every
+    candidate at one length (``compare``, ``simulate``, ``tune``): the longest request the
+    ``auto`` policy's plan admits in the budget, at most the model's length (what ``kvcore plan
+    --max-model-len auto`` answers). Said on stderr; a length given as a number is kept.
+
+    Raises:
+        KVCoreError: as :func:`kvcore.planning.planner.plan` (not one request fits the budget).
+    """
+    if args.max_model_len != "auto":
+        return args
+    from kvcore.planning import planner
+
+    one = attrs.evolve(args, policy="auto", num_blocks=None, tp=None, pp=None)
+    result = planner.plan(plan_request(one, specs), registry=registry)
+    (plan,) = result.plans
+    length = plan.context.max_model_len
+    cap = length_cap(args)
+    limit = f", at most {length_cap_name(args)} ({cap:,})" if cap is not None else ""
+    print(
+        f"kvcore: note: --max-model-len auto = {length:,} tokens: the longest request the auto policy's "
+        f"plan ({plan.policy}) admits in {format_bytes(args.kv_budget)}{limit}; every candidate is set at it",
+        file=sys.stderr,
+    )
+    return attrs.evolve(args, max_model_len=length)
 
 
 def request_length(args: PlanningArgs) -> MaxModelLen:
@@ -764,19 +838,27 @@ def synthetic_options(args: PlanningArgs) -> dict[str, Any]:
     return {flag: values[name] for flag, name in SYNTHETIC_OPTIONS.items()}
 
 
-def add_workload_options(parser: argparse.ArgumentParser, *, trace_flag: str, required: bool) -> None:
-    """The workload to simulate: a JSON-lines trace (``trace_flag FILE``: ``--trace`` for
-    ``kvcore simulate``, ``--workload`` for ``kvcore compare``) or a synthetic one
+def add_workload_options(
+    parser: argparse.ArgumentParser, *, required: bool, old_flag: str | None = None
+) -> None:
+    """The workload to simulate: a JSON-lines trace (``--trace FILE``) or a synthetic one
     (``--requests N --prompt-len DIST --output-len DIST [--rate R] [--seed S]``).
 
     Args:
         parser: the command's parser.
-        trace_flag: the option that names the trace file.
         required: the command needs a workload (else without one it does not simulate).
+        old_flag: an old spelling of ``--trace`` the command still takes, with a warning
+            (``--workload`` in ``kvcore compare``; :class:`~kvcore.cli.aliases.DeprecatedAlias`).
     """
     source = parser.add_mutually_exclusive_group(required=required)
+    if old_flag is not None:
+        from kvcore.cli.aliases import DeprecatedAlias
+
+        source.add_argument(
+            old_flag, dest="trace", action=DeprecatedAlias, new="--trace", metavar="FILE.jsonl"
+        )
     source.add_argument(
-        trace_flag,
+        "--trace",
         dest="trace",
         metavar="FILE.jsonl",
         help=(
@@ -849,7 +931,7 @@ def refuse_engine_options(args: PlanningArgs, engine: str, runs_as: str) -> None
     unsupported = [
         flag
         for flag, given in (
-            ("--workload/--requests", wants_workload(args)),
+            ("--trace/--requests", wants_workload(args)),
             ("--block-sizes", bool(args.block_sizes)),
             ("--kv-cache-dtypes", bool(args.kv_cache_dtypes)),
             ("--frontier", args.frontier),
@@ -864,12 +946,15 @@ def refuse_engine_options(args: PlanningArgs, engine: str, runs_as: str) -> None
 
 
 def load_workload(args: PlanningArgs, max_model_len: int, *, per_second: bool = False) -> Workload:
-    """The workload the options describe: ``--trace``/``--workload FILE`` read, or
-    ``--requests N`` drawn (lengths clipped to ``max_model_len``).
+    """The workload the options describe: ``--trace FILE`` read, or
+    ``--requests N`` drawn (lengths clipped to ``max_model_len``). A trace's requests longer
+    than ``max_model_len`` are set aside as rejected (:meth:`Workload.admit`), as vLLM refuses
+    them and serves the rest.
 
     Raises:
         InvalidInputError: a synthetic option without ``--requests``, ``--requests`` without
-            both lengths, or a bad trace file (naming the file and line).
+            both lengths, a bad trace file (naming the file and line), or a trace whose every
+            request is longer than ``max_model_len``.
     """
     from kvcore.simulation.workload import read_trace, synthetic
 
@@ -887,7 +972,8 @@ def load_workload(args: PlanningArgs, max_model_len: int, *, per_second: bool = 
                 f"{args.trace}: the trace gives arrival_time in seconds: time the steps with --gpu NAME "
                 "(with --model) or --step-profile FILE"
             )
-        return workload
+        # a request longer than max_model_len is refused alone, as vLLM refuses it, not the run
+        return workload.admit(max_model_len)
     prompt_len, output_len = args.prompt_len, args.output_len
     if prompt_len is None or output_len is None:
         lengths = {"--prompt-len": prompt_len, "--output-len": output_len}
@@ -923,7 +1009,7 @@ def policy_rows(
         The rows of the policies that planned, and ``{policy: error}`` for those that did not
         (each error worded for the command line).
     """
-    names = args.policies or list(registry.policies)
+    names = args.policies or default_policies(registry)
     rows: list[dict[str, Any]] = []
     failures: dict[str, str] = {}
     for name in names:

@@ -6,9 +6,12 @@ directly); :func:`render_memory_map` draws them with matplotlib (the optional ex
 
 The picture has two panels:
 
-- **buffer**: the first ``rows`` block ids of the buffer along the x axis, one horizontal track
-  per tensor. A tensor shared by layers of several groups is split into one thin band per
-  layer, so bytes that groups share show as stacked colours at the same x.
+- **buffer**: the first ``rows`` block ids of the buffer. :func:`memory_map` gives them along
+  one axis, one track per tensor; a single buffer is drawn as it is laid out
+  (:func:`fold_rows`): one track per block row, the x axis the bytes of a row, each tensor's
+  page at its offset (its column named ``t0``, ``t1``, ... above). A tensor shared by layers of
+  several groups is split into one band per layer, so bytes that groups share show as stacked
+  colours at the same x.
 - **one row per group**: how each group fills one block row: its layers' pages side by side,
   and the part of the row it leaves empty (padding, hatched) whenever it holds a block.
 """
@@ -271,6 +274,90 @@ def check_map_path(path: str | os.PathLike[str], *, what: str = "the memory map"
     return out
 
 
+def fold_regions(plan: KVCachePlan, data: MemoryMap) -> list[tuple[str, int, int]]:
+    """``(label, x0, x1)`` of each pool's block row on the folded buffer axis
+    (:func:`fold_rows`): one row of each pool, side by side; ``""`` labels for one pool."""
+    spans: list[tuple[str, int, int]] = []
+    x = 0
+    for index, pool in enumerate(plan.pools):
+        spans.append((f"pool {index}" if data.regions else "", x, x + pool.bytes_per_block))
+        x += pool.bytes_per_block
+    return spans
+
+
+def fold_rows(plan: KVCachePlan, data: MemoryMap) -> tuple[tuple[Box, ...], tuple[str, ...], int]:
+    """The buffer panel of a single buffer as the buffer is laid out: a track per block row
+    (``block 0``, ``block 1``, ...), the x axis the bytes of one row (of each pool's row, side
+    by side), so every tensor's page of a row sits at its offset in the row and the rows line up
+    under one another, instead of one track per tensor stepping across the rows. Each row has a
+    lane per group: the pages of the groups sharing a tensor's bytes lie one above the other.
+
+    Returns:
+        The boxes (a page spread over a run of block ids cut at each row's end), the track
+        labels and the axis width.
+    """
+    regions = data.regions or (("", 0, data.buffer_bytes),)
+    spans = fold_regions(plan, data)
+    # one lane per group in every row: pages of different groups that share bytes lie one above
+    # the other, and a group's page wider than a tensor's slice (a larger block) reads whole
+    drawn = sorted({box.group for box in data.buffer_boxes if box.group is not None})
+    lane = {group: index for index, group in enumerate(drawn)}
+    lanes = max(len(drawn), 1)
+    boxes: list[Box] = []
+    for box in data.buffer_boxes:
+        index = next(i for i, (_, lo, hi) in enumerate(regions) if lo <= box.x0 < hi)
+        start, row_bytes = regions[index][1], plan.pools[index].bytes_per_block
+        at = spans[index][1]
+        x0 = box.x0
+        while x0 < box.x1:
+            row, offset = divmod(x0 - start, row_bytes)
+            end = min(box.x1, start + (row + 1) * row_bytes)
+            boxes.append(
+                attrs.evolve(
+                    box,
+                    track=row,
+                    band=lane.get(box.group, 0) if box.group is not None else 0,
+                    bands=lanes,
+                    x0=at + offset,
+                    x1=at + offset + (end - x0),
+                )
+            )
+            x0 = end
+    tracks = tuple(f"block {row}" for row in range(data.rows))
+    return tuple(boxes), tracks, spans[-1][2]
+
+
+def label_tensors(ax: Any, plan: KVCachePlan, data: MemoryMap, width: int) -> None:
+    """Name each tensor's column (``t0``, ``t1``, ...) along the folded buffer panel's top edge,
+    where there is room (at most 24 tensors)."""
+    tensors = plan.tensors[:MAX_TRACKS]
+    if not tensors_named(plan):
+        return
+    spans = fold_regions(plan, data)
+    top = ax.secondary_xaxis("top")
+    ticks = []
+    for index, tensor in enumerate(tensors):
+        pool = tensor_pool(plan, index)
+        ticks.append((spans[pool][1] + tensor.offset - plan.pools[pool].offset, f"t{index}"))
+    top.set_xticks([x for x, _ in ticks], [label for _, label in ticks], fontsize=7)
+    top.tick_params(axis="x", length=2, pad=1)
+    ax.set_xlim(0, max(width, 1))
+
+
+def tensors_named(plan: KVCachePlan) -> bool:
+    """Whether :func:`label_tensors` names the tensors: 1 to 24 of them (more would overlap)."""
+    return 0 < len(plan.tensors) <= 24
+
+
+def tensor_pool(plan: KVCachePlan, index: int) -> int:
+    """The pool whose rows tensor ``index`` lies in (its first sharing layer's group's)."""
+    tensor = plan.tensors[index]
+    if not tensor.shared_by:
+        return 0
+    name = tensor.shared_by[0]
+    return next(g.pool for g in plan.groups if name in g.layer_names)
+
+
 def axis_bytes(value: float) -> str:
     """A byte offset as an axis label: as many decimals as it needs, up to three, so that ticks
     1.125 MiB and 1.5 MiB apart read so (``'1.125 MiB'``, ``'1.5 MiB'``, ``'2 MiB'``; ``'0'``)
@@ -329,7 +416,12 @@ def render_memory_map(plan: KVCachePlan, path: str | os.PathLike[str], *, rows: 
     data = memory_map(plan, rows=rows)
     colors = plt.get_cmap("tab20")
     legend_rows = (len(data.legend) + 2) // 2
-    heights = [max(len(data.buffer_tracks), 1), max(len(data.row_tracks), 1)]
+    folded = fold_rows(plan, data) if plan.single_buffer else None
+    top_boxes, top_tracks, top_width = (
+        folded if folded is not None else (data.buffer_boxes, data.buffer_tracks, data.buffer_bytes)
+    )
+    # a folded buffer has a track per block row, each drawn taller: its bands are the sharing layers
+    heights = [max(len(top_tracks), 1) * (2 if folded is not None else 1), max(len(data.row_tracks), 1)]
     legend_in = 0.16 * legend_rows + 0.15
     fig_h = 1.6 + 0.28 * sum(heights) + legend_in
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(12, fig_h), gridspec_kw={"height_ratios": heights})
@@ -371,22 +463,33 @@ def render_memory_map(plan: KVCachePlan, path: str | os.PathLike[str], *, rows: 
         ax.xaxis.set_major_formatter(byte_ticks)
         ax.tick_params(axis="x", labelsize=7)
 
-    each = " of each pool, pools side by side" if data.regions else ""
-    shown = f"the first {data.rows} block ids{each}" + (
-        f"; {data.hidden_tracks} more tensors not drawn" if data.hidden_tracks else ""
-    )
-    draw(top, data.buffer_boxes, data.buffer_tracks, data.buffer_bytes, f"buffer bytes ({shown})")
-    if plan.single_buffer:
-        for edge in data.row_edges[1:-1]:
-            top.axvline(edge, color="grey", linestyle=":", linewidth=0.8)
-        top.set_xticks(sorted(set(data.row_edges)))
-        for label, x0, x1 in data.regions:
+    each = ", each pool's row beside the other's" if data.regions else ""
+    hidden = f"; {data.hidden_tracks} more tensors not drawn" if data.hidden_tracks else ""
+    if folded is not None:
+        named = "; t0, t1, ... above: where each tensor's page starts" if tensors_named(plan) else ""
+        xlabel = (
+            f"bytes of a block row{each}: the buffer's first {data.rows} block ids, one row each, a lane per "
+            f"group (a block id is one group's at a time){named}{hidden}"
+        )
+    else:
+        xlabel = f"buffer bytes (the first {data.rows} block ids{each}{hidden})"
+    draw(top, top_boxes, top_tracks, top_width, xlabel)
+    if folded is not None:
+        label_tensors(top, plan, data, top_width)
+        if not data.regions:  # one pool: the buffer offset where each row starts, on the right
+            offsets = top.secondary_yaxis("right")
+            edges = data.row_edges[: data.rows + 1]
+            offsets.set_yticks(
+                [row - 0.5 for row in range(len(edges))], [axis_bytes(e) for e in edges], fontsize=7
+            )
+            offsets.set_ylabel("buffer offset", fontsize=7)
+        for label, x0, x1 in fold_regions(plan, data):
             top.axvline(x0, color="black", linewidth=1.2)
             top.text((x0 + x1) / 2, -0.5, label, ha="center", va="bottom", fontsize=7)
     smallest = min((g.spec.page_size_bytes for g in plan.groups), default=0)
     if smallest and data.row_bytes // smallest <= 16:
         bottom.set_xticks(range(0, data.row_bytes + 1, smallest))
-    top.set_title(data.title, fontsize=9)
+    top.set_title(data.title, fontsize=9, pad=16 if folded is not None else 6)
     draw(bottom, data.row_boxes, data.row_tracks, data.row_bytes, "one block row, as each group fills it")
     handles = [
         Patch(facecolor=colors(i % 20), edgecolor="black", label=text) for i, text in enumerate(data.legend)

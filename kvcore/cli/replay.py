@@ -1,4 +1,4 @@
-"""What ``kvcore simulate`` and ``kvcore compare --workload`` share: the candidates replayed
+"""What ``kvcore simulate`` and ``kvcore compare --trace`` share: the candidates replayed
 through a workload, and their figures as table cells and JSON."""
 
 from __future__ import annotations
@@ -139,6 +139,7 @@ def workload_row(workload: Workload) -> dict[str, Any]:
         "max_prompt_tokens": max(prompts, default=0),
         "mean_output_tokens": sum(outputs) / count,
         "max_output_tokens": max(outputs, default=0),
+        "rejected_requests": len(workload.rejected),
         "last_arrival_step": max((r.arrival_step for r in workload.requests), default=0),
         **(
             {"last_arrival_time": max(r.arrival_time or 0.0 for r in workload.requests)}
@@ -168,10 +169,40 @@ def simulation_row(result: SimulationResult, *, series: bool = False) -> dict[st
             k.kind: {"hits": k.hits, "pages": k.pages} for k in result.prefix_hits_by_kind
         }
     row["served_tokens_per_step"] = served_tokens_per_step(result)
+    row["load"] = result.load.to_dict() if result.load is not None else None
     if not series:
         row.pop("running", None)
         row.pop("pool_usage", None)
     return row
+
+
+def overload_lines(pairs: Sequence[tuple[str, SimulationResult]]) -> list[str]:
+    """``  LABELS: overloaded: requests arrive at ... but are served at ...`` for the plans whose
+    runs the arrivals outpace (:class:`~kvcore.simulation.load.ArrivalLoad`): one line for the
+    plans of one figure (usually every plan: one line), none for the plans that keep up."""
+    alike: dict[str, list[str]] = {}
+    for label, result in pairs:
+        if result.load is not None and (line := result.load.line()):
+            alike.setdefault(line, []).append(label)
+    return [f"  {', '.join(labels)}: {line}" for line, labels in alike.items()]
+
+
+def rejected_line(workload: Workload, max_model_len: int) -> str:
+    """One line naming the requests refused for being longer than ``max_model_len``
+    (:meth:`~kvcore.simulation.workload.Workload.admit`); ``""`` when none was."""
+    refused = workload.rejected
+    if not refused:
+        return ""
+    named = ", ".join(
+        f"{r.label.removeprefix('the ')} ({r.prompt_tokens:,} + {r.output_tokens:,} tokens)"
+        for r in refused[:3]
+    )
+    more = f" and {len(refused) - 3:,} more" if len(refused) > 3 else ""
+    total = len(refused) + len(workload.requests)
+    return (
+        f"rejected {len(refused):,} of {total:,} requests, longer than max_model_len {max_model_len:,} "
+        f"(vLLM refuses such a request with an error and serves the rest): {named}{more}"
+    )
 
 
 def kind_hits_line(result: SimulationResult) -> str:

@@ -1,5 +1,5 @@
 """The scheduler a simulation replays (``--scheduler`` and vLLM's settings), shared by
-``kvcore simulate`` and ``kvcore compare --workload``."""
+``kvcore simulate`` and ``kvcore compare --trace``."""
 
 from __future__ import annotations
 

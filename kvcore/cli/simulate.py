@@ -32,7 +32,9 @@ from kvcore.cli.options import PlanningArgs
 from kvcore.cli.replay import (
     Simulated,
     kind_hits_line,
+    overload_lines,
     plan_label,
+    rejected_line,
     served_tokens_per_step,
     simulate_candidates,
     simulation_row,
@@ -73,9 +75,9 @@ COMMAND = Command(
 
 def add_options(parser: argparse.ArgumentParser) -> None:
     inputs.add_spec_source(parser)
-    inputs.add_sizing_options(parser, auto_length=False)
+    inputs.add_sizing_options(parser, auto_length="candidates", gpu_name=True)
     add_candidate_options(parser)
-    inputs.add_workload_options(parser, trace_flag="--trace", required=True)
+    inputs.add_workload_options(parser, required=True)
     timing.add_timing_options(parser)
     add_scheduler_options(parser)
     host_tier.add_host_memory_option(parser, curve=True)
@@ -95,6 +97,7 @@ def run(namespace: argparse.Namespace, registry: Registry) -> int:
     wants_csv(args)
     args, specs = inputs.load_layer_specs(args, registry)
     args, budget = gpu.settle_budget(args, registry)
+    args = inputs.settle_auto_length(args, registry, specs)  # auto: one length for every candidate
     step_time = timing.step_time_factory(args, registry)
     workload = inputs.load_workload(
         args, inputs.sizing_context(args).max_model_len, per_second=step_time is not None
@@ -239,6 +242,9 @@ def print_table(
         f"{figures['mean_prompt_tokens']:,.0f} tokens on average (longest {figures['max_prompt_tokens']:,}), "
         f"outputs {figures['mean_output_tokens']:,.0f} (longest {figures['max_output_tokens']:,})"
     )
+    assert isinstance(args.max_model_len, int)  # simulate takes a number (sizing_context)
+    if rejected := rejected_line(workload, args.max_model_len):
+        print(rejected)
     print(
         f"budget {format_bytes(args.kv_budget)}, max_model_len {args.max_model_len:,}, "
         f"max_num_batched_tokens {args.max_num_batched_tokens:,}; "
@@ -290,6 +296,8 @@ def print_table(
     print(render_table(headers, rows, align="lll" + "r" * (len(headers) - 3)))
     for policy, error in failures.items():
         print(f"  {policy}: no plan: {error}")
+    for line in overload_lines([(plan_label(c), results[id(c)]) for c in candidates if id(c) in results]):
+        print(line)
     hit_lines = [
         f"  {plan_label(c)}: {line}"
         for c in candidates

@@ -13,6 +13,43 @@ from typing import Any, Protocol
 from kvcore.errors import InvalidInputError
 
 
+def collapse_alike(rows: Sequence[Sequence[object]]) -> tuple[list[list[object]], list[str]]:
+    """Rows that differ in their first cell only (policies that plan a model alike: every
+    policy gives a model of one spec kind the same single group), as one row each.
+
+    The kept row is the first of its kind, its first cell followed by ``(+N)``; a row marked
+    best (its first cell ending in ``*``) passes the mark to the row that stands for it.
+
+    Returns:
+        The rows, and a note per collapsed row naming the names it stands for
+        (``"uniform (+2): shared_buffer and equal_groups give the same figures"``), each note
+        once (the same policies alike at two block sizes make one note).
+    """
+    kept: dict[tuple[str, ...], list[object]] = {}
+    alike: dict[tuple[str, ...], list[str]] = {}
+    for row in rows:
+        key = tuple(str(cell) for cell in row[1:])
+        if key not in kept:
+            kept[key] = list(row)
+            alike[key] = []
+            continue
+        name = str(row[0])
+        if name.endswith("*"):
+            first = str(kept[key][0])
+            kept[key][0] = first if first.endswith("*") else f"{first}*"
+            name = name[:-1]
+        alike[key].append(name)
+    notes = []
+    for key, row in kept.items():
+        others = alike[key]
+        if others:
+            first = str(row[0]).removesuffix("*")
+            row[0] = f"{row[0]} (+{len(others)})"
+            listed = others[0] if len(others) == 1 else f"{', '.join(others[:-1])} and {others[-1]}"
+            notes.append(f"{first} (+{len(others)}): {listed} give the same figures")
+    return list(kept.values()), list(dict.fromkeys(notes))  # alike at every block size: once
+
+
 def render_table(
     headers: Sequence[str],
     rows: Sequence[Sequence[object]],

@@ -170,7 +170,7 @@ def latency_cells(report: LatencyReport) -> list[str]:
 
 
 def summary_headers(report: LatencyReport) -> list[str]:
-    """The few latency columns ``kvcore compare --workload`` adds (see :func:`summary_cells`)."""
+    """The few latency columns ``kvcore compare --trace`` adds (see :func:`summary_cells`)."""
     slo = report.slo_ttft is not None or report.slo_itl is not None
     return ["TTFT p99", "ITL p99", "out tok/s", *(["goodput req/s"] if slo else [])]
 

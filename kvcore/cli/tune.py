@@ -18,19 +18,27 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from kvcore.cli import gpu, inputs, timing
+from kvcore.cli.aliases import DeprecatedAlias
 from kvcore.cli.command import Command
 from kvcore.cli.compare import add_candidate_options
 from kvcore.cli.options import PlanningArgs
+from kvcore.cli.policy_defaults import default_policies
 from kvcore.cli.progress import progress
+from kvcore.cli.replay import overload_lines, rejected_line
 from kvcore.cli.table import render_table
 from kvcore.errors import InvalidInputError
 from kvcore.planning.registry import Registry
 from kvcore.runtime.one_pool import hit_step_of
+from kvcore.spec import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from kvcore.units import format_bytes
 
 if TYPE_CHECKING:
     from kvcore.integrations.tuned import EngineSettings
     from kvcore.tuning.search import Trial, TuneResult
+
+#: The max_num_batched_tokens values searched when --max-num-batched-tokens is not given:
+#: vLLM's default step budget and twice it.
+DEFAULT_BATCHED_TOKENS = (DEFAULT_MAX_NUM_BATCHED_TOKENS, 2 * DEFAULT_MAX_NUM_BATCHED_TOKENS)
 
 #: What the plot is called in messages.
 PLOT = "the tuning plot"
@@ -49,8 +57,8 @@ COMMAND = Command(
 
 def add_options(parser: argparse.ArgumentParser) -> None:
     inputs.add_spec_source(parser)
-    inputs.add_sizing_options(parser, auto_length=False)
-    inputs.add_workload_options(parser, trace_flag="--trace", required=True)
+    inputs.add_sizing_options(parser, auto_length="refused", gpu_name=True)
+    inputs.add_workload_options(parser, required=True)
     timing.add_timing_options(parser)
     parser.add_argument(
         "--scheduler",
@@ -70,18 +78,21 @@ def add_options(parser: argparse.ArgumentParser) -> None:
         ),
     )
     space.add_argument(
-        "--num-seqs",
+        "--max-num-seqs",
+        dest="num_seqs",
         type=inputs.positive_ints,
         metavar="N,M",
-        help="max_num_seqs values (vLLM's --max-num-seqs, SGLang's --max-running-requests; default 128,256)",
+        help="max_num_seqs values, as vLLM spells it (SGLang's --max-running-requests; default 128,256)",
+    )
+    space.add_argument(
+        "--num-seqs", dest="num_seqs", type=inputs.positive_ints, action=DeprecatedAlias, new="--max-num-seqs"
     )
     space.add_argument(
         "--batched-tokens",
+        dest="batched_tokens",
         type=inputs.positive_ints,
-        metavar="N,M",
-        help="max_num_batched_tokens values (SGLang's --chunked-prefill-size; default: "
-        "--max-num-batched-tokens "
-        "and twice it)",
+        action=DeprecatedAlias,
+        new="--max-num-batched-tokens",
     )
     space.add_argument(
         "--no-split-search",
@@ -152,6 +163,9 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
     from kvcore.tuning.search import SearchSpace, estimated_trials, tune
 
     plot = _check_plot(args.plot) if args.plot else None
+    # --max-num-batched-tokens N[,M...]: the values searched; the first is the default candidate's
+    batched: list[int] = args.batched_tokens or args.max_num_batched_tokens or list(DEFAULT_BATCHED_TOKENS)
+    args.max_num_batched_tokens = batched[0]
     # the options tune shares with plan and simulate, typed and read once; tune's own stay in args
     shared = PlanningArgs.read(args)
     objective = _objective(shared, args.objective)
@@ -162,17 +176,16 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
     context = inputs.sizing_context(shared)
     workload = inputs.load_workload(shared, context.max_model_len, per_second=step_time is not None)
     profile = registry.scheduler_profile(args.scheduler)
-    names = args.policies or list(registry.policies)
+    names = args.policies or default_policies(registry)
     for name in names:
         registry.policy(name)  # a misspelt policy fails before any plan
-    first = context.max_num_batched_tokens
     space = SearchSpace(
         policies=names,
         block_sizes=args.block_sizes or (None,),
         kv_cache_dtypes=[None if d == "auto" else d for d in (args.kv_cache_dtypes or ["auto"])],
         split_shifts=(None,) if args.no_split_search else (None, 0.0, 0.05, 0.1, -0.05),
         max_num_seqs=args.num_seqs or (128, 256),
-        max_num_batched_tokens=args.batched_tokens or (first, 2 * first),
+        max_num_batched_tokens=batched,
     )
     async_scheduling = bool(getattr(profile, "async_scheduling", True))
     planner = vllm_planner(registry, async_scheduling=async_scheduling) if args.scheduler == "vllm" else None
@@ -182,10 +195,22 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
     with progress(label, detail=eta.text):
         # the search, the replay as the scheduler runs it, the latency targets and the search's pace
         result = tune(
-            specs, args.memory, context, workload, space,
-            registry=registry, objective=objective, planner=planner, options=options,
-            scheduler=profile, step_time=step_time, prefix_caching=args.prefix_caching,
-            slo_ttft=args.slo_ttft, slo_itl=args.slo_itl, max_passes=args.passes, on_trial=eta.on_trial,
+            specs,
+            args.memory,
+            context,
+            workload,
+            space,
+            registry=registry,
+            objective=objective,
+            planner=planner,
+            options=options,
+            scheduler=profile,
+            step_time=step_time,
+            prefix_caching=args.prefix_caching,
+            slo_ttft=args.slo_ttft,
+            slo_itl=args.slo_itl,
+            max_passes=args.passes,
+            on_trial=eta.on_trial,
         )
     best = result.best
     weights = budget.weights if budget is not None else None
@@ -210,7 +235,7 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
     sglang_run = _simulate_sglang(sglang, workload, best, sglang_profile(registry), shared, step_time)
     engines = Engines(vllm=vllm, sglang=sglang, sglang_error=sglang_error, sglang_run=sglang_run)
     if args.json:
-        print(json.dumps(_payload(args, result, engines, budget), indent=2))
+        print(json.dumps(_payload(args, result, engines, budget, workload), indent=2))
     else:
         gpu.print_budget(budget)
         _print(args, result, engines, workload)
@@ -316,6 +341,8 @@ def _print(args: argparse.Namespace, result: TuneResult, engines: Engines, workl
         f"workload {workload.name}: {len(workload.requests):,} requests; budget {format_bytes(args.memory)}, "
         f"max_model_len {args.max_model_len:,}; scheduler {args.scheduler}; objective {result.objective}"
     )
+    if rejected := rejected_line(workload, args.max_model_len):
+        print(rejected)
     print(
         f"searched {len(result.trials)} candidates of a grid of {result.grid_size:,}: "
         f"{result.simulations} simulated, "
@@ -337,6 +364,9 @@ def _print(args: argparse.Namespace, result: TuneResult, engines: Engines, workl
     latency = _latency(result, best.latency_figure)
     print(f"best: {_score(result, best.score)}{gain}, {latency_name} {latency}{hits}")
     print(render_table(KNOB_HEADERS, [_knob_cells(best)], align="l" * len(KNOB_HEADERS)))
+    if ran is not None:  # arrivals the best candidate cannot keep up with: no knob here can
+        for line in overload_lines([("even the best candidate", ran)]):
+            print(line)
     if best.pool_split:
         print("  pool split: " + ", ".join(f"pool {p} {100 * s:.1f}%" for p, s in enumerate(best.pool_split)))
     if result.knob_effects:
@@ -398,14 +428,20 @@ def _trial_row(result: TuneResult, trial: Trial) -> dict[str, Any]:
         "reused": trial.reused,
         "error": trial.error,
         "latency_report": trial.latency.to_dict() if trial.latency is not None else None,
+        "load": trial.result.load.to_dict() if trial.result is not None and trial.result.load else None,
     }
 
 
-def _payload(args: argparse.Namespace, result: TuneResult, engines: Engines, budget: Any) -> dict[str, Any]:
+def _payload(
+    args: argparse.Namespace, result: TuneResult, engines: Engines, budget: Any, workload: Any
+) -> dict[str, Any]:
+    from kvcore.cli.replay import workload_row
+
     sglang = engines.sglang
     return {
         "available_memory_bytes": args.memory,
         "max_model_len": args.max_model_len,
+        "workload": workload_row(workload),
         "scheduler": args.scheduler,
         "objective": result.objective,
         "latency_unit": result.latency_unit,

@@ -412,7 +412,7 @@ def sglang_settings(
             f"SGLang's own configurator with these flags: full {own.full_tokens:,} + sliding "
             f"{own.swa_tokens:,} tokens"
             if own.is_hybrid_swa
-            else f"SGLang's own configurator with these flags: {own.max_total_num_tokens:,} tokens"
+            else "SGLang's own configurator with these flags"  # its figure, the tokens, follows
         )
     except KVCoreError as exc:
         engine_tokens, detail = None, f"SGLang's own configurator refuses: {str(exc).split(';')[0]}"

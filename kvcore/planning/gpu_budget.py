@@ -393,6 +393,28 @@ def count_parameters(config: Mapping[str, Any], registry: Registry, source: str 
     return count
 
 
+def _remedies(
+    gpu_memory: int, usable: int, per_rank: int, weights: int, activation: int, reserve: int
+) -> str:
+    """What would leave room for a KV cache, naming only what can: a higher utilization helps
+    only when the whole GPU would hold the rest, a smaller batch only when the weights and the
+    reserve fit without activations; weights larger than the GPU need more GPUs, a quantized
+    checkpoint or a larger GPU."""
+    if per_rank >= gpu_memory:
+        fewest = -(-weights // max(usable, 1))  # GPUs whose usable memory the weights alone fill
+        return (
+            f"the weights alone ({format_bytes(per_rank)}) are more than the whole GPU: shard them over "
+            f"more tensor-parallel ranks (tp) (the weights fill at least {fewest} such GPUs), serve a "
+            "quantized checkpoint (FP8 halves 16-bit weights), or use a larger GPU"
+        )
+    ways = ["use a larger GPU", "more tensor-parallel ranks (tp)"]
+    if gpu_memory - per_rank - activation - reserve > 0:
+        ways.append("a higher utilization")
+    if usable - per_rank - reserve > 0:
+        ways.append("a smaller max_num_batched_tokens")
+    return f"{', '.join(ways[:-1])} or {ways[-1]}"
+
+
 def gpu_budget(
     config: Mapping[str, Any],
     registry: Registry,
@@ -455,8 +477,8 @@ def gpu_budget(
             f"{source}: nothing is left for a KV cache on a {format_bytes(gpu_memory)} GPU: "
             f"{format_bytes(usable)} usable (utilization {utilization:g}) - weights {format_bytes(per_rank)}"
             f"{' per rank' if ranks > 1 else ''} - activations {format_bytes(activation)} - reserve "
-            f"{format_bytes(reserve)} = {format_bytes(left)}; use a larger GPU, more tensor-parallel ranks "
-            "(tp), a higher utilization or a smaller max_num_batched_tokens"
+            f"{format_bytes(reserve)} = {format_bytes(left)}; "
+            + _remedies(gpu_memory, usable, per_rank, weights.total, activation, reserve)
         )
     return GpuBudget(
         gpu_memory=gpu_memory,

@@ -37,6 +37,7 @@ import torch
 
 from kvcore.errors import InvalidInputError
 from kvcore.runtime.block_pool import NULL_PAGE, BlockPool
+from kvcore.runtime.one_pool import page_cap
 from kvcore.runtime.prefix_cache import checkpoint_mode
 from kvcore.validators import check_int
 
@@ -80,7 +81,12 @@ class BlockTables:
         self.max_requests = max_requests
         self.device = torch.device("cpu" if device is None else device)
         #: entries per row, per group
-        self.max_pages: tuple[int, ...] = tuple(g.spec.live_pages(length, 0).stop for g in plan.groups)
+        self.max_pages: tuple[int, ...] = tuple(
+            min(g.spec.live_pages(length, 0).stop, cap)
+            if (cap := page_cap(g.spec, plan.context)) is not None
+            else g.spec.live_pages(length, 0).stop
+            for g in plan.groups
+        )
         #: the entry of a page-less position, per group (the null block's page, or one past the last page)
         self.pad_pages: tuple[int, ...] = tuple(
             plan.null_block // g.blocks_per_page if plan.null_block is not None else plan.num_pages(g)

@@ -25,7 +25,7 @@ from kvcore.runtime.free_blocks import FreeBlocks
 from kvcore.runtime.host_cache import HostCache
 from kvcore.runtime.prefix_cache import EvictionHook, PrefixCache, checkpoint_mode
 from kvcore.runtime.request_tables import NULL_PAGE, RequestRecord
-from kvcore.spec import KVCacheSpec
+from kvcore.spec import KVCacheSpec, SizingContext
 
 _NOT_NULL = NULL_PAGE.__ne__
 
@@ -41,6 +41,29 @@ def default_paging(spec: KVCacheSpec) -> int:
     (entries ``first_retained_token(computed) // T`` to ``ceil(tokens / T)``), else 0."""
     per_page = spec.tokens_per_page
     return per_page if per_page and type(spec).live_pages is KVCacheSpec.live_pages else 0
+
+
+def page_cap(spec: KVCacheSpec, context: SizingContext) -> int | None:
+    """The most entries a table of ``spec`` holds when the kind caps its pages through
+    :meth:`~kvcore.KVCacheSpec.max_num_blocks` only; ``None`` for every other kind.
+
+    A kind that keeps the default :meth:`~kvcore.KVCacheSpec.live_pages` and frees nothing
+    (default :meth:`~kvcore.KVCacheSpec.first_retained_token`), but whose ``max_num_blocks`` is
+    below the pages its tokens fill (a fixed-size cross-attention kind of a third party: its
+    encoder output's pages, whatever the decoder's length) is planned at that cap; a block pool
+    holds it to the cap too, or a long decoder would take pages the plan never counted.
+    """
+    kind = type(spec)
+    per_page = spec.tokens_per_page
+    if (
+        not per_page
+        or kind.max_num_blocks is KVCacheSpec.max_num_blocks
+        or kind.live_pages is not KVCacheSpec.live_pages
+        or kind.first_retained_token is not KVCacheSpec.first_retained_token
+    ):
+        return None
+    cap = spec.max_num_blocks(context)
+    return cap if cap < -(-context.max_model_len // per_page) else None
 
 
 def hit_unit(spec: KVCacheSpec) -> int:
@@ -67,6 +90,13 @@ def uncacheable(plan: KVCachePlan, pool: int, label: str) -> str:
     for index in plan.groups_in(pool):
         group = plan.groups[index]
         spec = group.spec
+        cap = page_cap(spec, plan.context)
+        if cap is not None:
+            return (
+                f"{label}group {index} ({spec.kind}) holds at most {cap} pages (its max_num_blocks) "
+                "whatever the request's length, so its pages do not hold a prefix's tokens, which is "
+                "not cached, so no token can hit in every group"
+            )
         # unified_pool spreads a page over a run of ids; the cache keeps pages of one block id
         if default_paging(spec) and group.blocks_per_page > 1:
             return (
@@ -150,8 +180,14 @@ class OnePool:
         self.num_blocks = plan.pools[pool].num_blocks
         self.free = free
         self.spans = [g.blocks_per_page for g in groups]
-        # per group: tokens per page when the spec keeps the default live_pages rule, else 0
-        self.paged = [default_paging(g.spec) for g in groups]
+        #: per group, the cap of a kind that caps its pages through max_num_blocks only
+        #: (:func:`page_cap`); ``None`` for the others
+        self.caps = [page_cap(g.spec, plan.context) for g in groups]
+        # per group: tokens per page when the spec keeps the default live_pages rule (uncapped),
+        # else 0: a capped group's tables grow through live(), which holds them to the cap
+        self.paged = [
+            default_paging(g.spec) if cap is None else 0 for g, cap in zip(groups, self.caps, strict=True)
+        ]
         keeps_all = [
             bool(self.paged[i])
             and type(groups[i].spec).first_retained_token is KVCacheSpec.first_retained_token
@@ -200,8 +236,11 @@ class OnePool:
         return self.free.num_free + (self.cache.num_evictable if self.cache is not None else 0)
 
     def live(self, group: int, num_tokens: int, computed: int) -> range:
-        """``live_pages`` of ``group``'s spec (computed tokens capped at ``num_tokens``)."""
-        return self.groups[group].spec.live_pages(num_tokens, min(computed, num_tokens))
+        """``live_pages`` of ``group``'s spec (computed tokens capped at ``num_tokens``), held to
+        the group's :func:`page_cap` where it has one."""
+        live = self.groups[group].spec.live_pages(num_tokens, min(computed, num_tokens))
+        cap = self.caps[group]
+        return live if cap is None or live.stop <= cap else range(min(live.start, cap), cap)
 
     def new_blocks_needed(self, record: RequestRecord | None, num_tokens: int) -> int:
         """Block ids growing the request's tables to ``num_tokens`` tokens would take."""

@@ -78,6 +78,14 @@ class Gpu:
             raise InvalidInputError(f"GPU {self.name!r}: source must be an https URL (got {self.source!r})")
 
     @property
+    def memory_bytes(self) -> int:
+        """Device memory in bytes. A GPU's memory size is quoted in binary units although the
+        datasheet writes "GB" (HBM and GDDR come in power-of-two dies): an H100's "80GB" is
+        80 GiB, of which ``nvidia-smi`` shows 81,559 MiB after the driver's share. So
+        ``memory_gb`` is read as GiB here, as ``--gpu-memory 80GiB`` writes it."""
+        return round(self.memory_gb * 2**30)
+
+    @property
     def memory_bandwidth(self) -> float:
         """Device memory bandwidth in bytes per second."""
         return self.hbm_bandwidth_gbps * _GIGA

@@ -11,6 +11,7 @@ import attrs
 
 from kvcore.runtime.host_cache import HostTierStats
 from kvcore.runtime.prefix_cache import KindHits
+from kvcore.simulation.load import ArrivalLoad
 from kvcore.simulation.steps import Timeline
 
 _T = TypeVar("_T", int, float)
@@ -52,6 +53,9 @@ class SimulationResult:
         host_transfer_seconds: with a step-time model on a GPU, the seconds the host tier's
             moves added to the steps (each step's moves at the host link's peak, after its
             compute); else 0.
+        load: arrivals against the requests the plan began to serve while they arrived (per
+            step, or per second with a step-time model), which says whether the run is
+            overloaded; ``None`` where every request arrives at once.
     """
 
     policy: str
@@ -78,6 +82,7 @@ class SimulationResult:
     scheduler_settings: tuple[tuple[str, object], ...] = ()
     host_tier: HostTierStats | None = None
     host_transfer_seconds: float = 0.0
+    load: ArrivalLoad | None = None
 
     @property
     def served_tokens_per_step(self) -> float:

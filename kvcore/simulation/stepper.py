@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from kvcore.errors import InvalidInputError
 from kvcore.limits import MAX_TOKENS, check_at_most
+from kvcore.simulation.load import ArrivalLoad, arrival_load
 from kvcore.simulation.result import SimulationResult, percentile
 from kvcore.simulation.series import StepSeries
 from kvcore.simulation.steps import StepRecord, StepTimeModel, Timeline, build_timeline
@@ -188,4 +189,24 @@ class StepperState:
             scheduler=self._scheduler,
             scheduler_settings=self.settings(),
             timeline=self._timeline(),
+            load=self._load(),
         )
+
+    def _load(self) -> ArrivalLoad | None:
+        """Arrivals against the requests begun while they arrived (:mod:`kvcore.simulation.load`):
+        in steps, or in seconds with a step-time model (a step begins when the one before ended)."""
+        if self._step_time is None:
+            return arrival_load(self._arrival, self._first, "step")
+        ends = self._step_end
+
+        def began(step: int) -> float:
+            if step < 0:
+                return math.inf
+            return ends[min(step, len(ends)) - 1] if step > 0 and ends else 0.0
+
+        arrived = (
+            [float(t) for t in self._arrival]
+            if self._in_seconds
+            else [began(int(step)) for step in self._arrival]
+        )
+        return arrival_load(arrived, [began(step) for step in self._first], "s")

@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 import os
 import random
+from collections.abc import Sequence
 from typing import Final, Literal
 
 import attrs
@@ -153,6 +154,10 @@ def _sorted_requests(requests: object) -> tuple[Request, ...]:
     return ordered
 
 
+def _request_tuple(requests: Sequence[Request]) -> tuple[Request, ...]:
+    return tuple(requests)
+
+
 @attrs.frozen
 class Workload:
     """Requests to replay, sorted by arrival (step or time), then id.
@@ -160,13 +165,43 @@ class Workload:
     Attributes:
         requests: the requests (sorted when the workload is made; ids unique).
         name: what the workload is called in reports (a trace's file name, or a description).
+        rejected: requests refused before any step, as an engine refuses a request longer than
+            its ``max_model_len`` and serves the rest (:meth:`admit`); not replayed.
     """
 
     requests: tuple[Request, ...] = attrs.field(converter=_sorted_requests, repr=False)
     name: str
+    rejected: tuple[Request, ...] = attrs.field(default=(), converter=_request_tuple, repr=False)
 
     def __len__(self) -> int:
         return len(self.requests)
+
+    def admit(self, max_model_len: int) -> Workload:
+        """The workload an engine of ``max_model_len`` serves: every request of at most that
+        many tokens (prompt plus output), the longer ones in :attr:`rejected`.
+
+        vLLM refuses such a request with an error for it alone and serves the others: its
+        OpenAI server refuses a prompt plus ``max_tokens`` over ``max_model_len`` ("This
+        model's maximum context length is ..."), and its input processor a prompt of
+        ``max_model_len`` tokens or more (vLLM ``vllm/v1/engine/input_processor.py``,
+        ``_validate_model_input``). A replay does the same instead of stopping.
+
+        Raises:
+            InvalidInputError: every request is longer (nothing would be served), naming the
+                longest and the limit.
+        """
+        check_int(max_model_len, "'max_model_len'", minimum=1)
+        kept = [r for r in self.requests if r.total_tokens <= max_model_len]
+        longer = [r for r in self.requests if r.total_tokens > max_model_len]
+        if not longer:
+            return self
+        if not kept:
+            raise InvalidInputError(
+                f"every request of {self.name} is longer than max_model_len ({max_model_len:,}): the "
+                f"longest has {self.longest:,} tokens (prompt + output), the shortest "
+                f"{min(r.total_tokens for r in self.requests):,}; plan for a longer max_model_len"
+            )
+        return Workload(kept, self.name, rejected=(*self.rejected, *longer))
 
     @property
     def longest(self) -> int:

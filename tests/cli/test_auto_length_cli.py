@@ -50,11 +50,27 @@ def test_cli_auto_for_a_spec_file_is_bound_by_memory(run_cli, tmp_path):
     assert "max_model_len 8,192 chosen automatically: the longest request the memory admits" in out
 
 
-def test_cli_compare_refuses_auto(run_cli):
-    status, _, err = run_cli(
-        "compare", "--model", "meta-llama/Llama-3.2-1B", "--memory", "1GiB", "--max-model-len", "auto"
-    )
-    assert status == 1 and "--max-model-len auto" in err
+GEMMA_4GIB = ("--model", "google/gemma-3-27b-it", "--memory", "4GiB", "--max-model-len", "auto")
+
+
+def test_compare_and_simulate_set_every_candidate_at_the_auto_plan_s_length(run_cli):
+    """``auto`` in compare and simulate: the length ``kvcore plan --max-model-len auto`` answers,
+    said on stderr, for every candidate (issue 38: refused outright)."""
+    status, out, _ = run_cli("plan", *GEMMA_4GIB, "--json")
+    length = json.loads(out)["max_model_len"]
+    status, out, err = run_cli("compare", *GEMMA_4GIB, "--json")
+    assert status == 0, err
+    assert json.loads(out)["max_model_len"] == length
+    assert f"kvcore: note: --max-model-len auto = {length:,} tokens" in err
+    workload = ("--requests", "4", "--prompt-len", "100", "--output-len", "10", "--policies", "shared_buffer")
+    status, out, err = run_cli("simulate", *GEMMA_4GIB, *workload, "--json")
+    assert status == 0, err and json.loads(out)["max_model_len"] == length
+
+
+def test_tune_refuses_auto_saying_why(run_cli):
+    workload = ("--requests", "4", "--prompt-len", "100", "--output-len", "10")
+    status, _, err = run_cli("tune", *GEMMA_4GIB, *workload)
+    assert status == 1 and "no one length fits them all: give a number" in err
 
 
 def test_cli_rejects_other_words(run_cli):

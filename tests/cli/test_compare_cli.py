@@ -81,10 +81,43 @@ def test_a_bundled_hybrid_shows_two_policies_each_as_plan_reports_it(run_cli):
 
 def test_no_plan_reasons_name_the_command_line_flags(run_cli):
     status, out, err = run_cli(
-        "compare", "--model", "google/gemma-3-27b-it", "--memory", "1GiB", "--max-model-len", "32768",
+        "compare",
+        "--model",
+        "google/gemma-3-27b-it",
+        "--memory",
+        "1GiB",
+        "--max-model-len",
+        "32768",
         "--json",
     )
     assert status == 1 and "no policy could plan" in err
     reasons = [c["error"] for c in json.loads(out)["candidates"] if c["policy"] == "shared_buffer"]
     assert reasons and "lower --max-model-len to" in reasons[0] and "(--memory" in reasons[0]
     assert "available_bytes" not in reasons[0]
+
+
+def test_policies_that_plan_a_model_alike_share_one_row(run_cli):
+    """A model of one spec: every policy plans it the same, so one row stands for them all with
+    a note naming the others (issue 38: six identical rows)."""
+    status, out, _ = run_cli(
+        "compare", "--model", "meta-llama/Llama-3.1-8B", "--memory", "16GiB", "--max-model-len", "8192"
+    )
+    assert status == 0
+    rows = [line for line in out.splitlines() if "as specs" in line]
+    assert len(rows) == 1 and rows[0].split()[:2] == ["uniform*", "(+4)"]
+    assert (
+        "  uniform (+4): shared_buffer, equal_groups, kind_pools and unified_pool give the same figures"
+        in out
+    )
+    # JSON keeps every candidate
+    status, out, _ = run_cli(
+        "compare",
+        "--model",
+        "meta-llama/Llama-3.1-8B",
+        "--memory",
+        "16GiB",
+        "--max-model-len",
+        "8192",
+        "--json",
+    )
+    assert len(json.loads(out)["candidates"]) == 5

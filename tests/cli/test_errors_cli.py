@@ -82,3 +82,26 @@ def test_the_names_errors_use_are_options_of_plan(capsys):
     options = capsys.readouterr().out
     for flag in (FLAG_NAMES.max_model_len, FLAG_NAMES.num_blocks, FLAG_NAMES.memory):
         assert f"{flag} " in options
+
+
+def _interrupt(*args, **kwargs):
+    raise KeyboardInterrupt
+
+
+_LLAMA_RUN = (
+    "--model", "meta-llama/Llama-3.2-1B", "--memory", "1GiB", "--max-model-len", "4096",
+    "--requests", "8", "--prompt-len", "100", "--output-len", "10", "--policies", "shared_buffer",
+)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("command", "target"),
+    [("simulate", "kvcore.cli.simulate.simulate_candidates"), ("tune", "kvcore.tuning.search.tune")],
+)
+def test_ctrl_c_ends_with_one_line_and_status_130(run_cli, monkeypatch, command, target):
+    """Ctrl-C in a long simulate or tune: one line and the shell's status for SIGINT, no traceback
+    (issue 38: 27 lines of traceback)."""
+    monkeypatch.setattr(target, _interrupt)
+    status, _, err = run_cli(command, *_LLAMA_RUN)
+    assert status == 130
+    assert err.splitlines()[-1] == "kvcore: interrupted" and "Traceback" not in err

@@ -162,6 +162,78 @@ def test_a_model_nobody_counts_names_memory_on_the_command_line(run_cli, tmp_pat
 
 
 def test_a_gpu_too_small_names_the_flags_to_change(run_cli):
-    status, _, err = run_cli("plan", "--model", LLAMA, "--gpu-memory", "16GiB", "--max-model-len", "4096")
+    status, _, err = run_cli("plan", "--model", LLAMA, "--gpu-memory", "18GiB", "--max-model-len", "4096")
     assert status == 1
     assert "more --tp ranks, a higher --utilization or a smaller --max-num-batched-tokens" in err
+    # at 16 GiB neither the whole GPU nor no activations would leave room: only the ways that can
+    status, _, err = run_cli("plan", "--model", LLAMA, "--gpu-memory", "16GiB", "--max-model-len", "4096")
+    assert status == 1 and err.rstrip().endswith("use a larger GPU or more --tp ranks")
+
+
+# --gpu NAME and the budget (issue 38: `--gpu H100` was read as an abbreviation of --gpu-memory)
+
+
+def _usage_error(run_cli, *argv):
+    with pytest.raises(SystemExit) as info:
+        run_cli(*argv)
+    return info.value.code, run_cli.capsys.readouterr().err
+
+
+def test_no_option_is_abbreviated(run_cli):
+    code, err = _usage_error(
+        run_cli, "plan", "--model", LLAMA, "--gpu-memory", "80GiB", "--max-model-len", "8192", "--gpu", "H100"
+    )
+    assert code == 2
+    assert "unrecognized arguments: --gpu H100" in err and "cannot read size" not in err
+    code, err = _usage_error(
+        run_cli, "plan", "--model", LLAMA, "--gpu-mem", "80GiB", "--max-model-len", "8192"
+    )
+    assert code == 2 and "--gpu-mem" in err
+
+
+_SIMULATE = ("simulate", "--model", LLAMA, "--max-model-len", "8192", "--policies", "shared_buffer")
+_REQUESTS = ("--requests", "4", "--prompt-len", "100", "--output-len", "10")
+
+
+def test_gpu_name_gives_the_gpu_memory_when_no_budget_is_given(run_cli):
+    status, out, err = run_cli(*_SIMULATE, *_REQUESTS, "--gpu", "H100", "--json")
+    assert status == 0, err
+    report = json.loads(out)
+    assert report["gpu_budget"]["gpu_memory_bytes"] == 80 * GiB  # the H100's 80 GB are binary
+    assert report["available_memory_bytes"] == _expected(80 * GiB).kv_cache
+
+
+def test_gpu_memory_over_the_named_gpu_is_refused(run_cli):
+    status, _, err = run_cli(*_SIMULATE, *_REQUESTS, "--gpu", "H100", "--gpu-memory", "96GiB")
+    assert status == 1
+    assert "--gpu-memory 96.00 GiB is more than --gpu H100's memory (H100-SXM: 80.00 GiB)" in err
+    status, _, err = run_cli(*_SIMULATE, *_REQUESTS, "--gpu", "H100", "--gpu-memory", "40GiB", "--json")
+    assert status == 0, err
+
+
+def test_no_budget_at_all_names_the_three_ways(run_cli):
+    status, _, err = run_cli(*_SIMULATE, *_REQUESTS)
+    assert status == 1
+    assert "--memory SIZE" in err and "--gpu-memory SIZE" in err and "--gpu NAME" in err
+
+
+@pytest.mark.parametrize("given", [["--memory", "-40GiB"], ["--memory=-40GiB"], ["--gpu-memory", "-8GiB"]])
+def test_a_negative_size_says_a_size_must_be_positive(run_cli, given):
+    code, err = _usage_error(run_cli, "plan", "--model", LLAMA, *given, "--max-model-len", "4096")
+    assert code == 2
+    assert "a size must be positive" in err and "expected one argument" not in err
+
+
+def test_weights_larger_than_the_gpu_do_not_suggest_a_higher_utilization(run_cli):
+    status, _, err = run_cli(
+        "plan", "--model", "Qwen/Qwen3-8B", "--gpu-memory", "8GiB", "--max-model-len", "4096"
+    )
+    assert status == 1
+    assert "the weights alone (15.26 GiB) are more than the whole GPU" in err
+    assert "at least 3 such GPUs" in err and "quantized checkpoint" in err
+    assert "--utilization" not in err
+    # weights that fit, with too little left at 0.9: the whole GPU would do, so --utilization helps
+    status, _, err = run_cli(
+        "plan", "--model", "Qwen/Qwen3-8B", "--gpu-memory", "17GiB", "--max-model-len", "4096"
+    )
+    assert status == 1 and "a higher --utilization" in err and "weights alone" not in err

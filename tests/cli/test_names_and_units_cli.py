@@ -110,14 +110,22 @@ def test_echo_puts_plain_ints_back(capsys):
 
 def test_binary_units_and_bare_counts_are_not_echoed():
     assert type(size("80GiB")) is int and type(token_count("4096")) is int
+    assert type(token_count("32K")) is int and token_count("32K") == 32_768
 
 
-def test_plan_echoes_a_decimal_memory_and_a_suffixed_length(run_cli):
-    status, out, err = run_cli("plan", *MODEL, "--memory", "80GB", "--max-model-len", "8K", "--json")
+def test_plan_echoes_a_decimal_memory_and_a_decimal_length(run_cli):
+    status, out, err = run_cli("plan", *MODEL, "--memory", "80GB", "--max-model-len", "8k", "--json")
     assert status == 0, err
     data = json.loads(out)
-    assert data["available_memory_bytes"] == 80 * 10**9 and data["max_model_len"] == 8192
-    assert "--memory 80GB = 74.51 GiB" in err and "--max-model-len 8K = 8,192 tokens" in err
+    assert data["available_memory_bytes"] == 80 * 10**9 and data["max_model_len"] == 8000
+    assert "--memory 80GB = 74.51 GiB" in err and "--max-model-len 8k = 8,000 tokens" in err
+
+
+def test_a_binary_length_is_read_without_a_warning(run_cli):
+    """``32K`` = 32,768 is how context lengths are quoted: no line on every run (issue 38)."""
+    status, out, err = run_cli("plan", *MODEL, "--memory", "8GiB", "--max-model-len", "8K", "--json")
+    assert status == 0 and err == ""
+    assert json.loads(out)["max_model_len"] == 8192
 
 
 def test_unknown_plugin_to_block(run_cli):

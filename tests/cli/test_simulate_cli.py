@@ -111,6 +111,75 @@ def test_a_request_longer_than_max_model_len_is_refused(run_cli, trace):
     assert status == 1 and err.count("\n") == 1 and "4096" in err.replace(",", "")
 
 
+def test_a_request_longer_than_max_model_len_is_rejected_and_the_rest_served(run_cli, trace):
+    """vLLM refuses such a request with an error for it alone and serves the others: so does the
+    replay, and it says how many it refused (issue 38: the whole simulation stopped)."""
+    path = trace(
+        {"prompt_tokens": 100, "output_tokens": 10},
+        {"prompt_tokens": 5000, "output_tokens": 10},
+        {"prompt_tokens": 200, "output_tokens": 20, "arrival_step": 3},
+    )
+    status, out, err = run_cli("simulate", *SMALL, "--trace", path, "--policies", "shared_buffer")
+    assert status == 0, err
+    assert (
+        "rejected 1 of 3 requests, longer than max_model_len 4,096 (vLLM refuses such a request with an "
+        "error and serves the rest): request on line 2 of the trace (5,000 + 10 tokens)"
+    ) in out
+    assert out.splitlines()[1].startswith("2 requests, prompts")
+    status, out, err = run_cli("simulate", *SMALL, "--trace", path, "--policies", "shared_buffer", "--json")
+    payload = json.loads(out)
+    assert payload["workload"]["num_requests"] == 2 and payload["workload"]["rejected_requests"] == 1
+    assert payload["candidates"][0]["simulation"]["num_requests"] == 2
+
+
+def test_compare_rejects_the_same_requests(run_cli, trace):
+    path = trace({"prompt_tokens": 100, "output_tokens": 10}, {"prompt_tokens": 5000, "output_tokens": 10})
+    status, out, err = run_cli("compare", *SMALL, "--trace", path, "--policies", "shared_buffer")
+    assert status == 0, err
+    assert "rejected 1 of 2 requests, longer than max_model_len 4,096" in out
+
+
+def test_compare_takes_trace_as_simulate_does_and_workload_with_a_warning(run_cli, trace):
+    """One spelling for one idea: ``--trace`` (issue 38); 0.1's ``--workload`` warns."""
+    path = trace({"prompt_tokens": 100, "output_tokens": 10})
+    status, new, err = run_cli("compare", *SMALL, "--trace", path, "--policies", "shared_buffer", "--json")
+    assert status == 0 and err == ""
+    status, old, err = run_cli("compare", *SMALL, "--workload", path, "--policies", "shared_buffer", "--json")
+    assert status == 0 and old == new
+    assert err == "kvcore: warning: --workload is deprecated and goes away in kvcore 0.3; write --trace\n"
+
+
+OVERLOADED = ("--requests", "300", "--prompt-len", "1000", "--output-len", "200", "--rate", "1")
+
+
+def test_an_overloaded_run_says_so_in_one_line(run_cli):
+    """Arrivals at about one request a step against a pool that serves a fifth of that: one line
+    with both rates and the growing queue (issue 40)."""
+    status, out, err = run_cli("simulate", *SMALL, *OVERLOADED, "--policies", "shared_buffer,equal_groups")
+    assert status == 0, err
+    lines = [line for line in out.splitlines() if "overloaded" in line]
+    assert len(lines) == 1, lines  # plans of one figure share the line
+    assert lines[0].startswith("  shared_buffer, equal_groups: overloaded: requests arrive at 0.97 per step")
+    assert "per step, served at 0." in lines[0] and "the queue grows (" in lines[0]
+    status, out, err = run_cli("simulate", *SMALL, *OVERLOADED, "--policies", "shared_buffer", "--json")
+    load = json.loads(out)["candidates"][0]["simulation"]["load"]
+    assert load["overloaded"] is True and load["unit"] == "step"
+    assert load["arrival_rate"] > 2 * load["served_rate"]
+    assert load["waiting_at_last_arrival"] > load["waiting_half_way"] > 0
+
+
+def test_a_run_that_keeps_up_says_nothing_of_load(run_cli):
+    light = ("--requests", "60", "--prompt-len", "200", "--output-len", "20", "--rate", "0.02")
+    status, out, err = run_cli("simulate", *SMALL, *light, "--policies", "shared_buffer")
+    assert status == 0, err and "overloaded" not in out
+    assert "overloaded" not in out
+    status, out, _ = run_cli("simulate", *SMALL, *light, "--policies", "shared_buffer", "--json")
+    assert json.loads(out)["candidates"][0]["simulation"]["load"]["overloaded"] is False
+    # every request at once: a burst has no rate to outpace
+    status, out, _ = run_cli("simulate", *SMALL, *SYNTHETIC, "--policies", "shared_buffer", "--json")
+    assert json.loads(out)["candidates"][0]["simulation"]["load"] is None
+
+
 def test_plot_writes_a_file(run_cli, tmp_path):
     pytest.importorskip("matplotlib")
     out_file = tmp_path / "sim.png"

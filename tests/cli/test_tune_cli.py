@@ -9,7 +9,14 @@ ROOT = Path(__file__).parents[2]
 GEMMA = ROOT / "examples" / "specs" / "gemma-3-27b.json"
 SMALL = ("--specs", GEMMA, "--memory", "2GiB", "--max-model-len", "4096")
 SYNTHETIC = ("--requests", "40", "--prompt-len", "uniform:64:1024", "--output-len", "uniform:16:128")
-SPACE = ("--policies", "shared_buffer,kind_pools", "--num-seqs", "8,128", "--batched-tokens", "512")
+SPACE = (
+    "--policies",
+    "shared_buffer,kind_pools",
+    "--max-num-seqs",
+    "8,128",
+    "--max-num-batched-tokens",
+    "512",
+)
 
 
 def test_the_report_has_the_best_the_effects_the_front_and_both_engines(run_cli):
@@ -64,9 +71,9 @@ def test_with_a_gpu_the_objective_is_in_seconds(run_cli):
         "4",
         "--policies",
         "shared_buffer",
-        "--num-seqs",
+        "--max-num-seqs",
         "16,64",
-        "--batched-tokens",
+        "--max-num-batched-tokens",
         "1024",
         "--slo-ttft",
         "2",
@@ -84,8 +91,8 @@ def test_with_a_gpu_the_objective_is_in_seconds(run_cli):
         (("--plot", "out.png"), "--plot writes SVG"),
         (("--objective", "throughput"), "is in seconds"),
         (("--policies", "shared_bufer"), "shared_buffer"),
-        (("--num-seqs", "0"), "--num-seqs"),
-        (("--batched-tokens", "8,,16"), "empty value"),
+        (("--max-num-seqs", "0"), "--max-num-seqs"),
+        (("--max-num-batched-tokens", "8,,16"), "empty value"),
         (("--kv-cache-dtypes", "fp7"), "fp7"),
     ],
 )
@@ -101,8 +108,65 @@ def test_bad_options_are_refused_with_the_fix(run_cli, extra, words):
 
 def test_the_plan_options_hold_for_every_candidate(run_cli):
     # Gemma 3 keeps two retention kinds (sliding and full): no shared_buffer layout fits one group
-    space = ("--policies", "shared_buffer", "--num-seqs", "8", "--batched-tokens", "512")
+    space = ("--policies", "shared_buffer", "--max-num-seqs", "8", "--max-num-batched-tokens", "512")
     status, _, err = run_cli("tune", *SMALL, *SYNTHETIC, *space, "--passes", "1")
     assert status == 0, err
     status, _, err = run_cli("tune", *SMALL, *SYNTHETIC, *space, "--passes", "1", "--max-groups", "1")
     assert status == 1 and "in at most 1 group" in err and "its fewest is 2 groups" in err
+
+
+def test_sglang_s_own_figure_is_said_once(run_cli):
+    """A model of one pool: "SGLang's own configurator with these flags: 65,536", not
+    "... 65,536 tokens: 65,536" (issue 38)."""
+    status, out, err = run_cli(
+        "tune", "--model", "meta-llama/Llama-3.2-1B", "--memory", "2GiB", "--max-model-len", "4096",
+        *SYNTHETIC, "--policies", "shared_buffer", "--max-num-seqs", "8", "--max-num-batched-tokens", "512",
+    )  # fmt: skip
+    assert status == 0, err
+    (line,) = [line for line in out.splitlines() if "SGLang's own configurator" in line]
+    assert line.endswith("SGLang's own configurator with these flags: 65,536"), line
+
+
+def test_tune_says_when_even_the_best_candidate_is_overloaded(run_cli):
+    overloaded = ("--requests", "300", "--prompt-len", "1000", "--output-len", "200", "--rate", "1")
+    argv = (
+        "tune",
+        *SMALL,
+        *overloaded,
+        "--policies",
+        "shared_buffer",
+        "--num-seqs",
+        "64",
+        "--batched-tokens",
+        "512",
+    )
+    status, out, err = run_cli(*argv)
+    assert status == 0, err
+    (line,) = [line for line in out.splitlines() if "overloaded" in line]
+    assert (
+        line.startswith("  even the best candidate: overloaded: requests arrive at 0.9")
+        and "queue grows" in line
+    )
+    status, out, err = run_cli(*argv, "--json")
+    payload = json.loads(out)
+    assert payload["best"]["load"]["overloaded"] is True
+    assert payload["workload"]["num_requests"] == 300
+
+
+def test_tune_takes_vllm_s_spellings_and_the_old_ones_with_a_warning(run_cli):
+    """``--max-num-seqs`` / ``--max-num-batched-tokens`` as vLLM spells them; 0.1's ``--num-seqs`` /
+    ``--batched-tokens`` still work and say what to write (issue 38)."""
+    base = ("tune", *SMALL, *SYNTHETIC, "--policies", "shared_buffer", "--passes", "1", "--json")
+    status, out, err = run_cli(*base, "--max-num-seqs", "8,16", "--max-num-batched-tokens", "512,1024")
+    assert status == 0, err and "deprecated" not in err
+    knobs = [t["knobs"] for t in json.loads(out)["trials"]]
+    assert {k["max_num_seqs"] for k in knobs} == {8, 16}
+    assert {k["max_num_batched_tokens"] for k in knobs} == {512, 1024}
+    assert json.loads(out)["default"]["knobs"]["max_num_batched_tokens"] == 512
+    status, old_out, err = run_cli(*base, "--num-seqs", "8,16", "--batched-tokens", "512,1024")
+    assert status == 0
+    assert (
+        "kvcore: warning: --num-seqs is deprecated and goes away in kvcore 0.3; write --max-num-seqs" in err
+    )
+    assert "write --max-num-batched-tokens" in err
+    assert json.loads(old_out)["best"] == json.loads(out)["best"]

@@ -93,3 +93,20 @@ def test_blocking_its_entry_point_makes_its_kind_unknown(capsys):
     assert main(["--block-plugin", "example_quantized", *argv]) == 1
     err = capsys.readouterr().err
     assert "unknown spec kind 'example.quantized_kv'" in err and err.count("\n") == 1
+
+
+def test_its_baseline_is_compared_only_when_named(capsys):
+    """The README's test command installs this package; its baseline policy must not join every
+    compare, simulate and tune of the environment (issue 38): it runs where --policies names it,
+    and --help names it apart, with its package."""
+    argv = ["compare", "--specs", str(GEMMA), "--memory", "16GiB", "--max-model-len", "8192", "--json"]
+    assert main(argv) == 0
+    compared = {c["policy"] for c in json.loads(capsys.readouterr().out)["candidates"]}
+    assert "example.separate_regions" not in compared and "shared_buffer" in compared
+    assert main([*argv, "--policies", "example.separate_regions,shared_buffer"]) == 0
+    compared = [c["policy"] for c in json.loads(capsys.readouterr().out)["candidates"]]
+    assert compared == ["example.separate_regions", "shared_buffer"]
+    with pytest.raises(SystemExit):
+        main(["compare", "--help"])
+    text = " ".join(capsys.readouterr().out.split()).replace("- ", "-")  # argparse wraps at hyphens
+    assert "compared when named: example.separate_regions (from kvcore-example-quantized)" in text

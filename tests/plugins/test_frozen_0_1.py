@@ -26,7 +26,6 @@ def without_the_current_example(monkeypatch):
         monkeypatch.setenv("KVCORE_BLOCK_PLUGINS", "example_quantized")
 
 
-
 class TestFrozen01Kind(SpecKindConformance):
     @pytest.fixture
     def spec_cls(self):
@@ -119,3 +118,16 @@ def test_a_0_1_policy_without_auto_priority_is_adapted(make_kvcore_registry):
     plan = plan_kv_cache(specs, 2**24, context, registry=registry, policy="acme.legacy")
     assert plan.policy == "acme.legacy" and plan.num_blocks > 0
     assert registry.select(specs).name != "acme.legacy"  # auto never picks it
+
+
+def test_importing_the_removed_claim_names_the_replacement():
+    """``from kvcore.plugins.models.common import claim`` (a 0.1 family's first line) says what
+    replaced it, not a bare "cannot import name" (issue 38)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        with pytest.raises(ImportError, match=r"removed in kvcore 0\.2: .*ModelFamily\(.*model_types"):
+            from kvcore.plugins.models.common import claim  # noqa: F401
+        import kvcore.plugins.models.common as common
+    assert not hasattr(common, "claim")  # an attribute it is not: hasattr and getattr's default hold

@@ -85,10 +85,26 @@ class CrossAttentionSpec(AttentionSpec):
         return range(cdiv(self.encoder_len, self.block_size) if num_tokens > 0 else 0)
 
 
+@attrs.frozen(kw_only=True)
+class CappedCrossAttentionSpec(AttentionSpec):
+    """A third party's fixed-size cross attention written the other way: only
+    ``max_num_blocks`` says the request holds ``encoder_len`` tokens' pages; ``live_pages`` is
+    the default (a page per ``block_size`` decoder tokens), so the block pool holds it to that
+    cap (:func:`kvcore.runtime.one_pool.page_cap`)."""
+
+    kind = "test.capped_cross_attention"
+
+    encoder_len: int = attrs.field(validator=positive_int)
+
+    def max_num_blocks(self, context: SizingContext) -> int:
+        return cdiv(self.encoder_len, self.block_size)
+
+
 class CrossAttentionPlugin:
     @hookimpl
     def kvcore_register_spec_kinds(self, register):
         register(CrossAttentionSpec)
+        register(CappedCrossAttentionSpec)
 
 
 class ToyAttention(torch.nn.Module):

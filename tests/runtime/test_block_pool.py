@@ -17,7 +17,12 @@ from kvcore import (
     plan_kv_cache,
 )
 from tests.helpers import chunked, full, mla, sliding
-from tests.runtime._kinds import CrossAttentionPlugin, CrossAttentionSpec, ToyStateSpec
+from tests.runtime._kinds import (
+    CappedCrossAttentionSpec,
+    CrossAttentionPlugin,
+    CrossAttentionSpec,
+    ToyStateSpec,
+)
 
 CTX = SizingContext(max_model_len=256, max_num_batched_tokens=32)
 
@@ -292,6 +297,36 @@ def test_a_fixed_size_kind_takes_exactly_its_pages_at_prefill_and_never_more(mak
     assert plan.fits(4096) and pool.num_free_blocks >= 0
     pool.free_request("r")
     assert pool.num_free_blocks == plan.num_blocks
+
+
+def test_a_kind_capped_through_max_num_blocks_only_is_held_to_its_cap(make_registry):
+    """The plan counts a capped kind at its cap (100 pages for 1,600 encoder tokens); the pool
+    holds its tables to that cap however long the decoder runs (issue 38: it grew to 256 pages
+    at 4,096 tokens, past what the plan counted)."""
+    registry = make_registry(CrossAttentionPlugin())
+    capped = CappedCrossAttentionSpec(
+        block_size=16, num_kv_heads=8, head_size=64, dtype="bfloat16", encoder_len=1600
+    )
+    context = SizingContext(max_model_len=4096, max_num_batched_tokens=512)
+    specs = {"self": full(block_size=16, heads=8, head_size=64), "cross": capped}
+    plan = plan_kv_cache(specs, 2**20 * 256 * 2, context, registry=registry, policy="equal_groups")
+    index = {g.spec.kind: i for i, g in enumerate(plan.groups)}["test.capped_cross_attention"]
+    assert plan.groups[index].pages_per_request(context) == 100
+    pool = BlockPool(plan)
+    pool.reserve("r", 0)
+    done = 0
+    while done < 4096:
+        pool.release_stale("r", done)
+        done = min(done + 512, 4096)
+        pool.reserve("r", done)
+        assert len(pool.live_pages("r", index)) == min(-(-done // 16), 100)
+    assert len(pool.block_table("r", index)) == 100
+    assert pool.num_blocks - pool.num_free_blocks == plan.blocks_per_request_by_pool(4096)[0]
+    pool.free_request("r")
+    assert pool.num_free_blocks == plan.num_blocks
+    caching = BlockPool(plan, prefix_caching=True)  # its pages hold no prefix: nothing is cached
+    assert not caching.prefix_caching
+    assert "holds at most 100 pages (its max_num_blocks)" in caching.prefix_cache_stats.reason
 
 
 @pytest.mark.parametrize("kind", ["full", "mla", "state", "cross"])

@@ -237,3 +237,14 @@ def test_sglang_settings_of_a_model_sglang_gives_no_sliding_pool_have_no_ratio(r
     assert sglang.engine_tokens is not None
     # SGLang floors its own pool to a page: kvcore's plan holds as much, within a page
     assert abs(sglang.engine_tokens - sglang.kvcore_tokens) <= int(flags["--page-size"])
+
+
+@pytest.mark.parametrize("policy", ["uniform", "shared_buffer", "unified_pool"])
+def test_a_model_of_one_kind_is_expressible_in_sglang_under_any_policy(registry_module, policy):
+    """One attention kind is one SGLang pool whatever the policy: no "SGLang keeps each attention
+    kind in a pool of its own" for a model with one kind (issue 38)."""
+    specs = mix((4, full()))
+    space = SearchSpace(policies=(policy,))
+    result = tune(specs, GIB // 2, CTX, WORKLOAD, space, registry=registry_module)
+    sglang = sglang_settings(result.best, sglang_model(specs, {}, fix=""), GIB // 2, registry=registry_module)
+    assert sglang.cannot_express == ()

@@ -4,11 +4,14 @@ Model-family plugins written against kvcore 0.1 imported their helpers from here
 still works until kvcore 0.3, with a ``DeprecationWarning`` naming the new module; every name
 is looked up in :mod:`~kvcore.plugins.models.kit`. Names that kit no longer has (0.1's
 ``claim``, replaced by registering model types) are an ``AttributeError`` naming the
-replacement.
+replacement, and an ``ImportError`` with the same message where ``from ... import claim`` asks
+for them (Python turns an ``AttributeError`` there into a bare "cannot import name").
 """
 
 from __future__ import annotations
 
+import dis
+import sys
 import warnings
 from typing import Any
 
@@ -31,11 +34,27 @@ _REMOVED = {
 }
 
 
+_IMPORT_FROM = dis.opmap["IMPORT_FROM"]
+
+
+def _asked_by_import() -> bool:
+    """Whether the code that asked for a name is a ``from ... import`` (its frame stands at an
+    ``IMPORT_FROM`` instruction): there an ``AttributeError`` would reach the user as a bare
+    "cannot import name", so the removed name's message goes out as an ``ImportError``."""
+    try:
+        frame = sys._getframe(2)  # __getattr__ <- the asking code
+    except ValueError:  # pragma: no cover - no such frame
+        return False
+    code = frame.f_code.co_code
+    return 0 <= frame.f_lasti < len(code) and code[frame.f_lasti] == _IMPORT_FROM
+
+
 def __getattr__(name: str) -> Any:
     if name in _REMOVED:
-        raise AttributeError(
-            f"kvcore.plugins.models.common.{name} was removed in kvcore 0.2: {_REMOVED[name]}"
-        )
+        message = f"kvcore.plugins.models.common.{name} was removed in kvcore 0.2: {_REMOVED[name]}"
+        if _asked_by_import():
+            raise ImportError(message, name=__name__)
+        raise AttributeError(message)
     return getattr(kit, name)
 
 
