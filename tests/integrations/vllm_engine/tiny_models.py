@@ -48,13 +48,8 @@ def _qwen3_next() -> Any:
     from transformers import Qwen3NextConfig
 
     return Qwen3NextConfig(
-        num_hidden_layers=4,
-        hidden_size=128,
-        intermediate_size=256,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=64,
-        vocab_size=512,
+        num_hidden_layers=4,  # three linear-attention layers to one full, as Qwen3-Next has
+        # linear-attention heads of 64: the CPU build's gated delta net kernel takes no smaller
         linear_num_value_heads=2,
         linear_num_key_heads=1,
         linear_key_head_dim=64,
@@ -63,7 +58,7 @@ def _qwen3_next() -> Any:
         num_experts_per_tok=2,
         moe_intermediate_size=64,
         shared_expert_intermediate_size=64,
-        max_position_embeddings=1024,
+        **_WIDTHS,
     )
 
 
