@@ -71,6 +71,7 @@ if TYPE_CHECKING:
     from collections.abc import Hashable
 
     from kvcore.plan import KVCachePlan
+    from kvcore.simulation.profiles.vllm_reference import VllmReferenceScheduler
     from kvcore.simulation.workload import Workload
 
 #: vLLM 0.33's ``SchedulerConfig.max_num_seqs`` default (``DEFAULT_MAX_NUM_SEQS``).
@@ -97,6 +98,10 @@ class VllmProfile(BuiltInProfile):
             whole known sequence fits (on by default).
         long_prefill_token_threshold: vLLM's ``long_prefill_token_threshold`` (0: off): the most
             tokens one request computes in a step while another request is eligible.
+        reference: replay with the plain reference
+            (:mod:`kvcore.simulation.profiles.vllm_reference`: vLLM's methods one by one, no
+            speed path) instead of the fast :class:`VllmSimulator`; the figures are the same,
+            only slower (registered as ``vllm-reference``).
     """
 
     name: str = "vllm"
@@ -107,6 +112,7 @@ class VllmProfile(BuiltInProfile):
     max_num_seqs: int = attrs.field(default=VLLM_MAX_NUM_SEQS, validator=int_at_least(1))
     reserve_full_isl: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
     long_prefill_token_threshold: int = attrs.field(default=0, validator=int_at_least(0))
+    reference: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
 
     def settings(self) -> tuple[tuple[str, object], ...]:
         """The settings as ``(vLLM's name, value)`` pairs, for reports."""
@@ -117,8 +123,16 @@ class VllmProfile(BuiltInProfile):
             ("long_prefill_token_threshold", self.long_prefill_token_threshold),
         )
 
-    def _stepper(self, plan: KVCachePlan, workload: Workload, options: dict[str, Any]) -> VllmSimulator:
-        """A :class:`VllmSimulator` (:meth:`simulator` passes ``options``)."""
+    def _stepper(
+        self, plan: KVCachePlan, workload: Workload, options: dict[str, Any]
+    ) -> VllmSimulator | VllmReferenceScheduler:
+        """A :class:`VllmSimulator`, or with :attr:`reference` the plain
+        :class:`~kvcore.simulation.profiles.vllm_reference.VllmReferenceScheduler`
+        (:meth:`simulator` passes ``options``)."""
+        if self.reference:
+            from kvcore.simulation.profiles.vllm_reference import VllmReferenceScheduler
+
+            return VllmReferenceScheduler(plan, workload, self, **options)
         return VllmSimulator(plan, workload, self, **options)
 
 
@@ -298,6 +312,10 @@ class VllmSimulator(StepperState):
             for index, g in enumerate(self.groups):
                 by_type.setdefault((g.sliding, g.chunk, g.tokens_per_page), []).append(index)
             self._hit_types = [(key[0], key[1], ids) for key, ids in sorted(by_type.items())]
+        #: every group is chunked local attention: a lookup counts the blocks before the chunk
+        #: it ends in as hit (null blocks, outside the attention) even when nothing is cached,
+        #: so a request that never ran hits them too
+        self._null_hits = bool(self._hit_types) and all(chunk for _, chunk, _ in self._hit_types)
         #: the hash block: the groups' greatest common divisor (one group: its block)
         self._hash_block = math.gcd(*(g.tokens_per_page for g in self.groups if g.tokens_per_page)) or 1
         #: some group registers a partial tail block (see _cache_partial_tail): caching cannot be
@@ -1504,7 +1522,7 @@ class VllmSimulator(StepperState):
         and a multiple of the scheduler's block (the groups' least common multiple)."""
         if not self._hit_types:
             return 0, None
-        if self._status[r] == _WAITING and not self.requests[r].prefix_tokens:
+        if self._status[r] == _WAITING and not self.requests[r].prefix_tokens and not self._null_hits:
             # it never ran and shares no prefix: no block was ever hashed with its content
             return 0, None
         align = self._align
