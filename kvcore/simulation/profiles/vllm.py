@@ -639,6 +639,10 @@ class VllmSimulator(StepperState):
                         if tails or (tokens if tokens < tokens_known else tokens_known) >= cache_at[r]:
                             self._cache_blocks(r, tokens)
                     continue
+                if cache and status[r] == _RUNNING:
+                    # vLLM caches a finishing request's blocks too, then frees them: the blocks
+                    # it completed go to the back of the free queue, not the front
+                    self._cache_blocks(r, computed[r] - in_flight[r])
             if tokens_known >= total[r]:
                 finished.append(r)
                 if self._step_time is not None:

@@ -302,13 +302,13 @@ class VllmReferenceScheduler(StepperState):
                 continue
             req.num_tokens += 1
             if req.num_output_placeholders and not stale:
+                # async: the token was a placeholder; a running request caches the full blocks
+                # of what it has processed, finishing or not (a finishing one's blocks are then
+                # freed as cached: to the back of the free queue)
                 req.num_output_placeholders -= 1
-                if req.num_tokens < req.num_total_tokens:
-                    if req.status is RequestStatus.RUNNING:
-                        self.kv_cache_manager.cache_blocks(
-                            req, req.num_computed_tokens - req.num_in_flight_tokens
-                        )
-                    continue
+                if req.status is RequestStatus.RUNNING:
+                    processed = req.num_computed_tokens - req.num_in_flight_tokens
+                    self.kv_cache_manager.cache_blocks(req, processed)
             if req.num_tokens >= req.num_total_tokens:
                 finished.append(r)
                 if self._step_time is not None:
