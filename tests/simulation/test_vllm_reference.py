@@ -78,9 +78,10 @@ def _multi_pool_plans() -> st.SearchStrategy[KVCachePlan]:
 
 
 @st.composite
-def _workloads(draw: st.DrawFn, max_model_len: int) -> Workload:
+def _workloads(draw: st.DrawFn, max_model_len: int, *, seconds: bool = False) -> Workload:
     """2 to 16 requests: bursts (several arriving at one step) and gaps, short and long prompts
-    (up to ``max_model_len``), some leading with one of two shared prefixes."""
+    (up to ``max_model_len``), some leading with one of two shared prefixes; with ``seconds``,
+    the arrivals are times (10 ms a step)."""
     count = draw(st.integers(2, 16))
     prefixes = draw(st.lists(st.integers(1, max(1, max_model_len // 2)), min_size=2, max_size=2))
     arrivals = sorted(
@@ -101,7 +102,8 @@ def _workloads(draw: st.DrawFn, max_model_len: int) -> Workload:
                 id=index,
                 prompt_tokens=prompt,
                 output_tokens=output,
-                arrival_step=arrival,
+                arrival_step=0 if seconds else arrival,
+                arrival_time=arrival / 100 if seconds else None,
                 prefix_id=share if prefix else None,
                 prefix_tokens=prefix,
             )
@@ -162,7 +164,7 @@ def test_the_fast_path_gives_the_references_figures(data, plan, profile, caching
     """Every field of the fast path's result equals the reference's, per-step running requests
     and pool usage, preemptions, recomputed and cached tokens, queue delays and the timeline
     included; or both refuse the run with one error."""
-    workload = data.draw(_workloads(plan.context.max_model_len))
+    workload = data.draw(_workloads(plan.context.max_model_len, seconds=timed and data.draw(st.booleans())))
     fast = _run(VllmSimulator, plan, workload, profile, caching, timed)
     reference = _run(VllmReferenceScheduler, plan, workload, profile, caching, timed)
     if isinstance(fast, tuple) or isinstance(reference, tuple):

@@ -53,15 +53,23 @@ figure against vLLM 0.33's real ``Scheduler``.
 from __future__ import annotations
 
 import math
-import warnings
 from collections import OrderedDict, deque
 from itertools import repeat
 from typing import TYPE_CHECKING, Any, cast
 
 import attrs
 
-from kvcore.errors import InvalidInputError, SimulationWarning
+from kvcore.errors import InvalidInputError
 from kvcore.simulation.profile import BuiltInProfile
+from kvcore.simulation.profiles.vllm_groups import (
+    ManagerGroup as _Group,
+    chunks_off_scheduler_block as chunks_off_scheduler_block,
+    manager_group as _group,
+    pages as _pages,
+    scheduler_block as scheduler_block,
+    usable_text as _usable,
+    warn_unhit_chunks as _warn_unhit_chunks,
+)
 from kvcore.simulation.stepper import StepperState, check_lengths, step_budget
 from kvcore.simulation.steps import StepRecord, StepTimeModel
 from kvcore.spec import KVCacheSpec, SizingContext, cdiv
@@ -134,20 +142,6 @@ class VllmProfile(BuiltInProfile):
 
             return VllmReferenceScheduler(plan, workload, self, **options)
         return VllmSimulator(plan, workload, self, **options)
-
-
-@attrs.frozen
-class _Group:
-    """What the manager of one plan group needs: its pages and how they free."""
-
-    pool: int
-    tokens_per_page: int  # 0: a per-request state (one page)
-    span: int  # block ids one page takes
-    windowed: bool  # frees pages before its window (first_retained_token)
-    spec: KVCacheSpec
-    cap: int | None  # vLLM's max_admission_blocks_per_request, in pages
-    sliding: int  # the window, for cache hits (0: hits from the start or its chunk's; -1: never hits)
-    chunk: int  # chunked local attention's chunk, for cache hits (0: not chunked)
 
 
 class _Pool:
@@ -1621,78 +1615,5 @@ class VllmSimulator(StepperState):
         return self.profile.settings()
 
 
-def scheduler_block(plan: KVCachePlan) -> int:
-    """vLLM's scheduler block for ``plan``: the least common multiple of its groups' block sizes
-    (a state group counts 1). Prefix hits are multiples of it."""
-    return math.lcm(*(group.spec.tokens_per_page or 1 for group in plan.groups))
-
-
-def chunks_off_scheduler_block(plan: KVCachePlan) -> list[int]:
-    """The chunked local attention groups of ``plan`` whose block is not its
-    :func:`scheduler_block`: vLLM 0.33's prefix-cache lookup asserts that it is
-    (``ChunkedLocalAttentionManager.find_longest_cache_hit``)."""
-    block = scheduler_block(plan)
-    return [
-        index
-        for index, group in enumerate(plan.groups)
-        if getattr(group.spec, "attention_chunk_size", None) and group.spec.tokens_per_page != block
-    ]
-
-
-def _group(spec: KVCacheSpec, pool: int, span: int, context: SizingContext, *, hits_chunk: bool) -> _Group:
-    """A plan group as the manager sees it; ``hits_chunk``: a chunked local group on the
-    scheduler's block, which prefix hits look up (see :func:`chunks_off_scheduler_block`)."""
-    per_page = spec.tokens_per_page or 0
-    windowed = per_page > 0 and type(spec).first_retained_token is not KVCacheSpec.first_retained_token
-    window = getattr(spec, "sliding_window", None)
-    sliding = 0 if not windowed and per_page else (window if isinstance(window, int) and window > 0 else -1)
-    chunk = getattr(spec, "attention_chunk_size", 0) if windowed else 0
-    if chunk and hits_chunk:
-        sliding = 0  # hits from its chunk's start
-    elif chunk:
-        # vLLM's lookup asserts a chunked group's block is the scheduler's; the vLLM adapter
-        # plans such models with one block size, and here such a group never hits
-        chunk = 0
-    return _Group(
-        pool=pool,
-        tokens_per_page=per_page,
-        span=span,
-        windowed=windowed,
-        spec=spec,
-        cap=spec.max_num_blocks(context) if windowed else None,
-        sliding=sliding,
-        chunk=chunk,
-    )
-
-
-def _warn_unhit_chunks(plan: KVCachePlan, index: int) -> None:
-    """Warn that chunked local group ``index`` is off the scheduler block: vLLM 0.33 stops on
-    such a plan at its first prefix-cache lookup, and the profile lets the group never hit, so
-    the plan hits nothing."""
-    warnings.warn(
-        SimulationWarning(
-            f"policy {plan.policy!r}: chunked local attention group {index} has blocks of "
-            f"{plan.groups[index].spec.tokens_per_page} tokens, not the scheduler's {scheduler_block(plan)} "
-            "(the least common multiple of every group's block size); vLLM 0.33 stops on such a plan at "
-            "its first prefix-cache lookup, and here its chunked groups never hit, so the plan hits "
-            "nothing; plan with uniform_block_size=True (one block size) for the hits vLLM would find"
-        ),
-        stacklevel=4,
-    )
-
-
 def _is_partial(key: Hashable) -> bool:
     return isinstance(key, tuple) and len(key) > 1 and key[1] == "partial"
-
-
-def _pages(group: _Group, tokens: int) -> int:
-    """Pages covering ``tokens`` (a state: one page from the first token)."""
-    if not group.tokens_per_page:
-        return 1 if tokens > 0 else 0
-    return cdiv(tokens, group.tokens_per_page)
-
-
-def _usable(plan: KVCachePlan) -> str:
-    if len(plan.pools) == 1:
-        return str(plan.usable_blocks)
-    return ", ".join(f"{plan.usable_blocks_in(p)} in pool {p}" for p in range(len(plan.pools)))

@@ -29,11 +29,11 @@ import math
 from collections.abc import Hashable, Sequence
 from typing import TYPE_CHECKING
 
-from kvcore.simulation.profiles.vllm import (
-    _Group,
-    _group,
-    _pages,
+from kvcore.simulation.profiles.vllm_groups import (
+    ManagerGroup,
     chunks_off_scheduler_block,
+    manager_group,
+    pages,
     scheduler_block,
 )
 from kvcore.simulation.profiles.vllm_reference.block_pool import BlockPool, KVCacheBlock
@@ -66,7 +66,7 @@ class SingleTypeKVCacheManager:
         num_cached_block: each request's blocks counted as cached (hashed) so far.
     """
 
-    def __init__(self, index: int, group: _Group, block_pool: BlockPool, *, hash_block: int) -> None:
+    def __init__(self, index: int, group: ManagerGroup, block_pool: BlockPool, *, hash_block: int) -> None:
         self.index = index
         self.group = group
         self.block_size = group.tokens_per_page
@@ -95,7 +95,7 @@ class SingleTypeKVCacheManager:
         ``num_tokens`` takes from the pool: new blocks for the pages not yet held and not before
         the window (capped at ``max_admission_blocks_per_request`` at admission), and the hit
         blocks that leave the free queue when touched."""
-        required = _pages(self.group, num_tokens)
+        required = pages(self.group, num_tokens)
         if apply_admission_cap and self.group.cap is not None:
             required = min(required, self.group.cap)
         held = len(self.req_to_blocks.get(r, ()))
@@ -117,7 +117,7 @@ class SingleTypeKVCacheManager:
         """``allocate_new_blocks``: fresh blocks until request ``r`` has a page for each of
         ``num_tokens`` slots (a state group: one block)."""
         blocks = self.req_to_blocks[r]
-        count = _pages(self.group, num_tokens) - len(blocks)
+        count = pages(self.group, num_tokens) - len(blocks)
         if count > 0:
             blocks.extend(self.block_pool.get_new_blocks(count, self.group.span))
 
@@ -288,7 +288,7 @@ class KVCacheManager:
         self.alignment = scheduler_block(plan)
         unhit = chunks_off_scheduler_block(plan)
         groups = [
-            _group(g.spec, g.pool, g.blocks_per_page, context, hits_chunk=index not in unhit)
+            manager_group(g.spec, g.pool, g.blocks_per_page, context, hits_chunk=index not in unhit)
             for index, g in enumerate(plan.groups)
         ]
         self.block_pools = [

@@ -19,10 +19,10 @@ with the pool to itself is an error, not an endless run.
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from kvcore.errors import InvalidInputError
-from kvcore.simulation.profiles.vllm import _usable, _warn_unhit_chunks, chunks_off_scheduler_block
+from kvcore.simulation.profiles.vllm_groups import chunks_off_scheduler_block, usable_text, warn_unhit_chunks
 from kvcore.simulation.profiles.vllm_reference.kv_cache_manager import KVCacheManager
 from kvcore.simulation.profiles.vllm_reference.request import RequestState, RequestStatus
 from kvcore.simulation.stepper import StepperState, check_lengths, step_budget
@@ -30,11 +30,30 @@ from kvcore.simulation.steps import StepRecord, StepTimeModel
 
 if TYPE_CHECKING:
     from kvcore.plan import KVCachePlan
-    from kvcore.simulation.profiles.vllm import VllmProfile
     from kvcore.simulation.workload import Workload
 
 #: One step's output: tokens scheduled per request, the requests that sampled, and the step.
 StepOutput = tuple[dict[int, int], set[int], int]
+
+
+class VllmSettings(Protocol):
+    """vLLM's scheduler settings, as :class:`~kvcore.simulation.profiles.vllm.VllmProfile` holds
+    them (not imported here: that module imports this one)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def async_scheduling(self) -> bool: ...
+    @property
+    def max_num_seqs(self) -> int: ...
+    @property
+    def reserve_full_isl(self) -> bool: ...
+    @property
+    def long_prefill_token_threshold(self) -> int: ...
+
+    def settings(self) -> tuple[tuple[str, object], ...]:
+        """The settings as ``(vLLM's name, value)`` pairs."""
+        ...
 
 
 class VllmReferenceScheduler(StepperState):
@@ -51,7 +70,7 @@ class VllmReferenceScheduler(StepperState):
         self,
         plan: KVCachePlan,
         workload: Workload,
-        profile: VllmProfile,
+        profile: VllmSettings,
         *,
         max_num_batched_tokens: int | None = None,
         prefix_caching: bool = False,
@@ -68,7 +87,7 @@ class VllmReferenceScheduler(StepperState):
         self.lag = 1 if profile.async_scheduling else 0
         unhit = chunks_off_scheduler_block(plan)
         if prefix_caching and unhit:
-            _warn_unhit_chunks(plan, unhit[0])
+            warn_unhit_chunks(plan, unhit[0])
         self.kv_cache_manager = KVCacheManager(
             plan,
             max_model_len=self.max_model_len,
@@ -118,7 +137,7 @@ class VllmReferenceScheduler(StepperState):
             stuck = self.requests[self._waiting[0]]
             raise InvalidInputError(
                 f"{stuck.label} ({stuck.prompt_tokens} prompt + {stuck.output_tokens} output tokens) "
-                f"cannot be admitted even with the pool to itself ({_usable(self.plan)} block ids): "
+                f"cannot be admitted even with the pool to itself ({usable_text(self.plan)} block ids): "
                 "plan more blocks, or give a smaller max_num_batched_tokens"
             )
         self.total_tokens += tokens
@@ -278,7 +297,7 @@ class VllmReferenceScheduler(StepperState):
             raise InvalidInputError(
                 f"{stuck.label} ({stuck.prompt_tokens} prompt + {stuck.output_tokens} output tokens) "
                 f"cannot grow past {point[0]:,} computed tokens even with the pool to itself "
-                f"({_usable(self.plan)} block ids), so it would be admitted and preempted without end: "
+                f"({usable_text(self.plan)} block ids), so it would be admitted and preempted without end: "
                 "plan more blocks, give a smaller max_num_batched_tokens, or keep reserve_full_isl on "
                 "(vLLM's default: a request waits until its whole prompt fits)"
             )
