@@ -150,6 +150,7 @@ def _run(
     raise AssertionError("the run did not end in 20,000 steps")
 
 
+@pytest.mark.property
 @settings(
     max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much]
 )

@@ -17,10 +17,12 @@ our words. Where this differs from vLLM 0.33:
   holds one block from the request's first token and never hits (vLLM's
   ``mamba_cache_mode='none'``), and a chunked local group whose block is not the scheduler's
   never hits (vLLM 0.33's lookup asserts that it is).
-- **Running requests** ask for blocks with the same count as admitted ones
-  (``get_num_blocks_to_allocate``: required blocks less the larger of the blocks before the
-  window and those held); no speculative decoding, KV connector, copy-on-write of a partial
-  hit, sparse retention or encoder blocks.
+- **One count for every request**: ``get_num_blocks_to_allocate`` counts the required blocks
+  less the larger of those before the window and those held (hit blocks included) for a running
+  request too, where vLLM takes a shortcut (required less held): a running request's blocks
+  cover its computed tokens, so the two agree. No speculative decoding, KV connector,
+  copy-on-write of a partial hit (a hit is a multiple of every block size), sparse retention or
+  encoder blocks.
 """
 
 from __future__ import annotations
@@ -318,7 +320,10 @@ class KVCacheManager:
     ) -> tuple[int, list[Blocks]]:
         """``HybridKVCacheCoordinator.find_longest_cache_hit``: the longest hit every attention
         type serves. Each type looks up at most the length the types before it found, and the
-        pass repeats with the shorter length until no type shortens it."""
+        pass repeats with the shorter length until no type shortens it. (vLLM reuses the full
+        attention lookup in later passes and stops after one pass when full attention and one
+        other type take part: shortcuts that find the same hit.) Groups of one window, chunk
+        and block size are looked up together, as vLLM looks up the groups of one spec."""
         hit = max_cache_hit_length
         found: dict[int, Blocks] = {}
         while True:
