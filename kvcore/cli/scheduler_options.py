@@ -34,10 +34,11 @@ def add_scheduler_options(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_SCHEDULER,
         metavar="NAME",
         help="the scheduler to replay the workload as: vllm (default: vLLM 0.33's v1 scheduler), "
+        "vllm-reference (the same written plainly, no speed path: same figures, slower), "
         "kvcore (kvcore's own rules), sglang (SGLang 0.5.23's scheduler), or one a plugin registers "
         "(`kvcore plugins` lists them)",
     )
-    vllm = parser.add_argument_group("vLLM's scheduler settings (with --scheduler vllm)")
+    vllm = parser.add_argument_group("vLLM's scheduler settings (with --scheduler vllm or vllm-reference)")
     vllm.add_argument(
         "--sync-scheduling",
         dest="async_scheduling",
@@ -70,7 +71,8 @@ def add_scheduler_options(parser: argparse.ArgumentParser) -> None:
 
 
 def scheduler_profile(args: PlanningArgs, registry: Registry) -> Any:
-    """The profile the options name, with vLLM's settings when it is ``vllm``.
+    """The profile the options name, with vLLM's settings when it is ``vllm`` (or
+    ``vllm-reference``, any :class:`~kvcore.simulation.profiles.vllm.VllmProfile`).
 
     Raises:
         UnknownSchedulerError: no registered profile has the name.
@@ -82,15 +84,16 @@ def scheduler_profile(args: PlanningArgs, registry: Registry) -> Any:
     options = attrs.asdict(args, recurse=False)
     given = {key: options[key] for key in VLLM_DEFAULTS if options[key] is not None}
     profile = registry.scheduler_profile(name)
-    if name != "vllm" or not isinstance(profile, VllmProfile):
+    if not isinstance(profile, VllmProfile):
         if given:
             flags = ", ".join("--" + key.replace("_", "-") for key in given)
             raise InvalidInputError(
-                f"{flags}: vLLM's settings, for --scheduler vllm only (got --scheduler {name})"
+                f"{flags}: vLLM's settings, for --scheduler vllm only (or vllm-reference; "
+                f"got --scheduler {name})"
             )
         return profile
     settings: dict[str, Any] = {**VLLM_DEFAULTS, **given}
-    return VllmProfile(**settings)
+    return attrs.evolve(profile, **settings)  # vllm-reference keeps its name and reference=True
 
 
 def scheduler_row(profile: Any) -> dict[str, Any]:

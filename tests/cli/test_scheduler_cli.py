@@ -75,3 +75,20 @@ def test_sglangs_scheduler_by_name_runs_plans_sglang_can_hold(run_cli):
     # the shared buffer puts both kinds in one pool, which SGLang cannot run: one line with the fix
     status, _, err = run_cli("simulate", *SMALL, *SYNTHETIC, "--scheduler", "sglang")
     assert status == 1 and "SGLang has one page size" in err and "kind_pools" in err
+
+
+def test_the_vllm_reference_takes_vllms_settings_and_gives_its_figures(run_cli):
+    """``--scheduler vllm-reference`` (the plain reference) takes vLLM's settings and prints the
+    figures of ``vllm`` (the fast path) under its own name."""
+    options = (*SMALL, *SYNTHETIC, "--json", "--sync-scheduling", "--max-num-seqs", "8", "--prefix-caching")
+    results = {}
+    for name in ("vllm", "vllm-reference"):
+        status, out, err = run_cli("simulate", *options, "--scheduler", name)
+        assert status == 0, err
+        payload = json.loads(out)
+        assert payload["scheduler"]["name"] == name
+        simulation = payload["candidates"][0]["simulation"]
+        assert simulation.pop("scheduler") == name
+        assert simulation["scheduler_settings"]["max_num_seqs"] == 8
+        results[name] = simulation
+    assert results["vllm"] == results["vllm-reference"]

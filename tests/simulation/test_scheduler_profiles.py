@@ -44,7 +44,7 @@ def _trace(name, count):
 
 
 def test_the_builtin_profiles_are_registered_and_vllm_is_the_default():
-    assert list(REGISTRY.scheduler_profiles) == ["vllm", "kvcore", "sglang"]
+    assert list(REGISTRY.scheduler_profiles) == ["vllm", "kvcore", "sglang", "vllm-reference"]
     plan = _plan("meta-llama/Llama-3.2-1B", GIB // 4, 2048)
     workload = _trace("chat", 20)
     result = simulate(plan, workload, registry=REGISTRY)

@@ -4,6 +4,8 @@ exactly as a third-party engine's would be (this module is one of
 
 - ``vllm`` (the default): vLLM 0.33's v1 scheduler and KV-cache manager
   (:mod:`kvcore.simulation.profiles.vllm`);
+- ``vllm-reference``: the same scheduler written plainly, vLLM's methods one by one with no
+  speed path (:mod:`kvcore.simulation.profiles.vllm_reference`): the figures of ``vllm``, slower;
 - ``kvcore``: the simulator's own rules (:mod:`kvcore.simulation.profiles.kvcore_rules`);
 - ``sglang``: SGLang 0.5.23's scheduler, radix cache and token pools
   (:mod:`kvcore.simulation.profiles.sglang`).
@@ -26,3 +28,10 @@ def kvcore_register_scheduler_profiles(register: Callable[[Any], None]) -> None:
     register(VllmProfile())
     register(KvcoreProfile())
     register(SglangProfile())
+    register(
+        VllmProfile(
+            name="vllm-reference",
+            description="vLLM 0.33's v1 scheduler written plainly: the vllm profile's figures, slower",
+            reference=True,
+        )
+    )

@@ -53,15 +53,23 @@ figure against vLLM 0.33's real ``Scheduler``.
 from __future__ import annotations
 
 import math
-import warnings
 from collections import OrderedDict, deque
 from itertools import repeat
 from typing import TYPE_CHECKING, Any, cast
 
 import attrs
 
-from kvcore.errors import InvalidInputError, SimulationWarning
+from kvcore.errors import InvalidInputError
 from kvcore.simulation.profile import BuiltInProfile
+from kvcore.simulation.profiles.vllm_groups import (
+    ManagerGroup as _Group,
+    chunks_off_scheduler_block as chunks_off_scheduler_block,
+    manager_group as _group,
+    pages as _pages,
+    scheduler_block as scheduler_block,
+    usable_text as _usable,
+    warn_unhit_chunks as _warn_unhit_chunks,
+)
 from kvcore.simulation.stepper import StepperState, check_lengths, step_budget
 from kvcore.simulation.steps import StepRecord, StepTimeModel
 from kvcore.spec import KVCacheSpec, SizingContext, cdiv
@@ -71,6 +79,7 @@ if TYPE_CHECKING:
     from collections.abc import Hashable
 
     from kvcore.plan import KVCachePlan
+    from kvcore.simulation.profiles.vllm_reference import VllmReferenceScheduler
     from kvcore.simulation.workload import Workload
 
 #: vLLM 0.33's ``SchedulerConfig.max_num_seqs`` default (``DEFAULT_MAX_NUM_SEQS``).
@@ -97,6 +106,10 @@ class VllmProfile(BuiltInProfile):
             whole known sequence fits (on by default).
         long_prefill_token_threshold: vLLM's ``long_prefill_token_threshold`` (0: off): the most
             tokens one request computes in a step while another request is eligible.
+        reference: replay with the plain reference
+            (:mod:`kvcore.simulation.profiles.vllm_reference`: vLLM's methods one by one, no
+            speed path) instead of the fast :class:`VllmSimulator`; the figures are the same,
+            only slower (registered as ``vllm-reference``).
     """
 
     name: str = "vllm"
@@ -107,6 +120,7 @@ class VllmProfile(BuiltInProfile):
     max_num_seqs: int = attrs.field(default=VLLM_MAX_NUM_SEQS, validator=int_at_least(1))
     reserve_full_isl: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
     long_prefill_token_threshold: int = attrs.field(default=0, validator=int_at_least(0))
+    reference: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
 
     def settings(self) -> tuple[tuple[str, object], ...]:
         """The settings as ``(vLLM's name, value)`` pairs, for reports."""
@@ -117,23 +131,17 @@ class VllmProfile(BuiltInProfile):
             ("long_prefill_token_threshold", self.long_prefill_token_threshold),
         )
 
-    def _stepper(self, plan: KVCachePlan, workload: Workload, options: dict[str, Any]) -> VllmSimulator:
-        """A :class:`VllmSimulator` (:meth:`simulator` passes ``options``)."""
+    def _stepper(
+        self, plan: KVCachePlan, workload: Workload, options: dict[str, Any]
+    ) -> VllmSimulator | VllmReferenceScheduler:
+        """A :class:`VllmSimulator`, or with :attr:`reference` the plain
+        :class:`~kvcore.simulation.profiles.vllm_reference.VllmReferenceScheduler`
+        (:meth:`simulator` passes ``options``)."""
+        if self.reference:
+            from kvcore.simulation.profiles.vllm_reference import VllmReferenceScheduler
+
+            return VllmReferenceScheduler(plan, workload, self, **options)
         return VllmSimulator(plan, workload, self, **options)
-
-
-@attrs.frozen
-class _Group:
-    """What the manager of one plan group needs: its pages and how they free."""
-
-    pool: int
-    tokens_per_page: int  # 0: a per-request state (one page)
-    span: int  # block ids one page takes
-    windowed: bool  # frees pages before its window (first_retained_token)
-    spec: KVCacheSpec
-    cap: int | None  # vLLM's max_admission_blocks_per_request, in pages
-    sliding: int  # the window, for cache hits (0: hits from the start or its chunk's; -1: never hits)
-    chunk: int  # chunked local attention's chunk, for cache hits (0: not chunked)
 
 
 class _Pool:
@@ -298,6 +306,10 @@ class VllmSimulator(StepperState):
             for index, g in enumerate(self.groups):
                 by_type.setdefault((g.sliding, g.chunk, g.tokens_per_page), []).append(index)
             self._hit_types = [(key[0], key[1], ids) for key, ids in sorted(by_type.items())]
+        #: every group is chunked local attention: a lookup counts the blocks before the chunk
+        #: it ends in as hit (null blocks, outside the attention) even when nothing is cached,
+        #: so a request that never ran hits them too
+        self._null_hits = bool(self._hit_types) and all(chunk for _, chunk, _ in self._hit_types)
         #: the hash block: the groups' greatest common divisor (one group: its block)
         self._hash_block = math.gcd(*(g.tokens_per_page for g in self.groups if g.tokens_per_page)) or 1
         #: some group registers a partial tail block (see _cache_partial_tail): caching cannot be
@@ -621,6 +633,10 @@ class VllmSimulator(StepperState):
                         if tails or (tokens if tokens < tokens_known else tokens_known) >= cache_at[r]:
                             self._cache_blocks(r, tokens)
                     continue
+                if cache and status[r] == _RUNNING:
+                    # vLLM caches a finishing request's blocks too, then frees them: the blocks
+                    # it completed go to the back of the free queue, not the front
+                    self._cache_blocks(r, computed[r] - in_flight[r])
             if tokens_known >= total[r]:
                 finished.append(r)
                 if self._step_time is not None:
@@ -1504,7 +1520,7 @@ class VllmSimulator(StepperState):
         and a multiple of the scheduler's block (the groups' least common multiple)."""
         if not self._hit_types:
             return 0, None
-        if self._status[r] == _WAITING and not self.requests[r].prefix_tokens:
+        if self._status[r] == _WAITING and not self.requests[r].prefix_tokens and not self._null_hits:
             # it never ran and shares no prefix: no block was ever hashed with its content
             return 0, None
         align = self._align
@@ -1599,78 +1615,5 @@ class VllmSimulator(StepperState):
         return self.profile.settings()
 
 
-def scheduler_block(plan: KVCachePlan) -> int:
-    """vLLM's scheduler block for ``plan``: the least common multiple of its groups' block sizes
-    (a state group counts 1). Prefix hits are multiples of it."""
-    return math.lcm(*(group.spec.tokens_per_page or 1 for group in plan.groups))
-
-
-def chunks_off_scheduler_block(plan: KVCachePlan) -> list[int]:
-    """The chunked local attention groups of ``plan`` whose block is not its
-    :func:`scheduler_block`: vLLM 0.33's prefix-cache lookup asserts that it is
-    (``ChunkedLocalAttentionManager.find_longest_cache_hit``)."""
-    block = scheduler_block(plan)
-    return [
-        index
-        for index, group in enumerate(plan.groups)
-        if getattr(group.spec, "attention_chunk_size", None) and group.spec.tokens_per_page != block
-    ]
-
-
-def _group(spec: KVCacheSpec, pool: int, span: int, context: SizingContext, *, hits_chunk: bool) -> _Group:
-    """A plan group as the manager sees it; ``hits_chunk``: a chunked local group on the
-    scheduler's block, which prefix hits look up (see :func:`chunks_off_scheduler_block`)."""
-    per_page = spec.tokens_per_page or 0
-    windowed = per_page > 0 and type(spec).first_retained_token is not KVCacheSpec.first_retained_token
-    window = getattr(spec, "sliding_window", None)
-    sliding = 0 if not windowed and per_page else (window if isinstance(window, int) and window > 0 else -1)
-    chunk = getattr(spec, "attention_chunk_size", 0) if windowed else 0
-    if chunk and hits_chunk:
-        sliding = 0  # hits from its chunk's start
-    elif chunk:
-        # vLLM's lookup asserts a chunked group's block is the scheduler's; the vLLM adapter
-        # plans such models with one block size, and here such a group never hits
-        chunk = 0
-    return _Group(
-        pool=pool,
-        tokens_per_page=per_page,
-        span=span,
-        windowed=windowed,
-        spec=spec,
-        cap=spec.max_num_blocks(context) if windowed else None,
-        sliding=sliding,
-        chunk=chunk,
-    )
-
-
-def _warn_unhit_chunks(plan: KVCachePlan, index: int) -> None:
-    """Warn that chunked local group ``index`` is off the scheduler block: vLLM 0.33 stops on
-    such a plan at its first prefix-cache lookup, and the profile lets the group never hit, so
-    the plan hits nothing."""
-    warnings.warn(
-        SimulationWarning(
-            f"policy {plan.policy!r}: chunked local attention group {index} has blocks of "
-            f"{plan.groups[index].spec.tokens_per_page} tokens, not the scheduler's {scheduler_block(plan)} "
-            "(the least common multiple of every group's block size); vLLM 0.33 stops on such a plan at "
-            "its first prefix-cache lookup, and here its chunked groups never hit, so the plan hits "
-            "nothing; plan with uniform_block_size=True (one block size) for the hits vLLM would find"
-        ),
-        stacklevel=4,
-    )
-
-
 def _is_partial(key: Hashable) -> bool:
     return isinstance(key, tuple) and len(key) > 1 and key[1] == "partial"
-
-
-def _pages(group: _Group, tokens: int) -> int:
-    """Pages covering ``tokens`` (a state: one page from the first token)."""
-    if not group.tokens_per_page:
-        return 1 if tokens > 0 else 0
-    return cdiv(tokens, group.tokens_per_page)
-
-
-def _usable(plan: KVCachePlan) -> str:
-    if len(plan.pools) == 1:
-        return str(plan.usable_blocks)
-    return ", ".join(f"{plan.usable_blocks_in(p)} in pool {p}" for p in range(len(plan.pools)))

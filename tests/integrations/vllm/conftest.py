@@ -32,5 +32,6 @@ collect_ignore_glob = (
         "test_howto.py",
         "test_longest_admitted.py",
         "test_scheduler_profile.py",
+        "test_scheduler_differential.py",
     ]
 )

@@ -1,0 +1,240 @@
+"""The ``vllm`` profile's fast path (:class:`~kvcore.simulation.profiles.vllm.VllmSimulator`: steady
+decoders, compact tables, lazy hashing, the free queue as runs, the admission memo, event bounds)
+held to its plain reference (:mod:`kvcore.simulation.profiles.vllm_reference`: vLLM's scheduler
+and KV-cache manager, method by method): on random plans and traces, every field of the result,
+per-step series and the timeline included, is the same, or both refuse the run with the same
+error."""
+
+from __future__ import annotations
+
+import warnings
+
+import attrs
+import pytest
+from hypothesis import HealthCheck, event, given, reject, settings, strategies as st
+
+from kvcore import SizingContext, simulate
+from kvcore.errors import InvalidInputError, PolicyNotApplicableError, SimulationWarning
+from kvcore.plan import KVCachePlan
+from kvcore.planning.capacity import request_bytes
+from kvcore.planning.manager import get_plugin_manager
+from kvcore.planning.registry import Registry
+from kvcore.simulation.profiles.vllm import VllmProfile, VllmSimulator
+from kvcore.simulation.profiles.vllm_reference import VllmReferenceScheduler
+from kvcore.simulation.steps import StepRecord
+from kvcore.simulation.workload import Request, Workload
+from kvcore.testing import strategies as kst
+
+REGISTRY = Registry.from_plugin_manager(get_plugin_manager(autoload=False))
+
+#: the kinds the profile runs: full attention, sliding windows, chunked local attention, MLA, state
+KINDS = ("full_attention", "sliding_window", "chunked_local_attention", "mla", "state")
+POLICIES = ("uniform", "shared_buffer", "equal_groups", "kind_pools", "unified_pool")
+
+
+@attrs.frozen
+class _SecondsPerToken:
+    """A step-time model: a fixed cost per step and per token, so the timeline follows the steps."""
+
+    description: str = "test: 1 ms a step + 10 us a token"
+
+    def __call__(self, record: StepRecord) -> float:
+        return 1e-3 + 1e-5 * (record.prefill_tokens + record.decode_tokens)
+
+
+def _contexts() -> st.SearchStrategy[SizingContext]:
+    return kst.sizing_contexts(
+        max_model_len=st.integers(32, 640), max_num_batched_tokens=st.sampled_from([8, 32, 64, 256])
+    )
+
+
+@st.composite
+def _plans(draw: st.DrawFn) -> KVCachePlan:
+    """A plan of up to three specs of the profile's kinds, by any built-in policy, whose budget
+    holds one to two (or four) requests of ``max_model_len`` (tight: requests wait, preempt
+    and evict)."""
+    specs = draw(
+        kst.layer_specs(max_layers=6, max_distinct=3, spec_strategy=kst.specs(KINDS, registry=REGISTRY))
+    )
+    context = draw(_contexts())
+    need = request_bytes(specs, context)
+    budget = draw(st.integers(need, draw(st.sampled_from([2, 2, 4])) * need))
+    problem = kst.PlanningProblem(specs=specs, context=context, available_bytes=budget)
+    policy = draw(st.sampled_from(POLICIES))
+    try:
+        plan = problem.plan(policy, REGISTRY)
+    except PolicyNotApplicableError:
+        reject()
+    if not plan.usable_blocks:
+        reject()
+    return plan
+
+
+def _multi_pool_plans() -> st.SearchStrategy[KVCachePlan]:
+    """Plans of several pools (``kind_pools`` plans and hand-built ones: pages of several block
+    ids, pools of unequal sizes)."""
+    context = SizingContext(max_model_len=256, max_num_batched_tokens=64)
+    return kst.multi_pool_plans(kinds=KINDS, registry=REGISTRY, context=context, max_requests=2)
+
+
+@st.composite
+def _workloads(draw: st.DrawFn, max_model_len: int, *, seconds: bool = False) -> Workload:
+    """2 to 16 requests: bursts (several arriving at one step) and gaps, short and long prompts
+    (up to ``max_model_len``), some leading with one of two shared prefixes; with ``seconds``,
+    the arrivals are times (10 ms a step)."""
+    count = draw(st.integers(2, 16))
+    prefixes = draw(st.lists(st.integers(1, max(1, max_model_len // 2)), min_size=2, max_size=2))
+    arrivals = sorted(
+        draw(st.lists(st.sampled_from([0, 0, 0, 1, 3, 10, 40]), min_size=count, max_size=count))
+    )
+    requests = []
+    for index, arrival in enumerate(arrivals):
+        long = draw(st.booleans())
+        top = max_model_len - 1 if long else max(1, min(max_model_len - 1, 96))
+        prompt = draw(st.integers(1, max(1, top)))
+        output = draw(
+            st.integers(1, max(1, min(max_model_len - prompt, draw(st.sampled_from([8, 48, 200])))))
+        )
+        share = draw(st.sampled_from([None, 0, 0, 1]))
+        prefix = min(prefixes[share], prompt) if share is not None else 0
+        requests.append(
+            Request(
+                id=index,
+                prompt_tokens=prompt,
+                output_tokens=output,
+                arrival_step=0 if seconds else arrival,
+                arrival_time=arrival / 100 if seconds else None,
+                prefix_id=share if prefix else None,
+                prefix_tokens=prefix,
+            )
+        )
+    return Workload(tuple(requests), name="random")
+
+
+def _profiles() -> st.SearchStrategy[VllmProfile]:
+    return st.builds(
+        VllmProfile,
+        async_scheduling=st.booleans(),
+        max_num_seqs=st.sampled_from([1, 3, 128]),
+        reserve_full_isl=st.sampled_from([True, True, False]),
+        long_prefill_token_threshold=st.sampled_from([0, 0, 16]),
+    )
+
+
+def _run(
+    stepper_class: type,
+    plan: KVCachePlan,
+    workload: Workload,
+    profile: VllmProfile,
+    caching: bool,
+    timed: bool,
+):
+    """The run's result, or the error that refused it (its type and message); the warning of a
+    chunked group off the scheduler's block (which then never hits) is left out."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SimulationWarning)
+        try:
+            stepper = stepper_class(
+                plan,
+                workload,
+                profile,
+                prefix_caching=caching,
+                step_time=_SecondsPerToken() if timed else None,
+            )
+            for _ in range(20_000):  # every run here ends in far fewer steps
+                if stepper.done:
+                    return stepper.result()
+                stepper.step()
+        except InvalidInputError as error:
+            return (type(error), str(error))
+    raise AssertionError("the run did not end in 20,000 steps")
+
+
+@pytest.mark.property
+@settings(
+    max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much]
+)
+@given(
+    data=st.data(),
+    plan=st.one_of(_plans(), _plans(), _plans(), _multi_pool_plans()),
+    profile=_profiles(),
+    caching=st.booleans(),
+    timed=st.booleans(),
+)
+def test_the_fast_path_gives_the_references_figures(data, plan, profile, caching, timed):
+    """Every field of the fast path's result equals the reference's, per-step running requests
+    and pool usage, preemptions, recomputed and cached tokens, queue delays and the timeline
+    included; or both refuse the run with one error."""
+    workload = data.draw(_workloads(plan.context.max_model_len, seconds=timed and data.draw(st.booleans())))
+    fast = _run(VllmSimulator, plan, workload, profile, caching, timed)
+    reference = _run(VllmReferenceScheduler, plan, workload, profile, caching, timed)
+    if isinstance(fast, tuple) or isinstance(reference, tuple):
+        event("refused")
+        assert fast == reference
+        return
+    event(f"preempts: {fast.preemptions > 0}")
+    event(f"hits: {fast.cached_tokens > 0}")
+    event(f"kinds: {sorted({type(g.spec).kind for g in plan.groups})}")
+    for field in attrs.fields(type(fast)):
+        assert getattr(fast, field.name) == getattr(reference, field.name), field.name
+
+
+def test_the_reference_is_reachable_by_name_and_flag():
+    """``vllm-reference`` (and ``VllmProfile(reference=True)``) replay with the reference; the
+    result names the profile that ran and gives the ``vllm`` profile's figures."""
+    profile = REGISTRY.scheduler_profile("vllm-reference")
+    assert isinstance(profile, VllmProfile) and profile.reference
+    plan = kst.PlanningProblem(
+        specs={
+            "model.layers.0": REGISTRY.spec_class("full_attention")(
+                block_size=16, num_kv_heads=1, head_size=8, dtype="float16"
+            )
+        },
+        context=SizingContext(max_model_len=256, max_num_batched_tokens=64),
+        available_bytes=8 * 2**10,  # 16 blocks of 16 tokens
+    ).plan("uniform", REGISTRY)
+    workload = Workload(
+        tuple(
+            Request(id=i, prompt_tokens=100 + i, output_tokens=40, prefix_id=0, prefix_tokens=64)
+            for i in range(6)
+        ),
+        name="six",
+    )
+    by_name = simulate(plan, workload, scheduler="vllm-reference", prefix_caching=True, registry=REGISTRY)
+    fast = simulate(plan, workload, scheduler="vllm", prefix_caching=True, registry=REGISTRY)
+    assert by_name.scheduler == "vllm-reference" and fast.scheduler == "vllm"
+    assert attrs.evolve(by_name, scheduler="vllm") == fast
+    assert fast.cached_tokens > 0 and fast.preemptions > 0  # the case's premise: hits, a tight pool
+    flagged = simulate(
+        plan, workload, scheduler=VllmProfile(reference=True), prefix_caching=True, registry=REGISTRY
+    )
+    assert flagged == fast
+
+
+@pytest.mark.parametrize("caching", [False, True])
+def test_the_reference_refuses_what_the_fast_path_refuses(caching):
+    """A request the pool cannot hold even alone is the same one-line error from both."""
+    plan = kst.PlanningProblem(
+        specs={
+            "model.layers.0": REGISTRY.spec_class("full_attention")(
+                block_size=16, num_kv_heads=1, head_size=8, dtype="float16"
+            )
+        },
+        context=SizingContext(max_model_len=512, max_num_batched_tokens=64),
+        available_bytes=8 * 2**10,
+    ).plan("uniform", REGISTRY)
+    workload = Workload((Request(id=0, prompt_tokens=500, output_tokens=4),), name="one")
+    errors = []
+    for reference in (False, True):
+        with pytest.raises(
+            InvalidInputError, match="cannot be admitted even with the pool to itself"
+        ) as caught:
+            simulate(
+                plan,
+                workload,
+                scheduler=VllmProfile(reference=reference),
+                prefix_caching=caching,
+                registry=REGISTRY,
+            )
+        errors.append(str(caught.value))
+    assert errors[0] == errors[1]
