@@ -27,7 +27,7 @@ def settle_budget(args: PlanningArgs, registry: Registry) -> tuple[PlanningArgs,
         ``args`` with the budget in ``memory``, and the budget and its terms (``None`` when
         the budget was given as ``--memory``: ``args`` unchanged).
 
-    With ``--gpu NAME`` (``compare``, ``simulate``, ``tune``) and neither ``--memory`` nor
+    With ``--gpu NAME`` (``plan``, ``compare``, ``simulate``, ``tune``) and neither ``--memory`` nor
     ``--gpu-memory``, the GPU's memory is ``--gpu-memory``; a budget larger than that GPU's
     memory is refused.
 
@@ -112,7 +112,7 @@ def _gpu_name_budget(args: PlanningArgs) -> PlanningArgs:
 
 #: The commands whose budget ``--gpu NAME`` may give (those taking ``--gpu``: argparse requires
 #: no budget of them, :func:`_gpu_name_budget` does).
-_GPU_NAME_COMMANDS = frozenset({"compare", "simulate", "tune"})
+_GPU_NAME_COMMANDS = frozenset({"plan", "compare", "simulate", "tune"})
 
 
 #: How the planning layer's messages name what the command line spells as flags.

@@ -596,10 +596,17 @@ def settle_max_model_len(args: PlanningArgs, registry: Registry) -> PlanningArgs
 
 
 def add_planning_options(
-    parser: argparse.ArgumentParser, *, memory_required: bool = True, length_required: bool = True
+    parser: argparse.ArgumentParser,
+    *,
+    memory_required: bool = True,
+    length_required: bool = True,
+    gpu_name: bool = False,
 ) -> None:
-    """The sizing options plus the choices of one plan: policy, block size, forced block count."""
-    add_sizing_options(parser, memory_required=memory_required, length_required=length_required)
+    """The sizing options plus the choices of one plan: policy, block size, forced block count
+    (``gpu_name``: as :func:`add_sizing_options`')."""
+    add_sizing_options(
+        parser, memory_required=memory_required, length_required=length_required, gpu_name=gpu_name
+    )
     from kvcore.cli.help_text import policy_help
 
     parser.add_argument("--policy", default="auto", metavar="NAME", help=policy_help())

@@ -46,7 +46,14 @@ COMMAND = Command(
 def add_options(parser: argparse.ArgumentParser) -> None:
     inputs.add_spec_source(parser)
     inputs.add_pipeline_option(parser)
-    inputs.add_planning_options(parser)
+    inputs.add_planning_options(parser, gpu_name=True)
+    parser.add_argument(
+        "--gpu",
+        metavar="NAME",
+        help="with --model: the GPU the engine runs on (H100, H200, B200, A100-80GB, ...: "
+        "kvcore/data/gpus.json); its memory is --gpu-memory when no budget is given, and bounds "
+        "--memory or --gpu-memory when one is",
+    )
     add_output_options(
         parser,
         "the groups table (the ranks table with --tp/--pp)",

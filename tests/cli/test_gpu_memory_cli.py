@@ -180,15 +180,26 @@ def _usage_error(run_cli, *argv):
 
 
 def test_no_option_is_abbreviated(run_cli):
-    code, err = _usage_error(
-        run_cli, "plan", "--model", LLAMA, "--gpu-memory", "80GiB", "--max-model-len", "8192", "--gpu", "H100"
-    )
+    code, err = _usage_error(run_cli, "allocate", "--model", LLAMA, "--memory", "1GiB", "--gpu", "H100")
     assert code == 2
     assert "unrecognized arguments: --gpu H100" in err and "cannot read size" not in err
     code, err = _usage_error(
         run_cli, "plan", "--model", LLAMA, "--gpu-mem", "80GiB", "--max-model-len", "8192"
     )
     assert code == 2 and "--gpu-mem" in err
+
+
+def test_plan_takes_the_gpu_by_name(run_cli):
+    """The issue's own command: `plan ... --gpu-memory 80GiB --gpu H100` plans (the GPU bounds the
+    budget), `--gpu H100` alone is the budget, and more memory than the GPU has is refused."""
+    plan = ("plan", "--model", LLAMA, "--max-model-len", "8192", "--json")
+    status, both, err = run_cli(*plan, "--gpu-memory", "80GiB", "--gpu", "H100")
+    assert status == 0, err
+    status, named, err = run_cli(*plan, "--gpu", "H100")
+    assert status == 0, err
+    assert json.loads(both)["num_blocks"] == json.loads(named)["num_blocks"]
+    status, _, err = run_cli(*plan, "--gpu-memory", "96GiB", "--gpu", "H100")
+    assert status == 1 and "--gpu-memory 96.00 GiB is more than --gpu H100's memory" in err
 
 
 _SIMULATE = ("simulate", "--model", LLAMA, "--max-model-len", "8192", "--policies", "shared_buffer")
