@@ -21,7 +21,6 @@ second, and goodput under latency targets. The formulas and their sources are in
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -52,6 +51,13 @@ PROFILE_TOLERANCE: Final = 0.05
 
 #: The keys a step-time profile line has.
 PROFILE_KEYS: Final = ("prefill_tokens", "decode_requests", "context_tokens", "seconds")
+
+#: The keys a line may add (``kvcore profile`` writes them): the step's query-key pairs, its
+#: scheduled requests, and the relative spread of the repeats its seconds are the median of.
+PROFILE_OPTIONAL_KEYS: Final = ("attention_pairs", "requests", "spread")
+
+#: A profile's terms, in order: the first four are the line every profile fits.
+PROFILE_TERMS: Final = ("fixed", "prefill_tokens", "decode_requests", "context_tokens", "attention_pairs")
 
 #: The percentiles reports show.
 PERCENTILES: Final = (50, 90, 99)
@@ -276,8 +282,12 @@ def _kv_bytes(plan: KVCachePlan) -> dict[str, Any]:
 @attrs.frozen(kw_only=True)
 class StepProfile:
     """Step times fitted to measured samples: ``seconds = intercept + per_prefill_token *
-    prefill_tokens + per_decode_request * decode_tokens + per_context_token * context_tokens``
-    (never below 0).
+    prefill_tokens + per_decode_request * decode_tokens + per_context_token * context_tokens
+    [+ per_attention_pair * attention_pairs]`` (never below 0).
+
+    The last term is fitted only when the file asks for it (a profile written by ``kvcore
+    profile`` whose steps the four-term line did not follow): it is the attention arithmetic of
+    a prefill chunk, which grows with the chunk times its context, not with either alone.
 
     Attributes:
         source: where the samples came from (the file).
@@ -287,6 +297,8 @@ class StepProfile:
         per_context_token: seconds per cached token read.
         samples: how many samples were fitted.
         max_error: the largest relative error of the fit over its samples.
+        per_attention_pair: seconds per query-key pair (0 unless fitted).
+        terms: the terms fitted (:data:`PROFILE_TERMS` names).
     """
 
     source: str
@@ -296,61 +308,91 @@ class StepProfile:
     per_context_token: float
     samples: int
     max_error: float
+    per_attention_pair: float = 0.0
+    terms: tuple[str, ...] = ("fixed", "prefill_tokens", "decode_requests", "context_tokens")
 
     @property
     def description(self) -> str:
         """``measured profile FILE (12 samples, fit within 0.8 %)``."""
         fit = f"{self.samples} samples, fit within {100 * self.max_error:.1f} %"
+        if "attention_pairs" in self.terms:
+            fit += ", with an attention-pairs term"
         return f"measured profile {self.source} ({fit})"
 
-    def predict(self, prefill_tokens: float, decode_requests: float, context_tokens: float) -> float:
+    def predict(
+        self,
+        prefill_tokens: float,
+        decode_requests: float,
+        context_tokens: float,
+        attention_pairs: float = 0.0,
+    ) -> float:
         """The fitted seconds of a step (never below 0)."""
         seconds = (
             self.intercept
             + self.per_prefill_token * prefill_tokens
             + self.per_decode_request * decode_requests
             + self.per_context_token * context_tokens
+            + self.per_attention_pair * attention_pairs
         )
         return max(seconds, 0.0)
 
     def __call__(self, record: StepRecord) -> float:
         if not record.requests:
             return 0.0
-        return self.predict(record.prefill_tokens, record.decode_tokens, record.context_tokens)
+        return self.predict(
+            record.prefill_tokens, record.decode_tokens, record.context_tokens, record.attention_pairs
+        )
 
 
-def fit_profile(samples: Sequence[tuple[float, float, float, float]], source: str = "samples") -> StepProfile:
+def fit_profile(
+    samples: Sequence[Sequence[float]],
+    source: str = "samples",
+    *,
+    attention: bool = False,
+    tolerance: float = PROFILE_TOLERANCE,
+) -> StepProfile:
     """Fit :class:`StepProfile` to ``(prefill_tokens, decode_requests, context_tokens,
     seconds)`` samples by least squares on the relative error (each row weighted by
     ``1 / seconds``, so a short step counts as much as a long one).
+
+    With ``attention``, the samples are ``(prefill_tokens, decode_requests, context_tokens,
+    attention_pairs, seconds)`` and a fifth term, seconds per query-key pair, is fitted.
 
     A term no sample varies (every sample has 0 prefill tokens, say) gets a coefficient of 0.
 
     Raises:
         InvalidInputError: no samples, fewer samples than the terms they vary, samples that
             cannot tell two terms apart, or a fit that misses a sample by more than
-            :data:`PROFILE_TOLERANCE` (the samples are not linear in the terms: measure the
-            range the simulation runs, or fewer mixed shapes).
+            ``tolerance`` (default :data:`PROFILE_TOLERANCE`: the samples are not linear in the
+            terms; measure the range the simulation runs, or fewer mixed shapes).
     """
     if not samples:
         raise InvalidInputError(f"{source}: the step-time profile has no samples")
-    columns = [0] + [j for j in (1, 2, 3) if any(row[j - 1] for row in samples)]
-    if len(samples) < len(columns):
+    width = 5 if attention else 4
+    if any(len(row) != width for row in samples):
+        raise InvalidInputError(f"{source}: every sample must have {width} values")
+    rows = [
+        (float(r[0]), float(r[1]), float(r[2]), float(r[3]) if attention else 0.0, float(r[-1]))
+        for r in samples
+    ]
+    terms = 5 if attention else 4
+    columns = [0] + [j for j in range(1, terms) if any(row[j - 1] for row in rows)]
+    if len(rows) < len(columns):
         raise InvalidInputError(
-            f"{source}: {len(samples)} sample(s) cannot fit {len(columns)} terms (a fixed cost and one per "
+            f"{source}: {len(rows)} sample(s) cannot fit {len(columns)} terms (a fixed cost and one per "
             "quantity the samples vary): measure at least as many steps of different shapes"
         )
     size = len(columns)
     normal = [[0.0] * (size + 1) for _ in range(size)]
-    for prefill, decode, context, seconds in samples:
-        row = [1.0, float(prefill), float(decode), float(context)]
+    for prefill, decode, context, pairs, seconds in rows:
+        row = [1.0, prefill, decode, context, pairs]
         x = [row[j] / seconds for j in columns]  # weighted by 1 / seconds: relative residuals
         for i in range(size):
             for j in range(size):
                 normal[i][j] += x[i] * x[j]
             normal[i][size] += x[i]  # the weighted target seconds / seconds
     solution = _solve(normal, source)
-    coefficients = [0.0, 0.0, 0.0, 0.0]
+    coefficients = [0.0] * 5
     for j, value in zip(columns, solution, strict=True):
         coefficients[j] = value
     profile = StepProfile(
@@ -359,18 +401,21 @@ def fit_profile(samples: Sequence[tuple[float, float, float, float]], source: st
         per_prefill_token=coefficients[1],
         per_decode_request=coefficients[2],
         per_context_token=coefficients[3],
-        samples=len(samples),
+        per_attention_pair=coefficients[4],
+        samples=len(rows),
         max_error=0.0,
+        terms=PROFILE_TERMS if attention else PROFILE_TERMS[:4],
     )
-    errors = [abs(profile.predict(p, d, c) - s) / s for p, d, c, s in samples]
+    errors = [abs(profile.predict(p, d, c, a) - s) / s for p, d, c, a, s in rows]
     worst = max(range(len(errors)), key=errors.__getitem__)
-    if errors[worst] > PROFILE_TOLERANCE:
-        p, d, c, s = samples[worst]
+    if errors[worst] > tolerance:
+        p, d, c, a, s = rows[worst]
+        with_pairs = f", {a:g} attention pairs" if attention else ""
         raise InvalidInputError(
             f"{source}: the linear fit misses sample {worst + 1} ({p:g} prefill tokens, "
-            f"{d:g} decode requests, {c:g} context tokens, {s:g} s) by {100 * errors[worst]:.1f} %, "
-            f"more than {100 * PROFILE_TOLERANCE:g} %: the steps are not linear in these terms over this "
-            "range; measure the range the simulation runs, or check the samples"
+            f"{d:g} decode requests, {c:g} context tokens{with_pairs}, {s:g} s) "
+            f"by {100 * errors[worst]:.1f} %, more than {100 * tolerance:g} %: the steps are not linear "
+            "in these terms over this range; measure the range the simulation runs, or check the samples"
         )
     return attrs.evolve(profile, max_error=errors[worst])
 
@@ -402,46 +447,28 @@ def _solve(matrix: list[list[float]], source: str) -> list[float]:
 
 
 def read_profile(path: str | os.PathLike[str]) -> StepProfile:
-    """Read and fit a step-time profile: JSON lines of measured steps, each
-    ``{"prefill_tokens": P, "decode_requests": D, "context_tokens": C, "seconds": S}`` (counts
-    ``>= 0``, seconds ``> 0``; blank lines skipped).
+    """Read and fit a step-time profile (:mod:`kvcore.simulation.profile_file`): JSON lines of
+    measured steps, each ``{"prefill_tokens": P, "decode_requests": D, "context_tokens": C,
+    "seconds": S}`` (counts ``>= 0``, seconds ``> 0``; blank lines skipped), after an optional
+    header line that ``kvcore profile`` writes (the terms to fit, the tolerance).
 
     Raises:
         InvalidInputError: the file cannot be read, a line is wrong (``<path>:<line>:`` and
             what), or the samples do not fit (:func:`fit_profile`).
     """
+    from kvcore.simulation.profile_file import read_profile_file
+
     where = os.fspath(path)
-    try:
-        with open(path, encoding="utf-8") as handle:
-            lines = handle.read().splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
-        raise InvalidInputError(f"cannot read the step-time profile {where}: {reason}") from None
-    samples: list[tuple[float, float, float, float]] = []
-    example = '{"prefill_tokens": 2048, "decode_requests": 32, "context_tokens": 40000, "seconds": 0.061}'
-    for number, text in enumerate(lines, start=1):
-        if not text.strip():
-            continue
-        here = f"{where}:{number}"
-        try:
-            item = json.loads(text)
-        except (ValueError, RecursionError) as exc:
-            raise InvalidInputError(f"{here}: not valid JSON ({exc}); a line is {example}") from None
-        if not isinstance(item, dict) or set(item) != set(PROFILE_KEYS):
-            raise InvalidInputError(
-                f"{here}: a line is one object with exactly the keys {', '.join(PROFILE_KEYS)}, "
-                f"e.g. {example}"
-            )
-        values = [item[key] for key in PROFILE_KEYS]
-        for key, value in zip(PROFILE_KEYS, values, strict=True):
-            low_ok = is_number(value) and (value > 0 if key == "seconds" else value >= 0)
-            if not low_ok or not math.isfinite(value):
-                bound = "> 0" if key == "seconds" else ">= 0"
-                raise InvalidInputError(f"{here}: {key!r} must be a finite number {bound} (got {value!r})")
-        samples.append((values[0], values[1], values[2], values[3]))
-    if not samples:
-        raise InvalidInputError(f"{where}: the step-time profile has no samples; a line is {example}")
-    return fit_profile(samples, source=where)
+    read = read_profile_file(path)
+    attention = read.attention
+    rows = [
+        (s.prefill_tokens, s.decode_requests, s.context_tokens)
+        + ((s.attention_pairs or 0,) if attention else ())
+        + (s.seconds,)
+        for s in read.samples
+    ]
+    tolerance = read.header.tolerance if read.header is not None else PROFILE_TOLERANCE
+    return fit_profile(rows, source=where, attention=attention, tolerance=tolerance)
 
 
 # -- latencies -----------------------------------------------------------------------------------

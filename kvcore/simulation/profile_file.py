@@ -1,0 +1,214 @@
+"""The step-time profile file: measured steps, one JSON object a line, and what measured them.
+
+``kvcore simulate --step-profile FILE`` reads it (:func:`kvcore.simulation.timing.read_profile`);
+``kvcore profile`` writes it. A line is one step::
+
+    {"prefill_tokens": 2048, "decode_requests": 32, "context_tokens": 40000, "seconds": 0.061}
+
+with, optionally, ``attention_pairs`` (the step's query-key pairs), ``requests`` (requests
+scheduled) and ``spread`` (the relative spread, ``(most - least) / least``, of the repeats
+whose least ``seconds`` is). A file written by ``kvcore profile`` opens with a header line,
+``{"kvcore_step_profile": {...}}`` (:class:`ProfileHeader`): the engine, model, device, versions
+and settings that ran the steps, the terms the steps are fitted with, and the held-out error the
+command measured. A file without a header (the first format) is fitted with the four-term line.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Any, Final
+
+import attrs
+import cattrs
+
+from kvcore.errors import InvalidInputError
+from kvcore.simulation.timing import PROFILE_KEYS, PROFILE_OPTIONAL_KEYS, PROFILE_TERMS, PROFILE_TOLERANCE
+from kvcore.validators import is_number
+
+#: The key of a profile file's header line.
+HEADER_KEY: Final = "kvcore_step_profile"
+
+#: The header's format version.
+FORMAT_VERSION: Final = 1
+
+_EXAMPLE: Final = '{"prefill_tokens": 2048, "decode_requests": 32, "context_tokens": 40000, "seconds": 0.061}'
+
+
+@attrs.frozen(kw_only=True)
+class HeldOutError:
+    """How far a fit missed the steps it was not fitted on, over one range of steps.
+
+    Attributes:
+        steps: which steps (``prefill 256-1024 tokens``, ``decode, context 0-2048``, ``mixed``).
+        samples: held-out steps in the range.
+        mean_error: their mean relative error.
+        max_error: their largest relative error.
+    """
+
+    steps: str
+    samples: int
+    mean_error: float
+    max_error: float
+
+
+@attrs.frozen(kw_only=True)
+class ProfileHeader:
+    """What measured a profile's steps, and how they are fitted.
+
+    Attributes:
+        engine: the engine (``vllm``, ``transformers``).
+        engine_version: its release.
+        model: the model it ran (a path or a Hub name).
+        device: the device it ran on (``cpu (16 cores)``, ``NVIDIA H100 80GB HBM3``).
+        versions: other packages' releases (kvcore, torch).
+        settings: the engine's settings (block size, batched tokens, dtype, ...) and the
+            command's (repeats).
+        terms: the terms the steps are fitted with (:data:`~kvcore.simulation.timing.PROFILE_TERMS`;
+            the first four, or all five).
+        tolerance: the largest relative error the fit may have over the samples.
+        held_out: the held-out error of the chosen terms, per range of steps.
+        version: the header's format version.
+    """
+
+    engine: str
+    engine_version: str
+    model: str
+    device: str
+    versions: dict[str, str] = attrs.field(factory=dict)
+    settings: dict[str, Any] = attrs.field(factory=dict)
+    terms: tuple[str, ...] = PROFILE_TERMS[:4]
+    tolerance: float = PROFILE_TOLERANCE
+    held_out: tuple[HeldOutError, ...] = ()
+    version: int = FORMAT_VERSION
+
+
+@attrs.frozen(kw_only=True)
+class ProfileSample:
+    """One measured step (a line of the file)."""
+
+    prefill_tokens: int
+    decode_requests: int
+    context_tokens: int
+    seconds: float
+    attention_pairs: int | None = None
+    requests: int | None = None
+    spread: float | None = None
+
+
+@attrs.frozen(kw_only=True)
+class ProfileFile:
+    """A profile file: its header (``None`` in the first format) and its steps."""
+
+    header: ProfileHeader | None
+    samples: tuple[ProfileSample, ...]
+
+    @property
+    def attention(self) -> bool:
+        """Whether the file's steps are fitted with the attention-pairs term."""
+        return self.header is not None and "attention_pairs" in self.header.terms
+
+
+_converter = cattrs.Converter(forbid_extra_keys=True)
+
+
+def profile_to_lines(profile: ProfileFile) -> str:
+    """The file's text: the header line (when there is one), then a line per step."""
+    lines = []
+    if profile.header is not None:
+        lines.append(json.dumps({HEADER_KEY: _converter.unstructure(profile.header)}))
+    for sample in profile.samples:
+        lines.append(json.dumps({k: v for k, v in _converter.unstructure(sample).items() if v is not None}))
+    return "\n".join(lines) + "\n"
+
+
+def write_profile_file(path: str | os.PathLike[str], profile: ProfileFile) -> None:
+    """Write ``profile`` to ``path``.
+
+    Raises:
+        InvalidInputError: the file cannot be written.
+    """
+    try:
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write(profile_to_lines(profile))
+    except OSError as exc:
+        raise InvalidInputError(
+            f"cannot write the step-time profile {os.fspath(path)}: {exc.strerror or exc}"
+        ) from None
+
+
+def _header(item: Any, here: str) -> ProfileHeader:
+    try:
+        header = _converter.structure(item, ProfileHeader)
+    except (cattrs.BaseValidationError, ValueError, TypeError) as exc:
+        detail = (
+            "; ".join(cattrs.transform_error(exc)) if isinstance(exc, cattrs.BaseValidationError) else exc
+        )
+        raise InvalidInputError(f"{here}: the {HEADER_KEY!r} header is not valid: {detail}") from None
+    if header.version != FORMAT_VERSION:
+        raise InvalidInputError(
+            f"{here}: header format version {header.version}; this kvcore reads version {FORMAT_VERSION}"
+        )
+    if header.terms not in (PROFILE_TERMS[:4], PROFILE_TERMS):
+        raise InvalidInputError(
+            f"{here}: 'terms' must be {list(PROFILE_TERMS[:4])} or {list(PROFILE_TERMS)} "
+            f"(got {list(header.terms)})"
+        )
+    if not is_number(header.tolerance) or not 0 < header.tolerance < 1:
+        raise InvalidInputError(
+            f"{here}: 'tolerance' must be a share between 0 and 1 (got {header.tolerance!r})"
+        )
+    return header
+
+
+def _sample(item: Any, here: str, attention: bool) -> ProfileSample:
+    allowed = set(PROFILE_KEYS) | set(PROFILE_OPTIONAL_KEYS)
+    if not isinstance(item, dict) or not set(PROFILE_KEYS) <= set(item) or not set(item) <= allowed:
+        raise InvalidInputError(
+            f"{here}: a line is one object with exactly the keys {', '.join(PROFILE_KEYS)} (and optionally "
+            f"{', '.join(PROFILE_OPTIONAL_KEYS)}), e.g. {_EXAMPLE}"
+        )
+    for key, value in item.items():
+        low_ok = is_number(value) and (value > 0 if key == "seconds" else value >= 0)
+        if not low_ok or not math.isfinite(value):
+            bound = "> 0" if key == "seconds" else ">= 0"
+            raise InvalidInputError(f"{here}: {key!r} must be a finite number {bound} (got {value!r})")
+    if attention and "attention_pairs" not in item:
+        raise InvalidInputError(f"{here}: the header fits 'attention_pairs', and this line has none")
+    return ProfileSample(**item)
+
+
+def read_profile_file(path: str | os.PathLike[str]) -> ProfileFile:
+    """Read a profile file (either format).
+
+    Raises:
+        InvalidInputError: the file cannot be read, or a line is wrong (``<path>:<line>:`` and
+            what), or it has no steps.
+    """
+    where = os.fspath(path)
+    try:
+        with open(path, encoding="utf-8") as handle:
+            lines = handle.read().splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        raise InvalidInputError(f"cannot read the step-time profile {where}: {reason}") from None
+    header: ProfileHeader | None = None
+    samples: list[ProfileSample] = []
+    for number, text in enumerate(lines, start=1):
+        if not text.strip():
+            continue
+        here = f"{where}:{number}"
+        try:
+            item = json.loads(text)
+        except (ValueError, RecursionError) as exc:
+            raise InvalidInputError(f"{here}: not valid JSON ({exc}); a line is {_EXAMPLE}") from None
+        if isinstance(item, dict) and HEADER_KEY in item:
+            if header is not None or samples or len(item) != 1:
+                raise InvalidInputError(f"{here}: the {HEADER_KEY!r} header is the file's first line, alone")
+            header = _header(item[HEADER_KEY], here)
+            continue
+        samples.append(_sample(item, here, header is not None and "attention_pairs" in header.terms))
+    if not samples:
+        raise InvalidInputError(f"{where}: the step-time profile has no samples; a line is {_EXAMPLE}")
+    return ProfileFile(header=header, samples=tuple(samples))
