@@ -155,10 +155,8 @@ def _header(item: Any, here: str) -> ProfileHeader:
             f"{here}: 'terms' must be {list(PROFILE_TERMS[:4])} or {list(PROFILE_TERMS)} "
             f"(got {list(header.terms)})"
         )
-    if not is_number(header.tolerance) or not 0 < header.tolerance < 1:
-        raise InvalidInputError(
-            f"{here}: 'tolerance' must be a share between 0 and 1 (got {header.tolerance!r})"
-        )
+    if not is_number(header.tolerance) or not 0 < header.tolerance < math.inf:
+        raise InvalidInputError(f"{here}: 'tolerance' must be a share > 0 (got {header.tolerance!r})")
     return header
 
 

@@ -403,7 +403,7 @@ def profile_engine(
         engine, scenarios(limits, decode_steps=decode_steps), repeats=repeats, progress=progress
     )
     choice = choose_terms(samples)
-    tolerance = min(max(PROFILE_TOLERANCE, math.ceil(100 * choice.fit.max_error + 1e-9) / 100), 0.99)
+    tolerance = max(PROFILE_TOLERANCE, math.ceil(100 * choice.fit.max_error + 1e-9) / 100)
     header = ProfileHeader(
         engine=engine_name,
         engine_version=engine_version,

@@ -173,7 +173,12 @@ def open_transformers(
     import torch
     from transformers import AutoModelForCausalLM
 
-    loaded = AutoModelForCausalLM.from_pretrained(model, dtype=getattr(torch, dtype))
+    if not isinstance(getattr(torch, dtype, None), torch.dtype):
+        raise TransformersIntegrationError(f"dtype {dtype!r} is not a torch dtype (bfloat16, float32, ...)")
+    try:
+        loaded = AutoModelForCausalLM.from_pretrained(model, dtype=getattr(torch, dtype))
+    except (OSError, ValueError) as exc:
+        raise TransformersIntegrationError(f"transformers cannot load the model {model!r}: {exc}") from None
     loaded.set_attn_implementation("eager")
     loaded.eval()  # type: ignore[no-untyped-call]
     return transformers_engine(loaded, max_model_len=max_model_len, options=options)

@@ -156,7 +156,11 @@ def open_vllm(model: str, options: Mapping[str, Any]) -> VllmStepEngine:
 
     # prefix caching off unless asked: a cached prefix would make a repeat's steps differ
     arguments = {"skip_tokenizer_init": True, "seed": 0, "enable_prefix_caching": False, **options}
-    return VllmStepEngine(llm=LLM(model=model, **arguments))
+    try:
+        llm = LLM(model=model, **arguments)
+    except (OSError, ValueError, TypeError) as exc:  # no such model, a setting vLLM refuses
+        raise InvalidInputError(f"vLLM cannot start on {model!r}: {exc}") from None
+    return VllmStepEngine(llm=llm)
 
 
 def vllm_versions() -> dict[str, str]:
