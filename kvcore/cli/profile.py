@@ -21,7 +21,8 @@ COMMAND = Command(
         and write the steps, with the engine, model, device, versions and settings, to the profile file that
         `kvcore simulate --step-profile` reads. The fit is chosen on held-out steps (three of every four fit,
         the fourth judged): the four-term line, or with an attention-pairs term where the line misses the
-        held-out steps by more than 3 %. Pin the engine to idle cores (taskset) on a shared machine.
+        held-out steps by more than 3 % and the term cuts that error by a fifth. Pin the engine to idle
+        cores (taskset) on a shared machine.
     """,
 )
 

@@ -1,6 +1,7 @@
 """The step-time profile file: measured steps, one JSON object a line, and what measured them.
 
-``kvcore simulate --step-profile FILE`` reads it (:func:`kvcore.simulation.timing.read_profile`);
+``kvcore simulate --step-profile FILE`` reads it (:func:`kvcore.simulation.timing.read_profile`
+fits it);
 ``kvcore profile`` writes it. A line is one step::
 
     {"prefill_tokens": 2048, "decode_requests": 32, "context_tokens": 40000, "seconds": 0.061}
@@ -24,8 +25,21 @@ import attrs
 import cattrs
 
 from kvcore.errors import InvalidInputError
-from kvcore.simulation.timing import PROFILE_KEYS, PROFILE_OPTIONAL_KEYS, PROFILE_TERMS, PROFILE_TOLERANCE
 from kvcore.validators import is_number
+
+#: A fitted profile whose samples it misses by more than this share is refused (a file without
+#: a header; a header gives its own).
+PROFILE_TOLERANCE: Final = 0.05
+
+#: The keys a step-time profile line has.
+PROFILE_KEYS: Final = ("prefill_tokens", "decode_requests", "context_tokens", "seconds")
+
+#: The keys a line may add (``kvcore profile`` writes them): the step's query-key pairs, its
+#: scheduled requests, and the relative spread of the repeats its seconds are the least of.
+PROFILE_OPTIONAL_KEYS: Final = ("attention_pairs", "requests", "spread")
+
+#: A profile's terms, in order: the first four are the line every profile fits.
+PROFILE_TERMS: Final = ("fixed", "prefill_tokens", "decode_requests", "context_tokens", "attention_pairs")
 
 #: The key of a profile file's header line.
 HEADER_KEY: Final = "kvcore_step_profile"

@@ -33,6 +33,13 @@ from kvcore.plan import KVCachePlan
 from kvcore.planning.gpu_budget import count_parameters, quantization, weight_bytes
 from kvcore.planning.registry import Registry
 from kvcore.simulation.gpus import Gpu
+from kvcore.simulation.profile_file import (
+    PROFILE_KEYS as PROFILE_KEYS,
+    PROFILE_OPTIONAL_KEYS as PROFILE_OPTIONAL_KEYS,
+    PROFILE_TERMS as PROFILE_TERMS,
+    PROFILE_TOLERANCE as PROFILE_TOLERANCE,
+    read_profile_file,
+)
 from kvcore.simulation.simulator import percentile
 from kvcore.simulation.steps import StepRecord, Timeline
 from kvcore.spec import KVCacheSpec
@@ -46,18 +53,6 @@ NOT_PER_TOKEN: Final = ("tower", "encoder", "projector")
 _EXPERT_KEYS: Final = ("num_experts", "num_local_experts", "n_routed_experts")
 _TOP_K_KEYS: Final = ("num_experts_per_tok", "experts_per_token", "moe_topk")
 
-#: A fitted profile whose samples it misses by more than this share is refused.
-PROFILE_TOLERANCE: Final = 0.05
-
-#: The keys a step-time profile line has.
-PROFILE_KEYS: Final = ("prefill_tokens", "decode_requests", "context_tokens", "seconds")
-
-#: The keys a line may add (``kvcore profile`` writes them): the step's query-key pairs, its
-#: scheduled requests, and the relative spread of the repeats its seconds are the median of.
-PROFILE_OPTIONAL_KEYS: Final = ("attention_pairs", "requests", "spread")
-
-#: A profile's terms, in order: the first four are the line every profile fits.
-PROFILE_TERMS: Final = ("fixed", "prefill_tokens", "decode_requests", "context_tokens", "attention_pairs")
 
 #: The percentiles reports show.
 PERCENTILES: Final = (50, 90, 99)
@@ -456,8 +451,6 @@ def read_profile(path: str | os.PathLike[str]) -> StepProfile:
         InvalidInputError: the file cannot be read, a line is wrong (``<path>:<line>:`` and
             what), or the samples do not fit (:func:`fit_profile`).
     """
-    from kvcore.simulation.profile_file import read_profile_file
-
     where = os.fspath(path)
     read = read_profile_file(path)
     attention = read.attention
