@@ -56,6 +56,10 @@ FIGURES = (
 #: Shown but not in the ENGINE-TIME line (too few requests for a stable p99).
 SHOWN_ONLY = (("TTFT p99", ("ttft", "p99")), ("E2E p99", ("e2e", "p99")))
 
+#: How long each ``add_request`` took (time a request spends before any step, which the
+#: simulator does not count).
+ADD_SECONDS: list[float] = []
+
 
 def make_trace(args: argparse.Namespace) -> list[dict[str, Any]]:
     draw = random.Random(args.seed)
@@ -84,6 +88,7 @@ def replay(engine: Any, trace: list[dict[str, Any]], salt: int) -> dict[str, Any
     first = [float("nan")] * count
     finish = [float("nan")] * count
     pending = list(range(count))
+    step_end: list[float] = []
     start = time.perf_counter()
     while pending or llm.has_unfinished_requests():
         now = time.perf_counter() - start
@@ -92,12 +97,15 @@ def replay(engine: Any, trace: list[dict[str, Any]], salt: int) -> dict[str, Any
             draw = random.Random(salt * 100_003 + k)
             prompt = [draw.randint(1, 100) for _ in range(trace[k]["prompt_tokens"])]
             params = SamplingParams(temperature=0.0, max_tokens=trace[k]["output_tokens"], ignore_eos=True)
+            began = time.perf_counter()
             llm.add_request(f"r{salt}-{k}", {"prompt_token_ids": prompt}, params)
+            ADD_SECONDS.append(time.perf_counter() - began)
         if not llm.has_unfinished_requests():
             time.sleep(max(0.0, trace[pending[0]]["arrival_time"] - (time.perf_counter() - start)))
             continue
         outputs = llm.step()
         ended = time.perf_counter() - start
+        step_end.append(ended)
         for out in outputs:
             k = int(out.request_id.split("-")[1])
             if out.outputs and out.outputs[0].token_ids and math.isnan(first[k]):
@@ -106,6 +114,7 @@ def replay(engine: Any, trace: list[dict[str, Any]], salt: int) -> dict[str, Any
                 finish[k] = ended
     timeline = Timeline(
         model="vLLM engine, wall clock",
+        step_end=tuple(step_end),
         arrival=tuple(float(r["arrival_time"]) for r in trace),
         first_token=tuple(first),
         finish=tuple(finish),
@@ -126,9 +135,11 @@ def simulate(args: argparse.Namespace, trace_path: Path, kv_bytes: int) -> dict[
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode:
         sys.exit(f"kvcore simulate failed:\n{done.stderr}")
-    result = json.loads(done.stdout)
-    rows = result["results"] if "results" in result else result["simulations"]
-    return rows[0]["latency"]
+    candidate = json.loads(done.stdout)["candidates"][0]
+    if candidate["error"]:
+        sys.exit(f"kvcore simulate: {candidate['error']}")
+    latency: dict[str, Any] = candidate["simulation"]["latency"]
+    return latency
 
 
 def pick(report: dict[str, Any], path: tuple[str, ...]) -> float:
@@ -196,6 +207,9 @@ def main() -> None:
         unit = "" if "tok/s" in name else " s"
         span = f"[{min(values):.4g}, {max(values):.4g}]"
         print(f"{name:<14}{measured:>12.4g}{unit:2}{span:<22}{guess:>12.4g}{100 * err:>9.1f}%")
+    adds = sorted(ADD_SECONDS)
+    p90 = adds[int(0.9 * len(adds))]
+    print(f"add_request: median {1e3 * statistics.median(adds):.3f} ms, p90 {1e3 * p90:.3f} ms")
     print(f"ENGINE-TIME max_rel_err={max(errors):.3f}")
 
 

@@ -20,8 +20,9 @@ COMMAND = Command(
         several sizes, decode batches of several widths and context lengths, mixed steps), time every step,
         and write the steps, with the engine, model, device, versions and settings, to the profile file that
         `kvcore simulate --step-profile` reads. The fit is chosen on held-out steps (three of every four fit,
-        the fourth judged): the four-term line, or with an attention-pairs term where the line misses the
-        held-out steps by more than 3 % and the term cuts that error by a fifth. Pin the engine to idle
+        the fourth judged): the four-term line, or the line with an attention-pairs term, a prefill-requests
+        term or both where the line misses the held-out steps by more than 3 % and the form cuts that error
+        by a fifth. Pin the engine to idle
         cores (taskset) on a shared machine.
     """,
 )
@@ -96,7 +97,16 @@ def add_options(parser: argparse.ArgumentParser) -> None:
         "--repeats",
         type=_positive,
         default=5,
-        help="runs of each scenario; a step's seconds are the least (default 5)",
+        help="runs of each scenario (default 5)",
+    )
+    parser.add_argument(
+        "--statistic",
+        choices=("least", "median"),
+        default="least",
+        help=(
+            "a step's seconds from its repeats: the least (its own cost; default) or the median (what it "
+            "takes on this machine as loaded now)"
+        ),
     )
     parser.add_argument(
         "--decode-steps",
@@ -151,6 +161,7 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
         device=describe_device(),
         versions={"kvcore": version("kvcore"), **versions},
         repeats=args.repeats,
+        statistic=args.statistic,
         decode_steps=args.decode_steps,
         progress=lambda line: print(f"  {line}", file=sys.stderr),
     )
@@ -171,7 +182,7 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
         for e in choice.held_out
     ]
     fit = choice.fit
-    terms = "four-term line" if len(choice.terms) == 4 else "line + attention pairs"
+    terms = " + ".join(["four-term line", *(t.replace("_", " ") for t in choice.terms[4:])])
     print(
         f"{args.engine} {release} on {header.device}: "
         f"{len(measured.file.samples)} steps, {args.repeats} repeats each"
@@ -182,8 +193,10 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
         f"seconds = {fit.intercept:.3g} + {fit.per_prefill_token:.3g} x prefill_tokens + "
         f"{fit.per_decode_request:.3g} x decode_requests + {fit.per_context_token:.3g} x context_tokens"
     )
-    if len(choice.terms) == 5:
+    if "attention_pairs" in choice.terms:
         coefficients += f" + {fit.per_attention_pair:.3g} x attention_pairs"
+    if "prefill_requests" in choice.terms:
+        coefficients += f" + {fit.per_prefill_request:.3g} x prefill_requests"
     print(coefficients)
     print(
         f"fit over every step within {100 * fit.max_error:.1f} %; "

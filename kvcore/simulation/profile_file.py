@@ -7,8 +7,9 @@ fits it);
     {"prefill_tokens": 2048, "decode_requests": 32, "context_tokens": 40000, "seconds": 0.061}
 
 with, optionally, ``attention_pairs`` (the step's query-key pairs), ``requests`` (requests
-scheduled) and ``spread`` (the relative spread, ``(most - least) / least``, of the repeats
-whose least ``seconds`` is). A file written by ``kvcore profile`` opens with a header line,
+scheduled: those not decoding are its ``prefill_requests``) and ``spread`` (the relative
+spread, ``(most - least) / least``, of the repeats ``seconds`` was taken from). A file
+written by ``kvcore profile`` opens with a header line,
 ``{"kvcore_step_profile": {...}}`` (:class:`ProfileHeader`): the engine, model, device, versions
 and settings that ran the steps, the terms the steps are fitted with, and the held-out error the
 command measured. A file without a header (the first format) is fitted with the four-term line.
@@ -19,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Sequence
 from typing import Any, Final
 
 import attrs
@@ -39,7 +41,35 @@ PROFILE_KEYS: Final = ("prefill_tokens", "decode_requests", "context_tokens", "s
 PROFILE_OPTIONAL_KEYS: Final = ("attention_pairs", "requests", "spread")
 
 #: A profile's terms, in order: the first four are the line every profile fits.
-PROFILE_TERMS: Final = ("fixed", "prefill_tokens", "decode_requests", "context_tokens", "attention_pairs")
+PROFILE_TERMS: Final = (
+    "fixed",
+    "prefill_tokens",
+    "decode_requests",
+    "context_tokens",
+    "attention_pairs",
+    "prefill_requests",
+)
+
+#: The line key each optional term's values come from.
+_TERM_KEYS: Final = {"attention_pairs": "attention_pairs", "prefill_requests": "requests"}
+
+
+def check_terms(terms: Sequence[str], source: str) -> tuple[str, ...]:
+    """``terms`` as a tuple, if they are the four-term line's and any of the optional terms
+    after them, in :data:`PROFILE_TERMS` order.
+
+    Raises:
+        InvalidInputError: other terms, or in another order.
+    """
+    base, optional = PROFILE_TERMS[:4], PROFILE_TERMS[4:]
+    extra = tuple(terms[4:])
+    if tuple(terms[:4]) != base or extra != tuple(t for t in optional if t in extra):
+        raise InvalidInputError(
+            f"{source}: 'terms' must be {list(base)} followed by any of {list(optional)} in that order "
+            f"(got {list(terms)})"
+        )
+    return tuple(terms)
+
 
 #: The key of a profile file's header line.
 HEADER_KEY: Final = "kvcore_step_profile"
@@ -79,8 +109,8 @@ class ProfileHeader:
         versions: other packages' releases (kvcore, torch).
         settings: the engine's settings (block size, batched tokens, dtype, ...) and the
             command's (repeats).
-        terms: the terms the steps are fitted with (:data:`~kvcore.simulation.timing.PROFILE_TERMS`;
-            the first four, or all five).
+        terms: the terms the steps are fitted with (:data:`PROFILE_TERMS`: the first four, then
+            any of the optional ones in order).
         tolerance: the largest relative error the fit may have over the samples.
         held_out: the held-out error of the chosen terms, per range of steps.
         version: the header's format version.
@@ -110,6 +140,22 @@ class ProfileSample:
     requests: int | None = None
     spread: float | None = None
 
+    def values(self, terms: tuple[str, ...]) -> tuple[float, ...]:
+        """``(prefill_tokens, decode_requests, context_tokens, <optional terms>, seconds)``, as
+        :func:`~kvcore.simulation.timing.fit_profile` takes a sample fitted with ``terms``
+        (``prefill_requests`` are the requests that are not decoding)."""
+        extra = {
+            "attention_pairs": float(self.attention_pairs or 0),
+            "prefill_requests": float((self.requests or 0) - self.decode_requests),
+        }
+        return (
+            float(self.prefill_tokens),
+            float(self.decode_requests),
+            float(self.context_tokens),
+            *(extra[t] for t in terms[4:]),
+            self.seconds,
+        )
+
 
 @attrs.frozen(kw_only=True)
 class ProfileFile:
@@ -119,9 +165,9 @@ class ProfileFile:
     samples: tuple[ProfileSample, ...]
 
     @property
-    def attention(self) -> bool:
-        """Whether the file's steps are fitted with the attention-pairs term."""
-        return self.header is not None and "attention_pairs" in self.header.terms
+    def terms(self) -> tuple[str, ...]:
+        """The terms the file's steps are fitted with."""
+        return self.header.terms if self.header is not None else PROFILE_TERMS[:4]
 
 
 _converter = cattrs.Converter(forbid_extra_keys=True)
@@ -164,17 +210,13 @@ def _header(item: Any, here: str) -> ProfileHeader:
         raise InvalidInputError(
             f"{here}: header format version {header.version}; this kvcore reads version {FORMAT_VERSION}"
         )
-    if header.terms not in (PROFILE_TERMS[:4], PROFILE_TERMS):
-        raise InvalidInputError(
-            f"{here}: 'terms' must be {list(PROFILE_TERMS[:4])} or {list(PROFILE_TERMS)} "
-            f"(got {list(header.terms)})"
-        )
+    check_terms(header.terms, here)
     if not is_number(header.tolerance) or not 0 < header.tolerance < math.inf:
         raise InvalidInputError(f"{here}: 'tolerance' must be a share > 0 (got {header.tolerance!r})")
     return header
 
 
-def _sample(item: Any, here: str, attention: bool) -> ProfileSample:
+def _sample(item: Any, here: str, terms: tuple[str, ...]) -> ProfileSample:
     allowed = set(PROFILE_KEYS) | set(PROFILE_OPTIONAL_KEYS)
     if not isinstance(item, dict) or not set(PROFILE_KEYS) <= set(item) or not set(item) <= allowed:
         raise InvalidInputError(
@@ -186,8 +228,11 @@ def _sample(item: Any, here: str, attention: bool) -> ProfileSample:
         if not low_ok or not math.isfinite(value):
             bound = "> 0" if key == "seconds" else ">= 0"
             raise InvalidInputError(f"{here}: {key!r} must be a finite number {bound} (got {value!r})")
-    if attention and "attention_pairs" not in item:
-        raise InvalidInputError(f"{here}: the header fits 'attention_pairs', and this line has none")
+    for term in terms[4:]:
+        if _TERM_KEYS[term] not in item:
+            raise InvalidInputError(
+                f"{here}: the header fits {term!r}, and this line has no {_TERM_KEYS[term]!r}"
+            )
     return ProfileSample(**item)
 
 
@@ -220,7 +265,7 @@ def read_profile_file(path: str | os.PathLike[str]) -> ProfileFile:
                 raise InvalidInputError(f"{here}: the {HEADER_KEY!r} header is the file's first line, alone")
             header = _header(item[HEADER_KEY], here)
             continue
-        samples.append(_sample(item, here, header is not None and "attention_pairs" in header.terms))
+        samples.append(_sample(item, here, header.terms if header is not None else PROFILE_TERMS[:4]))
     if not samples:
         raise InvalidInputError(f"{where}: the step-time profile has no samples; a line is {_EXAMPLE}")
     return ProfileFile(header=header, samples=tuple(samples))

@@ -12,8 +12,9 @@ adds time, so the least is the step's own cost, and the spread says how loaded t
 
 :func:`choose_terms` fits the four-term line on three of every four steps and measures its
 error on the fourth (the held-out steps), per range of steps (:func:`held_out_errors`); where
-the line misses held-out steps by more than :data:`FEW_PERCENT`, the fit with the
-attention-pairs term is tried, and kept when it cuts the held-out error by a fifth or more.
+the line misses held-out steps by more than :data:`FEW_PERCENT`, the forms with an
+attention-pairs term, a prefill-requests term and both are tried, and one is kept when it
+cuts the held-out error by a fifth or more.
 """
 
 from __future__ import annotations
@@ -35,6 +36,10 @@ FEW_PERCENT: Final = 0.03
 #: The share of the line's held-out error the attention-pairs term must remove to be kept
 #: (less is within what a loaded machine's noise moves).
 MUST_GAIN: Final = 0.2
+
+#: How a step's repeats become its seconds: the least (the step's own cost: what disturbs a
+#: step only adds time) or the median (what the step takes on this machine as loaded now).
+STATISTICS: Final = ("least", "median")
 
 #: Every how many steps one is held out of the fit.
 HOLD_OUT_EVERY: Final = 4
@@ -183,10 +188,12 @@ def measure(
     plan: Sequence[Scenario],
     *,
     repeats: int = 3,
+    statistic: str = "least",
     progress: Callable[[str], None] | None = None,
 ) -> list[ProfileSample]:
     """Run every scenario ``repeats`` times (after one warm-up run of the first) and return a
-    sample per step: its shape, and the least of its repeats' seconds with their spread.
+    sample per step: its shape, and the least (or, with ``statistic="median"``, the median) of
+    its repeats' seconds, with their spread ``(most - least) / least``.
 
     Raises:
         InvalidInputError: ``repeats`` below 1, or a scenario whose repeats scheduled different
@@ -194,6 +201,8 @@ def measure(
     """
     if repeats < 1:
         raise InvalidInputError(f"'repeats' must be >= 1 (got {repeats})")
+    if statistic not in STATISTICS:
+        raise InvalidInputError(f"'statistic' must be one of {', '.join(STATISTICS)} (got {statistic!r})")
     if plan:
         engine.run(plan[0])  # warm-up: first calls allocate and compile
     samples: list[ProfileSample] = []
@@ -212,6 +221,7 @@ def measure(
                 continue
             times = sorted(run[k].seconds for run in runs)
             least = times[0]
+            kept = least if statistic == "least" else statistics.median(times)
             samples.append(
                 ProfileSample(
                     prefill_tokens=prefill,
@@ -219,20 +229,13 @@ def measure(
                     context_tokens=context,
                     attention_pairs=pairs,
                     requests=requests,
-                    seconds=least,
+                    seconds=kept,
                     spread=(times[-1] - least) / least if least > 0 else 0.0,
                 )
             )
         if progress is not None:
             progress(f"{scenario.name}: {len(shapes[0])} steps")
     return samples
-
-
-def _row(sample: ProfileSample, attention: bool) -> tuple[float, ...]:
-    base: tuple[float, ...] = (sample.prefill_tokens, sample.decode_requests, sample.context_tokens)
-    if attention:
-        base += (sample.attention_pairs or 0,)
-    return (*base, sample.seconds)
 
 
 def _kind(sample: ProfileSample) -> str:
@@ -270,16 +273,10 @@ def _ranges(samples: Sequence[ProfileSample]) -> list[tuple[str, list[ProfileSam
 
 def held_out_errors(profile: StepProfile, held_out: Sequence[ProfileSample]) -> tuple[HeldOutError, ...]:
     """The fit's relative error over ``held_out``, per range of steps, and over all of them."""
-    attention = "attention_pairs" in profile.terms
 
     def error(s: ProfileSample) -> float:
-        predicted = profile.predict(
-            s.prefill_tokens,
-            s.decode_requests,
-            s.context_tokens,
-            (s.attention_pairs or 0) if attention else 0,
-        )
-        return abs(predicted - s.seconds) / s.seconds
+        *values, seconds = s.values(PROFILE_TERMS)
+        return abs(profile.predict(*values) - seconds) / seconds
 
     out = []
     for name, items in [*_ranges(held_out), ("all held-out steps", list(held_out))]:
@@ -313,12 +310,19 @@ class TermsChoice:
     fit: StepProfile
 
 
-def _fit(samples: Sequence[ProfileSample], attention: bool) -> StepProfile:
+#: The model forms tried, fewest terms first: the line, and the line with each optional term
+#: and with both.
+FORMS: Final = (
+    PROFILE_TERMS[:4],
+    (*PROFILE_TERMS[:4], "attention_pairs"),
+    (*PROFILE_TERMS[:4], "prefill_requests"),
+    PROFILE_TERMS,
+)
+
+
+def _fit(samples: Sequence[ProfileSample], terms: tuple[str, ...]) -> StepProfile:
     return fit_profile(
-        [_row(s, attention) for s in samples],
-        source="measured steps",
-        attention=attention,
-        tolerance=math.inf,
+        [s.values(terms) for s in samples], source="measured steps", terms=terms, tolerance=math.inf
     )
 
 
@@ -326,8 +330,9 @@ def choose_terms(samples: Sequence[ProfileSample]) -> TermsChoice:
     """Fit on three of every four steps, measure the error on the fourth, and choose the terms.
 
     The four-term line is kept unless it misses some held-out range's steps by more than
-    :data:`FEW_PERCENT` on average and the attention-pairs term cuts the error over all
-    held-out steps by at least :data:`MUST_GAIN` of it.
+    :data:`FEW_PERCENT` on average; then each form of :data:`FORMS` is fitted, and the one
+    that misses all held-out steps least is kept if it cuts the line's error by at least
+    :data:`MUST_GAIN` of it (of two within that share of each other, the one of fewer terms).
 
     Raises:
         InvalidInputError: too few steps to hold some out, or steps that cannot tell the terms
@@ -339,16 +344,18 @@ def choose_terms(samples: Sequence[ProfileSample]) -> TermsChoice:
         raise InvalidInputError(
             f"{len(samples)} measured steps are too few to hold some out: measure more scenarios"
         )
-    line = held_out_errors(_fit(fitted, False), held)
-    chosen: tuple[str, ...] = PROFILE_TERMS[:4]
+    line = held_out_errors(_fit(fitted, FORMS[0]), held)
+    chosen: tuple[str, ...] = FORMS[0]
     errors = line
-    if any(e.mean_error > FEW_PERCENT for e in line) and any(s.attention_pairs for s in samples):
-        extended = held_out_errors(_fit(fitted, True), held)
-        if extended[-1].mean_error < (1 - MUST_GAIN) * line[-1].mean_error:
-            chosen, errors = PROFILE_TERMS, extended
-    return TermsChoice(
-        terms=chosen, held_out=errors, line_held_out=line, fit=_fit(samples, chosen == PROFILE_TERMS)
-    )
+    if any(e.mean_error > FEW_PERCENT for e in line):
+        for form in FORMS[1:]:
+            try:
+                tried = held_out_errors(_fit(fitted, form), held)
+            except InvalidInputError:  # the steps cannot tell this form's terms apart
+                continue
+            if tried[-1].mean_error < (1 - MUST_GAIN) * errors[-1].mean_error:
+                chosen, errors = form, tried
+    return TermsChoice(terms=chosen, held_out=errors, line_held_out=line, fit=_fit(samples, chosen))
 
 
 class ProfiledEngine(StepEngine, Protocol):
@@ -386,6 +393,7 @@ def profile_engine(
     device: str,
     versions: Mapping[str, str],
     repeats: int = 5,
+    statistic: str = "least",
     decode_steps: int = 8,
     progress: Callable[[str], None] | None = None,
 ) -> Measured:
@@ -404,7 +412,11 @@ def profile_engine(
         raise InvalidInputError(f"'decode_steps' must be >= 1 (got {decode_steps})")
     limits = engine.limits()
     samples = measure(
-        engine, scenarios(limits, decode_steps=decode_steps), repeats=repeats, progress=progress
+        engine,
+        scenarios(limits, decode_steps=decode_steps),
+        repeats=repeats,
+        statistic=statistic,
+        progress=progress,
     )
     choice = choose_terms(samples)
     tolerance = max(PROFILE_TOLERANCE, math.ceil(100 * choice.fit.max_error + 1e-9) / 100)
@@ -414,7 +426,12 @@ def profile_engine(
         model=model,
         device=device,
         versions=dict(versions),
-        settings={**engine.settings(), "repeats": repeats, "decode_steps": decode_steps},
+        settings={
+            **engine.settings(),
+            "repeats": repeats,
+            "statistic": statistic,
+            "decode_steps": decode_steps,
+        },
         terms=choice.terms,
         tolerance=tolerance,
         held_out=choice.held_out,

@@ -38,6 +38,7 @@ from kvcore.simulation.profile_file import (
     PROFILE_OPTIONAL_KEYS as PROFILE_OPTIONAL_KEYS,
     PROFILE_TERMS as PROFILE_TERMS,
     PROFILE_TOLERANCE as PROFILE_TOLERANCE,
+    check_terms,
     read_profile_file,
 )
 from kvcore.simulation.simulator import percentile
@@ -278,11 +279,14 @@ def _kv_bytes(plan: KVCachePlan) -> dict[str, Any]:
 class StepProfile:
     """Step times fitted to measured samples: ``seconds = intercept + per_prefill_token *
     prefill_tokens + per_decode_request * decode_tokens + per_context_token * context_tokens
-    [+ per_attention_pair * attention_pairs]`` (never below 0).
+    [+ per_attention_pair * attention_pairs] [+ per_prefill_request * prefill_requests]``
+    (never below 0).
 
-    The last term is fitted only when the file asks for it (a profile written by ``kvcore
-    profile`` whose steps the four-term line did not follow): it is the attention arithmetic of
-    a prefill chunk, which grows with the chunk times its context, not with either alone.
+    The bracketed terms are fitted only when the file asks for them (a profile written by
+    ``kvcore profile`` whose steps the four-term line did not follow): the attention arithmetic
+    of a prefill chunk, which grows with the chunk times its context, not with either alone;
+    and a cost per request that prefills (an engine that runs prompt chunks through kernels of
+    their own pays it once per chunk, however short).
 
     Attributes:
         source: where the samples came from (the file).
@@ -293,6 +297,7 @@ class StepProfile:
         samples: how many samples were fitted.
         max_error: the largest relative error of the fit over its samples.
         per_attention_pair: seconds per query-key pair (0 unless fitted).
+        per_prefill_request: seconds per request computing more than one token (0 unless fitted).
         terms: the terms fitted (:data:`PROFILE_TERMS` names).
     """
 
@@ -304,14 +309,16 @@ class StepProfile:
     samples: int
     max_error: float
     per_attention_pair: float = 0.0
+    per_prefill_request: float = 0.0
     terms: tuple[str, ...] = ("fixed", "prefill_tokens", "decode_requests", "context_tokens")
 
     @property
     def description(self) -> str:
         """``measured profile FILE (12 samples, fit within 0.8 %)``."""
         fit = f"{self.samples} samples, fit within {100 * self.max_error:.1f} %"
-        if "attention_pairs" in self.terms:
-            fit += ", with an attention-pairs term"
+        extra = [t.replace("_", " ") for t in self.terms[4:]]
+        if extra:
+            fit += f", with {' and '.join(extra)} terms"
         return f"measured profile {self.source} ({fit})"
 
     def predict(
@@ -320,6 +327,7 @@ class StepProfile:
         decode_requests: float,
         context_tokens: float,
         attention_pairs: float = 0.0,
+        prefill_requests: float = 0.0,
     ) -> float:
         """The fitted seconds of a step (never below 0)."""
         seconds = (
@@ -328,6 +336,7 @@ class StepProfile:
             + self.per_decode_request * decode_requests
             + self.per_context_token * context_tokens
             + self.per_attention_pair * attention_pairs
+            + self.per_prefill_request * prefill_requests
         )
         return max(seconds, 0.0)
 
@@ -335,7 +344,11 @@ class StepProfile:
         if not record.requests:
             return 0.0
         return self.predict(
-            record.prefill_tokens, record.decode_tokens, record.context_tokens, record.attention_pairs
+            record.prefill_tokens,
+            record.decode_tokens,
+            record.context_tokens,
+            record.attention_pairs,
+            record.requests - record.decode_tokens,
         )
 
 
@@ -343,35 +356,43 @@ def fit_profile(
     samples: Sequence[Sequence[float]],
     source: str = "samples",
     *,
-    attention: bool = False,
+    terms: Sequence[str] = PROFILE_TERMS[:4],
     tolerance: float = PROFILE_TOLERANCE,
 ) -> StepProfile:
     """Fit :class:`StepProfile` to ``(prefill_tokens, decode_requests, context_tokens,
     seconds)`` samples by least squares on the relative error (each row weighted by
     ``1 / seconds``, so a short step counts as much as a long one).
 
-    With ``attention``, the samples are ``(prefill_tokens, decode_requests, context_tokens,
-    attention_pairs, seconds)`` and a fifth term, seconds per query-key pair, is fitted.
+    With optional ``terms`` (``attention_pairs``, ``prefill_requests``: :data:`PROFILE_TERMS`
+    after the first four), each sample carries their values after ``context_tokens``, in that
+    order, before ``seconds``.
 
     A term no sample varies (every sample has 0 prefill tokens, say) gets a coefficient of 0.
 
     Raises:
-        InvalidInputError: no samples, fewer samples than the terms they vary, samples that
-            cannot tell two terms apart, or a fit that misses a sample by more than
-            ``tolerance`` (default :data:`PROFILE_TOLERANCE`: the samples are not linear in the
-            terms; measure the range the simulation runs, or fewer mixed shapes).
+        InvalidInputError: no samples, terms that are not the line's and optional ones, samples
+            of another width, fewer samples than the terms they vary, samples that cannot tell
+            two terms apart, or a fit that misses a sample by more than ``tolerance`` (default
+            :data:`PROFILE_TOLERANCE`: the samples are not linear in the terms; measure the
+            range the simulation runs, or fewer mixed shapes).
     """
+    chosen = check_terms(terms, source)
     if not samples:
         raise InvalidInputError(f"{source}: the step-time profile has no samples")
-    width = 5 if attention else 4
+    width = len(chosen)  # the fixed cost has no value; seconds take its place
     if any(len(row) != width for row in samples):
-        raise InvalidInputError(f"{source}: every sample must have {width} values")
-    rows = [
-        (float(r[0]), float(r[1]), float(r[2]), float(r[3]) if attention else 0.0, float(r[-1]))
-        for r in samples
-    ]
-    terms = 5 if attention else 4
-    columns = [0] + [j for j in range(1, terms) if any(row[j - 1] for row in rows)]
+        raise InvalidInputError(
+            f"{source}: every sample must have {width} values ({', '.join(chosen[1:])}, seconds)"
+        )
+    slots = [PROFILE_TERMS.index(t) for t in chosen[1:]]
+    rows = []
+    for r in samples:
+        values = [0.0] * len(PROFILE_TERMS)
+        values[0] = 1.0
+        for slot, value in zip(slots, r[:-1], strict=True):
+            values[slot] = float(value)
+        rows.append((values, float(r[-1])))
+    columns = [0] + [j for j in slots if any(v[j] for v, _ in rows)]
     if len(rows) < len(columns):
         raise InvalidInputError(
             f"{source}: {len(rows)} sample(s) cannot fit {len(columns)} terms (a fixed cost and one per "
@@ -379,15 +400,14 @@ def fit_profile(
         )
     size = len(columns)
     normal = [[0.0] * (size + 1) for _ in range(size)]
-    for prefill, decode, context, pairs, seconds in rows:
-        row = [1.0, prefill, decode, context, pairs]
-        x = [row[j] / seconds for j in columns]  # weighted by 1 / seconds: relative residuals
+    for values, seconds in rows:
+        x = [values[j] / seconds for j in columns]  # weighted by 1 / seconds: relative residuals
         for i in range(size):
             for j in range(size):
                 normal[i][j] += x[i] * x[j]
             normal[i][size] += x[i]  # the weighted target seconds / seconds
     solution = _solve(normal, source)
-    coefficients = [0.0] * 5
+    coefficients = [0.0] * len(PROFILE_TERMS)
     for j, value in zip(columns, solution, strict=True):
         coefficients[j] = value
     profile = StepProfile(
@@ -397,18 +417,18 @@ def fit_profile(
         per_decode_request=coefficients[2],
         per_context_token=coefficients[3],
         per_attention_pair=coefficients[4],
+        per_prefill_request=coefficients[5],
         samples=len(rows),
         max_error=0.0,
-        terms=PROFILE_TERMS if attention else PROFILE_TERMS[:4],
+        terms=chosen,
     )
-    errors = [abs(profile.predict(p, d, c, a) - s) / s for p, d, c, a, s in rows]
+    errors = [abs(profile.predict(*values[1:]) - seconds) / seconds for values, seconds in rows]
     worst = max(range(len(errors)), key=errors.__getitem__)
     if errors[worst] > tolerance:
-        p, d, c, a, s = rows[worst]
-        with_pairs = f", {a:g} attention pairs" if attention else ""
+        values, seconds = rows[worst]
+        shown = ", ".join(f"{values[PROFILE_TERMS.index(t)]:g} {t.replace('_', ' ')}" for t in chosen[1:])
         raise InvalidInputError(
-            f"{source}: the linear fit misses sample {worst + 1} ({p:g} prefill tokens, "
-            f"{d:g} decode requests, {c:g} context tokens{with_pairs}, {s:g} s) "
+            f"{source}: the linear fit misses sample {worst + 1} ({shown}, {seconds:g} s) "
             f"by {100 * errors[worst]:.1f} %, more than {100 * tolerance:g} %: the steps are not linear "
             "in these terms over this range; measure the range the simulation runs, or check the samples"
         )
@@ -453,15 +473,10 @@ def read_profile(path: str | os.PathLike[str]) -> StepProfile:
     """
     where = os.fspath(path)
     read = read_profile_file(path)
-    attention = read.attention
-    rows = [
-        (s.prefill_tokens, s.decode_requests, s.context_tokens)
-        + ((s.attention_pairs or 0,) if attention else ())
-        + (s.seconds,)
-        for s in read.samples
-    ]
+    terms = read.header.terms if read.header is not None else PROFILE_TERMS[:4]
+    rows = [sample.values(terms) for sample in read.samples]
     tolerance = read.header.tolerance if read.header is not None else PROFILE_TOLERANCE
-    return fit_profile(rows, source=where, attention=attention, tolerance=tolerance)
+    return fit_profile(rows, source=where, terms=terms, tolerance=tolerance)
 
 
 # -- latencies -----------------------------------------------------------------------------------

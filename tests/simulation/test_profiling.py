@@ -29,6 +29,7 @@ from kvcore.simulation.profiling import (
     profile_engine,
     scenarios,
 )
+from kvcore.simulation.steps import StepRecord
 from kvcore.simulation.timing import PROFILE_TERMS, read_profile
 
 LIMITS = EngineLimits(max_batched_tokens=256, max_num_seqs=16, max_model_len=512, kv_tokens=8192)
@@ -39,7 +40,7 @@ class StubEngine:
     """A first-come scheduler (decodes first, then prompt chunks within the token budget) whose
     steps take ``a + b P + c D + d C + e pairs`` seconds, plus ``noise`` on every other run."""
 
-    coefficients: tuple[float, float, float, float, float]
+    coefficients: tuple[float, float, float, float, float, float]
     limits_: EngineLimits = LIMITS
     noise: float = 0.0
     runs: int = 0
@@ -77,9 +78,9 @@ class StubEngine:
                 scheduled.pop()
             running = [q for q in running if q[2] > 0]
             timed = TimedStep(scheduled=tuple(scheduled), seconds=1.0)
-            p, d, c, pairs, _ = timed.shape
-            a, b, cd, cc, e = self.coefficients
-            seconds = a + b * p + cd * d + cc * c + e * pairs
+            p, d, c, pairs, requests = timed.shape
+            a, b, cd, cc, e, f = self.coefficients
+            seconds = a + b * p + cd * d + cc * c + e * pairs + f * (requests - d)
             if self.runs % 2:
                 seconds *= 1 + self.noise
             steps.append(attrs.evolve(timed, seconds=seconds))
@@ -87,8 +88,9 @@ class StubEngine:
         return steps
 
 
-LINE = (2e-3, 5e-6, 4e-5, 3e-8, 0.0)
-QUADRATIC = (2e-3, 5e-6, 4e-5, 3e-8, 4e-8)
+LINE = (2e-3, 5e-6, 4e-5, 3e-8, 0.0, 0.0)
+QUADRATIC = (2e-3, 5e-6, 4e-5, 3e-8, 4e-8, 0.0)
+PER_CHUNK = (2e-3, 5e-6, 4e-5, 3e-8, 0.0, 1e-3)
 
 
 def test_the_scenarios_cover_prefill_decode_and_mixed_steps_within_the_engine():
@@ -171,16 +173,41 @@ def test_steps_the_line_misses_get_the_attention_term(tmp_path):
     )
     choice = measured.choice
     assert choice.line_held_out[-1].mean_error > 0.03, "the four-term line misses quadratic prefill"
-    assert choice.terms == PROFILE_TERMS
+    assert "attention_pairs" in choice.terms
     assert choice.held_out[-1].max_error < 1e-6
     path = tmp_path / "stub.jsonl"
     write_profile_file(path, measured.file)
     header = json.loads(path.read_text().splitlines()[0])[HEADER_KEY]
-    assert header["terms"] == list(PROFILE_TERMS)
-    assert header["settings"] == {"max_num_seqs": 16, "repeats": 1, "decode_steps": 8}
+    assert "attention_pairs" in header["terms"]
+    assert header["settings"] == {"max_num_seqs": 16, "repeats": 1, "statistic": "least", "decode_steps": 8}
     profile = read_profile(path)
     assert profile.per_attention_pair == pytest.approx(QUADRATIC[4], rel=1e-6)
-    assert "attention-pairs term" in profile.description
+    assert "attention pairs" in profile.description
+
+
+def test_steps_with_a_cost_per_prompt_chunk_get_the_prefill_requests_term(tmp_path):
+    measured = profile_engine(
+        StubEngine(PER_CHUNK),
+        engine_name="stub",
+        engine_version="1",
+        model="m",
+        device="cpu",
+        versions={},
+        repeats=1,
+    )
+    choice = measured.choice
+    assert choice.line_held_out[-1].mean_error > 0.03
+    assert choice.terms == (*PROFILE_TERMS[:4], "prefill_requests"), "the fewest terms that fit"
+    assert choice.held_out[-1].max_error < 1e-6
+    path = tmp_path / "stub.jsonl"
+    write_profile_file(path, measured.file)
+    profile = read_profile(path)
+    assert profile.per_prefill_request == pytest.approx(1e-3, rel=1e-6)
+    # the simulator's step record: 3 requests, 1 decoding, so 2 prefilling
+    record = StepRecord(
+        prefill_tokens=100, decode_tokens=1, requests=3, context_tokens=500, attention_pairs=0
+    )
+    assert profile(record) == pytest.approx(2e-3 + 5e-4 + 4e-5 + 1.5e-5 + 2e-3)
 
 
 def test_too_few_steps_to_hold_some_out_are_refused():
@@ -245,7 +272,7 @@ def test_a_header_after_the_steps_or_an_attention_fit_without_pairs_is_refused(t
     with pytest.raises(InvalidInputError, match=r"p\.jsonl:2: .*first line"):
         read_profile(path)
     path.write_text(_header(terms=list(PROFILE_TERMS)) + "\n" + step + "\n")
-    with pytest.raises(InvalidInputError, match=r"p\.jsonl:2: .*has none"):
+    with pytest.raises(InvalidInputError, match=r"p\.jsonl:2: .*has no 'attention_pairs'"):
         read_profile(path)
 
 
