@@ -151,7 +151,7 @@ def open_vllm(model: str, options: Mapping[str, Any]) -> VllmStepEngine:
     from kvcore.optional_dependencies import require
 
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    require("vllm", "kvcore profile --engine vllm")
+    require("vllm", "timing vLLM's engine step by step")
     from vllm import LLM
 
     # prefix caching off unless asked: a cached prefix would make a repeat's steps differ
