@@ -40,8 +40,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kvcore.simulation.steps import Timeline
-from kvcore.simulation.timing import latency_report
+from kvcore.simulation.steps import StepRecord, Timeline
+from kvcore.simulation.timing import latency_report, read_profile
 
 #: The figures compared, as (name, how to read it from a latency report's dict).
 FIGURES = (
@@ -55,6 +55,11 @@ FIGURES = (
 )
 #: Shown but not in the ENGINE-TIME line (too few requests for a stable p99).
 SHOWN_ONLY = (("TTFT p99", ("ttft", "p99")), ("E2E p99", ("e2e", "p99")))
+
+#: Every replayed step: what it scheduled (``(new tokens, cached after)`` per request) and its
+#: seconds, to hold against the profile step by step.
+STEPS: list[tuple[tuple[tuple[int, int], ...], float]] = []
+SCHEDULED: list[tuple[int, int]] = []
 
 #: How long each ``add_request`` took (time a request spends before any step, which the
 #: simulator does not count).
@@ -103,9 +108,12 @@ def replay(engine: Any, trace: list[dict[str, Any]], salt: int) -> dict[str, Any
         if not llm.has_unfinished_requests():
             time.sleep(max(0.0, trace[pending[0]]["arrival_time"] - (time.perf_counter() - start)))
             continue
+        before = time.perf_counter()
+        SCHEDULED.clear()
         outputs = llm.step()
         ended = time.perf_counter() - start
         step_end.append(ended)
+        STEPS.append((tuple(SCHEDULED), time.perf_counter() - before))
         for out in outputs:
             k = int(out.request_id.split("-")[1])
             if out.outputs and out.outputs[0].token_ids and math.isnan(first[k]):
@@ -183,7 +191,17 @@ def main() -> None:
     )
     scheduler = engine.llm.llm_engine.engine_core.engine_core.scheduler
     kv_bytes = sum(t.size for t in scheduler.kv_cache_config.kv_cache_tensors)
+    schedule = scheduler.schedule
+
+    def kept_schedule(*a: Any, **k: Any) -> Any:
+        output = schedule(*a, **k)
+        for rid, n in output.num_scheduled_tokens.items():
+            SCHEDULED.append((n, scheduler.requests[rid].num_computed_tokens))
+        return output
+
+    scheduler.schedule = kept_schedule
     replay(engine, trace[: min(8, len(trace))], salt=999)  # warm-up
+    STEPS.clear()
     runs = [replay(engine, trace, salt=r) for r in range(args.repeats)]
     with tempfile.TemporaryDirectory() as where:
         path = Path(where) / "trace.jsonl"
@@ -207,6 +225,21 @@ def main() -> None:
         unit = "" if "tok/s" in name else " s"
         span = f"[{min(values):.4g}, {max(values):.4g}]"
         print(f"{name:<14}{measured:>12.4g}{unit:2}{span:<22}{guess:>12.4g}{100 * err:>9.1f}%")
+    profile = read_profile(args.profile)
+    ratios: dict[str, list[float]] = {"with a prompt chunk": [], "decode only": []}
+    for scheduled, seconds in STEPS:
+        if not scheduled:
+            continue
+        prefill = sum(n for n, _ in scheduled if n > 1)
+        decode = sum(1 for n, _ in scheduled if n == 1)
+        context = sum(c for _, c in scheduled)
+        pairs = sum(n * c - n * (n - 1) // 2 for n, c in scheduled)
+        record = StepRecord(prefill, decode, len(scheduled), context, pairs)
+        ratios["with a prompt chunk" if prefill else "decode only"].append(seconds / profile(record))
+    for kind, values in ratios.items():
+        if values:
+            ratio = statistics.median(values)
+            print(f"replayed steps {kind}: measured / profile median {ratio:.2f} ({len(values)} steps)")
     adds = sorted(ADD_SECONDS)
     p90 = adds[int(0.9 * len(adds))]
     print(f"add_request: median {1e3 * statistics.median(adds):.3f} ms, p90 {1e3 * p90:.3f} ms")
