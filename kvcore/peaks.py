@@ -44,7 +44,6 @@ class PooledGroup(Protocol):
     @property
     def pool(self) -> int: ...
 
-
 #: Candidates the walk visits at most before it settles for the bound it has reached (the
 #: sum of each group's worst case over the steps it did not visit): an upper bound that keeps
 #: planning fast for lengths of billions of tokens; exact whenever the walk ends before.

@@ -182,22 +182,10 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
     with progress(label, detail=eta.text):
         # the search, the replay as the scheduler runs it, the latency targets and the search's pace
         result = tune(
-            specs,
-            args.memory,
-            context,
-            workload,
-            space,
-            registry=registry,
-            objective=objective,
-            planner=planner,
-            options=options,
-            scheduler=profile,
-            step_time=step_time,
-            prefix_caching=args.prefix_caching,
-            slo_ttft=args.slo_ttft,
-            slo_itl=args.slo_itl,
-            max_passes=args.passes,
-            on_trial=eta.on_trial,
+            specs, args.memory, context, workload, space,
+            registry=registry, objective=objective, planner=planner, options=options,
+            scheduler=profile, step_time=step_time, prefix_caching=args.prefix_caching,
+            slo_ttft=args.slo_ttft, slo_itl=args.slo_itl, max_passes=args.passes, on_trial=eta.on_trial,
         )
     best = result.best
     weights = budget.weights if budget is not None else None

@@ -81,13 +81,7 @@ def test_a_bundled_hybrid_shows_two_policies_each_as_plan_reports_it(run_cli):
 
 def test_no_plan_reasons_name_the_command_line_flags(run_cli):
     status, out, err = run_cli(
-        "compare",
-        "--model",
-        "google/gemma-3-27b-it",
-        "--memory",
-        "1GiB",
-        "--max-model-len",
-        "32768",
+        "compare", "--model", "google/gemma-3-27b-it", "--memory", "1GiB", "--max-model-len", "32768",
         "--json",
     )
     assert status == 1 and "no policy could plan" in err
