@@ -25,7 +25,17 @@ from kvcore.cli.command import Command
 from kvcore.errors import KVCoreError, KVCoreWarning, PluginFailedWarning
 
 #: Sub-command modules, in the order ``kvcore --help`` lists them.
-COMMANDS: tuple[str, ...] = ("plan", "compare", "simulate", "tune", "allocate", "check", "models", "plugins")
+COMMANDS: tuple[str, ...] = (
+    "plan",
+    "compare",
+    "simulate",
+    "tune",
+    "profile",
+    "allocate",
+    "check",
+    "models",
+    "plugins",
+)
 
 
 def _command_modules() -> list[ModuleType]:

@@ -21,7 +21,6 @@ second, and goodput under latency targets. The formulas and their sources are in
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -34,6 +33,14 @@ from kvcore.plan import KVCachePlan
 from kvcore.planning.gpu_budget import count_parameters, quantization, weight_bytes
 from kvcore.planning.registry import Registry
 from kvcore.simulation.gpus import Gpu
+from kvcore.simulation.profile_file import (
+    PROFILE_KEYS as PROFILE_KEYS,
+    PROFILE_OPTIONAL_KEYS as PROFILE_OPTIONAL_KEYS,
+    PROFILE_TERMS as PROFILE_TERMS,
+    PROFILE_TOLERANCE as PROFILE_TOLERANCE,
+    check_terms,
+    read_profile_file,
+)
 from kvcore.simulation.simulator import percentile
 from kvcore.simulation.steps import StepRecord, Timeline
 from kvcore.spec import KVCacheSpec
@@ -47,11 +54,6 @@ NOT_PER_TOKEN: Final = ("tower", "encoder", "projector")
 _EXPERT_KEYS: Final = ("num_experts", "num_local_experts", "n_routed_experts")
 _TOP_K_KEYS: Final = ("num_experts_per_tok", "experts_per_token", "moe_topk")
 
-#: A fitted profile whose samples it misses by more than this share is refused.
-PROFILE_TOLERANCE: Final = 0.05
-
-#: The keys a step-time profile line has.
-PROFILE_KEYS: Final = ("prefill_tokens", "decode_requests", "context_tokens", "seconds")
 
 #: The percentiles reports show.
 PERCENTILES: Final = (50, 90, 99)
@@ -276,8 +278,15 @@ def _kv_bytes(plan: KVCachePlan) -> dict[str, Any]:
 @attrs.frozen(kw_only=True)
 class StepProfile:
     """Step times fitted to measured samples: ``seconds = intercept + per_prefill_token *
-    prefill_tokens + per_decode_request * decode_tokens + per_context_token * context_tokens``
+    prefill_tokens + per_decode_request * decode_tokens + per_context_token * context_tokens
+    [+ per_attention_pair * attention_pairs] [+ per_prefill_request * prefill_requests]``
     (never below 0).
+
+    The bracketed terms are fitted only when the file asks for them (a profile written by
+    ``kvcore profile`` whose steps the four-term line did not follow): the attention arithmetic
+    of a prefill chunk, which grows with the chunk times its context, not with either alone;
+    and a cost per request that prefills (an engine that runs prompt chunks through kernels of
+    their own pays it once per chunk, however short).
 
     Attributes:
         source: where the samples came from (the file).
@@ -287,6 +296,9 @@ class StepProfile:
         per_context_token: seconds per cached token read.
         samples: how many samples were fitted.
         max_error: the largest relative error of the fit over its samples.
+        per_attention_pair: seconds per query-key pair (0 unless fitted).
+        per_prefill_request: seconds per request computing more than one token (0 unless fitted).
+        terms: the terms fitted (:data:`PROFILE_TERMS` names).
     """
 
     source: str
@@ -296,61 +308,106 @@ class StepProfile:
     per_context_token: float
     samples: int
     max_error: float
+    per_attention_pair: float = 0.0
+    per_prefill_request: float = 0.0
+    terms: tuple[str, ...] = ("fixed", "prefill_tokens", "decode_requests", "context_tokens")
 
     @property
     def description(self) -> str:
         """``measured profile FILE (12 samples, fit within 0.8 %)``."""
         fit = f"{self.samples} samples, fit within {100 * self.max_error:.1f} %"
+        extra = [t.replace("_", " ") for t in self.terms[4:]]
+        if extra:
+            fit += f", with {' and '.join(extra)} terms"
         return f"measured profile {self.source} ({fit})"
 
-    def predict(self, prefill_tokens: float, decode_requests: float, context_tokens: float) -> float:
+    def predict(
+        self,
+        prefill_tokens: float,
+        decode_requests: float,
+        context_tokens: float,
+        attention_pairs: float = 0.0,
+        prefill_requests: float = 0.0,
+    ) -> float:
         """The fitted seconds of a step (never below 0)."""
         seconds = (
             self.intercept
             + self.per_prefill_token * prefill_tokens
             + self.per_decode_request * decode_requests
             + self.per_context_token * context_tokens
+            + self.per_attention_pair * attention_pairs
+            + self.per_prefill_request * prefill_requests
         )
         return max(seconds, 0.0)
 
     def __call__(self, record: StepRecord) -> float:
         if not record.requests:
             return 0.0
-        return self.predict(record.prefill_tokens, record.decode_tokens, record.context_tokens)
+        return self.predict(
+            record.prefill_tokens,
+            record.decode_tokens,
+            record.context_tokens,
+            record.attention_pairs,
+            record.requests - record.decode_tokens,
+        )
 
 
-def fit_profile(samples: Sequence[tuple[float, float, float, float]], source: str = "samples") -> StepProfile:
+def fit_profile(
+    samples: Sequence[Sequence[float]],
+    source: str = "samples",
+    *,
+    terms: Sequence[str] = PROFILE_TERMS[:4],
+    tolerance: float = PROFILE_TOLERANCE,
+) -> StepProfile:
     """Fit :class:`StepProfile` to ``(prefill_tokens, decode_requests, context_tokens,
     seconds)`` samples by least squares on the relative error (each row weighted by
     ``1 / seconds``, so a short step counts as much as a long one).
 
+    With optional ``terms`` (``attention_pairs``, ``prefill_requests``: :data:`PROFILE_TERMS`
+    after the first four), each sample carries their values after ``context_tokens``, in that
+    order, before ``seconds``.
+
     A term no sample varies (every sample has 0 prefill tokens, say) gets a coefficient of 0.
 
     Raises:
-        InvalidInputError: no samples, fewer samples than the terms they vary, samples that
-            cannot tell two terms apart, or a fit that misses a sample by more than
-            :data:`PROFILE_TOLERANCE` (the samples are not linear in the terms: measure the
+        InvalidInputError: no samples, terms that are not the line's and optional ones, samples
+            of another width, fewer samples than the terms they vary, samples that cannot tell
+            two terms apart, or a fit that misses a sample by more than ``tolerance`` (default
+            :data:`PROFILE_TOLERANCE`: the samples are not linear in the terms; measure the
             range the simulation runs, or fewer mixed shapes).
     """
+    chosen = check_terms(terms, source)
     if not samples:
         raise InvalidInputError(f"{source}: the step-time profile has no samples")
-    columns = [0] + [j for j in (1, 2, 3) if any(row[j - 1] for row in samples)]
-    if len(samples) < len(columns):
+    width = len(chosen)  # the fixed cost has no value; seconds take its place
+    if any(len(row) != width for row in samples):
         raise InvalidInputError(
-            f"{source}: {len(samples)} sample(s) cannot fit {len(columns)} terms (a fixed cost and one per "
+            f"{source}: every sample must have {width} values ({', '.join(chosen[1:])}, seconds)"
+        )
+    slots = [PROFILE_TERMS.index(t) for t in chosen[1:]]
+    rows = []
+    for r in samples:
+        values = [0.0] * len(PROFILE_TERMS)
+        values[0] = 1.0
+        for slot, value in zip(slots, r[:-1], strict=True):
+            values[slot] = float(value)
+        rows.append((values, float(r[-1])))
+    columns = [0] + [j for j in slots if any(v[j] for v, _ in rows)]
+    if len(rows) < len(columns):
+        raise InvalidInputError(
+            f"{source}: {len(rows)} sample(s) cannot fit {len(columns)} terms (a fixed cost and one per "
             "quantity the samples vary): measure at least as many steps of different shapes"
         )
     size = len(columns)
     normal = [[0.0] * (size + 1) for _ in range(size)]
-    for prefill, decode, context, seconds in samples:
-        row = [1.0, float(prefill), float(decode), float(context)]
-        x = [row[j] / seconds for j in columns]  # weighted by 1 / seconds: relative residuals
+    for values, seconds in rows:
+        x = [values[j] / seconds for j in columns]  # weighted by 1 / seconds: relative residuals
         for i in range(size):
             for j in range(size):
                 normal[i][j] += x[i] * x[j]
             normal[i][size] += x[i]  # the weighted target seconds / seconds
     solution = _solve(normal, source)
-    coefficients = [0.0, 0.0, 0.0, 0.0]
+    coefficients = [0.0] * len(PROFILE_TERMS)
     for j, value in zip(columns, solution, strict=True):
         coefficients[j] = value
     profile = StepProfile(
@@ -359,18 +416,21 @@ def fit_profile(samples: Sequence[tuple[float, float, float, float]], source: st
         per_prefill_token=coefficients[1],
         per_decode_request=coefficients[2],
         per_context_token=coefficients[3],
-        samples=len(samples),
+        per_attention_pair=coefficients[4],
+        per_prefill_request=coefficients[5],
+        samples=len(rows),
         max_error=0.0,
+        terms=chosen,
     )
-    errors = [abs(profile.predict(p, d, c) - s) / s for p, d, c, s in samples]
+    errors = [abs(profile.predict(*values[1:]) - seconds) / seconds for values, seconds in rows]
     worst = max(range(len(errors)), key=errors.__getitem__)
-    if errors[worst] > PROFILE_TOLERANCE:
-        p, d, c, s = samples[worst]
+    if errors[worst] > tolerance:
+        values, seconds = rows[worst]
+        shown = ", ".join(f"{values[PROFILE_TERMS.index(t)]:g} {t.replace('_', ' ')}" for t in chosen[1:])
         raise InvalidInputError(
-            f"{source}: the linear fit misses sample {worst + 1} ({p:g} prefill tokens, "
-            f"{d:g} decode requests, {c:g} context tokens, {s:g} s) by {100 * errors[worst]:.1f} %, "
-            f"more than {100 * PROFILE_TOLERANCE:g} %: the steps are not linear in these terms over this "
-            "range; measure the range the simulation runs, or check the samples"
+            f"{source}: the linear fit misses sample {worst + 1} ({shown}, {seconds:g} s) "
+            f"by {100 * errors[worst]:.1f} %, more than {100 * tolerance:g} %: the steps are not linear "
+            "in these terms over this range; measure the range the simulation runs, or check the samples"
         )
     return attrs.evolve(profile, max_error=errors[worst])
 
@@ -402,46 +462,21 @@ def _solve(matrix: list[list[float]], source: str) -> list[float]:
 
 
 def read_profile(path: str | os.PathLike[str]) -> StepProfile:
-    """Read and fit a step-time profile: JSON lines of measured steps, each
-    ``{"prefill_tokens": P, "decode_requests": D, "context_tokens": C, "seconds": S}`` (counts
-    ``>= 0``, seconds ``> 0``; blank lines skipped).
+    """Read and fit a step-time profile (:mod:`kvcore.simulation.profile_file`): JSON lines of
+    measured steps, each ``{"prefill_tokens": P, "decode_requests": D, "context_tokens": C,
+    "seconds": S}`` (counts ``>= 0``, seconds ``> 0``; blank lines skipped), after an optional
+    header line that ``kvcore profile`` writes (the terms to fit, the tolerance).
 
     Raises:
         InvalidInputError: the file cannot be read, a line is wrong (``<path>:<line>:`` and
             what), or the samples do not fit (:func:`fit_profile`).
     """
     where = os.fspath(path)
-    try:
-        with open(path, encoding="utf-8") as handle:
-            lines = handle.read().splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
-        raise InvalidInputError(f"cannot read the step-time profile {where}: {reason}") from None
-    samples: list[tuple[float, float, float, float]] = []
-    example = '{"prefill_tokens": 2048, "decode_requests": 32, "context_tokens": 40000, "seconds": 0.061}'
-    for number, text in enumerate(lines, start=1):
-        if not text.strip():
-            continue
-        here = f"{where}:{number}"
-        try:
-            item = json.loads(text)
-        except (ValueError, RecursionError) as exc:
-            raise InvalidInputError(f"{here}: not valid JSON ({exc}); a line is {example}") from None
-        if not isinstance(item, dict) or set(item) != set(PROFILE_KEYS):
-            raise InvalidInputError(
-                f"{here}: a line is one object with exactly the keys {', '.join(PROFILE_KEYS)}, "
-                f"e.g. {example}"
-            )
-        values = [item[key] for key in PROFILE_KEYS]
-        for key, value in zip(PROFILE_KEYS, values, strict=True):
-            low_ok = is_number(value) and (value > 0 if key == "seconds" else value >= 0)
-            if not low_ok or not math.isfinite(value):
-                bound = "> 0" if key == "seconds" else ">= 0"
-                raise InvalidInputError(f"{here}: {key!r} must be a finite number {bound} (got {value!r})")
-        samples.append((values[0], values[1], values[2], values[3]))
-    if not samples:
-        raise InvalidInputError(f"{where}: the step-time profile has no samples; a line is {example}")
-    return fit_profile(samples, source=where)
+    read = read_profile_file(path)
+    terms = read.header.terms if read.header is not None else PROFILE_TERMS[:4]
+    rows = [sample.values(terms) for sample in read.samples]
+    tolerance = read.header.tolerance if read.header is not None else PROFILE_TOLERANCE
+    return fit_profile(rows, source=where, terms=terms, tolerance=tolerance)
 
 
 # -- latencies -----------------------------------------------------------------------------------

@@ -1,0 +1,250 @@
+"""Replay a trace through vLLM's running engine and through ``kvcore simulate``, side by side.
+
+Run it in the vLLM CPU build's environment, pinned to one core, after ``kvcore profile`` has
+measured the same engine settings::
+
+    taskset -c 1 .venv-vllm-cpu/bin/kvcore profile --engine vllm --model MODEL \\
+        --max-model-len 1024 --max-num-seqs 32 --max-batched-tokens 1024 --block-size 32 \\
+        --engine-arg gpu_memory_utilization=0.1 --engine-arg enforce_eager=true -o steps.jsonl
+    taskset -c 1 .venv-vllm-cpu/bin/python benchmarks/engine_time.py --model MODEL \\
+        --profile steps.jsonl --rate 20 --requests 60 --repeats 3
+
+The trace (``--requests`` requests, Poisson arrivals at ``--rate`` per second, prompt and
+output lengths uniform in ``--prompt-len`` / ``--output-len``, seeded) is written as a kvcore
+trace with ``arrival_time``. The engine (``vllm.LLM`` with its core in-process, prefix caching
+off, ``--num-blocks`` KV blocks) gets each request when the wall clock passes its arrival
+(``LLMEngine.add_request`` in the loop that calls ``step()``); a request's first token is the
+end of the step whose output first carries a token, its last the end of the step that finishes
+it. TTFT, inter-token latency (a request's mean: (last - first) / (outputs - 1)) and end-to-end
+latency at p50 / p90 / p99, and output tokens per second, are as ``kvcore simulate`` reports
+them (``kvcore.simulation.timing.latency_report``), which then replays the same trace, KV
+budget (the engine's own KV tensors' bytes), block size, ``max_num_seqs`` and
+``max_num_batched_tokens`` under ``--scheduler vllm --sync-scheduling`` with ``--step-profile``.
+The last line is ``ENGINE-TIME max_rel_err=...`` over p50 / p90 TTFT, ITL, end-to-end and
+throughput. The engine's figures are the median of ``--repeats`` replays, each figure's range
+beside it: on a shared machine they are a loaded machine's figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from kvcore.simulation.steps import StepRecord, Timeline
+from kvcore.simulation.timing import latency_report, read_profile
+
+#: The figures compared, as (name, how to read it from a latency report's dict).
+FIGURES = (
+    ("TTFT p50", ("ttft", "p50")),
+    ("TTFT p90", ("ttft", "p90")),
+    ("ITL p50", ("itl", "p50")),
+    ("ITL p90", ("itl", "p90")),
+    ("E2E p50", ("e2e", "p50")),
+    ("E2E p90", ("e2e", "p90")),
+    ("output tok/s", ("output_tokens_per_second",)),
+)
+#: Shown but not in the ENGINE-TIME line (too few requests for a stable p99).
+SHOWN_ONLY = (("TTFT p99", ("ttft", "p99")), ("E2E p99", ("e2e", "p99")))
+
+#: Every replayed step: what it scheduled (``(new tokens, cached after)`` per request) and its
+#: seconds, to hold against the profile step by step.
+STEPS: list[tuple[tuple[tuple[int, int], ...], float]] = []
+SCHEDULED: list[tuple[int, int]] = []
+
+#: How long each ``add_request`` took (time a request spends before any step, which the
+#: simulator does not count).
+ADD_SECONDS: list[float] = []
+
+
+def make_trace(args: argparse.Namespace) -> list[dict[str, Any]]:
+    draw = random.Random(args.seed)
+    low_p, high_p = (int(x) for x in args.prompt_len.split(":"))
+    low_o, high_o = (int(x) for x in args.output_len.split(":"))
+    clock = 0.0
+    trace = []
+    for _ in range(args.requests):
+        trace.append(
+            {
+                "prompt_tokens": draw.randint(low_p, high_p),
+                "output_tokens": draw.randint(low_o, high_o),
+                "arrival_time": round(clock, 6),
+            }
+        )
+        clock += draw.expovariate(args.rate)
+    return trace
+
+
+def replay(engine: Any, trace: list[dict[str, Any]], salt: int) -> dict[str, Any]:
+    """One wall-clock replay through the engine's loop; the latency report as a dict."""
+    from vllm import SamplingParams
+
+    llm = engine.llm.llm_engine
+    count = len(trace)
+    first = [float("nan")] * count
+    finish = [float("nan")] * count
+    pending = list(range(count))
+    step_end: list[float] = []
+    start = time.perf_counter()
+    while pending or llm.has_unfinished_requests():
+        now = time.perf_counter() - start
+        while pending and trace[pending[0]]["arrival_time"] <= now:
+            k = pending.pop(0)
+            draw = random.Random(salt * 100_003 + k)
+            prompt = [draw.randint(1, 100) for _ in range(trace[k]["prompt_tokens"])]
+            params = SamplingParams(temperature=0.0, max_tokens=trace[k]["output_tokens"], ignore_eos=True)
+            began = time.perf_counter()
+            llm.add_request(f"r{salt}-{k}", {"prompt_token_ids": prompt}, params)
+            ADD_SECONDS.append(time.perf_counter() - began)
+        if not llm.has_unfinished_requests():
+            time.sleep(max(0.0, trace[pending[0]]["arrival_time"] - (time.perf_counter() - start)))
+            continue
+        before = time.perf_counter()
+        SCHEDULED.clear()
+        outputs = llm.step()
+        ended = time.perf_counter() - start
+        step_end.append(ended)
+        STEPS.append((tuple(SCHEDULED), time.perf_counter() - before))
+        for out in outputs:
+            k = int(out.request_id.split("-")[1])
+            if out.outputs and out.outputs[0].token_ids and math.isnan(first[k]):
+                first[k] = ended
+            if out.finished:
+                finish[k] = ended
+    timeline = Timeline(
+        model="vLLM engine, wall clock",
+        step_end=tuple(step_end),
+        arrival=tuple(float(r["arrival_time"]) for r in trace),
+        first_token=tuple(first),
+        finish=tuple(finish),
+    )
+    return latency_report(timeline, [r["output_tokens"] for r in trace]).to_dict()
+
+
+def simulate(args: argparse.Namespace, trace_path: Path, kv_bytes: int) -> dict[str, Any]:
+    # fmt: off
+    command = [
+        sys.executable, "-m", "kvcore", "--no-plugin-autoload", "simulate",
+        "--model", args.model, "--memory", str(kv_bytes), "--max-model-len", str(args.max_model_len),
+        "--max-num-batched-tokens", str(args.max_batched_tokens), "--max-num-seqs", str(args.max_num_seqs),
+        "--block-sizes", "32", "--policies", "uniform", "--trace", str(trace_path),
+        "--step-profile", args.profile, "--scheduler", "vllm", "--sync-scheduling", "--json",
+    ]
+    # fmt: on
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode:
+        sys.exit(f"kvcore simulate failed:\n{done.stderr}")
+    candidate = json.loads(done.stdout)["candidates"][0]
+    if candidate["error"]:
+        sys.exit(f"kvcore simulate: {candidate['error']}")
+    latency: dict[str, Any] = candidate["simulation"]["latency"]
+    return latency
+
+
+def pick(report: dict[str, Any], path: tuple[str, ...]) -> float:
+    value: Any = report
+    for key in path:
+        value = value[key]
+    return float(value)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--profile", required=True, help="kvcore profile's file for these settings")
+    parser.add_argument("--requests", type=int, default=60)
+    parser.add_argument("--rate", type=float, default=20.0, help="requests per second")
+    parser.add_argument("--prompt-len", default="32:512")
+    parser.add_argument("--output-len", default="8:64")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--max-model-len", type=int, default=1024)
+    parser.add_argument("--max-num-seqs", type=int, default=32)
+    parser.add_argument("--max-batched-tokens", type=int, default=1024)
+    parser.add_argument("--num-blocks", type=int, default=512)
+    args = parser.parse_args()
+
+    from kvcore.integrations.vllm.profiling import open_vllm
+
+    trace = make_trace(args)
+    engine = open_vllm(
+        args.model,
+        {
+            "max_model_len": args.max_model_len,
+            "max_num_seqs": args.max_num_seqs,
+            "max_num_batched_tokens": args.max_batched_tokens,
+            "block_size": 32,
+            "num_gpu_blocks_override": args.num_blocks,
+            "gpu_memory_utilization": 0.1,
+            "enforce_eager": True,
+            "dtype": "bfloat16",
+        },
+    )
+    scheduler = engine.llm.llm_engine.engine_core.engine_core.scheduler
+    kv_bytes = sum(t.size for t in scheduler.kv_cache_config.kv_cache_tensors)
+    schedule = scheduler.schedule
+
+    def kept_schedule(*a: Any, **k: Any) -> Any:
+        output = schedule(*a, **k)
+        for rid, n in output.num_scheduled_tokens.items():
+            SCHEDULED.append((n, scheduler.requests[rid].num_computed_tokens))
+        return output
+
+    scheduler.schedule = kept_schedule
+    replay(engine, trace[: min(8, len(trace))], salt=999)  # warm-up
+    STEPS.clear()
+    runs = [replay(engine, trace, salt=r) for r in range(args.repeats)]
+    with tempfile.TemporaryDirectory() as where:
+        path = Path(where) / "trace.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in trace))
+        predicted = simulate(args, path, kv_bytes)
+
+    print(
+        f"{args.requests} requests at {args.rate:g}/s, prompts {args.prompt_len}, outputs {args.output_len}; "
+        f"KV {args.num_blocks} blocks of 32 ({kv_bytes:,} bytes); engine median of {args.repeats} replays "
+        f"[range] on a loaded shared machine (cpu {os.sched_getaffinity(0)})"
+    )
+    print(f"{'figure':<14}{'engine':>12}  {'range':<22}{'kvcore':>12}{'rel err':>10}")
+    errors = []
+    for name, path_ in FIGURES + SHOWN_ONLY:
+        values = [pick(r, path_) for r in runs]
+        measured = statistics.median(values)
+        guess = pick(predicted, path_)
+        err = abs(guess - measured) / measured if measured else float("inf")
+        if (name, path_) in FIGURES:
+            errors.append(err)
+        unit = "" if "tok/s" in name else " s"
+        span = f"[{min(values):.4g}, {max(values):.4g}]"
+        print(f"{name:<14}{measured:>12.4g}{unit:2}{span:<22}{guess:>12.4g}{100 * err:>9.1f}%")
+    profile = read_profile(args.profile)
+    ratios: dict[str, list[float]] = {"with a prompt chunk": [], "decode only": []}
+    for scheduled, seconds in STEPS:
+        if not scheduled:
+            continue
+        prefill = sum(n for n, _ in scheduled if n > 1)
+        decode = sum(1 for n, _ in scheduled if n == 1)
+        context = sum(c for _, c in scheduled)
+        pairs = sum(n * c - n * (n - 1) // 2 for n, c in scheduled)
+        record = StepRecord(prefill, decode, len(scheduled), context, pairs)
+        ratios["with a prompt chunk" if prefill else "decode only"].append(seconds / profile(record))
+    for kind, values in ratios.items():
+        if values:
+            ratio = statistics.median(values)
+            print(f"replayed steps {kind}: measured / profile median {ratio:.2f} ({len(values)} steps)")
+    adds = sorted(ADD_SECONDS)
+    p90 = adds[int(0.9 * len(adds))]
+    print(f"add_request: median {1e3 * statistics.median(adds):.3f} ms, p90 {1e3 * p90:.3f} ms")
+    print(f"ENGINE-TIME max_rel_err={max(errors):.3f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,444 @@
+"""Measuring an engine's steps: the batches a step-time model needs, timed, and the fit chosen.
+
+``kvcore profile`` runs an engine (:class:`StepEngine`: vLLM's offline engine,
+:mod:`kvcore.integrations.vllm.profiling`; transformers' continuous batching,
+:mod:`kvcore.integrations.transformers.profiling`) through :func:`scenarios`: prefill chunks of
+several sizes, decode batches of several widths at several context lengths, and mixed steps (a
+prompt arriving while others decode). Each scenario runs ``repeats`` times; the engine's
+scheduler is deterministic, so step ``k`` of every repeat schedules the same batch, and a
+step's seconds are the least over the repeats, the spread ``(most - least) / least`` beside
+it: what disturbs a step on a shared machine (another process on its core, a page fault) only
+adds time, so the least is the step's own cost, and the spread says how loaded the machine was.
+
+:func:`choose_terms` fits the four-term line on three of every four steps and measures its
+error on the fourth (the held-out steps), per range of steps (:func:`held_out_errors`); where
+the line misses held-out steps by more than :data:`FEW_PERCENT`, the forms with an
+attention-pairs term, a prefill-requests term and both are tried, and one is kept when it
+cuts the held-out error by a fifth or more.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Final, Protocol
+
+import attrs
+
+from kvcore.errors import InvalidInputError
+from kvcore.simulation.profile_file import HeldOutError, ProfileFile, ProfileHeader, ProfileSample
+from kvcore.simulation.timing import PROFILE_TERMS, PROFILE_TOLERANCE, StepProfile, fit_profile
+
+#: The held-out error above which the four-term line is extended.
+FEW_PERCENT: Final = 0.03
+
+#: The share of the line's held-out error the attention-pairs term must remove to be kept
+#: (less is within what a loaded machine's noise moves).
+MUST_GAIN: Final = 0.2
+
+#: How a step's repeats become its seconds: the least (the step's own cost: what disturbs a
+#: step only adds time) or the median (what the step takes on this machine as loaded now).
+STATISTICS: Final = ("least", "median")
+
+#: Every how many steps one is held out of the fit.
+HOLD_OUT_EVERY: Final = 4
+
+
+@attrs.frozen(kw_only=True)
+class ProfileRequest:
+    """A request a scenario sends: its prompt and output tokens, and the step it arrives at
+    (0: before the first step)."""
+
+    prompt_tokens: int
+    output_tokens: int
+    arrival_step: int = 0
+
+
+@attrs.frozen(kw_only=True)
+class Scenario:
+    """A set of requests that makes the engine run one kind of step.
+
+    Attributes:
+        name: what it measures (``prefill 512``, ``decode 16 x 256``, ``mixed 8 + 256``).
+        requests: the requests, in the order they are added.
+    """
+
+    name: str
+    requests: tuple[ProfileRequest, ...]
+
+
+@attrs.frozen(kw_only=True)
+class ScheduledRequest:
+    """What one request computed in a step: its new tokens, and the tokens it has cached once
+    the step's are written."""
+
+    new_tokens: int
+    context_tokens: int
+
+
+@attrs.frozen(kw_only=True)
+class TimedStep:
+    """One engine step: what it scheduled and how long it took (seconds, wall clock)."""
+
+    scheduled: tuple[ScheduledRequest, ...]
+    seconds: float
+
+    @property
+    def shape(self) -> tuple[int, int, int, int, int]:
+        """``(prefill_tokens, decode_requests, context_tokens, attention_pairs, requests)``,
+        counted as :class:`~kvcore.simulation.steps.StepRecord` counts them."""
+        prefill = sum(r.new_tokens for r in self.scheduled if r.new_tokens > 1)
+        decode = sum(1 for r in self.scheduled if r.new_tokens == 1)
+        context = sum(r.context_tokens for r in self.scheduled)
+        pairs = sum(
+            r.new_tokens * r.context_tokens - r.new_tokens * (r.new_tokens - 1) // 2 for r in self.scheduled
+        )
+        return prefill, decode, context, pairs, len(self.scheduled)
+
+
+class StepEngine(Protocol):
+    """An engine kvcore can time step by step."""
+
+    def run(self, scenario: Scenario) -> list[TimedStep]:
+        """Run the scenario's requests to the end; every step it took, timed, in order."""
+
+
+@attrs.frozen(kw_only=True)
+class EngineLimits:
+    """The engine settings the scenarios are sized by.
+
+    Attributes:
+        max_batched_tokens: the most tokens one step schedules.
+        max_num_seqs: the most requests one step schedules.
+        max_model_len: the longest request.
+        kv_tokens: the tokens the KV cache holds (no scenario needs more at once).
+    """
+
+    max_batched_tokens: int
+    max_num_seqs: int
+    max_model_len: int
+    kv_tokens: int
+
+
+def _sizes(top: int, count: int, low: int = 1) -> list[int]:
+    """Up to ``count`` sizes from ``top`` down, halving, none below ``low``."""
+    out: list[int] = []
+    size = top
+    while size >= low and len(out) < count:
+        out.append(size)
+        size //= 2
+    return sorted(set(out))
+
+
+def scenarios(limits: EngineLimits, *, decode_steps: int = 8) -> list[Scenario]:
+    """The scenarios a step-time model needs, sized to the engine.
+
+    - prefill: one request whose prompt is a single chunk of 32 tokens up to
+      ``max_batched_tokens`` (halving), then one more step;
+    - decode: ``width`` requests (1, a sixteenth, a quarter and all of ``max_num_seqs``) with
+      prompts of 16 tokens, a sixteenth, a quarter and half of ``max_model_len``, decoding
+      ``decode_steps`` tokens each;
+    - mixed: decoding requests joined, three steps in, by a prompt of a quarter and of all of
+      ``max_batched_tokens``.
+
+    Scenarios whose requests the KV cache cannot hold at once are left out.
+    """
+    out: list[Scenario] = []
+    chunk_cap = min(limits.max_batched_tokens, limits.max_model_len - 2)
+    for prompt in _sizes(chunk_cap, 6, 32):
+        out.append(
+            Scenario(
+                name=f"prefill {prompt}", requests=(ProfileRequest(prompt_tokens=prompt, output_tokens=2),)
+            )
+        )
+    contexts = sorted(
+        {
+            16,
+            *(
+                c
+                for c in (limits.max_model_len // 16, limits.max_model_len // 4, limits.max_model_len // 2)
+                if c > 16
+            ),
+        }
+    )
+    top = limits.max_num_seqs
+    for width in sorted({w for w in (1, top // 16, top // 4, top) if w > 0}):
+        for context in contexts:
+            context = min(context, limits.max_model_len - decode_steps - 1)
+            if (
+                width * (context + decode_steps) > limits.kv_tokens
+                or width * context > 16 * limits.max_batched_tokens
+            ):
+                continue
+            request = ProfileRequest(prompt_tokens=context, output_tokens=decode_steps + 1)
+            out.append(Scenario(name=f"decode {width} x {context}", requests=(request,) * width))
+    width = max(1, min(limits.max_num_seqs - 1, 8))
+    for prompt in sorted({max(32, chunk_cap // 4), chunk_cap}):
+        decoding = (ProfileRequest(prompt_tokens=64, output_tokens=decode_steps + 4),) * width
+        joining = ProfileRequest(prompt_tokens=prompt, output_tokens=2, arrival_step=3)
+        if width * (64 + decode_steps + 4) + prompt + 2 > limits.kv_tokens:
+            continue
+        out.append(Scenario(name=f"mixed {width} + {prompt}", requests=(*decoding, joining)))
+    return out
+
+
+def measure(
+    engine: StepEngine,
+    plan: Sequence[Scenario],
+    *,
+    repeats: int = 3,
+    statistic: str = "least",
+    progress: Callable[[str], None] | None = None,
+) -> list[ProfileSample]:
+    """Run every scenario ``repeats`` times (after one warm-up run of the first) and return a
+    sample per step: its shape, and the least (or, with ``statistic="median"``, the median) of
+    its repeats' seconds, with their spread ``(most - least) / least``.
+
+    Raises:
+        InvalidInputError: ``repeats`` below 1, or a scenario whose repeats scheduled different
+            batches (the engine is not deterministic: a step's repeats cannot be matched).
+    """
+    if repeats < 1:
+        raise InvalidInputError(f"'repeats' must be >= 1 (got {repeats})")
+    if statistic not in STATISTICS:
+        raise InvalidInputError(f"'statistic' must be one of {', '.join(STATISTICS)} (got {statistic!r})")
+    if plan:
+        engine.run(plan[0])  # warm-up: first calls allocate and compile
+    samples: list[ProfileSample] = []
+    for scenario in plan:
+        runs = [engine.run(scenario) for _ in range(repeats)]
+        shapes = [[step.shape for step in run] for run in runs]
+        if any(s != shapes[0] for s in shapes[1:]):
+            raise InvalidInputError(
+                f"scenario {scenario.name!r}: its {repeats} repeats scheduled different batches, so their "
+                "steps cannot be matched; profile with prefix caching off and nothing else running on "
+                "the engine"
+            )
+        for k, shape in enumerate(shapes[0]):
+            prefill, decode, context, pairs, requests = shape
+            if not requests:
+                continue
+            times = sorted(run[k].seconds for run in runs)
+            least = times[0]
+            kept = least if statistic == "least" else statistics.median(times)
+            samples.append(
+                ProfileSample(
+                    prefill_tokens=prefill,
+                    decode_requests=decode,
+                    context_tokens=context,
+                    attention_pairs=pairs,
+                    requests=requests,
+                    seconds=kept,
+                    spread=(times[-1] - least) / least if least > 0 else 0.0,
+                )
+            )
+        if progress is not None:
+            progress(f"{scenario.name}: {len(shapes[0])} steps")
+    return samples
+
+
+def _kind(sample: ProfileSample) -> str:
+    if sample.prefill_tokens and sample.decode_requests:
+        return "mixed"
+    return "prefill" if sample.prefill_tokens else "decode"
+
+
+def _ranges(samples: Sequence[ProfileSample]) -> list[tuple[str, list[ProfileSample]]]:
+    """The held-out steps grouped by kind and term range: prefill by chunk tokens, decode by
+    width and by context (each split at its median), mixed alone."""
+    groups: list[tuple[str, list[ProfileSample]]] = []
+    prefill = [s for s in samples if _kind(s) == "prefill"]
+    decode = [s for s in samples if _kind(s) == "decode"]
+    mixed = [s for s in samples if _kind(s) == "mixed"]
+    ranges: tuple[tuple[str, list[ProfileSample], Callable[[ProfileSample], int]], ...] = (
+        ("prefill tokens", prefill, lambda s: s.prefill_tokens),
+        ("decode requests", decode, lambda s: s.decode_requests),
+        ("decode context tokens", decode, lambda s: s.context_tokens),
+    )
+    for name, items, key in ranges:
+        if not items:
+            continue
+        values = sorted(key(s) for s in items)
+        cut = values[len(values) // 2]
+        low = [s for s in items if key(s) < cut]
+        high = [s for s in items if key(s) >= cut]
+        if low:
+            groups.append((f"{name} {values[0]:,}-{max(key(s) for s in low):,}", low))
+        groups.append((f"{name} {cut:,}-{values[-1]:,}", high))
+    if mixed:
+        groups.append(("mixed steps", mixed))
+    return groups
+
+
+def held_out_errors(profile: StepProfile, held_out: Sequence[ProfileSample]) -> tuple[HeldOutError, ...]:
+    """The fit's relative error over ``held_out``, per range of steps, and over all of them."""
+
+    def error(s: ProfileSample) -> float:
+        *values, seconds = s.values(PROFILE_TERMS)
+        return abs(profile.predict(*values) - seconds) / seconds
+
+    out = []
+    for name, items in [*_ranges(held_out), ("all held-out steps", list(held_out))]:
+        errors = [error(s) for s in items]
+        if errors:
+            out.append(
+                HeldOutError(
+                    steps=name,
+                    samples=len(errors),
+                    mean_error=statistics.fmean(errors),
+                    max_error=max(errors),
+                )
+            )
+    return tuple(out)
+
+
+@attrs.frozen(kw_only=True)
+class TermsChoice:
+    """The terms chosen for a profile, and the held-out errors that chose them.
+
+    Attributes:
+        terms: the chosen terms.
+        held_out: the chosen fit's held-out errors.
+        line_held_out: the four-term line's (the same as ``held_out`` when it was chosen).
+        fit: the chosen terms fitted on every sample.
+    """
+
+    terms: tuple[str, ...]
+    held_out: tuple[HeldOutError, ...]
+    line_held_out: tuple[HeldOutError, ...]
+    fit: StepProfile
+
+
+#: The model forms tried, fewest terms first: the line, and the line with each optional term
+#: and with both.
+FORMS: Final = (
+    PROFILE_TERMS[:4],
+    (*PROFILE_TERMS[:4], "attention_pairs"),
+    (*PROFILE_TERMS[:4], "prefill_requests"),
+    PROFILE_TERMS,
+)
+
+
+def _fit(samples: Sequence[ProfileSample], terms: tuple[str, ...]) -> StepProfile:
+    return fit_profile(
+        [s.values(terms) for s in samples], source="measured steps", terms=terms, tolerance=math.inf
+    )
+
+
+def choose_terms(samples: Sequence[ProfileSample]) -> TermsChoice:
+    """Fit on three of every four steps, measure the error on the fourth, and choose the terms.
+
+    The four-term line is kept unless it misses some held-out range's steps by more than
+    :data:`FEW_PERCENT` on average; then each form of :data:`FORMS` is fitted, and the one
+    that misses all held-out steps least is kept if it cuts the line's error by at least
+    :data:`MUST_GAIN` of it (of two within that share of each other, the one of fewer terms).
+
+    Raises:
+        InvalidInputError: too few steps to hold some out, or steps that cannot tell the terms
+            apart.
+    """
+    fitted = [s for k, s in enumerate(samples) if k % HOLD_OUT_EVERY != HOLD_OUT_EVERY - 1]
+    held = [s for k, s in enumerate(samples) if k % HOLD_OUT_EVERY == HOLD_OUT_EVERY - 1]
+    if len(held) < 2:
+        raise InvalidInputError(
+            f"{len(samples)} measured steps are too few to hold some out: measure more scenarios"
+        )
+    line = held_out_errors(_fit(fitted, FORMS[0]), held)
+    chosen: tuple[str, ...] = FORMS[0]
+    errors = line
+    if any(e.mean_error > FEW_PERCENT for e in line):
+        for form in FORMS[1:]:
+            try:
+                tried = held_out_errors(_fit(fitted, form), held)
+            except InvalidInputError:  # the steps cannot tell this form's terms apart
+                continue
+            if tried[-1].mean_error < (1 - MUST_GAIN) * errors[-1].mean_error:
+                chosen, errors = form, tried
+    return TermsChoice(terms=chosen, held_out=errors, line_held_out=line, fit=_fit(samples, chosen))
+
+
+class ProfiledEngine(StepEngine, Protocol):
+    """A :class:`StepEngine` that says how it is sized and set."""
+
+    def limits(self) -> EngineLimits:
+        """The settings the scenarios are sized by."""
+
+    def settings(self) -> dict[str, Any]:
+        """The settings a profile records."""
+
+
+@attrs.frozen(kw_only=True)
+class Measured:
+    """What :func:`profile_engine` measured: the file to write, and how its terms were chosen.
+
+    Attributes:
+        file: the profile file (header and steps).
+        choice: the terms, their held-out errors and their fit on every step.
+        median_spread: the median over the steps of their repeats' spread (how loaded the
+            machine was).
+    """
+
+    file: ProfileFile
+    choice: TermsChoice
+    median_spread: float
+
+
+def profile_engine(
+    engine: ProfiledEngine,
+    *,
+    engine_name: str,
+    engine_version: str,
+    model: str,
+    device: str,
+    versions: Mapping[str, str],
+    repeats: int = 5,
+    statistic: str = "least",
+    decode_steps: int = 8,
+    progress: Callable[[str], None] | None = None,
+) -> Measured:
+    """Measure ``engine`` over :func:`scenarios`, choose the terms (:func:`choose_terms`) and
+    make the profile file.
+
+    The header's tolerance is the chosen fit's largest error over the steps (rounded up to a
+    whole percent), so ``--step-profile`` reads the file it was written with; the held-out
+    errors beside it say how far the fit is from steps it has not seen.
+
+    Raises:
+        InvalidInputError: ``repeats`` or ``decode_steps`` below 1, the engine's repeats differ,
+            or too few steps to fit.
+    """
+    if decode_steps < 1:
+        raise InvalidInputError(f"'decode_steps' must be >= 1 (got {decode_steps})")
+    limits = engine.limits()
+    samples = measure(
+        engine,
+        scenarios(limits, decode_steps=decode_steps),
+        repeats=repeats,
+        statistic=statistic,
+        progress=progress,
+    )
+    choice = choose_terms(samples)
+    tolerance = max(PROFILE_TOLERANCE, math.ceil(100 * choice.fit.max_error + 1e-9) / 100)
+    header = ProfileHeader(
+        engine=engine_name,
+        engine_version=engine_version,
+        model=model,
+        device=device,
+        versions=dict(versions),
+        settings={
+            **engine.settings(),
+            "repeats": repeats,
+            "statistic": statistic,
+            "decode_steps": decode_steps,
+        },
+        terms=choice.terms,
+        tolerance=tolerance,
+        held_out=choice.held_out,
+    )
+    spreads = sorted(s.spread or 0.0 for s in samples)
+    return Measured(
+        file=ProfileFile(header=header, samples=tuple(samples)),
+        choice=choice,
+        median_spread=statistics.median(spreads),
+    )

