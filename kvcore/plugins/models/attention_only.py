@@ -325,6 +325,13 @@ FAMILIES: tuple[AttentionOnlyFamily, ...] = (
     ),
     # ApertusConfig: 65536 (configuration_apertus.py:70)
     AttentionOnlyFamily(name="apertus", max_position_embeddings=65536),
+    # OlmoeConfig, StableLmConfig, NemotronConfig: 4096 (configuration_olmoe.py:69,
+    # configuration_stablelm.py:51, configuration_nemotron.py:61); HyperCLOVAXConfig: 2048
+    # (configuration_hyperclovax.py:85)
+    AttentionOnlyFamily(name="olmoe", max_position_embeddings=4096),
+    AttentionOnlyFamily(name="stablelm", max_position_embeddings=4096),
+    AttentionOnlyFamily(name="nemotron", max_position_embeddings=4096),
+    AttentionOnlyFamily(name="hyperclovax", max_position_embeddings=2048),
     # gpt-oss: the published configs list layer_types (sliding first, window 128); head_dim 64.
     # GptOssConfig: 131072 (configuration_gpt_oss.py:63)
     AttentionOnlyFamily(

@@ -40,7 +40,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[3]
 PAGE = ROOT / "docs" / "reference" / "models.md"
-MARKED = re.compile(r"(<!-- vllm-architectures:start -->\n)(.*?)(\n<!-- vllm-architectures:end -->)", re.S)
+MARKED = re.compile(r"(<!-- vllm-architectures:start -->\n)(.*?)(<!-- vllm-architectures:end -->)", re.S)
 ROW_MARK = "KVCORE-ARCH-ROW "
 STARTED_MARK = "KVCORE-ARCH-START "
 
@@ -505,12 +505,12 @@ def page_table() -> str:
     found = MARKED.search(PAGE.read_text(encoding="utf-8"))
     if not found:
         raise SystemExit(f"{PAGE} has lost its vllm-architectures markers")
-    return found.group(2)
+    return found.group(2).rstrip("\n")
 
 
 def write_table(table: str) -> None:
     text = PAGE.read_text(encoding="utf-8")
-    PAGE.write_text(MARKED.sub(lambda m: m.group(1) + table + m.group(3), text), encoding="utf-8")
+    PAGE.write_text(MARKED.sub(lambda m: m.group(1) + table + "\n" + m.group(3), text), encoding="utf-8")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -158,6 +158,10 @@ def test_a_cohere2_sliding_layer_caches_its_window_and_the_current_token(registr
         "ernie4_5",
         "ernie4_5_moe",
         "apertus",
+        "olmoe",
+        "stablelm",
+        "nemotron",
+        "hyperclovax",
     ],
 )
 def test_llama_like_rows_cache_every_layer_in_full(registry, model_type):
