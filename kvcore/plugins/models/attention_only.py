@@ -332,6 +332,13 @@ FAMILIES: tuple[AttentionOnlyFamily, ...] = (
     AttentionOnlyFamily(name="stablelm", max_position_embeddings=4096),
     AttentionOnlyFamily(name="nemotron", max_position_embeddings=4096),
     AttentionOnlyFamily(name="hyperclovax", max_position_embeddings=2048),
+    # Mixtral and Ministral 3: a window on every layer when sliding_window is set (transformers'
+    # modeling_mixtral.py / modeling_ministral3.py pass it to every layer's attention; vLLM reads
+    # the config's window for every layer), else all full; the configs default it to null.
+    # MixtralConfig: 4096 * 32 (configuration_mixtral.py:74); Ministral3Config: 262144
+    # (configuration_ministral3.py:81)
+    AttentionOnlyFamily(name="mixtral", pattern=UniformWindow(), max_position_embeddings=4096 * 32),
+    AttentionOnlyFamily(name="ministral3", pattern=UniformWindow(), max_position_embeddings=262144),
     # gpt-oss: the published configs list layer_types (sliding first, window 128); head_dim 64.
     # GptOssConfig: 131072 (configuration_gpt_oss.py:63)
     AttentionOnlyFamily(

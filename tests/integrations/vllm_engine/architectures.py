@@ -132,6 +132,9 @@ OVERRIDES: dict[str, dict[str, Any]] = {
         "n_mamba_heads": 4,
         "mamba_headdim": 64,
     },
+    # a window the class defaults to null, set to check that it slides every layer on both sides
+    "mixtral": {"sliding_window": 64},
+    "ministral3": {"sliding_window": 64},
     # Mamba-2: hidden_size x expand = num_heads x head_dim
     "mamba2": {"num_heads": 4, "head_dim": 64},
     "falcon_h1": {"num_hidden_layers": 2, "mamba_d_ssm": 256, "mamba_n_heads": 4, "mamba_d_head": 64},

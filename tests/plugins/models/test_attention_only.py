@@ -168,3 +168,14 @@ def test_llama_like_rows_cache_every_layer_in_full(registry, model_type):
     config = {**BASE, "model_type": model_type, "head_dim": 32, "sliding_window": 100}
     specs = list(layer_specs_from_config(config, registry, ModelOptions()).values())
     assert [(s.kind, s.num_kv_heads, s.head_size) for s in specs] == [("full_attention", 4, 32)] * 6
+
+
+@pytest.mark.parametrize("model_type", ["mixtral", "ministral3"])
+def test_mixtral_and_ministral3_slide_every_layer_when_a_window_is_set(registry, model_type):
+    config = {**BASE, "model_type": model_type, "head_dim": 32}
+    specs = list(layer_specs_from_config(config, registry, ModelOptions()).values())
+    assert {s.kind for s in specs} == {"full_attention"}  # the classes default the window to null
+    specs = list(
+        layer_specs_from_config({**config, "sliding_window": 100}, registry, ModelOptions()).values()
+    )
+    assert [(s.kind, s.sliding_window) for s in specs] == [("sliding_window", 100)] * 6
