@@ -183,11 +183,10 @@ def spec_from_vllm(
         fields = _attention_fields(name, spec, padded=padded)
         return ChunkedLocalAttentionSpec(**fields, attention_chunk_size=spec.attention_chunk_size)
     if cls is vk.MambaSpec:
-        if (
-            spec.mamba_cache_mode != "none"
-            or spec.num_speculative_blocks
-            or spec.num_prefill_checkpoint_blocks
-        ):
+        # prefill checkpoint blocks (Mamba-2 mixers ask for one, vLLM 0.32
+        # mamba_mixer2.py:1098-1107) are held only in 'align' mode: with 'none' a request keeps
+        # one state (kv_cache_interface.py:1075-1081, single_type_kv_cache_manager.py:1430-1433)
+        if spec.mamba_cache_mode != "none" or spec.num_speculative_blocks:
             raise _unsupported(
                 name,
                 spec,

@@ -110,15 +110,21 @@ class LocalGlobal:
     Attributes:
         period: the period, or its default when ``period_key`` is absent from the config.
         period_key: the config field that states the period, if the family has one.
+        window_excludes_current: the config's ``sliding_window`` counts the tokens before the
+            current one, so a sliding layer sees and caches ``sliding_window + 1`` (Cohere 2:
+            a layer attends to ``[pos - sliding_window, pos]``).
     """
 
     period: int
     period_key: str | None = None
+    window_excludes_current: bool = False
 
     def read(self, cfg: ConfigFields, num_layers: int) -> LayerPattern:
         """See :meth:`PatternRule.read`."""
         period = cfg.integer(self.period_key, self.period) if self.period_key else self.period
-        return LayerPattern(types=tuple(SLIDING if (i + 1) % period else FULL for i in range(num_layers)))
+        types = tuple(SLIDING if (i + 1) % period else FULL for i in range(num_layers))
+        window = cfg.optional_integer("sliding_window") if self.window_excludes_current else None
+        return LayerPattern(types=types, window=None if window is None else window + 1)
 
 
 @attrs.frozen(kw_only=True)
@@ -284,6 +290,55 @@ FAMILIES: tuple[AttentionOnlyFamily, ...] = (
     # query heads only (transformers 5.24 LagunaConfig; vLLM 0.32 laguna.py:248-310, 500-506).
     # LagunaConfig: max_position_embeddings 131072 (configuration_laguna.py:98)
     AttentionOnlyFamily(name="laguna", max_position_embeddings=131072),
+    # Command R (Cohere 1): every layer full. CohereConfig: 8192 (configuration_cohere.py:74)
+    AttentionOnlyFamily(name="cohere", max_position_embeddings=8192),
+    # Command R7B, Command A (Cohere 2, and its MoE): three sliding layers to one full (the
+    # configs list layer_types). A sliding layer attends to [pos - sliding_window, pos], so vLLM
+    # gives it a window of sliding_window + 1 (vLLM 0.32 commandr.py:237-244,
+    # cohere2_moe.py:205-213), and kvcore caches as many.
+    # Cohere2Config: 8192 (configuration_cohere2.py:73); Cohere2MoeConfig: 8192
+    # (configuration_cohere2_moe.py:104)
+    AttentionOnlyFamily(
+        name="cohere2",
+        model_types=("cohere2", "cohere2_moe"),
+        pattern=LocalGlobal(period=4, period_key="sliding_window_pattern", window_excludes_current=True),
+        max_position_embeddings=8192,
+    ),
+    # Gemma (1): every layer full, head_dim 256 stated. GemmaConfig: 8192 (configuration_gemma.py:74)
+    AttentionOnlyFamily(name="gemma", head_dim_required=True, max_position_embeddings=8192),
+    # Llama-like decoders, every layer full attention of num_key_value_heads x head_dim (else
+    # hidden_size / num_attention_heads); each checked against vLLM's own specs
+    # (docs/reference/models.md, "Checked against vLLM's own specs").
+    # GraniteConfig, GraniteMoeConfig, GraniteMoeSharedConfig: 2048 (configuration_granite.py:70,
+    # configuration_granitemoe.py:65, configuration_granitemoeshared.py:76)
+    AttentionOnlyFamily(
+        name="granite",
+        model_types=("granite", "granitemoe", "granitemoeshared"),
+        max_position_embeddings=2048,
+    ),
+    # Glm4Config: 131072 (configuration_glm4.py:64)
+    AttentionOnlyFamily(name="glm4", max_position_embeddings=131072),
+    # Ernie4_5Config, Ernie4_5_MoeConfig: 131072 (configuration_ernie4_5.py:70,
+    # configuration_ernie4_5_moe.py:100)
+    AttentionOnlyFamily(
+        name="ernie4_5", model_types=("ernie4_5", "ernie4_5_moe"), max_position_embeddings=131072
+    ),
+    # ApertusConfig: 65536 (configuration_apertus.py:70)
+    AttentionOnlyFamily(name="apertus", max_position_embeddings=65536),
+    # OlmoeConfig, StableLmConfig, NemotronConfig: 4096 (configuration_olmoe.py:69,
+    # configuration_stablelm.py:51, configuration_nemotron.py:61); HyperCLOVAXConfig: 2048
+    # (configuration_hyperclovax.py:85)
+    AttentionOnlyFamily(name="olmoe", max_position_embeddings=4096),
+    AttentionOnlyFamily(name="stablelm", max_position_embeddings=4096),
+    AttentionOnlyFamily(name="nemotron", max_position_embeddings=4096),
+    AttentionOnlyFamily(name="hyperclovax", max_position_embeddings=2048),
+    # Mixtral and Ministral 3: a window on every layer when sliding_window is set (transformers'
+    # modeling_mixtral.py / modeling_ministral3.py pass it to every layer's attention; vLLM reads
+    # the config's window for every layer), else all full; the configs default it to null.
+    # MixtralConfig: 4096 * 32 (configuration_mixtral.py:74); Ministral3Config: 262144
+    # (configuration_ministral3.py:81)
+    AttentionOnlyFamily(name="mixtral", pattern=UniformWindow(), max_position_embeddings=4096 * 32),
+    AttentionOnlyFamily(name="ministral3", pattern=UniformWindow(), max_position_embeddings=262144),
     # gpt-oss: the published configs list layer_types (sliding first, window 128); head_dim 64.
     # GptOssConfig: 131072 (configuration_gpt_oss.py:63)
     AttentionOnlyFamily(

@@ -13,6 +13,8 @@ one more.
 
 from __future__ import annotations
 
+import dataclasses
+
 import attrs
 import pytest
 import torch
@@ -200,6 +202,22 @@ def test_a_spec_kvcore_cannot_hold_is_refused_by_name(spec):
     message = str(caught.value)
     assert type(spec).__name__ in message and "model.layers.3.self_attn.attn" in message
     assert "SlidingWindowSpec -> sliding_window" in message  # says what does convert
+
+
+def test_a_mamba2_checkpoint_block_counts_only_in_align_mode():
+    # vLLM's Mamba-2 mixer asks for one prefill checkpoint block (mamba_mixer2.py), which only
+    # 'align' mode holds: with 'none' a request keeps one state, as kvcore plans it
+    spec = vk.MambaSpec(
+        block_size=16,
+        shapes=((3, 64), (4, 16, 8)),
+        dtypes=(torch.bfloat16, torch.float32),
+        mamba_cache_mode="none",
+        num_prefill_checkpoint_blocks=1,
+    )
+    state = convert.specs_from_vllm({"model.layers.0.mixer": spec})["model.layers.0.mixer"]
+    assert state.page_size_bytes == 3 * 64 * 2 + 4 * 16 * 8 * 4
+    with pytest.raises(VllmIntegrationError, match="mamba_cache_mode 'align'"):
+        convert.specs_from_vllm({"model.layers.0.mixer": dataclasses.replace(spec, mamba_cache_mode="align")})
 
 
 def test_layer_names_follow_vllm():

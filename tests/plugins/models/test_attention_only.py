@@ -123,3 +123,59 @@ def test_rows_claim_distinct_model_types_and_every_row_is_registered(registry):
     for row in FAMILIES:
         for model_type in row.model_types:
             assert registry.model_families[model_type].name == row.name
+
+
+def test_a_cohere2_sliding_layer_caches_its_window_and_the_current_token(registry):
+    # vLLM 0.32 commandr.py:237-244: a Cohere 2 sliding layer sees [pos - W, pos], W + 1 tokens
+    types = ["sliding_attention"] * 3 + ["full_attention"]
+    for model_type in ("cohere2", "cohere2_moe"):
+        config = {
+            **BASE,
+            "num_hidden_layers": 4,
+            "model_type": model_type,
+            "sliding_window": 64,
+            "layer_types": types,
+        }
+        specs = list(layer_specs_from_config(config, registry, ModelOptions()).values())
+        assert [s.kind for s in specs] == ["sliding_window"] * 3 + ["full_attention"]
+        assert {s.sliding_window for s in specs[:3]} == {65}
+        # without layer_types: Cohere2Config's default pattern, three sliding to one full
+        del config["layer_types"]
+        config["num_hidden_layers"] = 8
+        specs = list(layer_specs_from_config(config, registry, ModelOptions()).values())
+        assert [s.kind == "full_attention" for s in specs] == [False, False, False, True] * 2
+
+
+@pytest.mark.parametrize(
+    "model_type",
+    [
+        "cohere",
+        "gemma",
+        "granite",
+        "granitemoe",
+        "granitemoeshared",
+        "glm4",
+        "ernie4_5",
+        "ernie4_5_moe",
+        "apertus",
+        "olmoe",
+        "stablelm",
+        "nemotron",
+        "hyperclovax",
+    ],
+)
+def test_llama_like_rows_cache_every_layer_in_full(registry, model_type):
+    config = {**BASE, "model_type": model_type, "head_dim": 32, "sliding_window": 100}
+    specs = list(layer_specs_from_config(config, registry, ModelOptions()).values())
+    assert [(s.kind, s.num_kv_heads, s.head_size) for s in specs] == [("full_attention", 4, 32)] * 6
+
+
+@pytest.mark.parametrize("model_type", ["mixtral", "ministral3"])
+def test_mixtral_and_ministral3_slide_every_layer_when_a_window_is_set(registry, model_type):
+    config = {**BASE, "model_type": model_type, "head_dim": 32}
+    specs = list(layer_specs_from_config(config, registry, ModelOptions()).values())
+    assert {s.kind for s in specs} == {"full_attention"}  # the classes default the window to null
+    specs = list(
+        layer_specs_from_config({**config, "sliding_window": 100}, registry, ModelOptions()).values()
+    )
+    assert [(s.kind, s.sliding_window) for s in specs] == [("sliding_window", 100)] * 6
