@@ -371,6 +371,43 @@ def llama4_vision(groups: Groups, vision: ConfigFields, *, text_hidden: int) -> 
 # -- MLA, hybrids ----------------------------------------------------------------------------
 
 
+#: Where a decoder layer's attention weights live (transformers' module names).
+_ATTENTION = "model.layers.*.self_attn"
+
+
+@attrs.frozen
+class _MlaCounted:
+    """What counting MLA's attention leaves its family: the query latent's rank (``None``: the
+    queries are projected from the hidden state) and the widest attention activation."""
+
+    q_rank: int | None
+    width: int
+
+
+def _mla_attention(cfg: ConfigFields, groups: Groups, hidden: int, *, count: int) -> _MlaCounted:
+    """MLA's attention weights on ``count`` layers (DeepSeek V2/V3 on every layer, Kimi-Linear on
+    its full layers): the queries (through a latent of ``q_lora_rank`` where set), the joint KV
+    latent and its rotary part, the up-projection to keys and values, and the output."""
+    heads = cfg.integer("num_attention_heads")
+    nope, rope, v_dim = (
+        cfg.integer("qk_nope_head_dim"),
+        cfg.integer("qk_rope_head_dim"),
+        cfg.integer("v_head_dim"),
+    )
+    kv_rank, q_rank = cfg.integer("kv_lora_rank"), cfg.optional_integer("q_lora_rank")
+    if q_rank is None:
+        groups.linear("attention", _ATTENTION, hidden, heads * (nope + rope), count=count)
+    else:
+        groups.linear("attention", _ATTENTION, hidden, q_rank, count=count)
+        groups.vector("norms", _ATTENTION, q_rank * count)
+        groups.linear("attention", _ATTENTION, q_rank, heads * (nope + rope), count=count)
+    groups.linear("attention", _ATTENTION, hidden, kv_rank + rope, count=count)
+    groups.vector("norms", _ATTENTION, kv_rank * count)
+    groups.linear("attention", _ATTENTION, kv_rank, heads * (nope + v_dim), count=count)
+    groups.linear("attention", _ATTENTION, heads * v_dim, hidden, count=count)
+    return _MlaCounted(q_rank=q_rank, width=heads * (2 * nope + rope + v_dim))
+
+
 def deepseek(config: Mapping[str, Any]) -> ParameterCount:
     """DeepSeek V2 / V3 / V3.2: MLA (and on V3.2 a sparse-attention indexer) on every layer, dense
     MLPs in the first ``first_k_dense_replace`` layers, then routed and shared experts every
@@ -378,25 +415,8 @@ def deepseek(config: Mapping[str, Any]) -> ParameterCount:
     engines load them only for MTP speculative decoding."""
     cfg = ConfigFields(config, str(config["model_type"]))
     groups, n, hidden, vocab = _decoder(cfg)
-    heads = cfg.integer("num_attention_heads")
-    nope, rope, v_dim = (
-        cfg.integer("qk_nope_head_dim"),
-        cfg.integer("qk_rope_head_dim"),
-        cfg.integer("v_head_dim"),
-    )
-    kv_rank = cfg.integer("kv_lora_rank")
-    q_rank = cfg.optional_integer("q_lora_rank")
-    attn = "model.layers.*.self_attn"
-    if q_rank is None:
-        groups.linear("attention", attn, hidden, heads * (nope + rope), count=n)
-    else:
-        groups.linear("attention", attn, hidden, q_rank, count=n)
-        groups.vector("norms", attn, q_rank * n)
-        groups.linear("attention", attn, q_rank, heads * (nope + rope), count=n)
-    groups.linear("attention", attn, hidden, kv_rank + rope, count=n)
-    groups.vector("norms", attn, kv_rank * n)
-    groups.linear("attention", attn, kv_rank, heads * (nope + v_dim), count=n)
-    groups.linear("attention", attn, heads * v_dim, hidden, count=n)
+    mla = _mla_attention(cfg, groups, hidden, count=n)
+    q_rank, attn = mla.q_rank, _ATTENTION
     if cfg.has("index_topk"):
         # DeepSeek-V3.2's indexer on every layer (transformers' DeepseekV32Indexer): wq_b from the
         # query latent, wk and weights_proj from the hidden state (weights_proj is stored bf16 in
@@ -414,7 +434,7 @@ def deepseek(config: Mapping[str, Any]) -> ParameterCount:
     mlp = "model.layers.*.mlp"
     dense_inner = cfg.integer("intermediate_size")
     gated_mlp(groups, "mlp", mlp, hidden, dense_inner, count=n - moe)
-    width = heads * (2 * nope + rope + v_dim)
+    width = mla.width
     if moe:
         inner = cfg.integer("moe_intermediate_size")
         shared = cfg.integer("n_shared_experts", 0, minimum=0)
@@ -768,25 +788,8 @@ def kimi_linear(config: Mapping[str, Any]) -> ParameterCount:
             return linear_cfg.integer(nested)
         return cfg.integer(flat)
 
-    heads = cfg.integer("num_attention_heads")
-    nope, rope, v_dim = (
-        cfg.integer("qk_nope_head_dim"),
-        cfg.integer("qk_rope_head_dim"),
-        cfg.integer("v_head_dim"),
-    )
-    kv_rank, q_rank = cfg.integer("kv_lora_rank"), cfg.optional_integer("q_lora_rank")
-    full = types.count("full_attention")
-    attn = "model.layers.*.self_attn"
-    if q_rank is None:
-        groups.linear("attention", attn, hidden, heads * (nope + rope), count=full)
-    else:
-        groups.linear("attention", attn, hidden, q_rank, count=full)
-        groups.vector("norms", attn, q_rank * full)
-        groups.linear("attention", attn, q_rank, heads * (nope + rope), count=full)
-    groups.linear("attention", attn, hidden, kv_rank + rope, count=full)
-    groups.vector("norms", attn, kv_rank * full)
-    groups.linear("attention", attn, kv_rank, heads * (nope + v_dim), count=full)
-    groups.linear("attention", attn, heads * v_dim, hidden, count=full)
+    mla = _mla_attention(cfg, groups, hidden, count=types.count("full_attention"))
+    attn = _ATTENTION
     linear = types.count("linear_attention")
     h, d = read("num_heads", "linear_num_heads"), read("head_dim", "linear_head_dim")
     kernel = read("short_conv_kernel_size", "linear_conv_kernel_dim")
@@ -806,7 +809,7 @@ def kimi_linear(config: Mapping[str, Any]) -> ParameterCount:
         moe = n - min(n, cfg.integer("first_k_dense_replace", 1, minimum=0))
     dense_inner = cfg.integer("intermediate_size")
     gated_mlp(groups, "mlp", "model.layers.*.mlp", hidden, dense_inner, count=n - moe)
-    width = max(heads * (2 * nope + rope + v_dim), 3 * qkv, 3 * dense_inner if moe < n else 0)
+    width = max(mla.width, 3 * qkv, 3 * dense_inner if moe < n else 0)
     if moe:
         experts, inner = cfg.integer("num_experts"), cfg.integer("moe_intermediate_size")
         shared = cfg.integer("num_shared_experts", 1, minimum=0)
