@@ -26,6 +26,7 @@ from kvcore.errors import InvalidInputError, KVCoreError
 from kvcore.planning.capacity import finite_or_none, format_figure
 from kvcore.planning.compare import Candidate, compare_policies, variant_specs
 from kvcore.planning.frontier import FrontierPoint, policy_frontier
+from kvcore.planning.gpu_budget import GpuBudget
 from kvcore.planning.registry import Registry
 from kvcore.planning.request import PlanRequest
 from kvcore.runtime.one_pool import hit_step_of
@@ -163,6 +164,30 @@ def candidate_row(candidate: Candidate) -> dict[str, Any]:
     }
 
 
+@attrs.frozen
+class Comparison:
+    """What ``kvcore compare`` found, ready for any of its outputs (table, JSON, CSV).
+
+    Results are keyed by ``id(candidate)``: candidates are attrs value classes that may compare
+    equal across variants, and each needs its own row.
+    """
+
+    candidates: list[Candidate]
+    simulated: dict[int, SimulationResult]
+    latencies: dict[int, LatencyReport | None]
+    workload: Workload | None
+    frontiers: dict[int, tuple[FrontierPoint, ...]]
+    best: Best | None
+    vllm_best: Best | None
+    auto: str | None
+
+    def is_best(self, candidate: Candidate) -> bool:
+        return self.best is not None and self.best.candidate is candidate
+
+    def is_vllm_best(self, candidate: Candidate) -> bool:
+        return self.vllm_best is not None and self.vllm_best.candidate is candidate
+
+
 def run(namespace: argparse.Namespace, registry: Registry) -> int:
     args = PlanningArgs.read(namespace)
     policy_names(args, registry)  # a misspelt policy fails before the model is read
@@ -178,6 +203,18 @@ def run(namespace: argparse.Namespace, registry: Registry) -> int:
         from kvcore.cli import sglang_compare
 
         return sglang_compare.run(args, registry, specs, budget)
+    comparison = compare(args, registry, specs)
+    if wants_csv(args):
+        write_csv([csv_row(comparison, c) for c in comparison.candidates])
+    elif args.json:
+        print(json.dumps(json_payload(args, registry, specs, budget, comparison), indent=2))
+    else:
+        print_comparison(args, budget, comparison)
+    return exit_status(comparison.candidates)
+
+
+def compare(args: PlanningArgs, registry: Registry, specs: Mapping[str, KVCacheSpec]) -> Comparison:
+    """Plan every candidate and, with a workload, simulate each and rank them by tokens per step."""
     simulated: dict[int, SimulationResult] = {}
     latencies: dict[int, LatencyReport | None] = {}
     workload: Workload | None = None
@@ -201,113 +238,120 @@ def run(namespace: argparse.Namespace, registry: Registry) -> int:
         )
         simulated = {id(s.candidate): s.result for s in runs}
         latencies = {id(s.candidate): timing.latency_of(args, workload, s.result) for s in runs}
-        # the best plan for this traffic first; those without a plan keep their place at the end
 
         def rank(c: Candidate) -> float:
             result = simulated.get(id(c))
             return -replay.served_tokens_per_step(result) if result is not None else math.inf
 
+        # the best plan for this traffic first; those without a plan keep their place at the end
         candidates = sorted(candidates, key=rank)
     else:
         candidates = build_candidates(args, registry, specs)
-    frontiers = candidate_frontiers(args, registry, specs, candidates) if args.frontier else {}
-    best = best_candidate(candidates, simulated)
-    # the best one vLLM runs too, beside the best for kvcore's runtime (which runs every plan)
-    vllm_best = best_candidate([c for c in candidates if vllm_runs(c)], simulated)
-    auto = auto_choice(registry, specs)
-    if wants_csv(args):
-        write_csv(
-            [
-                {
-                    **candidate_row(c),
-                    "best": best is not None and best.candidate is c,
-                    "best_vllm_runs": vllm_best is not None and vllm_best.candidate is c,
-                    **(replay.simulation_row(simulated[id(c)]) if id(c) in simulated else {}),
-                }
-                for c in candidates
-            ]
-        )
-        return exit_status(candidates)
-    if args.json:
-        payload: dict[str, Any] = {
-            "available_memory_bytes": args.kv_budget,
-            "max_model_len": args.max_model_len,
-            "judged_for": "kvcore",
-            "best_reason": best.reason if best is not None else None,
-            "best_vllm_runs_reason": vllm_best.reason if vllm_best is not None else None,
-            "auto_policy": auto,
-        }
-        if budget is not None:
-            payload["gpu_budget"] = budget.to_dict()
-        if workload is not None:
-            payload["workload"] = replay.workload_row(workload)
-        payload["candidates"] = [
-            {
-                **candidate_row(c),
-                "best": best is not None and best.candidate is c,
-                "best_vllm_runs": vllm_best is not None and vllm_best.candidate is c,
-                **(
-                    {
-                        "simulation": timing.with_latency(
-                            replay.simulation_row(simulated[id(c)]), latencies.get(id(c))
-                        )
-                        if id(c) in simulated
-                        else None
-                    }
-                    if workload is not None
-                    else {}
-                ),
-                **({"frontier": [p.to_dict() for p in frontiers[id(c)]]} if frontiers else {}),
-                "plan": plan_report(c.plan, specs, registry, capacity=c.capacity) if c.plan else None,
-            }
-            for c in candidates
-        ]
-        print(json.dumps(payload, indent=2))
-        return exit_status(candidates)
-    modes = bool(args.state_cache_modes)
-    # a pools column only where some plan has several block pools
-    pools = any(c.plan is not None and c.plan.names_pools for c in candidates)
-    rows = []
-    failures: dict[str, str] = {}  # first reason per policy; variants usually fail alike
-    for c in candidates:
-        plan, capacity = c.plan, c.capacity
-        if plan is None or capacity is None:
-            failures.setdefault(c.policy, no_plan_reason(c) or "no plan")
-            continue
-        cells = variant_cells(c)
-        if best is not None and best.candidate is c:
-            cells[0] = f"{cells[0]}*"  # the best candidate, explained under the table
-        elif vllm_best is not None and vllm_best.candidate is c:
-            cells[0] = f"{cells[0]}+"  # the best one vLLM runs, where the best is not
-        row = [
-            *cells,
-            *([c.state_cache_mode] if modes else []),
-            len(plan.groups),
-            *([len(plan.pools)] if pools else []),
-            format_figure(capacity.max_concurrency),
-            format_figure(capacity.ideal_concurrency),
-            f"{100 * capacity.efficiency:.2f}%",
-            format_bytes(capacity.padding_bytes),
-            format_figure(capacity.kv_cache_tokens, ","),
-        ]
-        if workload is not None:
-            result = simulated[id(c)]
-            row += [
-                f"{replay.served_tokens_per_step(result):,.1f}",
-                f"{result.mean_running:,.1f}",
-                f"{result.preemptions:,}",
-            ]
-            if args.prefix_caching:  # the block size's trade: hit granularity against capacity
-                row += [f"{hit_step_of(plan) or '-'}", f"{100 * result.prefix_hit_rate:.1f}%"]
-            report = latencies.get(id(c))
-            if report is not None:
-                row += timing.summary_cells(report)
-        rows.append(row)
-    gpu.print_budget(budget)
-    print(
-        f"budget {format_bytes(args.kv_budget)}, max_model_len {args.max_model_len:,}; "
-        "concurrency = requests of max_model_len held at once"
+    return Comparison(
+        candidates=candidates,
+        simulated=simulated,
+        latencies=latencies,
+        workload=workload,
+        frontiers=candidate_frontiers(args, registry, specs, candidates) if args.frontier else {},
+        best=best_candidate(candidates, simulated),
+        # the best one vLLM runs too, beside the best for kvcore's runtime (which runs every plan)
+        vllm_best=best_candidate([c for c in candidates if vllm_runs(c)], simulated),
+        auto=auto_choice(registry, specs),
     )
+
+
+def csv_row(comparison: Comparison, c: Candidate) -> dict[str, Any]:
+    return {
+        **candidate_row(c),
+        "best": comparison.is_best(c),
+        "best_vllm_runs": comparison.is_vllm_best(c),
+        **(replay.simulation_row(comparison.simulated[id(c)]) if id(c) in comparison.simulated else {}),
+    }
+
+
+def json_payload(
+    args: PlanningArgs,
+    registry: Registry,
+    specs: Mapping[str, KVCacheSpec],
+    budget: GpuBudget | None,
+    comparison: Comparison,
+) -> dict[str, Any]:
+    best, vllm_best, workload = comparison.best, comparison.vllm_best, comparison.workload
+    payload: dict[str, Any] = {
+        "available_memory_bytes": args.kv_budget,
+        "max_model_len": args.max_model_len,
+        "judged_for": "kvcore",
+        "best_reason": best.reason if best is not None else None,
+        "best_vllm_runs_reason": vllm_best.reason if vllm_best is not None else None,
+        "auto_policy": comparison.auto,
+    }
+    if budget is not None:
+        payload["gpu_budget"] = budget.to_dict()
+    if workload is not None:
+        payload["workload"] = replay.workload_row(workload)
+
+    def simulation(c: Candidate) -> dict[str, Any]:
+        if workload is None:
+            return {}
+        if id(c) not in comparison.simulated:
+            return {"simulation": None}
+        row = replay.simulation_row(comparison.simulated[id(c)])
+        return {"simulation": timing.with_latency(row, comparison.latencies.get(id(c)))}
+
+    frontiers = comparison.frontiers
+    payload["candidates"] = [
+        {
+            **candidate_row(c),
+            "best": comparison.is_best(c),
+            "best_vllm_runs": comparison.is_vllm_best(c),
+            **simulation(c),
+            **({"frontier": [p.to_dict() for p in frontiers[id(c)]]} if frontiers else {}),
+            "plan": plan_report(c.plan, specs, registry, capacity=c.capacity) if c.plan else None,
+        }
+        for c in comparison.candidates
+    ]
+    return payload
+
+
+def table_row(
+    args: PlanningArgs, comparison: Comparison, c: Candidate, *, modes: bool, pools: bool
+) -> list[Any]:
+    """One candidate's row of the text table (a candidate with a plan)."""
+    plan, capacity = c.plan, c.capacity
+    assert plan is not None and capacity is not None  # the caller lists the ones without apart
+    cells = variant_cells(c)
+    if comparison.is_best(c):
+        cells[0] = f"{cells[0]}*"  # the best candidate, explained under the table
+    elif comparison.is_vllm_best(c):
+        cells[0] = f"{cells[0]}+"  # the best one vLLM runs, where the best is not
+    row = [
+        *cells,
+        *([c.state_cache_mode] if modes else []),
+        len(plan.groups),
+        *([len(plan.pools)] if pools else []),
+        format_figure(capacity.max_concurrency),
+        format_figure(capacity.ideal_concurrency),
+        f"{100 * capacity.efficiency:.2f}%",
+        format_bytes(capacity.padding_bytes),
+        format_figure(capacity.kv_cache_tokens, ","),
+    ]
+    if comparison.workload is not None:
+        result = comparison.simulated[id(c)]
+        row += [
+            f"{replay.served_tokens_per_step(result):,.1f}",
+            f"{result.mean_running:,.1f}",
+            f"{result.preemptions:,}",
+        ]
+        if args.prefix_caching:  # the block size's trade: hit granularity against capacity
+            row += [f"{hit_step_of(plan) or '-'}", f"{100 * result.prefix_hit_rate:.1f}%"]
+        report = comparison.latencies.get(id(c))
+        if report is not None:
+            row += timing.summary_cells(report)
+    return row
+
+
+def table_headers(args: PlanningArgs, comparison: Comparison, *, modes: bool, pools: bool) -> list[str]:
+    """The text table's headers; with a workload, prints the lines that explain its columns."""
     headers = [
         "policy",
         "block",
@@ -321,39 +365,61 @@ def run(namespace: argparse.Namespace, registry: Registry) -> int:
         "padding/request",
         "KV tokens",
     ]
-    if workload is not None:
+    workload = comparison.workload
+    if workload is None:
+        return headers
+    print(
+        f"simulated on workload {workload.name} by the {args.scheduler} scheduler, "
+        f"max_num_batched_tokens {args.max_num_batched_tokens:,}; ranked by tokens per step "
+        "(the workload's tokens served per step, recomputation not counted)"
+    )
+    assert isinstance(args.max_model_len, int)  # compare takes a number (sizing_context)
+    if rejected := replay.rejected_line(workload, args.max_model_len):
+        print(rejected)
+    headers += ["tokens/step", "mean running", "preemptions"]
+    if args.prefix_caching:
         print(
-            f"simulated on workload {workload.name} by the {args.scheduler} scheduler, "
-            f"max_num_batched_tokens {args.max_num_batched_tokens:,}; ranked by tokens per step "
-            "(the workload's tokens served per step, recomputation not counted)"
+            "prefix caching on: hit unit = tokens every hit is a multiple of (every group's block, "
+            "a state's checkpoint), prefix hits = prompt tokens found cached"
         )
-        assert isinstance(args.max_model_len, int)  # compare takes a number (sizing_context)
-        if rejected := replay.rejected_line(workload, args.max_model_len):
-            print(rejected)
-        headers += ["tokens/step", "mean running", "preemptions"]
-        if args.prefix_caching:
-            print(
-                "prefix caching on: hit unit = tokens every hit is a multiple of (every group's block, "
-                "a state's checkpoint), prefix hits = prompt tokens found cached"
-            )
-            headers += ["hit unit", "prefix hits"]
-        timed = next((r for r in latencies.values() if r is not None), None)
-        if timed is not None:
-            print(f"time: {timed.model}")
-            headers += timing.summary_headers(timed)
+        headers += ["hit unit", "prefix hits"]
+    timed = next((r for r in comparison.latencies.values() if r is not None), None)
+    if timed is not None:
+        print(f"time: {timed.model}")
+        headers += timing.summary_headers(timed)
+    return headers
+
+
+def print_comparison(args: PlanningArgs, budget: GpuBudget | None, comparison: Comparison) -> None:
+    candidates = comparison.candidates
+    modes = bool(args.state_cache_modes)
+    # a pools column only where some plan has several block pools
+    pools = any(c.plan is not None and c.plan.names_pools for c in candidates)
+    rows = []
+    failures: dict[str, str] = {}  # first reason per policy; variants usually fail alike
+    for c in candidates:
+        if c.plan is None or c.capacity is None:
+            failures.setdefault(c.policy, no_plan_reason(c) or "no plan")
+            continue
+        rows.append(table_row(args, comparison, c, modes=modes, pools=pools))
+    gpu.print_budget(budget)
+    print(
+        f"budget {format_bytes(args.kv_budget)}, max_model_len {args.max_model_len:,}; "
+        "concurrency = requests of max_model_len held at once"
+    )
+    headers = table_headers(args, comparison, modes=modes, pools=pools)
     lead = 4 if modes else 3
     rows, alike = collapse_alike(rows)  # one row for the policies that plan this model alike
     print(render_table(headers, rows, align="l" * lead + "r" * (len(headers) - lead)))
     for note in alike:
         print(f"  {note}")
-    for line in best_lines(best, vllm_best, auto):
+    for line in best_lines(comparison.best, comparison.vllm_best, comparison.auto):
         print(f"  {line}")
     for policy, error in failures.items():
         print(f"  {policy}: no plan: {error}")
-    if frontiers:
+    if comparison.frontiers:
         print()
-        print(format_frontiers(candidates, frontiers))
-    return exit_status(candidates)
+        print(format_frontiers(candidates, comparison.frontiers))
 
 
 def candidate_frontiers(
