@@ -92,10 +92,43 @@ def memory_map(plan: KVCachePlan, *, rows: int = 4) -> MemoryMap:
     """
     if rows < 1:
         raise InvalidInputError(f"'rows' must be >= 1 (got {rows})")
-    groups = {name: index for index, g in enumerate(plan.groups) for name in g.layer_names}
     shown_rows = min(rows, max(max((pool.num_blocks for pool in plan.pools), default=0), 1))
+    window = _buffer_window(plan, shown_rows)
+    buffer_boxes, buffer_tracks = _buffer_boxes(plan, window, shown_rows)
+    row_boxes, row_tracks = _row_boxes(plan)
+    row_width = max(
+        (g.blocks_per_page * plan.pool_of(g).bytes_per_block for g in plan.groups),
+        default=plan.pools[0].bytes_per_block,
+    )
+    return MemoryMap(
+        buffer_boxes=buffer_boxes,
+        buffer_tracks=buffer_tracks,
+        buffer_bytes=window.width,
+        row_boxes=row_boxes,
+        row_tracks=row_tracks,
+        row_bytes=row_width,
+        rows=shown_rows,
+        hidden_tracks=max(0, len(plan.tensors) - MAX_TRACKS),
+        title=_title(plan),
+        legend=_legend(plan),
+        row_edges=window.edges,
+        regions=window.regions,
+    )
+
+
+@attrs.frozen(kw_only=True)
+class _BufferWindow:
+    """Where each pool's window starts on the buffer axis, how wide it is, and the whole width."""
+
+    starts: tuple[int, ...]
+    widths: tuple[int, ...]
+    width: int
+    edges: tuple[int, ...]
+    regions: tuple[tuple[str, int, int], ...]
+
+
+def _buffer_window(plan: KVCachePlan, shown_rows: int) -> _BufferWindow:
     multi = plan.names_pools
-    # where each pool's window starts on the buffer axis, and how wide it is
     starts: list[int] = []
     widths: list[int] = []
     edges: list[int] = []
@@ -107,11 +140,11 @@ def memory_map(plan: KVCachePlan, *, rows: int = 4) -> MemoryMap:
             widths.append(pool_rows * pool.bytes_per_block)
             edges.extend(x + row * pool.bytes_per_block for row in range(pool_rows + 1))
             x += widths[-1]
-        window = x
+        width = x
     else:  # separate allocations: show the first pages of each, side by side on one scale
-        window = shown_rows * max((t.page_stride for t in plan.tensors), default=0)
+        width = shown_rows * max((t.page_stride for t in plan.tensors), default=0)
         starts = [0] * len(plan.pools)
-        widths = [window] * len(plan.pools)
+        widths = [width] * len(plan.pools)
     regions = (
         tuple(
             (f"pool {index}", starts[index], starts[index] + widths[index])
@@ -120,7 +153,18 @@ def memory_map(plan: KVCachePlan, *, rows: int = 4) -> MemoryMap:
         if multi and plan.single_buffer
         else ()
     )
-    buffer_boxes: list[Box] = []
+    return _BufferWindow(
+        starts=tuple(starts), widths=tuple(widths), width=width, edges=tuple(edges), regions=regions
+    )
+
+
+def _buffer_boxes(
+    plan: KVCachePlan, window: _BufferWindow, shown_rows: int
+) -> tuple[tuple[Box, ...], tuple[str, ...]]:
+    """The buffer panel: one track per tensor, one band per layer sharing it, its first pages."""
+    groups = {name: index for index, g in enumerate(plan.groups) for name in g.layer_names}
+    multi = plan.names_pools
+    boxes: list[Box] = []
     tracks: list[str] = []
     for ti, tensor in enumerate(plan.tensors[:MAX_TRACKS]):
         first = plan.groups[groups[tensor.shared_by[0]]] if tensor.shared_by else None
@@ -129,8 +173,8 @@ def memory_map(plan: KVCachePlan, *, rows: int = 4) -> MemoryMap:
         if plan.single_buffer:
             tracks.append((f"pool {pool_index} " if multi else "") + f"@{axis_bytes(tensor.offset)}")
             # buffer byte b of this pool is drawn at x = b - pool.offset + start of its region
-            shift = starts[pool_index] - pool.offset
-            end_of_window = pool.offset + widths[pool_index]
+            shift = window.starts[pool_index] - pool.offset
+            end_of_window = pool.offset + window.widths[pool_index]
         else:
             tracks.append(tensor.shared_by[0])
             shift = -tensor.offset
@@ -142,7 +186,7 @@ def memory_map(plan: KVCachePlan, *, rows: int = 4) -> MemoryMap:
                 start = tensor.offset + j * tensor.page_stride
                 if start >= end_of_window:
                     break
-                buffer_boxes.append(
+                boxes.append(
                     Box(
                         track=ti,
                         band=band,
@@ -153,11 +197,17 @@ def memory_map(plan: KVCachePlan, *, rows: int = 4) -> MemoryMap:
                         label=name,
                     )
                 )
-    row_boxes: list[Box] = []
-    row_tracks: list[str] = []
+    return tuple(boxes), tuple(tracks)
+
+
+def _row_boxes(plan: KVCachePlan) -> tuple[tuple[Box, ...], tuple[str, ...]]:
+    """The row panel: how each group fills one block row of its pool, and the padding it leaves."""
+    multi = plan.names_pools
+    boxes: list[Box] = []
+    tracks: list[str] = []
     tensor_of = {name: tensor for name, _, tensor in plan.iter_layers()}
     for gi, group in enumerate(plan.groups):
-        row_tracks.append(f"group {gi}" + (f" (pool {group.pool})" if multi else ""))
+        tracks.append(f"group {gi}" + (f" (pool {group.pool})" if multi else ""))
         pool = plan.pool_of(group)
         width = group.blocks_per_page * pool.bytes_per_block
         used = 0
@@ -179,45 +229,35 @@ def memory_map(plan: KVCachePlan, *, rows: int = 4) -> MemoryMap:
         for run in _runs(pages):
             start, end = run[0][0], run[-1][0] + run[-1][2]
             label = run[0][1] if len(run) == 1 else f"{run[0][1]} .. {run[-1][1]} ({len(run)} layers)"
-            row_boxes.append(Box(track=gi, band=0, bands=1, x0=start, x1=end, group=gi, label=label))
+            boxes.append(Box(track=gi, band=0, bands=1, x0=start, x1=end, group=gi, label=label))
             used = max(used, end)
         if used < width:
-            row_boxes.append(Box(track=gi, band=0, bands=1, x0=used, x1=width, group=None, label="padding"))
-    legend = tuple(
+            boxes.append(Box(track=gi, band=0, bands=1, x0=used, x1=width, group=None, label="padding"))
+    return tuple(boxes), tuple(tracks)
+
+
+def _legend(plan: KVCachePlan) -> tuple[str, ...]:
+    multi = plan.names_pools
+    return tuple(
         f"group {gi}: {g.spec.kind}, {len(g.layer_names)} layers"
         + (f", pool {g.pool}" if multi else "")
         + f", block {g.spec.block_size}, page {_pages_text(g)}"
         + (f", {g.blocks_per_page} blocks per page" if g.blocks_per_page > 1 else "")
         for gi, g in enumerate(plan.groups)
     )
+
+
+def _title(plan: KVCachePlan) -> str:
     capacity = Capacity.of(plan)
-    if multi:
+    if plan.names_pools:
         blocks = ", ".join(f"{p.num_blocks:,} x {format_bytes(p.bytes_per_block)}" for p in plan.pools)
         blocks = f"{len(plan.pools)} pools ({blocks})"
     else:
         blocks = f"{plan.num_blocks:,} blocks x {format_bytes(plan.bytes_per_block)}"
-    title = (
+    return (
         f"{plan.policy}: {blocks} = {format_bytes(plan.kv_cache_bytes)}; "
         f"{format_figure(capacity.max_concurrency, '.2f')} "
         f"requests of {capacity.max_model_len:,} tokens"
-    )
-    row_width = max(
-        (g.blocks_per_page * plan.pool_of(g).bytes_per_block for g in plan.groups),
-        default=plan.pools[0].bytes_per_block,
-    )
-    return MemoryMap(
-        buffer_boxes=tuple(buffer_boxes),
-        buffer_tracks=tuple(tracks),
-        buffer_bytes=window,
-        row_boxes=tuple(row_boxes),
-        row_tracks=tuple(row_tracks),
-        row_bytes=row_width,
-        rows=shown_rows,
-        hidden_tracks=max(0, len(plan.tensors) - MAX_TRACKS),
-        title=title,
-        legend=legend,
-        row_edges=tuple(edges),
-        regions=regions,
     )
 
 
@@ -405,9 +445,7 @@ def render_memory_map(plan: KVCachePlan, path: str | os.PathLike[str], *, rows: 
     out = check_map_path(path)
     try:
         plt = pyplot()
-        from matplotlib.collections import PatchCollection
-        from matplotlib.patches import Patch, Rectangle
-        from matplotlib.ticker import FixedLocator, FuncFormatter, MultipleLocator
+        from matplotlib.patches import Patch
     except ImportError:
         raise InvalidInputError(
             "drawing the memory map needs matplotlib; install it with: pip install 'kvcore[plot]'"
@@ -425,72 +463,23 @@ def render_memory_map(plan: KVCachePlan, path: str | os.PathLike[str], *, rows: 
     legend_in = 0.16 * legend_rows + 0.15
     fig_h = 1.6 + 0.28 * sum(heights) + legend_in
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(12, fig_h), gridspec_kw={"height_ratios": heights})
-    byte_ticks = FuncFormatter(lambda value, _pos: axis_bytes(value))
-
-    def draw(ax: Any, boxes: tuple[Box, ...], tracks: tuple[str, ...], width: int, xlabel: str) -> None:
-        filled: list[Rectangle] = []
-        for box in boxes:
-            band_h = 0.8 / box.bands
-            y = box.track - 0.4 + box.band * band_h
-            if box.group is None:  # padding: few boxes, hatched one by one
-                ax.add_patch(
-                    Rectangle(
-                        (box.x0, y),
-                        box.x1 - box.x0,
-                        band_h,
-                        facecolor="white",
-                        edgecolor="grey",
-                        hatch="///",
-                        linewidth=0.5,
-                    )
-                )
-            else:
-                filled.append(Rectangle((box.x0, y), box.x1 - box.x0, band_h))
-        ax.add_collection(
-            PatchCollection(
-                filled,
-                facecolors=[colors((box.group or 0) % 20) for box in boxes if box.group is not None],
-                edgecolors="black",
-                linewidths=0.3,
-            )
-        )
-        ax.set_xlim(0, max(width, 1))
-        ax.set_ylim(max(len(tracks), 1) - 0.5, -0.5)  # an empty plan still gets one track's height
-        ax.set_yticks(range(len(tracks)), tracks, fontsize=7)
-        ax.set_xlabel(xlabel, fontsize=8)
-        if not isinstance(ax.xaxis.get_major_locator(), FixedLocator):  # page ticks set before stay
-            ax.xaxis.set_major_locator(MultipleLocator(byte_tick_step(max(width, 1))))
-        ax.xaxis.set_major_formatter(byte_ticks)
-        ax.tick_params(axis="x", labelsize=7)
-
-    each = ", each pool's row beside the other's" if data.regions else ""
-    hidden = f"; {data.hidden_tracks} more tensors not drawn" if data.hidden_tracks else ""
+    _draw_panel(
+        top, top_boxes, top_tracks, top_width, _buffer_xlabel(plan, data, folded=folded is not None), colors
+    )
     if folded is not None:
-        named = "; t0, t1, ... above: where each tensor's page starts" if tensors_named(plan) else ""
-        xlabel = (
-            f"bytes of a block row{each}: the buffer's first {data.rows} block ids, one row each, a lane per "
-            f"group (a block id is one group's at a time){named}{hidden}"
-        )
-    else:
-        xlabel = f"buffer bytes (the first {data.rows} block ids{each}{hidden})"
-    draw(top, top_boxes, top_tracks, top_width, xlabel)
-    if folded is not None:
-        label_tensors(top, plan, data, top_width)
-        if not data.regions:  # one pool: the buffer offset where each row starts, on the right
-            offsets = top.secondary_yaxis("right")
-            edges = data.row_edges[: data.rows + 1]
-            offsets.set_yticks(
-                [row - 0.5 for row in range(len(edges))], [axis_bytes(e) for e in edges], fontsize=7
-            )
-            offsets.set_ylabel("buffer offset", fontsize=7)
-        for label, x0, x1 in fold_regions(plan, data):
-            top.axvline(x0, color="black", linewidth=1.2)
-            top.text((x0 + x1) / 2, -0.5, label, ha="center", va="bottom", fontsize=7)
+        _annotate_folded(top, plan, data, top_width)
     smallest = min((g.spec.page_size_bytes for g in plan.groups), default=0)
     if smallest and data.row_bytes // smallest <= 16:
         bottom.set_xticks(range(0, data.row_bytes + 1, smallest))
     top.set_title(data.title, fontsize=9, pad=16 if folded is not None else 6)
-    draw(bottom, data.row_boxes, data.row_tracks, data.row_bytes, "one block row, as each group fills it")
+    _draw_panel(
+        bottom,
+        data.row_boxes,
+        data.row_tracks,
+        data.row_bytes,
+        "one block row, as each group fills it",
+        colors,
+    )
     handles = [
         Patch(facecolor=colors(i % 20), edgecolor="black", label=text) for i, text in enumerate(data.legend)
     ]
@@ -505,3 +494,74 @@ def render_memory_map(plan: KVCachePlan, path: str | os.PathLike[str], *, rows: 
     fig.legend(handles=handles, loc="lower center", fontsize=7, ncol=2, frameon=False)
     fig.tight_layout(rect=(0, legend_in / fig_h, 1, 1))
     return save_figure(fig, out, what="the memory map", dpi=120)
+
+
+def _buffer_xlabel(plan: KVCachePlan, data: MemoryMap, *, folded: bool) -> str:
+    each = ", each pool's row beside the other's" if data.regions else ""
+    hidden = f"; {data.hidden_tracks} more tensors not drawn" if data.hidden_tracks else ""
+    if not folded:
+        return f"buffer bytes (the first {data.rows} block ids{each}{hidden})"
+    named = "; t0, t1, ... above: where each tensor's page starts" if tensors_named(plan) else ""
+    return (
+        f"bytes of a block row{each}: the buffer's first {data.rows} block ids, one row each, a lane per "
+        f"group (a block id is one group's at a time){named}{hidden}"
+    )
+
+
+def _draw_panel(
+    ax: Any, boxes: tuple[Box, ...], tracks: tuple[str, ...], width: int, xlabel: str, colors: Any
+) -> None:
+    """Draw one panel's boxes: filled ones as one collection, padding hatched one by one."""
+    from matplotlib.collections import PatchCollection
+    from matplotlib.patches import Rectangle
+    from matplotlib.ticker import FixedLocator, FuncFormatter, MultipleLocator
+
+    filled: list[Rectangle] = []
+    for box in boxes:
+        band_h = 0.8 / box.bands
+        y = box.track - 0.4 + box.band * band_h
+        if box.group is None:  # padding: few boxes, hatched one by one
+            ax.add_patch(
+                Rectangle(
+                    (box.x0, y),
+                    box.x1 - box.x0,
+                    band_h,
+                    facecolor="white",
+                    edgecolor="grey",
+                    hatch="///",
+                    linewidth=0.5,
+                )
+            )
+        else:
+            filled.append(Rectangle((box.x0, y), box.x1 - box.x0, band_h))
+    ax.add_collection(
+        PatchCollection(
+            filled,
+            facecolors=[colors((box.group or 0) % 20) for box in boxes if box.group is not None],
+            edgecolors="black",
+            linewidths=0.3,
+        )
+    )
+    ax.set_xlim(0, max(width, 1))
+    ax.set_ylim(max(len(tracks), 1) - 0.5, -0.5)  # an empty plan still gets one track's height
+    ax.set_yticks(range(len(tracks)), tracks, fontsize=7)
+    ax.set_xlabel(xlabel, fontsize=8)
+    if not isinstance(ax.xaxis.get_major_locator(), FixedLocator):  # page ticks set before stay
+        ax.xaxis.set_major_locator(MultipleLocator(byte_tick_step(max(width, 1))))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _pos: axis_bytes(value)))
+    ax.tick_params(axis="x", labelsize=7)
+
+
+def _annotate_folded(top: Any, plan: KVCachePlan, data: MemoryMap, width: int) -> None:
+    """A folded buffer's labels: tensor columns above, row offsets on the right, pool regions."""
+    label_tensors(top, plan, data, width)
+    if not data.regions:  # one pool: the buffer offset where each row starts, on the right
+        offsets = top.secondary_yaxis("right")
+        edges = data.row_edges[: data.rows + 1]
+        offsets.set_yticks(
+            [row - 0.5 for row in range(len(edges))], [axis_bytes(e) for e in edges], fontsize=7
+        )
+        offsets.set_ylabel("buffer offset", fontsize=7)
+    for label, x0, x1 in fold_regions(plan, data):
+        top.axvline(x0, color="black", linewidth=1.2)
+        top.text((x0 + x1) / 2, -0.5, label, ha="center", va="bottom", fontsize=7)
