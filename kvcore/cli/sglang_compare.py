@@ -17,6 +17,7 @@ from typing import Any
 import attrs
 
 from kvcore.cli import inputs
+from kvcore.cli.engine_rows import EngineRows
 from kvcore.cli.inputs import FLAG_NAMES
 from kvcore.cli.options import PlanningArgs
 from kvcore.cli.table import render_table
@@ -132,42 +133,48 @@ def run(
         return _row(name, pool_sizes(plan, sglang_specs(specs, rules)), specs, rules)
 
     rows, failures = inputs.policy_rows(args, registry, row)
-    best = best_row(rows)
     try:
         own_row: dict[str, Any] | None = _row(OWN, own_pool_sizes(specs, args.kv_budget, rules), specs, rules)
         why = ""
     except KVCoreError as exc:
         own_row, why = None, render(exc, FLAG_NAMES)
+    found = EngineRows(rows=rows, failures=failures, best=best_row(rows), own=own_row, own_name=OWN, why=why)
     if args.json:
-        print(
-            json.dumps(
+        payload = {
+            "engine": "sglang",
+            "available_memory_bytes": args.kv_budget,
+            **({"mem_fraction_static": gpu_budget.utilization} if gpu_budget is not None else {}),
+            "context_len": rules.context_len,
+            "page_size": rules.page_size,
+            "swa_full_tokens_ratio": rules.swa_full_tokens_ratio,
+            "hybrid_swa": model.hybrid_swa,
+            **(
                 {
-                    "engine": "sglang",
-                    "available_memory_bytes": args.kv_budget,
-                    **({"mem_fraction_static": gpu_budget.utilization} if gpu_budget is not None else {}),
-                    "context_len": rules.context_len,
-                    "page_size": rules.page_size,
-                    "swa_full_tokens_ratio": rules.swa_full_tokens_ratio,
-                    "hybrid_swa": model.hybrid_swa,
-                    **(
-                        {
-                            "mamba_full_memory_ratio": rules.mamba_full_memory_ratio,
-                            "mamba_slots_per_request": rules.mamba_slots_per_request,
-                        }
-                        if has_states
-                        else {}
-                    ),
-                    "best": best["policy"] if best is not None else None,
-                    "candidates": [
-                        *({**r, "best": r is best} for r in rows),
-                        *({"policy": n, "error": e} for n, e in failures.items()),
-                    ],
-                    "sglang_own": own_row if own_row is not None else {"error": why},
-                },
-                indent=2,
-            )
-        )
-        return 0 if rows else 1
+                    "mamba_full_memory_ratio": rules.mamba_full_memory_ratio,
+                    "mamba_slots_per_request": rules.mamba_slots_per_request,
+                }
+                if has_states
+                else {}
+            ),
+            "best": found.best_policy,
+            "candidates": found.candidates_json(),
+            "sglang_own": found.own_json(),
+        }
+        print(json.dumps(payload, indent=2))
+    else:
+        print_table(args, gpu_budget, rules, model, found, has_states=has_states)
+    return found.status
+
+
+def print_table(
+    args: PlanningArgs,
+    gpu_budget: GpuBudget | None,
+    rules: SglangRules,
+    model: SglangModel,
+    found: EngineRows,
+    *,
+    has_states: bool,
+) -> None:
     where = (
         f"{format_bytes(gpu_budget.gpu_memory)} x mem_fraction_static {gpu_budget.utilization} - weights "
         f"{format_bytes(gpu_budget.weights)}"
@@ -192,32 +199,27 @@ def run(
             "  SGLang 0.5 has no model for this architecture: the rows are its sizing rules applied to "
             "kvcore's layers"
         )
-    table = [
-        [
-            f"{r['policy']}*" if r is best else r["policy"],
+    table = found.table(
+        lambda r: [
             f"{r['full_tokens']:,}",
             f"{r['swa_tokens']:,}",
             *([f"{r['mamba_states']:,}"] if has_states else []),
             f"{r['requests']:,}",
             format_bytes(r["pool_bytes"]),
         ]
-        for r in [*rows, *([own_row] if own_row is not None else [])]
-    ]
+    )
     headers = ["policy", "full tokens", "swa tokens", *(["mamba states"] if has_states else []), "requests"]
     print(render_table([*headers, "pool bytes"], table, align="l" + "r" * len(headers)))
+    best = found.best
     if best is not None:
         tied = sum(
             (r["requests"], r["full_tokens"] + r["swa_tokens"])
             == (best["requests"], best["full_tokens"] + best["swa_tokens"])
-            for r in rows
+            for r in found.rows
         )
         print(
             f"  * best SGLang 0.5 runs: {best['policy']}: the most requests of {rules.context_len:,} tokens "
             f"held at once ({best['requests']:,}; {best['full_tokens'] + best['swa_tokens']:,} KV tokens)"
             + (f"; {tied} candidates tie: the first listed" if tied > 1 else "")
         )
-    for name, error in failures.items():
-        print(f"  {name}: no plan: {error}")
-    if own_row is None:
-        print(f"  {OWN}: not shown: {why}")
-    return 0 if rows else 1
+    found.print_notes()

@@ -22,6 +22,7 @@ from typing import Any
 import attrs
 
 from kvcore.cli import inputs
+from kvcore.cli.engine_rows import EngineRows
 from kvcore.cli.options import PlanningArgs
 from kvcore.cli.table import render_table, wants_csv, write_csv
 from kvcore.errors import InvalidInputError, KVCoreError
@@ -170,39 +171,40 @@ def run(args: PlanningArgs, registry: Registry, specs: Mapping[str, KVCacheSpec]
         return _row(name, plan, specs, rules)
 
     rows, failures = inputs.policy_rows(args, registry, row)
-    best = best_row(rows)
     own, why = own_plan(specs, args.kv_budget, rules)
-    own_row = _row(OWN, own, specs, rules) if own is not None else None
+    found = EngineRows(
+        rows=rows,
+        failures=failures,
+        best=best_row(rows),
+        own=_row(OWN, own, specs, rules) if own is not None else None,
+        own_name=OWN,
+        why=why,
+    )
     if wants_csv(args):
         write_csv(
-            [
-                *({**r, "best": r is best} for r in rows),
-                *({"policy": n, "error": e} for n, e in failures.items()),
-                own_row if own_row is not None else {"policy": OWN, "error": why},
-            ]
+            [*found.candidates_json(), found.own if found.own is not None else {"policy": OWN, "error": why}]
         )
-        return 0 if rows else 1
-    if args.json:
-        print(
-            json.dumps(
-                {
-                    "engine": args.engine,
-                    "block_size": block,
-                    "async_scheduling": build.async_scheduling,
-                    "available_memory_bytes": args.kv_budget,
-                    "max_model_len": args.max_model_len,
-                    "max_in_flight_tokens": rules.max_in_flight_tokens,
-                    "best": best["policy"] if best is not None else None,
-                    "candidates": [
-                        *({**r, "best": r is best} for r in rows),
-                        *({"policy": n, "error": e} for n, e in failures.items()),
-                    ],
-                    "vllm_own": own_row if own_row is not None else {"error": why},
-                },
-                indent=2,
-            )
-        )
-        return 0 if rows else 1
+    elif args.json:
+        payload = {
+            "engine": args.engine,
+            "block_size": block,
+            "async_scheduling": build.async_scheduling,
+            "available_memory_bytes": args.kv_budget,
+            "max_model_len": args.max_model_len,
+            "max_in_flight_tokens": rules.max_in_flight_tokens,
+            "best": found.best_policy,
+            "candidates": found.candidates_json(),
+            "vllm_own": found.own_json(),
+        }
+        print(json.dumps(payload, indent=2))
+    else:
+        print_table(args, build, block, rules, found)
+    return found.status
+
+
+def print_table(
+    args: PlanningArgs, build: VllmBuild, block: int | None, rules: VllmRules, found: EngineRows
+) -> None:
     in_flight = (
         f"async scheduling, 2 x max_num_batched_tokens {args.max_num_batched_tokens:,}"
         if build.async_scheduling
@@ -218,9 +220,8 @@ def run(args: PlanningArgs, registry: Registry, specs: Mapping[str, KVCacheSpec]
         "blocks/request: the most one request holds at once (what vLLM's manager runs); vLLM admits by: "
         "the free blocks vLLM's scheduler wants to admit one (each group's worst case, summed)"
     )
-    table = [
-        [
-            f"{r['policy']}*" if r is best else r["policy"],
+    table = found.table(
+        lambda r: [
             r["groups"],
             ",".join(str(b) for b in r["block_sizes"]),
             f"{r['usable_blocks']:,}",
@@ -230,33 +231,15 @@ def run(args: PlanningArgs, registry: Registry, specs: Mapping[str, KVCacheSpec]
             f"{r['requests']:,}",
             f"{100 * r['efficiency']:.2f}%",
         ]
-        for r in [*rows, *([own_row] if own_row is not None else [])]
-    ]
-    print(
-        render_table(
-            [
-                "policy",
-                "groups",
-                "block",
-                "usable blocks",
-                "blocks/request",
-                "vLLM admits by",
-                "concurrency",
-                "requests",
-                "efficiency",
-            ],
-            table,
-            align="lll" + "r" * 6,
-        )
     )
+    headers = ["policy", "groups", "block", "usable blocks", "blocks/request", "vLLM admits by"]
+    headers += ["concurrency", "requests", "efficiency"]
+    print(render_table(headers, table, align="lll" + "r" * 6))
+    best = found.best
     if best is not None:
         print(
             f"  * best {build.name} runs: {best['policy']}: the highest max concurrency: "
             f"{best['max_concurrency']:,.2f} requests of {args.max_model_len:,} tokens, "
             f"{best['groups']} groups"
         )
-    for name, error in failures.items():
-        print(f"  {name}: no plan: {error}")
-    if own_row is None:
-        print(f"  {OWN}: not shown: {why}")
-    return 0 if rows else 1
+    found.print_notes()
