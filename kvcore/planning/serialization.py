@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import sys
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -129,6 +129,18 @@ def make_converter(registry: Registry) -> cattrs.Converter:
     conv.register_unstructure_hook_func(_is_torch_dtype_type, dtype_name)
     conv.register_structure_hook_func(_is_torch_dtype_type, _structure_torch_dtype)
 
+    structure_spec = _register_specs(conv, registry)
+    _register_groups(conv, structure_spec)
+    _register_plans(conv)
+    return conv
+
+
+_StructureSpec = Callable[[Any, Any], KVCacheSpec]
+
+
+def _register_specs(conv: cattrs.Converter, registry: Registry) -> _StructureSpec:
+    """Specs of every kind in ``registry``, tagged by ``kind``; returns the structure function."""
+
     def is_spec_class(t: Any) -> bool:
         return isinstance(t, type) and issubclass(t, KVCacheSpec)
 
@@ -175,6 +187,11 @@ def make_converter(registry: Registry) -> cattrs.Converter:
 
     conv.register_unstructure_hook_factory(is_spec_class, unstructure_spec_factory)
     conv.register_structure_hook_func(is_spec_class, structure_spec)
+    return structure_spec
+
+
+def _register_groups(conv: cattrs.Converter, structure_spec: _StructureSpec) -> None:
+    """Groups: their spec's fields inline, beside the layers, page size and pool."""
 
     def unstructure_group(group: KVCacheGroup) -> dict[str, Any]:
         out = {
@@ -215,6 +232,10 @@ def make_converter(registry: Registry) -> cattrs.Converter:
 
     conv.register_unstructure_hook(KVCacheGroup, unstructure_group)
     conv.register_structure_hook(KVCacheGroup, structure_group)
+
+
+def _register_plans(conv: cattrs.Converter) -> None:
+    """Plans (one-pool plans read and write their old form) and sizing contexts."""
     structure_plan_fields = make_dict_structure_fn(KVCachePlan, conv, _cattrs_forbid_extra_keys=False)
 
     def structure_plan(data: Any, cls: Any) -> KVCachePlan:
@@ -274,7 +295,6 @@ def make_converter(registry: Registry) -> cattrs.Converter:
         return out
 
     conv.register_unstructure_hook(KVCachePlan, unstructure_plan)
-    return conv
 
 
 #: One converter per registry, rebuilt when the registry's kinds change. Held weakly, so a
