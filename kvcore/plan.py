@@ -42,9 +42,7 @@ def _names(value: Iterable[str]) -> tuple[str, ...]:
 
 def _null_block(instance: object, attribute: attrs.Attribute[int | None], value: int | None) -> None:
     if value is not None and (type(value) is not int or value != 0):
-        raise PlanValidationError(
-            [f"'null_block' must be 0 (block id 0 reserved) or None (got {value!r})"]
-        )
+        raise PlanValidationError([f"'null_block' must be 0 (block id 0 reserved) or None (got {value!r})"])
 
 
 def _layer_specs(value: Mapping[str, KVCacheSpec] | None) -> dict[str, KVCacheSpec]:
@@ -212,9 +210,7 @@ class KVCacheGroup:
     spec: KVCacheSpec
     blocks_per_page: int = attrs.field(default=1, validator=positive_int)
     pool: int = attrs.field(default=0, validator=non_negative_int)
-    layer_specs: Mapping[str, KVCacheSpec] = attrs.field(
-        factory=dict, converter=_layer_specs, hash=False
-    )
+    layer_specs: Mapping[str, KVCacheSpec] = attrs.field(factory=dict, converter=_layer_specs, hash=False)
 
     def __attrs_post_init__(self) -> None:
         if self.layer_specs:
@@ -693,36 +689,61 @@ def structural_problems(plan: KVCachePlan) -> Iterator[str]:
     for index, group in enumerate(plan.groups):
         if group.pool >= len(pools):
             yield f"group {index} draws from pool {group.pool} but the plan has {len(pools)} pool(s)"
-            return
+            return  # the checks below index the plan's pools by group
         for name in group.layer_names:
             if name in grouped:
                 yield f"layer {name!r} is in groups {grouped[name]} and {index}"
             grouped[name] = index
     placed: dict[str, int] = {}
-    buffer_bytes = plan.kv_cache_bytes
-    multi = len(pools) > 1
     for index, tensor in enumerate(plan.tensors):
-        for name in tensor.shared_by:
-            if name in placed:
-                yield f"layer {name!r} is in tensors {placed[name]} and {index}"
-            placed[name] = index
-            if name not in grouped:
-                yield f"tensor {index} is shared by {name!r}, which is in no group"
-        if len(tensor.shared_by) > 1:
-            yield from _same_group_sharers(index, tensor, grouped)
-        if multi:
-            yield from _tensor_pool_problems(plan, index, tensor, grouped)
-        if plan.single_buffer:
-            if tensor.size and tensor.offset + tensor.size > buffer_bytes:
-                yield (
-                    f"tensor {index} spans bytes {tensor.offset}..{tensor.offset + tensor.size} "
-                    f"but the buffer has {buffer_bytes} bytes"
-                )
-        elif tensor.offset != 0:
-            yield f"tensor {index} is its own allocation but has offset {tensor.offset}"
+        yield from _tensor_problems(plan, index, tensor, grouped, placed)
+    yield from _page_problems(plan, grouped, placed)
+    if not plan.single_buffer:
+        total = sum(t.size for t in plan.tensors)
+        if total > plan.kv_cache_bytes:
+            yield f"the tensors take {total} bytes but the plan accounts for {plan.kv_cache_bytes}"
+    for name, target in plan.kv_sharing.items():
+        if name in grouped or name in placed:
+            yield (
+                f"layer {name!r} shares {target!r}'s cache (kv_sharing) but also has a cache of its own; "
+                "a sharing layer is in no group and no tensor"
+            )
+        if target not in grouped:
+            why = "itself shares another layer's cache" if target in plan.kv_sharing else "is not planned"
+            yield f"layer {name!r} shares the cache of {target!r}, which {why}"
+
+
+def _tensor_problems(
+    plan: KVCachePlan, index: int, tensor: KVCacheTensor, grouped: Mapping[str, int], placed: dict[str, int]
+) -> Iterator[str]:
+    """One tensor's problems: its layers (each in one tensor, each in a group), its bytes; records
+    each of its layers in ``placed``."""
+    for name in tensor.shared_by:
+        if name in placed:
+            yield f"layer {name!r} is in tensors {placed[name]} and {index}"
+        placed[name] = index
+        if name not in grouped:
+            yield f"tensor {index} is shared by {name!r}, which is in no group"
+    if len(tensor.shared_by) > 1:
+        yield from _same_group_sharers(index, tensor, grouped)
+    if len(plan.pools) > 1:
+        yield from _tensor_pool_problems(plan, index, tensor, grouped)
+    if plan.single_buffer:
+        buffer_bytes = plan.kv_cache_bytes
+        if tensor.size and tensor.offset + tensor.size > buffer_bytes:
+            yield (
+                f"tensor {index} spans bytes {tensor.offset}..{tensor.offset + tensor.size} "
+                f"but the buffer has {buffer_bytes} bytes"
+            )
+    elif tensor.offset != 0:
+        yield f"tensor {index} is its own allocation but has offset {tensor.offset}"
+
+
+def _page_problems(plan: KVCachePlan, grouped: Mapping[str, int], placed: Mapping[str, int]) -> Iterator[str]:
+    """Each grouped layer has a tensor, and its pages fit that tensor's stride and size."""
     # (page bytes, pages) per group, computed once rather than per layer
     figures = [
-        (g.spec.page_size_bytes, pools[g.pool].num_blocks // g.blocks_per_page) for g in plan.groups
+        (g.spec.page_size_bytes, plan.pools[g.pool].num_blocks // g.blocks_per_page) for g in plan.groups
     ]
     for name, gi in grouped.items():
         if name not in placed:
@@ -743,19 +764,6 @@ def structural_problems(plan: KVCachePlan) -> Iterator[str]:
                 f"layer {name!r}: {pages} pages of {page} bytes at stride {tensor.page_stride} "
                 f"do not fit in the tensor's {tensor.size} bytes"
             )
-    if not plan.single_buffer:
-        total = sum(t.size for t in plan.tensors)
-        if total > buffer_bytes:
-            yield f"the tensors take {total} bytes but the plan accounts for {buffer_bytes}"
-    for name, target in plan.kv_sharing.items():
-        if name in grouped or name in placed:
-            yield (
-                f"layer {name!r} shares {target!r}'s cache (kv_sharing) but also has a cache of its own; "
-                "a sharing layer is in no group and no tensor"
-            )
-        if target not in grouped:
-            why = "itself shares another layer's cache" if target in plan.kv_sharing else "is not planned"
-            yield f"layer {name!r} shares the cache of {target!r}, which {why}"
 
 
 def _same_group_sharers(index: int, tensor: KVCacheTensor, grouped: Mapping[str, int]) -> Iterator[str]:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import fnmatch
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -141,71 +141,83 @@ def quantization(config: Mapping[str, Any], source: str = "config") -> Quantizat
         + _names(section.get("ignore"))
         + _names(section.get("ignored_layers"))
     )
-    if method in ("fp8", "fbgemm_fp8"):
-        block = section.get("weight_block_size")
-        if (
-            isinstance(block, Sequence)
-            and len(block) == 2
-            and all(isinstance(b, int) and b > 0 for b in block)
-        ):
-            bits = 8 + 32 / (block[0] * block[1])
-            return Quantization(
-                method=method,
-                bits_per_param=bits,
-                excluded=excluded,
-                estimate=f"a float32 scale per {block[0]}x{block[1]} block, partial blocks not rounded up",
-            )
-        return Quantization(
-            method=method, bits_per_param=8.0, excluded=excluded, estimate="per-channel scales not counted"
-        )
-    if method == "mxfp4":
-        return Quantization(method=method, bits_per_param=4 + 8 / 32, excluded=excluded)
-    if method in ("awq", "gptq", "awq_marlin", "gptq_marlin", "marlin"):
-        bits = _int(section, "bits", _int(section, "w_bit", 4, source), source)
-        group_size = _int(section, "group_size", _int(section, "q_group_size", 128, source), source)
-        per_param, note = _grouped(bits, group_size, 16, bits)
-        return Quantization(
-            method=method,
-            bits_per_param=per_param,
-            excluded=excluded,
-            estimate=note or f"16-bit scales and {bits}-bit zero points per group of {group_size} inputs",
-        )
-    if method == "bitsandbytes":
-        if section.get("load_in_4bit"):
-            return Quantization(
-                method="bitsandbytes 4-bit",
-                bits_per_param=4 + 32 / 64,
-                excluded=excluded,
-                estimate="a float32 absmax per block of 64, double quantization ignored",
-            )
-        return Quantization(
-            method="bitsandbytes 8-bit",
-            bits_per_param=8.0,
-            excluded=excluded,
-            estimate="per-row scales not counted",
-        )
-    if method == "compressed_tensors":
-        groups = section.get("config_groups")
-        weights: Any = None
-        if isinstance(groups, Mapping) and groups:
-            first = next(iter(groups.values()))
-            weights = first.get("weights") if isinstance(first, Mapping) else None
-        if isinstance(weights, Mapping):
-            bits = _int(weights, "num_bits", 8, source)
-            stated: Any = weights.get("group_size")
-            size = int(stated) if isinstance(stated, int) and not isinstance(stated, bool) else 0
-            per_param, note = _grouped(bits, size, 16, 0)
-            return Quantization(
-                method=method,
-                bits_per_param=per_param,
-                excluded=excluded,
-                estimate=note or f"16-bit scales per group of {size} inputs",
-            )
+    sizer = _QUANT_METHODS.get(method)
+    found = sizer(section, method, source) if sizer is not None else None
+    if found is not None:
+        return attrs.evolve(found, excluded=excluded)
     known = "fp8, fbgemm_fp8, mxfp4, awq, gptq, bitsandbytes, compressed-tensors"
     raise ModelConfigError(
         f"{source}: kvcore cannot size weights quantized with quant_method {section.get('quant_method')!r} "
         f"(it knows {known}); give the KV cache a byte budget of its own instead"
     )
+
+
+def _fp8(section: Mapping[str, Any], method: str, source: str) -> Quantization:
+    block = section.get("weight_block_size")
+    if isinstance(block, Sequence) and len(block) == 2 and all(isinstance(b, int) and b > 0 for b in block):
+        return Quantization(
+            method=method,
+            bits_per_param=8 + 32 / (block[0] * block[1]),
+            estimate=f"a float32 scale per {block[0]}x{block[1]} block, partial blocks not rounded up",
+        )
+    return Quantization(method=method, bits_per_param=8.0, estimate="per-channel scales not counted")
+
+
+def _mxfp4(section: Mapping[str, Any], method: str, source: str) -> Quantization:
+    return Quantization(method=method, bits_per_param=4 + 8 / 32)
+
+
+def _awq_gptq(section: Mapping[str, Any], method: str, source: str) -> Quantization:
+    bits = _int(section, "bits", _int(section, "w_bit", 4, source), source)
+    group_size = _int(section, "group_size", _int(section, "q_group_size", 128, source), source)
+    per_param, note = _grouped(bits, group_size, 16, bits)
+    return Quantization(
+        method=method,
+        bits_per_param=per_param,
+        estimate=note or f"16-bit scales and {bits}-bit zero points per group of {group_size} inputs",
+    )
+
+
+def _bitsandbytes(section: Mapping[str, Any], method: str, source: str) -> Quantization:
+    if section.get("load_in_4bit"):
+        return Quantization(
+            method="bitsandbytes 4-bit",
+            bits_per_param=4 + 32 / 64,
+            estimate="a float32 absmax per block of 64, double quantization ignored",
+        )
+    return Quantization(
+        method="bitsandbytes 8-bit", bits_per_param=8.0, estimate="per-row scales not counted"
+    )
+
+
+def _compressed_tensors(section: Mapping[str, Any], method: str, source: str) -> Quantization | None:
+    groups = section.get("config_groups")
+    weights: Any = None
+    if isinstance(groups, Mapping) and groups:
+        first = next(iter(groups.values()))
+        weights = first.get("weights") if isinstance(first, Mapping) else None
+    if not isinstance(weights, Mapping):
+        return None  # no weights section to size: refused with the unknown methods
+    bits = _int(weights, "num_bits", 8, source)
+    stated: Any = weights.get("group_size")
+    size = int(stated) if isinstance(stated, int) and not isinstance(stated, bool) else 0
+    per_param, note = _grouped(bits, size, 16, 0)
+    return Quantization(
+        method=method, bits_per_param=per_param, estimate=note or f"16-bit scales per group of {size} inputs"
+    )
+
+
+#: How each ``quant_method`` kvcore knows is sized: ``(section, method, source)`` to a
+#: :class:`Quantization` (its ``excluded`` modules filled in by :func:`quantization`), or ``None``
+#: where the section gives nothing to size.
+_QUANT_METHODS: dict[str, Callable[[Mapping[str, Any], str, str], Quantization | None]] = {
+    "fp8": _fp8,
+    "fbgemm_fp8": _fp8,
+    "mxfp4": _mxfp4,
+    **dict.fromkeys(("awq", "gptq", "awq_marlin", "gptq_marlin", "marlin"), _awq_gptq),
+    "bitsandbytes": _bitsandbytes,
+    "compressed_tensors": _compressed_tensors,
+}
 
 
 # -- weights, activations, the budget ----------------------------------------------------------
