@@ -124,36 +124,72 @@ def translate(exc: Exception, name: str, filename: str, revision: str | None, en
     """
     from huggingface_hub.errors import (
         EntryNotFoundError,
-        GatedRepoError,
         HfHubHTTPError,
         LocalEntryNotFoundError,
         OfflineModeIsEnabled,
-        RepositoryNotFoundError,
-        RevisionNotFoundError,
     )
 
     at = f"revision {revision}" if revision else "its default branch"
-    page = f"{endpoint}/{name}"
-    if isinstance(exc, GatedRepoError) or (
-        isinstance(exc, HfHubHTTPError)
-        and not isinstance(exc, RepositoryNotFoundError)
-        and _status(exc) == 403
-    ):
+    found = _refused_error(exc, name, endpoint) or _missing_error(exc, name, filename, revision, endpoint)
+    if found is not None:
+        return found
+    if type(exc).__name__ == "SafetensorsParsingError":
+        return InvalidInputError(f"{name}: {filename} is not a safetensors file the Hub can parse: {exc}")
+    if isinstance(exc, OfflineModeIsEnabled):
+        return offline_error(name, revision)
+    if isinstance(exc, LocalEntryNotFoundError):
+        cause = _cause(exc)
+        if isinstance(cause, HfHubHTTPError):
+            return translate(cause, name, filename, revision, endpoint)
+        if isinstance(cause, OfflineModeIsEnabled):
+            return offline_error(name, revision)
+        return HubUnavailableError(
+            f"{name}: cannot reach the Hugging Face Hub at {endpoint} ({_failure(cause or exc)}) and the "
+            f"Hugging Face cache ({hub_cache_dir()}) does not hold {filename} of it at {at}; check the "
+            "network (or HF_ENDPOINT), or pass the path of a config.json"
+        )
+    if isinstance(exc, EntryNotFoundError):  # after LocalEntryNotFoundError, one of its kind
+        return UnknownModelError(
+            f"{name} has no {filename} at {at} on the Hugging Face Hub ({endpoint}): not a transformers "
+            "model repository? pass the path of a config.json"
+        )
+    if isinstance(exc, HfHubHTTPError):
+        return HubUnavailableError(
+            f"{name}: the Hugging Face Hub at {endpoint} answered {_failure(exc)} for {filename}; try again "
+            "later, or pass the path of a config.json"
+        )
+    return HubUnavailableError(
+        f"{name}: reading {filename} from the Hugging Face Hub at {endpoint} failed ({_failure(exc)}); "
+        "check the network (or HF_ENDPOINT), or pass the path of a config.json"
+    )
+
+
+def _refused_error(exc: Exception, name: str, endpoint: str) -> KVCoreError | None:
+    """A gated repository (403) or a refused token (401), or ``None`` for any other failure."""
+    from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError
+
+    # a missing repository answers 401 without a token too: that one is told as missing
+    http = isinstance(exc, HfHubHTTPError) and not isinstance(exc, RepositoryNotFoundError)
+    if isinstance(exc, GatedRepoError) or (http and _status(exc) == 403):
         return ModelAccessError(
             f"{name} is gated on the Hugging Face Hub ({endpoint}: HTTP {_status(exc) or 403}): accept its "
-            f"licence on {page} and set HF_TOKEN to a token of that account (or run `hf auth login`)"
+            f"licence on {endpoint}/{name} and set HF_TOKEN to a token of that account "
+            "(or run `hf auth login`)"
         )
-    if (
-        isinstance(exc, HfHubHTTPError)
-        and not isinstance(exc, RepositoryNotFoundError)
-        and _status(exc) == 401
-    ):
+    if http and _status(exc) == 401:
         return ModelAccessError(
             f"the Hugging Face Hub ({endpoint}) refused the token for {name} (HTTP 401): set HF_TOKEN to a "
             "valid token (or run `hf auth login`), or unset it for a public model"
         )
-    if type(exc).__name__ == "SafetensorsParsingError":
-        return InvalidInputError(f"{name}: {filename} is not a safetensors file the Hub can parse: {exc}")
+    return None
+
+
+def _missing_error(
+    exc: Exception, name: str, filename: str, revision: str | None, endpoint: str
+) -> KVCoreError | None:
+    """No such repository or revision, or ``None`` for any other failure."""
+    from huggingface_hub.errors import RepositoryNotFoundError, RevisionNotFoundError
+
     if isinstance(exc, RepositoryNotFoundError):
         status = _status(exc)
         private = (
@@ -171,35 +207,9 @@ def translate(exc: Exception, name: str, filename: str, revision: str | None, en
         return UnknownModelError(
             f"{name} has no revision {revision!r} on the Hugging Face Hub ({endpoint}); give a branch, "
             "tag or "
-            f"commit of {page}"
+            f"commit of {endpoint}/{name}"
         )
-    if isinstance(exc, OfflineModeIsEnabled):
-        return offline_error(name, revision)
-    if isinstance(exc, LocalEntryNotFoundError):
-        cause = _cause(exc)
-        if isinstance(cause, HfHubHTTPError):
-            return translate(cause, name, filename, revision, endpoint)
-        if isinstance(cause, OfflineModeIsEnabled):
-            return offline_error(name, revision)
-        return HubUnavailableError(
-            f"{name}: cannot reach the Hugging Face Hub at {endpoint} ({_failure(cause or exc)}) and the "
-            f"Hugging Face cache ({hub_cache_dir()}) does not hold {filename} of it at {at}; check the "
-            "network (or HF_ENDPOINT), or pass the path of a config.json"
-        )
-    if isinstance(exc, EntryNotFoundError):
-        return UnknownModelError(
-            f"{name} has no {filename} at {at} on the Hugging Face Hub ({endpoint}): not a transformers "
-            "model repository? pass the path of a config.json"
-        )
-    if isinstance(exc, HfHubHTTPError):
-        return HubUnavailableError(
-            f"{name}: the Hugging Face Hub at {endpoint} answered {_failure(exc)} for {filename}; try again "
-            "later, or pass the path of a config.json"
-        )
-    return HubUnavailableError(
-        f"{name}: reading {filename} from the Hugging Face Hub at {endpoint} failed ({_failure(exc)}); "
-        "check the network (or HF_ENDPOINT), or pass the path of a config.json"
-    )
+    return None
 
 
 def offline_error(name: str, revision: str | None) -> UnknownModelError:
