@@ -29,9 +29,12 @@ import math
 import os
 import types
 from collections import deque
+from collections.abc import Mapping
+from typing import Any
 
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
+import attrs
 from vllm.config import CacheConfig, DeviceConfig, SchedulerConfig, VllmConfig
 from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import get_hash_fn_by_name
@@ -142,6 +145,49 @@ def run_vllm_scheduler(
     Raises:
         VllmIntegrationError: the requests do not finish within ``max_steps``.
     """
+    scheduler, hasher = _scheduler(plan, profile, max_num_batched_tokens, prefix_caching)
+    requests = workload.requests
+    tally = _Tally(first=[-1] * len(requests))
+    by_id: dict[str, int] = {}
+    prefixes: dict[object, int] = {}
+    pending = deque(range(len(requests)))
+    lag = 1 if profile.async_scheduling else 0
+    in_flight: deque[tuple[SchedulerOutput, ModelRunnerOutput]] = deque()
+    finished = 0
+    step = 0
+    while finished < len(requests):
+        if step >= max_steps:
+            raise VllmIntegrationError(f"vLLM's scheduler did not finish the workload in {max_steps} steps")
+        while pending and requests[pending[0]].arrival_step <= step:
+            i = pending.popleft()
+            r = requests[i]
+            prefix = prefixes.setdefault(r.prefix_id, len(prefixes))
+            tokens = _tokens(i, r.prompt_tokens, prefix, r.prefix_tokens)
+            params = SamplingParams(max_tokens=r.output_tokens, ignore_eos=True)
+            scheduler.add_request(Request(f"r{i}", tokens, params, None, block_hasher=hasher))
+            by_id[f"r{i}"] = i
+        if not scheduler.has_requests() and not in_flight:  # idle: nothing has arrived yet
+            tally.running.append(0)
+            tally.usage.append(0.0)
+            step += 1
+            continue
+        before = {rid: scheduler.requests[rid].num_computed_tokens for rid in scheduler.requests}
+        output = scheduler.schedule()
+        tally.count(scheduler, output, before, by_id, step)
+        in_flight.append((output, _sampled(scheduler, output, by_id)))
+        while len(in_flight) > lag:
+            done_output, done_runner = in_flight.popleft()
+            engine_outputs = scheduler.update_from_output(done_output, done_runner)
+            for outputs in engine_outputs.values():
+                finished += sum(1 for o in outputs.outputs if o.finish_reason is not None)
+        step += 1
+    return tally.result(plan, workload, profile, steps=step, prefix_caching=prefix_caching)
+
+
+def _scheduler(
+    plan: KVCachePlan, profile: VllmProfile, max_num_batched_tokens: int, prefix_caching: bool
+) -> tuple[Scheduler, Any]:
+    """vLLM's scheduler on ``plan``, and the block hasher its requests take (``None`` without caching)."""
     config = _config(plan, profile, max_num_batched_tokens, prefix_caching)
     kv_config = plan_to_vllm_config(plan)
     sizes = [g.kv_cache_spec.block_size for g in kv_config.kv_cache_groups]
@@ -162,88 +208,82 @@ def run_vllm_scheduler(
         hash_fn = get_hash_fn_by_name(config.cache_config.prefix_caching_hash_algo)
         init_none_hash(hash_fn)
         hasher = request_block_hasher(hash_block, hash_fn, config)
-    requests = workload.requests
-    by_id: dict[str, int] = {}
-    prefixes: dict[object, int] = {}
-    pending = deque(range(len(requests)))
-    lag = 1 if profile.async_scheduling else 0
-    in_flight: deque[tuple[SchedulerOutput, ModelRunnerOutput]] = deque()
-    running_series: list[int] = []
-    usage_series: list[float] = []
-    first = [-1] * len(requests)
-    total = preemptions = recomputed = cached = looked_up = 0
-    finished = 0
-    step = 0
-    while finished < len(requests):
-        if step >= max_steps:
-            raise VllmIntegrationError(f"vLLM's scheduler did not finish the workload in {max_steps} steps")
-        while pending and requests[pending[0]].arrival_step <= step:
-            i = pending.popleft()
-            r = requests[i]
-            prefix = prefixes.setdefault(r.prefix_id, len(prefixes))
-            tokens = _tokens(i, r.prompt_tokens, prefix, r.prefix_tokens)
-            params = SamplingParams(max_tokens=r.output_tokens, ignore_eos=True)
-            scheduler.add_request(Request(f"r{i}", tokens, params, None, block_hasher=hasher))
-            by_id[f"r{i}"] = i
-        if not scheduler.has_requests() and not in_flight:  # idle: nothing has arrived yet
-            running_series.append(0)
-            usage_series.append(0.0)
-            step += 1
-            continue
-        before = {rid: scheduler.requests[rid].num_computed_tokens for rid in scheduler.requests}
-        output = scheduler.schedule()
-        preemptions += len(output.preempted_req_ids or ())
+    return scheduler, hasher
+
+
+def _sampled(scheduler: Scheduler, output: SchedulerOutput, by_id: Mapping[str, int]) -> ModelRunnerOutput:
+    """The model runner's output for ``output``: one token for each request whose chunk reaches its end."""
+    ids = list(output.num_scheduled_tokens)
+    # the token is the request's own next one (at position num_computed_tokens), so that its hash
+    # is the request's alone
+    sampled = [
+        []
+        if scheduler.requests[rid].is_prefill_chunk
+        else [_OWN_TOKENS * (by_id[rid] + 1) + scheduler.requests[rid].num_computed_tokens]
+        for rid in ids
+    ]
+    return model_runner_output(ids, sampled)
+
+
+@attrs.define
+class _Tally:
+    """The figures counted step by step while vLLM's scheduler runs the workload."""
+
+    first: list[int]  # each request's first scheduled step (-1 until then)
+    running: list[int] = attrs.Factory(list)
+    usage: list[float] = attrs.Factory(list)
+    total: int = 0
+    preemptions: int = 0
+    recomputed: int = 0
+    cached: int = 0
+    looked_up: int = 0
+
+    def count(
+        self,
+        scheduler: Scheduler,
+        output: SchedulerOutput,
+        before: Mapping[str, int],
+        by_id: Mapping[str, int],
+        step: int,
+    ) -> None:
+        self.preemptions += len(output.preempted_req_ids or ())
         for rid in output.preempted_req_ids or ():
-            recomputed += before.get(rid, 0)
+            self.recomputed += before.get(rid, 0)
         for rid in admitted_request_ids(output):
             request = scheduler.requests[rid]
-            hit = request.num_computed_tokens - output.num_scheduled_tokens[rid]
-            cached += hit
-            looked_up += request.num_tokens
+            self.cached += request.num_computed_tokens - output.num_scheduled_tokens[rid]
+            self.looked_up += request.num_tokens
             i = by_id[rid]
-            if first[i] < 0:
-                first[i] = step
-        total += output.total_num_scheduled_tokens
-        running_series.append(len(scheduler.running))
-        usage_series.append(scheduler.get_kv_cache_usage())
-        ids = list(output.num_scheduled_tokens)
-        # a request samples when its chunk reaches its end; the token is its own next one (at
-        # position num_computed_tokens), so that its hash is the request's alone
-        sampled = [
-            []
-            if scheduler.requests[rid].is_prefill_chunk
-            else [_OWN_TOKENS * (by_id[rid] + 1) + scheduler.requests[rid].num_computed_tokens]
-            for rid in ids
-        ]
-        runner_output = model_runner_output(ids, sampled)
-        in_flight.append((output, runner_output))
-        while len(in_flight) > lag:
-            done_output, done_runner = in_flight.popleft()
-            engine_outputs = scheduler.update_from_output(done_output, done_runner)
-            for outputs in engine_outputs.values():
-                finished += sum(1 for o in outputs.outputs if o.finish_reason is not None)
-        step += 1
-    delays = sorted(f - r.arrival_step for f, r in zip(first, requests, strict=True) if f >= 0)
-    steps = step
-    return SimulationResult(
-        policy=plan.policy,
-        num_requests=len(requests),
-        steps=steps,
-        mean_running=sum(running_series) / steps if steps else 0.0,
-        peak_running=max(running_series, default=0),
-        tokens_per_step=total / steps if steps else 0.0,
-        total_tokens=total,
-        recomputed_tokens=recomputed,
-        preemptions=preemptions,
-        mean_queue_delay=sum(delays) / len(delays) if delays else 0.0,
-        p99_queue_delay=float(percentile(delays, 99)) if delays else 0.0,
-        mean_pool_usage=sum(usage_series) / steps if steps else 0.0,
-        peak_pool_usage=max(usage_series, default=0.0),
-        running=tuple(running_series),
-        pool_usage=tuple(usage_series),
-        prefix_caching=prefix_caching,
-        cached_tokens=cached,
-        prefix_hit_rate=cached / looked_up if looked_up else 0.0,
-        scheduler="vllm (vLLM's own Scheduler)",
-        scheduler_settings=profile.settings(),
-    )
+            if self.first[i] < 0:
+                self.first[i] = step
+        self.total += output.total_num_scheduled_tokens
+        self.running.append(len(scheduler.running))
+        self.usage.append(scheduler.get_kv_cache_usage())
+
+    def result(
+        self, plan: KVCachePlan, workload: Workload, profile: VllmProfile, *, steps: int, prefix_caching: bool
+    ) -> SimulationResult:
+        requests = workload.requests
+        delays = sorted(f - r.arrival_step for f, r in zip(self.first, requests, strict=True) if f >= 0)
+        return SimulationResult(
+            policy=plan.policy,
+            num_requests=len(requests),
+            steps=steps,
+            mean_running=sum(self.running) / steps if steps else 0.0,
+            peak_running=max(self.running, default=0),
+            tokens_per_step=self.total / steps if steps else 0.0,
+            total_tokens=self.total,
+            recomputed_tokens=self.recomputed,
+            preemptions=self.preemptions,
+            mean_queue_delay=sum(delays) / len(delays) if delays else 0.0,
+            p99_queue_delay=float(percentile(delays, 99)) if delays else 0.0,
+            mean_pool_usage=sum(self.usage) / steps if steps else 0.0,
+            peak_pool_usage=max(self.usage, default=0.0),
+            running=tuple(self.running),
+            pool_usage=tuple(self.usage),
+            prefix_caching=prefix_caching,
+            cached_tokens=self.cached,
+            prefix_hit_rate=self.cached / self.looked_up if self.looked_up else 0.0,
+            scheduler="vllm (vLLM's own Scheduler)",
+            scheduler_settings=profile.settings(),
+        )
