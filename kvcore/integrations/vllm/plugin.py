@@ -38,6 +38,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from kvcore.integrations.vllm.rules import VllmRules
     from kvcore.plan import KVCachePlan
 
 #: The environment variable that turns the plugin on and names the policy.
@@ -167,11 +168,39 @@ def kvcore_plans(
             or vLLM's scheduler counts tokens in flight differently.
         KVCoreError: the policy cannot plan the layers or the budget holds no request.
     """
+    from kvcore.integrations.vllm.convert import specs_from_vllm
+    from kvcore.integrations.vllm.rules import plan_for_vllm
+    from kvcore.planning.registry import Registry
+
+    rules = _engine_rules(vllm_config, kv_cache_specs)
+    registry = (make_registry or Registry.default)()
+    override = vllm_config.cache_config.num_gpu_blocks_override
+    workers = [
+        specs_from_vllm(specs, rename=False, max_encoder_tokens=rules.max_encoder_tokens)
+        for specs in kv_cache_specs
+    ]
+
+    def plan_all(num_blocks: int | None) -> list[KVCachePlan]:
+        return [
+            plan_for_vllm(
+                rules.request(specs, memory, policy=policy, num_blocks=num_blocks), rules, registry=registry
+            )
+            for specs, memory in zip(workers, available_memory, strict=True)
+        ]
+
+    plans = plan_all(override)
+    fewest = min(plan.num_blocks for plan in plans)
+    if any(plan.num_blocks != fewest for plan in plans):
+        plans = plan_all(fewest)
+    return plans
+
+
+def _engine_rules(vllm_config: Any, kv_cache_specs: Sequence[dict[str, Any]]) -> VllmRules:
+    """vLLM's rules as this engine runs them, or an error where kvcore cannot plan for it (a
+    layout that splits pages, tokens in flight counted differently); warns of lookahead slots."""
     from vllm.v1 import kv_cache_interface as vk
 
-    from kvcore.integrations.vllm.convert import specs_from_vllm
-    from kvcore.integrations.vllm.rules import VllmIntegrationError, VllmRules, plan_for_vllm
-    from kvcore.planning.registry import Registry
+    from kvcore.integrations.vllm.rules import VllmIntegrationError, VllmRules
 
     layout = vllm_config.cache_config.kv_cache_layout
     if layout is not None and layout not in ("LBHNC", "LBNHC", "BLHNC", "BLNHC"):
@@ -202,26 +231,7 @@ def kvcore_plans(
             "not count; a request near max_model_len may find fewer blocks than the plan says",
             lookahead,
         )
-    registry = (make_registry or Registry.default)()
-    override = vllm_config.cache_config.num_gpu_blocks_override
-    workers = [
-        specs_from_vllm(specs, rename=False, max_encoder_tokens=rules.max_encoder_tokens)
-        for specs in kv_cache_specs
-    ]
-
-    def plan_all(num_blocks: int | None) -> list[KVCachePlan]:
-        return [
-            plan_for_vllm(
-                rules.request(specs, memory, policy=policy, num_blocks=num_blocks), rules, registry=registry
-            )
-            for specs, memory in zip(workers, available_memory, strict=True)
-        ]
-
-    plans = plan_all(override)
-    fewest = min(plan.num_blocks for plan in plans)
-    if any(plan.num_blocks != fewest for plan in plans):
-        plans = plan_all(fewest)
-    return plans
+    return rules
 
 
 def _say_whose_concurrency(vllm_config: Any, configs: Sequence[Any], promised: float) -> None:

@@ -96,37 +96,13 @@ def decode_greedy(
         )
     if len({r.request_id for r in requests}) != len(requests):
         raise InvalidInputError(f"request ids must be unique (got {[r.request_id for r in requests]})")
-    pool = runner.pool
     waiting = deque(requests)
     running: list[_Running] = []
     done: dict[Hashable, Generation] = {}
     plan = runner.plan
-    capacity = [plan.pools[p].num_blocks for p in range(len(plan.pools))]
     committed = [0] * len(plan.pools)
     while waiting or running:
-        while waiting:
-            request = waiting[0]
-            length = len(request.prompt) + request.max_new_tokens
-            need = pool.request_blocks_needed(length)
-            short = [p for p, n in enumerate(need) if n > capacity[p]]
-            if short:
-                p = short[0]
-                where = "" if len(capacity) == 1 else f" (pool {p})"
-                raise InsufficientMemoryError(
-                    f"request {request.request_id!r} of {length} tokens needs {need[p]} blocks{where} at its "
-                    f"worst but the pool has {capacity[p]}; plan more blocks or shorten the request",
-                    required_bytes=sum(n * plan.pools[q].bytes_per_block for q, n in enumerate(need)),
-                    available_bytes=plan.kv_cache_bytes,
-                    max_model_len=length,
-                    largest_fitting_len=plan.largest_fitting_len(length),
-                )
-            if any(committed[p] + n > capacity[p] for p, n in enumerate(need)):
-                break
-            waiting.popleft()
-            committed = [c + n for c, n in zip(committed, need, strict=True)]
-            if request.encoder_inputs is not None:
-                runner.encode(request.request_id, request.encoder_inputs)
-            running.append(_Running(request=request, need=need, admitted_step=runner.num_steps))
+        committed = _admit(runner, waiting, running, committed)
         batch: list[tuple[_Running, tuple[int, ...]]] = []
         left = budget
         for state in sorted(running, key=lambda s: s.prefilling):  # decodes first, then prefill chunks
@@ -160,3 +136,40 @@ def decode_greedy(
                     finished_step=runner.num_steps - 1,
                 )
     return done
+
+
+def _admit(
+    runner: PagedAttentionRunner, waiting: deque[DecodeRequest], running: list[_Running], committed: list[int]
+) -> list[int]:
+    """Admit waiting requests in order while each pool can still hold every admitted request's
+    worst case; returns the blocks committed per pool.
+
+    Raises:
+        InsufficientMemoryError: a request needs more blocks than the whole pool has.
+    """
+    plan = runner.plan
+    capacity = [pool.num_blocks for pool in plan.pools]
+    while waiting:
+        request = waiting[0]
+        length = len(request.prompt) + request.max_new_tokens
+        need = runner.pool.request_blocks_needed(length)
+        short = [p for p, n in enumerate(need) if n > capacity[p]]
+        if short:
+            p = short[0]
+            where = "" if len(capacity) == 1 else f" (pool {p})"
+            raise InsufficientMemoryError(
+                f"request {request.request_id!r} of {length} tokens needs {need[p]} blocks{where} at its "
+                f"worst but the pool has {capacity[p]}; plan more blocks or shorten the request",
+                required_bytes=sum(n * plan.pools[q].bytes_per_block for q, n in enumerate(need)),
+                available_bytes=plan.kv_cache_bytes,
+                max_model_len=length,
+                largest_fitting_len=plan.largest_fitting_len(length),
+            )
+        if any(committed[p] + n > capacity[p] for p, n in enumerate(need)):
+            break
+        waiting.popleft()
+        committed = [c + n for c, n in zip(committed, need, strict=True)]
+        if request.encoder_inputs is not None:
+            runner.encode(request.request_id, request.encoder_inputs)
+        running.append(_Running(request=request, need=need, admitted_step=runner.num_steps))
+    return committed
