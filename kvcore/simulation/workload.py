@@ -478,45 +478,11 @@ def synthetic(
         InvalidInputError: an argument is out of range, or the rate is so low that arrivals
             would run past :data:`MAX_ARRIVAL_STEP`.
     """
-    check_int(count, "'count'", minimum=1)
-    check_at_most(
-        count, MAX_REQUESTS, "'count' (kvcore.simulation.workload.MAX_REQUESTS)", "simulate fewer requests"
-    )
-    check_int(max_model_len, "'max_model_len'", minimum=2)
-    check_at_most(
-        max_model_len, MAX_TOKENS, "'max_model_len' (kvcore.limits.MAX_TOKENS)", "give a shorter length"
-    )
-    check_int(seed, "'seed'")
-    unit = "second" if per_second else "step"
-    if rate is not None and (not is_number(rate) or not math.isfinite(rate) or rate <= 0):
-        raise InvalidInputError(f"'rate' must be a number of requests per {unit} > 0, or None (got {rate!r})")
-    if not is_number(prefix_share) or not 0 <= prefix_share <= 1:
-        raise InvalidInputError(f"'prefix_share' must be a number from 0 to 1 (got {prefix_share!r})")
-    check_int(prefix_tokens, "'prefix_tokens'", minimum=0, below=max_model_len - 1)
+    _check_synthetic(count, max_model_len, seed, rate, prefix_share, prefix_tokens, per_second=per_second)
     rng = random.Random(seed)
     prompts = prompt.sample(rng, count, max_model_len - 1)
     outputs = output.sample(rng, count, max_model_len - 1)
-    arrivals = [0] * count
-    times: list[float | None] = [0.0 if per_second else None] * count
-    if rate is not None:
-        now = 0.0
-        for index in range(count):
-            now += rng.expovariate(rate)
-            arrivals[index] = int(now)
-            if per_second:
-                times[index] = now
-        if per_second:
-            arrivals = [0] * count  # the times say when
-            if now > MAX_ARRIVAL_TIME:
-                raise InvalidInputError(
-                    f"at {rate:g} requests per second, {count} requests arrive until {now:,.0f} s, past "
-                    f"{MAX_ARRIVAL_TIME:,.0f} s (kvcore.simulation.workload.MAX_ARRIVAL_TIME); raise the rate"
-                )
-        elif arrivals[-1] > MAX_ARRIVAL_STEP:
-            raise InvalidInputError(
-                f"at {rate:g} requests per step, {count} requests arrive until step {arrivals[-1]:,}, past "
-                f"{MAX_ARRIVAL_STEP:,} (kvcore.simulation.workload.MAX_ARRIVAL_STEP); raise the rate"
-            )
+    arrivals, times = _poisson_arrivals(rng, count, rate, per_second=per_second)
     shared = [False] * count
     if prefix_share and prefix_tokens:  # drawn after the rest, so the other draws stay the same
         shared = [rng.random() < prefix_share for _ in range(count)]
@@ -540,3 +506,61 @@ def synthetic(
     if prefix_share and prefix_tokens:
         name += f", {prefix_share:g} share a {prefix_tokens}-token prefix"
     return Workload(tuple(requests), name=name)
+
+
+def _check_synthetic(
+    count: int,
+    max_model_len: int,
+    seed: int,
+    rate: float | None,
+    prefix_share: float,
+    prefix_tokens: int,
+    *,
+    per_second: bool,
+) -> None:
+    """:func:`synthetic`'s argument checks (its ``Raises``)."""
+    check_int(count, "'count'", minimum=1)
+    check_at_most(
+        count, MAX_REQUESTS, "'count' (kvcore.simulation.workload.MAX_REQUESTS)", "simulate fewer requests"
+    )
+    check_int(max_model_len, "'max_model_len'", minimum=2)
+    check_at_most(
+        max_model_len, MAX_TOKENS, "'max_model_len' (kvcore.limits.MAX_TOKENS)", "give a shorter length"
+    )
+    check_int(seed, "'seed'")
+    unit = "second" if per_second else "step"
+    if rate is not None and (not is_number(rate) or not math.isfinite(rate) or rate <= 0):
+        raise InvalidInputError(f"'rate' must be a number of requests per {unit} > 0, or None (got {rate!r})")
+    if not is_number(prefix_share) or not 0 <= prefix_share <= 1:
+        raise InvalidInputError(f"'prefix_share' must be a number from 0 to 1 (got {prefix_share!r})")
+    check_int(prefix_tokens, "'prefix_tokens'", minimum=0, below=max_model_len - 1)
+
+
+def _poisson_arrivals(
+    rng: random.Random, count: int, rate: float | None, *, per_second: bool
+) -> tuple[list[int], list[float | None]]:
+    """Each request's arrival step and time: all at once without ``rate``, else a Poisson process
+    (steps, or with ``per_second`` times in seconds and every step 0)."""
+    arrivals = [0] * count
+    times: list[float | None] = [0.0 if per_second else None] * count
+    if rate is None:
+        return arrivals, times
+    now = 0.0
+    for index in range(count):
+        now += rng.expovariate(rate)
+        arrivals[index] = int(now)
+        if per_second:
+            times[index] = now
+    if per_second:
+        if now > MAX_ARRIVAL_TIME:
+            raise InvalidInputError(
+                f"at {rate:g} requests per second, {count} requests arrive until {now:,.0f} s, past "
+                f"{MAX_ARRIVAL_TIME:,.0f} s (kvcore.simulation.workload.MAX_ARRIVAL_TIME); raise the rate"
+            )
+        return [0] * count, times  # the times say when
+    if arrivals[-1] > MAX_ARRIVAL_STEP:
+        raise InvalidInputError(
+            f"at {rate:g} requests per step, {count} requests arrive until step {arrivals[-1]:,}, past "
+            f"{MAX_ARRIVAL_STEP:,} (kvcore.simulation.workload.MAX_ARRIVAL_STEP); raise the rate"
+        )
+    return arrivals, times
