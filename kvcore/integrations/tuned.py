@@ -202,37 +202,9 @@ def vllm_settings(
     """
     plan = _plan_of(trial)
     knobs = trial.knobs
-    cannot: list[tuple[str, str]] = []
+    cannot = _vllm_cannot_express(trial, plan)
     sizes = sorted({g.spec.block_size for g in plan.groups if g.spec.tokens_per_page})
     block = sizes[0] if sizes else None
-    if len(sizes) > 1:
-        cannot.append(
-            (
-                f"block sizes {sizes}",
-                "vLLM's --block-size is one number; kvcore's plugin sets each group's own block size",
-            )
-        )
-    runs = sorted({g.blocks_per_page for g in plan.groups if g.blocks_per_page > 1})
-    if runs and any(g.spec.tokens_per_page for g in plan.groups if g.blocks_per_page > 1):
-        cannot.append(
-            (
-                f"attention pages over runs of {runs} block ids ({knobs.policy})",
-                "vLLM's managers hand each group one block id per page, and no attention block size "
-                "gives every kind's page one; serve this candidate with kvcore's runtime or take the best "
-                "candidate vLLM runs",
-            )
-        )
-    if len(plan.pools) > 1:
-        shares = (
-            ", ".join(f"{100 * s:.1f}%" for s in trial.pool_split) if trial.pool_split else "by worst case"
-        )
-        cannot.append(
-            (
-                f"{len(plan.pools)} block pools split {shares}",
-                "vLLM runs one block pool for every group; serve this candidate with SGLang (its "
-                "--swa-full-tokens-ratio is the split) or take the best one-pool candidate for vLLM",
-            )
-        )
     flags = [
         Flag(name="--kv-cache-memory-bytes", value=str(available_bytes), why="the KV-cache budget, exactly"),
         Flag(name="--max-num-seqs", value=str(knobs.max_num_seqs), why="requests running at once, at most"),
@@ -247,28 +219,9 @@ def vllm_settings(
         flags.insert(
             0, Flag(name="--block-size", value=str(block), why="tokens per block of attention layers")
         )
-    variant = variant_specs(specs, block_size=knobs.block_size, kv_cache_dtype=knobs.kv_cache_dtype)
-    # the candidate's own step budget: its plan's context already counts vLLM's batches in flight
-    rules = VllmRules(
-        max_model_len=plan.context.max_model_len,
-        max_num_batched_tokens=knobs.max_num_batched_tokens,
-        async_scheduling=async_scheduling,
-        max_encoder_tokens=plan.context.max_encoder_tokens,
+    own_plan, engine_tokens, detail = _vllm_own_grouping(
+        trial, plan, specs, available_bytes, registry=registry, async_scheduling=async_scheduling
     )
-    own_plan: KVCachePlan | None = None
-    try:
-        own_plan = plan_for_vllm(
-            rules.request(
-                variant, available_bytes, policy=VLLM_OWN_POLICY, options=PlanOptions(mixed_pages=False)
-            ),
-            rules,
-            registry=registry,
-        )
-        engine_tokens: float | None = own_plan.max_concurrency()
-        detail = f"vLLM's own grouping (modelled by {VLLM_OWN_POLICY}, one page size per group)"
-    except KVCoreError as exc:
-        # the first clause says what is short; the fix that follows is for a plan, not for flags
-        engine_tokens, detail = None, f"vLLM's own grouping holds no request here: {str(exc).split(';')[0]}"
     if own_plan is None or _pools(own_plan) != _pools(plan):
         # vLLM's own sizing makes another plan: only kvcore's plugin runs this one
         flags.append(
@@ -288,6 +241,74 @@ def vllm_settings(
         engine_detail=detail,
         plan=plan if len(plan.pools) == 1 else None,
     )
+
+
+def _vllm_cannot_express(trial: Trial, plan: KVCachePlan) -> list[tuple[str, str]]:
+    """What of ``trial``'s plan vLLM's flags cannot say, each with what to do instead."""
+    cannot: list[tuple[str, str]] = []
+    sizes = sorted({g.spec.block_size for g in plan.groups if g.spec.tokens_per_page})
+    if len(sizes) > 1:
+        cannot.append(
+            (
+                f"block sizes {sizes}",
+                "vLLM's --block-size is one number; kvcore's plugin sets each group's own block size",
+            )
+        )
+    runs = sorted({g.blocks_per_page for g in plan.groups if g.blocks_per_page > 1})
+    if runs and any(g.spec.tokens_per_page for g in plan.groups if g.blocks_per_page > 1):
+        cannot.append(
+            (
+                f"attention pages over runs of {runs} block ids ({trial.knobs.policy})",
+                "vLLM's managers hand each group one block id per page, and no attention block size "
+                "gives every kind's page one; serve this candidate with kvcore's runtime or take the best "
+                "candidate vLLM runs",
+            )
+        )
+    if len(plan.pools) > 1:
+        shares = _split_text(trial)
+        cannot.append(
+            (
+                f"{len(plan.pools)} block pools split {shares}",
+                "vLLM runs one block pool for every group; serve this candidate with SGLang (its "
+                "--swa-full-tokens-ratio is the split) or take the best one-pool candidate for vLLM",
+            )
+        )
+    return cannot
+
+
+def _vllm_own_grouping(
+    trial: Trial,
+    plan: KVCachePlan,
+    specs: Mapping[str, KVCacheSpec],
+    available_bytes: int,
+    *,
+    registry: Registry,
+    async_scheduling: bool,
+) -> tuple[KVCachePlan | None, float | None, str]:
+    """vLLM's own grouping of the same layers under ``trial``'s settings: its plan (``None`` where
+    it holds no request), its concurrency, and a line saying which."""
+    knobs = trial.knobs
+    variant = variant_specs(specs, block_size=knobs.block_size, kv_cache_dtype=knobs.kv_cache_dtype)
+    # the candidate's own step budget: its plan's context already counts vLLM's batches in flight
+    rules = VllmRules(
+        max_model_len=plan.context.max_model_len,
+        max_num_batched_tokens=knobs.max_num_batched_tokens,
+        async_scheduling=async_scheduling,
+        max_encoder_tokens=plan.context.max_encoder_tokens,
+    )
+    try:
+        own_plan = plan_for_vllm(
+            rules.request(
+                variant, available_bytes, policy=VLLM_OWN_POLICY, options=PlanOptions(mixed_pages=False)
+            ),
+            rules,
+            registry=registry,
+        )
+    except KVCoreError as exc:
+        # the first clause says what is short; the fix that follows is for a plan, not for flags
+        return None, None, f"vLLM's own grouping holds no request here: {str(exc).split(';')[0]}"
+    detail = f"vLLM's own grouping (modelled by {VLLM_OWN_POLICY}, one page size per group)"
+    return own_plan, own_plan.max_concurrency(), detail
 
 
 def sglang_settings(
@@ -324,7 +345,6 @@ def sglang_settings(
     """
     plan = _plan_of(trial)
     knobs = trial.knobs
-    cannot: list[tuple[str, str]] = []
     variant = variant_specs(model.specs, block_size=knobs.block_size, kv_cache_dtype=knobs.kv_cache_dtype)
     page = model.page_size(min((g.spec.block_size for g in plan.groups if g.spec.tokens_per_page), default=1))
     rules = SglangRules(
@@ -334,36 +354,7 @@ def sglang_settings(
     )
     paged = sglang_specs(variant, rules)
     pools = check_specs(paged)
-    if model.sliding_in_full_pool:
-        shares = (
-            ", ".join(f"{100 * s:.1f}%" for s in trial.pool_split) if trial.pool_split else "by worst case"
-        )
-        split = f"{len(plan.pools)} pools split {shares}" if len(plan.pools) > len(pools) else ""
-        cannot.append(
-            (
-                split or "a pool of its own for the sliding layers",
-                f"{model.note()}: no --swa-full-tokens-ratio",
-            )
-        )
-    several = len(pools) > 1  # with one SGLang pool, every layout of it is SGLang's own
-    if several and knobs.policy == UNIFIED_POLICY:
-        cannot.append(
-            (
-                f"policy {knobs.policy}",
-                "the kinds lend each other one buffer's rows; SGLang's unified memory pool "
-                "(--enable-unified-memory) lends one buffer only between an attention and a Mamba "
-                "sub-pool, and keeps sliding-window layers in a pool of their own; its settings are "
-                "kind_pools' split by the worst case",
-            )
-        )
-    elif several and knobs.policy != "kind_pools":
-        cannot.append(
-            (
-                f"policy {knobs.policy}",
-                "SGLang keeps each attention kind in a pool of its own; its settings are kind_pools' "
-                "with this candidate's split",
-            )
-        )
+    cannot = _sglang_cannot_express(trial, plan, model, pools)
     options = (
         PlanOptions(pool_split=trial.pool_split)
         if trial.pool_split and len(pools) == len(trial.pool_split)
@@ -404,18 +395,7 @@ def sglang_settings(
                 why="(weights + KV budget) / GPU memory: SGLang's KV budget is gpu x fraction - weights",
             )
         )
-    try:
-        own_rules = attrs.evolve(rules, swa_full_tokens_ratio=ratio) if ratio else rules
-        own = own_pool_sizes(paged, available_bytes, own_rules)
-        engine_tokens: float | None = own.full_tokens + own.swa_tokens
-        detail = (
-            f"SGLang's own configurator with these flags: full {own.full_tokens:,} + sliding "
-            f"{own.swa_tokens:,} tokens"
-            if own.is_hybrid_swa
-            else "SGLang's own configurator with these flags"  # its figure, the tokens, follows
-        )
-    except KVCoreError as exc:
-        engine_tokens, detail = None, f"SGLang's own configurator refuses: {str(exc).split(';')[0]}"
+    engine_tokens, detail = _sglang_own_sizing(paged, available_bytes, rules, ratio)
     return EngineSettings(
         engine="sglang",
         flags=tuple(flags),
@@ -425,6 +405,66 @@ def sglang_settings(
         engine_detail=detail,
         plan=sglang_plan,
     )
+
+
+def _sglang_cannot_express(
+    trial: Trial, plan: KVCachePlan, model: SglangModel, pools: Mapping[Any, Any]
+) -> list[tuple[str, str]]:
+    """What of ``trial``'s plan SGLang's flags cannot say, each with what SGLang runs instead."""
+    knobs = trial.knobs
+    cannot: list[tuple[str, str]] = []
+    if model.sliding_in_full_pool:
+        shares = _split_text(trial)
+        split = f"{len(plan.pools)} pools split {shares}" if len(plan.pools) > len(pools) else ""
+        cannot.append(
+            (
+                split or "a pool of its own for the sliding layers",
+                f"{model.note()}: no --swa-full-tokens-ratio",
+            )
+        )
+    several = len(pools) > 1  # with one SGLang pool, every layout of it is SGLang's own
+    if several and knobs.policy == UNIFIED_POLICY:
+        cannot.append(
+            (
+                f"policy {knobs.policy}",
+                "the kinds lend each other one buffer's rows; SGLang's unified memory pool "
+                "(--enable-unified-memory) lends one buffer only between an attention and a Mamba "
+                "sub-pool, and keeps sliding-window layers in a pool of their own; its settings are "
+                "kind_pools' split by the worst case",
+            )
+        )
+    elif several and knobs.policy != "kind_pools":
+        cannot.append(
+            (
+                f"policy {knobs.policy}",
+                "SGLang keeps each attention kind in a pool of its own; its settings are kind_pools' "
+                "with this candidate's split",
+            )
+        )
+    return cannot
+
+
+def _sglang_own_sizing(
+    paged: Mapping[str, KVCacheSpec], available_bytes: int, rules: SglangRules, ratio: float | None
+) -> tuple[float | None, str]:
+    """The tokens SGLang's own configurator holds with the flags, and a line saying how."""
+    try:
+        own_rules = attrs.evolve(rules, swa_full_tokens_ratio=ratio) if ratio else rules
+        own = own_pool_sizes(paged, available_bytes, own_rules)
+        detail = (
+            f"SGLang's own configurator with these flags: full {own.full_tokens:,} + sliding "
+            f"{own.swa_tokens:,} tokens"
+            if own.is_hybrid_swa
+            else "SGLang's own configurator with these flags"  # its figure, the tokens, follows
+        )
+    except KVCoreError as exc:
+        return None, f"SGLang's own configurator refuses: {str(exc).split(';')[0]}"
+    return own.full_tokens + own.swa_tokens, detail
+
+
+def _split_text(trial: Trial) -> str:
+    """``'60.0%, 40.0%'``: the candidate's pool split, or ``'by worst case'`` where it sets none."""
+    return ", ".join(f"{100 * s:.1f}%" for s in trial.pool_split) if trial.pool_split else "by worst case"
 
 
 def _pools(plan: KVCachePlan) -> tuple[object, ...]:
