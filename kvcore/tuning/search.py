@@ -630,25 +630,8 @@ def tune(
         on_trial=on_trial,
     )
     default = search.trial(space.default())
-    best = default
     varied = [knob for knob in KNOBS if len(space.values(knob)) > 1]
-    for _ in range(max_passes):
-        changed = False
-        for knob in varied:
-            base = best.knobs
-            tried = [search.trial(attrs.evolve(base, **{knob: v})) for v in space.values(knob)]
-            if knob == "policy":  # a policy of several pools competes with its best split
-                tried += [
-                    search.trial(attrs.evolve(t.knobs, split_shift=shift))
-                    for t in list(tried)
-                    if t.plan is not None and len(t.plan.pools) > 1
-                    for shift in space.split_shifts
-                ]
-            for trial in tried:
-                if trial.ok and better(trial, best):
-                    best, changed = trial, True
-        if not changed:
-            break
+    best = _coordinate_ascent(search, space, default, varied, max_passes)
     # what each knob buys alone, from the default (mostly runs the search already made)
     effects = [
         _effect(
@@ -674,6 +657,32 @@ def tune(
         plans=sum(1 for plan, _, _ in search.plans.values() if plan is not None),
         grid_size=space.size,
     )
+
+
+def _coordinate_ascent(
+    search: _Search, space: SearchSpace, default: Trial, varied: Sequence[str], max_passes: int
+) -> Trial:
+    """The best trial found by varying one knob at a time from the best so far, pass after pass,
+    until a pass changes nothing or ``max_passes`` have run."""
+    best = default
+    for _ in range(max_passes):
+        changed = False
+        for knob in varied:
+            base = best.knobs
+            tried = [search.trial(attrs.evolve(base, **{knob: v})) for v in space.values(knob)]
+            if knob == "policy":  # a policy of several pools competes with its best split
+                tried += [
+                    search.trial(attrs.evolve(t.knobs, split_shift=shift))
+                    for t in list(tried)
+                    if t.plan is not None and len(t.plan.pools) > 1
+                    for shift in space.split_shifts
+                ]
+            for trial in tried:
+                if trial.ok and better(trial, best):
+                    best, changed = trial, True
+        if not changed:
+            break
+    return best
 
 
 def _effect(knob: str, default: Trial, tried: Sequence[Trial]) -> KnobEffect:
