@@ -34,6 +34,7 @@ from kvcore.dtypes import dtype_name, to_dtype
 from kvcore.errors import KVCoreError, PolicyNotApplicableError
 from kvcore.integrations.sglang.model import SglangModel
 from kvcore.integrations.sglang.rules import (
+    SglangPoolSizes,
     SglangRules,
     check_specs,
     own_pool_sizes,
@@ -364,6 +365,30 @@ def sglang_settings(
         rules.request(variant, available_bytes, options=options), rules, registry=registry
     )
     sizes = pool_sizes(sglang_plan, paged)
+    flags, ratio = _sglang_flags(trial, page, sizes, available_bytes, gpu_memory=gpu_memory, weights=weights)
+    engine_tokens, detail = _sglang_own_sizing(paged, available_bytes, rules, ratio)
+    return EngineSettings(
+        engine="sglang",
+        flags=tuple(flags),
+        cannot_express=tuple(cannot),
+        kvcore_tokens=sizes.full_tokens + sizes.swa_tokens,
+        engine_tokens=engine_tokens,
+        engine_detail=detail,
+        plan=sglang_plan,
+    )
+
+
+def _sglang_flags(
+    trial: Trial,
+    page: int,
+    sizes: SglangPoolSizes,
+    available_bytes: int,
+    *,
+    gpu_memory: int | None,
+    weights: int | None,
+) -> tuple[list[Flag], float | None]:
+    """SGLang's flags for ``trial`` with the pools ``sizes`` gives, and its sliding-to-full ratio."""
+    knobs = trial.knobs
     flags = [
         Flag(name="--page-size", value=str(page), why="tokens per page of every pool"),
         Flag(name="--max-running-requests", value=str(knobs.max_num_seqs), why="requests running at once"),
@@ -395,16 +420,7 @@ def sglang_settings(
                 why="(weights + KV budget) / GPU memory: SGLang's KV budget is gpu x fraction - weights",
             )
         )
-    engine_tokens, detail = _sglang_own_sizing(paged, available_bytes, rules, ratio)
-    return EngineSettings(
-        engine="sglang",
-        flags=tuple(flags),
-        cannot_express=tuple(cannot),
-        kvcore_tokens=sizes.full_tokens + sizes.swa_tokens,
-        engine_tokens=engine_tokens,
-        engine_detail=detail,
-        plan=sglang_plan,
-    )
+    return flags, ratio
 
 
 def _sglang_cannot_express(

@@ -632,6 +632,24 @@ def tune(
     default = search.trial(space.default())
     varied = [knob for knob in KNOBS if len(space.values(knob)) > 1]
     best = _coordinate_ascent(search, space, default, varied, max_passes)
+    return _result(search, space, default, best, varied, objective=objective, timed=step_time is not None)
+
+
+def _result(
+    search: _Search,
+    space: SearchSpace,
+    default: Trial,
+    best: Trial,
+    varied: Sequence[str],
+    *,
+    objective: str,
+    timed: bool,
+) -> TuneResult:
+    """The search's result, with what each knob buys alone from the default.
+
+    Raises:
+        InvalidInputError: no candidate could be planned and run.
+    """
     # what each knob buys alone, from the default (mostly runs the search already made)
     effects = [
         _effect(
@@ -647,7 +665,7 @@ def tune(
         raise InvalidInputError(f"no candidate could be planned and run: {reasons or 'no candidates'}")
     return TuneResult(
         objective=objective,
-        latency_unit="s" if step_time is not None else "steps",
+        latency_unit="s" if timed else "steps",
         default=default,
         best=best,
         trials=trials,
