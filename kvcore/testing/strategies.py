@@ -512,27 +512,7 @@ def hand_built_multi_pool_plans(
     align_all = math.lcm(*(s.alignment_bytes for _, _, pg in drawn for m in pg for _, s in m))
     offset = 0
     for p, (num_blocks, shared, pool_groups) in enumerate(drawn):
-        # the pool's row: (layers, width, alignment) of each tensor, side by side
-        row: list[tuple[tuple[str, ...], int, int]] = []
-        if shared:
-            for k in range(max(len(m) for m in pool_groups)):
-                sharers = [m[k][1] for m in pool_groups if k < len(m)]
-                names = tuple(m[k][0] for m in pool_groups if k < len(m))
-                align = math.lcm(*(s.alignment_bytes for s in sharers))
-                row.append((names, max(_round_up(s.page_size_bytes, align) for s in sharers), align))
-        else:
-            row = [
-                ((name,), _round_up(spec.page_size_bytes, spec.alignment_bytes), spec.alignment_bytes)
-                for m in pool_groups
-                for name, spec in m
-            ]
-        places = []
-        at = 0
-        for names, width, align in row:
-            at = _round_up(at, align)
-            places.append((names, width, at))
-            at += width
-        stride = _round_up(at, align_all)
+        places, stride = _pool_row(pool_groups, shared=shared, align_all=align_all)
         start = offset if single_buffer else 0
         for names, width, place in places:
             if single_buffer:
@@ -565,6 +545,34 @@ def hand_built_multi_pool_plans(
         available_memory_bytes=sum(pool.nbytes for pool in pools),
         null_block=0 if reserve else None,
     )
+
+
+def _pool_row(
+    pool_groups: Sequence[Sequence[tuple[str, KVCacheSpec]]], *, shared: bool, align_all: int
+) -> tuple[list[tuple[tuple[str, ...], int, int]], int]:
+    """One pool's block row, for :func:`hand_built_multi_pool_plans`: ``(layers, width, place)``
+    of each tensor side by side (``shared``: the ``k``-th layers of the groups in one tensor),
+    each at its alignment, and the row's stride (a multiple of ``align_all``)."""
+    row: list[tuple[tuple[str, ...], int, int]] = []  # (layers, width, alignment) of each tensor
+    if shared:
+        for k in range(max(len(m) for m in pool_groups)):
+            sharers = [m[k][1] for m in pool_groups if k < len(m)]
+            names = tuple(m[k][0] for m in pool_groups if k < len(m))
+            align = math.lcm(*(s.alignment_bytes for s in sharers))
+            row.append((names, max(_round_up(s.page_size_bytes, align) for s in sharers), align))
+    else:
+        row = [
+            ((name,), _round_up(spec.page_size_bytes, spec.alignment_bytes), spec.alignment_bytes)
+            for m in pool_groups
+            for name, spec in m
+        ]
+    places = []
+    at = 0
+    for names, width, align in row:
+        at = _round_up(at, align)
+        places.append((names, width, at))
+        at += width
+    return places, _round_up(at, align_all)
 
 
 def multi_pool_plans(
