@@ -449,6 +449,12 @@ def add_sizing_options(
                 f"each, so its worst case grows with this (default {DEFAULT_MAX_NUM_BATCHED_TOKENS})"
             ),
         )
+    add_grouping_options(parser)
+    serving.add_serving_options(parser)
+
+
+def add_grouping_options(parser: argparse.ArgumentParser) -> None:
+    """How a policy may group layers and size their blocks (:class:`~kvcore.policy.PlanOptions`)."""
     parser.add_argument(
         "--grouping-tolerance",
         type=fraction,
@@ -497,7 +503,6 @@ def add_sizing_options(
             "or any integer (evens out page ratios such as 3:2) (default %(default)s)"
         ),
     )
-    serving.add_serving_options(parser)
 
 
 def add_gpu_options(
