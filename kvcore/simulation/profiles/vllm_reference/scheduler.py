@@ -185,13 +185,22 @@ class VllmReferenceScheduler(StepperState):
         than ``max_num_seqs`` run, each taking its prefix hit and admitted only when
         ``allocate_slots`` grants it (its whole known sequence first, with
         ``scheduler_reserve_full_isl``). ``_update_after_schedule`` follows each request."""
-        profile, manager = self.profile, self.kv_cache_manager
-        running, waiting = self._running, self._waiting
-        budget = self.budget
-        eligible = len(running) + len(waiting)
-        threshold = profile.long_prefill_token_threshold if eligible > 1 else 0
+        eligible = len(self._running) + len(self._waiting)
+        threshold = self.profile.long_prefill_token_threshold if eligible > 1 else 0
         scheduled: dict[int, int] = {}
         sampled: set[int] = set()
+        budget, preempted = self._schedule_running(threshold, scheduled, sampled)
+        if not preempted:
+            self._schedule_waiting(step, budget, threshold, scheduled, sampled)
+        return scheduled, sampled
+
+    def _schedule_running(
+        self, threshold: int, scheduled: dict[int, int], sampled: set[int]
+    ) -> tuple[int, bool]:
+        """``schedule``'s first part: the running requests; returns the budget left and whether
+        a request was preempted."""
+        manager, running = self.kv_cache_manager, self._running
+        budget = self.budget
         preempted = False
         index = 0
         while index < len(running) and budget > 0:
@@ -224,8 +233,14 @@ class VllmReferenceScheduler(StepperState):
             scheduled[req.index] = new
             budget -= new
             self._update_after_schedule(req, new, sampled)
-        if preempted:
-            return scheduled, sampled
+        return budget, preempted
+
+    def _schedule_waiting(
+        self, step: int, budget: int, threshold: int, scheduled: dict[int, int], sampled: set[int]
+    ) -> None:
+        """``schedule``'s second part: the waiting queue, first come first served."""
+        profile, manager = self.profile, self.kv_cache_manager
+        running, waiting = self._running, self._waiting
         skipped: list[int] = []  # waiting requests whose stale output is not back yet
         while budget > 0 and waiting and len(running) < profile.max_num_seqs:
             req = self.reqs[waiting[0]]
@@ -257,7 +272,6 @@ class VllmReferenceScheduler(StepperState):
             budget -= new
             self._update_after_schedule(req, new, sampled)
         waiting.extendleft(reversed(skipped))
-        return scheduled, sampled
 
     def _update_after_schedule(self, req: RequestState, new: int, sampled: set[int]) -> None:
         """``Scheduler._update_after_schedule`` (and ``AsyncScheduler``'s): the ``new`` tokens
