@@ -1,0 +1,110 @@
+"""How far the parsed options travel: ``kvcore plan``'s ``run`` to the planner, file by file.
+
+A reader following a command's options to the planner reads each file the call path passes
+through. This traces one ``kvcore plan`` (the README's command on the bundled Gemma-3 config)
+with ``sys.setprofile`` from the command's ``run`` until the planner is entered
+(``kvcore.planning.planner.plan``), and counts, over the kvcore files that execute on the way:
+
+- files: distinct files crossed;
+- stays: maximal runs of events in one file (a call into another file and back is two stays
+  more);
+- climbs: stays that move up the layers (contract < planning < runtime < simulation <
+  integrations < cli), i.e. a lower layer handing control back to a higher one;
+- returns: stays in a file the path had already left.
+
+Fewer of each is a shorter trip. Run: ``python benchmarks/parameter_trip.py`` (add ``--files``
+to print the path).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import kvcore
+from kvcore.cli import main as cli_main
+
+ROOT = Path(kvcore.__file__).parent
+#: The layers, lowest first (:doc:`DESIGN.md`'s contract <- planning <- runtime <- engine <- CLI).
+LAYERS = ("", "planning", "frontends", "models", "runtime", "simulation", "tuning", "integrations", "cli")
+COMMAND = ["plan", "--model", "google/gemma-3-27b-it", "--memory", "80GiB", "--max-model-len", "32768"]
+
+
+def layer(path: str) -> int:
+    """The layer of a kvcore file: its top package's place in :data:`LAYERS` (0: the contract)."""
+    parts = Path(path).relative_to(ROOT).parts
+    top = parts[0] if len(parts) > 1 else ""
+    return LAYERS.index(top) if top in LAYERS else 0
+
+
+def trace(argv: list[str]) -> list[str]:
+    """The kvcore files executing, event by event, from the command's ``run`` to the planner."""
+    path: list[str] = []
+    state = {"on": False, "done": False}
+
+    def profile(frame: FrameType, event: str, _arg: Any) -> None:
+        if state["done"] or event not in ("call", "return"):
+            return
+        name = frame.f_code.co_filename
+        if not state["on"]:
+            if event == "call" and name.endswith("cli/plan.py") and frame.f_code.co_name == "run":
+                state["on"] = True
+            else:
+                return
+        if event == "call" and name.endswith("planning/planner.py") and frame.f_code.co_name == "plan":
+            state["done"] = True
+            path.append(name)
+            return
+        if name.startswith(str(ROOT)):
+            path.append(name)
+
+    sys.setprofile(profile)
+    try:
+        cli_main(argv)
+    except SystemExit:
+        pass
+    finally:
+        sys.setprofile(None)
+    return path
+
+
+def stays(path: list[str]) -> list[str]:
+    """The path with consecutive events in one file merged: one entry per stay."""
+    merged: list[str] = []
+    for name in path:
+        if not merged or merged[-1] != name:
+            merged.append(name)
+    return merged
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--files", action="store_true", help="print the stays, one per line")
+    args = parser.parse_args()
+    import contextlib
+    import io
+
+    with contextlib.redirect_stdout(io.StringIO()):  # the plan itself is not the point
+        path = trace(COMMAND)
+    visits = stays(path)
+    seen: set[str] = set()
+    returns = climbs = 0
+    for index, name in enumerate(visits):
+        if name in seen:
+            returns += 1
+        seen.add(name)
+        if index and layer(name) > layer(visits[index - 1]):
+            climbs += 1
+    if args.files:
+        for name in visits:
+            print(Path(name).relative_to(ROOT))
+    print(f"kvcore {' '.join(COMMAND)}: run -> planner.plan")
+    print(f"{'files':>8} {'stays':>8} {'climbs':>8} {'returns':>8}")
+    print(f"{len(seen):>8} {len(visits):>8} {climbs:>8} {returns:>8}")
+
+
+if __name__ == "__main__":
+    main()
