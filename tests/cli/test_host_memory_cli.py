@@ -36,7 +36,8 @@ def test_a_comma_list_prints_the_tier_curve(run_cli):
     assert status == 0, err
     lines = out.splitlines()
     assert "tier curve over 2 host-memory sizes" in lines[0]
-    assert "TTFT p50" in lines[1] and "link s" in lines[1]
+    assert lines[1] == "plans: kvcore's own, as kvcore plan makes them"
+    assert "TTFT p50" in lines[2] and "link s" in lines[2]
     assert len([line for line in lines if line.startswith("  auto")]) == 2
     assert "an estimate" in lines[-1]
 
