@@ -10,6 +10,7 @@ from hypothesis import given, settings, strategies as st
 from kvcore import InvalidInputError, SizingContext, Workload, plan_kv_cache, simulate
 from kvcore.planning.manager import get_plugin_manager
 from kvcore.planning.registry import Registry
+from kvcore.plugins.state import StatePart, StateSpec
 from kvcore.simulation.profiles.radix import Node
 from kvcore.simulation.profiles.sglang import (
     INIT_NEW_TOKEN_RATIO,
@@ -282,6 +283,8 @@ def _check_invariants(sim: SglangSimulator) -> None:
     private = sum(-(-sim._committed[r] // page) - sim._protected[r] // page for r in holders)
     assert sim.full_free + sim.tree.size // page + private == sim.full_pages
     assert 0 <= sim.full_free <= sim.full_pages
+    assert sim.mamba_free + sum(sim._slot) == sim.mamba_slots  # a slot is free or held by one request
+    assert all(sim._status[r] != 0 for r, held in enumerate(sim._slot) if held)  # never a waiting one
     if sim.swa_pages:
         swa = sum(-(-sim._committed[r] // page) - sim._swa_lo[r] // page for r in holders)
         assert sim.swa_free + swa == sim.swa_pages
@@ -340,3 +343,72 @@ def test_the_pools_and_the_tree_stay_consistent_and_every_token_is_accounted_for
     assert all(0.0 <= u <= 1.0 for u in result.pool_usage)
     if not caching:
         assert result.cached_tokens == 0 and sim.tree.size == 0
+
+
+# -- the Mamba pool --------------------------------------------------------------------------
+
+
+def _state(page=16):
+    """A small Mamba layer's state."""
+    parts = (
+        StatePart(name="conv", shape=(3, 8), dtype="float32"),
+        StatePart(name="ssm", shape=(8, 4), dtype="bfloat16"),
+    )
+    return StateSpec(block_size=page, parts=parts)
+
+
+def test_a_mamba_hybrids_state_slots_bound_the_running_requests():
+    """Each running request holds one of the Mamba pool's slots (``HybridReqToTokenPool``), and
+    SGLang caps running requests at the slots (``resolve_max_num_reqs``): with 3 slots and room
+    for 40 requests' tokens, at most 3 run, the others wait, none is retracted."""
+    plan = _plan(mix((1, full(block_size=16)), (3, _state())), 1024, policy="kind_pools", memory=2**30)
+    pools = sglang_pools(plan)
+    assert pools.mamba_slots > 3 and pools.full_tokens > 40 * 200
+    few = SglangPools(page_size=16, full_tokens=pools.full_tokens, mamba_slots=3)
+    requests = [Request(i, 100, 50, 0) for i in range(12)]
+    sim = _sim(plan, requests, pools=few)
+    result = _run(sim)
+    assert result.peak_running == 3 and result.preemptions == 0
+    assert dict(result.scheduler_settings)["mamba_slots"] == 3
+    assert dict(result.scheduler_settings)["max_running_requests"] == 3
+    assert max(result.pool_usage) == 1.0  # every slot held: the Mamba pool is the fuller one
+    assert sim.finished == 12
+    # the plan's own Mamba pool: as many slots as its state pool has pages
+    state_group = next(g for g in plan.groups if g.spec.tokens_per_page is None)
+    assert pools.mamba_slots == plan.usable_blocks_in(state_group.pool) // state_group.blocks_per_page
+    roomy = _run(_sim(plan, requests))
+    assert roomy.peak_running == 12
+
+
+def test_mamba_slots_free_when_a_request_finishes_or_is_retracted():
+    """A slot comes back when its request leaves (finished, or retracted and re-admitted later):
+    the slots never leak and every request finishes, with the overlap scheduler too."""
+    plan = _plan(mix((1, full(block_size=4)), (2, _state(4))), 512, policy="kind_pools", memory=2**30)
+    tight = SglangPools(page_size=4, full_tokens=800, mamba_slots=5)
+    workload = random_workload(7, 40, "uniform:16:100", "uniform:50:300", prefix_share=0.0)
+    retracted = 0
+    for overlap in (False, True):
+        sim = SglangProfile(pools=tight, overlap_schedule=overlap).simulator(
+            plan, workload, max_num_batched_tokens=None, prefix_caching=False
+        )
+        result = _run(sim)
+        assert sim.finished == 40 and result.peak_running <= 5
+        sim._process_results()  # overlap: the last step's releases
+        assert sim.mamba_free == 5 and not any(sim._slot)
+        retracted += result.preemptions
+    assert retracted > 0  # the full pool was tight enough to retract
+
+
+def test_prefix_caching_on_a_mamba_hybrid_is_refused_by_name():
+    plan = _plan(mix((1, full(block_size=16)), (3, _state())), 1024, policy="kind_pools", memory=2**30)
+    with pytest.raises(InvalidInputError, match=r"MambaRadixCache.*without --prefix-caching"):
+        _sim(plan, [Request(0, 10, 2)], caching=True)
+    with pytest.raises(InvalidInputError, match="state and sliding-window groups"):
+        sglang_pools(
+            _plan(
+                mix((1, full(block_size=16)), (1, sliding(64, block_size=16)), (2, _state())),
+                1024,
+                policy="kind_pools",
+                memory=2**30,
+            )
+        )

@@ -56,6 +56,20 @@ code; line numbers of that release):
   ``free_swa_out_of_window_slots`` in ``mem_cache/common.py``). Pages are the plan's block size
   (SGLang's ``--page-size``).
 
+- **Mamba pool** (a Mamba/linear hybrid; ``HybridReqToTokenPool`` and ``MambaPool`` in
+  ``mem_cache/memory_pool.py``): the state layers live in a pool of state slots
+  (``max_mamba_cache_size``), each slot one request's state of every state layer, apart from
+  the full pool that holds the attention layers (``HybridLinearKVPool``). Its slots are the
+  plan's state pages (as ``kvcore.integrations.sglang``'s ``pool_sizes`` reads them), or
+  ``SglangPools(mamba_slots=...)``. A request takes a slot when admitted (``alloc_req_slots``)
+  and gives it back when released (finished or retracted); a new request is admitted only while
+  a slot is free (``HybridReqToTokenPool.available_size``, the admission gate, one slot a
+  request without the radix cache: ``MAMBA_STATE_PER_REQ_NO_CACHE``), and running requests are
+  capped at the slots (``resolve_max_num_reqs``, ``mem_cache/kv_cache_configurator.py``), so the
+  slots bound concurrency. With the radix cache SGLang runs ``MambaRadixCache``
+  (``mem_cache/mamba_radix_cache.py``: states kept in the tree, three slots a running request),
+  which the profile does not model: prefix caching on a Mamba hybrid is refused.
+
 Requests generate exactly their ``output_tokens``; ``max_new_tokens`` is taken to be that too
 (the request is not ``ignore_eos``, so the ratio applies).
 
@@ -72,7 +86,8 @@ sliding-window model the radix cache keeps full-attention tokens only: a finishe
 sliding tokens, and a running one's that the tree holds and that left the window, are freed at
 once (SGLang keeps them in the tree, evictable, until sliding-pool pressure tombstones them),
 and a request that hits a cached prefix takes the sliding tokens of its last window again; no
-Mamba pool, no all-sliding model, no priorities, no speculative decoding, no hierarchical cache.
+MambaRadixCache (prefix caching on a Mamba hybrid), no Mamba hybrid with sliding layers, no
+all-sliding model, no priorities, no speculative decoding, no hierarchical cache.
 """
 
 from __future__ import annotations
@@ -142,12 +157,15 @@ class SglangPools:
         full_tokens: tokens of the full pool.
         swa_tokens: tokens of the sliding pool (0: none).
         window: the sliding layers' window (0: none).
+        mamba_slots: state slots of the Mamba pool (``max_mamba_cache_size``; 0: a model
+            without state layers).
     """
 
     page_size: int = attrs.field(validator=int_at_least(1))
     full_tokens: int = attrs.field(validator=int_at_least(1))
     swa_tokens: int = attrs.field(default=0, validator=int_at_least(0))
     window: int = attrs.field(default=0, validator=[int_at_least(0), _sliding])
+    mamba_slots: int = attrs.field(default=0, validator=int_at_least(0))
 
 
 @attrs.frozen(kw_only=True)
@@ -210,12 +228,13 @@ class SglangProfile(BuiltInProfile):
 
 def sglang_pools(plan: KVCachePlan) -> SglangPools:
     """The pools SGLang runs ``plan`` with: the full-attention groups' tokens and the sliding
-    groups' (the least each holds: SGLang keeps one token index per pool), one page size.
+    groups' (the least each holds: SGLang keeps one token index per pool), one page size, and
+    the state groups' pages as the Mamba pool's slots (the least of them).
 
     Raises:
         InvalidInputError: a plan SGLang's pools cannot hold: groups of different block sizes,
-            two groups drawing from one block pool, a state or chunked-local group, sliding
-            windows of different sizes, or no full-attention group.
+            two groups drawing from one block pool, a chunked-local group, sliding windows of
+            different sizes, state and sliding groups together, or no full-attention group.
     """
     fix = "plan for SGLang with kind_pools and one block size (kvcore.integrations.sglang.plan_for_sglang)"
     sizes = sorted({g.spec.block_size for g in plan.groups})
@@ -231,15 +250,16 @@ def sglang_pools(plan: KVCachePlan) -> SglangPools:
         )
     full: list[int] = []
     swa: list[int] = []
+    states: list[int] = []
     windows: set[int] = set()
     for group in plan.groups:
         spec = group.spec
         held = plan.tokens_held(group)
         if held is None:
-            raise InvalidInputError(
-                f"the plan has a {spec.kind} group: the sglang profile does not model SGLang's Mamba "
-                "state pool"
-            )
+            # a state group: its pages are the Mamba pool's slots (kvcore.integrations.sglang's
+            # pool_sizes reads them the same way)
+            states.append(plan.usable_blocks_in(group.pool) // group.blocks_per_page)
+            continue
         if type(spec).first_retained_token is KVCacheSpec.first_retained_token:
             full.append(held)
             continue
@@ -258,11 +278,17 @@ def sglang_pools(plan: KVCachePlan) -> SglangPools:
         raise InvalidInputError(
             "the plan has no full-attention group: the sglang profile does not model an all-sliding model"
         )
+    if states and swa:
+        raise InvalidInputError(
+            "the plan has state and sliding-window groups: SGLang runs a Mamba hybrid's attention in one "
+            "full pool (HybridLinearKVPool), and the sglang profile models no other"
+        )
     return SglangPools(
         page_size=sizes[0],
         full_tokens=min(full),
         swa_tokens=min(swa) if swa else 0,
         window=windows.pop() if windows else 0,
+        mamba_slots=min(states) if states else 0,
     )
 
 
@@ -286,7 +312,8 @@ class SglangSimulator(StepperState):
             :class:`~kvcore.simulation.steps.Timeline`.
 
     Raises:
-        InvalidInputError: a plan SGLang cannot run (:func:`sglang_pools`), a request longer
+        InvalidInputError: a plan SGLang cannot run (:func:`sglang_pools`), prefix caching on a
+            Mamba hybrid (MambaRadixCache is not modelled), a request longer
             than the plan's ``max_model_len``, a chunk size that is not an int from 1 to
             ``kvcore.limits.MAX_TOKENS``, or requests in seconds without ``step_time``.
     """
@@ -315,6 +342,18 @@ class SglangSimulator(StepperState):
         self.max_running = profile.max_running_requests or default_max_running_requests(
             pools.full_tokens, self.max_model_len
         )
+        #: the Mamba pool's slots and those free: a running request holds one
+        self.mamba_slots = self.mamba_free = pools.mamba_slots
+        if pools.mamba_slots:
+            if prefix_caching:
+                raise InvalidInputError(
+                    "prefix caching on a Mamba hybrid: the sglang profile does not model SGLang's "
+                    "MambaRadixCache (states cached in the tree, three slots a running request); replay "
+                    "without --prefix-caching (SGLang's --disable-radix-cache), or with --scheduler kvcore"
+                )
+            # resolve_max_num_reqs: running requests capped at the slots over the slots each
+            # holds (MAMBA_STATE_PER_REQ_NO_CACHE = 1 without the radix cache)
+            self.max_running = min(self.max_running, pools.mamba_slots)
         init = min(INIT_NEW_TOKEN_RATIO * profile.schedule_conservativeness, 1.0)
         self.ratio_min = min(init * MIN_NEW_TOKEN_RATIO_FACTOR, 1.0)
         self.ratio_decay = (init - self.ratio_min) / NEW_TOKEN_RATIO_DECAY_STEPS
@@ -349,6 +388,7 @@ class SglangSimulator(StepperState):
         self._protected = [0] * count  # of them, the radix cache's (cache_protected_len)
         self._node: list[Node | None] = [None] * count  # the node a request holds
         self._swa_lo = [0] * count  # its first token with a sliding slot
+        self._slot = [False] * count  # it holds a Mamba slot
         self._status = [_WAITING] * count
         self._first = [-1] * count
         self._waiting: list[int] = []
@@ -450,7 +490,12 @@ class SglangSimulator(StepperState):
         """``get_num_allocatable_reqs``: request slots left (the chunked request holds one)."""
         held = 1 if self._chunked is not None else 0
         in_batch = 1 if self._chunked is not None and self._chunked in admitted else 0
-        return min(self.max_running - running, self.max_running - running - held + in_batch)
+        allocatable = min(self.max_running - running, self.max_running - running - held + in_batch)
+        if self.mamba_slots:
+            # HybridReqToTokenPool.available_size: a new request needs a free Mamba slot (the
+            # chunked request holds its own)
+            allocatable = min(allocatable, self.mamba_free + in_batch)
+        return allocatable
 
     def _prefill(self, step: int) -> list[tuple[int, int, int]] | None:
         """``get_new_batch_prefill``: the prefill batch as ``(request, tokens, cached before)``,
@@ -572,6 +617,11 @@ class SglangSimulator(StepperState):
         self._node[r] = node
         if self._first[r] < 0:
             self._first[r] = step
+        if self.mamba_slots:  # alloc_req_slots: its state slot, held until it is released
+            if not self.mamba_free:
+                raise AssertionError("the Mamba pool ran out although SGLang's checks admitted the request")
+            self.mamba_free -= 1
+            self._slot[r] = True
         if self.pools.swa_tokens:
             # the cached prefix's last window takes sliding slots again (see the docstring)
             lo = self._window_start(hit)
@@ -753,6 +803,9 @@ class SglangSimulator(StepperState):
         self.full_free += cdiv(committed, page) - self._protected[r] // page
         if self.swa_pages:
             self.swa_free += cdiv(committed, page) - self._swa_lo[r] // page
+        if self._slot[r]:
+            self.mamba_free += 1
+            self._slot[r] = False
         node = self._node[r]
         if node is not None:
             self.tree.unlock(node)
@@ -785,6 +838,8 @@ class SglangSimulator(StepperState):
         held = 1 - (self.full_free + self.tree.evictable // self.page) / self.full_pages
         if self.swa_pages:
             held = max(held, 1 - self.swa_free / self.swa_pages)
+        if self.mamba_slots:
+            held = max(held, 1 - self.mamba_free / self.mamba_slots)
         return held
 
     def _time_step(self, step: int, batch: list[tuple[int, int, int]]) -> None:
@@ -818,6 +873,7 @@ class SglangSimulator(StepperState):
             ("page_size", self.page),
             ("full_tokens", self.pools.full_tokens),
             ("swa_tokens", self.pools.swa_tokens),
+            *((("mamba_slots", self.mamba_slots),) if self.mamba_slots else ()),
         )
 
 
