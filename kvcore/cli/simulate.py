@@ -108,7 +108,7 @@ def run(namespace: argparse.Namespace, registry: Registry) -> int:
     workload = inputs.load_workload(
         args, inputs.sizing_context(args).max_model_len, per_second=step_time is not None
     )
-    host_tier.check_host_memory(args, profile.name)
+    host_tier.check_host_memory(args, profile)
     candidates = build_candidates(args, registry, specs, replayed.planner())
     if len(args.host_memories) > 1:
         return run_curve(args, workload, candidates, profile, step_time, replayed)

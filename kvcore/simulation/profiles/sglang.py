@@ -70,6 +70,13 @@ code; line numbers of that release):
   (``mem_cache/mamba_radix_cache.py``: states kept in the tree, three slots a running request),
   which the profile does not model: prefix caching on a Mamba hybrid is refused.
 
+- **HiCache** (a plan with a host tier, ``kvcore simulate --host-memory``; SGLang's
+  ``--enable-hierarchical-cache``, ``HiRadixCache`` in ``mem_cache/hiradix_cache.py``): the radix
+  cache is :class:`~kvcore.simulation.profiles.radix.HiRadixTree` over the full pool's host
+  pages (write-through copies, evicted nodes kept on the host, host eviction least recently used
+  first), and an admitted request's host hit of at least ``load_back_threshold`` tokens is
+  loaded back after the admission check (``PrefillAdder.add_one_req``: ``init_load_back``).
+
 Requests generate exactly their ``output_tokens``; ``max_new_tokens`` is taken to be that too
 (the request is not ``ignore_eos``, so the ratio applies).
 
@@ -87,20 +94,22 @@ sliding tokens, and a running one's that the tree holds and that left the window
 once (SGLang keeps them in the tree, evictable, until sliding-pool pressure tombstones them),
 and a request that hits a cached prefix takes the sliding tokens of its last window again; no
 MambaRadixCache (prefix caching on a Mamba hybrid), no Mamba hybrid with sliding layers, no
-all-sliding model, no priorities, no speculative decoding, no hierarchical cache.
+HiCache beside a sliding or Mamba pool nor its storage tier (copies finish at once), no
+all-sliding model, no priorities, no speculative decoding.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Hashable
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 import attrs
 
 from kvcore.errors import InvalidInputError
+from kvcore.runtime.host_cache import HostTierStats
 from kvcore.simulation.profile import BuiltInProfile
-from kvcore.simulation.profiles.radix import Node, RadixTree
+from kvcore.simulation.profiles.radix import LOAD_BACK_THRESHOLD, HiRadixTree, Node, RadixTree
 from kvcore.simulation.stepper import StepperState, check_lengths, step_budget
 from kvcore.simulation.steps import StepRecord, StepTimeModel
 from kvcore.spec import KVCacheSpec, cdiv
@@ -108,6 +117,7 @@ from kvcore.validators import int_at_least
 
 if TYPE_CHECKING:
     from kvcore.plan import KVCachePlan
+    from kvcore.simulation.result import SimulationResult
     from kvcore.simulation.workload import Workload
 
 #: ``SGLANG_INIT_NEW_TOKEN_RATIO`` (``sglang/srt/environ.py:646``).
@@ -192,6 +202,8 @@ class SglangProfile(BuiltInProfile):
     description: str = (
         "SGLang 0.5.23's scheduler: admission by new_token_ratio, decode retraction, radix cache"
     )
+    #: a plan's host tier is simulated (HiCache: ``HiRadixCache``)
+    simulates_host_tier: ClassVar[bool] = True
     max_running_requests: int | None = attrs.field(
         default=None, validator=attrs.validators.optional(int_at_least(1))
     )
@@ -380,7 +392,14 @@ class SglangSimulator(StepperState):
                 return 0
             return min(shared[a], shared[b])
 
-        self.tree = RadixTree(identity, common, self._tree_freed)
+        self.host_tokens = self._host_tokens(plan, pools)
+        self.tree: RadixTree = (
+            HiRadixTree(identity, common, self._tree_freed, host_tokens=self.host_tokens, page=page)
+            if self.host_tokens
+            else RadixTree(identity, common, self._tree_freed)
+        )
+        #: HiCache: lookups that loaded a host hit back, and the tokens they loaded
+        self.host_hits = self.host_hit_tokens = 0
         self._prompt = [r.prompt_tokens for r in requests]
         self._max_new = [r.output_tokens for r in requests]
         self._outputs = [0] * count
@@ -401,6 +420,29 @@ class SglangSimulator(StepperState):
         self._batch_full = False
         self._start(workload, step_time, profile.name)
         self._next = 0
+
+    def _host_tokens(self, plan: KVCachePlan, pools: SglangPools) -> int:
+        """HiCache's host pool, in tokens: the plan's host tier of the full pool
+        (``kvcore simulate --host-memory``, SGLang's ``--hicache-size``), whole pages.
+
+        Raises:
+            InvalidInputError: a host tier beside a sliding or Mamba pool (SGLang's hybrid host
+                pools are not modelled).
+        """
+        tier = plan.offload_tier
+        if tier is None or not tier.nbytes:
+            return 0
+        if pools.swa_tokens or pools.mamba_slots:
+            kind = "sliding" if pools.swa_tokens else "Mamba"
+            raise InvalidInputError(
+                f"a host tier beside a {kind} pool: the sglang profile models HiCache (HiRadixCache) for "
+                "full-attention and MLA pools only; simulate without --host-memory, or with --scheduler "
+                "kvcore"
+            )
+        full = [g for g in plan.groups if g.spec.tokens_per_page]
+        tokens = min(plan.host_blocks_in(g.pool) // g.blocks_per_page * self.page for g in full)
+        self._host_group = full[0]
+        return max(tokens, 0)
 
     # -- the stepper ---------------------------------------------------------------------------
 
@@ -542,7 +584,14 @@ class SglangSimulator(StepperState):
                 break
             fill = self._fill(r)
             limit = (fill - 1) // page * page
-            hit, node = self.tree.match(r, limit) if self.caching and limit > 0 else (0, None)
+            host = 0
+            if self.caching and limit > 0:
+                if isinstance(self.tree, HiRadixTree):
+                    hit, node, host = self.tree.match_host(r, limit)
+                else:
+                    hit, node = self.tree.match(r, limit)
+            else:
+                hit, node = 0, None
             if node is not None:
                 self.tree.lock(node)  # the prefix is not evictable while the request is judged
             max_new = min(max(self._max_new[r] - self._outputs[r], 0), CLIP_MAX_NEW_TOKENS)
@@ -551,6 +600,11 @@ class SglangSimulator(StepperState):
                 extend, max_new, extend + max_new + page, rem_chunk, hit_window=self._hit_window(hit)
             )
             result = _NO_TOKEN
+            if fits and host >= LOAD_BACK_THRESHOLD and node is not None:
+                # init_load_back: the host hit comes back to the device (after the budget check,
+                # which counted it as tokens to compute)
+                hit, node = self._load_back(r, limit, hit, node)
+                extend = fill - hit
             if fits:
                 result = _CONTINUE
                 full_new = min(self._max_new[r], CLIP_MAX_NEW_TOKENS)
@@ -595,6 +649,21 @@ class SglangSimulator(StepperState):
         if new_chunked is not None and new_chunked in taken:
             self._batch_full = False  # a chunk of this batch stays out of the merged batch
         return batch
+
+    def _load_back(self, r: int, limit: int, hit: int, node: Node) -> tuple[int, Node]:
+        """HiCache's ``init_load_back``: the evicted nodes of ``r``'s hit below ``node`` (held)
+        loaded back into free pages; the hit and the node held after it."""
+        tree = self.tree
+        assert isinstance(tree, HiRadixTree)
+        loaded, deeper = tree.load_back(r, limit, node, lambda: self.full_free)
+        if not loaded:
+            return hit, node
+        self.full_free -= loaded // self.page
+        tree.lock(deeper)
+        tree.unlock(node)
+        self.host_hits += 1
+        self.host_hit_tokens += loaded
+        return hit + loaded, deeper
 
     def _fill(self, r: int) -> int:
         """The tokens a request's next prefill covers: its prompt and what it generated."""
@@ -841,6 +910,32 @@ class SglangSimulator(StepperState):
         if self.mamba_slots:
             held = max(held, 1 - self.mamba_free / self.mamba_slots)
         return held
+
+    def result(self) -> SimulationResult:
+        """The figures so far; with a host tier, what HiCache kept and gave back."""
+        result = super().result()
+        tree = self.tree
+        if not isinstance(tree, HiRadixTree):
+            return result
+        group = self._host_group
+        per_page = group.blocks_per_page
+        per_block = self.plan.pool_of(group).bytes_per_block
+        written = tree.written // self.page * per_page
+        loaded = tree.loaded // self.page * per_page
+        stats = HostTierStats(
+            enabled=True,
+            host_blocks=self.host_tokens // self.page * per_page,
+            held_blocks=tree.host_used // self.page * per_page,
+            device_hit_tokens=self.cached_tokens - self.host_hit_tokens,
+            host_hits=self.host_hits,
+            host_hit_tokens=self.host_hit_tokens,
+            offloaded_blocks=written,
+            offloaded_bytes=written * per_block,
+            restored_blocks=loaded,
+            restored_bytes=loaded * per_block,
+            host_evictions=tree.host_evictions,
+        )
+        return attrs.evolve(result, host_tier=stats)
 
     def _time_step(self, step: int, batch: list[tuple[int, int, int]]) -> None:
         """Describe the step as a :class:`~kvcore.simulation.steps.StepRecord` and advance the
