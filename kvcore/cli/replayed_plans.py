@@ -59,8 +59,10 @@ class ReplayedPlans:
         self.as_vllm = replays_vllm_plan(profile)
         self.async_scheduling = bool(getattr(profile, "async_scheduling", True))
         self.registry = registry
-        self._refused: dict[int, str] = {}  # id(plan) -> why vLLM cannot run it
-        self._enlarged: dict[int, str] = {}  # id(plan) -> "asked -> made" attention block sizes
+        # id(plan) -> (the plan, kept so that its id is not reused; why vLLM cannot run it)
+        self._refused: dict[int, tuple[KVCachePlan, str]] = {}
+        # id(plan) -> (the plan; its attention block sizes "asked -> made")
+        self._enlarged: dict[int, tuple[KVCachePlan, str]] = {}
         self._rules: VllmRules | None = None
 
     def settle_auto_length(self, args: PlanningArgs, specs: Mapping[str, KVCacheSpec]) -> PlanningArgs:
@@ -91,12 +93,16 @@ class ReplayedPlans:
             return True
 
         high = args.max_model_len
-        if fits(high):
-            return args
+        fitted = fits(high)
         low = 0  # the longest length known to fit (0: none yet)
-        while high - low > 1:
+        while not fitted and high - low > 1:
             middle = (low + high) // 2
             low, high = (middle, high) if fits(middle) else (low, middle)
+        # the probes' plans are gone: what was noted of them must not be read for the candidates'
+        self._refused.clear()
+        self._enlarged.clear()
+        if fitted:
+            return args
         if not low:
             self.plan(inputs.plan_request(attrs.evolve(args, policy="auto", max_model_len=1), specs))
         print(
@@ -104,8 +110,6 @@ class ReplayedPlans:
             f"--max-model-len auto = {low:,} tokens: the longest request the auto policy's plan admits there",
             file=sys.stderr,
         )
-        self._refused.clear()
-        self._enlarged.clear()
         return attrs.evolve(args, max_model_len=low)
 
     def planner(self) -> Any:
@@ -161,7 +165,7 @@ class ReplayedPlans:
         made = plan_request(
             attrs.evolve(sized, options=rules.options(request.options)), registry=self.registry
         ).plans[0]
-        self._refused[id(made)] = why
+        self._refused[id(made)] = (made, why)
         return made
 
     def _note_enlarged(self, made: KVCachePlan, sized: PlanRequest, rules: VllmRules) -> None:
@@ -179,7 +183,7 @@ class ReplayedPlans:
         except KVCoreError:
             return
         if (before := _attention_blocks(policys)) != got:
-            self._enlarged[id(made)] = f"{before} -> {got}"
+            self._enlarged[id(made)] = (made, f"{before} -> {got}")
 
     def planned_as(self, candidate: Candidate) -> str | None:
         """``"vllm"`` for a plan made as vLLM runs it, ``"kvcore"`` for kvcore's own, ``None``
@@ -190,7 +194,8 @@ class ReplayedPlans:
 
     def refused(self, candidate: Candidate) -> str | None:
         """Why vLLM cannot run the candidate's plan (replayed as kvcore's), else ``None``."""
-        return self._refused.get(id(candidate.plan)) if candidate.plan is not None else None
+        noted = self._refused.get(id(candidate.plan)) if candidate.plan is not None else None
+        return noted[1] if noted is not None else None
 
     def line(self, candidates: Sequence[Candidate]) -> str:
         """The output's line: which plan is simulated, and the candidates vLLM would not run."""
@@ -219,7 +224,8 @@ class ReplayedPlans:
 
     def _blocks(self, candidate: Candidate) -> str:
         """The attention block sizes plan_for_vllm enlarged, as ``"16 -> 1,024"``, else ``""``."""
-        return self._enlarged.get(id(candidate.plan), "")
+        noted = self._enlarged.get(id(candidate.plan))
+        return noted[1] if noted is not None else ""
 
     def to_dict(self, candidates: Sequence[Candidate]) -> dict[str, Any]:
         """The ``--json`` object's ``replayed_plans``: the line and each candidate's."""
