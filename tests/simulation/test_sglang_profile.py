@@ -418,7 +418,8 @@ def test_mamba_slots_free_when_a_request_finishes_or_is_retracted():
 
 def test_prefix_caching_on_a_mamba_hybrid_is_refused_by_name():
     plan = _plan(mix((1, full(block_size=16)), (3, _state())), 1024, policy="kind_pools", memory=2**30)
-    with pytest.raises(InvalidInputError, match=r"MambaRadixCache.*without --prefix-caching"):
+    refused = r"MambaRadixCache.*without prefix caching \(prefix_caching=False"
+    with pytest.raises(InvalidInputError, match=refused):
         _sim(plan, [Request(0, 10, 2)], caching=True)
     with pytest.raises(InvalidInputError, match="state and sliding-window groups"):
         sglang_pools(

@@ -361,7 +361,8 @@ class SglangSimulator(StepperState):
                 raise InvalidInputError(
                     "prefix caching on a Mamba hybrid: the sglang profile does not model SGLang's "
                     "MambaRadixCache (states cached in the tree, three slots a running request); replay "
-                    "without --prefix-caching (SGLang's --disable-radix-cache), or with --scheduler kvcore"
+                    "without prefix caching (prefix_caching=False, as SGLang's disable_radix_cache), or with "
+                    "the 'kvcore' profile (scheduler='kvcore')"
                 )
             # resolve_max_num_reqs: running requests capped at the slots over the slots each
             # holds (MAMBA_STATE_PER_REQ_NO_CACHE = 1 without the radix cache)
@@ -436,8 +437,8 @@ class SglangSimulator(StepperState):
             kind = "sliding" if pools.swa_tokens else "Mamba"
             raise InvalidInputError(
                 f"a host tier beside a {kind} pool: the sglang profile models HiCache (HiRadixCache) for "
-                "full-attention and MLA pools only; simulate without --host-memory, or with --scheduler "
-                "kvcore"
+                "full-attention and MLA pools only; simulate without the tier, or with the 'kvcore' profile "
+                "(scheduler='kvcore')"
             )
         full = [g for g in plan.groups if g.spec.tokens_per_page]
         tokens = min(plan.host_blocks_in(g.pool) // g.blocks_per_page * self.page for g in full)
