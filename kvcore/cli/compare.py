@@ -6,7 +6,7 @@ import argparse
 import json
 import math
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -34,6 +34,7 @@ from kvcore.spec import KVCacheSpec
 from kvcore.units import format_bytes
 
 if TYPE_CHECKING:  # the simulation layer loads only when a workload is given
+    from kvcore.plan import KVCachePlan
     from kvcore.simulation.simulator import SimulationResult
     from kvcore.simulation.timing import LatencyReport
     from kvcore.simulation.workload import Workload
@@ -110,10 +111,14 @@ def add_candidate_options(
 
 
 def build_candidates(
-    args: PlanningArgs, registry: Registry, specs: Mapping[str, KVCacheSpec]
+    args: PlanningArgs,
+    registry: Registry,
+    specs: Mapping[str, KVCacheSpec],
+    planner: Callable[[PlanRequest], KVCachePlan] | None = None,
 ) -> list[Candidate]:
     """Every candidate plan the options ask for (:func:`compare_policies`): policies x
-    ``--block-sizes`` x ``--kv-cache-dtypes``."""
+    ``--block-sizes`` x ``--kv-cache-dtypes``, each made by ``planner`` (default: kvcore's
+    own planner)."""
     dtypes = [None if d == "auto" else to_dtype(d) for d in (args.kv_cache_dtypes or ["auto"])]
     policies = policy_names(args, registry)
     request = PlanRequest.for_context(
@@ -126,6 +131,7 @@ def build_candidates(
         block_sizes=args.block_sizes or [None],
         kv_cache_dtypes=dtypes,
         state_cache_modes=args.state_cache_modes or [None],
+        planner=planner,
     )
 
 

@@ -5,9 +5,10 @@ One size gives every candidate plan a host tier of that much host memory
 (:func:`~kvcore.planning.offload.with_host_memory`) and adds the tier's figures to the report;
 a comma list runs one simulation per size and prints the tier curve: per plan and size, the
 hit rate (and the share the host gave), the bytes moved each way, tokens per step and, with a
-step-time model, TTFT and tokens per second. Only the ``kvcore`` scheduler profile simulates a
-host tier, and only with prefix caching (the tier keeps cached blocks): other settings are
-refused, never ignored.
+step-time model, TTFT and tokens per second. The ``kvcore`` scheduler profile simulates a host
+tier, and the ``sglang`` one SGLang's HiCache (a profile says so with ``simulates_host_tier``),
+only with prefix caching (the tier keeps cached blocks): other settings are refused, never
+ignored.
 """
 
 from __future__ import annotations
@@ -65,18 +66,20 @@ def add_host_memory_option(parser: argparse.ArgumentParser, *, curve: bool) -> N
     )
 
 
-def check_host_memory(args: PlanningArgs, scheduler: str) -> None:
+def check_host_memory(args: PlanningArgs, profile: Any) -> None:
     """Refuse ``--host-memory`` where it would be ignored.
 
     Raises:
-        InvalidInputError: the scheduler profile is not ``kvcore``, or prefix caching is off.
+        InvalidInputError: the scheduler profile does not simulate a host tier (``kvcore`` and
+            ``sglang``, SGLang's HiCache, do), or prefix caching is off.
     """
     if not args.host_memories:
         return
-    if scheduler != "kvcore":
+    if not getattr(profile, "simulates_host_tier", False):
         raise InvalidInputError(
-            f"--host-memory is simulated by the kvcore scheduler profile only (the {scheduler} profile does "
-            "not model a host tier yet): add --scheduler kvcore, or drop --host-memory"
+            f"--host-memory is simulated by the kvcore and sglang scheduler profiles (the {profile.name} "
+            "profile does not model a host tier yet): add --scheduler kvcore, or --scheduler sglang "
+            "(SGLang's HiCache), or drop --host-memory"
         )
     if not args.prefix_caching:
         raise InvalidInputError(

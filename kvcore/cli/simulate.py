@@ -5,6 +5,8 @@ The candidates are those ``kvcore compare`` builds (policies x ``--block-sizes``
 ``--scheduler`` profile schedules it (default ``vllm``: vLLM 0.33's v1 scheduler; ``kvcore``:
 kvcore's own rules on its :class:`BlockPool`). The figures say
 how a plan serves *this* traffic, where ``kvcore compare`` says how it holds the worst case.
+Under a vLLM profile each candidate is the plan vLLM would run (kvcore's vLLM plugin re-plans
+it: :mod:`kvcore.cli.replayed_plans`); one line says which plans are simulated.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from kvcore.cli.replay import (
     variant_cells,
     workload_row,
 )
+from kvcore.cli.replayed_plans import ReplayedPlans
 from kvcore.cli.scheduler_options import (
     add_scheduler_options,
     describe_scheduler,
@@ -97,16 +100,18 @@ def run(namespace: argparse.Namespace, registry: Registry) -> int:
     wants_csv(args)
     args, specs = inputs.load_layer_specs(args, registry)
     args, budget = gpu.settle_budget(args, registry)
-    args = inputs.settle_auto_length(args, registry, specs)  # auto: one length for every candidate
+    profile = scheduler_profile(args, registry)
+    replayed = ReplayedPlans(profile, registry)
+    # auto: one length for every candidate (under vLLM, one vLLM's plan admits)
+    args = replayed.settle_auto_length(args, specs)
     step_time = timing.step_time_factory(args, registry)
     workload = inputs.load_workload(
         args, inputs.sizing_context(args).max_model_len, per_second=step_time is not None
     )
-    profile = scheduler_profile(args, registry)
-    host_tier.check_host_memory(args, profile.name)
-    candidates = build_candidates(args, registry, specs)
+    host_tier.check_host_memory(args, profile)
+    candidates = build_candidates(args, registry, specs, replayed.planner())
     if len(args.host_memories) > 1:
-        return run_curve(args, workload, candidates, profile, step_time)
+        return run_curve(args, workload, candidates, profile, step_time, replayed)
     if args.host_memories:
         candidates = host_tier.with_tier(candidates, args.host_memories[0])
     simulated = simulate_candidates(
@@ -124,9 +129,11 @@ def run(namespace: argparse.Namespace, registry: Registry) -> int:
     elif args.json:
         payload = {
             **report_head(args, profile, workload, budget),
+            "replayed_plans": replayed.to_dict(candidates),
             "candidates": [
                 {
                     **candidate_row(c),
+                    **replayed.candidate_row(c),
                     "simulation": (
                         timing.with_latency(simulation_row(results[id(c)], series=True), latencies[id(c)])
                         if id(c) in results
@@ -139,7 +146,7 @@ def run(namespace: argparse.Namespace, registry: Registry) -> int:
         print(json.dumps(payload, indent=2))
     else:
         gpu.print_budget(budget)
-        print_table(args, workload, candidates, results, profile)
+        print_table(args, workload, candidates, results, profile, replayed)
         for line in host_tier.tier_lines(simulated):
             print(line)
         timing.print_latency_table(
@@ -176,6 +183,7 @@ def run_curve(
     candidates: Sequence[Candidate],
     profile: Any,
     step_time: Any,
+    replayed: ReplayedPlans,
 ) -> int:
     """The tier curve: every plan simulated once per ``--host-memory`` size, one table (or one
     JSON object)."""
@@ -207,6 +215,7 @@ def run_curve(
     elif args.json:
         payload = {
             **report_head(args, profile, workload),
+            "replayed_plans": replayed.to_dict(candidates),
             "tier_curve": [host_tier.curve_row(p) for p in curve],
         }
         print(json.dumps(payload, indent=2))
@@ -217,6 +226,7 @@ def run_curve(
             f"{describe_scheduler(profile)}; budget {format_bytes(args.kv_budget)}; tier curve over "
             f"{len(args.host_memories)} host-memory sizes"
         )
+        print(replayed.line(candidates))
         host_tier.print_curve(curve)
     if args.plot and curve:
         title = f"{workload.name}: {len(workload.requests):,} requests"
@@ -230,8 +240,10 @@ def print_table(
     candidates: Sequence[Candidate],
     results: dict[int, SimulationResult],
     profile: Any = None,
+    replayed: ReplayedPlans | None = None,
 ) -> None:
-    """The header lines, one row per plan, and why the others have none."""
+    """The header lines (with ``replayed``: which plans are simulated), one row per plan, and
+    why the others have none."""
     figures = workload_row(workload)
     print(
         f"workload {workload.name}"
@@ -245,6 +257,8 @@ def print_table(
     assert isinstance(args.max_model_len, int)  # simulate takes a number (sizing_context)
     if rejected := rejected_line(workload, args.max_model_len):
         print(rejected)
+    if replayed is not None:
+        print(replayed.line(candidates))
     print(
         f"budget {format_bytes(args.kv_budget)}, max_model_len {args.max_model_len:,}, "
         f"max_num_batched_tokens {args.max_num_batched_tokens:,}; "

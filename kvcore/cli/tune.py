@@ -158,6 +158,7 @@ class _Eta:
 
 
 def run(args: argparse.Namespace, registry: Registry) -> int:
+    from kvcore.cli.replayed_plans import replays_vllm_plan
     from kvcore.cli.sglang_compare import model_of
     from kvcore.integrations.tuned import sglang_profile, sglang_settings, vllm_planner, vllm_settings
     from kvcore.tuning.search import SearchSpace, estimated_trials, tune
@@ -188,7 +189,10 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
         max_num_batched_tokens=batched,
     )
     async_scheduling = bool(getattr(profile, "async_scheduling", True))
-    planner = vllm_planner(registry, async_scheduling=async_scheduling) if args.scheduler == "vllm" else None
+    # under vllm or vllm-reference, each candidate is the plan vLLM would run (replayed_plans)
+    planner = (
+        vllm_planner(registry, async_scheduling=async_scheduling) if replays_vllm_plan(profile) else None
+    )
     eta = _Eta(estimated_trials(space, args.passes))
     label = f"tuning on {len(workload.requests):,} requests"
     options = inputs.plan_options(shared)  # --max-groups, --grouping-tolerance ... for every candidate

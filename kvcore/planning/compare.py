@@ -8,7 +8,7 @@ the two commands always agree.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import attrs
 
@@ -120,6 +120,7 @@ def compare_policies(
     block_sizes: Iterable[int | None] = (None,),
     kv_cache_dtypes: Iterable[DTypeLike | None] = (None,),
     state_cache_modes: Iterable[str | None] = (None,),
+    planner: Callable[[PlanRequest], KVCachePlan] | None = None,
 ) -> list[Candidate]:
     """Plan the request's specs with every policy (default: all registered), for every variant.
 
@@ -137,6 +138,9 @@ def compare_policies(
         registry: where the policies are looked up.
         block_sizes, kv_cache_dtypes, state_cache_modes: the variants (``None``: as the
             request has it).
+        planner: makes each candidate's plan from its request (default: kvcore's own,
+            :func:`~kvcore.planning.planner.plan`); an engine's rules may stand behind it, as
+            ``kvcore simulate`` plans the way vLLM runs a plan under a vLLM profile.
 
     Returns:
         Candidates, variant by variant, policies in registry order.
@@ -157,7 +161,11 @@ def compare_policies(
             for name in names:
                 try:
                     candidate = attrs.evolve(request, specs=variant, context=sized, policy=name)
-                    plan: KVCachePlan | None = plan_request(candidate, registry=registry).plans[0]
+                    plan: KVCachePlan | None = (
+                        planner(candidate)
+                        if planner is not None
+                        else plan_request(candidate, registry=registry).plans[0]
+                    )
                     error, failure = None, None
                 except InvalidSpecError:
                     raise

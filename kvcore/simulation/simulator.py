@@ -134,11 +134,12 @@ def simulate(
         UnknownSchedulerError: no registered profile is named ``scheduler``.
     """
     profile = resolve_profile(scheduler, registry)
-    if plan.offload_tier is not None and plan.offload_tier.nbytes and profile.name != "kvcore":
+    tier_bytes = plan.offload_tier.nbytes if plan.offload_tier is not None else 0
+    if tier_bytes and not getattr(profile, "simulates_host_tier", False):
         raise InvalidInputError(
-            f"the plan has a host tier of {plan.offload_tier.nbytes:,} bytes, but the scheduler profile "
+            f"the plan has a host tier of {tier_bytes:,} bytes, but the scheduler profile "
             f"{profile.name!r} does not simulate one (it would be ignored): simulate it with the 'kvcore' "
-            "profile (scheduler='kvcore'), or without the tier"
+            "profile (scheduler='kvcore') or the 'sglang' one (SGLang's HiCache), or without the tier"
         )
     if plan.offload_tier is not None and plan.offload_tier.nbytes and not prefix_caching:
         raise InvalidInputError(

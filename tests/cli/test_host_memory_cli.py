@@ -36,7 +36,8 @@ def test_a_comma_list_prints_the_tier_curve(run_cli):
     assert status == 0, err
     lines = out.splitlines()
     assert "tier curve over 2 host-memory sizes" in lines[0]
-    assert "TTFT p50" in lines[1] and "link s" in lines[1]
+    assert lines[1] == "plans: kvcore's own, as kvcore plan makes them"
+    assert "TTFT p50" in lines[2] and "link s" in lines[2]
     assert len([line for line in lines if line.startswith("  auto")]) == 2
     assert "an estimate" in lines[-1]
 
@@ -44,8 +45,8 @@ def test_a_comma_list_prints_the_tier_curve(run_cli):
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        (("--scheduler", "vllm"), "--scheduler kvcore"),
-        (("--scheduler", "sglang"), "--scheduler kvcore"),
+        (("--scheduler", "vllm"), "--scheduler kvcore, or --scheduler sglang"),
+        (("--scheduler", "vllm-reference"), "--scheduler kvcore, or --scheduler sglang"),
         ((), "--scheduler kvcore"),  # the default profile is vllm's
     ],
 )
@@ -54,6 +55,23 @@ def test_profiles_without_a_tier_refuse_it(run_cli, flags, message):
         "simulate", *LLAMA, "--trace", TRACE, "--prefix-caching", "--host-memory", "8GiB", *flags
     )
     assert status != 0 and message in err and "Traceback" not in err
+
+
+def test_the_sglang_profile_simulates_hicache(run_cli):
+    """``--scheduler sglang --host-memory``: SGLang's HiCache (HiRadixCache): evicted radix
+    nodes stay on the host and come back on a hit, so the hit rate grows with host memory."""
+    sglang = ("--trace", TRACE, "--policies", "auto", "--prefix-caching", "--scheduler", "sglang")
+    status, out, err = run_cli("simulate", *LLAMA, *sglang, "--host-memory", "0,4GiB,16GiB", "--json")
+    assert status == 0, err
+    curve = json.loads(out)["tier_curve"]
+    rates = [p["simulation"]["prefix_hit_rate"] for p in curve]
+    assert rates[0] < rates[1] < rates[2]
+    tier = curve[2]["simulation"]["host_tier"]
+    assert tier["host_hits"] > 0 and tier["restored_bytes"] > 0
+    assert tier["device_hit_tokens"] + tier["host_hit_tokens"] == curve[2]["simulation"]["cached_tokens"]
+    status, out, err = run_cli("simulate", *LLAMA, *sglang, "--host-memory", "8GiB")
+    assert status == 0, err
+    assert any(line.startswith("  host tier auto") and "from the host" in line for line in out.splitlines())
 
 
 def test_a_tier_needs_prefix_caching_and_sizes(run_cli):

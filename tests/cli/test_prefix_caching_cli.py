@@ -28,9 +28,10 @@ def test_the_table_gains_a_prefix_hits_column(run_cli):
     assert status == 0, err
     lines = out.splitlines()
     assert "0.8 share a 1024-token prefix" in lines[0]
-    assert "prefix caching on" in lines[2]
-    assert lines[3].split()[-2:] == ["prefix", "hits"]
-    assert lines[5].split()[-1].endswith("%") and lines[5].split()[-1] != "0.0%"
+    assert lines[2].startswith("plans: ")
+    assert "prefix caching on" in lines[3]
+    assert lines[4].split()[-2:] == ["prefix", "hits"]
+    assert lines[6].split()[-1].endswith("%") and lines[6].split()[-1] != "0.0%"
 
 
 def test_json_reports_what_caching_bought(run_cli):

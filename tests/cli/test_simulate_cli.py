@@ -29,10 +29,11 @@ def test_table_has_a_row_per_plan_with_the_simulated_figures(run_cli):
     assert status == 0, err
     lines = out.splitlines()
     assert lines[0].startswith("workload 60 requests") and lines[1].startswith("60 requests, prompts")
-    header = lines[3].split()
+    assert lines[2].startswith("plans: as vLLM runs them")
+    header = lines[4].split()
     for column in ("policy", "running", "tokens/step", "preemptions", "queue", "p99", "pool", "steps"):
         assert column in header
-    rows = [line.split()[0] for line in lines[5:] if not line.startswith("  uniform")]
+    rows = [line.split()[0] for line in lines[6:] if not line.startswith("  uniform")]
     assert rows == ["shared_buffer", "equal_groups"]
 
 

@@ -109,10 +109,11 @@ def test_the_host_links_seconds_are_added_to_the_steps():
     assert untimed.host_transfer_seconds == 0.0 and untimed.host_tier == tier
 
 
-@pytest.mark.parametrize("scheduler", ["vllm", "sglang"])
+@pytest.mark.parametrize("scheduler", ["vllm", "vllm-reference"])
 def test_profiles_that_do_not_model_a_tier_refuse_it(scheduler):
+    """vLLM's profiles refuse a host tier (the sglang profile simulates one: HiCache)."""
     _, tiered = _plans()
-    with pytest.raises(InvalidInputError, match="scheduler='kvcore'"):
+    with pytest.raises(InvalidInputError, match=r"scheduler='kvcore'\) or the 'sglang' one"):
         simulate(tiered, _alternating(2), prefix_caching=True, scheduler=scheduler)
 
 

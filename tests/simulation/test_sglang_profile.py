@@ -9,8 +9,10 @@ from hypothesis import given, settings, strategies as st
 
 from kvcore import InvalidInputError, SizingContext, Workload, plan_kv_cache, simulate
 from kvcore.planning.manager import get_plugin_manager
+from kvcore.planning.offload import with_host_memory
 from kvcore.planning.registry import Registry
-from kvcore.simulation.profiles.radix import Node
+from kvcore.plugins.state import StatePart, StateSpec
+from kvcore.simulation.profiles.radix import HiRadixTree, Node
 from kvcore.simulation.profiles.sglang import (
     INIT_NEW_TOKEN_RATIO,
     MIN_NEW_TOKEN_RATIO_FACTOR,
@@ -282,6 +284,8 @@ def _check_invariants(sim: SglangSimulator) -> None:
     private = sum(-(-sim._committed[r] // page) - sim._protected[r] // page for r in holders)
     assert sim.full_free + sim.tree.size // page + private == sim.full_pages
     assert 0 <= sim.full_free <= sim.full_pages
+    assert sim.mamba_free + sum(sim._slot) == sim.mamba_slots  # a slot is free or held by one request
+    assert all(sim._status[r] != 0 for r, held in enumerate(sim._slot) if held)  # never a waiting one
     if sim.swa_pages:
         swa = sum(-(-sim._committed[r] // page) - sim._swa_lo[r] // page for r in holders)
         assert sim.swa_free + swa == sim.swa_pages
@@ -291,8 +295,17 @@ def _check_invariants(sim: SglangSimulator) -> None:
         node = stack.pop()
         nodes.extend(node.children.values())
         stack.extend(node.children.values())
-    assert sum(n.size for n in nodes) == sim.tree.size
-    assert sum(n.size for n in nodes if n.lock_ref == 0) == sim.tree.evictable
+    on_device = [n for n in nodes if not n.evicted]
+    assert sum(n.size for n in on_device) == sim.tree.size
+    assert sum(n.size for n in on_device if n.lock_ref == 0) == sim.tree.evictable
+    if isinstance(sim.tree, HiRadixTree):  # HiCache: evicted nodes are on the host, below it
+        assert sum(n.size for n in nodes if n.backed) == sim.tree.host_used <= sim.tree.host_tokens
+        for n in nodes:
+            assert not n.evicted or (n.backed and n.lock_ref == 0)
+            assert not n.evicted or all(c.evicted for c in n.children.values())
+            assert not n.backed or n.parent is sim.tree.root or n.parent.backed
+    else:
+        assert not any(n.evicted or n.backed for n in nodes)
     held: dict[int, int] = {}
     for r in holders:
         node = sim._node[r]
@@ -315,15 +328,18 @@ def _check_invariants(sim: SglangSimulator) -> None:
     tokens=st.integers(600, 3000),
     chunk=st.sampled_from([64, 256]),
     overlap=st.booleans(),
+    host=st.sampled_from([0, 48, 400]),
 )
 def test_the_pools_and_the_tree_stay_consistent_and_every_token_is_accounted_for(
-    seed, page, caching, window, tokens, chunk, overlap
+    seed, page, caching, window, tokens, chunk, overlap, host
 ):
     if window:
         specs = mix((1, full(block_size=page)), (1, sliding(window, block_size=page)))
         plan = _plan(specs, 512, policy="kind_pools", memory=tokens * 2 * 2 * 8 * 128 * 2, step=chunk)
     else:
         plan = _plan({"model.layers.0": full(block_size=page)}, 512, num_blocks=tokens // page, step=chunk)
+    if host and caching and not window:  # HiCache: a host pool of ``host`` tokens' pages
+        plan = with_host_memory(plan, -(-host // page) * page * plan.pools[0].bytes_per_block)
     workload = random_workload(seed, 30, "uniform:16:300", "uniform:1:300", prefix_share=0.6)
     sim = SglangProfile(max_running_requests=32, overlap_schedule=overlap).simulator(
         plan, workload, max_num_batched_tokens=None, prefix_caching=caching
@@ -340,3 +356,139 @@ def test_the_pools_and_the_tree_stay_consistent_and_every_token_is_accounted_for
     assert all(0.0 <= u <= 1.0 for u in result.pool_usage)
     if not caching:
         assert result.cached_tokens == 0 and sim.tree.size == 0
+    if result.host_tier is not None:
+        tier = result.host_tier
+        assert tier.device_hit_tokens + tier.host_hit_tokens == result.cached_tokens
+        assert tier.restored_blocks * page == tier.host_hit_tokens * plan.groups[0].blocks_per_page
+
+
+# -- the Mamba pool --------------------------------------------------------------------------
+
+
+def _state(page=16):
+    """A small Mamba layer's state."""
+    parts = (
+        StatePart(name="conv", shape=(3, 8), dtype="float32"),
+        StatePart(name="ssm", shape=(8, 4), dtype="bfloat16"),
+    )
+    return StateSpec(block_size=page, parts=parts)
+
+
+def test_a_mamba_hybrids_state_slots_bound_the_running_requests():
+    """Each running request holds one of the Mamba pool's slots (``HybridReqToTokenPool``), and
+    SGLang caps running requests at the slots (``resolve_max_num_reqs``): with 3 slots and room
+    for 40 requests' tokens, at most 3 run, the others wait, none is retracted."""
+    plan = _plan(mix((1, full(block_size=16)), (3, _state())), 1024, policy="kind_pools", memory=2**30)
+    pools = sglang_pools(plan)
+    assert pools.mamba_slots > 3 and pools.full_tokens > 40 * 200
+    few = SglangPools(page_size=16, full_tokens=pools.full_tokens, mamba_slots=3)
+    requests = [Request(i, 100, 50, 0) for i in range(12)]
+    sim = _sim(plan, requests, pools=few)
+    result = _run(sim)
+    assert result.peak_running == 3 and result.preemptions == 0
+    assert dict(result.scheduler_settings)["mamba_slots"] == 3
+    assert dict(result.scheduler_settings)["max_running_requests"] == 3
+    assert max(result.pool_usage) == 1.0  # every slot held: the Mamba pool is the fuller one
+    assert sim.finished == 12
+    # the plan's own Mamba pool: as many slots as its state pool has pages
+    state_group = next(g for g in plan.groups if g.spec.tokens_per_page is None)
+    assert pools.mamba_slots == plan.usable_blocks_in(state_group.pool) // state_group.blocks_per_page
+    roomy = _run(_sim(plan, requests))
+    assert roomy.peak_running == 12
+
+
+def test_mamba_slots_free_when_a_request_finishes_or_is_retracted():
+    """A slot comes back when its request leaves (finished, or retracted and re-admitted later):
+    the slots never leak and every request finishes, with the overlap scheduler too."""
+    plan = _plan(mix((1, full(block_size=4)), (2, _state(4))), 512, policy="kind_pools", memory=2**30)
+    tight = SglangPools(page_size=4, full_tokens=800, mamba_slots=5)
+    workload = random_workload(7, 40, "uniform:16:100", "uniform:50:300", prefix_share=0.0)
+    retracted = 0
+    for overlap in (False, True):
+        sim = SglangProfile(pools=tight, overlap_schedule=overlap).simulator(
+            plan, workload, max_num_batched_tokens=None, prefix_caching=False
+        )
+        result = _run(sim)
+        assert sim.finished == 40 and result.peak_running <= 5
+        sim._process_results()  # overlap: the last step's releases
+        assert sim.mamba_free == 5 and not any(sim._slot)
+        retracted += result.preemptions
+    assert retracted > 0  # the full pool was tight enough to retract
+
+
+def test_prefix_caching_on_a_mamba_hybrid_is_refused_by_name():
+    plan = _plan(mix((1, full(block_size=16)), (3, _state())), 1024, policy="kind_pools", memory=2**30)
+    refused = r"MambaRadixCache.*without prefix caching \(prefix_caching=False"
+    with pytest.raises(InvalidInputError, match=refused):
+        _sim(plan, [Request(0, 10, 2)], caching=True)
+    with pytest.raises(InvalidInputError, match="state and sliding-window groups"):
+        sglang_pools(
+            _plan(
+                mix((1, full(block_size=16)), (1, sliding(64, block_size=16)), (2, _state())),
+                1024,
+                policy="kind_pools",
+                memory=2**30,
+            )
+        )
+
+
+# -- HiCache ---------------------------------------------------------------------------------
+
+
+def _hicache_case(host_tokens):
+    """The eviction case above (A, B, then C evicts A's 44 tokens), with a host tier of
+    ``host_tokens`` tokens (one layer: a token is a block)."""
+    a = dict(prefix_id="a", prefix_tokens=40)
+    b = dict(prefix_id="b", prefix_tokens=40)
+    requests = [
+        Request(0, 40, 5, 0, **a),
+        Request(1, 40, 5, 10, **b),
+        Request(2, 100, 5, 20),
+        Request(3, 40, 1, 30, **b),
+        Request(4, 40, 1, 31, **a),
+    ]
+    plan = _tokens(1, 160)
+    if host_tokens:
+        plan = with_host_memory(plan, host_tokens * plan.pools[0].bytes_per_block)
+    return _sim(plan, requests, caching=True)
+
+
+def test_hicache_brings_an_evicted_prefix_back_from_the_host():
+    """With a host tier (SGLang's HiCache, write-through), the nodes C evicts stay in the tree
+    on the host: D (prefix a) finds A's 39 tokens there and loads them back instead of
+    computing them; without the tier it finds nothing."""
+    without = _run(_hicache_case(0))
+    sim = _hicache_case(1000)
+    with_host = _run(sim)
+    assert isinstance(sim.tree, HiRadixTree)
+    assert without.cached_tokens == 39 and without.host_tier is None
+    assert with_host.cached_tokens == 39 + 39
+    assert with_host.total_tokens == without.total_tokens - 39  # D computed 1 token, not 40
+    tier = with_host.host_tier
+    assert tier is not None and tier.enabled
+    assert (tier.host_hits, tier.host_hit_tokens, tier.device_hit_tokens) == (1, 39, 39)
+    assert tier.restored_blocks == 39 and tier.host_blocks == 1000
+    # write-through: every node the tree took was copied once (A, B: 44 each, C: 104; D's and
+    # E's prompts were all in the tree already)
+    assert tier.offloaded_blocks == 44 + 44 + 104 and tier.host_evictions == 0
+
+
+def test_hicache_drops_host_copies_least_recently_used_first_when_the_host_is_full():
+    """A host of 50 tokens holds A's copy (44); B's finds no room (nothing is evicted yet, so
+    nothing can leave the host) and stays on the device only. When C's 104 tokens are written,
+    the host drops its evicted leaves, A's output then A's prompt (``evict_host``), and C's
+    copy still does not fit: D (prefix a) finds nothing anywhere. A host of 200 keeps A's."""
+    small = _run(_hicache_case(50)).host_tier
+    assert small is not None
+    assert small.host_evictions == 2 and small.host_hits == 0 and small.held_blocks <= 50
+    roomy = _run(_hicache_case(200)).host_tier
+    assert roomy is not None and roomy.host_hit_tokens == 39
+
+
+def test_a_host_tier_beside_a_sliding_pool_is_refused_by_name():
+    specs = mix((1, full(block_size=16)), (1, sliding(64, block_size=16)))
+    plan = with_host_memory(_plan(specs, 4096, policy="kind_pools", memory=2**28), 2**26)
+    with pytest.raises(InvalidInputError, match=r"host tier beside a sliding pool.*HiCache"):
+        _sim(plan, [Request(0, 10, 2)], caching=True)
+    with pytest.raises(InvalidInputError, match="does not simulate one"):
+        simulate(plan, Workload((Request(0, 10, 2),), name="x"), prefix_caching=True, registry=REGISTRY)

@@ -9,7 +9,7 @@ reproducible; the default profile is ``vllm``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
 
@@ -29,6 +29,8 @@ class KvcoreProfile(BuiltInProfile):
     description: str = (
         "kvcore's own rules: first-chunk admission, end-of-step window freeing, shared-prefix cache"
     )
+    #: a plan's host tier is simulated (the block pool's host tier)
+    simulates_host_tier: ClassVar[bool] = True
 
     def _stepper(self, plan: KVCachePlan, workload: Workload, options: dict[str, Any]) -> Simulator:
         """A :class:`~kvcore.simulation.simulator.Simulator` (:meth:`simulator` passes ``options``)."""

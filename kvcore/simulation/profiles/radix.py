@@ -32,7 +32,7 @@ from collections.abc import Callable, Hashable
 class Node:
     """One run of cached tokens: ``[start, end)`` of request ``origin``'s sequence."""
 
-    __slots__ = ("children", "end", "lock_ref", "origin", "parent", "start", "used")
+    __slots__ = ("backed", "children", "end", "evicted", "lock_ref", "origin", "parent", "start", "used")
 
     def __init__(self, parent: Node | None, origin: int, start: int, end: int, used: int) -> None:
         self.parent = parent
@@ -42,6 +42,8 @@ class Node:
         self.children: dict[Hashable, Node] = {}
         self.lock_ref = 0
         self.used = used  # last access: a counter standing for SGLang's time.monotonic()
+        self.evicted = False  # HiCache: off the device, its tokens on the host only
+        self.backed = False  # HiCache: a copy on the host (``host_value``)
 
     @property
     def size(self) -> int:
@@ -95,6 +97,7 @@ class RadixTree:
         assert parent is not None
         upper = Node(parent, node.origin, node.start, at, self._tick())  # a new node: its creation time
         upper.lock_ref = node.lock_ref
+        upper.evicted, upper.backed = node.evicted, node.backed  # both halves keep where they are
         parent.children[self._identity(node.origin, node.start)] = upper
         node.start = at
         node.parent = upper
@@ -177,5 +180,221 @@ class RadixTree:
             self.size -= node.size
             self._free_tokens(node.size)
             if parent is not self.root and not parent.children and parent.lock_ref == 0:
+                heapq.heappush(heap, (parent.used, id(parent), parent))
+        return freed
+
+
+#: ``HiRadixCache.load_back_threshold``: a host hit shorter than this is computed again.
+LOAD_BACK_THRESHOLD = 10
+
+
+class HiRadixTree(RadixTree):
+    """SGLang's ``HiRadixCache`` (HiCache's host tier, ``mem_cache/hiradix_cache.py``; facts,
+    not code), with the default ``--hicache-write-policy write_through``:
+
+    - **Write-through**: a node is copied to host memory when it enters the tree, or when an
+      insert walks it and it has no copy yet (``inc_hit_count`` with ``write_through_threshold``
+      1, ``write_backup``), only under a parent that has one (or the root); when the host is
+      full, ``evict_host`` makes room first, and a node that still finds none stays on the device
+      only.
+    - **Device eviction** (``evict``): the unheld nodes with no child on the device, least
+      recently used first; a node with a host copy leaves the device and stays in the tree,
+      evicted (``_evict_backuped``), one without is dropped (``_evict_regular``).
+    - **Host eviction** (``evict_host``): evicted leaves, least recently used first, dropped
+      with their host copy.
+    - **Matching**: ``match_prefix`` walks evicted nodes too; the hit on the device ends at the
+      last node still there, the rest is the host hit (``host_hit_length``), which the caller
+      loads back (:meth:`load_back`, ``init_load_back``) when it is at least
+      :data:`LOAD_BACK_THRESHOLD` tokens.
+    - **Insertion over an evicted node** (a prefix computed again) puts the request's copy back
+      in the node (``_insert_helper``): it is not a duplicate to free.
+
+    Copies finish at once here (SGLang writes and loads asynchronously, holding the node meanwhile).
+
+    Args:
+        identity, common, free_tokens: as :class:`RadixTree`.
+        host_tokens: tokens the host pool holds (``--hicache-size``, or ``--hicache-ratio`` x
+            the device pool).
+        page: tokens per page (a node's size is whole pages).
+    """
+
+    def __init__(
+        self,
+        identity: Callable[[int, int], Hashable],
+        common: Callable[[int, int], int],
+        free_tokens: Callable[[int], None],
+        *,
+        host_tokens: int,
+        page: int,
+    ) -> None:
+        super().__init__(identity, common, free_tokens)
+        self.root.backed = True  # the root's children may be written
+        self.host_tokens = host_tokens
+        #: tokens with a host copy
+        self.host_used = 0
+        #: tokens written to the host, and loaded back, and host copies dropped
+        self.written = 0
+        self.loaded = 0
+        self.host_evictions = 0
+        self._page = page
+
+    def match_host(self, r: int, limit: int) -> tuple[int, Node, int]:
+        """``match_prefix``: the device hit of ``r``'s first ``limit`` tokens, the last node on
+        the device, and the host hit beyond it."""
+        pos, node = self._walk(r, limit)
+        host = 0
+        while node.evicted:
+            host += node.size
+            assert node.parent is not None
+            node = node.parent
+        return pos - host, node, host
+
+    def match(self, r: int, limit: int) -> tuple[int, Node]:
+        """The device hit alone (see :meth:`match_host`)."""
+        hit, node, _ = self.match_host(r, limit)
+        return hit, node
+
+    def load_back(self, r: int, limit: int, device: Node, free_pages: Callable[[], int]) -> tuple[int, Node]:
+        """``init_load_back`` / ``load_back``: bring the evicted nodes of ``r``'s hit below
+        ``device`` (held by the caller) back to the device, evicting the device for room
+        (``free_pages`` says what the pool has free); returns the tokens loaded and the last
+        node, or ``(0, device)`` when the host hit is under :data:`LOAD_BACK_THRESHOLD` or the
+        device cannot make room."""
+        chain: list[Node] = []
+        _, node = self._walk(r, limit)
+        while node.evicted:
+            chain.append(node)
+            assert node.parent is not None
+            node = node.parent
+        tokens = sum(n.size for n in chain)
+        if node is not device or tokens < LOAD_BACK_THRESHOLD:
+            return 0, device
+        need = tokens // self._page
+        if need > free_pages():
+            self.evict((need - free_pages()) * self._page)
+        if need > free_pages():
+            return 0, device
+        for n in reversed(chain):
+            n.evicted = False
+            self.size += n.size
+            self.evictable += n.size  # nobody holds it yet
+        self.loaded += tokens
+        return tokens, chain[0]
+
+    def insert(self, r: int, length: int) -> int:
+        """``insert``: as :meth:`RadixTree.insert`, writing new and walked nodes through to the
+        host, and giving an evicted node on the way the request's copy (not counted as found)."""
+        now = self._tick()
+        node = self.root
+        pos = 0
+        found = 0
+        while pos < length:
+            child = node.children.get(self._identity(r, pos))
+            if child is None:
+                break
+            child.used = now
+            matched = self._match_len(child, r, length)
+            if matched <= 0:
+                break
+            partial = matched < child.size
+            if partial:
+                child = self._split(child, child.start + matched)
+            if child.evicted:  # computed again: the request's copy goes back into the node
+                child.evicted = False
+                self.size += child.size
+                self.evictable += child.size
+            else:
+                found = child.end
+                self._backup(child)
+            node = child
+            pos = child.end
+            if partial:
+                break
+        if pos < length:
+            leaf = Node(node, r, pos, length, self._tick())
+            node.children[self._identity(r, pos)] = leaf
+            self._nodes.add(leaf)
+            self.evictable += length - pos
+            self.size += length - pos
+            self._backup(leaf)
+        return found
+
+    def _backup(self, node: Node) -> None:
+        """``write_backup``: a host copy of ``node`` under a parent that has one, room made by
+        :meth:`evict_host` if need be."""
+        parent = node.parent
+        if node.backed or parent is None or not parent.backed:
+            return
+        if self.host_used + node.size > self.host_tokens:
+            self.evict_host(self.host_used + node.size - self.host_tokens)
+        if self.host_used + node.size > self.host_tokens:
+            return
+        node.backed = True
+        self.host_used += node.size
+        self.written += node.size
+
+    def evict(self, tokens: int) -> int:
+        """``evict``: device leaves (no child on the device), least recently used first; a
+        backed one becomes evicted, the others are dropped; returns the device tokens freed."""
+        if tokens <= 0:
+            return 0
+        heap = [(n.used, id(n), n) for n in self._nodes if self._device_leaf(n)]
+        heapq.heapify(heap)
+        freed = 0
+        while freed < tokens and heap:
+            _, _, node = heapq.heappop(heap)
+            if not self._device_leaf(node):  # pushed twice
+                continue
+            parent = node.parent
+            assert parent is not None
+            if node.backed:
+                node.evicted = True
+            else:
+                del parent.children[self._identity(node.origin, node.start)]
+                self._nodes.discard(node)
+                self._drop_subtree(node)
+            freed += node.size
+            self.evictable -= node.size
+            self.size -= node.size
+            self._free_tokens(node.size)
+            if parent is not self.root and self._device_leaf(parent):
+                heapq.heappush(heap, (parent.used, id(parent), parent))
+        return freed
+
+    def _drop_subtree(self, node: Node) -> None:
+        """A dropped device node's evicted descendants go with it (their host copies too)."""
+        stack = list(node.children.values())
+        while stack:
+            child = stack.pop()
+            stack.extend(child.children.values())
+            self._nodes.discard(child)
+            if child.backed:
+                self.host_used -= child.size
+                self.host_evictions += 1
+        node.children.clear()
+        if node.backed:
+            self.host_used -= node.size
+
+    def _device_leaf(self, node: Node) -> bool:
+        return (
+            not node.evicted and node.lock_ref == 0 and all(child.evicted for child in node.children.values())
+        )
+
+    def evict_host(self, tokens: int) -> int:
+        """``evict_host``: evicted leaves, least recently used first, dropped with their host
+        copies; returns the host tokens freed."""
+        heap = [(n.used, id(n), n) for n in self._nodes if n.evicted and not n.children]
+        heapq.heapify(heap)
+        freed = 0
+        while freed < tokens and heap:
+            _, _, node = heapq.heappop(heap)
+            parent = node.parent
+            assert parent is not None
+            del parent.children[self._identity(node.origin, node.start)]
+            self._nodes.discard(node)
+            self.host_used -= node.size
+            self.host_evictions += 1
+            freed += node.size
+            if parent is not self.root and parent.evicted and not parent.children:
                 heapq.heappush(heap, (parent.used, id(parent), parent))
         return freed

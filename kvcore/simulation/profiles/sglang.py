@@ -56,6 +56,27 @@ code; line numbers of that release):
   ``free_swa_out_of_window_slots`` in ``mem_cache/common.py``). Pages are the plan's block size
   (SGLang's ``--page-size``).
 
+- **Mamba pool** (a Mamba/linear hybrid; ``HybridReqToTokenPool`` and ``MambaPool`` in
+  ``mem_cache/memory_pool.py``): the state layers live in a pool of state slots
+  (``max_mamba_cache_size``), each slot one request's state of every state layer, apart from
+  the full pool that holds the attention layers (``HybridLinearKVPool``). Its slots are the
+  plan's state pages (as ``kvcore.integrations.sglang``'s ``pool_sizes`` reads them), or
+  ``SglangPools(mamba_slots=...)``. A request takes a slot when admitted (``alloc_req_slots``)
+  and gives it back when released (finished or retracted); a new request is admitted only while
+  a slot is free (``HybridReqToTokenPool.available_size``, the admission gate, one slot a
+  request without the radix cache: ``MAMBA_STATE_PER_REQ_NO_CACHE``), and running requests are
+  capped at the slots (``resolve_max_num_reqs``, ``mem_cache/kv_cache_configurator.py``), so the
+  slots bound concurrency. With the radix cache SGLang runs ``MambaRadixCache``
+  (``mem_cache/mamba_radix_cache.py``: states kept in the tree, three slots a running request),
+  which the profile does not model: prefix caching on a Mamba hybrid is refused.
+
+- **HiCache** (a plan with a host tier, ``kvcore simulate --host-memory``; SGLang's
+  ``--enable-hierarchical-cache``, ``HiRadixCache`` in ``mem_cache/hiradix_cache.py``): the radix
+  cache is :class:`~kvcore.simulation.profiles.radix.HiRadixTree` over the full pool's host
+  pages (write-through copies, evicted nodes kept on the host, host eviction least recently used
+  first), and an admitted request's host hit of at least ``load_back_threshold`` tokens is
+  loaded back after the admission check (``PrefillAdder.add_one_req``: ``init_load_back``).
+
 Requests generate exactly their ``output_tokens``; ``max_new_tokens`` is taken to be that too
 (the request is not ``ignore_eos``, so the ratio applies).
 
@@ -72,20 +93,23 @@ sliding-window model the radix cache keeps full-attention tokens only: a finishe
 sliding tokens, and a running one's that the tree holds and that left the window, are freed at
 once (SGLang keeps them in the tree, evictable, until sliding-pool pressure tombstones them),
 and a request that hits a cached prefix takes the sliding tokens of its last window again; no
-Mamba pool, no all-sliding model, no priorities, no speculative decoding, no hierarchical cache.
+MambaRadixCache (prefix caching on a Mamba hybrid), no Mamba hybrid with sliding layers, no
+HiCache beside a sliding or Mamba pool nor its storage tier (copies finish at once), no
+all-sliding model, no priorities, no speculative decoding.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Hashable
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 import attrs
 
 from kvcore.errors import InvalidInputError
+from kvcore.runtime.host_cache import HostTierStats
 from kvcore.simulation.profile import BuiltInProfile
-from kvcore.simulation.profiles.radix import Node, RadixTree
+from kvcore.simulation.profiles.radix import LOAD_BACK_THRESHOLD, HiRadixTree, Node, RadixTree
 from kvcore.simulation.stepper import StepperState, check_lengths, step_budget
 from kvcore.simulation.steps import StepRecord, StepTimeModel
 from kvcore.spec import KVCacheSpec, cdiv
@@ -93,6 +117,7 @@ from kvcore.validators import int_at_least
 
 if TYPE_CHECKING:
     from kvcore.plan import KVCachePlan
+    from kvcore.simulation.result import SimulationResult
     from kvcore.simulation.workload import Workload
 
 #: ``SGLANG_INIT_NEW_TOKEN_RATIO`` (``sglang/srt/environ.py:646``).
@@ -142,12 +167,15 @@ class SglangPools:
         full_tokens: tokens of the full pool.
         swa_tokens: tokens of the sliding pool (0: none).
         window: the sliding layers' window (0: none).
+        mamba_slots: state slots of the Mamba pool (``max_mamba_cache_size``; 0: a model
+            without state layers).
     """
 
     page_size: int = attrs.field(validator=int_at_least(1))
     full_tokens: int = attrs.field(validator=int_at_least(1))
     swa_tokens: int = attrs.field(default=0, validator=int_at_least(0))
     window: int = attrs.field(default=0, validator=[int_at_least(0), _sliding])
+    mamba_slots: int = attrs.field(default=0, validator=int_at_least(0))
 
 
 @attrs.frozen(kw_only=True)
@@ -174,6 +202,8 @@ class SglangProfile(BuiltInProfile):
     description: str = (
         "SGLang 0.5.23's scheduler: admission by new_token_ratio, decode retraction, radix cache"
     )
+    #: a plan's host tier is simulated (HiCache: ``HiRadixCache``)
+    simulates_host_tier: ClassVar[bool] = True
     max_running_requests: int | None = attrs.field(
         default=None, validator=attrs.validators.optional(int_at_least(1))
     )
@@ -210,12 +240,13 @@ class SglangProfile(BuiltInProfile):
 
 def sglang_pools(plan: KVCachePlan) -> SglangPools:
     """The pools SGLang runs ``plan`` with: the full-attention groups' tokens and the sliding
-    groups' (the least each holds: SGLang keeps one token index per pool), one page size.
+    groups' (the least each holds: SGLang keeps one token index per pool), one page size, and
+    the state groups' pages as the Mamba pool's slots (the least of them).
 
     Raises:
         InvalidInputError: a plan SGLang's pools cannot hold: groups of different block sizes,
-            two groups drawing from one block pool, a state or chunked-local group, sliding
-            windows of different sizes, or no full-attention group.
+            two groups drawing from one block pool, a chunked-local group, sliding windows of
+            different sizes, state and sliding groups together, or no full-attention group.
     """
     fix = "plan for SGLang with kind_pools and one block size (kvcore.integrations.sglang.plan_for_sglang)"
     sizes = sorted({g.spec.block_size for g in plan.groups})
@@ -231,15 +262,16 @@ def sglang_pools(plan: KVCachePlan) -> SglangPools:
         )
     full: list[int] = []
     swa: list[int] = []
+    states: list[int] = []
     windows: set[int] = set()
     for group in plan.groups:
         spec = group.spec
         held = plan.tokens_held(group)
         if held is None:
-            raise InvalidInputError(
-                f"the plan has a {spec.kind} group: the sglang profile does not model SGLang's Mamba "
-                "state pool"
-            )
+            # a state group: its pages are the Mamba pool's slots (kvcore.integrations.sglang's
+            # pool_sizes reads them the same way)
+            states.append(plan.usable_blocks_in(group.pool) // group.blocks_per_page)
+            continue
         if type(spec).first_retained_token is KVCacheSpec.first_retained_token:
             full.append(held)
             continue
@@ -258,11 +290,17 @@ def sglang_pools(plan: KVCachePlan) -> SglangPools:
         raise InvalidInputError(
             "the plan has no full-attention group: the sglang profile does not model an all-sliding model"
         )
+    if states and swa:
+        raise InvalidInputError(
+            "the plan has state and sliding-window groups: SGLang runs a Mamba hybrid's attention in one "
+            "full pool (HybridLinearKVPool), and the sglang profile models no other"
+        )
     return SglangPools(
         page_size=sizes[0],
         full_tokens=min(full),
         swa_tokens=min(swa) if swa else 0,
         window=windows.pop() if windows else 0,
+        mamba_slots=min(states) if states else 0,
     )
 
 
@@ -286,7 +324,8 @@ class SglangSimulator(StepperState):
             :class:`~kvcore.simulation.steps.Timeline`.
 
     Raises:
-        InvalidInputError: a plan SGLang cannot run (:func:`sglang_pools`), a request longer
+        InvalidInputError: a plan SGLang cannot run (:func:`sglang_pools`), prefix caching on a
+            Mamba hybrid (MambaRadixCache is not modelled), a request longer
             than the plan's ``max_model_len``, a chunk size that is not an int from 1 to
             ``kvcore.limits.MAX_TOKENS``, or requests in seconds without ``step_time``.
     """
@@ -315,6 +354,19 @@ class SglangSimulator(StepperState):
         self.max_running = profile.max_running_requests or default_max_running_requests(
             pools.full_tokens, self.max_model_len
         )
+        #: the Mamba pool's slots and those free: a running request holds one
+        self.mamba_slots = self.mamba_free = pools.mamba_slots
+        if pools.mamba_slots:
+            if prefix_caching:
+                raise InvalidInputError(
+                    "prefix caching on a Mamba hybrid: the sglang profile does not model SGLang's "
+                    "MambaRadixCache (states cached in the tree, three slots a running request); replay "
+                    "without prefix caching (prefix_caching=False, as SGLang's disable_radix_cache), or with "
+                    "the 'kvcore' profile (scheduler='kvcore')"
+                )
+            # resolve_max_num_reqs: running requests capped at the slots over the slots each
+            # holds (MAMBA_STATE_PER_REQ_NO_CACHE = 1 without the radix cache)
+            self.max_running = min(self.max_running, pools.mamba_slots)
         init = min(INIT_NEW_TOKEN_RATIO * profile.schedule_conservativeness, 1.0)
         self.ratio_min = min(init * MIN_NEW_TOKEN_RATIO_FACTOR, 1.0)
         self.ratio_decay = (init - self.ratio_min) / NEW_TOKEN_RATIO_DECAY_STEPS
@@ -341,7 +393,14 @@ class SglangSimulator(StepperState):
                 return 0
             return min(shared[a], shared[b])
 
-        self.tree = RadixTree(identity, common, self._tree_freed)
+        self.host_tokens = self._host_tokens(plan, pools)
+        self.tree: RadixTree = (
+            HiRadixTree(identity, common, self._tree_freed, host_tokens=self.host_tokens, page=page)
+            if self.host_tokens
+            else RadixTree(identity, common, self._tree_freed)
+        )
+        #: HiCache: lookups that loaded a host hit back, and the tokens they loaded
+        self.host_hits = self.host_hit_tokens = 0
         self._prompt = [r.prompt_tokens for r in requests]
         self._max_new = [r.output_tokens for r in requests]
         self._outputs = [0] * count
@@ -349,6 +408,7 @@ class SglangSimulator(StepperState):
         self._protected = [0] * count  # of them, the radix cache's (cache_protected_len)
         self._node: list[Node | None] = [None] * count  # the node a request holds
         self._swa_lo = [0] * count  # its first token with a sliding slot
+        self._slot = [False] * count  # it holds a Mamba slot
         self._status = [_WAITING] * count
         self._first = [-1] * count
         self._waiting: list[int] = []
@@ -361,6 +421,29 @@ class SglangSimulator(StepperState):
         self._batch_full = False
         self._start(workload, step_time, profile.name)
         self._next = 0
+
+    def _host_tokens(self, plan: KVCachePlan, pools: SglangPools) -> int:
+        """HiCache's host pool, in tokens: the plan's host tier of the full pool
+        (``kvcore simulate --host-memory``, SGLang's ``--hicache-size``), whole pages.
+
+        Raises:
+            InvalidInputError: a host tier beside a sliding or Mamba pool (SGLang's hybrid host
+                pools are not modelled).
+        """
+        tier = plan.offload_tier
+        if tier is None or not tier.nbytes:
+            return 0
+        if pools.swa_tokens or pools.mamba_slots:
+            kind = "sliding" if pools.swa_tokens else "Mamba"
+            raise InvalidInputError(
+                f"a host tier beside a {kind} pool: the sglang profile models HiCache (HiRadixCache) for "
+                "full-attention and MLA pools only; simulate without the tier, or with the 'kvcore' profile "
+                "(scheduler='kvcore')"
+            )
+        full = [g for g in plan.groups if g.spec.tokens_per_page]
+        tokens = min(plan.host_blocks_in(g.pool) // g.blocks_per_page * self.page for g in full)
+        self._host_group = full[0]
+        return max(tokens, 0)
 
     # -- the stepper ---------------------------------------------------------------------------
 
@@ -450,7 +533,12 @@ class SglangSimulator(StepperState):
         """``get_num_allocatable_reqs``: request slots left (the chunked request holds one)."""
         held = 1 if self._chunked is not None else 0
         in_batch = 1 if self._chunked is not None and self._chunked in admitted else 0
-        return min(self.max_running - running, self.max_running - running - held + in_batch)
+        allocatable = min(self.max_running - running, self.max_running - running - held + in_batch)
+        if self.mamba_slots:
+            # HybridReqToTokenPool.available_size: a new request needs a free Mamba slot (the
+            # chunked request holds its own)
+            allocatable = min(allocatable, self.mamba_free + in_batch)
+        return allocatable
 
     def _prefill(self, step: int) -> list[tuple[int, int, int]] | None:
         """``get_new_batch_prefill``: the prefill batch as ``(request, tokens, cached before)``,
@@ -497,7 +585,14 @@ class SglangSimulator(StepperState):
                 break
             fill = self._fill(r)
             limit = (fill - 1) // page * page
-            hit, node = self.tree.match(r, limit) if self.caching and limit > 0 else (0, None)
+            host = 0
+            if self.caching and limit > 0:
+                if isinstance(self.tree, HiRadixTree):
+                    hit, node, host = self.tree.match_host(r, limit)
+                else:
+                    hit, node = self.tree.match(r, limit)
+            else:
+                hit, node = 0, None
             if node is not None:
                 self.tree.lock(node)  # the prefix is not evictable while the request is judged
             max_new = min(max(self._max_new[r] - self._outputs[r], 0), CLIP_MAX_NEW_TOKENS)
@@ -506,6 +601,11 @@ class SglangSimulator(StepperState):
                 extend, max_new, extend + max_new + page, rem_chunk, hit_window=self._hit_window(hit)
             )
             result = _NO_TOKEN
+            if fits and host >= LOAD_BACK_THRESHOLD and node is not None:
+                # init_load_back: the host hit comes back to the device (after the budget check,
+                # which counted it as tokens to compute)
+                hit, node = self._load_back(r, limit, hit, node)
+                extend = fill - hit
             if fits:
                 result = _CONTINUE
                 full_new = min(self._max_new[r], CLIP_MAX_NEW_TOKENS)
@@ -551,6 +651,21 @@ class SglangSimulator(StepperState):
             self._batch_full = False  # a chunk of this batch stays out of the merged batch
         return batch
 
+    def _load_back(self, r: int, limit: int, hit: int, node: Node) -> tuple[int, Node]:
+        """HiCache's ``init_load_back``: the evicted nodes of ``r``'s hit below ``node`` (held)
+        loaded back into free pages; the hit and the node held after it."""
+        tree = self.tree
+        assert isinstance(tree, HiRadixTree)
+        loaded, deeper = tree.load_back(r, limit, node, lambda: self.full_free)
+        if not loaded:
+            return hit, node
+        self.full_free -= loaded // self.page
+        tree.lock(deeper)
+        tree.unlock(node)
+        self.host_hits += 1
+        self.host_hit_tokens += loaded
+        return hit + loaded, deeper
+
     def _fill(self, r: int) -> int:
         """The tokens a request's next prefill covers: its prompt and what it generated."""
         return self._prompt[r] + self._outputs[r]
@@ -572,6 +687,11 @@ class SglangSimulator(StepperState):
         self._node[r] = node
         if self._first[r] < 0:
             self._first[r] = step
+        if self.mamba_slots:  # alloc_req_slots: its state slot, held until it is released
+            if not self.mamba_free:
+                raise AssertionError("the Mamba pool ran out although SGLang's checks admitted the request")
+            self.mamba_free -= 1
+            self._slot[r] = True
         if self.pools.swa_tokens:
             # the cached prefix's last window takes sliding slots again (see the docstring)
             lo = self._window_start(hit)
@@ -753,6 +873,9 @@ class SglangSimulator(StepperState):
         self.full_free += cdiv(committed, page) - self._protected[r] // page
         if self.swa_pages:
             self.swa_free += cdiv(committed, page) - self._swa_lo[r] // page
+        if self._slot[r]:
+            self.mamba_free += 1
+            self._slot[r] = False
         node = self._node[r]
         if node is not None:
             self.tree.unlock(node)
@@ -785,7 +908,35 @@ class SglangSimulator(StepperState):
         held = 1 - (self.full_free + self.tree.evictable // self.page) / self.full_pages
         if self.swa_pages:
             held = max(held, 1 - self.swa_free / self.swa_pages)
+        if self.mamba_slots:
+            held = max(held, 1 - self.mamba_free / self.mamba_slots)
         return held
+
+    def result(self) -> SimulationResult:
+        """The figures so far; with a host tier, what HiCache kept and gave back."""
+        result = super().result()
+        tree = self.tree
+        if not isinstance(tree, HiRadixTree):
+            return result
+        group = self._host_group
+        per_page = group.blocks_per_page
+        per_block = self.plan.pool_of(group).bytes_per_block
+        written = tree.written // self.page * per_page
+        loaded = tree.loaded // self.page * per_page
+        stats = HostTierStats(
+            enabled=True,
+            host_blocks=self.host_tokens // self.page * per_page,
+            held_blocks=tree.host_used // self.page * per_page,
+            device_hit_tokens=self.cached_tokens - self.host_hit_tokens,
+            host_hits=self.host_hits,
+            host_hit_tokens=self.host_hit_tokens,
+            offloaded_blocks=written,
+            offloaded_bytes=written * per_block,
+            restored_blocks=loaded,
+            restored_bytes=loaded * per_block,
+            host_evictions=tree.host_evictions,
+        )
+        return attrs.evolve(result, host_tier=stats)
 
     def _time_step(self, step: int, batch: list[tuple[int, int, int]]) -> None:
         """Describe the step as a :class:`~kvcore.simulation.steps.StepRecord` and advance the
@@ -818,6 +969,7 @@ class SglangSimulator(StepperState):
             ("page_size", self.page),
             ("full_tokens", self.pools.full_tokens),
             ("swa_tokens", self.pools.swa_tokens),
+            *((("mamba_slots", self.mamba_slots),) if self.mamba_slots else ()),
         )
 
 
