@@ -26,7 +26,7 @@ import attrs
 from kvcore.cache_layout import CacheLayout
 from kvcore.dtypes import DType, dtype_size, to_dtype
 from kvcore.hookspecs import hookimpl
-from kvcore.plugins.compressed_mla import CompressedSpec, entry_layout
+from kvcore.plugins.compressed_mla import CompressedSpec, aligned_pages, entry_layout
 from kvcore.plugins.dsa_indexer import INDEXER_SCALE_BLOCK
 from kvcore.plugins.kind_hooks import kind_hooks
 from kvcore.plugins.mla import check_scale_block, scale_bytes
@@ -80,19 +80,22 @@ def compressed_indexer_specs(
     *, block_sizes: SearchStrategy[int], dtypes: SearchStrategy[DType]
 ) -> SearchStrategy[CompressedIndexerSpec]:
     """A :class:`~kvcore.plugins.kind_hooks.SpecStrategy` for ``compressed_indexer`` specs
-    around DeepSeek-V4's."""
+    around DeepSeek-V4's, drawn as :func:`~kvcore.plugins.compressed_mla.compressed_mla_specs`
+    draws its (block sizes multiples of the ratio, alignments that pad nothing)."""
     from hypothesis import strategies as st
 
-    # every head dim drawn divides by every scale block drawn
-    return st.builds(
-        CompressedIndexerSpec,
-        block_size=st.one_of(block_sizes, st.sampled_from([128, 256, 512])),
-        compress_ratio=st.sampled_from([1, 2, 4, 8]),
-        index_head_dim=st.sampled_from([32, 64, 128]),
-        dtype=dtypes,
-        scale_block_size=st.sampled_from([0, 16, 32]),
-        page_alignment=st.sampled_from([1, 1, 512, 576]),
-    )
+    def build(ratio: int) -> SearchStrategy[CompressedIndexerSpec]:
+        # every head dim drawn divides by every scale block drawn
+        return st.builds(
+            CompressedIndexerSpec,
+            block_size=st.one_of(block_sizes, st.sampled_from([1, 2])).map(lambda m: m * ratio),
+            compress_ratio=st.just(ratio),
+            index_head_dim=st.sampled_from([32, 64, 128]),
+            dtype=dtypes,
+            scale_block_size=st.sampled_from([0, 16, 32]),
+        )
+
+    return aligned_pages(st.sampled_from([1, 2, 4, 8]).flatmap(build))
 
 
 kvcore_register_spec_kinds, kvcore_register_spec_strategies = kind_hooks(

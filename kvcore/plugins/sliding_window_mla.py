@@ -30,7 +30,7 @@ import attrs
 from kvcore.cache_layout import CacheLayout
 from kvcore.dtypes import DType, dtype_size, to_dtype, uint8
 from kvcore.hookspecs import hookimpl
-from kvcore.plugins.compressed_mla import pad_to
+from kvcore.plugins.compressed_mla import aligned_pages, pad_to
 from kvcore.plugins.kind_hooks import kind_hooks
 from kvcore.plugins.sliding_window import window_max_blocks
 from kvcore.spec import KVCacheSpec, SizingContext
@@ -106,17 +106,19 @@ def sliding_window_mla_specs(
     *, block_sizes: SearchStrategy[int], dtypes: SearchStrategy[DType], max_window: int = 1024
 ) -> SearchStrategy[SlidingWindowMLASpec]:
     """A :class:`~kvcore.plugins.kind_hooks.SpecStrategy` for ``sliding_window_mla`` specs of
-    windows up to ``max_window``, packed or plain rows, pages padded or not."""
+    windows up to ``max_window``, packed or plain rows, alignments that pad nothing
+    (:func:`~kvcore.plugins.compressed_mla.aligned_pages`)."""
     from hypothesis import strategies as st
 
-    return st.builds(
-        SlidingWindowMLASpec,
-        block_size=st.one_of(block_sizes, st.sampled_from([4, 8, 64])),
-        sliding_window=st.integers(1, max_window),
-        head_dim=st.sampled_from([16, 64, 512, 2048]),
-        dtype=dtypes,
-        entry_bytes=st.sampled_from([0, 0, 584]),
-        page_alignment=st.sampled_from([1, 1, 512, 576]),
+    return aligned_pages(
+        st.builds(
+            SlidingWindowMLASpec,
+            block_size=st.one_of(block_sizes, st.sampled_from([4, 8, 64])),
+            sliding_window=st.integers(1, max_window),
+            head_dim=st.sampled_from([16, 64, 512, 2048]),
+            dtype=dtypes,
+            entry_bytes=st.sampled_from([0, 0, 584]),
+        )
     )
 
 
