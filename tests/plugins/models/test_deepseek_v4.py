@@ -176,3 +176,44 @@ def test_kvcore_plan_plans_deepseek_v4(run_cli, tmp_path):
 
 def test_the_family_replaces_the_refusal(registry, default_config):
     assert registry.family_for(default_config).name == "deepseek_v4"
+
+
+_TINY = {
+    "num_hidden_layers": 4,
+    "hidden_size": 64,
+    "moe_intermediate_size": 32,
+    "n_routed_experts": 4,
+    "num_experts_per_tok": 2,
+    "num_attention_heads": 4,
+    "head_dim": 32,
+    "q_lora_rank": 24,
+    "o_lora_rank": 16,
+    "o_groups": 2,
+    "vocab_size": 100,
+    "index_n_heads": 2,
+    "index_head_dim": 16,
+    "layer_types": [SWA, CSA, HCA, CSA],
+    "num_nextn_predict_layers": 0,
+}
+
+
+@pytest.mark.parametrize("fields", [_TINY, {}], ids=["tiny, every layer type", "the config class defaults"])
+def test_parameter_count_equals_the_transformers_model(registry, tmp_path, fields):
+    import torch
+
+    from kvcore.planning.gpu_budget import count_parameters
+
+    hf_config = transformers.DeepseekV4Config(**fields)
+    with torch.device("meta"):
+        model = transformers.DeepseekV4ForCausalLM(hf_config)
+    count = count_parameters(saved(hf_config, tmp_path), registry)
+    assert count.params == sum(p.numel() for p in model.parameters())
+    assert bool(count.notes) == bool(hf_config.num_nextn_predict_layers)  # the MTP layer, named
+
+
+def test_kvcore_plan_with_gpu_memory(run_cli, tmp_path):
+    # the weights are counted, so --gpu-memory works: 284.3B parameters in bfloat16 need 530 GiB
+    transformers.DeepseekV4Config().save_pretrained(tmp_path)
+    status, out, err = run_cli("plan", "--model", tmp_path, "--gpu-memory", "141GiB", "--tp", "8", "--json")
+    assert status == 0, err
+    assert json.loads(out)["num_blocks"] > 0
