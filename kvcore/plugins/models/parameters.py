@@ -11,6 +11,7 @@ row to it through the hook (see ``docs/reference/hooks.md``). Each function retu
 - the MLP: gated (``3 x hidden x intermediate``) or plain (Nemotron-H), with biases where the
   family has them; a mixture of experts: the routed experts, shared experts and the router;
 - norms (two per layer, four on Gemma 2 / 3 / 4, plus the final one);
+- DeepSeek-V4's compressors, Lightning indexer and hyper-connections;
 - SSM and linear-attention mixers of hybrids (Jamba's Mamba-1, Nemotron-H's Mamba-2,
   Qwen3-Next's and Qwen3.5's gated delta nets, Kimi-Linear's Kimi delta attention);
 - Gemma 4's per-layer input embeddings, and the K / V projections its shared-KV and K = V
@@ -24,8 +25,8 @@ Counts follow the transformers modules of each architecture. What they leave out
 no row is counted as a Llama-like decoder when its config has the fields, and the note says it
 is an estimate. ``tests/plugins/models/test_parameters.py`` checks every bundled model against its
 published parameter count; ``tests/plugins/models/test_recent_families.py`` holds the counts of
-Gemma 4, Qwen3.5 and Kimi-Linear to the parameters of the transformers model built from the
-same config.
+Gemma 4, Qwen3.5 and Kimi-Linear, and ``tests/plugins/models/test_deepseek_v4.py`` DeepSeek-V4's,
+to the parameters of the transformers model built from the same config.
 """
 
 from __future__ import annotations
