@@ -32,6 +32,16 @@ What each layer ``model.layers.{i}.attn`` caches, under vLLM's layer names (vLLM
   and ``:977-993``) and ``.indexer.compressor.state_cache``, the indexer compressor's states
   (``index_head_dim`` rows, same rule).
 
+SGLang sizes the same bytes (``python/sglang/srt/mem_cache/deepseek_v4_memory_pool.py`` at
+commit ``007bddd``): a token or compressed entry of ``qk_nope_head_dim`` fp8 bytes,
+``qk_rope_head_dim`` bfloat16 elements, one scale byte per 64 NoPE elements and one byte of
+padding, 584 bytes, pages padded to multiples of 576 (``DeepSeekV4SingleKVPool
+.get_bytes_per_token`` and ``.create_buffer``); indexer keys of ``index_head_dim + index_head_dim
+/ 128 x 4`` bytes (``get_dsv4_indexer_bytes_per_token``); compressor states kept for 8 tokens at
+ratio 4 and 128 at ratio 128 (``get_compress_state_ring_size``: ``coff x ratio``) and the window
+for ``sliding_window`` tokens (``get_swa_ring_size``). It pages its pools in its own units
+(compressed entries, ring slots), so only the bytes a token or entry compare, not the blocks.
+
 The cache dtype picks the layout, as vLLM's backends do (``_resolve_dsv4_kv_cache_dtype``,
 ``attention.py:95-131``): an fp8 cache (``--kv-cache-dtype fp8``; vLLM's FlashMLA backend, its
 default on CUDA, turns ``auto`` into it too) is the packed ``fp8_ds_mla`` layout, 448 fp8 NoPE
@@ -96,7 +106,8 @@ PLAIN_ALIGNMENT = 512
 def packed_bytes(head_dim: int, rope_dim: int) -> int:
     """Bytes of one ``fp8_ds_mla`` row: ``(head_dim - rope_dim)`` fp8 + ``rope_dim`` bfloat16 +
     ``(head_dim - rope_dim) / 64 + 1`` scale bytes (584 for 512 and 64: vLLM's
-    ``state_content_bytes=584``, ``attention.py:837-839``)."""
+    ``state_content_bytes=584``, ``attention.py:837-839``; SGLang's
+    ``DeepSeekV4SingleKVPool.get_bytes_per_token``, the same sum)."""
     nope = head_dim - rope_dim
     return nope + rope_dim * dtype_size(bfloat16) + nope // NOPE_PER_SCALE + SCALE_PADDING
 
