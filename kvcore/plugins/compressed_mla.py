@@ -7,7 +7,7 @@ compressed" ones) into one ``head_dim``-element entry, and attention reads those
 0.34 gives such a layer an ``MLAAttentionSpec`` of one head of ``head_dim`` elements with
 ``tokens_per_state=compress_ratio`` (``vllm/models/deepseek_v4/attention.py:817-840``), whose page
 holds ``block_size // tokens_per_state`` entries (``num_states``,
-``vllm/v1/kv_cache_interface.py:255-263``) of ``state_content_bytes`` each (``:594-604``), padded
+``vllm/v1/kv_cache_interface.py:257-264``) of ``state_content_bytes`` each (``:596-605``), padded
 up to a multiple of its ``alignment`` (``_apply_alignment_padding``, ``:731-738``):
 
 - the ``fp8_ds_mla`` layout (FlashMLA, vLLM's default on CUDA: an ``auto`` or fp8 cache dtype
@@ -122,7 +122,7 @@ class CompressedMLASpec(CompressedSpec):
 def entry_layout(spec: CompressedSpec, elements: int, dtype: DType, packed: bool) -> CacheLayout:
     """``(num_blocks, entries_per_page, elements)`` in ``dtype``, or a packed entry's bytes as
     uint8, as vLLM views such a cache (``[B, H=1, N, C]`` squeezed to ``[B, N, C]``,
-    ``attention.py:811-813``); padding, if any, follows the entries."""
+    ``attention.py:810-812``); padding, if any, follows the entries."""
     if packed or spec.page_size_bytes % dtype_size(dtype):
         return CacheLayout.single("entries", (spec.entries_per_page, spec.bytes_per_entry), uint8)
     return CacheLayout.single("entries", (spec.entries_per_page, elements), dtype)

@@ -15,7 +15,7 @@ The compressors keep their unfinished groups the same way: a ``CompressorStateCa
 ``SlidingWindowMLASpec`` of float32 rows of ``2 x coff x head_dim`` elements (the running KV and
 score states) over a window of ``coff x compress_ratio`` tokens, ``coff`` 2 on the overlapping
 ratio-4 compressors and 1 on the ratio-128 ones, in blocks of 4 (ratio 4) or 8 (ratio 128)
-tokens (``vllm/models/deepseek_v4/compressor.py:139-192`` and ``:296-300``).
+tokens (``vllm/models/deepseek_v4/compressor.py:139-192`` and ``:297-302``).
 
 Which pages a request holds is the sliding window's (:mod:`kvcore.plugins.sliding_window`): the
 window of the next token and one step of new tokens, freed as decoding moves on.

@@ -25,7 +25,7 @@ What each layer ``model.layers.{i}.attn`` caches, under vLLM's layer names (vLLM
   backend, ``vllm/models/deepseek_v4/sparse_mla.py:59-61``, and its CPU backend forces it,
   ``vllm/platforms/cpu.py:298-308``), and ``.compressor.state_cache``: the compressor's float32
   states over ``coff x ratio`` tokens (``coff`` 2 at ratio 4, 1 at ratio 128) in blocks of 4 or
-  8 tokens (``vllm/models/deepseek_v4/compressor.py:139-192``, ``:294-300``);
+  8 tokens (``vllm/models/deepseek_v4/compressor.py:139-192``, ``:297-302``);
 - on a ratio-4 layer ("only C4A uses sparse attention and hence has indexer",
   ``attention.py:304``), ``.indexer.k_cache``: one 132-byte key per 4 tokens
   (:class:`~kvcore.plugins.compressed_indexer.CompressedIndexerSpec`, ``attention.py:868-881``
