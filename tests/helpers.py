@@ -15,6 +15,9 @@ BUILTIN_KINDS = (
     "chunked_local_attention",
     "mla",
     "dsa_indexer",
+    "compressed_mla",
+    "compressed_indexer",
+    "sliding_window_mla",
     "state",
     "cross_attention",
 )

@@ -37,6 +37,9 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "kvcore.plugins.chunked_local_attention",
     "kvcore.plugins.mla",
     "kvcore.plugins.dsa_indexer",
+    "kvcore.plugins.compressed_mla",
+    "kvcore.plugins.compressed_indexer",
+    "kvcore.plugins.sliding_window_mla",
     "kvcore.plugins.state",
     "kvcore.plugins.cross_attention",
     # model families (kvcore_register_model_families), the module front end, the generic fallback
@@ -48,6 +51,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "kvcore.plugins.models.qwen3_next",
     "kvcore.plugins.models.gemma4",
     "kvcore.plugins.models.kimi_linear",
+    "kvcore.plugins.models.deepseek_v4",
     "kvcore.plugins.models.refused",
     "kvcore.plugins.models.whisper",
     "kvcore.plugins.models.mllama",

@@ -39,10 +39,7 @@ class SlidingWindowSpec(AttentionSpec):
     sliding_window: int = attrs.field(validator=positive_int)
 
     def max_num_blocks(self, context: SizingContext) -> int:
-        length, block = context.max_model_len, self.block_size
-        # how far past the start the window may slide before its blocks repeat: B - 1 at most
-        slide = max(0, min(block - 1, length - self.sliding_window))
-        return cdiv(min(self.sliding_window - 1 + context.max_tokens_per_step + slide, length), block)
+        return window_max_blocks(self.sliding_window, self.block_size, context)
 
     def first_retained_token(self, num_tokens: int) -> int:
         """``max(0, num_tokens - sliding_window + 1)``: the window of the next token.
@@ -51,6 +48,16 @@ class SlidingWindowSpec(AttentionSpec):
         later tokens read later windows, so nothing before that window is read again.
         """
         return max(0, num_tokens - self.sliding_window + 1)
+
+
+def window_max_blocks(window: int, block_size: int, context: SizingContext) -> int:
+    """The most blocks of ``block_size`` tokens a window of ``window`` tokens holds over a
+    request of ``context``: :meth:`SlidingWindowSpec.max_num_blocks`, for every kind that keeps
+    a sliding window of tokens in order (``sliding_window_mla`` too)."""
+    length = context.max_model_len
+    # how far past the start the window may slide before its blocks repeat: B - 1 at most
+    slide = max(0, min(block_size - 1, length - window))
+    return cdiv(min(window - 1 + context.max_tokens_per_step + slide, length), block_size)
 
 
 def sliding_window_specs(*, max_window: int = 4096, **options: Any) -> SearchStrategy[SlidingWindowSpec]:

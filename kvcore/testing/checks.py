@@ -126,17 +126,32 @@ def check_page_size(spec: KVCacheSpec) -> None:
         _fail(f"{describe_spec(spec)}: page_size_bytes must be an int >= 1 (got {page!r})")
 
 
+#: How many times its block size a page padded to an alignment may take to grow: a kind that pads
+#: its page up to a multiple of some bytes (vLLM pads DeepSeek-V4's pages to 576) keeps one page
+#: size over a run of block sizes, but a page of 4096 times the tokens outgrows any such padding.
+PADDED_GROWTH_FACTOR = 4096
+
+
 def check_page_size_vs_block_size(spec: KVCacheSpec, larger_block_size: int) -> None:
-    """A larger block size gives a larger page, or the same page for a per-request state."""
+    """A larger block size never gives a smaller page, and gives a larger one unless the page is
+    padded (then one :data:`PADDED_GROWTH_FACTOR` times larger does), or the same page for a
+    per-request state."""
     if larger_block_size <= spec.block_size:
         raise InvalidInputError(f"larger_block_size must exceed {spec.block_size} (got {larger_block_size})")
     other = spec.with_block_size(larger_block_size)
     small, large = spec.page_size_bytes, other.page_size_bytes
-    if spec.page_scales_with_block_size and large <= small:
+    if spec.page_scales_with_block_size and large < small:
+        _fail(
+            f"{describe_spec(spec)}: the page must not shrink as the block size grows (block "
+            f"{spec.block_size} -> {small} bytes, block {larger_block_size} -> {large} bytes)"
+        )
+    far = spec.block_size * PADDED_GROWTH_FACTOR
+    flat = large == small and spec.with_block_size(far).page_size_bytes <= small
+    if spec.page_scales_with_block_size and flat:
         _fail(
             f"{describe_spec(spec)}: the page must grow with the block size (block {spec.block_size} "
-            f"-> {small} bytes, block {larger_block_size} -> {large} bytes); if it is a fixed state, "
-            "set page_scales_with_block_size = False"
+            f"-> {small} bytes, block {larger_block_size} and even {far} -> the same); if it is a fixed "
+            "state, set page_scales_with_block_size = False"
         )
     if not spec.page_scales_with_block_size and large != small:
         _fail(

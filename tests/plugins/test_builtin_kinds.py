@@ -22,6 +22,26 @@ INVALID_KWARGS = {
     "sliding_window": (*_ATTENTION, {"sliding_window": 0}, {"sliding_window": None}),
     "chunked_local_attention": (*_ATTENTION, {"attention_chunk_size": 0}, {"attention_chunk_size": 1.5}),
     "mla": ({"kv_lora_rank": 0}, {"qk_rope_head_dim": -64}, {"kv_lora_rank": "512"}, {"dtype": "nope"}),
+    "compressed_mla": (
+        {"compress_ratio": 0},
+        {"head_dim": 0},
+        {"entry_bytes": -1},
+        {"page_alignment": 0},
+        {"dtype": "nope"},
+    ),
+    "compressed_indexer": (
+        {"compress_ratio": 0},
+        {"index_head_dim": 0},
+        {"index_head_dim": 100, "scale_block_size": 64},
+        {"page_alignment": 0},
+    ),
+    "sliding_window_mla": (
+        {"sliding_window": 0},
+        {"head_dim": 0},
+        {"entry_bytes": -1},
+        {"page_alignment": 0},
+        {"dtype": "int4"},
+    ),
 }
 
 
@@ -39,4 +59,12 @@ class TestBuiltinKinds(SpecKindConformance):
 
 
 def test_every_builtin_kind_is_covered():
-    assert set(BUILTIN_KINDS) >= {"full_attention", "sliding_window", "chunked_local_attention", "mla"}
+    assert set(BUILTIN_KINDS) >= {
+        "full_attention",
+        "sliding_window",
+        "chunked_local_attention",
+        "mla",
+        "compressed_mla",
+        "compressed_indexer",
+        "sliding_window_mla",
+    }

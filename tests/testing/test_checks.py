@@ -23,6 +23,24 @@ class FlatPage(Ring):
 
 
 @attrs.frozen(kw_only=True)
+class PaddedPage(Ring):
+    kind = "test.padded_page"
+
+    @property
+    def page_size_bytes(self):
+        return -(-self.block_size * 8 // 576) * 576  # 8 bytes a token, padded to 576 as vLLM pads
+
+
+@attrs.frozen(kw_only=True)
+class ShrinkingPage(Ring):
+    kind = "test.shrinking_page"
+
+    @property
+    def page_size_bytes(self):
+        return 4096 // self.block_size
+
+
+@attrs.frozen(kw_only=True)
 class GrowingState(Ring):
     kind = "test.growing_state"
     page_scales_with_block_size = False  # claims a fixed state, yet its page grows
@@ -296,6 +314,14 @@ def test_catches_pages_that_ignore_the_block_size():
         checks.check_page_size_vs_block_size(FlatPage(block_size=4), 8)
     with pytest.raises(AssertionError, match="sets page_scales_with_block_size = False but its page changes"):
         checks.check_page_size_vs_block_size(GrowingState(block_size=4), 8)
+    with pytest.raises(AssertionError, match=r"must not shrink as the block size grows \(block 4 -> 1024"):
+        checks.check_page_size_vs_block_size(ShrinkingPage(block_size=4), 8)
+
+
+def test_a_padded_page_may_keep_its_size_over_a_run_of_block_sizes():
+    # 4 and 8 tokens both pad to 576 bytes; the page grows once the tokens outgrow the padding
+    checks.check_page_size_vs_block_size(PaddedPage(block_size=4), 8)
+    checks.check_page_size_vs_block_size(PaddedPage(block_size=64), 80)
 
 
 def test_catches_usage_that_shrinks_or_is_empty():

@@ -11,6 +11,7 @@ row to it through the hook (see ``docs/reference/hooks.md``). Each function retu
 - the MLP: gated (``3 x hidden x intermediate``) or plain (Nemotron-H), with biases where the
   family has them; a mixture of experts: the routed experts, shared experts and the router;
 - norms (two per layer, four on Gemma 2 / 3 / 4, plus the final one);
+- DeepSeek-V4's compressors, Lightning indexer and hyper-connections;
 - SSM and linear-attention mixers of hybrids (Jamba's Mamba-1, Nemotron-H's Mamba-2,
   Qwen3-Next's and Qwen3.5's gated delta nets, Kimi-Linear's Kimi delta attention);
 - Gemma 4's per-layer input embeddings, and the K / V projections its shared-KV and K = V
@@ -24,8 +25,8 @@ Counts follow the transformers modules of each architecture. What they leave out
 no row is counted as a Llama-like decoder when its config has the fields, and the note says it
 is an estimate. ``tests/plugins/models/test_parameters.py`` checks every bundled model against its
 published parameter count; ``tests/plugins/models/test_recent_families.py`` holds the counts of
-Gemma 4, Qwen3.5 and Kimi-Linear to the parameters of the transformers model built from the
-same config.
+Gemma 4, Qwen3.5 and Kimi-Linear, and ``tests/plugins/models/test_deepseek_v4.py`` DeepSeek-V4's,
+to the parameters of the transformers model built from the same config.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ import attrs
 from kvcore.dtypes import DType
 from kvcore.hookspecs import hookimpl
 from kvcore.model_weights import ParameterCount, WeightGroup
+from kvcore.plugins.models.deepseek_v4 import INDEXED_RATIO, layer_ratios
 from kvcore.plugins.models.gemma4 import (
     layer_geometry,
     layer_types as gemma4_layer_types,
@@ -451,6 +453,69 @@ def deepseek(config: Mapping[str, Any]) -> ParameterCount:
         (
             f"the {mtp} MTP layer(s) (num_nextn_predict_layers) are not counted: engines load them only "
             "for MTP speculative decoding",
+        )
+        if mtp
+        else ()
+    )
+    return _count(groups, cfg.dtype(), hidden, vocab, width, notes)
+
+
+def deepseek_v4(config: Mapping[str, Any]) -> ParameterCount:
+    """DeepSeek-V4 (transformers 5.24's ``DeepseekV4*`` modules): on every layer a shared-KV
+    attention (query LoRA ``q_a_proj`` / ``q_b_proj``, one ``head_dim`` KV head, the grouped
+    output projection ``o_a_proj`` of ``o_groups x o_lora_rank`` and ``o_b_proj``, per-head
+    ``sinks``), a compressor on the compressed layers (KV and gate projections and a position
+    bias of ``head_dim``, doubled on the overlapping ratio-4 ones) and on the ratio-4 layers the
+    Lightning indexer (its own compressor of ``index_head_dim``, ``q_b_proj`` from the query
+    latent and ``weights_proj``); routed experts, one shared expert of ``moe_intermediate_size``
+    and the router (hash-routed layers too: their token-to-expert table is a buffer) on every
+    layer; two hyper-connections a layer and the final hyper-head (``hc_mult`` streams). The MTP
+    layers are not counted."""
+    cfg = ConfigFields(config, "deepseek_v4")
+    groups, n, hidden, vocab = _decoder(cfg)
+    heads, head_dim = cfg.integer("num_attention_heads"), cfg.integer("head_dim", 512)
+    q_rank = cfg.integer("q_lora_rank")
+    o_groups, o_rank = cfg.integer("o_groups"), cfg.integer("o_lora_rank")
+    attn = "model.layers.*.self_attn"
+    groups.linear("attention", attn, hidden, q_rank, count=n)
+    groups.linear("attention", attn, q_rank, heads * head_dim, count=n)
+    groups.linear("attention", attn, hidden, head_dim, count=n)  # kv_proj
+    groups.linear("attention", attn, heads * head_dim // o_groups, o_groups * o_rank, count=n)  # o_a_proj
+    groups.linear("attention", attn, o_groups * o_rank, hidden, count=n)  # o_b_proj
+    groups.vector("norms", attn, n * (q_rank + head_dim))  # q_a_norm, kv_norm
+    groups.vector("attention", attn, n * heads)  # sinks
+    compressor = f"{attn}.compressor"
+    index_dim, index_heads = cfg.integer("index_head_dim", 128), cfg.integer("index_n_heads", 64)
+    for ratio in layer_ratios(cfg, n):
+        if not ratio:
+            continue
+        width = (2 if ratio == INDEXED_RATIO else 1) * head_dim
+        groups.linear("compressor", compressor, hidden, width, count=2)  # kv_proj, gate_proj
+        groups.vector("compressor", compressor, ratio * width + head_dim)  # position_bias, kv_norm
+        if ratio == INDEXED_RATIO:
+            indexer = f"{compressor}.indexer"
+            groups.linear("indexer", indexer, hidden, 2 * index_dim, count=2)
+            groups.vector("indexer", indexer, ratio * 2 * index_dim + index_dim)
+            groups.linear("indexer", indexer, q_rank, index_heads * index_dim)
+            groups.add("indexer", f"{indexer}.scorer.weights_proj", hidden * index_heads, quantizable=False)
+    experts, inner = cfg.integer("n_routed_experts"), cfg.integer("moe_intermediate_size")
+    mlp = "model.layers.*.mlp"
+    groups.add("router", f"{mlp}.gate", hidden * experts * n, quantizable=False)
+    bias = cfg.boolean("mlp_bias", False)
+    gated_mlp(groups, "experts", f"{mlp}.experts", hidden, inner, count=experts * n)
+    gated_mlp(groups, "shared experts", f"{mlp}.shared_experts", hidden, inner, count=n, bias=bias)
+    streams = cfg.integer("hc_mult", 4)
+    mixes = (2 + streams) * streams  # pre, post and comb weights of a hyper-connection
+    groups.vector("hyper-connections", "model.layers.*", 2 * n * (mixes * (streams * hidden + 1) + 3))
+    groups.vector("hyper-connections", "model.hc_head", streams * (streams * hidden + 1) + 1)
+    groups.vector("norms", "model.layers.*", (2 * n + 1) * hidden)
+    top_k = cfg.integer("num_experts_per_tok", 6)
+    width = max(q_rank + heads * head_dim + head_dim, 3 * inner * (top_k + 1), index_heads * index_dim)
+    mtp = cfg.integer("num_nextn_predict_layers", 0, minimum=0)
+    notes = (
+        (
+            f"the {mtp} MTP layer(s) (num_nextn_predict_layers) are not counted: engines load them "
+            "only for MTP speculative decoding",
         )
         if mtp
         else ()
@@ -930,6 +995,7 @@ COUNTERS: dict[str, Counter] = {
     "deepseek_v2": deepseek,
     "deepseek_v3": deepseek,
     "deepseek_v32": deepseek,
+    "deepseek_v4": deepseek_v4,
     "jamba": jamba,
     "nemotron_h": nemotron_h,
     "qwen3_next": qwen3_next,

@@ -31,8 +31,8 @@ class Refusal:
     """One refused family.
 
     Attributes:
-        name: the family's name (``deepseek_v4``).
-        model: the model's name in messages (``DeepSeek-V4``).
+        name: the family's name (``minimax_m3``).
+        model: the model's name in messages (``MiniMax-M3 (sparse)``).
         model_types: the ``model_type`` values it claims.
         reason: what its cache holds that kvcore cannot plan, with the source.
         max_position_embeddings: the default of its transformers config class, so that a config
@@ -71,28 +71,10 @@ class Refusal:
 
 #: The refused families (``docs/reference/models.md`` has the same list). Each
 #: ``max_position_embeddings`` is the default of the text config class in transformers 5.24.0:
-#: deepseek_v4/configuration_deepseek_v4.py:142, minimax_m3_vl/configuration_minimax_m3_vl.py:89,
+#: minimax_m3_vl/configuration_minimax_m3_vl.py:89,
 #: glm5_next/configuration_glm5_next.py:121, mimo_v2_flash/configuration_mimo_v2_flash.py:84,
 #: step3p7/configuration_step3p7.py:152; the Gemma 4 assistant's text config is Gemma 4's.
 REFUSED: tuple[Refusal, ...] = (
-    Refusal(
-        name="deepseek_v4",
-        max_position_embeddings=1_048_576,
-        model="DeepSeek-V4",
-        model_types=("deepseek_v4",),
-        reason=(
-            "every layer keeps a sliding-window cache (sliding_window, 128 by default) of one "
-            "head_dim-element latent per token (SlidingWindowMLASpec, 584 bytes a token in the "
-            "fp8_ds_mla layout; vllm/v1/attention/backends/mla/sparse_swa.py:116-140), and its "
-            "compressed layers ('compressed_sparse_attention' at compress ratio 4, "
-            "'heavily_compressed_attention' at 128) add a latent cache of one entry per ratio "
-            "tokens (MLAAttentionSpec(tokens_per_state=compress_ratio), pages aligned to 576 or 512 "
-            "bytes; vllm/models/deepseek_v4/attention.py:856-879), sliding-window compressor states "
-            "(vllm/models/deepseek_v4/compressor.py:179-192) and, on the ratio-4 layers, a "
-            "Lightning-indexer key cache per ratio tokens (attention.py:907-920); kvcore has no spec "
-            "kind for entries that cover several tokens"
-        ),
-    ),
     Refusal(
         name="gemma4_assistant",
         max_position_embeddings=131_072,
