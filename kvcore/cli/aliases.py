@@ -26,6 +26,7 @@ class RemovedOption(argparse.Action):
 
     def __init__(self, option_strings: Sequence[str], dest: str, *, new: str, **kwargs: Any) -> None:
         kwargs.setdefault("help", argparse.SUPPRESS)
+        kwargs.setdefault("default", argparse.SUPPRESS)  # nothing in the namespace: it never parses
         super().__init__(option_strings, dest, **kwargs)
         self.new = new
 

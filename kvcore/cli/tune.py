@@ -158,7 +158,7 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
 
     plot = _check_plot(args.plot) if args.plot else None
     # --max-num-batched-tokens N[,M...]: the values searched; the first is the default candidate's
-    batched: list[int] = args.batched_tokens or args.max_num_batched_tokens or list(DEFAULT_BATCHED_TOKENS)
+    batched: list[int] = args.max_num_batched_tokens or list(DEFAULT_BATCHED_TOKENS)
     args.max_num_batched_tokens = batched[0]
     # the options tune shares with plan and simulate, typed and read once; tune's own stay in args
     shared = PlanningArgs.read(args)
