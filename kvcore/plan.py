@@ -724,7 +724,9 @@ def structural_problems(plan: KVCachePlan) -> Iterator[str]:
         elif tensor.offset != 0:
             yield f"tensor {index} is its own allocation but has offset {tensor.offset}"
     # (page bytes, pages) per group, computed once rather than per layer
-    figures = [(g.spec.page_size_bytes, pools[g.pool].num_blocks // g.blocks_per_page) for g in plan.groups]
+    figures = [
+        (g.spec.page_size_bytes, pools[g.pool].num_blocks // g.blocks_per_page) for g in plan.groups
+    ]
     for name, gi in grouped.items():
         if name not in placed:
             yield f"layer {name!r} (group {gi}) is not covered by any tensor"
