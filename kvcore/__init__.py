@@ -51,17 +51,87 @@ from kvcore.hookspecs import (
     hookimpl as hookimpl,
     hookspec as hookspec,
 )
+from kvcore.removed import refuse_removed as _refuse_removed
 
-#: Names kept from earlier versions: each still works, with a DeprecationWarning naming its
-#: replacement, until the version given (docs/reference/plugin-api.md).
-_DEPRECATED: dict[str, tuple[str, str, str]] = {
-    "Layout": ("kvcore.policy", "BlockPlacement", "0.3"),
-    "KVCacheConfig": ("kvcore.plan", "KVCachePlan", "0.3"),
-    "RankLayout": ("kvcore.planning.ranks", "Parallelism", "0.3"),
+#: Names kvcore 0.3 removed (deprecated since 0.2), with what replaced each.
+_REMOVED: dict[str, str] = {
+    "KVCacheConfig": "kvcore.KVCachePlan",
+    "Layout": "kvcore.BlockPlacement",
+    "RankLayout": "kvcore.Parallelism",
 }
 
-# The public names imported on first use are written once, in the TYPE_CHECKING block below
-# (as explicit re-exports, for type checkers); _lazy_names() reads that block at import.
+#: The public names imported on first use, by where each is defined: ``kvcore.NAME`` imports
+#: the module then (the runtime's names need torch; the rest are kept out of ``import kvcore``,
+#: which pytest runs at start-up wherever kvcore is installed).
+_LAZY: dict[str, str] = {
+    "CacheLayout": "kvcore.cache_layout",
+    "PagePart": "kvcore.cache_layout",
+    "DType": "kvcore.dtypes",
+    "to_dtype": "kvcore.dtypes",
+    "DistributedExecutor": "kvcore.engine.distributed",
+    "LocalExecutor": "kvcore.engine.local",
+    "Executor": "kvcore.engine.workflow",
+    "initialize_kv_caches": "kvcore.engine.workflow",
+    "layer_specs_from_config": "kvcore.frontends.hf_config",
+    "model_layer_specs": "kvcore.frontends.hf_config",
+    "scan_module": "kvcore.frontends.module_scan",
+    "ModelFamily": "kvcore.model_family",
+    "ModelOptions": "kvcore.model_options",
+    "ParameterCount": "kvcore.model_weights",
+    "WeightGroup": "kvcore.model_weights",
+    "KVCacheGroup": "kvcore.plan",
+    "KVCachePlan": "kvcore.plan",
+    "KVCachePool": "kvcore.plan",
+    "KVCacheTensor": "kvcore.plan",
+    "Capacity": "kvcore.planning.capacity",
+    "efficiency": "kvcore.planning.capacity",
+    "ideal_concurrency": "kvcore.planning.capacity",
+    "request_bytes": "kvcore.planning.capacity",
+    "PluginOrigin": "kvcore.planning.manager",
+    "get_plugin_manager": "kvcore.planning.manager",
+    "longest_admitted": "kvcore.planning.planner",
+    "plan_kv_cache": "kvcore.planning.planner",
+    "Parallelism": "kvcore.planning.ranks",
+    "plan_for_ranks": "kvcore.planning.ranks",
+    "Registry": "kvcore.planning.registry",
+    "MaxModelLen": "kvcore.planning.request",
+    "PlanRequest": "kvcore.planning.request",
+    "AllocationPolicy": "kvcore.policy",
+    "BlockPlacement": "kvcore.policy",
+    "PlanOptions": "kvcore.policy",
+    "PolicyChoice": "kvcore.policy",
+    "TensorPlacement": "kvcore.policy",
+    "PartViews": "kvcore.runtime.allocation",
+    "allocate": "kvcore.runtime.allocation",
+    "bind_to_forward_context": "kvcore.runtime.binding",
+    "bind_to_modules": "kvcore.runtime.binding",
+    "bind_to_runner_list": "kvcore.runtime.binding",
+    "BlockPool": "kvcore.runtime.block_pool",
+    "NULL_PAGE": "kvcore.runtime.block_pool",
+    "BlockTables": "kvcore.runtime.block_tables",
+    "MemoryProfile": "kvcore.runtime.memory",
+    "determine_available_memory": "kvcore.runtime.memory",
+    "PrefixKey": "kvcore.runtime.prefix_cache",
+    "find_gpu": "kvcore.simulation.gpus",
+    "SimulationResult": "kvcore.simulation.simulator",
+    "simulate": "kvcore.simulation.simulator",
+    "latency_report": "kvcore.simulation.timing",
+    "read_profile": "kvcore.simulation.timing",
+    "roofline": "kvcore.simulation.timing",
+    "Request": "kvcore.simulation.workload",
+    "Workload": "kvcore.simulation.workload",
+    "read_trace": "kvcore.simulation.workload",
+    "synthetic": "kvcore.simulation.workload",
+    "DEFAULT_MAX_NUM_BATCHED_TOKENS": "kvcore.spec",
+    "KVCacheSpec": "kvcore.spec",
+    "SizingContext": "kvcore.spec",
+    "is_kv_cache_type_uniform": "kvcore.spec",
+    "format_bytes": "kvcore.units",
+    "parse_size": "kvcore.units",
+}
+
+# The same names for type checkers, which cannot follow the table (tests/meta/test_exports.py
+# holds the two equal).
 if _typing.TYPE_CHECKING:
     from kvcore.cache_layout import (
         CacheLayout as CacheLayout,
@@ -104,7 +174,10 @@ if _typing.TYPE_CHECKING:
         PluginOrigin as PluginOrigin,
         get_plugin_manager as get_plugin_manager,
     )
-    from kvcore.planning.planner import plan_kv_cache as plan_kv_cache
+    from kvcore.planning.planner import (
+        longest_admitted as longest_admitted,
+        plan_kv_cache as plan_kv_cache,
+    )
     from kvcore.planning.ranks import (
         Parallelism as Parallelism,
         plan_for_ranks as plan_for_ranks,
@@ -168,24 +241,6 @@ if _typing.TYPE_CHECKING:
     )
 
 
-
-def _lazy_names() -> dict[str, str]:
-    """The TYPE_CHECKING block's ``from MODULE import NAME as NAME``, as ``{NAME: MODULE}``."""
-    import ast
-
-    with open(__file__, encoding="utf-8") as source:
-        tree = ast.parse(source.read())
-    found: dict[str, str] = {}
-    for node in tree.body:
-        if isinstance(node, ast.If) and ast.unparse(node.test) == "_typing.TYPE_CHECKING":
-            for statement in node.body:
-                if isinstance(statement, ast.ImportFrom) and statement.module:
-                    module = statement.module
-                    found.update((alias.asname or alias.name, module) for alias in statement.names)
-    return found
-
-
-_LAZY = _lazy_names()
 #: Every public name: the errors, the hook markers and the names imported on first use.
 __all__ = sorted(
     {
@@ -202,19 +257,11 @@ def __getattr__(name: str) -> _typing.Any:
         from importlib.metadata import version
 
         return version("kvcore")
-    if name in _DEPRECATED:
-        home, replacement, until = _DEPRECATED[name]
-        import warnings
-
-        warnings.warn(
-            f"kvcore.{name} is deprecated: use kvcore.{replacement} (removed in kvcore {until})",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return getattr(_importlib.import_module(home), replacement)
+    if name in _REMOVED:
+        _refuse_removed("kvcore", name, _REMOVED[name])
     module = _LAZY.get(name)
     if module is None:
-        raise AttributeError(f"module 'kvcore' has no attribute {name!r}")
+        raise AttributeError(f"module 'kvcore' has no attribute {name!r}", name=name)
     try:
         imported = _importlib.import_module(module)
     except ModuleNotFoundError as exc:  # torch, for the runtime's names: say which extra brings it

@@ -10,13 +10,13 @@ recognises without importing torch. The runtime turns a :class:`DType` back into
 
 from __future__ import annotations
 
-import warnings
 from typing import TYPE_CHECKING, TypeGuard, Union
 
 import attrs
 
 from kvcore.error_messages import did_you_mean
-from kvcore.errors import InvalidSpecError
+from kvcore.errors import InvalidInputError, InvalidSpecError
+from kvcore.removed import removed_message
 
 if TYPE_CHECKING:
     import torch
@@ -26,10 +26,10 @@ if TYPE_CHECKING:
 class DType:
     """An element type a cache may be stored in.
 
-    Equal to another :class:`DType` of the same name and size. Plugins written against kvcore
-    0.1, whose specs held ``torch.dtype`` values, compare their fields against torch dtypes
-    (``value in (torch.int8, torch.uint8)``): such a comparison still holds when the names
-    agree, with a ``DeprecationWarning`` naming the replacement, until kvcore 0.3.
+    Equal to another :class:`DType` of the same name and size. Comparing one with a
+    ``torch.dtype`` (what kvcore 0.1's specs held: ``value in (torch.int8, torch.uint8)``) is
+    refused with an error naming the :class:`DType` to compare with: kvcore 0.2 kept it equal by
+    name with a warning, and 0.3 removed it, so it cannot silently be unequal.
 
     Attributes:
         name: torch's name for it, as written to JSON (``"bfloat16"``).
@@ -48,18 +48,21 @@ class DType:
         return NotImplemented if equal is None else not equal
 
     def _equals(self, other: object) -> bool | None:
-        """Equality with a :class:`DType` or (deprecated) a torch dtype; ``None``: not comparable."""
+        """Equality with a :class:`DType`; ``None``: not comparable.
+
+        Raises:
+            InvalidInputError: ``other`` is a torch dtype (names the replacement).
+        """
         if isinstance(other, DType):
             return self.name == other.name and self.itemsize == other.itemsize
         if is_torch_dtype(other):
-            warnings.warn(
-                f"comparing kvcore dtype {self.name} with {other}: specs hold kvcore.dtypes.DType "
-                f"since kvcore 0.2; compare with kvcore.dtypes.{self.name} (or to_dtype(...)) "
-                "instead; torch dtypes stop comparing equal in kvcore 0.3",
-                DeprecationWarning,
-                stacklevel=3,  # the caller of == or !=, the plugin that compares
+            raise InvalidInputError(
+                removed_message(
+                    f"comparing kvcore dtype {self.name} with {other}",
+                    f"kvcore.dtypes.{self.name} (or to_dtype({other})): specs hold kvcore.dtypes.DType "
+                    "since kvcore 0.2",
+                )
             )
-            return str(other).removeprefix("torch.") == self.name
         return None
 
     def __hash__(self) -> int:

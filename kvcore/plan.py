@@ -25,13 +25,14 @@ pages moved off the device (:mod:`kvcore.runtime.host_tier`), in units of the po
 from __future__ import annotations
 
 import itertools
-import warnings
 from collections.abc import Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, NoReturn
 
 import attrs
 
 from kvcore.errors import MultiplePoolsError, PlanValidationError
 from kvcore.peaks import pool_peaks
+from kvcore.removed import removed_message
 from kvcore.spec import KVCacheSpec, SizingContext
 from kvcore.validators import non_negative_int, positive_int
 
@@ -424,17 +425,23 @@ class KVCachePlan:
         as the plan's."""
         return len(self.pools) > 1
 
-    @property
-    def is_multi_pool(self) -> bool:
-        """Deprecated since 0.2 (removed in 0.3): ``len(plan.pools) > 1``; an engine asks
-        :attr:`runs_in_one_pool`, a report :attr:`names_pools`."""
-        warnings.warn(
-            "KVCachePlan.is_multi_pool is deprecated: loop over plan.pools, or ask plan.runs_in_one_pool "
-            "(an engine of one block pool) or plan.names_pools (output) (removed in kvcore 0.3)",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return len(self.pools) > 1
+    if not TYPE_CHECKING:  # type checkers keep refusing names a plan does not have
+
+        def __getattr__(self, name: str) -> NoReturn:
+            """Only reached for a name the plan lacks: a removed one names its replacement."""
+            if name == "is_multi_pool":
+                raise AttributeError(
+                    removed_message(
+                        "KVCachePlan.is_multi_pool",
+                        "len(plan.pools) > 1; an engine of one block pool asks plan.runs_in_one_pool, "
+                        "output plan.names_pools",
+                    ),
+                    name=name,
+                    obj=self,
+                )
+            raise AttributeError(
+                f"{type(self).__name__!r} object has no attribute {name!r}", name=name, obj=self
+            )
 
     def with_offload_tier(self, tier: OffloadTier | None) -> KVCachePlan:
         """This plan with ``tier`` as its host tier (``None``: without one); checked like any plan.

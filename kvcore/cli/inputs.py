@@ -859,16 +859,15 @@ def add_workload_options(
     Args:
         parser: the command's parser.
         required: the command needs a workload (else without one it does not simulate).
-        old_flag: an old spelling of ``--trace`` the command still takes, with a warning
-            (``--workload`` in ``kvcore compare``; :class:`~kvcore.cli.aliases.DeprecatedAlias`).
+        old_flag: an old spelling of ``--trace``, removed in 0.3, that the command refuses
+            naming ``--trace`` (``--workload`` in ``kvcore compare``;
+            :class:`~kvcore.cli.aliases.RemovedOption`).
     """
     source = parser.add_mutually_exclusive_group(required=required)
     if old_flag is not None:
-        from kvcore.cli.aliases import DeprecatedAlias
+        from kvcore.cli.aliases import RemovedOption
 
-        source.add_argument(
-            old_flag, dest="trace", action=DeprecatedAlias, new="--trace", metavar="FILE.jsonl"
-        )
+        source.add_argument(old_flag, dest="trace", action=RemovedOption, new="--trace", metavar="FILE.jsonl")
     source.add_argument(
         "--trace",
         dest="trace",

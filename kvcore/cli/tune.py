@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from kvcore.cli import gpu, inputs, timing
-from kvcore.cli.aliases import DeprecatedAlias
+from kvcore.cli.aliases import RemovedOption
 from kvcore.cli.command import Command
 from kvcore.cli.compare import add_candidate_options
 from kvcore.cli.options import PlanningArgs
@@ -84,15 +84,9 @@ def add_options(parser: argparse.ArgumentParser) -> None:
         metavar="N,M",
         help="max_num_seqs values, as vLLM spells it (SGLang's --max-running-requests; default 128,256)",
     )
+    space.add_argument("--num-seqs", dest="num_seqs", action=RemovedOption, new="--max-num-seqs")
     space.add_argument(
-        "--num-seqs", dest="num_seqs", type=inputs.positive_ints, action=DeprecatedAlias, new="--max-num-seqs"
-    )
-    space.add_argument(
-        "--batched-tokens",
-        dest="batched_tokens",
-        type=inputs.positive_ints,
-        action=DeprecatedAlias,
-        new="--max-num-batched-tokens",
+        "--batched-tokens", dest="batched_tokens", action=RemovedOption, new="--max-num-batched-tokens"
     )
     space.add_argument(
         "--no-split-search",
@@ -165,7 +159,7 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
 
     plot = _check_plot(args.plot) if args.plot else None
     # --max-num-batched-tokens N[,M...]: the values searched; the first is the default candidate's
-    batched: list[int] = args.batched_tokens or args.max_num_batched_tokens or list(DEFAULT_BATCHED_TOKENS)
+    batched: list[int] = args.max_num_batched_tokens or list(DEFAULT_BATCHED_TOKENS)
     args.max_num_batched_tokens = batched[0]
     # the options tune shares with plan and simulate, typed and read once; tune's own stay in args
     shared = PlanningArgs.read(args)

@@ -50,11 +50,10 @@ from kvcore.errors import (
 )
 from kvcore.model_options import ModelOptions
 from kvcore.plan import KVCachePlan
-from kvcore.planning.keyword_form import keyword_form
 from kvcore.planning.planner import plan
 from kvcore.planning.ranks import Parallelism, ranks_request
 from kvcore.planning.registry import Registry
-from kvcore.planning.request import PlanRequest, check_budget, check_specs
+from kvcore.planning.request import PlanRequest, check_budget, check_specs, takes_request
 from kvcore.planning.serialization import plan_to_dict, spec_from_dict, spec_to_dict
 from kvcore.policy import AllocationPolicy
 from kvcore.spec import KVCacheSpec
@@ -278,10 +277,8 @@ class DistributedExecutor:
                 return found
         return None
 
-    @keyword_form(
-        ("specs", "memory", "context"),
-        "agree_on_plan(PlanRequest(specs=..., budgets=memory, ...))",
-        method=True,
+    @takes_request(
+        "specs, memory, context", "agree_on_plan(PlanRequest(specs=..., budgets=memory, ...))", method=True
     )
     def agree_on_plan(self, request: PlanRequest, *, registry: Registry) -> KVCachePlan:
         """Share this rank's fingerprint, specs and memory (the request's), plan every rank,

@@ -20,11 +20,10 @@ from __future__ import annotations
 import inspect
 import logging
 import time
-import warnings
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Literal, Protocol, runtime_checkable
 
-from kvcore.errors import InvalidInputError
+from kvcore.errors import InvalidInputError, PluginValidationError
 from kvcore.plan import KVCachePlan
 from kvcore.planning import planner
 from kvcore.planning.capacity import Capacity, format_figure
@@ -32,6 +31,7 @@ from kvcore.planning.ranks import merge_worker_specs as merge_worker_specs
 from kvcore.planning.registry import Registry
 from kvcore.planning.request import MaxModelLen, PlanRequest, sizing_of
 from kvcore.policy import AllocationPolicy, PlanOptions
+from kvcore.removed import removed_message
 from kvcore.spec import KVCacheSpec, SizingContext
 from kvcore.units import format_bytes
 
@@ -192,24 +192,19 @@ def initialize_kv_caches(
 
 
 def _agree(executor: AgreeingExecutor, request: PlanRequest, registry: Registry) -> KVCachePlan:
-    """``executor.agree_on_plan(request)``; an executor written to the 0.1 protocol
-    (``agree_on_plan(specs, memory, context, *, registry, policy, options, num_blocks)``) is
-    called that way until kvcore 0.3, with a ``DeprecationWarning``."""
+    """``executor.agree_on_plan(request)``.
+
+    Raises:
+        PluginValidationError: the executor's ``agree_on_plan(specs, memory, context, *,
+            registry, policy, options, num_blocks)`` is the 0.1 protocol (deprecated in 0.2,
+            removed in 0.3); the message names the one to write.
+    """
     agree = executor.agree_on_plan
-    first = next(iter(inspect.signature(agree).parameters), None)
-    if first != "specs":
-        return agree(request, registry=registry)
-    warnings.warn(
-        f"{type(executor).__qualname__}.agree_on_plan(specs, memory, context, ...) is the 0.1 protocol: "
-        "take agree_on_plan(request, *, registry) (the old one is called until kvcore 0.3)",
-        DeprecationWarning,
-        stacklevel=3,  # the caller of initialize_kv_caches
-    )
-    old: Any = agree  # the 0.1 signature, which the protocol no longer declares
-    return old(  # type: ignore[no-any-return]
-        request.specs,
-        request.budgets[0],
-        request.context,
-        registry=registry,
-        **{field: getattr(request, field) for field in ("policy", "options", "num_blocks")},
-    )
+    if next(iter(inspect.signature(agree).parameters), None) == "specs":
+        raise PluginValidationError(
+            removed_message(
+                f"{type(executor).__qualname__}.agree_on_plan(specs, memory, context, ...) (0.1's protocol)",
+                "agree_on_plan(request, *, registry), which gets one kvcore.PlanRequest",
+            )
+        )
+    return agree(request, registry=registry)

@@ -18,17 +18,15 @@ from typing import Any, ClassVar
 import attrs
 
 from kvcore.errors import InvalidInputError
-from kvcore.planning.keyword_form import keyword_form
-from kvcore.planning.request import PlanRequest, one_budget
+from kvcore.planning.request import PlanRequest, one_budget, takes_request
 from kvcore.spec import KVCacheSpec, SizingContext
 
 #: What an engine's planning function (``plan_for_vllm(request, rules, *, registry)``, ...) is
 #: decorated with: its 0.1 keyword form, ``(specs, available_bytes, rules, *, registry,
-#: policy=..., ...)``, still plans, with a warning, the request made by ``rules.request``.
-takes_engine_keywords = keyword_form(
-    ("specs", "available_bytes", "rules"),
+#: policy=..., ...)``, removed in 0.3, is refused naming the request ``rules.request`` makes.
+takes_engine_request = takes_request(
+    "specs, available_bytes, rules",
     "{name}(rules.request(specs, available_bytes, policy=...), rules, registry=...)",
-    passes_sizing=True,
 )
 
 

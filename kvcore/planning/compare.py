@@ -16,10 +16,9 @@ from kvcore.dtypes import DType, DTypeLike, to_dtype
 from kvcore.errors import InvalidSpecError, KVCoreError
 from kvcore.plan import KVCachePlan
 from kvcore.planning.capacity import Capacity, ideal_concurrency
-from kvcore.planning.keyword_form import keyword_form
 from kvcore.planning.planner import plan as plan_request
 from kvcore.planning.registry import Registry
-from kvcore.planning.request import PlanRequest, one_budget
+from kvcore.planning.request import PlanRequest, one_budget, takes_request
 from kvcore.spec import KVCacheSpec, resize_blocks
 
 
@@ -111,7 +110,7 @@ def variant_specs(
     return variant
 
 
-@keyword_form(("specs", "available_bytes", "context"), "compare_policies(PlanRequest(...), registry=...)")
+@takes_request("specs, available_bytes, context", "compare_policies(PlanRequest(...), registry=...)")
 def compare_policies(
     request: PlanRequest,
     policies: Sequence[str] | None = None,

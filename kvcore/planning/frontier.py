@@ -21,10 +21,9 @@ import attrs
 from kvcore.errors import InvalidSpecError, KVCoreError
 from kvcore.plan import KVCachePlan
 from kvcore.planning.capacity import Capacity, finite_or_none
-from kvcore.planning.keyword_form import keyword_form
 from kvcore.planning.planner import plan as plan_request
 from kvcore.planning.registry import Registry
-from kvcore.planning.request import PlanRequest, one_budget
+from kvcore.planning.request import PlanRequest, one_budget, takes_request
 from kvcore.spec import KVCacheSpec
 from kvcore.validators import check_int
 
@@ -57,7 +56,7 @@ class FrontierPoint:
         return {**attrs.asdict(self), "max_concurrency": finite_or_none(self.max_concurrency)}
 
 
-@keyword_form(("specs", "available_bytes", "context"), "policy_frontier(PlanRequest(...), registry=...)")
+@takes_request("specs, available_bytes, context", "policy_frontier(PlanRequest(...), registry=...)")
 def policy_frontier(
     request: PlanRequest, *, registry: Registry, max_plans: int = MAX_PLANS
 ) -> tuple[FrontierPoint, ...]:

@@ -15,9 +15,11 @@ whole model once, ask the policy for each rank's layout, give every rank the sam
 admission, the longest admitted length and ``auto`` are searches over that function
 (:func:`~kvcore.planning.max_len.largest_admitted_len`), never calls back into :func:`plan`.
 :func:`plan_kv_cache` (one worker) and :func:`kvcore.planning.ranks.plan_for_ranks` (a tensor x
-pipeline world) are the keyword forms: each builds a request and calls :func:`plan`;
-:func:`plan_model`, :func:`plan_longest` and :func:`largest_admitted`, the keyword forms of
-0.1, are deprecated (:mod:`kvcore.planning.keyword_form`).
+pipeline world) are the keyword forms: each builds a request and calls :func:`plan`. With
+:func:`longest_admitted` they are the public doors (``kvcore.plan_kv_cache``,
+``kvcore.plan_for_ranks``, ``kvcore.longest_admitted``): a plan, a plan per rank, the longest
+length admitted. 0.1's ``plan_model``, ``plan_longest`` and ``largest_admitted`` were removed in
+0.3 (asking for one names its replacement).
 
 Planning works per distinct spec, not per layer, where it can: equal specs are made one object
 first (:func:`share_equal_specs`), so group keys, grouping checks and page sizes are computed
@@ -30,7 +32,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import attrs
 
@@ -49,7 +51,6 @@ from kvcore.plan import KVCacheGroup, KVCachePlan, KVCachePool, KVCacheTensor
 from kvcore.planning.admission import check_admission
 from kvcore.planning.capacity import blocks_that_fit, own_pool_blocks, split_budget, split_by_fractions
 from kvcore.planning.invariants import plan_problems
-from kvcore.planning.keyword_form import keyword_request
 from kvcore.planning.max_len import (
     LENGTH_CEILING,
     LengthChoice,
@@ -65,6 +66,7 @@ from kvcore.planning.request import (
     request_from_keywords,
 )
 from kvcore.policy import AllocationPolicy, BlockPlacement, PlanOptions, PolicyChoice
+from kvcore.removed import names_removed_from
 from kvcore.spec import KVCacheSpec, SizingContext, sized_specs, spec_differences
 from kvcore.validators import check_int
 
@@ -119,7 +121,7 @@ def plan(request: PlanRequest, *, registry: Registry) -> PlanningResult:
         return nothing_to_cache(request.budgets, request.context, registry=registry, policy=request.policy)
     planner = _Planner.prepare(request, registry)
     if request.max_model_len.auto:
-        return planner.plan_longest()
+        return planner.plan_auto_length()
     return planner.plan_admitted(request.context)
 
 
@@ -287,7 +289,7 @@ class _Planner:
             lambda length: self.plans_at(context.with_max_model_len(length)), upper, estimate=estimate
         )
 
-    def plan_longest(self) -> PlanningResult:
+    def plan_auto_length(self) -> PlanningResult:
         """``auto``: the plans at the longest length admitted, at most the cap and at most the
         longest request whose ideal need fits every rank's budget (no layout admits more).
 
@@ -361,35 +363,6 @@ def plan_kv_cache(
     """
     request = request_from_keywords(specs, [available_bytes], context, fields)
     return plan(request, registry=registry).plans[0]
-
-
-def plan_model(
-    specs: Mapping[str, KVCacheSpec],
-    rank_memory: Sequence[int],
-    context: SizingContext,
-    *,
-    registry: Registry,
-    **fields: Any,
-) -> PlanningResult:
-    """Deprecated since 0.2 (removed in 0.3): :func:`plan` of the
-    :class:`~kvcore.planning.request.PlanRequest` these arguments describe.
-
-    Args:
-        specs, rank_memory, context: the request's specs, budgets and context.
-        registry: where policies are looked up.
-        fields: the request's other fields (``policy``, ``options``, ``num_blocks``,
-            ``check_fit``, ``rank_layers``, ``rank_names``), and ``max_model_len="auto"``
-            for a length ``auto`` chooses, at most ``context.max_model_len``.
-    """
-    request = keyword_request(
-        "plan_model(specs, rank_memory, context, ...)",
-        "plan(PlanRequest(...))",
-        specs,
-        rank_memory,
-        context,
-        fields,
-    )
-    return plan(request, registry=registry, **fields)
 
 
 def _strict_options(options: PlanOptions) -> PlanOptions | None:
@@ -960,54 +933,17 @@ def check_forced_blocks(num_blocks: int, per_block: int, available_bytes: int, c
     return num_blocks
 
 
-# -- the longest admitted request ----------------------------------------------------------
-
-
-def largest_admitted(
-    specs: Mapping[str, KVCacheSpec],
-    rank_memory: Sequence[int],
-    context: SizingContext,
-    *,
-    registry: Registry,
-    **fields: Any,
-) -> LengthSearch:
-    """Deprecated since 0.2 (removed in 0.3): :func:`longest_admitted` of the request these
-    arguments describe (as :func:`plan_model`'s; ``estimate`` as :func:`longest_admitted`'s),
-    never refusing a length that does not fit (``check_fit=False``)."""
-    fields.setdefault("check_fit", False)
-    request = keyword_request(
-        "largest_admitted(specs, rank_memory, context, ...)",
-        "longest_admitted(PlanRequest(...))",
-        specs,
-        rank_memory,
-        context,
-        fields,
-    )
-    return longest_admitted(request, registry=registry, **fields)
-
-
-def plan_longest(
-    specs: Mapping[str, KVCacheSpec],
-    rank_memory: Sequence[int],
-    context: SizingContext,
-    *,
-    registry: Registry,
-    **fields: Any,
-) -> PlanningResult:
-    """Deprecated since 0.2 (removed in 0.3): :func:`plan` of a request whose length ``auto``
-    chooses, at most ``context.max_model_len`` (the other arguments as :func:`plan_model`'s)."""
-    fields["max_model_len"] = "auto"
-    request = keyword_request(
-        "plan_longest(specs, rank_memory, context, ...)",
-        "plan(PlanRequest(..., max_model_len=MaxModelLen.up_to(cap)))",
-        specs,
-        rank_memory,
-        context,
-        fields,
-    )
-    return plan(request, registry=registry, **fields)
-
-
 def _layers_of(specs: Mapping[str, KVCacheSpec], layers: Collection[str]) -> dict[str, KVCacheSpec]:
     wanted = layers if isinstance(layers, (set, frozenset, Mapping)) else set(layers)
     return {name: spec for name, spec in specs.items() if name in wanted}
+
+
+if not TYPE_CHECKING:  # type checkers keep refusing names the module does not define
+    __getattr__ = names_removed_from(
+        __name__,
+        {
+            "plan_model": "plan(PlanRequest(...), registry=...)",
+            "plan_longest": "plan(PlanRequest(..., max_model_len=MaxModelLen.up_to(cap)), registry=...)",
+            "largest_admitted": "longest_admitted(PlanRequest(..., check_fit=False), registry=...)",
+        },
+    )

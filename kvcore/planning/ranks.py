@@ -44,6 +44,7 @@ from kvcore.planning.planner import (
 )
 from kvcore.planning.registry import Registry
 from kvcore.planning.request import KeywordFields, PlanRequest, request_from_keywords
+from kvcore.removed import names_removed_from
 from kvcore.spec import KVCacheSpec, SizingContext, check_layer_specs, describe_spec, spec_differences
 from kvcore.validators import check_int, int_at_least
 
@@ -107,10 +108,6 @@ class Parallelism:
         if self.tp_size > 1 and self.pp_size > 1:
             parts.append(f"tp rank {self.tp_rank(rank)}")
         return f"rank {rank}" + (f" ({', '.join(parts)})" if parts else "")
-
-
-#: The 0.1 name of :class:`Parallelism`.
-RankLayout = Parallelism
 
 
 def partition_layers(layer_names: Sequence[str], pp_size: int) -> tuple[tuple[str, ...], ...]:
@@ -374,3 +371,7 @@ def ranks_request(
         rank_layers=rank_specs,
         rank_names=[parallelism.describe(r) for r in range(parallelism.world_size)],
     )
+
+
+if not TYPE_CHECKING:  # type checkers keep refusing names the module does not define
+    __getattr__ = names_removed_from(__name__, {"RankLayout": "Parallelism"})

@@ -13,7 +13,6 @@ claims its model type), :meth:`Registry.spec_for_module` (a module, through
 from __future__ import annotations
 
 import inspect
-import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -199,7 +198,7 @@ class Registry:
                 f"{where} registered the class {policy.__qualname__}; register() takes a policy "
                 "instance, e.g. register(MyPolicy())"
             )
-        policy = _adapt_0_1_policy(policy, where)
+        _check_0_1_policy(policy, where)
         if not isinstance(policy, AllocationPolicy):
             raise PluginValidationError(
                 f"{where} registered {policy!r}, which is not an allocation policy: it needs "
@@ -521,35 +520,16 @@ class Registry:
         return layout
 
 
-class _PolicyWithoutPriority:
-    """A kvcore 0.1 policy (no ``auto_priority``) seen through the 0.2 protocol: ``auto``
-    never picks it (priority ``None``), everything else is the policy's own."""
+def _check_0_1_policy(policy: object, where: str) -> None:
+    """Refuse a policy written against kvcore 0.1, naming what changed.
 
-    auto_priority = None
+    0.1's ``layout(groups, num_blocks)`` placed regions for a block count, which a 0.2
+    :class:`~kvcore.policy.BlockPlacement` (one block's row) cannot express. 0.1 policies had no
+    ``auto_priority``; 0.2 registered them never picked by ``auto``, with a warning, and 0.3
+    refuses them.
 
-    def __init__(self, policy: object) -> None:
-        self._policy = policy
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._policy, name)
-
-    def why_not(self, specs: Mapping[str, KVCacheSpec]) -> str | None:
-        return self._policy.why_not(specs)  # type: ignore[attr-defined,no-any-return]
-
-    def group(self, *args: Any, **kwargs: Any) -> Any:
-        return self._policy.group(*args, **kwargs)  # type: ignore[attr-defined]
-
-    def layout(self, *args: Any, **kwargs: Any) -> Any:
-        return self._policy.layout(*args, **kwargs)  # type: ignore[attr-defined]
-
-
-def _adapt_0_1_policy(policy: object, where: str) -> object:
-    """A policy written against kvcore 0.1, adapted where the protocol allows it.
-
-    0.1 policies had no ``auto_priority``: they keep working, never picked by ``auto``, with a
-    ``DeprecationWarning``. 0.1's ``layout(groups, num_blocks)`` placed regions for a block
-    count, which a 0.2 :class:`~kvcore.policy.BlockPlacement` (one block's row) cannot express:
-    such a policy is refused, naming the change.
+    Raises:
+        PluginValidationError: either 0.1 form (the message says what to write instead).
     """
     layout = getattr(policy, "layout", None)
     if callable(layout):
@@ -565,15 +545,11 @@ def _adapt_0_1_policy(policy: object, where: str) -> object:
                 "kvcore sizes the tensors for the block count; see docs/how-to/write-a-policy.md"
             )
     if hasattr(policy, "name") and not hasattr(policy, "auto_priority"):
-        warnings.warn(
-            f"{where}: policy {policy.name!r} has no auto_priority (a kvcore 0.1 policy); "
-            "'auto' never picks it. Declare auto_priority = None (or an int) on the policy; "
-            "kvcore 0.3 refuses a policy without it",
-            DeprecationWarning,
-            stacklevel=4,  # the plugin's register(...) call, below _add_policy and _collect
+        raise PluginValidationError(
+            f"{where}: policy {policy.name!r} has no auto_priority (a kvcore 0.1 policy, refused "
+            "since kvcore 0.3): declare auto_priority = None ('auto' never picks it) or an int on "
+            "the policy"
         )
-        return _PolicyWithoutPriority(policy)
-    return policy
 
 
 def _describe_family(entry: Registered) -> str:

@@ -5,22 +5,24 @@ The planner's entry point :func:`kvcore.planning.planner.plan` takes a request, 
 the entry points above it (``compare_policies``, ``policy_frontier``, the engines'
 ``plan_for_vllm(request, rules)``, an executor's ``agree_on_plan``); the keyword functions
 (:func:`~kvcore.plan_kv_cache`, :func:`~kvcore.planning.ranks.plan_for_ranks`) build one and
-call it, and the deprecated keyword forms are converted in one place
-(:mod:`kvcore.planning.keyword_form`). Every input is checked here, once, when the request is
+call it. The keyword form the entry points took before 0.2 was removed in 0.3: it is refused
+naming the request form (:func:`takes_request`). Every input is checked here, once, when the request is
 made, so a bad value is named before any planning runs and the planner itself reads only
 checked fields.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
-from typing import Any, Literal, TypedDict
+import functools
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import Any, Literal, TypedDict, TypeVar, cast
 
 import attrs
 
 from kvcore.errors import InvalidInputError, InvalidSpecError
 from kvcore.limits import MAX_BYTES, MAX_TOKENS, check_at_most
 from kvcore.policy import AllocationPolicy, PlanOptions
+from kvcore.removed import removed_message
 from kvcore.spec import KVCacheSpec, SizingContext, check_layer_specs
 from kvcore.validators import boolean, check_int, is_int
 
@@ -437,3 +439,38 @@ def one_budget(request: PlanRequest, owner: str) -> int:
             f"{owner} plans at a given length; the request has max_model_len='auto' (give a number)"
         )
     return request.budgets[0]
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def takes_request(old: str, new: str, *, method: bool = False) -> Callable[[_F], _F]:
+    """Mark an entry point whose first argument is a :class:`PlanRequest`: a call in the keyword
+    form it took before 0.2 (deprecated in 0.2, removed in 0.3) is refused naming the request
+    form, instead of failing on whatever the old arguments happen to break.
+
+    Args:
+        old: the old form's leading arguments (``"specs, available_bytes, rules"``).
+        new: the replacement (``{name}`` stands for the entry point's own name).
+        method: the entry point is a method (its first argument, ``self``, is passed as is).
+
+    Returns:
+        The decorator.
+    """
+
+    def wrap(function: _F) -> _F:
+        name = function.__qualname__
+
+        @functools.wraps(function)
+        def checked(*args: Any, **kwargs: Any) -> Any:
+            given = args[1:] if method else args
+            if "request" in kwargs or not given or isinstance(given[0], PlanRequest):
+                return function(*args, **kwargs)  # a request (or nothing: Python names what is missing)
+            raise InvalidInputError(
+                removed_message(f"{name}({old}, ...)", new.format(name=name))
+                + f" (got {type(given[0]).__name__} where the request goes)"
+            )
+
+        return cast(_F, checked)
+
+    return wrap

@@ -35,11 +35,12 @@ free every group's pages in bulk.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Hashable, Iterable, Sequence
+from typing import TYPE_CHECKING
 
 from kvcore.errors import BlockPoolExhaustedError, InvalidInputError
 from kvcore.plan import KVCacheGroup, KVCachePlan
+from kvcore.removed import names_removed_from
 from kvcore.runtime.free_blocks import FreeBlocksFactory, free_blocks_for, holder
 from kvcore.runtime.host_cache import HostTierStats
 from kvcore.runtime.one_pool import OnePool, hit_step_of, hit_unit, uncacheable
@@ -793,14 +794,7 @@ class BlockPool:
         return check_int(group, "group index", minimum=0, below=len(self.groups))
 
 
-def __getattr__(name: str) -> object:
-    """``MultiPoolBlockPool``, deprecated: :class:`BlockPool` serves a plan of any number of pools."""
-    if name == "MultiPoolBlockPool":
-        warnings.warn(
-            "kvcore.runtime.block_pool.MultiPoolBlockPool is deprecated: use BlockPool, which serves a plan "
-            "of any number of pools (removed in kvcore 0.3)",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return BlockPool
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+if not TYPE_CHECKING:  # type checkers keep refusing names the module does not define
+    __getattr__ = names_removed_from(
+        __name__, {"MultiPoolBlockPool": "BlockPool, which serves a plan of any number of pools"}
+    )

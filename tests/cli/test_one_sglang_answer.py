@@ -22,7 +22,7 @@ def _tune(run_cli, model):
         "--requests", "4", "--prompt-len", "256", "--output-len", "8",
         # kind_pools split by the worst case: the layout compare plans for SGLang
         "--policies", "kind_pools", "--no-split-search", "--passes", "1",
-        "--num-seqs", "8", "--batched-tokens", str(BATCH), "--json",
+        "--max-num-seqs", "8", "--max-num-batched-tokens", str(BATCH), "--json",
     )  # fmt: skip
     assert status == 0, err
     return json.loads(out)["engines"]["sglang"]

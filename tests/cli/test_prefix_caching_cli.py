@@ -50,7 +50,7 @@ def test_json_reports_what_caching_bought(run_cli):
 
 def test_compare_ranks_with_prefix_caching_too(run_cli):
     status, _, err = run_cli(
-        "compare", *SMALL, "--workload", "/dev/null", "--prefix-caching", "--policies", "shared_buffer"
+        "compare", *SMALL, "--trace", "/dev/null", "--prefix-caching", "--policies", "shared_buffer"
     )
     assert status == 1 and "the trace has no requests" in err
     status, _, err = run_cli("compare", *SMALL, *SHARED, "--prefix-caching", "--policies", "shared_buffer")
@@ -120,7 +120,7 @@ def test_compare_shows_the_block_size_trade_of_hits(run_cli):
         "ai21labs/AI21-Jamba-1.5-Mini",
         "--state-cache-mode",
         "align",
-        *(a if a != "--trace" else "--workload" for a in HYBRID),
+        *HYBRID,
         "--block-sizes",
         "16,256,1024",
     )

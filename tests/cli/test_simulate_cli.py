@@ -140,14 +140,13 @@ def test_compare_rejects_the_same_requests(run_cli, trace):
     assert "rejected 1 of 2 requests, longer than max_model_len 4,096" in out
 
 
-def test_compare_takes_trace_as_simulate_does_and_workload_with_a_warning(run_cli, trace):
-    """One spelling for one idea: ``--trace`` (issue 38); 0.1's ``--workload`` warns."""
+def test_compare_takes_trace_as_simulate_does(run_cli, trace):
+    """One spelling for one idea: ``--trace`` (issue 38; 0.1's ``--workload`` was removed in 0.3,
+    tests/plugins/test_removed_in_0_3.py)."""
     path = trace({"prompt_tokens": 100, "output_tokens": 10})
-    status, new, err = run_cli("compare", *SMALL, "--trace", path, "--policies", "shared_buffer", "--json")
+    status, out, err = run_cli("compare", *SMALL, "--trace", path, "--policies", "shared_buffer", "--json")
     assert status == 0 and err == ""
-    status, old, err = run_cli("compare", *SMALL, "--workload", path, "--policies", "shared_buffer", "--json")
-    assert status == 0 and old == new
-    assert err == "kvcore: warning: --workload is deprecated and goes away in kvcore 0.3; write --trace\n"
+    assert json.loads(out)
 
 
 OVERLOADED = ("--requests", "300", "--prompt-len", "1000", "--output-len", "200", "--rate", "1")

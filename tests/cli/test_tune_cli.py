@@ -135,9 +135,9 @@ def test_tune_says_when_even_the_best_candidate_is_overloaded(run_cli):
         *overloaded,
         "--policies",
         "shared_buffer",
-        "--num-seqs",
+        "--max-num-seqs",
         "64",
-        "--batched-tokens",
+        "--max-num-batched-tokens",
         "512",
     )
     status, out, err = run_cli(*argv)
@@ -153,9 +153,9 @@ def test_tune_says_when_even_the_best_candidate_is_overloaded(run_cli):
     assert payload["workload"]["num_requests"] == 300
 
 
-def test_tune_takes_vllm_s_spellings_and_the_old_ones_with_a_warning(run_cli):
-    """``--max-num-seqs`` / ``--max-num-batched-tokens`` as vLLM spells them; 0.1's ``--num-seqs`` /
-    ``--batched-tokens`` still work and say what to write (issue 38)."""
+def test_tune_takes_vllm_s_spellings(run_cli):
+    """``--max-num-seqs`` / ``--max-num-batched-tokens`` as vLLM spells them (issue 38; 0.1's
+    ``--num-seqs`` / ``--batched-tokens`` were removed in 0.3, tests/plugins/test_removed_in_0_3.py)."""
     base = ("tune", *SMALL, *SYNTHETIC, "--policies", "shared_buffer", "--passes", "1", "--json")
     status, out, err = run_cli(*base, "--max-num-seqs", "8,16", "--max-num-batched-tokens", "512,1024")
     assert status == 0, err and "deprecated" not in err
@@ -163,10 +163,3 @@ def test_tune_takes_vllm_s_spellings_and_the_old_ones_with_a_warning(run_cli):
     assert {k["max_num_seqs"] for k in knobs} == {8, 16}
     assert {k["max_num_batched_tokens"] for k in knobs} == {512, 1024}
     assert json.loads(out)["default"]["knobs"]["max_num_batched_tokens"] == 512
-    status, old_out, err = run_cli(*base, "--num-seqs", "8,16", "--batched-tokens", "512,1024")
-    assert status == 0
-    assert (
-        "kvcore: warning: --num-seqs is deprecated and goes away in kvcore 0.3; write --max-num-seqs" in err
-    )
-    assert "write --max-num-batched-tokens" in err
-    assert json.loads(old_out)["best"] == json.loads(out)["best"]

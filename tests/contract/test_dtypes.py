@@ -4,7 +4,7 @@ import sys
 import pytest
 import torch
 
-from kvcore import InvalidSpecError, dtypes
+from kvcore import InvalidInputError, InvalidSpecError, dtypes
 from kvcore.dtypes import SUPPORTED, DType, dtype_name, dtype_size, is_torch_dtype, to_dtype
 from kvcore.runtime.torch_dtypes import torch_dtype
 
@@ -89,10 +89,12 @@ def test_name_and_size_round_trip():
 def test_dtypes_are_values():
     assert DType("bfloat16", 2) == dtypes.bfloat16
     assert hash(DType("bfloat16", 2)) == hash(dtypes.bfloat16)
-    # kvcore 0.1 specs held torch dtypes: comparing with one still answers, with a warning
-    with pytest.warns(DeprecationWarning, match=r"compare with kvcore\.dtypes\.bfloat16"):
+    # kvcore 0.1 specs held torch dtypes: comparing with one is refused naming the kvcore dtype
+    with pytest.raises(
+        InvalidInputError, match=r"kvcore\.dtypes\.bfloat16 \(or to_dtype\(torch\.bfloat16\)\)"
+    ):
         assert dtypes.bfloat16 == torch.bfloat16
-    with pytest.warns(DeprecationWarning):
+    with pytest.raises(InvalidInputError):
         assert dtypes.bfloat16 != torch.float16
     assert dtypes.bfloat16 != "bfloat16"  # names are converted with to_dtype, never equal
     assert is_torch_dtype(torch.float16)

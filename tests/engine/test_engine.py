@@ -184,24 +184,14 @@ class AgreeingRecorder(RecordingExecutor):
         )
 
 
-class AgreeingRecorder01(RecordingExecutor):
-    """The same, written to the 0.1 protocol: the keyword bundle instead of a request."""
-
-    def agree_on_plan(
-        self, specs, memory, context, *, registry, policy="auto", options=None, num_blocks=None
-    ):
-        self.calls.append(("agree", policy, num_blocks))
-        return plan_kv_cache(specs, memory, context, registry=registry, num_blocks=num_blocks)
-
-
-def test_an_agreeing_executor_gets_the_request_and_one_written_to_0_1_its_keywords_with_a_warning(registry):
+def test_an_agreeing_executor_gets_the_request(registry):
     specs, context = {"a": full(), "b": sliding(128)}, SizingContext(max_model_len=4096)
-    new, old = AgreeingRecorder(specs, 2**30), AgreeingRecorder01(specs, 2**30)
-    plan = initialize_kv_caches(new, registry=registry, context=context, policy="uniform", num_blocks=500)
-    with pytest.warns(DeprecationWarning, match=r"AgreeingRecorder01.agree_on_plan\(specs, .* 0.1 protocol"):
-        same = initialize_kv_caches(old, registry=registry, context=context, policy="uniform", num_blocks=500)
-    assert plan == same and plan.num_blocks == 500
-    assert new.calls == old.calls == ["specs", "memory", ("agree", "uniform", 500), ("initialize", 500)]
+    executor = AgreeingRecorder(specs, 2**30)
+    plan = initialize_kv_caches(
+        executor, registry=registry, context=context, policy="uniform", num_blocks=500
+    )
+    assert plan.num_blocks == 500
+    assert executor.calls == ["specs", "memory", ("agree", "uniform", 500), ("initialize", 500)]
 
 
 def test_the_request_length_must_be_given_once(registry):

@@ -134,7 +134,7 @@ def test_a_priority_that_is_not_an_int_is_a_plugin_error(make_registry, priority
         registry.select(HYBRID)
 
 
-def test_a_policy_without_the_attribute_registers_with_a_deprecation(make_registry):
+def test_a_policy_without_the_attribute_is_refused_naming_it(make_registry):
     class Old:
         name = "acme.old"
         description = "before auto_priority"
@@ -148,7 +148,8 @@ def test_a_policy_without_the_attribute_registers_with_a_deprecation(make_regist
         def layout(self, groups):
             return None
 
-    # a kvcore 0.1 policy: it keeps working until 0.3, never picked by auto
-    with pytest.warns(DeprecationWarning, match="'acme.old' has no auto_priority"):
-        registry = make_registry(plugin(Old()))
-    assert registry.policy("acme.old").auto_priority is None
+    # a kvcore 0.1 policy: 0.2 registered it (never picked by auto) with a warning; 0.3 refuses it
+    with pytest.raises(
+        PluginValidationError, match=r"'acme\.old' has no auto_priority.*declare auto_priority"
+    ):
+        make_registry(plugin(Old()))

@@ -10,8 +10,9 @@ import pytest
 from kvcore import Capacity, PlanOptions, PlanValidationError, SizingContext, plan_kv_cache
 from kvcore.cli.report import format_ranks
 from kvcore.planning.capacity import own_pool_blocks, split_budget
-from kvcore.planning.planner import plan_model
+from kvcore.planning.planner import plan
 from kvcore.planning.ranks import Parallelism
+from kvcore.planning.request import PlanRequest
 from kvcore.planning.serialization import plan_from_json, plan_to_json
 from tests.helpers import full, mix, sliding
 
@@ -50,15 +51,15 @@ def test_the_ranks_report_names_the_split_and_not_a_forced_count(registry):
     first = sliding(1024)
     specs = {f"model.layers.{i}": (full() if i % 6 == 5 else first) for i in range(12)}
     stages = [list(specs)[:6], list(specs)[6:]]
-    plans = plan_model(
+    request = PlanRequest.for_context(
         specs,
         [10 * GIB, 10 * GIB],
         CTX,
-        registry=registry,
         policy="kind_pools",
         options=PlanOptions(pool_split=SPLIT),
         rank_layers=stages,
-    ).plans
+    )
+    plans = plan(request, registry=registry).plans
     text = format_ranks(plans, Parallelism(tp_size=1, pp_size=2))
     assert "pool_split 30.0%/70.0%" in text
     assert "forced" not in text

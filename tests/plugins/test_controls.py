@@ -291,10 +291,12 @@ def test_trace_reports_a_raising_hook_and_stops_when_asked(make_kvcore_registry)
 
 def test_plugins_check_names_the_api_a_plugin_was_written_for(install, capsys, monkeypatch):
     monkeypatch.delitem(sys.modules, "kvcore.plugins.models.common", raising=False)
-    install("old", "from kvcore.plugins.models.common import ConfigFields\n")
+    install("old", "from kvcore.plugins.models.common import ConfigFields\n")  # 0.1's kit, removed in 0.3
     install()
-    assert main(["plugins", "--check", "--json"]) == 0
-    rows = {row["name"]: row for row in json.loads(capsys.readouterr().out)["plugins"]}
-    assert rows["old"]["api"] == "0.1" and "kvcore.plugins.models.kit" in rows["old"]["deprecated"][0]
+    assert main(["plugins", "--check", "--json"]) == 1
+    out, err = capsys.readouterr()
+    rows = {row["name"]: row for row in json.loads(out)["plugins"]}
+    assert "kvcore: warning: kvcore plugin 'old'" in err
+    assert rows["old"]["status"] == "failed" and "use kvcore.plugins.models.kit" in rows["old"]["error"]
     assert rows["acme"]["api"] == "0.2" and rows["acme"]["deprecated"] == []
     assert rows["kvcore.plugins.mla"]["api"] == "0.2"

@@ -214,13 +214,6 @@ def test_the_free_ids_seam_is_asked_once_per_pool_and_sees_every_id_taken():
     assert pool.num_free_blocks == pool.num_usable_blocks
 
 
-def test_the_old_name_of_the_pool_of_several_pools_warns_and_is_the_pool():
-    from kvcore.runtime import block_pool
-
-    with pytest.warns(DeprecationWarning, match="use BlockPool"):
-        assert block_pool.MultiPoolBlockPool is BlockPool
-
-
 # -- the plan check catches broken plans of several pools -------------------------------------
 
 

@@ -71,7 +71,7 @@ import attrs
 from kvcore.dtypes import dtype_name
 from kvcore.errors import KVCoreError
 from kvcore.integrations.capabilities import EngineCapabilities
-from kvcore.integrations.engine_rules import EngineRules, takes_engine_keywords
+from kvcore.integrations.engine_rules import EngineRules, takes_engine_request
 from kvcore.plan import KVCacheGroup, KVCachePlan
 from kvcore.planning import planner
 from kvcore.planning.registry import Registry
@@ -671,7 +671,7 @@ def pool_bytes(sizes: SglangPoolSizes, specs: Mapping[str, KVCacheSpec]) -> int:
     return total
 
 
-@takes_engine_keywords
+@takes_engine_request
 def plan_for_sglang(request: PlanRequest, rules: SglangRules, *, registry: Registry) -> KVCachePlan:
     """Plan ``request`` with a kvcore policy so that SGLang's pools hold what kvcore counts.
 

@@ -40,7 +40,7 @@ import attrs
 
 from kvcore.errors import InvalidInputError, KVCoreError
 from kvcore.integrations.capabilities import EngineCapabilities
-from kvcore.integrations.engine_rules import EngineRules, takes_engine_keywords
+from kvcore.integrations.engine_rules import EngineRules, takes_engine_request
 from kvcore.plan import KVCachePlan
 from kvcore.planning import planner
 from kvcore.planning.registry import Registry
@@ -384,7 +384,7 @@ def own_layout(
     )
 
 
-@takes_engine_keywords
+@takes_engine_request
 def plan_for_transformers(
     request: PlanRequest,
     rules: TransformersRules,

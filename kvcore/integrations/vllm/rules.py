@@ -47,7 +47,7 @@ import attrs
 
 from kvcore.errors import InsufficientMemoryError, KVCoreError, PolicyNotApplicableError
 from kvcore.integrations.capabilities import EngineCapabilities
-from kvcore.integrations.engine_rules import EngineRules, takes_engine_keywords
+from kvcore.integrations.engine_rules import EngineRules, takes_engine_request
 from kvcore.integrations.vllm.errors import VllmIntegrationError as VllmIntegrationError
 from kvcore.integrations.vllm.versions import VLLM_VERSIONS
 from kvcore.plan import KVCachePlan
@@ -278,7 +278,7 @@ def scale_blocks(specs: Mapping[str, KVCacheSpec], factor: int) -> dict[str, KVC
     return out
 
 
-@takes_engine_keywords
+@takes_engine_request
 def plan_for_vllm(request: PlanRequest, rules: VllmRules, *, registry: Registry) -> KVCachePlan:
     """Plan ``request`` with a kvcore policy so that vLLM runs the plan as kvcore counts it.
 

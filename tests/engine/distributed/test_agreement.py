@@ -351,28 +351,19 @@ def test_a_whole_stage_with_another_kv_dtype_or_model_is_refused_before_planning
         assert out[rank].field == what and out[rank].ranks == (1,)
 
 
-def test_agree_on_plan_takes_a_request_and_its_keyword_form_warns_and_agrees_alike():
+def test_agree_on_plan_takes_a_request():
     scenario = Scenario(tp=1, pp=2, windows={5: 32, 6: 32})
     registry = toy_registry()
     context = SizingContext(max_model_len=scenario.max_model_len)
 
-    def agree(store, rank, old):
+    def agree(store, rank):
         executor = DistributedExecutor(
             RankExecutor(scenario, rank, registry), rank=rank, world_size=2, store=store, timeout_s=30
         )
         specs, memory = executor.get_kv_cache_spec(), executor.determine_available_memory()
-        if old:
-            return executor.agree_on_plan(specs, memory, context, registry=registry, policy=scenario.policy)
         request = PlanRequest.for_context(specs, memory, context, policy=scenario.policy)
         return executor.agree_on_plan(request, registry=registry)
 
-    first, second = dist.HashStore(), dist.HashStore()
-    by_request = _on_threads(2, lambda rank: agree(first, rank, old=False))
-    # one catch around both rank threads: warning filters are the process's, not a thread's
-    with pytest.warns(
-        DeprecationWarning, match=r"agree_on_plan\(specs, memory, context, .* deprecated"
-    ) as caught:
-        by_keywords = _on_threads(2, lambda rank: agree(second, rank, old=True))
-    assert len(caught) == 2  # one a rank
-    assert by_request == by_keywords
+    store = dist.HashStore()
+    by_request = _on_threads(2, lambda rank: agree(store, rank))
     assert by_request[0].num_blocks == by_request[1].num_blocks > 0

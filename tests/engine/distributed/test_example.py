@@ -40,6 +40,7 @@ def test_the_documented_run_is_what_rank_0_prints():
     assert all(reports[r]["stdout"] == "" for r in (1, 2, 3))
 
 
+@pytest.mark.slow  # four real ranks, as the documented run above (~20 s on two loaded cores)
 def test_the_documented_failure_is_one_line_per_rank():
     command, output = RUNS[1]
     reports = _launch(command)

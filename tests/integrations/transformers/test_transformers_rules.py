@@ -209,7 +209,7 @@ def test_the_rules_and_the_capabilities_need_neither_torch_nor_transformers():
         "registry = Registry.from_plugin_manager(get_plugin_manager(autoload=False))\n"
         "specs = mix((5, sliding(1024)), (1, full()))\n"
         "limits = rules.TransformersRules(max_model_len=4096)\n"
-        "rules.plan_for_transformers(specs, 1 << 30, limits, registry=registry)\n"
+        "rules.plan_for_transformers(limits.request(specs, 1 << 30), limits, registry=registry)\n"
         "rules.capabilities()\n"
         "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))\n"
     )

@@ -1,7 +1,7 @@
 # Frozen: kvcore-example-quantized's spec kind as written against kvcore 0.1 (git show
 # bf23a0f^:examples/kvcore-example-quantized/src/kvcore_example_quantized/quantized.py), kept
-# byte for byte but for this comment, so that tests/plugins/test_frozen_0_1.py proves a 0.1
-# plugin still loads and passes conformance (with DeprecationWarnings only). Do not update it.
+# byte for byte but for this comment, so that tests/plugins/test_removed_in_0_3.py proves a 0.1
+# plugin fails where it compares torch dtypes, naming kvcore.dtypes. Do not update it.
 """Spec kind ``example.quantized_kv``: a quantized KV cache with per-block scales.
 
 K and V are stored as one-byte numbers (int8 or fp8), and each group of ``scale_group_size``

@@ -1,7 +1,8 @@
 # Frozen: kvcore-example-quantized's policy as written against kvcore 0.1 (git show
 # bf23a0f^:examples/kvcore-example-quantized/src/kvcore_example_quantized/separate_regions.py),
 # byte for byte but for this comment. Its layout(groups, num_blocks) cannot be expressed in
-# 0.2's protocol; tests/plugins/test_frozen_0_1.py checks it is refused naming the change.
+# 0.2's protocol, and its kvcore.Layout was removed in 0.3; tests/plugins/test_removed_in_0_3.py
+# checks its import fails naming kvcore.BlockPlacement.
 """Policy ``example.separate_regions``: a baseline in which groups never share bytes.
 
 Layers with equal specs form one group (one block table). The buffer is cut into regions, one

@@ -1,6 +1,6 @@
 """The engines' planning functions take a request sized by their rules
-(``kvcore.integrations.engine_rules``); the keyword form of 0.1 still plans, with a warning
-naming the request form. Runs without any engine installed."""
+(``kvcore.integrations.engine_rules``), and refuse any other (the keyword form of 0.1, removed
+in 0.3: tests/plugins/test_removed_in_0_3.py). Runs without any engine installed."""
 
 from __future__ import annotations
 
@@ -28,18 +28,11 @@ ENGINES = {
 
 
 @pytest.mark.parametrize("engine", list(ENGINES))
-def test_the_keyword_form_warns_and_plans_what_the_request_plans(engine):
+def test_the_rules_request_plans_with_the_policy_and_options_given(engine):
     function, rules, policy = ENGINES[engine]
     options = PlanOptions(max_groups=4)
-    with pytest.warns(
-        DeprecationWarning, match=rf"{function.__name__}\(specs, .* is deprecated: use .*rules\.request"
-    ):
-        by_keywords = function(SPECS, BUDGET, rules, registry=BUILTIN, policy=policy, options=options)
-    by_request = function(
-        rules.request(SPECS, BUDGET, policy=policy, options=options), rules, registry=BUILTIN
-    )
-    assert by_keywords == by_request
-    plan = getattr(by_request, "plan", by_request)  # transformers' answer holds the plan and its layout
+    answer = function(rules.request(SPECS, BUDGET, policy=policy, options=options), rules, registry=BUILTIN)
+    plan = getattr(answer, "plan", answer)  # transformers' answer holds the plan and its layout
     assert plan.policy == policy and plan.num_blocks > 0
 
 
@@ -47,9 +40,7 @@ def test_sglangs_request_plans_sglangs_own_layout_unless_told():
     rules = ENGINES["sglang"][1]
     assert rules.request(SPECS, BUDGET).policy == "kind_pools"
     assert rules.request(SPECS, BUDGET, policy="shared_buffer").policy == "shared_buffer"
-    with pytest.warns(DeprecationWarning):
-        old = plan_for_sglang(SPECS, BUDGET, rules, registry=BUILTIN)
-    assert old.policy == "kind_pools"
+    assert plan_for_sglang(rules.request(SPECS, BUDGET), rules, registry=BUILTIN).policy == "kind_pools"
 
 
 @pytest.mark.parametrize("engine", list(ENGINES))
