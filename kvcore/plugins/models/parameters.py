@@ -30,6 +30,7 @@ same config.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -46,7 +47,8 @@ from kvcore.plugins.models.gemma4 import (
     reuse_layers,
 )
 from kvcore.plugins.models.kimi_linear import layer_types as kimi_layer_types
-from kvcore.plugins.models.kit import ConfigFields, head_size, kv_heads
+from kvcore.plugins.models.kit import FULL, LINEAR, ConfigFields, head_size, kv_heads
+from kvcore.plugins.models.nemotron_h import layer_types as nemotron_h_layer_types
 
 #: A counting function: the whole config in, the count out.
 Counter = Callable[[Mapping[str, Any]], ParameterCount]
@@ -248,26 +250,212 @@ def dense_decoder(config: Mapping[str, Any]) -> ParameterCount:
     return _count(groups, cfg.dtype(top), hidden, vocab, max(3 * inner, qkv))
 
 
-def qwen3_moe(config: Mapping[str, Any]) -> ParameterCount:
-    """Qwen3-MoE: Qwen3's attention (QK norms) and a mixture of ``num_experts`` experts of
-    ``moe_intermediate_size`` on every ``decoder_sparse_step``-th layer not in
-    ``mlp_only_layers`` (dense MLPs of ``intermediate_size`` elsewhere)."""
-    cfg = ConfigFields(config, "qwen3_moe")
-    groups, n, hidden, vocab = _decoder(cfg)
-    qkv = config_attention(groups, cfg, layers=n, qk_norm=True)
+# -- decoders described by data: dense and mixture-of-experts rows ------------------------
+
+
+def _always(cfg: ConfigFields, n: int) -> list[bool]:
+    """Every layer has the mixture of experts (Mixtral, OLMoE, Granite-MoE)."""
+    return [True] * n
+
+
+def _sparse_step(cfg: ConfigFields, n: int) -> list[bool]:
+    """Qwen2-MoE / Qwen3-MoE: layer ``i`` has experts iff it is not in ``mlp_only_layers``,
+    ``num_experts`` is positive and ``(i + 1) % decoder_sparse_step == 0``
+    (transformers' ``Qwen2MoeDecoderLayer`` / ``Qwen3MoeDecoderLayer``)."""
     step = cfg.integer("decoder_sparse_step", 1)
     dense_only = set(cfg.integers("mlp_only_layers") or [])
-    experts = cfg.integer("num_experts")
-    moe = sum(1 for i in range(n) if i not in dense_only and experts > 0 and (i + 1) % step == 0)
-    inner, dense_inner = cfg.integer("moe_intermediate_size"), cfg.integer("intermediate_size")
+    return [i not in dense_only and (i + 1) % step == 0 for i in range(n)]
+
+
+def _ernie_interval(cfg: ConfigFields, n: int) -> list[bool]:
+    """ERNIE 4.5 MoE: layer ``i`` has experts iff ``(i + 1) % moe_layer_interval == 0`` and
+    ``moe_layer_start_index <= i <= moe_layer_end_index`` (transformers'
+    ``Ernie4_5_MoeDecoderLayer``; the end defaults to the last layer)."""
+    interval = cfg.integer("moe_layer_interval", 1)
+    first = cfg.integer("moe_layer_start_index", 0, minimum=0)
+    last = n - 1
+    if cfg.data.get("moe_layer_end_index") is not None:
+        last = cfg.integer("moe_layer_end_index", minimum=0)
+    return [(i + 1) % interval == 0 and first <= i <= last for i in range(n)]
+
+
+def _mlp_layer_types(cfg: ConfigFields, n: int) -> list[bool]:
+    """Cohere 2 MoE: experts where ``mlp_layer_types`` says ``sparse``, a dense MLP where it says
+    ``dense``; without the list, dense on the first ``first_k_dense_replace`` layers (default 0)."""
+    types = cfg.data.get("mlp_layer_types")
+    if isinstance(types, list):
+        if len(types) != n:
+            raise cfg.error("mlp_layer_types", f"lists {len(types)} layers, not {n}")
+        return [t == "sparse" for t in types]
+    first = cfg.integer("first_k_dense_replace", 0, minimum=0)
+    return [i >= first for i in range(n)]
+
+
+@attrs.frozen(kw_only=True)
+class Experts:
+    """A family's mixture of experts, as its config states it (public: a plugin counting a MoE
+    family of its own builds one). Every field naming a config key says which key is read.
+
+    Attributes:
+        count: the keys of the routed experts' number, the first present read.
+        inner: the key of one routed expert's width (``moe_intermediate_size``, or
+            ``intermediate_size`` where the family's experts are as wide as a dense MLP).
+        layers: which layers hold the experts (the others a dense MLP).
+        dense_inner: the key of the dense MLP's width on the other layers.
+        shared_inner: the key of one shared expert's width (``shared_expert_intermediate_size``;
+            0 or absent: none).
+        shared_count: the key of the number of shared experts, each ``shared_width`` wide
+            (``moe_num_shared_experts``), read where ``shared_inner`` is not set.
+        shared_width: the key of the width each of ``shared_count`` shared experts has.
+        shared_gate: a ``hidden -> 1`` gate scales the shared expert (Qwen2-MoE).
+        router_bias: the router keeps a per-expert ``e_score_correction_bias`` (ERNIE 4.5).
+        top_k: the keys of the experts each token is routed to (for the activation width).
+    """
+
+    count: tuple[str, ...]
+    inner: str
+    layers: Callable[[ConfigFields, int], list[bool]] = _always
+    dense_inner: str = "intermediate_size"
+    shared_inner: str | None = None
+    shared_count: str | None = None
+    shared_width: str = "moe_intermediate_size"
+    shared_gate: bool = False
+    router_bias: bool = False
+    top_k: tuple[str, ...] = ("num_experts_per_tok",)
+
+    def number(self, cfg: ConfigFields) -> int:
+        """The routed experts (0 when the config states none)."""
+        for key in self.count:
+            if cfg.has(key):
+                return cfg.integer(key, minimum=0)
+        return 0
+
+    def shared(self, cfg: ConfigFields) -> int:
+        """The width of all shared experts together (0: none)."""
+        if self.shared_inner is not None and cfg.data.get(self.shared_inner) is not None:
+            return cfg.integer(self.shared_inner, 0, minimum=0)
+        if self.shared_count is not None and cfg.data.get(self.shared_count) is not None:
+            return cfg.integer(self.shared_count, 0, minimum=0) * cfg.integer(self.shared_width)
+        return 0
+
+
+def moe_block(
+    groups: Groups, cfg: ConfigFields, experts: Experts, module: str, hidden: int, *, gated: bool = True
+) -> int:
+    """The MLPs of every layer of a decoder whose layers :attr:`Experts.layers` picks hold a
+    mixture of experts: per such layer the router (``hidden x experts``, plus the score bias),
+    the routed experts (gated or not, of ``inner``), the shared experts (and their gate); a dense
+    MLP of ``dense_inner`` on the others. Returns the widest MLP activation per token.
+
+    Shared by the families whose layers mix dense and MoE MLPs (Mixtral, OLMoE, Granite-MoE,
+    Qwen2/3-MoE, ERNIE 4.5 MoE, Cohere 2 MoE)."""
+    n = cfg.layer_count()
+    number = experts.number(cfg)
+    sparse = [is_moe and number > 0 for is_moe in experts.layers(cfg, n)]
+    moe, dense = sparse.count(True), sparse.count(False)
+    parts = 3 if gated else 2
+    width = 0
+    if dense:
+        dense_inner = cfg.integer(experts.dense_inner)
+        groups.linear("mlp", module, hidden, dense_inner, count=(parts - 1) * dense)
+        groups.linear("mlp", module, dense_inner, hidden, count=dense)
+        width = parts * dense_inner
+    if moe:
+        inner = cfg.integer(experts.inner)
+        groups.add("router", f"{module}.gate", hidden * number * moe, quantizable=False)
+        if experts.router_bias:
+            groups.vector("router", f"{module}.gate", number * moe)
+        groups.linear("experts", f"{module}.experts", hidden, inner, count=(parts - 1) * number * moe)
+        groups.linear("experts", f"{module}.experts", inner, hidden, count=number * moe)
+        shared = experts.shared(cfg)
+        if shared:
+            groups.linear(
+                "shared experts", f"{module}.shared_experts", hidden, shared, count=(parts - 1) * moe
+            )
+            groups.linear("shared experts", f"{module}.shared_experts", shared, hidden, count=moe)
+            if experts.shared_gate:
+                groups.add("shared experts", f"{module}.shared_expert_gate", hidden * moe, quantizable=False)
+        top_k = next((cfg.integer(key) for key in experts.top_k if cfg.has(key)), 1)
+        width = max(width, parts * (inner * top_k + shared))
+    return width
+
+
+@attrs.frozen(kw_only=True)
+class Decoder:
+    """A Llama-like decoder family described by data (one row of :data:`DECODERS`): each
+    attribute says which config field it reads or what transformers' modules hold.
+
+    Attributes:
+        tied: ``tie_word_embeddings``' default in the family's config class.
+        bias: the config key that puts biases on Q, K, V and O (``attention_bias``).
+        qkv_bias: the config key that puts biases on Q, K and V only (Qwen2-MoE's ``qkv_bias``,
+            StableLM's ``use_qkv_bias``); ``qkv_bias_default`` when absent.
+        qk_norm: ``"head"``: one norm of ``head_dim`` on queries and one on keys (Qwen3, Apertus);
+            ``"width"``: norms over the whole query and key projections (OLMoE).
+        gated: the MLPs are gated (gate, up, down) rather than plain (up, down: Apertus,
+            Nemotron).
+        mlp_bias: the config key that puts biases on the MLPs (``mlp_bias``).
+        norms: norms per layer (one on parallel blocks: Cohere).
+        norm_bias: the norms are LayerNorms with a bias (Nemotron's ``LayerNorm1P``).
+        sinks: one attention sink per head on every layer (Granite-SWA).
+        experts: the mixture of experts, if the family has one.
+        activation_params: parameters of a learned activation, per layer, when ``hidden_act``
+            names it (Apertus' xIELU: ``alpha_p`` and ``alpha_n``).
+    """
+
+    tied: bool = False
+    bias: str | None = "attention_bias"
+    qkv_bias: str | None = None
+    qkv_bias_default: bool = False
+    qk_norm: str | None = None
+    gated: bool = True
+    mlp_bias: str | None = "mlp_bias"
+    norms: int = 2
+    norm_bias: bool = False
+    sinks: bool = False
+    experts: Experts | None = None
+    activation_params: Mapping[str, int] = attrs.field(factory=dict)
+
+
+def decoder(config: Mapping[str, Any], shape: Decoder) -> ParameterCount:
+    """The count of a decoder family :data:`DECODERS` describes: embeddings (and the lm_head
+    unless tied), attention (``hidden_size``, ``num_attention_heads``, the KV heads and head
+    size), the MLPs or :func:`moe_block`, the norms."""
+    model_type = str(config["model_type"])
+    cfg = ConfigFields(config, model_type)
+    groups, n, hidden, vocab = _decoder(cfg, tied=shape.tied)
+    bias = cfg.boolean(shape.bias, False) if shape.bias else False
+    qkv_bias = cfg.boolean(shape.qkv_bias, shape.qkv_bias_default) if shape.qkv_bias else False
+    heads, kv, head_dim = cfg.integer("num_attention_heads"), kv_heads(cfg), head_size(cfg)
+    qkv = attention_projections(
+        groups,
+        _ATTENTION,
+        hidden=hidden,
+        heads=heads,
+        kv=kv,
+        head_dim=head_dim,
+        layers=n,
+        qkv_bias=bias or qkv_bias,
+        o_bias=bias,
+        qk_norm=shape.qk_norm == "head",
+    )
+    if shape.qk_norm == "width":
+        groups.vector("norms", _ATTENTION, n * (heads + kv) * head_dim)
+    if shape.sinks:
+        groups.vector("attention", _ATTENTION, n * heads)
     mlp = "model.layers.*.mlp"
-    groups.add("router", f"{mlp}.gate", hidden * experts * moe, quantizable=False)
-    gated_mlp(groups, "experts", f"{mlp}.experts", hidden, inner, count=experts * moe)
-    gated_mlp(groups, "mlp", mlp, hidden, dense_inner, count=n - moe)
-    groups.vector("norms", "model.layers.*", (2 * n + 1) * hidden)
-    top_k = cfg.integer("num_experts_per_tok", 8)
-    width = max(3 * inner * top_k, 3 * dense_inner if moe < n else 0, qkv)
-    return _count(groups, cfg.dtype(), hidden, vocab, width)
+    if shape.experts is not None:
+        width = moe_block(groups, cfg, shape.experts, mlp, hidden, gated=shape.gated)
+    else:
+        inner = cfg.integer("intermediate_size")
+        mlp_bias = cfg.boolean(shape.mlp_bias, False) if shape.mlp_bias else False
+        groups.linear("mlp", mlp, hidden, inner, bias=mlp_bias, count=(2 if shape.gated else 1) * n)
+        groups.linear("mlp", mlp, inner, hidden, bias=mlp_bias, count=n)
+        width = (3 if shape.gated else 2) * inner
+    groups.vector("mlp", mlp, n * shape.activation_params.get(str(config.get("hidden_act")), 0))
+    per_norm = 2 * hidden if shape.norm_bias else hidden
+    groups.vector("norms", "model.layers.*", (shape.norms * n + 1) * per_norm)
+    return _count(groups, cfg.dtype(), hidden, vocab, max(width, qkv))
 
 
 def siglip_tower(groups: Groups, vision: ConfigFields, *, text_hidden: int) -> None:
@@ -502,47 +690,96 @@ def jamba(config: Mapping[str, Any]) -> ParameterCount:
 
 
 def nemotron_h(config: Mapping[str, Any]) -> ParameterCount:
-    """Nemotron-H: Mamba-2 (``M``), attention (``*``) and plain squared-ReLU MLP (``-``) layers
-    as ``hybrid_override_pattern`` spells them, one norm each."""
+    """Nemotron-H: Mamba-2, attention, plain squared-ReLU MLP and MoE layers as ``layer_types``
+    (``layers_block_type``) or ``hybrid_override_pattern`` spell them
+    (:func:`kvcore.plugins.models.nemotron_h.layer_types`), one norm each. A MoE layer
+    (transformers' ``NemotronHMoE``): the router (``n_routed_experts x hidden_size``; its
+    ``e_score_correction_bias`` is a buffer, not a parameter), ``n_routed_experts`` plain experts
+    of ``moe_intermediate_size`` over ``moe_latent_size`` (else ``hidden_size``) with the two
+    latent projections, and one plain shared expert of ``moe_shared_expert_intermediate_size``."""
     cfg = ConfigFields(config, "nemotron_h")
     hidden, vocab = cfg.integer("hidden_size"), cfg.integer("vocab_size")
-    pattern = cfg.string("hybrid_override_pattern") or ""
-    if not pattern:
-        raise cfg.error("hybrid_override_pattern", "is missing; kvcore counts Nemotron-H's layers from it")
-    counts = {char: pattern.count(char) for char in "M*-E"}
+    types = nemotron_h_layer_types(cfg)
+    counts = {kind: types.count(kind) for kind in (LINEAR, FULL, "mlp", "moe")}
     groups = Groups()
     embeddings(groups, vocab, hidden, tied=_tied(cfg, False), embed="backbone.embeddings")
-    head_dim = head_size(cfg, keys=("attention_head_dim", "head_dim"))
-    qkv = config_attention(groups, cfg, "backbone.layers.*.mixer", layers=counts["*"], head_dim=head_dim)
-    m = counts["M"]
-    heads, head_dim = cfg.integer("mamba_num_heads"), cfg.integer("mamba_head_dim")
-    n_groups, state = cfg.integer("n_groups"), cfg.integer("ssm_state_size")
-    inner = heads * head_dim
-    conv_channels = inner + 2 * n_groups * state
     module = "backbone.layers.*.mixer"
-    bias = cfg.boolean("use_bias", False)
-    groups.linear("mamba", module, hidden, inner + conv_channels + heads, bias=bias, count=m)
-    conv_bias = cfg.boolean("use_conv_bias", True)
-    groups.vector(
-        "mamba",
-        module,
-        m * (conv_channels * cfg.integer("conv_kernel") + (conv_channels if conv_bias else 0)),
-    )
-    groups.vector("mamba", module, m * (3 * heads + inner))  # dt_bias, A_log, D, the gated norm
-    groups.linear("mamba", module, inner, hidden, bias=bias, count=m)
-    mlp_inner = cfg.integer("intermediate_size")
-    mlp_bias = cfg.boolean("mlp_bias", False)
-    groups.linear("mlp", module, hidden, mlp_inner, bias=mlp_bias, count=counts["-"])
-    groups.linear("mlp", module, mlp_inner, hidden, bias=mlp_bias, count=counts["-"])
-    notes: tuple[str, ...] = ()
-    if counts["E"]:
-        notes = (
-            f"{counts['E']} MoE layer(s) (E) are not counted: kvcore has no count of Nemotron-H's experts",
+    qkv = 0
+    if counts[FULL]:
+        head_dim = head_size(cfg, keys=("attention_head_dim", "head_dim"))
+        qkv = config_attention(groups, cfg, module, layers=counts[FULL], head_dim=head_dim)
+    m = counts[LINEAR]
+    mamba_width = 0
+    if m:
+        heads, head_dim = cfg.integer("mamba_num_heads"), cfg.integer("mamba_head_dim")
+        n_groups, state = cfg.integer("n_groups"), cfg.integer("ssm_state_size")
+        mamba_width = _mamba2_mixer(
+            groups,
+            module,
+            hidden=hidden,
+            heads=heads,
+            inner=heads * head_dim,
+            n_groups=n_groups,
+            state=state,
+            conv=cfg.integer("conv_kernel"),
+            bias=cfg.boolean("use_bias", False),
+            conv_bias=cfg.boolean("use_conv_bias", True),
+            layers=m,
         )
-    groups.vector("norms", "backbone.layers.*", (len(pattern) + 1) * hidden)
-    return _count(
-        groups, cfg.dtype(), hidden, vocab, max(2 * mlp_inner, inner + conv_channels + heads, qkv), notes
-    )
+    mlp_bias = cfg.boolean("mlp_bias", False)
+    width = max(qkv, mamba_width)
+    if counts["mlp"]:
+        mlp_inner = cfg.integer("intermediate_size")
+        groups.linear("mlp", module, hidden, mlp_inner, bias=mlp_bias, count=counts["mlp"])
+        groups.linear("mlp", module, mlp_inner, hidden, bias=mlp_bias, count=counts["mlp"])
+        width = max(width, 2 * mlp_inner)
+    moe = counts["moe"]
+    if moe:
+        experts = cfg.integer("n_routed_experts", cfg.integer("num_local_experts", 0, minimum=0), minimum=0)
+        inner = cfg.integer("moe_intermediate_size")
+        latent = cfg.optional_integer("moe_latent_size")
+        expert_in = latent or hidden
+        shared = cfg.integer("moe_shared_expert_intermediate_size", 0, minimum=0)
+        groups.add("router", f"{module}.gate", experts * hidden * moe, quantizable=False)
+        groups.linear("experts", f"{module}.experts", expert_in, inner, count=2 * experts * moe)
+        if latent:
+            groups.linear("experts", module, hidden, latent, bias=mlp_bias, count=moe)
+            groups.linear("experts", module, latent, hidden, bias=mlp_bias, count=moe)
+        groups.linear("shared experts", f"{module}.shared_experts", hidden, shared, bias=mlp_bias, count=moe)
+        groups.linear("shared experts", f"{module}.shared_experts", shared, hidden, bias=mlp_bias, count=moe)
+        top_k = cfg.integer("num_experts_per_tok", 1)
+        width = max(width, 2 * (inner * top_k + shared))
+    groups.vector("norms", "backbone.layers.*", (len(types) + 1) * hidden)
+    return _count(groups, cfg.dtype(), hidden, vocab, width)
+
+
+def _mamba2_mixer(
+    groups: Groups,
+    module: str,
+    *,
+    hidden: int,
+    heads: int,
+    inner: int,
+    n_groups: int,
+    state: int,
+    conv: int,
+    bias: bool,
+    conv_bias: bool,
+    layers: int,
+    norm: bool = True,
+) -> int:
+    """``layers`` Mamba-2 mixers (transformers' ``*Mamba2Mixer``, vLLM's ``MambaMixer2``): the
+    input projection to ``inner`` (z), the convolution's channels (x, B, C: ``inner +
+    2 * n_groups * state``) and ``heads`` (dt); the depthwise convolution of ``conv`` taps;
+    ``dt_bias``, ``A_log`` and ``D`` per head; the gated norm over ``inner`` (unless ``norm`` is
+    false); the output projection. Returns the input projection's width."""
+    channels = inner + 2 * n_groups * state
+    projected = inner + channels + heads
+    groups.linear("mamba", module, hidden, projected, bias=bias, count=layers)
+    groups.vector("mamba", module, layers * (channels * conv + (channels if conv_bias else 0)))
+    groups.vector("mamba", module, layers * (3 * heads + (inner if norm else 0)))
+    groups.linear("mamba", module, inner, hidden, bias=bias, count=layers)
+    return projected
 
 
 def qwen3_next(config: Mapping[str, Any]) -> ParameterCount:
@@ -897,6 +1134,100 @@ def mllama(config: Mapping[str, Any]) -> ParameterCount:
     return _count(groups, cfg.dtype(top), hidden, vocab, max(3 * inner, qkv))
 
 
+#: The decoders counted from data (:class:`Decoder`), by model type; the fields each reads are
+#: those of the family's transformers config class (transformers 5.24,
+#: ``models/<type>/modeling_<type>.py``; each count equals the parameters of the transformers
+#: model and of vLLM 0.32's, ``tests/plugins/models/test_decoder_parameters.py`` and
+#: ``docs/reference/models.md``'s architecture table).
+DECODERS: dict[str, Decoder] = {
+    # MixtralSparseMoeBlock: a router and num_local_experts gated experts of intermediate_size
+    "mixtral": Decoder(experts=Experts(count=("num_local_experts",), inner="intermediate_size")),
+    # OlmoeAttention: q_norm over num_heads x head_dim, k_norm over num_kv_heads x head_dim;
+    # num_experts (num_local_experts its alias) gated experts of intermediate_size every layer
+    "olmoe": Decoder(
+        qk_norm="width",
+        experts=Experts(count=("num_experts", "num_local_experts"), inner="intermediate_size"),
+    ),
+    # GraniteMoeMoE: router, num_local_experts experts (input_linear 2 x intermediate_size,
+    # output_linear); GraniteMoeShared adds one gated shared_mlp of shared_intermediate_size;
+    # GraniteMoeSWA an attention sink per head
+    "granitemoe": Decoder(experts=Experts(count=("num_local_experts",), inner="intermediate_size")),
+    "granitemoeshared": Decoder(
+        experts=Experts(
+            count=("num_local_experts",), inner="intermediate_size", shared_inner="shared_intermediate_size"
+        )
+    ),
+    "granitemoe_swa": Decoder(
+        sinks=True,
+        experts=Experts(
+            count=("num_local_experts",), inner="intermediate_size", shared_inner="shared_intermediate_size"
+        ),
+    ),
+    "granite_swa": Decoder(tied=True, sinks=True),
+    # Qwen2MoeSparseMoeBlock: num_experts experts of moe_intermediate_size, one shared expert of
+    # shared_expert_intermediate_size scaled by shared_expert_gate (hidden -> 1); biases on Q,
+    # K, V (qkv_bias, default true); dense MLPs of intermediate_size on mlp_only_layers and
+    # off the decoder_sparse_step
+    "qwen2_moe": Decoder(
+        bias=None,
+        qkv_bias="qkv_bias",
+        qkv_bias_default=True,
+        experts=Experts(
+            count=("num_experts", "num_local_experts"),
+            inner="moe_intermediate_size",
+            layers=_sparse_step,
+            shared_inner="shared_expert_intermediate_size",
+            shared_gate=True,
+        ),
+    ),
+    # Qwen3MoeSparseMoeBlock: Qwen3's QK norms, no shared expert
+    "qwen3_moe": Decoder(
+        qk_norm="head",
+        experts=Experts(
+            count=("num_experts", "num_local_experts"), inner="moe_intermediate_size", layers=_sparse_step
+        ),
+    ),
+    # Ernie4_5_MoeSparseMoeBlock: moe_num_experts experts of moe_intermediate_size, a router
+    # with a per-expert e_score_correction_bias (Ernie4_5_MoeStatics), moe_num_shared_experts
+    # shared experts of moe_intermediate_size as one MLP; use_bias on every projection
+    "ernie4_5_moe": Decoder(
+        tied=True,
+        bias="use_bias",
+        mlp_bias="use_bias",
+        experts=Experts(
+            count=("moe_num_experts", "num_experts"),
+            inner="moe_intermediate_size",
+            layers=_ernie_interval,
+            shared_count="moe_num_shared_experts",
+            router_bias=True,
+            top_k=("moe_k", "num_experts_per_tok"),
+        ),
+    ),
+    # Cohere2MoeDecoderLayer: one norm per layer (parallel attention and MLP), tied embeddings;
+    # num_experts experts of intermediate_size, num_shared_experts x intermediate_size shared;
+    # dense MLPs of prefix_dense_intermediate_size where mlp_layer_types says dense
+    "cohere2_moe": Decoder(
+        tied=True,
+        norms=1,
+        experts=Experts(
+            count=("num_experts",),
+            inner="intermediate_size",
+            layers=_mlp_layer_types,
+            dense_inner="prefix_dense_intermediate_size",
+            shared_count="num_shared_experts",
+            shared_width="intermediate_size",
+        ),
+    ),
+    # Command R (Cohere 1, 2): one LayerNorm (no bias) per layer, tied embeddings
+    "cohere": Decoder(tied=True, norms=1),
+    "cohere2": Decoder(tied=True, norms=1),
+    # ApertusMLP: up and down only (xIELU, whose alpha_p and alpha_n are learned); QK norms
+    "apertus": Decoder(qk_norm="head", gated=False, activation_params={"xielu": 2}),
+    # NemotronMLP: up and down only (relu2); NemotronLayerNorm1P: LayerNorms with biases
+    "nemotron": Decoder(gated=False, norm_bias=True),
+}
+
+
 # -- anything else ---------------------------------------------------------------------------
 
 
@@ -924,7 +1255,7 @@ def llama_like(config: Mapping[str, Any]) -> ParameterCount | None:
 COUNTERS: dict[str, Counter] = {
     **{model_type: dense_decoder for model_type in _DENSE},
     "gpt_oss": gpt_oss,
-    "qwen3_moe": qwen3_moe,
+    **{model_type: functools.partial(decoder, shape=shape) for model_type, shape in DECODERS.items()},
     "llama4": llama4,
     "llama4_text": llama4,
     "deepseek_v2": deepseek,
