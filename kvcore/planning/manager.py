@@ -45,6 +45,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "kvcore.plugins.models.deepseek",
     "kvcore.plugins.models.jamba",
     "kvcore.plugins.models.nemotron_h",
+    "kvcore.plugins.models.mamba",
     "kvcore.plugins.models.qwen3_next",
     "kvcore.plugins.models.gemma4",
     "kvcore.plugins.models.kimi_linear",

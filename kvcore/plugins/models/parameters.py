@@ -782,6 +782,156 @@ def _mamba2_mixer(
     return projected
 
 
+def mamba(config: Mapping[str, Any]) -> ParameterCount:
+    """Mamba-1 / FalconMamba (transformers' ``MambaMixer``): per layer the input projection to
+    ``2 x intermediate_size`` (``use_bias``), the depthwise convolution of ``conv_kernel`` taps
+    (``use_conv_bias``), ``x_proj`` to ``time_step_rank + 2 x state_size``, ``dt_proj`` (with a
+    bias), ``A_log`` (``intermediate_size x state_size``), ``D``, the output projection, one
+    norm; embeddings tied by default."""
+    model_type = str(config["model_type"])
+    cfg = ConfigFields(config, model_type)
+    groups = Groups()
+    n, hidden, vocab = cfg.layer_count(), cfg.integer("hidden_size"), cfg.integer("vocab_size")
+    embeddings(groups, vocab, hidden, tied=_tied(cfg, True), embed="backbone.embeddings")
+    inner = (
+        cfg.integer("intermediate_size") if cfg.has("intermediate_size") else cfg.integer("expand") * hidden
+    )
+    state, conv = cfg.integer("state_size"), cfg.integer("conv_kernel")
+    rank_value = config.get("time_step_rank", "auto")
+    rank = math.ceil(hidden / 16) if rank_value == "auto" else cfg.integer("time_step_rank")
+    bias = cfg.boolean("use_bias", False)
+    module = "backbone.layers.*.mixer"
+    groups.linear("mamba", module, hidden, 2 * inner, bias=bias, count=n)
+    groups.vector("mamba", module, n * (inner * conv + (inner if cfg.boolean("use_conv_bias", True) else 0)))
+    groups.linear("mamba", module, inner, rank + 2 * state, count=n)
+    groups.linear("mamba", module, rank, inner, bias=True, count=n)
+    groups.vector("mamba", module, n * (inner * state + inner))  # A_log, D
+    groups.linear("mamba", module, inner, hidden, bias=bias, count=n)
+    groups.vector("norms", "backbone.layers.*", (n + 1) * hidden)
+    return _count(groups, cfg.dtype(), hidden, vocab, 2 * inner)
+
+
+def mamba2(config: Mapping[str, Any]) -> ParameterCount:
+    """Mamba-2 (transformers' ``Mamba2Mixer``): a Mamba-2 mixer of ``expand x hidden_size``
+    (:func:`_mamba2_mixer`: ``num_heads``, ``n_groups``, ``state_size``, ``conv_kernel``,
+    ``use_bias``, ``use_conv_bias``) and one norm per layer."""
+    cfg = ConfigFields(config, "mamba2")
+    groups = Groups()
+    n, hidden, vocab = cfg.layer_count(), cfg.integer("hidden_size"), cfg.integer("vocab_size")
+    embeddings(groups, vocab, hidden, tied=_tied(cfg, False), embed="backbone.embeddings")
+    width = _mamba2_mixer(
+        groups,
+        "backbone.layers.*.mixer",
+        hidden=hidden,
+        heads=cfg.integer("num_heads"),
+        inner=cfg.integer("expand") * hidden,
+        n_groups=cfg.integer("n_groups", 1),
+        state=cfg.integer("state_size"),
+        conv=cfg.integer("conv_kernel"),
+        bias=cfg.boolean("use_bias", False),
+        conv_bias=cfg.boolean("use_conv_bias", True),
+        layers=n,
+    )
+    groups.vector("norms", "backbone.layers.*", (n + 1) * hidden)
+    return _count(groups, cfg.dtype(), hidden, vocab, width)
+
+
+def _hybrid_types(cfg: ConfigFields, n: int) -> list[str]:
+    """A hybrid's ``layer_types`` (or the older ``layers_block_type``)."""
+    types = cfg.layer_types(n) or cfg.layer_types(n, key="layers_block_type")
+    if types is None:
+        raise cfg.error(
+            "layer_types", "is missing; kvcore counts the hybrid's Mamba and attention layers from it"
+        )
+    return types
+
+
+def granitemoehybrid(config: Mapping[str, Any]) -> ParameterCount:
+    """GraniteMoeHybrid (transformers' ``GraniteMoeHybridDecoderLayer``): Mamba-2 mixers
+    (``mamba_expand x hidden_size``, ``mamba_n_heads``, ``mamba_n_groups``, ``mamba_d_state``,
+    ``mamba_d_conv``, ``mamba_proj_bias``, ``mamba_conv_bias``) or attention
+    (``attention_bias``) as ``layer_types`` says; on every layer Granite-MoE's experts
+    (``num_local_experts`` of ``intermediate_size``, when positive) and the gated shared MLP of
+    ``shared_intermediate_size``; two norms per layer."""
+    cfg = ConfigFields(config, "granitemoehybrid")
+    groups, n, hidden, vocab = _decoder(cfg)
+    types = _hybrid_types(cfg, n)
+    qkv = config_attention(groups, cfg, layers=types.count(FULL))
+    width = _mamba2_mixer(
+        groups,
+        "model.layers.*.mamba",
+        hidden=hidden,
+        heads=cfg.integer("mamba_n_heads"),
+        inner=cfg.integer("mamba_expand") * hidden,
+        n_groups=cfg.integer("mamba_n_groups", 1),
+        state=cfg.integer("mamba_d_state"),
+        conv=cfg.integer("mamba_d_conv"),
+        bias=cfg.boolean("mamba_proj_bias", False),
+        conv_bias=cfg.boolean("mamba_conv_bias", True),
+        layers=types.count(LINEAR),
+    )
+    experts = cfg.integer("num_local_experts", 0, minimum=0)
+    shared = cfg.integer("shared_intermediate_size")
+    mlp = "model.layers.*.block_sparse_moe"
+    if experts:
+        inner = cfg.integer("intermediate_size")
+        groups.add("router", f"{mlp}.router", hidden * experts * n, quantizable=False)
+        gated_mlp(groups, "experts", f"{mlp}.experts", hidden, inner, count=experts * n)
+        width = max(width, 3 * inner * cfg.integer("num_experts_per_tok", 1))
+    gated_mlp(groups, "shared experts", "model.layers.*.shared_mlp", hidden, shared, count=n)
+    groups.vector("norms", "model.layers.*", (2 * n + 1) * hidden)
+    return _count(groups, cfg.dtype(), hidden, vocab, max(width, qkv, 3 * shared))
+
+
+def falcon_h1(config: Mapping[str, Any]) -> ParameterCount:
+    """Falcon-H1 (transformers' ``FalconH1DecoderLayer``): on every layer attention
+    (``attention_bias``) beside a Mamba-2 mixer of ``mamba_d_ssm`` (else ``mamba_expand x
+    hidden_size``; ``mamba_proj_bias`` on the input projection, ``projectors_bias`` on the
+    output, the gated norm only with ``mamba_rms_norm``), then a gated MLP of
+    ``intermediate_size`` (``mlp_bias``); two norms per layer."""
+    cfg = ConfigFields(config, "falcon_h1")
+    groups, n, hidden, vocab = _decoder(cfg)
+    qkv = config_attention(groups, cfg, layers=n)
+    if cfg.data.get("mamba_d_ssm") is not None:
+        inner = cfg.integer("mamba_d_ssm")
+    else:
+        inner = cfg.integer("mamba_expand") * hidden
+    module = "model.layers.*.mamba"
+    proj_bias, out_bias = cfg.boolean("mamba_proj_bias", False), cfg.boolean("projectors_bias", False)
+    width = _mamba2_mixer(
+        groups,
+        module,
+        hidden=hidden,
+        heads=cfg.integer("mamba_n_heads"),
+        inner=inner,
+        n_groups=cfg.integer("mamba_n_groups", 1),
+        state=cfg.integer("mamba_d_state"),
+        conv=cfg.integer("mamba_d_conv"),
+        bias=False,
+        conv_bias=cfg.boolean("mamba_conv_bias", True),
+        layers=n,
+        norm=cfg.boolean("mamba_rms_norm", False),
+    )
+    # _mamba2_mixer's projections without biases: Falcon-H1's own
+    projected = width
+    if proj_bias:
+        groups.vector("mamba", module, n * projected)
+    if out_bias:
+        groups.vector("mamba", module, n * hidden)
+    mlp_inner = cfg.integer("intermediate_size")
+    gated_mlp(
+        groups,
+        "mlp",
+        "model.layers.*.feed_forward",
+        hidden,
+        mlp_inner,
+        count=n,
+        bias=cfg.boolean("mlp_bias", False),
+    )
+    groups.vector("norms", "model.layers.*", (2 * n + 1) * hidden)
+    return _count(groups, cfg.dtype(), hidden, vocab, max(width, qkv, 3 * mlp_inner))
+
+
 def qwen3_next(config: Mapping[str, Any]) -> ParameterCount:
     """Qwen3-Next: gated attention every ``full_attention_interval`` layers (or where
     ``layer_types`` says), gated delta nets between, a mixture of experts with a gated shared
@@ -1263,6 +1413,11 @@ COUNTERS: dict[str, Counter] = {
     "deepseek_v32": deepseek,
     "jamba": jamba,
     "nemotron_h": nemotron_h,
+    "mamba": mamba,
+    "falcon_mamba": mamba,
+    "mamba2": mamba2,
+    "granitemoehybrid": granitemoehybrid,
+    "falcon_h1": falcon_h1,
     "qwen3_next": qwen3_next,
     **{model_type: qwen3_5 for model_type in ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text")},
     **{
