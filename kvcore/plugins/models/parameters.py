@@ -340,12 +340,20 @@ class Experts:
 
 
 def moe_block(
-    groups: Groups, cfg: ConfigFields, experts: Experts, module: str, hidden: int, *, gated: bool = True
+    groups: Groups,
+    cfg: ConfigFields,
+    experts: Experts,
+    module: str,
+    hidden: int,
+    *,
+    gated: bool = True,
+    bias: bool = False,
 ) -> int:
     """The MLPs of every layer of a decoder whose layers :attr:`Experts.layers` picks hold a
     mixture of experts: per such layer the router (``hidden x experts``, plus the score bias),
     the routed experts (gated or not, of ``inner``), the shared experts (and their gate); a dense
-    MLP of ``dense_inner`` on the others. Returns the widest MLP activation per token.
+    MLP of ``dense_inner`` on the others (the dense and shared MLPs with biases where ``bias``;
+    the routed experts never have any). Returns the widest MLP activation per token.
 
     Shared by the families whose layers mix dense and MoE MLPs (Mixtral, OLMoE, Granite-MoE,
     Qwen2/3-MoE, ERNIE 4.5 MoE, Cohere 2 MoE)."""
@@ -357,8 +365,8 @@ def moe_block(
     width = 0
     if dense:
         dense_inner = cfg.integer(experts.dense_inner)
-        groups.linear("mlp", module, hidden, dense_inner, count=(parts - 1) * dense)
-        groups.linear("mlp", module, dense_inner, hidden, count=dense)
+        groups.linear("mlp", module, hidden, dense_inner, bias=bias, count=(parts - 1) * dense)
+        groups.linear("mlp", module, dense_inner, hidden, bias=bias, count=dense)
         width = parts * dense_inner
     if moe:
         inner = cfg.integer(experts.inner)
@@ -370,9 +378,14 @@ def moe_block(
         shared = experts.shared(cfg)
         if shared:
             groups.linear(
-                "shared experts", f"{module}.shared_experts", hidden, shared, count=(parts - 1) * moe
+                "shared experts",
+                f"{module}.shared_experts",
+                hidden,
+                shared,
+                bias=bias,
+                count=(parts - 1) * moe,
             )
-            groups.linear("shared experts", f"{module}.shared_experts", shared, hidden, count=moe)
+            groups.linear("shared experts", f"{module}.shared_experts", shared, hidden, bias=bias, count=moe)
             if experts.shared_gate:
                 groups.add("shared experts", f"{module}.shared_expert_gate", hidden * moe, quantizable=False)
         top_k = next((cfg.integer(key) for key in experts.top_k if cfg.has(key)), 1)
@@ -398,6 +411,7 @@ class Decoder:
         norms: norms per layer (one on parallel blocks: Cohere).
         norm_bias: the norms are LayerNorms with a bias (Nemotron's ``LayerNorm1P``).
         sinks: one attention sink per head on every layer (Granite-SWA).
+        head_bias: the config key that puts a bias on the lm_head (ERNIE 4.5's ``use_bias``).
         experts: the mixture of experts, if the family has one.
         activation_params: parameters of a learned activation, per layer, when ``hidden_act``
             names it (Apertus' xIELU: ``alpha_p`` and ``alpha_n``).
@@ -413,6 +427,7 @@ class Decoder:
     norms: int = 2
     norm_bias: bool = False
     sinks: bool = False
+    head_bias: str | None = None
     experts: Experts | None = None
     activation_params: Mapping[str, int] = attrs.field(factory=dict)
 
@@ -443,12 +458,14 @@ def decoder(config: Mapping[str, Any], shape: Decoder) -> ParameterCount:
         groups.vector("norms", _ATTENTION, n * (heads + kv) * head_dim)
     if shape.sinks:
         groups.vector("attention", _ATTENTION, n * heads)
+    if shape.head_bias and cfg.boolean(shape.head_bias, False):
+        groups.vector("lm_head", "lm_head", vocab)
     mlp = "model.layers.*.mlp"
+    mlp_bias = cfg.boolean(shape.mlp_bias, False) if shape.mlp_bias else False
     if shape.experts is not None:
-        width = moe_block(groups, cfg, shape.experts, mlp, hidden, gated=shape.gated)
+        width = moe_block(groups, cfg, shape.experts, mlp, hidden, gated=shape.gated, bias=mlp_bias)
     else:
         inner = cfg.integer("intermediate_size")
-        mlp_bias = cfg.boolean(shape.mlp_bias, False) if shape.mlp_bias else False
         groups.linear("mlp", mlp, hidden, inner, bias=mlp_bias, count=(2 if shape.gated else 1) * n)
         groups.linear("mlp", mlp, inner, hidden, bias=mlp_bias, count=n)
         width = (3 if shape.gated else 2) * inner
@@ -1344,6 +1361,7 @@ DECODERS: dict[str, Decoder] = {
         tied=True,
         bias="use_bias",
         mlp_bias="use_bias",
+        head_bias="use_bias",
         experts=Experts(
             count=("moe_num_experts", "num_experts"),
             inner="moe_intermediate_size",

@@ -172,8 +172,9 @@ def transformers_model_types() -> dict[str, str]:
     return found
 
 
-def tiny_config(model_type: str) -> Any:
-    """A tiny config of ``model_type``'s transformers config class (module docstring)."""
+def tiny_config(model_type: str, **extra: Any) -> Any:
+    """A tiny config of ``model_type``'s transformers config class (module docstring), with
+    ``extra`` fields over it."""
     from transformers import CONFIG_MAPPING
 
     cls = CONFIG_MAPPING[model_type]
@@ -184,6 +185,7 @@ def tiny_config(model_type: str) -> Any:
         if defaults.get(key) is None:
             fields.pop(key, None)
     fields.update(OVERRIDES.get(model_type, {}))
+    fields.update(extra)
     if "layer_types" in defaults and "layer_types" not in fields:
         fields["layer_types"] = _shrunk_layer_types(defaults, fields)
     fields["dtype"] = "bfloat16"
