@@ -152,8 +152,52 @@ def falcon_h1_layer_specs(config: Mapping[str, Any], options: ModelOptions) -> d
     return specs
 
 
+def zamba2_layer_specs(config: Mapping[str, Any], options: ModelOptions) -> dict[str, KVCacheSpec]:
+    """Zamba2: a Mamba-2 state on every layer; a ``hybrid`` layer (``layers_block_type``) runs
+    a shared attention block first, which caches keys and values of its own on each hybrid
+    layer (the weights are shared, the cache is not)."""
+    cfg = ConfigFields(config, "zamba2")
+    n = cfg.layer_count()
+    types = cfg.layer_types(n, key="layers_block_type") or cfg.layer_types(n)
+    if types is None:
+        raise cfg.error(
+            "layers_block_type", "is missing; a zamba2 config lists its Mamba and hybrid layers there"
+        )
+    dtype = cfg.dtype()
+    state = mamba2_state(
+        cfg,
+        options,
+        options.state_cache_dtype(dtype),
+        heads=("n_mamba_heads", cfg.integer("n_mamba_heads")),
+        head_dim=cfg.integer("mamba_headdim"),
+        n_groups=("mamba_ngroups", cfg.integer("mamba_ngroups", 1)),
+        state_size=cfg.integer("mamba_d_state"),
+        conv_kernel=cfg.integer("mamba_d_conv", minimum=2),
+        inner=("mamba_expand * hidden_size", cfg.integer("mamba_expand") * cfg.integer("hidden_size")),
+    )
+    full: KVCacheSpec | None = None
+    specs: dict[str, KVCacheSpec] = {}
+    for i, layer_type in enumerate(types):
+        if layer_type == "hybrid":
+            if full is None:
+                full = attention(
+                    cfg, options, dtype, head_dim_keys=("attention_head_dim",), derive_head_dim=False
+                ).full()
+            specs[f"model.layers.{i}.shared_transformer.self_attn"] = full
+            specs[f"model.layers.{i}.mamba_decoder.mamba"] = state
+        elif layer_type in (LINEAR, "mamba"):
+            specs[f"model.layers.{i}.mamba"] = state
+        else:
+            raise cfg.error(
+                f"layers_block_type[{i}]",
+                f"is {layer_type!r}; a zamba2 layer is 'mamba' ({LINEAR!r}) or 'hybrid'",
+            )
+    return specs
+
+
 #: The ``max_position_embeddings`` defaults of the hybrids' config classes (transformers 5.24,
-#: ``configuration_granitemoehybrid.py``: 2048, ``configuration_falcon_h1.py``: 8192); the
+#: ``configuration_granitemoehybrid.py``: 2048, ``configuration_falcon_h1.py``: 8192,
+#: ``configuration_zamba2.py``: 4096); the
 #: Mamba configs have no positions (any length: their states do not grow).
 FAMILIES = (
     ModelFamily(name="mamba", model_types=("mamba", "falcon_mamba"), layer_specs=mamba1_layer_specs),
@@ -169,6 +213,12 @@ FAMILIES = (
         model_types=("falcon_h1",),
         layer_specs=falcon_h1_layer_specs,
         config_defaults={"falcon_h1": {"max_position_embeddings": 8192}},
+    ),
+    ModelFamily(
+        name="zamba2",
+        model_types=("zamba2",),
+        layer_specs=zamba2_layer_specs,
+        config_defaults={"zamba2": {"max_position_embeddings": 4096}},
     ),
 )
 

@@ -949,6 +949,58 @@ def falcon_h1(config: Mapping[str, Any]) -> ParameterCount:
     return _count(groups, cfg.dtype(), hidden, vocab, max(width, qkv, 3 * mlp_inner))
 
 
+def zamba2(config: Mapping[str, Any]) -> ParameterCount:
+    """Zamba2 (transformers' ``Zamba2Model``): a Mamba-2 mixer on every layer
+    (``mamba_expand x hidden_size``, ``n_mamba_heads``, ``mamba_ngroups``, ``mamba_d_state``,
+    ``mamba_d_conv``; the convolution always has a bias, the projections ``add_bias_linear``)
+    with its norm; each ``hybrid`` layer of ``layers_block_type`` adds a ``hidden x hidden``
+    linear and runs one of ``num_mem_blocks`` shared attention blocks, whose weights are counted
+    once: attention from ``attention_hidden_size`` (``num_attention_heads``,
+    ``num_key_value_heads`` of ``attention_head_dim``), two norms, a gated MLP of
+    ``intermediate_size``; each hybrid layer owns the low-rank (``adapter_rank``) adapters of
+    its block's MLP and, with ``use_shared_attention_adapter``, of Q, K and V."""
+    cfg = ConfigFields(config, "zamba2")
+    groups, n, hidden, vocab = _decoder(cfg, tied=True)
+    types = cfg.layer_types(n, key="layers_block_type") or _hybrid_types(cfg, n)
+    bias = cfg.boolean("add_bias_linear", False)
+    width = _mamba2_mixer(
+        groups,
+        "model.layers.*.mamba",
+        hidden=hidden,
+        heads=cfg.integer("n_mamba_heads"),
+        inner=cfg.integer("mamba_expand") * hidden,
+        n_groups=cfg.integer("mamba_ngroups", 1),
+        state=cfg.integer("mamba_d_state"),
+        conv=cfg.integer("mamba_d_conv"),
+        bias=bias,
+        conv_bias=True,
+        layers=n,
+    )
+    groups.vector("norms", "model.layers.*", (n + 1) * hidden)
+    hybrid = types.count("hybrid")
+    if hybrid:
+        shared = "model.layers.*.shared_transformer"
+        groups.linear("attention", "model.layers.*.linear", hidden, hidden, count=hybrid)
+        blocks = min(hybrid, cfg.integer("num_mem_blocks", 1))
+        attn_in = cfg.integer("attention_hidden_size", 2 * hidden)
+        heads, head_dim = cfg.integer("num_attention_heads"), cfg.integer("attention_head_dim")
+        kv = cfg.integer("num_key_value_heads", heads)
+        groups.linear("attention", shared, attn_in, heads * head_dim, count=blocks)
+        groups.linear("attention", shared, attn_in, kv * head_dim, count=2 * blocks)
+        groups.linear("attention", shared, heads * head_dim, hidden, count=blocks)
+        groups.vector("norms", shared, blocks * (attn_in + hidden))
+        inner, rank = cfg.integer("intermediate_size"), cfg.integer("adapter_rank", 128)
+        groups.linear("mlp", shared, hidden, 2 * inner, bias=bias, count=blocks)
+        groups.linear("mlp", shared, inner, hidden, bias=bias, count=blocks)
+        groups.linear("adapters", shared, hidden, rank, count=hybrid)
+        groups.linear("adapters", shared, rank, 2 * inner, count=hybrid)
+        if cfg.boolean("use_shared_attention_adapter", False):
+            groups.linear("adapters", shared, attn_in, rank, count=3 * hybrid)
+            groups.linear("adapters", shared, rank, attn_in, count=3 * hybrid)
+        width = max(width, 3 * inner, (heads + 2 * kv) * head_dim)
+    return _count(groups, cfg.dtype(), hidden, vocab, width)
+
+
 def qwen3_next(config: Mapping[str, Any]) -> ParameterCount:
     """Qwen3-Next: gated attention every ``full_attention_interval`` layers (or where
     ``layer_types`` says), gated delta nets between, a mixture of experts with a gated shared
@@ -1436,6 +1488,7 @@ COUNTERS: dict[str, Counter] = {
     "mamba2": mamba2,
     "granitemoehybrid": granitemoehybrid,
     "falcon_h1": falcon_h1,
+    "zamba2": zamba2,
     "qwen3_next": qwen3_next,
     **{model_type: qwen3_5 for model_type in ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text")},
     **{

@@ -116,6 +116,18 @@ CASES: dict[str, tuple[str, str, dict[str, Any]]] = {
             "mamba_d_ssm": None,
         },
     ),
+    "zamba2": ("zamba2", "Zamba2ForCausalLM", {}),
+    "zamba2, three hybrid layers on two shared blocks, attention adapters": (
+        "zamba2",
+        "Zamba2ForCausalLM",
+        {
+            "num_hidden_layers": 5,
+            "layers_block_type": ["hybrid", "linear_attention", "hybrid", "hybrid", "linear_attention"],
+            "num_mem_blocks": 2,
+            "use_shared_attention_adapter": True,
+            "adapter_rank": 16,
+        },
+    ),
 }
 
 
