@@ -10,8 +10,9 @@ model runner reports each layer's ``KVCacheSpec`` (``get_kv_cache_spec``, what t
 from); kvcore reads the same ``config.json`` (:func:`kvcore.frontends.hf_config.layer_specs_from_config`
 with vLLM's block size). vLLM's specs, converted with
 :func:`kvcore.integrations.vllm.convert.specs_from_vllm`, are compared with kvcore's layer by layer
-in model order (in vLLM's build order where :data:`BUILD_ORDER` says so): kind, KV heads, head size, dtype (so bytes per token), block size, window or
-chunk, state parts' shapes and dtypes (a state's block size is vLLM's placement, not compared).
+in model order (in vLLM's build order where :data:`BUILD_ORDER` says so): kind, KV heads, head
+size, dtype (so bytes per token), block size, window or chunk, state parts' shapes and dtypes
+(a state's block size is vLLM's placement, not compared).
 The parameters are counted too: vLLM's as its dummy loader receives the model (before the CPU
 backend repacks the weights for its kernels), kvcore's from the config (``kvcore_count_parameters``).
 
