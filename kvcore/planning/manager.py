@@ -48,6 +48,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "kvcore.plugins.models.mamba",
     "kvcore.plugins.models.qwen3_next",
     "kvcore.plugins.models.gemma4",
+    "kvcore.plugins.models.gemma3n",
     "kvcore.plugins.models.kimi_linear",
     "kvcore.plugins.models.refused",
     "kvcore.plugins.models.whisper",

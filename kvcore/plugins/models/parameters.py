@@ -40,6 +40,10 @@ import attrs
 from kvcore.dtypes import DType
 from kvcore.hookspecs import hookimpl
 from kvcore.model_weights import ParameterCount, WeightGroup
+from kvcore.plugins.models.gemma3n import (
+    layer_types as gemma3n_layer_types,
+    text_fields as gemma3n_text_fields,
+)
 from kvcore.plugins.models.gemma4 import (
     layer_geometry,
     layer_types as gemma4_layer_types,
@@ -1001,6 +1005,63 @@ def zamba2(config: Mapping[str, Any]) -> ParameterCount:
     return _count(groups, cfg.dtype(), hidden, vocab, width)
 
 
+def gemma3n(config: Mapping[str, Any]) -> ParameterCount:
+    """Gemma 3n's language model (transformers' ``Gemma3nText*`` modules): attention with Q and K
+    norms (the values' norm has no weight), no K / V projections on the last
+    ``num_kv_shared_layers`` layers; a gated MLP of ``intermediate_size`` (one width, or one per
+    layer); five norms a layer; AltUp (``altup_num_inputs`` streams: the coefficient matrices,
+    the modality router and its norm, the output scale) and LAuReL (``laurel_rank``) on every
+    layer; the per-layer inputs (``hidden_size_per_layer_input`` from an embedding table of
+    ``vocab_size_per_layer_input`` rows, their projection, gate and norm); AltUp's projections in
+    and out of the model. The ``gemma3n`` wrapper's audio and vision towers are not counted."""
+    cfg, top, layers = gemma3n_text_fields(config)
+    base = layers.removesuffix(".layers")
+    groups, n, hidden, vocab = _decoder(cfg, top, tied=True, embed=f"{base}.embed_tokens")
+    types = gemma3n_layer_types(cfg, n)
+    own_kv = reuse_layers(cfg, types).start
+    heads, kv, head_dim = cfg.integer("num_attention_heads"), kv_heads(cfg), head_size(cfg, derive=False)
+    attn = f"{layers}.*.self_attn"
+    groups.linear("attention", attn, hidden, heads * head_dim, count=n)
+    groups.linear("attention", attn, heads * head_dim, hidden, count=n)
+    groups.linear("attention", attn, hidden, kv * head_dim, count=2 * own_kv)
+    groups.vector("norms", attn, head_dim * (n + own_kv))
+    if isinstance(cfg.data.get("intermediate_size"), list):
+        inners = cfg.integers("intermediate_size") or []
+        if len(inners) != n:
+            raise cfg.error("intermediate_size", f"lists {len(inners)} widths for {n} layers")
+    else:
+        inners = [cfg.integer("intermediate_size")] * n
+    for inner in inners:
+        gated_mlp(groups, "mlp", f"{layers}.*.mlp", hidden, inner, count=1)
+    streams, rank = cfg.integer("altup_num_inputs", 4), cfg.integer("laurel_rank", 64)
+    per_layer = cfg.integer("hidden_size_per_layer_input")
+    module = f"{layers}.*"
+    # correct_output_scale, correction_coefs (streams x streams), prediction_coefs (streams x streams^2)
+    groups.vector("altup", f"{module}.altup", n * (hidden + streams * streams + streams**3))
+    groups.linear("altup", f"{module}.altup", hidden, streams, count=n)  # modality router
+    groups.linear("laurel", f"{module}.laurel", hidden, rank, count=n)
+    groups.linear("laurel", f"{module}.laurel", rank, hidden, count=n)
+    groups.linear("per-layer inputs", module, hidden, per_layer, count=n)  # input gate
+    groups.linear("per-layer inputs", module, per_layer, hidden, count=n)  # projection
+    # input, post-attention, pre- and post-feedforward, post-per-layer-input, AltUp's router and
+    # LAuReL's norms on every layer; the final norm
+    groups.vector("norms", module, (7 * n + 1) * hidden)
+    table = cfg.integer("vocab_size_per_layer_input", vocab)
+    groups.vector("embeddings", f"{base}.embed_tokens_per_layer", table * n * per_layer)
+    groups.linear("per-layer inputs", f"{base}.per_layer_model_projection", hidden, n * per_layer)
+    groups.vector("norms", f"{base}.per_layer_projection_norm", per_layer)
+    groups.linear("altup", base, hidden, hidden, count=2 * (streams - 1))
+    notes: tuple[str, ...] = ()
+    towers = [key for key in ("vision_config", "audio_config") if top is not cfg and top.has(key)]
+    if towers:
+        notes = (
+            f"the {' and '.join(towers)} towers are not counted: kvcore counts Gemma 3n's language "
+            "model only",
+        )
+    width = max(3 * max(inners), (heads + 2 * kv) * head_dim)
+    return _count(groups, cfg.dtype(top), hidden, vocab, width, notes)
+
+
 def qwen3_next(config: Mapping[str, Any]) -> ParameterCount:
     """Qwen3-Next: gated attention every ``full_attention_interval`` layers (or where
     ``layer_types`` says), gated delta nets between, a mixture of experts with a gated shared
@@ -1489,6 +1550,8 @@ COUNTERS: dict[str, Counter] = {
     "granitemoehybrid": granitemoehybrid,
     "falcon_h1": falcon_h1,
     "zamba2": zamba2,
+    "gemma3n": gemma3n,
+    "gemma3n_text": gemma3n,
     "qwen3_next": qwen3_next,
     **{model_type: qwen3_5 for model_type in ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text")},
     **{

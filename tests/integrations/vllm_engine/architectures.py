@@ -121,7 +121,14 @@ SHRINK: dict[str, Any] = {
 OVERRIDES: dict[str, dict[str, Any]] = {
     "gemma2": {"num_hidden_layers": 4},
     "gemma3_text": {"num_hidden_layers": 6},
-    "gemma3n_text": {"num_hidden_layers": 6},
+    # the last two layers (one of each type) read layers 2 (sliding) and 3 (full), where both
+    # transformers and vLLM look (gemma3n.py:356-361: two layers back for a sliding layer, one
+    # for a full one); the class's 15 shared layers would leave none of six to read from
+    "gemma3n_text": {
+        "num_hidden_layers": 6,
+        "num_kv_shared_layers": 2,
+        "layer_types": ["sliding_attention"] * 3 + ["full_attention", "sliding_attention", "full_attention"],
+    },
     "cohere2": {"num_hidden_layers": 4, "sliding_window_pattern": 4},
     "jamba": {"num_hidden_layers": 8, "attn_layer_period": 8, "attn_layer_offset": 4},
     "nemotron_h": {"hybrid_override_pattern": "M*M-", "num_hidden_layers": 4},

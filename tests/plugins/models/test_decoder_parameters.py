@@ -128,6 +128,12 @@ CASES: dict[str, tuple[str, str, dict[str, Any]]] = {
             "adapter_rank": 16,
         },
     ),
+    "gemma3n_text": ("gemma3n_text", "Gemma3nForCausalLM", {}),
+    "gemma3n_text, per-layer widths, three AltUp streams": (
+        "gemma3n_text",
+        "Gemma3nForCausalLM",
+        {"intermediate_size": [256, 128, 256, 128, 256, 128], "altup_num_inputs": 3, "laurel_rank": 16},
+    ),
 }
 
 
