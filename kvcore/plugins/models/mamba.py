@@ -197,11 +197,23 @@ def zamba2_layer_specs(config: Mapping[str, Any], options: ModelOptions) -> dict
 
 #: The ``max_position_embeddings`` defaults of the hybrids' config classes (transformers 5.24,
 #: ``configuration_granitemoehybrid.py``: 2048, ``configuration_falcon_h1.py``: 8192,
-#: ``configuration_zamba2.py``: 4096); the
-#: Mamba configs have no positions (any length: their states do not grow).
+#: ``configuration_zamba2.py``: 4096). The Mamba configs state no length (their states do not
+#: grow with it): they get the 2048 tokens vLLM 0.32 assumes for a config without one
+#: (``vllm/config/model.py:2571``, ``default_max_len``).
+MAMBA_LENGTH = {"max_position_embeddings": 2048}
 FAMILIES = (
-    ModelFamily(name="mamba", model_types=("mamba", "falcon_mamba"), layer_specs=mamba1_layer_specs),
-    ModelFamily(name="mamba2", model_types=("mamba2",), layer_specs=mamba2_layer_specs),
+    ModelFamily(
+        name="mamba",
+        model_types=("mamba", "falcon_mamba"),
+        layer_specs=mamba1_layer_specs,
+        config_defaults={"mamba": MAMBA_LENGTH, "falcon_mamba": MAMBA_LENGTH},
+    ),
+    ModelFamily(
+        name="mamba2",
+        model_types=("mamba2",),
+        layer_specs=mamba2_layer_specs,
+        config_defaults={"mamba2": MAMBA_LENGTH},
+    ),
     ModelFamily(
         name="granitemoehybrid",
         model_types=("granitemoehybrid",),
