@@ -416,6 +416,11 @@ class Decoder:
         norm_bias: the norms are LayerNorms with a bias (Nemotron's ``LayerNorm1P``).
         sinks: one attention sink per head on every layer (Granite-SWA).
         head_bias: the config key that puts a bias on the lm_head (ERNIE 4.5's ``use_bias``).
+        qk_norm_key: the config key without which there is no QK norm (StableLM's
+            ``qk_layernorm``); ``None``: ``qk_norm`` always applies.
+        optional_norms: ``(key, default, norms)``: a config flag that adds ``norms`` per layer
+            when true (HyperCLOVAX's ``use_post_norm``: 2; StableLM's ``use_parallel_residual``:
+            -1, one norm fewer).
         experts: the mixture of experts, if the family has one.
         activation_params: parameters of a learned activation, per layer, when ``hidden_act``
             names it (Apertus' xIELU: ``alpha_p`` and ``alpha_n``).
@@ -432,6 +437,8 @@ class Decoder:
     norm_bias: bool = False
     sinks: bool = False
     head_bias: str | None = None
+    qk_norm_key: str | None = None
+    optional_norms: tuple[str, bool, int] | None = None
     experts: Experts | None = None
     activation_params: Mapping[str, int] = attrs.field(factory=dict)
 
@@ -446,6 +453,7 @@ def decoder(config: Mapping[str, Any], shape: Decoder) -> ParameterCount:
     bias = cfg.boolean(shape.bias, False) if shape.bias else False
     qkv_bias = cfg.boolean(shape.qkv_bias, shape.qkv_bias_default) if shape.qkv_bias else False
     heads, kv, head_dim = cfg.integer("num_attention_heads"), kv_heads(cfg), head_size(cfg)
+    qk_norm = shape.qk_norm if shape.qk_norm_key is None or cfg.boolean(shape.qk_norm_key, False) else None
     qkv = attention_projections(
         groups,
         _ATTENTION,
@@ -456,9 +464,9 @@ def decoder(config: Mapping[str, Any], shape: Decoder) -> ParameterCount:
         layers=n,
         qkv_bias=bias or qkv_bias,
         o_bias=bias,
-        qk_norm=shape.qk_norm == "head",
+        qk_norm=qk_norm == "head",
     )
-    if shape.qk_norm == "width":
+    if qk_norm == "width":
         groups.vector("norms", _ATTENTION, n * (heads + kv) * head_dim)
     if shape.sinks:
         groups.vector("attention", _ATTENTION, n * heads)
@@ -474,8 +482,12 @@ def decoder(config: Mapping[str, Any], shape: Decoder) -> ParameterCount:
         groups.linear("mlp", mlp, inner, hidden, bias=mlp_bias, count=n)
         width = (3 if shape.gated else 2) * inner
     groups.vector("mlp", mlp, n * shape.activation_params.get(str(config.get("hidden_act")), 0))
+    norms = shape.norms
+    if shape.optional_norms is not None:
+        key, default, added = shape.optional_norms
+        norms += added if cfg.boolean(key, default) else 0
     per_norm = 2 * hidden if shape.norm_bias else hidden
-    groups.vector("norms", "model.layers.*", (shape.norms * n + 1) * per_norm)
+    groups.vector("norms", "model.layers.*", (norms * n + 1) * per_norm)
     return _count(groups, cfg.dtype(), hidden, vocab, max(width, qkv))
 
 
@@ -1506,6 +1518,35 @@ DECODERS: dict[str, Decoder] = {
     "apertus": Decoder(qk_norm="head", gated=False, activation_params={"xielu": 2}),
     # NemotronMLP: up and down only (relu2); NemotronLayerNorm1P: LayerNorms with biases
     "nemotron": Decoder(gated=False, norm_bias=True),
+    # Glm4DecoderLayer: four norms a layer (post_self_attn_layernorm, post_mlp_layernorm);
+    # biases on Q, K, V (attention_bias, default true); gate and up fused, as counted
+    "glm4": Decoder(norms=4, bias=None, qkv_bias="attention_bias", qkv_bias_default=True),
+    # Exaone4Attention: Q and K norms of head_dim (post-norms replace the pre-norms: two a layer)
+    "exaone4": Decoder(qk_norm="head"),
+    # ExaoneMoeSparseMoEBlock: num_experts experts of moe_intermediate_size, num_shared_experts
+    # shared ones as one MLP; the router's e_score_correction_bias is a buffer; dense MLPs of
+    # intermediate_size where mlp_layer_types says dense (the first first_k_dense_replace)
+    "exaone_moe": Decoder(
+        qk_norm="head",
+        experts=Experts(
+            count=("num_experts",),
+            inner="moe_intermediate_size",
+            layers=_mlp_layer_types,
+            shared_count="num_shared_experts",
+        ),
+    ),
+    # HyperCLOVAXDecoderLayer: two post-norms more with use_post_norm (default true)
+    "hyperclovax": Decoder(optional_norms=("use_post_norm", True, 2)),
+    # StableLmDecoderLayer: LayerNorms with biases, one a layer with use_parallel_residual;
+    # Q, K, V biases with use_qkv_bias; per-head Q and K LayerNorms (no bias) with qk_layernorm
+    "stablelm": Decoder(
+        norm_bias=True,
+        bias=None,
+        qkv_bias="use_qkv_bias",
+        qk_norm="width",
+        qk_norm_key="qk_layernorm",
+        optional_norms=("use_parallel_residual", False, -1),
+    ),
 }
 
 

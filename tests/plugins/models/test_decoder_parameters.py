@@ -84,6 +84,23 @@ CASES: dict[str, tuple[str, str, dict[str, Any]]] = {
             "moe_latent_size": 32,
         },
     ),
+    # the class's pad_token_id (151329) lies beyond the tiny vocabulary, which torch refuses
+    "glm4": ("glm4", "Glm4ForCausalLM", {"pad_token_id": 0}),
+    "exaone4": ("exaone4", "Exaone4ForCausalLM", {}),
+    "exaone_moe": ("exaone_moe", "ExaoneMoeForCausalLM", {}),
+    "exaone_moe, two shared experts, two dense layers": (
+        "exaone_moe",
+        "ExaoneMoeForCausalLM",
+        {"num_shared_experts": 2, "mlp_layer_types": ["dense", "dense", "sparse", "sparse"]},
+    ),
+    "hyperclovax": ("hyperclovax", "HyperCLOVAXForCausalLM", {}),
+    "hyperclovax without post-norms": ("hyperclovax", "HyperCLOVAXForCausalLM", {"use_post_norm": False}),
+    "stablelm": ("stablelm", "StableLmForCausalLM", {}),
+    "stablelm, parallel residual, QK LayerNorms, QKV biases": (
+        "stablelm",
+        "StableLmForCausalLM",
+        {"use_parallel_residual": True, "qk_layernorm": True, "use_qkv_bias": True},
+    ),
     "mamba": ("mamba", "MambaForCausalLM", {}),
     "mamba with projection biases": ("mamba", "MambaForCausalLM", {"use_bias": True, "time_step_rank": 12}),
     "falcon_mamba": ("falcon_mamba", "FalconMambaForCausalLM", {}),
