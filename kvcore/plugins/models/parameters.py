@@ -726,8 +726,9 @@ def nemotron_h(config: Mapping[str, Any]) -> ParameterCount:
     """Nemotron-H: Mamba-2, attention, plain squared-ReLU MLP and MoE layers as ``layer_types``
     (``layers_block_type``) or ``hybrid_override_pattern`` spell them
     (:func:`kvcore.plugins.models.nemotron_h.layer_types`), one norm each. A MoE layer
-    (transformers' ``NemotronHMoE``): the router (``n_routed_experts x hidden_size``; its
-    ``e_score_correction_bias`` is a buffer, not a parameter), ``n_routed_experts`` plain experts
+    (transformers' ``NemotronHMoE``): the router (``n_routed_experts x hidden_size``) and its
+    ``e_score_correction_bias`` (a buffer in transformers, a parameter in vLLM 0.32's
+    ``nemotron_h.py`` and in the checkpoint), ``n_routed_experts`` plain experts
     of ``moe_intermediate_size`` over ``moe_latent_size`` (else ``hidden_size``) with the two
     latent projections, and one plain shared expert of ``moe_shared_expert_intermediate_size``."""
     cfg = ConfigFields(config, "nemotron_h")
@@ -774,6 +775,7 @@ def nemotron_h(config: Mapping[str, Any]) -> ParameterCount:
         expert_in = latent or hidden
         shared = cfg.integer("moe_shared_expert_intermediate_size", 0, minimum=0)
         groups.add("router", f"{module}.gate", experts * hidden * moe, quantizable=False)
+        groups.vector("router", f"{module}.gate", experts * moe)  # e_score_correction_bias
         groups.linear("experts", f"{module}.experts", expert_in, inner, count=2 * experts * moe)
         if latent:
             groups.linear("experts", module, hidden, latent, bias=mlp_bias, count=moe)
@@ -1524,7 +1526,8 @@ DECODERS: dict[str, Decoder] = {
     # Exaone4Attention: Q and K norms of head_dim (post-norms replace the pre-norms: two a layer)
     "exaone4": Decoder(qk_norm="head"),
     # ExaoneMoeSparseMoEBlock: num_experts experts of moe_intermediate_size, num_shared_experts
-    # shared ones as one MLP; the router's e_score_correction_bias is a buffer; dense MLPs of
+    # shared ones as one MLP, the router's e_score_correction_bias (a buffer in transformers, a
+    # parameter in vLLM 0.32's exaone_moe.py and in the checkpoint); dense MLPs of
     # intermediate_size where mlp_layer_types says dense (the first first_k_dense_replace)
     "exaone_moe": Decoder(
         qk_norm="head",
@@ -1533,6 +1536,7 @@ DECODERS: dict[str, Decoder] = {
             inner="moe_intermediate_size",
             layers=_mlp_layer_types,
             shared_count="num_shared_experts",
+            router_bias=True,
         ),
     ),
     # HyperCLOVAXDecoderLayer: two post-norms more with use_post_norm (default true)

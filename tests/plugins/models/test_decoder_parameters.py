@@ -1,6 +1,7 @@
 """Parameter counts of the decoders counted from data (mixtures of experts, plain MLPs) and of
 the state-space families, each equal to the parameters of the transformers model built from the
-same config on the meta device.
+same config on the meta device (and the routers' score-correction biases, which transformers
+keeps as buffers and the checkpoints and vLLM as parameters).
 
 The configs are the architecture table's tiny ones
 (:func:`tests.integrations.vllm_engine.architectures.tiny_config`: the class defaults shrunk),
@@ -160,8 +161,13 @@ def test_the_count_equals_the_transformers_model(registry, tmp_path, name):
     config = tiny_config(model_type, **extra)
     with torch.device("meta"):
         model = getattr(transformers, model_class)(config)
-    # a parameter two modules share (tied embeddings) is one tensor, counted once
+    # a parameter two modules share (tied embeddings) is one tensor, counted once; the routers'
+    # e_score_correction_bias (EXAONE-MoE, Nemotron-H) is a buffer to transformers but stored in
+    # the checkpoint and a parameter to vLLM, so it counts (xIELU's constant buffers do not)
     expected = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+    expected += sum(
+        b.numel() for name, b in model.named_buffers() if name.endswith("e_score_correction_bias")
+    )
     config.save_pretrained(tmp_path)
     saved = json.loads((tmp_path / "config.json").read_text(encoding="utf-8"))
     count = count_parameters(saved, registry)
