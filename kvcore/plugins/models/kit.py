@@ -766,9 +766,12 @@ def mamba2_state(
     n_groups: tuple[str, int],
     state_size: int,
     conv_kernel: int,
+    inner: tuple[str, int] | None = None,
 ) -> StateSpec:
-    """A Mamba-2 state: conv ``(conv_kernel - 1, (heads*head_dim + 2*groups*state_size) / tp)``
-    and SSM ``(heads / tp, head_dim, state_size)`` (vLLM's ``mamba2_state_shape``).
+    """A Mamba-2 state: conv ``(conv_kernel - 1, (inner + 2*groups*state_size) / tp)`` and SSM
+    ``(heads / tp, head_dim, state_size)`` (vLLM's ``mamba2_state_shape``), where ``inner`` is
+    ``heads*head_dim`` unless the family gives vLLM another width (Mamba-2, Zamba2,
+    GraniteMoeHybrid: ``expand * hidden_size``; Falcon-H1: ``mamba_d_ssm``).
 
     Args:
         heads: ``(field, value)`` of the SSM heads; they must divide by ``tp``.
@@ -776,13 +779,16 @@ def mamba2_state(
         n_groups: ``(field, value)`` of the groups; see :func:`mamba2_groups`.
         state_size: the SSM state size.
         conv_kernel: the convolution's kernel size.
+        inner: ``(field, value)`` of the SSM's inner width where it is not ``heads*head_dim``;
+            it must divide by ``tp``.
 
     Raises:
         ModelConfigError: ``tp`` does not divide the heads, or does not fit the groups.
     """
     heads_per_rank = shard(cfg, heads[0], heads[1], options)
     groups_per_rank = mamba2_groups(cfg, n_groups[0], n_groups[1], options) // options.tp
-    conv_channels = heads_per_rank * head_dim + 2 * groups_per_rank * state_size
+    width = heads_per_rank * head_dim if inner is None else shard(cfg, inner[0], inner[1], options)
+    conv_channels = width + 2 * groups_per_rank * state_size
     ssm = StatePart(name="ssm", shape=(heads_per_rank, head_dim, state_size), dtype=dtype)
     return _conv_state(options, dtype, conv_kernel, conv_channels, ssm)
 

@@ -31,6 +31,7 @@ to the parameters of the transformers model built from the same config.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -41,6 +42,10 @@ from kvcore.dtypes import DType
 from kvcore.hookspecs import hookimpl
 from kvcore.model_weights import ParameterCount, WeightGroup
 from kvcore.plugins.models.deepseek_v4 import INDEXED_RATIO, layer_ratios
+from kvcore.plugins.models.gemma3n import (
+    layer_types as gemma3n_layer_types,
+    text_fields as gemma3n_text_fields,
+)
 from kvcore.plugins.models.gemma4 import (
     layer_geometry,
     layer_types as gemma4_layer_types,
@@ -48,7 +53,8 @@ from kvcore.plugins.models.gemma4 import (
     reuse_layers,
 )
 from kvcore.plugins.models.kimi_linear import layer_types as kimi_layer_types
-from kvcore.plugins.models.kit import ConfigFields, head_size, kv_heads
+from kvcore.plugins.models.kit import FULL, LINEAR, ConfigFields, head_size, kv_heads
+from kvcore.plugins.models.nemotron_h import layer_types as nemotron_h_layer_types
 
 #: A counting function: the whole config in, the count out.
 Counter = Callable[[Mapping[str, Any]], ParameterCount]
@@ -250,26 +256,241 @@ def dense_decoder(config: Mapping[str, Any]) -> ParameterCount:
     return _count(groups, cfg.dtype(top), hidden, vocab, max(3 * inner, qkv))
 
 
-def qwen3_moe(config: Mapping[str, Any]) -> ParameterCount:
-    """Qwen3-MoE: Qwen3's attention (QK norms) and a mixture of ``num_experts`` experts of
-    ``moe_intermediate_size`` on every ``decoder_sparse_step``-th layer not in
-    ``mlp_only_layers`` (dense MLPs of ``intermediate_size`` elsewhere)."""
-    cfg = ConfigFields(config, "qwen3_moe")
-    groups, n, hidden, vocab = _decoder(cfg)
-    qkv = config_attention(groups, cfg, layers=n, qk_norm=True)
+# -- decoders described by data: dense and mixture-of-experts rows ------------------------
+
+
+def _always(cfg: ConfigFields, n: int) -> list[bool]:
+    """Every layer has the mixture of experts (Mixtral, OLMoE, Granite-MoE)."""
+    return [True] * n
+
+
+def _sparse_step(cfg: ConfigFields, n: int) -> list[bool]:
+    """Qwen2-MoE / Qwen3-MoE: layer ``i`` has experts iff it is not in ``mlp_only_layers``,
+    ``num_experts`` is positive and ``(i + 1) % decoder_sparse_step == 0``
+    (transformers' ``Qwen2MoeDecoderLayer`` / ``Qwen3MoeDecoderLayer``)."""
     step = cfg.integer("decoder_sparse_step", 1)
     dense_only = set(cfg.integers("mlp_only_layers") or [])
-    experts = cfg.integer("num_experts")
-    moe = sum(1 for i in range(n) if i not in dense_only and experts > 0 and (i + 1) % step == 0)
-    inner, dense_inner = cfg.integer("moe_intermediate_size"), cfg.integer("intermediate_size")
+    return [i not in dense_only and (i + 1) % step == 0 for i in range(n)]
+
+
+def _ernie_interval(cfg: ConfigFields, n: int) -> list[bool]:
+    """ERNIE 4.5 MoE: layer ``i`` has experts iff ``(i + 1) % moe_layer_interval == 0`` and
+    ``moe_layer_start_index <= i <= moe_layer_end_index`` (transformers'
+    ``Ernie4_5_MoeDecoderLayer``; the end defaults to the last layer)."""
+    interval = cfg.integer("moe_layer_interval", 1)
+    first = cfg.integer("moe_layer_start_index", 0, minimum=0)
+    last = n - 1
+    if cfg.data.get("moe_layer_end_index") is not None:
+        last = cfg.integer("moe_layer_end_index", minimum=0)
+    return [(i + 1) % interval == 0 and first <= i <= last for i in range(n)]
+
+
+def _mlp_layer_types(cfg: ConfigFields, n: int) -> list[bool]:
+    """Cohere 2 MoE: experts where ``mlp_layer_types`` says ``sparse``, a dense MLP where it says
+    ``dense``; without the list, dense on the first ``first_k_dense_replace`` layers (default 0)."""
+    types = cfg.data.get("mlp_layer_types")
+    if isinstance(types, list):
+        if len(types) != n:
+            raise cfg.error("mlp_layer_types", f"lists {len(types)} layers, not {n}")
+        return [t == "sparse" for t in types]
+    first = cfg.integer("first_k_dense_replace", 0, minimum=0)
+    return [i >= first for i in range(n)]
+
+
+@attrs.frozen(kw_only=True)
+class Experts:
+    """A family's mixture of experts, as its config states it (public: a plugin counting a MoE
+    family of its own builds one). Every field naming a config key says which key is read.
+
+    Attributes:
+        count: the keys of the routed experts' number, the first present read.
+        inner: the key of one routed expert's width (``moe_intermediate_size``, or
+            ``intermediate_size`` where the family's experts are as wide as a dense MLP).
+        layers: which layers hold the experts (the others a dense MLP).
+        dense_inner: the key of the dense MLP's width on the other layers.
+        shared_inner: the key of one shared expert's width (``shared_expert_intermediate_size``;
+            0 or absent: none).
+        shared_count: the key of the number of shared experts, each ``shared_width`` wide
+            (``moe_num_shared_experts``), read where ``shared_inner`` is not set.
+        shared_width: the key of the width each of ``shared_count`` shared experts has.
+        shared_gate: a ``hidden -> 1`` gate scales the shared expert (Qwen2-MoE).
+        router_bias: the router keeps a per-expert ``e_score_correction_bias`` (ERNIE 4.5).
+        top_k: the keys of the experts each token is routed to (for the activation width).
+    """
+
+    count: tuple[str, ...]
+    inner: str
+    layers: Callable[[ConfigFields, int], list[bool]] = _always
+    dense_inner: str = "intermediate_size"
+    shared_inner: str | None = None
+    shared_count: str | None = None
+    shared_width: str = "moe_intermediate_size"
+    shared_gate: bool = False
+    router_bias: bool = False
+    top_k: tuple[str, ...] = ("num_experts_per_tok",)
+
+    def number(self, cfg: ConfigFields) -> int:
+        """The routed experts (0 when the config states none)."""
+        for key in self.count:
+            if cfg.has(key):
+                return cfg.integer(key, minimum=0)
+        return 0
+
+    def shared(self, cfg: ConfigFields) -> int:
+        """The width of all shared experts together (0: none)."""
+        if self.shared_inner is not None and cfg.data.get(self.shared_inner) is not None:
+            return cfg.integer(self.shared_inner, 0, minimum=0)
+        if self.shared_count is not None and cfg.data.get(self.shared_count) is not None:
+            return cfg.integer(self.shared_count, 0, minimum=0) * cfg.integer(self.shared_width)
+        return 0
+
+
+def moe_block(
+    groups: Groups,
+    cfg: ConfigFields,
+    experts: Experts,
+    module: str,
+    hidden: int,
+    *,
+    gated: bool = True,
+    bias: bool = False,
+) -> int:
+    """The MLPs of every layer of a decoder whose layers :attr:`Experts.layers` picks hold a
+    mixture of experts: per such layer the router (``hidden x experts``, plus the score bias),
+    the routed experts (gated or not, of ``inner``), the shared experts (and their gate); a dense
+    MLP of ``dense_inner`` on the others (the dense and shared MLPs with biases where ``bias``;
+    the routed experts never have any). Returns the widest MLP activation per token.
+
+    Shared by the families whose layers mix dense and MoE MLPs (Mixtral, OLMoE, Granite-MoE,
+    Qwen2/3-MoE, ERNIE 4.5 MoE, Cohere 2 MoE)."""
+    n = cfg.layer_count()
+    number = experts.number(cfg)
+    sparse = [is_moe and number > 0 for is_moe in experts.layers(cfg, n)]
+    moe, dense = sparse.count(True), sparse.count(False)
+    parts = 3 if gated else 2
+    width = 0
+    if dense:
+        dense_inner = cfg.integer(experts.dense_inner)
+        groups.linear("mlp", module, hidden, dense_inner, bias=bias, count=(parts - 1) * dense)
+        groups.linear("mlp", module, dense_inner, hidden, bias=bias, count=dense)
+        width = parts * dense_inner
+    if moe:
+        inner = cfg.integer(experts.inner)
+        groups.add("router", f"{module}.gate", hidden * number * moe, quantizable=False)
+        if experts.router_bias:
+            groups.vector("router", f"{module}.gate", number * moe)
+        groups.linear("experts", f"{module}.experts", hidden, inner, count=(parts - 1) * number * moe)
+        groups.linear("experts", f"{module}.experts", inner, hidden, count=number * moe)
+        shared = experts.shared(cfg)
+        if shared:
+            groups.linear(
+                "shared experts",
+                f"{module}.shared_experts",
+                hidden,
+                shared,
+                bias=bias,
+                count=(parts - 1) * moe,
+            )
+            groups.linear("shared experts", f"{module}.shared_experts", shared, hidden, bias=bias, count=moe)
+            if experts.shared_gate:
+                groups.add("shared experts", f"{module}.shared_expert_gate", hidden * moe, quantizable=False)
+        top_k = next((cfg.integer(key) for key in experts.top_k if cfg.has(key)), 1)
+        width = max(width, parts * (inner * top_k + shared))
+    return width
+
+
+@attrs.frozen(kw_only=True)
+class Decoder:
+    """A Llama-like decoder family described by data (one row of :data:`DECODERS`): each
+    attribute says which config field it reads or what transformers' modules hold.
+
+    Attributes:
+        tied: ``tie_word_embeddings``' default in the family's config class.
+        bias: the config key that puts biases on Q, K, V and O (``attention_bias``).
+        qkv_bias: the config key that puts biases on Q, K and V only (Qwen2-MoE's ``qkv_bias``,
+            StableLM's ``use_qkv_bias``); ``qkv_bias_default`` when absent.
+        qk_norm: ``"head"``: one norm of ``head_dim`` on queries and one on keys (Qwen3, Apertus);
+            ``"width"``: norms over the whole query and key projections (OLMoE).
+        gated: the MLPs are gated (gate, up, down) rather than plain (up, down: Apertus,
+            Nemotron).
+        mlp_bias: the config key that puts biases on the MLPs (``mlp_bias``).
+        norms: norms per layer (one on parallel blocks: Cohere).
+        norm_bias: the norms are LayerNorms with a bias (Nemotron's ``LayerNorm1P``).
+        sinks: one attention sink per head on every layer (Granite-SWA).
+        head_bias: the config key that puts a bias on the lm_head (ERNIE 4.5's ``use_bias``).
+        qk_norm_key: the config key without which there is no QK norm (StableLM's
+            ``qk_layernorm``); ``None``: ``qk_norm`` always applies.
+        optional_norms: ``(key, default, norms)``: a config flag that adds ``norms`` per layer
+            when true (HyperCLOVAX's ``use_post_norm``: 2; StableLM's ``use_parallel_residual``:
+            -1, one norm fewer).
+        experts: the mixture of experts, if the family has one.
+        activation_params: parameters of a learned activation, per layer, when ``hidden_act``
+            names it (Apertus' xIELU: ``alpha_p`` and ``alpha_n``).
+    """
+
+    tied: bool = False
+    bias: str | None = "attention_bias"
+    qkv_bias: str | None = None
+    qkv_bias_default: bool = False
+    qk_norm: str | None = None
+    gated: bool = True
+    mlp_bias: str | None = "mlp_bias"
+    norms: int = 2
+    norm_bias: bool = False
+    sinks: bool = False
+    head_bias: str | None = None
+    qk_norm_key: str | None = None
+    optional_norms: tuple[str, bool, int] | None = None
+    experts: Experts | None = None
+    activation_params: Mapping[str, int] = attrs.field(factory=dict)
+
+
+def decoder(config: Mapping[str, Any], shape: Decoder) -> ParameterCount:
+    """The count of a decoder family :data:`DECODERS` describes: embeddings (and the lm_head
+    unless tied), attention (``hidden_size``, ``num_attention_heads``, the KV heads and head
+    size), the MLPs or :func:`moe_block`, the norms."""
+    model_type = str(config["model_type"])
+    cfg = ConfigFields(config, model_type)
+    groups, n, hidden, vocab = _decoder(cfg, tied=shape.tied)
+    bias = cfg.boolean(shape.bias, False) if shape.bias else False
+    qkv_bias = cfg.boolean(shape.qkv_bias, shape.qkv_bias_default) if shape.qkv_bias else False
+    heads, kv, head_dim = cfg.integer("num_attention_heads"), kv_heads(cfg), head_size(cfg)
+    qk_norm = shape.qk_norm if shape.qk_norm_key is None or cfg.boolean(shape.qk_norm_key, False) else None
+    qkv = attention_projections(
+        groups,
+        _ATTENTION,
+        hidden=hidden,
+        heads=heads,
+        kv=kv,
+        head_dim=head_dim,
+        layers=n,
+        qkv_bias=bias or qkv_bias,
+        o_bias=bias,
+        qk_norm=qk_norm == "head",
+    )
+    if qk_norm == "width":
+        groups.vector("norms", _ATTENTION, n * (heads + kv) * head_dim)
+    if shape.sinks:
+        groups.vector("attention", _ATTENTION, n * heads)
+    if shape.head_bias and cfg.boolean(shape.head_bias, False):
+        groups.vector("lm_head", "lm_head", vocab)
     mlp = "model.layers.*.mlp"
-    groups.add("router", f"{mlp}.gate", hidden * experts * moe, quantizable=False)
-    gated_mlp(groups, "experts", f"{mlp}.experts", hidden, inner, count=experts * moe)
-    gated_mlp(groups, "mlp", mlp, hidden, dense_inner, count=n - moe)
-    groups.vector("norms", "model.layers.*", (2 * n + 1) * hidden)
-    top_k = cfg.integer("num_experts_per_tok", 8)
-    width = max(3 * inner * top_k, 3 * dense_inner if moe < n else 0, qkv)
-    return _count(groups, cfg.dtype(), hidden, vocab, width)
+    mlp_bias = cfg.boolean(shape.mlp_bias, False) if shape.mlp_bias else False
+    if shape.experts is not None:
+        width = moe_block(groups, cfg, shape.experts, mlp, hidden, gated=shape.gated, bias=mlp_bias)
+    else:
+        inner = cfg.integer("intermediate_size")
+        groups.linear("mlp", mlp, hidden, inner, bias=mlp_bias, count=(2 if shape.gated else 1) * n)
+        groups.linear("mlp", mlp, inner, hidden, bias=mlp_bias, count=n)
+        width = (3 if shape.gated else 2) * inner
+    groups.vector("mlp", mlp, n * shape.activation_params.get(str(config.get("hidden_act")), 0))
+    norms = shape.norms
+    if shape.optional_norms is not None:
+        key, default, added = shape.optional_norms
+        norms += added if cfg.boolean(key, default) else 0
+    per_norm = 2 * hidden if shape.norm_bias else hidden
+    groups.vector("norms", "model.layers.*", (norms * n + 1) * per_norm)
+    return _count(groups, cfg.dtype(), hidden, vocab, max(width, qkv))
 
 
 def siglip_tower(groups: Groups, vision: ConfigFields, *, text_hidden: int) -> None:
@@ -567,47 +788,357 @@ def jamba(config: Mapping[str, Any]) -> ParameterCount:
 
 
 def nemotron_h(config: Mapping[str, Any]) -> ParameterCount:
-    """Nemotron-H: Mamba-2 (``M``), attention (``*``) and plain squared-ReLU MLP (``-``) layers
-    as ``hybrid_override_pattern`` spells them, one norm each."""
+    """Nemotron-H: Mamba-2, attention, plain squared-ReLU MLP and MoE layers as ``layer_types``
+    (``layers_block_type``) or ``hybrid_override_pattern`` spell them
+    (:func:`kvcore.plugins.models.nemotron_h.layer_types`), one norm each. A MoE layer
+    (transformers' ``NemotronHMoE``): the router (``n_routed_experts x hidden_size``) and its
+    ``e_score_correction_bias`` (a buffer in transformers, a parameter in vLLM 0.32's
+    ``nemotron_h.py`` and in the checkpoint), ``n_routed_experts`` plain experts
+    of ``moe_intermediate_size`` over ``moe_latent_size`` (else ``hidden_size``) with the two
+    latent projections, and one plain shared expert of ``moe_shared_expert_intermediate_size``."""
     cfg = ConfigFields(config, "nemotron_h")
     hidden, vocab = cfg.integer("hidden_size"), cfg.integer("vocab_size")
-    pattern = cfg.string("hybrid_override_pattern") or ""
-    if not pattern:
-        raise cfg.error("hybrid_override_pattern", "is missing; kvcore counts Nemotron-H's layers from it")
-    counts = {char: pattern.count(char) for char in "M*-E"}
+    types = nemotron_h_layer_types(cfg)
+    counts = {kind: types.count(kind) for kind in (LINEAR, FULL, "mlp", "moe")}
     groups = Groups()
     embeddings(groups, vocab, hidden, tied=_tied(cfg, False), embed="backbone.embeddings")
-    head_dim = head_size(cfg, keys=("attention_head_dim", "head_dim"))
-    qkv = config_attention(groups, cfg, "backbone.layers.*.mixer", layers=counts["*"], head_dim=head_dim)
-    m = counts["M"]
-    heads, head_dim = cfg.integer("mamba_num_heads"), cfg.integer("mamba_head_dim")
-    n_groups, state = cfg.integer("n_groups"), cfg.integer("ssm_state_size")
-    inner = heads * head_dim
-    conv_channels = inner + 2 * n_groups * state
     module = "backbone.layers.*.mixer"
-    bias = cfg.boolean("use_bias", False)
-    groups.linear("mamba", module, hidden, inner + conv_channels + heads, bias=bias, count=m)
-    conv_bias = cfg.boolean("use_conv_bias", True)
-    groups.vector(
-        "mamba",
-        module,
-        m * (conv_channels * cfg.integer("conv_kernel") + (conv_channels if conv_bias else 0)),
-    )
-    groups.vector("mamba", module, m * (3 * heads + inner))  # dt_bias, A_log, D, the gated norm
-    groups.linear("mamba", module, inner, hidden, bias=bias, count=m)
-    mlp_inner = cfg.integer("intermediate_size")
-    mlp_bias = cfg.boolean("mlp_bias", False)
-    groups.linear("mlp", module, hidden, mlp_inner, bias=mlp_bias, count=counts["-"])
-    groups.linear("mlp", module, mlp_inner, hidden, bias=mlp_bias, count=counts["-"])
-    notes: tuple[str, ...] = ()
-    if counts["E"]:
-        notes = (
-            f"{counts['E']} MoE layer(s) (E) are not counted: kvcore has no count of Nemotron-H's experts",
+    qkv = 0
+    if counts[FULL]:
+        head_dim = head_size(cfg, keys=("attention_head_dim", "head_dim"))
+        qkv = config_attention(groups, cfg, module, layers=counts[FULL], head_dim=head_dim)
+    m = counts[LINEAR]
+    mamba_width = 0
+    if m:
+        heads, head_dim = cfg.integer("mamba_num_heads"), cfg.integer("mamba_head_dim")
+        n_groups, state = cfg.integer("n_groups"), cfg.integer("ssm_state_size")
+        mamba_width = _mamba2_mixer(
+            groups,
+            module,
+            hidden=hidden,
+            heads=heads,
+            inner=heads * head_dim,
+            n_groups=n_groups,
+            state=state,
+            conv=cfg.integer("conv_kernel"),
+            bias=cfg.boolean("use_bias", False),
+            conv_bias=cfg.boolean("use_conv_bias", True),
+            layers=m,
         )
-    groups.vector("norms", "backbone.layers.*", (len(pattern) + 1) * hidden)
-    return _count(
-        groups, cfg.dtype(), hidden, vocab, max(2 * mlp_inner, inner + conv_channels + heads, qkv), notes
+    mlp_bias = cfg.boolean("mlp_bias", False)
+    width = max(qkv, mamba_width)
+    if counts["mlp"]:
+        mlp_inner = cfg.integer("intermediate_size")
+        groups.linear("mlp", module, hidden, mlp_inner, bias=mlp_bias, count=counts["mlp"])
+        groups.linear("mlp", module, mlp_inner, hidden, bias=mlp_bias, count=counts["mlp"])
+        width = max(width, 2 * mlp_inner)
+    moe = counts["moe"]
+    if moe:
+        experts = cfg.integer("n_routed_experts", cfg.integer("num_local_experts", 0, minimum=0), minimum=0)
+        inner = cfg.integer("moe_intermediate_size")
+        latent = cfg.optional_integer("moe_latent_size")
+        expert_in = latent or hidden
+        shared = cfg.integer("moe_shared_expert_intermediate_size", 0, minimum=0)
+        groups.add("router", f"{module}.gate", experts * hidden * moe, quantizable=False)
+        groups.vector("router", f"{module}.gate", experts * moe)  # e_score_correction_bias
+        groups.linear("experts", f"{module}.experts", expert_in, inner, count=2 * experts * moe)
+        if latent:
+            groups.linear("experts", module, hidden, latent, bias=mlp_bias, count=moe)
+            groups.linear("experts", module, latent, hidden, bias=mlp_bias, count=moe)
+        groups.linear("shared experts", f"{module}.shared_experts", hidden, shared, bias=mlp_bias, count=moe)
+        groups.linear("shared experts", f"{module}.shared_experts", shared, hidden, bias=mlp_bias, count=moe)
+        top_k = cfg.integer("num_experts_per_tok", 1)
+        width = max(width, 2 * (inner * top_k + shared))
+    groups.vector("norms", "backbone.layers.*", (len(types) + 1) * hidden)
+    return _count(groups, cfg.dtype(), hidden, vocab, width)
+
+
+def _mamba2_mixer(
+    groups: Groups,
+    module: str,
+    *,
+    hidden: int,
+    heads: int,
+    inner: int,
+    n_groups: int,
+    state: int,
+    conv: int,
+    bias: bool,
+    conv_bias: bool,
+    layers: int,
+    norm: bool = True,
+) -> int:
+    """``layers`` Mamba-2 mixers (transformers' ``*Mamba2Mixer``, vLLM's ``MambaMixer2``): the
+    input projection to ``inner`` (z), the convolution's channels (x, B, C: ``inner +
+    2 * n_groups * state``) and ``heads`` (dt); the depthwise convolution of ``conv`` taps;
+    ``dt_bias``, ``A_log`` and ``D`` per head; the gated norm over ``inner`` (unless ``norm`` is
+    false); the output projection. Returns the input projection's width."""
+    channels = inner + 2 * n_groups * state
+    projected = inner + channels + heads
+    groups.linear("mamba", module, hidden, projected, bias=bias, count=layers)
+    groups.vector("mamba", module, layers * (channels * conv + (channels if conv_bias else 0)))
+    groups.vector("mamba", module, layers * (3 * heads + (inner if norm else 0)))
+    groups.linear("mamba", module, inner, hidden, bias=bias, count=layers)
+    return projected
+
+
+def mamba(config: Mapping[str, Any]) -> ParameterCount:
+    """Mamba-1 / FalconMamba (transformers' ``MambaMixer``): per layer the input projection to
+    ``2 x intermediate_size`` (``use_bias``), the depthwise convolution of ``conv_kernel`` taps
+    (``use_conv_bias``), ``x_proj`` to ``time_step_rank + 2 x state_size``, ``dt_proj`` (with a
+    bias), ``A_log`` (``intermediate_size x state_size``), ``D``, the output projection, one
+    norm; embeddings tied by default."""
+    model_type = str(config["model_type"])
+    cfg = ConfigFields(config, model_type)
+    groups = Groups()
+    n, hidden, vocab = cfg.layer_count(), cfg.integer("hidden_size"), cfg.integer("vocab_size")
+    embeddings(groups, vocab, hidden, tied=_tied(cfg, True), embed="backbone.embeddings")
+    inner = (
+        cfg.integer("intermediate_size") if cfg.has("intermediate_size") else cfg.integer("expand") * hidden
     )
+    state, conv = cfg.integer("state_size"), cfg.integer("conv_kernel")
+    rank_value = config.get("time_step_rank", "auto")
+    rank = math.ceil(hidden / 16) if rank_value == "auto" else cfg.integer("time_step_rank")
+    bias = cfg.boolean("use_bias", False)
+    module = "backbone.layers.*.mixer"
+    groups.linear("mamba", module, hidden, 2 * inner, bias=bias, count=n)
+    groups.vector("mamba", module, n * (inner * conv + (inner if cfg.boolean("use_conv_bias", True) else 0)))
+    groups.linear("mamba", module, inner, rank + 2 * state, count=n)
+    groups.linear("mamba", module, rank, inner, bias=True, count=n)
+    groups.vector("mamba", module, n * (inner * state + inner))  # A_log, D
+    groups.linear("mamba", module, inner, hidden, bias=bias, count=n)
+    groups.vector("norms", "backbone.layers.*", (n + 1) * hidden)
+    return _count(groups, cfg.dtype(), hidden, vocab, 2 * inner)
+
+
+def mamba2(config: Mapping[str, Any]) -> ParameterCount:
+    """Mamba-2 (transformers' ``Mamba2Mixer``): a Mamba-2 mixer of ``expand x hidden_size``
+    (:func:`_mamba2_mixer`: ``num_heads``, ``n_groups``, ``state_size``, ``conv_kernel``,
+    ``use_bias``, ``use_conv_bias``) and one norm per layer."""
+    cfg = ConfigFields(config, "mamba2")
+    groups = Groups()
+    n, hidden, vocab = cfg.layer_count(), cfg.integer("hidden_size"), cfg.integer("vocab_size")
+    embeddings(groups, vocab, hidden, tied=_tied(cfg, False), embed="backbone.embeddings")
+    width = _mamba2_mixer(
+        groups,
+        "backbone.layers.*.mixer",
+        hidden=hidden,
+        heads=cfg.integer("num_heads"),
+        inner=cfg.integer("expand") * hidden,
+        n_groups=cfg.integer("n_groups", 1),
+        state=cfg.integer("state_size"),
+        conv=cfg.integer("conv_kernel"),
+        bias=cfg.boolean("use_bias", False),
+        conv_bias=cfg.boolean("use_conv_bias", True),
+        layers=n,
+    )
+    groups.vector("norms", "backbone.layers.*", (n + 1) * hidden)
+    return _count(groups, cfg.dtype(), hidden, vocab, width)
+
+
+def _hybrid_types(cfg: ConfigFields, n: int) -> list[str]:
+    """A hybrid's ``layer_types`` (or the older ``layers_block_type``)."""
+    types = cfg.layer_types(n) or cfg.layer_types(n, key="layers_block_type")
+    if types is None:
+        raise cfg.error(
+            "layer_types", "is missing; kvcore counts the hybrid's Mamba and attention layers from it"
+        )
+    return types
+
+
+def granitemoehybrid(config: Mapping[str, Any]) -> ParameterCount:
+    """GraniteMoeHybrid (transformers' ``GraniteMoeHybridDecoderLayer``): Mamba-2 mixers
+    (``mamba_expand x hidden_size``, ``mamba_n_heads``, ``mamba_n_groups``, ``mamba_d_state``,
+    ``mamba_d_conv``, ``mamba_proj_bias``, ``mamba_conv_bias``) or attention
+    (``attention_bias``) as ``layer_types`` says; on every layer Granite-MoE's experts
+    (``num_local_experts`` of ``intermediate_size``, when positive) and the gated shared MLP of
+    ``shared_intermediate_size``; two norms per layer."""
+    cfg = ConfigFields(config, "granitemoehybrid")
+    groups, n, hidden, vocab = _decoder(cfg)
+    types = _hybrid_types(cfg, n)
+    qkv = config_attention(groups, cfg, layers=types.count(FULL))
+    width = _mamba2_mixer(
+        groups,
+        "model.layers.*.mamba",
+        hidden=hidden,
+        heads=cfg.integer("mamba_n_heads"),
+        inner=cfg.integer("mamba_expand") * hidden,
+        n_groups=cfg.integer("mamba_n_groups", 1),
+        state=cfg.integer("mamba_d_state"),
+        conv=cfg.integer("mamba_d_conv"),
+        bias=cfg.boolean("mamba_proj_bias", False),
+        conv_bias=cfg.boolean("mamba_conv_bias", True),
+        layers=types.count(LINEAR),
+    )
+    experts = cfg.integer("num_local_experts", 0, minimum=0)
+    shared = cfg.integer("shared_intermediate_size")
+    mlp = "model.layers.*.block_sparse_moe"
+    if experts:
+        inner = cfg.integer("intermediate_size")
+        groups.add("router", f"{mlp}.router", hidden * experts * n, quantizable=False)
+        gated_mlp(groups, "experts", f"{mlp}.experts", hidden, inner, count=experts * n)
+        width = max(width, 3 * inner * cfg.integer("num_experts_per_tok", 1))
+    gated_mlp(groups, "shared experts", "model.layers.*.shared_mlp", hidden, shared, count=n)
+    groups.vector("norms", "model.layers.*", (2 * n + 1) * hidden)
+    return _count(groups, cfg.dtype(), hidden, vocab, max(width, qkv, 3 * shared))
+
+
+def falcon_h1(config: Mapping[str, Any]) -> ParameterCount:
+    """Falcon-H1 (transformers' ``FalconH1DecoderLayer``): on every layer attention
+    (``attention_bias``) beside a Mamba-2 mixer of ``mamba_d_ssm`` (else ``mamba_expand x
+    hidden_size``; ``mamba_proj_bias`` on the input projection, ``projectors_bias`` on the
+    output, the gated norm only with ``mamba_rms_norm``), then a gated MLP of
+    ``intermediate_size`` (``mlp_bias``); two norms per layer."""
+    cfg = ConfigFields(config, "falcon_h1")
+    groups, n, hidden, vocab = _decoder(cfg)
+    qkv = config_attention(groups, cfg, layers=n)
+    if cfg.data.get("mamba_d_ssm") is not None:
+        inner = cfg.integer("mamba_d_ssm")
+    else:
+        inner = cfg.integer("mamba_expand") * hidden
+    module = "model.layers.*.mamba"
+    proj_bias, out_bias = cfg.boolean("mamba_proj_bias", False), cfg.boolean("projectors_bias", False)
+    width = _mamba2_mixer(
+        groups,
+        module,
+        hidden=hidden,
+        heads=cfg.integer("mamba_n_heads"),
+        inner=inner,
+        n_groups=cfg.integer("mamba_n_groups", 1),
+        state=cfg.integer("mamba_d_state"),
+        conv=cfg.integer("mamba_d_conv"),
+        bias=False,
+        conv_bias=cfg.boolean("mamba_conv_bias", True),
+        layers=n,
+        norm=cfg.boolean("mamba_rms_norm", False),
+    )
+    # _mamba2_mixer's projections without biases: Falcon-H1's own
+    projected = width
+    if proj_bias:
+        groups.vector("mamba", module, n * projected)
+    if out_bias:
+        groups.vector("mamba", module, n * hidden)
+    mlp_inner = cfg.integer("intermediate_size")
+    gated_mlp(
+        groups,
+        "mlp",
+        "model.layers.*.feed_forward",
+        hidden,
+        mlp_inner,
+        count=n,
+        bias=cfg.boolean("mlp_bias", False),
+    )
+    groups.vector("norms", "model.layers.*", (2 * n + 1) * hidden)
+    return _count(groups, cfg.dtype(), hidden, vocab, max(width, qkv, 3 * mlp_inner))
+
+
+def zamba2(config: Mapping[str, Any]) -> ParameterCount:
+    """Zamba2 (transformers' ``Zamba2Model``): a Mamba-2 mixer on every layer
+    (``mamba_expand x hidden_size``, ``n_mamba_heads``, ``mamba_ngroups``, ``mamba_d_state``,
+    ``mamba_d_conv``; the convolution always has a bias, the projections ``add_bias_linear``)
+    with its norm; each ``hybrid`` layer of ``layers_block_type`` adds a ``hidden x hidden``
+    linear and runs one of ``num_mem_blocks`` shared attention blocks, whose weights are counted
+    once: attention from ``attention_hidden_size`` (``num_attention_heads``,
+    ``num_key_value_heads`` of ``attention_head_dim``), two norms, a gated MLP of
+    ``intermediate_size``; each hybrid layer owns the low-rank (``adapter_rank``) adapters of
+    its block's MLP and, with ``use_shared_attention_adapter``, of Q, K and V."""
+    cfg = ConfigFields(config, "zamba2")
+    groups, n, hidden, vocab = _decoder(cfg, tied=True)
+    types = cfg.layer_types(n, key="layers_block_type") or _hybrid_types(cfg, n)
+    bias = cfg.boolean("add_bias_linear", False)
+    width = _mamba2_mixer(
+        groups,
+        "model.layers.*.mamba",
+        hidden=hidden,
+        heads=cfg.integer("n_mamba_heads"),
+        inner=cfg.integer("mamba_expand") * hidden,
+        n_groups=cfg.integer("mamba_ngroups", 1),
+        state=cfg.integer("mamba_d_state"),
+        conv=cfg.integer("mamba_d_conv"),
+        bias=bias,
+        conv_bias=True,
+        layers=n,
+    )
+    groups.vector("norms", "model.layers.*", (n + 1) * hidden)
+    hybrid = types.count("hybrid")
+    if hybrid:
+        shared = "model.layers.*.shared_transformer"
+        groups.linear("attention", "model.layers.*.linear", hidden, hidden, count=hybrid)
+        blocks = min(hybrid, cfg.integer("num_mem_blocks", 1))
+        attn_in = cfg.integer("attention_hidden_size", 2 * hidden)
+        heads, head_dim = cfg.integer("num_attention_heads"), cfg.integer("attention_head_dim")
+        kv = cfg.integer("num_key_value_heads", heads)
+        groups.linear("attention", shared, attn_in, heads * head_dim, count=blocks)
+        groups.linear("attention", shared, attn_in, kv * head_dim, count=2 * blocks)
+        groups.linear("attention", shared, heads * head_dim, hidden, count=blocks)
+        groups.vector("norms", shared, blocks * (attn_in + hidden))
+        inner, rank = cfg.integer("intermediate_size"), cfg.integer("adapter_rank", 128)
+        groups.linear("mlp", shared, hidden, 2 * inner, bias=bias, count=blocks)
+        groups.linear("mlp", shared, inner, hidden, bias=bias, count=blocks)
+        groups.linear("adapters", shared, hidden, rank, count=hybrid)
+        groups.linear("adapters", shared, rank, 2 * inner, count=hybrid)
+        if cfg.boolean("use_shared_attention_adapter", False):
+            groups.linear("adapters", shared, attn_in, rank, count=3 * hybrid)
+            groups.linear("adapters", shared, rank, attn_in, count=3 * hybrid)
+        width = max(width, 3 * inner, (heads + 2 * kv) * head_dim)
+    return _count(groups, cfg.dtype(), hidden, vocab, width)
+
+
+def gemma3n(config: Mapping[str, Any]) -> ParameterCount:
+    """Gemma 3n's language model (transformers' ``Gemma3nText*`` modules): attention with Q and K
+    norms (the values' norm has no weight), no K / V projections on the last
+    ``num_kv_shared_layers`` layers; a gated MLP of ``intermediate_size`` (one width, or one per
+    layer); five norms a layer; AltUp (``altup_num_inputs`` streams: the coefficient matrices,
+    the modality router and its norm, the output scale) and LAuReL (``laurel_rank``) on every
+    layer; the per-layer inputs (``hidden_size_per_layer_input`` from an embedding table of
+    ``vocab_size_per_layer_input`` rows, their projection, gate and norm); AltUp's projections in
+    and out of the model. The ``gemma3n`` wrapper's audio and vision towers are not counted."""
+    cfg, top, layers = gemma3n_text_fields(config)
+    base = layers.removesuffix(".layers")
+    groups, n, hidden, vocab = _decoder(cfg, top, tied=True, embed=f"{base}.embed_tokens")
+    types = gemma3n_layer_types(cfg, n)
+    own_kv = reuse_layers(cfg, types).start
+    heads, kv, head_dim = cfg.integer("num_attention_heads"), kv_heads(cfg), head_size(cfg, derive=False)
+    attn = f"{layers}.*.self_attn"
+    groups.linear("attention", attn, hidden, heads * head_dim, count=n)
+    groups.linear("attention", attn, heads * head_dim, hidden, count=n)
+    groups.linear("attention", attn, hidden, kv * head_dim, count=2 * own_kv)
+    groups.vector("norms", attn, head_dim * (n + own_kv))
+    if isinstance(cfg.data.get("intermediate_size"), list):
+        inners = cfg.integers("intermediate_size") or []
+        if len(inners) != n:
+            raise cfg.error("intermediate_size", f"lists {len(inners)} widths for {n} layers")
+    else:
+        inners = [cfg.integer("intermediate_size")] * n
+    for inner in inners:
+        gated_mlp(groups, "mlp", f"{layers}.*.mlp", hidden, inner, count=1)
+    streams, rank = cfg.integer("altup_num_inputs", 4), cfg.integer("laurel_rank", 64)
+    per_layer = cfg.integer("hidden_size_per_layer_input")
+    module = f"{layers}.*"
+    # correct_output_scale, correction_coefs (streams x streams), prediction_coefs (streams x streams^2)
+    groups.vector("altup", f"{module}.altup", n * (hidden + streams * streams + streams**3))
+    groups.linear("altup", f"{module}.altup", hidden, streams, count=n)  # modality router
+    groups.linear("laurel", f"{module}.laurel", hidden, rank, count=n)
+    groups.linear("laurel", f"{module}.laurel", rank, hidden, count=n)
+    groups.linear("per-layer inputs", module, hidden, per_layer, count=n)  # input gate
+    groups.linear("per-layer inputs", module, per_layer, hidden, count=n)  # projection
+    # input, post-attention, pre- and post-feedforward, post-per-layer-input, AltUp's router and
+    # LAuReL's norms on every layer; the final norm
+    groups.vector("norms", module, (7 * n + 1) * hidden)
+    table = cfg.integer("vocab_size_per_layer_input", vocab)
+    groups.vector("embeddings", f"{base}.embed_tokens_per_layer", table * n * per_layer)
+    groups.linear("per-layer inputs", f"{base}.per_layer_model_projection", hidden, n * per_layer)
+    groups.vector("norms", f"{base}.per_layer_projection_norm", per_layer)
+    groups.linear("altup", base, hidden, hidden, count=2 * (streams - 1))
+    notes: tuple[str, ...] = ()
+    towers = [key for key in ("vision_config", "audio_config") if top is not cfg and top.has(key)]
+    if towers:
+        notes = (
+            f"the {' and '.join(towers)} towers are not counted: kvcore counts Gemma 3n's language "
+            "model only",
+        )
+    width = max(3 * max(inners), (heads + 2 * kv) * head_dim)
+    return _count(groups, cfg.dtype(top), hidden, vocab, width, notes)
 
 
 def qwen3_next(config: Mapping[str, Any]) -> ParameterCount:
@@ -962,6 +1493,132 @@ def mllama(config: Mapping[str, Any]) -> ParameterCount:
     return _count(groups, cfg.dtype(top), hidden, vocab, max(3 * inner, qkv))
 
 
+#: The decoders counted from data (:class:`Decoder`), by model type; the fields each reads are
+#: those of the family's transformers config class (transformers 5.24,
+#: ``models/<type>/modeling_<type>.py``; each count equals the parameters of the transformers
+#: model and of vLLM 0.32's, ``tests/plugins/models/test_decoder_parameters.py`` and
+#: ``docs/reference/models.md``'s architecture table).
+DECODERS: dict[str, Decoder] = {
+    # MixtralSparseMoeBlock: a router and num_local_experts gated experts of intermediate_size
+    "mixtral": Decoder(experts=Experts(count=("num_local_experts",), inner="intermediate_size")),
+    # OlmoeAttention: q_norm over num_heads x head_dim, k_norm over num_kv_heads x head_dim;
+    # num_experts (num_local_experts its alias) gated experts of intermediate_size every layer
+    "olmoe": Decoder(
+        qk_norm="width",
+        experts=Experts(count=("num_experts", "num_local_experts"), inner="intermediate_size"),
+    ),
+    # GraniteMoeMoE: router, num_local_experts experts (input_linear 2 x intermediate_size,
+    # output_linear); GraniteMoeShared adds one gated shared_mlp of shared_intermediate_size;
+    # GraniteMoeSWA an attention sink per head
+    "granitemoe": Decoder(experts=Experts(count=("num_local_experts",), inner="intermediate_size")),
+    "granitemoeshared": Decoder(
+        experts=Experts(
+            count=("num_local_experts",), inner="intermediate_size", shared_inner="shared_intermediate_size"
+        )
+    ),
+    "granitemoe_swa": Decoder(
+        sinks=True,
+        experts=Experts(
+            count=("num_local_experts",), inner="intermediate_size", shared_inner="shared_intermediate_size"
+        ),
+    ),
+    "granite_swa": Decoder(tied=True, sinks=True),
+    # Qwen2MoeSparseMoeBlock: num_experts experts of moe_intermediate_size, one shared expert of
+    # shared_expert_intermediate_size scaled by shared_expert_gate (hidden -> 1); biases on Q,
+    # K, V (qkv_bias, default true); dense MLPs of intermediate_size on mlp_only_layers and
+    # off the decoder_sparse_step
+    "qwen2_moe": Decoder(
+        bias=None,
+        qkv_bias="qkv_bias",
+        qkv_bias_default=True,
+        experts=Experts(
+            count=("num_experts", "num_local_experts"),
+            inner="moe_intermediate_size",
+            layers=_sparse_step,
+            shared_inner="shared_expert_intermediate_size",
+            shared_gate=True,
+        ),
+    ),
+    # Qwen3MoeSparseMoeBlock: Qwen3's QK norms, no shared expert
+    "qwen3_moe": Decoder(
+        qk_norm="head",
+        experts=Experts(
+            count=("num_experts", "num_local_experts"), inner="moe_intermediate_size", layers=_sparse_step
+        ),
+    ),
+    # Ernie4_5_MoeSparseMoeBlock: moe_num_experts experts of moe_intermediate_size, a router
+    # with a per-expert e_score_correction_bias (Ernie4_5_MoeStatics), moe_num_shared_experts
+    # shared experts of moe_intermediate_size as one MLP; use_bias on every projection
+    "ernie4_5_moe": Decoder(
+        tied=True,
+        bias="use_bias",
+        mlp_bias="use_bias",
+        head_bias="use_bias",
+        experts=Experts(
+            count=("moe_num_experts", "num_experts"),
+            inner="moe_intermediate_size",
+            layers=_ernie_interval,
+            shared_count="moe_num_shared_experts",
+            router_bias=True,
+            top_k=("moe_k", "num_experts_per_tok"),
+        ),
+    ),
+    # Cohere2MoeDecoderLayer: one norm per layer (parallel attention and MLP), tied embeddings;
+    # num_experts experts of intermediate_size, num_shared_experts x intermediate_size shared;
+    # dense MLPs of prefix_dense_intermediate_size where mlp_layer_types says dense
+    "cohere2_moe": Decoder(
+        tied=True,
+        norms=1,
+        experts=Experts(
+            count=("num_experts",),
+            inner="intermediate_size",
+            layers=_mlp_layer_types,
+            dense_inner="prefix_dense_intermediate_size",
+            shared_count="num_shared_experts",
+            shared_width="intermediate_size",
+        ),
+    ),
+    # Command R (Cohere 1, 2): one LayerNorm (no bias) per layer, tied embeddings
+    "cohere": Decoder(tied=True, norms=1),
+    "cohere2": Decoder(tied=True, norms=1),
+    # ApertusMLP: up and down only (xIELU, whose alpha_p and alpha_n are learned); QK norms
+    "apertus": Decoder(qk_norm="head", gated=False, activation_params={"xielu": 2}),
+    # NemotronMLP: up and down only (relu2); NemotronLayerNorm1P: LayerNorms with biases
+    "nemotron": Decoder(gated=False, norm_bias=True),
+    # Glm4DecoderLayer: four norms a layer (post_self_attn_layernorm, post_mlp_layernorm);
+    # biases on Q, K, V (attention_bias, default true); gate and up fused, as counted
+    "glm4": Decoder(norms=4, bias=None, qkv_bias="attention_bias", qkv_bias_default=True),
+    # Exaone4Attention: Q and K norms of head_dim (post-norms replace the pre-norms: two a layer)
+    "exaone4": Decoder(qk_norm="head"),
+    # ExaoneMoeSparseMoEBlock: num_experts experts of moe_intermediate_size, num_shared_experts
+    # shared ones as one MLP, the router's e_score_correction_bias (a buffer in transformers, a
+    # parameter in vLLM 0.32's exaone_moe.py and in the checkpoint); dense MLPs of
+    # intermediate_size where mlp_layer_types says dense (the first first_k_dense_replace)
+    "exaone_moe": Decoder(
+        qk_norm="head",
+        experts=Experts(
+            count=("num_experts",),
+            inner="moe_intermediate_size",
+            layers=_mlp_layer_types,
+            shared_count="num_shared_experts",
+            router_bias=True,
+        ),
+    ),
+    # HyperCLOVAXDecoderLayer: two post-norms more with use_post_norm (default true)
+    "hyperclovax": Decoder(optional_norms=("use_post_norm", True, 2)),
+    # StableLmDecoderLayer: LayerNorms with biases, one a layer with use_parallel_residual;
+    # Q, K, V biases with use_qkv_bias; per-head Q and K LayerNorms (no bias) with qk_layernorm
+    "stablelm": Decoder(
+        norm_bias=True,
+        bias=None,
+        qkv_bias="use_qkv_bias",
+        qk_norm="width",
+        qk_norm_key="qk_layernorm",
+        optional_norms=("use_parallel_residual", False, -1),
+    ),
+}
+
+
 # -- anything else ---------------------------------------------------------------------------
 
 
@@ -989,7 +1646,7 @@ def llama_like(config: Mapping[str, Any]) -> ParameterCount | None:
 COUNTERS: dict[str, Counter] = {
     **{model_type: dense_decoder for model_type in _DENSE},
     "gpt_oss": gpt_oss,
-    "qwen3_moe": qwen3_moe,
+    **{model_type: functools.partial(decoder, shape=shape) for model_type, shape in DECODERS.items()},
     "llama4": llama4,
     "llama4_text": llama4,
     "deepseek_v2": deepseek,
@@ -998,6 +1655,14 @@ COUNTERS: dict[str, Counter] = {
     "deepseek_v4": deepseek_v4,
     "jamba": jamba,
     "nemotron_h": nemotron_h,
+    "mamba": mamba,
+    "falcon_mamba": mamba,
+    "mamba2": mamba2,
+    "granitemoehybrid": granitemoehybrid,
+    "falcon_h1": falcon_h1,
+    "zamba2": zamba2,
+    "gemma3n": gemma3n,
+    "gemma3n_text": gemma3n,
     "qwen3_next": qwen3_next,
     **{model_type: qwen3_5 for model_type in ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text")},
     **{

@@ -10,8 +10,9 @@ model runner reports each layer's ``KVCacheSpec`` (``get_kv_cache_spec``, what t
 from); kvcore reads the same ``config.json`` (:func:`kvcore.frontends.hf_config.layer_specs_from_config`
 with vLLM's block size). vLLM's specs, converted with
 :func:`kvcore.integrations.vllm.convert.specs_from_vllm`, are compared with kvcore's layer by layer
-in model order: kind, KV heads, head size, dtype (so bytes per token), block size, window or
-chunk, state parts' shapes and dtypes (a state's block size is vLLM's placement, not compared).
+in model order (in vLLM's build order where :data:`BUILD_ORDER` says so): kind, KV heads, head
+size, dtype (so bytes per token), block size, window or chunk, state parts' shapes and dtypes
+(a state's block size is vLLM's placement, not compared).
 The parameters are counted too: vLLM's as its dummy loader receives the model (before the CPU
 backend repacks the weights for its kernels), kvcore's from the config (``kvcore_count_parameters``).
 
@@ -120,7 +121,14 @@ SHRINK: dict[str, Any] = {
 OVERRIDES: dict[str, dict[str, Any]] = {
     "gemma2": {"num_hidden_layers": 4},
     "gemma3_text": {"num_hidden_layers": 6},
-    "gemma3n_text": {"num_hidden_layers": 6},
+    # the last two layers (one of each type) read layers 2 (sliding) and 3 (full), where both
+    # transformers and vLLM look (gemma3n.py:356-361: two layers back for a sliding layer, one
+    # for a full one); the class's 15 shared layers would leave none of six to read from
+    "gemma3n_text": {
+        "num_hidden_layers": 6,
+        "num_kv_shared_layers": 2,
+        "layer_types": ["sliding_attention"] * 3 + ["full_attention", "sliding_attention", "full_attention"],
+    },
     "cohere2": {"num_hidden_layers": 4, "sliding_window_pattern": 4},
     "jamba": {"num_hidden_layers": 8, "attn_layer_period": 8, "attn_layer_offset": 4},
     "nemotron_h": {"hybrid_override_pattern": "M*M-", "num_hidden_layers": 4},
@@ -131,6 +139,9 @@ OVERRIDES: dict[str, dict[str, Any]] = {
         "layers_block_type": ["linear_attention", "linear_attention", "hybrid", "linear_attention"],
         "n_mamba_heads": 4,
         "mamba_headdim": 64,
+        # vLLM's Zamba2Attention caches num_attention_heads KV heads (no grouped queries),
+        # as published Zamba2 configs have them (the class defaults num_key_value_heads to it)
+        "num_key_value_heads": 2,
     },
     # a window the class defaults to null, set to check that it slides every layer on both sides
     "mixtral": {"sliding_window": 64},
@@ -138,6 +149,17 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     # Mamba-2: hidden_size x expand = num_heads x head_dim
     "mamba2": {"num_heads": 4, "head_dim": 64},
     "falcon_h1": {"num_hidden_layers": 2, "mamba_d_ssm": 256, "mamba_n_heads": 4, "mamba_d_head": 64},
+}
+
+#: Architectures whose vLLM specs are listed in the order vLLM builds the modules, not in model
+#: order, with why: both sides are compared after a stable sort that puts the attention layers
+#: before the states (each side's layers of one kind keep their order).
+BUILD_ORDER: dict[str, str] = {
+    "Zamba2ForCausalLM": (
+        "vLLM builds Zamba2's shared attention blocks, with one attention layer per hybrid layer, "
+        "before the decoder layers (vllm/model_executor/models/zamba2.py, Zamba2Model.__init__), "
+        "so its specs list every attention layer first"
+    ),
 }
 
 #: Architectures whose ``differs`` is known, with why: the test fails on any other.
@@ -172,8 +194,9 @@ def transformers_model_types() -> dict[str, str]:
     return found
 
 
-def tiny_config(model_type: str) -> Any:
-    """A tiny config of ``model_type``'s transformers config class (module docstring)."""
+def tiny_config(model_type: str, **extra: Any) -> Any:
+    """A tiny config of ``model_type``'s transformers config class (module docstring), with
+    ``extra`` fields over it."""
     from transformers import CONFIG_MAPPING
 
     cls = CONFIG_MAPPING[model_type]
@@ -184,6 +207,7 @@ def tiny_config(model_type: str) -> Any:
         if defaults.get(key) is None:
             fields.pop(key, None)
     fields.update(OVERRIDES.get(model_type, {}))
+    fields.update(extra)
     if "layer_types" in defaults and "layer_types" not in fields:
         fields["layer_types"] = _shrunk_layer_types(defaults, fields)
     fields["dtype"] = "bfloat16"
@@ -303,6 +327,9 @@ def _compare(arch: str, model_type: str, where: Path, port: int) -> dict[str, An
     except KVCoreError as exc:
         return row | {"verdict": f"differs: kvcore cannot read vLLM's spec: {_last_line(exc)}"}
     ours_list, theirs_list = list(ours.values()), list(theirs.values())
+    if arch in BUILD_ORDER:
+        ours_list.sort(key=lambda spec: spec.kind == "state")
+        theirs_list.sort(key=lambda spec: spec.kind == "state")
     # vLLM's CPU platform resets an 'auto' SSM state dtype to float32 on CPUs with AVX-512 BF16
     # (vllm/platforms/cpu.py, "Reset SSM cache type to float32"), where a GPU keeps the model's
     # dtype; kvcore plans the GPU's: the states' later parts are then compared by shape only

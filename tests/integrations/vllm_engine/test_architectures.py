@@ -23,8 +23,9 @@ from tests.integrations.vllm_engine.architectures import (
 
 #: One architecture per kind of layout: all full (Llama), alternating sliding / full (Gemma-2),
 #: five sliding to one full (Gemma-3), sliding on every layer (Mistral), Phi-3, a
-#: linear-attention state hybrid (Qwen3-Next), a Mamba hybrid (Jamba) and a family kvcore does
-#: not know (Bloom, refused by name).
+#: linear-attention state hybrid (Qwen3-Next), a Mamba hybrid (Jamba), Mamba-2 with a shared
+#: attention block (Zamba2, compared in vLLM's build order), a mixture of experts (Mixtral: its
+#: parameters against vLLM's) and a family kvcore does not know (Bloom, refused by name).
 REPRESENTATIVE = (
     "LlamaForCausalLM",
     "Gemma2ForCausalLM",
@@ -33,6 +34,8 @@ REPRESENTATIVE = (
     "Phi3ForCausalLM",
     "Qwen3NextForCausalLM",
     "JambaForCausalLM",
+    "Zamba2ForCausalLM",
+    "MixtralForCausalLM",
     "BloomForCausalLM",
 )
 
@@ -63,6 +66,9 @@ def test_representative_architectures_match_the_page(tmp_path: Path) -> None:
     verdicts = {row["arch"]: row["verdict"] for row in rows}
     for arch in REPRESENTATIVE[:-1]:
         assert verdicts[arch].startswith("same"), (arch, verdicts[arch])
+    weights = {row["arch"]: (row.get("vllm_params"), row.get("kvcore_params")) for row in rows}
+    vllm_count, kvcore_count = weights["MixtralForCausalLM"]
+    assert isinstance(vllm_count, int) and vllm_count == kvcore_count
     assert verdicts["BloomForCausalLM"].startswith("kvcore refuses it"), verdicts["BloomForCausalLM"]
 
 
