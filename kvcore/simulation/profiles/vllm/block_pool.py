@@ -13,7 +13,7 @@ holder).
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 from kvcore.simulation.profiles.vllm.free_queue import Run
 from kvcore.simulation.profiles.vllm.state import VllmState
@@ -32,15 +32,48 @@ class BlockPools(VllmState):
     tables."""
 
     def _hash(self, p: int, block: int, key: Hashable) -> None:
+        """Cache ``block`` of pool ``p`` with content ``key``."""
         self._hash_of[block] = key
-        self._hashes[p].setdefault(key, {})[block] = None
+        holders = self._hashes[p].get(key)
+        if holders is None:
+            self._hashes[p][key] = {block: None}
+            self._keyed(key)
+        else:
+            holders[block] = None
 
     def _unhash(self, p: int, block: int) -> None:
+        """``block`` of pool ``p`` leaves the cache."""
         key = self._hash_of.pop(block)
         holders = self._hashes[p][key]
         del holders[block]
         if not holders:
             del self._hashes[p][key]
+            self._unkeyed(key)
+        elif cast("tuple[Any, ...]", key)[1] is True:
+            self._bump(cast("tuple[Any, ...]", key)[2])
+
+    def _keyed(self, key: Any) -> None:
+        """A first block of content ``key`` (``(group, kind, owner, j)``) is cached: count it for
+        the group's class (and a shared prefix's content makes a new version of it)."""
+        by_class = (self._class_of[key[0]], key[1], key[2], key[3])
+        self._held_by_class[by_class] = self._held_by_class.get(by_class, 0) + 1
+        if key[1] is True:
+            self._bump(key[2])
+
+    def _unkeyed(self, key: Any) -> None:
+        """The last block of content ``key`` left the cache."""
+        by_class = (self._class_of[key[0]], key[1], key[2], key[3])
+        left = self._held_by_class[by_class] - 1
+        if left:
+            self._held_by_class[by_class] = left
+        else:
+            del self._held_by_class[by_class]
+        if key[1] is True:
+            self._bump(key[2])
+
+    def _bump(self, prefix: Hashable) -> None:
+        """A new version of shared prefix ``prefix``'s cached blocks (see ``_blocked``)."""
+        self._prefix_versions[prefix] = self._prefix_versions.get(prefix, 0) + 1
 
     def _touch(self, p: int, blocks: list[int | None]) -> None:
         """``BlockPool.touch``: a hit block leaves the free queue when nobody held it."""
@@ -100,6 +133,9 @@ class BlockPools(VllmState):
                 del holders[key]
                 if not holders:
                     del hashes[hashed]
+                    self._unkeyed(hashed)
+                elif cast("tuple[Any, ...]", hashed)[1] is True:
+                    self._bump(cast("tuple[Any, ...]", hashed)[2])
             del ref[key]
 
     def _release(

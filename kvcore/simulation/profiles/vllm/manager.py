@@ -117,8 +117,9 @@ class KVCacheManager(PrefixCache):
             whole = min(self._tokens[r], self.max_model_len)
             need = self._to_allocate(tables, whole, hit_blocks, computed, cap=True)
             if any(n > pool.free for n, pool in zip(need, pools, strict=True)):
-                if self._gate_memo and self._status[r] == WAITING and not self.requests[r].prefix_tokens:
-                    self._blocked[r] = need  # (see _blocked)
+                if self._gate_memo and self._status[r] == WAITING:
+                    version = self._prefix_versions.get(self.requests[r].prefix_id, 0)
+                    self._blocked[r] = (need, version)  # (see _blocked)
                 return False
         if self._windowed:
             self._remove_skipped(r, tables, max(0, computed - self._in_flight[r]))

@@ -84,6 +84,7 @@ class PrefixCache(BlockPools):
             holders = hashes.get(key)
             if holders is None:
                 hashes[key] = {block: None}
+                self._keyed(key)
             else:
                 holders[block] = None
 
@@ -106,19 +107,27 @@ class PrefixCache(BlockPools):
         self._exposed[r] = True
         self._hash(group.pool, block, (g, "partial", r, boundary))
 
-    def _cached(self, r: int, ids: list[int], j: int) -> list[int] | None:
-        """``BlockPool.get_cached_block``: block ``j``'s cached block in every group of ``ids``."""
-        out = []
-        for g in ids:
-            holders = self._hashes[self.groups[g].pool].get(self._content(r, g, j))
-            if not holders:
-                return None
-            out.append(next(iter(holders)))
-        return out
+    def _has(self, r: int, t: int, j: int) -> bool:
+        """Whether block ``j`` of request ``r`` is cached in every group of hit type ``t``
+        (``BlockPool.get_cached_block`` of each, answered once per class: see
+        ``_held_by_class``)."""
+        request, held = self.requests[r], self._held_by_class
+        per_page = self.groups[self._hit_types[t][2][0]].tokens_per_page
+        shared = request.prefix_tokens and (j + 1) * per_page <= request.prefix_tokens
+        for c, size in self._hit_classes[t]:
+            key = (c, True, request.prefix_id, j) if shared else (c, False, r, j)
+            if held.get(key) != size:
+                return False
+        return True
 
     def _find_hit(self, r: int) -> tuple[int, list[list[int | None]] | None]:
         """``get_computed_blocks``: the longest hit every group agrees on, below ``num_tokens``
-        and a multiple of the scheduler's block (the groups' least common multiple)."""
+        and a multiple of the scheduler's block (the groups' least common multiple).
+
+        The hit is found by type (a cached block per class, see :meth:`_has`), then each
+        group's blocks are read for it: per type the hit blocks are one stretch of positions,
+        those before it null (a window's blocks before the window, a chunk's before its chunk).
+        """
         if not self._hit_types:
             return 0, None
         if self._status[r] == WAITING and not self.requests[r].prefix_tokens and not self._null_hits:
@@ -126,21 +135,21 @@ class PrefixCache(BlockPools):
             return 0, None
         align = self._align
         hit = self._tokens[r] - 1
-        found: dict[int, list[int | None]] = {}
+        stretches: list[tuple[int, int]] = []  # per type: (first hit block, end), last pass
         while True:
             current = hit
-            for window, chunk, ids in self._hit_types:
+            stretches.clear()
+            for t, (window, chunk, ids) in enumerate(self._hit_types):
                 per_page = self.groups[ids[0]].tokens_per_page
                 most = current // per_page
                 if chunk:
-                    blocks, length = self._hit_chunk(r, ids, current, chunk)
+                    low, high, length = self._hit_chunk(r, t, current, chunk)
                 elif window == 0:
-                    blocks, length = self._hit_full(r, ids, most, align)
+                    low, high, length = self._hit_full(r, t, most, align)
                 else:
-                    blocks, length = self._hit_window(r, ids, most, cdiv(window - 1, per_page), align)
+                    low, high, length = self._hit_window(r, t, most, cdiv(window - 1, per_page), align)
                 current = min(current, length)
-                for k, g in enumerate(ids):
-                    found[g] = [row[k] if row is not None else None for row in blocks]
+                stretches.append((low, high))
             if current >= hit:
                 break
             hit = current
@@ -148,59 +157,60 @@ class PrefixCache(BlockPools):
                 break
         if hit <= 0:
             return 0, None
-        out: list[list[int | None]] = []
-        for g, group in enumerate(self.groups):
-            out.append(found[g][: cdiv(hit, group.tokens_per_page)])
+        out: list[list[int | None]] = [[] for _ in self.groups]
+        request = self.requests[r]
+        for (low, high), (_, _, ids) in zip(stretches, self._hit_types, strict=True):
+            for g in ids:
+                group = self.groups[g]
+                per_page, hashes = group.tokens_per_page, self._hashes[group.pool]
+                end = min(high, cdiv(hit, per_page))
+                shared = request.prefix_tokens // per_page  # blocks of the shared prefix
+                blocks: list[int | None] = [None] * min(low, end)
+                for j in range(low, end):
+                    key = (g, True, request.prefix_id, j) if j < shared else (g, False, r, j)
+                    blocks.append(next(iter(hashes[key])))
+                out[g] = blocks
         return hit, out
 
-    def _hit_full(self, r: int, ids: list[int], most: int, align: int) -> tuple[list[list[int] | None], int]:
-        """``FullAttentionManager.find_longest_cache_hit``: cached blocks from the start."""
-        per_page = self.groups[ids[0]].tokens_per_page
-        rows: list[list[int] | None] = []
-        for j in range(most):
-            row = self._cached(r, ids, j)
-            if row is None:
-                break
-            rows.append(row)
-        length = len(rows) * per_page
+    def _hit_full(self, r: int, t: int, most: int, align: int) -> tuple[int, int, int]:
+        """``FullAttentionManager.find_longest_cache_hit``: cached blocks from the start (the
+        stretch of hit blocks and the tokens)."""
+        per_page = self.groups[self._hit_types[t][2][0]].tokens_per_page
+        count = 0
+        while count < most and self._has(r, t, count):
+            count += 1
+        length = count * per_page
         length -= length % align
-        return rows[: cdiv(length, per_page)], length
+        return 0, cdiv(length, per_page), length
 
-    def _hit_chunk(self, r: int, ids: list[int], most: int, chunk: int) -> tuple[list[list[int] | None], int]:
+    def _hit_chunk(self, r: int, t: int, most: int, chunk: int) -> tuple[int, int, int]:
         """``ChunkedLocalAttentionManager.find_longest_cache_hit`` for at most ``most`` tokens: the
         blocks before the chunk ``most`` lies in count as hit (null, outside the attention), then
-        cached blocks from the chunk's start (its block is the scheduler's: see :func:`_group`)."""
-        per_page = self.groups[ids[0]].tokens_per_page
+        cached blocks from the chunk's start (its block is the scheduler's: see
+        :func:`~kvcore.simulation.profiles.vllm_groups.manager_group`)."""
+        per_page = self.groups[self._hit_types[t][2][0]].tokens_per_page
         start = most // chunk * chunk // per_page
-        rows: list[list[int] | None] = [None] * start
-        for j in range(start, most // per_page):
-            row = self._cached(r, ids, j)
-            if row is None:
-                break
-            rows.append(row)
-        return rows, len(rows) * per_page
+        end = start
+        while end < most // per_page and self._has(r, t, end):
+            end += 1
+        return start, end, end * per_page
 
-    def _hit_window(
-        self, r: int, ids: list[int], most: int, need: int, align: int
-    ) -> tuple[list[list[int] | None], int]:
+    def _hit_window(self, r: int, t: int, most: int, need: int, align: int) -> tuple[int, int, int]:
         """``SlidingWindowManager.find_longest_cache_hit``: from the end, the first run of
         ``need`` cached blocks (the window) ending on an aligned boundary; else the run from
         the start."""
-        per_page = self.groups[ids[0]].tokens_per_page
-        rows: list[list[int] | None] = [None] * most
+        per_page = self.groups[self._hit_types[t][2][0]].tokens_per_page
         run = 0
         for j in range(most - 1, -1, -1):
-            row = self._cached(r, ids, j)
-            if row is None:
+            if not self._has(r, t, j):
                 run = 0
                 continue
             if run == 0 and per_page != align and (j + 1) * per_page % align:
                 continue  # a hit must end on the scheduler's block
-            rows[j] = row
             run += 1
             if run >= need:
-                return rows[: j + run], (j + run) * per_page
+                return j, j + run, (j + run) * per_page
         kept = run
         while per_page != align and kept * per_page % align:
             kept -= 1
-        return rows[:kept], kept * per_page
+        return 0, kept, kept * per_page

@@ -186,7 +186,11 @@ class VllmSimulator(SteadyDecoders):
                     skipped.append(waiting.popleft())
                     continue
                 gate = blocked.get(r)
-                if gate is not None and any(n > pool.free for n, pool in zip(gate, pools, strict=True)):
+                if (
+                    gate is not None
+                    and gate[1] == self._prefix_versions.get(self.requests[r].prefix_id, 0)
+                    and any(n > pool.free for n, pool in zip(gate[0], pools, strict=True))
+                ):
                     break  # its admission gate fails as it did (see _blocked)
                 hit, blocks = self._find_hit(r) if self.caching else (0, None)
                 new = known[r] - hit

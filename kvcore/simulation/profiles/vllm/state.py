@@ -212,6 +212,12 @@ class VllmState(StepperState):
             for index, g in enumerate(self.groups):
                 by_type.setdefault((g.sliding, g.chunk, g.tokens_per_page), []).append(index)
             self._hit_types = [(key[0], key[1], ids) for key, ids in sorted(by_type.items())]
+        #: per hit type, its classes and their sizes: a block is cached in every group of a
+        #: class when the class's count of its content (_held_by_class) is the class's size
+        self._hit_classes: list[list[tuple[int, int]]] = [
+            sorted({(self._class_of[g], len(self._classes[self._class_of[g]][1])) for g in ids})
+            for _, _, ids in self._hit_types
+        ]
         #: every group is chunked local attention: a lookup counts the blocks before the chunk
         #: it ends in as hit (null blocks, outside the attention) even when nothing is cached,
         #: so a request that never ran hits them too
@@ -229,6 +235,12 @@ class VllmState(StepperState):
         self._lazy = prefix_caching and not self._tails and "lazy_hashing" in self.speed_paths
         self._hashes: list[dict[Hashable, dict[int, None]]] = [{} for _ in self.pools]
         self._hash_of: dict[int, Hashable] = {}
+        #: per content of a class ``(class, kind, owner, j)``: the class's groups that have a
+        #: cached block of it (a hit is looked up once per class, not once per group)
+        self._held_by_class: dict[Hashable, int] = {}
+        #: per shared prefix: bumped when a block of its content is cached for the first time or
+        #: a cached one leaves the cache (a refused admission's memo is then stale: _blocked)
+        self._prefix_versions: dict[Hashable, int] = {}
         #: holders of a block that is cached or shared (0: in the free queue); a block with no
         #: entry has one holder
         self._ref: dict[int, int] = {}
@@ -268,10 +280,12 @@ class VllmState(StepperState):
         self._cache_at = [0] * count
         self._next = 0
         #: the admission gate's block ids per pool of a request that failed it before it ever
-        #: ran and has no shared prefix: nothing can hit its blocks and its tables and counts
-        #: stay as they are, so the same gate fails while a pool's free blocks fall short of it
-        #: (the retry, a cache lookup of its whole prompt and the gate, is skipped)
-        self._blocked: dict[int, list[int]] = {}
+        #: ran, and its shared prefix's version then: only its prefix's blocks can be hit, and
+        #: its tables and counts stay as they are, so while no block of its prefix is cached
+        #: anew or leaves the cache, the same gate fails while a pool's free blocks fall short
+        #: of it (a hit block taken or freed by another request changes the need and the free
+        #: blocks alike; the retry, a cache lookup of its whole prompt and the gate, is skipped)
+        self._blocked: dict[int, tuple[list[int], int]] = {}
         self._waiting: deque[int] = deque()
         self._running: list[int] = []
         self._outputs: deque[tuple[dict[int, int], set[int], int]] = deque()
