@@ -17,17 +17,22 @@ class LeanPaths(KVCacheManager):
     """The lean boundary call and finish (see the module docstring)."""
 
     def _allocate_decode(self, r: int) -> bool:
-        """:meth:`_allocate` of one decode token of request ``r`` whose tables are compact (every
-        block its own and unhashed, one table per class; no hit, no admission gate), with what
-        depends on the class alone looked up once: the window's free, the fit check, the new
-        pages, the blocks to cache and the next events, in :meth:`_allocate`'s order.
+        """:meth:`_allocate` of one decode token of request ``r`` with lazy hashing (no admission
+        gate), with what depends on the class alone looked up once: the window's free, the fit
+        check, the new pages, the blocks to cache and the next events, in :meth:`_allocate`'s
+        order. Compact tables (every block its own and unhashed) have one table per class; other
+        tables (a hit, a shared prefix) have a table per group, whose blocks from
+        ``_exposed_to`` on are the request's own and unhashed: pages freed before a window
+        there go as runs, as a compact table's do.
 
         It assumes what a decode's scheduling checked: ``computed + 1`` is within
         ``max_model_len``. A page before the window above the hashed count (then
-        :meth:`_remove_skipped` materialises the tables) takes :meth:`_allocate` instead,
-        before anything changed.
+        :meth:`_remove_skipped` materialises the tables), or one that may be hashed or held
+        by another request, takes :meth:`_allocate` instead, before anything changed.
         """
         tables, hashed = self._tables[r], self._hashed[r]
+        compact = self._compact[r]
+        own_from = self._exposed_to[r]
         computed = self._computed[r]
         processed = computed - self._in_flight[r]
         if processed < 0:
@@ -50,10 +55,13 @@ class LeanPaths(KVCacheManager):
             low = skipped - 1  # freed pages lead a table: walk down to the first held
             while low > 0 and table[low - 1] is not None:
                 low -= 1
+            if not compact and low * per_page < own_from:  # maybe hashed or held: one by one
+                return self._allocate(r, 1, gate=False)
             freeing[c] = (skipped, low)
-        if freeing:  # _remove_skipped's compact case: each class's pages as runs, group by group
+        if freeing:  # _remove_skipped's own case: each class's pages as runs, group by group
             for c, (skipped, low) in freeing.items():
-                tables[self._classes[c][0]][low:skipped] = repeat(None, skipped - low)
+                for g in (self._classes[c][0],) if compact else self._classes[c][1]:
+                    tables[g][low:skipped] = repeat(None, skipped - low)
             for c, members in self._window_segments:
                 if c in freeing:
                     skipped, low = freeing[c]
@@ -62,15 +70,17 @@ class LeanPaths(KVCacheManager):
         pools = self.pools
         need = [0] * len(pools)  # block ids to allocate (_to_allocate)
         take = [0] * len(pools)  # block ids taken (_take)
-        grown: list[tuple[list[int | None], int]] = []  # (a class's table, its new pages)
+        grown: dict[int, int] = {}  # class -> its new pages
         grows = False
         # below _note_events' quiet bound no table grows: the loop is skipped
-        for g, per_page, first_retained, spans, _ in classes if computed >= self._quiet[r] else ():
+        for c, (g, per_page, first_retained, spans, _) in enumerate(
+            classes if computed >= self._quiet[r] else ()
+        ):
             table = tables[g]
             held = len(table)
             required = (slots + per_page - 1) // per_page if per_page else 1  # _pages
             if required > held:
-                grown.append((table, required - held))
+                grown[c] = required - held
                 for p, span in spans:
                     take[p] += (required - held) * span
                 if first_retained is not None:  # _to_allocate: pages before the window need none
@@ -91,8 +101,17 @@ class LeanPaths(KVCacheManager):
                 if pool.uncached < ids:
                     self._evict(p, ids)
                 pool.uncached -= ids
-        for table, count in grown:
-            table.extend(repeat(HELD, count))
+        if compact:
+            for c, count in grown.items():
+                tables[self._classes[c][0]].extend(repeat(HELD, count))
+        elif grown:  # fresh ids, one holder each, group by group (_take)
+            of_class = self._class_of
+            for g, table in enumerate(tables):
+                count = grown.get(of_class[g], 0)
+                if count:
+                    first = self._next_id
+                    self._next_id = first + count
+                    table.extend(range(first, first + count))
         grew = bool(grown)
         known = self._tokens[r]
         tokens = slots if slots < known else known

@@ -112,6 +112,7 @@ class KVCacheManager(PrefixCache):
                 tables.extend([] for _ in groups)
                 self._compact[r] = False
             self._hashed[r] = [0] * len(self._classes)
+            self._exposed_to[r] = self.requests[r].prefix_tokens
         computed = min(self._computed[r] + hit, self.max_model_len)
         if gate:
             whole = min(self._tokens[r], self.max_model_len)
@@ -132,6 +133,15 @@ class KVCacheManager(PrefixCache):
                 self._touch(group.pool, hit_blocks[g])
                 tables[g].extend(hit_blocks[g])
             self._exposed[r] = True
+            if hit > self._exposed_to[r]:
+                self._exposed_to[r] = hit
+            # the hit blocks are cached (under their full hash): _cache_blocks, which counts
+            # them as cached below, need not look at them one by one
+            hashed = self._hashed[r]
+            for c, (g, _) in enumerate(self._classes):
+                per_page = groups[g].tokens_per_page
+                if per_page and hit // per_page > hashed[c]:
+                    hashed[c] = hit // per_page
         pages = [_pages(groups[g], slots) - len(tables[g]) for g, _ in self._classes]
         if not self.caching:
             # no block is shared or cached, so an id means nothing: one table per class, and

@@ -157,8 +157,17 @@ class PrefixCache(BlockPools):
                 break
         if hit <= 0:
             return 0, None
-        out: list[list[int | None]] = [[] for _ in self.groups]
         request = self.requests[r]
+        memo = None
+        if hit <= request.prefix_tokens:
+            # a hit inside the shared prefix: its blocks are the prefix's first cached holders,
+            # the same for every request of the prefix until its version changes (_bump)
+            memo = (request.prefix_id, hit, tuple(stretches))
+            version = self._prefix_versions.get(request.prefix_id, 0)
+            known = self._hit_rows.get(memo)
+            if known is not None and known[0] == version:
+                return hit, known[1]
+        out: list[list[int | None]] = [[] for _ in self.groups]
         for (low, high), (_, _, ids) in zip(stretches, self._hit_types, strict=True):
             for g in ids:
                 group = self.groups[g]
@@ -170,6 +179,8 @@ class PrefixCache(BlockPools):
                     key = (g, True, request.prefix_id, j) if j < shared else (g, False, r, j)
                     blocks.append(next(iter(hashes[key])))
                 out[g] = blocks
+        if memo is not None:
+            self._hit_rows[memo] = (version, out)
         return hit, out
 
     def _hit_full(self, r: int, t: int, most: int, align: int) -> tuple[int, int, int]:

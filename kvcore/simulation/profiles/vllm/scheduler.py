@@ -96,7 +96,6 @@ class VllmSimulator(SteadyDecoders):
         preempted = False
         total, in_flight = self._total, self._in_flight
         quiet, free_at, cache_at = self._quiet, self._free_at, self._cache_at
-        compact = self._compact
         sampled: set[int] = set()
         add = sampled.add
         lag = self.lag
@@ -154,8 +153,8 @@ class VllmSimulator(SteadyDecoders):
             ):
                 granted = False
                 while True:
-                    # a decode of a request whose tables are compact: the lean boundary call
-                    lean = new == 1 and compact[r] and self._lean_decode
+                    # a decode with lazy hashing: the lean boundary call
+                    lean = new == 1 and self._lean_decode and self._lazy
                     if self._allocate_decode(r) if lean else self._allocate(r, new, gate=False):
                         granted = True
                         break

@@ -241,6 +241,9 @@ class VllmState(StepperState):
         #: per shared prefix: bumped when a block of its content is cached for the first time or
         #: a cached one leaves the cache (a refused admission's memo is then stale: _blocked)
         self._prefix_versions: dict[Hashable, int] = {}
+        #: per (shared prefix, hit, stretches): its version and the hit blocks found then (read,
+        #: never changed, by the caller)
+        self._hit_rows: dict[Hashable, tuple[int, list[list[int | None]]]] = {}
         #: holders of a block that is cached or shared (0: in the free queue); a block with no
         #: entry has one holder
         self._ref: dict[int, int] = {}
@@ -273,6 +276,9 @@ class VllmState(StepperState):
         #: whether a request's tables are compact: one list per class, which its members share,
         #: holding HELD for each page (see _allocate)
         self._compact = [False] * count
+        #: the tokens before which a request's blocks may be hashed or held by another request
+        #: (its shared prefix, its hit); its blocks from there on are its own and unhashed
+        self._exposed_to = [0] * count
         self._first = [-1] * count
         # when a request's tables next change (see _note_events); 0: not known, take the full path
         self._quiet = [0] * count
