@@ -27,8 +27,9 @@ class LeanPaths(KVCacheManager):
 
         It assumes what a decode's scheduling checked: ``computed + 1`` is within
         ``max_model_len``. A page before the window above the hashed count (then
-        :meth:`_remove_skipped` materialises the tables), or one that may be hashed or held
-        by another request, takes :meth:`_allocate` instead, before anything changed.
+        :meth:`_remove_skipped` materialises the tables) takes :meth:`_allocate` instead,
+        before anything changed; pages that may be hashed or held by another request are freed
+        by :meth:`_remove_skipped`.
         """
         tables, hashed = self._tables[r], self._hashed[r]
         compact = self._compact[r]
@@ -38,6 +39,7 @@ class LeanPaths(KVCacheManager):
         if processed < 0:
             processed = 0
         freeing: dict[int, tuple[int, int]] = {}  # class -> (pages before the window, first held)
+        exposed = False  # some page freed may be hashed or held by another request
         # short of _note_events' next free no window frees a page: the loop is skipped
         classes = self._decode_classes
         windows = classes if processed >= self._free_at[r] else ()
@@ -55,10 +57,12 @@ class LeanPaths(KVCacheManager):
             low = skipped - 1  # freed pages lead a table: walk down to the first held
             while low > 0 and table[low - 1] is not None:
                 low -= 1
-            if not compact and low * per_page < own_from:  # maybe hashed or held: one by one
-                return self._allocate(r, 1, gate=False)
+            if not compact and low * per_page < own_from:
+                exposed = True
             freeing[c] = (skipped, low)
-        if freeing:  # _remove_skipped's own case: each class's pages as runs, group by group
+        if exposed:  # some pages one by one: _remove_skipped's own order
+            self._remove_skipped(r, tables, processed)
+        elif freeing:  # _remove_skipped's own case: each class's pages as runs, group by group
             for c, (skipped, low) in freeing.items():
                 for g in (self._classes[c][0],) if compact else self._classes[c][1]:
                     tables[g][low:skipped] = repeat(None, skipped - low)

@@ -286,6 +286,7 @@ class KVCacheManager(PrefixCache):
                 self._materialise(r)
             ref, hash_of, hashed, groups = self._ref, self._hash_of, self._hashed[r], self.groups
             own = self._lazy and not self._exposed[r]  # every block is the request's own, unhashed
+            own_from = self._exposed_to[r]  # with lazy hashing, blocks from there on are its own
             # runs of groups in a row of one pool and span: queued as one (the second would join
             # the first at the back of the queue): pool, span, blocks
             run_pool, run_span, run_count = -1, 0, 0
@@ -293,7 +294,11 @@ class KVCacheManager(PrefixCache):
                 if (
                     not live
                     and self._lazy
-                    and (own or (ref.keys().isdisjoint(table) and hash_of.keys().isdisjoint(table)))
+                    and (
+                        own
+                        or table.count(None) * groups[g].tokens_per_page >= own_from
+                        or (ref.keys().isdisjoint(table) and hash_of.keys().isdisjoint(table))
+                    )
                 ):
                     # the usual finish: the request's own blocks only, those above its hashed
                     # count back among the uncached, those below as one run (as _release does)
