@@ -1,6 +1,6 @@
-"""The ``vllm`` profile's lean paths over compact tables (speed paths ``lean_decode``): a
-decode's boundary call and a finished request's free, each worked out once per class of groups
-instead of group by group. Each gives what
+"""The ``vllm`` profile's lean paths (speed paths ``lean_decode`` and ``lean_finish``): a
+decode's boundary call and a finished request's free over compact tables, each worked out once
+per class of groups instead of group by group. Each gives what
 :meth:`~kvcore.simulation.profiles.vllm.manager.KVCacheManager._allocate` and
 :meth:`~kvcore.simulation.profiles.vllm.manager.KVCacheManager._free` give.
 """

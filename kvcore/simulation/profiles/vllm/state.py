@@ -17,13 +17,20 @@ and every computed block is hashed as vLLM hashes it:
   (:mod:`~kvcore.simulation.profiles.vllm.steady`; needs ``event_bounds``);
 - ``lazy_hashing``: a request's own blocks are hashed when freed, not when computed (only it
   could hit them, and it holds them), and freed as runs in the free queue
-  (:class:`~kvcore.simulation.profiles.vllm.block_pool.Run`);
+  (:class:`~kvcore.simulation.profiles.vllm.free_queue.Run`);
 - ``compact_tables``: while every block of a request is its own and unhashed, the groups of a
   class share one table of placeholders (needs ``lazy_hashing``);
-- ``lean_decode``, ``lean_finish``: a decode's boundary call and a finish over compact tables,
-  per class (:mod:`~kvcore.simulation.profiles.vllm.lean`; need ``compact_tables``);
-- ``gate_memo``: a request refused by the admission gate before it ever ran, with no shared
-  prefix, is not tried again while the pools fall short of the same need.
+- ``lean_decode``: a decode's boundary call worked out per class
+  (:mod:`~kvcore.simulation.profiles.vllm.lean`; needs ``lazy_hashing``), for compact tables
+  and for tables of a request with a hit or a shared prefix;
+- ``lean_finish``: a finish over compact tables, per class (needs ``compact_tables``);
+- ``gate_memo``: a request refused by the admission gate before it ever ran is not tried again
+  while the pools fall short of the same need and no block of its shared prefix was cached
+  anew or left the cache.
+
+Always on (they are how the state is kept, not a path beside another): a hit is looked up once
+per class (``_held_by_class``), and the blocks of a hit inside a shared prefix are read once per
+version of the prefix's cached blocks (``_hit_rows``).
 """
 
 from __future__ import annotations
