@@ -55,7 +55,7 @@ if TYPE_CHECKING:
     from collections.abc import Hashable
 
     from kvcore.plan import KVCachePlan
-    from kvcore.simulation.profiles.vllm.profile import VllmProfile
+    from kvcore.simulation.profiles.vllm_reference.scheduler import VllmSettings
     from kvcore.simulation.steps import StepTimeModel
     from kvcore.simulation.workload import Workload
 
@@ -86,7 +86,7 @@ class VllmState(StepperState):
     Args:
         plan: the plan (one vLLM block pool per plan pool, of its usable block ids).
         workload: the requests.
-        profile: the settings.
+        profile: the settings (a :class:`~kvcore.simulation.profiles.vllm.VllmProfile`).
         max_num_batched_tokens: tokens per step (default: the plan's).
         prefix_caching: vLLM's ``enable_prefix_caching``.
         step_time: a step-time model: each step becomes a
@@ -108,7 +108,7 @@ class VllmState(StepperState):
         self,
         plan: KVCachePlan,
         workload: Workload,
-        profile: VllmProfile,
+        profile: VllmSettings,
         *,
         max_num_batched_tokens: int | None = None,
         prefix_caching: bool = False,
