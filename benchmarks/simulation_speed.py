@@ -13,12 +13,19 @@ count only, so the whole table takes minutes rather than hours.
 A last line replays the first count again with a step-time model on (the roofline of the
 model on an H100, :mod:`kvcore.simulation.timing`) and prints its overhead over the untimed run.
 
-Target: 100,000 requests in < 30 s on one core for every policy, with the ``vllm`` profile and
-prefix caching on. Run it with ``taskset -c 0``::
+Then the same with shared prefixes (half the requests lead with one 512-token prefix, prefix
+caching on, the ``vllm`` profile): first Gemma-3-27B's ``equal_groups`` plan at 16 GiB (a pool
+that preempts and evicts) with 20,000 requests (``--headline-count``), then every policy at
+80 GiB for each count.
+
+Targets: 100,000 requests in < 30 s on one core for every policy, with the ``vllm`` profile and
+prefix caching on, with and without shared prefixes; the 16 GiB shared-prefix run of 20,000
+requests in < 8 s. Run it with ``taskset -c 0``::
 
     taskset -c 0 python benchmarks/simulation_speed.py            # 10k / 30k / 100k
     taskset -c 0 python benchmarks/simulation_speed.py --quick    # 1k / 3k / 10k
     taskset -c 0 python benchmarks/simulation_speed.py --all-counts --counts 1000 3000
+    taskset -c 0 python benchmarks/simulation_speed.py --shared-only --counts 100000
 """
 
 from __future__ import annotations
@@ -36,7 +43,7 @@ from kvcore.simulation.gpus import find_gpu
 from kvcore.simulation.simulator import simulate
 from kvcore.simulation.timing import roofline
 from kvcore.simulation.workload import Workload, parse_length, synthetic
-from kvcore.spec import SizingContext
+from kvcore.spec import KVCacheSpec, SizingContext
 
 MODEL = "google/gemma-3-27b-it"
 #: For a policy that refuses Gemma-3's mixed layers (``uniform``): a model of one layer kind.
@@ -47,12 +54,27 @@ MEMORY = 80 * 2**30
 RATE = 0.6
 TARGET_SECONDS = 30.0
 TARGET_REQUESTS = 100_000
+#: The shared-prefix headline: Gemma-3-27B equal_groups at 16 GiB, 20,000 requests, < 8 s.
+SHARED_POLICY = "equal_groups"
+SHARED_MEMORY = 16 * 2**30
+SHARED_REQUESTS = 20_000
+SHARED_TARGET_SECONDS = 8.0
 PROFILES = ("vllm", "kvcore")
 
 
-def _workload(count: int) -> Workload:
+def _workload(count: int, shared: bool = False) -> Workload:
+    """The requests; with ``shared``, half of them lead with one 512-token prefix."""
     prompt, output = parse_length("lognormal:1024:1.0"), parse_length("lognormal:200:1.0")
-    return synthetic(count, prompt, output, rate=RATE, seed=0, max_model_len=MAX_MODEL_LEN)
+    return synthetic(
+        count,
+        prompt,
+        output,
+        rate=RATE,
+        seed=0,
+        max_model_len=MAX_MODEL_LEN,
+        prefix_share=0.5 if shared else 0.0,
+        prefix_tokens=512 if shared else 0,
+    )
 
 
 def _seconds(plan: KVCachePlan, workload: Workload, profile: str, caching: bool) -> float:
@@ -67,6 +89,10 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="1,000 / 3,000 / 10,000 requests")
     parser.add_argument("--all-counts", action="store_true", help="every row runs every count")
     parser.add_argument("--policy", nargs="+", help="these policies only (default: every built-in)")
+    parser.add_argument("--shared-only", action="store_true", help="the shared-prefix tables only")
+    parser.add_argument(
+        "--headline-count", type=int, default=SHARED_REQUESTS, help="requests of the 16 GiB shared run"
+    )
     args = parser.parse_args()
     counts = [1_000, 3_000, 10_000] if args.quick else args.counts
     registry = Registry.from_plugin_manager(get_plugin_manager(autoload=False))
@@ -74,6 +100,9 @@ def main() -> None:
     fallback = model_layer_specs(FALLBACK_MODEL, registry)
     context = SizingContext(max_model_len=MAX_MODEL_LEN)
     policies = args.policy or list(registry.policies)
+    if args.shared_only:
+        _shared(registry, specs, fallback, context, policies, counts, args.headline_count)
+        return
     workloads = {count: _workload(count) for count in counts}
     print(f"{MODEL}, 80 GiB, max_model_len {MAX_MODEL_LEN:,}")
     print("workload: prompt lognormal:1024:1.0, output lognormal:200:1.0, Poisson 0.6/step\n")
@@ -144,6 +173,59 @@ def main() -> None:
     print(
         f"target: {TARGET_REQUESTS:,} requests in < {TARGET_SECONDS:.0f} s (scaled to {largest:,}: "
         f"< {TARGET_SECONDS * largest / TARGET_REQUESTS:.1f} s) with vllm and caching on: {verdict}"
+    )
+    print()
+    _shared(registry, specs, fallback, context, policies, counts, args.headline_count)
+
+
+def _shared(
+    registry: Registry,
+    specs: dict[str, KVCacheSpec],
+    fallback: dict[str, KVCacheSpec],
+    context: SizingContext,
+    policies: list[str],
+    counts: list[int],
+    headline_count: int,
+) -> None:
+    """The shared-prefix runs: the 16 GiB headline, then every policy at each count."""
+    print("shared prefixes: half the requests lead with one 512-token prefix; vllm, caching on\n")
+    plan = plan_kv_cache(specs, SHARED_MEMORY, context, registry=registry, policy=SHARED_POLICY)
+    seconds = _seconds(plan, _workload(headline_count, shared=True), "vllm", True)
+    limit = SHARED_TARGET_SECONDS * headline_count / SHARED_REQUESTS
+    print(
+        f"{SHARED_POLICY}, {SHARED_MEMORY // 2**30} GiB, {headline_count:,} requests: {seconds:.2f} s "
+        f"(target < {limit:.1f} s: {'meets' if seconds < limit else 'MISSES'})\n"
+    )
+    columns = " ".join(f"{f'{c:,} s':>10}" for c in counts)
+    header = f"{'policy':<14} {'groups':>6} {columns} {'µs/req':>7}"
+    print(header)
+    print("-" * len(header))
+    workloads = {count: _workload(count, shared=True) for count in counts}
+    missed: dict[str, float] = {}
+    for policy in policies:
+        name = policy
+        try:
+            plan = plan_kv_cache(specs, MEMORY, context, registry=registry, policy=policy)
+        except KVCoreError:
+            try:
+                plan = plan_kv_cache(fallback, MEMORY, context, registry=registry, policy=policy)
+            except KVCoreError as error:
+                print(f"{policy:<14} refused: {str(error).splitlines()[0][:100]}")
+                continue
+            name = f"{policy}*"
+        cells = []
+        for count in counts:
+            seconds = _seconds(plan, workloads[count], "vllm", True)
+            cells.append(f"{seconds:>10.2f}")
+        if seconds >= TARGET_SECONDS * counts[-1] / TARGET_REQUESTS:
+            missed[policy] = seconds
+        per_request = seconds / counts[-1] * 1e6
+        print(f"{name:<14} {len(plan.groups):>6} {' '.join(cells)} {per_request:>7.0f}", flush=True)
+    slow = ", ".join(f"{p} {t:.1f} s" for p, t in missed.items())
+    verdict = f"MISSES ({slow})" if missed else "meets"
+    print(
+        f"target: {TARGET_REQUESTS:,} requests with shared prefixes in < {TARGET_SECONDS:.0f} s "
+        f"(scaled to {counts[-1]:,}: < {TARGET_SECONDS * counts[-1] / TARGET_REQUESTS:.1f} s): {verdict}"
     )
 
 

@@ -1,9 +1,9 @@
 """The ``vllm`` profile's fast path (:class:`~kvcore.simulation.profiles.vllm.VllmSimulator`: steady
-decoders, compact tables, lazy hashing, the free queue as runs, the admission memo, event bounds)
-held to its plain reference (:mod:`kvcore.simulation.profiles.vllm_reference`: vLLM's scheduler
-and KV-cache manager, method by method): on random plans and traces, every field of the result,
-per-step series and the timeline included, is the same, or both refuse the run with the same
-error."""
+decoders, compact tables, lazy hashing, the free queue as runs, the admission memo, event
+bounds), with every speed path on, none on (``speed_paths=()``) or any mix of them, held to its
+plain reference (:mod:`kvcore.simulation.profiles.vllm_reference`: vLLM's scheduler and KV-cache
+manager, method by method): on random plans and traces, every field of the result, per-step
+series and the timeline included, is the same, or both refuse the run with the same error."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from kvcore.plan import KVCachePlan
 from kvcore.planning.capacity import request_bytes
 from kvcore.planning.manager import get_plugin_manager
 from kvcore.planning.registry import Registry
-from kvcore.simulation.profiles.vllm import VllmProfile, VllmSimulator
+from kvcore.simulation.profiles.vllm import SPEED_PATHS, VllmProfile, VllmSimulator
 from kvcore.simulation.profiles.vllm_reference import VllmReferenceScheduler
 from kvcore.simulation.steps import StepRecord
 from kvcore.simulation.workload import Request, Workload
@@ -121,6 +121,12 @@ def _profiles() -> st.SearchStrategy[VllmProfile]:
     )
 
 
+def _speed_paths() -> st.SearchStrategy[frozenset[str]]:
+    """Every speed path, none, or any mix."""
+    every = frozenset(SPEED_PATHS)
+    return st.one_of(st.just(every), st.just(frozenset()), st.frozensets(st.sampled_from(SPEED_PATHS)))
+
+
 def _run(
     stepper_class: type,
     plan: KVCachePlan,
@@ -128,6 +134,7 @@ def _run(
     profile: VllmProfile,
     caching: bool,
     timed: bool,
+    **options,
 ):
     """The run's result, or the error that refused it (its type and message); the warning of a
     chunked group off the scheduler's block (which then never hits) is left out."""
@@ -140,6 +147,7 @@ def _run(
                 profile,
                 prefix_caching=caching,
                 step_time=_SecondsPerToken() if timed else None,
+                **options,
             )
             for _ in range(20_000):  # every run here ends in far fewer steps
                 if stepper.done:
@@ -160,13 +168,15 @@ def _run(
     profile=_profiles(),
     caching=st.booleans(),
     timed=st.booleans(),
+    paths=_speed_paths(),
 )
-def test_the_fast_path_gives_the_references_figures(data, plan, profile, caching, timed):
-    """Every field of the fast path's result equals the reference's, per-step running requests
-    and pool usage, preemptions, recomputed and cached tokens, queue delays and the timeline
-    included; or both refuse the run with one error."""
+def test_the_fast_path_gives_the_references_figures(data, plan, profile, caching, timed, paths):
+    """Every field of the fast path's result, with any of its speed paths on, equals the
+    reference's, per-step running requests and pool usage, preemptions, recomputed and cached
+    tokens, queue delays and the timeline included; or both refuse the run with one error."""
     workload = data.draw(_workloads(plan.context.max_model_len, seconds=timed and data.draw(st.booleans())))
-    fast = _run(VllmSimulator, plan, workload, profile, caching, timed)
+    event(f"speed paths: {'all' if len(paths) == len(SPEED_PATHS) else len(paths)}")
+    fast = _run(VllmSimulator, plan, workload, profile, caching, timed, speed_paths=paths)
     reference = _run(VllmReferenceScheduler, plan, workload, profile, caching, timed)
     if isinstance(fast, tuple) or isinstance(reference, tuple):
         event("refused")
@@ -238,3 +248,19 @@ def test_the_reference_refuses_what_the_fast_path_refuses(caching):
             )
         errors.append(str(caught.value))
     assert errors[0] == errors[1]
+
+
+def test_an_unknown_speed_path_is_refused():
+    """A speed path the profile does not have is a one-line error naming those it has."""
+    plan = kst.PlanningProblem(
+        specs={
+            "model.layers.0": REGISTRY.spec_class("full_attention")(
+                block_size=16, num_kv_heads=1, head_size=8, dtype="float16"
+            )
+        },
+        context=SizingContext(max_model_len=256, max_num_batched_tokens=64),
+        available_bytes=8 * 2**10,
+    ).plan("uniform", REGISTRY)
+    workload = Workload((Request(id=0, prompt_tokens=10, output_tokens=4),), name="one")
+    with pytest.raises(InvalidInputError, match="unknown speed path 'warp': the vllm profile's are event_"):
+        VllmSimulator(plan, workload, VllmProfile(), speed_paths=("warp",))

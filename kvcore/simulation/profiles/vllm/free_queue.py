@@ -1,0 +1,46 @@
+"""The entries of the ``vllm`` profile's block pools: a :class:`Pool`'s counts and free queue,
+and a :class:`Run` of blocks that lie in the queue as one entry (lazy hashing)."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any
+
+
+class Pool:
+    """One block pool as vLLM's ``BlockPool`` keeps it: uncached free blocks (interchangeable,
+    counted) ahead of cached free blocks (least recently freed first), and the hash table."""
+
+    def __init__(self, usable: int) -> None:
+        self.usable = usable
+        self.uncached = usable  # free block ids that hold no cached content
+        # free cached page -> its span, oldest first (popping the oldest is O(1))
+        self.cached_free: OrderedDict[int, int] = OrderedDict()
+        self.cached_span = 0  # block ids in cached_free
+
+    @property
+    def free(self) -> int:
+        return self.uncached + self.cached_span
+
+
+class Run:
+    """Blocks of one span that lie together in a pool's free queue as one entry (its key below 0).
+
+    A run stands for blocks nothing can hit yet: a request's own blocks, unhashed (lazy hashing)
+    and held by nobody. Evicting takes them from the front by count. A run ``owner`` (a live
+    request's blocks freed before their window) keeps, in queue order, which blocks it holds,
+    as ``[group, top position, count]`` segments (positions top, top - 1, ...): if the owner is
+    preempted it may hit them when admitted again, so the run is then ``expanded`` into hashed
+    blocks, each its own entry of ``members`` (in the same order), which a hit can take from
+    the middle. A segment ``[groups, top, count]`` holds each group's positions in turn (vLLM
+    frees group by group).
+    """
+
+    __slots__ = ("consumed", "members", "owner", "segments", "span")
+
+    def __init__(self, span: int, owner: int) -> None:
+        self.span = span  # block ids of one block of the run
+        self.owner = owner  # the request that may hash them (-1: none; they are never hit)
+        self.segments: list[list[Any]] = []
+        self.consumed = 0  # blocks evicted from the front
+        self.members: OrderedDict[int, None] | None = None  # once expanded: the blocks left

@@ -1,0 +1,73 @@
+"""The ``vllm`` profile's settings (:class:`VllmProfile`): vLLM's scheduler options that change
+what a replay gives, and the choice between the fast :class:`VllmSimulator` and the plain
+reference."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from kvcore.simulation.profile import BuiltInProfile
+from kvcore.validators import int_at_least
+
+if TYPE_CHECKING:
+    from kvcore.plan import KVCachePlan
+    from kvcore.simulation.profiles.vllm.scheduler import VllmSimulator
+    from kvcore.simulation.profiles.vllm_reference import VllmReferenceScheduler
+    from kvcore.simulation.workload import Workload
+
+#: vLLM 0.33's ``SchedulerConfig.max_num_seqs`` default (``DEFAULT_MAX_NUM_SEQS``).
+VLLM_MAX_NUM_SEQS = 128
+
+
+@attrs.frozen(kw_only=True)
+class VllmProfile(BuiltInProfile):
+    """vLLM 0.33's v1 scheduler (see the module docstring), with its settings.
+
+    Attributes:
+        async_scheduling: vLLM's ``async_scheduling`` (on by default in 0.33): a step's output
+            comes back one step later.
+        max_num_seqs: vLLM's ``max_num_seqs``: the most requests running at once.
+        reserve_full_isl: vLLM's ``scheduler_reserve_full_isl``: admit a request only when its
+            whole known sequence fits (on by default).
+        long_prefill_token_threshold: vLLM's ``long_prefill_token_threshold`` (0: off): the most
+            tokens one request computes in a step while another request is eligible.
+        reference: replay with the plain reference
+            (:mod:`kvcore.simulation.profiles.vllm_reference`: vLLM's methods one by one, no
+            speed path) instead of the fast :class:`VllmSimulator`; the figures are the same,
+            only slower (registered as ``vllm-reference``).
+    """
+
+    name: str = "vllm"
+    description: str = (
+        "vLLM 0.33's v1 scheduler: whole-prompt admission, lazy window freeing, LRU prefix cache"
+    )
+    async_scheduling: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
+    max_num_seqs: int = attrs.field(default=VLLM_MAX_NUM_SEQS, validator=int_at_least(1))
+    reserve_full_isl: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
+    long_prefill_token_threshold: int = attrs.field(default=0, validator=int_at_least(0))
+    reference: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+
+    def settings(self) -> tuple[tuple[str, object], ...]:
+        """The settings as ``(vLLM's name, value)`` pairs, for reports."""
+        return (
+            ("async_scheduling", self.async_scheduling),
+            ("max_num_seqs", self.max_num_seqs),
+            ("scheduler_reserve_full_isl", self.reserve_full_isl),
+            ("long_prefill_token_threshold", self.long_prefill_token_threshold),
+        )
+
+    def _stepper(
+        self, plan: KVCachePlan, workload: Workload, options: dict[str, Any]
+    ) -> VllmSimulator | VllmReferenceScheduler:
+        """A :class:`VllmSimulator`, or with :attr:`reference` the plain
+        :class:`~kvcore.simulation.profiles.vllm_reference.VllmReferenceScheduler`
+        (:meth:`simulator` passes ``options``)."""
+        if self.reference:
+            from kvcore.simulation.profiles.vllm_reference import VllmReferenceScheduler
+
+            return VllmReferenceScheduler(plan, workload, self, **options)
+        from kvcore.simulation.profiles.vllm.scheduler import VllmSimulator
+
+        return VllmSimulator(plan, workload, self, **options)
