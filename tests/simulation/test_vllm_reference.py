@@ -7,6 +7,7 @@ series and the timeline included, is the same, or both refuse the run with the s
 
 from __future__ import annotations
 
+import os
 import warnings
 
 import attrs
@@ -160,7 +161,7 @@ def _run(
 
 @pytest.mark.property
 @settings(
-    max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much]
+    max_examples=int(os.environ.get("KVCORE_REFERENCE_EXAMPLES", "200")), deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much]
 )
 @given(
     data=st.data(),
