@@ -168,6 +168,7 @@ if _typing.TYPE_CHECKING:
     )
 
 
+
 def _lazy_names() -> dict[str, str]:
     """The TYPE_CHECKING block's ``from MODULE import NAME as NAME``, as ``{NAME: MODULE}``."""
     import ast

@@ -42,7 +42,9 @@ def _names(value: Iterable[str]) -> tuple[str, ...]:
 
 def _null_block(instance: object, attribute: attrs.Attribute[int | None], value: int | None) -> None:
     if value is not None and (type(value) is not int or value != 0):
-        raise PlanValidationError([f"'null_block' must be 0 (block id 0 reserved) or None (got {value!r})"])
+        raise PlanValidationError(
+            [f"'null_block' must be 0 (block id 0 reserved) or None (got {value!r})"]
+        )
 
 
 def _layer_specs(value: Mapping[str, KVCacheSpec] | None) -> dict[str, KVCacheSpec]:
@@ -210,7 +212,9 @@ class KVCacheGroup:
     spec: KVCacheSpec
     blocks_per_page: int = attrs.field(default=1, validator=positive_int)
     pool: int = attrs.field(default=0, validator=non_negative_int)
-    layer_specs: Mapping[str, KVCacheSpec] = attrs.field(factory=dict, converter=_layer_specs, hash=False)
+    layer_specs: Mapping[str, KVCacheSpec] = attrs.field(
+        factory=dict, converter=_layer_specs, hash=False
+    )
 
     def __attrs_post_init__(self) -> None:
         if self.layer_specs:
@@ -717,7 +721,9 @@ def structural_problems(plan: KVCachePlan) -> Iterator[str]:
         elif tensor.offset != 0:
             yield f"tensor {index} is its own allocation but has offset {tensor.offset}"
     # (page bytes, pages) per group, computed once rather than per layer
-    figures = [(g.spec.page_size_bytes, pools[g.pool].num_blocks // g.blocks_per_page) for g in plan.groups]
+    figures = [
+        (g.spec.page_size_bytes, pools[g.pool].num_blocks // g.blocks_per_page) for g in plan.groups
+    ]
     for name, gi in grouped.items():
         if name not in placed:
             yield f"layer {name!r} (group {gi}) is not covered by any tensor"

@@ -128,3 +128,5 @@ def with_draft_layers(
     (name,) = _draft_names(specs, donor, 1)
     out[name] = spec
     return out
+
+
