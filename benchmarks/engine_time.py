@@ -1,28 +1,31 @@
 """Replay a trace through vLLM's running engine and through ``kvcore simulate``, side by side.
 
-Run it in the vLLM CPU build's environment, pinned to one core, after ``kvcore profile`` has
-measured the same engine settings::
+Run it in the vLLM CPU build's environment, pinned to one core::
 
-    taskset -c 1 .venv-vllm-cpu/bin/kvcore profile --engine vllm --model MODEL \\
-        --max-model-len 1024 --max-num-seqs 32 --max-batched-tokens 1024 --block-size 32 \\
-        --engine-arg gpu_memory_utilization=0.1 --engine-arg enforce_eager=true -o steps.jsonl
     taskset -c 1 .venv-vllm-cpu/bin/python benchmarks/engine_time.py --model MODEL \\
-        --profile steps.jsonl --rate 20 --requests 60 --repeats 3
+        --clock cpu --rate 20 --requests 60 --repeats 3
 
 The trace (``--requests`` requests, Poisson arrivals at ``--rate`` per second, prompt and
-output lengths uniform in ``--prompt-len`` / ``--output-len``, seeded) is written as a kvcore
-trace with ``arrival_time``. The engine (``vllm.LLM`` with its core in-process, prefix caching
-off, ``--num-blocks`` KV blocks) gets each request when the wall clock passes its arrival
-(``LLMEngine.add_request`` in the loop that calls ``step()``); a request's first token is the
-end of the step whose output first carries a token, its last the end of the step that finishes
-it. TTFT, inter-token latency (a request's mean: (last - first) / (outputs - 1)) and end-to-end
-latency at p50 / p90 / p99, and output tokens per second, are as ``kvcore simulate`` reports
-them (``kvcore.simulation.timing.latency_report``), which then replays the same trace, KV
-budget (the engine's own KV tensors' bytes), block size, ``max_num_seqs`` and
-``max_num_batched_tokens`` under ``--scheduler vllm --sync-scheduling`` with ``--step-profile``.
-The last line is ``ENGINE-TIME max_rel_err=...`` over p50 / p90 TTFT, ITL, end-to-end and
-throughput. The engine's figures are the median of ``--repeats`` replays, each figure's range
-beside it: on a shared machine they are a loaded machine's figures.
+output lengths uniform in ``--prompt-len`` / ``--output-len``, with ``--shared-prefixes N:T``
+each prompt starting with one of ``N`` shared prefixes of ``T`` tokens, seeded) is written as a
+kvcore trace with ``arrival_time``. The engine (``vllm.LLM`` with its core in-process,
+``--num-blocks`` KV blocks, ``--prefix-caching`` or not) gets each request when the clock passes
+its arrival (``LLMEngine.add_request`` in the loop that calls ``step()``); a request's first
+token is the end of the step whose output first carries a token, its last the end of the step
+that finishes it. The clock (``--clock``) is the wall clock, or the process's CPU time, which
+jumps to the next arrival when nothing runs or waits, as the simulator's clock does (the
+engine's time on a core of its own). TTFT, inter-token latency (a request's mean: (last -
+first) / (outputs - 1)) and end-to-end latency at p50 / p90 / p99, output tokens per second and
+(with ``--slo-ttft`` / ``--slo-itl``) goodput are as ``kvcore simulate`` reports them
+(``kvcore.simulation.timing.latency_report``), which replays the same trace, KV budget (the
+engine's own KV tensors' bytes), block size, ``max_num_seqs``, ``max_num_batched_tokens`` and
+prefix caching under ``--scheduler vllm --sync-scheduling`` with ``--step-profile``: the file
+given (``--profile``), or, without one, a profile of the engine made in this process just before
+each replay (``kvcore profile``'s scenarios, ``--profile-repeats``), each replay predicted from
+its own (the machine's speed drifts by tens of percent over minutes on a shared host). The
+engine's figures are the median of ``--repeats`` replays and kvcore's the median of its
+predictions, each with its range. The last line is ``ENGINE-TIME max_rel_err=...`` over p50 /
+p90 TTFT, ITL, end-to-end and throughput.
 """
 
 from __future__ import annotations
@@ -181,14 +184,14 @@ SLO: dict[str, float] = {}
 PREEMPTIONS = [0]
 
 
-def simulate(args: argparse.Namespace, trace_path: Path, kv_bytes: int) -> dict[str, Any]:
+def simulate(args: argparse.Namespace, trace_path: Path, kv_bytes: int, profile: str) -> dict[str, Any]:
     # fmt: off
     command = [
         sys.executable, "-m", "kvcore", "--no-plugin-autoload", "simulate",
         "--model", args.model, "--memory", str(kv_bytes), "--max-model-len", str(args.max_model_len),
         "--max-num-batched-tokens", str(args.max_batched_tokens), "--max-num-seqs", str(args.max_num_seqs),
         "--block-sizes", str(args.block_size), "--policies", args.policy, "--trace", str(trace_path),
-        "--step-profile", args.profile, "--scheduler", "vllm", "--sync-scheduling", "--json",
+        "--step-profile", profile, "--scheduler", "vllm", "--sync-scheduling", "--json",
         *(["--prefix-caching"] if args.prefix_caching else []),
         *(["--slo-ttft", str(args.slo_ttft)] if args.slo_ttft else []),
         *(["--slo-itl", str(args.slo_itl)] if args.slo_itl else []),
@@ -205,6 +208,48 @@ def simulate(args: argparse.Namespace, trace_path: Path, kv_bytes: int) -> dict[
     return latency
 
 
+def same_blocks(args: argparse.Namespace, engine_bytes: int, engine_blocks: int) -> int:
+    """The budget that gives kvcore's plan the engine's block count. Where the engine lays its
+    pages out as kvcore's plan does (the tiny Llama), that is the engine's KV bytes; vLLM's CPU
+    build holds the tiny Gemma-2's blocks in twice the bytes kvcore's plan gives as many (80
+    blocks of 32 tokens in 2.5 MiB, 1,260 tokens of context by its log; kvcore's plan of 2.5 MiB
+    has 160), so the simulation gets the bytes of the engine's block count."""
+    # fmt: off
+    command = [
+        sys.executable, "-m", "kvcore", "--no-plugin-autoload", "plan", "--model", args.model,
+        "--memory", str(engine_bytes), "--max-model-len", str(args.max_model_len),
+        "--block-size", str(args.block_size), "--policy", args.policy, "--json",
+    ]
+    # fmt: on
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode:
+        sys.exit(f"kvcore plan failed:\n{done.stderr}")
+    per_block = int(json.loads(done.stdout)["bytes_per_block"])
+    return min(engine_bytes, engine_blocks * per_block)
+
+
+def profile_here(engine: Any, out: Path, args: argparse.Namespace) -> str:
+    """Profile the running engine (``kvcore profile``'s scenarios, ``--profile-repeats``) into
+    ``out``; its path."""
+    from importlib.metadata import version
+
+    from kvcore.integrations.vllm.profiling import vllm_versions
+    from kvcore.simulation.profile_file import write_profile_file
+    from kvcore.simulation.profiling import profile_engine
+
+    measured = profile_engine(
+        engine,
+        engine_name="vllm",
+        engine_version=vllm_versions().get("vllm-cpu", "unknown"),
+        model=args.model,
+        device="cpu",
+        versions={"kvcore": version("kvcore")},
+        repeats=args.profile_repeats,
+    )
+    write_profile_file(out, measured.file)
+    return str(out)
+
+
 def pick(report: dict[str, Any], path: tuple[str, ...]) -> float:
     value: Any = report
     for key in path:
@@ -215,7 +260,14 @@ def pick(report: dict[str, Any], path: tuple[str, ...]) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True)
-    parser.add_argument("--profile", required=True, help="kvcore profile's file for these settings")
+    parser.add_argument(
+        "--profile",
+        help="kvcore profile's file for these settings (default: profile the engine before each replay)",
+    )
+    parser.add_argument("--save-profile", help="copy the last profile made here to this file")
+    parser.add_argument(
+        "--profile-repeats", type=int, default=2, help="the repeats of each profile made here (default 2)"
+    )
     parser.add_argument("--clock", choices=("wall", "cpu"), default="wall", help="as kvcore profile --clock")
     parser.add_argument("--requests", type=int, default=60)
     parser.add_argument("--rate", type=float, default=20.0, help="requests per second")
@@ -271,9 +323,11 @@ def main() -> None:
             "dtype": "bfloat16",
             "enable_prefix_caching": args.prefix_caching,
         },
+        clock=args.clock,
     )
     scheduler = engine.llm.llm_engine.engine_core.engine_core.scheduler
-    kv_bytes = sum(t.size for t in scheduler.kv_cache_config.kv_cache_tensors)
+    engine_bytes = sum(t.size for t in scheduler.kv_cache_config.kv_cache_tensors)
+    kv_bytes = same_blocks(args, engine_bytes, scheduler.kv_cache_config.num_blocks)
     schedule = scheduler.schedule
     preempt = scheduler._preempt_request
 
@@ -287,30 +341,48 @@ def main() -> None:
         PREEMPTIONS[0] += 1
         return preempt(*a, **k)
 
-    scheduler.schedule = kept_schedule
-    scheduler._preempt_request = counted_preempt
+    def install() -> None:  # the profiler's own wrapper, once it is done, removes these
+        scheduler.schedule = kept_schedule
+        scheduler._preempt_request = counted_preempt
+
+    install()
     replay(engine, trace[: min(8, len(trace))], salt=999, clock_kind=args.clock)  # warm-up
-    STEPS.clear()
     ADD_SECONDS.clear()
     PREEMPTIONS[0] = 0
     runs = []
-    for r in range(args.repeats):
-        runs.append(replay(engine, trace, salt=r, clock_kind=args.clock))
-        if args.prefix_caching:
-            engine.llm.llm_engine.reset_prefix_cache()  # each replay starts from an empty cache
+    predictions = []
+    replayed: list[tuple[list[tuple[tuple[tuple[int, int], ...], float]], Any]] = []
     with tempfile.TemporaryDirectory() as where:
         path = Path(where) / "trace.jsonl"
         path.write_text("".join(json.dumps(r) + "\n" for r in trace))
-        predicted = simulate(args, path, kv_bytes)
+        for r in range(args.repeats):
+            profile_path = args.profile or profile_here(engine, Path(where) / f"profile-{r}.jsonl", args)
+            install()
+            STEPS.clear()
+            runs.append(replay(engine, trace, salt=r, clock_kind=args.clock))
+            replayed.append((list(STEPS), read_profile(profile_path)))
+            if args.prefix_caching:
+                engine.llm.llm_engine.reset_prefix_cache()  # each replay starts from an empty cache
+            predictions.append(simulate(args, path, kv_bytes, profile_path))
+            if args.save_profile:
+                Path(args.save_profile).write_text(Path(profile_path).read_text())
+            if args.profile:  # one profile: one prediction
+                predictions = predictions[:1]
 
     print(
         f"{args.requests} requests at {args.rate:g}/s, prompts {args.prompt_len}, outputs {args.output_len}"
         + (f", shared prefixes {args.shared_prefixes}" if args.shared_prefixes != "0:0" else "")
-        + f"; KV {args.num_blocks} blocks of {args.block_size} ({kv_bytes:,} bytes); prefix caching "
+        + f"; KV {args.num_blocks} blocks of {args.block_size} ({engine_bytes:,} bytes in the engine, "
+        f"{kv_bytes:,} for kvcore's plan of as many blocks); prefix caching "
         f"{'on' if args.prefix_caching else 'off'}; {args.clock} clock; engine median of {args.repeats} "
-        f"replays [range] (cpu {sorted(os.sched_getaffinity(0))})"
+        f"replays [range] (cpu {sorted(os.sched_getaffinity(0))}); kvcore "
+        + (
+            "on the profile given"
+            if args.profile
+            else f"the median of {args.repeats}, each on a profile made just before"
+        )
     )
-    print(f"{'figure':<14}{'engine':>12}  {'range':<22}{'kvcore':>12}{'rel err':>10}")
+    print(f"{'figure':<14}{'engine':>12}  {'range':<22}{'kvcore':>12}  {'range':<22}{'rel err':>8}")
     errors = []
     figures = {}
     shown = list(FIGURES + SHOWN_ONLY)
@@ -319,20 +391,25 @@ def main() -> None:
     for name, path_ in shown:
         values = [pick(r, path_) for r in runs]
         measured = statistics.median(values)
-        guess = pick(predicted, path_)
+        guesses = [pick(p, path_) for p in predictions]
+        guess = statistics.median(guesses)
         err = abs(guess - measured) / measured if measured else (0.0 if guess == measured else float("inf"))
         if (name, path_) in FIGURES:
             errors.append(err)
-        figures[name] = {"engine": values, "kvcore": guess, "rel_err": err}
+        figures[name] = {"engine": values, "kvcore": guesses, "rel_err": err}
         unit = "" if "/s" in name else " s"
         span = f"[{min(values):.4g}, {max(values):.4g}]"
-        print(f"{name:<14}{measured:>12.4g}{unit:2}{span:<22}{guess:>12.4g}{100 * err:>9.1f}%")
+        guess_span = f"[{min(guesses):.4g}, {max(guesses):.4g}]"
+        print(
+            f"{name:<14}{measured:>12.4g}{unit:2}{span:<22}{guess:>12.4g}  {guess_span:<22}{100 * err:>7.1f}%"
+        )
     engine_preempted = [int(r["preemptions"]) for r in runs]
-    print(f"preemptions: engine {engine_preempted}, kvcore {predicted['preemptions']}")
-    profile = read_profile(args.profile)
+    predicted_preempted = [int(p["preemptions"]) for p in predictions]
+    print(f"preemptions: engine {engine_preempted}, kvcore {predicted_preempted}")
     ratios: dict[str, list[float]] = {"with a prompt chunk": [], "decode only": []}
     lines = []
-    for scheduled, seconds in STEPS:
+    pairs_ = [(step, profile) for steps, profile in replayed for step in steps]
+    for (scheduled, seconds), profile in pairs_:
         if not scheduled:
             continue
         prefill = sum(n for n, _ in scheduled if n > 1)
@@ -368,7 +445,9 @@ def main() -> None:
                 {
                     "figures": figures,
                     "max_rel_err": worst,
-                    "preemptions": {"engine": engine_preempted, "kvcore": predicted["preemptions"]},
+                    "kv_bytes": kv_bytes,
+                    "engine_kv_bytes": engine_bytes,
+                    "preemptions": {"engine": engine_preempted, "kvcore": predicted_preempted},
                 },
                 indent=1,
             )

@@ -68,6 +68,12 @@ def add_options(parser: argparse.ArgumentParser) -> None:
         "candidates planned "
         "under vLLM's rules; kvcore; or one a plugin registers)",
     )
+    parser.add_argument(
+        "--sync-scheduling",
+        action="store_true",
+        help="replay vLLM without its async scheduling (on by default in vLLM 0.33): a step's output returns "
+        "before the next step, as an engine stepped in a loop (LLMEngine.step) runs",
+    )
     space = parser.add_argument_group("the search space (the first value of each is the default candidate)")
     add_candidate_options(
         space,
@@ -176,6 +182,13 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
     context = inputs.sizing_context(shared)
     workload = inputs.load_workload(shared, context.max_model_len, per_second=step_time is not None)
     profile = registry.scheduler_profile(args.scheduler)
+    if args.sync_scheduling:
+        if "async_scheduling" not in (attrs.fields_dict(type(profile)) if attrs.has(type(profile)) else {}):
+            raise InvalidInputError(
+                f"--sync-scheduling is a setting of vLLM's scheduler: --scheduler {args.scheduler} has no "
+                "async scheduling to turn off"
+            )
+        profile = attrs.evolve(profile, async_scheduling=False)
     names = args.policies or default_policies(registry)
     for name in names:
         registry.policy(name)  # a misspelt policy fails before any plan

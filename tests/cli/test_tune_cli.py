@@ -170,3 +170,25 @@ def test_tune_takes_vllm_s_spellings_and_the_old_ones_with_a_warning(run_cli):
     )
     assert "write --max-num-batched-tokens" in err
     assert json.loads(old_out)["best"] == json.loads(out)["best"]
+
+
+def test_the_default_candidate_says_where_vllms_batch_defaults_come_from(run_cli):
+    """vLLM picks max_num_seqs / max_num_batched_tokens per device (EngineArgs.get_batch_defaults):
+    tune names the file and function, and on a GPU what vLLM itself would start with."""
+    status, out, err = run_cli("tune", *SMALL, *SYNTHETIC, "--policies", "kind_pools")
+    assert status == 0, err
+    assert (
+        "default candidate: max_num_seqs 128, max_num_batched_tokens 2,048; vllm serve's defaults on CPU: "
+        "max_num_seqs 128, max_num_batched_tokens 2,048 (vllm/engine/arg_utils.py, "
+        "EngineArgs.get_batch_defaults)"
+    ) in out
+    status, out, err = run_cli(
+        "tune", "--model", "google/gemma-3-27b-it", "--memory", "4GiB", "--max-model-len", "4096",
+        "--gpu", "H100", *SYNTHETIC, "--policies", "kind_pools", "--json",
+    )  # fmt: skip
+    assert status == 0, err
+    assert json.loads(out)["vllm_defaults"] == {
+        "device": "H100-SXM (80 GiB)",
+        "max_num_seqs": 1024,
+        "max_num_batched_tokens": 8192,
+    }

@@ -33,7 +33,7 @@ def test_profile_drives_vllms_engine_and_writes_a_profile(tiny_llama: Path, tmp_
         "--max-model-len", "256", "--max-num-seqs", "8", "--max-batched-tokens", "128",
         "--block-size", "32", "--engine-arg", "gpu_memory_utilization=0.1",
         "--engine-arg", "enforce_eager=true", "--engine-arg", "num_gpu_blocks_override=64",
-        "--repeats", "2", "--decode-steps", "3", "-o", str(out),
+        "--repeats", "2", "--decode-steps", "3", "--clock", "cpu", "-o", str(out),
     ]
     # fmt: on
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
@@ -48,10 +48,20 @@ def test_profile_drives_vllms_engine_and_writes_a_profile(tiny_llama: Path, tmp_
     assert header.settings["max_num_batched_tokens"] == 128
     assert header.settings["block_size"] == 32 and header.settings["num_blocks"] == 64
     assert header.settings["enable_prefix_caching"] is False
+    assert header.settings["clock"] == "cpu"
     assert {"kvcore", "vllm-cpu", "torch"} <= set(header.versions)
     kinds = {(s.prefill_tokens > 0, s.decode_requests > 0) for s in read.samples}
     assert kinds == {(True, False), (False, True), (True, True)}, "prefill, decode and mixed steps"
     assert max(s.prefill_tokens for s in read.samples) == 128
+    # prompt chunks measured cold: a prompt-chunk step's token count appears once
+    counts = [
+        s.prefill_tokens + s.decode_requests for s in read.samples if s.prefill_tokens and s.spread is None
+    ]
+    assert counts and len(counts) == len(set(counts))
+    assert any(s.prefill_tokens and s.requests - s.decode_requests > 1 for s in read.samples), (
+        "serving steps: several prompt chunks in one step"
+    )
+    assert all(e.bias is not None for e in header.held_out)
     assert max(s.decode_requests for s in read.samples) == 8
     assert all(s.requests is not None and s.requests <= 8 for s in read.samples)
     profile = read_profile(out)
