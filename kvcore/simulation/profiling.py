@@ -2,19 +2,21 @@
 
 ``kvcore profile`` runs an engine (:class:`StepEngine`: vLLM's offline engine,
 :mod:`kvcore.integrations.vllm.profiling`; transformers' continuous batching,
-:mod:`kvcore.integrations.transformers.profiling`) through :func:`scenarios`: prefill chunks of
-several sizes, decode batches of several widths at several context lengths, and mixed steps (a
-prompt arriving while others decode). Each scenario runs ``repeats`` times; the engine's
-scheduler is deterministic, so step ``k`` of every repeat schedules the same batch, and a
-step's seconds are the least over the repeats, the spread ``(most - least) / least`` beside
-it: what disturbs a step on a shared machine (another process on its core, a page fault) only
-adds time, so the least is the step's own cost, and the spread says how loaded the machine was.
+:mod:`kvcore.integrations.transformers.profiling`) through :func:`scenarios`: prompts of many
+lengths, decode batches of several widths at several context lengths, mixed steps (a prompt
+arriving while others decode) and serving (requests arriving as a server gets them). The decode
+scenarios run ``repeats`` times; the engine's scheduler is deterministic, so step ``k`` of every
+repeat schedules the same batch, and a step's seconds are the least (or median) over the
+repeats, the spread ``(most - least) / least`` beside it. The others run cold
+(:attr:`Scenario.cold`): engines keep kernels per token count warm, and serving's prompt chunks
+come in every length, so a prompt-chunk step is measured the first time its token count runs.
 
 :func:`choose_terms` fits the four-term line on three of every four steps and measures its
-error on the fourth (the held-out steps), per range of steps (:func:`held_out_errors`); where
-the line misses held-out steps by more than :data:`FEW_PERCENT`, the forms with an
-attention-pairs term, a prefill-requests term and both are tried, and one is kept when it
-cuts the held-out error by a fifth or more.
+error on the fourth (the held-out steps), per range of steps (:func:`held_out_errors`), on
+average and summed (the bias, what a run of such steps would be off by); where the line misses
+a range by more than :data:`FEW_PERCENT`, the forms with an attention-pairs term, a
+prefill-requests term and both are tried, and one is kept when it cuts the worst range's bias
+by a fifth or more.
 """
 
 from __future__ import annotations
@@ -182,7 +184,8 @@ def scenarios(limits: EngineLimits, *, decode_steps: int = 8) -> list[Scenario]:
       decoding at a context of 64 tokens and of a quarter of ``max_model_len``, joined once
       their prompts are in by a prompt of an eighth, a half and all of
       ``max_batched_tokens``: a request's first step beside others' decodes, as serving runs
-      it.
+      it;
+    - serving (cold): :func:`serving_scenarios`.
 
     Scenarios whose requests the KV cache cannot hold at once are left out.
     """
@@ -524,8 +527,8 @@ class Measured:
     Attributes:
         file: the profile file (header and steps).
         choice: the terms, their held-out errors and their fit on every step.
-        median_spread: the median over the steps of their repeats' spread (how loaded the
-            machine was).
+        median_spread: the median over the repeated steps of their repeats' spread (how loaded
+            the machine was).
     """
 
     file: ProfileFile
@@ -585,9 +588,10 @@ def profile_engine(
         tolerance=tolerance,
         held_out=choice.held_out,
     )
-    spreads = sorted(s.spread or 0.0 for s in samples)
+    # the repeated steps' spread (a cold step runs once: it has none)
+    spreads = sorted(s.spread for s in samples if s.spread is not None)
     return Measured(
         file=ProfileFile(header=header, samples=tuple(samples)),
         choice=choice,
-        median_spread=statistics.median(spreads),
+        median_spread=statistics.median(spreads) if spreads else 0.0,
     )
