@@ -2,10 +2,12 @@
 random-weight Llama: it drives ``LLMEngine.add_request`` + ``step()``, reads each step's batch
 from the scheduler, and writes a headed profile that ``--step-profile`` reads. One process of
 its own (vLLM's engine keeps global state); small settings, so it runs in well under a minute
-and a half. No timing figure is asserted: the machine is shared."""
+and a half. The replay benchmark (benchmarks/engine_time.py) runs on the same tiny model. No
+timing figure is asserted: the machine is shared."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -67,3 +69,34 @@ def test_profile_drives_vllms_engine_and_writes_a_profile(tiny_llama: Path, tmp_
     profile = read_profile(out)
     assert profile.samples == len(read.samples)
     assert profile.max_error <= header.tolerance
+
+
+def test_the_replay_benchmark_runs_the_engine_and_the_simulation_side_by_side(
+    tiny_llama: Path, tmp_path: Path
+) -> None:
+    """benchmarks/engine_time.py on the CPU clock: it profiles the engine before its replay,
+    replays the trace through the engine and kvcore simulate, and writes both sides' figures.
+    No figure is asserted close: the machine is shared."""
+    out = tmp_path / "figures.json"
+    script = Path(__file__).parents[3] / "benchmarks" / "engine_time.py"
+    # fmt: off
+    command = [
+        sys.executable, str(script), "--model", str(tiny_llama), "--clock", "cpu",
+        "--requests", "8", "--rate", "50", "--prompt-len", "16:96", "--output-len", "4:8",
+        "--repeats", "1", "--profile-repeats", "1", "--max-model-len", "256", "--max-num-seqs", "8",
+        "--max-batched-tokens", "128", "--num-blocks", "64", "--slo-ttft", "1", "--slo-itl", "1",
+        "--json-out", str(out),
+    ]
+    # fmt: on
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert "ENGINE-TIME max_rel_err=" in done.stdout
+    assert "replayed steps with a prompt chunk: measured / profile summed" in done.stdout
+    figures = json.loads(out.read_text())
+    ttft = figures["figures"]["TTFT p50"]
+    assert len(ttft["engine"]) == 1 and len(ttft["kvcore"]) == 1
+    assert ttft["engine"][0] > 0 and ttft["kvcore"][0] > 0
+    assert figures["figures"]["goodput req/s"]["engine"][0] > 0
+    assert figures["preemptions"] == {"engine": [0], "kvcore": [0]}
+    assert 0 < figures["kv_bytes"] <= figures["engine_kv_bytes"]
