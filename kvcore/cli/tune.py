@@ -68,6 +68,12 @@ def add_options(parser: argparse.ArgumentParser) -> None:
         "candidates planned "
         "under vLLM's rules; kvcore; or one a plugin registers)",
     )
+    parser.add_argument(
+        "--sync-scheduling",
+        action="store_true",
+        help="replay vLLM without its async scheduling (on by default in vLLM 0.33): a step's output returns "
+        "before the next step, as an engine stepped in a loop (LLMEngine.step) runs",
+    )
     space = parser.add_argument_group("the search space (the first value of each is the default candidate)")
     add_candidate_options(
         space,
@@ -171,6 +177,13 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
     context = inputs.sizing_context(shared)
     workload = inputs.load_workload(shared, context.max_model_len, per_second=step_time is not None)
     profile = registry.scheduler_profile(args.scheduler)
+    if args.sync_scheduling:
+        if "async_scheduling" not in (attrs.fields_dict(type(profile)) if attrs.has(type(profile)) else {}):
+            raise InvalidInputError(
+                f"--sync-scheduling is a setting of vLLM's scheduler: --scheduler {args.scheduler} has no "
+                "async scheduling to turn off"
+            )
+        profile = attrs.evolve(profile, async_scheduling=False)
     names = args.policies or default_policies(registry)
     for name in names:
         registry.policy(name)  # a misspelt policy fails before any plan
@@ -341,6 +354,7 @@ def _print(args: argparse.Namespace, result: TuneResult, engines: Engines, workl
     )
     if rejected := rejected_line(workload, args.max_model_len):
         print(rejected)
+    print(_defaults_line(args, result))
     print(
         f"searched {len(result.trials)} candidates of a grid of {result.grid_size:,}: "
         f"{result.simulations} simulated, "
@@ -430,6 +444,35 @@ def _trial_row(result: TuneResult, trial: Trial) -> dict[str, Any]:
     }
 
 
+def _vllm_defaults(args: argparse.Namespace) -> Any:
+    """vLLM's own batch defaults on the device tune plans for (``--gpu``; else a CPU)."""
+    from kvcore.simulation.gpus import find_gpu
+    from kvcore.simulation.profiles.vllm_batch_defaults import serve_defaults
+
+    name = getattr(args, "gpu", None)
+    return serve_defaults(find_gpu(name) if name else None)
+
+
+def _defaults_line(args: argparse.Namespace, result: TuneResult) -> str:
+    """Where the default candidate's max_num_seqs and max_num_batched_tokens come from, and
+    what vLLM itself starts with on the device."""
+    knobs = result.default.knobs
+    defaults = _vllm_defaults(args)
+    line = (
+        f"default candidate: max_num_seqs {knobs.max_num_seqs:,}, max_num_batched_tokens "
+        f"{knobs.max_num_batched_tokens:,}; {defaults.line()}"
+    )
+    if (knobs.max_num_seqs, knobs.max_num_batched_tokens) != (
+        defaults.max_num_seqs,
+        defaults.max_num_batched_tokens,
+    ):
+        line += (
+            f"; to start from vLLM's, give --max-num-seqs {defaults.max_num_seqs} "
+            f"--max-num-batched-tokens {defaults.max_num_batched_tokens}"
+        )
+    return line
+
+
 def _payload(
     args: argparse.Namespace, result: TuneResult, engines: Engines, budget: Any, workload: Any
 ) -> dict[str, Any]:
@@ -449,6 +492,7 @@ def _payload(
         "grid_size": result.grid_size,
         "best": _trial_row(result, result.best),
         "default": _trial_row(result, result.default),
+        "vllm_defaults": attrs.asdict(_vllm_defaults(args)),
         "knob_effects": [
             {"knob": e.knob, "default": e.default, "best": e.best, "score": e.score, "gain": e.gain}
             for e in result.knob_effects

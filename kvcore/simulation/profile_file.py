@@ -89,12 +89,16 @@ class HeldOutError:
         samples: held-out steps in the range.
         mean_error: their mean relative error.
         max_error: their largest relative error.
+        bias: their seconds summed over the fit's summed, less 1: what a run of them would be
+            off by (a step's noise averages out over many steps; a fit's bias does not).
+            ``None`` in files written before kvcore measured it.
     """
 
     steps: str
     samples: int
     mean_error: float
     max_error: float
+    bias: float | None = None
 
 
 @attrs.frozen(kw_only=True)

@@ -361,7 +361,8 @@ def fit_profile(
 ) -> StepProfile:
     """Fit :class:`StepProfile` to ``(prefill_tokens, decode_requests, context_tokens,
     seconds)`` samples by least squares on the relative error (each row weighted by
-    ``1 / seconds``, so a short step counts as much as a long one).
+    ``1 / seconds``, so a short step counts as much as a long one; then reweighted twice by
+    ``1 / fitted seconds``, so that on noisy steps the fit sits at their mean, not under it).
 
     With optional ``terms`` (``attention_pairs``, ``prefill_requests``: :data:`PROFILE_TERMS`
     after the first four), each sample carries their values after ``context_tokens``, in that
@@ -399,14 +400,27 @@ def fit_profile(
             "quantity the samples vary): measure at least as many steps of different shapes"
         )
     size = len(columns)
-    normal = [[0.0] * (size + 1) for _ in range(size)]
-    for values, seconds in rows:
-        x = [values[j] / seconds for j in columns]  # weighted by 1 / seconds: relative residuals
-        for i in range(size):
-            for j in range(size):
-                normal[i][j] += x[i] * x[j]
-            normal[i][size] += x[i]  # the weighted target seconds / seconds
-    solution = _solve(normal, source)
+    # weighted by 1 / seconds: relative residuals. Then twice more by 1 / the fit's own seconds:
+    # where a shape's steps scatter (a loaded machine), weighting by each step's own seconds
+    # counts its slow repeats least and puts the fit under their mean; weighted by the fit, the
+    # relative residuals average zero, so the fitted seconds sum to what the steps took
+    # (iteratively reweighted least squares). Steps on the fit are fitted the same either way.
+    weights = [1 / seconds for _, seconds in rows]
+    solution: list[float] = []
+    for _ in range(3):
+        normal = [[0.0] * (size + 1) for _ in range(size)]
+        for (values, seconds), weight in zip(rows, weights, strict=True):
+            x = [values[j] * weight for j in columns]
+            for i in range(size):
+                for j in range(size):
+                    normal[i][j] += x[i] * x[j]
+                normal[i][size] += x[i] * seconds * weight
+        solution = _solve(normal, source)
+        fitted = [sum(values[j] * c for j, c in zip(columns, solution, strict=True)) for values, _ in rows]
+        # a fit at or under zero for some step keeps that step's own weight
+        weights = [
+            1 / f if f > 0.1 * seconds else 1 / seconds for f, (_, seconds) in zip(fitted, rows, strict=True)
+        ]
     coefficients = [0.0] * len(PROFILE_TERMS)
     for j, value in zip(columns, solution, strict=True):
         coefficients[j] = value

@@ -92,3 +92,22 @@ def test_profile_refuses_an_engine_arg_without_a_value(run_cli, tmp_path):
         )
     assert exit_.value.code == 2
     assert "expected KEY=VALUE" in run_cli.capsys.readouterr().err
+
+
+def test_the_cpu_clock_is_refused_for_transformers_in_one_line(run_cli, tiny_llama, tmp_path):
+    """transformers runs its batches on a thread of its own: the process's CPU time cannot be
+    split into its steps, so --clock cpu is refused before the model loads."""
+    status, _, stderr = run_cli(
+        "profile",
+        "--engine",
+        "transformers",
+        "--model",
+        tiny_llama,
+        "--clock",
+        "cpu",
+        "-o",
+        tmp_path / "p.jsonl",
+    )
+    assert status == 1
+    assert stderr.startswith("kvcore: error: --clock cpu times vLLM's steps only")
+    assert not (tmp_path / "p.jsonl").exists()

@@ -158,8 +158,31 @@ def test_tune_takes_vllm_s_spellings(run_cli):
     ``--num-seqs`` / ``--batched-tokens`` were removed in 0.3, tests/plugins/test_removed_in_0_3.py)."""
     base = ("tune", *SMALL, *SYNTHETIC, "--policies", "shared_buffer", "--passes", "1", "--json")
     status, out, err = run_cli(*base, "--max-num-seqs", "8,16", "--max-num-batched-tokens", "512,1024")
-    assert status == 0, err and "deprecated" not in err
+    assert status == 0, err
+    assert "deprecated" not in err
     knobs = [t["knobs"] for t in json.loads(out)["trials"]]
     assert {k["max_num_seqs"] for k in knobs} == {8, 16}
     assert {k["max_num_batched_tokens"] for k in knobs} == {512, 1024}
     assert json.loads(out)["default"]["knobs"]["max_num_batched_tokens"] == 512
+
+
+def test_the_default_candidate_says_where_vllms_batch_defaults_come_from(run_cli):
+    """vLLM picks max_num_seqs / max_num_batched_tokens per device (EngineArgs.get_batch_defaults):
+    tune names the file and function, and on a GPU what vLLM itself would start with."""
+    status, out, err = run_cli("tune", *SMALL, *SYNTHETIC, "--policies", "kind_pools")
+    assert status == 0, err
+    assert (
+        "default candidate: max_num_seqs 128, max_num_batched_tokens 2,048; vllm serve's defaults on CPU: "
+        "max_num_seqs 128, max_num_batched_tokens 2,048 (vllm/engine/arg_utils.py, "
+        "EngineArgs.get_batch_defaults)"
+    ) in out
+    status, out, err = run_cli(
+        "tune", "--model", "google/gemma-3-27b-it", "--memory", "4GiB", "--max-model-len", "4096",
+        "--gpu", "H100", *SYNTHETIC, "--policies", "kind_pools", "--json",
+    )  # fmt: skip
+    assert status == 0, err
+    assert json.loads(out)["vllm_defaults"] == {
+        "device": "H100-SXM (80 GiB)",
+        "max_num_seqs": 1024,
+        "max_num_batched_tokens": 8192,
+    }

@@ -19,6 +19,7 @@ from kvcore.simulation.profile_file import (
     write_profile_file,
 )
 from kvcore.simulation.profiling import (
+    PREFILL_LENGTHS,
     EngineLimits,
     ProfileRequest,
     Scenario,
@@ -96,12 +97,17 @@ PER_CHUNK = (2e-3, 5e-6, 4e-5, 3e-8, 0.0, 1e-3)
 def test_the_scenarios_cover_prefill_decode_and_mixed_steps_within_the_engine():
     plan = scenarios(LIMITS, decode_steps=4)
     kinds = {s.name.split()[0] for s in plan}
-    assert kinds == {"prefill", "decode", "mixed"}
+    assert kinds == {"prefill", "decode", "mixed", "serving"}
     for s in plan:
         assert all(r.prompt_tokens + r.output_tokens <= LIMITS.max_model_len for r in s.requests)
         assert sum(r.prompt_tokens + r.output_tokens for r in s.requests) <= LIMITS.kv_tokens
     prefill = sorted(s.requests[0].prompt_tokens for s in plan if s.name.startswith("prefill"))
     assert prefill[0] < prefill[-1] == LIMITS.max_batched_tokens
+    assert len(set(prefill)) == PREFILL_LENGTHS, "prompts of many lengths, each once"
+    assert all(s.cold for s in plan if not s.name.startswith("decode"))
+    mixed = [s for s in plan if s.name.startswith("mixed")]
+    assert {len(s.requests) - 1 for s in mixed} >= {1, 4, LIMITS.max_num_seqs - 1}, "beside 1 to all decodes"
+    assert len({s.requests[-1].prompt_tokens for s in mixed}) >= 3
     widths = {len(s.requests) for s in plan if s.name.startswith("decode")}
     assert {1, LIMITS.max_num_seqs} <= widths
     assert any(r.arrival_step > 0 for s in plan for r in s.requests)  # a prompt joins decoding ones
@@ -120,12 +126,32 @@ def test_a_step_counts_as_the_simulator_counts_it():
 
 
 def test_the_least_of_the_repeats_is_kept_with_their_spread():
+    warm = [s for s in scenarios(LIMITS, decode_steps=2) if not s.cold]
     engine = StubEngine(LINE, noise=0.5)
-    samples = measure(engine, scenarios(LIMITS, decode_steps=2), repeats=3)
+    samples = measure(engine, warm, repeats=3)
     for s in samples:
         assert s.spread == pytest.approx(0.5)
-    exact = measure(StubEngine(LINE), scenarios(LIMITS, decode_steps=2), repeats=1)
+    exact = measure(StubEngine(LINE), warm, repeats=1)
     assert [s.seconds for s in samples] == pytest.approx([s.seconds for s in exact])
+
+
+def test_a_cold_scenario_runs_each_variant_once_and_keeps_steps_as_serving_runs_them():
+    """Prompt-chunk steps are kept when their token count is new to the engine, decode steps
+    when it is not; each repeat of a cold scenario is a variant with prompts k tokens shorter."""
+    engine = StubEngine(LINE)
+    cold = Scenario(
+        name="prefill 100", requests=(ProfileRequest(prompt_tokens=100, output_tokens=3),), cold=True
+    )
+    warm = Scenario(name="warm 97", requests=(ProfileRequest(prompt_tokens=97, output_tokens=2),))
+    samples = measure(engine, [warm, cold], repeats=3)
+    assert engine.runs == 1 + 3 + 3, "a warm-up, the warm scenario's 3 repeats, 3 variants run once"
+    cold_prefills = sorted(s.prefill_tokens for s in samples if s.prefill_tokens and s.spread is None)
+    # variants of 100, 99 and 98 tokens; the 97-token step was run warm before (and is kept
+    # once, from the warm scenario, with its spread)
+    assert cold_prefills == [98, 99, 100]
+    decodes = [s for s in samples if not s.prefill_tokens and s.spread is None]
+    assert decodes and all(s.decode_requests == 1 for s in decodes), "1-token steps ran before: warm"
+    assert cold.variant(99).requests[0].prompt_tokens == 2, "never under 2 tokens"
 
 
 def test_repeats_that_schedule_differently_are_refused():
@@ -172,7 +198,9 @@ def test_steps_the_line_misses_get_the_attention_term(tmp_path):
         repeats=1,
     )
     choice = measured.choice
-    assert choice.line_held_out[-1].mean_error > 0.03, "the four-term line misses quadratic prefill"
+    assert max(e.mean_error for e in choice.line_held_out) > 0.03, (
+        "the four-term line misses quadratic prefill"
+    )
     assert "attention_pairs" in choice.terms
     assert choice.held_out[-1].max_error < 1e-6
     path = tmp_path / "stub.jsonl"
@@ -196,7 +224,7 @@ def test_steps_with_a_cost_per_prompt_chunk_get_the_prefill_requests_term(tmp_pa
         repeats=1,
     )
     choice = measured.choice
-    assert choice.line_held_out[-1].mean_error > 0.03
+    assert max(e.mean_error for e in choice.line_held_out) > 0.03
     assert choice.terms == (*PROFILE_TERMS[:4], "prefill_requests"), "the fewest terms that fit"
     assert choice.held_out[-1].max_error < 1e-6
     path = tmp_path / "stub.jsonl"

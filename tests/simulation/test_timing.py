@@ -481,3 +481,23 @@ def test_an_encoder_output_is_read_once_a_request_not_once_a_token():
     # cross-attention: the 1,500 encoder frames in 94 pages of 16 tokens, per request
     assert model.state_bytes == 32 * 2 * 20 * 64 * 2 * 94 * 16
     assert model.dense_weight_bytes < 1.1e9 * 2  # the decoder alone (~0.9 B), not the 1.55 B model
+
+
+def test_steps_that_scatter_are_fitted_at_their_mean_not_under_it():
+    """On a loaded machine a step's repeats scatter upwards; weighting each by its own seconds
+    alone would put the fit under their mean (the slow ones count least). Reweighted by the
+    fit's own seconds, the fit of one shape measured at 1, 1 and 2 ms sits at about their mean."""
+    rows = []
+    for prefill, decode, context in (
+        (64, 0, 64),
+        (1024, 0, 1024),
+        (0, 8, 500),
+        (0, 32, 9000),
+        (256, 4, 2000),
+    ):
+        base = 1e-3 + 1e-5 * prefill + 1e-4 * decode + 1e-8 * context
+        rows += [(prefill, decode, context, s) for s in (base, base, 2 * base)]
+    profile = fit_profile(rows, tolerance=1.0)
+    for prefill, decode, context, _ in rows[::3]:
+        base = 1e-3 + 1e-5 * prefill + 1e-4 * decode + 1e-8 * context
+        assert profile.predict(prefill, decode, context) == pytest.approx(4 / 3 * base, rel=0.08)

@@ -14,14 +14,13 @@ from __future__ import annotations
 import itertools
 import os
 import random
-import time
 from collections.abc import Mapping
 from typing import Any
 
 import attrs
 
 from kvcore.errors import InvalidInputError
-from kvcore.simulation.profiling import EngineLimits, Scenario, ScheduledRequest, TimedStep
+from kvcore.simulation.profiling import CLOCKS, EngineLimits, Scenario, ScheduledRequest, TimedStep
 
 #: Token ids the profile's prompts are made of (every vocabulary has them).
 _TOKENS = 100
@@ -41,10 +40,14 @@ class VllmStepEngine:
         llm: the ``vllm.LLM``.
         max_steps: a run that has not finished after this many steps is an error (a request
             the engine cannot finish).
+        clock: what a step is timed by (a :data:`~kvcore.simulation.profiling.CLOCKS` name): the
+            wall clock, or this process's CPU time (what the step costs on a core of its own, however
+            loaded the machine is).
     """
 
     llm: Any
     max_steps: int = 100_000
+    clock: str = attrs.field(default="wall", validator=attrs.validators.in_(tuple(CLOCKS)))
     _ids: itertools.count[int] = attrs.field(factory=itertools.count, init=False)
 
     @property
@@ -87,18 +90,25 @@ class VllmStepEngine:
             "enable_chunked_prefill": bool(config.scheduler_config.enable_chunked_prefill),
             "enforce_eager": bool(config.model_config.enforce_eager),
             "tensor_parallel_size": config.parallel_config.tensor_parallel_size,
+            "clock": self.clock,
         }
 
     def run(self, scenario: Scenario) -> list[TimedStep]:
         """Add the scenario's requests as their steps come, step the engine to the end, and time
-        every step."""
+        every step: from before the requests that arrive at it are added (``add_request`` is the
+        engine's work too, and a served request pays it before its first step) to the end of
+        ``step()``."""
         from vllm import SamplingParams
 
         engine = self.llm.llm_engine
         scheduler = self._scheduler
         if engine.has_unfinished_requests():
             raise InvalidInputError("the engine has unfinished requests: profile an idle engine")
-        pending = sorted(enumerate(scenario.requests), key=lambda item: item[1].arrival_step)
+        # the prompts are made before any step is timed: making them is kvcore's work, not the engine's
+        pending = sorted(
+            ((request, _prompt(request.prompt_tokens, next(self._ids))) for request in scenario.requests),
+            key=lambda item: item[0].arrival_step,
+        )
         seen: list[Any] = []
         schedule = scheduler.schedule
 
@@ -113,22 +123,22 @@ class VllmStepEngine:
             return output
 
         steps: list[TimedStep] = []
+        clock = CLOCKS[self.clock]
         scheduler.schedule = kept_schedule
         try:
             step = 0
             while pending or engine.has_unfinished_requests():
-                while pending and pending[0][1].arrival_step <= step:
-                    _, request = pending.pop(0)
+                seen.clear()
+                start = clock()
+                while pending and pending[0][0].arrival_step <= step:
+                    request, prompt = pending.pop(0)
                     params = SamplingParams(
                         temperature=0.0, max_tokens=request.output_tokens, ignore_eos=True
                     )
                     request_id = f"kvcore-profile-{next(self._ids)}"
-                    prompt = _prompt(request.prompt_tokens, next(self._ids))
                     engine.add_request(request_id, {"prompt_token_ids": prompt}, params)
-                seen.clear()
-                start = time.perf_counter()
                 engine.step()
-                seconds = time.perf_counter() - start
+                seconds = clock() - start
                 scheduled = tuple(r for batch in seen for r in batch)
                 steps.append(TimedStep(scheduled=scheduled, seconds=seconds))
                 step += 1
@@ -141,15 +151,19 @@ class VllmStepEngine:
         return steps
 
 
-def open_vllm(model: str, options: Mapping[str, Any]) -> VllmStepEngine:
+def open_vllm(model: str, options: Mapping[str, Any], *, clock: str = "wall") -> VllmStepEngine:
     """Start ``vllm.LLM(model, **options)`` with its engine core in this process (token-id
-    prompts: no tokenizer is loaded).
+    prompts: no tokenizer is loaded), its steps timed by ``clock`` (a
+    :data:`~kvcore.simulation.profiling.CLOCKS` name).
 
     Raises:
         MissingDependencyError: vLLM is not installed.
+        InvalidInputError: a clock that is not one of :data:`~kvcore.simulation.profiling.CLOCKS`.
     """
     from kvcore.optional_dependencies import require
 
+    if clock not in CLOCKS:
+        raise InvalidInputError(f"the clock must be one of {', '.join(CLOCKS)} (got {clock!r})")
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     require("vllm", "timing vLLM's engine step by step")
     from vllm import LLM
@@ -160,7 +174,7 @@ def open_vllm(model: str, options: Mapping[str, Any]) -> VllmStepEngine:
         llm = LLM(model=model, **arguments)
     except (OSError, ValueError, TypeError) as exc:  # no such model, a setting vLLM refuses
         raise InvalidInputError(f"vLLM cannot start on {model!r}: {exc}") from None
-    return VllmStepEngine(llm=llm)
+    return VllmStepEngine(llm=llm, clock=clock)
 
 
 def vllm_versions() -> dict[str, str]:
