@@ -161,7 +161,9 @@ def _run(
 
 @pytest.mark.property
 @settings(
-    max_examples=int(os.environ.get("KVCORE_REFERENCE_EXAMPLES", "200")), deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much]
+    max_examples=int(os.environ.get("KVCORE_REFERENCE_EXAMPLES", "200")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
 @given(
     data=st.data(),
