@@ -33,7 +33,13 @@ from kvcore.spec import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from kvcore.units import format_bytes
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from kvcore.cli.timing import StepTimeFactory
     from kvcore.integrations.tuned import EngineSettings
+    from kvcore.planning.gpu_budget import GpuBudget
+    from kvcore.simulation.workload import Workload
+    from kvcore.spec import KVCacheSpec
     from kvcore.tuning.search import Trial, TuneResult
 
 #: The max_num_batched_tokens values searched when --max-num-batched-tokens is not given:
@@ -159,8 +165,7 @@ class _Eta:
 
 def run(args: argparse.Namespace, registry: Registry) -> int:
     from kvcore.cli.replayed_plans import replays_vllm_plan
-    from kvcore.cli.sglang_compare import model_of
-    from kvcore.integrations.tuned import sglang_profile, sglang_settings, vllm_planner, vllm_settings
+    from kvcore.integrations.tuned import vllm_planner
     from kvcore.tuning.search import SearchSpace, estimated_trials, tune
 
     plot = _check_plot(args.plot) if args.plot else None
@@ -176,14 +181,7 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
     step_time = timing.step_time_factory(shared, registry)
     context = inputs.sizing_context(shared)
     workload = inputs.load_workload(shared, context.max_model_len, per_second=step_time is not None)
-    profile = registry.scheduler_profile(args.scheduler)
-    if args.sync_scheduling:
-        if "async_scheduling" not in (attrs.fields_dict(type(profile)) if attrs.has(type(profile)) else {}):
-            raise InvalidInputError(
-                f"--sync-scheduling is a setting of vLLM's scheduler: --scheduler {args.scheduler} has no "
-                "async scheduling to turn off"
-            )
-        profile = attrs.evolve(profile, async_scheduling=False)
+    profile = _scheduler_profile(args, registry)
     names = args.policies or default_policies(registry)
     for name in names:
         registry.policy(name)  # a misspelt policy fails before any plan
@@ -223,15 +221,54 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
             max_passes=args.passes,
             on_trial=eta.on_trial,
         )
+    engines = _engines(shared, specs, result, workload, budget, registry, step_time, async_scheduling)
+    if args.json:
+        print(json.dumps(_payload(args, result, engines, budget, workload), indent=2))
+    else:
+        gpu.print_budget(budget)
+        _print(args, result, engines, workload)
+    if plot is not None:
+        write_svg(result, plot)
+        print(f"wrote {PLOT} to {plot}")
+    return 0
+
+
+def _scheduler_profile(args: argparse.Namespace, registry: Registry) -> Any:
+    """``--scheduler``'s profile, with ``--sync-scheduling`` applied where the profile has it."""
+    profile = registry.scheduler_profile(args.scheduler)
+    if args.sync_scheduling:
+        if "async_scheduling" not in (attrs.fields_dict(type(profile)) if attrs.has(type(profile)) else {}):
+            raise InvalidInputError(
+                f"--sync-scheduling is a setting of vLLM's scheduler: --scheduler {args.scheduler} has no "
+                "async scheduling to turn off"
+            )
+        profile = attrs.evolve(profile, async_scheduling=False)
+    return profile
+
+
+def _engines(
+    shared: PlanningArgs,
+    specs: Mapping[str, KVCacheSpec],
+    result: TuneResult,
+    workload: Workload,
+    budget: GpuBudget | None,
+    registry: Registry,
+    step_time: StepTimeFactory | None,
+    async_scheduling: bool,
+) -> Engines:
+    """The best candidate's flags for vLLM and SGLang, and its replay under SGLang's profile."""
+    from kvcore.cli.sglang_compare import model_of
+    from kvcore.integrations.tuned import sglang_profile, sglang_settings, vllm_settings
+
     best = result.best
     weights = budget.weights if budget is not None else None
     gpu_bytes = budget.gpu_memory if budget is not None else None
-    vllm = vllm_settings(best, specs, args.memory, registry=registry, async_scheduling=async_scheduling)
+    vllm = vllm_settings(best, specs, shared.kv_budget, registry=registry, async_scheduling=async_scheduling)
     try:
         # what SGLang runs for the model: the answer compare --engine sglang reads too
         model = model_of(shared, specs, "its vLLM settings above still apply")
         sglang: EngineSettings | None = sglang_settings(
-            best, model, args.memory, registry=registry, gpu_memory=gpu_bytes, weights=weights
+            best, model, shared.kv_budget, registry=registry, gpu_memory=gpu_bytes, weights=weights
         )
         sglang_error = ""
     except Exception as exc:  # any refusal of SGLang's rules is reported, not raised
@@ -244,16 +281,7 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
 
         sglang, sglang_error = None, render(exc, FLAG_NAMES)
     sglang_run = _simulate_sglang(sglang, workload, best, sglang_profile(registry), shared, step_time)
-    engines = Engines(vllm=vllm, sglang=sglang, sglang_error=sglang_error, sglang_run=sglang_run)
-    if args.json:
-        print(json.dumps(_payload(args, result, engines, budget, workload), indent=2))
-    else:
-        gpu.print_budget(budget)
-        _print(args, result, engines, workload)
-    if plot is not None:
-        write_svg(result, plot)
-        print(f"wrote {PLOT} to {plot}")
-    return 0
+    return Engines(vllm=vllm, sglang=sglang, sglang_error=sglang_error, sglang_run=sglang_run)
 
 
 def _simulate_sglang(
@@ -401,6 +429,11 @@ def _print(args: argparse.Namespace, result: TuneResult, engines: Engines, workl
         [*_knob_cells(t), _score(result, t.score), _latency(result, t.latency_figure)] for t in result.front
     ]
     print(render_table([*KNOB_HEADERS, "score", latency_name], rows, align="l" * 6 + "rr"))
+    _print_engines(engines, args.max_model_len)
+
+
+def _print_engines(engines: Engines, max_model_len: int) -> None:
+    """The best candidate's flags for each engine, what they cannot say, and the capacity."""
     for settings, name in ((engines.vllm, "vLLM 0.33"), (engines.sglang, "SGLang 0.5")):
         print()
         if settings is None:
@@ -413,9 +446,7 @@ def _print(args: argparse.Namespace, result: TuneResult, engines: Engines, workl
         for setting, why in settings.cannot_express:
             print(f"  cannot express {setting}: {why}")
         fmt = "{:,.2f}" if settings.unit == "requests" else "{:,.0f}"
-        what = (
-            f"requests of {args.max_model_len:,} tokens held" if settings.unit == "requests" else "KV tokens"
-        )
+        what = f"requests of {max_model_len:,} tokens held" if settings.unit == "requests" else "KV tokens"
         engine = (
             f"{settings.engine_detail}: {fmt.format(settings.engine_tokens)}"
             if settings.engine_tokens is not None
