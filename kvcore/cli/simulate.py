@@ -244,32 +244,7 @@ def print_table(
 ) -> None:
     """The header lines (with ``replayed``: which plans are simulated), one row per plan, and
     why the others have none."""
-    figures = workload_row(workload)
-    print(
-        f"workload {workload.name}"
-        + (f"; scheduler {describe_scheduler(profile)}" if profile is not None else "")
-    )
-    print(
-        f"{figures['num_requests']:,} requests, prompts "
-        f"{figures['mean_prompt_tokens']:,.0f} tokens on average (longest {figures['max_prompt_tokens']:,}), "
-        f"outputs {figures['mean_output_tokens']:,.0f} (longest {figures['max_output_tokens']:,})"
-    )
-    assert isinstance(args.max_model_len, int)  # simulate takes a number (sizing_context)
-    if rejected := rejected_line(workload, args.max_model_len):
-        print(rejected)
-    if replayed is not None:
-        print(replayed.line(candidates))
-    print(
-        f"budget {format_bytes(args.kv_budget)}, max_model_len {args.max_model_len:,}, "
-        f"max_num_batched_tokens {args.max_num_batched_tokens:,}; "
-        "tokens/step = the workload's tokens served per step (recomputation not counted), "
-        "delays in steps, pool = share of the blocks in use"
-        + (
-            "; prefix caching on: prefix hits = prompt tokens found cached (served, not computed)"
-            if args.prefix_caching
-            else ""
-        )
-    )
+    _print_header(args, workload, candidates, profile, replayed)
     rows = []
     failures: dict[str, str] = {}
     for c in candidates:
@@ -320,6 +295,42 @@ def print_table(
     if hit_lines:
         print("prefix hits by group kind (lookups whose hit used the kind's cached pages, and the pages):")
         print("\n".join(hit_lines))
+
+
+def _print_header(
+    args: PlanningArgs,
+    workload: Workload,
+    candidates: Sequence[Candidate],
+    profile: Any,
+    replayed: ReplayedPlans | None,
+) -> None:
+    """The lines above the table: the workload, the plans replayed, the budget and the columns."""
+    figures = workload_row(workload)
+    print(
+        f"workload {workload.name}"
+        + (f"; scheduler {describe_scheduler(profile)}" if profile is not None else "")
+    )
+    print(
+        f"{figures['num_requests']:,} requests, prompts "
+        f"{figures['mean_prompt_tokens']:,.0f} tokens on average (longest {figures['max_prompt_tokens']:,}), "
+        f"outputs {figures['mean_output_tokens']:,.0f} (longest {figures['max_output_tokens']:,})"
+    )
+    assert isinstance(args.max_model_len, int)  # simulate takes a number (sizing_context)
+    if rejected := rejected_line(workload, args.max_model_len):
+        print(rejected)
+    if replayed is not None:
+        print(replayed.line(candidates))
+    print(
+        f"budget {format_bytes(args.kv_budget)}, max_model_len {args.max_model_len:,}, "
+        f"max_num_batched_tokens {args.max_num_batched_tokens:,}; "
+        "tokens/step = the workload's tokens served per step (recomputation not counted), "
+        "delays in steps, pool = share of the blocks in use"
+        + (
+            "; prefix caching on: prefix hits = prompt tokens found cached (served, not computed)"
+            if args.prefix_caching
+            else ""
+        )
+    )
 
 
 def render_simulation_plot(
