@@ -399,28 +399,7 @@ def fit_profile(
             f"{source}: {len(rows)} sample(s) cannot fit {len(columns)} terms (a fixed cost and one per "
             "quantity the samples vary): measure at least as many steps of different shapes"
         )
-    size = len(columns)
-    # weighted by 1 / seconds: relative residuals. Then twice more by 1 / the fit's own seconds:
-    # where a shape's steps scatter (a loaded machine), weighting by each step's own seconds
-    # counts its slow repeats least and puts the fit under their mean; weighted by the fit, the
-    # relative residuals average zero, so the fitted seconds sum to what the steps took
-    # (iteratively reweighted least squares). Steps on the fit are fitted the same either way.
-    weights = [1 / seconds for _, seconds in rows]
-    solution: list[float] = []
-    for _ in range(3):
-        normal = [[0.0] * (size + 1) for _ in range(size)]
-        for (values, seconds), weight in zip(rows, weights, strict=True):
-            x = [values[j] * weight for j in columns]
-            for i in range(size):
-                for j in range(size):
-                    normal[i][j] += x[i] * x[j]
-                normal[i][size] += x[i] * seconds * weight
-        solution = _solve(normal, source)
-        fitted = [sum(values[j] * c for j, c in zip(columns, solution, strict=True)) for values, _ in rows]
-        # a fit at or under zero for some step keeps that step's own weight
-        weights = [
-            1 / f if f > 0.1 * seconds else 1 / seconds for f, (_, seconds) in zip(fitted, rows, strict=True)
-        ]
+    solution = _reweighted_least_squares(rows, columns, source)
     coefficients = [0.0] * len(PROFILE_TERMS)
     for j, value in zip(columns, solution, strict=True):
         coefficients[j] = value
@@ -447,6 +426,35 @@ def fit_profile(
             "in these terms over this range; measure the range the simulation runs, or check the samples"
         )
     return attrs.evolve(profile, max_error=errors[worst])
+
+
+def _reweighted_least_squares(
+    rows: Sequence[tuple[list[float], float]], columns: Sequence[int], source: str
+) -> list[float]:
+    """The coefficients of ``columns`` that fit ``rows`` (``(values, seconds)``) on the relative error."""
+    size = len(columns)
+    # weighted by 1 / seconds: relative residuals. Then twice more by 1 / the fit's own seconds:
+    # where a shape's steps scatter (a loaded machine), weighting by each step's own seconds
+    # counts its slow repeats least and puts the fit under their mean; weighted by the fit, the
+    # relative residuals average zero, so the fitted seconds sum to what the steps took
+    # (iteratively reweighted least squares). Steps on the fit are fitted the same either way.
+    weights = [1 / seconds for _, seconds in rows]
+    solution: list[float] = []
+    for _ in range(3):
+        normal = [[0.0] * (size + 1) for _ in range(size)]
+        for (values, seconds), weight in zip(rows, weights, strict=True):
+            x = [values[j] * weight for j in columns]
+            for i in range(size):
+                for j in range(size):
+                    normal[i][j] += x[i] * x[j]
+                normal[i][size] += x[i] * seconds * weight
+        solution = _solve(normal, source)
+        fitted = [sum(values[j] * c for j, c in zip(columns, solution, strict=True)) for values, _ in rows]
+        # a fit at or under zero for some step keeps that step's own weight
+        weights = [
+            1 / f if f > 0.1 * seconds else 1 / seconds for f, (_, seconds) in zip(fitted, rows, strict=True)
+        ]
+    return solution
 
 
 def _solve(matrix: list[list[float]], source: str) -> list[float]:
