@@ -322,57 +322,80 @@ def measure(
     samples: list[ProfileSample] = []
     for scenario in plan:
         if scenario.cold:
-            for k in range(repeats):
-                for step in engine.run(scenario.variant(k)):
-                    prefill, decode, context, pairs, requests = step.shape
-                    tokens = prefill + decode
-                    new = tokens not in seen
-                    seen.add(tokens)
-                    # a prompt chunk's step is kept when its token count is new to the engine
-                    # (cold, as serving's are), a decode step when it is not (warm, as serving's
-                    # decode widths are)
-                    if requests and new == bool(prefill):
-                        samples.append(
-                            ProfileSample(
-                                prefill_tokens=prefill,
-                                decode_requests=decode,
-                                context_tokens=context,
-                                attention_pairs=pairs,
-                                requests=requests,
-                                seconds=step.seconds,
-                            )
-                        )
+            samples += _cold_samples(engine, scenario, repeats, seen)
             if progress is not None:
                 progress(f"{scenario.name}: {repeats} variants, run once each")
             continue
-        runs = [note(engine.run(scenario)) for _ in range(repeats)]
-        shapes = [[step.shape for step in run] for run in runs]
-        if any(s != shapes[0] for s in shapes[1:]):
-            raise InvalidInputError(
-                f"scenario {scenario.name!r}: its {repeats} repeats scheduled different batches, so their "
-                "steps cannot be matched; profile with prefix caching off and nothing else running on "
-                "the engine"
-            )
-        for k, shape in enumerate(shapes[0]):
-            prefill, decode, context, pairs, requests = shape
-            if not requests:
-                continue
-            times = sorted(run[k].seconds for run in runs)
-            least = times[0]
-            kept = least if statistic == "least" else statistics.median(times)
-            samples.append(
-                ProfileSample(
-                    prefill_tokens=prefill,
-                    decode_requests=decode,
-                    context_tokens=context,
-                    attention_pairs=pairs,
-                    requests=requests,
-                    seconds=kept,
-                    spread=(times[-1] - least) / least if least > 0 else 0.0,
-                )
-            )
+        warm = _warm_samples([note(engine.run(scenario)) for _ in range(repeats)], scenario, statistic)
+        samples += warm
         if progress is not None:
-            progress(f"{scenario.name}: {len(shapes[0])} steps")
+            progress(f"{scenario.name}: {len(warm)} steps")
+    return samples
+
+
+def _cold_samples(
+    engine: StepEngine, scenario: Scenario, repeats: int, seen: set[int]
+) -> list[ProfileSample]:
+    """A cold scenario's samples: each variant run once, each kept step a sample of its own.
+
+    ``seen`` holds the token counts the engine has run (its warm shapes) and gains these steps'.
+    """
+    samples: list[ProfileSample] = []
+    for k in range(repeats):
+        for step in engine.run(scenario.variant(k)):
+            prefill, decode, context, pairs, requests = step.shape
+            tokens = prefill + decode
+            new = tokens not in seen
+            seen.add(tokens)
+            # a prompt chunk's step is kept when its token count is new to the engine (cold, as
+            # serving's are), a decode step when it is not (warm, as serving's decode widths are)
+            if requests and new == bool(prefill):
+                samples.append(
+                    ProfileSample(
+                        prefill_tokens=prefill,
+                        decode_requests=decode,
+                        context_tokens=context,
+                        attention_pairs=pairs,
+                        requests=requests,
+                        seconds=step.seconds,
+                    )
+                )
+    return samples
+
+
+def _warm_samples(runs: Sequence[list[TimedStep]], scenario: Scenario, statistic: str) -> list[ProfileSample]:
+    """A scenario's repeats matched step by step: a sample per step of the least (or median)
+    seconds and the repeats' spread.
+
+    Raises:
+        InvalidInputError: the repeats scheduled different batches.
+    """
+    shapes = [[step.shape for step in run] for run in runs]
+    if any(s != shapes[0] for s in shapes[1:]):
+        raise InvalidInputError(
+            f"scenario {scenario.name!r}: its {len(runs)} repeats scheduled different batches, so their "
+            "steps cannot be matched; profile with prefix caching off and nothing else running on "
+            "the engine"
+        )
+    samples: list[ProfileSample] = []
+    for k, shape in enumerate(shapes[0]):
+        prefill, decode, context, pairs, requests = shape
+        if not requests:
+            continue
+        times = sorted(run[k].seconds for run in runs)
+        least = times[0]
+        kept = least if statistic == "least" else statistics.median(times)
+        samples.append(
+            ProfileSample(
+                prefill_tokens=prefill,
+                decode_requests=decode,
+                context_tokens=context,
+                attention_pairs=pairs,
+                requests=requests,
+                seconds=kept,
+                spread=(times[-1] - least) / least if least > 0 else 0.0,
+            )
+        )
     return samples
 
 
