@@ -34,7 +34,7 @@ from hypothesis import reject, strategies as st
 from kvcore import dtypes as kv_dtypes
 from kvcore.dtypes import DType
 from kvcore.errors import InvalidInputError, KVCoreError, PolicyNotApplicableError
-from kvcore.plan import KVCachePlan
+from kvcore.plan import KVCacheGroup, KVCachePlan
 from kvcore.planning.capacity import request_bytes
 from kvcore.planning.planner import plan_kv_cache
 from kvcore.planning.registry import Registry
@@ -481,7 +481,7 @@ def hand_built_multi_pool_plans(
         context: the context the plan is sized for (default: 64 tokens, steps of 16).
         null_block: reserve block 0 of every pool (default: drawn).
     """
-    from kvcore.plan import KVCacheGroup, KVCachePool, KVCacheTensor
+    from kvcore.plan import KVCachePool, KVCacheTensor
 
     ctx = context if context is not None else SizingContext(max_model_len=64, max_num_batched_tokens=16)
     single_buffer = draw(st.sampled_from([True, True, True, False]))
@@ -494,16 +494,8 @@ def hand_built_multi_pool_plans(
     layer = 0
     for _ in range(draw(st.integers(2, max(2, max_pools)))):
         num_blocks = draw(st.integers(1, max_blocks))
-        pool_groups: list[list[tuple[str, KVCacheSpec]]] = []
-        for _ in range(draw(st.integers(1, 3))):
-            base = draw(source)
-            members: list[tuple[str, KVCacheSpec]] = [(f"model.layers.{layer}", base)]
-            layer += 1
-            for _ in range(draw(st.integers(0, 2))):
-                sibling = draw(st.one_of(st.just(base), page_siblings(base, registry=registry)))
-                members.append((f"model.layers.{layer}", sibling))
-                layer += 1
-            pool_groups.append(members)
+        pool_groups = _draw_pool_groups(draw, source, registry, first_layer=layer)
+        layer += sum(len(members) for members in pool_groups)
         # room for one request of ctx.max_model_len (and the null block): the plan check refuses
         # a plan that serves no request
         need = sum(members[0][1].max_num_blocks(ctx) for members in pool_groups) + int(reserve)
@@ -523,16 +515,7 @@ def hand_built_multi_pool_plans(
             else:
                 tensors.append(KVCacheTensor(size=num_blocks * width, page_stride=width, shared_by=names))
         bytes_per_block = stride if single_buffer else sum(width for _, width, _ in places)
-        for members in pool_groups:
-            first = members[0][1]
-            groups.append(
-                KVCacheGroup(
-                    layer_names=tuple(n for n, _ in members),
-                    spec=first,
-                    pool=p,
-                    layer_specs={n: s for n, s in members if s != first},
-                )
-            )
+        groups += _pool_groups_of(pool_groups, p)
         pools.append(KVCachePool(num_blocks=num_blocks, bytes_per_block=bytes_per_block, offset=start))
         offset = start + num_blocks * bytes_per_block
     return KVCachePlan(
@@ -545,6 +528,43 @@ def hand_built_multi_pool_plans(
         available_memory_bytes=sum(pool.nbytes for pool in pools),
         null_block=0 if reserve else None,
     )
+
+
+def _draw_pool_groups(
+    draw: st.DrawFn, source: st.SearchStrategy[KVCacheSpec], registry: Registry | None, *, first_layer: int
+) -> list[list[tuple[str, KVCacheSpec]]]:
+    """One to three groups of one pool, each a drawn spec and up to two of its page siblings,
+    named ``model.layers.{i}`` from ``first_layer`` on."""
+    layer = first_layer
+    pool_groups: list[list[tuple[str, KVCacheSpec]]] = []
+    for _ in range(draw(st.integers(1, 3))):
+        base = draw(source)
+        members: list[tuple[str, KVCacheSpec]] = [(f"model.layers.{layer}", base)]
+        layer += 1
+        for _ in range(draw(st.integers(0, 2))):
+            sibling = draw(st.one_of(st.just(base), page_siblings(base, registry=registry)))
+            members.append((f"model.layers.{layer}", sibling))
+            layer += 1
+        pool_groups.append(members)
+    return pool_groups
+
+
+def _pool_groups_of(
+    pool_groups: Sequence[Sequence[tuple[str, KVCacheSpec]]], pool: int
+) -> list[KVCacheGroup]:
+    """The groups of one pool: each group's first spec its own, a sibling's kept per layer."""
+    groups = []
+    for members in pool_groups:
+        first = members[0][1]
+        groups.append(
+            KVCacheGroup(
+                layer_names=tuple(n for n, _ in members),
+                spec=first,
+                pool=pool,
+                layer_specs={n: s for n, s in members if s != first},
+            )
+        )
+    return groups
 
 
 def _pool_row(

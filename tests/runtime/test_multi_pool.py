@@ -329,7 +329,14 @@ def _drive(plan: KVCachePlan, steps, caching: bool = False) -> None:
                 if hit:
                     event("a prefix hit in every pool")
                 tokens[request] = hit
-            pool.reserve(request, tokens[request])
+            try:
+                pool.reserve(request, tokens[request])
+            except BlockPoolExhaustedError:  # a state pool's slots are all held: not admitted
+                event("an arrival found a pool short")
+                if request in pool.requests:
+                    pool.free_request(request)  # its prefix hit goes back
+                del tokens[request]
+                continue
         elif kind in ("step", "truncate") and live:
             request, grow = live[a % len(live)], b
         elif kind == "finish" and live:
