@@ -154,8 +154,14 @@ def stand_in_executor(
     with timed(timings, "stand-in layers"):
         model = stand_in_model([*specs, *(kv_sharing or {})])
     return LocalExecutor(
-        model, args.device, registry=registry, specs=specs, kv_sharing=kv_sharing,
-        utilization=utilization, kv_cache_bytes=memory, zero=not args.no_zero,
+        model,
+        args.device,
+        registry=registry,
+        specs=specs,
+        kv_sharing=kv_sharing,
+        utilization=utilization,
+        kv_cache_bytes=memory,
+        zero=not args.no_zero,
     )
 
 

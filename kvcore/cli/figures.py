@@ -64,9 +64,7 @@ def save_figure(fig: Any, out: Path, *, what: str, dpi: int) -> Path:
 
 
 @contextmanager
-def line_panels(
-    out: Path, *, what: str, title: str, size: tuple[float, float]
-) -> Iterator[tuple[Any, Any]]:
+def line_panels(out: Path, *, what: str, title: str, size: tuple[float, float]) -> Iterator[tuple[Any, Any]]:
     """Two stacked panels sharing their x axis, for the caller to draw one line per plan into;
     when the ``with`` block ends they get one style (small ticks, a light grid, the legend of
     the top panel, ``title`` above) and the figure is written to ``out``

@@ -128,5 +128,3 @@ def with_draft_layers(
     (name,) = _draft_names(specs, donor, 1)
     out[name] = spec
     return out
-
-

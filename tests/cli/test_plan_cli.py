@@ -154,28 +154,59 @@ def test_map_flag_rejects_other_formats(run_cli, tmp_path):
 
 def test_serving_options_reach_the_plan(run_cli):
     status, out, _ = run_cli(
-        "plan", "--model", "ai21labs/AI21-Jamba-1.5-Mini", "--memory", "24GiB", "--max-model-len", "65536",
-        "--num-speculative-tokens", "2", "--json",
+        "plan",
+        "--model",
+        "ai21labs/AI21-Jamba-1.5-Mini",
+        "--memory",
+        "24GiB",
+        "--max-model-len",
+        "65536",
+        "--num-speculative-tokens",
+        "2",
+        "--json",
     )
     assert status == 0
     report = json.loads(out)
     assert report["context"]["num_speculative_tokens"] == 2
     status, out, _ = run_cli(
-        "plan", "--model", "deepseek-ai/DeepSeek-V3", "--memory", "80GiB", "--max-model-len", "8192",
-        "--speculative", "mtp",
+        "plan",
+        "--model",
+        "deepseek-ai/DeepSeek-V3",
+        "--memory",
+        "80GiB",
+        "--max-model-len",
+        "8192",
+        "--speculative",
+        "mtp",
     )
     assert status == 0 and "mla       62" in out
     status, out, _ = run_cli(
-        "plan", "--model", "openai/whisper-large-v3", "--memory", "8GiB", "--max-model-len", "448",
-        "--max-encoder-tokens", "3000",
+        "plan",
+        "--model",
+        "openai/whisper-large-v3",
+        "--memory",
+        "8GiB",
+        "--max-model-len",
+        "448",
+        "--max-encoder-tokens",
+        "3000",
     )
     assert status == 0 and "max_encoder_tokens=3000" in out
 
 
 def test_compare_shows_what_each_state_cache_mode_costs(run_cli):
     status, out, _ = run_cli(
-        "compare", "--model", "ai21labs/AI21-Jamba-1.5-Mini", "--memory", "24GiB", "--max-model-len", "65536",
-        "--policies", "shared_buffer", "--state-cache-modes", "none,align",
+        "compare",
+        "--model",
+        "ai21labs/AI21-Jamba-1.5-Mini",
+        "--memory",
+        "24GiB",
+        "--max-model-len",
+        "65536",
+        "--policies",
+        "shared_buffer",
+        "--state-cache-modes",
+        "none,align",
     )
     assert status == 0
     assert "state cache" in out
@@ -186,7 +217,14 @@ def test_compare_shows_what_each_state_cache_mode_costs(run_cli):
 def test_a_bad_state_cache_mode_is_an_argparse_error(run_cli):
     with pytest.raises(SystemExit) as exc:
         run_cli(
-            "plan", "--model", "ai21labs/AI21-Jamba-1.5-Mini", "--memory", "24GiB", "--max-model-len", "64",
-            "--state-cache-mode", "some",
+            "plan",
+            "--model",
+            "ai21labs/AI21-Jamba-1.5-Mini",
+            "--memory",
+            "24GiB",
+            "--max-model-len",
+            "64",
+            "--state-cache-mode",
+            "some",
         )
     assert exc.value.code == 2

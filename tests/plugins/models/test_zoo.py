@@ -50,7 +50,10 @@ LANGUAGE_MODEL = "model.language_model.layers.{i}.self_attn"
 EXPECTED = {
     # 32 layers; attention iff i % 8 == 4 -> 4, 12, 20, 28; heads 4096 // 32 = 128; 2*8*128*2 = 4096
     "ai21labs/AI21-Jamba-1.5-Mini": Expected(
-        split(32, "full_attention", [4, 12, 20, 28], "state"), 8, 128, 4096,
+        split(32, "full_attention", [4, 12, 20, 28], "state"),
+        8,
+        128,
+        4096,
         names={"full_attention": "model.layers.{i}.self_attn", "state": "model.layers.{i}.mamba"},
     ),
     # 61 MLA layers, latent 512 + 64 = 576 -> 576 * 2 = 1152 bytes per token
@@ -69,7 +72,10 @@ EXPECTED = {
     "meta-llama/Llama-3.2-1B": Expected({"full_attention": every(16)}, 8, 64, 2048),
     # 48 layers; NoPE (full) iff (i + 1) % 4 == 0 -> 3, 7, ..., 47 (12); 36 chunked(8192); 2*8*128*2
     "meta-llama/Llama-4-Scout-17B-16E-Instruct": Expected(
-        split(48, "full_attention", range(3, 48, 4), "chunked_local_attention(8192)"), 8, 128, 4096,
+        split(48, "full_attention", range(3, 48, 4), "chunked_local_attention(8192)"),
+        8,
+        128,
+        4096,
         names="language_model.model.layers.{i}.self_attn",
     ),
     "meta-llama/Meta-Llama-3-8B-Instruct": Expected({"full_attention": every(32)}, 8, 128, 4096),
@@ -85,7 +91,10 @@ EXPECTED = {
     # 4 tiles x ((560 // 14)^2 + 1) = 6404 image tokens, full attention elsewhere (32);
     # 4096 // 32 = 128; 2*8*128*2 = 4096
     "meta-llama/Llama-3.2-11B-Vision-Instruct": Expected(
-        split(40, "cross_attention(6404)", range(3, 40, 5), "full_attention"), 8, 128, 4096,
+        split(40, "cross_attention(6404)", range(3, 40, 5), "full_attention"),
+        8,
+        128,
+        4096,
         names={
             "full_attention": LANGUAGE_MODEL,
             "cross_attention(6404)": "model.language_model.layers.{i}.cross_attn",
@@ -94,7 +103,11 @@ EXPECTED = {
     # 32 decoder layers, each self attention (full) and cross attention over 1500 audio frames;
     # MHA 20 heads of 1280 // 20 = 64; float16: 2*20*64*2 = 5120
     "openai/whisper-large-v3": Expected(
-        {"full_attention": every(32), "cross_attention(1500)": every(32)}, 20, 64, 5120, dtype="float16",
+        {"full_attention": every(32), "cross_attention(1500)": every(32)},
+        20,
+        64,
+        5120,
+        dtype="float16",
         names={
             "full_attention": "model.decoder.layers.{i}.self_attn",
             "cross_attention(1500)": "model.decoder.layers.{i}.encoder_attn",
