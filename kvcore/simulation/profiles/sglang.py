@@ -550,33 +550,14 @@ class SglangSimulator(StepperState):
         if chunked is None and self._allocatable(len(running), []) <= 0:
             self._batch_full = True
             return None
-        page, swa = self.page, self.pools.swa_tokens > 0
+        page = self.page
         ratio = self.ratio
         budget = _Budget(self, ratio)
         rem_chunk = self.chunk
         admitted: list[tuple[int, int, Node | None]] = []  # request, extend, node it holds
         new_chunked: int | None = None
         if chunked is not None:
-            # add_chunked_req: what is left of the chunk budget and of the memory
-            rem = min(rem_chunk, int(budget.total()))
-            if swa:
-                rem = min(rem, int(budget.swa()) - page)  # <= 0: the chunk waits
-            elif rem <= 0:
-                rem = rem_chunk  # a lone chunk must progress to free its pages
-            # (and what the pool can give now: SGLang would run out of memory beyond it)
-            rem = min(rem, (budget.free() // page) * page)
-            if rem > 0:
-                cand = self._fill(chunked) - self._committed[chunked]
-                truncated = cand > rem
-                extend = min(cand, rem)
-                budget.reserve(
-                    extend, 0 if truncated else min(self._max_new[chunked], CLIP_MAX_NEW_TOKENS), rem_chunk
-                )
-                rem_chunk -= self._ceil(extend)
-                admitted.append((chunked, extend, None))
-                new_chunked = chunked if truncated else None
-            else:
-                new_chunked = chunked
+            rem_chunk, new_chunked = self._add_chunked(chunked, budget, rem_chunk, admitted)
         for r in list(waiting):
             if budget.state(rem_chunk) == _OTHER:
                 break
@@ -585,14 +566,7 @@ class SglangSimulator(StepperState):
                 break
             fill = self._fill(r)
             limit = (fill - 1) // page * page
-            host = 0
-            if self.caching and limit > 0:
-                if isinstance(self.tree, HiRadixTree):
-                    hit, node, host = self.tree.match_host(r, limit)
-                else:
-                    hit, node = self.tree.match(r, limit)
-            else:
-                hit, node = 0, None
+            hit, node, host = self._match_prefix(r, limit)
             if node is not None:
                 self.tree.lock(node)  # the prefix is not evictable while the request is judged
             max_new = min(max(self._max_new[r] - self._outputs[r], 0), CLIP_MAX_NEW_TOKENS)
@@ -633,6 +607,51 @@ class SglangSimulator(StepperState):
                 break
         if not admitted:
             return None
+        return self._run_prefill(step, admitted, chunked, new_chunked)
+
+    def _add_chunked(
+        self, chunked: int, budget: _Budget, rem_chunk: int, admitted: list[tuple[int, int, Node | None]]
+    ) -> tuple[int, int | None]:
+        """``add_chunked_req``: the chunked request's next chunk, within what is left of the chunk
+        budget and of the memory; returns the chunk budget left and the request still chunked."""
+        page = self.page
+        rem = min(rem_chunk, int(budget.total()))
+        if self.pools.swa_tokens > 0:
+            rem = min(rem, int(budget.swa()) - page)  # <= 0: the chunk waits
+        elif rem <= 0:
+            rem = rem_chunk  # a lone chunk must progress to free its pages
+        # (and what the pool can give now: SGLang would run out of memory beyond it)
+        rem = min(rem, (budget.free() // page) * page)
+        if rem <= 0:
+            return rem_chunk, chunked
+        cand = self._fill(chunked) - self._committed[chunked]
+        truncated = cand > rem
+        extend = min(cand, rem)
+        budget.reserve(
+            extend, 0 if truncated else min(self._max_new[chunked], CLIP_MAX_NEW_TOKENS), rem_chunk
+        )
+        admitted.append((chunked, extend, None))
+        return rem_chunk - self._ceil(extend), chunked if truncated else None
+
+    def _match_prefix(self, r: int, limit: int) -> tuple[int, Node | None, int]:
+        """``match_prefix``: the tokens of ``r``'s prompt cached (up to ``limit``), the node that
+        holds them, and of them the tokens only on the host (HiCache)."""
+        if not self.caching or limit <= 0:
+            return 0, None, 0
+        if isinstance(self.tree, HiRadixTree):
+            return self.tree.match_host(r, limit)
+        hit, node = self.tree.match(r, limit)
+        return hit, node, 0
+
+    def _run_prefill(
+        self,
+        step: int,
+        admitted: list[tuple[int, int, Node | None]],
+        chunked: int | None,
+        new_chunked: int | None,
+    ) -> list[tuple[int, int, int]]:
+        """The admitted requests leave the queue, take their pages and run their chunk."""
+        waiting, swa = self._waiting, self.pools.swa_tokens > 0
         taken = {r for r, _, _ in admitted}
         self._waiting = [r for r in waiting if r not in taken]
         batch: list[tuple[int, int, int]] = []
