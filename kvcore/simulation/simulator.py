@@ -252,44 +252,70 @@ class Simulator(StepperState):
         if self.done:
             return
         step = self.steps
-        arrival, waiting, running = self._arrival, self._waiting, self._running
-        count = len(arrival)
+        if not self._arrive(step):
+            return  # an idle stretch skipped
+        moved = self._host_bytes() if self._host_gpu is not None else (0, 0)
+        finishing: list[int] = []  # requests that sample their last token in this step
+        stale: list[int] = []  # requests whose new tokens free a page
+        # with a step-time model, what the step computed: decodes and the context they read;
+        # prefilling requests, their tokens, context and attention pairs
+        counts = [0, 0, 0, 0, 0, 0]
+        budget, preempted = self._schedule_running(step, finishing, stale, counts)
+        if not preempted:
+            budget = self._schedule_waiting(step, budget, finishing, stale, counts)
+        tokens = self.budget - budget
+        if tokens == 0:
+            stuck = self.requests[self._waiting[0]]
+            raise InvalidInputError(
+                f"{stuck.label} ({stuck.prompt_tokens} prompt + {stuck.output_tokens} output tokens) "
+                f"cannot get its pages even with the pool to itself ({_usable(self.plan)} block ids): "
+                "plan more blocks, or give a smaller max_num_batched_tokens"
+            )
+        self.total_tokens += tokens
+        self._end_step(step, finishing, stale, counts, moved)
+
+    def _arrive(self, step: int) -> bool:
+        """Queue the requests that have arrived by now; with nothing to run, skip the idle stretch
+        up to the next arrival instead and return ``False``."""
+        arrival, waiting = self._arrival, self._waiting
         upcoming = self._next
-        timed = self._step_time is not None
         now = self.clock if self._in_seconds else step
-        if not running and not waiting and arrival[upcoming] > now:
+        if not self._running and not waiting and arrival[upcoming] > now:
             if self._in_seconds:  # nothing to run: the clock jumps to the next arrival
                 self.clock = arrival[upcoming]
-                return
+                return False
             gap = int(arrival[upcoming]) - step
             self._running_series.extend_repeat(0, gap)
             self._usage_series.extend_repeat(0.0, gap)
-            if timed:  # an idle step runs nothing and takes no time
+            if self._step_time is not None:  # an idle step runs nothing and takes no time
                 self._step_end.extend([self.clock] * gap)
             self.steps += gap
-            return
+            return False
+        count = len(arrival)
         while upcoming < count and arrival[upcoming] <= now:
             if self._in_seconds:
                 self._queued[upcoming] = step
             waiting.append(upcoming)
             upcoming += 1
         self._next = upcoming
+        return True
 
-        pool = self.pool
-        reserve = pool.reserve
-        moved = self._host_bytes() if self._host_gpu is not None else (0, 0)
+    def _schedule_running(
+        self, step: int, finishing: list[int], stale: list[int], counts: list[int]
+    ) -> tuple[int, bool]:
+        """The running requests in order, each its next tokens within the budget, preempting the
+        latest running request while a reservation fails; returns the budget left and whether a
+        request was preempted."""
+        running = self._running
+        reserve = self.pool.reserve
         computed, known, end = self._computed, self._known, self._end
         grows, releases = self._grows, self._releases
+        junctions, token_step = self._junctions, self._token_step
+        timed = self._step_time is not None
         budget = self.budget
-        junctions = self._junctions
-        finishing: list[int] = []  # requests that sample their last token in this step
-        stale: list[int] = []  # requests whose new tokens free a page
         preempted = False
         victim = -1
-        # with a step-time model, what the step computed (a StepRecord) and who sampled a token:
-        # decodes and the context they read; prefilling requests, their tokens, context and pairs
         decodes = decode_context = prefills = prefill = prefill_context = pairs = 0
-        token_step = self._token_step
         # ``for`` over a list the loop pops from the end: CPython's iterator stops at the new end
         for r in running:
             if not budget:
@@ -335,58 +361,73 @@ class Simulator(StepperState):
                 known[r] = c + 1
             if new > 1 or releases[c]:
                 stale.append(r)
-        if not preempted:
-            first = self._first
-            prefixes = self._prefixes
-            while waiting and budget:
-                r = waiting[0]
-                hit = 0 if prefixes is None else pool.attach_prefix(r, prefixes[r], known[r])
-                new = known[r] - hit
-                if new > budget:
-                    new = budget
-                if junctions is not None and hit < junctions[r] < hit + new:  # end on the checkpoint
-                    new = junctions[r] - hit
-                try:
-                    reserve(r, hit + new)
-                except BlockPoolExhaustedError:
-                    if prefixes is not None:
-                        pool.free_request(r)  # attached: let go of its cached blocks
-                    break
-                waiting.popleft()
-                running.append(r)
-                budget -= new
-                if first[r] < 0:
-                    first[r] = step
-                self.cached_tokens += hit
-                if timed:
-                    if new == 1:
-                        decodes += 1
-                        decode_context += hit + 1
-                    else:
-                        prefills += 1
-                        prefill += new
-                        prefill_context += hit + new
-                        pairs += new * (hit + new) - new * (new - 1) // 2
-                new += hit
-                computed[r] = new
-                if new == known[r]:
-                    if timed and token_step[r] < 0:
-                        token_step[r] = step
-                    if new == end[r]:
-                        finishing.append(r)
-                        continue
-                    known[r] = new + 1
-                stale.append(r)
-        tokens = self.budget - budget
-        if tokens == 0:
-            stuck = self.requests[waiting[0]]
-            raise InvalidInputError(
-                f"{stuck.label} ({stuck.prompt_tokens} prompt + {stuck.output_tokens} output tokens) "
-                f"cannot get its pages even with the pool to itself ({_usable(self.plan)} block ids): "
-                "plan more blocks, or give a smaller max_num_batched_tokens"
-            )
-        self.total_tokens += tokens
+        if timed:
+            _add_counts(counts, decodes, decode_context, prefills, prefill, prefill_context, pairs)
+        return budget, preempted
+
+    def _schedule_waiting(
+        self, step: int, budget: int, finishing: list[int], stale: list[int], counts: list[int]
+    ) -> int:
+        """The waiting queue first come first served while the budget lasts, each taking its
+        prefix hit; returns the budget left."""
+        waiting, running, pool = self._waiting, self._running, self.pool
+        reserve = pool.reserve
+        computed, known, end = self._computed, self._known, self._end
+        junctions, token_step = self._junctions, self._token_step
+        first, prefixes = self._first, self._prefixes
+        timed = self._step_time is not None
+        decodes = decode_context = prefills = prefill = prefill_context = pairs = 0
+        while waiting and budget:
+            r = waiting[0]
+            hit = 0 if prefixes is None else pool.attach_prefix(r, prefixes[r], known[r])
+            new = known[r] - hit
+            if new > budget:
+                new = budget
+            if junctions is not None and hit < junctions[r] < hit + new:  # end on the checkpoint
+                new = junctions[r] - hit
+            try:
+                reserve(r, hit + new)
+            except BlockPoolExhaustedError:
+                if prefixes is not None:
+                    pool.free_request(r)  # attached: let go of its cached blocks
+                break
+            waiting.popleft()
+            running.append(r)
+            budget -= new
+            if first[r] < 0:
+                first[r] = step
+            self.cached_tokens += hit
+            if timed:
+                if new == 1:
+                    decodes += 1
+                    decode_context += hit + 1
+                else:
+                    prefills += 1
+                    prefill += new
+                    prefill_context += hit + new
+                    pairs += new * (hit + new) - new * (new - 1) // 2
+            new += hit
+            computed[r] = new
+            if new == known[r]:
+                if timed and token_step[r] < 0:
+                    token_step[r] = step
+                if new == end[r]:
+                    finishing.append(r)
+                    continue
+                known[r] = new + 1
+            stale.append(r)
+        if timed:
+            _add_counts(counts, decodes, decode_context, prefills, prefill, prefill_context, pairs)
+        return budget
+
+    def _end_step(
+        self, step: int, finishing: list[int], stale: list[int], counts: list[int], moved: tuple[int, int]
+    ) -> None:
+        """The step's time (with a step-time model) and series; then free what fell out of
+        windows and chunks, and the finished requests."""
+        pool, computed, end, running = self.pool, self._computed, self._end, self._running
         if self._step_time is not None:
+            decodes, decode_context, prefills, prefill, prefill_context, pairs = counts
             context = decode_context + prefill_context
             record = StepRecord(prefill, decodes, decodes + prefills, context, pairs + decode_context)
             moving = 0.0
@@ -400,7 +441,6 @@ class Simulator(StepperState):
                 self._finish_step[r] = step
         self._running_series.append(len(running))
         self._usage_series.append(self._usage())
-        # after the step: free what fell out of windows and chunks, and finished requests
         release = pool.release_stale
         for r in stale:
             release(r, computed[r])
@@ -550,3 +590,9 @@ def _default_pages(spec: KVCacheSpec, longest: int) -> bool:
     # a per-request state: one page from the first token on (the default rule for states)
     probes = ((0, 0), (1, 0), (1, 1), (2, 1), (longest, 0), (longest, longest - 1))
     return all(spec.live_pages(n, c) == range(1 if n > 0 else 0) for n, c in probes)
+
+
+def _add_counts(counts: list[int], *values: int) -> None:
+    """Add one loop's step-time counts to the step's (:meth:`Simulator.step`)."""
+    for index, value in enumerate(values):
+        counts[index] += value
