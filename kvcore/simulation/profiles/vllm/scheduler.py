@@ -151,20 +151,8 @@ class VllmSimulator(SteadyDecoders):
                 and done - in_flight[r] < free_at[r]
                 and (done + 1 if done < known[r] else known[r]) < cache_at[r]
             ):
-                granted = False
-                while True:
-                    # a decode with lazy hashing: the lean boundary call
-                    lean = new == 1 and self._lean_decode and self._lazy
-                    if self._allocate_decode(r) if lean else self._allocate(r, new, gate=False):
-                        granted = True
-                        break
-                    victim = running.pop()
-                    if victim == r and not running:  # it failed with the pool to itself
-                        self._check_alone(r)
-                    self._preempt(victim)
-                    preempted = True
-                    if victim == r:
-                        break
+                granted, preempted_now = self._allocate_or_preempt(r, new)
+                preempted = preempted or preempted_now
                 if not granted:
                     break
             scheduled[r] = new
@@ -175,46 +163,75 @@ class VllmSimulator(SteadyDecoders):
                 sampled.add(r)
                 placeholders[r] += lag
         if not preempted:
-            blocked, pools = self._blocked, self.pools
-            skipped: list[int] = []
-            while budget > 0 and waiting:
-                if len(running) >= profile.max_num_seqs:
-                    break
-                r = waiting[0]
-                if self._stale[r]:  # its in-flight output is not back yet
-                    skipped.append(waiting.popleft())
-                    continue
-                gate = blocked.get(r)
-                if (
-                    gate is not None
-                    and gate[1] == self._prefix_versions.get(self.requests[r].prefix_id, 0)
-                    and any(n > pool.free for n, pool in zip(gate[0], pools, strict=True))
-                ):
-                    break  # its admission gate fails as it did (see _blocked)
-                hit, blocks = self._find_hit(r) if self.caching else (0, None)
-                new = known[r] - hit
-                if 0 < threshold < new:
-                    new = threshold
-                new = min(new, budget)
-                if not self._allocate(r, new, gate=profile.reserve_full_isl, hit=hit, hit_blocks=blocks):
-                    break
-                waiting.popleft()
-                running.append(r)
-                blocked.pop(r, None)
-                self.cached_tokens += hit
-                self.looked_up_tokens += known[r]
-                self._status[r] = RUNNING
-                if self._first[r] < 0:
-                    self._first[r] = step
-                scheduled[r] = new
-                budget -= new
-                computed[r] = hit + new
-                in_flight[r] += new
-                if hit + new >= known[r] + placeholders[r]:  # the whole prompt: it samples
-                    sampled.add(r)
-                    placeholders[r] += lag
-            waiting.extendleft(reversed(skipped))
+            self._schedule_waiting(step, budget, threshold, scheduled, sampled)
         return scheduled, sampled
+
+    def _allocate_or_preempt(self, r: int, new: int) -> tuple[bool, bool]:
+        """``allocate_slots`` for running request ``r``, preempting the latest running request
+        while it fails; returns whether ``r`` got its slots and whether any was preempted."""
+        running = self._running
+        preempted = False
+        while True:
+            # a decode with lazy hashing: the lean boundary call
+            lean = new == 1 and self._lean_decode and self._lazy
+            if self._allocate_decode(r) if lean else self._allocate(r, new, gate=False):
+                return True, preempted
+            victim = running.pop()
+            if victim == r and not running:  # it failed with the pool to itself
+                self._check_alone(r)
+            self._preempt(victim)
+            preempted = True
+            if victim == r:
+                return False, True
+
+    def _schedule_waiting(
+        self, step: int, budget: int, threshold: int, scheduled: dict[int, int], sampled: set[int]
+    ) -> None:
+        """``schedule``'s second part: the waiting queue first come first served, each taking its
+        prefix hit, while the budget lasts and fewer than ``max_num_seqs`` run."""
+        profile, running, waiting = self.profile, self._running, self._waiting
+        known, placeholders = self._tokens, self._placeholders
+        in_flight, computed = self._in_flight, self._computed
+        lag = self.lag
+        blocked, pools = self._blocked, self.pools
+        skipped: list[int] = []
+        while budget > 0 and waiting:
+            if len(running) >= profile.max_num_seqs:
+                break
+            r = waiting[0]
+            if self._stale[r]:  # its in-flight output is not back yet
+                skipped.append(waiting.popleft())
+                continue
+            gate = blocked.get(r)
+            if (
+                gate is not None
+                and gate[1] == self._prefix_versions.get(self.requests[r].prefix_id, 0)
+                and any(n > pool.free for n, pool in zip(gate[0], pools, strict=True))
+            ):
+                break  # its admission gate fails as it did (see _blocked)
+            hit, blocks = self._find_hit(r) if self.caching else (0, None)
+            new = known[r] - hit
+            if 0 < threshold < new:
+                new = threshold
+            new = min(new, budget)
+            if not self._allocate(r, new, gate=profile.reserve_full_isl, hit=hit, hit_blocks=blocks):
+                break
+            waiting.popleft()
+            running.append(r)
+            blocked.pop(r, None)
+            self.cached_tokens += hit
+            self.looked_up_tokens += known[r]
+            self._status[r] = RUNNING
+            if self._first[r] < 0:
+                self._first[r] = step
+            scheduled[r] = new
+            budget -= new
+            computed[r] = hit + new
+            in_flight[r] += new
+            if hit + new >= known[r] + placeholders[r]:  # the whole prompt: it samples
+                sampled.add(r)
+                placeholders[r] += lag
+        waiting.extendleft(reversed(skipped))
 
     def _time_step(self, step: int, scheduled: dict[int, int]) -> None:
         """Describe the step as a :class:`~kvcore.simulation.steps.StepRecord` (its tokens are
