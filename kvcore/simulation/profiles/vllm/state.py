@@ -149,6 +149,14 @@ class VllmState(StepperState):
             warn_unhit_chunks(plan, unhit[0])
         self.pools = [Pool(plan.usable_blocks_in(p)) for p in range(len(plan.pools))]
         self.caching = prefix_caching
+        self._init_classes(prefix_caching)
+        self._init_hits(prefix_caching)
+        count = len(self.requests)
+        self._start(workload, step_time, profile.name)
+        self._init_requests(count)
+
+    def _init_classes(self, prefix_caching: bool) -> None:
+        """The groups' classes (groups of one spec) and what is worked out once per class."""
         # groups of one spec have tables of one shape in every request (lengths, null blocks,
         # blocks hashed): what depends on the shape alone is worked out once per class
         # (equal_groups on Gemma-3-27B: 31 groups, 2 classes)
@@ -211,6 +219,10 @@ class VllmState(StepperState):
             )
             for c, (g, _) in enumerate(self._classes)
         ]
+
+    def _init_hits(self, prefix_caching: bool) -> None:
+        """What a cache lookup reads (the attention types, hash block, lazy hashing) and the
+        block pool's hash and run tables."""
         # cache hits: the attention types as (window, chunk, groups), full attention first
         # (vLLM's tighter first bound)
         self._hit_types: list[tuple[int, int, list[int]]] = []
@@ -260,8 +272,9 @@ class VllmState(StepperState):
         self._run_of: dict[int, int] = {}
         self._next_run = 0
         self._next_id = 0
-        count = len(self.requests)
-        self._start(workload, step_time, profile.name)
+
+    def _init_requests(self, count: int) -> None:
+        """Each request's counts, tables and scheduling state, all at their start."""
         self._tokens = [r.prompt_tokens for r in self.requests]  # vLLM's num_tokens
         self._total = [r.total_tokens for r in self.requests]
         self._computed = [0] * count
