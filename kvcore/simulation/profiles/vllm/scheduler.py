@@ -86,27 +86,19 @@ class VllmSimulator(SteadyDecoders):
         else in the step reads its counts: its tokens are computed and in flight, and it
         samples a token when its chunk reaches its end (then, async, it holds a placeholder).
         """
-        profile = self.profile
         running, waiting = self._running, self._waiting
         computed, known, placeholders = self._computed, self._tokens, self._placeholders
-        budget = self.budget
-        limit = self.max_model_len
-        threshold = profile.long_prefill_token_threshold if len(running) + len(waiting) > 1 else 0
-        scheduled: dict[int, int] = {}
-        preempted = False
+        budget, limit, lag, until = self.budget, self.max_model_len, self.lag, self._until
+        threshold = self.profile.long_prefill_token_threshold if len(running) + len(waiting) > 1 else 0
         total, in_flight = self._total, self._in_flight
         quiet, free_at, cache_at = self._quiet, self._free_at, self._cache_at
+        scheduled: dict[int, int] = {}
         sampled: set[int] = set()
-        add = sampled.add
-        lag = self.lag
-        until = self._until
+        add, preempted = sampled.add, False
         # why a for loop: a preemption pops only requests after this one (or this one, then breaks)
         for r in running:
             if budget <= 0:
-                if self._steady:  # the steady decoders from here on did not run
-                    for held in running[running.index(r) :]:
-                        if until[held]:
-                            self._settle(held, step)
+                self._settle_from(r, step)
                 break
             if until[r]:
                 if until[r] > step:  # a steady decoder: one token, counted (see _join_steady)
@@ -165,6 +157,14 @@ class VllmSimulator(SteadyDecoders):
         if not preempted:
             self._schedule_waiting(step, budget, threshold, scheduled, sampled)
         return scheduled, sampled
+
+    def _settle_from(self, r: int, step: int) -> None:
+        """The steady decoders from running request ``r`` on did not run in this step: settle them."""
+        if self._steady:
+            running, until = self._running, self._until
+            for held in running[running.index(r) :]:
+                if until[held]:
+                    self._settle(held, step)
 
     def _allocate_or_preempt(self, r: int, new: int) -> tuple[bool, bool]:
         """``allocate_slots`` for running request ``r``, preempting the latest running request
