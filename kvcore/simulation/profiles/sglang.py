@@ -357,16 +357,7 @@ class SglangSimulator(StepperState):
         #: the Mamba pool's slots and those free: a running request holds one
         self.mamba_slots = self.mamba_free = pools.mamba_slots
         if pools.mamba_slots:
-            if prefix_caching:
-                raise InvalidInputError(
-                    "prefix caching on a Mamba hybrid: the sglang profile does not model SGLang's "
-                    "MambaRadixCache (states cached in the tree, three slots a running request); replay "
-                    "without prefix caching (prefix_caching=False, as SGLang's disable_radix_cache), or with "
-                    "the 'kvcore' profile (scheduler='kvcore')"
-                )
-            # resolve_max_num_reqs: running requests capped at the slots over the slots each
-            # holds (MAMBA_STATE_PER_REQ_NO_CACHE = 1 without the radix cache)
-            self.max_running = min(self.max_running, pools.mamba_slots)
+            self._check_mamba_pool(prefix_caching)
         init = min(INIT_NEW_TOKEN_RATIO * profile.schedule_conservativeness, 1.0)
         self.ratio_min = min(init * MIN_NEW_TOKEN_RATIO_FACTOR, 1.0)
         self.ratio_decay = (init - self.ratio_min) / NEW_TOKEN_RATIO_DECAY_STEPS
@@ -380,25 +371,7 @@ class SglangSimulator(StepperState):
         self.caching = prefix_caching
         requests = self.requests
         count = len(requests)
-        # tokens every request with the same prefix_id shares: the prefix's whole pages
-        self._shared = [r.prefix_tokens // page * page if r.prefix_id is not None else 0 for r in requests]
-        prefix_ids = [r.prefix_id for r in requests]
-        shared = self._shared
-
-        def identity(r: int, i: int) -> Hashable:
-            return ("p", prefix_ids[r], i) if i < shared[r] else (r, i)
-
-        def common(a: int, b: int) -> int:
-            if prefix_ids[a] is None or prefix_ids[a] != prefix_ids[b]:
-                return 0
-            return min(shared[a], shared[b])
-
-        self.host_tokens = self._host_tokens(plan, pools)
-        self.tree: RadixTree = (
-            HiRadixTree(identity, common, self._tree_freed, host_tokens=self.host_tokens, page=page)
-            if self.host_tokens
-            else RadixTree(identity, common, self._tree_freed)
-        )
+        self.tree = self._radix_tree(plan, pools)
         #: HiCache: lookups that loaded a host hit back, and the tokens they loaded
         self.host_hits = self.host_hit_tokens = 0
         self._prompt = [r.prompt_tokens for r in requests]
@@ -421,6 +394,45 @@ class SglangSimulator(StepperState):
         self._batch_full = False
         self._start(workload, step_time, profile.name)
         self._next = 0
+
+    def _check_mamba_pool(self, prefix_caching: bool) -> None:
+        """A Mamba hybrid's pool: refused with prefix caching; running requests capped at its slots.
+
+        Raises:
+            InvalidInputError: prefix caching on (SGLang's MambaRadixCache is not modelled).
+        """
+        if prefix_caching:
+            raise InvalidInputError(
+                "prefix caching on a Mamba hybrid: the sglang profile does not model SGLang's "
+                "MambaRadixCache (states cached in the tree, three slots a running request); replay "
+                "without prefix caching (prefix_caching=False, as SGLang's disable_radix_cache), or with "
+                "the 'kvcore' profile (scheduler='kvcore')"
+            )
+        # resolve_max_num_reqs: running requests capped at the slots over the slots each
+        # holds (MAMBA_STATE_PER_REQ_NO_CACHE = 1 without the radix cache)
+        self.max_running = min(self.max_running, self.pools.mamba_slots)
+
+    def _radix_tree(self, plan: KVCachePlan, pools: SglangPools) -> RadixTree:
+        """The radix cache (HiCache's, with a host tier): a request's tokens named by its shared
+        prefix's whole pages, else by the request."""
+        page, requests = self.page, self.requests
+        # tokens every request with the same prefix_id shares: the prefix's whole pages
+        self._shared = [r.prefix_tokens // page * page if r.prefix_id is not None else 0 for r in requests]
+        prefix_ids = [r.prefix_id for r in requests]
+        shared = self._shared
+
+        def identity(r: int, i: int) -> Hashable:
+            return ("p", prefix_ids[r], i) if i < shared[r] else (r, i)
+
+        def common(a: int, b: int) -> int:
+            if prefix_ids[a] is None or prefix_ids[a] != prefix_ids[b]:
+                return 0
+            return min(shared[a], shared[b])
+
+        self.host_tokens = self._host_tokens(plan, pools)
+        if self.host_tokens:
+            return HiRadixTree(identity, common, self._tree_freed, host_tokens=self.host_tokens, page=page)
+        return RadixTree(identity, common, self._tree_freed)
 
     def _host_tokens(self, plan: KVCachePlan, pools: SglangPools) -> int:
         """HiCache's host pool, in tokens: the plan's host tier of the full pool
