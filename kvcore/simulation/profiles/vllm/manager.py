@@ -196,28 +196,7 @@ class KVCacheManager(PrefixCache):
         """``remove_skipped_blocks`` of every windowed group: free the pages before the window,
         last first."""
         groups = self.groups
-        by_class: dict[int, tuple[int, int]] = {}  # class -> (pages before the window, first held)
-        for c, (g, _) in enumerate(self._classes):
-            group, table = groups[g], tables[g]
-            if not group.windowed:
-                continue
-            skipped = min(group.spec.first_retained_token(processed) // group.tokens_per_page, len(table))
-            if not skipped or table[skipped - 1] is None:  # every member has freed them
-                continue
-            if self.caching:
-                low = skipped - 1  # the lowest page still held: the same in every member
-                while low > 0 and table[low - 1] is not None:
-                    low -= 1
-                by_class[c] = (skipped, low)
-                continue
-            count = 0  # without caching: the class's one table (see _allocate)
-            for i in range(skipped - 1, -1, -1):
-                if table[i] is None:
-                    break
-                table[i] = None
-                count += 1
-            for p, span in self._class_spans[c]:
-                self.pools[p].uncached += count * span
+        by_class = self._skipped_by_class(tables, processed)
         if not by_class:
             return
         hashed = self._hashed[r]
@@ -274,6 +253,35 @@ class KVCacheManager(PrefixCache):
             self._release(r, g, held, skipped - 1, live=True, window=True)
         if batch:
             self._queue_pending(r, tuple(batch), batch_key[2] - 1, batch_key[2] - batch_key[3])
+
+    def _skipped_by_class(self, tables: list[list[int | None]], processed: int) -> dict[int, tuple[int, int]]:
+        """Per windowed class with pages before its window still held: (pages before the window,
+        first held page). Without caching those pages are freed here at once, and no class is
+        returned for it."""
+        groups = self.groups
+        by_class: dict[int, tuple[int, int]] = {}  # class -> (pages before the window, first held)
+        for c, (g, _) in enumerate(self._classes):
+            group, table = groups[g], tables[g]
+            if not group.windowed:
+                continue
+            skipped = min(group.spec.first_retained_token(processed) // group.tokens_per_page, len(table))
+            if not skipped or table[skipped - 1] is None:  # every member has freed them
+                continue
+            if self.caching:
+                low = skipped - 1  # the lowest page still held: the same in every member
+                while low > 0 and table[low - 1] is not None:
+                    low -= 1
+                by_class[c] = (skipped, low)
+                continue
+            count = 0  # without caching: the class's one table (see _allocate)
+            for i in range(skipped - 1, -1, -1):
+                if table[i] is None:
+                    break
+                table[i] = None
+                count += 1
+            for p, span in self._class_spans[c]:
+                self.pools[p].uncached += count * span
+        return by_class
 
     def _free(self, r: int, *, live: bool) -> None:
         """``KVCacheManager.free``: every group's pages, group by group, tail first (``live``:
