@@ -31,45 +31,16 @@ class LeanPaths(KVCacheManager):
         before anything changed; pages that may be hashed or held by another request are freed
         by :meth:`_remove_skipped`.
         """
-        tables, hashed = self._tables[r], self._hashed[r]
-        compact = self._compact[r]
-        own_from = self._exposed_to[r]
-        computed = self._computed[r]
-        processed = computed - self._in_flight[r]
-        if processed < 0:
-            processed = 0
-        freeing: dict[int, tuple[int, int]] = {}  # class -> (pages before the window, first held)
-        exposed = False  # some page freed may be hashed or held by another request
-        # short of _note_events' next free no window frees a page: the loop is skipped
-        classes = self._decode_classes
-        windows = classes if processed >= self._free_at[r] else ()
-        for c, (g, per_page, first_retained, _, _) in enumerate(windows):
-            if first_retained is None:
-                continue
-            table = tables[g]
-            skipped = first_retained(processed) // per_page
-            if skipped > len(table):
-                skipped = len(table)
-            if not skipped or table[skipped - 1] is None:  # freed already
-                continue
-            if skipped > hashed[c]:  # released one by one: the full path materialises
+        tables, compact, computed = self._tables[r], self._compact[r], self._computed[r]
+        processed = max(computed - self._in_flight[r], 0)
+        freeing: dict[int, tuple[int, int]] = {}
+        # short of _note_events' next free no window frees a page: nothing to look at
+        if processed >= self._free_at[r]:
+            found = self._lean_window_free(r, tables, processed)
+            if found is None:  # released one by one: the full path materialises
                 return self._allocate(r, 1, gate=False)
-            low = skipped - 1  # freed pages lead a table: walk down to the first held
-            while low > 0 and table[low - 1] is not None:
-                low -= 1
-            if not compact and low * per_page < own_from:
-                exposed = True
-            freeing[c] = (skipped, low)
-        if exposed:  # some pages one by one: _remove_skipped's own order
-            self._remove_skipped(r, tables, processed)
-        elif freeing:  # _remove_skipped's own case: each class's pages as runs, group by group
-            for c, (skipped, low) in freeing.items():
-                for g in (self._classes[c][0],) if compact else self._classes[c][1]:
-                    tables[g][low:skipped] = repeat(None, skipped - low)
-            for c, members in self._window_segments:
-                if c in freeing:
-                    skipped, low = freeing[c]
-                    self._queue_pending(r, members, skipped - 1, skipped - low)
+            freeing = found
+        classes = self._decode_classes
         slots = computed + 1
         pools = self.pools
         need = [0] * len(pools)  # block ids to allocate (_to_allocate)
@@ -117,23 +88,68 @@ class LeanPaths(KVCacheManager):
                     self._next_id = first + count
                     table.extend(range(first, first + count))
         grew = bool(grown)
-        known = self._tokens[r]
-        tokens = slots if slots < known else known
-        tokens -= tokens % self._align
-        # below the next block to cache (_note_events' bound) _cache_blocks hashes nothing
-        cached = tokens >= self._cache_at[r]
-        if cached:
-            if self.requests[r].prefix_tokens:
-                self._cache_blocks(r, tokens)  # (materialising keeps the tables' shape)
-            else:  # no shared prefix: lazy hashing only counts the full blocks (_cache_blocks)
-                for c, (_, per_page, _, _, hashes) in enumerate(self._decode_classes):
-                    if hashes and tokens // per_page > hashed[c]:
-                        hashed[c] = tokens // per_page
+        cached = self._lean_cache(r, slots)
         # what did not change keeps its bound (a cache bound may be stale-low after
         # _update_from_output's caching, so it is noted again whenever it was reached)
         if grew or freeing or cached:
             self._note_events(r, grew=grew, freed=bool(freeing), cached=cached)
         return True
+
+    def _lean_cache(self, r: int, slots: int) -> bool:
+        """The blocks to cache of :meth:`_allocate_decode` (``_cache_blocks``); whether its
+        bound was reached."""
+        known = self._tokens[r]
+        tokens = slots if slots < known else known
+        tokens -= tokens % self._align
+        # below the next block to cache (_note_events' bound) _cache_blocks hashes nothing
+        if tokens < self._cache_at[r]:
+            return False
+        if self.requests[r].prefix_tokens:
+            self._cache_blocks(r, tokens)  # (materialising keeps the tables' shape)
+        else:  # no shared prefix: lazy hashing only counts the full blocks (_cache_blocks)
+            hashed = self._hashed[r]
+            for c, (_, per_page, _, _, hashes) in enumerate(self._decode_classes):
+                if hashes and tokens // per_page > hashed[c]:
+                    hashed[c] = tokens // per_page
+        return True
+
+    def _lean_window_free(
+        self, r: int, tables: list[list[int | None]], processed: int
+    ) -> dict[int, tuple[int, int]] | None:
+        """The window's free of :meth:`_allocate_decode`: per class, (pages before the window,
+        first held) of the pages it freed; ``None`` (nothing changed) where a page above the
+        hashed count must go one by one (the full path's)."""
+        hashed, compact, own_from = self._hashed[r], self._compact[r], self._exposed_to[r]
+        freeing: dict[int, tuple[int, int]] = {}  # class -> (pages before the window, first held)
+        exposed = False  # some page freed may be hashed or held by another request
+        for c, (g, per_page, first_retained, _, _) in enumerate(self._decode_classes):
+            if first_retained is None:
+                continue
+            table = tables[g]
+            skipped = first_retained(processed) // per_page
+            if skipped > len(table):
+                skipped = len(table)
+            if not skipped or table[skipped - 1] is None:  # freed already
+                continue
+            if skipped > hashed[c]:  # released one by one: the full path materialises
+                return None
+            low = skipped - 1  # freed pages lead a table: walk down to the first held
+            while low > 0 and table[low - 1] is not None:
+                low -= 1
+            if not compact and low * per_page < own_from:
+                exposed = True
+            freeing[c] = (skipped, low)
+        if exposed:  # some pages one by one: _remove_skipped's own order
+            self._remove_skipped(r, tables, processed)
+        elif freeing:  # _remove_skipped's own case: each class's pages as runs, group by group
+            for c, (skipped, low) in freeing.items():
+                for g in (self._classes[c][0],) if compact else self._classes[c][1]:
+                    tables[g][low:skipped] = repeat(None, skipped - low)
+            for c, members in self._window_segments:
+                if c in freeing:
+                    skipped, low = freeing[c]
+                    self._queue_pending(r, members, skipped - 1, skipped - low)
+        return freeing
 
     def _free(self, r: int, *, live: bool) -> None:
         """:meth:`~kvcore.simulation.profiles.vllm.manager.KVCacheManager._free`, with the usual
