@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 
 import pytest
@@ -109,3 +110,15 @@ def one_intra_op_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture
+def frozen_heap():
+    """The objects alive when the test starts moved out of the collector's sight for its length
+    (``gc.freeze``): transformers' continuous batching runs ``gc.collect()`` twice each time its
+    manager stops, and a full collection walks every object a worker holds (torch, transformers,
+    the modules and plans of the tests run before), about 0.25 s each; what the test itself
+    makes is still collected."""
+    gc.freeze()
+    yield
+    gc.unfreeze()

@@ -35,7 +35,9 @@ def tiny_llama(tmp_path_factory):
     return path
 
 
-def test_profile_times_transformers_continuous_batching_and_writes_a_profile(run_cli, tiny_llama, tmp_path):
+def test_profile_times_transformers_continuous_batching_and_writes_a_profile(
+    run_cli, tiny_llama, tmp_path, frozen_heap
+):
     logging.getLogger("ContinuousBatchingLogger").setLevel(logging.CRITICAL)
     out = tmp_path / "steps.jsonl"
     status, stdout, stderr = run_cli(

@@ -90,7 +90,7 @@ def test_initialize_kv_caches_profiles_plans_allocates_binds_and_warms_up(toy_re
     assert "max concurrency" in caplog.text and "KV cache budget" in caplog.text
 
 
-def test_the_real_host_probe_drives_the_same_workflow(toy_registry):
+def test_the_real_host_probe_drives_the_same_workflow(toy_registry, frozen_heap):  # it collects garbage
     model = ToyModel()
     share = 16 * MiB / HostMemory().sample().free_bytes
     executor = LocalExecutor(

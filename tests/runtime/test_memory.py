@@ -135,7 +135,7 @@ def test_profile_renders_every_figure():
     assert isinstance(profile, MemoryProfile) and text.startswith("memory on cuda:0")
 
 
-def test_the_real_host_probe_sees_a_profile_run_grow_the_resident_set():
+def test_the_real_host_probe_sees_a_profile_run_grow_the_resident_set(frozen_heap):  # it collects garbage
     size = 64 * 2**20
     profile = determine_available_memory(
         "cpu", utilization=0.5, profile_fn=lambda: torch.ones(size, dtype=torch.uint8)

@@ -13,6 +13,9 @@ from kvcore import LocalExecutor, Registry, get_plugin_manager, initialize_kv_ca
 from kvcore.runtime.allocation import allocation_sizes, empty_bytes
 from tests.runtime._kinds import ToyAttention, ToyAttentionPlugin, ToyModel
 
+#: release() and the buffer counts here collect garbage: the heap the worker holds is frozen for them
+pytestmark = pytest.mark.usefixtures("frozen_heap")
+
 MiB = 2**20
 
 

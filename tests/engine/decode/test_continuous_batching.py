@@ -39,6 +39,9 @@ MAX_BATCH_TOKENS = 16
 #: What the runs here share: no flash kernels or graphs on the CPU.
 CPU = {"auto_switch_to_flash": False, "use_cuda_graph": False}
 
+#: each ``generate_batch`` ends in two full collections: the heap the worker holds is frozen for them
+pytestmark = pytest.mark.usefixtures("frozen_heap")
+
 
 @pytest.fixture(autouse=True)
 def quiet():
