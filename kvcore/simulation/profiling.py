@@ -343,23 +343,15 @@ def _cold_samples(
     samples: list[ProfileSample] = []
     for k in range(repeats):
         for step in engine.run(scenario.variant(k)):
-            prefill, decode, context, pairs, requests = step.shape
+            shape = step.shape  # computed from the step's requests: read once
+            prefill, decode, _, _, requests = shape
             tokens = prefill + decode
             new = tokens not in seen
             seen.add(tokens)
             # a prompt chunk's step is kept when its token count is new to the engine (cold, as
             # serving's are), a decode step when it is not (warm, as serving's decode widths are)
             if requests and new == bool(prefill):
-                samples.append(
-                    ProfileSample(
-                        prefill_tokens=prefill,
-                        decode_requests=decode,
-                        context_tokens=context,
-                        attention_pairs=pairs,
-                        requests=requests,
-                        seconds=step.seconds,
-                    )
-                )
+                samples.append(_sample(shape, step.seconds))
     return samples
 
 
@@ -379,24 +371,30 @@ def _warm_samples(runs: Sequence[list[TimedStep]], scenario: Scenario, statistic
         )
     samples: list[ProfileSample] = []
     for k, shape in enumerate(shapes[0]):
-        prefill, decode, context, pairs, requests = shape
-        if not requests:
+        if not shape[4]:  # no request ran
             continue
         times = sorted(run[k].seconds for run in runs)
         least = times[0]
         kept = least if statistic == "least" else statistics.median(times)
-        samples.append(
-            ProfileSample(
-                prefill_tokens=prefill,
-                decode_requests=decode,
-                context_tokens=context,
-                attention_pairs=pairs,
-                requests=requests,
-                seconds=kept,
-                spread=(times[-1] - least) / least if least > 0 else 0.0,
-            )
-        )
+        samples.append(_sample(shape, kept, spread=(times[-1] - least) / least if least > 0 else 0.0))
     return samples
+
+
+def _sample(
+    shape: tuple[int, int, int, int, int], seconds: float, *, spread: float | None = None
+) -> ProfileSample:
+    """The sample of a step of ``shape`` (prefill tokens, decode requests, context tokens,
+    attention pairs, requests) that took ``seconds``; ``spread`` is ``None`` for a step run once."""
+    prefill, decode, context, pairs, requests = shape
+    return ProfileSample(
+        prefill_tokens=prefill,
+        decode_requests=decode,
+        context_tokens=context,
+        attention_pairs=pairs,
+        requests=requests,
+        seconds=seconds,
+        spread=spread,
+    )
 
 
 def _kind(sample: ProfileSample) -> str:
