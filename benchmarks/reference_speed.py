@@ -20,6 +20,7 @@ import argparse
 import time
 
 import attrs
+from _speed_workload import MAX_MODEL_LEN, speed_workload
 
 from kvcore.errors import KVCoreError
 from kvcore.frontends.hf_config import model_layer_specs
@@ -29,28 +30,12 @@ from kvcore.planning.planner import plan_kv_cache
 from kvcore.planning.registry import Registry
 from kvcore.simulation.result import SimulationResult
 from kvcore.simulation.simulator import simulate
-from kvcore.simulation.workload import Workload, parse_length, synthetic
+from kvcore.simulation.workload import Workload
 from kvcore.spec import SizingContext
 
 MODEL = "google/gemma-3-27b-it"
 FALLBACK_MODEL = "meta-llama/Llama-3.1-8B"
-MAX_MODEL_LEN = 32768
 MEMORY = 80 * 2**30
-RATE = 0.6
-
-
-def _workload(count: int, shared: bool) -> Workload:
-    prompt, output = parse_length("lognormal:1024:1.0"), parse_length("lognormal:200:1.0")
-    return synthetic(
-        count,
-        prompt,
-        output,
-        rate=RATE,
-        seed=0,
-        max_model_len=MAX_MODEL_LEN,
-        prefix_share=0.5 if shared else 0.0,
-        prefix_tokens=512 if shared else 0,
-    )
 
 
 def _run(
@@ -69,7 +54,7 @@ def main() -> None:
     args = parser.parse_args()
     registry = Registry.from_plugin_manager(get_plugin_manager(autoload=False))
     context = SizingContext(max_model_len=MAX_MODEL_LEN)
-    workload = _workload(args.count, args.shared_prefix)
+    workload = speed_workload(args.count, args.shared_prefix)
     shared = ", half sharing a 512-token prefix" if args.shared_prefix else ""
     print(f"{MODEL}, 80 GiB, max_model_len {MAX_MODEL_LEN:,}; {args.count:,} requests{shared}\n")
     header = f"{'policy':<14} {'groups':>6} {'caching':<7} {'fast s':>8} {'reference s':>11} {'ratio':>6}"

@@ -33,6 +33,8 @@ from __future__ import annotations
 import argparse
 import time
 
+from _speed_workload import MAX_MODEL_LEN, speed_workload
+
 from kvcore.errors import KVCoreError
 from kvcore.frontends.hf_config import load_model_config, model_layer_specs
 from kvcore.plan import KVCachePlan
@@ -42,16 +44,13 @@ from kvcore.planning.registry import Registry
 from kvcore.simulation.gpus import find_gpu
 from kvcore.simulation.simulator import simulate
 from kvcore.simulation.timing import roofline
-from kvcore.simulation.workload import Workload, parse_length, synthetic
+from kvcore.simulation.workload import Workload
 from kvcore.spec import KVCacheSpec, SizingContext
 
 MODEL = "google/gemma-3-27b-it"
 #: For a policy that refuses Gemma-3's mixed layers (``uniform``): a model of one layer kind.
 FALLBACK_MODEL = "meta-llama/Llama-3.1-8B"
-MAX_MODEL_LEN = 32768
 MEMORY = 80 * 2**30
-#: Requests per step: about what the plans serve at this mix (the queue neither empties nor grows).
-RATE = 0.6
 TARGET_SECONDS = 30.0
 TARGET_REQUESTS = 100_000
 #: The shared-prefix headline: Gemma-3-27B equal_groups at 16 GiB, 20,000 requests, < 8 s.
@@ -60,21 +59,6 @@ SHARED_MEMORY = 16 * 2**30
 SHARED_REQUESTS = 20_000
 SHARED_TARGET_SECONDS = 8.0
 PROFILES = ("vllm", "kvcore")
-
-
-def _workload(count: int, shared: bool = False) -> Workload:
-    """The requests; with ``shared``, half of them lead with one 512-token prefix."""
-    prompt, output = parse_length("lognormal:1024:1.0"), parse_length("lognormal:200:1.0")
-    return synthetic(
-        count,
-        prompt,
-        output,
-        rate=RATE,
-        seed=0,
-        max_model_len=MAX_MODEL_LEN,
-        prefix_share=0.5 if shared else 0.0,
-        prefix_tokens=512 if shared else 0,
-    )
 
 
 def _seconds(plan: KVCachePlan, workload: Workload, profile: str, caching: bool) -> float:
@@ -103,7 +87,7 @@ def main() -> None:
     if args.shared_only:
         _shared(registry, specs, fallback, context, policies, counts, args.headline_count)
         return
-    workloads = {count: _workload(count) for count in counts}
+    workloads = {count: speed_workload(count) for count in counts}
     print(f"{MODEL}, 80 GiB, max_model_len {MAX_MODEL_LEN:,}")
     print("workload: prompt lognormal:1024:1.0, output lognormal:200:1.0, Poisson 0.6/step\n")
     header = (
@@ -190,7 +174,7 @@ def _shared(
     """The shared-prefix runs: the 16 GiB headline, then every policy at each count."""
     print("shared prefixes: half the requests lead with one 512-token prefix; vllm, caching on\n")
     plan = plan_kv_cache(specs, SHARED_MEMORY, context, registry=registry, policy=SHARED_POLICY)
-    seconds = _seconds(plan, _workload(headline_count, shared=True), "vllm", True)
+    seconds = _seconds(plan, speed_workload(headline_count, shared=True), "vllm", True)
     limit = SHARED_TARGET_SECONDS * headline_count / SHARED_REQUESTS
     print(
         f"{SHARED_POLICY}, {SHARED_MEMORY // 2**30} GiB, {headline_count:,} requests: {seconds:.2f} s "
@@ -200,7 +184,7 @@ def _shared(
     header = f"{'policy':<14} {'groups':>6} {columns} {'µs/req':>7}"
     print(header)
     print("-" * len(header))
-    workloads = {count: _workload(count, shared=True) for count in counts}
+    workloads = {count: speed_workload(count, shared=True) for count in counts}
     missed: dict[str, float] = {}
     for policy in policies:
         name = policy

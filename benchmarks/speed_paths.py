@@ -20,6 +20,8 @@ from __future__ import annotations
 import argparse
 import time
 
+from _speed_workload import MAX_MODEL_LEN, speed_workload
+
 from kvcore.frontends.hf_config import model_layer_specs
 from kvcore.plan import KVCachePlan
 from kvcore.planning.manager import get_plugin_manager
@@ -27,12 +29,10 @@ from kvcore.planning.planner import plan_kv_cache
 from kvcore.planning.registry import Registry
 from kvcore.simulation.profiles.vllm import SPEED_PATHS, VllmProfile, VllmSimulator
 from kvcore.simulation.result import SimulationResult
-from kvcore.simulation.workload import Workload, parse_length, synthetic
+from kvcore.simulation.workload import Workload
 from kvcore.spec import SizingContext
 
 MODEL = "google/gemma-3-27b-it"
-MAX_MODEL_LEN = 32768
-RATE = 0.6
 GIB = 2**30
 #: (policy, GiB, caching, shared prefix): the workloads, one column each.
 WORKLOADS = (
@@ -47,20 +47,6 @@ NEEDS = {
     "lazy_hashing": ("compact_tables", "lean_decode", "lean_finish"),
     "compact_tables": ("lean_decode", "lean_finish"),
 }
-
-
-def _workload(count: int, shared: bool) -> Workload:
-    prompt, output = parse_length("lognormal:1024:1.0"), parse_length("lognormal:200:1.0")
-    return synthetic(
-        count,
-        prompt,
-        output,
-        rate=RATE,
-        seed=0,
-        max_model_len=MAX_MODEL_LEN,
-        prefix_share=0.5 if shared else 0.0,
-        prefix_tokens=512 if shared else 0,
-    )
 
 
 def _run(
@@ -87,7 +73,7 @@ def main() -> None:
     columns = []
     for policy, gib, caching, shared in WORKLOADS:
         plan = plan_kv_cache(specs, gib * GIB, context, registry=registry, policy=policy)
-        columns.append((plan, _workload(args.count, shared), caching))
+        columns.append((plan, speed_workload(args.count, shared), caching))
     print(f"{MODEL}, max_model_len {MAX_MODEL_LEN:,}, {args.count:,} requests")
     print("CPU seconds (x every path on)\n")
     names = [
