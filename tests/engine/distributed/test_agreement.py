@@ -177,8 +177,10 @@ class _BlindStore:
 
 def test_a_rank_past_its_deadline_follows_a_decision_made_before_it_gave_up():
     store = dist.HashStore()
-    stores = [store, _BlindStore(store, stall_s=0.5)]
-    agreements = [StoreAgreement(stores[r], r, 2, timeout_s=0.3, run_id="late") for r in range(2)]
+    # rank 1 stalls past its deadline; a deadline of a second leaves rank 0 time to decide even
+    # on two busy cores (at 0.3 s it failed once under load)
+    stores = [store, _BlindStore(store, stall_s=1.5)]
+    agreements = [StoreAgreement(stores[r], r, 2, timeout_s=1.0, run_id="late") for r in range(2)]
     out = _on_threads(2, lambda r: agreements[r].exchange("plan", r))
     assert stores[1].blinded  # rank 1 reached its deadline without having seen the decision
     assert out[0] == out[1] == [0, 1]  # and still returns: a decided round is never aborted
