@@ -24,12 +24,12 @@ from typing import TYPE_CHECKING, ClassVar
 import attrs
 
 from kvcore.cache_layout import CacheLayout
-from kvcore.dtypes import DType, dtype_size, to_dtype
+from kvcore.dtypes import DType, to_dtype
 from kvcore.hookspecs import hookimpl
 from kvcore.plugins.compressed_mla import CompressedSpec, aligned_pages, entry_layout
-from kvcore.plugins.dsa_indexer import INDEXER_SCALE_BLOCK
+from kvcore.plugins.dsa_indexer import INDEXER_SCALE_BLOCK, index_key_bytes
 from kvcore.plugins.kind_hooks import kind_hooks
-from kvcore.plugins.mla import check_scale_block, scale_bytes
+from kvcore.plugins.mla import check_scale_block
 from kvcore.spec import KVCacheSpec
 from kvcore.validators import non_negative_int, positive_int
 
@@ -62,9 +62,7 @@ class CompressedIndexerSpec(CompressedSpec):
     @property
     def bytes_per_entry(self) -> int:
         """Bytes one key takes: its elements and their scales (132 on DeepSeek-V4)."""
-        return self.index_head_dim * dtype_size(self.dtype) + scale_bytes(
-            self.index_head_dim, self.scale_block_size
-        )
+        return index_key_bytes(self.index_head_dim, self.dtype, self.scale_block_size)
 
 
 @hookimpl(trylast=True)

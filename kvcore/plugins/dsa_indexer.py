@@ -47,6 +47,12 @@ INDEXER_SCALE_BLOCK = 128
 INDEXER_DTYPE = "float8_e4m3fn"
 
 
+def index_key_bytes(index_head_dim: int, dtype: DType, scale_block_size: int) -> int:
+    """Bytes one indexer key takes: its elements and their scales (one per
+    ``scale_block_size`` elements; none at 0). DeepSeek-V3.2's and DeepSeek-V4's indexers share it."""
+    return index_head_dim * dtype_size(dtype) + scale_bytes(index_head_dim, scale_block_size)
+
+
 @attrs.frozen(kw_only=True)
 class DSAIndexerSpec(KVCacheSpec):
     """One indexer key per token: ``index_head_dim`` elements and their float32 scales.
@@ -77,9 +83,7 @@ class DSAIndexerSpec(KVCacheSpec):
     @property
     def bytes_per_token(self) -> int:
         """Bytes one token's key takes: its elements and their scales."""
-        return self.index_head_dim * dtype_size(self.dtype) + scale_bytes(
-            self.index_head_dim, self.scale_block_size
-        )
+        return index_key_bytes(self.index_head_dim, self.dtype, self.scale_block_size)
 
     @property
     def page_size_bytes(self) -> int:
