@@ -161,9 +161,10 @@ def test_repeats_that_schedule_differently_are_refused():
         measure(StubEngine(LINE), scenarios(LIMITS), repeats=0)
 
 
-def test_steps_on_the_line_keep_the_four_terms_and_recover_them(tmp_path):
-    measured = profile_engine(
-        StubEngine(LINE),
+def _profile_stub(coefficients):
+    """``kvcore profile`` of a stub engine whose steps cost ``coefficients`` exactly, run once each."""
+    return profile_engine(
+        StubEngine(coefficients),
         engine_name="stub",
         engine_version="1",
         model="m",
@@ -171,6 +172,10 @@ def test_steps_on_the_line_keep_the_four_terms_and_recover_them(tmp_path):
         versions={},
         repeats=1,
     )
+
+
+def test_steps_on_the_line_keep_the_four_terms_and_recover_them(tmp_path):
+    measured = _profile_stub(LINE)
     assert measured.choice.terms == PROFILE_TERMS[:4]
     assert measured.choice.held_out[-1].steps == "all held-out steps"
     assert measured.choice.held_out[-1].max_error < 1e-6
@@ -188,15 +193,7 @@ def test_steps_on_the_line_keep_the_four_terms_and_recover_them(tmp_path):
 
 
 def test_steps_the_line_misses_get_the_attention_term(tmp_path):
-    measured = profile_engine(
-        StubEngine(QUADRATIC),
-        engine_name="stub",
-        engine_version="1",
-        model="m",
-        device="cpu",
-        versions={},
-        repeats=1,
-    )
+    measured = _profile_stub(QUADRATIC)
     choice = measured.choice
     assert max(e.mean_error for e in choice.line_held_out) > 0.03, (
         "the four-term line misses quadratic prefill"
@@ -214,15 +211,7 @@ def test_steps_the_line_misses_get_the_attention_term(tmp_path):
 
 
 def test_steps_with_a_cost_per_prompt_chunk_get_the_prefill_requests_term(tmp_path):
-    measured = profile_engine(
-        StubEngine(PER_CHUNK),
-        engine_name="stub",
-        engine_version="1",
-        model="m",
-        device="cpu",
-        versions={},
-        repeats=1,
-    )
+    measured = _profile_stub(PER_CHUNK)
     choice = measured.choice
     assert max(e.mean_error for e in choice.line_held_out) > 0.03
     assert choice.terms == (*PROFILE_TERMS[:4], "prefill_requests"), "the fewest terms that fit"
