@@ -41,7 +41,7 @@ from pathlib import Path
 
 import attrs
 
-from kvcore import Registry, model_layer_specs
+from kvcore import PlanRequest, Registry, model_layer_specs
 from kvcore.cli.table import render_table
 from kvcore.errors import KVCoreError, PolicyNotApplicableError
 from kvcore.frontends.hf_config import load_model_config
@@ -222,9 +222,7 @@ def main() -> int:
                             sglang_cell = f"not simulated: {str(exc).split(':')[-1].strip()}"
             # tuned
             result = tune(
-                specs,
-                BUDGET,
-                context,
+                PlanRequest.for_context(specs, BUDGET, context),
                 workload,
                 space,
                 registry=registry,

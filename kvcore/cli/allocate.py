@@ -21,6 +21,7 @@ from kvcore.cli.table import add_output_options, render_table, wants_csv, write_
 from kvcore.errors import InvalidInputError
 from kvcore.optional_dependencies import require
 from kvcore.planning.registry import Registry
+from kvcore.planning.request import MaxModelLen
 from kvcore.runtime import DEFAULT_UTILIZATION
 from kvcore.units import format_bytes
 
@@ -98,7 +99,7 @@ def run(namespace: argparse.Namespace, registry: Registry) -> int:
         else (f"profiling memory on {args.device} (utilization {args.utilization}), allocating and binding")
     )
     context = inputs.sizing_context(args, auto=True)
-    length = inputs.request_length(args)
+    length = MaxModelLen(context.max_model_len, auto=args.max_model_len == "auto")
     with progress(what):
         plan = initialize_kv_caches(
             executor,

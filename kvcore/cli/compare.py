@@ -111,19 +111,16 @@ def add_candidate_options(
 
 
 def build_candidates(
+    request: PlanRequest,
     args: PlanningArgs,
     registry: Registry,
-    specs: Mapping[str, KVCacheSpec],
     planner: Callable[[PlanRequest], KVCachePlan] | None = None,
 ) -> list[Candidate]:
-    """Every candidate plan the options ask for (:func:`compare_policies`): policies x
-    ``--block-sizes`` x ``--kv-cache-dtypes``, each made by ``planner`` (default: kvcore's
-    own planner)."""
+    """Every candidate plan the options ask for (:func:`compare_policies`): ``request`` (the
+    command's, :func:`~kvcore.cli.inputs.plan_request`) under each policy x ``--block-sizes`` x
+    ``--kv-cache-dtypes``, each made by ``planner`` (default: kvcore's own planner)."""
     dtypes = [None if d == "auto" else to_dtype(d) for d in (args.kv_cache_dtypes or ["auto"])]
     policies = policy_names(args, registry)
-    request = PlanRequest.for_context(
-        specs, args.kv_budget, inputs.sizing_context(args), options=inputs.plan_options(args)
-    )
     return compare_policies(
         request,
         policies,
@@ -209,7 +206,7 @@ def run(namespace: argparse.Namespace, registry: Registry) -> int:
         from kvcore.cli import sglang_compare
 
         return sglang_compare.run(args, registry, specs, budget)
-    comparison = compare(args, registry, specs)
+    comparison = compare(args, registry, inputs.plan_request(args, specs))
     if wants_csv(args):
         write_csv([csv_row(comparison, c) for c in comparison.candidates])
     elif args.json:
@@ -219,8 +216,9 @@ def run(namespace: argparse.Namespace, registry: Registry) -> int:
     return exit_status(comparison.candidates)
 
 
-def compare(args: PlanningArgs, registry: Registry, specs: Mapping[str, KVCacheSpec]) -> Comparison:
-    """Plan every candidate and, with a workload, simulate each and rank them by tokens per step."""
+def compare(args: PlanningArgs, registry: Registry, request: PlanRequest) -> Comparison:
+    """Plan every candidate of ``request`` and, with a workload, simulate each and rank them by
+    tokens per step."""
     simulated: dict[int, SimulationResult] = {}
     latencies: dict[int, LatencyReport | None] = {}
     workload: Workload | None = None
@@ -231,10 +229,8 @@ def compare(args: PlanningArgs, registry: Registry, specs: Mapping[str, KVCacheS
         )
     if inputs.wants_workload(args):
         # the workload is read (and checked) before any plan is made
-        workload = inputs.load_workload(
-            args, inputs.sizing_context(args).max_model_len, per_second=step_time is not None
-        )
-        candidates = build_candidates(args, registry, specs)
+        workload = inputs.load_workload(args, request.context.max_model_len, per_second=step_time is not None)
+        candidates = build_candidates(request, args, registry)
         runs = replay.simulate_candidates(
             candidates,
             workload,
@@ -252,17 +248,17 @@ def compare(args: PlanningArgs, registry: Registry, specs: Mapping[str, KVCacheS
         # the best plan for this traffic first; those without a plan keep their place at the end
         candidates = sorted(candidates, key=rank)
     else:
-        candidates = build_candidates(args, registry, specs)
+        candidates = build_candidates(request, args, registry)
     return Comparison(
         candidates=candidates,
         simulated=simulated,
         latencies=latencies,
         workload=workload,
-        frontiers=candidate_frontiers(args, registry, specs, candidates) if args.frontier else {},
+        frontiers=candidate_frontiers(request, candidates, registry) if args.frontier else {},
         best=best_candidate(candidates, simulated),
         # the best one vLLM runs too, beside the best for kvcore's runtime (which runs every plan)
         vllm_best=best_candidate([c for c in candidates if vllm_runs(c)], simulated),
-        auto=auto_choice(registry, specs),
+        auto=auto_choice(registry, request.specs),
     )
 
 
@@ -429,24 +425,21 @@ def print_comparison(args: PlanningArgs, budget: GpuBudget | None, comparison: C
 
 
 def candidate_frontiers(
-    args: PlanningArgs,
-    registry: Registry,
-    specs: Mapping[str, KVCacheSpec],
-    candidates: Sequence[Candidate],
+    request: PlanRequest, candidates: Sequence[Candidate], registry: Registry
 ) -> dict[int, tuple[FrontierPoint, ...]]:
     """``{id(candidate): its policy's frontier}`` (:func:`~kvcore.planning.frontier.policy_frontier`)
-    for every candidate that has a plan, on the candidate's own variant of the specs."""
+    for every candidate that has a plan: ``request`` with the candidate's policy, its variant of
+    the specs and its plan's context."""
     out: dict[int, tuple[FrontierPoint, ...]] = {}
-    options = inputs.plan_options(args)
     for c in candidates:
         if c.plan is None:
             out[id(c)] = ()
             continue
-        variant = variant_specs(specs, block_size=c.block_size, kv_cache_dtype=c.kv_cache_dtype)
-        request = PlanRequest.for_context(
-            variant, args.kv_budget, c.plan.context, policy=c.policy, options=options
+        variant = variant_specs(request.specs, block_size=c.block_size, kv_cache_dtype=c.kv_cache_dtype)
+        at = request.at_length(c.plan.context.max_model_len)
+        out[id(c)] = policy_frontier(
+            attrs.evolve(at, specs=variant, policy=c.policy, context=c.plan.context), registry=registry
         )
-        out[id(c)] = policy_frontier(request, registry=registry)
     return out
 
 

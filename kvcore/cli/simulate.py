@@ -105,11 +105,10 @@ def run(namespace: argparse.Namespace, registry: Registry) -> int:
     # auto: one length for every candidate (under vLLM, one vLLM's plan admits)
     args = replayed.settle_auto_length(args, specs)
     step_time = timing.step_time_factory(args, registry)
-    workload = inputs.load_workload(
-        args, inputs.sizing_context(args).max_model_len, per_second=step_time is not None
-    )
+    request = inputs.plan_request(args, specs)
+    workload = inputs.load_workload(args, request.context.max_model_len, per_second=step_time is not None)
     host_tier.check_host_memory(args, profile)
-    candidates = build_candidates(args, registry, specs, replayed.planner())
+    candidates = build_candidates(request, args, registry, replayed.planner())
     if len(args.host_memories) > 1:
         return run_curve(args, workload, candidates, profile, step_time, replayed)
     if args.host_memories:

@@ -179,8 +179,9 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
     shared, budget = gpu.settle_budget(shared, registry)
     args = argparse.Namespace(**{**vars(args), "memory": shared.memory})  # --gpu-memory settled it
     step_time = timing.step_time_factory(shared, registry)
-    context = inputs.sizing_context(shared)
-    workload = inputs.load_workload(shared, context.max_model_len, per_second=step_time is not None)
+    # what every candidate plans (--max-groups, --grouping-tolerance ... among its options)
+    request = inputs.plan_request(shared, specs)
+    workload = inputs.load_workload(shared, request.context.max_model_len, per_second=step_time is not None)
     profile = _scheduler_profile(args, registry)
     names = args.policies or default_policies(registry)
     for name in names:
@@ -200,19 +201,15 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
     )
     eta = _Eta(estimated_trials(space, args.passes))
     label = f"tuning on {len(workload.requests):,} requests"
-    options = inputs.plan_options(shared)  # --max-groups, --grouping-tolerance ... for every candidate
     with progress(label, detail=eta.text):
         # the search, the replay as the scheduler runs it, the latency targets and the search's pace
         result = tune(
-            specs,
-            args.memory,
-            context,
+            request,
             workload,
             space,
             registry=registry,
             objective=objective,
             planner=planner,
-            options=options,
             scheduler=profile,
             step_time=step_time,
             prefix_caching=args.prefix_caching,

@@ -30,7 +30,7 @@ model, the p99 queueing delay in steps.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 import attrs
@@ -41,14 +41,12 @@ from kvcore.plan import KVCachePlan
 from kvcore.planning.compare import variant_specs
 from kvcore.planning.planner import plan as plan_request
 from kvcore.planning.registry import Registry
-from kvcore.planning.request import PlanRequest
-from kvcore.policy import PlanOptions
+from kvcore.planning.request import PlanRequest, one_budget
 from kvcore.simulation.profile import SchedulerProfile, resolve_profile
 from kvcore.simulation.simulator import SimulationResult, simulate
 from kvcore.simulation.steps import StepTimeModel
 from kvcore.simulation.timing import LatencyReport, latency_report
 from kvcore.simulation.workload import Workload
-from kvcore.spec import KVCacheSpec, SizingContext
 from kvcore.tuning.split import workload_split
 
 #: What :func:`tune` maximises.
@@ -325,13 +323,10 @@ class _Search:
 
     def __init__(
         self,
-        specs: Mapping[str, KVCacheSpec],
-        available_bytes: int,
-        context: SizingContext,
+        request: PlanRequest,
         workload: Workload,
         *,
         planner: Planner,
-        options: PlanOptions,
         profile: SchedulerProfile,
         step_time: StepTimeFactory | None,
         prefix_caching: bool,
@@ -340,12 +335,9 @@ class _Search:
         slo_itl: float | None,
         on_trial: Callable[[Trial], None] | None,
     ) -> None:
-        self.specs = specs
-        self.available_bytes = available_bytes
-        self.context = context
+        self.request = request
         self.workload = workload
         self.planner = planner
-        self.options = options
         self.profile = profile
         self.step_time = step_time
         self.prefix_caching = prefix_caching
@@ -372,20 +364,19 @@ class _Search:
         )
         if key in self.plans:
             return self.plans[key]
-        context = attrs.evolve(self.context, max_num_batched_tokens=knobs.max_num_batched_tokens)
+        shared = self.request
+        context = attrs.evolve(shared.context, max_num_batched_tokens=knobs.max_num_batched_tokens)
         try:
             variant = variant_specs(
-                self.specs, block_size=knobs.block_size, kv_cache_dtype=knobs.kv_cache_dtype
+                shared.specs, block_size=knobs.block_size, kv_cache_dtype=knobs.kv_cache_dtype
             )
-            request = PlanRequest.for_context(
-                variant, self.available_bytes, context, policy=knobs.policy, options=self.options
-            )
+            request = attrs.evolve(shared, specs=variant, context=context, policy=knobs.policy)
             planned = self.planner(request)
             split = None
             if knobs.split_shift is not None and len(planned.pools) > 1:
                 split = shifted(workload_split(planned, self.workload), knobs.split_shift)
                 planned = self.planner(
-                    attrs.evolve(request, options=attrs.evolve(self.options, pool_split=split))
+                    attrs.evolve(request, options=attrs.evolve(shared.options, pool_split=split))
                 )
             made: tuple[KVCachePlan | None, tuple[float, ...] | None, str | None] = (planned, split, None)
         except (KVCoreError, InvalidSpecError) as exc:
@@ -559,9 +550,7 @@ def check_objective(objective: str, timed: bool, slo: bool) -> None:
 
 
 def tune(
-    specs: Mapping[str, KVCacheSpec],
-    available_bytes: int,
-    context: SizingContext,
+    request: PlanRequest,
     workload: Workload,
     space: SearchSpace,
     *,
@@ -573,17 +562,16 @@ def tune(
     slo_itl: float | None = None,
     prefix_caching: bool = False,
     planner: Planner | None = None,
-    options: PlanOptions | None = None,
     max_passes: int = 2,
     on_trial: Callable[[Trial], None] | None = None,
 ) -> TuneResult:
     """Search ``space`` for the candidate that serves ``workload`` best (see the module docstring).
 
     Args:
-        specs: ``{layer: spec}`` of the model.
-        available_bytes: the KV-cache budget.
-        context: the request length to plan for (its ``max_num_batched_tokens`` is replaced by
-            each candidate's).
+        request: what every candidate plans: the model's specs, the KV-cache budget (one rank),
+            the length (a number) and the plan options. The knobs replace its policy, its specs'
+            block size and KV dtype, its context's ``max_num_batched_tokens`` and its options'
+            ``pool_split``.
         workload: the requests.
         space: the knobs' values.
         registry: where policies and scheduler profiles are looked up.
@@ -595,8 +583,6 @@ def tune(
         slo_itl: the inter-token target goodput counts, seconds.
         prefix_caching: replay with the scheduler's prefix cache.
         planner: makes the plans (default: kvcore's own, :func:`default_planner`).
-        options: plan options for every candidate (a ``pool_split`` there is replaced by the
-            candidate's).
         max_passes: coordinate passes at most (>= 1).
         on_trial: called after every candidate (a progress line).
 
@@ -605,9 +591,16 @@ def tune(
         tied, and the lower latency wins the tie.
 
     Raises:
-        InvalidInputError: a bad objective for the inputs, ``max_passes`` < 1, a KV dtype no
-            cache can hold, or no candidate that runs.
+        InvalidInputError: a request of several ranks, of a length ``auto`` chooses or with a
+            forced block count, a bad objective for the inputs, ``max_passes`` < 1, a KV dtype
+            no cache can hold, or no candidate that runs.
     """
+    one_budget(request, "tune")
+    if request.num_blocks is not None:
+        raise InvalidInputError(
+            f"tune sizes each candidate's pool from the budget; the request forces num_blocks="
+            f"{request.num_blocks} (leave it None)"
+        )
     check_objective(objective, step_time is not None, slo_ttft is not None or slo_itl is not None)
     if isinstance(max_passes, bool) or not isinstance(max_passes, int) or max_passes < 1:
         raise InvalidInputError(f"'max_passes' must be an int >= 1 (got {max_passes!r})")
@@ -615,12 +608,9 @@ def tune(
         if name is not None:
             to_dtype(name)  # a misspelt dtype fails before any plan
     search = _Search(
-        specs,
-        available_bytes,
-        context,
+        request,
         workload,
         planner=planner or default_planner(registry),
-        options=options or PlanOptions(),
         profile=resolve_profile(scheduler, registry),
         step_time=step_time,
         prefix_caching=prefix_caching,

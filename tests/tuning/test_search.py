@@ -6,7 +6,7 @@ import math
 import attrs
 import pytest
 
-from kvcore import InvalidInputError, PlanOptions, SizingContext
+from kvcore import InvalidInputError, PlanOptions, PlanRequest, SizingContext
 from kvcore.dtypes import to_dtype
 from kvcore.integrations.sglang.model import sglang_model
 from kvcore.integrations.tuned import sglang_settings, vllm_planner, vllm_settings
@@ -31,9 +31,14 @@ SPACE = SearchSpace(
 )
 
 
+def _request(budget: int) -> PlanRequest:
+    """What every candidate of a search plans: ``SPECS`` in ``budget`` bytes at ``CTX``."""
+    return PlanRequest.for_context(SPECS, budget, CTX)
+
+
 @pytest.fixture(scope="module")
 def searched(registry_module):
-    return tune(SPECS, GIB // 8, CTX, WORKLOAD, SPACE, registry=registry_module, scheduler="vllm")
+    return tune(_request(GIB // 8), WORKLOAD, SPACE, registry=registry_module, scheduler="vllm")
 
 
 @pytest.fixture(scope="module")
@@ -118,7 +123,7 @@ def test_vllm_flags_fed_back_reproduce_the_candidate(registry_module):
     )
     budget = GIB // 8
     result = tune(
-        SPECS, budget, CTX, WORKLOAD, space, registry=registry_module, planner=vllm_planner(registry_module)
+        _request(budget), WORKLOAD, space, registry=registry_module, planner=vllm_planner(registry_module)
     )
     for trial in [result.best, *result.front]:
         settings = vllm_settings(trial, SPECS, budget, registry=registry_module)
@@ -152,7 +157,7 @@ def test_vllm_flags_fed_back_reproduce_the_candidate(registry_module):
 
 def test_a_pooled_candidate_names_what_vllm_cannot_express_and_gives_sglang_its_split(registry_module):
     space = SearchSpace(policies=("kind_pools",), split_shifts=(0.0,))
-    result = tune(SPECS, GIB // 2, CTX, WORKLOAD, space, registry=registry_module)
+    result = tune(_request(GIB // 2), WORKLOAD, space, registry=registry_module)
     vllm = vllm_settings(result.best, SPECS, GIB // 2, registry=registry_module)
     assert any("block pools" in setting for setting, _ in vllm.cannot_express)
     sglang = sglang_settings(result.best, SWA_MODEL, GIB // 2, registry=registry_module)
@@ -170,7 +175,7 @@ def test_a_unified_pool_candidate_is_weighed_under_vllm_rules_and_named_where_en
     # 10 sliding layers beside 2 full ones of one page: the sliding page is a run of 5 rows
     space = SearchSpace(policies=("unified_pool",))
     result = tune(
-        SPECS, GIB // 2, CTX, WORKLOAD, space, registry=registry_module, planner=vllm_planner(registry_module)
+        _request(GIB // 2), WORKLOAD, space, registry=registry_module, planner=vllm_planner(registry_module)
     )
     best = result.best
     assert best.ok and best.plan is not None and best.plan.null_block == 0  # vLLM's sizing rules
@@ -194,7 +199,7 @@ def test_a_unified_pool_candidate_is_weighed_under_vllm_rules_and_named_where_en
 )
 def test_bad_search_inputs_are_refused(registry_module, kwargs, words):
     with pytest.raises(InvalidInputError, match=None) as info:
-        tune(SPECS, GIB // 8, CTX, WORKLOAD, SPACE, registry=registry_module, **kwargs)
+        tune(_request(GIB // 8), WORKLOAD, SPACE, registry=registry_module, **kwargs)
     assert words in str(info.value)
 
 
@@ -216,16 +221,14 @@ def test_a_bad_search_space_is_refused(field, value, words):
 
 def test_no_candidate_that_runs_says_why(registry_module):
     with pytest.raises(InvalidInputError, match="no candidate could be planned"):
-        tune(
-            SPECS, 1 << 20, CTX, WORKLOAD, SearchSpace(policies=("shared_buffer",)), registry=registry_module
-        )
+        tune(_request(1 << 20), WORKLOAD, SearchSpace(policies=("shared_buffer",)), registry=registry_module)
 
 
 def test_sglang_settings_of_a_model_sglang_gives_no_sliding_pool_have_no_ratio(registry_module):
     # Gemma 3's architecture: SGLang turns its sliding pool off and sizes it as full attention
     model = sglang_model(SPECS, {"architectures": ["Gemma3ForCausalLM"]}, fix="")
     space = SearchSpace(policies=("kind_pools",), split_shifts=(0.0,))
-    result = tune(SPECS, GIB // 2, CTX, WORKLOAD, space, registry=registry_module)
+    result = tune(_request(GIB // 2), WORKLOAD, space, registry=registry_module)
     sglang = sglang_settings(result.best, model, GIB // 2, registry=registry_module)
     flags = {f.name: f.value for f in sglang.flags}
     assert "--swa-full-tokens-ratio" not in flags
@@ -245,6 +248,23 @@ def test_a_model_of_one_kind_is_expressible_in_sglang_under_any_policy(registry_
     kind in a pool of its own" for a model with one kind (issue 38)."""
     specs = mix((4, full()))
     space = SearchSpace(policies=(policy,))
-    result = tune(specs, GIB // 2, CTX, WORKLOAD, space, registry=registry_module)
+    result = tune(PlanRequest.for_context(specs, GIB // 2, CTX), WORKLOAD, space, registry=registry_module)
     sglang = sglang_settings(result.best, sglang_model(specs, {}, fix=""), GIB // 2, registry=registry_module)
     assert sglang.cannot_express == ()
+
+
+@pytest.mark.parametrize(
+    ("request_", "words"),
+    [
+        (
+            PlanRequest.for_context(SPECS, [GIB, GIB], CTX, rank_layers=[list(SPECS)[:6], list(SPECS)[6:]]),
+            "one rank",
+        ),
+        (PlanRequest.for_context(SPECS, GIB, CTX, auto_length=True), "max_model_len='auto'"),
+        (PlanRequest.for_context(SPECS, GIB, CTX, num_blocks=64), "num_blocks=64"),
+    ],
+)
+def test_a_request_the_search_cannot_plan_every_candidate_of_is_refused(registry_module, request_, words):
+    with pytest.raises(InvalidInputError) as info:
+        tune(request_, WORKLOAD, SPACE, registry=registry_module)
+    assert words in str(info.value)

@@ -36,7 +36,6 @@ from kvcore.cli.inputs.sizing import (
     plan_options,
     plan_request,
     policy_rows,
-    request_length,
     settle_auto_length,
     sizing_context,
 )
@@ -111,7 +110,6 @@ __all__ = [
     "positive_ints",
     "rate",
     "refuse_engine_options",
-    "request_length",
     "revision",
     "seed",
     "settle_auto_length",

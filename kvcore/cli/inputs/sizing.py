@@ -29,7 +29,7 @@ from kvcore.error_messages import render
 from kvcore.errors import InvalidInputError, KVCoreError
 from kvcore.limits import MAX_TOKENS
 from kvcore.planning.registry import Registry
-from kvcore.planning.request import MaxModelLen, PlanRequest
+from kvcore.planning.request import PlanRequest
 from kvcore.policy import BLOCK_MULTIPLES, PlanOptions
 from kvcore.spec import (
     DEFAULT_MAX_NUM_BATCHED_TOKENS,
@@ -293,13 +293,6 @@ def settle_auto_length(
     return attrs.evolve(args, max_model_len=length)
 
 
-def request_length(args: PlanningArgs) -> MaxModelLen:
-    """``--max-model-len`` as the planner takes it: the number, or ``auto`` up to the model's
-    length (:func:`length_cap`; no cap for a spec file)."""
-    context = sizing_context(args, auto=True)
-    return MaxModelLen(context.max_model_len, auto=args.max_model_len == "auto")
-
-
 def plan_request(
     args: PlanningArgs,
     specs: Mapping[str, KVCacheSpec],
@@ -316,11 +309,11 @@ def plan_request(
         rank_layers: the layers of each simulated rank; ``None`` for one rank.
         rank_names: how messages name the ranks.
     """
-    return PlanRequest(
-        specs=specs,
-        budgets=[args.kv_budget] * (len(rank_layers) if rank_layers is not None else 1),
-        max_model_len=request_length(args),
-        context=sizing_context(args, auto=True),
+    return PlanRequest.for_context(
+        specs,
+        [args.kv_budget] * (len(rank_layers) if rank_layers is not None else 1),
+        sizing_context(args, auto=True),
+        auto_length=args.max_model_len == "auto",
         policy=args.policy,
         options=plan_options(args),
         num_blocks=args.num_blocks,
