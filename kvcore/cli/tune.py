@@ -180,7 +180,7 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
     args = argparse.Namespace(**{**vars(args), "memory": shared.memory})  # --gpu-memory settled it
     step_time = timing.step_time_factory(shared, registry)
     # what every candidate plans (--max-groups, --grouping-tolerance ... among its options)
-    request = inputs.plan_request(shared, specs)
+    request = inputs.plan_request(shared, specs, auto=False)
     workload = inputs.load_workload(shared, request.context.max_model_len, per_second=step_time is not None)
     profile = _scheduler_profile(args, registry)
     names = args.policies or default_policies(registry)

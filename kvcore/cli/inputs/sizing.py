@@ -299,6 +299,7 @@ def plan_request(
     *,
     rank_layers: Sequence[Collection[str]] | None = None,
     rank_names: Sequence[str] | None = None,
+    auto: bool = True,
 ) -> PlanRequest:
     """The :class:`~kvcore.planning.request.PlanRequest` of ``kvcore plan``: the settled
     options' budget (``--memory`` for each rank), length, policy, options and forced block count.
@@ -308,11 +309,13 @@ def plan_request(
         specs: the layer specs (of the whole model).
         rank_layers: the layers of each simulated rank; ``None`` for one rank.
         rank_names: how messages name the ranks.
+        auto: the planner chooses the length for ``--max-model-len auto`` (as
+            :func:`sizing_context`; ``False``: refused).
     """
     return PlanRequest.for_context(
         specs,
         [args.kv_budget] * (len(rank_layers) if rank_layers is not None else 1),
-        sizing_context(args, auto=True),
+        sizing_context(args, auto=auto),
         auto_length=args.max_model_len == "auto",
         policy=args.policy,
         options=plan_options(args),
