@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import json
 import os
+import socket
+import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -129,7 +131,7 @@ def translate(exc: Exception, name: str, filename: str, revision: str | None, en
         OfflineModeIsEnabled,
     )
 
-    at = f"revision {revision}" if revision else "its default branch"
+    at = _at(revision)
     found = _refused_error(exc, name, endpoint) or _missing_error(exc, name, filename, revision, endpoint)
     if found is not None:
         return found
@@ -143,11 +145,7 @@ def translate(exc: Exception, name: str, filename: str, revision: str | None, en
             return translate(cause, name, filename, revision, endpoint)
         if isinstance(cause, OfflineModeIsEnabled):
             return offline_error(name, revision)
-        return HubUnavailableError(
-            f"{name}: cannot reach the Hugging Face Hub at {endpoint} ({_failure(cause or exc)}) and the "
-            f"Hugging Face cache ({hub_cache_dir()}) does not hold {filename} of it at {at}; check the "
-            "network (or HF_ENDPOINT), or pass the path of a config.json"
-        )
+        return unreachable_error(name, endpoint, _failure(cause or exc), filename, at)
     if isinstance(exc, EntryNotFoundError):  # after LocalEntryNotFoundError, one of its kind
         return UnknownModelError(
             f"{name} has no {filename} at {at} on the Hugging Face Hub ({endpoint}): not a transformers "
@@ -162,6 +160,39 @@ def translate(exc: Exception, name: str, filename: str, revision: str | None, en
         f"{name}: reading {filename} from the Hugging Face Hub at {endpoint} failed ({_failure(exc)}); "
         "check the network (or HF_ENDPOINT), or pass the path of a config.json"
     )
+
+
+def _at(revision: str | None) -> str:
+    """Where in a repository, for messages: ``'revision v1'`` or ``'its default branch'``."""
+    return f"revision {revision}" if revision else "its default branch"
+
+
+def unreachable_error(name: str, endpoint: str, failure: str, filename: str, at: str) -> HubUnavailableError:
+    """The error for a Hub that cannot be reached (``failure`` says how) and a cache without
+    ``filename`` of ``name`` at ``at`` (``'revision v1'``, ``'its default branch'``)."""
+    return HubUnavailableError(
+        f"{name}: cannot reach the Hugging Face Hub at {endpoint} ({failure}) and the Hugging Face cache "
+        f"({hub_cache_dir()}) does not hold {filename} of it at {at}; check the network (or HF_ENDPOINT), "
+        "or pass the path of a config.json"
+    )
+
+
+def unresolved_host(endpoint: str) -> str | None:
+    """Why the host of ``endpoint`` has no address (``'huggingface.co does not resolve: Name or
+    service not known'``), or ``None`` when it resolves.
+
+    A name that does not resolve is no network (or a misspelt ``HF_ENDPOINT``), which
+    huggingface_hub would retry five times over 23 s of backoff, logging each try: asked first,
+    it turns that wait into one lookup.
+    """
+    parts = urllib.parse.urlsplit(endpoint)
+    if not parts.hostname:
+        return None  # not a URL kvcore can check; huggingface_hub says what is wrong with it
+    try:
+        socket.getaddrinfo(parts.hostname, parts.port or (443 if parts.scheme == "https" else 80))
+    except (socket.gaierror, UnicodeError, ValueError) as exc:
+        return f"{parts.hostname} does not resolve: {getattr(exc, 'strerror', None) or exc}"
+    return None
 
 
 def _refused_error(exc: Exception, name: str, endpoint: str) -> KVCoreError | None:
@@ -249,6 +280,7 @@ def fetch_config(name: str, revision: str | None = None) -> HubConfig:
     from huggingface_hub import hf_hub_download
 
     endpoint = hub_endpoint()
+    unresolved = unresolved_host(endpoint)  # no network: the cache alone, without the client's retries
     try:
         path = Path(
             hf_hub_download(
@@ -257,9 +289,12 @@ def fetch_config(name: str, revision: str | None = None) -> HubConfig:
                 revision=revision,
                 cache_dir=hub_cache_dir(),
                 endpoint=endpoint,
+                local_files_only=unresolved is not None,
             )
         )
     except Exception as exc:  # huggingface_hub's errors, and its HTTP client's
+        if unresolved is not None:
+            raise unreachable_error(name, endpoint, unresolved, "config.json", _at(revision)) from None
         raise translate(exc, name, "config.json", revision, endpoint) from None
     return HubConfig(
         name=name,

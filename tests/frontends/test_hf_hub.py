@@ -211,6 +211,31 @@ def test_a_revision_is_read_at_that_branch_and_an_unknown_one_is_named(hub, caps
     assert "acme/qwen-like has no revision 'v9' on the Hugging Face Hub" in err
 
 
+def test_a_hub_whose_name_does_not_resolve_is_said_at_once_and_the_cache_still_serves(
+    hub, capsys, monkeypatch
+):
+    import huggingface_hub.utils._http as http
+
+    waits = []  # huggingface_hub's backoff, which a name that does not resolve must not reach
+    monkeypatch.setattr(http.time, "sleep", waits.append)
+    hub.repos["acme/qwen-like"] = sharded_repo(branches={"v2": "0123456789ab" + "0" * 28})
+    status, out, err = cli(
+        capsys, "plan", "--model", "acme/qwen-like", "--revision", "v2", "--memory", "8GiB"
+    )
+    assert status == 0, err
+    asked = len(hub.requests)
+    monkeypatch.setenv("HF_ENDPOINT", "http://hub.invalid")  # RFC 2606: .invalid never resolves
+    status, out, err = cli(
+        capsys, "plan", "--model", "acme/qwen-like", "--revision", "v2", "--memory", "8GiB", "--json"
+    )
+    assert status == 0 and layer_count(out) == 36, err  # the revision's config, cached by the first run
+    status, _, err = cli(capsys, "plan", "--model", "acme/other", "--memory", "8GiB")
+    assert status == 1 and len(err.strip().splitlines()) == 1, err
+    assert "cannot reach the Hugging Face Hub at http://hub.invalid (hub.invalid does not resolve:" in err
+    assert "does not hold config.json of it at its default branch" in err
+    assert waits == [] and len(hub.requests) == asked
+
+
 def test_a_bundled_name_with_a_revision_is_read_from_the_hub(hub, capsys):
     hub.repos["Qwen/Qwen3-8B"] = Repo(
         files={"config.json": json.dumps(dict(QWEN, num_hidden_layers=3)).encode()}
