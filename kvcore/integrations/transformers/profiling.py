@@ -18,6 +18,7 @@ is imported only when a run starts.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import itertools
 import random
 import time
@@ -120,6 +121,9 @@ class TransformersStepEngine:
             draw = random.Random(next(self._salt))
             prompts.append([draw.randint(1, _TOKENS) for _ in range(request.prompt_tokens)])
         lengths = {r.output_tokens for r in scenario.requests}
+        # generate_batch's manager runs gc.collect() twice as it stops, each a walk over every
+        # object alive (torch, transformers, the model): frozen, the walk sees only this run's
+        gc.freeze()
         try:
             outputs = self.model.generate_batch(
                 prompts,
@@ -131,6 +135,7 @@ class TransformersStepEngine:
                 warmup=False,
             )
         finally:
+            gc.unfreeze()
             del schedulers.SCHEDULER_MAPPING[name]
         failed = [r.request_id for r in outputs.values() if r.error is not None]
         if len(outputs) != len(prompts) or failed or not finished:
