@@ -211,25 +211,13 @@ def test_vllms_prefix_cache_changes_nothing_when_nothing_can_hit(policy, seed):
 
 
 class _FullPathSimulator(VllmSimulator):
-    """The ``vllm`` profile with its lean paths off: every running request is visited every step
-    (no steady decoders), every decode's boundary call takes the full ``_allocate``, a refused
+    """The ``vllm`` profile with every speed path off (``speed_paths=()``): every running request
+    is visited every step, every decode's boundary call takes the full ``_allocate``, a refused
     admission is gated again each step, and a finished request's pages are freed group by
-    group."""
+    group. A class (not a partial) so that a test can subclass it as it subclasses the fast one."""
 
-    def _join_steady(self, scheduled, sampled, step):
-        pass  # nobody becomes steady: each decode is scheduled and taken back one by one
-
-    def _allocate_decode(self, r):
-        return self._allocate(r, 1, gate=False)
-
-    def _allocate(self, r, new, **options):
-        granted = super()._allocate(r, new, **options)
-        self._blocked.clear()  # no memo of a refused admission
-        return granted
-
-    def _finish_compact(self, r):
-        self._compact[r] = False  # the finish as for tables of their own, group by group
-        self._free(r, live=False)
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, speed_paths=(), **kwargs)
 
 
 @pytest.mark.parametrize("policy", ["shared_buffer", "equal_groups", "kind_pools"])
