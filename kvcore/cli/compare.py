@@ -17,6 +17,7 @@ from kvcore.cli.inputs import FLAG_NAMES
 from kvcore.cli.options import PlanningArgs
 from kvcore.cli.policy_defaults import default_policies
 from kvcore.cli.replay import variant_cells
+from kvcore.cli.replayed_plans import replays_vllm_plan
 from kvcore.cli.report import plan_report
 from kvcore.cli.scheduler_options import add_scheduler_options, scheduler_profile
 from kvcore.cli.table import add_output_options, collapse_alike, render_table, wants_csv, write_csv
@@ -39,6 +40,12 @@ if TYPE_CHECKING:  # the simulation layer loads only when a workload is given
     from kvcore.simulation.timing import LatencyReport
     from kvcore.simulation.workload import Workload
 
+
+#: Said under a vLLM profile's simulation: which plans it ran, and where vLLM's are replayed.
+OWN_PLANS_NOTE = (
+    "plans: kvcore's own, as the table lists them; vLLM would run plan_for_vllm's (null block, tokens in "
+    "flight, its block sizes): `kvcore simulate` replays those"
+)
 
 COMMAND = Command(
     help="compare every policy (and block sizes, KV dtypes) on one model and budget",
@@ -183,6 +190,9 @@ class Comparison:
     best: Best | None
     vllm_best: Best | None
     auto: str | None
+    #: the workload was simulated by a vLLM scheduler profile on kvcore's plans, where vLLM would
+    #: run ``plan_for_vllm``'s (``kvcore simulate`` replays those)
+    vllm_on_own_plans: bool = False
 
     def is_best(self, candidate: Candidate) -> bool:
         return self.best is not None and self.best.candidate is candidate
@@ -222,6 +232,7 @@ def compare(args: PlanningArgs, registry: Registry, request: PlanRequest) -> Com
     simulated: dict[int, SimulationResult] = {}
     latencies: dict[int, LatencyReport | None] = {}
     workload: Workload | None = None
+    own_plans = False  # a vLLM profile simulating kvcore's plans
     step_time = timing.step_time_factory(args, registry)
     if step_time is not None and not inputs.wants_workload(args):
         raise InvalidInputError(
@@ -230,13 +241,15 @@ def compare(args: PlanningArgs, registry: Registry, request: PlanRequest) -> Com
     if inputs.wants_workload(args):
         # the workload is read (and checked) before any plan is made
         workload = inputs.load_workload(args, request.context.max_model_len, per_second=step_time is not None)
+        profile = scheduler_profile(args, registry)
+        own_plans = replays_vllm_plan(profile)
         candidates = build_candidates(request, args, registry)
         runs = replay.simulate_candidates(
             candidates,
             workload,
             prefix_caching=args.prefix_caching,
             step_time=step_time,
-            scheduler=scheduler_profile(args, registry),
+            scheduler=profile,
         )
         simulated = {id(s.candidate): s.result for s in runs}
         latencies = {id(s.candidate): timing.latency_of(args, workload, s.result) for s in runs}
@@ -259,6 +272,7 @@ def compare(args: PlanningArgs, registry: Registry, request: PlanRequest) -> Com
         # the best one vLLM runs too, beside the best for kvcore's runtime (which runs every plan)
         vllm_best=best_candidate([c for c in candidates if vllm_runs(c)], simulated),
         auto=auto_choice(registry, request.specs),
+        vllm_on_own_plans=own_plans,
     )
 
 
@@ -291,6 +305,7 @@ def json_payload(
         payload["gpu_budget"] = budget.to_dict()
     if workload is not None:
         payload["workload"] = replay.workload_row(workload)
+        payload["simulated_plans"] = "kvcore" if comparison.vllm_on_own_plans else "as planned"
 
     def simulation(c: Candidate) -> dict[str, Any]:
         if workload is None:
@@ -375,6 +390,8 @@ def table_headers(args: PlanningArgs, comparison: Comparison, *, modes: bool, po
         f"max_num_batched_tokens {args.max_num_batched_tokens:,}; ranked by tokens per step "
         "(the workload's tokens served per step, recomputation not counted)"
     )
+    if comparison.vllm_on_own_plans:
+        print(OWN_PLANS_NOTE)
     assert isinstance(args.max_model_len, int)  # compare takes a number (sizing_context)
     if rejected := replay.rejected_line(workload, args.max_model_len):
         print(rejected)

@@ -166,3 +166,17 @@ def test_auto_length_under_vllm_is_the_longest_vllms_plan_admits(run_cli, regist
     assert vllms(length).context.max_model_len == length
     with pytest.raises(InsufficientMemoryError):
         vllms(length + 1)
+
+
+@pytest.mark.parametrize(("scheduler", "said"), [("vllm", "kvcore"), ("kvcore", "as planned")])
+def test_compare_says_it_simulates_its_own_plans_where_vllm_would_run_others(run_cli, chat, scheduler, said):
+    """``kvcore compare`` simulates the plans its table lists; under a vLLM profile it says that
+    vLLM would run ``plan_for_vllm``'s, which ``kvcore simulate`` replays."""
+    argv = ("compare", "--model", JAMBA, "--memory", "1GiB", "--max-model-len", "4096")
+    argv += ("--policies", "shared_buffer", "--trace", chat, "--scheduler", scheduler)
+    status, out, err = run_cli(*argv)
+    assert status == 0, err
+    assert ("plans: kvcore's own" in out) == (scheduler == "vllm")
+    status, out, err = run_cli(*argv, "--json")
+    assert status == 0, err
+    assert json.loads(out)["simulated_plans"] == said
