@@ -55,6 +55,7 @@ from kvcore.integrations.vllm.versions import (
 )
 from kvcore.plan import KVCachePlan
 from kvcore.simulation.profiles.vllm import VllmProfile
+from kvcore.simulation.profiles.vllm_groups import align_state_block
 from kvcore.simulation.simulator import SimulationResult, percentile
 from kvcore.simulation.workload import Workload
 
@@ -88,7 +89,9 @@ def _config(
             long_prefill_token_threshold=profile.long_prefill_token_threshold,
             scheduler_reserve_full_isl=profile.reserve_full_isl,
         ),
-        cache_config=CacheConfig(enable_prefix_caching=prefix_caching),
+        cache_config=CacheConfig(
+            enable_prefix_caching=prefix_caching, mamba_cache_mode=_mamba_cache_mode(plan, prefix_caching)
+        ),
         device_config=DeviceConfig(device="cpu"),
     )
     config.scheduler_config.async_scheduling = profile.async_scheduling
@@ -107,6 +110,12 @@ def _config(
     )
     object.__setattr__(config, "model_config", model)
     return config
+
+
+def _mamba_cache_mode(plan: KVCachePlan, prefix_caching: bool) -> str:
+    """vLLM's ``mamba_cache_mode`` for ``plan``: ``'align'`` for state layers with prefix caching
+    (vLLM derives it so: ``HybridAttentionMambaModelConfig``), else ``'none'``."""
+    return "align" if prefix_caching and align_state_block(plan) else "none"
 
 
 def _tokens(index: int, prompt: int, prefix: int, prefix_tokens: int) -> list[int]:
@@ -189,7 +198,7 @@ def _scheduler(
 ) -> tuple[Scheduler, Any]:
     """vLLM's scheduler on ``plan``, and the block hasher its requests take (``None`` without caching)."""
     config = _config(plan, profile, max_num_batched_tokens, prefix_caching)
-    kv_config = plan_to_vllm_config(plan)
+    kv_config = plan_to_vllm_config(plan, mamba_cache_mode=_mamba_cache_mode(plan, prefix_caching))
     sizes = [g.kv_cache_spec.block_size for g in kv_config.kv_cache_groups]
     config.cache_config.block_size = math.lcm(*sizes) if sizes else 1
     # the scheduler's block (lcm of the groups') and the hashes' (their gcd with caching)

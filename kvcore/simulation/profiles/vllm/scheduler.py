@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from kvcore.errors import InvalidInputError
 from kvcore.simulation.profiles.vllm.state import FINISHED, PREEMPTED, RUNNING
-from kvcore.simulation.profiles.vllm.steady import SteadyDecoders
+from kvcore.simulation.profiles.vllm.state_groups import AlignStatesAside
 from kvcore.simulation.profiles.vllm_groups import usable_text
 from kvcore.simulation.steps import StepRecord
 
 
-class VllmSimulator(SteadyDecoders):
+class VllmSimulator(AlignStatesAside):
     """vLLM's scheduler and KV-cache manager over a kvcore plan, one :meth:`step` at a time
     (the arguments are :class:`~kvcore.simulation.profiles.vllm.state.VllmState`'s)."""
 
@@ -23,6 +23,9 @@ class VllmSimulator(SteadyDecoders):
             InvalidInputError: the first waiting request can never be admitted: the pool is
                 empty of requests and it still does not fit.
         """
+        if self._aside is not None:  # align-mode state groups: the reference's step
+            self._aside.step()
+            return
         if self.done:
             return
         step = self.steps
