@@ -14,9 +14,11 @@ our words. Where this differs from vLLM 0.33:
   the same blocks.
 - **Groups** are a kvcore plan's (its pools, page spans and kinds, see
   :mod:`~kvcore.simulation.profiles.vllm_reference.block_pool`); a Mamba-style state group
-  holds one block from the request's first token and never hits (vLLM's
-  ``mamba_cache_mode='none'``), and a chunked local group whose block is not the scheduler's
-  never hits (vLLM 0.33's lookup asserts that it is).
+  holds one block from the request's first token without prefix caching (vLLM's
+  ``mamba_cache_mode='none'``) and is a
+  :class:`~kvcore.simulation.profiles.vllm_reference.mamba_manager.MambaManager` with it
+  (``'align'``: vLLM derives the mode from prefix caching); a chunked local group whose block is
+  not the scheduler's never hits (vLLM 0.33's lookup asserts that it is).
 - **One count for every request**: ``get_num_blocks_to_allocate`` counts the required blocks
   less the larger of those before the window and those held (hit blocks included) for a running
   request too, where vLLM takes a shortcut (required less held): a running request's blocks
