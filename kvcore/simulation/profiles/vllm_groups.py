@@ -25,7 +25,7 @@ class ManagerGroup:
     """What the manager of one plan group needs: its pages and how they free."""
 
     pool: int
-    tokens_per_page: int  # 0: a per-request state (one page)
+    tokens_per_page: int  # 0: a per-request state (one page); an align state: its state block
     span: int  # block ids one page takes
     windowed: bool  # frees pages before its window (first_retained_token)
     spec: KVCacheSpec
@@ -129,7 +129,7 @@ def manager_group(
         chunk = 0
     return ManagerGroup(
         pool=pool,
-        tokens_per_page=per_page,
+        tokens_per_page=per_page or state_block,  # align: a state block per boundary, by position
         span=span,
         windowed=windowed,
         spec=spec,

@@ -46,9 +46,10 @@ Tokens stand for themselves: the ``j``-th block of a request has the content of 
   (``single_type_kv_cache_manager.py``, ``MambaManager``; ``sched/scheduler.py``,
   ``_mamba_block_aligned_split``): prefill chunks end on block boundaries, a request holds the
   states of its last two boundaries, caches each and hits the last cached one below the hit the
-  other groups agree on. The plain reference models it
-  (:mod:`~kvcore.simulation.profiles.vllm_reference.mamba_manager`); the fast path steps aside to
-  it for such a run (:mod:`~kvcore.simulation.profiles.vllm.state_groups`).
+  other groups agree on, and a hit on a state cached in the same step waits a step. The plain
+  reference models it (:mod:`~kvcore.simulation.profiles.vllm_reference.mamba_manager`), the
+  fast path in :mod:`~kvcore.simulation.profiles.vllm.state_groups`, where every speed path
+  steps aside for such a run.
 
 Where it is an approximation: chunked local groups whose block is not the scheduler's never hit
 (vLLM's lookup asserts that it is; ``plan_for_vllm`` never makes such a plan), so a plan with
@@ -73,8 +74,8 @@ How it is laid out (a package of modules, each a layer of :class:`VllmSimulator`
 - :mod:`~kvcore.simulation.profiles.vllm.lean`: the lean boundary call of a decode and the
   lean finish (speed paths over compact tables);
 - :mod:`~kvcore.simulation.profiles.vllm.steady`: steady decoders (a speed path);
-- :mod:`~kvcore.simulation.profiles.vllm.state_groups`: the step aside to the reference for state
-  groups under prefix caching;
+- :mod:`~kvcore.simulation.profiles.vllm.state_groups`: state groups under prefix caching (vLLM's
+  ``mamba_cache_mode='align'``), for which the speed paths step aside;
 - :mod:`~kvcore.simulation.profiles.vllm.scheduler`: the step itself (``Scheduler.schedule``,
   ``update_from_output``, preemption): :class:`VllmSimulator`.
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from kvcore.errors import InvalidInputError
 from kvcore.simulation.profiles.vllm.state import FINISHED, PREEMPTED, RUNNING
-from kvcore.simulation.profiles.vllm.state_groups import AlignStatesAside
+from kvcore.simulation.profiles.vllm.state_groups import AlignStates
 from kvcore.simulation.profiles.vllm_groups import usable_text
 from kvcore.simulation.steps import StepRecord
 
 
-class VllmSimulator(AlignStatesAside):
+class VllmSimulator(AlignStates):
     """vLLM's scheduler and KV-cache manager over a kvcore plan, one :meth:`step` at a time
     (the arguments are :class:`~kvcore.simulation.profiles.vllm.state.VllmState`'s)."""
 
@@ -23,9 +23,6 @@ class VllmSimulator(AlignStatesAside):
             InvalidInputError: the first waiting request can never be admitted: the pool is
                 empty of requests and it still does not fit.
         """
-        if self._aside is not None:  # align-mode state groups: the reference's step
-            self._aside.step()
-            return
         if self.done:
             return
         step = self.steps
@@ -92,6 +89,9 @@ class VllmSimulator(AlignStatesAside):
         running, waiting = self._running, self._waiting
         computed, known, placeholders = self._computed, self._tokens, self._placeholders
         budget, limit, lag, until = self.budget, self.max_model_len, self.lag, self._until
+        aligned = self._state_block  # state groups in align mode: chunks end on their blocks
+        if aligned:
+            self._new_step_starts()
         threshold = self.profile.long_prefill_token_threshold if len(running) + len(waiting) > 1 else 0
         total, in_flight = self._total, self._in_flight
         quiet, free_at, cache_at = self._quiet, self._free_at, self._cache_at
@@ -136,6 +136,8 @@ class VllmSimulator(AlignStatesAside):
                 new = budget
             if new > limit - done - 1:
                 new = limit - done - 1
+            if aligned:
+                new = self._aligned_split(r, new)
             if new <= 0:
                 continue
             # the usual step: a decode that crosses no page boundary, frees nothing and caches
@@ -217,6 +219,10 @@ class VllmSimulator(AlignStatesAside):
             if 0 < threshold < new:
                 new = threshold
             new = min(new, budget)
+            if self._state_block:
+                new = self._aligned_split(r, new, hit)
+                if not new:
+                    break
             if not self._allocate(r, new, gate=profile.reserve_full_isl, hit=hit, hit_blocks=blocks):
                 break
             waiting.popleft()

@@ -335,7 +335,7 @@ class KVCacheManager:
             for manager in self.managers:
                 g = manager.group
                 by_type.setdefault((g.sliding, g.chunk, g.tokens_per_page, g.state_block), []).append(manager)
-            types = sorted(by_type.items(), key=lambda item: not (item[0][:2] == (0, 0) and item[0][2]))
+            types = sorted(by_type.items(), key=lambda item: not (item[0][:2] == (0, 0) and not item[0][3]))
             self.attention_groups = [(key[0], key[1], found) for key, found in types]
 
     # -- the coordinator ---------------------------------------------------------------------
