@@ -19,9 +19,10 @@ tokens and its hashes name positions as an attention group's do. What differs is
 - ``Scheduler._mamba_block_aligned_split``: chunks cut to block boundaries (the scheduler calls
   :meth:`AlignStates._aligned_split`).
 
-The speed paths (:data:`~kvcore.simulation.profiles.vllm.state.SPEED_PATHS`) do not know any of
-it: for such a run every one of them steps aside (the plain fast path runs), which
-``tests/simulation/test_vllm_reference.py`` holds to the reference as it holds the rest.
+Of the speed paths (:data:`~kvcore.simulation.profiles.vllm.state.SPEED_PATHS`), event bounds
+(with a state group's next free among the events) and steady decoders stay on for such a run;
+the others step aside (:data:`STATE_SPEED_PATHS`). ``tests/simulation/test_vllm_reference.py``
+holds it to the reference as it holds the rest.
 """
 
 from __future__ import annotations
@@ -49,9 +50,16 @@ if TYPE_CHECKING:
     from kvcore.simulation.workload import Workload
 
 
+#: The speed paths that stay on for state groups in align mode: a decode short of its events
+#: (a state's free among them: :meth:`AlignStates._note_events`) skips the manager, and steady
+#: decoders are counted. The others (lazy hashing, compact tables, the lean calls, the gate memo)
+#: step aside: they free, hash and take blocks, or remember a refusal, as attention groups do.
+STATE_SPEED_PATHS = ("event_bounds", "steady_decoders")
+
+
 def steps_aside(plan: KVCachePlan, *, prefix_caching: bool) -> bool:
-    """Whether the speed paths step aside for ``plan``: it has state groups and prefix caching
-    is on (vLLM then runs them in align mode)."""
+    """Whether the speed paths other than :data:`STATE_SPEED_PATHS` step aside for ``plan``: it
+    has state groups and prefix caching is on (vLLM then runs them in align mode)."""
     return prefix_caching and align_state_block(plan) > 0
 
 
@@ -70,7 +78,8 @@ class AlignStates(SteadyDecoders):
         step_time: StepTimeModel | None = None,
         speed_paths: Collection[str] = SPEED_PATHS,
     ) -> None:
-        aside = steps_aside(plan, prefix_caching=prefix_caching)
+        if steps_aside(plan, prefix_caching=prefix_caching) and set(speed_paths) <= set(SPEED_PATHS):
+            speed_paths = [path for path in speed_paths if path in STATE_SPEED_PATHS]
         super().__init__(
             plan,
             workload,
@@ -78,7 +87,7 @@ class AlignStates(SteadyDecoders):
             max_num_batched_tokens=max_num_batched_tokens,
             prefix_caching=prefix_caching,
             step_time=step_time,
-            speed_paths=() if aside and set(speed_paths) <= set(SPEED_PATHS) else speed_paths,
+            speed_paths=speed_paths,
         )
         check_align_states(plan, prefix_caching=prefix_caching)
         #: per (request, state group): its retired positions (``_num_retired_blocks``) and the
@@ -279,6 +288,27 @@ class AlignStates(SteadyDecoders):
         here: a hashed block to the back of the queue, another among the uncached)."""
         if blocks:
             self._release(r, g, blocks, len(self._tables[r][g]) - 1, live=True, window=True)
+
+    def _note_events(self, r: int, *, grew: bool = True, freed: bool = True, cached: bool = True) -> None:
+        """When request ``r``'s tables next change, a state group's next free among the events:
+        the processed tokens past the block after the first one still held from its retired
+        positions on, or past the block after the one that held the running state before."""
+        super()._note_events(r, grew=grew, freed=freed, cached=cached)
+        if not self._state_block or not self._event_bounds or not freed:
+            return
+        tables, bound = self._tables[r], self._free_at[r]
+        for g, group in enumerate(self.groups):
+            if not group.state_block or not tables:
+                continue
+            table, per_page = tables[g], group.tokens_per_page
+            retired, index = self._mamba.get((r, g), (0, -1))
+            for i in range(retired, len(table)):
+                if table[i] is not None:
+                    bound = min(bound, (i + 1) * per_page + 1)
+                    break
+            if index >= 0 and table[index] is not None:
+                bound = min(bound, (index + 1) * per_page + 1)
+        self._free_at[r] = bound
 
     # -- caching ----------------------------------------------------------------------------
 
