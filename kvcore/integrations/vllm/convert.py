@@ -50,7 +50,6 @@ from kvcore.plugins.mla import MLAAttentionSpec
 from kvcore.plugins.sliding_window import SlidingWindowSpec
 from kvcore.plugins.state import StatePart, StateSpec
 from kvcore.runtime.torch_dtypes import torch_dtype
-from kvcore.simulation.profiles.vllm_groups import align_state_block
 from kvcore.spec import KVCacheSpec, SizingContext, describe_spec
 
 _STATE_NOTE = " (mamba_cache_mode 'none', no speculative blocks)"
@@ -294,16 +293,12 @@ def specs_from_vllm(
     return out
 
 
-def spec_to_vllm(
-    spec: KVCacheSpec, *, max_model_len: int | None = None, mamba_align_block: int = 0
-) -> vk.KVCacheSpec:
+def spec_to_vllm(spec: KVCacheSpec, *, max_model_len: int | None = None) -> vk.KVCacheSpec:
     """vLLM's spec class for a kvcore spec, with the same page bytes and worst case.
 
     A state becomes a ``MambaSpec`` in ``mamba_cache_mode`` ``'none'`` (one state per request,
     vLLM's mode without prefix caching) whose block size is ``max_model_len``, as vLLM sets it
-    then (one block covers the whole request); without ``max_model_len`` it keeps its own. With
-    ``mamba_align_block`` it is in ``'align'`` (vLLM's mode with prefix caching: a state kept
-    per block boundary), of that block size (vLLM's is the attention block).
+    then (one block covers the whole request); without ``max_model_len`` it keeps its own.
 
     Raises:
         VllmIntegrationError: the kind has no vLLM class (a third-party kind).
@@ -311,11 +306,10 @@ def spec_to_vllm(
     if isinstance(spec, StateSpec):
         page = spec.page_size_bytes
         return vk.MambaSpec(
-            block_size=mamba_align_block or max_model_len or spec.block_size,
+            block_size=max_model_len or spec.block_size,
             shapes=tuple(part.shape for part in spec.parts),
             dtypes=tuple(torch_dtype(part.dtype) for part in spec.parts),
             page_size_padded=page if page != spec.state_bytes else None,
-            mamba_cache_mode="align" if mamba_align_block else "none",
         )
     if isinstance(spec, DSAIndexerSpec):
         if (spec.scale_block_size, dtype_name(spec.dtype)) != (INDEXER_SCALE_BLOCK, INDEXER_DTYPE):
@@ -399,9 +393,7 @@ def specs_to_vllm(
     return out
 
 
-def plan_to_vllm_config(
-    plan: KVCachePlan, *, names: Mapping[str, str] | None = None, mamba_cache_mode: str = "none"
-) -> vk.KVCacheConfig:
+def plan_to_vllm_config(plan: KVCachePlan, *, names: Mapping[str, str] | None = None) -> vk.KVCacheConfig:
     """vLLM's ``KVCacheConfig`` for a kvcore plan made under vLLM's rules.
 
     Groups keep their layers (by vLLM's names), order and spec (vLLM's class, the group's
@@ -418,9 +410,6 @@ def plan_to_vllm_config(
             :func:`kvcore.integrations.vllm.rules.plan_for_vllm` makes.
         names: ``{plan layer: vLLM layer}``; a layer it does not name keeps its name. Default:
             :func:`vllm_layer_name` for every layer.
-        mamba_cache_mode: vLLM's ``mamba_cache_mode`` the state layers run in: ``'none'``, or
-            ``'align'`` (with prefix caching), whose state block is the attention block
-            (:func:`~kvcore.simulation.profiles.vllm_groups.align_state_block`).
 
     Returns:
         The config; the engine core sets its ``kv_cache_layout`` as for its own.
@@ -455,11 +444,10 @@ def plan_to_vllm_config(
         names = {name: names.get(name, name) for name in plan.layer_names}
     pages = {name: group.spec_of(name).page_size_bytes for group in plan.groups for name in group.layer_names}
     length = plan.context.max_model_len
-    align = align_state_block(plan) if mamba_cache_mode == "align" else 0
     groups = [
         vk.KVCacheGroupSpec(
             layer_names=[names[n] for n in group.layer_names],
-            kv_cache_spec=_group_to_vllm(group, names, length, align),
+            kv_cache_spec=_group_to_vllm(group, names, length),
         )
         for group in plan.groups
     ]
@@ -485,14 +473,11 @@ def plan_to_vllm_config(
     return vk.KVCacheConfig(num_blocks=plan.num_blocks, kv_cache_tensors=tensors, kv_cache_groups=groups)
 
 
-def _group_to_vllm(
-    group: KVCacheGroup, names: Mapping[str, str], max_model_len: int, align: int = 0
-) -> vk.KVCacheSpec:
+def _group_to_vllm(group: KVCacheGroup, names: Mapping[str, str], max_model_len: int) -> vk.KVCacheSpec:
     """vLLM's spec of one kvcore group: its spec's class, or for a mixed-page group a
-    ``UniformTypeKVCacheSpecs`` of every layer's own (equal specs converted once); ``align``:
-    the state block of align mode (0: ``'none'``)."""
+    ``UniformTypeKVCacheSpecs`` of every layer's own (equal specs converted once)."""
     if not group.layer_specs:
-        return spec_to_vllm(group.spec, max_model_len=max_model_len, mamba_align_block=align)
+        return spec_to_vllm(group.spec, max_model_len=max_model_len)
     made: dict[int, vk.KVCacheSpec] = {}
     layers: dict[str, vk.KVCacheSpec] = {}
     for name in group.layer_names:

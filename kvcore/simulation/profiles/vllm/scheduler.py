@@ -51,6 +51,8 @@ class VllmSimulator(AlignStates):
             waiting.append(upcoming)
             upcoming += 1
         self._next = upcoming
+        if self._state_block:  # state groups in align mode (see state_groups)
+            self._new_step_starts()
         scheduled, sampled = self._schedule(step)
         tokens = sum(scheduled.values()) + self._steady  # the steady decoders each ran a token
         # nothing ran, runs or will come back (async keeps the last, empty, step in flight)
@@ -89,11 +91,8 @@ class VllmSimulator(AlignStates):
         running, waiting = self._running, self._waiting
         computed, known, placeholders = self._computed, self._tokens, self._placeholders
         budget, limit, lag, until = self.budget, self.max_model_len, self.lag, self._until
-        aligned = self._state_block  # state groups in align mode: chunks end on their blocks
-        if aligned:
-            self._new_step_starts()
         threshold = self.profile.long_prefill_token_threshold if len(running) + len(waiting) > 1 else 0
-        total, in_flight = self._total, self._in_flight
+        total, in_flight, aligned = self._total, self._in_flight, self._state_block  # (state groups)
         quiet, free_at, cache_at = self._quiet, self._free_at, self._cache_at
         scheduled: dict[int, int] = {}
         sampled: set[int] = set()
@@ -136,8 +135,7 @@ class VllmSimulator(AlignStates):
                 new = budget
             if new > limit - done - 1:
                 new = limit - done - 1
-            if aligned:
-                new = self._aligned_split(r, new)
+            new = self._aligned_split(r, new) if aligned else new  # chunks end on state blocks
             if new <= 0:
                 continue
             # the usual step: a decode that crosses no page boundary, frees nothing and caches

@@ -30,7 +30,7 @@ our words. Where this differs from vLLM 0.33:
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import TYPE_CHECKING
 
 from kvcore.simulation.profiles.vllm_groups import (
@@ -81,6 +81,10 @@ class SingleTypeKVCacheManager:
         self.hash_block = hash_block
         self.req_to_blocks: dict[int, Blocks] = {}
         self.num_cached_block: dict[int, int] = {}
+
+    def new_step_starts(self) -> None:
+        """``new_step_starts``: nothing to forget (a state group's manager forgets the hashes it
+        cached in the step before)."""
 
     def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
         """``get_num_skipped_tokens``: the leading tokens no longer attended to once
@@ -206,6 +210,13 @@ def _is_partial(key: Hashable) -> bool:
 #: The blocks of a hit, per group of one attention type, position by position (``None``: null).
 HitRows = list[list[KVCacheBlock] | None]
 
+#: A state group's manager class and its hit lookup (``find_longest_cache_hit``): the request,
+#: the type's managers, the longest hit, the alignment -> the hit's rows and tokens.
+StateHitFinder = Callable[
+    ["RequestState", Sequence["SingleTypeKVCacheManager"], int, int], tuple[HitRows, int]
+]
+StateManager = tuple[type["SingleTypeKVCacheManager"], StateHitFinder]
+
 
 def find_full_attention_hit(
     req: RequestState, groups: Sequence[SingleTypeKVCacheManager], max_length: int, alignment: int
@@ -283,10 +294,19 @@ class KVCacheManager:
         max_in_flight_tokens: vLLM's ``max_in_flight_tokens`` (what a window may hold beyond
             itself: the admission cap's context).
         enable_caching: vLLM's ``enable_prefix_caching``.
+        state_manager: with prefix caching, the manager class of state groups and its hit lookup
+            (:mod:`~kvcore.simulation.profiles.vllm_reference.mamba_manager`: vLLM's
+            ``MambaManager`` in align mode), which subclasses :class:`SingleTypeKVCacheManager`.
     """
 
     def __init__(
-        self, plan: KVCachePlan, *, max_model_len: int, max_in_flight_tokens: int, enable_caching: bool
+        self,
+        plan: KVCachePlan,
+        *,
+        max_model_len: int,
+        max_in_flight_tokens: int,
+        enable_caching: bool,
+        state_manager: StateManager | None = None,
     ) -> None:
         self.max_model_len = max_model_len
         self.enable_caching = enable_caching
@@ -313,17 +333,17 @@ class KVCacheManager:
         ]
         # the hash block: the groups' greatest common divisor (``hash_block_size``)
         hash_block = math.gcd(*(g.tokens_per_page or g.state_block for g in groups)) or 1
-        # (imported here: the align-mode state manager subclasses SingleTypeKVCacheManager)
-        from kvcore.simulation.profiles.vllm_reference.mamba_manager import MambaManager, find_mamba_hit
-
-        self._find_mamba_hit = find_mamba_hit
+        # the align-mode state groups' manager and lookup (vLLM's MambaManager: see mamba_manager)
+        state_class: type[SingleTypeKVCacheManager] = SingleTypeKVCacheManager
+        self._find_state_hit: StateHitFinder | None = None
+        if state_manager is not None:
+            state_class, self._find_state_hit = state_manager
         self.managers = [
-            (MambaManager if g.state_block else SingleTypeKVCacheManager)(
+            (state_class if g.state_block else SingleTypeKVCacheManager)(
                 index, g, self.block_pools[g.pool], hash_block=hash_block
             )
             for index, g in enumerate(groups)
         ]
-        self.state_managers = [m for m in self.managers if isinstance(m, MambaManager)]
         self.windowed = any(g.windowed or g.state_block for g in groups)
         # the attention types a hit looks up (``attention_groups``): (window, chunk, managers),
         # groups of one spec together, in the plan's order with full attention first (its
@@ -360,7 +380,8 @@ class KVCacheManager:
             current = hit
             for window, chunk, groups in self.attention_groups:
                 if groups[0].group.state_block:
-                    rows, length = self._find_mamba_hit(req, groups, current, self.alignment)
+                    assert self._find_state_hit is not None, "state groups need the state manager"
+                    rows, length = self._find_state_hit(req, groups, current, self.alignment)
                 elif chunk:
                     rows, length = find_chunked_local_hit(req, groups, current, chunk)
                 elif window == 0:
@@ -400,7 +421,7 @@ class KVCacheManager:
     def new_step_starts(self) -> None:
         """``KVCacheManager.new_step_starts``: each state group forgets the hashes cached in the
         step before (:class:`~.mamba_manager.MambaManager`)."""
-        for manager in self.state_managers:
+        for manager in self.managers:
             manager.new_step_starts()
 
     def allocate_slots(

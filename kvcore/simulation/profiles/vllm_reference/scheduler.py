@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from kvcore.errors import InvalidInputError
 from kvcore.simulation.profiles.vllm_groups import chunks_off_scheduler_block, usable_text, warn_unhit_chunks
 from kvcore.simulation.profiles.vllm_reference.kv_cache_manager import KVCacheManager
+from kvcore.simulation.profiles.vllm_reference.mamba_manager import MambaManager, find_mamba_hit
 from kvcore.simulation.profiles.vllm_reference.request import RequestState, RequestStatus
 from kvcore.simulation.stepper import StepperState, check_lengths, step_budget
 from kvcore.simulation.steps import StepRecord, StepTimeModel
@@ -93,6 +94,7 @@ class VllmReferenceScheduler(StepperState):
             max_model_len=self.max_model_len,
             max_in_flight_tokens=(self.lag + 1) * self.budget,  # vLLM's VllmConfig.max_in_flight_tokens
             enable_caching=prefix_caching,
+            state_manager=(MambaManager, find_mamba_hit),
         )
         self._start(workload, step_time, profile.name)
         self.reqs = [RequestState(index, request) for index, request in enumerate(self.requests)]
