@@ -106,6 +106,28 @@ def test_simulate_reports_hits_per_group_kind_on_a_hybrid(run_cli):
     assert by_kind["state"]["hits"] == by_kind["state"]["pages"] > 0  # one checkpoint a hit
 
 
+def test_a_hybrid_hits_its_states_with_the_default_vllm_profile(run_cli):
+    """Jamba under the default ``vllm`` profile with prefix caching and states kept at block
+    boundaries: vLLM 0.33 caches Mamba states in ``mamba_cache_mode='align'``, so requests that
+    share a system prompt hit it (the profile used to hit nothing on a plan with state groups)."""
+    default = [arg for arg in HYBRID if arg not in ("--scheduler", "kvcore")]
+    status, out, err = run_cli(
+        "simulate",
+        "--model",
+        "ai21labs/AI21-Jamba-1.5-Mini",
+        "--state-cache-mode",
+        "align",
+        *default,
+        "--json",
+    )
+    assert status == 0, err
+    payload = json.loads(out)
+    assert payload["scheduler"]["name"] == "vllm"
+    simulation = payload["candidates"][0]["simulation"]
+    assert simulation["prefix_caching"] and simulation["cached_tokens"] > 0
+    assert 0 < simulation["prefix_hit_rate"] < 1
+
+
 def test_without_checkpoints_a_state_model_reports_no_kind(run_cli):
     status, out, err = run_cli("simulate", "--model", "ai21labs/AI21-Jamba-1.5-Mini", *HYBRID, "--json")
     assert status == 0, err

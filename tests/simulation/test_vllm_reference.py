@@ -71,6 +71,41 @@ def _plans(draw: st.DrawFn) -> KVCachePlan:
     return plan
 
 
+@st.composite
+def _state_plans(draw: st.DrawFn) -> KVCachePlan:
+    """A plan of state (Mamba) layers beside attention layers of one block size (full, sliding,
+    chunked local, MLA), or of state layers alone: with prefix caching, vLLM runs the state
+    layers in ``mamba_cache_mode='align'``, whose states hit."""
+    block = draw(st.sampled_from([8, 16, 32]))
+    attention = draw(
+        kst.layer_specs(
+            min_layers=0,
+            max_layers=4,
+            max_distinct=2,
+            spec_strategy=kst.specs(KINDS[:-1], registry=REGISTRY).map(
+                lambda spec: attrs.evolve(spec, block_size=block)
+            ),
+        )
+    )
+    states = draw(
+        kst.layer_specs(
+            max_layers=3, max_distinct=2, spec_strategy=kst.specs(["state"], registry=REGISTRY), prefix="s."
+        )
+    )
+    specs = {**attention, **states}
+    context = draw(_contexts())
+    need = request_bytes(specs, context)
+    budget = draw(st.integers(need, draw(st.sampled_from([2, 3, 4])) * need))
+    problem = kst.PlanningProblem(specs=specs, context=context, available_bytes=budget)
+    try:
+        plan = problem.plan(draw(st.sampled_from(POLICIES)), REGISTRY)
+    except PolicyNotApplicableError:
+        reject()
+    if not plan.usable_blocks:
+        reject()
+    return plan
+
+
 def _multi_pool_plans() -> st.SearchStrategy[KVCachePlan]:
     """Plans of several pools (``kind_pools`` plans and hand-built ones: pages of several block
     ids, pools of unequal sizes)."""
@@ -162,7 +197,7 @@ def _run(
 #: what each example draws: a plan (one pool or several), a profile, a workload, and the switches
 DRAWS = {
     "data": st.data(),
-    "plan": st.one_of(_plans(), _plans(), _plans(), _multi_pool_plans()),
+    "plan": st.one_of(_plans(), _plans(), _plans(), _multi_pool_plans(), _state_plans()),
     "profile": _profiles(),
     "caching": st.booleans(),
     "timed": st.booleans(),
@@ -212,6 +247,8 @@ def _fast_path_equals_reference(data, plan, profile, caching, timed, paths):
     event(f"preempts: {fast.preemptions > 0}")
     event(f"hits: {fast.cached_tokens > 0}")
     event(f"kinds: {sorted({type(g.spec).kind for g in plan.groups})}")
+    if caching and any(type(g.spec).kind == "state" for g in plan.groups):
+        event(f"state groups, caching on: hits {fast.cached_tokens > 0}")
     for field in attrs.fields(type(fast)):
         assert getattr(fast, field.name) == getattr(reference, field.name), field.name
 
@@ -291,3 +328,18 @@ def test_an_unknown_speed_path_is_refused():
     workload = Workload((Request(id=0, prompt_tokens=10, output_tokens=4),), name="one")
     with pytest.raises(InvalidInputError, match="unknown speed path 'warp': the vllm profile's are event_"):
         VllmSimulator(plan, workload, VllmProfile(), speed_paths=("warp",))
+
+
+@pytest.mark.property
+@settings(deadline=None, suppress_health_check=HEALTH)
+@given(
+    data=st.data(),
+    plan=_state_plans(),
+    profile=_profiles(),
+    timed=st.booleans(),
+    paths=_speed_paths(),
+)
+def test_the_fast_path_gives_the_references_figures_with_cached_states(data, plan, profile, timed, paths):
+    """State groups under prefix caching (vLLM's ``mamba_cache_mode='align'``): the fast path,
+    whose speed paths step aside for them, against the reference."""
+    _fast_path_equals_reference(data, plan, profile, True, timed, paths)

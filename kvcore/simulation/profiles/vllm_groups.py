@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import attrs
 
-from kvcore.errors import SimulationWarning
+from kvcore.errors import InvalidInputError, SimulationWarning
 from kvcore.spec import KVCacheSpec, SizingContext, cdiv
 
 if TYPE_CHECKING:
@@ -25,19 +25,76 @@ class ManagerGroup:
     """What the manager of one plan group needs: its pages and how they free."""
 
     pool: int
-    tokens_per_page: int  # 0: a per-request state (one page)
+    tokens_per_page: int  # 0: a per-request state (one page); an align state: its state block
     span: int  # block ids one page takes
     windowed: bool  # frees pages before its window (first_retained_token)
     spec: KVCacheSpec
     cap: int | None  # vLLM's max_admission_blocks_per_request, in pages
     sliding: int  # the window, for cache hits (0: hits from the start or its chunk's; -1: never hits)
     chunk: int  # chunked local attention's chunk, for cache hits (0: not chunked)
+    #: a state group in vLLM's ``mamba_cache_mode='align'``: the tokens a state block stands for
+    #: (0: not such a group; the fast path never sets it, see :func:`align_state_block`)
+    state_block: int = 0
 
 
 def scheduler_block(plan: KVCachePlan) -> int:
     """vLLM's scheduler block for ``plan``: the least common multiple of its groups' block sizes
-    (a state group counts 1). Prefix hits are multiples of it."""
+    (a state group counts 1; with prefix caching its state block counts, see
+    :func:`align_state_block`). Prefix hits are multiples of it."""
     return math.lcm(*(group.spec.tokens_per_page or 1 for group in plan.groups))
+
+
+def is_state(spec: KVCacheSpec) -> bool:
+    """Whether ``spec`` is a per-request state kind (a page is a whole state, vLLM's
+    ``MambaSpec``): no tokens per page, offloaded as a checkpoint."""
+    return spec.tokens_per_page is None and spec.offload_unit == "checkpoint"
+
+
+def align_state_block(plan: KVCachePlan) -> int:
+    """The tokens each state block of ``plan`` stands for in vLLM's ``mamba_cache_mode='align'``,
+    or 0 when the plan has no state group.
+
+    vLLM 0.33 runs every Mamba layer in align mode when prefix caching is on and in ``'none'``
+    when it is off, whatever a plan was sized for (``mamba_cache_mode`` is derived from
+    ``enable_prefix_caching``: ``vllm/model_executor/models/config.py``,
+    ``HybridAttentionMambaModelConfig``); plan with ``state_cache_mode='align'`` to size for the
+    two states a request then holds. The Mamba block is the attention block in align mode
+    (``mamba_block_size`` is the cache's ``block_size``): here the least common multiple of
+    the attention groups' block sizes, or, with no attention group, the state spec's own
+    ``block_size``.
+    """
+    states = [group.spec for group in plan.groups if is_state(group.spec)]
+    if not states:
+        return 0
+    attention = [group.spec.tokens_per_page for group in plan.groups if group.spec.tokens_per_page]
+    if attention:
+        return math.lcm(*attention)
+    return max(int(getattr(spec, "block_size", 1) or 1) for spec in states)
+
+
+def check_align_states(plan: KVCachePlan, *, prefix_caching: bool) -> None:
+    """Refuse what the profile cannot simulate of align-mode state groups: with prefix caching,
+    a hash block (the groups' greatest common divisor) finer than the state block, where vLLM
+    0.33 hits inside a block and copies the state on write (partial hash hits).
+
+    Raises:
+        InvalidInputError: ``plan``'s attention groups have several block sizes.
+    """
+    if not prefix_caching:
+        return
+    block = align_state_block(plan)
+    if not block:
+        return
+    sizes = sorted({group.spec.tokens_per_page for group in plan.groups if group.spec.tokens_per_page})
+    if math.gcd(block, *sizes) != block:
+        raise InvalidInputError(
+            f"policy {plan.policy!r}: with prefix caching, state groups keep states at block boundaries "
+            "(vLLM's mamba_cache_mode 'align') "
+            f"beside attention groups of several block sizes ({', '.join(map(str, sizes))} tokens); "
+            "vLLM 0.33 then hits inside a state block (partial hash hits), which the vllm profile does "
+            "not simulate: plan with uniform_block_size=True (one block size), or simulate with the "
+            "kvcore profile"
+        )
 
 
 def chunks_off_scheduler_block(plan: KVCachePlan) -> list[int]:
@@ -53,10 +110,12 @@ def chunks_off_scheduler_block(plan: KVCachePlan) -> list[int]:
 
 
 def manager_group(
-    spec: KVCacheSpec, pool: int, span: int, context: SizingContext, *, hits_chunk: bool
+    spec: KVCacheSpec, pool: int, span: int, context: SizingContext, *, hits_chunk: bool, state_block: int = 0
 ) -> ManagerGroup:
     """A plan group as the manager sees it; ``hits_chunk``: a chunked local group on the
-    scheduler's block, which prefix hits look up (see :func:`chunks_off_scheduler_block`)."""
+    scheduler's block, which prefix hits look up (see :func:`chunks_off_scheduler_block`);
+    ``state_block``: for a state group in align mode, :func:`align_state_block` (its states
+    hit, one block per boundary)."""
     per_page = spec.tokens_per_page or 0
     windowed = per_page > 0 and type(spec).first_retained_token is not KVCacheSpec.first_retained_token
     window = getattr(spec, "sliding_window", None)
@@ -70,13 +129,14 @@ def manager_group(
         chunk = 0
     return ManagerGroup(
         pool=pool,
-        tokens_per_page=per_page,
+        tokens_per_page=per_page or state_block,  # align: a state block per boundary, by position
         span=span,
         windowed=windowed,
         spec=spec,
         cap=spec.max_num_blocks(context) if windowed else None,
-        sliding=sliding,
+        sliding=0 if state_block else sliding,
         chunk=chunk,
+        state_block=state_block,
     )
 
 

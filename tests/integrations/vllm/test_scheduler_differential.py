@@ -3,13 +3,16 @@
 
 Each case is drawn from a seed: a model of two to six layers (full attention only, full with
 sliding windows of 32 to 128 tokens, full with chunked local attention of 64 or 128 tokens,
-sliding only), planned by ``plan_for_vllm`` with a random policy in a budget of 1.5 to 3
+sliding only, full attention with MLA, MLA only, full attention with Mamba-style state layers,
+sliding windows with state layers), planned by ``plan_for_vllm`` with a random policy in a budget of 1.5 to 3
 requests of ``max_model_len`` (256 to 1,024 tokens, so requests wait, preempt and evict), and
 a trace of 2 to 24 requests in bursts and gaps, short and long prompts, about half leading with
 one of two shared prefixes; vLLM's settings are drawn too: sync or async scheduling, prefix
 caching off or on, the admission gate (``scheduler_reserve_full_isl``) on or off,
 ``max_num_seqs`` of 2, 8 or 128 (2 binds), ``long_prefill_token_threshold`` 0 or 32, 128 or 256
-tokens a step. Every figure must agree: steps, running requests and pool usage at every step,
+tokens a step. With prefix caching, vLLM runs the state layers in ``mamba_cache_mode='align'``
+(chunks cut to block boundaries, states kept and hit per block), else in ``'none'``. Every
+figure must agree: steps, running requests and pool usage at every step,
 tokens, preemptions, recomputed tokens, queue delays and prefix hits. A failure names its seed;
 ``KVCORE_SCHEDULER_SEEDS=START:STOP`` runs other seeds (``0:2000`` for a long hunt).
 """
@@ -28,6 +31,8 @@ from kvcore.integrations.vllm.rules import VllmRules, plan_for_vllm
 from kvcore.integrations.vllm.scheduler import run_vllm_scheduler
 from kvcore.plan import KVCachePlan
 from kvcore.planning.capacity import request_bytes
+from kvcore.plugins.state import StatePart
+from kvcore.policy import PlanOptions
 from kvcore.simulation.profiles.vllm import VllmProfile
 from kvcore.simulation.workload import Request, Workload
 
@@ -35,7 +40,9 @@ REGISTRY = Registry.default()
 FULL = REGISTRY.spec_class("full_attention")
 SLIDING = REGISTRY.spec_class("sliding_window")
 CHUNKED = REGISTRY.spec_class("chunked_local_attention")
-SHAPES = ("full", "full+sliding", "full+chunked", "sliding")
+MLA = REGISTRY.spec_class("mla")
+STATE = REGISTRY.spec_class("state")
+SHAPES = ("full", "full+sliding", "full+chunked", "sliding", "full+mla", "mla", "full+state", "sliding+state")
 #: what the figures are compared on (pool usage apart: floats)
 FIELDS = (
     "steps",
@@ -58,13 +65,18 @@ def _layers(rng: random.Random) -> tuple[str, dict]:
     shape = rng.choice(SHAPES)
     layers = {}
     for i in range(rng.randint(2, 6)):
-        if shape == "full" or (i % 3 == 0 and shape != "sliding"):
+        first = i % 3 == 0
+        if shape == "full" or (first and shape.startswith("full")):
             spec = FULL(block_size=16, num_kv_heads=1, head_size=64, dtype="bfloat16")
         elif shape == "full+chunked":
             size = rng.choice([64, 128])
             spec = CHUNKED(
                 block_size=16, num_kv_heads=1, head_size=64, dtype="bfloat16", attention_chunk_size=size
             )
+        elif "mla" in shape:
+            spec = MLA(block_size=16, kv_lora_rank=64, qk_rope_head_dim=16, dtype="bfloat16")
+        elif "state" in shape and not (first and shape == "sliding+state"):
+            spec = STATE(block_size=16, parts=_STATE_PARTS)
         else:
             window = rng.choice([32, 100, 128])
             spec = SLIDING(
@@ -72,6 +84,14 @@ def _layers(rng: random.Random) -> tuple[str, dict]:
             )
         layers[f"model.layers.{i}"] = spec
     return shape, layers
+
+
+#: a small Mamba-2-like state, a conv and an SSM part, of one attention page (4 KiB: vLLM pads a
+#: state page to the attention page, and every policy then gives a page one block id)
+_STATE_PARTS = (
+    StatePart(name="conv", shape=(4, 64), dtype="bfloat16"),
+    StatePart(name="ssm", shape=(7, 16, 16), dtype="bfloat16"),
+)
 
 
 def _trace(rng: random.Random, length: int) -> Workload:
@@ -108,8 +128,13 @@ def draw_case(seed: int) -> tuple[KVCachePlan, Workload, VllmProfile, bool, int]
     need = request_bytes(layers, rules.context())
     budget = rng.randint(need * 3 // 2, 3 * need)
     policy = rng.choice(["shared_buffer", "equal_groups", "uniform" if shape == "full" else "shared_buffer"])
+    # full attention and MLA layers of different pages are one kind to vLLM: kvcore would put them
+    # in one mixed-page group (a UniformTypeKVCacheSpecs), which vLLM's scheduler has no manager for
+    options = PlanOptions(mixed_pages=False) if "mla" in shape else None
     try:
-        plan = plan_for_vllm(rules.request(layers, budget, policy=policy), rules, registry=REGISTRY)
+        plan = plan_for_vllm(
+            rules.request(layers, budget, policy=policy, options=options), rules, registry=REGISTRY
+        )
     except KVCoreError:
         return None  # vLLM's per-group admission rule does not admit one request
     workload = _trace(rng, length)

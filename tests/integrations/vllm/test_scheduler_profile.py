@@ -19,7 +19,7 @@ from kvcore import Registry
 from kvcore.integrations.vllm.scheduler import run_vllm_scheduler
 from kvcore.simulation.profiles.vllm import VllmProfile
 from kvcore.simulation.simulator import simulate
-from tests.integrations.vllm.scheduler_cases import BATCH, CASES, vllm_plan, workload
+from tests.integrations.vllm.scheduler_cases import BATCH, CASES, GIB, vllm_plan, workload
 
 REGISTRY = Registry.default()
 
@@ -97,6 +97,30 @@ def test_readmitted_long_prompts_hit_chunked_local_groups_from_their_chunk_as_vl
     ours = simulate(plan, requests, scheduler=profile, prefix_caching=True, max_num_batched_tokens=BATCH)
     theirs = run_vllm_scheduler(plan, requests, profile, max_num_batched_tokens=BATCH, prefix_caching=True)
     assert ours.preemptions > 0 and ours.cached_tokens > 8192  # the case's premise: hits past a chunk
+    assert (ours.steps, ours.running, ours.preemptions, ours.total_tokens, ours.recomputed_tokens) == (
+        theirs.steps,
+        theirs.running,
+        theirs.preemptions,
+        theirs.total_tokens,
+        theirs.recomputed_tokens,
+    )
+    assert ours.pool_usage == pytest.approx(theirs.pool_usage, abs=1e-12)
+    assert (ours.cached_tokens, ours.mean_queue_delay) == (theirs.cached_tokens, theirs.mean_queue_delay)
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_jamba_plan_hits_its_mamba_states_as_vllm_does(mode):
+    """Jamba 1.5 Mini (Mamba layers beside attention) on chat traffic with shared system prompts,
+    prefix caching on: vLLM runs its Mamba layers in ``mamba_cache_mode='align'``, caching a state
+    per block boundary, and a request hits a shared prompt's state. The profile finds the same
+    hits (cached tokens > 0) and every other figure as vLLM's."""
+    asynchronous = mode == "async"
+    plan = vllm_plan("ai21labs/AI21-Jamba-1.5-Mini", GIB, 4096, asynchronous=asynchronous, registry=REGISTRY)
+    requests = workload("chat-system-prompts", 40)
+    profile = VllmProfile(async_scheduling=asynchronous)
+    ours = simulate(plan, requests, scheduler=profile, prefix_caching=True, max_num_batched_tokens=BATCH)
+    theirs = run_vllm_scheduler(plan, requests, profile, max_num_batched_tokens=BATCH, prefix_caching=True)
+    assert ours.cached_tokens > 0  # the case's premise: the Mamba states hit
     assert (ours.steps, ours.running, ours.preemptions, ours.total_tokens, ours.recomputed_tokens) == (
         theirs.steps,
         theirs.running,

@@ -41,10 +41,20 @@ What it follows, with where vLLM does it (``vllm/v1/core/``; facts, not code):
 Tokens stand for themselves: the ``j``-th block of a request has the content of its
 ``prefix_id``'s ``j``-th block while it lies inside ``prefix_tokens``, else its own.
 
-Where it is an approximation: a Mamba-style state group holds one block per request from its
-first token (vLLM's ``mamba_cache_mode='none'``); with prefix caching, state groups never hit,
-nor do chunked local groups whose block is not the scheduler's (vLLM's lookup asserts that it
-is; ``plan_for_vllm`` never makes such a plan), so a plan with them hits nothing; no speculative
+- **State (Mamba) groups**: without prefix caching one block per request from its first token
+  (vLLM's ``mamba_cache_mode='none'``); with it, vLLM's ``mamba_cache_mode='align'``
+  (``single_type_kv_cache_manager.py``, ``MambaManager``; ``sched/scheduler.py``,
+  ``_mamba_block_aligned_split``): prefill chunks end on block boundaries, a request holds the
+  states of its last two boundaries, caches each and hits the last cached one below the hit the
+  other groups agree on, and a hit on a state cached in the same step waits a step. The plain
+  reference models it (:mod:`~kvcore.simulation.profiles.vllm_reference.mamba_manager`), the
+  fast path in :mod:`~kvcore.simulation.profiles.vllm.state_groups`, where every speed path
+  steps aside for such a run.
+
+Where it is an approximation: chunked local groups whose block is not the scheduler's never hit
+(vLLM's lookup asserts that it is; ``plan_for_vllm`` never makes such a plan), so a plan with
+them hits nothing; with prefix caching, state groups beside attention groups of several block
+sizes are refused (vLLM hits inside a state block then); no speculative
 decoding, no KV connector,
 no encoder inputs, no priority policy, no watermark. ``tests/integrations/vllm`` checks the profile figure for
 figure against vLLM 0.33's real ``Scheduler``.
@@ -64,6 +74,8 @@ How it is laid out (a package of modules, each a layer of :class:`VllmSimulator`
 - :mod:`~kvcore.simulation.profiles.vllm.lean`: the lean boundary call of a decode and the
   lean finish (speed paths over compact tables);
 - :mod:`~kvcore.simulation.profiles.vllm.steady`: steady decoders (a speed path);
+- :mod:`~kvcore.simulation.profiles.vllm.state_groups`: state groups under prefix caching (vLLM's
+  ``mamba_cache_mode='align'``), for which the speed paths step aside;
 - :mod:`~kvcore.simulation.profiles.vllm.scheduler`: the step itself (``Scheduler.schedule``,
   ``update_from_output``, preemption): :class:`VllmSimulator`.
 

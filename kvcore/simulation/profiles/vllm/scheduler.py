@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from kvcore.errors import InvalidInputError
 from kvcore.simulation.profiles.vllm.state import FINISHED, PREEMPTED, RUNNING
-from kvcore.simulation.profiles.vllm.steady import SteadyDecoders
+from kvcore.simulation.profiles.vllm.state_groups import AlignStates
 from kvcore.simulation.profiles.vllm_groups import usable_text
 from kvcore.simulation.steps import StepRecord
 
 
-class VllmSimulator(SteadyDecoders):
+class VllmSimulator(AlignStates):
     """vLLM's scheduler and KV-cache manager over a kvcore plan, one :meth:`step` at a time
     (the arguments are :class:`~kvcore.simulation.profiles.vllm.state.VllmState`'s)."""
 
@@ -51,6 +51,8 @@ class VllmSimulator(SteadyDecoders):
             waiting.append(upcoming)
             upcoming += 1
         self._next = upcoming
+        if self._state_block:  # state groups in align mode (see state_groups)
+            self._new_step_starts()
         scheduled, sampled = self._schedule(step)
         tokens = sum(scheduled.values()) + self._steady  # the steady decoders each ran a token
         # nothing ran, runs or will come back (async keeps the last, empty, step in flight)
@@ -90,7 +92,7 @@ class VllmSimulator(SteadyDecoders):
         computed, known, placeholders = self._computed, self._tokens, self._placeholders
         budget, limit, lag, until = self.budget, self.max_model_len, self.lag, self._until
         threshold = self.profile.long_prefill_token_threshold if len(running) + len(waiting) > 1 else 0
-        total, in_flight = self._total, self._in_flight
+        total, in_flight, aligned = self._total, self._in_flight, self._state_block  # (state groups)
         quiet, free_at, cache_at = self._quiet, self._free_at, self._cache_at
         scheduled: dict[int, int] = {}
         sampled: set[int] = set()
@@ -133,6 +135,7 @@ class VllmSimulator(SteadyDecoders):
                 new = budget
             if new > limit - done - 1:
                 new = limit - done - 1
+            new = self._aligned_split(r, new) if aligned else new  # chunks end on state blocks
             if new <= 0:
                 continue
             # the usual step: a decode that crosses no page boundary, frees nothing and caches
@@ -214,6 +217,10 @@ class VllmSimulator(SteadyDecoders):
             if 0 < threshold < new:
                 new = threshold
             new = min(new, budget)
+            if self._state_block:
+                new = self._aligned_split(r, new, hit)
+                if not new:
+                    break
             if not self._allocate(r, new, gate=profile.reserve_full_isl, hit=hit, hit_blocks=blocks):
                 break
             waiting.popleft()

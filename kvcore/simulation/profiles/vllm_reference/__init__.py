@@ -12,6 +12,8 @@ It reads side by side with vLLM's sources:
   ``single_type_kv_cache_manager.py`` (``get_num_blocks_to_allocate``,
   ``remove_skipped_blocks``, ``cache_blocks``, ``free``, each attention type's
   ``find_longest_cache_hit``);
+- :mod:`~kvcore.simulation.profiles.vllm_reference.mamba_manager`: ``MambaManager`` in
+  ``mamba_cache_mode='align'`` (state groups under prefix caching);
 - :mod:`~kvcore.simulation.profiles.vllm_reference.block_pool`: ``vllm/v1/core/block_pool.py``
   (``get_new_blocks``, ``free_blocks``, ``touch``, ``get_cached_block``, eviction);
 - :mod:`~kvcore.simulation.profiles.vllm_reference.request`: ``vllm/v1/request.py``.

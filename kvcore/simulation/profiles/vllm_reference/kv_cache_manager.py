@@ -14,9 +14,11 @@ our words. Where this differs from vLLM 0.33:
   the same blocks.
 - **Groups** are a kvcore plan's (its pools, page spans and kinds, see
   :mod:`~kvcore.simulation.profiles.vllm_reference.block_pool`); a Mamba-style state group
-  holds one block from the request's first token and never hits (vLLM's
-  ``mamba_cache_mode='none'``), and a chunked local group whose block is not the scheduler's
-  never hits (vLLM 0.33's lookup asserts that it is).
+  holds one block from the request's first token without prefix caching (vLLM's
+  ``mamba_cache_mode='none'``) and is a
+  :class:`~kvcore.simulation.profiles.vllm_reference.mamba_manager.MambaManager` with it
+  (``'align'``: vLLM derives the mode from prefix caching); a chunked local group whose block is
+  not the scheduler's never hits (vLLM 0.33's lookup asserts that it is).
 - **One count for every request**: ``get_num_blocks_to_allocate`` counts the required blocks
   less the larger of those before the window and those held (hit blocks included) for a running
   request too, where vLLM takes a shortcut (required less held): a running request's blocks
@@ -28,12 +30,15 @@ our words. Where this differs from vLLM 0.33:
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import TYPE_CHECKING
 
 from kvcore.simulation.profiles.vllm_groups import (
     ManagerGroup,
+    align_state_block,
+    check_align_states,
     chunks_off_scheduler_block,
+    is_state,
     manager_group,
     pages,
     scheduler_block,
@@ -76,6 +81,10 @@ class SingleTypeKVCacheManager:
         self.hash_block = hash_block
         self.req_to_blocks: dict[int, Blocks] = {}
         self.num_cached_block: dict[int, int] = {}
+
+    def new_step_starts(self) -> None:
+        """``new_step_starts``: nothing to forget (a state group's manager forgets the hashes it
+        cached in the step before)."""
 
     def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
         """``get_num_skipped_tokens``: the leading tokens no longer attended to once
@@ -201,6 +210,13 @@ def _is_partial(key: Hashable) -> bool:
 #: The blocks of a hit, per group of one attention type, position by position (``None``: null).
 HitRows = list[list[KVCacheBlock] | None]
 
+#: A state group's manager class and its hit lookup (``find_longest_cache_hit``): the request,
+#: the type's managers, the longest hit, the alignment -> the hit's rows and tokens.
+StateHitFinder = Callable[
+    ["RequestState", Sequence["SingleTypeKVCacheManager"], int, int], tuple[HitRows, int]
+]
+StateManager = tuple[type["SingleTypeKVCacheManager"], StateHitFinder]
+
 
 def find_full_attention_hit(
     req: RequestState, groups: Sequence[SingleTypeKVCacheManager], max_length: int, alignment: int
@@ -278,64 +294,102 @@ class KVCacheManager:
         max_in_flight_tokens: vLLM's ``max_in_flight_tokens`` (what a window may hold beyond
             itself: the admission cap's context).
         enable_caching: vLLM's ``enable_prefix_caching``.
+        state_manager: with prefix caching, the manager class of state groups and its hit lookup
+            (:mod:`~kvcore.simulation.profiles.vllm_reference.mamba_manager`: vLLM's
+            ``MambaManager`` in align mode), which subclasses :class:`SingleTypeKVCacheManager`.
     """
 
     def __init__(
-        self, plan: KVCachePlan, *, max_model_len: int, max_in_flight_tokens: int, enable_caching: bool
+        self,
+        plan: KVCachePlan,
+        *,
+        max_model_len: int,
+        max_in_flight_tokens: int,
+        enable_caching: bool,
+        state_manager: StateManager | None = None,
     ) -> None:
         self.max_model_len = max_model_len
         self.enable_caching = enable_caching
         context = SizingContext(max_model_len=max_model_len, max_num_batched_tokens=max_in_flight_tokens)
         #: the scheduler's block: a hit is a multiple of it (``_cache_hit_alignment_tokens``)
-        self.alignment = scheduler_block(plan)
+        check_align_states(plan, prefix_caching=enable_caching)
+        #: with prefix caching, the state groups' block (align mode, see :mod:`.mamba_manager`); 0: none
+        self.state_block = align_state_block(plan) if enable_caching else 0
+        self.alignment = math.lcm(scheduler_block(plan), self.state_block or 1)
         unhit = chunks_off_scheduler_block(plan)
         groups = [
-            manager_group(g.spec, g.pool, g.blocks_per_page, context, hits_chunk=index not in unhit)
+            manager_group(
+                g.spec,
+                g.pool,
+                g.blocks_per_page,
+                context,
+                hits_chunk=index not in unhit,
+                state_block=self.state_block if is_state(g.spec) else 0,
+            )
             for index, g in enumerate(plan.groups)
         ]
         self.block_pools = [
             BlockPool(plan.usable_blocks_in(p), enable_caching=enable_caching) for p in range(len(plan.pools))
         ]
         # the hash block: the groups' greatest common divisor (``hash_block_size``)
-        hash_block = math.gcd(*(g.tokens_per_page for g in groups if g.tokens_per_page)) or 1
+        hash_block = math.gcd(*(g.tokens_per_page or g.state_block for g in groups)) or 1
+        # the align-mode state groups' manager and lookup (vLLM's MambaManager: see mamba_manager)
+        state_class: type[SingleTypeKVCacheManager] = SingleTypeKVCacheManager
+        self._find_state_hit: StateHitFinder | None = None
+        if state_manager is not None:
+            state_class, self._find_state_hit = state_manager
         self.managers = [
-            SingleTypeKVCacheManager(index, g, self.block_pools[g.pool], hash_block=hash_block)
+            (state_class if g.state_block else SingleTypeKVCacheManager)(
+                index, g, self.block_pools[g.pool], hash_block=hash_block
+            )
             for index, g in enumerate(groups)
         ]
-        self.windowed = any(g.windowed for g in groups)
-        # the attention types a hit looks up, full attention first (``attention_groups``):
-        # (window, chunk, managers); a group that never hits leaves no hit at all
+        self.windowed = any(g.windowed or g.state_block for g in groups)
+        # the attention types a hit looks up (``attention_groups``): (window, chunk, managers),
+        # groups of one spec together, in the plan's order with full attention first (its
+        # lookup bounds the others'; ``verify_and_split_kv_cache_groups``); a group that never
+        # hits leaves no hit at all
         self.attention_groups: list[tuple[int, int, list[SingleTypeKVCacheManager]]] = []
         if enable_caching and all(g.sliding >= 0 for g in groups):
-            by_type: dict[tuple[int, int, int], list[SingleTypeKVCacheManager]] = {}
+            by_type: dict[tuple[int, int, int, int], list[SingleTypeKVCacheManager]] = {}
             for manager in self.managers:
                 g = manager.group
-                by_type.setdefault((g.sliding, g.chunk, g.tokens_per_page), []).append(manager)
-            self.attention_groups = [(key[0], key[1], found) for key, found in sorted(by_type.items())]
+                by_type.setdefault((g.sliding, g.chunk, g.tokens_per_page, g.state_block), []).append(manager)
+            types = sorted(by_type.items(), key=lambda item: not (item[0][:2] == (0, 0) and not item[0][3]))
+            self.attention_groups = [(key[0], key[1], found) for key, found in types]
 
     # -- the coordinator ---------------------------------------------------------------------
 
     def find_longest_cache_hit(
         self, req: RequestState, max_cache_hit_length: int
-    ) -> tuple[int, list[Blocks]]:
+    ) -> tuple[int, list[Blocks], int]:
         """``HybridKVCacheCoordinator.find_longest_cache_hit``: the longest hit every attention
         type serves. Each type looks up at most the length the types before it found, and the
         pass repeats with the shorter length until no type shortens it. (vLLM reuses the full
         attention lookup in later passes and stops after one pass when full attention and one
         other type take part: shortcuts that find the same hit.) Groups of one window, chunk
-        and block size are looked up together, as vLLM looks up the groups of one spec."""
+        and block size are looked up together, as vLLM looks up the groups of one spec.
+
+        Also returns the longest hit one type found (``longest_hit_length``: the first type's,
+        full attention where there is one), which names a shared prefix a state group has not
+        cached yet."""
         hit = max_cache_hit_length
+        longest = 0
         found: dict[int, Blocks] = {}
         while True:
             current = hit
             for window, chunk, groups in self.attention_groups:
-                if chunk:
+                if groups[0].group.state_block:
+                    assert self._find_state_hit is not None, "state groups need the state manager"
+                    rows, length = self._find_state_hit(req, groups, current, self.alignment)
+                elif chunk:
                     rows, length = find_chunked_local_hit(req, groups, current, chunk)
                 elif window == 0:
                     rows, length = find_full_attention_hit(req, groups, current, self.alignment)
                 else:
                     rows, length = find_sliding_window_hit(req, groups, current, window, self.alignment)
                 current = min(current, length)
+                longest = max(longest, current)
                 for k, manager in enumerate(groups):
                     found[manager.index] = [row[k] if row is not None else None for row in rows]
             if current >= hit:
@@ -344,18 +398,31 @@ class KVCacheManager:
             if hit == 0:
                 break
         if hit <= 0:
-            return 0, []
-        return hit, [found[m.index][: cdiv(hit, m.block_size)] for m in self.managers]
+            return 0, [], longest
+        return hit, [found[m.index][: cdiv(hit, m.block_size)] for m in self.managers], longest
 
     # -- what the scheduler calls ------------------------------------------------------------
 
     def get_computed_blocks(self, req: RequestState) -> tuple[int, list[Blocks]]:
         """``KVCacheManager.get_computed_blocks``: the request's prefix hit, at most
         ``num_tokens - 1`` tokens (the last one is computed again for its logits): tokens and
-        blocks per group (none without prefix caching or where a group never hits)."""
+        blocks per group (none without prefix caching or where a group never hits). With state
+        groups in align mode, the request's ``shared_prefix_boundary`` is set: the longest hit
+        one type found when it is longer than the hit (``num_uncached_common_prefix_tokens``),
+        else 0."""
+        req.shared_prefix_boundary = 0
         if not self.attention_groups:
             return 0, []
-        return self.find_longest_cache_hit(req, req.num_tokens - 1)
+        hit, blocks, longest = self.find_longest_cache_hit(req, req.num_tokens - 1)
+        if self.state_block and longest > hit:
+            req.shared_prefix_boundary = longest
+        return hit, blocks
+
+    def new_step_starts(self) -> None:
+        """``KVCacheManager.new_step_starts``: each state group forgets the hashes cached in the
+        step before (:class:`~.mamba_manager.MambaManager`)."""
+        for manager in self.managers:
+            manager.new_step_starts()
 
     def allocate_slots(
         self,

@@ -32,6 +32,9 @@ class RequestState:
         num_stale_output_tokens: a preempted request's tokens still in flight (their output is
             dropped, and the request waits until it is back).
         status: where it is.
+        shared_prefix_boundary: with align-mode state groups, where the longest hit one attention
+            type found ends when the hit every group agrees on is shorter, as its last lookup
+            found it (a prefill chunk stops there, so that the state there is cached), else 0.
     """
 
     __slots__ = (
@@ -42,6 +45,7 @@ class RequestState:
         "num_stale_output_tokens",
         "num_tokens",
         "request",
+        "shared_prefix_boundary",
         "status",
     )
 
@@ -54,6 +58,7 @@ class RequestState:
         self.num_in_flight_tokens = 0
         self.num_stale_output_tokens = 0
         self.status = RequestStatus.WAITING
+        self.shared_prefix_boundary = 0
 
     @property
     def num_total_tokens(self) -> int:

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from kvcore.errors import InvalidInputError
 from kvcore.simulation.profiles.vllm_groups import chunks_off_scheduler_block, usable_text, warn_unhit_chunks
 from kvcore.simulation.profiles.vllm_reference.kv_cache_manager import KVCacheManager
+from kvcore.simulation.profiles.vllm_reference.mamba_manager import MambaManager, find_mamba_hit
 from kvcore.simulation.profiles.vllm_reference.request import RequestState, RequestStatus
 from kvcore.simulation.stepper import StepperState, check_lengths, step_budget
 from kvcore.simulation.steps import StepRecord, StepTimeModel
@@ -93,6 +94,7 @@ class VllmReferenceScheduler(StepperState):
             max_model_len=self.max_model_len,
             max_in_flight_tokens=(self.lag + 1) * self.budget,  # vLLM's VllmConfig.max_in_flight_tokens
             enable_caching=prefix_caching,
+            state_manager=(MambaManager, find_mamba_hit),
         )
         self._start(workload, step_time, profile.name)
         self.reqs = [RequestState(index, request) for index, request in enumerate(self.requests)]
@@ -185,6 +187,7 @@ class VllmReferenceScheduler(StepperState):
         than ``max_num_seqs`` run, each taking its prefix hit and admitted only when
         ``allocate_slots`` grants it (its whole known sequence first, with
         ``scheduler_reserve_full_isl``). ``_update_after_schedule`` follows each request."""
+        self.kv_cache_manager.new_step_starts()
         eligible = len(self._running) + len(self._waiting)
         threshold = self.profile.long_prefill_token_threshold if eligible > 1 else 0
         scheduled: dict[int, int] = {}
@@ -216,6 +219,8 @@ class VllmReferenceScheduler(StepperState):
             if 0 < threshold < new:
                 new = threshold
             new = min(new, budget, self.max_model_len - 1 - req.num_computed_tokens)
+            if self.kv_cache_manager.state_block:
+                new = self._mamba_block_aligned_split(req, new)
             if new <= 0:
                 continue
             granted = True
@@ -252,6 +257,10 @@ class VllmReferenceScheduler(StepperState):
             if 0 < threshold < new:
                 new = threshold
             new = min(new, budget)
+            if manager.state_block:
+                new = self._mamba_block_aligned_split(req, new, hit)
+                if not new:
+                    break
             if not manager.allocate_slots(
                 req,
                 new,
@@ -272,6 +281,37 @@ class VllmReferenceScheduler(StepperState):
             budget -= new
             self._update_after_schedule(req, new, sampled)
         waiting.extendleft(reversed(skipped))
+
+    def _mamba_block_aligned_split(self, req: RequestState, new: int, hit: int = 0) -> int:
+        """``Scheduler._mamba_block_aligned_split``: with state groups in align mode, a prefill
+        chunk is cut so that it ends where a state is kept: on a block boundary (unless it ends
+        the prefill; a block larger than the chunk budget is crossed in several chunks), never
+        past the last block boundary before the request's last known token, and at the shared
+        prefix a lookup found beyond the hit (``shared_prefix_boundary``, floored to a block).
+        Returns the tokens left (0: none fit in the budget on a boundary)."""
+        start = req.num_computed_tokens + hit
+        prefill_end = max(req.request.prompt_tokens, req.num_tokens - 1)
+        if start >= prefill_end:
+            return new
+        block = self.kv_cache_manager.state_block
+        # the last boundary whose state can be cached: a hit stops one token short of the end
+        last_cache_position = (req.num_tokens - 1) // block * block
+        end = start + new
+        if end < prefill_end:
+            most = self.budget
+            if self.profile.long_prefill_token_threshold > 0:
+                most = min(most, self.profile.long_prefill_token_threshold)
+            aligned = end // block * block
+            if aligned > start or block <= most:
+                end = aligned
+        junction = req.shared_prefix_boundary
+        stops = (
+            (start // block + 1) * block if start % block else 0,  # a chunk begun mid-block
+            last_cache_position,
+            start + (junction - start) // block * block if start < junction < end else 0,
+        )
+        end = min((stop for stop in stops if start < stop < end), default=end)
+        return max(end - start, 0)
 
     def _update_after_schedule(self, req: RequestState, new: int, sampled: set[int]) -> None:
         """``Scheduler._update_after_schedule`` (and ``AsyncScheduler``'s): the ``new`` tokens

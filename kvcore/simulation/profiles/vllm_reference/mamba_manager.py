@@ -1,0 +1,189 @@
+"""vLLM 0.33's ``MambaManager`` in ``mamba_cache_mode='align'``, plainly: the blocks of a state
+group whose states are kept at block boundaries for prefix caching
+(``vllm/v1/core/single_type_kv_cache_manager.py``, ``MambaManager``).
+
+What vLLM does in align mode, in our words (each method below names the vLLM method it stands
+for):
+
+- A state group's block table is indexed by position, as an attention group's is: the block at
+  position ``j`` holds the state after ``(j + 1) * block_size`` tokens. Only two positions hold
+  a block at a time; every other position is the null block.
+- **Allocation** (``allocate_new_blocks``): when the slots asked for reach a block past the
+  table's end, the positions up to the new last one are padded with nulls and one fresh block
+  is taken for the last position (the running state); the block that held the running state so
+  far is remembered (``last_state_block_idx``). ``get_num_blocks_to_allocate`` asks for at most
+  one block per call (``physical_block_cap``), plus the hit block when it leaves the free queue.
+- **Freeing** (``remove_skipped_blocks``, ``_remove_blocks_in_range``): only the state of the
+  last computed token is needed (``get_num_skipped_tokens`` is ``num_computed_tokens - 1``), so
+  once the processed tokens pass a block, every block before the running state's is freed (a
+  cached one to the back of the free queue, where a later request may still hit it).
+- **Caching** (``cache_blocks``, ``BlockPool.cache_full_blocks``): every full block that is not
+  null gets its hash, as an attention block does; the hashes cached while a step is scheduled
+  are remembered (``cached_blocks_this_step``) and a request whose hit ends on one of them is not
+  admitted in that step (``get_num_blocks_to_allocate`` asks for more blocks than the pool has:
+  the state is written only when the step runs).
+- **Hits** (``MambaManager.find_longest_cache_hit``): from the right, the first cached block
+  whose end lies on the scheduler's block; the hit is that one block, nulls before it.
+
+What is left out: speculative blocks (``num_speculative_blocks``), prefill checkpoint blocks
+(``num_prefill_checkpoint_blocks``), partial (sub-block) hash hits and their copy-on-write,
+sparse retention (``prefix_cache_retention_interval``) and KV connectors: the profile simulates
+none of them. The state block is the scheduler's block (vLLM's ``mamba_block_size`` in align
+mode is the attention block size), and the hash block must equal it
+(:func:`~kvcore.simulation.profiles.vllm_groups.check_align_states`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from typing import TYPE_CHECKING
+
+from kvcore.simulation.profiles.vllm_reference.kv_cache_manager import HitRows, SingleTypeKVCacheManager
+from kvcore.spec import cdiv
+
+if TYPE_CHECKING:
+    from kvcore.simulation.profiles.vllm_groups import ManagerGroup
+    from kvcore.simulation.profiles.vllm_reference.block_pool import BlockPool, KVCacheBlock
+    from kvcore.simulation.profiles.vllm_reference.request import RequestState
+
+
+class MambaManager(SingleTypeKVCacheManager):
+    """``MambaManager`` in align mode: one state group's blocks of every request.
+
+    Attributes:
+        last_state_block_idx: per request, the position of the block that held its running state
+            before the latest block was taken (freed once the processed tokens pass it).
+        num_retired_blocks: per request, the positions before which every block was freed
+            (``_num_retired_blocks``).
+        allocated: the requests that took a block for their running state
+            (``_allocated_block_reqs``).
+        cached_blocks_this_step: the hashes cached since the step began.
+    """
+
+    def __init__(self, index: int, group: ManagerGroup, block_pool: BlockPool, *, hash_block: int) -> None:
+        super().__init__(index, group, block_pool, hash_block=hash_block)
+        self.block_size = group.state_block
+        self.last_state_block_idx: dict[int, int] = {}
+        self.num_retired_blocks: dict[int, int] = {}
+        self.allocated: set[int] = set()
+        self.cached_blocks_this_step: set[Hashable] = set()
+
+    def new_step_starts(self) -> None:
+        """``MambaManager.new_step_starts``: forget the hashes cached in the step before."""
+        self.cached_blocks_this_step.clear()
+
+    def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
+        """``MambaManager.get_num_skipped_tokens``: only the last computed token's state is
+        needed."""
+        return num_computed_tokens - 1
+
+    def get_num_blocks_to_allocate(
+        self,
+        r: int,
+        num_tokens: int,
+        new_computed_blocks: Sequence[KVCacheBlock | None],
+        total_computed_tokens: int,
+        *,
+        apply_admission_cap: bool,
+    ) -> int:
+        """``MambaManager.get_num_blocks_to_allocate`` in align mode: one block at most for the
+        running state (when the slots reach past the table), and the hit block when it leaves
+        the free queue. A hit whose block was cached in this step asks for more than the pool
+        holds, so the request waits for the next step."""
+        if new_computed_blocks:
+            last = new_computed_blocks[-1]
+            if last is not None and last.block_hash in self.cached_blocks_this_step:
+                return self.block_pool.num_ids + 1
+        held = len(self.req_to_blocks.get(r, ()))
+        new_blocks = cdiv(num_tokens, self.block_size) - len(new_computed_blocks) - held
+        if new_blocks > 0:
+            new_blocks = 1  # physical_block_cap: the running state's block
+        evictable = sum(1 for block in new_computed_blocks if block is not None and block.ref_cnt == 0)
+        return (new_blocks + evictable) * self.group.span
+
+    def add_local_computed_blocks(self, r: int, new_computed_blocks: Sequence[KVCacheBlock | None]) -> None:
+        """``add_local_computed_blocks``: the hit's block (after its nulls) is held, and counted as
+        cached."""
+        super().add_local_computed_blocks(r, new_computed_blocks)
+        self.num_cached_block[r] = len(self.req_to_blocks[r])
+
+    def allocate_new_blocks(self, r: int, num_tokens: int) -> None:
+        """``MambaManager.allocate_new_blocks`` in align mode: when ``num_tokens`` reach past the
+        table, nulls up to the new last position and one fresh block there; the position of the
+        block that held the running state so far is remembered."""
+        blocks = self.req_to_blocks[r]
+        required = cdiv(num_tokens, self.block_size)
+        if required <= len(blocks):
+            self.allocated.add(r)
+            return
+        held = len(blocks)
+        if r in self.allocated or held > 0:  # its running state, or the state a hit gave it
+            self.last_state_block_idx[r] = held - 1
+        if held < required - 1:
+            blocks.extend([None] * (required - 1 - held))
+        blocks.extend(self.block_pool.get_new_blocks(required - len(blocks), self.group.span))
+        self.allocated.add(r)
+
+    def remove_skipped_blocks(self, r: int, processed_computed_tokens: int) -> None:
+        """``MambaManager.remove_skipped_blocks`` in align mode: the blocks before the one of the
+        last processed token are freed, latest first, from where the last call stopped
+        (``_remove_blocks_in_range``); then the block that held the running state before the
+        latest one, once the processed tokens passed it."""
+        blocks = self.req_to_blocks[r]
+        skipped = self.get_num_skipped_tokens(processed_computed_tokens)
+        if skipped > 0:
+            first = self.num_retired_blocks.get(r, 0)
+            last = min(skipped // self.block_size, len(blocks))
+            if first < last:
+                freed: list[KVCacheBlock | None] = []
+                for i in range(last - 1, first - 1, -1):
+                    if blocks[i] is not None:
+                        freed.append(blocks[i])
+                        blocks[i] = None
+                self.block_pool.free_blocks(freed)
+                self.num_retired_blocks[r] = last
+        index = self.last_state_block_idx.get(r)
+        if index is not None and index < cdiv(processed_computed_tokens, self.block_size) - 1:
+            block = blocks[index]
+            if block is not None:
+                self.block_pool.free_blocks([block])
+                blocks[index] = None
+
+    def cache_blocks(self, req: RequestState, num_tokens: int) -> None:
+        """``MambaManager.cache_blocks``: hash the full blocks that are not null (the states at
+        block boundaries), and remember their hashes as cached in this step."""
+        r = req.index
+        before = self.num_cached_block.get(r, 0)
+        super().cache_blocks(req, num_tokens)
+        blocks = self.req_to_blocks[r]
+        for j in range(before, min(self.num_cached_block.get(r, 0), len(blocks))):
+            block = blocks[j]
+            if block is not None and block.block_hash is not None:
+                self.cached_blocks_this_step.add(block.block_hash)
+
+    def free(self, r: int) -> None:
+        """``MambaManager.pop_blocks_for_free`` and ``free``: forget the request's align state,
+        then free its blocks, the last first."""
+        self.allocated.discard(r)
+        self.last_state_block_idx.pop(r, None)
+        self.num_retired_blocks.pop(r, None)
+        super().free(r)
+
+
+def find_mamba_hit(
+    req: RequestState, groups: Sequence[SingleTypeKVCacheManager], max_length: int, alignment: int
+) -> tuple[HitRows, int]:
+    """``MambaManager.find_longest_cache_hit``: from the right, the first block cached in every
+    group of ``groups`` that ends on a multiple of ``alignment`` (the scheduler's block); the
+    hit is that block, the positions before it nulls."""
+    block_size = groups[0].block_size
+    for j in range(max_length // block_size - 1, -1, -1):
+        row = groups[0].cached_blocks(req, groups, j)
+        if row is None:
+            continue
+        if (j + 1) * block_size % alignment:
+            continue
+        rows: HitRows = [None] * j
+        rows.append(row)
+        return rows, (j + 1) * block_size
+    return [], 0
