@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from itertools import repeat
 
-from kvcore.simulation.profiles.vllm.manager import KVCacheManager
+from kvcore.simulation.profiles.vllm.shared import SharedRuns
 from kvcore.simulation.profiles.vllm.state import HELD
 
 
-class LeanPaths(KVCacheManager):
+class LeanPaths(SharedRuns):
     """The lean boundary call and finish (see the module docstring)."""
 
     def _allocate_decode(self, r: int) -> bool:

@@ -188,7 +188,8 @@ class KVCacheManager(PrefixCache):
                 start = max(0, skipped - len(table))
                 for i in ids:
                     assert hit_blocks is not None
-                    evictable = sum(1 for b in hit_blocks[i][start:] if b is not None and ref.get(b) == 0)
+                    # (a null block, None, has no count: ref.get gives None, not 0)
+                    evictable = [*map(ref.get, hit_blocks[i][start:])].count(0)  # type: ignore[arg-type]
                     need[groups[i].pool] += evictable * groups[i].span
         return need
 

@@ -26,7 +26,11 @@ and every computed block is hashed as vLLM hashes it:
 - ``lean_finish``: a finish over compact tables, per class (needs ``compact_tables``);
 - ``gate_memo``: a request refused by the admission gate before it ever ran is not tried again
   while the pools fall short of the same need and no block of its shared prefix was cached
-  anew or left the cache.
+  anew or left the cache;
+- ``shared_runs``: a request with shared blocks (a hit, a shared prefix) frees its own pages
+  (from ``_exposed_to`` on) before its windows, at its finish and at its preemption as a
+  request with no shared block does (as runs, hashed in one loop), and only its shared pages one
+  by one (:mod:`~kvcore.simulation.profiles.vllm.shared`; needs ``lazy_hashing``).
 
 Always on (they are how the state is kept, not a path beside another): a hit is looked up once
 per class (``_held_by_class``), and the blocks of a hit inside a shared prefix are read once per
@@ -77,6 +81,7 @@ SPEED_PATHS = (
     "lean_decode",
     "lean_finish",
     "gate_memo",
+    "shared_runs",
 )
 
 
@@ -252,6 +257,7 @@ class VllmState(StepperState):
         #: the request could hit them, and it holds them (not with partial tails, which a full
         #: hash replaces as it is computed)
         self._lazy = prefix_caching and not self._tails and "lazy_hashing" in self.speed_paths
+        self._shared_runs = self._lazy and "shared_runs" in self.speed_paths
         self._hashes: list[dict[Hashable, dict[int, None]]] = [{} for _ in self.pools]
         self._hash_of: dict[int, Hashable] = {}
         #: per content of a class ``(class, kind, owner, j)``: the class's groups that have a
