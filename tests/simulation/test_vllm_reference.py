@@ -57,6 +57,28 @@ def _plans(draw: st.DrawFn) -> KVCachePlan:
     specs = draw(
         kst.layer_specs(max_layers=6, max_distinct=3, spec_strategy=kst.specs(KINDS, registry=REGISTRY))
     )
+    return _tight_plan(draw, specs)
+
+
+@st.composite
+def _windowed_plans(draw: st.DrawFn) -> KVCachePlan:
+    """Gemma-3's shape: several layers of full attention and of sliding windows short enough
+    for requests to outgrow, of one block size (one hash block: lazy hashing is on), so a
+    request with a shared prefix or a hit frees pages before its window and finishes with
+    shared and own pages (the speed path ``shared_runs``)."""
+    block = draw(st.sampled_from([4, 8, 16]))
+    shape = {"block_size": block, "num_kv_heads": 1, "head_size": 8, "dtype": "float16"}
+    full = REGISTRY.spec_class("full_attention")(**shape)
+    sliding = REGISTRY.spec_class("sliding_window")(
+        **shape, sliding_window=draw(st.integers(block, 8 * block))
+    )
+    pattern = draw(st.lists(st.booleans(), min_size=2, max_size=8).filter(lambda kinds: len(set(kinds)) == 2))
+    return _tight_plan(draw, {f"model.layers.{i}": sliding if s else full for i, s in enumerate(pattern)})
+
+
+def _tight_plan(draw: st.DrawFn, specs: dict) -> KVCachePlan:
+    """A plan of ``specs`` by any built-in policy whose budget holds one to two (or four)
+    requests of ``max_model_len``."""
     context = draw(_contexts())
     need = request_bytes(specs, context)
     budget = draw(st.integers(need, draw(st.sampled_from([2, 2, 4])) * need))
@@ -162,7 +184,7 @@ def _run(
 #: what each example draws: a plan (one pool or several), a profile, a workload, and the switches
 DRAWS = {
     "data": st.data(),
-    "plan": st.one_of(_plans(), _plans(), _plans(), _multi_pool_plans()),
+    "plan": st.one_of(_plans(), _plans(), _plans(), _windowed_plans(), _multi_pool_plans()),
     "profile": _profiles(),
     "caching": st.booleans(),
     "timed": st.booleans(),

@@ -79,14 +79,16 @@ class LeanPaths(SharedRuns):
         if compact:
             for c, count in grown.items():
                 tables[self._classes[c][0]].extend(repeat(HELD, count))
-        elif grown:  # fresh ids, one holder each, group by group (_take)
-            of_class = self._class_of
-            for g, table in enumerate(tables):
-                count = grown.get(of_class[g], 0)
-                if count:
-                    first = self._next_id
-                    self._next_id = first + count
-                    table.extend(range(first, first + count))
+        elif grown:  # fresh ids, one holder each (_take; an id is a name, its value means nothing)
+            first = self._next_id
+            for c, count in grown.items():
+                for g in self._classes[c][1]:
+                    if count == 1:  # the usual page boundary
+                        tables[g].append(first)
+                    else:
+                        tables[g].extend(range(first, first + count))
+                    first += count
+            self._next_id = first
         grew = bool(grown)
         cached = self._lean_cache(r, slots)
         # what did not change keeps its bound (a cache bound may be stale-low after

@@ -53,41 +53,60 @@ class SharedRuns(KVCacheManager):
     ) -> None:
         """Free the pages before each window (``by_class``: per class, pages before the window
         and first held), group by group, last first: what
-        :meth:`~kvcore.simulation.profiles.vllm.manager.KVCacheManager._remove_skipped` does,
-        the request's own pages of groups in a row queued as one run."""
-        groups, hashed, of_class = self.groups, self._hashed[r], self._class_of
-        batch: list[int] = []  # groups in a row whose own pages go to the queue as one run
-        key = (0, 0, 0, 0)  # its pool, span, pages before the window and first own page
-        for g in sorted(i for c in by_class for i in self._classes[c][1]):
-            skipped, low = by_class[of_class[g]]
-            table = tables[g]
-            if skipped > hashed[of_class[g]]:  # some page released one by one (the plain path's)
-                if batch:
-                    self._queue_pending(r, tuple(batch), key[2] - 1, key[2] - key[3])
-                    batch = []
-                held = table[low:skipped]
-                held.reverse()
-                table[low:skipped] = repeat(None, skipped - low)
-                self._release(r, g, held, skipped - 1, live=True, window=True)  # type: ignore[arg-type]
+        :meth:`~kvcore.simulation.profiles.vllm.manager.KVCacheManager._remove_skipped` does, a
+        stretch of groups' own pages (``_window_segments``: one class, pool and span) queued as
+        one run."""
+        hashed = self._hashed[r]
+        for c, members in self._window_segments:
+            if c not in by_class:
                 continue
-            group = groups[g]
-            mid = self._own_from(r, group.tokens_per_page, low, skipped)
+            skipped, low = by_class[c]
+            if skipped > hashed[c]:  # some page released one by one (the plain path's)
+                for g in members:
+                    held = tables[g][low:skipped]
+                    held.reverse()
+                    tables[g][low:skipped] = repeat(None, skipped - low)
+                    self._release(r, g, held, skipped - 1, live=True, window=True)  # type: ignore[arg-type]
+                continue
+            mid = self._own_from(r, self.groups[members[0]].tokens_per_page, low, skipped)
+            if mid == low:  # every page its own: the stretch's pages as one run
+                for g in members:
+                    tables[g][low:skipped] = repeat(None, skipped - low)
+                self._queue_pending(r, members, skipped - 1, skipped - low)
+            else:
+                self._free_shared_before_window(r, tables, members, (low, mid, skipped))
+
+    def _free_shared_before_window(
+        self, r: int, tables: list[list[int | None]], members: tuple[int, ...], pages: tuple[int, int, int]
+    ) -> None:
+        """Free pages ``low`` to ``skipped`` of request ``r``'s groups ``members`` (``pages``: low,
+        its first own page ``mid``, skipped), group by group, last first: the own pages as one
+        run while no shared page between them enters the queue; a shared page drops a holder,
+        or when it was the last, goes to the queue by itself."""
+        low, mid, skipped = pages
+        ref = self._ref
+        batch: list[int] = []  # groups whose own pages wait to be queued as one run
+        for g in members:
+            table = tables[g]
             shared = table[low:mid]
             table[low:skipped] = repeat(None, skipped - low)
             if mid < skipped:
-                if batch and (group.pool, group.span, skipped, mid) != key:
-                    self._queue_pending(r, tuple(batch), key[2] - 1, key[2] - key[3])
-                    batch = []
                 batch.append(g)
-                key = (group.pool, group.span, skipped, mid)
-            queued = self._drop_held(shared) if shared else []
+            queued: list[int] = []  # the shared pages no other request holds, last first
+            for index in range(mid - low - 1, -1, -1):
+                block: int = shared[index]  # type: ignore[assignment]
+                held = ref.get(block, 1)  # no entry: one holder
+                if held > 1:
+                    ref[block] = held - 1
+                else:
+                    queued.append(index)
             if queued:
-                if batch:  # the shared blocks go behind the run
-                    self._queue_pending(r, tuple(batch), key[2] - 1, key[2] - key[3])
+                if batch:  # the shared pages go behind the run
+                    self._queue_pending(r, tuple(batch), skipped - 1, skipped - mid)
                     batch = []
                 self._queue_freed(r, g, shared, low, queued)
         if batch:
-            self._queue_pending(r, tuple(batch), key[2] - 1, key[2] - key[3])
+            self._queue_pending(r, tuple(batch), skipped - 1, skipped - mid)
 
     def _drop_held(self, blocks: list[int | None]) -> list[int]:
         """Of ``blocks`` (a table's pages, none ``None``) freed last first: drop a holder of
