@@ -106,10 +106,13 @@ class LeanPaths(SharedRuns):
         # below the next block to cache (_note_events' bound) _cache_blocks hashes nothing
         if tokens < self._cache_at[r]:
             return False
-        if self.requests[r].prefix_tokens:
+        hashed, prefix = self._hashed[r], self.requests[r].prefix_tokens
+        if prefix and any(
+            hashes and hashed[c] < prefix // per_page
+            for c, (_, per_page, _, _, hashes) in enumerate(self._decode_classes)
+        ):
             self._cache_blocks(r, tokens)  # (materialising keeps the tables' shape)
-        else:  # no shared prefix: lazy hashing only counts the full blocks (_cache_blocks)
-            hashed = self._hashed[r]
+        else:  # no shared prefix left to hash: lazy hashing only counts the full blocks
             for c, (_, per_page, _, _, hashes) in enumerate(self._decode_classes):
                 if hashes and tokens // per_page > hashed[c]:
                     hashed[c] = tokens // per_page
@@ -141,7 +144,9 @@ class LeanPaths(SharedRuns):
             if not compact and low * per_page < own_from:
                 exposed = True
             freeing[c] = (skipped, low)
-        if exposed:  # some pages one by one: _remove_skipped's own order
+        if exposed and self._shared_runs:  # _remove_skipped's, with the pages found here
+            self._free_before_windows(r, tables, freeing)
+        elif exposed:  # some pages one by one: _remove_skipped's own order
             self._remove_skipped(r, tables, processed)
         elif freeing:  # _remove_skipped's own case: each class's pages as runs, group by group
             for c, (skipped, low) in freeing.items():

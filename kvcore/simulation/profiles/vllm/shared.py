@@ -20,6 +20,7 @@ from itertools import repeat
 from typing import TYPE_CHECKING
 
 from kvcore.simulation.profiles.vllm.manager import KVCacheManager
+from kvcore.simulation.profiles.vllm.state import WAITING
 
 if TYPE_CHECKING:
     from kvcore.simulation.profiles.vllm.free_queue import Pool
@@ -145,7 +146,9 @@ class SharedRuns(KVCacheManager):
         if not tables or not self._shared_runs:
             super()._free(r, live=live)
             return
-        if live:
+        if live and self._preempted_runs:
+            self._queue_preempted(r, tables)
+        elif live:
             if self._compact[r]:  # each block is hashed: each needs its own id
                 self._materialise(r)
             for g, table in enumerate(tables):
@@ -153,6 +156,62 @@ class SharedRuns(KVCacheManager):
         else:
             self._finish_tables(r, tables)
         self._forget(r, live=live)
+
+    def _queue_preempted(self, r: int, tables: list[list[int | None]]) -> None:
+        """Free a preempted request's pages group by group, tail first (``_release`` with
+        ``live``), its own pages below its hashed count queued as runs it owns, hashed only when
+        it is next looked up (:meth:`_find_hit`; speed path ``preempted_runs``): only it can hit
+        them, and most are evicted, by count, before it is admitted again. A compact table's
+        pages need no ids for that."""
+        hashed, pools = self._hashed[r], self.pools
+        batch: list[int] = []  # groups in a row whose own pages go to the queue as one run
+        key = (0, 0, 0, 0)  # its pool, span, pages below the hashed count and first own page
+        for g, table in enumerate(tables):
+            group = self.groups[g]
+            first = table.count(None)  # freed pages lead a table
+            mid = self._own_from(r, group.tokens_per_page, first, len(table))
+            below = min(hashed[self._class_of[g]], len(table))
+            if below < len(table):  # own pages above the hashed count: back among the uncached
+                pools[group.pool].uncached += (len(table) - max(below, mid)) * group.span
+            if below > mid:
+                if batch and (group.pool, group.span, below, mid) != key:
+                    self._queue_pending(r, tuple(batch), key[2] - 1, key[2] - key[3])
+                    batch = []
+                batch.append(g)
+                key = (group.pool, group.span, below, mid)
+            if mid > first:  # its shared pages, behind its own
+                if batch:
+                    self._queue_pending(r, tuple(batch), key[2] - 1, key[2] - key[3])
+                    batch = []
+                shared = table[first:mid]
+                shared.reverse()
+                self._release(r, g, shared, mid - 1, live=True)  # type: ignore[arg-type]
+        if batch:
+            self._queue_pending(r, tuple(batch), key[2] - 1, key[2] - key[3])
+
+    def _find_hit(self, r: int) -> tuple[int, list[list[int | None]] | None]:
+        """``get_computed_blocks``, once the runs request ``r`` owns (see
+        :meth:`_queue_preempted`) are hashed."""
+        pending = self._pending[r]
+        if pending:  # a waiting request's runs: it was preempted
+            for key in pending:
+                self._expand(key, r)
+            self._pending[r] = []
+        request = self.requests[r]
+        if not (
+            self._hit_memo and self._status[r] == WAITING and 0 < request.prefix_tokens < self._tokens[r]
+        ):
+            return super()._find_hit(r)
+        # a request that never ran, longer than its shared prefix: its hit lies in the prefix
+        # (nothing of its own is cached) and the search looks no further (see _find_hit), so
+        # it is the last such request's while the prefix's cached blocks stay as they were
+        version = self._prefix_versions.get(request.prefix_id, 0)
+        known = self._prefix_hits.get(request.prefix_id)
+        if known is not None and known[0] == version:
+            return known[1], known[2]
+        hit, blocks = super()._find_hit(r)
+        self._prefix_hits[request.prefix_id] = (version, hit, blocks)
+        return hit, blocks
 
     def _preempt_table(self, r: int, g: int, table: list[int | None]) -> None:
         """Free a preempted request's pages of group ``g``, tail first (``_release`` with

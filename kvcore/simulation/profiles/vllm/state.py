@@ -30,7 +30,14 @@ and every computed block is hashed as vLLM hashes it:
 - ``shared_runs``: a request with shared blocks (a hit, a shared prefix) frees its own pages
   (from ``_exposed_to`` on) before its windows, at its finish and at its preemption as a
   request with no shared block does (as runs, hashed in one loop), and only its shared pages one
-  by one (:mod:`~kvcore.simulation.profiles.vllm.shared`; needs ``lazy_hashing``).
+  by one (:mod:`~kvcore.simulation.profiles.vllm.shared`; needs ``lazy_hashing``);
+- ``preempted_runs``: a preempted request's own blocks (and those it freed before its windows)
+  are queued as runs it owns and hashed only when it is next looked up, not when it is
+  preempted: only it can hit them, and most are evicted, by count, before that (needs
+  ``shared_runs``);
+- ``hit_memo``: a request that never ran and is longer than its shared prefix takes the hit
+  the last such request of its prefix found, while no block of the prefix was cached anew or
+  left the cache (its hit lies in the prefix; not with chunked local attention).
 
 Always on (they are how the state is kept, not a path beside another): a hit is looked up once
 per class (``_held_by_class``), and the blocks of a hit inside a shared prefix are read once per
@@ -82,6 +89,8 @@ SPEED_PATHS = (
     "lean_finish",
     "gate_memo",
     "shared_runs",
+    "preempted_runs",
+    "hit_memo",
 )
 
 
@@ -258,6 +267,12 @@ class VllmState(StepperState):
         #: hash replaces as it is computed)
         self._lazy = prefix_caching and not self._tails and "lazy_hashing" in self.speed_paths
         self._shared_runs = self._lazy and "shared_runs" in self.speed_paths
+        self._preempted_runs = self._shared_runs and "preempted_runs" in self.speed_paths
+        #: chunked local attention's hit starts at the chunk the prompt ends in: not memoized
+        self._hit_memo = "hit_memo" in self.speed_paths and not any(chunk for _, chunk, _ in self._hit_types)
+        #: per shared prefix: its version, and the hit a request that never ran, longer than
+        #: the prefix, found then (hit_memo)
+        self._prefix_hits: dict[Hashable, tuple[int, int, list[list[int | None]] | None]] = {}
         self._hashes: list[dict[Hashable, dict[int, None]]] = [{} for _ in self.pools]
         self._hash_of: dict[int, Hashable] = {}
         #: per content of a class ``(class, kind, owner, j)``: the class's groups that have a
