@@ -251,14 +251,21 @@ class SharedRuns(KVCacheManager):
         hashed count back among the uncached, those below queued as runs (of groups in a row of
         one pool and span), then its shared pages one by one."""
         groups, hashed, of_class, pools = self.groups, self._hashed[r], self._class_of, self.pools
+        # per class (one member answers for its class: the same pages held and freed): the
+        # first held page, the first own page, own pages below the hashed count and above it
+        shape: list[tuple[int, int, int, int]] = []
+        for c, (g, _) in enumerate(self._classes):
+            table = tables[g]
+            first = table.count(None)  # freed pages lead a table
+            mid = self._own_from(r, groups[g].tokens_per_page, first, len(table))
+            below = max(0, min(hashed[c], len(table)) - mid)
+            shape.append((first, mid, below, len(table) - mid - below))
         run_pool, run_span, run_count = -1, 0, 0  # own pages of groups in a row, not queued yet
         for g, table in enumerate(tables):
             group = groups[g]
-            first = table.count(None)  # freed pages lead a table
-            mid = self._own_from(r, group.tokens_per_page, first, len(table))
-            below = max(0, min(hashed[of_class[g]], len(table)) - mid)
+            first, mid, below, above = shape[of_class[g]]
             pool = pools[group.pool]
-            pool.uncached += (len(table) - mid - below) * group.span
+            pool.uncached += above * group.span
             if below:
                 if group.pool == run_pool and group.span == run_span:
                     run_count += below

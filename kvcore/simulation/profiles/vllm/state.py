@@ -273,6 +273,9 @@ class VllmState(StepperState):
         #: per shared prefix: its version, and the hit a request that never ran, longer than
         #: the prefix, found then (hit_memo)
         self._prefix_hits: dict[Hashable, tuple[int, int, list[list[int | None]] | None]] = {}
+        #: the hit blocks, computed tokens and evictable block ids per pool that the last
+        #: _to_allocate of the allocation in progress counted (see _to_allocate)
+        self._evictable: tuple[list[list[int | None]], int, list[int]] | None = None
         self._hashes: list[dict[Hashable, dict[int, None]]] = [{} for _ in self.pools]
         self._hash_of: dict[int, Hashable] = {}
         #: per content of a class ``(class, kind, owner, j)``: the class's groups that have a
