@@ -12,6 +12,12 @@ one by one. Here a group's own part joins the run of the groups before it and it
 is walked once, top first (vLLM's order): a block another request still holds only drops a
 holder, which leaves the queue as it is, so the groups' runs stay one entry while no shared
 block enters the queue between them.
+
+Two more speed paths for shared content live here: ``preempted_runs`` (a preempted request's
+own blocks queued as runs it owns, hashed when it is next looked up:
+:meth:`SharedRuns._queue_preempted`, :meth:`SharedRuns._find_hit`) and ``hit_memo`` (a request
+that never ran takes the hit the last request of its prefix found, while the prefix's cached
+blocks stay as they were).
 """
 
 from __future__ import annotations

@@ -40,8 +40,9 @@ and every computed block is hashed as vLLM hashes it:
   left the cache (its hit lies in the prefix; not with chunked local attention).
 
 Always on (they are how the state is kept, not a path beside another): a hit is looked up once
-per class (``_held_by_class``), and the blocks of a hit inside a shared prefix are read once per
-version of the prefix's cached blocks (``_hit_rows``).
+per class (``_held_by_class``), the blocks of a hit inside a shared prefix are read once per
+version of the prefix's cached blocks (``_hit_rows``), and the search of a request that never
+ran stops at its shared prefix's last block (nothing of its own is cached).
 """
 
 from __future__ import annotations
