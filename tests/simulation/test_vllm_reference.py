@@ -119,7 +119,11 @@ def _workloads(draw: st.DrawFn, max_model_len: int, *, seconds: bool = False) ->
             st.integers(1, max(1, min(max_model_len - prompt, draw(st.sampled_from([8, 48, 200])))))
         )
         share = draw(st.sampled_from([None, 0, 0, 1]))
-        prefix = min(prefixes[share], prompt) if share is not None else 0
+        # a request may share the whole prefix or its first half (a prefix's requests sharing
+        # more or less of it)
+        prefix = (
+            min(prefixes[share] // draw(st.sampled_from([1, 1, 2])) or 1, prompt) if share is not None else 0
+        )
         requests.append(
             Request(
                 id=index,
@@ -313,3 +317,32 @@ def test_an_unknown_speed_path_is_refused():
     workload = Workload((Request(id=0, prompt_tokens=10, output_tokens=4),), name="one")
     with pytest.raises(InvalidInputError, match="unknown speed path 'warp': the vllm profile's are event_"):
         VllmSimulator(plan, workload, VllmProfile(), speed_paths=("warp",))
+
+
+def test_requests_sharing_more_or_less_of_a_prefix_hit_what_they_share():
+    """Two requests that never ran, of one prefix, looked up in one step, one sharing all of it
+    and one half (``hit_memo`` remembers the hit per prefix and length shared): each hits what
+    it shares, as the reference's do."""
+    shape = {"block_size": 16, "num_kv_heads": 1, "head_size": 8, "dtype": "float16"}
+    plan = kst.PlanningProblem(
+        specs={
+            "model.layers.0": REGISTRY.spec_class("full_attention")(**shape),
+            "model.layers.1": REGISTRY.spec_class("sliding_window")(**shape, sliding_window=32),
+        },
+        context=SizingContext(max_model_len=512, max_num_batched_tokens=256),
+        available_bytes=512 * 2**10,
+    ).plan("shared_buffer", REGISTRY)
+    workload = Workload(
+        (
+            Request(id=0, prompt_tokens=200, output_tokens=4, prefix_id=0, prefix_tokens=128),
+            Request(
+                id=1, prompt_tokens=180, output_tokens=4, arrival_step=20, prefix_id=0, prefix_tokens=128
+            ),
+            Request(id=2, prompt_tokens=170, output_tokens=4, arrival_step=20, prefix_id=0, prefix_tokens=64),
+        ),
+        name="more or less of a prefix",
+    )
+    profile = VllmProfile()
+    fast = _run(VllmSimulator, plan, workload, profile, True, False)
+    assert fast == _run(VllmReferenceScheduler, plan, workload, profile, True, False)
+    assert fast.cached_tokens == 128 + 64  # the premise: both hit, each what it shares

@@ -211,12 +211,14 @@ class SharedRuns(KVCacheManager):
         # a request that never ran, longer than its shared prefix: its hit lies in the prefix
         # (nothing of its own is cached) and the search looks no further (see _find_hit), so
         # it is the last such request's while the prefix's cached blocks stay as they were
+        # (a prefix's requests may share more or less of it: the memo is per length too)
         version = self._prefix_versions.get(request.prefix_id, 0)
-        known = self._prefix_hits.get(request.prefix_id)
+        memo = (request.prefix_id, request.prefix_tokens)
+        known = self._prefix_hits.get(memo)
         if known is not None and known[0] == version:
             return known[1], known[2]
         hit, blocks = super()._find_hit(r)
-        self._prefix_hits[request.prefix_id] = (version, hit, blocks)
+        self._prefix_hits[memo] = (version, hit, blocks)
         return hit, blocks
 
     def _preempt_table(self, r: int, g: int, table: list[int | None]) -> None:

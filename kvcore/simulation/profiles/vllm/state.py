@@ -271,8 +271,8 @@ class VllmState(StepperState):
         self._preempted_runs = self._shared_runs and "preempted_runs" in self.speed_paths
         #: chunked local attention's hit starts at the chunk the prompt ends in: not memoized
         self._hit_memo = "hit_memo" in self.speed_paths and not any(chunk for _, chunk, _ in self._hit_types)
-        #: per shared prefix: its version, and the hit a request that never ran, longer than
-        #: the prefix, found then (hit_memo)
+        #: per shared prefix and length shared: its version, and the hit a request that never
+        #: ran, longer than the prefix, found then (hit_memo)
         self._prefix_hits: dict[Hashable, tuple[int, int, list[list[int | None]] | None]] = {}
         #: the hit blocks, computed tokens and evictable block ids per pool that the last
         #: _to_allocate of the allocation in progress counted (see _to_allocate)
