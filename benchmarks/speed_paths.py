@@ -2,13 +2,14 @@
 
 Each speed path (:data:`kvcore.simulation.profiles.vllm.SPEED_PATHS`) is turned off on its own,
 the others left on (a path that needs it goes off with it: ``steady_decoders`` needs
-``event_bounds``, ``compact_tables`` needs ``lazy_hashing``, the ``lean_*`` paths need
-``compact_tables``), then all of them together, on representative workloads: the requests of
-``simulation_speed.py`` (prompts log-normal around 1,024 tokens, outputs around 200, a Poisson
-process of 0.6 a step) through Gemma-3-27B plans (max_model_len 32,768), with and without half
-of them sharing a 512-token prefix, caching on and off, a tight pool (16 GiB: it preempts and
-evicts) and a roomy one (80 GiB). Prints CPU seconds (``time.process_time``) per run and the
-slowdown against every path on, and checks that every run gives the same result (it must:
+``event_bounds``, ``compact_tables`` and ``shared_runs`` need ``lazy_hashing``, the ``lean_*``
+paths need ``compact_tables``, ``preempted_runs`` needs ``shared_runs``), then all of them
+together, on representative workloads: the requests of ``simulation_speed.py`` (prompts
+log-normal around 1,024 tokens, outputs around 200, a Poisson process of 0.6 a step) through
+Gemma-3-27B plans (max_model_len 32,768), with and without half of them sharing a 512-token
+prefix, caching on and off, a tight pool (16 GiB: it preempts and evicts) and a roomy one
+(80 GiB). Prints CPU seconds (``time.process_time``) per run and the slowdown against every
+path on, and checks that every run gives the same result (it must:
 ``tests/simulation/test_vllm_reference.py``). Run it on one core::
 
     taskset -c 0 python benchmarks/speed_paths.py               # 2,000 requests
@@ -44,7 +45,8 @@ WORKLOADS = (
 #: What goes off with a path: the paths that need it.
 NEEDS = {
     "event_bounds": ("steady_decoders",),
-    "lazy_hashing": ("compact_tables", "lean_decode", "lean_finish"),
+    "lazy_hashing": ("compact_tables", "lean_decode", "lean_finish", "shared_runs", "preempted_runs"),
+    "shared_runs": ("preempted_runs",),
     "compact_tables": ("lean_decode", "lean_finish"),
 }
 

@@ -57,6 +57,28 @@ def _plans(draw: st.DrawFn) -> KVCachePlan:
     specs = draw(
         kst.layer_specs(max_layers=6, max_distinct=3, spec_strategy=kst.specs(KINDS, registry=REGISTRY))
     )
+    return _tight_plan(draw, specs)
+
+
+@st.composite
+def _windowed_plans(draw: st.DrawFn) -> KVCachePlan:
+    """Gemma-3's shape: several layers of full attention and of sliding windows short enough
+    for requests to outgrow, of one block size (one hash block: lazy hashing is on), so a
+    request with a shared prefix or a hit frees pages before its window and finishes with
+    shared and own pages (the speed path ``shared_runs``)."""
+    block = draw(st.sampled_from([4, 8, 16]))
+    shape = {"block_size": block, "num_kv_heads": 1, "head_size": 8, "dtype": "float16"}
+    full = REGISTRY.spec_class("full_attention")(**shape)
+    sliding = REGISTRY.spec_class("sliding_window")(
+        **shape, sliding_window=draw(st.integers(block, 8 * block))
+    )
+    pattern = draw(st.lists(st.booleans(), min_size=2, max_size=8).filter(lambda kinds: len(set(kinds)) == 2))
+    return _tight_plan(draw, {f"model.layers.{i}": sliding if s else full for i, s in enumerate(pattern)})
+
+
+def _tight_plan(draw: st.DrawFn, specs: dict) -> KVCachePlan:
+    """A plan of ``specs`` by any built-in policy whose budget holds one to two (or four)
+    requests of ``max_model_len``."""
     context = draw(_contexts())
     need = request_bytes(specs, context)
     budget = draw(st.integers(need, draw(st.sampled_from([2, 2, 4])) * need))
@@ -132,7 +154,11 @@ def _workloads(draw: st.DrawFn, max_model_len: int, *, seconds: bool = False) ->
             st.integers(1, max(1, min(max_model_len - prompt, draw(st.sampled_from([8, 48, 200])))))
         )
         share = draw(st.sampled_from([None, 0, 0, 1]))
-        prefix = min(prefixes[share], prompt) if share is not None else 0
+        # a request may share the whole prefix or its first half (a prefix's requests sharing
+        # more or less of it)
+        prefix = (
+            min(prefixes[share] // draw(st.sampled_from([1, 1, 2])) or 1, prompt) if share is not None else 0
+        )
         requests.append(
             Request(
                 id=index,
@@ -197,7 +223,7 @@ def _run(
 #: what each example draws: a plan (one pool or several), a profile, a workload, and the switches
 DRAWS = {
     "data": st.data(),
-    "plan": st.one_of(_plans(), _plans(), _plans(), _multi_pool_plans(), _state_plans()),
+    "plan": st.one_of(_plans(), _plans(), _plans(), _windowed_plans(), _multi_pool_plans(), _state_plans()),
     "profile": _profiles(),
     "caching": st.booleans(),
     "timed": st.booleans(),
@@ -343,3 +369,32 @@ def test_the_fast_path_gives_the_references_figures_with_cached_states(data, pla
     """State groups under prefix caching (vLLM's ``mamba_cache_mode='align'``): the fast path,
     whose speed paths step aside for them, against the reference."""
     _fast_path_equals_reference(data, plan, profile, True, timed, paths)
+
+
+def test_requests_sharing_more_or_less_of_a_prefix_hit_what_they_share():
+    """Two requests that never ran, of one prefix, looked up in one step, one sharing all of it
+    and one half (``hit_memo`` remembers the hit per prefix and length shared): each hits what
+    it shares, as the reference's do."""
+    shape = {"block_size": 16, "num_kv_heads": 1, "head_size": 8, "dtype": "float16"}
+    plan = kst.PlanningProblem(
+        specs={
+            "model.layers.0": REGISTRY.spec_class("full_attention")(**shape),
+            "model.layers.1": REGISTRY.spec_class("sliding_window")(**shape, sliding_window=32),
+        },
+        context=SizingContext(max_model_len=512, max_num_batched_tokens=256),
+        available_bytes=512 * 2**10,
+    ).plan("shared_buffer", REGISTRY)
+    workload = Workload(
+        (
+            Request(id=0, prompt_tokens=200, output_tokens=4, prefix_id=0, prefix_tokens=128),
+            Request(
+                id=1, prompt_tokens=180, output_tokens=4, arrival_step=20, prefix_id=0, prefix_tokens=128
+            ),
+            Request(id=2, prompt_tokens=170, output_tokens=4, arrival_step=20, prefix_id=0, prefix_tokens=64),
+        ),
+        name="more or less of a prefix",
+    )
+    profile = VllmProfile()
+    fast = _run(VllmSimulator, plan, workload, profile, True, False)
+    assert fast == _run(VllmReferenceScheduler, plan, workload, profile, True, False)
+    assert fast.cached_tokens == 128 + 64  # the premise: both hit, each what it shares

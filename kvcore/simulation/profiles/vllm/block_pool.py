@@ -113,10 +113,7 @@ class BlockPools(VllmState):
                 pool.cached_span -= used
                 pool.uncached += used
                 if run.members is not None:  # expanded: hashed blocks, each evicted as one
-                    for _ in range(used // span):
-                        block, _ = run.members.popitem(last=False)
-                        self._unhash(p, block)
-                        del ref[block], self._run_of[block]
+                    self._evict_members(p, run.members, used // span)
                 run.consumed += used // span
                 if used < ids:  # the rest stays at the front
                     cached_free[key] = ids - used
@@ -241,15 +238,53 @@ class BlockPools(VllmState):
                 if skip >= count:
                     skip -= count
                     continue
-                p = self.groups[g].pool
-                for j in range(top - skip, top - count, -1):
-                    block = self._next_id  # a fresh id: the freed one is in no table any more
-                    self._next_id += 1
-                    members[block] = None
-                    self._hash(p, block, (g, False, r, j))
-                    self._ref[block] = 0
-                    self._run_of[block] = key
+                self._hash_members(key, members, g, r, range(top - skip, top - count, -1))
                 skip = 0
         run.members = members
         run.owner = -1
         run.segments = []
+
+    def _hash_members(
+        self, key: int, members: OrderedDict[int, None], g: int, r: int, positions: range
+    ) -> None:
+        """Hash request ``r``'s own blocks of group ``g`` at table ``positions``, each a fresh id
+        (the freed one is in no table any more) and a member of run ``key`` (:meth:`_hash` of
+        each, inlined: a request's own content makes no version of a shared prefix)."""
+        hashes, hash_of, held = self._hashes[self.groups[g].pool], self._hash_of, self._held_by_class
+        ref, run_of, c = self._ref, self._run_of, self._class_of[g]
+        block = self._next_id
+        for j in positions:
+            members[block] = None
+            content = (g, False, r, j)
+            hash_of[block] = content
+            holders = hashes.get(content)
+            if holders is None:
+                hashes[content] = {block: None}
+                by_class = (c, False, r, j)
+                held[by_class] = held.get(by_class, 0) + 1
+            else:
+                holders[block] = None
+            ref[block] = 0
+            run_of[block] = key
+            block += 1
+        self._next_id = block
+
+    def _evict_members(self, p: int, members: OrderedDict[int, None], count: int) -> None:
+        """Evict the first ``count`` members of an expanded run of pool ``p`` (:meth:`_unhash` of
+        each, inlined: a run holds a request's own content, which makes no version)."""
+        hashes, hash_of, held = self._hashes[p], self._hash_of, self._held_by_class
+        ref, run_of, of_class = self._ref, self._run_of, self._class_of
+        for _ in range(count):
+            block, _ = members.popitem(last=False)
+            content = cast("tuple[int, bool, int, int]", hash_of.pop(block))
+            holders = hashes[content]
+            del holders[block]
+            if not holders:
+                del hashes[content]
+                by_class = (of_class[content[0]], False, content[2], content[3])
+                left = held[by_class] - 1
+                if left:
+                    held[by_class] = left
+                else:
+                    del held[by_class]
+            del ref[block], run_of[block]

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from itertools import repeat
 
-from kvcore.simulation.profiles.vllm.manager import KVCacheManager
+from kvcore.simulation.profiles.vllm.shared import SharedRuns
 from kvcore.simulation.profiles.vllm.state import HELD
 
 
-class LeanPaths(KVCacheManager):
+class LeanPaths(SharedRuns):
     """The lean boundary call and finish (see the module docstring)."""
 
     def _allocate_decode(self, r: int) -> bool:
@@ -79,14 +79,16 @@ class LeanPaths(KVCacheManager):
         if compact:
             for c, count in grown.items():
                 tables[self._classes[c][0]].extend(repeat(HELD, count))
-        elif grown:  # fresh ids, one holder each, group by group (_take)
-            of_class = self._class_of
-            for g, table in enumerate(tables):
-                count = grown.get(of_class[g], 0)
-                if count:
-                    first = self._next_id
-                    self._next_id = first + count
-                    table.extend(range(first, first + count))
+        elif grown:  # fresh ids, one holder each (_take; an id is a name, its value means nothing)
+            first = self._next_id
+            for c, count in grown.items():
+                for g in self._classes[c][1]:
+                    if count == 1:  # the usual page boundary
+                        tables[g].append(first)
+                    else:
+                        tables[g].extend(range(first, first + count))
+                    first += count
+            self._next_id = first
         grew = bool(grown)
         cached = self._lean_cache(r, slots)
         # what did not change keeps its bound (a cache bound may be stale-low after
@@ -104,10 +106,13 @@ class LeanPaths(KVCacheManager):
         # below the next block to cache (_note_events' bound) _cache_blocks hashes nothing
         if tokens < self._cache_at[r]:
             return False
-        if self.requests[r].prefix_tokens:
+        hashed, prefix = self._hashed[r], self.requests[r].prefix_tokens
+        if prefix and any(
+            hashes and hashed[c] < prefix // per_page
+            for c, (_, per_page, _, _, hashes) in enumerate(self._decode_classes)
+        ):
             self._cache_blocks(r, tokens)  # (materialising keeps the tables' shape)
-        else:  # no shared prefix: lazy hashing only counts the full blocks (_cache_blocks)
-            hashed = self._hashed[r]
+        else:  # no shared prefix left to hash: lazy hashing only counts the full blocks
             for c, (_, per_page, _, _, hashes) in enumerate(self._decode_classes):
                 if hashes and tokens // per_page > hashed[c]:
                     hashed[c] = tokens // per_page
@@ -139,7 +144,9 @@ class LeanPaths(KVCacheManager):
             if not compact and low * per_page < own_from:
                 exposed = True
             freeing[c] = (skipped, low)
-        if exposed:  # some pages one by one: _remove_skipped's own order
+        if exposed and self._shared_runs:  # _remove_skipped's, with the pages found here
+            self._free_before_windows(r, tables, freeing)
+        elif exposed:  # some pages one by one: _remove_skipped's own order
             self._remove_skipped(r, tables, processed)
         elif freeing:  # _remove_skipped's own case: each class's pages as runs, group by group
             for c, (skipped, low) in freeing.items():

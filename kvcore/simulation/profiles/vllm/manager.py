@@ -98,6 +98,7 @@ class KVCacheManager(PrefixCache):
         no call, see :meth:`_schedule`)."""
         groups, pools = self.groups, self.pools
         tables = self._tables[r]
+        self._evictable = None  # (see _to_allocate)
         if hit and self._compact[r]:  # admitted with a hit after a try without: hit blocks have ids
             tables.clear()
         if not tables:
@@ -168,9 +169,9 @@ class KVCacheManager(PrefixCache):
         cap: bool,
     ) -> list[int]:
         """``get_num_blocks_to_allocate`` summed over the groups: block ids per pool."""
-        groups, ref = self.groups, self._ref
+        groups = self.groups
         need = [0] * len(self.pools)
-        for c, (g, ids) in enumerate(self._classes):
+        for c, (g, _) in enumerate(self._classes):
             group, table = groups[g], tables[g]
             required = _pages(group, tokens)
             if cap and group.cap is not None:
@@ -183,13 +184,36 @@ class KVCacheManager(PrefixCache):
             if pages:
                 for p, span in self._class_spans[c]:
                     need[p] += pages * span
-            if hits:
-                # a cached hit block nobody holds leaves the free queue when taken
-                start = max(0, skipped - len(table))
-                for i in ids:
-                    assert hit_blocks is not None
-                    evictable = sum(1 for b in hit_blocks[i][start:] if b is not None and ref.get(b) == 0)
-                    need[groups[i].pool] += evictable * groups[i].span
+        if hit_blocks is not None:
+            # the gate's call and the slots' count the same blocks (nothing is freed between
+            # them: a request with hit blocks has no pages yet), so the second reads the first's
+            known = self._evictable
+            if known is None or known[0] is not hit_blocks or known[1] != computed:
+                counts = self._evictable_need(tables, hit_blocks, computed)
+                known = self._evictable = (hit_blocks, computed, counts)
+            for p, ids in enumerate(known[2]):
+                need[p] += ids
+        return need
+
+    def _evictable_need(
+        self, tables: list[list[int | None]], hit_blocks: list[list[int | None]], computed: int
+    ) -> list[int]:
+        """Block ids per pool of the cached hit blocks nobody holds (each leaves the free queue
+        when taken), from each window's first retained page on."""
+        groups, ref = self.groups, self._ref
+        need = [0] * len(self.pools)
+        for g, ids in self._classes:
+            group = groups[g]
+            if not hit_blocks[g]:  # one length in a class
+                continue
+            skipped = 0
+            if group.windowed:
+                skipped = group.spec.first_retained_token(computed) // group.tokens_per_page
+            start = max(0, skipped - len(tables[g]))
+            for i in ids:
+                # (a null block, None, has no count: ref.get gives None, not 0)
+                evictable = [*map(ref.get, hit_blocks[i][start:])].count(0)  # type: ignore[arg-type]
+                need[groups[i].pool] += evictable * groups[i].span
         return need
 
     def _remove_skipped(self, r: int, tables: list[list[int | None]], processed: int) -> None:

@@ -135,6 +135,9 @@ class PrefixCache(BlockPools):
             return 0, None
         align = self._align
         hit = self._tokens[r] - 1
+        # a request that never ran has no block of its own content cached: full attention and
+        # windows need look no further than its shared prefix's blocks (what comes after fails)
+        shared = self.requests[r].prefix_tokens if self._status[r] == WAITING else -1
         stretches: list[tuple[int, int]] = []  # per type: (first hit block, end), last pass
         while True:
             current = hit
@@ -142,6 +145,8 @@ class PrefixCache(BlockPools):
             for t, (window, chunk, ids) in enumerate(self._hit_types):
                 per_page = self.groups[ids[0]].tokens_per_page
                 most = current // per_page
+                if shared >= 0 and most > shared // per_page:
+                    most = shared // per_page
                 if chunk:
                     low, high, length = self._hit_chunk(r, t, current, chunk)
                 elif window == 0:

@@ -341,7 +341,9 @@ class VllmSimulator(AlignStates):
     def _preempt(self, r: int) -> None:
         if self._until[r]:  # a steady decoder (it is after the request being scheduled)
             self._settle(r, self.steps)
-        if self._pending[r]:  # its own blocks freed before their window, still in the queue
+        # its own blocks freed before their window, still in the queue (with preempted_runs
+        # they are hashed when it is next looked up, with those it frees now)
+        if self._pending[r] and not self._preempted_runs:
             for key in self._pending[r]:
                 self._expand(key, r)
             self._pending[r] = []

@@ -26,11 +26,23 @@ and every computed block is hashed as vLLM hashes it:
 - ``lean_finish``: a finish over compact tables, per class (needs ``compact_tables``);
 - ``gate_memo``: a request refused by the admission gate before it ever ran is not tried again
   while the pools fall short of the same need and no block of its shared prefix was cached
-  anew or left the cache.
+  anew or left the cache;
+- ``shared_runs``: a request with shared blocks (a hit, a shared prefix) frees its own pages
+  (from ``_exposed_to`` on) before its windows, at its finish and at its preemption as a
+  request with no shared block does (as runs, hashed in one loop), and only its shared pages one
+  by one (:mod:`~kvcore.simulation.profiles.vllm.shared`; needs ``lazy_hashing``);
+- ``preempted_runs``: a preempted request's own blocks (and those it freed before its windows)
+  are queued as runs it owns and hashed only when it is next looked up, not when it is
+  preempted: only it can hit them, and most are evicted, by count, before that (needs
+  ``shared_runs``);
+- ``hit_memo``: a request that never ran and is longer than its shared prefix takes the hit
+  the last such request of its prefix found, while no block of the prefix was cached anew or
+  left the cache (its hit lies in the prefix; not with chunked local attention).
 
 Always on (they are how the state is kept, not a path beside another): a hit is looked up once
-per class (``_held_by_class``), and the blocks of a hit inside a shared prefix are read once per
-version of the prefix's cached blocks (``_hit_rows``).
+per class (``_held_by_class``), the blocks of a hit inside a shared prefix are read once per
+version of the prefix's cached blocks (``_hit_rows``), and the search of a request that never
+ran stops at its shared prefix's last block (nothing of its own is cached).
 """
 
 from __future__ import annotations
@@ -77,6 +89,9 @@ SPEED_PATHS = (
     "lean_decode",
     "lean_finish",
     "gate_memo",
+    "shared_runs",
+    "preempted_runs",
+    "hit_memo",
 )
 
 
@@ -252,6 +267,16 @@ class VllmState(StepperState):
         #: the request could hit them, and it holds them (not with partial tails, which a full
         #: hash replaces as it is computed)
         self._lazy = prefix_caching and not self._tails and "lazy_hashing" in self.speed_paths
+        self._shared_runs = self._lazy and "shared_runs" in self.speed_paths
+        self._preempted_runs = self._shared_runs and "preempted_runs" in self.speed_paths
+        #: chunked local attention's hit starts at the chunk the prompt ends in: not memoized
+        self._hit_memo = "hit_memo" in self.speed_paths and not any(chunk for _, chunk, _ in self._hit_types)
+        #: per shared prefix and length shared: its version, and the hit a request that never
+        #: ran, longer than the prefix, found then (hit_memo)
+        self._prefix_hits: dict[Hashable, tuple[int, int, list[list[int | None]] | None]] = {}
+        #: the hit blocks, computed tokens and evictable block ids per pool that the last
+        #: _to_allocate of the allocation in progress counted (see _to_allocate)
+        self._evictable: tuple[list[list[int | None]], int, list[int]] | None = None
         self._hashes: list[dict[Hashable, dict[int, None]]] = [{} for _ in self.pools]
         self._hash_of: dict[int, Hashable] = {}
         #: per content of a class ``(class, kind, owner, j)``: the class's groups that have a
