@@ -95,6 +95,7 @@ def main() -> None:
             shared_prefixes="0:0",
             requests=args.requests,
             rate=args.rate,
+            max_model_len=args.max_model_len,
         )
         trace.write_text("".join(json.dumps(r) + "\n" for r in make_trace(namespace)))
         # fmt: off
