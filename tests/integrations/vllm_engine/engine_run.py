@@ -10,7 +10,11 @@ with kvcore's plugin on (``policy`` set: ``KVCORE_VLLM_POLICY``) or off, then:
    engine runs;
 3. with ``admission`` set, starts that many requests of ``max_model_len`` tokens more than
    kvcore promises at once, steps the engine and records the most requests running at once and
-   the preemptions (by wrapping the scheduler's ``schedule``).
+   the preemptions (by wrapping the scheduler's ``schedule``);
+4. with ``trace`` set (requests of ``prompt_tokens``, ``output_tokens`` and ``arrival_step``),
+   adds each request before the engine step of that number, steps the engine until every request
+   has finished, and records the steps, the requests running after each step's ``schedule()``
+   and the preemptions.
 
 The result is one JSON line on stdout, after ``RESULT_MARK``. One process per plugin setting,
 since the plugin reads its settings when vLLM loads it.
@@ -84,6 +88,8 @@ def main(settings: dict[str, Any]) -> dict[str, Any]:
     )
     if settings.get("block_size"):
         engine_args["block_size"] = settings["block_size"]
+    if settings.get("max_num_batched_tokens"):
+        engine_args["max_num_batched_tokens"] = settings["max_num_batched_tokens"]
     if settings.get("num_blocks"):
         engine_args["num_gpu_blocks_override"] = settings["num_blocks"]
     llm = LLM(**engine_args)
@@ -135,7 +141,42 @@ def main(settings: dict[str, Any]) -> dict[str, Any]:
         # the first step that preempted, and how many ran then
         first = next((k for k, n in enumerate(preempted) if n), None)
         result["running_when_first_preempted"] = None if first is None else running[first] + preempted[first]
+    if settings.get("trace"):
+        result["replay"] = _replay(llm, settings["trace"], vocab)
     return result
+
+
+def _replay(llm: Any, trace: list[dict[str, int]], vocab: int) -> dict[str, Any]:
+    """``trace``'s requests into the engine by step number (``arrival_step``: added before that
+    step), stepped to the end: steps, running requests after each ``schedule()``, preemptions."""
+    from vllm import SamplingParams
+
+    engine = llm.llm_engine
+    scheduler = engine.engine_core.engine_core.scheduler
+    running: list[int] = []
+    preempted: list[int] = []
+    schedule = scheduler.schedule
+
+    def counted_schedule(*args: Any, **kwargs: Any) -> Any:
+        output = schedule(*args, **kwargs)
+        running.append(len(scheduler.running))
+        preempted.append(len(output.preempted_req_ids or ()))
+        return output
+
+    scheduler.schedule = counted_schedule
+    pending = sorted(range(len(trace)), key=lambda k: trace[k]["arrival_step"])
+    step = 0
+    while (pending or engine.has_unfinished_requests()) and step < 100_000:
+        while pending and trace[pending[0]]["arrival_step"] <= step:
+            k = pending.pop(0)
+            # each request's own tokens (no two share a block, so no prefix is cached)
+            tokens = [(31 * k + 7 * j) % (vocab - 2) + 1 for j in range(trace[k]["prompt_tokens"])]
+            params = SamplingParams(temperature=0.0, max_tokens=trace[k]["output_tokens"], ignore_eos=True)
+            engine.add_request(f"trace-{k}", {"prompt_token_ids": tokens}, params)
+        engine.step()
+        step += 1
+    del scheduler.schedule
+    return {"steps": step, "running": running, "preemptions": sum(preempted)}
 
 
 if __name__ == "__main__":

@@ -12,6 +12,9 @@ plugin run must:
 - generate exactly the greedy tokens vLLM generates alone;
 - with more requests of ``max_model_len`` tokens than fit, run exactly kvcore's promise at once,
   with no preemption.
+
+And without the plugin, a burst of requests into a tight pool runs in the engine step for step as
+kvcore's ``vllm`` scheduler profile replays it on the plan of the engine's bytes.
 """
 
 from __future__ import annotations
@@ -109,3 +112,56 @@ def test_the_engine_serves_kvcores_plan(case: str, models: Path) -> None:
             result["promise"],
         )
         assert result["preemptions"] == 0, (policy, result["preemptions"])
+
+
+#: A burst into a pool that cannot hold it: (prompt tokens, output tokens, arrival step). Prompts
+#: longer than the window (64), outputs that run the full group's blocks out while the later
+#: requests' prompts are still coming in.
+BURST = [
+    (180, 40, 0), (150, 50, 0), (120, 45, 1), (200, 30, 2), (90, 50, 3),
+    (170, 40, 5), (130, 35, 6), (110, 50, 8), (160, 25, 9), (100, 40, 12),
+]  # fmt: skip
+
+
+def test_the_vllm_profile_runs_the_engine_step_for_step(models: Path) -> None:
+    """The tiny Gemma-2 (a sliding group and a full group, the hybrid allocator on) in 24 blocks
+    of 32 tokens, 8 requests at most and 128 tokens a step, the burst added by step number (no
+    clock): kvcore's ``vllm`` profile, synchronous as the CPU build schedules, on the plan
+    ``plan_for_vllm`` makes of the engine's KV bytes (its one backing allocation), takes as many
+    steps, runs as many requests after every step's scheduling and preempts as often."""
+    from kvcore import Registry, layer_specs_from_config, simulate
+    from kvcore.integrations.vllm.rules import VllmRules, plan_for_vllm
+    from kvcore.simulation.profiles.vllm import VllmProfile
+    from kvcore.simulation.workload import Request, Workload
+    from kvcore.spec import resize_blocks
+
+    trace = [{"prompt_tokens": p, "output_tokens": o, "arrival_step": a} for p, o, a in BURST]
+    settings = {"block_size": 32, "num_blocks": 24, "max_num_seqs": 8, "max_num_batched_tokens": 128}
+    result, _ = run_engine(models, "gemma2", dict(settings, trace=trace), None)
+    engine = result["replay"]
+    sizes = {size for size, *_ in result["config"]["tensors"]}
+    assert len(sizes) == 1, "every KVCacheTensor gives the size of the one backing allocation"
+
+    registry = Registry.default()
+    config = json.loads((models / "gemma2" / "config.json").read_text())
+    specs = resize_blocks(layer_specs_from_config(config, registry), 32)
+    rules = VllmRules(max_model_len=MAX_MODEL_LEN, max_num_batched_tokens=128, async_scheduling=False)
+    plan = plan_for_vllm(rules.request(specs, sizes.pop(), policy="equal_groups"), rules, registry=registry)
+    assert plan.num_blocks == result["config"]["num_blocks"] == 24
+    workload = Workload(
+        tuple(
+            Request(id=k, prompt_tokens=p, output_tokens=o, arrival_step=a)
+            for k, (p, o, a) in enumerate(BURST)
+        ),
+        name="burst",
+    )
+    ours = simulate(
+        plan,
+        workload,
+        scheduler=VllmProfile(async_scheduling=False, max_num_seqs=8),
+        max_num_batched_tokens=128,
+        registry=registry,
+    )
+    assert engine["preemptions"] > 0, "the burst must preempt, or the case proves less"
+    assert (ours.steps, ours.preemptions) == (engine["steps"], engine["preemptions"])
+    assert list(ours.running) == engine["running"]

@@ -99,4 +99,40 @@ def test_the_replay_benchmark_runs_the_engine_and_the_simulation_side_by_side(
     assert ttft["engine"][0] > 0 and ttft["kvcore"][0] > 0
     assert figures["figures"]["goodput req/s"]["engine"][0] > 0
     assert figures["preemptions"] == {"engine": [0], "kvcore": [0]}
-    assert 0 < figures["kv_bytes"] <= figures["engine_kv_bytes"]
+    # the engine's one backing allocation: 64 blocks of 2 layers x 32 tokens x K and V x 64 x 2 bytes
+    assert figures["kv_bytes"] == 64 * 2 * 32 * 2 * 64 * 2
+
+
+def test_the_replay_holds_the_engines_own_pool_preemptions_and_lengths_on_the_hybrid(
+    tmp_path_factory: pytest.TempPathFactory, tmp_path: Path
+) -> None:
+    """benchmarks/engine_time.py on the tiny Gemma-2 (a sliding group and a full group) in a
+    budget of 24 blocks, where the profile made before the replay preempts (its decode scenarios
+    run 8 requests at 128 tokens of context: 4 full blocks and up to 3 sliding ones each) and the
+    replay, one request at a time, does not. The engine's preemptions are the replay's alone (they
+    once included the profile's: 13 to 19 on the overloaded hybrid's replays); its KV bytes are
+    its one backing allocation, which kvcore's plan fills with as many blocks (the two groups'
+    tensors list that allocation each, and once were summed: twice the bytes); and outputs that
+    would pass max_model_len are cut in the trace, as the engine stops them there (kvcore
+    simulate refuses them), so both replay the same requests and tokens."""
+    gemma2 = save_tiny_model("gemma2", tmp_path_factory.mktemp("tiny-models"))
+    out = tmp_path / "figures.json"
+    script = Path(__file__).parents[3] / "benchmarks" / "engine_time.py"
+    # fmt: off
+    command = [
+        sys.executable, str(script), "--model", str(gemma2), "--clock", "cpu",
+        "--requests", "6", "--rate", "1", "--prompt-len", "200:240", "--output-len", "20:60",
+        "--repeats", "1", "--profile-repeats", "1", "--max-model-len", "256", "--max-num-seqs", "8",
+        "--max-batched-tokens", "128", "--num-blocks", "24", "--json-out", str(out),
+    ]
+    # fmt: on
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-4000:]
+    figures = json.loads(out.read_text())
+    assert figures["preemptions"] == {"engine": [0], "kvcore": [0]}
+    # a block of each group: 2 layers x 32 tokens x K and V x 1 head x 64 dims x 2 bytes
+    assert figures["kv_bytes"] == 24 * 2 * 32 * 2 * 64 * 2
+    lengths = [(r["prompt_tokens"], r["output_tokens"]) for r in figures["trace"]]
+    assert all(p + o <= 256 for p, o in lengths)
+    assert any(p + o == 256 for p, o in lengths), "an output cut to fit max_model_len"
