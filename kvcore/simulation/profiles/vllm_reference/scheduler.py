@@ -121,7 +121,7 @@ class VllmReferenceScheduler(StepperState):
         arrival = self._arrival
         now = self.clock if self._in_seconds else step
         upcoming = self._next_arrival
-        if not self._running and not self._waiting and arrival[upcoming] > now:
+        if not self._running and not self._waiting and not self._waits_on_transfers() and arrival[upcoming] > now:
             self._idle_until(upcoming, step)
             return
         while upcoming < len(arrival) and arrival[upcoming] <= now:
@@ -132,7 +132,7 @@ class VllmReferenceScheduler(StepperState):
         self._next_arrival = upcoming
         scheduled, sampled = self.schedule(step)
         tokens = sum(scheduled.values())
-        in_flight = any(output[0] for output in self._batch_queue)
+        in_flight = any(output[0] for output in self._batch_queue) or self._waits_on_transfers()
         if not tokens and not self._running and not in_flight and self._waiting:
             stuck = self.requests[self._waiting[0]]
             raise InvalidInputError(
@@ -154,6 +154,12 @@ class VllmReferenceScheduler(StepperState):
         self.steps = step + 1
         if self.finished == len(self.requests):
             self._batch_queue.clear()  # the last (empty) steps in flight
+
+    def _waits_on_transfers(self) -> bool:
+        """Whether a request waits on a KV connector's transfer (none here: the CPU tier's
+        scheduler, :mod:`~kvcore.simulation.profiles.vllm_reference.offloading_scheduler`, says
+        when one does); such a step is neither idle nor stuck."""
+        return False
 
     def _idle_until(self, upcoming: int, step: int) -> None:
         """Nothing runs or waits before request ``upcoming`` arrives: the outputs in flight (of
