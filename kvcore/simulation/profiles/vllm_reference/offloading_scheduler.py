@@ -22,6 +22,12 @@ What the connector changes in a step (facts, not code):
   back to be computed, and it is admitted as any request with tokens computed.
 - **Stores**: after each step is scheduled, ``build_connector_meta`` offers the prompt chunks
   the step completes, and those of the requests finished since the last step.
+- **Deferred frees** (``Scheduler.__init__``: ``defer_block_free`` with async scheduling and a
+  connector that loads, as ``kv_both`` does): a freed request's blocks go back to the pool only
+  once the last step it was scheduled in is processed (``_free_request_blocks``, fenced by
+  ``sched_step_seq`` / ``processed_step_seq``, which count the steps that computed something,
+  ``_drain_deferred_frees``), and a running request whose blocks do not fit preempts no request
+  whose free would be deferred (``schedule``: the request is not scheduled this step).
 
 Transfers take one step (see :mod:`~kvcore.simulation.profiles.vllm_reference.offloading`):
 a step's jobs finish in its own output. With a step-time model whose GPU is known the bytes
@@ -49,6 +55,7 @@ from kvcore.simulation.profiles.vllm_reference.scheduler import VllmReferenceSch
 
 if TYPE_CHECKING:
     from kvcore.plan import KVCachePlan
+    from kvcore.simulation.profiles.vllm_reference.block_pool import KVCacheBlock
     from kvcore.simulation.profiles.vllm_reference.kv_cache_manager import Blocks
     from kvcore.simulation.profiles.vllm_reference.request import RequestState
     from kvcore.simulation.result import SimulationResult
@@ -104,6 +111,12 @@ class OffloadingReferenceScheduler(VllmReferenceScheduler):
         self._host_gpu: Gpu | None = gpu if isinstance(gpu, Gpu) else None
         self._chunk_bytes = plan.pools[0].bytes_per_block
         self.host_transfer_seconds = 0.0
+        #: ``defer_block_free``: async scheduling (two batches in flight) with a loading connector
+        self._defer_block_free = profile.async_scheduling
+        self._sched_step_seq = self._processed_step_seq = 0
+        self._last_sched_seq = [0] * len(self.requests)
+        #: ``deferred_frees``: (fence, each group's blocks) in the order they were deferred
+        self._deferred_frees: deque[tuple[int, list[list[KVCacheBlock | None]]]] = deque()
 
     def _waits_on_transfers(self) -> bool:
         """Requests hold KV blocks while they wait (a load in flight or just received)."""
@@ -130,6 +143,10 @@ class OffloadingReferenceScheduler(VllmReferenceScheduler):
         )
         self._finished_since = []
         self._step_jobs.append(jobs)
+        if self._defer_block_free and any(scheduled.values()):
+            self._sched_step_seq += 1
+            for r in scheduled:
+                self._last_sched_seq[r] = self._sched_step_seq
         return scheduled, sampled
 
     def _schedule_waiting(
@@ -262,6 +279,29 @@ class OffloadingReferenceScheduler(VllmReferenceScheduler):
             self._inflight_prefills.discard(req.index)
         super()._update_after_schedule(req, new, sampled)
 
+    def _request_blocks_can_be_freed(self, r: int) -> bool:
+        """``_request_blocks_can_be_freed``: no step still in flight was scheduled with ``r``."""
+        return not self._defer_block_free or self._last_sched_seq[r] <= self._processed_step_seq
+
+    def _free_request_blocks(self, r: int) -> None:
+        """``_free_request_blocks``: the blocks go back now, or once the steps in flight are
+        processed (``pop_blocks_for_free``, freed tail first)."""
+        if self._request_blocks_can_be_freed(r):
+            super()._free_request_blocks(r)
+            return
+        blocks = []
+        for group in self.kv_cache_manager.managers:
+            blocks.append(group.req_to_blocks.pop(r, []))
+            group.num_cached_block.pop(r, None)
+        self._deferred_frees.append((self._sched_step_seq, blocks))
+
+    def _drain_deferred_frees(self) -> None:
+        """``_drain_deferred_frees``: the deferred blocks whose fence step is processed, in order."""
+        while self._deferred_frees and self._deferred_frees[0][0] <= self._processed_step_seq:
+            _, blocks = self._deferred_frees.popleft()
+            for group, held in zip(self.kv_cache_manager.managers, blocks, strict=True):
+                group.block_pool.free_blocks(reversed(held))
+
     def _preempt_request(self, r: int) -> None:
         """``_preempt_request``: and the request leaves the prefills in flight."""
         self._inflight_prefills.discard(r)
@@ -272,6 +312,9 @@ class OffloadingReferenceScheduler(VllmReferenceScheduler):
     def update_from_output(self, scheduled: dict[int, int], sampled: set[int], step: int) -> None:
         """``update_from_output``: the step's tokens, then its transfers
         (``_update_from_kv_xfer_finished``): stores become readable, loads received."""
+        if self._defer_block_free and any(scheduled.values()):
+            self._processed_step_seq += 1
+            self._drain_deferred_frees()
         was_finished = {r for r in scheduled if self.reqs[r].status is RequestStatus.FINISHED}
         super().update_from_output(scheduled, sampled, step)
         for r in scheduled:

@@ -226,6 +226,9 @@ class VllmReferenceScheduler(StepperState):
                 continue
             granted = True
             while not manager.allocate_slots(req, new):
+                if not self._request_blocks_can_be_freed(running[-1]):
+                    granted = False  # a deferred free would not help this allocation
+                    break
                 victim = running.pop()
                 if victim == req.index and not running:
                     self._check_alone(req.index)
@@ -294,7 +297,7 @@ class VllmReferenceScheduler(StepperState):
         as to be computed again, and put it back at the head of the waiting queue; what it has in
         flight is stale (it waits until that is back)."""
         req = self.reqs[r]
-        self.kv_cache_manager.free(r)
+        self._free_request_blocks(r)
         self.recomputed_tokens += req.num_computed_tokens
         self.preemptions += 1
         req.status = RequestStatus.PREEMPTED
@@ -302,6 +305,17 @@ class VllmReferenceScheduler(StepperState):
         req.num_stale_output_tokens = req.num_in_flight_tokens
         req.num_output_placeholders = 0
         self._waiting.appendleft(r)
+
+    def _request_blocks_can_be_freed(self, r: int) -> bool:
+        """``Scheduler._request_blocks_can_be_freed``: whether request ``r``'s blocks go back to
+        the pool at once when it is freed (always here; with a KV connector and async
+        scheduling vLLM defers them, see
+        :mod:`~kvcore.simulation.profiles.vllm_reference.offloading_scheduler`)."""
+        return True
+
+    def _free_request_blocks(self, r: int) -> None:
+        """``Scheduler._free_request_blocks``: request ``r``'s blocks go back to the pool."""
+        self.kv_cache_manager.free(r)
 
     def _check_alone(self, r: int) -> None:
         """Stop a run that would never end: request ``r``, running alone, failed to grow where it
@@ -355,7 +369,7 @@ class VllmReferenceScheduler(StepperState):
         for r in finished:
             req = self.reqs[r]
             if req.status is RequestStatus.RUNNING:
-                self.kv_cache_manager.free(r)
+                self._free_request_blocks(r)
                 self._running.remove(r)
             else:
                 self._waiting.remove(r)
