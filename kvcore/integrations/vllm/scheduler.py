@@ -34,6 +34,7 @@ the connector: its load and store jobs, the chunks each covers, the chunks held 
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import types
@@ -166,6 +167,28 @@ def run_vllm_scheduler(
         VllmIntegrationError: the requests do not finish within ``max_steps``.
     """
     scheduler, hasher = _scheduler(plan, profile, max_num_batched_tokens, prefix_caching)
+    # a tier too small for a step's stores logs a warning per request and step; the tally counts
+    # what was stored instead
+    quiet = logging.getLogger("vllm.distributed.kv_transfer.kv_connector.v1.offloading.scheduler")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        return _replay(scheduler, hasher, plan, workload, profile, max_steps=max_steps, prefix_caching=prefix_caching)
+    finally:
+        quiet.setLevel(level)
+
+
+def _replay(
+    scheduler: Scheduler,
+    hasher: Any,
+    plan: KVCachePlan,
+    workload: Workload,
+    profile: VllmProfile,
+    *,
+    max_steps: int,
+    prefix_caching: bool,
+) -> SimulationResult:
+    """The steps of :func:`run_vllm_scheduler` on its scheduler."""
     requests = workload.requests
     tally = _Tally(first=[-1] * len(requests))
     by_id: dict[str, int] = {}

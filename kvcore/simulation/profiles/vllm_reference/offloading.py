@@ -26,8 +26,9 @@ What is modelled, and where it differs:
   that keeps every token (full attention, MLA) and pages of one block id: with a second group,
   vLLM's LRU heap orders two keys of one position by their hash bytes (``(rank, key)``
   entries), which no simulation knows; sliding, chunked and state groups bring vLLM's window
-  lookups and Mamba copy-on-write tails, not modelled. :func:`check_offloadable` refuses the
-  rest by name.
+  lookups and Mamba copy-on-write tails, not modelled; a group mixing layers of different
+  pages (``UniformTypeKVCacheSpecs``) stops vLLM 0.33's connector. :func:`check_offloadable`
+  refuses the rest by name.
 - **Keys** are the reference's block hashes (the block's content: shared prefix block ``j`` or
   the request's own block ``j``), as vLLM keys a chunk by the hash of its last block.
 - **Transfers take one step.** The worker side is not simulated: every load and store job a
@@ -107,6 +108,12 @@ def check_offloadable(plan: KVCachePlan) -> None:
             f"full-attention or MLA group with pages of one block id; this plan has groups of "
             f"{', '.join(kinds)} ({group.blocks_per_page} block id(s) a page): simulate its host tier with "
             "scheduler='kvcore' (or 'sglang'), or without the tier"
+        )
+    if group.layer_specs:
+        raise InvalidInputError(
+            "the plan's group mixes layers of different pages (vLLM's UniformTypeKVCacheSpecs), on which vLLM "
+            "0.33's OffloadingConnector stops (its scheduler finds no manager for that spec): plan with one "
+            "page for every layer, or simulate the tier with scheduler='kvcore'"
         )
     if host_chunks(plan) == 0:
         raise InvalidInputError(

@@ -119,8 +119,12 @@ class OffloadingReferenceScheduler(VllmReferenceScheduler):
         self._deferred_frees: deque[tuple[int, list[list[KVCacheBlock | None]]]] = deque()
 
     def _waits_on_transfers(self) -> bool:
-        """Requests hold KV blocks while they wait (a load in flight or just received)."""
-        return bool(self._kv_holding)
+        """Whether the engine keeps stepping with nothing to run (``Scheduler.has_requests``):
+        requests hold KV blocks while they wait (a load in flight or received), finished
+        requests are not yet reported to the connector (``has_finished_requests``), or transfer
+        jobs are in flight (``has_pending_push_work``). Such a step schedules nothing, yet the
+        connector learns of the finished requests in it (their last stores, their recency)."""
+        return bool(self._kv_holding or self._finished_since or self.connector.jobs)
 
     # -- Scheduler.schedule --------------------------------------------------------------------
 
