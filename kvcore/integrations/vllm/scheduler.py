@@ -173,7 +173,9 @@ def run_vllm_scheduler(
     level = quiet.level
     quiet.setLevel(logging.ERROR)
     try:
-        return _replay(scheduler, hasher, plan, workload, profile, max_steps=max_steps, prefix_caching=prefix_caching)
+        return _replay(
+            scheduler, hasher, plan, workload, profile, max_steps=max_steps, prefix_caching=prefix_caching
+        )
     finally:
         quiet.setLevel(level)
 
@@ -227,7 +229,9 @@ def _replay(
             for outputs in engine_outputs.values():
                 finished += sum(1 for o in outputs.outputs if o.finish_reason is not None)
         step += 1
-    return tally.result(plan, workload, profile, steps=step, prefix_caching=prefix_caching, scheduler=scheduler)
+    return tally.result(
+        plan, workload, profile, steps=step, prefix_caching=prefix_caching, scheduler=scheduler
+    )
 
 
 def _kv_heads(plan: KVCachePlan) -> int:
@@ -327,7 +331,7 @@ class _Tally:
         from vllm.v1.outputs import KVConnectorOutput
 
         meta = output.kv_connector_metadata
-        side = scheduler.connector.connector_scheduler  # type: ignore[union-attr]
+        side = scheduler.connector.connector_scheduler
         received: set[str] = set()
         for job_id, job in meta.load_jobs.items():
             self.loads += 1
@@ -348,7 +352,7 @@ class _Tally:
         """The tier's figures, as the profile reports them."""
         if scheduler.connector is None:
             return None
-        manager = scheduler.connector.connector_scheduler.manager  # type: ignore[union-attr]
+        manager = scheduler.connector.connector_scheduler.manager
         held = len(manager._policy.chunks)
         per_block = plan.pools[0].bytes_per_block
         return HostTierStats(

@@ -37,7 +37,7 @@ from tests.integrations.vllm.scheduler_cases import BATCH, GIB, vllm_plan, workl
 
 pytestmark = pytest.mark.skipif(
     not vllm.__version__.startswith("0.33"),
-    reason="the profile models vLLM 0.33's OffloadingConnector (the scheduler side differs in other releases)",
+    reason="the profile models vLLM 0.33's OffloadingConnector (other releases differ)",
 )
 
 REGISTRY = Registry.default()
@@ -88,7 +88,8 @@ def _shared_prefixes(count: int, seed: int) -> Workload:
 def test_the_cpu_tier_is_vllms_offloading_connector(trace, tier, mode):
     asynchronous = mode == "async"
     plan = with_host_memory(
-        vllm_plan("meta-llama/Llama-3.1-8B", GIB // 2, 2048, asynchronous=asynchronous, registry=REGISTRY), tier
+        vllm_plan("meta-llama/Llama-3.1-8B", GIB // 2, 2048, asynchronous=asynchronous, registry=REGISTRY),
+        tier,
     )
     requests = workload("chat", 80) if trace == "chat" else _shared_prefixes(80, 1)
     profile = VllmProfile(async_scheduling=asynchronous)
@@ -125,7 +126,9 @@ def draw_case(seed: int):
     rules = VllmRules(max_model_len=length, max_num_batched_tokens=batch, async_scheduling=asynchronous)
     need = request_bytes(layers, rules.context())
     try:
-        plan = plan_for_vllm(rules.request(layers, rng.randint(need * 3 // 2, 3 * need)), rules, registry=REGISTRY)
+        plan = plan_for_vllm(
+            rules.request(layers, rng.randint(need * 3 // 2, 3 * need)), rules, registry=REGISTRY
+        )
         chunks = rng.choice([2, 8, plan.usable_blocks // 2, 3 * plan.usable_blocks])
         plan = with_host_memory(plan, chunks * chunk_bytes(plan))
     except KVCoreError:
@@ -167,7 +170,8 @@ def test_the_cpu_tier_is_vllms_on_random_cases(seed):
     ours = simulate(plan, requests, scheduler=profile, prefix_caching=True, max_num_batched_tokens=batch)
     differ = _differences(ours, theirs)
     assert not differ, (
-        f"seed {seed} (rerun: KVCORE_OFFLOAD_SEEDS={seed}:{seed + 1}): the profile differs from vLLM on {differ}; "
+        f"seed {seed} (rerun: KVCORE_OFFLOAD_SEEDS={seed}:{seed + 1}): the profile differs from vLLM "
+        f"on {differ}; "
         f"{profile.settings()}, {batch} tokens a step, tier {ours.host_tier}, vLLM's {theirs.host_tier}"
     )
 
@@ -180,7 +184,9 @@ def test_the_random_cases_load_evict_and_preempt():
         if case is None:
             continue
         plan, requests, profile, batch = case
-        result = simulate(plan, requests, scheduler=profile, prefix_caching=True, max_num_batched_tokens=batch)
+        result = simulate(
+            plan, requests, scheduler=profile, prefix_caching=True, max_num_batched_tokens=batch
+        )
         assert result.host_tier is not None
         seen["loads"] += result.host_tier.host_hits > 0
         seen["evictions"] += result.host_tier.host_evictions > 0

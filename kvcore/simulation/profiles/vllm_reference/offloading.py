@@ -109,11 +109,18 @@ def check_offloadable(plan: KVCachePlan) -> None:
             f"{', '.join(kinds)} ({group.blocks_per_page} block id(s) a page): simulate its host tier with "
             "scheduler='kvcore' (or 'sglang'), or without the tier"
         )
+    if (group.spec.tokens_per_page or 0) < 2:
+        raise InvalidInputError(
+            f"the plan's blocks hold {group.spec.tokens_per_page} token(s): with one-token blocks a "
+            "one-token prompt found on vLLM's CPU tier is looked up again after its load (its last "
+            "token is computed again, leaving none computed), which the vllm profile does not "
+            "simulate; plan with blocks of 2 tokens or more"
+        )
     if group.layer_specs:
         raise InvalidInputError(
-            "the plan's group mixes layers of different pages (vLLM's UniformTypeKVCacheSpecs), on which vLLM "
-            "0.33's OffloadingConnector stops (its scheduler finds no manager for that spec): plan with one "
-            "page for every layer, or simulate the tier with scheduler='kvcore'"
+            "the plan's group mixes layers of different pages (vLLM's UniformTypeKVCacheSpecs), on "
+            "which vLLM 0.33's OffloadingConnector stops (its scheduler finds no manager for that "
+            "spec): plan with one page for every layer, or simulate the tier with scheduler='kvcore'"
         )
     if host_chunks(plan) == 0:
         raise InvalidInputError(
@@ -227,7 +234,9 @@ class CpuOffloadingManager:
         evicted (nothing changes, and the request offers them again next step). The offered
         keys already stored and readable count as touched by ``r``."""
         to_store = [(key, position) for key, position in keys if key not in self.ref_cnt]
-        touched = [(key, position) for key, position in keys if key not in self.ref_cnt or self.ref_cnt[key] >= 0]
+        touched = [
+            (key, position) for key, position in keys if key not in self.ref_cnt or self.ref_cnt[key] >= 0
+        ]
         self._record_request_cache_access(r, touched)
         if not to_store:
             return []
@@ -450,10 +459,8 @@ class OffloadingConnectorScheduler:
             if state is None:
                 continue
             req = reqs[r]
-            if r in scheduled:
-                after = scheduled[r]
-            else:
-                after = max(req.request.prompt_tokens, req.num_tokens - 1)
+            # a finished request: up to its last token's, never past its prompt
+            after = scheduled[r] if r in scheduled else max(req.request.prompt_tokens, req.num_tokens - 1)
             # offload_prompt_only: the prompt's chunks alone
             offloadable = min(after, req.num_tokens, req.request.prompt_tokens)
             num_chunks = min(offloadable // per_chunk, state.num_blocks, self._num_keys(req))

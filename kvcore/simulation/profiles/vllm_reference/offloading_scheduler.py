@@ -227,7 +227,9 @@ class OffloadingReferenceScheduler(VllmReferenceScheduler):
         self._kv_holding.extendleft(reversed(skipped_holding))
         self._waiting.extendleft(reversed(skipped_waiting))
 
-    def _allocate_for_load(self, req: RequestState, local: int, hit_blocks: list[Blocks] | None, external: int) -> bool:
+    def _allocate_for_load(
+        self, req: RequestState, local: int, hit_blocks: list[Blocks] | None, external: int
+    ) -> bool:
         """``KVCacheManager.allocate_slots`` for an asynchronous load: blocks for the local hit
         and the ``external`` tokens (nothing to compute yet, nothing cached until the load
         ends: ``delay_cache_blocks``), granted only when the whole sequence fits (with
@@ -263,7 +265,9 @@ class OffloadingReferenceScheduler(VllmReferenceScheduler):
         whole known sequence."""
         whole = min(req.num_tokens, self.max_model_len)
         return sum(
-            group.get_num_blocks_to_allocate(req.index, whole, [], req.num_computed_tokens, apply_admission_cap=True)
+            group.get_num_blocks_to_allocate(
+                req.index, whole, [], req.num_computed_tokens, apply_admission_cap=True
+            )
             for group in self.kv_cache_manager.managers
         )
 
@@ -337,7 +341,9 @@ class OffloadingReferenceScheduler(VllmReferenceScheduler):
         stats = self.offload
         if self._host_gpu is not None and (stats.unpriced_out or stats.unpriced_back):
             moving = host_transfer(
-                self._host_gpu, stats.unpriced_out * self._chunk_bytes, stats.unpriced_back * self._chunk_bytes
+                self._host_gpu,
+                stats.unpriced_out * self._chunk_bytes,
+                stats.unpriced_back * self._chunk_bytes,
             ).seconds
             self.host_transfer_seconds += moving
             extra += moving
@@ -361,4 +367,6 @@ class OffloadingReferenceScheduler(VllmReferenceScheduler):
             restored_bytes=stats.loaded_chunks * per_block,
             host_evictions=stats.evicted_chunks,
         )
-        return attrs.evolve(super().result(), host_tier=tier, host_transfer_seconds=self.host_transfer_seconds)
+        return attrs.evolve(
+            super().result(), host_tier=tier, host_transfer_seconds=self.host_transfer_seconds
+        )

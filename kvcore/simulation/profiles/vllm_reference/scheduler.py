@@ -121,7 +121,12 @@ class VllmReferenceScheduler(StepperState):
         arrival = self._arrival
         now = self.clock if self._in_seconds else step
         upcoming = self._next_arrival
-        if not self._running and not self._waiting and not self._waits_on_transfers() and arrival[upcoming] > now:
+        if (
+            not self._running
+            and not self._waiting
+            and not self._waits_on_transfers()
+            and arrival[upcoming] > now
+        ):
             self._idle_until(upcoming, step)
             return
         while upcoming < len(arrival) and arrival[upcoming] <= now:
