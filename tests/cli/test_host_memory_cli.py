@@ -118,3 +118,25 @@ def test_a_run_without_a_tier_reports_as_before(run_cli):
     assert status == 0, err
     simulation = json.loads(out)["candidates"][0]["simulation"]
     assert "host_tier" not in simulation and "host_transfer_seconds" not in simulation
+
+
+def test_tune_replays_each_candidate_with_the_tier_and_prints_vllms_offloading_flags(run_cli):
+    """``kvcore tune --host-memory``: every candidate keeps the tier (replayed as vLLM's CPU
+    offloading), and the vLLM flags name it as vLLM 0.33's ``EngineArgs`` do: the size in GiB
+    (``--kv-offloading-size``) and the native backend."""
+    args = (*LLAMA, "--trace", TRACE, "--prefix-caching", "--policies", "uniform", "--no-split-search")
+    status, out, err = run_cli("tune", *args, "--host-memory", "8GiB", "--json")
+    assert status == 0, err
+    payload = json.loads(out)
+    vllm = payload["engines"]["vllm"]
+    assert vllm["flags"]["--kv-offloading-size"] == "8"
+    assert vllm["flags"]["--kv-offloading-backend"] == "native"
+    assert "--kv-offloading-size 8 --kv-offloading-backend native" in vllm["command_line"]
+    status, out, err = run_cli("tune", *args, "--json")
+    assert status == 0, err
+    plain = json.loads(out)["engines"]["vllm"]
+    assert "--kv-offloading-size" not in plain["flags"]
+    status, _, err = run_cli(
+        "tune", *LLAMA, "--trace", TRACE, "--policies", "uniform", "--host-memory", "8GiB"
+    )
+    assert status != 0 and "prefix_caching" in err and "Traceback" not in err
