@@ -619,22 +619,8 @@ def tune(
             simulate one, or no candidate that runs.
     """
     check_objective(objective, step_time is not None, slo_ttft is not None or slo_itl is not None)
-    if isinstance(max_passes, bool) or not isinstance(max_passes, int) or max_passes < 1:
-        raise InvalidInputError(f"'max_passes' must be an int >= 1 (got {max_passes!r})")
-    for name in space.kv_cache_dtypes:
-        if name is not None:
-            to_dtype(name)  # a misspelt dtype fails before any plan
     profile = resolve_profile(scheduler, registry)
-    if host_memory and not getattr(profile, "simulates_host_tier", False):
-        raise InvalidInputError(
-            f"the scheduler profile {profile.name!r} does not simulate a host tier: tune with the 'vllm' "
-            "profile (vLLM's CPU offloading), 'kvcore' or 'sglang', or without host_memory"
-        )
-    if host_memory and not prefix_caching:
-        raise InvalidInputError(
-            "a host tier keeps the cached blocks the device evicts: tune with prefix_caching=True, or "
-            "without host_memory"
-        )
+    _check_inputs(space, max_passes, profile, host_memory, prefix_caching)
     search = _Search(
         specs,
         available_bytes,
@@ -655,6 +641,32 @@ def tune(
     varied = [knob for knob in KNOBS if len(space.values(knob)) > 1]
     best = _coordinate_ascent(search, space, default, varied, max_passes)
     return _result(search, space, default, best, varied, objective=objective, timed=step_time is not None)
+
+
+def _check_inputs(
+    space: SearchSpace, max_passes: int, profile: SchedulerProfile, host_memory: int, prefix_caching: bool
+) -> None:
+    """Refuse what :func:`tune` cannot search before any plan is made.
+
+    Raises:
+        InvalidInputError: ``max_passes`` < 1, a misspelt dtype, or a host tier the replay would
+            ignore (``profile`` does not simulate one, or prefix caching is off).
+    """
+    if isinstance(max_passes, bool) or not isinstance(max_passes, int) or max_passes < 1:
+        raise InvalidInputError(f"'max_passes' must be an int >= 1 (got {max_passes!r})")
+    for name in space.kv_cache_dtypes:
+        if name is not None:
+            to_dtype(name)  # a misspelt dtype fails before any plan
+    if host_memory and not getattr(profile, "simulates_host_tier", False):
+        raise InvalidInputError(
+            f"the scheduler profile {profile.name!r} does not simulate a host tier: tune with the 'vllm' "
+            "profile (vLLM's CPU offloading), 'kvcore' or 'sglang', or without host_memory"
+        )
+    if host_memory and not prefix_caching:
+        raise InvalidInputError(
+            "a host tier keeps the cached blocks the device evicts: tune with prefix_caching=True, or "
+            "without host_memory"
+        )
 
 
 def _result(

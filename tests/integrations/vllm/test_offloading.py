@@ -14,6 +14,11 @@ trace of five shared prefixes that the device evicts and the tier gives back. Th
 draw full-attention models, budgets, tiers of a few chunks to several pools' worth, traces with
 shared prefixes and bursts, and vLLM's settings; a failure names its seed
 (``KVCORE_OFFLOAD_SEEDS=START:STOP`` runs others).
+
+vLLM's connector walks a step's finished requests as a set of request ids, in the order of the
+strings' hashes (``PYTHONHASHSEED``); it matters when several finish in one step and their
+tails compete for the last free chunks. The profile is run here with vLLM's order for this
+process (the same set of the driver's ids), so that the comparison is exact under every seed.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from kvcore.planning.capacity import request_bytes
 from kvcore.planning.offload import with_host_memory
 from kvcore.simulation.profiles.vllm import VllmProfile
 from kvcore.simulation.profiles.vllm_reference.offloading import chunk_bytes
+from kvcore.simulation.profiles.vllm_reference.offloading_scheduler import OffloadingReferenceScheduler
 from kvcore.simulation.workload import Request, Workload
 from tests.integrations.vllm.scheduler_cases import BATCH, GIB, vllm_plan, workload
 
@@ -61,6 +67,31 @@ def _differences(ours, theirs) -> list[str]:
     if ours.pool_usage != pytest.approx(theirs.pool_usage, abs=1e-12):
         differ.append("pool_usage")
     return differ
+
+
+def _vllms_set_order(finished: list[int]) -> list[int]:
+    """The order vLLM walks these finished requests in: its ``finished_req_ids``, a fresh set
+    to which they were added in this order, of the driver's ids (``r0``, ``r1``, ...)."""
+    ids: set[str] = set()
+    for r in finished:
+        ids.add(f"r{r}")
+    return [int(rid[1:]) for rid in ids]
+
+
+def _ours(plan, requests, profile, batch):
+    """The profile's replay (the ``vllm`` profile with a tier runs this reference), with
+    vLLM's order of a step's finished requests."""
+    stepper = OffloadingReferenceScheduler(
+        plan,
+        requests,
+        profile,
+        max_num_batched_tokens=batch,
+        prefix_caching=True,
+        finished_order=_vllms_set_order,
+    )
+    while not stepper.done:
+        stepper.step()
+    return stepper.result()
 
 
 def _shared_prefixes(count: int, seed: int) -> Workload:
@@ -93,8 +124,11 @@ def test_the_cpu_tier_is_vllms_offloading_connector(trace, tier, mode):
     )
     requests = workload("chat", 80) if trace == "chat" else _shared_prefixes(80, 1)
     profile = VllmProfile(async_scheduling=asynchronous)
-    ours = simulate(plan, requests, scheduler=profile, prefix_caching=True, max_num_batched_tokens=BATCH)
+    ours = _ours(plan, requests, profile, BATCH)
     theirs = run_vllm_scheduler(plan, requests, profile, max_num_batched_tokens=BATCH, prefix_caching=True)
+    # simulate() runs the same replay (the order of a step's finished requests apart)
+    simulated = simulate(plan, requests, scheduler=profile, prefix_caching=True, max_num_batched_tokens=BATCH)
+    assert simulated.scheduler == "vllm" and simulated.host_tier is not None
     assert not _differences(ours, theirs), _differences(ours, theirs)
     # the case is what the comparison is for: the tier gives back blocks the device evicted
     tier_stats = ours.host_tier
@@ -167,7 +201,7 @@ def test_the_cpu_tier_is_vllms_on_random_cases(seed):
         pytest.skip(f"seed {seed}: plan_for_vllm refuses the drawn model and budget")
     plan, requests, profile, batch = case
     theirs = run_vllm_scheduler(plan, requests, profile, max_num_batched_tokens=batch, prefix_caching=True)
-    ours = simulate(plan, requests, scheduler=profile, prefix_caching=True, max_num_batched_tokens=batch)
+    ours = _ours(plan, requests, profile, batch)
     differ = _differences(ours, theirs)
     assert not differ, (
         f"seed {seed} (rerun: KVCORE_OFFLOAD_SEEDS={seed}:{seed + 1}): the profile differs from vLLM "

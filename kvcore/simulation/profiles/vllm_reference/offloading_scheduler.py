@@ -38,6 +38,7 @@ added to the next step that computes (a step that only loads runs no model).
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import attrs
@@ -67,7 +68,11 @@ class OffloadingReferenceScheduler(VllmReferenceScheduler):
     """The reference scheduler with vLLM's CPU offloading for the plan's host tier.
 
     Args: as :class:`~kvcore.simulation.profiles.vllm_reference.VllmReferenceScheduler`
-    (prefix caching on: the tier keeps cached blocks).
+    (prefix caching on: the tier keeps cached blocks), and ``finished_order``: the order in which
+    the connector walks a step's finished requests (default: the order they finished). vLLM
+    walks them as a set of request-id strings, whose order is the strings' hashes (they vary
+    with ``PYTHONHASHSEED``): a caller that knows vLLM's ids, in vLLM's process, can give that
+    order (``tests/integrations/vllm/test_offloading.py`` does).
 
     Raises:
         InvalidInputError: as the reference, or the plan's tier is one this model does not
@@ -83,6 +88,7 @@ class OffloadingReferenceScheduler(VllmReferenceScheduler):
         max_num_batched_tokens: int | None = None,
         prefix_caching: bool = False,
         step_time: StepTimeModel | None = None,
+        finished_order: Callable[[list[int]], list[int]] | None = None,
     ) -> None:
         check_offloadable(plan)
         super().__init__(
@@ -103,6 +109,7 @@ class OffloadingReferenceScheduler(VllmReferenceScheduler):
         self._inflight_prefills: set[int] = set()
         #: the requests finished since the last step was scheduled (``finished_req_ids``)
         self._finished_since: list[int] = []
+        self._finished_order = finished_order
         #: a loading request's local hit, until it is admitted (for the tier's hit tokens)
         self._local_hit: dict[int, int] = {}
         #: each step's transfer jobs, beside the batch queue: they finish with its output
@@ -139,9 +146,12 @@ class OffloadingReferenceScheduler(VllmReferenceScheduler):
         if not preempted:
             self._schedule_waiting(step, budget, threshold, scheduled, sampled)
         tables = self.kv_cache_manager.managers[0].req_to_blocks
+        finished = self._finished_since
+        if self._finished_order is not None and len(finished) > 1:
+            finished = self._finished_order(finished)
         jobs = self.connector.build_connector_meta(
             {r: self.reqs[r].num_computed_tokens for r in scheduled},
-            self._finished_since,
+            finished,
             self.reqs,
             {r: len(tables[r]) for r in scheduled},
         )
