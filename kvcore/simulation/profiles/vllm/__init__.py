@@ -45,9 +45,10 @@ Where it is an approximation: a Mamba-style state group holds one block per requ
 first token (vLLM's ``mamba_cache_mode='none'``); with prefix caching, state groups never hit,
 nor do chunked local groups whose block is not the scheduler's (vLLM's lookup asserts that it
 is; ``plan_for_vllm`` never makes such a plan), so a plan with them hits nothing; no speculative
-decoding, no KV connector,
-no encoder inputs, no priority policy, no watermark. ``tests/integrations/vllm`` checks the profile figure for
-figure against vLLM 0.33's real ``Scheduler``.
+decoding, no KV connector but vLLM's native CPU offloading (a plan with a host tier replays on the
+reference, :mod:`kvcore.simulation.profiles.vllm_reference.offloading`: the speed paths step
+aside), no encoder inputs, no priority policy, no watermark. ``tests/integrations/vllm`` checks
+the profile figure for figure against vLLM 0.33's real ``Scheduler``.
 
 How it is laid out (a package of modules, each a layer of :class:`VllmSimulator`, bottom up):
 
