@@ -90,6 +90,11 @@ def _config(
     scheduler reads only a few of the model's fields)."""
     length = plan.context.max_model_len
     tier = plan.offload_tier.nbytes if plan.offload_tier is not None else 0
+    # --kv-offloading-size (GiB) --kv-offloading-backend native, only for a tier (the fields are
+    # the releases' own: the configs of a plan without one stay as every release takes them)
+    offloading: dict[str, Any] = (
+        {"kv_offloading_size": tier / (1 << 30), "kv_offloading_backend": "native"} if tier else {}
+    )
     config = VllmConfig(
         scheduler_config=SchedulerConfig(
             max_model_len=length,
@@ -100,12 +105,7 @@ def _config(
             long_prefill_token_threshold=profile.long_prefill_token_threshold,
             scheduler_reserve_full_isl=profile.reserve_full_isl,
         ),
-        cache_config=CacheConfig(
-            enable_prefix_caching=prefix_caching,
-            # --kv-offloading-size (GiB) --kv-offloading-backend native
-            kv_offloading_size=tier / (1 << 30) if tier else None,
-            kv_offloading_backend="native",
-        ),
+        cache_config=CacheConfig(enable_prefix_caching=prefix_caching, **offloading),
         device_config=DeviceConfig(device="cpu"),
     )
     config.scheduler_config.async_scheduling = profile.async_scheduling

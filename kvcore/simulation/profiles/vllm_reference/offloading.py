@@ -95,7 +95,7 @@ def check_offloadable(plan: KVCachePlan) -> None:
     if len(plan.pools) != 1:
         raise InvalidInputError(
             f"the plan has {len(plan.pools)} block pools; vLLM's native CPU offloading "
-            "(--kv-offloading-size) serves one KV cache: plan with one pool, or simulate the tier with "
+            "(kv_offloading_size) serves one KV cache: plan with one pool, or simulate the tier with "
             "scheduler='kvcore'"
         )
     kinds = [g.spec.kind for g in plan.groups]
@@ -104,7 +104,7 @@ def check_offloadable(plan: KVCachePlan) -> None:
     keeps_all = isinstance(key, tuple) and key[:1] == ("keeps every token",)
     if len(plan.groups) != 1 or not keeps_all or group.blocks_per_page != 1:
         raise InvalidInputError(
-            f"the vllm profile simulates vLLM's CPU offloading (--kv-offloading-size) for plans of one "
+            f"the vllm profile simulates vLLM's CPU offloading (kv_offloading_size) for plans of one "
             f"full-attention or MLA group with pages of one block id; this plan has groups of "
             f"{', '.join(kinds)} ({group.blocks_per_page} block id(s) a page): simulate its host tier with "
             "scheduler='kvcore' (or 'sglang'), or without the tier"
