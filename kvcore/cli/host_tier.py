@@ -5,10 +5,11 @@ One size gives every candidate plan a host tier of that much host memory
 (:func:`~kvcore.planning.offload.with_host_memory`) and adds the tier's figures to the report;
 a comma list runs one simulation per size and prints the tier curve: per plan and size, the
 hit rate (and the share the host gave), the bytes moved each way, tokens per step and, with a
-step-time model, TTFT and tokens per second. The ``kvcore`` scheduler profile simulates a host
-tier, and the ``sglang`` one SGLang's HiCache (a profile says so with ``simulates_host_tier``),
-only with prefix caching (the tier keeps cached blocks): other settings are refused, never
-ignored.
+step-time model, TTFT and tokens per second. The ``vllm`` scheduler profile (the default)
+simulates the tier as vLLM's native CPU offloading (``--kv-offloading-size``), the ``kvcore``
+one as kvcore's own host tier and the ``sglang`` one as SGLang's HiCache (a profile says so with
+``simulates_host_tier``), only with prefix caching (the tier keeps cached blocks): other settings
+are refused, never ignored.
 """
 
 from __future__ import annotations
@@ -60,8 +61,8 @@ def add_host_memory_option(parser: argparse.ArgumentParser, *, curve: bool) -> N
         help=(
             "give each plan a host tier of this much host memory (e.g. 64GiB) that keeps the cached "
             "pages (blocks, state checkpoints) the device evicts and brings them back on a hit (needs "
-            "--prefix-caching and --scheduler kvcore); a comma list (0,16GiB,64GiB) prints the tier "
-            "curve, one simulation per size"
+            "--prefix-caching; --scheduler vllm simulates vLLM's CPU offloading, --kv-offloading-size); a "
+            "comma list (0,16GiB,64GiB) prints the tier curve, one simulation per size"
         ),
     )
 
@@ -77,9 +78,10 @@ def check_host_memory(args: PlanningArgs, profile: Any) -> None:
         return
     if not getattr(profile, "simulates_host_tier", False):
         raise InvalidInputError(
-            f"--host-memory is simulated by the kvcore and sglang scheduler profiles (the {profile.name} "
-            "profile does not model a host tier yet): add --scheduler kvcore, or --scheduler sglang "
-            "(SGLang's HiCache), or drop --host-memory"
+            "--host-memory is simulated by the vllm, kvcore and sglang scheduler profiles (the "
+            f"{profile.name} profile does not model a host tier): add --scheduler vllm (vLLM's CPU "
+            "offloading), --scheduler kvcore, or --scheduler sglang (SGLang's HiCache), or drop "
+            "--host-memory"
         )
     if not args.prefix_caching:
         raise InvalidInputError(

@@ -21,6 +21,7 @@ from kvcore.cli import gpu, inputs, timing
 from kvcore.cli.aliases import RemovedOption
 from kvcore.cli.command import Command
 from kvcore.cli.compare import add_candidate_options
+from kvcore.cli.host_tier import add_host_memory_option
 from kvcore.cli.options import PlanningArgs
 from kvcore.cli.policy_defaults import default_policies
 from kvcore.cli.progress import progress
@@ -74,6 +75,7 @@ def add_options(parser: argparse.ArgumentParser) -> None:
         "candidates planned "
         "under vLLM's rules; kvcore; or one a plugin registers)",
     )
+    add_host_memory_option(parser, curve=False)
     parser.add_argument(
         "--sync-scheduling",
         action="store_true",
@@ -217,6 +219,7 @@ def run(args: argparse.Namespace, registry: Registry) -> int:
             slo_itl=args.slo_itl,
             max_passes=args.passes,
             on_trial=eta.on_trial,
+            host_memory=args.host_memory,
         )
     engines = _engines(shared, specs, result, workload, budget, registry, step_time, async_scheduling)
     if args.json:
@@ -277,6 +280,13 @@ def _engines(
         from kvcore.error_messages import render
 
         sglang, sglang_error = None, render(exc, FLAG_NAMES)
+    tier = best.plan.offload_tier if best.plan is not None else None
+    if sglang is not None and tier is not None and tier.nbytes:
+        why = (
+            "tune sizes the host tier as vLLM's CPU offloading; SGLang's HiCache takes "
+            "--enable-hierarchical-cache --hicache-size (kvcore plan --host-memory gives its value)"
+        )
+        sglang = attrs.evolve(sglang, cannot_express=(*sglang.cannot_express, ("host tier", why)))
     sglang_run = _simulate_sglang(sglang, workload, best, sglang_profile(registry), shared, step_time)
     return Engines(vllm=vllm, sglang=sglang, sglang_error=sglang_error, sglang_run=sglang_run)
 

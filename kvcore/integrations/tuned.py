@@ -32,6 +32,7 @@ import attrs
 
 from kvcore.dtypes import dtype_name, to_dtype
 from kvcore.errors import KVCoreError, PolicyNotApplicableError
+from kvcore.integrations.host_tier.flags import vllm_host_tier
 from kvcore.integrations.sglang.model import SglangModel
 from kvcore.integrations.sglang.rules import (
     SglangPoolSizes,
@@ -220,6 +221,22 @@ def vllm_settings(
         flags.insert(
             0, Flag(name="--block-size", value=str(block), why="tokens per block of attention layers")
         )
+    tier = plan.offload_tier
+    if tier is not None and tier.nbytes:
+        try:
+            host = vllm_host_tier(plan)
+        except KVCoreError as exc:  # several pools: vLLM sizes one host tier for one KV cache
+            cannot.append(("host tier", str(exc)))
+        else:
+            size, backend = (text.partition(" ")[::2] for text in host.flags)
+            flags.append(
+                Flag(
+                    name=size[0],
+                    value=size[1],
+                    why=f"the host tier: vLLM's CPU offloading, {host.holds_count:,} chunks of a block",
+                )
+            )
+            flags.append(Flag(name=backend[0], value=backend[1], why="vLLM's own CPU offloading connector"))
     own_plan, engine_tokens, detail = _vllm_own_grouping(
         trial, plan, specs, available_bytes, registry=registry, async_scheduling=async_scheduling
     )

@@ -52,7 +52,8 @@ hits per tier and the bytes moved each way (:attr:`SimulationResult.host_tier`).
 step-time model on a GPU (the roofline's ``gpu``), each step also takes the seconds its moves
 take over the GPU's host link at its published bandwidth
 (:func:`~kvcore.simulation.gpus.host_transfer`), after its compute (no overlap): an estimate,
-like the roofline it is added to. Only this profile simulates a host tier.
+like the roofline it is added to. The ``vllm`` profile simulates a host tier as vLLM's CPU
+offloading, the ``sglang`` one as SGLang's HiCache.
 
 With a step-time model (``step_time``, :mod:`kvcore.simulation.timing`), each step is described
 by a :class:`~kvcore.simulation.steps.StepRecord` (prefill tokens, decodes, requests, context
@@ -138,8 +139,9 @@ def simulate(
     if tier_bytes and not getattr(profile, "simulates_host_tier", False):
         raise InvalidInputError(
             f"the plan has a host tier of {tier_bytes:,} bytes, but the scheduler profile "
-            f"{profile.name!r} does not simulate one (it would be ignored): simulate it with the 'kvcore' "
-            "profile (scheduler='kvcore') or the 'sglang' one (SGLang's HiCache), or without the tier"
+            f"{profile.name!r} does not simulate one (it would be ignored): simulate it with the 'vllm' "
+            "profile (vLLM's CPU offloading), the 'kvcore' one or the 'sglang' one (SGLang's HiCache), or "
+            "without the tier"
         )
     if plan.offload_tier is not None and plan.offload_tier.nbytes and not prefix_caching:
         raise InvalidInputError(

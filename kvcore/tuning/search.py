@@ -39,6 +39,7 @@ from kvcore.dtypes import to_dtype
 from kvcore.errors import InvalidInputError, InvalidSpecError, KVCoreError
 from kvcore.plan import KVCachePlan
 from kvcore.planning.compare import variant_specs
+from kvcore.planning.offload import with_host_memory
 from kvcore.planning.planner import plan as plan_request
 from kvcore.planning.registry import Registry
 from kvcore.planning.request import PlanRequest, one_budget
@@ -334,8 +335,10 @@ class _Search:
         slo_ttft: float | None,
         slo_itl: float | None,
         on_trial: Callable[[Trial], None] | None,
+        host_memory: int = 0,
     ) -> None:
         self.request = request
+        self.host_memory = host_memory
         self.workload = workload
         self.planner = planner
         self.profile = profile
@@ -378,6 +381,8 @@ class _Search:
                 planned = self.planner(
                     attrs.evolve(request, options=attrs.evolve(shared.options, pool_split=split))
                 )
+            if self.host_memory:  # every candidate keeps this host tier below its pool
+                planned = with_host_memory(planned, self.host_memory)
             made: tuple[KVCachePlan | None, tuple[float, ...] | None, str | None] = (planned, split, None)
         except (KVCoreError, InvalidSpecError) as exc:
             made = (None, None, str(exc))
@@ -564,6 +569,7 @@ def tune(
     planner: Planner | None = None,
     max_passes: int = 2,
     on_trial: Callable[[Trial], None] | None = None,
+    host_memory: int = 0,
 ) -> TuneResult:
     """Search ``space`` for the candidate that serves ``workload`` best (see the module docstring).
 
@@ -585,6 +591,9 @@ def tune(
         planner: makes the plans (default: kvcore's own, :func:`default_planner`).
         max_passes: coordinate passes at most (>= 1).
         on_trial: called after every candidate (a progress line).
+        host_memory: host bytes of a tier below every candidate's pool
+            (:func:`~kvcore.planning.offload.with_host_memory`; 0: none), replayed by a profile
+            that simulates one (``vllm``: vLLM's CPU offloading; needs ``prefix_caching``).
 
     Returns:
         The result. The best is the highest score; scores within :data:`TIE` of each other are
@@ -593,7 +602,45 @@ def tune(
     Raises:
         InvalidInputError: a request of several ranks, of a length ``auto`` chooses or with a
             forced block count, a bad objective for the inputs, ``max_passes`` < 1, a KV dtype
-            no cache can hold, or no candidate that runs.
+            no cache can hold, a host tier without prefix caching or under a profile that does
+            not simulate one, or no candidate that runs.
+    """
+    check_objective(objective, step_time is not None, slo_ttft is not None or slo_itl is not None)
+    profile = resolve_profile(scheduler, registry)
+    _check_inputs(request, space, max_passes, profile, host_memory, prefix_caching)
+    search = _Search(
+        request,
+        workload,
+        planner=planner or default_planner(registry),
+        profile=profile,
+        step_time=step_time,
+        prefix_caching=prefix_caching,
+        objective=objective,
+        slo_ttft=slo_ttft,
+        slo_itl=slo_itl,
+        on_trial=on_trial,
+        host_memory=host_memory,
+    )
+    default = search.trial(space.default())
+    varied = [knob for knob in KNOBS if len(space.values(knob)) > 1]
+    best = _coordinate_ascent(search, space, default, varied, max_passes)
+    return _result(search, space, default, best, varied, objective=objective, timed=step_time is not None)
+
+
+def _check_inputs(
+    request: PlanRequest,
+    space: SearchSpace,
+    max_passes: int,
+    profile: SchedulerProfile,
+    host_memory: int,
+    prefix_caching: bool,
+) -> None:
+    """Refuse what :func:`tune` cannot search before any plan is made.
+
+    Raises:
+        InvalidInputError: a request of several ranks, of an ``auto`` length or with a forced
+            block count, ``max_passes`` < 1, a misspelt dtype, or a host tier the replay would
+            ignore (``profile`` does not simulate one, or prefix caching is off).
     """
     one_budget(request, "tune")
     if request.num_blocks is not None:
@@ -601,28 +648,21 @@ def tune(
             f"tune sizes each candidate's pool from the budget; the request forces num_blocks="
             f"{request.num_blocks} (leave it None)"
         )
-    check_objective(objective, step_time is not None, slo_ttft is not None or slo_itl is not None)
     if isinstance(max_passes, bool) or not isinstance(max_passes, int) or max_passes < 1:
         raise InvalidInputError(f"'max_passes' must be an int >= 1 (got {max_passes!r})")
     for name in space.kv_cache_dtypes:
         if name is not None:
             to_dtype(name)  # a misspelt dtype fails before any plan
-    search = _Search(
-        request,
-        workload,
-        planner=planner or default_planner(registry),
-        profile=resolve_profile(scheduler, registry),
-        step_time=step_time,
-        prefix_caching=prefix_caching,
-        objective=objective,
-        slo_ttft=slo_ttft,
-        slo_itl=slo_itl,
-        on_trial=on_trial,
-    )
-    default = search.trial(space.default())
-    varied = [knob for knob in KNOBS if len(space.values(knob)) > 1]
-    best = _coordinate_ascent(search, space, default, varied, max_passes)
-    return _result(search, space, default, best, varied, objective=objective, timed=step_time is not None)
+    if host_memory and not getattr(profile, "simulates_host_tier", False):
+        raise InvalidInputError(
+            f"the scheduler profile {profile.name!r} does not simulate a host tier: tune with the 'vllm' "
+            "profile (vLLM's CPU offloading), 'kvcore' or 'sglang', or without host_memory"
+        )
+    if host_memory and not prefix_caching:
+        raise InvalidInputError(
+            "a host tier keeps the cached blocks the device evicts: tune with prefix_caching=True, or "
+            "without host_memory"
+        )
 
 
 def _result(

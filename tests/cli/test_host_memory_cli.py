@@ -42,19 +42,35 @@ def test_a_comma_list_prints_the_tier_curve(run_cli):
     assert "an estimate" in lines[-1]
 
 
-@pytest.mark.parametrize(
-    ("flags", "message"),
-    [
-        (("--scheduler", "vllm"), "--scheduler kvcore, or --scheduler sglang"),
-        (("--scheduler", "vllm-reference"), "--scheduler kvcore, or --scheduler sglang"),
-        ((), "--scheduler kvcore"),  # the default profile is vllm's
-    ],
-)
-def test_profiles_without_a_tier_refuse_it(run_cli, flags, message):
+def test_the_vllm_profile_simulates_vllms_cpu_offloading(run_cli):
+    """The default profile (``vllm``) simulates the tier as vLLM's native CPU offloading
+    (``--kv-offloading-size``): the hit rate grows with host memory, the tier counts its loads."""
+    args = ("--trace", TRACE, "--policies", "auto", "--prefix-caching")
+    status, out, err = run_cli("simulate", *LLAMA, *args, "--host-memory", "0,4GiB,16GiB", "--json")
+    assert status == 0, err
+    curve = json.loads(out)["tier_curve"]
+    rates = [p["simulation"]["prefix_hit_rate"] for p in curve]
+    assert rates[0] < rates[1] < rates[2]
+    tier = curve[2]["simulation"]["host_tier"]
+    assert tier["host_hits"] > 0 and tier["restored_bytes"] > 0
+    assert tier["device_hit_tokens"] + tier["host_hit_tokens"] == curve[2]["simulation"]["cached_tokens"]
+
+
+def test_a_plan_the_vllm_profile_cannot_offload_is_refused_by_name(run_cli):
+    """Gemma-3's sliding layers: the vllm profile's CPU tier is one full-attention group's."""
+    gemma = ("--model", "google/gemma-3-27b-it", "--memory", "8GiB", "--max-model-len", "8192")
     status, _, err = run_cli(
-        "simulate", *LLAMA, "--trace", TRACE, "--prefix-caching", "--host-memory", "8GiB", *flags
+        "simulate",
+        *gemma,
+        "--trace",
+        TRACE,
+        "--prefix-caching",
+        "--host-memory",
+        "8GiB",
+        "--policies",
+        "auto",
     )
-    assert status != 0 and message in err and "Traceback" not in err
+    assert status != 0 and "one full-attention or MLA group" in err and "Traceback" not in err
 
 
 def test_the_sglang_profile_simulates_hicache(run_cli):
@@ -102,3 +118,25 @@ def test_a_run_without_a_tier_reports_as_before(run_cli):
     assert status == 0, err
     simulation = json.loads(out)["candidates"][0]["simulation"]
     assert "host_tier" not in simulation and "host_transfer_seconds" not in simulation
+
+
+def test_tune_replays_each_candidate_with_the_tier_and_prints_vllms_offloading_flags(run_cli):
+    """``kvcore tune --host-memory``: every candidate keeps the tier (replayed as vLLM's CPU
+    offloading), and the vLLM flags name it as vLLM 0.33's ``EngineArgs`` do: the size in GiB
+    (``--kv-offloading-size``) and the native backend."""
+    args = (*LLAMA, "--trace", TRACE, "--prefix-caching", "--policies", "uniform", "--no-split-search")
+    status, out, err = run_cli("tune", *args, "--host-memory", "8GiB", "--json")
+    assert status == 0, err
+    payload = json.loads(out)
+    vllm = payload["engines"]["vllm"]
+    assert vllm["flags"]["--kv-offloading-size"] == "8"
+    assert vllm["flags"]["--kv-offloading-backend"] == "native"
+    assert "--kv-offloading-size 8 --kv-offloading-backend native" in vllm["command_line"]
+    status, out, err = run_cli("tune", *args, "--json")
+    assert status == 0, err
+    plain = json.loads(out)["engines"]["vllm"]
+    assert "--kv-offloading-size" not in plain["flags"]
+    status, _, err = run_cli(
+        "tune", *LLAMA, "--trace", TRACE, "--policies", "uniform", "--host-memory", "8GiB"
+    )
+    assert status != 0 and "prefix_caching" in err and "Traceback" not in err

@@ -109,12 +109,32 @@ def test_the_host_links_seconds_are_added_to_the_steps():
     assert untimed.host_transfer_seconds == 0.0 and untimed.host_tier == tier
 
 
-@pytest.mark.parametrize("scheduler", ["vllm", "vllm-reference"])
-def test_profiles_that_do_not_model_a_tier_refuse_it(scheduler):
-    """vLLM's profiles refuse a host tier (the sglang profile simulates one: HiCache)."""
+@attrs.frozen
+class _NoTier:
+    """A scheduler profile that does not say it simulates a host tier (``simulates_host_tier``)."""
+
+    name: str = "no-tier"
+    description: str = "a profile without a host tier"
+
+    def simulator(self, plan, workload, **options):
+        raise AssertionError("a profile without a tier never runs a plan with one")
+
+
+def test_profiles_that_do_not_model_a_tier_refuse_it():
+    """A profile that does not model a tier refuses one (vllm simulates vLLM's CPU offloading,
+    kvcore its own tier, sglang HiCache)."""
     _, tiered = _plans()
-    with pytest.raises(InvalidInputError, match=r"scheduler='kvcore'\) or the 'sglang' one"):
-        simulate(tiered, _alternating(2), prefix_caching=True, scheduler=scheduler)
+    with pytest.raises(InvalidInputError, match=r"'no-tier' does not simulate one .* the 'vllm' profile"):
+        simulate(tiered, _alternating(2), prefix_caching=True, scheduler=_NoTier())
+
+
+@pytest.mark.parametrize("scheduler", ["vllm", "vllm-reference"])
+def test_vllms_profiles_simulate_its_cpu_offloading(scheduler):
+    """The vllm profiles run the tier as vLLM's native CPU offloading (the figures are held to
+    vLLM's scheduler in tests/integrations/vllm/test_offloading.py)."""
+    _, tiered = _plans()
+    result = simulate(tiered, _alternating(8), prefix_caching=True, scheduler=scheduler)
+    assert result.host_tier is not None and result.host_tier.host_hits > 0
 
 
 def test_a_tier_without_prefix_caching_is_refused():

@@ -21,11 +21,21 @@ The figures are read from the scheduler itself: running requests after each ``sc
 (``SchedulerOutput.preempted_req_ids``), the steps until every request finished, queue delays
 (the step a request first appears in ``scheduled_new_reqs``) and prefix hits (a request's
 ``num_computed_tokens`` when it is admitted, new or resumed).
+
+A plan with a host tier runs with vLLM's native CPU offloading, configured as
+``--kv-offloading-size`` does it (``CacheConfig.kv_offloading_size`` of the tier's bytes in GiB,
+backend ``native``: the ``OffloadingConnector``, whose scheduler side the scheduler builds). No
+worker runs: the fake model runner reports every load and store job of a step finished in that
+step's output (``KVConnectorOutput``: ``finished_recving`` for the loading requests, the jobs in
+``OffloadingWorkerMetadata.completed_jobs``), the timing the profile assumes
+(:mod:`kvcore.simulation.profiles.vllm_reference.offloading`). The tier's figures are read from
+the connector: its load and store jobs, the chunks each covers, the chunks held at the end.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import os
 import types
@@ -56,6 +66,7 @@ from kvcore.integrations.vllm.versions import (
     request_block_hasher,
 )
 from kvcore.plan import KVCachePlan
+from kvcore.runtime.host_cache import HostTierStats
 from kvcore.simulation.profiles.vllm import VllmProfile
 from kvcore.simulation.profiles.vllm_groups import align_state_block
 from kvcore.simulation.simulator import SimulationResult, percentile
@@ -81,6 +92,12 @@ def _config(
     """A ``VllmConfig`` with the profile's scheduler settings and a stand-in model (the
     scheduler reads only a few of the model's fields)."""
     length = plan.context.max_model_len
+    tier = plan.offload_tier.nbytes if plan.offload_tier is not None else 0
+    # --kv-offloading-size (GiB) --kv-offloading-backend native, only for a tier (the fields are
+    # the releases' own: the configs of a plan without one stay as every release takes them)
+    offloading: dict[str, Any] = (
+        {"kv_offloading_size": tier / (1 << 30), "kv_offloading_backend": "native"} if tier else {}
+    )
     config = VllmConfig(
         scheduler_config=SchedulerConfig(
             max_model_len=length,
@@ -92,7 +109,9 @@ def _config(
             scheduler_reserve_full_isl=profile.reserve_full_isl,
         ),
         cache_config=CacheConfig(
-            enable_prefix_caching=prefix_caching, mamba_cache_mode=_mamba_cache_mode(plan, prefix_caching)
+            enable_prefix_caching=prefix_caching,
+            mamba_cache_mode=_mamba_cache_mode(plan, prefix_caching),
+            **offloading,
         ),
         device_config=DeviceConfig(device="cpu"),
     )
@@ -109,7 +128,11 @@ def _config(
         runner_type="generate",
         is_multimodal_model=False,
         skip_tokenizer_init=True,
+        model="kvcore-plan",
+        dtype="auto",
     )
+    # the offloading connector asks for the model's KV heads (its parallelism check)
+    model.get_total_num_kv_heads = lambda: _kv_heads(plan)
     object.__setattr__(config, "model_config", model)
     return config
 
@@ -174,6 +197,30 @@ def run_vllm_scheduler(
         VllmIntegrationError: the requests do not finish within ``max_steps``.
     """
     scheduler, hasher = _scheduler(plan, profile, max_num_batched_tokens, prefix_caching)
+    # a tier too small for a step's stores logs a warning per request and step; the tally counts
+    # what was stored instead
+    quiet = logging.getLogger("vllm.distributed.kv_transfer.kv_connector.v1.offloading.scheduler")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        return _replay(
+            scheduler, hasher, plan, workload, profile, max_steps=max_steps, prefix_caching=prefix_caching
+        )
+    finally:
+        quiet.setLevel(level)
+
+
+def _replay(
+    scheduler: Scheduler,
+    hasher: Any,
+    plan: KVCachePlan,
+    workload: Workload,
+    profile: VllmProfile,
+    *,
+    max_steps: int,
+    prefix_caching: bool,
+) -> SimulationResult:
+    """The steps of :func:`run_vllm_scheduler` on its scheduler."""
     requests = workload.requests
     tally = _Tally(first=[-1] * len(requests))
     by_id: dict[str, int] = {}
@@ -202,14 +249,24 @@ def run_vllm_scheduler(
         before = {rid: scheduler.requests[rid].num_computed_tokens for rid in scheduler.requests}
         output = scheduler.schedule()
         tally.count(scheduler, output, before, by_id, step)
-        in_flight.append((output, _sampled(scheduler, output, by_id)))
+        runner = _sampled(scheduler, output, by_id)
+        if scheduler.connector is not None:
+            runner.kv_connector_output = tally.count_transfers(scheduler, output)
+        in_flight.append((output, runner))
         while len(in_flight) > lag:
             done_output, done_runner = in_flight.popleft()
             engine_outputs = scheduler.update_from_output(done_output, done_runner)
             for outputs in engine_outputs.values():
                 finished += sum(1 for o in outputs.outputs if o.finish_reason is not None)
         step += 1
-    return tally.result(plan, workload, profile, steps=step, prefix_caching=prefix_caching)
+    return tally.result(
+        plan, workload, profile, steps=step, prefix_caching=prefix_caching, scheduler=scheduler
+    )
+
+
+def _kv_heads(plan: KVCachePlan) -> int:
+    """The KV heads of the plan's first group's layers (what vLLM's model config would give)."""
+    return int(getattr(plan.groups[0].spec, "num_kv_heads", 1) or 1)
 
 
 def _scheduler(
@@ -267,6 +324,12 @@ class _Tally:
     recomputed: int = 0
     cached: int = 0
     looked_up: int = 0
+    # the CPU tier (vLLM's OffloadingConnector): loads, chunks loaded and stored, tokens it gave
+    loads: int = 0
+    loaded_chunks: int = 0
+    stored_chunks: int = 0
+    host_tokens: int = 0
+    loading_local: dict[str, int] = attrs.Factory(dict)  # a loading request's local hit
 
     def count(
         self,
@@ -281,8 +344,11 @@ class _Tally:
             self.recomputed += before.get(rid, 0)
         for rid in admitted_request_ids(output):
             request = scheduler.requests[rid]
-            self.cached += request.num_computed_tokens - output.num_scheduled_tokens[rid]
+            computed = request.num_computed_tokens - output.num_scheduled_tokens[rid]
+            self.cached += computed
             self.looked_up += request.num_tokens
+            if rid in self.loading_local:
+                self.host_tokens += computed - self.loading_local.pop(rid)
             i = by_id[rid]
             if self.first[i] < 0:
                 self.first[i] = step
@@ -290,8 +356,60 @@ class _Tally:
         self.running.append(len(scheduler.running))
         self.usage.append(scheduler.get_kv_cache_usage())
 
+    def count_transfers(self, scheduler: Scheduler, output: SchedulerOutput) -> Any:
+        """The worker's report of the step's transfer jobs, all finished (see the module
+        docstring), after counting them."""
+        from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import OffloadingWorkerMetadata
+        from vllm.v1.outputs import KVConnectorOutput
+
+        meta = output.kv_connector_metadata
+        side = scheduler.connector.connector_scheduler
+        received: set[str] = set()
+        for job_id, job in meta.load_jobs.items():
+            self.loads += 1
+            self.loaded_chunks += len(side._jobs[job_id].keys)
+            self.loading_local[job.req_id] = side._req_status[job.req_id].num_locally_computed_tokens
+            received.add(job.req_id)
+        for job_id in meta.store_jobs:
+            self.stored_chunks += len(side._jobs[job_id].keys)
+        done = {job_id: 1 for job_id in [*meta.load_jobs, *meta.store_jobs]}
+        if not done:
+            return None
+        return KVConnectorOutput(
+            finished_recving=received or None,
+            kv_connector_worker_meta=OffloadingWorkerMetadata(completed_jobs=done),
+        )
+
+    def host_tier(self, plan: KVCachePlan, scheduler: Scheduler) -> HostTierStats | None:
+        """The tier's figures, as the profile reports them."""
+        if scheduler.connector is None:
+            return None
+        manager = scheduler.connector.connector_scheduler.manager
+        held = len(manager._policy.chunks)
+        per_block = plan.pools[0].bytes_per_block
+        return HostTierStats(
+            enabled=True,
+            host_blocks=manager._num_chunks,
+            held_blocks=held,
+            device_hit_tokens=self.cached - self.host_tokens,
+            host_hits=self.loads,
+            host_hit_tokens=self.host_tokens,
+            offloaded_blocks=self.stored_chunks,
+            offloaded_bytes=self.stored_chunks * per_block,
+            restored_blocks=self.loaded_chunks,
+            restored_bytes=self.loaded_chunks * per_block,
+            host_evictions=self.stored_chunks - held,  # a chunk leaves the tier only when evicted
+        )
+
     def result(
-        self, plan: KVCachePlan, workload: Workload, profile: VllmProfile, *, steps: int, prefix_caching: bool
+        self,
+        plan: KVCachePlan,
+        workload: Workload,
+        profile: VllmProfile,
+        *,
+        steps: int,
+        prefix_caching: bool,
+        scheduler: Scheduler,
     ) -> SimulationResult:
         requests = workload.requests
         delays = sorted(f - r.arrival_step for f, r in zip(self.first, requests, strict=True) if f >= 0)
@@ -316,4 +434,5 @@ class _Tally:
             prefix_hit_rate=self.cached / self.looked_up if self.looked_up else 0.0,
             scheduler="vllm (vLLM's own Scheduler)",
             scheduler_settings=profile.settings(),
+            host_tier=self.host_tier(plan, scheduler),
         )

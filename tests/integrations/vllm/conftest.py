@@ -33,5 +33,6 @@ collect_ignore_glob = (
         "test_longest_admitted.py",
         "test_scheduler_profile.py",
         "test_scheduler_differential.py",
+        "test_offloading.py",
     ]
 )

@@ -54,10 +54,11 @@ Tokens stand for themselves: the ``j``-th block of a request has the content of 
 Where it is an approximation: chunked local groups whose block is not the scheduler's never hit
 (vLLM's lookup asserts that it is; ``plan_for_vllm`` never makes such a plan), so a plan with
 them hits nothing; with prefix caching, state groups beside attention groups of several block
-sizes are refused (vLLM hits inside a state block then); no speculative
-decoding, no KV connector,
-no encoder inputs, no priority policy, no watermark. ``tests/integrations/vllm`` checks the profile figure for
-figure against vLLM 0.33's real ``Scheduler``.
+sizes are refused (vLLM hits inside a state block then); no speculative decoding, no KV
+connector but vLLM's native CPU offloading (a plan with a host tier replays on the reference,
+:mod:`kvcore.simulation.profiles.vllm_reference.offloading`: the speed paths step aside), no
+encoder inputs, no priority policy, no watermark. ``tests/integrations/vllm`` checks the profile
+figure for figure against vLLM 0.33's real ``Scheduler``.
 
 How it is laid out (a package of modules, each a layer of :class:`VllmSimulator`, bottom up):
 

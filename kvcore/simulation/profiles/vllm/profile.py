@@ -4,7 +4,7 @@ reference."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
 
@@ -49,6 +49,10 @@ class VllmProfile(BuiltInProfile):
     long_prefill_token_threshold: int = attrs.field(default=0, validator=int_at_least(0))
     reference: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
 
+    #: a plan's host tier is simulated as vLLM's native CPU offloading (``--kv-offloading-size``,
+    #: :mod:`kvcore.simulation.profiles.vllm_reference.offloading`)
+    simulates_host_tier: ClassVar[bool] = True
+
     def settings(self) -> tuple[tuple[str, object], ...]:
         """The settings as ``(vLLM's name, value)`` pairs, for reports."""
         return (
@@ -63,7 +67,16 @@ class VllmProfile(BuiltInProfile):
     ) -> VllmSimulator | VllmReferenceScheduler:
         """A :class:`VllmSimulator`, or with :attr:`reference` the plain
         :class:`~kvcore.simulation.profiles.vllm_reference.VllmReferenceScheduler`
-        (:meth:`simulator` passes ``options``)."""
+        (:meth:`simulator` passes ``options``). A plan with a host tier replays with vLLM's CPU
+        offloading on the reference
+        (:class:`~kvcore.simulation.profiles.vllm_reference.offloading_scheduler.OffloadingReferenceScheduler`):
+        the fast path's speed paths step aside for it."""
+        if plan.offload_tier is not None and plan.offload_tier.nbytes:
+            from kvcore.simulation.profiles.vllm_reference.offloading_scheduler import (
+                OffloadingReferenceScheduler,
+            )
+
+            return OffloadingReferenceScheduler(plan, workload, self, **options)
         if self.reference:
             from kvcore.simulation.profiles.vllm_reference import VllmReferenceScheduler
 

@@ -16,7 +16,13 @@ It reads side by side with vLLM's sources:
   ``mamba_cache_mode='align'`` (state groups under prefix caching);
 - :mod:`~kvcore.simulation.profiles.vllm_reference.block_pool`: ``vllm/v1/core/block_pool.py``
   (``get_new_blocks``, ``free_blocks``, ``touch``, ``get_cached_block``, eviction);
-- :mod:`~kvcore.simulation.profiles.vllm_reference.request`: ``vllm/v1/request.py``.
+- :mod:`~kvcore.simulation.profiles.vllm_reference.request`: ``vllm/v1/request.py``;
+- :mod:`~kvcore.simulation.profiles.vllm_reference.offloading`: vLLM's native CPU offloading
+  (``--kv-offloading-size``): ``vllm/v1/kv_offload/cpu/manager.py`` (``CPUOffloadingManager``),
+  ``cpu/policies/lru.py`` and the ``OffloadingConnector``'s scheduler side
+  (``kv_connector/v1/offloading/scheduler.py``), and
+  :mod:`~kvcore.simulation.profiles.vllm_reference.offloading_scheduler`: the scheduler's calls
+  into it (a plan with a host tier replays there).
 
 Select it with ``simulate(..., scheduler="vllm-reference")``, ``VllmProfile(reference=True)``
 or ``kvcore simulate --scheduler vllm-reference``. The fast path

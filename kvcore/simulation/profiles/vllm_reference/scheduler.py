@@ -123,7 +123,12 @@ class VllmReferenceScheduler(StepperState):
         arrival = self._arrival
         now = self.clock if self._in_seconds else step
         upcoming = self._next_arrival
-        if not self._running and not self._waiting and arrival[upcoming] > now:
+        if (
+            not self._running
+            and not self._waiting
+            and not self._waits_on_transfers()
+            and arrival[upcoming] > now
+        ):
             self._idle_until(upcoming, step)
             return
         while upcoming < len(arrival) and arrival[upcoming] <= now:
@@ -134,7 +139,7 @@ class VllmReferenceScheduler(StepperState):
         self._next_arrival = upcoming
         scheduled, sampled = self.schedule(step)
         tokens = sum(scheduled.values())
-        in_flight = any(output[0] for output in self._batch_queue)
+        in_flight = any(output[0] for output in self._batch_queue) or self._waits_on_transfers()
         if not tokens and not self._running and not in_flight and self._waiting:
             stuck = self.requests[self._waiting[0]]
             raise InvalidInputError(
@@ -156,6 +161,12 @@ class VllmReferenceScheduler(StepperState):
         self.steps = step + 1
         if self.finished == len(self.requests):
             self._batch_queue.clear()  # the last (empty) steps in flight
+
+    def _waits_on_transfers(self) -> bool:
+        """Whether a request waits on a KV connector's transfer (none here: the CPU tier's
+        scheduler, :mod:`~kvcore.simulation.profiles.vllm_reference.offloading_scheduler`, says
+        when one does); such a step is neither idle nor stuck."""
+        return False
 
     def _idle_until(self, upcoming: int, step: int) -> None:
         """Nothing runs or waits before request ``upcoming`` arrives: the outputs in flight (of
@@ -225,6 +236,9 @@ class VllmReferenceScheduler(StepperState):
                 continue
             granted = True
             while not manager.allocate_slots(req, new):
+                if not self._request_blocks_can_be_freed(running[-1]):
+                    granted = False  # a deferred free would not help this allocation
+                    break
                 victim = running.pop()
                 if victim == req.index and not running:
                     self._check_alone(req.index)
@@ -328,7 +342,7 @@ class VllmReferenceScheduler(StepperState):
         as to be computed again, and put it back at the head of the waiting queue; what it has in
         flight is stale (it waits until that is back)."""
         req = self.reqs[r]
-        self.kv_cache_manager.free(r)
+        self._free_request_blocks(r)
         self.recomputed_tokens += req.num_computed_tokens
         self.preemptions += 1
         req.status = RequestStatus.PREEMPTED
@@ -336,6 +350,17 @@ class VllmReferenceScheduler(StepperState):
         req.num_stale_output_tokens = req.num_in_flight_tokens
         req.num_output_placeholders = 0
         self._waiting.appendleft(r)
+
+    def _request_blocks_can_be_freed(self, r: int) -> bool:
+        """``Scheduler._request_blocks_can_be_freed``: whether request ``r``'s blocks go back to
+        the pool at once when it is freed (always here; with a KV connector and async
+        scheduling vLLM defers them, see
+        :mod:`~kvcore.simulation.profiles.vllm_reference.offloading_scheduler`)."""
+        return True
+
+    def _free_request_blocks(self, r: int) -> None:
+        """``Scheduler._free_request_blocks``: request ``r``'s blocks go back to the pool."""
+        self.kv_cache_manager.free(r)
 
     def _check_alone(self, r: int) -> None:
         """Stop a run that would never end: request ``r``, running alone, failed to grow where it
@@ -389,7 +414,7 @@ class VllmReferenceScheduler(StepperState):
         for r in finished:
             req = self.reqs[r]
             if req.status is RequestStatus.RUNNING:
-                self.kv_cache_manager.free(r)
+                self._free_request_blocks(r)
                 self._running.remove(r)
             else:
                 self._waiting.remove(r)
