@@ -10,6 +10,16 @@ LLAMA = ("--model", "meta-llama/Llama-3.1-8B", "--memory", "2GiB", "--max-model-
 KVCORE = ("--trace", TRACE, "--policies", "auto", "--prefix-caching", "--scheduler", "kvcore")
 
 
+@pytest.fixture
+def first_requests(tmp_path):
+    """The trace's first 120 requests: enough for its prompts to outgrow a 2 GiB device, few
+    enough for the vllm profile's tier, which replays on the plain reference."""
+    path = tmp_path / "first120.jsonl"
+    with open(TRACE, encoding="utf-8") as trace:
+        path.write_text("".join(trace.readlines()[:120]), encoding="utf-8")
+    return path
+
+
 def test_one_size_adds_the_tier_line_and_json_figures(run_cli):
     status, out, err = run_cli("simulate", *LLAMA, *KVCORE, "--host-memory", "8GiB")
     assert status == 0, err
@@ -42,10 +52,10 @@ def test_a_comma_list_prints_the_tier_curve(run_cli):
     assert "an estimate" in lines[-1]
 
 
-def test_the_vllm_profile_simulates_vllms_cpu_offloading(run_cli):
+def test_the_vllm_profile_simulates_vllms_cpu_offloading(run_cli, first_requests):
     """The default profile (``vllm``) simulates the tier as vLLM's native CPU offloading
     (``--kv-offloading-size``): the hit rate grows with host memory, the tier counts its loads."""
-    args = ("--trace", TRACE, "--policies", "auto", "--prefix-caching")
+    args = ("--trace", first_requests, "--policies", "auto", "--prefix-caching")
     status, out, err = run_cli("simulate", *LLAMA, *args, "--host-memory", "0,4GiB,16GiB", "--json")
     assert status == 0, err
     curve = json.loads(out)["tier_curve"]
@@ -120,11 +130,19 @@ def test_a_run_without_a_tier_reports_as_before(run_cli):
     assert "host_tier" not in simulation and "host_transfer_seconds" not in simulation
 
 
-def test_tune_replays_each_candidate_with_the_tier_and_prints_vllms_offloading_flags(run_cli):
+def test_tune_replays_each_candidate_with_the_tier_and_prints_vllms_offloading_flags(run_cli, first_requests):
     """``kvcore tune --host-memory``: every candidate keeps the tier (replayed as vLLM's CPU
     offloading), and the vLLM flags name it as vLLM 0.33's ``EngineArgs`` do: the size in GiB
     (``--kv-offloading-size``) and the native backend."""
-    args = (*LLAMA, "--trace", TRACE, "--prefix-caching", "--policies", "uniform", "--no-split-search")
+    args = (
+        *LLAMA,
+        "--trace",
+        first_requests,
+        "--prefix-caching",
+        "--policies",
+        "uniform",
+        "--no-split-search",
+    )
     status, out, err = run_cli("tune", *args, "--host-memory", "8GiB", "--json")
     assert status == 0, err
     payload = json.loads(out)
