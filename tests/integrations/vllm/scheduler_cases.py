@@ -48,3 +48,20 @@ def vllm_plan(model: str, budget: int, length: int, *, asynchronous: bool, regis
     be configured for the case (``max_model_len`` = ``length``, ``BATCH`` tokens a step)."""
     rules = VllmRules(max_model_len=length, max_num_batched_tokens=BATCH, async_scheduling=asynchronous)
     return plan_for_vllm(rules.request(model_layer_specs(model, registry), budget), rules, registry=registry)
+
+
+def align_mode_differs() -> str | None:
+    """Why the installed vLLM caches Mamba states otherwise than the ``vllm`` profile models
+    (vLLM 0.33's ``mamba_cache_mode='align'``: ``MambaManager``, ``_mamba_block_aligned_split``),
+    or ``None`` where it does: vLLM 0.32 (the CPU build) runs state layers under prefix caching
+    to other figures (its differential seeds 17 and 46 and the Jamba case differ there; 0.33 and
+    0.34 agree), which the profile does not model."""
+    import vllm
+
+    release = tuple(int(part) for part in vllm.__version__.split("+")[0].split(".")[:2])
+    if release < (0, 33):
+        return (
+            f"vLLM {vllm.__version__} caches Mamba states otherwise than 0.33's align mode, "
+            "which the profile models"
+        )
+    return None
