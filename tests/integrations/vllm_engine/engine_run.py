@@ -116,17 +116,7 @@ def main(settings: dict[str, Any]) -> dict[str, Any]:
 
     count = settings.get("admission", 0) + result.get("promise", 0)
     if settings.get("admission"):
-        running: list[int] = []
-        preempted: list[int] = []
-        schedule = scheduler.schedule
-
-        def counted_schedule(*args: Any, **kwargs: Any) -> Any:
-            output = schedule(*args, **kwargs)
-            running.append(len(scheduler.running))
-            preempted.append(len(output.preempted_req_ids or ()))
-            return output
-
-        scheduler.schedule = counted_schedule
+        running, preempted = _count_schedules(scheduler)
         prompt = max_model_len - 1  # one sampled token brings each to max_model_len
         long = SamplingParams(temperature=0.0, max_tokens=max_model_len - prompt, ignore_eos=True)
         engine = llm.llm_engine
@@ -146,13 +136,9 @@ def main(settings: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
-def _replay(llm: Any, trace: list[dict[str, int]], vocab: int) -> dict[str, Any]:
-    """``trace``'s requests into the engine by step number (``arrival_step``: added before that
-    step), stepped to the end: steps, running requests after each ``schedule()``, preemptions."""
-    from vllm import SamplingParams
-
-    engine = llm.llm_engine
-    scheduler = engine.engine_core.engine_core.scheduler
+def _count_schedules(scheduler: Any) -> tuple[list[int], list[int]]:
+    """Wrap ``scheduler.schedule`` so that each call appends the running requests after it and
+    the requests it preempted; returns the two lists it fills."""
     running: list[int] = []
     preempted: list[int] = []
     schedule = scheduler.schedule
@@ -164,6 +150,17 @@ def _replay(llm: Any, trace: list[dict[str, int]], vocab: int) -> dict[str, Any]
         return output
 
     scheduler.schedule = counted_schedule
+    return running, preempted
+
+
+def _replay(llm: Any, trace: list[dict[str, int]], vocab: int) -> dict[str, Any]:
+    """``trace``'s requests into the engine by step number (``arrival_step``: added before that
+    step), stepped to the end: steps, running requests after each ``schedule()``, preemptions."""
+    from vllm import SamplingParams
+
+    engine = llm.llm_engine
+    scheduler = engine.engine_core.engine_core.scheduler
+    running, preempted = _count_schedules(scheduler)
     pending = sorted(range(len(trace)), key=lambda k: trace[k]["arrival_step"])
     step = 0
     while (pending or engine.has_unfinished_requests()) and step < 100_000:
