@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from kvcore import hookimpl
 from kvcore.plugins.chunked_local_attention import ChunkedLocalAttentionSpec
 from kvcore.plugins.full_attention import FullAttentionSpec
@@ -89,3 +92,22 @@ class RecordingExecutor:
     def initialize(self, plan):
         self.calls.append(("initialize", plan.num_blocks))
         self.plan = plan
+
+
+def write_step_profile(
+    path: Path, prefill=(0, 512, 2048), decode=(1, 32, 128), context=(1000, 100_000)
+) -> Path:
+    """A ``--step-profile`` file of steps on a known line, one per combination of the values."""
+    rows = [
+        {
+            "prefill_tokens": p,
+            "decode_requests": d,
+            "context_tokens": c,
+            "seconds": 0.005 + 2e-5 * p + 1e-4 * d + 2e-8 * c,
+        }
+        for p in prefill
+        for d in decode
+        for c in context
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path

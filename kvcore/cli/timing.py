@@ -201,6 +201,16 @@ def print_latency_table(rows: Sequence[tuple[Sequence[object], LatencyReport]]) 
     headers = ["policy", "block", "kv dtype", *latency_headers(first)]
     body = [[*cells, *latency_cells(report)] for cells, report in rows]
     print(render_table(headers, body, align="lll" + "r" * (len(headers) - 3)))
+    for cells, report in rows:
+        beyond = reach_line(report)
+        if beyond:
+            print(f"  {' '.join(str(c) for c in cells if c != 'as specs')}: {beyond}")
+
+
+def reach_line(report: LatencyReport) -> str | None:
+    """What a run timed by a measured profile did beyond the steps the profile measured, in a
+    line (``None`` when every step lay inside, or the model measured nothing)."""
+    return report.reach.summary if report.reach is not None else None
 
 
 def latency_of(args: PlanningArgs, workload: Workload, result: SimulationResult) -> LatencyReport | None:

@@ -414,6 +414,12 @@ def _print(args: argparse.Namespace, result: TuneResult, engines: Engines, workl
     if ran is not None:  # arrivals the best candidate cannot keep up with: no knob here can
         for line in overload_lines([("even the best candidate", ran)]):
             print(line)
+    said = set()
+    for name, trial in (("the best candidate", best), ("the default", default)):
+        beyond = timing.reach_line(trial.latency) if trial.latency is not None else None
+        if beyond and beyond not in said:  # a pick timed by an extrapolated line is a guess: say so
+            print(f"  {name}: {beyond}")
+            said.add(beyond)
     if best.pool_split:
         print("  pool split: " + ", ".join(f"pool {p} {100 * s:.1f}%" for p, s in enumerate(best.pool_split)))
     if result.knob_effects:

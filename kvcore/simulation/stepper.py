@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from kvcore.errors import InvalidInputError
 from kvcore.limits import MAX_TOKENS, check_at_most
 from kvcore.simulation.load import ArrivalLoad, arrival_load
+from kvcore.simulation.profile_reach import ReachTally
 from kvcore.simulation.result import SimulationResult, percentile
 from kvcore.simulation.series import StepSeries
 from kvcore.simulation.steps import StepRecord, StepTimeModel, Timeline, build_timeline
@@ -88,6 +89,9 @@ class StepperState:
         #: with a step-time model: the clock, when each step ended, each request's first-token
         #: and finish steps
         self._step_time = step_time
+        # a measured profile says what it measured: the run counts its steps beyond that
+        measured = getattr(step_time, "measured", ())
+        self._reach = ReachTally(measured) if measured else None
         self.clock = 0.0
         self._step_end: list[float] = []
         self._token_step = [-1] * count if step_time is not None else []
@@ -142,6 +146,8 @@ class StepperState:
                 f"the step-time model {model.description!r} gave {seconds!r} seconds for step "
                 f"{step} ({record}): a step takes a finite time >= 0; fix the model"
             )
+        if self._reach is not None and record.requests:  # an idle step is not the profile's
+            self._reach.add(record.term_values(), seconds)
         self.clock += seconds + extra
         self._step_end.append(self.clock)
 
@@ -160,6 +166,7 @@ class StepperState:
             in_seconds=self._in_seconds,
             first_token_step=self._token_step,
             finish_step=self._finish_step,
+            reach=self._reach.reach() if self._reach is not None else None,
         )
 
     def result(self) -> SimulationResult:

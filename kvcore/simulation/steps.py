@@ -10,9 +10,12 @@ turns it into seconds. The run's clock and each request's events in seconds are 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NamedTuple, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 import attrs
+
+if TYPE_CHECKING:  # profile_reach reads StepRecord from here
+    from kvcore.simulation.profile_reach import ProfileReach
 
 
 class StepRecord(NamedTuple):
@@ -36,9 +39,26 @@ class StepRecord(NamedTuple):
     context_tokens: int
     attention_pairs: int
 
+    def term_values(self) -> dict[str, float]:
+        """The step's value of each term a measured profile can fit (``fixed`` aside; the names
+        of :data:`~kvcore.simulation.profile_file.PROFILE_TERMS`)."""
+        return {
+            "prefill_tokens": self.prefill_tokens,
+            "decode_requests": self.decode_tokens,
+            "context_tokens": self.context_tokens,
+            "attention_pairs": self.attention_pairs,
+            "prefill_requests": self.requests - self.decode_tokens,
+        }
+
 
 class StepTimeModel(Protocol):
-    """Seconds one scheduler step takes on some hardware."""
+    """Seconds one scheduler step takes on some hardware.
+
+    A model fitted to measured steps may also have ``measured``, a tuple of
+    :class:`~kvcore.simulation.profile_reach.MeasuredRange` (what its samples covered, as
+    :class:`~kvcore.simulation.timing.StepProfile` has); a run it times then reports how far
+    its steps went beyond them (:attr:`Timeline.reach`).
+    """
 
     @property
     def description(self) -> str:
@@ -65,6 +85,8 @@ class Timeline:
         first_token: when each request's first output token was sampled (the end of the step
             that computed the last token of its prompt).
         finish: when each request's last output token was sampled.
+        reach: with a measured profile, how far the run's steps went beyond the steps it
+            measured (``None`` for a model that says nothing of what it measured).
     """
 
     model: str
@@ -72,6 +94,7 @@ class Timeline:
     arrival: tuple[float, ...] = attrs.field(repr=False)
     first_token: tuple[float, ...] = attrs.field(repr=False)
     finish: tuple[float, ...] = attrs.field(repr=False)
+    reach: ProfileReach | None = None
 
     @property
     def seconds(self) -> float:
@@ -87,6 +110,7 @@ def build_timeline(
     in_seconds: bool,
     first_token_step: Sequence[int],
     finish_step: Sequence[int],
+    reach: ProfileReach | None = None,
 ) -> Timeline:
     """A timed run's :class:`Timeline`, from what any scheduler recorded step by step.
 
@@ -98,6 +122,7 @@ def build_timeline(
         in_seconds: whether ``arrival`` is in seconds.
         first_token_step: the step that sampled each request's first output token (``-1``: none).
         finish_step: the step that sampled each request's last output token (``-1``: none).
+        reach: how far the steps went beyond those the model measured (a measured profile).
     """
 
     def at(step: int) -> float:  # when ``step`` ended; NaN: not yet
@@ -113,4 +138,5 @@ def build_timeline(
         arrival=arrived,
         first_token=tuple(at(s) for s in first_token_step),
         finish=tuple(at(s) for s in finish_step),
+        reach=reach,
     )

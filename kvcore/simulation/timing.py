@@ -41,6 +41,7 @@ from kvcore.simulation.profile_file import (
     check_terms,
     read_profile_file,
 )
+from kvcore.simulation.profile_reach import MeasuredRange, ProfileReach, measured_ranges
 from kvcore.simulation.simulator import percentile
 from kvcore.simulation.steps import StepRecord, Timeline
 from kvcore.spec import KVCacheSpec
@@ -299,6 +300,9 @@ class StepProfile:
         per_attention_pair: seconds per query-key pair (0 unless fitted).
         per_prefill_request: seconds per request computing more than one token (0 unless fitted).
         terms: the terms fitted (:data:`PROFILE_TERMS` names).
+        measured: the range the samples measured of each term they vary (a run's steps beyond
+            them are extrapolated: :mod:`kvcore.simulation.profile_reach`); empty for a profile
+            made from coefficients alone.
     """
 
     source: str
@@ -311,6 +315,7 @@ class StepProfile:
     per_attention_pair: float = 0.0
     per_prefill_request: float = 0.0
     terms: tuple[str, ...] = ("fixed", "prefill_tokens", "decode_requests", "context_tokens")
+    measured: tuple[MeasuredRange, ...] = attrs.field(default=(), repr=False)
 
     @property
     def description(self) -> str:
@@ -414,6 +419,9 @@ def fit_profile(
         samples=len(rows),
         max_error=0.0,
         terms=chosen,
+        measured=measured_ranges(
+            [PROFILE_TERMS[j] for j in columns[1:]], [[values[j] for j in columns[1:]] for values, _ in rows]
+        ),
     )
     errors = [abs(profile.predict(*values[1:]) - seconds) / seconds for values, seconds in rows]
     worst = max(range(len(errors)), key=errors.__getitem__)
@@ -541,6 +549,8 @@ class LatencyReport:
         good_requests: requests that met both targets.
         goodput_requests_per_second: those over the run's length.
         goodput_tokens_per_second: their output tokens over the run's length.
+        reach: with a measured profile, how far the run's steps went beyond the steps it
+            measured (:mod:`kvcore.simulation.profile_reach`).
     """
 
     model: str
@@ -555,6 +565,7 @@ class LatencyReport:
     good_requests: int = 0
     goodput_requests_per_second: float = 0.0
     goodput_tokens_per_second: float = 0.0
+    reach: ProfileReach | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """As JSON (the spreads as objects)."""
@@ -622,4 +633,5 @@ def latency_report(
         good_requests=sum(good),
         goodput_requests_per_second=sum(good) * rate,
         goodput_tokens_per_second=sum(out for out, ok in zip(output_tokens, good, strict=True) if ok) * rate,
+        reach=timeline.reach,
     )

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import write_step_profile
+
 ROOT = Path(__file__).parents[2]
 GEMMA = ROOT / "examples" / "specs" / "gemma-3-27b.json"
 LLAMA = ("--model", "meta-llama/Llama-3.1-8B", "--memory", "4GiB", "--max-model-len", "4096")
@@ -13,20 +15,7 @@ SYNTHETIC = ("--requests", "40", "--prompt-len", "uniform:64:512", "--output-len
 
 
 def _profile(tmp_path):
-    path = tmp_path / "steps.jsonl"
-    rows = [
-        {
-            "prefill_tokens": p,
-            "decode_requests": d,
-            "context_tokens": c,
-            "seconds": 0.005 + 2e-5 * p + 1e-4 * d + 2e-8 * c,
-        }
-        for p in (0, 512, 2048)
-        for d in (1, 32, 128)
-        for c in (1000, 100_000)
-    ]
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
+    return write_step_profile(tmp_path / "steps.jsonl")
 
 
 def test_a_gpu_roofline_prints_latency_percentiles_tokens_per_second_and_goodput(run_cli):
@@ -138,3 +127,32 @@ def test_a_trace_in_seconds_needs_a_step_time_model(run_cli, tmp_path):
     latency = payload["candidates"][0]["simulation"]["latency"]
     assert latency["model"] == "roofline on L40S, a lower bound"
     assert latency["seconds"] > 0.5  # the request arrives at 0.5 s: the clock jumped there
+
+
+def test_steps_beyond_what_the_profile_measured_are_named_in_the_table_and_the_json(run_cli, tmp_path):
+    narrow = write_step_profile(
+        tmp_path / "narrow.jsonl", prefill=(0, 64, 128), decode=(1, 2, 4), context=(100, 2000)
+    )
+    args = ("simulate", *LLAMA, *SYNTHETIC, "--policies", "uniform", "--step-profile", narrow)
+    status, out, err = run_cli(*args)
+    assert status == 0, err
+    line = next(line for line in out.splitlines() if "beyond the steps the profile measured" in line)
+    assert (
+        line.startswith("  uniform: ")
+        and "decode requests down to 0 and up to" in line
+        and "(measured 1 to 4)" in line
+    )
+    status, out, err = run_cli(*args, "--json")
+    assert status == 0, err
+    reach = json.loads(out)["candidates"][0]["simulation"]["latency"]["reach"]
+    assert 0 < reach["outside"] <= reach["steps"]
+    decode = next(t for t in reach["terms"] if t["term"] == "decode_requests")
+    assert decode["high"] == 4 and decode["most"] > 4
+    # a profile measured over every step the run takes says nothing
+    wide = _profile(tmp_path)
+    status, out, err = run_cli(
+        "simulate", *LLAMA, *SYNTHETIC, "--policies", "uniform", "--step-profile", wide, "--json"
+    )
+    assert status == 0, err
+    reach = json.loads(out)["candidates"][0]["simulation"]["latency"]["reach"]
+    assert reach["steps"] > 0

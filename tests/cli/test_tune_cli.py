@@ -5,6 +5,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import write_step_profile
+
 ROOT = Path(__file__).parents[2]
 GEMMA = ROOT / "examples" / "specs" / "gemma-3-27b.json"
 SMALL = ("--specs", GEMMA, "--memory", "2GiB", "--max-model-len", "4096")
@@ -186,3 +188,14 @@ def test_the_default_candidate_says_where_vllms_batch_defaults_come_from(run_cli
         "max_num_seqs": 1024,
         "max_num_batched_tokens": 8192,
     }
+
+
+def test_tune_says_when_its_pick_is_timed_beyond_what_the_profile_measured(run_cli, tmp_path):
+    profile = write_step_profile(
+        tmp_path / "steps.jsonl", prefill=(0, 256, 512), decode=(1, 4, 8), context=(100, 4000)
+    )
+    status, out, err = run_cli("tune", *SMALL, *SYNTHETIC, *SPACE, "--rate", "20", "--step-profile", profile)
+    assert status == 0, err
+    # max_num_seqs 8 and 128 are tried: the profile measured up to 8 decoding requests
+    assert "  the best candidate: " in out or "  the default: " in out
+    assert "lie beyond the steps the profile measured" in out and "(measured 1 to 8)" in out
