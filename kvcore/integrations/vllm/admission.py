@@ -69,10 +69,14 @@ def vllm_config(rules: VllmRules, *, layout: str = DEFAULT_LAYOUT, hybrid: bool 
     """A ``VllmConfig`` with ``rules``' scheduler settings and no model, for vLLM's planning.
 
     vLLM's planning reads the model config only for ``max_model_len`` and whether the model
-    groups its own layers; a stand-in gives those (``supports_kv_cache_grouping=False``). The
-    CPU platform turns vLLM's hybrid allocator off; ``hybrid`` says what a GPU would do (on by
+    groups its own layers; a stand-in gives those (``supports_kv_cache_grouping=False``).
+    ``hybrid`` sets vLLM's hybrid allocator as a GPU, or vLLM's CPU build, would run it (on by
     default, off for chunked local attention unless
-    ``VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=1``; see :func:`vllm_own_config`).
+    ``VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=1``; see :func:`vllm_own_config`),
+    whatever the platform vLLM detects here: a GPU wheel on a machine without a GPU finds no
+    platform that supports it and would turn it off (``Platform.support_hybrid_kv_cache``; the
+    CPU platform's returns True in 0.33, ``vllm/platforms/cpu.py``, and vLLM 0.32's CPU engine
+    runs Gemma-2 in two groups).
     """
     config = VllmConfig(
         scheduler_config=SchedulerConfig(
