@@ -42,6 +42,7 @@ def test_vllms_settings_reach_the_profile(run_cli):
         "max_num_seqs": 4,
         "scheduler_reserve_full_isl": False,
         "long_prefill_token_threshold": 0,
+        "prefix_cache_retention_interval": 0,
     }
 
 
