@@ -117,6 +117,7 @@ class PlanningArgs:
     max_num_seqs: int | None = None
     reserve_full_isl: bool | None = None
     long_prefill_token_threshold: int | None = None
+    prefix_cache_retention_interval: int | str | None = None  # "dense": vLLM's None
     # a host tier beside the device pool (plan)
     host_memory: int = 0
     # host tiers to simulate under each plan (simulate: one size, or a curve)

@@ -8,7 +8,7 @@ from typing import Any
 
 import attrs
 
-from kvcore.cli.inputs import positive_int
+from kvcore.cli.inputs import positive_int, retention_interval
 from kvcore.cli.options import PlanningArgs
 from kvcore.errors import InvalidInputError
 from kvcore.planning.registry import Registry
@@ -24,6 +24,7 @@ VLLM_DEFAULTS: dict[str, Any] = {
     "max_num_seqs": VLLM_MAX_NUM_SEQS,
     "reserve_full_isl": True,
     "long_prefill_token_threshold": 0,
+    "prefix_cache_retention_interval": 0,
 }
 
 
@@ -68,6 +69,14 @@ def add_scheduler_options(parser: argparse.ArgumentParser) -> None:
         help="vLLM's long_prefill_token_threshold: the most tokens one request computes in a step "
         "while others wait (default: off)",
     )
+    vllm.add_argument(
+        "--prefix-cache-retention-interval",
+        type=retention_interval,
+        metavar="N|dense",
+        help="vLLM's prefix_cache_retention_interval: with prefix caching, which blocks of a sliding "
+        "window are cached: 0 (vLLM's default) only where a later request can resume, N (a multiple "
+        "of the scheduler's block) those and a window's worth before every N tokens, dense all",
+    )
 
 
 def scheduler_profile(args: PlanningArgs, registry: Registry) -> Any:
@@ -93,6 +102,8 @@ def scheduler_profile(args: PlanningArgs, registry: Registry) -> Any:
             )
         return profile
     settings: dict[str, Any] = {**VLLM_DEFAULTS, **given}
+    if settings["prefix_cache_retention_interval"] == "dense":
+        settings["prefix_cache_retention_interval"] = None
     return attrs.evolve(profile, **settings)  # vllm-reference keeps its name and reference=True
 
 

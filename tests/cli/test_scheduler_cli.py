@@ -5,6 +5,7 @@ from pathlib import Path
 
 from kvcore.cli.scheduler_options import VLLM_MAX_NUM_SEQS
 from kvcore.simulation.profiles import vllm
+from tests.cli.test_inputs_hardening import error_line
 
 ROOT = Path(__file__).parents[2]
 GEMMA = ROOT / "examples" / "specs" / "gemma-3-27b.json"
@@ -42,7 +43,38 @@ def test_vllms_settings_reach_the_profile(run_cli):
         "max_num_seqs": 4,
         "scheduler_reserve_full_isl": False,
         "long_prefill_token_threshold": 0,
+        "prefix_cache_retention_interval": 0,
     }
+
+
+def test_the_retention_interval_reaches_the_profile(run_cli):
+    """``--prefix-cache-retention-interval``: vLLM's default 0, a number, or ``dense`` (vLLM's
+    ``None``), in the settings the JSON reports; with shared prefixes cached, dense retention
+    hits another count of them on Gemma-3's sliding windows than vLLM's default."""
+    hits = {}
+    for given, expected in ((None, 0), ("1024", 1024), ("dense", None)):
+        flag = () if given is None else ("--prefix-cache-retention-interval", given)
+        status, out, err = run_cli(
+            "simulate", *SMALL, *SYNTHETIC, "--prefix-share", "1", "--prefix-len", "256",
+            "--prefix-caching", "--json", *flag,
+        )  # fmt: skip
+        assert status == 0, err
+        simulation = json.loads(out)["candidates"][0]["simulation"]
+        assert simulation["scheduler_settings"]["prefix_cache_retention_interval"] == expected
+        hits[given] = simulation["cached_tokens"]
+    assert hits["dense"] != hits[None]  # the setting moves the hits (here dense evicts more)
+
+
+def test_a_retention_interval_vllm_refuses_is_a_one_line_error(run_cli):
+    last = error_line(
+        run_cli, "simulate", *SMALL, *SYNTHETIC, "--prefix-cache-retention-interval", "-4", status=2
+    )
+    assert last.endswith("expected a number >= 1, got -4 (or 0, or dense)")
+    status, _, err = run_cli("simulate", *SMALL, *SYNTHETIC, "--prefix-cache-retention-interval", "40")
+    assert (
+        status == 1 and "prefix_cache_retention_interval 40 is not a multiple of the scheduler's block" in err
+    )
+    assert len(err.strip().splitlines()) == 1, err
 
 
 def test_kvcores_own_rules_by_name(run_cli):

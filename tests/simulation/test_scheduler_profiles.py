@@ -167,8 +167,11 @@ def test_a_request_that_cannot_grow_alone_without_the_gate_is_an_error_not_an_en
     """Gemma-3-27B's kind_pools plan at 4 GiB, the admission gate off: a long document is admitted
     when its first chunk fits, cannot take its second chunk even with the pool to itself, is
     preempted, and admitted again: it looped without end (200,000 preemptions in 400,000 steps).
-    The run must stop and say so; with the gate on the same request is refused at once, and with
-    prefix caching on it finds its own blocks when admitted again and the run ends."""
+    The run must stop and say so; with the gate on the same request is refused at once. With
+    prefix caching on and dense retention it finds its own blocks when admitted again and the run
+    ends; under vLLM's default ``prefix_cache_retention_interval`` (0) the sliding windows keep
+    no block where it was preempted (only before its prompt's end), so it loops as without
+    caching and is refused the same way."""
     context = SizingContext(max_model_len=32768, max_num_batched_tokens=2048)
     specs = model_layer_specs("google/gemma-3-27b-it", REGISTRY)
     plan = plan_kv_cache(specs, 4 * GIB, context, registry=REGISTRY, policy="kind_pools")
@@ -178,7 +181,10 @@ def test_a_request_that_cannot_grow_alone_without_the_gate_is_an_error_not_an_en
     with pytest.raises(InvalidInputError, match=r"cannot grow past 2,048 computed tokens even with the pool"):
         for _ in range(100):  # it must stop within a few steps
             stepper.step()
-    assert simulate(plan, workload, scheduler=gateless, prefix_caching=True, registry=REGISTRY).steps > 0
+    dense = attrs.evolve(gateless, prefix_cache_retention_interval=None)
+    assert simulate(plan, workload, scheduler=dense, prefix_caching=True, registry=REGISTRY).steps > 0
+    with pytest.raises(InvalidInputError, match=r"cannot grow past 2,048 computed tokens even with the pool"):
+        simulate(plan, workload, scheduler=gateless, prefix_caching=True, registry=REGISTRY)
     with pytest.raises(InvalidInputError, match="cannot be admitted even with the pool to itself"):
         simulate(plan, workload, scheduler=VllmProfile(), registry=REGISTRY)
 

@@ -180,6 +180,9 @@ def _profiles() -> st.SearchStrategy[VllmProfile]:
         max_num_seqs=st.sampled_from([1, 3, 128]),
         reserve_full_isl=st.sampled_from([True, True, False]),
         long_prefill_token_threshold=st.sampled_from([0, 0, 16]),
+        # vLLM's default (0: a window caches only where a later request can resume), dense, or
+        # periodic (a multiple of the scheduler's block, or both refuse it alike)
+        prefix_cache_retention_interval=st.sampled_from([0, 0, None, 32, 64]),
     )
 
 
@@ -394,7 +397,66 @@ def test_requests_sharing_more_or_less_of_a_prefix_hit_what_they_share():
         ),
         name="more or less of a prefix",
     )
-    profile = VllmProfile()
+    # dense retention: the window keeps every block, so the prefix computed by the first
+    # request is hit by the next two (vLLM's default keeps only its prompt's end: see below)
+    profile = VllmProfile(prefix_cache_retention_interval=None)
     fast = _run(VllmSimulator, plan, workload, profile, True, False)
     assert fast == _run(VllmReferenceScheduler, plan, workload, profile, True, False)
     assert fast.cached_tokens == 128 + 64  # the premise: both hit, each what it shares
+
+
+@pytest.mark.parametrize("reference", [False, True])
+def test_a_thinned_window_hits_a_shared_prefix_from_its_third_request(reference):
+    """vLLM's default ``prefix_cache_retention_interval`` 0: a sliding window caches only the
+    blocks a later request can resume at. The first request of a prefix keeps its window's
+    blocks before its own prompt's end, not the prefix's; the second finds the prefix in full
+    attention only (no hit) and keeps the window's blocks at the prefix's end (its junction);
+    the third hits the prefix. Dense retention (``None``) lets the second hit it already."""
+    shape = {"block_size": 16, "num_kv_heads": 1, "head_size": 8, "dtype": "float16"}
+    plan = kst.PlanningProblem(
+        specs={
+            "model.layers.0": REGISTRY.spec_class("full_attention")(**shape),
+            "model.layers.1": REGISTRY.spec_class("sliding_window")(**shape, sliding_window=32),
+        },
+        context=SizingContext(max_model_len=512, max_num_batched_tokens=256),
+        available_bytes=512 * 2**10,
+    ).plan("shared_buffer", REGISTRY)
+    workload = Workload(
+        tuple(
+            Request(
+                id=i,
+                prompt_tokens=200 + i,
+                output_tokens=4,
+                arrival_step=20 * i,
+                prefix_id=0,
+                prefix_tokens=128,
+            )
+            for i in range(3)
+        ),
+        name="three in turn",
+    )
+    stepper = VllmReferenceScheduler if reference else VllmSimulator
+    sparse = _run(stepper, plan, workload, VllmProfile(), True, False)
+    dense = _run(stepper, plan, workload, VllmProfile(prefix_cache_retention_interval=None), True, False)
+    assert sparse.cached_tokens == 128 and dense.cached_tokens == 2 * 128
+
+
+def test_a_retention_interval_vllm_refuses_is_refused():
+    """A positive interval off the scheduler's block, or on a plan with no sliding window, is
+    the one-line error vLLM's check gives, from the fast path and the reference alike."""
+    shape = {"block_size": 16, "num_kv_heads": 1, "head_size": 8, "dtype": "float16"}
+    full = {"model.layers.0": REGISTRY.spec_class("full_attention")(**shape)}
+    hybrid = {**full, "model.layers.1": REGISTRY.spec_class("sliding_window")(**shape, sliding_window=32)}
+    context = SizingContext(max_model_len=256, max_num_batched_tokens=64)
+    workload = Workload((Request(id=0, prompt_tokens=10, output_tokens=4),), name="one")
+    for specs, policy, interval, message in (
+        (hybrid, "shared_buffer", 24, "retention_interval 24 is not a multiple of the scheduler's block (16"),
+        (full, "uniform", 32, "retention_interval 32: policy 'uniform' has no sliding-window or state group"),
+    ):
+        plan = kst.PlanningProblem(specs=specs, context=context, available_bytes=64 * 2**10).plan(
+            policy, REGISTRY
+        )
+        profile = VllmProfile(prefix_cache_retention_interval=interval)
+        for stepper in (VllmSimulator, VllmReferenceScheduler):
+            error, text = _run(stepper, plan, workload, profile, True, False)
+            assert error is InvalidInputError and message in text, text

@@ -48,6 +48,19 @@ def positive_int(text: str) -> int:
     return value
 
 
+def retention_interval(text: str) -> int | str:
+    """argparse type for vLLM's ``prefix_cache_retention_interval``: ``dense`` (vLLM's ``None``),
+    0, or a number >= 1."""
+    if text.strip().lower() == "dense":
+        return "dense"
+    if text.strip() == "0":
+        return 0
+    try:
+        return positive_int(text)
+    except argparse.ArgumentTypeError as error:
+        raise argparse.ArgumentTypeError(f"{error} (or 0, or dense)") from None
+
+
 def comma_list(text: str, item: Callable[[str], T]) -> list[T]:
     """Values separated by commas (spaces around them ignored), each read by ``item``.
 

@@ -111,6 +111,7 @@ def _config(
         cache_config=CacheConfig(
             enable_prefix_caching=prefix_caching,
             mamba_cache_mode=_mamba_cache_mode(plan, prefix_caching),
+            prefix_cache_retention_interval=profile.prefix_cache_retention_interval,
             **offloading,
         ),
         device_config=DeviceConfig(device="cpu"),
@@ -274,7 +275,10 @@ def _scheduler(
 ) -> tuple[Scheduler, Any]:
     """vLLM's scheduler on ``plan``, and the block hasher its requests take (``None`` without caching)."""
     config = _config(plan, profile, max_num_batched_tokens, prefix_caching)
-    kv_config = plan_to_vllm_config(plan)
+    # the engine core copies the retention setting into its KVCacheConfig (get_kv_cache_configs)
+    kv_config = dataclasses.replace(
+        plan_to_vllm_config(plan), prefix_cache_retention_interval=profile.prefix_cache_retention_interval
+    )
     if _mamba_cache_mode(plan, prefix_caching) == "align":
         kv_config = _align_mamba_groups(kv_config, align_state_block(plan))
     sizes = [g.kv_cache_spec.block_size for g in kv_config.kv_cache_groups]

@@ -51,6 +51,14 @@ RELEASE_NOTES: dict[int, tuple[str, ...]] = {
     ),
 }
 
+#: Each supported release's ``CacheConfig.prefix_cache_retention_interval`` default
+#: (``vllm/config/cache.py``; no platform overrides it, CPU and GPU alike), which the engine core
+#: copies into its ``KVCacheConfig`` (``get_kv_cache_configs``): 0, a sliding-window or Mamba
+#: group caches only the blocks a later request can resume at (``reachable_block_mask`` in
+#: ``vllm/v1/core/single_type_kv_cache_manager.py``). The ``vllm`` profile's default
+#: (:data:`kvcore.simulation.profiles.vllm.profile.VLLM_PREFIX_CACHE_RETENTION_INTERVAL`).
+PREFIX_CACHE_RETENTION_INTERVAL: dict[int, int | None] = {32: 0, 33: 0, 34: 0}
+
 #: The first minor release whose planning lives in ``vllm.v1.core.kv_cache_planning`` and
 #: takes the model's global groups as an argument.
 _PLANNING_MODULE_SINCE = 33

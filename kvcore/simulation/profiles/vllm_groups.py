@@ -97,6 +97,34 @@ def check_align_states(plan: KVCachePlan, *, prefix_caching: bool) -> None:
         )
 
 
+def check_retention_interval(plan: KVCachePlan, interval: int | None, alignment: int) -> None:
+    """Refuse a ``prefix_cache_retention_interval`` vLLM refuses (``KVCacheCoordinator``'s
+    ``_validate_prefix_cache_retention_interval``, ``vllm/v1/core/kv_cache_coordinator.py``,
+    0.32 to 0.34): a positive one on a plan with no sliding-window or state group (it would
+    change nothing), or one that is not a multiple of ``alignment`` (the scheduler's block:
+    a hit ends only there).
+
+    Raises:
+        InvalidInputError: the interval is one of those.
+    """
+    if not interval:
+        return
+    thinned = any(
+        is_state(group.spec) or getattr(group.spec, "sliding_window", None) for group in plan.groups
+    )
+    if not thinned:
+        raise InvalidInputError(
+            f"prefix_cache_retention_interval {interval}: policy {plan.policy!r} has no sliding-window or "
+            "state group, the only ones it thins (vLLM refuses it so); leave it at 0"
+        )
+    if interval % alignment:
+        raise InvalidInputError(
+            f"prefix_cache_retention_interval {interval} is not a multiple of the scheduler's block "
+            f"({alignment} tokens for policy {plan.policy!r}), where every prefix hit ends; "
+            f"use {max(alignment, interval // alignment * alignment)}"
+        )
+
+
 def chunks_off_scheduler_block(plan: KVCachePlan) -> list[int]:
     """The chunked local attention groups of ``plan`` whose block is not its
     :func:`scheduler_block`: vLLM 0.33's prefix-cache lookup asserts that it is

@@ -10,7 +10,9 @@ a trace of 2 to 24 requests in bursts and gaps, short and long prompts, about ha
 one of two shared prefixes; vLLM's settings are drawn too: sync or async scheduling, prefix
 caching off or on, the admission gate (``scheduler_reserve_full_isl``) on or off,
 ``max_num_seqs`` of 2, 8 or 128 (2 binds), ``long_prefill_token_threshold`` 0 or 32, 128 or 256
-tokens a step. With prefix caching, vLLM runs the state layers in ``mamba_cache_mode='align'``
+tokens a step, ``prefix_cache_retention_interval`` 0 (vLLM's default), ``None`` (dense) or 64 (with
+sliding windows; ``None`` with state layers, whose sparse states the profile does not model).
+With prefix caching, vLLM runs the state layers in ``mamba_cache_mode='align'``
 (chunks cut to block boundaries, states kept and hit per block), else in ``'none'``. Every
 figure must agree: steps, running requests and pool usage at every step,
 tokens, preemptions, recomputed tokens, queue delays and prefix hits. A failure names its seed;
@@ -62,8 +64,8 @@ def _seeds() -> range:
     return range(int(start), int(stop))
 
 
-def _layers(rng: random.Random) -> tuple[str, dict]:
-    shape = rng.choice(SHAPES)
+def _layers(rng: random.Random, shapes: tuple[str, ...] = SHAPES) -> tuple[str, dict]:
+    shape = rng.choice(shapes)
     layers = {}
     for i in range(rng.randint(2, 6)):
         first = i % 3 == 0
@@ -117,12 +119,15 @@ def _trace(rng: random.Random, length: int) -> Workload:
     return Workload(tuple(requests), name="random")
 
 
-def draw_case(seed: int) -> tuple[KVCachePlan, Workload, VllmProfile, bool, int] | None:
+def draw_case(
+    seed: int, shapes: tuple[str, ...] = SHAPES, *, caching: bool | None = None
+) -> tuple[KVCachePlan, Workload, VllmProfile, bool, int] | None:
     """The case of ``seed`` (plan, trace, settings, prefix caching, tokens a step), or ``None``
-    when ``plan_for_vllm`` refuses the drawn model and budget."""
+    when ``plan_for_vllm`` refuses the drawn model and budget; ``shapes`` and ``caching``, where
+    given, narrow the draw (a seed draws the same numbers either way)."""
     rng = random.Random(seed)
     length = rng.choice([256, 512, 1024])
-    shape, layers = _layers(rng)
+    shape, layers = _layers(rng, shapes)
     asynchronous = rng.random() < 0.5
     batch = rng.choice([128, 256])
     rules = VllmRules(max_model_len=length, max_num_batched_tokens=batch, async_scheduling=asynchronous)
@@ -145,7 +150,16 @@ def draw_case(seed: int) -> tuple[KVCachePlan, Workload, VllmProfile, bool, int]
         reserve_full_isl=rng.random() < 0.75,
         long_prefill_token_threshold=rng.choice([0, 0, 32]),
     )
-    return plan, workload, profile, rng.random() < 0.6, batch
+    drawn = rng.random() < 0.6
+    caching = drawn if caching is None else caching
+    # vLLM's prefix_cache_retention_interval: its default 0 (a sliding window caches only where a
+    # later request can resume), dense, or a multiple of the scheduler's block (16) where a
+    # sliding window can take one; state layers keep it dense (vLLM thins their states too, which
+    # the profile does not model)
+    retention = rng.choice([0, 0, None, 64 if "sliding" in shape else 0])
+    if "state" in shape:
+        retention = None
+    return plan, workload, attrs.evolve(profile, prefix_cache_retention_interval=retention), caching, batch
 
 
 def _differences(ours, theirs) -> list[str]:
@@ -180,6 +194,57 @@ def test_the_profile_is_vllms_scheduler_on_random_cases(seed):
             f"on {differ}; {profile.settings()}, prefix caching {caching}, {batch} tokens a step, "
             f"policy {plan.policy}"
         )
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_sliding_windows_retain_their_prefix_cache_as_vllm_does_on_random_cases(seed):
+    """Sliding windows (beside full attention, or alone) under prefix caching: vLLM's sparse
+    retention (``prefix_cache_retention_interval`` 0 by default, or 64) caches only the window
+    blocks a later request can resume at, dense retention (``None``) every one the scheduler's
+    block allows. Every figure as vLLM's, from the fast path and the reference."""
+    case = draw_case(seed, ("full+sliding", "sliding"), caching=True)
+    if case is None:
+        pytest.skip(f"seed {seed}: plan_for_vllm refuses the drawn model and budget")
+    plan, workload, profile, caching, batch = case
+    theirs = run_vllm_scheduler(plan, workload, profile, max_num_batched_tokens=batch, prefix_caching=caching)
+    for reference in (False, True):
+        ours = simulate(
+            plan,
+            workload,
+            scheduler=attrs.evolve(profile, reference=reference),
+            prefix_caching=caching,
+            max_num_batched_tokens=batch,
+            registry=REGISTRY,
+        )
+        differ = _differences(ours, theirs)
+        path = "reference" if reference else "fast path"
+        assert not differ, (
+            f"seed {seed}: the {path} differs from vLLM on {differ}; {profile.settings()}, "
+            f"{batch} tokens a step, policy {plan.policy}"
+        )
+
+
+def test_sliding_windows_retain_sparsely_and_that_moves_the_figures():
+    """The sliding cases above include sparse retention that changes what a dense cache would
+    give (else the comparison would not tell the two apart)."""
+    moved = 0
+    for seed in range(40):
+        case = draw_case(seed, ("full+sliding", "sliding"), caching=True)
+        if case is None or case[2].prefix_cache_retention_interval is None:
+            continue
+        plan, workload, profile, _, batch = case
+        sparse, dense = (
+            simulate(
+                plan,
+                workload,
+                scheduler=attrs.evolve(profile, prefix_cache_retention_interval=retention),
+                prefix_caching=True,
+                max_num_batched_tokens=batch,
+            )
+            for retention in (profile.prefix_cache_retention_interval, None)
+        )
+        moved += (sparse.cached_tokens, sparse.steps) != (dense.cached_tokens, dense.steps)
+    assert moved >= 3, moved
 
 
 def test_the_random_cases_preempt_hit_and_bind():

@@ -119,7 +119,9 @@ def test_a_jamba_plan_hits_its_mamba_states_as_vllm_does(mode):
     asynchronous = mode == "async"
     plan = vllm_plan("ai21labs/AI21-Jamba-1.5-Mini", GIB, 4096, asynchronous=asynchronous, registry=REGISTRY)
     requests = workload("chat-system-prompts", 40)
-    profile = VllmProfile(async_scheduling=asynchronous)
+    # dense retention: vLLM thins cached Mamba states under its default interval (0), which the
+    # profile does not model (it keeps them densely)
+    profile = VllmProfile(async_scheduling=asynchronous, prefix_cache_retention_interval=None)
     ours = simulate(plan, requests, scheduler=profile, prefix_caching=True, max_num_batched_tokens=BATCH)
     theirs = run_vllm_scheduler(plan, requests, profile, max_num_batched_tokens=BATCH, prefix_caching=True)
     assert ours.cached_tokens > 0  # the case's premise: the Mamba states hit
@@ -132,3 +134,16 @@ def test_a_jamba_plan_hits_its_mamba_states_as_vllm_does(mode):
     )
     assert ours.pool_usage == pytest.approx(theirs.pool_usage, abs=1e-12)
     assert (ours.cached_tokens, ours.mean_queue_delay) == (theirs.cached_tokens, theirs.mean_queue_delay)
+
+
+def test_the_profiles_retention_default_is_the_installed_vllms():
+    """vLLM's ``prefix_cache_retention_interval`` default (a ``CacheConfig`` field, the same on
+    every platform) is what ``versions.py`` records for the installed release and what the
+    ``vllm`` profile takes by default."""
+    from vllm.config import CacheConfig
+
+    from kvcore.integrations.vllm.versions import PREFIX_CACHE_RETENTION_INTERVAL, installed_minor
+
+    installed = CacheConfig().prefix_cache_retention_interval
+    assert installed == PREFIX_CACHE_RETENTION_INTERVAL[installed_minor()]
+    assert installed == VllmProfile().prefix_cache_retention_interval

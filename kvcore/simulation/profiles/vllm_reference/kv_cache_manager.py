@@ -23,8 +23,10 @@ our words. Where this differs from vLLM 0.33:
   less the larger of those before the window and those held (hit blocks included) for a running
   request too, where vLLM takes a shortcut (required less held): a running request's blocks
   cover its computed tokens, so the two agree. No speculative decoding, KV connector,
-  copy-on-write of a partial hit (a hit is a multiple of every block size), sparse retention or
-  encoder blocks.
+  copy-on-write of a partial hit (a hit is a multiple of every block size) or encoder blocks.
+- **Sparse retention** (``prefix_cache_retention_interval``, see :func:`reachable_block_mask`)
+  thins a sliding-window group's cached blocks as vLLM does; a state group's states are kept
+  densely whatever the setting (vLLM thins them too: not modelled).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from kvcore.simulation.profiles.vllm_groups import (
     ManagerGroup,
     align_state_block,
     check_align_states,
+    check_retention_interval,
     chunks_off_scheduler_block,
     is_state,
     manager_group,
@@ -72,6 +75,11 @@ class SingleTypeKVCacheManager:
         req_to_blocks: each request's blocks, page by page.
         num_cached_block: each request's blocks counted as cached (hashed) so far.
     """
+
+    #: vLLM's ``prefix_cache_retention_interval`` (``None``: dense) and the hits' alignment
+    #: (``cache_hit_alignment_tokens``: the scheduler's block), set by :class:`KVCacheManager`
+    retention_interval: int | None = None
+    alignment: int = 1
 
     def __init__(self, index: int, group: ManagerGroup, block_pool: BlockPool, *, hash_block: int) -> None:
         self.index = index
@@ -147,24 +155,61 @@ class SingleTypeKVCacheManager:
             blocks[i] = None
         self.block_pool.free_blocks(freed)
 
-    def cache_blocks(self, req: RequestState, num_tokens: int) -> None:
+    def cache_blocks(self, req: RequestState, num_tokens: int, boundaries: Sequence[int] = ()) -> None:
         """``cache_blocks``: hash request ``req``'s full blocks of its first ``num_tokens`` tokens
         that are not hashed yet (``BlockPool.cache_full_blocks``; a block that already has a
-        full hash keeps it, a null block has none)."""
+        full hash keeps it, a null block has none), those :meth:`reachable_block_mask` leaves
+        out (a sliding window under sparse retention) included: they stay unhashed for good.
+        ``boundaries``: where a later request can resume (``replay_boundaries`` and the
+        request's ``shared_prefix_boundary``)."""
         if self.group.sliding < 0:  # never hits: vLLM's prefix_cacheable is off
             return
         r = req.index
         blocks = self.req_to_blocks[r]
         start = self.num_cached_block.get(r, 0)
         full = num_tokens // self.block_size
+        mask = self.reachable_block_mask(start, full, boundaries) if start < full else None
         for j in range(start, min(full, len(blocks))):
             block = blocks[j]
             if block is None or (block.block_hash is not None and not _is_partial(block.block_hash)):
+                continue
+            if mask is not None and not mask[j - start]:
                 continue
             self.block_pool.cache_block(block, block_hash(self.index, req, self.block_size, j))
         self.num_cached_block[r] = max(start, full)
         if self.group.sliding == 0 and not self.group.chunk and self.block_size > self.hash_block:
             self._cache_partial_tail_block(req, num_tokens)
+
+    def reachable_block_mask(self, start: int, end: int, boundaries: Sequence[int]) -> list[bool] | None:
+        """``SlidingWindowManager.reachable_block_mask``: which of blocks ``start`` to ``end``
+        (exclusive) a sliding-window group caches, or ``None`` for every one (any other kind
+        of group, or a window whose hit run spans a whole segment).
+
+        A window's hit is a run of ``need = cdiv(window - 1, block)`` cached blocks ending on a
+        multiple of the alignment, so only such runs are worth a hash. vLLM keeps: with the
+        interval ``None``, the last ``need`` blocks of each alignment-sized segment (every
+        block when ``need`` covers a segment); with a positive interval, the same per
+        interval-sized segment; with 0, no segment's. With 0 or a positive interval, also the
+        ``need`` blocks ending at each of ``boundaries``, floored to the alignment."""
+        group = self.group
+        if group.sliding <= 0 or group.chunk or group.state_block or self.alignment % self.block_size:
+            return None
+        need = cdiv(group.sliding - 1, self.block_size)
+        interval = self.retention_interval
+        segment = self.alignment if interval is None else interval
+        mask = [False] * (end - start)
+        if segment:
+            per_segment = segment // self.block_size
+            if need >= per_segment:
+                return None
+            for i in range(start, end):
+                mask[i - start] = i % per_segment >= per_segment - need
+        if interval is not None:
+            for boundary in boundaries:
+                last = boundary // self.alignment * self.alignment // self.block_size
+                for j in range(max(start, last - need), min(end, last)):
+                    mask[j - start] = True
+        return mask
 
     def _cache_partial_tail_block(self, req: RequestState, num_tokens: int) -> None:
         """``FullAttentionManager._cache_partial_tail_block``: a group whose block is larger than
@@ -297,6 +342,9 @@ class KVCacheManager:
         state_manager: with prefix caching, the manager class of state groups and its hit lookup
             (:mod:`~kvcore.simulation.profiles.vllm_reference.mamba_manager`: vLLM's
             ``MambaManager`` in align mode), which subclasses :class:`SingleTypeKVCacheManager`.
+        retention_interval: vLLM's ``prefix_cache_retention_interval`` (``None``: dense; see
+            :meth:`SingleTypeKVCacheManager.reachable_block_mask`), checked as vLLM checks it
+            (:func:`~kvcore.simulation.profiles.vllm_groups.check_retention_interval`).
     """
 
     def __init__(
@@ -307,6 +355,7 @@ class KVCacheManager:
         max_in_flight_tokens: int,
         enable_caching: bool,
         state_manager: StateManager | None = None,
+        retention_interval: int | None = None,
     ) -> None:
         self.max_model_len = max_model_len
         self.enable_caching = enable_caching
@@ -316,6 +365,7 @@ class KVCacheManager:
         #: with prefix caching, the state groups' block (align mode, see :mod:`.mamba_manager`); 0: none
         self.state_block = align_state_block(plan) if enable_caching else 0
         self.alignment = math.lcm(scheduler_block(plan), self.state_block or 1)
+        check_retention_interval(plan, retention_interval, self.alignment)
         unhit = chunks_off_scheduler_block(plan)
         groups = [
             manager_group(
@@ -344,6 +394,9 @@ class KVCacheManager:
             )
             for index, g in enumerate(groups)
         ]
+        for manager in self.managers:
+            manager.retention_interval = retention_interval
+            manager.alignment = self.alignment
         self.windowed = any(g.windowed or g.state_block for g in groups)
         # the attention types a hit looks up (``attention_groups``): (window, chunk, managers),
         # groups of one spec together, in the plan's order with full attention first (its
@@ -406,15 +459,14 @@ class KVCacheManager:
     def get_computed_blocks(self, req: RequestState) -> tuple[int, list[Blocks]]:
         """``KVCacheManager.get_computed_blocks``: the request's prefix hit, at most
         ``num_tokens - 1`` tokens (the last one is computed again for its logits): tokens and
-        blocks per group (none without prefix caching or where a group never hits). With state
-        groups in align mode, the request's ``shared_prefix_boundary`` is set: the longest hit
-        one type found when it is longer than the hit (``num_uncached_common_prefix_tokens``),
-        else 0."""
+        blocks per group (none without prefix caching or where a group never hits). The
+        request's ``shared_prefix_boundary`` is set: the longest hit one type found when it is
+        longer than the hit (the hit plus ``num_uncached_common_prefix_tokens``), else 0."""
         req.shared_prefix_boundary = 0
         if not self.attention_groups:
             return 0, []
         hit, blocks, longest = self.find_longest_cache_hit(req, req.num_tokens - 1)
-        if self.state_block and longest > hit:
+        if longest > hit:
             req.shared_prefix_boundary = longest
         return hit, blocks
 
@@ -478,15 +530,20 @@ class KVCacheManager:
         return all(n <= pool.get_num_free_blocks() for n, pool in zip(need, self.block_pools, strict=True))
 
     def cache_blocks(self, req: RequestState, num_tokens: int) -> None:
-        """``KVCacheManager.cache_blocks``: every group caches the full blocks of the request's
-        first ``num_tokens`` known tokens, cut to a multiple of the scheduler's block
-        (``get_num_cacheable_tokens``: no hit could end elsewhere)."""
+        """``KVCacheManager.cache_blocks`` (the coordinator's): every group caches the full
+        blocks of the request's first ``num_tokens`` known tokens, cut to a multiple of the
+        scheduler's block (``get_num_cacheable_tokens``: no hit could end elsewhere), told where
+        a later request can resume: one token before the prompt's end (``replay_boundaries``:
+        a resend of the prompt hits at most that) and the request's shared-prefix junction."""
         if not self.enable_caching or req.index not in self.managers[0].req_to_blocks:
             return
         tokens = min(num_tokens, req.num_tokens)
         tokens -= tokens % self.alignment
+        boundaries = [req.request.prompt_tokens - 1]
+        if req.shared_prefix_boundary:
+            boundaries.append(req.shared_prefix_boundary)
         for manager in self.managers:
-            manager.cache_blocks(req, tokens)
+            manager.cache_blocks(req, tokens, boundaries)
 
     def free(self, r: int) -> None:
         """``KVCacheManager.free``: every group frees the request's blocks, group by group."""

@@ -149,12 +149,12 @@ class MambaManager(SingleTypeKVCacheManager):
                 self.block_pool.free_blocks([block])
                 blocks[index] = None
 
-    def cache_blocks(self, req: RequestState, num_tokens: int) -> None:
+    def cache_blocks(self, req: RequestState, num_tokens: int, boundaries: Sequence[int] = ()) -> None:
         """``MambaManager.cache_blocks``: hash the full blocks that are not null (the states at
         block boundaries), and remember their hashes as cached in this step."""
         r = req.index
         before = self.num_cached_block.get(r, 0)
-        super().cache_blocks(req, num_tokens)
+        super().cache_blocks(req, num_tokens, boundaries)
         blocks = self.req_to_blocks[r]
         for j in range(before, min(self.num_cached_block.get(r, 0), len(blocks))):
             block = blocks[j]

@@ -51,6 +51,8 @@ class VllmSettings(Protocol):
     def reserve_full_isl(self) -> bool: ...
     @property
     def long_prefill_token_threshold(self) -> int: ...
+    @property
+    def prefix_cache_retention_interval(self) -> int | None: ...
 
     def settings(self) -> tuple[tuple[str, object], ...]:
         """The settings as ``(vLLM's name, value)`` pairs."""
@@ -95,6 +97,7 @@ class VllmReferenceScheduler(StepperState):
             max_in_flight_tokens=(self.lag + 1) * self.budget,  # vLLM's VllmConfig.max_in_flight_tokens
             enable_caching=prefix_caching,
             state_manager=(MambaManager, find_mamba_hit),
+            retention_interval=profile.prefix_cache_retention_interval,
         )
         self._start(workload, step_time, profile.name)
         self.reqs = [RequestState(index, request) for index, request in enumerate(self.requests)]
