@@ -41,6 +41,7 @@ from kvcore.integrations.vllm.rules import (
     check_runnable,
     page_span,
 )
+from kvcore.integrations.vllm.versions import mamba_state_alignment
 from kvcore.plan import KVCacheGroup, KVCachePlan, KVCacheTensor
 from kvcore.plugins.attention import AttentionSpec
 from kvcore.plugins.chunked_local_attention import ChunkedLocalAttentionSpec
@@ -199,6 +200,13 @@ def _state_from_vllm(name: str, spec: vk.MambaSpec) -> StateSpec:
             spec,
             f"mamba_cache_mode {spec.mamba_cache_mode!r}: vLLM keeps states in 'none' or 'align' only; "
             "start it with prefix caching on ('align') or off ('none')",
+        )
+    if (alignment := mamba_state_alignment(spec)) != 1:
+        raise _unsupported(
+            name,
+            spec,
+            f"each state tensor rounded up to {alignment} bytes (state_alignment, vLLM's FlashInfer "
+            "ReplaySSM), where kvcore aligns a part to its element size",
         )
     if spec.num_speculative_blocks:
         raise _unsupported(
@@ -479,22 +487,7 @@ def plan_to_vllm_config(
             another layer's cache (vLLM names those itself), or has states vLLM cannot keep
             (:func:`spec_to_vllm`).
     """
-    check_runnable(plan)
-    if plan.null_block != 0:
-        raise VllmIntegrationError(
-            "vLLM keeps block 0 as its null block, but this plan serves requests from it; plan with "
-            "PlanOptions(reserve_null_block=True) (plan_for_vllm does)"
-        )
-    if page_span(plan) != 1:
-        raise VllmIntegrationError(
-            f"a page of this plan spans {page_span(plan)} block ids, but vLLM gives a page one block id; "
-            "plan with plan_for_vllm, which re-plans with larger attention blocks"
-        )
-    if plan.kv_sharing:
-        raise VllmIntegrationError(
-            f"layers {sorted(plan.kv_sharing)} share another layer's cache; vLLM finds KV sharing from the "
-            "model itself, so plan without them"
-        )
+    _check_vllm_form(plan)
     if names is None:
         names = {
             name: vllm_layer_name(name, group.spec) for group in plan.groups for name in group.layer_names
@@ -502,24 +495,12 @@ def plan_to_vllm_config(
     else:
         names = {name: names.get(name, name) for name in plan.layer_names}
     pages = {name: group.spec_of(name).page_size_bytes for group in plan.groups for name in group.layer_names}
-    if state_cache_mode is not None and any(
-        isinstance(g.spec, StateSpec) and g.spec.cache_mode != state_cache_mode for g in plan.groups
-    ):
-        plan = attrs.evolve(
-            plan,
-            groups=tuple(
-                attrs.evolve(g, spec=attrs.evolve(g.spec, cache_mode=state_cache_mode))
-                if isinstance(g.spec, StateSpec)
-                else g
-                for g in plan.groups
-            ),
-        )
     length = plan.context.max_model_len
     state_block = align_state_block(plan) or None
     groups = [
         vk.KVCacheGroupSpec(
             layer_names=[names[n] for n in group.layer_names],
-            kv_cache_spec=_group_to_vllm(group, names, length, state_block),
+            kv_cache_spec=_group_to_vllm(group, names, length, state_block, state_cache_mode),
         )
         for group in plan.groups
     ]
@@ -545,13 +526,41 @@ def plan_to_vllm_config(
     return vk.KVCacheConfig(num_blocks=plan.num_blocks, kv_cache_tensors=tensors, kv_cache_groups=groups)
 
 
+def _check_vllm_form(plan: KVCachePlan) -> None:
+    """Refuse a plan :func:`plan_to_vllm_config` has no vLLM form for (its Raises)."""
+    check_runnable(plan)
+    if plan.null_block != 0:
+        raise VllmIntegrationError(
+            "vLLM keeps block 0 as its null block, but this plan serves requests from it; plan with "
+            "PlanOptions(reserve_null_block=True) (plan_for_vllm does)"
+        )
+    if page_span(plan) != 1:
+        raise VllmIntegrationError(
+            f"a page of this plan spans {page_span(plan)} block ids, but vLLM gives a page one block id; "
+            "plan with plan_for_vllm, which re-plans with larger attention blocks"
+        )
+    if plan.kv_sharing:
+        raise VllmIntegrationError(
+            f"layers {sorted(plan.kv_sharing)} share another layer's cache; vLLM finds KV sharing from the "
+            "model itself, so plan without them"
+        )
+
+
 def _group_to_vllm(
-    group: KVCacheGroup, names: Mapping[str, str], max_model_len: int, state_block: int | None
+    group: KVCacheGroup,
+    names: Mapping[str, str],
+    max_model_len: int,
+    state_block: int | None,
+    state_cache_mode: str | None,
 ) -> vk.KVCacheSpec:
-    """vLLM's spec of one kvcore group: its spec's class, or for a mixed-page group a
-    ``UniformTypeKVCacheSpecs`` of every layer's own (equal specs converted once)."""
+    """vLLM's spec of one kvcore group: its spec's class (a state in ``state_cache_mode``
+    where given), or for a mixed-page group a ``UniformTypeKVCacheSpecs`` of every layer's own
+    (equal specs converted once; kvcore puts no state in one)."""
     if not group.layer_specs:
-        return spec_to_vllm(group.spec, max_model_len=max_model_len, state_block=state_block)
+        spec = group.spec
+        if isinstance(spec, StateSpec) and state_cache_mode is not None:
+            spec = attrs.evolve(spec, cache_mode=state_cache_mode)
+        return spec_to_vllm(spec, max_model_len=max_model_len, state_block=state_block)
     made: dict[int, vk.KVCacheSpec] = {}
     layers: dict[str, vk.KVCacheSpec] = {}
     for name in group.layer_names:

@@ -25,6 +25,7 @@ import dataclasses
 
 import attrs
 import pytest
+import torch
 from vllm.v1 import kv_cache_interface as vk
 
 from kvcore import Registry, model_layer_specs
@@ -154,6 +155,9 @@ def test_the_plugin_plans_an_align_mode_hybrid_as_vllm_holds_it(model, rules):
     checkpoint blocks; the same pages per request per layer, but for the state a batch in
     flight holds with async scheduling (``StateSpec.in_flight_slots``), which vLLM's sizing
     leaves out; and with the pages counted alike, at least vLLM's promise."""
+    reason = align_mode_differs()
+    if reason:
+        pytest.skip(reason)
     plan, config, own = _plans(model, rules)
     own_plan = convert.plan_from_vllm_config(own, rules.context(), BUDGET)
     block = align_state_block(own_plan)
@@ -234,3 +238,13 @@ def test_a_checkpoint_grid_the_state_block_is_off_is_refused():
     state = attrs.evolve(next(s for s in GDN.values() if isinstance(s, StateSpec)), cache_mode="align")
     with pytest.raises(VllmIntegrationError, match="prefill checkpoint alignment, 64"):
         convert.spec_to_vllm(state, state_block=80)
+
+
+def test_a_state_padded_per_tensor_is_refused_by_name():
+    if "state_alignment" not in {field.name for field in dataclasses.fields(vk.MambaSpec)}:
+        pytest.skip("this vLLM's MambaSpec has no state_alignment (0.34 added it)")
+    spec = vk.MambaSpec(
+        block_size=16, shapes=((3, 60), (5,)), dtypes=(torch.bfloat16,) * 2, state_alignment=16
+    )
+    with pytest.raises(VllmIntegrationError, match="state_alignment"):
+        convert.spec_from_vllm("model.layers.0.mixer", spec)
