@@ -215,8 +215,8 @@ def _check_state_block(vllm_config: Any, plan: KVCachePlan) -> None:
         raise VllmIntegrationError(
             f"policy {plan.policy!r} keeps Mamba states every {block} tokens (its attention block), but "
             f"vLLM's model runner keeps them every mamba_block_size = {wanted} tokens in mamba_cache_mode "
-            f"'align'; start vLLM with --block-size {block}, or with prefix caching off "
-            "(mamba_cache_mode 'none')"
+            f"'align'; start vLLM with block_size={block} (its cache config's), or with prefix caching "
+            "off (mamba_cache_mode 'none')"
         )
 
 

@@ -222,7 +222,7 @@ def test_vllms_manager_runs_what_kvcore_promises_with_prefix_caching(model, rule
 
 def test_a_state_block_other_than_vllms_mamba_block_is_refused_with_the_fix():
     specs, block = _vllm_side("Jamba (Mamba-1)")
-    with pytest.raises(VllmIntegrationError, match=f"--block-size {block}"):
+    with pytest.raises(VllmIntegrationError, match=f"block_size={block}"):
         plugin.kvcore_plans(_engine(2 * block), [specs], [BUDGET], "shared_buffer")
 
 
