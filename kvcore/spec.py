@@ -61,7 +61,8 @@ def _at_most_tokens(instance: object, attribute: attrs.Attribute[int], value: in
 
 #: How a state kind (SSM, linear attention) keeps states for prefix caching, vLLM's
 #: ``mamba_cache_mode``: ``none`` one running state per request, ``align`` the running state
-#: and the last one at a block boundary (``2 + S``), ``all`` one state per block of the request.
+#: and the last one at a block boundary (``2 + S``, plus a layer's prefill checkpoint slots),
+#: ``all`` one state per block of the request.
 STATE_CACHE_MODES = ("none", "align", "all")
 #: How a kind's pages may go to a host tier and come back (:attr:`KVCacheSpec.offload_unit`):
 #: ``none`` they never leave the device (a block pool drops them instead), ``block`` each page

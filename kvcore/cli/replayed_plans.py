@@ -6,10 +6,12 @@ re-plans it with :func:`~kvcore.integrations.vllm.rules.plan_for_vllm` (block 0 
 null block, sliding and chunked layers sized for the tokens in flight, and, for a hybrid model
 such as Jamba, attention blocks enlarged until every page is one block id). A vLLM profile
 (``vllm``, ``vllm-reference``) replaying kvcore's own plan would describe a pool vLLM never has,
-so under such a profile every candidate is planned that way. A candidate vLLM cannot run at all
-(several block pools, a page over a run of block ids, states kept for prefix caching, which the
-plugin refuses) is still replayed, as kvcore plans it under vLLM's sizing (the same fallback
-``kvcore tune`` searches with), and the output names it and why. Other profiles replay kvcore's
+so under such a profile every candidate is planned that way (states kept for prefix caching,
+``--state-cache-mode align``, as vLLM's ``mamba_cache_mode='align'`` keeps them). A candidate
+vLLM cannot run at all (several block pools, a page over a run of block ids, a state kept per
+block, ``--state-cache-mode all``, which vLLM has no mode for) is still replayed, as kvcore
+plans it under vLLM's sizing (the same fallback ``kvcore tune`` searches with), and the output
+names it and why. Other profiles replay kvcore's
 own plan. One line of the output (and the ``--json`` object's ``replayed_plans``) says which.
 """
 
@@ -141,10 +143,10 @@ class ReplayedPlans:
             ),
         )
         why = ""
-        if context.state_cache_mode is not None:
+        if context.state_cache_mode != rules.state_cache_mode:
             why = (
-                f"states kept for prefix caching (--state-cache-mode {context.state_cache_mode}), which "
-                "kvcore's vLLM plugin does not run"
+                f"a state per block (--state-cache-mode {context.state_cache_mode}), a mode vLLM does not "
+                "have (its mamba_cache_mode is 'none' or 'align')"
             )
         elif context.num_speculative_tokens:
             why = "speculative tokens, which plan_for_vllm does not size for"

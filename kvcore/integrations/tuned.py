@@ -43,7 +43,12 @@ from kvcore.integrations.sglang.rules import (
     pool_sizes,
     sglang_specs,
 )
-from kvcore.integrations.vllm.rules import VllmIntegrationError, VllmRules, plan_for_vllm
+from kvcore.integrations.vllm.rules import (
+    VLLM_STATE_CACHE_MODES,
+    VllmIntegrationError,
+    VllmRules,
+    plan_for_vllm,
+)
 from kvcore.plan import KVCachePlan
 from kvcore.planning import planner
 from kvcore.planning.compare import variant_specs
@@ -134,12 +139,16 @@ class EngineSettings:
 
 
 def vllm_rules(context: SizingContext, *, async_scheduling: bool = True) -> VllmRules:
-    """vLLM's rules for a candidate planned with ``context`` (its ``max_num_batched_tokens``)."""
+    """vLLM's rules for a candidate planned with ``context`` (its ``max_num_batched_tokens``
+    and state cache mode; a mode vLLM does not have, ``all``, is left out, and a caller plans
+    such a candidate as one vLLM would not run)."""
+    mode = context.state_cache_mode
     return VllmRules(
         max_model_len=context.max_model_len,
         max_num_batched_tokens=context.max_num_batched_tokens,
         async_scheduling=async_scheduling,
         max_encoder_tokens=context.max_encoder_tokens,
+        state_cache_mode=mode if mode in VLLM_STATE_CACHE_MODES else None,
     )
 
 
@@ -153,8 +162,9 @@ def vllm_planner(registry: Registry, *, async_scheduling: bool = True) -> Planne
 
     def plan_candidate(request: PlanRequest) -> KVCachePlan:
         rules = vllm_rules(request.context, async_scheduling=async_scheduling)
-        sized = attrs.evolve(request, context=rules.context())
-        if request.options.pool_split is None:
+        mode = request.context.state_cache_mode
+        sized = attrs.evolve(request, context=attrs.evolve(rules.context(), state_cache_mode=mode))
+        if request.options.pool_split is None and rules.state_cache_mode == mode:
             try:
                 return plan_for_vllm(sized, rules, registry=registry)
             except VllmIntegrationError:

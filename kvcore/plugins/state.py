@@ -102,6 +102,14 @@ def _cache_mode(instance: object, attribute: attrs.Attribute[str], value: object
         raise InvalidSpecError(f"state: 'cache_mode' must be one of {modes} (got {value!r})")
 
 
+def _checkpointed(instance: StateSpec, attribute: attrs.Attribute[int], value: int) -> None:
+    if value and not instance.checkpoint_slots:
+        raise InvalidSpecError(
+            f"state: 'checkpoint_alignment' ({value}) places prefill checkpoints, but 'checkpoint_slots' "
+            "is 0, so no checkpoint is kept; give checkpoint_slots >= 1 or leave checkpoint_alignment at 0"
+        )
+
+
 def _align(offset: int, alignment: int) -> int:
     return cdiv(offset, alignment) * alignment
 
@@ -133,16 +141,41 @@ class StateSpec(KVCacheSpec):
     and so that its group reports the model's block size; the page does not depend on it,
     but the ``all`` cache mode keeps one state per block of it.
 
-    States per request (vLLM's ``mamba_cache_mode``, with ``S`` speculative slots): ``none``
-    ``1 + S`` (the running state, and one per draft token), ``align`` ``2 + S`` (also the state
-    at the last block boundary, for prefix caching), ``all`` ``ceil(L / block_size) + S`` (one
-    per block of the request). A sizing context's ``num_speculative_tokens`` and
-    ``state_cache_mode`` are written into the spec when it is planned (:meth:`sized_for`).
+    States per request (vLLM's ``mamba_cache_mode``, with ``S`` speculative slots, ``K``
+    checkpoint slots and ``F`` in-flight slots): ``none`` ``1 + S`` (the running state, and one
+    per draft token), ``align`` ``2 + S + K + F`` (also the state at the last block boundary,
+    for prefix caching, the checkpoints a prefill exports from inside a step, and the states of
+    steps scheduled but not yet processed), ``all`` ``ceil(L / block_size) + S`` (one per block
+    of the request). vLLM 0.33 sizes an align-mode ``MambaSpec`` so:
+    ``page x (2 + num_speculative_blocks + num_prefill_checkpoint_blocks)``
+    (``vllm/v1/kv_cache_interface.py``, ``MambaSpec.max_memory_usage_bytes``); its Mamba-2 and
+    Qwen gated-delta-net mixers ask for one checkpoint block (``mamba_mixer2.py``,
+    ``qwen_gdn_linear_attn.py``), Mamba-1 (Jamba) for none, and only align mode holds it. A
+    sizing context's ``num_speculative_tokens`` and ``state_cache_mode`` are written into the
+    spec when it is planned (:meth:`sized_for`); the checkpoint fields are the layer's own.
+
+    In-flight slots are the engine's: in align mode the state a step replaced is freed only once
+    that step is processed (vLLM 0.33's ``MambaManager.remove_skipped_blocks`` frees by the
+    processed tokens), so with the next step scheduled before the last one returns (vLLM's
+    async scheduling, its default) a request crossing block boundaries each step holds one more
+    state; measured on vLLM 0.33's ``KVCacheManager``: Jamba at 8,192 tokens holds 3 states a
+    Mamba layer at its peak with async scheduling, 2 without. vLLM's own pool sizing counts 2.
 
     Attributes:
         parts: the state tensors, in page order.
         cache_mode: ``none`` (default), ``align`` or ``all``.
         speculative_slots: ``S``, extra states for the draft tokens of speculative decoding.
+        checkpoint_slots: ``K``, states a request holds in ``align`` mode for the prefix
+            checkpoints a prefill exports from inside one step (vLLM's
+            ``num_prefill_checkpoint_blocks``); ``none`` and ``all`` hold none, whatever it says.
+        checkpoint_alignment: tokens a checkpoint's position is a multiple of (vLLM's
+            ``prefill_checkpoint_alignment``; ``0``: the layer gives none). It sizes nothing:
+            it is kept so that the spec converts back to the engine's, whose block size must
+            be a multiple of it in align mode.
+        in_flight_slots: ``F``, states held in ``align`` mode for steps scheduled but not yet
+            processed (``1`` under vLLM's async scheduling: kvcore's vLLM rules set it,
+            :func:`~kvcore.integrations.vllm.rules.plan_for_vllm`); ``none`` and ``all``
+            hold none.
     """
 
     kind = "state"
@@ -155,6 +188,15 @@ class StateSpec(KVCacheSpec):
     parts: tuple[StatePart, ...] = attrs.field(converter=_parts)
     cache_mode: str = attrs.field(default="none", validator=_cache_mode, metadata={OMIT_IF_DEFAULT: True})
     speculative_slots: int = attrs.field(
+        default=0, validator=non_negative_int, metadata={OMIT_IF_DEFAULT: True}
+    )
+    checkpoint_slots: int = attrs.field(
+        default=0, validator=non_negative_int, metadata={OMIT_IF_DEFAULT: True}
+    )
+    checkpoint_alignment: int = attrs.field(
+        default=0, validator=[non_negative_int, _checkpointed], metadata={OMIT_IF_DEFAULT: True}
+    )
+    in_flight_slots: int = attrs.field(
         default=0, validator=non_negative_int, metadata={OMIT_IF_DEFAULT: True}
     )
 
@@ -187,13 +229,13 @@ class StateSpec(KVCacheSpec):
 
     def live_pages(self, num_tokens: int, num_computed_tokens: int = 0) -> range:
         """From the request's first token on, never freed: ``1 + S`` states (``none``),
-        ``2 + S`` (``align``) or ``ceil(num_tokens / block_size) + S`` (``all``)."""
+        ``2 + S + K + F`` (``align``) or ``ceil(num_tokens / block_size) + S`` (``all``)."""
         if num_tokens <= 0:
             return range(0)
         if self.cache_mode == "none":
             return range(1 + self.speculative_slots)
         if self.cache_mode == "align":
-            return range(2 + self.speculative_slots)
+            return range(2 + self.speculative_slots + self.checkpoint_slots + self.in_flight_slots)
         return range(cdiv(num_tokens, self.block_size) + self.speculative_slots)
 
     def growth_steps(self, context: SizingContext) -> range:
@@ -253,12 +295,20 @@ def state_specs(
 
     names = ("conv", "ssm", "extra")[: max(1, max_parts)]
     parts = st.integers(1, len(names)).flatmap(lambda count: st.tuples(*(part(n) for n in names[:count])))
+    # a checkpoint alignment only beside checkpoint slots (the validator refuses it alone)
+    checkpoints = st.integers(0, 2).flatmap(
+        lambda slots: st.tuples(st.just(slots), st.integers(0, 64) if slots else st.just(0))
+    )
     return st.builds(
-        StateSpec,
+        lambda checkpoint, **fields: StateSpec(
+            **fields, checkpoint_slots=checkpoint[0], checkpoint_alignment=checkpoint[1]
+        ),
+        checkpoints,
         block_size=block_sizes,
         parts=parts,
         cache_mode=st.sampled_from(STATE_CACHE_MODES),
         speculative_slots=st.integers(0, 3),
+        in_flight_slots=st.integers(0, 1),
     )
 
 

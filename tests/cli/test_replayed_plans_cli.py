@@ -95,13 +95,30 @@ def test_a_plan_vllm_cannot_run_is_replayed_as_kvcores_and_named(run_cli, chat):
     assert rows["kind_pools"]["simulation"]["steps"] > 0
 
 
-def test_states_kept_for_prefix_caching_are_kvcores_plan_and_named(run_cli, chat):
+def test_states_kept_for_prefix_caching_are_planned_as_vllm_runs_them(run_cli, chat):
+    """``--state-cache-mode align`` is vLLM's mode under prefix caching (mamba_cache_mode
+    'align'), which kvcore's plugin runs: the plan replayed is plan_for_vllm's."""
+    argv = ("simulate", "--model", JAMBA, "--memory", "1GiB", "--max-model-len", "4096", "--trace", chat)
+    argv += ("--policies", "shared_buffer", "--state-cache-mode", "align", "--prefix-caching", "--json")
+    status, out, err = run_cli(*argv)
+    assert status == 0, err
+    payload = json.loads(out)
+    assert payload["replayed_plans"]["line"].startswith("plans: as vLLM runs them")
+    assert "would not run" not in payload["replayed_plans"]["line"]
+    (row,) = payload["candidates"]
+    assert row["planned_as"] == "vllm" and "vllm_would_not_run" not in row
+
+
+def test_a_state_per_block_is_kvcores_plan_and_named(run_cli, chat):
     status, out, err = run_cli(
-        "simulate", "--model", JAMBA, "--memory", "1GiB", "--max-model-len", "4096", "--trace", chat,
-        "--policies", "shared_buffer", "--state-cache-mode", "align", "--prefix-caching",
+        "simulate", "--model", JAMBA, "--memory", "8GiB", "--max-model-len", "4096", "--trace", chat,
+        "--policies", "shared_buffer", "--state-cache-mode", "all",
     )  # fmt: skip
     assert status == 0, err
-    assert "shared_buffer: kvcore's plan, which vLLM would not run (states kept for prefix caching" in out
+    assert (
+        "shared_buffer: kvcore's plan, which vLLM would not run (a state per block (--state-cache-mode all)"
+        in out
+    )
 
 
 def test_other_profiles_replay_kvcores_own_plan_and_say_so(run_cli, chat):

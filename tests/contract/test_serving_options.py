@@ -47,6 +47,46 @@ def test_new_state_fields_stay_out_of_json_and_descriptions_at_their_defaults(re
     assert spec_from_dict(data, registry) == state(cache_mode="align", speculative_slots=1)
 
 
+@pytest.mark.parametrize(("mode", "expected"), [("none", 1), ("align", 2 + 1 + 1), ("all", 64)])
+def test_checkpoint_and_in_flight_slots_count_in_align_mode_only(mode, expected):
+    # vLLM 0.33: a Mamba-2 mixer's checkpoint block is held only in 'align' mode
+    # (MambaSpec.max_memory_usage_bytes); a step in flight keeps the state it replaced there
+    spec = state(checkpoint_slots=1, checkpoint_alignment=1, in_flight_slots=1)
+    assert spec.max_num_blocks(SizingContext(max_model_len=1024, state_cache_mode=mode)) == expected
+
+
+def test_checkpoint_fields_round_trip_and_stay_out_at_their_defaults(registry):
+    for name in ("checkpoint_slots", "checkpoint_alignment", "in_flight_slots"):
+        assert name not in spec_to_dict(state(), registry) and name not in repr(state())
+    spec = state(cache_mode="align", checkpoint_slots=1, checkpoint_alignment=64, in_flight_slots=1)
+    assert spec_from_dict(spec_to_dict(spec, registry), registry) == spec
+
+
+def test_a_checkpoint_alignment_without_checkpoints_is_refused():
+    with pytest.raises(InvalidSpecError, match="checkpoint_slots"):
+        state(checkpoint_alignment=64)
+    with pytest.raises(InvalidSpecError, match="checkpoint_slots"):
+        state(checkpoint_slots=-1)
+
+
+def test_vllm_has_no_state_per_block_mode():
+    from kvcore.integrations.vllm.rules import VllmIntegrationError, VllmRules
+
+    with pytest.raises(VllmIntegrationError, match="state_cache_mode 'align'"):
+        VllmRules(max_model_len=1024, state_cache_mode="all")
+    rules = VllmRules(max_model_len=1024, state_cache_mode="align")
+    assert rules.context().state_cache_mode == "align"
+    # async scheduling (the default) keeps one more state a request in align mode, sync none
+    specs = {"model.layers.0.mixer": state(), "model.layers.1.self_attn": full()}
+    held = rules.state_specs(specs)
+    assert held["model.layers.0.mixer"].max_num_blocks(rules.context()) == 3
+    assert held["model.layers.1.self_attn"] is specs["model.layers.1.self_attn"]
+    sync = VllmRules(max_model_len=1024, state_cache_mode="align", async_scheduling=False)
+    assert sync.state_specs(specs)["model.layers.0.mixer"].max_num_blocks(sync.context()) == 2
+    none = VllmRules(max_model_len=1024, state_cache_mode="none")
+    assert none.state_specs(specs)["model.layers.0.mixer"] is specs["model.layers.0.mixer"]
+
+
 def test_bad_modes_are_refused():
     with pytest.raises(InvalidSpecError, match="state_cache_mode"):
         SizingContext(max_model_len=16, state_cache_mode="some")

@@ -59,6 +59,7 @@ from kvcore.integrations.vllm.versions import VLLM_VERSIONS, request_block_hashe
 from kvcore.peaks import worst_step
 from kvcore.plan import KVCachePlan
 from kvcore.planning.registry import Registry
+from kvcore.plugins.state import StateSpec
 
 #: The page layout the conversions and :func:`allocate_on_meta` use: vLLM's FlashAttention
 #: default (``NHD``). Any block-compact layout (L and B outermost) keeps a page one run of bytes.
@@ -90,6 +91,9 @@ def vllm_config(rules: VllmRules, *, layout: str = DEFAULT_LAYOUT, hybrid: bool 
     config.scheduler_config.async_scheduling = rules.async_scheduling
     config.scheduler_config.disable_hybrid_kv_cache_manager = not hybrid
     config.cache_config.kv_cache_layout = layout
+    if rules.state_cache_mode == "align":  # as vLLM sets it for a hybrid with prefix caching on
+        config.cache_config.enable_prefix_caching = True
+        config.cache_config.mamba_cache_mode = "align"
     model = types.SimpleNamespace(
         max_model_len=rules.max_model_len,
         original_max_model_len=rules.max_model_len,
@@ -111,12 +115,21 @@ KERNEL_BLOCK_ALIGNMENT = 16
 
 
 def vllm_layer_specs(specs: Mapping[str, KVCacheSpec], rules: VllmRules) -> dict[str, vk.KVCacheSpec]:
-    """What vLLM 0.33's layers report for kvcore's specs on a GPU with FlashAttention and
-    prefix caching off (:func:`~kvcore.integrations.vllm.convert.specs_to_vllm`), after the
-    config hook vLLM runs for attention + Mamba hybrids: the attention block size is raised to
-    the smallest multiple of 16 whose page holds a Mamba state, and the state page is padded to
-    that page (``HybridAttentionMambaModelConfig``); a state's block is ``max_model_len``.
+    """What vLLM 0.33's layers report for kvcore's specs on a GPU with FlashAttention
+    (:func:`~kvcore.integrations.vllm.convert.specs_to_vllm`), after the config hook vLLM runs
+    for attention + Mamba hybrids (``Platform._align_hybrid_block_size``): the attention block
+    size is raised to the smallest multiple of 16 (in align mode, of the least common multiple
+    of 16 and the layers' prefill checkpoint alignments) whose page holds a Mamba state, and the
+    state page is padded to that page. The states are in the rules' ``state_cache_mode``
+    (``'none'`` unless given, prefix caching off): a state's block is ``max_model_len`` in
+    ``'none'`` and the attention block in ``'align'`` (``mamba_block_size = block_size``).
     """
+    mode = rules.state_cache_mode or "none"
+    # converted in 'none' mode, then given the mode and, in 'align', the block found below
+    specs = {
+        name: attrs.evolve(spec, cache_mode="none") if isinstance(spec, StateSpec) else spec
+        for name, spec in specs.items()
+    }
     out = specs_to_vllm(specs, max_model_len=rules.max_model_len)
     states = [s for s in out.values() if isinstance(s, vk.MambaSpec)]
     attention = [s for s in out.values() if isinstance(s, vk.AttentionSpec)]
@@ -124,14 +137,22 @@ def vllm_layer_specs(specs: Mapping[str, KVCacheSpec], rules: VllmRules) -> dict
         return out
     state_page = max(s.page_size_bytes for s in states)
     per_token = attention[0].copy_with_new_block_size(1).page_size_bytes
-    block = KERNEL_BLOCK_ALIGNMENT * -(-state_page // (KERNEL_BLOCK_ALIGNMENT * per_token))
+    alignment = KERNEL_BLOCK_ALIGNMENT
+    if mode == "align":  # internal prefill checkpoints land on block boundaries
+        alignment = math.lcm(alignment, *(s.prefill_checkpoint_alignment or 1 for s in states))
+    block = alignment * -(-state_page // (alignment * per_token))
     block = max(block, attention[0].block_size)
     page = block * per_token
     fixed: dict[vk.KVCacheSpec, vk.KVCacheSpec] = {}
     for name, spec in out.items():
         if spec not in fixed:
             if isinstance(spec, vk.MambaSpec):
-                fixed[spec] = replace(spec, page_size_padded=page if page != spec.page_size_bytes else None)
+                fixed[spec] = replace(
+                    spec,
+                    page_size_padded=page if page != spec.page_size_bytes else None,
+                    block_size=block if mode == "align" else spec.block_size,
+                    mamba_cache_mode=mode,
+                )
             else:
                 fixed[spec] = spec.copy_with_new_block_size(block)
         out[name] = fixed[spec]
@@ -345,24 +366,31 @@ def run_requests(
                 requests[i].num_in_flight_tokens -= sent[i].pop(0)
 
 
-def runs_all(config: vk.KVCacheConfig, rules: VllmRules, count: int) -> bool:
-    """Whether ``count`` requests complete whatever their first chunk (:func:`first_chunks`)."""
+def runs_all(config: vk.KVCacheConfig, rules: VllmRules, count: int, *, enable_caching: bool = False) -> bool:
+    """Whether ``count`` requests complete whatever their first chunk (:func:`first_chunks`),
+    with prefix caching on where ``enable_caching`` (:func:`run_requests`)."""
     return all(
-        run_requests(config, rules, count, first_chunk=first).completed
+        run_requests(config, rules, count, first_chunk=first, enable_caching=enable_caching).completed
         for first in first_chunks(config, rules)
     )
 
 
-def admitted(config: vk.KVCacheConfig, rules: VllmRules, *, start: int = 1) -> int:
+def admitted(
+    config: vk.KVCacheConfig, rules: VllmRules, *, start: int = 1, enable_caching: bool = False
+) -> int:
     """The most requests of ``max_model_len`` tokens vLLM's ``KVCacheManager`` runs at once on
     ``config`` however their chunks fall (:func:`runs_all`), searching up from ``start`` (or
     down, when ``start`` requests already fail)."""
     count = max(start, 1)
-    if not runs_all(config, rules, count):
-        while count > 0 and not runs_all(config, rules, count):
+
+    def runs(requests: int) -> bool:
+        return runs_all(config, rules, requests, enable_caching=enable_caching)
+
+    if not runs(count):
+        while count > 0 and not runs(count):
             count -= 1
         return count
-    while runs_all(config, rules, count + 1):
+    while runs(count + 1):
         count += 1
     return count
 

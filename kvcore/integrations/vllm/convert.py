@@ -36,10 +36,12 @@ from vllm.v1 import kv_cache_interface as vk
 from kvcore.dtypes import dtype_name, to_dtype
 from kvcore.integrations.vllm.rules import (
     VLLM_SPEC_CLASSES,
+    VLLM_STATE_CACHE_MODES,
     VllmIntegrationError,
     check_runnable,
     page_span,
 )
+from kvcore.integrations.vllm.versions import mamba_state_alignment
 from kvcore.plan import KVCacheGroup, KVCachePlan, KVCacheTensor
 from kvcore.plugins.attention import AttentionSpec
 from kvcore.plugins.chunked_local_attention import ChunkedLocalAttentionSpec
@@ -50,9 +52,10 @@ from kvcore.plugins.mla import MLAAttentionSpec
 from kvcore.plugins.sliding_window import SlidingWindowSpec
 from kvcore.plugins.state import StatePart, StateSpec
 from kvcore.runtime.torch_dtypes import torch_dtype
+from kvcore.simulation.profiles.vllm_groups import align_state_block
 from kvcore.spec import KVCacheSpec, SizingContext, describe_spec
 
-_STATE_NOTE = " (mamba_cache_mode 'none', no speculative blocks)"
+_STATE_NOTE = " (mamba_cache_mode 'none' or 'align', no speculative blocks)"
 
 #: vLLM's spec classes kvcore converts, by the kvcore kind each becomes
 #: (:data:`~kvcore.integrations.vllm.rules.VLLM_SPEC_CLASSES`, read the other way).
@@ -183,28 +186,82 @@ def spec_from_vllm(
         fields = _attention_fields(name, spec, padded=padded)
         return ChunkedLocalAttentionSpec(**fields, attention_chunk_size=spec.attention_chunk_size)
     if cls is vk.MambaSpec:
-        # prefill checkpoint blocks (Mamba-2 mixers ask for one, vLLM 0.32
-        # mamba_mixer2.py:1098-1107) are held only in 'align' mode: with 'none' a request keeps
-        # one state (kv_cache_interface.py:1075-1081, single_type_kv_cache_manager.py:1430-1433)
-        if spec.mamba_cache_mode != "none" or spec.num_speculative_blocks:
-            raise _unsupported(
-                name,
-                spec,
-                f"mamba_cache_mode {spec.mamba_cache_mode!r} with {spec.num_speculative_blocks} speculative "
-                f"and {spec.num_prefill_checkpoint_blocks} checkpoint blocks holds more than one state per "
-                "request (vLLM uses 'align' with prefix caching: start it with enable_prefix_caching=False)",
-            )
-        names = (
-            ("conv", "ssm") if len(spec.shapes) == 2 else tuple(f"part{i}" for i in range(len(spec.shapes)))
-        )
-        parts = tuple(
-            StatePart(name=part, shape=tuple(shape), dtype=dtype)
-            for part, shape, dtype in zip(names, spec.shapes, spec.dtypes, strict=True)
-        )
-        # vLLM's padding (page_size_padded, to line a state page up with attention pages) is
-        # placement, not content: the kvcore spec holds the state itself
-        return StateSpec(block_size=spec.block_size, parts=parts)
+        return _state_from_vllm(name, spec)
     raise _unsupported(name, spec, "no kvcore kind holds it")
+
+
+def _state_from_vllm(name: str, spec: vk.MambaSpec) -> StateSpec:
+    """kvcore's ``state`` for vLLM's ``MambaSpec`` in ``mamba_cache_mode`` ``'none'`` or
+    ``'align'``: its mode and prefill checkpoint fields kept
+    (:class:`~kvcore.plugins.state.StateSpec` sizes them as vLLM does)."""
+    if spec.mamba_cache_mode not in VLLM_STATE_CACHE_MODES:
+        raise _unsupported(
+            name,
+            spec,
+            f"mamba_cache_mode {spec.mamba_cache_mode!r}: vLLM keeps states in 'none' or 'align' only; "
+            "start it with prefix caching on ('align') or off ('none')",
+        )
+    if (alignment := mamba_state_alignment(spec)) != 1:
+        raise _unsupported(
+            name,
+            spec,
+            f"each state tensor rounded up to {alignment} bytes (state_alignment, vLLM's FlashInfer "
+            "ReplaySSM), where kvcore aligns a part to its element size",
+        )
+    if spec.num_speculative_blocks:
+        raise _unsupported(
+            name,
+            spec,
+            f"{spec.num_speculative_blocks} speculative blocks, which kvcore's plans for vLLM leave out; "
+            "start vLLM without speculative decoding",
+        )
+    names = ("conv", "ssm") if len(spec.shapes) == 2 else tuple(f"part{i}" for i in range(len(spec.shapes)))
+    parts = tuple(
+        StatePart(name=part, shape=tuple(shape), dtype=dtype)
+        for part, shape, dtype in zip(names, spec.shapes, spec.dtypes, strict=True)
+    )
+    # vLLM's padding (page_size_padded, to line a state page up with attention pages) is
+    # placement, not content: the kvcore spec holds the state itself. The checkpoint blocks are
+    # kept in either mode (a Mamba-2 mixer asks for one whatever the mode); only 'align' holds
+    # them, in vLLM (MambaSpec.max_memory_usage_bytes) as in kvcore (StateSpec.live_pages).
+    return StateSpec(
+        block_size=spec.block_size,
+        parts=parts,
+        cache_mode=spec.mamba_cache_mode,
+        checkpoint_slots=spec.num_prefill_checkpoint_blocks,
+        checkpoint_alignment=spec.prefill_checkpoint_alignment or 0,
+    )
+
+
+def _state_to_vllm(spec: StateSpec, *, max_model_len: int | None, state_block: int | None) -> vk.MambaSpec:
+    """vLLM's ``MambaSpec`` for a kvcore state (:func:`spec_to_vllm`)."""
+    if spec.cache_mode not in VLLM_STATE_CACHE_MODES:
+        raise VllmIntegrationError(
+            f"{describe_spec(spec)}: vLLM has no state cache mode {spec.cache_mode!r} "
+            "(CacheConfig.mamba_cache_mode is 'none' or 'align'); plan with state_cache_mode 'align'"
+        )
+    page = spec.page_size_bytes
+    if spec.cache_mode == "align":
+        # a state at every block boundary of the attention block (mamba_block_size = block_size)
+        block = state_block or spec.block_size
+        if spec.checkpoint_alignment and block % spec.checkpoint_alignment:
+            raise VllmIntegrationError(
+                f"{describe_spec(spec)}: state blocks of {block} tokens, but vLLM keeps align-mode blocks on "
+                f"multiples of the layer's prefill checkpoint alignment, {spec.checkpoint_alignment} tokens "
+                "(Platform._align_hybrid_block_size); plan with a block size that is a multiple of it"
+            )
+    else:
+        # one block covers the whole request, as vLLM sets mamba_block_size without prefix caching
+        block = max_model_len or spec.block_size
+    return vk.MambaSpec(
+        block_size=block,
+        shapes=tuple(part.shape for part in spec.parts),
+        dtypes=tuple(torch_dtype(part.dtype) for part in spec.parts),
+        page_size_padded=page if page != spec.state_bytes else None,
+        mamba_cache_mode=spec.cache_mode,
+        num_prefill_checkpoint_blocks=spec.checkpoint_slots,
+        prefill_checkpoint_alignment=spec.checkpoint_alignment or None,
+    )
 
 
 def _mla_from_vllm(name: str, spec: vk.MLAAttentionSpec, *, padded: bool) -> KVCacheSpec:
@@ -293,24 +350,25 @@ def specs_from_vllm(
     return out
 
 
-def spec_to_vllm(spec: KVCacheSpec, *, max_model_len: int | None = None) -> vk.KVCacheSpec:
+def spec_to_vllm(
+    spec: KVCacheSpec, *, max_model_len: int | None = None, state_block: int | None = None
+) -> vk.KVCacheSpec:
     """vLLM's spec class for a kvcore spec, with the same page bytes and worst case.
 
-    A state becomes a ``MambaSpec`` in ``mamba_cache_mode`` ``'none'`` (one state per request,
-    vLLM's mode without prefix caching) whose block size is ``max_model_len``, as vLLM sets it
-    then (one block covers the whole request); without ``max_model_len`` it keeps its own.
+    A state becomes a ``MambaSpec`` in its ``cache_mode`` with its checkpoint blocks. In
+    ``'none'`` (one state per request, vLLM's mode without prefix caching) its block size is
+    ``max_model_len``, as vLLM sets it then (one block covers the whole request); in ``'align'``
+    (prefix caching) it is ``state_block``, the attention block a state is kept at the end of
+    (:func:`~kvcore.simulation.profiles.vllm_groups.align_state_block` of the plan); without
+    them it keeps its own.
 
     Raises:
-        VllmIntegrationError: the kind has no vLLM class (a third-party kind).
+        VllmIntegrationError: the kind has no vLLM class (a third-party kind), a state is in
+            ``'all'`` mode (vLLM has none), or an align-mode state block is off the layer's
+            checkpoint alignment.
     """
     if isinstance(spec, StateSpec):
-        page = spec.page_size_bytes
-        return vk.MambaSpec(
-            block_size=max_model_len or spec.block_size,
-            shapes=tuple(part.shape for part in spec.parts),
-            dtypes=tuple(torch_dtype(part.dtype) for part in spec.parts),
-            page_size_padded=page if page != spec.state_bytes else None,
-        )
+        return _state_to_vllm(spec, max_model_len=max_model_len, state_block=state_block)
     if isinstance(spec, DSAIndexerSpec):
         if (spec.scale_block_size, dtype_name(spec.dtype)) != (INDEXER_SCALE_BLOCK, INDEXER_DTYPE):
             raise VllmIntegrationError(
@@ -393,7 +451,9 @@ def specs_to_vllm(
     return out
 
 
-def plan_to_vllm_config(plan: KVCachePlan, *, names: Mapping[str, str] | None = None) -> vk.KVCacheConfig:
+def plan_to_vllm_config(
+    plan: KVCachePlan, *, names: Mapping[str, str] | None = None, state_cache_mode: str | None = None
+) -> vk.KVCacheConfig:
     """vLLM's ``KVCacheConfig`` for a kvcore plan made under vLLM's rules.
 
     Groups keep their layers (by vLLM's names), order and spec (vLLM's class, the group's
@@ -410,6 +470,12 @@ def plan_to_vllm_config(plan: KVCachePlan, *, names: Mapping[str, str] | None = 
             :func:`kvcore.integrations.vllm.rules.plan_for_vllm` makes.
         names: ``{plan layer: vLLM layer}``; a layer it does not name keeps its name. Default:
             :func:`vllm_layer_name` for every layer.
+        state_cache_mode: the ``mamba_cache_mode`` the state groups run in (``None``: each
+            group's own, the mode the plan was sized for). vLLM derives the mode from prefix
+            caching whatever a plan was sized for, so a driver of its scheduler gives it. In
+            ``'align'`` a state block is the plan's attention block
+            (:func:`~kvcore.simulation.profiles.vllm_groups.align_state_block`), as vLLM sets
+            ``mamba_block_size`` to the cache's ``block_size`` then.
 
     Returns:
         The config; the engine core sets its ``kv_cache_layout`` as for its own.
@@ -417,25 +483,11 @@ def plan_to_vllm_config(plan: KVCachePlan, *, names: Mapping[str, str] | None = 
     Raises:
         VllmIntegrationError: the plan keeps no null block, has a page spanning several block
             ids, has several block pools or a mixed-page group vLLM cannot run
-            (:func:`~kvcore.integrations.vllm.rules.check_runnable`), or has layers sharing
-            another layer's cache (vLLM names those itself).
+            (:func:`~kvcore.integrations.vllm.rules.check_runnable`), has layers sharing
+            another layer's cache (vLLM names those itself), or has states vLLM cannot keep
+            (:func:`spec_to_vllm`).
     """
-    check_runnable(plan)
-    if plan.null_block != 0:
-        raise VllmIntegrationError(
-            "vLLM keeps block 0 as its null block, but this plan serves requests from it; plan with "
-            "PlanOptions(reserve_null_block=True) (plan_for_vllm does)"
-        )
-    if page_span(plan) != 1:
-        raise VllmIntegrationError(
-            f"a page of this plan spans {page_span(plan)} block ids, but vLLM gives a page one block id; "
-            "plan with plan_for_vllm, which re-plans with larger attention blocks"
-        )
-    if plan.kv_sharing:
-        raise VllmIntegrationError(
-            f"layers {sorted(plan.kv_sharing)} share another layer's cache; vLLM finds KV sharing from the "
-            "model itself, so plan without them"
-        )
+    _check_vllm_form(plan)
     if names is None:
         names = {
             name: vllm_layer_name(name, group.spec) for group in plan.groups for name in group.layer_names
@@ -444,10 +496,11 @@ def plan_to_vllm_config(plan: KVCachePlan, *, names: Mapping[str, str] | None = 
         names = {name: names.get(name, name) for name in plan.layer_names}
     pages = {name: group.spec_of(name).page_size_bytes for group in plan.groups for name in group.layer_names}
     length = plan.context.max_model_len
+    state_block = align_state_block(plan) or None
     groups = [
         vk.KVCacheGroupSpec(
             layer_names=[names[n] for n in group.layer_names],
-            kv_cache_spec=_group_to_vllm(group, names, length),
+            kv_cache_spec=_group_to_vllm(group, names, length, state_block, state_cache_mode),
         )
         for group in plan.groups
     ]
@@ -473,11 +526,41 @@ def plan_to_vllm_config(plan: KVCachePlan, *, names: Mapping[str, str] | None = 
     return vk.KVCacheConfig(num_blocks=plan.num_blocks, kv_cache_tensors=tensors, kv_cache_groups=groups)
 
 
-def _group_to_vllm(group: KVCacheGroup, names: Mapping[str, str], max_model_len: int) -> vk.KVCacheSpec:
-    """vLLM's spec of one kvcore group: its spec's class, or for a mixed-page group a
-    ``UniformTypeKVCacheSpecs`` of every layer's own (equal specs converted once)."""
+def _check_vllm_form(plan: KVCachePlan) -> None:
+    """Refuse a plan :func:`plan_to_vllm_config` has no vLLM form for (its Raises)."""
+    check_runnable(plan)
+    if plan.null_block != 0:
+        raise VllmIntegrationError(
+            "vLLM keeps block 0 as its null block, but this plan serves requests from it; plan with "
+            "PlanOptions(reserve_null_block=True) (plan_for_vllm does)"
+        )
+    if page_span(plan) != 1:
+        raise VllmIntegrationError(
+            f"a page of this plan spans {page_span(plan)} block ids, but vLLM gives a page one block id; "
+            "plan with plan_for_vllm, which re-plans with larger attention blocks"
+        )
+    if plan.kv_sharing:
+        raise VllmIntegrationError(
+            f"layers {sorted(plan.kv_sharing)} share another layer's cache; vLLM finds KV sharing from the "
+            "model itself, so plan without them"
+        )
+
+
+def _group_to_vllm(
+    group: KVCacheGroup,
+    names: Mapping[str, str],
+    max_model_len: int,
+    state_block: int | None,
+    state_cache_mode: str | None,
+) -> vk.KVCacheSpec:
+    """vLLM's spec of one kvcore group: its spec's class (a state in ``state_cache_mode``
+    where given), or for a mixed-page group a ``UniformTypeKVCacheSpecs`` of every layer's own
+    (equal specs converted once; kvcore puts no state in one)."""
     if not group.layer_specs:
-        return spec_to_vllm(group.spec, max_model_len=max_model_len)
+        spec = group.spec
+        if isinstance(spec, StateSpec) and state_cache_mode is not None:
+            spec = attrs.evolve(spec, cache_mode=state_cache_mode)
+        return spec_to_vllm(spec, max_model_len=max_model_len, state_block=state_block)
     made: dict[int, vk.KVCacheSpec] = {}
     layers: dict[str, vk.KVCacheSpec] = {}
     for name in group.layer_names:

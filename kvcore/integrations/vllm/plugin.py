@@ -192,7 +192,32 @@ def kvcore_plans(
     fewest = min(plan.num_blocks for plan in plans)
     if any(plan.num_blocks != fewest for plan in plans):
         plans = plan_all(fewest)
+    if rules.state_cache_mode == "align":
+        _check_state_block(vllm_config, plans[0])
     return plans
+
+
+def _check_state_block(vllm_config: Any, plan: KVCachePlan) -> None:
+    """Refuse an align-mode plan whose state block is not the engine's ``mamba_block_size``.
+
+    In ``mamba_cache_mode='align'`` a state is kept at the end of every state block, and the
+    state block is the attention block of kvcore's plan (the one the converted ``MambaSpec``
+    gets). vLLM's model runner, though, places the states it copies and the prefill checkpoints
+    by the cache config's ``mamba_block_size`` (``vllm/v1/worker/gpu/model_states/
+    mamba_hybrid.py``, ``model_executor/layers/mamba/checkpoint.py``), so the two must agree.
+    """
+    from kvcore.integrations.vllm.rules import VllmIntegrationError
+    from kvcore.simulation.profiles.vllm_groups import align_state_block
+
+    wanted = vllm_config.cache_config.mamba_block_size
+    block = align_state_block(plan)
+    if wanted is not None and block and block != wanted:
+        raise VllmIntegrationError(
+            f"policy {plan.policy!r} keeps Mamba states every {block} tokens (its attention block), but "
+            f"vLLM's model runner keeps them every mamba_block_size = {wanted} tokens in mamba_cache_mode "
+            f"'align'; start vLLM with block_size={block} (its cache config's), or with prefix caching "
+            "off (mamba_cache_mode 'none')"
+        )
 
 
 def _engine_rules(vllm_config: Any, kv_cache_specs: Sequence[dict[str, Any]]) -> VllmRules:
@@ -212,12 +237,16 @@ def _engine_rules(vllm_config: Any, kv_cache_specs: Sequence[dict[str, Any]]) ->
     cross = any(
         isinstance(spec, vk.CrossAttentionSpec) for specs in kv_cache_specs for spec in specs.values()
     )
+    states = any(isinstance(spec, vk.MambaSpec) for specs in kv_cache_specs for spec in specs.values())
     rules = VllmRules(
         max_model_len=vllm_config.model_config.max_model_len,
         max_num_batched_tokens=scheduler.max_num_batched_tokens,
         async_scheduling=bool(scheduler.async_scheduling),
         # vLLM's CrossAttentionSpec.max_memory_usage_bytes sizes for this many encoder tokens
         max_encoder_tokens=scheduler.max_num_encoder_input_tokens if cross else 0,
+        # every Mamba layer is sized by the engine's mode ('align' with prefix caching, vLLM
+        # 0.33's default for hybrids; MambaSpec.max_memory_usage_bytes reads the cache config's)
+        state_cache_mode=str(vllm_config.cache_config.mamba_cache_mode) if states else None,
     )
     if vllm_config.max_in_flight_tokens != rules.max_in_flight_tokens:
         raise VllmIntegrationError(

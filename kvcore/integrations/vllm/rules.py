@@ -1,6 +1,6 @@
 """vLLM's rules for a KV-cache plan, and planning under them with any kvcore policy (no vLLM needed).
 
-vLLM 0.33 runs a plan differently from kvcore's own block pool in four ways that change what a
+vLLM 0.33 runs a plan differently from kvcore's own block pool in these ways, which change what a
 plan holds; :func:`plan_for_vllm` plans for them:
 
 1. **The null block.** vLLM's block pool keeps block id 0 back to pad block tables, so a pool of
@@ -30,6 +30,13 @@ plan holds; :func:`plan_for_vllm` plans for them:
 5. **One backing allocation.** Every vLLM ``KVCacheTensor`` is a view of one buffer; a plan of
    separate tensors is laid end to end in one buffer when it is converted
    (:func:`kvcore.integrations.vllm.convert.plan_to_vllm_config`); its figures do not change.
+6. **States kept for prefix caching.** With prefix caching on (vLLM 0.33's default, hybrids
+   included) every Mamba layer runs in ``mamba_cache_mode='align'``: a request holds its
+   running state, the one at its last block boundary (the state block is the attention
+   block) and the layer's prefill checkpoint blocks (:attr:`VllmRules.state_cache_mode`
+   sizes them). vLLM frees the state a step replaced only once that step is processed, so
+   with async scheduling a request holds one more, which vLLM's own sizing leaves out and
+   :meth:`VllmRules.state_specs` counts.
 
 What vLLM runs of a plan is read from the tables here (:data:`VLLM_SPEC_CLASSES`,
 :data:`MIXED_PAGE_KINDS`), which the conversions and :func:`capabilities` (the engine
@@ -63,8 +70,9 @@ from kvcore.units import format_bytes
 from kvcore.validators import boolean, non_negative_int, positive_int
 
 #: kvcore's kinds the vLLM adapter converts, each to the vLLM 0.33 spec class of that name
-#: (``vllm/v1/kv_cache_interface.py``), and back. A state becomes a ``MambaSpec`` in
-#: ``mamba_cache_mode`` ``'none'`` (one state per request).
+#: (``vllm/v1/kv_cache_interface.py``), and back. A state becomes a ``MambaSpec`` in its cache
+#: mode: ``'none'`` (one state per request) or ``'align'`` (prefix caching: two, plus the
+#: layer's prefill checkpoint blocks; see :data:`VLLM_STATE_CACHE_MODES`).
 VLLM_SPEC_CLASSES: dict[str, str] = {
     "full_attention": "FullAttentionSpec",
     "sliding_window": "SlidingWindowSpec",
@@ -83,12 +91,24 @@ VLLM_SPEC_CLASSES: dict[str, str] = {
 #: ``register_all_kvcache_specs``). kvcore never puts state layers in a mixed-page group.
 MIXED_PAGE_KINDS: frozenset[str] = frozenset(VLLM_SPEC_CLASSES) - {"state"}
 
-#: Kinds whose layers vLLM's prefix caching runs on in a plan kvcore made: attention kinds.
-#: A state layer under prefix caching is a ``MambaSpec`` in ``mamba_cache_mode`` ``'align'``,
-#: which the adapter refuses (it holds more than one state per request); vLLM itself turns
-#: prefix caching off for encoder-decoder models (``SchedulerConfig``), so cross attention never
-#: runs with it.
-PREFIX_CACHING_KINDS: frozenset[str] = MIXED_PAGE_KINDS - {"cross_attention"}
+#: Kinds whose layers vLLM's prefix caching runs on in a plan kvcore made: attention kinds, and
+#: state layers as a ``MambaSpec`` in ``mamba_cache_mode`` ``'align'`` (what vLLM 0.33 gives
+#: hybrids with prefix caching on, its default: ``MambaModelConfig.verify_and_update_config``);
+#: vLLM itself turns prefix caching off for encoder-decoder models (``SchedulerConfig``), so
+#: cross attention never runs with it.
+PREFIX_CACHING_KINDS: frozenset[str] = frozenset(VLLM_SPEC_CLASSES) - {"cross_attention"}
+
+#: The state cache modes vLLM runs (``CacheConfig.mamba_cache_mode``, ``Literal["align",
+#: "none"]`` in 0.32 to 0.34): kvcore's ``all`` (a state per block) has no vLLM form.
+VLLM_STATE_CACHE_MODES = ("none", "align")
+
+
+def _vllm_state_cache_mode(instance: object, attribute: attrs.Attribute[str | None], value: object) -> None:
+    if value is not None and value not in VLLM_STATE_CACHE_MODES:
+        raise VllmIntegrationError(
+            f"state_cache_mode {value!r}: vLLM keeps Mamba states in mamba_cache_mode 'none' (prefix caching "
+            "off) or 'align' (on) only (CacheConfig.mamba_cache_mode); plan with state_cache_mode 'align'"
+        )
 
 
 @attrs.frozen(kw_only=True)
@@ -114,6 +134,7 @@ class VllmRules(EngineRules):
     max_num_batched_tokens: int = attrs.field(default=DEFAULT_MAX_NUM_BATCHED_TOKENS, validator=positive_int)
     async_scheduling: bool = attrs.field(default=True, validator=boolean)
     max_encoder_tokens: int = attrs.field(default=0, validator=non_negative_int)
+    state_cache_mode: str | None = attrs.field(default=None, validator=_vllm_state_cache_mode)
 
     @property
     def max_concurrent_batches(self) -> int:
@@ -130,13 +151,34 @@ class VllmRules(EngineRules):
         """The sizing context of a plan vLLM runs: the tokens in flight stand for the step.
 
         A sliding or chunked layer then holds ``window - 1 + max_in_flight_tokens`` tokens at
-        worst, which is what vLLM's admission cap and pool sizing count.
+        worst, which is what vLLM's admission cap and pool sizing count; a state layer the
+        states of the rules' ``state_cache_mode``.
         """
         return SizingContext(
             max_model_len=self.max_model_len,
             max_num_batched_tokens=self.max_in_flight_tokens,
             max_encoder_tokens=self.max_encoder_tokens,
+            state_cache_mode=self.state_cache_mode,
         )
+
+    def state_specs(self, specs: Mapping[str, KVCacheSpec]) -> dict[str, KVCacheSpec]:
+        """``specs`` with every state layer vLLM keeps in ``'align'`` mode holding a state for
+        each batch in flight beyond the first (``StateSpec.in_flight_slots``: one with async
+        scheduling), which vLLM frees only once the batch is processed; the rest as given."""
+        from kvcore.plugins.state import StateSpec
+
+        context = self.context()
+        slots = self.max_concurrent_batches - 1
+        made: dict[int, KVCacheSpec] = {}
+
+        def held(spec: KVCacheSpec) -> KVCacheSpec:
+            if not isinstance(spec, StateSpec) or spec.sized_for(context).cache_mode != "align":
+                return spec
+            if id(spec) not in made:
+                made[id(spec)] = attrs.evolve(spec, in_flight_slots=slots)
+            return made[id(spec)]
+
+        return {name: held(spec) for name, spec in specs.items()}
 
     def options(self, options: PlanOptions | None = None) -> PlanOptions:
         """``options`` (or the defaults) with the null block reserved, as vLLM's pool keeps it.
@@ -313,6 +355,7 @@ def plan_for_vllm(request: PlanRequest, rules: VllmRules, *, registry: Registry)
     if any(spec.kind == "chunked_local_attention" for spec in request.specs.values()):
         # one block size: vLLM's prefix cache asserts a chunked group's block is the scheduler's
         options = attrs.evolve(options, uniform_block_size=True)
+    request = attrs.evolve(request, specs=rules.state_specs(request.specs))
     chosen = attrs.evolve(request, options=options)
 
     def plan_at(layers: Mapping[str, KVCacheSpec], factor: int) -> KVCachePlan:
@@ -519,9 +562,12 @@ def capabilities(minor: int | None = None) -> EngineCapabilities:
             "mla and dsa_indexer: MLAAttentionSpec, the packed latent as cache_dtype_str fp8_ds_mla "
             "(656 bytes a token), the indexer keys with cache_role INDEXER (132 uint8 bytes); "
             "nvfp4_ds_mla and DeepSeek-V4's compressed layouts are refused",
-            "prefix caching on attention layers only: a state layer in vLLM's 'align' mode is refused "
-            "(start hybrids with enable_prefix_caching=False)",
-            "speculative decoding: plans leave out vLLM's lookahead slots and Mamba speculative blocks",
+            "prefix caching on attention and state layers: a state layer in vLLM's mamba_cache_mode "
+            "'align' holds 2 states a request, plus its prefill checkpoint blocks and, with async "
+            "scheduling, one for the step in flight; kvcore's 'all' mode (a state per block) has no "
+            "vLLM form and is refused",
+            "speculative decoding: plans leave out vLLM's lookahead slots; Mamba speculative blocks "
+            "are refused",
             *(RELEASE_NOTES[minor] if minor is not None else ()),
         ),
     )

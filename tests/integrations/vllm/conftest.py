@@ -34,5 +34,6 @@ collect_ignore_glob = (
         "test_scheduler_profile.py",
         "test_scheduler_differential.py",
         "test_offloading.py",
+        "test_vllm_align_mode.py",
     ]
 )

@@ -44,6 +44,7 @@ from kvcore.plugins.cross_attention import CrossAttentionSpec
 from kvcore.plugins.dsa_indexer import DSAIndexerSpec, dsa_latent
 from kvcore.plugins.state import StatePart, StateSpec
 from kvcore.policy import PlanOptions
+from kvcore.spec import SizingContext
 from kvcore.testing.mixes import ISSUE_CASES, TARGET_MIXES
 from tests.helpers import chunked, full, mla, sliding
 
@@ -192,9 +193,16 @@ def test_sliding_and_chunked_size_for_vllms_tokens_in_flight(window):
             dtype=torch.uint8,
             kv_quant_mode=vk.KVQuantMode.FP8_PER_TENSOR,
         ),
-        vk.MambaSpec(block_size=16, shapes=((3, 64),), dtypes=(torch.bfloat16,), mamba_cache_mode="align"),
+        vk.MambaSpec(
+            block_size=16,
+            shapes=((3, 64),),
+            dtypes=(torch.bfloat16,),
+            mamba_cache_mode="align",
+            num_speculative_blocks=2,
+        ),
+        vk.MambaSpec(block_size=16, shapes=((3, 64),), dtypes=(torch.bfloat16,), mamba_cache_mode="all"),
     ],
-    ids=["sink", "quantized", "mamba-align"],
+    ids=["sink", "quantized", "mamba-speculative", "mamba-all"],
 )
 def test_a_spec_kvcore_cannot_hold_is_refused_by_name(spec):
     with pytest.raises(VllmIntegrationError) as caught:
@@ -213,11 +221,16 @@ def test_a_mamba2_checkpoint_block_counts_only_in_align_mode():
         dtypes=(torch.bfloat16, torch.float32),
         mamba_cache_mode="none",
         num_prefill_checkpoint_blocks=1,
+        prefill_checkpoint_alignment=1,
     )
+    context = SizingContext(max_model_len=4096)
     state = convert.specs_from_vllm({"model.layers.0.mixer": spec})["model.layers.0.mixer"]
     assert state.page_size_bytes == 3 * 64 * 2 + 4 * 16 * 8 * 4
-    with pytest.raises(VllmIntegrationError, match="mamba_cache_mode 'align'"):
-        convert.specs_from_vllm({"model.layers.0.mixer": dataclasses.replace(spec, mamba_cache_mode="align")})
+    assert state.max_num_blocks(context) == 1
+    aligned = convert.specs_from_vllm(
+        {"model.layers.0.mixer": dataclasses.replace(spec, mamba_cache_mode="align")}
+    )
+    assert aligned["model.layers.0.mixer"].max_num_blocks(context) == 3  # 2 + the checkpoint
 
 
 def test_layer_names_follow_vllm():
