@@ -92,6 +92,17 @@ class SharedRuns(KVCacheManager):
         or when it was the last, goes to the queue by itself."""
         low, mid, skipped = pages
         ref = self._ref
+        if mid == skipped == low + 1:  # the usual step over a shared prefix: one shared page each
+            for g in members:
+                table = tables[g]
+                block: int = table[low]  # type: ignore[assignment]
+                table[low] = None
+                held = ref.get(block, 1)  # no entry: one holder
+                if held > 1:
+                    ref[block] = held - 1
+                else:
+                    self._queue_freed(r, g, [block], low, [0])
+            return
         batch: list[int] = []  # groups whose own pages wait to be queued as one run
         for g in members:
             table = tables[g]
@@ -101,7 +112,7 @@ class SharedRuns(KVCacheManager):
                 batch.append(g)
             queued: list[int] = []  # the shared pages no other request holds, last first
             for index in range(mid - low - 1, -1, -1):
-                block: int = shared[index]  # type: ignore[assignment]
+                block = shared[index]  # type: ignore[assignment]
                 held = ref.get(block, 1)  # no entry: one holder
                 if held > 1:
                     ref[block] = held - 1
