@@ -38,6 +38,9 @@ and every computed block is hashed as vLLM hashes it:
 - ``hit_memo``: a request that never ran and is longer than its shared prefix takes the hit
   the last such request of its prefix found, while no block of the prefix was cached anew or
   left the cache (its hit lies in the prefix; not with chunked local attention).
+- ``evictable_bound``: an allocation with hit blocks whose pools hold its new pages and every
+  hit block besides is not told how many of its hit blocks lie in the free queue (each leaves
+  it when taken, so vLLM counts them): it fits with any count.
 
 Always on (they are how the state is kept, not a path beside another): a hit is looked up once
 per class (``_held_by_class``), the blocks of a hit inside a shared prefix are read once per
@@ -92,6 +95,7 @@ SPEED_PATHS = (
     "shared_runs",
     "preempted_runs",
     "hit_memo",
+    "evictable_bound",
 )
 
 
@@ -143,6 +147,7 @@ class VllmState(StepperState):
         self._lean_decode = "lean_decode" in self.speed_paths
         self._lean_finish = "lean_finish" in self.speed_paths
         self._gate_memo = "gate_memo" in self.speed_paths
+        self._evictable_bound = "evictable_bound" in self.speed_paths
         self.plan = plan
         self.profile = profile
         self.requests = workload.requests
