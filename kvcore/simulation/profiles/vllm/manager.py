@@ -402,6 +402,7 @@ class KVCacheManager(PrefixCache):
                     run.owner = -1
                     run.segments = []
             self._pending[r] = []
+            self._unread.pop(r, None)
         self._quiet[r] = self._cache_at[r] = 0  # the next allocation takes the full path
 
     def _take(self, tables: list[list[int | None]], pages: list[int], *, compact: bool) -> None:
