@@ -3,7 +3,8 @@
 Each speed path (:data:`kvcore.simulation.profiles.vllm.SPEED_PATHS`) is turned off on its own,
 the others left on (a path that needs it goes off with it: ``steady_decoders`` needs
 ``event_bounds``, ``compact_tables`` and ``shared_runs`` need ``lazy_hashing``, the ``lean_*``
-paths need ``compact_tables``, ``preempted_runs`` needs ``shared_runs``), then all of them
+paths need ``compact_tables``, ``preempted_runs`` needs ``shared_runs``, ``unread_runs`` needs
+``preempted_runs``), then all of them
 together, on representative workloads: the requests of ``simulation_speed.py`` (prompts
 log-normal around 1,024 tokens, outputs around 200, a Poisson process of 0.6 a step) through
 Gemma-3-27B plans (max_model_len 32,768), with and without half of them sharing a 512-token
@@ -45,8 +46,16 @@ WORKLOADS = (
 #: What goes off with a path: the paths that need it.
 NEEDS = {
     "event_bounds": ("steady_decoders",),
-    "lazy_hashing": ("compact_tables", "lean_decode", "lean_finish", "shared_runs", "preempted_runs"),
-    "shared_runs": ("preempted_runs",),
+    "lazy_hashing": (
+        "compact_tables",
+        "lean_decode",
+        "lean_finish",
+        "shared_runs",
+        "preempted_runs",
+        "unread_runs",
+    ),
+    "shared_runs": ("preempted_runs", "unread_runs"),
+    "preempted_runs": ("unread_runs",),
     "compact_tables": ("lean_decode", "lean_finish"),
 }
 

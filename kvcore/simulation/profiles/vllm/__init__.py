@@ -73,7 +73,8 @@ How it is laid out (a package of modules, each a layer of :class:`VllmSimulator`
 - :mod:`~kvcore.simulation.profiles.vllm.manager`: ``allocate_slots``,
   ``remove_skipped_blocks``, ``free`` (``KVCacheManager``);
 - :mod:`~kvcore.simulation.profiles.vllm.shared`: freeing the tables of a request with shared
-  blocks, its own pages as runs; a preempted request's runs, hashed at its next lookup; the
+  blocks, its own pages as runs; a preempted request's runs, hashed at its next lookup (or left
+  unhashed when its hit cannot read them); the
   hit of a prefix remembered (speed paths);
 - :mod:`~kvcore.simulation.profiles.vllm.lean`: the lean boundary call of a decode and the
   lean finish (speed paths over compact tables);

@@ -41,6 +41,28 @@ class BlockPools(VllmState):
         else:
             holders[block] = None
 
+    def _hash_own(self, r: int, p: int, block: int, key: Hashable) -> None:
+        """:meth:`_hash` of request ``r``'s own content: its runs a lookup read unexpanded (see
+        ``Run.deferred``) are hashed first, as they would have been at that lookup."""
+        if r not in self._own_hashed:
+            self._expand_deferred(r)
+        self._hash(p, block, key)
+
+    def _expand_deferred(self, r: int) -> None:
+        """Hash request ``r``'s runs that a lookup read unexpanded (they lead its pending runs),
+        and note that its own content is in the hash table from now on."""
+        pending = self._pending[r]
+        count = 0
+        while count < len(pending) and self._is_deferred(pending[count]):
+            self._expand(pending[count], r)
+            count += 1
+        del pending[:count]
+        self._own_hashed.add(r)
+
+    def _is_deferred(self, key: int) -> bool:
+        run = self._runs.get(key)
+        return run is None or run.deferred  # (an evicted run was read, or read nothing)
+
     def _unhash(self, p: int, block: int) -> None:
         """``block`` of pool ``p`` leaves the cache."""
         key = self._hash_of.pop(block)
@@ -176,7 +198,7 @@ class BlockPools(VllmState):
                         ref.pop(block, None)
                         self._queue_pending(r, (g,), top - index, 1)
                         continue
-                    self._hash(group.pool, block, (g, False, r, top - index))
+                    self._hash_own(r, group.pool, block, (g, False, r, top - index))
                 ref[block] = 0
                 cached_free[block] = span
                 pool.cached_span += span
@@ -203,7 +225,13 @@ class BlockPools(VllmState):
             last = next(reversed(cached_free))
             # why: blocks evicted by count from one entry or from two in a row are the same blocks
             run = self._runs.get(last) if last < 0 else None
-            if run is not None and run.span == span and run.owner == owner and run.members is None:
+            if (
+                run is not None
+                and run.span == span
+                and run.owner == owner
+                and run.members is None
+                and not run.deferred
+            ):
                 cached_free[last] += count * span
                 return run
         key = self._next_run = self._next_run - 1
@@ -243,6 +271,7 @@ class BlockPools(VllmState):
         run.members = members
         run.owner = -1
         run.segments = []
+        self._own_hashed.add(r)
 
     def _hash_members(
         self, key: int, members: OrderedDict[int, None], g: int, r: int, positions: range

@@ -33,10 +33,12 @@ class Run:
     preempted it may hit them when admitted again, so the run is then ``expanded`` into hashed
     blocks, each its own entry of ``members`` (in the same order), which a hit can take from
     the middle. A segment ``[groups, top, count]`` holds each group's positions in turn (vLLM
-    frees group by group).
+    frees group by group). A run ``deferred`` (speed path ``lookup_from_runs``) is one a lookup
+    of its owner answered from its segments instead of expanding it: it stands for hashed
+    blocks, so no later run joins it.
     """
 
-    __slots__ = ("consumed", "members", "owner", "segments", "span")
+    __slots__ = ("consumed", "deferred", "members", "owner", "segments", "span")
 
     def __init__(self, span: int, owner: int) -> None:
         self.span = span  # block ids of one block of the run
@@ -44,3 +46,4 @@ class Run:
         self.segments: list[list[Any]] = []
         self.consumed = 0  # blocks evicted from the front
         self.members: OrderedDict[int, None] | None = None  # once expanded: the blocks left
+        self.deferred = False  # its owner's lookup read it unexpanded (lookup_from_runs)

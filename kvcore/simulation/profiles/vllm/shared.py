@@ -92,6 +92,17 @@ class SharedRuns(KVCacheManager):
         or when it was the last, goes to the queue by itself."""
         low, mid, skipped = pages
         ref = self._ref
+        if mid == skipped == low + 1:  # the usual step over a shared prefix: one shared page each
+            for g in members:
+                table = tables[g]
+                block: int = table[low]  # type: ignore[assignment]
+                table[low] = None
+                held = ref.get(block, 1)  # no entry: one holder
+                if held > 1:
+                    ref[block] = held - 1
+                else:
+                    self._queue_freed(r, g, [block], low, [0])
+            return
         batch: list[int] = []  # groups whose own pages wait to be queued as one run
         for g in members:
             table = tables[g]
@@ -101,7 +112,7 @@ class SharedRuns(KVCacheManager):
                 batch.append(g)
             queued: list[int] = []  # the shared pages no other request holds, last first
             for index in range(mid - low - 1, -1, -1):
-                block: int = shared[index]  # type: ignore[assignment]
+                block = shared[index]  # type: ignore[assignment]
                 held = ref.get(block, 1)  # no entry: one holder
                 if held > 1:
                     ref[block] = held - 1
@@ -200,6 +211,8 @@ class SharedRuns(KVCacheManager):
         :meth:`_queue_preempted`) are hashed."""
         pending = self._pending[r]
         if pending:  # a waiting request's runs: it was preempted
+            if self._unread_runs and self._leaves_runs_unread(r):
+                return super()._find_hit(r)
             for key in pending:
                 self._expand(key, r)
             self._pending[r] = []
@@ -220,6 +233,60 @@ class SharedRuns(KVCacheManager):
         hit, blocks = super()._find_hit(r)
         self._prefix_hits[memo] = (version, hit, blocks)
         return hit, blocks
+
+    def _leaves_runs_unread(self, r: int) -> bool:
+        """Whether preempted request ``r``'s lookup finds the hit it would find with its runs hashed
+        (speed path ``unread_runs``), and if so mark them ``deferred`` (hashed, in their order,
+        before any other block of its own content is: :meth:`_hash_own`).
+
+        It does when none of its own content is hashed and some group of the first hit type, or
+        of the second after full attention, has none of its blocks left in the runs: that type
+        then hits nothing of its own content, so its length, whatever it is asked, is the one
+        the shared prefix's blocks give, at most the prefix, and every length asked after it
+        (the only thing that can differ with the runs hashed is the first type's length, which
+        reaches the prefix either way) reads the prefix's blocks alone. It needs every hit type
+        of one block, the scheduler's, and no chunked one (whose blocks before the chunk count
+        as hit).
+        """
+        pending = tuple(self._pending[r])
+        if self._unread.get(r) == pending:  # as before: the runs only lost blocks since
+            return True
+        types = self._hit_types
+        if not types or r in self._own_hashed:
+            return False
+        if any(chunk or self.groups[ids[0]].tokens_per_page != self._align for _, chunk, ids in types):
+            return False
+        left = self._groups_left(pending)
+        checked = types[:2] if types[0][0] == 0 else types[:1]  # (full attention first)
+        if all(left.issuperset(ids) for _, _, ids in checked):
+            return False
+        for key in pending:
+            run = self._runs.get(key)
+            if run is not None:
+                run.deferred = True
+        self._unread[r] = pending
+        return True
+
+    def _groups_left(self, pending: tuple[int, ...]) -> set[int]:
+        """The groups with a block left in runs ``pending`` (a request's, in queue order). The
+        queue is evicted from the front, and nothing takes a block from the middle of a run
+        that is not expanded, so what is left of them is what follows the first ``consumed``
+        blocks of the first run not evicted whole."""
+        left: set[int] = set()
+        skip = -1  # blocks of the first run left evicted (-1: no run left yet)
+        for key in pending:
+            run = self._runs.get(key)
+            if run is None:
+                continue
+            if skip < 0:
+                skip = run.consumed
+            for groups, _, count in run.segments:
+                if skip >= count * len(groups):
+                    skip -= count * len(groups)
+                    continue
+                left.update(groups[skip // count :])
+                skip = 0
+        return left
 
     def _preempt_table(self, r: int, g: int, table: list[int | None]) -> None:
         """Free a preempted request's pages of group ``g``, tail first (``_release`` with

@@ -38,6 +38,14 @@ and every computed block is hashed as vLLM hashes it:
 - ``hit_memo``: a request that never ran and is longer than its shared prefix takes the hit
   the last such request of its prefix found, while no block of the prefix was cached anew or
   left the cache (its hit lies in the prefix; not with chunked local attention).
+- ``evictable_bound``: an allocation with hit blocks whose pools hold its new pages and every
+  hit block besides is not told how many of its hit blocks lie in the free queue (each leaves
+  it when taken, so vLLM counts them): it fits with any count.
+- ``unread_runs``: a preempted request's runs are not hashed at its lookup when some group of
+  a hit type has none of its blocks left in them (evicted, as the runs queued first are when
+  the preemption makes room): that type can hit nothing of its own content, so neither can the
+  lookup, and the hit is the one the hash table gives without them. They are hashed, in the
+  same order, before any other block of its own content is (needs ``preempted_runs``).
 
 Always on (they are how the state is kept, not a path beside another): a hit is looked up once
 per class (``_held_by_class``), the blocks of a hit inside a shared prefix are read once per
@@ -92,6 +100,8 @@ SPEED_PATHS = (
     "shared_runs",
     "preempted_runs",
     "hit_memo",
+    "evictable_bound",
+    "unread_runs",
 )
 
 
@@ -143,6 +153,7 @@ class VllmState(StepperState):
         self._lean_decode = "lean_decode" in self.speed_paths
         self._lean_finish = "lean_finish" in self.speed_paths
         self._gate_memo = "gate_memo" in self.speed_paths
+        self._evictable_bound = "evictable_bound" in self.speed_paths
         self.plan = plan
         self.profile = profile
         self.requests = workload.requests
@@ -269,6 +280,13 @@ class VllmState(StepperState):
         self._lazy = prefix_caching and not self._tails and "lazy_hashing" in self.speed_paths
         self._shared_runs = self._lazy and "shared_runs" in self.speed_paths
         self._preempted_runs = self._shared_runs and "preempted_runs" in self.speed_paths
+        self._unread_runs = self._preempted_runs and "unread_runs" in self.speed_paths
+        #: requests some of whose own content was hashed (a run expanded, a block hashed as
+        #: freed): a lookup of theirs is answered from the hash table alone
+        self._own_hashed: set[int] = set()
+        #: per request, its runs when a lookup last left them unread (unread_runs): while they are
+        #: the same, some group still has none of its blocks left in them
+        self._unread: dict[int, tuple[int, ...]] = {}
         #: chunked local attention's hit starts at the chunk the prompt ends in: not memoized
         self._hit_memo = "hit_memo" in self.speed_paths and not any(chunk for _, chunk, _ in self._hit_types)
         #: per shared prefix and length shared: its version, and the hit a request that never
