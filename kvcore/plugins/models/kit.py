@@ -678,11 +678,24 @@ def hybrid_layers(
 
 
 def _conv_state(
-    options: ModelOptions, dtype: DType, conv_kernel: int, channels: int, state: StatePart
+    options: ModelOptions,
+    dtype: DType,
+    conv_kernel: int,
+    channels: int,
+    state: StatePart,
+    *,
+    checkpoint_slots: int = 0,
+    checkpoint_alignment: int = 0,
 ) -> StateSpec:
-    """A state of a convolution over ``channels`` and the recurrent ``state`` part."""
+    """A state of a convolution over ``channels`` and the recurrent ``state`` part, with the
+    prefill checkpoint states vLLM's mixer asks for in align mode (:class:`StateSpec`)."""
     conv = StatePart(name="conv", shape=(conv_kernel - 1, channels), dtype=dtype)
-    return StateSpec(block_size=options.block_size, parts=(conv, state))
+    return StateSpec(
+        block_size=options.block_size,
+        parts=(conv, state),
+        checkpoint_slots=checkpoint_slots,
+        checkpoint_alignment=checkpoint_alignment,
+    )
 
 
 def shard(cfg: ConfigFields, key: str, value: int, options: ModelOptions) -> int:
@@ -773,6 +786,10 @@ def mamba2_state(
     ``heads*head_dim`` unless the family gives vLLM another width (Mamba-2, Zamba2,
     GraniteMoeHybrid: ``expand * hidden_size``; Falcon-H1: ``mamba_d_ssm``).
 
+    With one prefill checkpoint state, on alignment 1: vLLM 0.33's ``MambaMixer2``, which every
+    family here runs, asks for it whatever the backend (``get_kv_cache_spec`` in
+    ``vllm/model_executor/layers/mamba/mamba_mixer2.py``); it is held in align mode only.
+
     Args:
         heads: ``(field, value)`` of the SSM heads; they must divide by ``tp``.
         head_dim: elements per SSM head.
@@ -790,7 +807,9 @@ def mamba2_state(
     width = heads_per_rank * head_dim if inner is None else shard(cfg, inner[0], inner[1], options)
     conv_channels = width + 2 * groups_per_rank * state_size
     ssm = StatePart(name="ssm", shape=(heads_per_rank, head_dim, state_size), dtype=dtype)
-    return _conv_state(options, dtype, conv_kernel, conv_channels, ssm)
+    return _conv_state(
+        options, dtype, conv_kernel, conv_channels, ssm, checkpoint_slots=1, checkpoint_alignment=1
+    )
 
 
 def gated_delta_net_state(
@@ -807,6 +826,14 @@ def gated_delta_net_state(
 ) -> StateSpec:
     """A gated-delta-net state (Qwen3-Next, Qwen3.5): conv ``(conv_kernel - 1, (2*kh*kd + vh*vd) /
     tp)`` and recurrent ``(vh / tp, vd, kd)`` (vLLM's ``gated_delta_net_state_shape``).
+
+    With one prefill checkpoint state: vLLM 0.33 holds it in align mode where the layer's
+    prefill runs FlashInfer's GDN kernel, its default on Hopper GPUs (H100, H200) and on
+    Blackwell with key heads of 128 (``_resolve_gdn_prefill_backend`` in
+    ``vllm/model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py``), and not elsewhere: kvcore
+    counts it everywhere, so that a plan never promises more requests than those GPUs hold (one
+    state a layer more than a Triton run needs). Its alignment is vLLM's prefix-cache grid,
+    known to the engine only (0 here).
 
     Args:
         key_heads: ``(field, value)`` of the key heads; they must divide by ``tp``.
@@ -825,7 +852,8 @@ def gated_delta_net_state(
     recurrent = StatePart(
         name="recurrent", shape=(vh, value_head_dim, key_head_dim), dtype=recurrent_dtype or dtype
     )
-    return _conv_state(options, dtype, conv_kernel, 2 * kh * key_head_dim + vh * value_head_dim, recurrent)
+    channels = 2 * kh * key_head_dim + vh * value_head_dim
+    return _conv_state(options, dtype, conv_kernel, channels, recurrent, checkpoint_slots=1)
 
 
 def kda_state(

@@ -329,3 +329,28 @@ def test_describe_a_derived_state(registry):
     assert describe_spec(specs["model.layers.0.mamba"]) == (
         "state(block_size=16, parts=(conv[3x8192 bfloat16], ssm[8192x16 bfloat16]))"
     )
+
+
+def test_mamba2_and_gated_delta_net_states_hold_vllms_prefill_checkpoint_in_align_mode(registry):
+    """vLLM 0.33's Mamba-2 mixer always asks for one prefill checkpoint state, its gated-delta-net
+    layer where FlashInfer runs its prefill (Hopper's default), Mamba-1 (Jamba) for none; only
+    align mode holds it."""
+    from kvcore.spec import SizingContext
+
+    nemotron = layer_specs_from_config(synthetic(NEMOTRON_H_LIKE), registry)
+    qwen = layer_specs_from_config(synthetic(QWEN3_NEXT_LIKE), registry)
+    jamba = layer_specs_from_config(bundled("ai21labs/AI21-Jamba-1.5-Mini"), registry)
+    held = {}
+    for name, specs in (("nemotron", nemotron), ("qwen", qwen), ("jamba", jamba)):
+        state = next(s for s in specs.values() if s.kind == "state")
+        held[name] = {
+            mode: state.max_num_blocks(SizingContext(max_model_len=8192, state_cache_mode=mode))
+            for mode in ("none", "align")
+        }
+    assert held == {
+        "nemotron": {"none": 1, "align": 3},
+        "qwen": {"none": 1, "align": 3},
+        "jamba": {"none": 1, "align": 2},
+    }
+    nemotron_state = next(s for s in nemotron.values() if s.kind == "state")
+    assert (nemotron_state.checkpoint_slots, nemotron_state.checkpoint_alignment) == (1, 1)
