@@ -26,6 +26,7 @@ requests in < 8 s. Run it with ``taskset -c 0``::
     taskset -c 0 python benchmarks/simulation_speed.py --quick    # 1k / 3k / 10k
     taskset -c 0 python benchmarks/simulation_speed.py --all-counts --counts 1000 3000
     taskset -c 0 python benchmarks/simulation_speed.py --shared-only --counts 100000
+    taskset -c 0 python benchmarks/simulation_speed.py --shared-only --retention-interval dense
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from kvcore.planning.manager import get_plugin_manager
 from kvcore.planning.planner import plan_kv_cache
 from kvcore.planning.registry import Registry
 from kvcore.simulation.gpus import find_gpu
+from kvcore.simulation.profiles.vllm import VllmProfile
 from kvcore.simulation.simulator import simulate
 from kvcore.simulation.timing import roofline
 from kvcore.simulation.workload import Workload
@@ -61,9 +63,13 @@ SHARED_TARGET_SECONDS = 8.0
 PROFILES = ("vllm", "kvcore")
 
 
+#: The ``vllm`` profile the runs use (``--retention-interval`` sets its sliding-window retention).
+VLLM = VllmProfile()
+
+
 def _seconds(plan: KVCachePlan, workload: Workload, profile: str, caching: bool) -> float:
     start = time.process_time()
-    simulate(plan, workload, scheduler=profile, prefix_caching=caching)
+    simulate(plan, workload, scheduler=VLLM if profile == "vllm" else profile, prefix_caching=caching)
     return time.process_time() - start
 
 
@@ -77,7 +83,16 @@ def main() -> None:
     parser.add_argument(
         "--headline-count", type=int, default=SHARED_REQUESTS, help="requests of the 16 GiB shared run"
     )
+    parser.add_argument(
+        "--retention-interval",
+        default="0",
+        help="the vllm profile's prefix_cache_retention_interval: 0 (vLLM's default), a block multiple, "
+        "or dense (every sliding-window block cached, the profile's behaviour before 0.3.0's fix)",
+    )
     args = parser.parse_args()
+    global VLLM
+    interval = None if args.retention_interval == "dense" else int(args.retention_interval)
+    VLLM = VllmProfile(prefix_cache_retention_interval=interval)
     counts = [1_000, 3_000, 10_000] if args.quick else args.counts
     registry = Registry.from_plugin_manager(get_plugin_manager(autoload=False))
     specs = model_layer_specs(MODEL, registry)

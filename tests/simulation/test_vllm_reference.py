@@ -374,12 +374,10 @@ def test_the_fast_path_gives_the_references_figures_with_cached_states(data, pla
     _fast_path_equals_reference(data, plan, profile, True, timed, paths)
 
 
-def test_requests_sharing_more_or_less_of_a_prefix_hit_what_they_share():
-    """Two requests that never ran, of one prefix, looked up in one step, one sharing all of it
-    and one half (``hit_memo`` remembers the hit per prefix and length shared): each hits what
-    it shares, as the reference's do."""
+def _full_and_sliding_plan():
+    """One full-attention and one 32-token sliding layer, blocks of 16, in 512 KiB."""
     shape = {"block_size": 16, "num_kv_heads": 1, "head_size": 8, "dtype": "float16"}
-    plan = kst.PlanningProblem(
+    return kst.PlanningProblem(
         specs={
             "model.layers.0": REGISTRY.spec_class("full_attention")(**shape),
             "model.layers.1": REGISTRY.spec_class("sliding_window")(**shape, sliding_window=32),
@@ -387,6 +385,13 @@ def test_requests_sharing_more_or_less_of_a_prefix_hit_what_they_share():
         context=SizingContext(max_model_len=512, max_num_batched_tokens=256),
         available_bytes=512 * 2**10,
     ).plan("shared_buffer", REGISTRY)
+
+
+def test_requests_sharing_more_or_less_of_a_prefix_hit_what_they_share():
+    """Two requests that never ran, of one prefix, looked up in one step, one sharing all of it
+    and one half (``hit_memo`` remembers the hit per prefix and length shared): each hits what
+    it shares, as the reference's do."""
+    plan = _full_and_sliding_plan()
     workload = Workload(
         (
             Request(id=0, prompt_tokens=200, output_tokens=4, prefix_id=0, prefix_tokens=128),
@@ -412,15 +417,7 @@ def test_a_thinned_window_hits_a_shared_prefix_from_its_third_request(reference)
     blocks before its own prompt's end, not the prefix's; the second finds the prefix in full
     attention only (no hit) and keeps the window's blocks at the prefix's end (its junction);
     the third hits the prefix. Dense retention (``None``) lets the second hit it already."""
-    shape = {"block_size": 16, "num_kv_heads": 1, "head_size": 8, "dtype": "float16"}
-    plan = kst.PlanningProblem(
-        specs={
-            "model.layers.0": REGISTRY.spec_class("full_attention")(**shape),
-            "model.layers.1": REGISTRY.spec_class("sliding_window")(**shape, sliding_window=32),
-        },
-        context=SizingContext(max_model_len=512, max_num_batched_tokens=256),
-        available_bytes=512 * 2**10,
-    ).plan("shared_buffer", REGISTRY)
+    plan = _full_and_sliding_plan()
     workload = Workload(
         tuple(
             Request(
