@@ -80,8 +80,8 @@ How it is laid out (a package of modules, each a layer of :class:`VllmSimulator`
   lean finish (speed paths over compact tables);
 - :mod:`~kvcore.simulation.profiles.vllm.steady`: steady decoders (a speed path);
 - :mod:`~kvcore.simulation.profiles.vllm.retention`: a sliding window's sparse prefix cache
-  (vLLM's ``prefix_cache_retention_interval``), for which lazy hashing and the paths on it step
-  aside;
+  (vLLM's ``prefix_cache_retention_interval``): which of a window's blocks are hashed, and which
+  of a request's own blocks lazy hashing counts as cached when they are freed;
 - :mod:`~kvcore.simulation.profiles.vllm.state_groups`: state groups under prefix caching (vLLM's
   ``mamba_cache_mode='align'``), for which the speed paths step aside;
 - :mod:`~kvcore.simulation.profiles.vllm.scheduler`: the step itself (``Scheduler.schedule``,

@@ -171,11 +171,16 @@ class BlockPools(VllmState):
         keep their place). Blocks freed as they leave a ``window`` wait for the request's
         preemption to be hashed (a request that finishes unpreempted never hashes them).
         """
-        group = self.groups[g]
+        group, c = self.groups[g], self._class_of[g]
         pool, span = self.pools[group.pool], group.span
         ref, hash_of, cached_free = self._ref, self._hash_of, pool.cached_free
         # blocks[lazy:] lie below the hashed count: cached, hashed or not
-        lazy = max(0, top - self._hashed[r][self._class_of[g]] + 1) if self._lazy else len(blocks)
+        lazy = max(0, top - self._hashed[r][c] + 1) if self._lazy else len(blocks)
+        kept: set[int] = set()  # a thinned window's: the positions of its own blocks cached
+        if self._lazy and c in self._thinned_classes:
+            below = min(self._hashed[r][c], top + 1)
+            kept.update(j for low, high in self._lazy_runs(r, c, 0, below) for j in range(low, high))
+            lazy = len(blocks)  # the others are not cached (see _lazy_runs)
         if not live and lazy < len(blocks):
             # a finished request's own blocks (a request's own block has one holder and no hash:
             # no _ref entry, not in _hash_of) are queued as one run; a shared block still goes alone
@@ -192,7 +197,7 @@ class BlockPools(VllmState):
             left = ref.get(block, 1) - 1  # no entry: one holder
             if left:
                 ref[block] = left
-            elif index >= lazy or block in hash_of:
+            elif index >= lazy or block in hash_of or top - index in kept:
                 if live and block not in hash_of:
                     if window:  # hashed if the request is preempted (_preempt), else never
                         ref.pop(block, None)
@@ -205,6 +210,43 @@ class BlockPools(VllmState):
             else:
                 ref.pop(block, None)
                 pool.uncached += span
+
+    def _lazy_runs(self, r: int, c: int, low: int, high: int) -> list[tuple[int, int]]:
+        """The table positions from ``low`` to ``high`` (below request ``r``'s hashed count) of
+        class ``c`` whose blocks lazy hashing counts as cached: a freed one is hashed (or queued
+        as a run) as vLLM would have hashed it when computed. Here every one; a thinned window
+        keeps fewer (:class:`~kvcore.simulation.profiles.vllm.retention.SparseRetention`).
+
+        Returns:
+            Sorted, disjoint ``(low, high)`` ranges.
+        """
+        return [(low, high)] if low < high else []
+
+    def _lazy_count(self, r: int, c: int, low: int, high: int) -> int:
+        """How many positions of :meth:`_lazy_runs` there are."""
+        if c not in self._thinned_classes:
+            return high - low if low < high else 0
+        return sum(end - start for start, end in self._lazy_runs(r, c, low, high))
+
+    def _queue_own(self, r: int, groups: tuple[int, ...], c: int, low: int, high: int) -> None:
+        """Queue request ``r``'s own unhashed pages ``low`` to ``high`` of ``groups`` (of class
+        ``c``, one pool and span), freed before their window: those lazy hashing counts as cached
+        (:meth:`_lazy_runs`) as a run it owns (:meth:`_queue_pending`), the others back among
+        the uncached."""
+        runs = self._lazy_runs(r, c, low, high)
+        if runs == [(low, high)]:  # every page (the usual case): one segment
+            self._queue_pending(r, groups, high - 1, high - low)
+            return
+        group = self.groups[groups[0]]
+        kept = sum(end - start for start, end in runs)
+        self.pools[group.pool].uncached += (high - low - kept) * group.span * len(groups)
+        if len(runs) == 1:
+            start, end = runs[0]
+            self._queue_pending(r, groups, end - 1, end - start)
+            return
+        for g in groups:  # vLLM frees group by group, each last first
+            for start, end in reversed(runs):
+                self._queue_pending(r, (g,), end - 1, end - start)
 
     def _materialise(self, r: int) -> None:
         """Give request ``r``'s compact tables (see :meth:`_allocate`) one table per group

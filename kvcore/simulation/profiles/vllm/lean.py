@@ -155,7 +155,7 @@ class LeanPaths(SharedRuns):
             for c, members in self._window_segments:
                 if c in freeing:
                     skipped, low = freeing[c]
-                    self._queue_pending(r, members, skipped - 1, skipped - low)
+                    self._queue_own(r, members, c, low, skipped)
         return freeing
 
     def _free(self, r: int, *, live: bool) -> None:
@@ -177,7 +177,7 @@ class LeanPaths(SharedRuns):
         for c, (g, _) in enumerate(self._classes):
             table = tables[g]
             first = table.count(None)  # freed pages lead a table
-            queued = max(0, min(hashed[c], len(table)) - first)
+            queued = self._lazy_count(r, c, first, min(hashed[c], len(table)))
             below.append(queued)
             for p, span in self._class_spans[c]:
                 pools[p].uncached += (len(table) - first - queued) * span

@@ -263,7 +263,7 @@ class KVCacheManager(PrefixCache):
                 for c, members in self._window_segments:
                     if c in by_class:
                         skipped, low = by_class[c]
-                        self._queue_pending(r, members, skipped - 1, skipped - low)
+                        self._queue_own(r, members, c, low, skipped)
                 return
             self._materialise(r)  # some block goes back among the uncached one by one (_release)
         # in group order: the order vLLM frees them in
@@ -273,7 +273,8 @@ class KVCacheManager(PrefixCache):
         ref, hash_of, lazy = self._ref, self._hash_of, self._lazy
         own = lazy and not self._exposed[r]  # every block is the request's own, unhashed
         batch: list[int] = []  # groups in a row whose blocks go to the queue as one run
-        batch_key: tuple[int, int, int, int] = (0, 0, 0, 0)  # its pool, span, pages before and after
+        # its pool, span, pages before and after the window, class
+        batch_key: tuple[int, int, int, int, int] = (0, 0, 0, 0, 0)
         for g, skipped, low in freeing:
             table = tables[g]
             if (
@@ -291,22 +292,22 @@ class KVCacheManager(PrefixCache):
                 # all to the back of the queue (what _release does block by block)
                 if table[low] is not None:  # a compact table is its class's: freed once
                     table[low:skipped] = repeat(None, skipped - low)
-                key = (groups[g].pool, groups[g].span, skipped, low)
+                key = (groups[g].pool, groups[g].span, skipped, low, self._class_of[g])
                 if batch and key != batch_key:
-                    self._queue_pending(r, tuple(batch), batch_key[2] - 1, batch_key[2] - batch_key[3])
+                    self._queue_own(r, tuple(batch), batch_key[4], batch_key[3], batch_key[2])
                     batch = []
                 batch.append(g)
                 batch_key = key
                 continue
             if batch:
-                self._queue_pending(r, tuple(batch), batch_key[2] - 1, batch_key[2] - batch_key[3])
+                self._queue_own(r, tuple(batch), batch_key[4], batch_key[3], batch_key[2])
                 batch = []
             held = cast("list[int]", table[low:skipped])  # pages still held: no None among them
             held.reverse()  # last first
             table[low:skipped] = repeat(None, skipped - low)
             self._release(r, g, held, skipped - 1, live=True, window=True)
         if batch:
-            self._queue_pending(r, tuple(batch), batch_key[2] - 1, batch_key[2] - batch_key[3])
+            self._queue_own(r, tuple(batch), batch_key[4], batch_key[3], batch_key[2])
 
     def _skipped_by_class(self, tables: list[list[int | None]], processed: int) -> dict[int, tuple[int, int]]:
         """Per windowed class with pages before its window still held: (pages before the window,
@@ -366,7 +367,9 @@ class KVCacheManager(PrefixCache):
                     # count back among the uncached, those below as one run (as _release does)
                     group = groups[g]
                     first = table.count(None)  # freed pages lead a table
-                    below = max(0, min(hashed[self._class_of[g]], len(table)) - first)
+                    below = self._lazy_count(
+                        r, self._class_of[g], first, min(hashed[self._class_of[g]], len(table))
+                    )
                     self.pools[group.pool].uncached += (len(table) - first - below) * group.span
                     if below:
                         if group.pool == run_pool and group.span == run_span:

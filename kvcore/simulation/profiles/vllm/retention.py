@@ -13,8 +13,14 @@ stays unhashed for good. Full attention, chunked local attention and state group
 block (vLLM thins a state group's states too: not modelled, see
 :class:`~kvcore.simulation.profiles.vllm.profile.VllmProfile`).
 
-The speed paths that hash a request's own blocks late or remember a lookup for another request
-(:data:`RETENTION_STEPS_ASIDE`) step aside for a plan whose windows are thinned.
+Every speed path stays on. Lazy hashing hashes a request's own blocks when they are freed, not
+when computed, and so the paths on it count as cached, when freed, only the positions vLLM
+would have hashed (:meth:`SparseRetention._lazy_runs`); the others go back among the uncached
+blocks at the front of the free queue, where vLLM puts a freed block with no hash. The mask is
+the one the blocks were computed under: a request's junction changes only at a lookup, when it
+holds no block (a preemption frees them all). A lookup that leaves a preempted request's runs
+unread (``unread_runs``) must not change the junction either, so it also needs the type looked
+up first to hit nothing of them.
 """
 
 from __future__ import annotations
@@ -28,19 +34,6 @@ from kvcore.spec import cdiv
 
 if TYPE_CHECKING:
     from kvcore.plan import KVCachePlan
-
-#: The speed paths that step aside for thinned windows: lazy hashing hashes a request's own
-#: blocks densely when they are freed (and the paths built on it: the lean calls, the free
-#: queue's runs of own blocks), and the hit memo hands one request's lookup to another, whose
-#: shared-prefix junction (what the thinned windows keep) it then never sets.
-RETENTION_STEPS_ASIDE = (
-    "lazy_hashing",
-    "lean_decode",
-    "lean_finish",
-    "shared_runs",
-    "preempted_runs",
-    "hit_memo",
-)
 
 
 def thinned_windows(
@@ -84,8 +77,60 @@ class SparseRetention(SteadyDecoders):
         interval = self.profile.prefix_cache_retention_interval
         #: per thinned group: (need, per_segment)
         self._thinned = thinned_windows(self.plan, interval, prefix_caching=prefix_caching)
+        self._thinned_classes = {self._class_of[g]: thinned for g, thinned in self._thinned.items()}
         #: whether reachable boundaries are kept (a set interval, 0 included)
         self._keeps_boundaries = interval is not None
+
+    def _first_type(self) -> int:
+        """The hit type vLLM looks up first (the junction is its hit): the first full-attention
+        type in group order, else the first type in group order."""
+        groups = self.groups
+        order = [
+            (bool(window or chunk or groups[ids[0]].state_block), ids[0], k)
+            for k, (window, chunk, ids) in enumerate(self._hit_types)
+        ]
+        return min(order)[2]
+
+    def _leaves_runs_unread(self, r: int) -> bool:
+        """As before, and with reachable boundaries kept, only when the type looked up first
+        has a group with none of its blocks left in the runs: its hit, the junction the
+        blocks computed next are hashed under, is then the same without them."""
+        if self._thinned and self._keeps_boundaries and self._hit_types:
+            left = self._groups_left(tuple(self._pending[r]))
+            if left.issuperset(self._hit_types[self._first_type()][2]):
+                return False
+        return super()._leaves_runs_unread(r)
+
+    def _kept(
+        self, r: int, per_page: int, thinned: tuple[int, int], start: int, end: int
+    ) -> list[tuple[int, int]]:
+        """The table positions from ``start`` to ``end`` of request ``r``'s thinned window
+        (``thinned``: need, per_segment) that vLLM hashes, as sorted, disjoint ranges: the last
+        ``need`` of every segment, and the ``need`` before each reachable boundary (one token
+        before the prompt's end, the junction its last lookup set)."""
+        if start >= end:
+            return []
+        need, per_segment = thinned
+        spans: list[tuple[int, int]] = []
+        if per_segment:  # the last `need` blocks of every segment
+            for segment in range(start // per_segment * per_segment, end, per_segment):
+                spans.append((max(start, segment + per_segment - need), min(end, segment + per_segment)))
+        if self._keeps_boundaries:
+            for boundary in (self.requests[r].prompt_tokens - 1, self._junction[r]):
+                if boundary > 0:
+                    last = boundary // self._align * self._align // per_page
+                    spans.append((max(start, last - need), min(end, last)))
+        spans.sort()
+        kept: list[tuple[int, int]] = []
+        for low, high in spans:
+            if low >= high:
+                continue
+            if kept and low <= kept[-1][1]:  # overlapping or touching: one stretch
+                if high > kept[-1][1]:
+                    kept[-1] = (kept[-1][0], high)
+            else:
+                kept.append((low, high))
+        return kept
 
     def _hash_blocks(self, r: int, g: int, start: int, end: int) -> None:
         """Hash table positions ``start`` to ``end`` of request ``r``'s group ``g``, those a
@@ -94,26 +139,15 @@ class SparseRetention(SteadyDecoders):
         if thinned is None:
             super()._hash_blocks(r, g, start, end)
             return
-        need, per_segment = thinned
-        kept: set[int] = set()
-        if per_segment:  # the last `need` blocks of every segment
-            first = start // per_segment * per_segment
-            for segment in range(first, end, per_segment):
-                kept.update(range(max(start, segment + per_segment - need), min(end, segment + per_segment)))
-        if self._keeps_boundaries:
-            per_page = self.groups[g].tokens_per_page
-            junction = self._junction[r]
-            for boundary in (self.requests[r].prompt_tokens - 1, junction):
-                if boundary <= 0:
-                    continue
-                last = boundary // self._align * self._align // per_page
-                kept.update(range(max(start, last - need), min(end, last)))
-        # hash each run of kept positions as one stretch
-        run = -1
-        for j in range(start, end + 1):
-            if j < end and j in kept:
-                if run < 0:
-                    run = j
-            elif run >= 0:
-                super()._hash_blocks(r, g, run, j)
-                run = -1
+        for low, high in self._kept(r, self.groups[g].tokens_per_page, thinned, start, end):
+            super()._hash_blocks(r, g, low, high)
+
+    def _lazy_runs(self, r: int, c: int, low: int, high: int) -> list[tuple[int, int]]:
+        """Of a thinned window, the positions of the request's own content that vLLM would have
+        hashed (:meth:`_kept`); its shared prefix's are hashed when computed."""
+        thinned = self._thinned_classes.get(c)
+        if thinned is None:
+            return super()._lazy_runs(r, c, low, high)
+        per_page = self.groups[self._classes[c][0]].tokens_per_page
+        own = self.requests[r].prefix_tokens // per_page  # (see _content)
+        return self._kept(r, per_page, thinned, max(low, own), high)

@@ -68,6 +68,7 @@ class SharedRuns(KVCacheManager):
             if c not in by_class:
                 continue
             skipped, low = by_class[c]
+            mid = self._own_from(r, self.groups[members[0]].tokens_per_page, low, skipped)
             if skipped > hashed[c]:  # some page released one by one (the plain path's)
                 for g in members:
                     held = tables[g][low:skipped]
@@ -75,22 +76,25 @@ class SharedRuns(KVCacheManager):
                     tables[g][low:skipped] = repeat(None, skipped - low)
                     self._release(r, g, held, skipped - 1, live=True, window=True)  # type: ignore[arg-type]
                 continue
-            mid = self._own_from(r, self.groups[members[0]].tokens_per_page, low, skipped)
             if mid == low:  # every page its own: the stretch's pages as one run
                 for g in members:
                     tables[g][low:skipped] = repeat(None, skipped - low)
-                self._queue_pending(r, members, skipped - 1, skipped - low)
+                self._queue_own(r, members, c, low, skipped)
             else:
-                self._free_shared_before_window(r, tables, members, (low, mid, skipped))
+                self._free_shared_before_window(r, tables, members, (c, low, mid, skipped))
 
     def _free_shared_before_window(
-        self, r: int, tables: list[list[int | None]], members: tuple[int, ...], pages: tuple[int, int, int]
+        self,
+        r: int,
+        tables: list[list[int | None]],
+        members: tuple[int, ...],
+        pages: tuple[int, int, int, int],
     ) -> None:
-        """Free pages ``low`` to ``skipped`` of request ``r``'s groups ``members`` (``pages``: low,
-        its first own page ``mid``, skipped), group by group, last first: the own pages as one
-        run while no shared page between them enters the queue; a shared page drops a holder,
-        or when it was the last, goes to the queue by itself."""
-        low, mid, skipped = pages
+        """Free pages ``low`` to ``skipped`` of request ``r``'s groups ``members`` (``pages``: their
+        class, low, its first own page ``mid``, skipped), group by group, last first: the own
+        pages as one run while no shared page between them enters the queue; a shared page
+        drops a holder, or when it was the last, goes to the queue by itself."""
+        c, low, mid, skipped = pages
         ref = self._ref
         if mid == skipped == low + 1:  # the usual step over a shared prefix: one shared page each
             for g in members:
@@ -120,11 +124,11 @@ class SharedRuns(KVCacheManager):
                     queued.append(index)
             if queued:
                 if batch:  # the shared pages go behind the run
-                    self._queue_pending(r, tuple(batch), skipped - 1, skipped - mid)
+                    self._queue_own(r, tuple(batch), c, mid, skipped)
                     batch = []
                 self._queue_freed(r, g, shared, low, queued)
         if batch:
-            self._queue_pending(r, tuple(batch), skipped - 1, skipped - mid)
+            self._queue_own(r, tuple(batch), c, mid, skipped)
 
     def _drop_held(self, blocks: list[int | None]) -> list[int]:
         """Of ``blocks`` (a table's pages, none ``None``) freed last first: drop a holder of
@@ -143,18 +147,27 @@ class SharedRuns(KVCacheManager):
     def _queue_freed(self, r: int, g: int, blocks: list[int | None], low: int, indices: list[int]) -> None:
         """Queue ``blocks[i]`` (table position ``low + i`` of request ``r``'s group ``g``, below
         its hashed count) for each of ``indices`` in turn, freed before its window: a hashed
-        block by itself, another as a run the request owns (hashed if it is preempted)."""
-        group = self.groups[g]
+        block by itself, another as a run the request owns (hashed if it is preempted) when
+        lazy hashing counts it as cached (:meth:`_lazy_runs`), else back among the uncached."""
+        group, c = self.groups[g], self._class_of[g]
         pool, span, ref, hash_of = self.pools[group.pool], group.span, self._ref, self._hash_of
+        kept = None  # a thinned window's: the positions lazy hashing counts as cached
+        if c in self._thinned_classes:
+            kept = {
+                j for start, end in self._lazy_runs(r, c, low, low + len(blocks)) for j in range(start, end)
+            }
         for index in indices:
             block: int = blocks[index]  # type: ignore[assignment]
             if block in hash_of:
                 ref[block] = 0
                 pool.cached_free[block] = span
                 pool.cached_span += span
-            else:
+            elif kept is None or low + index in kept:
                 ref.pop(block, None)
                 self._queue_pending(r, (g,), low + index, 1)
+            else:
+                ref.pop(block, None)
+                pool.uncached += span
 
     def _free(self, r: int, *, live: bool) -> None:
         """``KVCacheManager.free``: with ``shared_runs`` on, a finished request's tables go as
@@ -184,18 +197,26 @@ class SharedRuns(KVCacheManager):
         batch: list[int] = []  # groups in a row whose own pages go to the queue as one run
         key = (0, 0, 0, 0)  # its pool, span, pages below the hashed count and first own page
         for g, table in enumerate(tables):
-            group = self.groups[g]
+            group, c = self.groups[g], self._class_of[g]
             first = table.count(None)  # freed pages lead a table
             mid = self._own_from(r, group.tokens_per_page, first, len(table))
-            below = min(hashed[self._class_of[g]], len(table))
-            if below < len(table):  # own pages above the hashed count: back among the uncached
-                pools[group.pool].uncached += (len(table) - max(below, mid)) * group.span
-            if below > mid:
-                if batch and (group.pool, group.span, below, mid) != key:
+            runs = self._lazy_runs(r, c, mid, min(hashed[c], len(table)))
+            # own pages above the hashed count (or a thinned window's not kept): the uncached
+            kept = sum(end - start for start, end in runs)
+            pools[group.pool].uncached += (len(table) - mid - kept) * group.span
+            if len(runs) == 1:
+                below, low = runs[0][1], runs[0][0]
+                if batch and (group.pool, group.span, below, low) != key:
                     self._queue_pending(r, tuple(batch), key[2] - 1, key[2] - key[3])
                     batch = []
                 batch.append(g)
-                key = (group.pool, group.span, below, mid)
+                key = (group.pool, group.span, below, low)
+            elif runs:  # a thinned window's own pages kept in stretches: the group alone
+                if batch:
+                    self._queue_pending(r, tuple(batch), key[2] - 1, key[2] - key[3])
+                    batch = []
+                for start, end in reversed(runs):
+                    self._queue_pending(r, (g,), end - 1, end - start)
             if mid > first:  # its shared pages, behind its own
                 if batch:
                     self._queue_pending(r, tuple(batch), key[2] - 1, key[2] - key[3])
@@ -295,14 +316,15 @@ class SharedRuns(KVCacheManager):
         group, c = self.groups[g], self._class_of[g]
         first = table.count(None)  # freed pages lead a table
         mid = self._own_from(r, group.tokens_per_page, first, len(table))
-        below = min(self._hashed[r][c], len(table))
+        runs = self._lazy_runs(r, c, mid, min(self._hashed[r][c], len(table)))
+        kept = sum(end - start for start, end in runs)
         pool, span = self.pools[group.pool], group.span
-        if below < len(table):
-            pool.uncached += (len(table) - max(below, mid)) * span
-        if below > mid:  # _hash of each, inlined (no shared prefix's content: no version bump)
-            ref, hash_of, hashes = self._ref, self._hash_of, self._hashes[group.pool]
-            held, cached_free = self._held_by_class, pool.cached_free
-            for j in range(below - 1, mid - 1, -1):
+        pool.uncached += (len(table) - mid - kept) * span
+        # _hash of each, inlined (no shared prefix's content: no version bump)
+        ref, hash_of, hashes = self._ref, self._hash_of, self._hashes[group.pool]
+        held, cached_free = self._held_by_class, pool.cached_free
+        for start, end in reversed(runs):
+            for j in range(end - 1, start - 1, -1):
                 block: int = table[j]  # type: ignore[assignment]
                 key = (g, False, r, j)
                 hash_of[block] = key
@@ -315,7 +337,7 @@ class SharedRuns(KVCacheManager):
                     holders[block] = None
                 ref[block] = 0
                 cached_free[block] = span
-            pool.cached_span += (below - mid) * span
+        pool.cached_span += kept * span
         if mid > first:
             shared = table[first:mid]
             shared.reverse()
@@ -327,18 +349,23 @@ class SharedRuns(KVCacheManager):
         one pool and span), then its shared pages one by one."""
         groups, hashed, of_class, pools = self.groups, self._hashed[r], self._class_of, self.pools
         # per class (one member answers for its class: the same pages held and freed): the
-        # first held page, the first own page, own pages below the hashed count and above it
-        shape: list[tuple[int, int, int, int]] = []
+        # first held page, the first own page, own pages cached (lazy hashing: below the
+        # hashed count) and not, and the indices from the first held page below the first own
+        # one that lazy hashing counts as cached (see _lazy_runs)
+        shape: list[tuple[int, int, int, int, list[tuple[int, int]]]] = []
         for c, (g, _) in enumerate(self._classes):
             table = tables[g]
             first = table.count(None)  # freed pages lead a table
             mid = self._own_from(r, groups[g].tokens_per_page, first, len(table))
-            below = max(0, min(hashed[c], len(table)) - mid)
-            shape.append((first, mid, below, len(table) - mid - below))
+            below = self._lazy_count(r, c, mid, min(hashed[c], len(table)))
+            lazy = [
+                (low - first, high - first) for low, high in self._lazy_runs(r, c, first, min(hashed[c], mid))
+            ]
+            shape.append((first, mid, below, len(table) - mid - below, lazy))
         run_pool, run_span, run_count = -1, 0, 0  # own pages of groups in a row, not queued yet
         for g, table in enumerate(tables):
             group = groups[g]
-            first, mid, below, above = shape[of_class[g]]
+            first, mid, below, above, lazy = shape[of_class[g]]
             pool = pools[group.pool]
             pool.uncached += above * group.span
             if below:
@@ -355,20 +382,25 @@ class SharedRuns(KVCacheManager):
             if queued and run_count:  # the shared blocks go behind the run
                 self._queue_run(run_pool, run_span, run_count, -1)
                 run_pool, run_span, run_count = -1, 0, 0
-            self._finish_freed(pool, group.span, shared, hashed[of_class[g]] - first, queued)
+            self._finish_freed(pool, group.span, shared, lazy, queued)
         if run_count:
             self._queue_run(run_pool, run_span, run_count, -1)
 
     def _finish_freed(
-        self, pool: Pool, span: int, blocks: list[int | None], below: int, indices: list[int]
+        self,
+        pool: Pool,
+        span: int,
+        blocks: list[int | None],
+        lazy: list[tuple[int, int]],
+        indices: list[int],
     ) -> None:
         """A finished request's ``blocks[i]`` for each of ``indices`` in turn, which no other
-        request holds: to the back of the free queue when it is hashed or its index is below
-        ``below`` (cached), else back among the uncached."""
+        request holds: to the back of the free queue when it is hashed or its index lies in one
+        of the ``lazy`` ranges (cached, see ``_lazy_runs``), else back among the uncached."""
         ref, hash_of = self._ref, self._hash_of
         for index in indices:
             block: int = blocks[index]  # type: ignore[assignment]
-            if block in hash_of or index < below:
+            if block in hash_of or any(low <= index < high for low, high in lazy):
                 ref[block] = 0
                 pool.cached_free[block] = span
                 pool.cached_span += span

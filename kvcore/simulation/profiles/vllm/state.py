@@ -278,6 +278,9 @@ class VllmState(StepperState):
         #: the request could hit them, and it holds them (not with partial tails, which a full
         #: hash replaces as it is computed)
         self._lazy = prefix_caching and not self._tails and "lazy_hashing" in self.speed_paths
+        #: per class of sliding windows whose blocks are not all hashed (vLLM's sparse retention,
+        #: :mod:`~kvcore.simulation.profiles.vllm.retention`): (need, per_segment)
+        self._thinned_classes: dict[int, tuple[int, int]] = {}
         self._shared_runs = self._lazy and "shared_runs" in self.speed_paths
         self._preempted_runs = self._shared_runs and "preempted_runs" in self.speed_paths
         self._unread_runs = self._preempted_runs and "unread_runs" in self.speed_paths

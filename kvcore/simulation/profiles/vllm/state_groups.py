@@ -31,7 +31,7 @@ import math
 from collections.abc import Collection, Hashable
 from typing import TYPE_CHECKING
 
-from kvcore.simulation.profiles.vllm.retention import RETENTION_STEPS_ASIDE, SparseRetention, thinned_windows
+from kvcore.simulation.profiles.vllm.retention import SparseRetention
 from kvcore.simulation.profiles.vllm.state import SPEED_PATHS
 from kvcore.simulation.profiles.vllm_groups import (
     align_state_block,
@@ -81,10 +81,6 @@ class AlignStates(SparseRetention):
     ) -> None:
         if steps_aside(plan, prefix_caching=prefix_caching) and set(speed_paths) <= set(SPEED_PATHS):
             speed_paths = [path for path in speed_paths if path in STATE_SPEED_PATHS]
-        retention = profile.prefix_cache_retention_interval
-        thinned = thinned_windows(plan, retention, prefix_caching=prefix_caching)
-        if thinned and set(speed_paths) <= set(SPEED_PATHS):
-            speed_paths = [path for path in speed_paths if path not in RETENTION_STEPS_ASIDE]
         super().__init__(
             plan,
             workload,
@@ -95,7 +91,7 @@ class AlignStates(SparseRetention):
             speed_paths=speed_paths,
         )
         check_align_states(plan, prefix_caching=prefix_caching)
-        check_retention_interval(plan, retention, self._align)
+        check_retention_interval(plan, profile.prefix_cache_retention_interval, self._align)
         #: per (request, state group): its retired positions (``_num_retired_blocks``) and the
         #: position of the block that held its running state before the latest
         #: (``last_state_block_idx``; -1: none)
@@ -165,11 +161,7 @@ class AlignStates(SparseRetention):
         first lookup of ``find_longest_cache_hit``, which no later one exceeds): the first
         full-attention type in group order, else the first type in group order."""
         groups = self.groups
-        order = [
-            (bool(window or chunk or groups[ids[0]].state_block), ids[0], k)
-            for k, (window, chunk, ids) in enumerate(self._hit_types)
-        ]
-        t = min(order)[2]
+        t = self._first_type()
         window, chunk, ids = self._hit_types[t]
         current = self._tokens[r] - 1
         per_page = groups[ids[0]].tokens_per_page
