@@ -42,10 +42,11 @@ for):
   running state's. The checkpoint's block is a full block, so it is hashed like any other
   (``cache_blocks``; ``_cache_partial_tail_block`` finds it keyed already, the hash block being
   the state block), hit from the right like any other, and freed once the processed tokens
-  pass it. The scheduler's side is :meth:`VllmReferenceScheduler._mamba_block_aligned_split
-  <kvcore.simulation.profiles.vllm_reference.scheduler.VllmReferenceScheduler._mamba_block_aligned_split>`:
-  a chunk that reaches the end of the prefill and can export its checkpoint is no longer cut at
-  the last block boundary before the end, so the prompt ends in one step fewer.
+  pass it. The scheduler's side is ``_mamba_block_aligned_split``
+  (:mod:`~kvcore.simulation.profiles.vllm_reference.scheduler`): where every state group holds
+  checkpoint blocks, a chunk that reaches the end of the prefill and can export its checkpoint
+  (by the first state group's alignment) is no longer cut at the last block boundary before
+  the end, so the prompt ends in one step fewer.
 
 What is left out: speculative blocks (``num_speculative_blocks``), partial (sub-block) hash hits
 and their copy-on-write, sparse retention of states (``prefix_cache_retention_interval``; vLLM
