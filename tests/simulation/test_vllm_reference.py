@@ -20,6 +20,7 @@ from kvcore.plan import KVCachePlan
 from kvcore.planning.capacity import request_bytes
 from kvcore.planning.manager import get_plugin_manager
 from kvcore.planning.registry import Registry
+from kvcore.plugins.state import StatePart
 from kvcore.simulation.profiles.vllm import SPEED_PATHS, VllmProfile, VllmSimulator
 from kvcore.simulation.profiles.vllm_reference import VllmReferenceScheduler
 from kvcore.simulation.steps import StepRecord
@@ -457,3 +458,54 @@ def test_a_retention_interval_vllm_refuses_is_refused():
         for stepper in (VllmSimulator, VllmReferenceScheduler):
             error, text = _run(stepper, plan, workload, profile, True, False)
             assert error is InvalidInputError and message in text, text
+
+
+def _checkpointed_plan(checkpoint_slots: int):
+    """One full-attention layer and one Mamba-2-like state layer (one prefill checkpoint block,
+    alignment 1, when ``checkpoint_slots``), blocks of 16, room for a few requests."""
+    shape = {"block_size": 16, "num_kv_heads": 1, "head_size": 8, "dtype": "float16"}
+    state = REGISTRY.spec_class("state")(
+        block_size=16,
+        parts=(StatePart(name="conv", shape=(4, 32), dtype="float16"),),
+        checkpoint_slots=checkpoint_slots,
+        checkpoint_alignment=1 if checkpoint_slots else 0,
+    )
+    return kst.PlanningProblem(
+        specs={"model.layers.0": REGISTRY.spec_class("full_attention")(**shape), "model.layers.1": state},
+        context=SizingContext(max_model_len=256, max_num_batched_tokens=256),
+        available_bytes=64 * 2**10,
+    ).plan("shared_buffer", REGISTRY)
+
+
+@pytest.mark.parametrize("retention", [None, 0])
+@pytest.mark.parametrize("reference", [False, True])
+def test_a_prefill_checkpoint_ends_the_prompt_in_one_step_and_is_hit(reference, retention):
+    """vLLM 0.33's prefill checkpoint blocks (a Mamba-2 mixer's ``num_prefill_checkpoint_blocks``):
+    a 100-token prompt of 16-token state blocks runs in one step, the state at token 96 written
+    into a block of its own from inside it, where without them the scheduler stops the chunk at
+    96 (a state is kept only at a chunk's end) and the prompt takes two steps. The step holds one
+    state block more, and a later request of the same prompt hits those 96 tokens either way."""
+    workload = Workload(
+        (
+            Request(id=0, prompt_tokens=100, output_tokens=4, prefix_id=0, prefix_tokens=100),
+            Request(
+                id=1, prompt_tokens=100, output_tokens=4, arrival_step=20, prefix_id=0, prefix_tokens=100
+            ),
+        ),
+        name="one prompt twice",
+    )
+    profile = VllmProfile(async_scheduling=False, prefix_cache_retention_interval=retention)
+    stepper = VllmReferenceScheduler if reference else VllmSimulator
+    without = _run(stepper, _checkpointed_plan(0), workload, profile, True, False)
+    with_checkpoints = _run(stepper, _checkpointed_plan(1), workload, profile, True, False)
+    assert without.cached_tokens == with_checkpoints.cached_tokens == 96
+    # the first prompt's prefill: two steps without (0-96, 96-100), one with, then 3 decodes;
+    # the second's: its hit's rest (96-100), then 3 decodes
+    busy = [sum(1 for running in result.running if running) for result in (without, with_checkpoints)]
+    assert busy == [5 + 4, 4 + 4]
+    plan = _checkpointed_plan(1)
+    attention, state = (group.blocks_per_page for group in plan.groups)
+    # the first step: 7 attention pages, and 2 states (the checkpoint's, the running one) or 1
+    # (a state at 96 only, the chunk's end)
+    assert with_checkpoints.pool_usage[0] == pytest.approx((7 * attention + 2 * state) / plan.usable_blocks)
+    assert without.pool_usage[0] == pytest.approx((6 * attention + state) / plan.usable_blocks)

@@ -35,6 +35,10 @@ class ManagerGroup:
     #: a state group in vLLM's ``mamba_cache_mode='align'``: the tokens a state block stands for
     #: (0: not such a group; the fast path never sets it, see :func:`align_state_block`)
     state_block: int = 0
+    #: such a group's prefill checkpoint alignment where it holds prefill checkpoint blocks
+    #: (vLLM's ``prefill_checkpoint_alignment`` beside ``num_prefill_checkpoint_blocks > 0``;
+    #: 0: it exports none, see :func:`checkpoint_valid`)
+    checkpoint_alignment: int = 0
 
 
 def scheduler_block(plan: KVCachePlan) -> int:
@@ -165,6 +169,53 @@ def manager_group(
         sliding=0 if state_block else sliding,
         chunk=chunk,
         state_block=state_block,
+        checkpoint_alignment=_checkpoint_alignment(spec) if state_block else 0,
+    )
+
+
+def _checkpoint_alignment(spec: KVCacheSpec) -> int:
+    """A state spec's prefill checkpoint alignment where it holds checkpoint blocks, else 0."""
+    if not getattr(spec, "checkpoint_slots", 0):
+        return 0
+    return int(getattr(spec, "checkpoint_alignment", 0) or 0)
+
+
+def scheduler_checkpoint_alignment(plan: KVCachePlan) -> int:
+    """The prefill checkpoint alignment vLLM 0.33's scheduler cuts chunks by
+    (``Scheduler.mamba_prefill_checkpoint_alignment`` beside ``mamba_has_prefill_checkpoint_blocks``):
+    the first state group's, where every state group holds checkpoint blocks; 0 where one holds
+    none or the first gives no alignment (the scheduler then never counts on an internal
+    checkpoint)."""
+    states = [group.spec for group in plan.groups if is_state(group.spec)]
+    if not states or not all(getattr(spec, "checkpoint_slots", 0) for spec in states):
+        return 0
+    return int(getattr(states[0], "checkpoint_alignment", 0) or 0)
+
+
+def checkpoint_position(num_tokens: int, block: int) -> int:
+    """vLLM 0.33's ``get_mamba_prefill_checkpoint_position`` (``vllm/v1/kv_cache_interface.py``)
+    with no EAGLE block drop and no hash lookahead: the last multiple of ``block`` strictly
+    below ``num_tokens`` (one token is always left to compute again for its logits), or 0."""
+    return max((num_tokens - 1) // block * block, 0)
+
+
+def checkpoint_valid(start: int, end: int, position: int, block: int, alignment: int) -> bool:
+    """vLLM 0.33's ``is_mamba_prefill_checkpoint_valid`` (``vllm/v1/kv_cache_interface.py``),
+    with one block for hashes and states (:func:`check_align_states`): whether a chunk of
+    tokens ``start`` to ``end`` can export the state at ``position`` from inside the step. It
+    starts on a block boundary, the position lies a whole block or more past its start and
+    before its end, on ``alignment`` (0: the layer exports none), and its block is not the
+    one the chunk starts from."""
+    if not alignment:
+        return False
+    first = (start - 1) // block  # the block of the state the chunk starts from
+    column = cdiv(end, block) - 2  # the block the checkpoint is written to
+    return (
+        start % block == 0
+        and column > first
+        and start + block <= position
+        and start < position < end
+        and (position - start) % alignment == 0
     )
 
 

@@ -64,8 +64,17 @@ def _seeds() -> range:
     return range(int(start), int(stop))
 
 
-def _layers(rng: random.Random, shapes: tuple[str, ...] = SHAPES) -> tuple[str, dict]:
+def _layers(
+    rng: random.Random, shapes: tuple[str, ...] = SHAPES, checkpoint_alignment: int | None = None
+) -> tuple[str, dict]:
     shape = rng.choice(shapes)
+    # a Mamba-2-like state (one prefill checkpoint block, alignment 1) or a GDN-like one (the
+    # checkpoint grid is the block), where asked for; else one without checkpoint blocks
+    checkpoints = (
+        {"checkpoint_slots": 1, "checkpoint_alignment": checkpoint_alignment}
+        if checkpoint_alignment is not None
+        else {}
+    )
     layers = {}
     for i in range(rng.randint(2, 6)):
         first = i % 3 == 0
@@ -79,7 +88,7 @@ def _layers(rng: random.Random, shapes: tuple[str, ...] = SHAPES) -> tuple[str, 
         elif "mla" in shape:
             spec = MLA(block_size=16, kv_lora_rank=64, qk_rope_head_dim=16, dtype="bfloat16")
         elif "state" in shape and not (first and shape == "sliding+state"):
-            spec = STATE(block_size=16, parts=_STATE_PARTS)
+            spec = STATE(block_size=16, parts=_STATE_PARTS, **checkpoints)
         else:
             window = rng.choice([32, 100, 128])
             spec = SLIDING(
@@ -120,14 +129,19 @@ def _trace(rng: random.Random, length: int) -> Workload:
 
 
 def draw_case(
-    seed: int, shapes: tuple[str, ...] = SHAPES, *, caching: bool | None = None
+    seed: int,
+    shapes: tuple[str, ...] = SHAPES,
+    *,
+    caching: bool | None = None,
+    checkpoint_alignment: int | None = None,
 ) -> tuple[KVCachePlan, Workload, VllmProfile, bool, int] | None:
     """The case of ``seed`` (plan, trace, settings, prefix caching, tokens a step), or ``None``
     when ``plan_for_vllm`` refuses the drawn model and budget; ``shapes`` and ``caching``, where
-    given, narrow the draw (a seed draws the same numbers either way)."""
+    given, narrow the draw (a seed draws the same numbers either way); ``checkpoint_alignment``,
+    where given, gives the state layers one prefill checkpoint block of that alignment."""
     rng = random.Random(seed)
     length = rng.choice([256, 512, 1024])
-    shape, layers = _layers(rng, shapes)
+    shape, layers = _layers(rng, shapes, checkpoint_alignment)
     asynchronous = rng.random() < 0.5
     batch = rng.choice([128, 256])
     rules = VllmRules(max_model_len=length, max_num_batched_tokens=batch, async_scheduling=asynchronous)
@@ -199,6 +213,48 @@ def _assert_both_paths_are_vllms(case, label: str) -> None:
             f"{label}: the {path} differs from vLLM on {differ}; {profile.settings()}, prefix caching "
             f"{caching}, {batch} tokens a step, policy {plan.policy}"
         )
+
+
+#: the state shapes, and the prefill checkpoint alignment of the seed's state layers: Mamba-2's
+#: (1, even seeds) or a GDN layer's under FlashInfer (its grid, the block: odd seeds)
+STATE_SHAPES = ("full+state", "sliding+state")
+
+
+def _checkpoint_alignment(seed: int) -> int:
+    return 1 if seed % 2 == 0 else 16
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_prefill_checkpoints_of_mamba2_like_states_are_vllms_on_random_cases(seed):
+    """Mamba-2-like and GDN-like state layers (vLLM 0.33's ``num_prefill_checkpoint_blocks=1``)
+    beside attention, prefix caching on (``mamba_cache_mode='align'``, dense retention): the
+    prompt's last chunk exports its last block boundary's state into a block of its own instead
+    of stopping there. Every figure as vLLM's, from the fast path and the reference."""
+    if why := align_mode_differs():
+        pytest.skip(why)
+    case = draw_case(seed, STATE_SHAPES, caching=True, checkpoint_alignment=_checkpoint_alignment(seed))
+    if case is None:
+        pytest.skip(f"seed {seed}: plan_for_vllm refuses the drawn model and budget")
+    _assert_both_paths_are_vllms(case, f"seed {seed} (prefill checkpoints)")
+
+
+def test_prefill_checkpoints_move_the_figures():
+    """The checkpoint cases above differ from the same cases without checkpoint blocks (fewer
+    prefill steps, a block more held in them), else the comparison would not tell them apart."""
+    moved = 0
+    for seed in range(30):
+        cases = [
+            draw_case(seed, STATE_SHAPES, caching=True, checkpoint_alignment=alignment)
+            for alignment in (_checkpoint_alignment(seed), None)
+        ]
+        if None in cases:
+            continue
+        results = [
+            simulate(plan, workload, scheduler=profile, prefix_caching=True, max_num_batched_tokens=batch)
+            for plan, workload, profile, _, batch in cases
+        ]
+        moved += (results[0].steps, results[0].pool_usage) != (results[1].steps, results[1].pool_usage)
+    assert moved >= 10, moved
 
 
 @pytest.mark.parametrize("seed", range(40))

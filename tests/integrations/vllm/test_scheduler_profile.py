@@ -13,13 +13,17 @@ traces are the first requests of ``examples/traces`` so that each case takes sec
 
 from __future__ import annotations
 
+import attrs
 import pytest
 
 from kvcore import Registry
+from kvcore.frontends.hf_config import layer_specs_from_config
+from kvcore.integrations.vllm.rules import VllmRules, plan_for_vllm
 from kvcore.integrations.vllm.scheduler import run_vllm_scheduler
 from kvcore.simulation.profiles.vllm import VllmProfile
 from kvcore.simulation.simulator import simulate
 from tests.integrations.vllm.scheduler_cases import BATCH, CASES, GIB, align_mode_differs, vllm_plan, workload
+from tests.zoo import NEMOTRON_H_LIKE, synthetic
 
 REGISTRY = Registry.default()
 
@@ -147,3 +151,44 @@ def test_the_profiles_retention_default_is_the_installed_vllms():
     installed = CacheConfig().prefix_cache_retention_interval
     assert installed == PREFIX_CACHE_RETENTION_INTERVAL[installed_minor()]
     assert installed == VllmProfile().prefix_cache_retention_interval
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_nemotron_h_like_plan_takes_its_prefill_checkpoints_as_vllm_does(mode):
+    """A Nemotron-H-like hybrid (Mamba-2 layers beside attention, ``tests/configs``) on chat
+    traffic with shared system prompts, prefix caching on: vLLM 0.33 gives each Mamba-2 layer one
+    prefill checkpoint block (``MambaMixer2.get_kv_cache_spec``), so a prompt's last chunk writes
+    its last block boundary's state into a block of its own rather than stopping there. The fast
+    path and the reference give every figure vLLM's scheduler gives, hits included."""
+    if why := align_mode_differs():
+        pytest.skip(why)
+    asynchronous = mode == "async"
+    specs = layer_specs_from_config(synthetic(NEMOTRON_H_LIKE), REGISTRY)
+    states = [spec for spec in specs.values() if spec.kind == "state"]
+    # the case's premise: Mamba-2 states with one checkpoint block each, alignment 1
+    assert states and all((s.checkpoint_slots, s.checkpoint_alignment) == (1, 1) for s in states)
+    rules = VllmRules(max_model_len=4096, max_num_batched_tokens=BATCH, async_scheduling=asynchronous)
+    plan = plan_for_vllm(rules.request(specs, 8 * GIB), rules, registry=REGISTRY)
+    requests = workload("chat-system-prompts", 40)
+    # dense retention: vLLM thins cached Mamba states under its default interval (0), which the
+    # profile does not model (it keeps them densely)
+    profile = VllmProfile(async_scheduling=asynchronous, prefix_cache_retention_interval=None)
+    theirs = run_vllm_scheduler(plan, requests, profile, max_num_batched_tokens=BATCH, prefix_caching=True)
+    for reference in (False, True):
+        ours = simulate(
+            plan,
+            requests,
+            scheduler=attrs.evolve(profile, reference=reference),
+            prefix_caching=True,
+            max_num_batched_tokens=BATCH,
+        )
+        assert ours.cached_tokens > 0  # the Mamba-2 states hit
+        assert (ours.steps, ours.running, ours.preemptions, ours.total_tokens, ours.recomputed_tokens) == (
+            theirs.steps,
+            theirs.running,
+            theirs.preemptions,
+            theirs.total_tokens,
+            theirs.recomputed_tokens,
+        )
+        assert ours.pool_usage == pytest.approx(theirs.pool_usage, abs=1e-12)
+        assert (ours.cached_tokens, ours.mean_queue_delay) == (theirs.cached_tokens, theirs.mean_queue_delay)

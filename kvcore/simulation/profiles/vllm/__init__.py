@@ -46,7 +46,10 @@ Tokens stand for themselves: the ``j``-th block of a request has the content of 
   (``single_type_kv_cache_manager.py``, ``MambaManager``; ``sched/scheduler.py``,
   ``_mamba_block_aligned_split``): prefill chunks end on block boundaries, a request holds the
   states of its last two boundaries, caches each and hits the last cached one below the hit the
-  other groups agree on, and a hit on a state cached in the same step waits a step. The plain
+  other groups agree on, and a hit on a state cached in the same step waits a step; a state kind
+  with prefill checkpoint blocks (Mamba-2's ``num_prefill_checkpoint_blocks``) writes the state
+  of a chunk's last block boundary into a block of its own from inside the step, so the prompt's
+  last chunk is not cut there and holds one state more. The plain
   reference models it (:mod:`~kvcore.simulation.profiles.vllm_reference.mamba_manager`), the
   fast path in :mod:`~kvcore.simulation.profiles.vllm.state_groups`, where every speed path
   steps aside for such a run.

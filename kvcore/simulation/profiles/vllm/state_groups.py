@@ -10,14 +10,17 @@ tokens and its hashes name positions as an attention group's do. What differs is
 - a hit type of its own (``MambaManager.find_longest_cache_hit``: the last cached block from the
   right), and the longest hit one type found, which names a shared prefix the state group has
   not cached yet (``shared_prefix_boundary``);
-- ``get_num_blocks_to_allocate``: one block at most for the running state, and a hit on a state
+- ``get_num_blocks_to_allocate``: one block at most for the running state, one more for a
+  prefill checkpoint the chunk exports (``_needs_internal_checkpoint``), and a hit on a state
   cached in the same step asks for more blocks than the pool holds;
-- ``allocate_new_blocks``: nulls up to the new last position, one fresh block there;
+- ``allocate_new_blocks``: nulls up to the new last position (the checkpoint's left out), one
+  fresh block there (and one at the checkpoint's);
 - ``remove_skipped_blocks``: the blocks before the last processed token's freed, and the block
   that held the running state before the latest one, group by group with the windows';
 - the hashes cached while a step is scheduled (``cached_blocks_this_step``);
-- ``Scheduler._mamba_block_aligned_split``: chunks cut to block boundaries (the scheduler calls
-  :meth:`AlignStates._aligned_split`).
+- ``Scheduler._mamba_block_aligned_split``: chunks cut to block boundaries, the prompt's last
+  chunk not at its last boundary where the state groups export it as a prefill checkpoint (the
+  scheduler calls :meth:`AlignStates._aligned_split`).
 
 Of the speed paths (:data:`~kvcore.simulation.profiles.vllm.state.SPEED_PATHS`), event bounds
 (with a state group's next free among the events) and steady decoders stay on for such a run;
@@ -37,10 +40,13 @@ from kvcore.simulation.profiles.vllm_groups import (
     align_state_block,
     check_align_states,
     check_retention_interval,
+    checkpoint_position,
+    checkpoint_valid,
     chunks_off_scheduler_block,
     is_state,
     manager_group,
     scheduler_block,
+    scheduler_checkpoint_alignment,
 )
 from kvcore.spec import SizingContext, cdiv
 
@@ -102,6 +108,11 @@ class AlignStates(SparseRetention):
         #: (``shared_prefix_boundary``), as its last lookup found it
         self._junction = [0] * len(self.requests)
         self._allocating = -1  # the request _allocate works for (read by _take)
+        #: per (request, class of state groups), the position of the prefill checkpoint block its
+        #: next allocation takes (``_checkpoints``), as the latest count noted it
+        self._checkpoints: dict[tuple[int, int], int] = {}
+        #: the prefill checkpoint alignment the scheduler cuts chunks by (0: no checkpoint)
+        self._checkpoint_align = scheduler_checkpoint_alignment(plan) if self._state_block else 0
 
     # -- the groups -------------------------------------------------------------------------
 
@@ -209,20 +220,29 @@ class AlignStates(SparseRetention):
         cap: bool,
     ) -> list[int]:
         """``get_num_blocks_to_allocate``, a state group's as ``MambaManager``'s in align mode:
-        one block at most (not every page up to ``tokens``), and more than the pool holds when
-        the hit ends on a state cached in this step."""
+        one block at most (not every page up to ``tokens``), one more for a prefill checkpoint
+        (:meth:`_checkpoint_block`, noted for :meth:`_take` unless ``cap``: the admission gate's
+        count), and more than the pool holds when the hit ends on a state cached in this step."""
         need = super()._to_allocate(tables, tokens, hit_blocks, computed, cap=cap)
         if not self._state_block:
             return need
+        r = self._allocating
         for c, (g, ids) in enumerate(self._classes):
             group = self.groups[g]
             if not group.state_block:
                 continue
+            checkpoint = self._checkpoint_block(r, g, tables[g], computed, tokens)
+            if not cap:
+                if checkpoint >= 0:
+                    self._checkpoints[(r, c)] = checkpoint
+                else:
+                    self._checkpoints.pop((r, c), None)
+            most = 1 if checkpoint < 0 else 2  # physical_block_cap
             hits = len(hit_blocks[g]) if hit_blocks is not None else 0
             pages = max(cdiv(tokens, group.tokens_per_page) - hits - len(tables[g]), 0)
-            if pages > 1:  # the attention count, less the blocks past the first
+            if pages > most:  # the attention count, less the blocks past the cap
                 for p, span in self._class_spans[c]:
-                    need[p] -= (pages - 1) * span
+                    need[p] -= (pages - most) * span
             if hits and hit_blocks is not None:
                 for i in ids:
                     last = hit_blocks[i][-1]
@@ -231,23 +251,47 @@ class AlignStates(SparseRetention):
                         break
         return need
 
+    def _checkpoint_block(self, r: int, g: int, table: list[int | None], start: int, end: int) -> int:
+        """``MambaManager._needs_internal_checkpoint`` for state group ``g`` of request ``r`` (see
+        the reference's): the position of the prefill checkpoint block a chunk of tokens
+        ``start`` to ``end`` takes, or -1 for none."""
+        group = self.groups[g]
+        if not group.checkpoint_alignment:
+            return -1
+        retention = self.profile.prefix_cache_retention_interval
+        prefill_end = max(self.requests[r].prompt_tokens, self._tokens[r] - 1) if retention == 0 else 0
+        per_page = group.tokens_per_page
+        index = cdiv(end, per_page) - 2
+        position = checkpoint_position(end, self._align)
+        if (
+            end >= prefill_end
+            and checkpoint_valid(start, end, position, per_page, group.checkpoint_alignment)
+            and index >= 0
+            and (index >= len(table) or table[index] is None)
+        ):
+            return index
+        return -1
+
     def _take(self, tables: list[list[int | None]], pages: list[int], *, compact: bool) -> None:
         """``get_new_blocks``, a state group's as ``MambaManager.allocate_new_blocks`` in align
         mode: the position of the block that held the running state is noted, the table padded
-        with nulls up to the new last position, and one fresh block taken there."""
+        with nulls up to the new last position (the prefill checkpoint's position, where one
+        was noted, left out), and fresh blocks taken for the rest."""
         if self._state_block:
             r = self._allocating
             pages = list(pages)
             for c, (g, ids) in enumerate(self._classes):
                 if not self.groups[g].state_block or pages[c] <= 0:
                     continue
+                checkpoint = int((r, c) in self._checkpoints)
+                nulls = max(pages[c] - 1 - checkpoint, 0)
                 for i in ids:
                     table = tables[i]
                     state = self._mamba.setdefault((r, i), [0, -1])
                     if table:
                         state[1] = len(table) - 1
-                    table.extend([None] * (pages[c] - 1))
-                pages[c] = 1
+                    table.extend([None] * nulls)
+                pages[c] -= nulls
         super()._take(tables, pages, compact=compact)
 
     def _remove_skipped(self, r: int, tables: list[list[int | None]], processed: int) -> None:
@@ -342,6 +386,8 @@ class AlignStates(SparseRetention):
             for g, group in enumerate(self.groups):
                 if group.state_block:
                     self._mamba.pop((r, g), None)
+            for c in range(len(self._classes)):
+                self._checkpoints.pop((r, c), None)
 
     # -- the scheduler's part ---------------------------------------------------------------
 
@@ -351,7 +397,8 @@ class AlignStates(SparseRetention):
 
     def _aligned_split(self, r: int, new: int, hit: int = 0) -> int:
         """``Scheduler._mamba_block_aligned_split`` (see the reference's): a prefill chunk cut to
-        end on a block boundary, never past the last one before the request's last known token,
+        end on a block boundary, never past the last one before the request's last known token
+        (unless the state groups export it as a prefill checkpoint of the prompt's last chunk),
         and at its shared prefix's junction; 0 when no boundary fits in the budget."""
         start = self._computed[r] + hit
         known = self._tokens[r]
@@ -360,6 +407,11 @@ class AlignStates(SparseRetention):
             return new
         block = self._state_block
         end = start + new
+        last_cache_position = (known - 1) // block * block
+        if end >= prefill_end and checkpoint_valid(
+            start, end, checkpoint_position(prefill_end, block), block, self._checkpoint_align
+        ):
+            last_cache_position = 0  # exported from inside the step
         if end < prefill_end:
             most = self.budget
             threshold = self.profile.long_prefill_token_threshold
@@ -371,7 +423,7 @@ class AlignStates(SparseRetention):
         junction = self._junction[r]
         stops = (
             (start // block + 1) * block if start % block else 0,
-            (known - 1) // block * block,
+            last_cache_position,
             start + (junction - start) // block * block if start < junction < end else 0,
         )
         end = min((stop for stop in stops if start < stop < end), default=end)

@@ -109,11 +109,13 @@ class SingleTypeKVCacheManager:
         total_computed_tokens: int,
         *,
         apply_admission_cap: bool,
+        prefill_end: int = 0,
     ) -> int:
         """``get_num_blocks_to_allocate``: the block ids that giving request ``r`` slots for
         ``num_tokens`` takes from the pool: new blocks for the pages not yet held and not before
         the window (capped at ``max_admission_blocks_per_request`` at admission), and the hit
-        blocks that leave the free queue when touched."""
+        blocks that leave the free queue when touched. (``prefill_end``: where the request's
+        prefill ends, for a state group's prefill checkpoint; 0: any chunk may take one.)"""
         required = pages(self.group, num_tokens)
         if apply_admission_cap and self.group.cap is not None:
             required = min(required, self.group.cap)
@@ -359,6 +361,7 @@ class KVCacheManager:
     ) -> None:
         self.max_model_len = max_model_len
         self.enable_caching = enable_caching
+        self.retention_interval = retention_interval
         context = SizingContext(max_model_len=max_model_len, max_num_batched_tokens=max_in_flight_tokens)
         #: the scheduler's block: a hit is a multiple of it (``_cache_hit_alignment_tokens``)
         check_align_states(plan, prefix_caching=enable_caching)
@@ -498,16 +501,17 @@ class KVCacheManager:
                 manager.req_to_blocks[r] = []
         hits = new_computed_blocks or [[] for _ in self.managers]
         computed = min(req.num_computed_tokens + num_new_computed_tokens, self.max_model_len)
+        prefill_end = self.prefill_end(req)
         if full_sequence_must_fit:
             whole = min(req.num_tokens, self.max_model_len)
-            if not self._fits(r, whole, hits, computed, apply_admission_cap=True):
+            if not self._fits(r, whole, hits, computed, prefill_end, apply_admission_cap=True):
                 return False
         if self.windowed:
             processed = max(0, computed - req.num_in_flight_tokens)
             for manager in self.managers:
                 manager.remove_skipped_blocks(r, processed)
         slots = min(computed + num_new_tokens, self.max_model_len)
-        if not self._fits(r, slots, hits, computed, apply_admission_cap=False):
+        if not self._fits(r, slots, hits, computed, prefill_end, apply_admission_cap=False):
             return False
         if num_new_computed_tokens:
             for manager, blocks in zip(self.managers, hits, strict=True):
@@ -518,14 +522,35 @@ class KVCacheManager:
             self.cache_blocks(req, min(computed + num_new_tokens, req.num_tokens))
         return True
 
+    def prefill_end(self, req: RequestState) -> int:
+        """Where ``req``'s prefill ends (``allocate_slots``' ``prefill_end``, the scheduler's), as
+        the managers are told it: it bounds a state group's prefill checkpoint to the chunk that
+        reaches it only under retention 0 (``KVCacheCoordinator.get_num_blocks_to_allocate``
+        passes 0 under any other interval: every chunk may export one)."""
+        if self.retention_interval != 0:
+            return 0
+        return max(req.request.prompt_tokens, req.num_tokens - 1)
+
     def _fits(
-        self, r: int, num_tokens: int, hits: list[Blocks], computed: int, *, apply_admission_cap: bool
+        self,
+        r: int,
+        num_tokens: int,
+        hits: list[Blocks],
+        computed: int,
+        prefill_end: int,
+        *,
+        apply_admission_cap: bool,
     ) -> bool:
         """Whether every pool has the block ids ``get_num_blocks_to_allocate`` asks of it."""
         need = [0] * len(self.block_pools)
         for manager, blocks in zip(self.managers, hits, strict=True):
             need[manager.group.pool] += manager.get_num_blocks_to_allocate(
-                r, num_tokens, blocks, computed, apply_admission_cap=apply_admission_cap
+                r,
+                num_tokens,
+                blocks,
+                computed,
+                apply_admission_cap=apply_admission_cap,
+                prefill_end=prefill_end,
             )
         return all(n <= pool.get_num_free_blocks() for n, pool in zip(need, self.block_pools, strict=True))
 

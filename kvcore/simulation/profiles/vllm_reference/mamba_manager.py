@@ -24,13 +24,36 @@ for):
   the state is written only when the step runs).
 - **Hits** (``MambaManager.find_longest_cache_hit``): from the right, the first cached block
   whose end lies on the scheduler's block; the hit is that one block, nulls before it.
+- **Prefill checkpoint blocks** (``num_prefill_checkpoint_blocks > 0`` with a
+  ``prefill_checkpoint_alignment``: Mamba-2 mixers, and Qwen's gated-delta-net layers where
+  FlashInfer runs their prefill). Such a layer can write, from inside one step, the state at a
+  block boundary the chunk passes, not only the state at the chunk's end. The boundary is the
+  last one strictly before the chunk's end (``get_mamba_prefill_checkpoint_position``: a token
+  is left over for the logits), and the chunk can export it
+  (``is_mamba_prefill_checkpoint_valid``) when it starts on a block boundary, the boundary lies
+  a whole block or more past its start, and the distance is a multiple of the alignment (no
+  alignment: never). ``get_num_blocks_to_allocate`` (through ``_needs_internal_checkpoint``)
+  then asks for one more block, for the boundary's position, when that position holds no block
+  yet, and notes the checkpoint (``_checkpoints``) for the allocation that follows (not at the
+  admission gate's count, which only counts it). Under retention 0 (vLLM's default) only the
+  chunk that reaches the end of the prefill may take one; under any other setting every chunk
+  may (the coordinator passes no ``prefill_end``). ``allocate_new_blocks`` then pads with nulls
+  up to the boundary's position only and takes two fresh blocks, the checkpoint's and the
+  running state's. The checkpoint's block is a full block, so it is hashed like any other
+  (``cache_blocks``; ``_cache_partial_tail_block`` finds it keyed already, the hash block being
+  the state block), hit from the right like any other, and freed once the processed tokens
+  pass it. The scheduler's side is ``_mamba_block_aligned_split``
+  (:mod:`~kvcore.simulation.profiles.vllm_reference.scheduler`): where every state group holds
+  checkpoint blocks, a chunk that reaches the end of the prefill and can export its checkpoint
+  (by the first state group's alignment) is no longer cut at the last block boundary before
+  the end, so the prompt ends in one step fewer.
 
-What is left out: speculative blocks (``num_speculative_blocks``), prefill checkpoint blocks
-(``num_prefill_checkpoint_blocks``), partial (sub-block) hash hits and their copy-on-write,
-sparse retention (``prefix_cache_retention_interval``) and KV connectors: the profile simulates
-none of them. The state block is the scheduler's block (vLLM's ``mamba_block_size`` in align
-mode is the attention block size), and the hash block must equal it
-(:func:`~kvcore.simulation.profiles.vllm_groups.check_align_states`).
+What is left out: speculative blocks (``num_speculative_blocks``), partial (sub-block) hash hits
+and their copy-on-write, sparse retention of states (``prefix_cache_retention_interval``; vLLM
+thins cached states and drops a checkpoint it would not retain, here every state stays cached)
+and KV connectors: the profile simulates none of them. The state block is the scheduler's block
+(vLLM's ``mamba_block_size`` in align mode is the attention block size), and the hash block must
+equal it (:func:`~kvcore.simulation.profiles.vllm_groups.check_align_states`).
 """
 
 from __future__ import annotations
@@ -38,6 +61,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 from typing import TYPE_CHECKING
 
+from kvcore.simulation.profiles.vllm_groups import checkpoint_position, checkpoint_valid
 from kvcore.simulation.profiles.vllm_reference.kv_cache_manager import HitRows, SingleTypeKVCacheManager
 from kvcore.spec import cdiv
 
@@ -58,6 +82,8 @@ class MambaManager(SingleTypeKVCacheManager):
         allocated: the requests that took a block for their running state
             (``_allocated_block_reqs``).
         cached_blocks_this_step: the hashes cached since the step began.
+        checkpoints: per request, the prefill checkpoint its next allocation takes: the
+            boundary and its position in the table (``_checkpoints``).
     """
 
     def __init__(self, index: int, group: ManagerGroup, block_pool: BlockPool, *, hash_block: int) -> None:
@@ -67,6 +93,7 @@ class MambaManager(SingleTypeKVCacheManager):
         self.num_retired_blocks: dict[int, int] = {}
         self.allocated: set[int] = set()
         self.cached_blocks_this_step: set[Hashable] = set()
+        self.checkpoints: dict[int, tuple[int, int]] = {}
 
     def new_step_starts(self) -> None:
         """``MambaManager.new_step_starts``: forget the hashes cached in the step before."""
@@ -77,6 +104,23 @@ class MambaManager(SingleTypeKVCacheManager):
         needed."""
         return num_computed_tokens - 1
 
+    def _needs_internal_checkpoint(
+        self, r: int, start: int, end: int, position: int, prefill_end: int
+    ) -> bool:
+        """``MambaManager._needs_internal_checkpoint``: whether the chunk of tokens ``start`` to
+        ``end`` exports the state at ``position`` from inside its step into a block of its own:
+        the group holds checkpoint blocks, the chunk reaches ``prefill_end``, it can export that
+        position (:func:`~kvcore.simulation.profiles.vllm_groups.checkpoint_valid`), and the
+        position's block is not held yet (no speculative blocks here)."""
+        index = cdiv(end, self.block_size) - 2
+        blocks = self.req_to_blocks.get(r, [])
+        return (
+            end >= prefill_end
+            and checkpoint_valid(start, end, position, self.hash_block, self.group.checkpoint_alignment)
+            and index >= 0
+            and (index >= len(blocks) or blocks[index] is None)
+        )
+
     def get_num_blocks_to_allocate(
         self,
         r: int,
@@ -85,19 +129,31 @@ class MambaManager(SingleTypeKVCacheManager):
         total_computed_tokens: int,
         *,
         apply_admission_cap: bool,
+        prefill_end: int = 0,
     ) -> int:
         """``MambaManager.get_num_blocks_to_allocate`` in align mode: one block at most for the
-        running state (when the slots reach past the table), and the hit block when it leaves
-        the free queue. A hit whose block was cached in this step asks for more than the pool
-        holds, so the request waits for the next step."""
+        running state (when the slots reach past the table), one more for a prefill checkpoint
+        the chunk exports (noted for :meth:`allocate_new_blocks` unless this is the admission
+        gate's count), and the hit block when it leaves the free queue. A hit whose block was
+        cached in this step asks for more than the pool holds, so the request waits for the
+        next step."""
         if new_computed_blocks:
             last = new_computed_blocks[-1]
             if last is not None and last.block_hash in self.cached_blocks_this_step:
                 return self.block_pool.num_ids + 1
         held = len(self.req_to_blocks.get(r, ()))
         new_blocks = cdiv(num_tokens, self.block_size) - len(new_computed_blocks) - held
+        position = checkpoint_position(num_tokens, self.alignment)
+        if not self._needs_internal_checkpoint(r, total_computed_tokens, num_tokens, position, prefill_end):
+            position = 0
+        checkpoint = int(position > 0)
+        if not apply_admission_cap:
+            if checkpoint:
+                self.checkpoints[r] = (position, cdiv(num_tokens, self.block_size) - 2)
+            else:
+                self.checkpoints.pop(r, None)
         if new_blocks > 0:
-            new_blocks = 1  # physical_block_cap: the running state's block
+            new_blocks = min(new_blocks, 1 + checkpoint)  # physical_block_cap
         evictable = sum(1 for block in new_computed_blocks if block is not None and block.ref_cnt == 0)
         return (new_blocks + evictable) * self.group.span
 
@@ -109,19 +165,23 @@ class MambaManager(SingleTypeKVCacheManager):
 
     def allocate_new_blocks(self, r: int, num_tokens: int) -> None:
         """``MambaManager.allocate_new_blocks`` in align mode: when ``num_tokens`` reach past the
-        table, nulls up to the new last position and one fresh block there; the position of the
+        table, or a prefill checkpoint was noted, nulls up to the new last position (the
+        checkpoint's position left out) and fresh blocks for the rest; the position of the
         block that held the running state so far is remembered."""
         blocks = self.req_to_blocks[r]
         required = cdiv(num_tokens, self.block_size)
-        if required <= len(blocks):
+        checkpoint = int(r in self.checkpoints)
+        if required <= len(blocks) and not checkpoint:
             self.allocated.add(r)
             return
         held = len(blocks)
         if r in self.allocated or held > 0:  # its running state, or the state a hit gave it
             self.last_state_block_idx[r] = held - 1
         if held < required - 1:
-            blocks.extend([None] * (required - 1 - held))
-        blocks.extend(self.block_pool.get_new_blocks(required - len(blocks), self.group.span))
+            blocks.extend([None] * (required - 1 - checkpoint - held))
+        new_blocks = max(required - len(blocks), 0)
+        assert new_blocks <= 1 + checkpoint, "the count asked for fewer blocks"
+        blocks.extend(self.block_pool.get_new_blocks(new_blocks, self.group.span))
         self.allocated.add(r)
 
     def remove_skipped_blocks(self, r: int, processed_computed_tokens: int) -> None:
@@ -167,6 +227,7 @@ class MambaManager(SingleTypeKVCacheManager):
         self.allocated.discard(r)
         self.last_state_block_idx.pop(r, None)
         self.num_retired_blocks.pop(r, None)
+        self.checkpoints.pop(r, None)
         super().free(r)
 
 

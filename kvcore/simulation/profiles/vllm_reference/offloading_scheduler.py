@@ -254,11 +254,13 @@ class OffloadingReferenceScheduler(VllmReferenceScheduler):
         total = min(local + external, self.max_model_len)
         if self.profile.reserve_full_isl:
             whole = min(req.num_tokens, self.max_model_len)
-            if not manager._fits(r, whole, hits, total, apply_admission_cap=True):
+            if not manager._fits(r, whole, hits, total, manager.prefill_end(req), apply_admission_cap=True):
                 return False
         reserved = sum(self._request_remaining_blocks(self.reqs[x]) for x in self._inflight_prefills)
         need = sum(
-            group.get_num_blocks_to_allocate(r, total, blocks, total, apply_admission_cap=False)
+            group.get_num_blocks_to_allocate(
+                r, total, blocks, total, apply_admission_cap=False, prefill_end=manager.prefill_end(req)
+            )
             for group, blocks in zip(manager.managers, hits, strict=True)
         )
         if need > manager.block_pools[0].get_num_free_blocks() - reserved:
@@ -276,7 +278,12 @@ class OffloadingReferenceScheduler(VllmReferenceScheduler):
         whole = min(req.num_tokens, self.max_model_len)
         return sum(
             group.get_num_blocks_to_allocate(
-                req.index, whole, [], req.num_computed_tokens, apply_admission_cap=True
+                req.index,
+                whole,
+                [],
+                req.num_computed_tokens,
+                apply_admission_cap=True,
+                prefill_end=self.kv_cache_manager.prefill_end(req),
             )
             for group in self.kv_cache_manager.managers
         )

@@ -22,7 +22,14 @@ from collections import deque
 from typing import TYPE_CHECKING, Any, Protocol
 
 from kvcore.errors import InvalidInputError
-from kvcore.simulation.profiles.vllm_groups import chunks_off_scheduler_block, usable_text, warn_unhit_chunks
+from kvcore.simulation.profiles.vllm_groups import (
+    checkpoint_position,
+    checkpoint_valid,
+    chunks_off_scheduler_block,
+    scheduler_checkpoint_alignment,
+    usable_text,
+    warn_unhit_chunks,
+)
 from kvcore.simulation.profiles.vllm_reference.kv_cache_manager import KVCacheManager
 from kvcore.simulation.profiles.vllm_reference.mamba_manager import MambaManager, find_mamba_hit
 from kvcore.simulation.profiles.vllm_reference.request import RequestState, RequestStatus
@@ -99,6 +106,8 @@ class VllmReferenceScheduler(StepperState):
             state_manager=(MambaManager, find_mamba_hit),
             retention_interval=profile.prefix_cache_retention_interval,
         )
+        #: the prefill checkpoint alignment the scheduler cuts chunks by (0: no checkpoint)
+        self._checkpoint_alignment = scheduler_checkpoint_alignment(plan)
         self._start(workload, step_time, profile.name)
         self.reqs = [RequestState(index, request) for index, request in enumerate(self.requests)]
         self._waiting: deque[int] = deque()
@@ -303,17 +312,23 @@ class VllmReferenceScheduler(StepperState):
         """``Scheduler._mamba_block_aligned_split``: with state groups in align mode, a prefill
         chunk is cut so that it ends where a state is kept: on a block boundary (unless it ends
         the prefill; a block larger than the chunk budget is crossed in several chunks), never
-        past the last block boundary before the request's last known token, and at the shared
-        prefix a lookup found beyond the hit (``shared_prefix_boundary``, floored to a block).
-        Returns the tokens left (0: none fit in the budget on a boundary)."""
+        past the last block boundary before the request's last known token (unless the chunk
+        ends the prefill and its state groups export that boundary's state from inside the
+        step: prefill checkpoint blocks, see :mod:`.mamba_manager`), and at the shared prefix a
+        lookup found beyond the hit (``shared_prefix_boundary``, floored to a block). Returns
+        the tokens left (0: none fit in the budget on a boundary)."""
         start = req.num_computed_tokens + hit
         prefill_end = max(req.request.prompt_tokens, req.num_tokens - 1)
         if start >= prefill_end:
             return new
         block = self.kv_cache_manager.state_block
         # the last boundary whose state can be cached: a hit stops one token short of the end
-        last_cache_position = (req.num_tokens - 1) // block * block
+        last_cache_position = checkpoint_position(req.num_tokens, block)
         end = start + new
+        if end >= prefill_end and checkpoint_valid(
+            start, end, checkpoint_position(prefill_end, block), block, self._checkpoint_alignment
+        ):
+            last_cache_position = 0  # the state groups export it from inside the step
         if end < prefill_end:
             most = self.budget
             if self.profile.long_prefill_token_threshold > 0:
