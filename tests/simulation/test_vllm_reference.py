@@ -439,6 +439,44 @@ def test_a_thinned_window_hits_a_shared_prefix_from_its_third_request(reference)
     assert sparse.cached_tokens == 128 and dense.cached_tokens == 2 * 128
 
 
+@pytest.mark.parametrize("interval", [0, 64])
+def test_thinned_windows_keep_every_speed_path_and_the_references_figures(interval):
+    """vLLM's sparse retention keeps every speed path on (lazy hashing counts as cached, when a
+    request's own blocks are freed, only those vLLM would have hashed) and the figures stay the
+    reference's: 40 requests, half of them of one shared prefix, the admission gate off on a pool
+    tight enough to preempt and evict, sync and async."""
+    shape = {"block_size": 16, "num_kv_heads": 1, "head_size": 8, "dtype": "float16"}
+    full = REGISTRY.spec_class("full_attention")(**shape)
+    sliding = REGISTRY.spec_class("sliding_window")(**shape, sliding_window=48)
+    plan = kst.PlanningProblem(  # Gemma-3's shape: two sliding layers to one full one
+        specs={f"model.layers.{i}": sliding if i % 3 else full for i in range(6)},
+        context=SizingContext(max_model_len=512, max_num_batched_tokens=128),
+        available_bytes=160 * 2**10,
+    ).plan("equal_groups", REGISTRY)
+    requests = tuple(
+        Request(
+            id=i,
+            prompt_tokens=120 + 37 * i % 200,
+            output_tokens=20 + 13 * i % 90,
+            arrival_step=3 * i,
+            prefix_id=0 if i % 2 else None,
+            prefix_tokens=96 if i % 2 else 0,
+        )
+        for i in range(40)
+    )
+    workload = Workload(requests, name="shared prefixes, tight")
+    for scheduling in (False, True):
+        profile = VllmProfile(
+            async_scheduling=scheduling, reserve_full_isl=False, prefix_cache_retention_interval=interval
+        )
+        stepper = VllmSimulator(plan, workload, profile, prefix_caching=True)
+        assert stepper.speed_paths == frozenset(SPEED_PATHS)
+        fast = _run(VllmSimulator, plan, workload, profile, True, False)
+        reference = _run(VllmReferenceScheduler, plan, workload, profile, True, False)
+        assert fast == reference
+        assert fast.preemptions and fast.cached_tokens  # the premise: it preempts and hits
+
+
 def test_a_retention_interval_vllm_refuses_is_refused():
     """A positive interval off the scheduler's block, or on a plan with no sliding window, is
     the one-line error vLLM's check gives, from the fast path and the reference alike."""
