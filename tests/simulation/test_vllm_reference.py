@@ -477,6 +477,47 @@ def test_thinned_windows_keep_every_speed_path_and_the_references_figures(interv
         assert fast.preemptions and fast.cached_tokens  # the premise: it preempts and hits
 
 
+def test_a_preempted_requests_unread_runs_still_queued_at_its_next_lookup(monkeypatch):
+    """A preempted request's runs left unread at a lookup (``unread_runs``: marked deferred) and
+    still in the free queue when it is looked up again (it was not admitted in between): the
+    second lookup leaves them unread too, and the figures stay the reference's. The case is the
+    one hypothesis found reaching it (one pool of 17 blocks of 4 tokens, full attention beside a
+    4-token window, the admission gate off)."""
+    shape = {"block_size": 4, "num_kv_heads": 1, "head_size": 8, "dtype": "float16"}
+    plan = kst.PlanningProblem(
+        specs={
+            "model.layers.0": REGISTRY.spec_class("full_attention")(**shape),
+            "model.layers.1": REGISTRY.spec_class("sliding_window")(**shape, sliding_window=4),
+        },
+        context=SizingContext(max_model_len=32, max_num_batched_tokens=8),
+        available_bytes=2268,
+    ).plan("unified_pool", REGISTRY)
+    assert plan.usable_blocks == 17
+    workload = Workload(
+        tuple(
+            Request(id=i, prompt_tokens=prompt, output_tokens=output)
+            for i, (prompt, output) in enumerate([(10, 9), (22, 6), (3, 6), (1, 3)])
+        ),
+        name="four at once",
+    )
+    profile = VllmProfile(
+        async_scheduling=False, reserve_full_isl=False, prefix_cache_retention_interval=None
+    )
+    unread_again = []  # lookups that found the runs a lookup before left unread, some still queued
+    leaves_unread = VllmSimulator._leaves_runs_unread
+
+    def spy(self, r):
+        pending = tuple(self._pending[r])
+        if self._unread.get(r) == pending and any(self._runs.get(key) is not None for key in pending):
+            unread_again.append(r)
+        return leaves_unread(self, r)
+
+    monkeypatch.setattr(VllmSimulator, "_leaves_runs_unread", spy)
+    fast = _run(VllmSimulator, plan, workload, profile, True, False)
+    assert unread_again  # the premise: the corner is reached
+    assert fast == _run(VllmReferenceScheduler, plan, workload, profile, True, False)
+
+
 def test_a_retention_interval_vllm_refuses_is_refused():
     """A positive interval off the scheduler's block, or on a plan with no sliding window, is
     the one-line error vLLM's check gives, from the fast path and the reference alike."""

@@ -33,7 +33,7 @@ class Run:
     preempted it may hit them when admitted again, so the run is then ``expanded`` into hashed
     blocks, each its own entry of ``members`` (in the same order), which a hit can take from
     the middle. A segment ``[groups, top, count]`` holds each group's positions in turn (vLLM
-    frees group by group). A run ``deferred`` (speed path ``lookup_from_runs``) is one a lookup
+    frees group by group). A run ``deferred`` (speed path ``unread_runs``) is one a lookup
     of its owner answered from its segments instead of expanding it: it stands for hashed
     blocks, so no later run joins it.
     """
@@ -46,4 +46,4 @@ class Run:
         self.segments: list[list[Any]] = []
         self.consumed = 0  # blocks evicted from the front
         self.members: OrderedDict[int, None] | None = None  # once expanded: the blocks left
-        self.deferred = False  # its owner's lookup read it unexpanded (lookup_from_runs)
+        self.deferred = False  # its owner's lookup read it unexpanded (unread_runs)
