@@ -151,18 +151,19 @@ class SharedRuns(KVCacheManager):
         lazy hashing counts it as cached (:meth:`_lazy_runs`), else back among the uncached."""
         group, c = self.groups[g], self._class_of[g]
         pool, span, ref, hash_of = self.pools[group.pool], group.span, self._ref, self._hash_of
-        kept = None  # a thinned window's: the positions lazy hashing counts as cached
-        if c in self._thinned_classes:
-            kept = {
-                j for start, end in self._lazy_runs(r, c, low, low + len(blocks)) for j in range(start, end)
-            }
+        thinned = c in self._thinned_classes
+        kept: set[int] | None = None  # a thinned window's: the positions lazy hashing counts as cached
         for index in indices:
             block: int = blocks[index]  # type: ignore[assignment]
             if block in hash_of:
                 ref[block] = 0
                 pool.cached_free[block] = span
                 pool.cached_span += span
-            elif kept is None or low + index in kept:
+                continue
+            if thinned and kept is None:  # worked out once a block is not hashed (seldom)
+                runs = self._lazy_runs(r, c, low, low + len(blocks))
+                kept = {j for start, end in runs for j in range(start, end)}
+            if kept is None or low + index in kept:
                 ref.pop(block, None)
                 self._queue_pending(r, (g,), low + index, 1)
             else:
