@@ -150,7 +150,12 @@ class LeanPaths(SharedRuns):
             self._remove_skipped(r, tables, processed)
         elif freeing:  # _remove_skipped's own case: each class's pages as runs, group by group
             for c, (skipped, low) in freeing.items():
-                for g in (self._classes[c][0],) if compact else self._classes[c][1]:
+                held = (self._classes[c][0],) if compact else self._classes[c][1]
+                if skipped == low + 1:  # the usual step: one page each
+                    for g in held:
+                        tables[g][low] = None
+                    continue
+                for g in held:
                     tables[g][low:skipped] = repeat(None, skipped - low)
             for c, members in self._window_segments:
                 if c in freeing:

@@ -97,6 +97,8 @@ class SharedRuns(KVCacheManager):
         c, low, mid, skipped = pages
         ref = self._ref
         if mid == skipped == low + 1:  # the usual step over a shared prefix: one shared page each
+            group, hash_of = self.groups[members[0]], self._hash_of  # (members: one pool and span)
+            pool, span = self.pools[group.pool], group.span
             for g in members:
                 table = tables[g]
                 block: int = table[low]  # type: ignore[assignment]
@@ -104,6 +106,10 @@ class SharedRuns(KVCacheManager):
                 held = ref.get(block, 1)  # no entry: one holder
                 if held > 1:
                     ref[block] = held - 1
+                elif block in hash_of:  # _queue_freed of a hashed block, inlined
+                    ref[block] = 0
+                    pool.cached_free[block] = span
+                    pool.cached_span += span
                 else:
                     self._queue_freed(r, g, [block], low, [0])
             return
