@@ -168,9 +168,7 @@ class KVCacheManager(PrefixCache):
         *,
         cap: bool,
     ) -> list[int]:
-        """``get_num_blocks_to_allocate`` summed over the groups: block ids per pool (with the speed
-        path ``evictable_bound``, less the hit blocks that lie in the free queue when the pools
-        hold the pages and every hit block besides: the count is then not needed)."""
+        """``get_num_blocks_to_allocate`` summed over the groups: block ids per pool."""
         groups = self.groups
         need = [0] * len(self.pools)
         for c, (g, _) in enumerate(self._classes):
@@ -191,39 +189,11 @@ class KVCacheManager(PrefixCache):
             # them: a request with hit blocks has no pages yet), so the second reads the first's
             known = self._evictable
             if known is None or known[0] is not hit_blocks or known[1] != computed:
-                if self._evictable_bound and self._fits_every_hit(tables, hit_blocks, computed, need):
-                    return need  # it fits (or fails) as with the count
                 counts = self._evictable_need(tables, hit_blocks, computed)
                 known = self._evictable = (hit_blocks, computed, counts)
             for p, ids in enumerate(known[2]):
                 need[p] += ids
         return need
-
-    def _fits_every_hit(
-        self,
-        tables: list[list[int | None]],
-        hit_blocks: list[list[int | None]],
-        computed: int,
-        need: list[int],
-    ) -> bool:
-        """Whether the pools' free blocks hold ``need`` and every hit block from each window's
-        first retained page on: then so they hold ``need`` and the hit blocks that lie in the
-        free queue (:meth:`_evictable_need`), whichever those are."""
-        groups = self.groups
-        most = list(need)
-        for c, (g, _) in enumerate(self._classes):
-            hits = len(hit_blocks[g])  # one length in a class
-            if not hits:
-                continue
-            group = groups[g]
-            skipped = 0
-            if group.windowed:
-                skipped = group.spec.first_retained_token(computed) // group.tokens_per_page
-            counted = hits - max(0, skipped - len(tables[g]))
-            if counted > 0:
-                for p, span in self._class_spans[c]:
-                    most[p] += counted * span
-        return all(n <= pool.free for n, pool in zip(most, self.pools, strict=True))
 
     def _evictable_need(
         self, tables: list[list[int | None]], hit_blocks: list[list[int | None]], computed: int

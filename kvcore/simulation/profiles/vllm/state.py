@@ -38,9 +38,6 @@ and every computed block is hashed as vLLM hashes it:
 - ``hit_memo``: a request that never ran and is longer than its shared prefix takes the hit
   the last such request of its prefix found, while no block of the prefix was cached anew or
   left the cache (its hit lies in the prefix; not with chunked local attention).
-- ``evictable_bound``: an allocation with hit blocks whose pools hold its new pages and every
-  hit block besides is not told how many of its hit blocks lie in the free queue (each leaves
-  it when taken, so vLLM counts them): it fits with any count.
 - ``unread_runs``: a preempted request's runs are not hashed at its lookup when some group of
   a hit type has none of its blocks left in them (evicted, as the runs queued first are when
   the preemption makes room): that type can hit nothing of its own content, so neither can the
@@ -100,7 +97,6 @@ SPEED_PATHS = (
     "shared_runs",
     "preempted_runs",
     "hit_memo",
-    "evictable_bound",
     "unread_runs",
 )
 
@@ -153,7 +149,6 @@ class VllmState(StepperState):
         self._lean_decode = "lean_decode" in self.speed_paths
         self._lean_finish = "lean_finish" in self.speed_paths
         self._gate_memo = "gate_memo" in self.speed_paths
-        self._evictable_bound = "evictable_bound" in self.speed_paths
         self.plan = plan
         self.profile = profile
         self.requests = workload.requests
