@@ -24,9 +24,11 @@ our words. Where this differs from vLLM 0.33:
   request too, where vLLM takes a shortcut (required less held): a running request's blocks
   cover its computed tokens, so the two agree. No speculative decoding, KV connector,
   copy-on-write of a partial hit (a hit is a multiple of every block size) or encoder blocks.
-- **Sparse retention** (``prefix_cache_retention_interval``, see :func:`reachable_block_mask`)
-  thins a sliding-window group's cached blocks as vLLM does; a state group's states are kept
-  densely whatever the setting (vLLM thins them too: not modelled).
+- **Sparse retention** (``prefix_cache_retention_interval``, see
+  :meth:`SingleTypeKVCacheManager.reachable_block_mask`) thins a sliding-window group's cached
+  blocks, and a state group's cached states
+  (:meth:`~kvcore.simulation.profiles.vllm_reference.mamba_manager.MambaManager.reachable_block_mask`),
+  as vLLM does.
 """
 
 from __future__ import annotations
