@@ -484,23 +484,54 @@ def test_thinned_states_hit_a_shared_prefix_from_its_third_request(reference):
 
 def test_a_retention_interval_vllm_refuses_is_refused():
     """A positive interval off the scheduler's block, or on a plan with no sliding window, is
-    the one-line error vLLM's check gives, from the fast path and the reference alike."""
+    the one-line error vLLM's check gives, from the fast path and the reference alike; without
+    prefix caching a state group's block is ``max_model_len`` (``mamba_cache_mode='none'``),
+    which the scheduler's block then counts."""
     shape = {"block_size": 16, "num_kv_heads": 1, "head_size": 8, "dtype": "float16"}
     full = {"model.layers.0": REGISTRY.spec_class("full_attention")(**shape)}
     hybrid = {**full, "model.layers.1": REGISTRY.spec_class("sliding_window")(**shape, sliding_window=32)}
+    state = REGISTRY.spec_class("state")(
+        block_size=16, parts=(StatePart(name="conv", shape=(4, 32), dtype="float16"),)
+    )
+    mamba = {**full, "model.layers.1": state}
     context = SizingContext(max_model_len=256, max_num_batched_tokens=64)
     workload = Workload((Request(id=0, prompt_tokens=10, output_tokens=4),), name="one")
-    for specs, policy, interval, message in (
-        (hybrid, "shared_buffer", 24, "retention_interval 24 is not a multiple of the scheduler's block (16"),
-        (full, "uniform", 32, "retention_interval 32: policy 'uniform' has no sliding-window or state group"),
+    for specs, policy, interval, caching, message in (
+        (
+            hybrid,
+            "shared_buffer",
+            24,
+            True,
+            "retention_interval 24 is not a multiple of the scheduler's block (16",
+        ),
+        (
+            full,
+            "uniform",
+            32,
+            True,
+            "retention_interval 32: policy 'uniform' has no sliding-window or state group",
+        ),
+        (
+            mamba,
+            "shared_buffer",
+            64,
+            False,
+            "retention_interval 64 is not a multiple of the scheduler's block (256",
+        ),
     ):
         plan = kst.PlanningProblem(specs=specs, context=context, available_bytes=64 * 2**10).plan(
             policy, REGISTRY
         )
         profile = VllmProfile(prefix_cache_retention_interval=interval)
         for stepper in (VllmSimulator, VllmReferenceScheduler):
-            error, text = _run(stepper, plan, workload, profile, True, False)
+            error, text = _run(stepper, plan, workload, profile, caching, False)
             assert error is InvalidInputError and message in text, text
+    # with prefix caching, the state block is the attention block: 64 is a multiple of it
+    plan = kst.PlanningProblem(specs=mamba, context=context, available_bytes=64 * 2**10).plan(
+        "shared_buffer", REGISTRY
+    )
+    profile = VllmProfile(prefix_cache_retention_interval=64)
+    assert not isinstance(_run(VllmSimulator, plan, workload, profile, True, False), tuple)
 
 
 def _checkpointed_plan(checkpoint_slots: int):

@@ -168,8 +168,10 @@ def draw_case(
     caching = drawn if caching is None else caching
     # vLLM's prefix_cache_retention_interval: its default 0 (a sliding window or a state layer
     # caches only where a later request can resume), dense, or a multiple of the scheduler's
-    # block (16) where a sliding window or a state layer can take one
-    retention = rng.choice([0, 0, None, 64 if "sliding" in shape or "state" in shape else 0])
+    # block (16) where a sliding window or a state layer can take one (without prefix caching, a
+    # state layer's block is max_model_len, which vLLM's check then counts: 0 there)
+    thinned = "sliding" in shape or "state" in shape
+    retention = rng.choice([0, 0, None, 64 if thinned and (caching or "state" not in shape) else 0])
     return plan, workload, attrs.evolve(profile, prefix_cache_retention_interval=retention), caching, batch
 
 

@@ -18,6 +18,9 @@ tokens and its hashes name positions as an attention group's do. What differs is
 - ``remove_skipped_blocks``: the blocks before the last processed token's freed, and the block
   that held the running state before the latest one, group by group with the windows';
 - the hashes cached while a step is scheduled (``cached_blocks_this_step``);
+- sparse retention (``MambaManager.reachable_block_mask``, vLLM's
+  ``prefix_cache_retention_interval``): a state block is hashed only where a later request can
+  resume (:meth:`AlignStates._kept_states`), the others never;
 - ``Scheduler._mamba_block_aligned_split``: chunks cut to block boundaries, the prompt's last
   chunk not at its last boundary where the state groups export it as a prefill checkpoint (the
   scheduler calls :meth:`AlignStates._aligned_split`).
@@ -45,6 +48,7 @@ from kvcore.simulation.profiles.vllm_groups import (
     chunks_off_scheduler_block,
     is_state,
     manager_group,
+    retention_alignment,
     scheduler_block,
     scheduler_checkpoint_alignment,
 )
@@ -97,7 +101,13 @@ class AlignStates(SparseRetention):
             speed_paths=speed_paths,
         )
         check_align_states(plan, prefix_caching=prefix_caching)
-        check_retention_interval(plan, profile.prefix_cache_retention_interval, self._align)
+        check_retention_interval(
+            plan,
+            profile.prefix_cache_retention_interval,
+            retention_alignment(
+                plan, self._align, max_model_len=self.max_model_len, prefix_caching=prefix_caching
+            ),
+        )
         #: per (request, state group): its retired positions (``_num_retired_blocks``) and the
         #: position of the block that held its running state before the latest
         #: (``last_state_block_idx``; -1: none)

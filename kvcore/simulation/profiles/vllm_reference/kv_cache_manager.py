@@ -46,6 +46,7 @@ from kvcore.simulation.profiles.vllm_groups import (
     is_state,
     manager_group,
     pages,
+    retention_alignment,
     scheduler_block,
 )
 from kvcore.simulation.profiles.vllm_reference.block_pool import BlockPool, KVCacheBlock
@@ -370,7 +371,13 @@ class KVCacheManager:
         #: with prefix caching, the state groups' block (align mode, see :mod:`.mamba_manager`); 0: none
         self.state_block = align_state_block(plan) if enable_caching else 0
         self.alignment = math.lcm(scheduler_block(plan), self.state_block or 1)
-        check_retention_interval(plan, retention_interval, self.alignment)
+        check_retention_interval(
+            plan,
+            retention_interval,
+            retention_alignment(
+                plan, self.alignment, max_model_len=max_model_len, prefix_caching=enable_caching
+            ),
+        )
         unhit = chunks_off_scheduler_block(plan)
         groups = [
             manager_group(
