@@ -74,8 +74,9 @@ def add_scheduler_options(parser: argparse.ArgumentParser) -> None:
         type=retention_interval,
         metavar="N|dense",
         help="vLLM's prefix_cache_retention_interval: with prefix caching, which blocks of a sliding "
-        "window are cached: 0 (vLLM's default) only where a later request can resume, N (a multiple "
-        "of the scheduler's block) those and a window's worth before every N tokens, dense all",
+        "window and which Mamba states are cached: 0 (vLLM's default) only where a later request can "
+        "resume, N (a multiple of the scheduler's block) those and a window's worth (a state) before "
+        "every N tokens, dense all",
     )
 
 

@@ -278,7 +278,8 @@ def _fast_path_equals_reference(data, plan, profile, caching, timed, paths):
     event(f"hits: {fast.cached_tokens > 0}")
     event(f"kinds: {sorted({type(g.spec).kind for g in plan.groups})}")
     if caching and any(type(g.spec).kind == "state" for g in plan.groups):
-        event(f"state groups, caching on: hits {fast.cached_tokens > 0}")
+        retention = profile.prefix_cache_retention_interval
+        event(f"state groups, caching on, retention {retention}: hits {fast.cached_tokens > 0}")
     for field in attrs.fields(type(fast)):
         assert getattr(fast, field.name) == getattr(reference, field.name), field.name
 
@@ -520,23 +521,54 @@ def test_a_preempted_requests_unread_runs_still_queued_at_its_next_lookup(monkey
 
 def test_a_retention_interval_vllm_refuses_is_refused():
     """A positive interval off the scheduler's block, or on a plan with no sliding window, is
-    the one-line error vLLM's check gives, from the fast path and the reference alike."""
+    the one-line error vLLM's check gives, from the fast path and the reference alike; without
+    prefix caching a state group's block is ``max_model_len`` (``mamba_cache_mode='none'``),
+    which the scheduler's block then counts."""
     shape = {"block_size": 16, "num_kv_heads": 1, "head_size": 8, "dtype": "float16"}
     full = {"model.layers.0": REGISTRY.spec_class("full_attention")(**shape)}
     hybrid = {**full, "model.layers.1": REGISTRY.spec_class("sliding_window")(**shape, sliding_window=32)}
+    state = REGISTRY.spec_class("state")(
+        block_size=16, parts=(StatePart(name="conv", shape=(4, 32), dtype="float16"),)
+    )
+    mamba = {**full, "model.layers.1": state}
     context = SizingContext(max_model_len=256, max_num_batched_tokens=64)
     workload = Workload((Request(id=0, prompt_tokens=10, output_tokens=4),), name="one")
-    for specs, policy, interval, message in (
-        (hybrid, "shared_buffer", 24, "retention_interval 24 is not a multiple of the scheduler's block (16"),
-        (full, "uniform", 32, "retention_interval 32: policy 'uniform' has no sliding-window or state group"),
+    for specs, policy, interval, caching, message in (
+        (
+            hybrid,
+            "shared_buffer",
+            24,
+            True,
+            "retention_interval 24 is not a multiple of the scheduler's block (16",
+        ),
+        (
+            full,
+            "uniform",
+            32,
+            True,
+            "retention_interval 32: policy 'uniform' has no sliding-window or state group",
+        ),
+        (
+            mamba,
+            "shared_buffer",
+            64,
+            False,
+            "retention_interval 64 is not a multiple of the scheduler's block (256",
+        ),
     ):
         plan = kst.PlanningProblem(specs=specs, context=context, available_bytes=64 * 2**10).plan(
             policy, REGISTRY
         )
         profile = VllmProfile(prefix_cache_retention_interval=interval)
         for stepper in (VllmSimulator, VllmReferenceScheduler):
-            error, text = _run(stepper, plan, workload, profile, True, False)
+            error, text = _run(stepper, plan, workload, profile, caching, False)
             assert error is InvalidInputError and message in text, text
+    # with prefix caching, the state block is the attention block: 64 is a multiple of it
+    plan = kst.PlanningProblem(specs=mamba, context=context, available_bytes=64 * 2**10).plan(
+        "shared_buffer", REGISTRY
+    )
+    profile = VllmProfile(prefix_cache_retention_interval=64)
+    assert not isinstance(_run(VllmSimulator, plan, workload, profile, True, False), tuple)
 
 
 def _checkpointed_plan(checkpoint_slots: int):
@@ -588,3 +620,45 @@ def test_a_prefill_checkpoint_ends_the_prompt_in_one_step_and_is_hit(reference, 
     # (a state at 96 only, the chunk's end)
     assert with_checkpoints.pool_usage[0] == pytest.approx((7 * attention + 2 * state) / plan.usable_blocks)
     assert without.pool_usage[0] == pytest.approx((6 * attention + state) / plan.usable_blocks)
+
+
+@pytest.mark.parametrize("reference", [False, True])
+def test_thinned_states_hit_a_shared_prefix_from_its_third_request(reference):
+    """A state (Mamba) group under sparse retention (``MambaManager.reachable_block_mask``):
+    prompts of 200 tokens leading with one 128-token prefix, chunks of 64, so each request
+    holds a state at tokens 64, 128 and 192. Under vLLM's default (0), the first keeps only
+    the state before its own prompt's end (192); the second finds the prefix in full attention
+    only (no hit) and keeps the state at that junction; the third hits the
+    prefix. Dense retention (``None``), or an interval whose segments end at 128 (32, 64), lets
+    the second hit it already; one whose segments do not (96) is as 0."""
+    shape = {"block_size": 16, "num_kv_heads": 1, "head_size": 8, "dtype": "float16"}
+    state = REGISTRY.spec_class("state")(
+        block_size=16, parts=(StatePart(name="conv", shape=(4, 32), dtype="float16"),)
+    )
+    plan = kst.PlanningProblem(
+        specs={"model.layers.0": REGISTRY.spec_class("full_attention")(**shape), "model.layers.1": state},
+        context=SizingContext(max_model_len=512, max_num_batched_tokens=64),
+        available_bytes=512 * 2**10,
+    ).plan("shared_buffer", REGISTRY)
+    workload = Workload(
+        tuple(
+            Request(
+                id=i,
+                prompt_tokens=200 + i,
+                output_tokens=4,
+                arrival_step=20 * i,
+                prefix_id=0,
+                prefix_tokens=128,
+            )
+            for i in range(3)
+        ),
+        name="three in turn",
+    )
+    stepper = VllmReferenceScheduler if reference else VllmSimulator
+    cached = {
+        interval: _run(
+            stepper, plan, workload, VllmProfile(prefix_cache_retention_interval=interval), True, False
+        ).cached_tokens
+        for interval in (0, None, 32, 64, 96)
+    }
+    assert cached == {0: 128, None: 2 * 128, 32: 2 * 128, 64: 2 * 128, 96: 128}

@@ -101,6 +101,19 @@ def check_align_states(plan: KVCachePlan, *, prefix_caching: bool) -> None:
         )
 
 
+def retention_alignment(
+    plan: KVCachePlan, alignment: int, *, max_model_len: int, prefix_caching: bool
+) -> int:
+    """The scheduler's block vLLM checks a retention interval against: ``alignment`` (the hits'
+    block), or, without prefix caching on a plan with state groups, its least common multiple
+    with ``max_model_len``, a state block's tokens in ``mamba_cache_mode='none'``
+    (``resolve_kv_cache_block_sizes``, ``vllm/v1/core/kv_cache_utils.py``, takes every group's
+    block; kvcore's :mod:`~kvcore.integrations.vllm.convert` gives vLLM that block)."""
+    if prefix_caching or not any(is_state(group.spec) for group in plan.groups):
+        return alignment
+    return math.lcm(alignment, max_model_len)
+
+
 def check_retention_interval(plan: KVCachePlan, interval: int | None, alignment: int) -> None:
     """Refuse a ``prefix_cache_retention_interval`` vLLM refuses (``KVCacheCoordinator``'s
     ``_validate_prefix_cache_retention_interval``, ``vllm/v1/core/kv_cache_coordinator.py``,
@@ -125,7 +138,7 @@ def check_retention_interval(plan: KVCachePlan, interval: int | None, alignment:
         raise InvalidInputError(
             f"prefix_cache_retention_interval {interval} is not a multiple of the scheduler's block "
             f"({alignment} tokens for policy {plan.policy!r}), where every prefix hit ends; "
-            f"use {max(alignment, interval // alignment * alignment)}"
+            f"use {max(alignment, interval // alignment * alignment)} or 0"
         )
 
 

@@ -11,7 +11,7 @@ one of two shared prefixes; vLLM's settings are drawn too: sync or async schedul
 caching off or on, the admission gate (``scheduler_reserve_full_isl``) on or off,
 ``max_num_seqs`` of 2, 8 or 128 (2 binds), ``long_prefill_token_threshold`` 0 or 32, 128 or 256
 tokens a step, ``prefix_cache_retention_interval`` 0 (vLLM's default), ``None`` (dense) or 64 (with
-sliding windows; ``None`` with state layers, whose sparse states the profile does not model).
+sliding windows or state layers, which it thins).
 With prefix caching, vLLM runs the state layers in ``mamba_cache_mode='align'``
 (chunks cut to block boundaries, states kept and hit per block), else in ``'none'``. Every
 figure must agree: steps, running requests and pool usage at every step,
@@ -166,13 +166,12 @@ def draw_case(
     )
     drawn = rng.random() < 0.6
     caching = drawn if caching is None else caching
-    # vLLM's prefix_cache_retention_interval: its default 0 (a sliding window caches only where a
-    # later request can resume), dense, or a multiple of the scheduler's block (16) where a
-    # sliding window can take one; state layers keep it dense (vLLM thins their states too, which
-    # the profile does not model)
-    retention = rng.choice([0, 0, None, 64 if "sliding" in shape else 0])
-    if "state" in shape:
-        retention = None
+    # vLLM's prefix_cache_retention_interval: its default 0 (a sliding window or a state layer
+    # caches only where a later request can resume), dense, or a multiple of the scheduler's
+    # block (16) where a sliding window or a state layer can take one (without prefix caching, a
+    # state layer's block is max_model_len, which vLLM's check then counts: 0 there)
+    thinned = "sliding" in shape or "state" in shape
+    retention = rng.choice([0, 0, None, 64 if thinned and (caching or "state" not in shape) else 0])
     return plan, workload, attrs.evolve(profile, prefix_cache_retention_interval=retention), caching, batch
 
 
@@ -227,7 +226,7 @@ def _checkpoint_alignment(seed: int) -> int:
 @pytest.mark.parametrize("seed", range(30))
 def test_prefill_checkpoints_of_mamba2_like_states_are_vllms_on_random_cases(seed):
     """Mamba-2-like and GDN-like state layers (vLLM 0.33's ``num_prefill_checkpoint_blocks=1``)
-    beside attention, prefix caching on (``mamba_cache_mode='align'``, dense retention): the
+    beside attention, prefix caching on (``mamba_cache_mode='align'``, the seed's retention): the
     prompt's last chunk exports its last block boundary's state into a block of its own instead
     of stopping there. Every figure as vLLM's, from the fast path and the reference."""
     if why := align_mode_differs():
@@ -290,6 +289,46 @@ def test_sliding_windows_retain_sparsely_and_that_moves_the_figures():
         )
         moved += (sparse.cached_tokens, sparse.steps) != (dense.cached_tokens, dense.steps)
     assert moved >= 3, moved
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_state_layers_retain_their_states_as_vllm_does_on_random_cases(seed):
+    """State layers (beside full attention or sliding windows) under prefix caching, with no
+    prefill checkpoint blocks: vLLM's sparse retention (``prefix_cache_retention_interval`` 0 by
+    default, or 64) hashes only the states a later request can resume at
+    (``MambaManager.reachable_block_mask``), dense retention (``None``) every state a chunk
+    leaves. Every figure as vLLM's, from the fast path and the reference."""
+    if why := align_mode_differs():
+        pytest.skip(why)
+    case = draw_case(seed, STATE_SHAPES, caching=True)
+    if case is None:
+        pytest.skip(f"seed {seed}: plan_for_vllm refuses the drawn model and budget")
+    _assert_both_paths_are_vllms(case, f"seed {seed} (state retention)")
+
+
+def test_state_layers_retain_sparsely_and_that_moves_the_figures():
+    """The state cases above (with and without prefill checkpoints) include sparse retention
+    that changes what a dense cache would give (else the comparison would not tell the two
+    apart)."""
+    moved = 0
+    for seed in range(30):
+        for alignment in (None, _checkpoint_alignment(seed)):
+            case = draw_case(seed, STATE_SHAPES, caching=True, checkpoint_alignment=alignment)
+            if case is None or case[2].prefix_cache_retention_interval is None:
+                continue
+            plan, workload, profile, _, batch = case
+            sparse, dense = (
+                simulate(
+                    plan,
+                    workload,
+                    scheduler=attrs.evolve(profile, prefix_cache_retention_interval=retention),
+                    prefix_caching=True,
+                    max_num_batched_tokens=batch,
+                )
+                for retention in (profile.prefix_cache_retention_interval, None)
+            )
+            moved += (sparse.cached_tokens, sparse.steps) != (dense.cached_tokens, dense.steps)
+    assert moved >= 5, moved
 
 
 def test_the_random_cases_preempt_hit_and_bind():

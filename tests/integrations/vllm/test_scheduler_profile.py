@@ -112,32 +112,40 @@ def test_readmitted_long_prompts_hit_chunked_local_groups_from_their_chunk_as_vl
     assert (ours.cached_tokens, ours.mean_queue_delay) == (theirs.cached_tokens, theirs.mean_queue_delay)
 
 
+@pytest.mark.parametrize("retention", [0, None])
 @pytest.mark.parametrize("mode", ["sync", "async"])
-def test_a_jamba_plan_hits_its_mamba_states_as_vllm_does(mode):
+def test_a_jamba_plan_hits_its_mamba_states_as_vllm_does(mode, retention):
     """Jamba 1.5 Mini (Mamba layers beside attention) on chat traffic with shared system prompts,
     prefix caching on: vLLM runs its Mamba layers in ``mamba_cache_mode='align'``, caching a state
-    per block boundary, and a request hits a shared prompt's state. The profile finds the same
-    hits (cached tokens > 0) and every other figure as vLLM's."""
+    per block boundary (every one under dense retention, ``None``; under its default, 0, only
+    one token before a prompt's end and at a shared prefix's junction), and a request hits a
+    shared prompt's state. The fast path and the reference find the same hits (cached tokens >
+    0) and every other figure as vLLM's."""
     if why := align_mode_differs():
         pytest.skip(why)
     asynchronous = mode == "async"
     plan = vllm_plan("ai21labs/AI21-Jamba-1.5-Mini", GIB, 4096, asynchronous=asynchronous, registry=REGISTRY)
     requests = workload("chat-system-prompts", 40)
-    # dense retention: vLLM thins cached Mamba states under its default interval (0), which the
-    # profile does not model (it keeps them densely)
-    profile = VllmProfile(async_scheduling=asynchronous, prefix_cache_retention_interval=None)
-    ours = simulate(plan, requests, scheduler=profile, prefix_caching=True, max_num_batched_tokens=BATCH)
+    profile = VllmProfile(async_scheduling=asynchronous, prefix_cache_retention_interval=retention)
     theirs = run_vllm_scheduler(plan, requests, profile, max_num_batched_tokens=BATCH, prefix_caching=True)
-    assert ours.cached_tokens > 0  # the case's premise: the Mamba states hit
-    assert (ours.steps, ours.running, ours.preemptions, ours.total_tokens, ours.recomputed_tokens) == (
-        theirs.steps,
-        theirs.running,
-        theirs.preemptions,
-        theirs.total_tokens,
-        theirs.recomputed_tokens,
-    )
-    assert ours.pool_usage == pytest.approx(theirs.pool_usage, abs=1e-12)
-    assert (ours.cached_tokens, ours.mean_queue_delay) == (theirs.cached_tokens, theirs.mean_queue_delay)
+    for reference in (False, True):
+        ours = simulate(
+            plan,
+            requests,
+            scheduler=attrs.evolve(profile, reference=reference),
+            prefix_caching=True,
+            max_num_batched_tokens=BATCH,
+        )
+        assert ours.cached_tokens > 0  # the case's premise: the Mamba states hit
+        assert (ours.steps, ours.running, ours.preemptions, ours.total_tokens, ours.recomputed_tokens) == (
+            theirs.steps,
+            theirs.running,
+            theirs.preemptions,
+            theirs.total_tokens,
+            theirs.recomputed_tokens,
+        )
+        assert ours.pool_usage == pytest.approx(theirs.pool_usage, abs=1e-12)
+        assert (ours.cached_tokens, ours.mean_queue_delay) == (theirs.cached_tokens, theirs.mean_queue_delay)
 
 
 def test_the_profiles_retention_default_is_the_installed_vllms():
@@ -153,13 +161,16 @@ def test_the_profiles_retention_default_is_the_installed_vllms():
     assert installed == VllmProfile().prefix_cache_retention_interval
 
 
+@pytest.mark.parametrize("retention", [0, None])
 @pytest.mark.parametrize("mode", ["sync", "async"])
-def test_a_nemotron_h_like_plan_takes_its_prefill_checkpoints_as_vllm_does(mode):
+def test_a_nemotron_h_like_plan_takes_its_prefill_checkpoints_as_vllm_does(mode, retention):
     """A Nemotron-H-like hybrid (Mamba-2 layers beside attention, ``tests/configs``) on chat
     traffic with shared system prompts, prefix caching on: vLLM 0.33 gives each Mamba-2 layer one
     prefill checkpoint block (``MambaMixer2.get_kv_cache_spec``), so a prompt's last chunk writes
-    its last block boundary's state into a block of its own rather than stopping there. The fast
-    path and the reference give every figure vLLM's scheduler gives, hits included."""
+    its last block boundary's state into a block of its own rather than stopping there, under
+    vLLM's default retention (0: states kept only where a later request can resume) and dense
+    retention (``None``). The fast path and the reference give every figure vLLM's scheduler
+    gives, hits included."""
     if why := align_mode_differs():
         pytest.skip(why)
     asynchronous = mode == "async"
@@ -170,9 +181,7 @@ def test_a_nemotron_h_like_plan_takes_its_prefill_checkpoints_as_vllm_does(mode)
     rules = VllmRules(max_model_len=4096, max_num_batched_tokens=BATCH, async_scheduling=asynchronous)
     plan = plan_for_vllm(rules.request(specs, 8 * GIB), rules, registry=REGISTRY)
     requests = workload("chat-system-prompts", 40)
-    # dense retention: vLLM thins cached Mamba states under its default interval (0), which the
-    # profile does not model (it keeps them densely)
-    profile = VllmProfile(async_scheduling=asynchronous, prefix_cache_retention_interval=None)
+    profile = VllmProfile(async_scheduling=asynchronous, prefix_cache_retention_interval=retention)
     theirs = run_vllm_scheduler(plan, requests, profile, max_num_batched_tokens=BATCH, prefix_caching=True)
     for reference in (False, True):
         ours = simulate(

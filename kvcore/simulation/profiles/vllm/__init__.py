@@ -86,7 +86,8 @@ How it is laid out (a package of modules, each a layer of :class:`VllmSimulator`
   (vLLM's ``prefix_cache_retention_interval``): which of a window's blocks are hashed, and which
   of a request's own blocks lazy hashing counts as cached when they are freed;
 - :mod:`~kvcore.simulation.profiles.vllm.state_groups`: state groups under prefix caching (vLLM's
-  ``mamba_cache_mode='align'``), for which the speed paths step aside;
+  ``mamba_cache_mode='align'``, their cached states thinned by the retention interval), for which
+  the speed paths step aside;
 - :mod:`~kvcore.simulation.profiles.vllm.scheduler`: the step itself (``Scheduler.schedule``,
   ``update_from_output``, preemption): :class:`VllmSimulator`.
 

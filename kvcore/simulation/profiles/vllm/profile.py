@@ -41,12 +41,13 @@ class VllmProfile(BuiltInProfile):
             tokens one request computes in a step while another request is eligible.
         prefix_cache_retention_interval: vLLM's ``prefix_cache_retention_interval`` (0 by
             default, :data:`VLLM_PREFIX_CACHE_RETENTION_INTERVAL`): with prefix caching, which
-            of a sliding-window group's blocks are cached. 0: only those a later request can
-            resume at (one token before the prompt's end, a shared prefix's junction); a
-            multiple of the scheduler's block: those too and a window's worth before each
-            multiple of it; ``None``: a window's worth before each scheduler block (every block
-            when the block is the scheduler's). vLLM thins a state group's cached states too;
-            here they are kept densely whatever the setting.
+            of a sliding-window group's blocks, and which of a state group's cached states, are
+            cached. 0: only those a later request can resume at (one token before the prompt's
+            end, a shared prefix's junction); a multiple of the scheduler's block: those too
+            and a window's worth (a state group: the one state) before each multiple of it;
+            ``None``: a window's worth before each scheduler block (every block when the block
+            is the scheduler's), every state a chunk leaves. Under 0 a state group's prefill
+            checkpoint is taken and kept only by the chunk that ends the prompt.
         reference: replay with the plain reference
             (:mod:`kvcore.simulation.profiles.vllm_reference`: vLLM's methods one by one, no
             speed path) instead of the fast :class:`VllmSimulator`; the figures are the same,

@@ -9,9 +9,10 @@ blocks of each segment (the scheduler's block with the interval ``None``, the in
 is positive, none with 0: vLLM's default), and, unless the interval is ``None``, the ``need``
 blocks before each boundary a later request can resume at (one token before the prompt's end,
 and the request's shared-prefix junction), floored to the scheduler's block. A block left out
-stays unhashed for good. Full attention, chunked local attention and state groups hash every
-block (vLLM thins a state group's states too: not modelled, see
-:class:`~kvcore.simulation.profiles.vllm.profile.VllmProfile`).
+stays unhashed for good. Full attention and chunked local attention hash every block. State
+groups (vLLM's ``MambaManager.reachable_block_mask``) are thinned by the same setting, one
+state a hit rather than a run, in
+:class:`~kvcore.simulation.profiles.vllm.state_groups.AlignStates` (no lazy hashing there).
 
 Every speed path stays on. Lazy hashing hashes a request's own blocks when they are freed, not
 when computed, and so the paths on it count as cached, when freed, only the positions vLLM

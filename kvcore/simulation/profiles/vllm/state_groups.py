@@ -18,6 +18,9 @@ tokens and its hashes name positions as an attention group's do. What differs is
 - ``remove_skipped_blocks``: the blocks before the last processed token's freed, and the block
   that held the running state before the latest one, group by group with the windows';
 - the hashes cached while a step is scheduled (``cached_blocks_this_step``);
+- sparse retention (``MambaManager.reachable_block_mask``, vLLM's
+  ``prefix_cache_retention_interval``): a state block is hashed only where a later request can
+  resume (:meth:`AlignStates._kept_states`), the others never;
 - ``Scheduler._mamba_block_aligned_split``: chunks cut to block boundaries, the prompt's last
   chunk not at its last boundary where the state groups export it as a prefill checkpoint (the
   scheduler calls :meth:`AlignStates._aligned_split`).
@@ -45,6 +48,7 @@ from kvcore.simulation.profiles.vllm_groups import (
     chunks_off_scheduler_block,
     is_state,
     manager_group,
+    retention_alignment,
     scheduler_block,
     scheduler_checkpoint_alignment,
 )
@@ -97,7 +101,13 @@ class AlignStates(SparseRetention):
             speed_paths=speed_paths,
         )
         check_align_states(plan, prefix_caching=prefix_caching)
-        check_retention_interval(plan, profile.prefix_cache_retention_interval, self._align)
+        check_retention_interval(
+            plan,
+            profile.prefix_cache_retention_interval,
+            retention_alignment(
+                plan, self._align, max_model_len=self.max_model_len, prefix_caching=prefix_caching
+            ),
+        )
         #: per (request, state group): its retired positions (``_num_retired_blocks``) and the
         #: position of the block that held its running state before the latest
         #: (``last_state_block_idx``; -1: none)
@@ -378,6 +388,36 @@ class AlignStates(SparseRetention):
                     block = table[j]
                     if block is not None and block in self._hash_of:
                         self._cached_this_step.add(self._hash_of[block])
+
+    def _hash_blocks(self, r: int, g: int, start: int, end: int) -> None:
+        """Hash table positions ``start`` to ``end`` of request ``r``'s group ``g``; a state
+        group's only where vLLM's sparse retention keeps a state (:meth:`_kept_states`), the
+        others passed over for good."""
+        if not self.groups[g].state_block or self.profile.prefix_cache_retention_interval is None:
+            super()._hash_blocks(r, g, start, end)
+            return
+        for j in self._kept_states(r, self.groups[g].tokens_per_page, start, end):
+            super()._hash_blocks(r, g, j, j + 1)
+
+    def _kept_states(self, r: int, per_page: int, start: int, end: int) -> list[int] | range:
+        """``MambaManager.reachable_block_mask`` (see the reference's): the positions from
+        ``start`` to ``end`` of request ``r``'s state group that vLLM hashes under a set
+        retention interval, in order: the last of every interval-sized segment (every one when
+        the interval is a block or less; none with 0), and the one ending at each reachable
+        boundary (one token before the prompt's end, the junction its last lookup set), floored
+        to the scheduler's block."""
+        interval = self.profile.prefix_cache_retention_interval or 0
+        per_segment = interval // per_page
+        if interval and per_segment <= 1:
+            return range(start, end)
+        kept: set[int] = set()
+        if interval:
+            kept.update(range(start + (-start - 1) % per_segment, end, per_segment))
+        for boundary in (self.requests[r].prompt_tokens - 1, self._junction[r]):
+            last = boundary // self._align * self._align // per_page - 1
+            if start <= last < end:
+                kept.add(last)
+        return sorted(kept)
 
     def _free(self, r: int, *, live: bool) -> None:
         """``free``, forgetting the request's align state (``pop_blocks_for_free``)."""

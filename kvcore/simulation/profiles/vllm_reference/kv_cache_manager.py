@@ -24,9 +24,11 @@ our words. Where this differs from vLLM 0.33:
   request too, where vLLM takes a shortcut (required less held): a running request's blocks
   cover its computed tokens, so the two agree. No speculative decoding, KV connector,
   copy-on-write of a partial hit (a hit is a multiple of every block size) or encoder blocks.
-- **Sparse retention** (``prefix_cache_retention_interval``, see :func:`reachable_block_mask`)
-  thins a sliding-window group's cached blocks as vLLM does; a state group's states are kept
-  densely whatever the setting (vLLM thins them too: not modelled).
+- **Sparse retention** (``prefix_cache_retention_interval``, see
+  :meth:`SingleTypeKVCacheManager.reachable_block_mask`) thins a sliding-window group's cached
+  blocks, and a state group's cached states
+  (:meth:`~kvcore.simulation.profiles.vllm_reference.mamba_manager.MambaManager.reachable_block_mask`),
+  as vLLM does.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from kvcore.simulation.profiles.vllm_groups import (
     is_state,
     manager_group,
     pages,
+    retention_alignment,
     scheduler_block,
 )
 from kvcore.simulation.profiles.vllm_reference.block_pool import BlockPool, KVCacheBlock
@@ -368,7 +371,13 @@ class KVCacheManager:
         #: with prefix caching, the state groups' block (align mode, see :mod:`.mamba_manager`); 0: none
         self.state_block = align_state_block(plan) if enable_caching else 0
         self.alignment = math.lcm(scheduler_block(plan), self.state_block or 1)
-        check_retention_interval(plan, retention_interval, self.alignment)
+        check_retention_interval(
+            plan,
+            retention_interval,
+            retention_alignment(
+                plan, self.alignment, max_model_len=max_model_len, prefix_caching=enable_caching
+            ),
+        )
         unhit = chunks_off_scheduler_block(plan)
         groups = [
             manager_group(

@@ -22,6 +22,18 @@ for):
   are remembered (``cached_blocks_this_step``) and a request whose hit ends on one of them is not
   admitted in that step (``get_num_blocks_to_allocate`` asks for more blocks than the pool has:
   the state is written only when the step runs).
+- **Sparse retention** (``MambaManager.reachable_block_mask``, under vLLM's
+  ``prefix_cache_retention_interval``, 0 by default): a state hit is a single block, so vLLM
+  hashes a state block only where a later request can resume: every one with the interval
+  ``None`` (dense); the one ending each interval-sized segment with a positive interval (every
+  one when the interval is a block or less); none of the segments' with 0; and, with 0 or a
+  positive interval, the block ending one token before the prompt's end and the one ending at
+  the request's shared-prefix junction (the longest hit one attention type found, when longer
+  than the hit), each floored to the alignment. A block left out stays unhashed for good: it
+  is freed as an uncached block, and no hash of it counts as cached in the step. A prefill
+  checkpoint's block is hashed by the same rule (``_cache_partial_tail_block`` drops one vLLM
+  would not keep, which here is one the mask left out already), so under retention 0 only the
+  prompt's own checkpoint stays cached.
 - **Hits** (``MambaManager.find_longest_cache_hit``): from the right, the first cached block
   whose end lies on the scheduler's block; the hit is that one block, nulls before it.
 - **Prefill checkpoint blocks** (``num_prefill_checkpoint_blocks > 0`` with a
@@ -49,11 +61,11 @@ for):
   the end, so the prompt ends in one step fewer.
 
 What is left out: speculative blocks (``num_speculative_blocks``), partial (sub-block) hash hits
-and their copy-on-write, sparse retention of states (``prefix_cache_retention_interval``; vLLM
-thins cached states and drops a checkpoint it would not retain, here every state stays cached)
-and KV connectors: the profile simulates none of them. The state block is the scheduler's block
-(vLLM's ``mamba_block_size`` in align mode is the attention block size), and the hash block must
-equal it (:func:`~kvcore.simulation.profiles.vllm_groups.check_align_states`).
+and their copy-on-write, the opt-in shared-prefix checkpoint (it needs EAGLE:
+``enable_mamba_shared_prefix_checkpoint``) and KV connectors: the profile simulates none of
+them. The state block is the scheduler's block (vLLM's ``mamba_block_size`` in align mode is the
+attention block size), and the hash block must equal it
+(:func:`~kvcore.simulation.profiles.vllm_groups.check_align_states`).
 """
 
 from __future__ import annotations
@@ -209,17 +221,71 @@ class MambaManager(SingleTypeKVCacheManager):
                 self.block_pool.free_blocks([block])
                 blocks[index] = None
 
+    def reachable_block_mask(self, start: int, end: int, boundaries: Sequence[int]) -> list[bool] | None:
+        """``MambaManager.reachable_block_mask``: which of blocks ``start`` to ``end`` (exclusive)
+        a state group hashes, or ``None`` for every one.
+
+        A state hit is one block, so vLLM keeps: with the interval ``None`` (dense), every
+        block; with a positive interval, the block ending each interval-sized segment (every
+        block when the interval is one block or less); with 0, no segment's. With 0 or a
+        positive interval, also the block ending at each of ``boundaries`` (one token before the
+        prompt's end, the request's shared-prefix junction), floored to the alignment."""
+        interval = self.retention_interval
+        if interval is None:
+            return None
+        mask = [False] * (end - start)
+        if interval:
+            per_segment = interval // self.block_size
+            if per_segment <= 1:
+                return None
+            for i in range(start, end):
+                mask[i - start] = (i + 1) % per_segment == 0
+        for boundary in boundaries:
+            last = boundary // self.alignment * self.alignment // self.block_size - 1
+            if start <= last < end:
+                mask[last - start] = True
+        return mask
+
     def cache_blocks(self, req: RequestState, num_tokens: int, boundaries: Sequence[int] = ()) -> None:
         """``MambaManager.cache_blocks``: hash the full blocks that are not null (the states at
-        block boundaries), and remember their hashes as cached in this step."""
+        block boundaries) and that :meth:`reachable_block_mask` keeps, remember their hashes as
+        cached in this step, then :meth:`_cache_partial_tail_block`."""
         r = req.index
         before = self.num_cached_block.get(r, 0)
         super().cache_blocks(req, num_tokens, boundaries)
+        self._cache_partial_tail_block(req, num_tokens)
         blocks = self.req_to_blocks[r]
         for j in range(before, min(self.num_cached_block.get(r, 0), len(blocks))):
             block = blocks[j]
             if block is not None and block.block_hash is not None:
                 self.cached_blocks_this_step.add(block.block_hash)
+
+    def _cache_partial_tail_block(self, req: RequestState, num_tokens: int) -> None:
+        """``MambaManager._cache_partial_tail_block`` for a prefill checkpoint the request's
+        latest allocation took: vLLM keeps its hash only when the checkpoint is the prompt's
+        (the last block boundary before the prompt's last token), ends a kept segment
+        (:meth:`reachable_block_mask` without boundaries) or lies on the shared-prefix
+        junction, and otherwise drops it (``BlockPool._maybe_evict_cached_block``: the state is
+        transient). Here the state block is the hash block and the alignment, and a junction is
+        a hit's length (a multiple of the alignment), so those are the blocks the mask kept:
+        nothing is dropped that the mask hashed, which this checks. (vLLM's other branch, a
+        partial-block boundary's re-key up to ``num_tokens``, needs a hash block finer than the
+        state block.)"""
+        checkpoint = self.checkpoints.get(req.index)
+        if checkpoint is None or self.retention_interval is None:
+            return
+        position, index = checkpoint
+        block = self.req_to_blocks[req.index][index]
+        if block is None or block.block_hash is None:
+            return
+        segment = self.reachable_block_mask(index, index + 1, ())
+        kept = (
+            segment is None
+            or segment[0]
+            or position == checkpoint_position(req.request.prompt_tokens, self.alignment)
+            or position == req.shared_prefix_boundary
+        )
+        assert kept, "vLLM would drop a checkpoint the mask hashed"
 
     def free(self, r: int) -> None:
         """``MambaManager.pop_blocks_for_free`` and ``free``: forget the request's align state,
