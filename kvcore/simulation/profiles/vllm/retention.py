@@ -112,22 +112,6 @@ class SparseRetention(SteadyDecoders):
         if start >= end:
             return []
         need, per_segment = thinned
-        if not per_segment and self._keeps_boundaries:  # vLLM's default, 0: two boundaries at most
-            request = self.requests[r]
-            align = self._align
-            # the kept stretch before a boundary: from `need` blocks before its last block
-            prompt = (request.prompt_tokens - 1) // align * align // per_page
-            junction = self._junction[r] // align * align // per_page
-            first = (max(start, prompt - need), min(end, prompt)) if prompt > 0 else (0, 0)
-            second = (max(start, junction - need), min(end, junction)) if junction > 0 else (0, 0)
-            if second[0] >= second[1]:
-                return [first] if first[0] < first[1] else []
-            if first[0] >= first[1]:
-                return [second]
-            lower, upper = min(first, second), max(first, second)
-            if upper[0] <= lower[1]:  # overlapping or touching: one stretch
-                return [(lower[0], max(lower[1], upper[1]))]
-            return [lower, upper]
         spans: list[tuple[int, int]] = []
         if per_segment:  # the last `need` blocks of every segment
             for segment in range(start // per_segment * per_segment, end, per_segment):
