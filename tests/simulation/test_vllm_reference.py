@@ -412,15 +412,9 @@ def test_requests_sharing_more_or_less_of_a_prefix_hit_what_they_share():
     assert fast.cached_tokens == 128 + 64  # the premise: both hit, each what it shares
 
 
-@pytest.mark.parametrize("reference", [False, True])
-def test_a_thinned_window_hits_a_shared_prefix_from_its_third_request(reference):
-    """vLLM's default ``prefix_cache_retention_interval`` 0: a sliding window caches only the
-    blocks a later request can resume at. The first request of a prefix keeps its window's
-    blocks before its own prompt's end, not the prefix's; the second finds the prefix in full
-    attention only (no hit) and keeps the window's blocks at the prefix's end (its junction);
-    the third hits the prefix. Dense retention (``None``) lets the second hit it already."""
-    plan = _full_and_sliding_plan()
-    workload = Workload(
+def _three_in_turn() -> Workload:
+    """Three requests of one 128-token prefix, each arriving once the one before has finished."""
+    return Workload(
         tuple(
             Request(
                 id=i,
@@ -434,6 +428,17 @@ def test_a_thinned_window_hits_a_shared_prefix_from_its_third_request(reference)
         ),
         name="three in turn",
     )
+
+
+@pytest.mark.parametrize("reference", [False, True])
+def test_a_thinned_window_hits_a_shared_prefix_from_its_third_request(reference):
+    """vLLM's default ``prefix_cache_retention_interval`` 0: a sliding window caches only the
+    blocks a later request can resume at. The first request of a prefix keeps its window's
+    blocks before its own prompt's end, not the prefix's; the second finds the prefix in full
+    attention only (no hit) and keeps the window's blocks at the prefix's end (its junction);
+    the third hits the prefix. Dense retention (``None``) lets the second hit it already."""
+    plan = _full_and_sliding_plan()
+    workload = _three_in_turn()
     stepper = VllmReferenceScheduler if reference else VllmSimulator
     sparse = _run(stepper, plan, workload, VllmProfile(), True, False)
     dense = _run(stepper, plan, workload, VllmProfile(prefix_cache_retention_interval=None), True, False)
@@ -640,20 +645,7 @@ def test_thinned_states_hit_a_shared_prefix_from_its_third_request(reference):
         context=SizingContext(max_model_len=512, max_num_batched_tokens=64),
         available_bytes=512 * 2**10,
     ).plan("shared_buffer", REGISTRY)
-    workload = Workload(
-        tuple(
-            Request(
-                id=i,
-                prompt_tokens=200 + i,
-                output_tokens=4,
-                arrival_step=20 * i,
-                prefix_id=0,
-                prefix_tokens=128,
-            )
-            for i in range(3)
-        ),
-        name="three in turn",
-    )
+    workload = _three_in_turn()
     stepper = VllmReferenceScheduler if reference else VllmSimulator
     cached = {
         interval: _run(

@@ -268,6 +268,23 @@ def test_sliding_windows_retain_their_prefix_cache_as_vllm_does_on_random_cases(
     _assert_both_paths_are_vllms(case, f"seed {seed}")
 
 
+def _retention_moves_the_figures(case) -> bool:
+    """Whether a drawn case with caching on hits or steps otherwise under its sparse retention
+    than under dense retention (``None``)."""
+    plan, workload, profile, _, batch = case
+    sparse, dense = (
+        simulate(
+            plan,
+            workload,
+            scheduler=attrs.evolve(profile, prefix_cache_retention_interval=retention),
+            prefix_caching=True,
+            max_num_batched_tokens=batch,
+        )
+        for retention in (profile.prefix_cache_retention_interval, None)
+    )
+    return (sparse.cached_tokens, sparse.steps) != (dense.cached_tokens, dense.steps)
+
+
 def test_sliding_windows_retain_sparsely_and_that_moves_the_figures():
     """The sliding cases above include sparse retention that changes what a dense cache would
     give (else the comparison would not tell the two apart)."""
@@ -276,18 +293,7 @@ def test_sliding_windows_retain_sparsely_and_that_moves_the_figures():
         case = draw_case(seed, ("full+sliding", "sliding"), caching=True)
         if case is None or case[2].prefix_cache_retention_interval is None:
             continue
-        plan, workload, profile, _, batch = case
-        sparse, dense = (
-            simulate(
-                plan,
-                workload,
-                scheduler=attrs.evolve(profile, prefix_cache_retention_interval=retention),
-                prefix_caching=True,
-                max_num_batched_tokens=batch,
-            )
-            for retention in (profile.prefix_cache_retention_interval, None)
-        )
-        moved += (sparse.cached_tokens, sparse.steps) != (dense.cached_tokens, dense.steps)
+        moved += _retention_moves_the_figures(case)
     assert moved >= 3, moved
 
 
@@ -316,18 +322,7 @@ def test_state_layers_retain_sparsely_and_that_moves_the_figures():
             case = draw_case(seed, STATE_SHAPES, caching=True, checkpoint_alignment=alignment)
             if case is None or case[2].prefix_cache_retention_interval is None:
                 continue
-            plan, workload, profile, _, batch = case
-            sparse, dense = (
-                simulate(
-                    plan,
-                    workload,
-                    scheduler=attrs.evolve(profile, prefix_cache_retention_interval=retention),
-                    prefix_caching=True,
-                    max_num_batched_tokens=batch,
-                )
-                for retention in (profile.prefix_cache_retention_interval, None)
-            )
-            moved += (sparse.cached_tokens, sparse.steps) != (dense.cached_tokens, dense.steps)
+            moved += _retention_moves_the_figures(case)
     assert moved >= 5, moved
 
 

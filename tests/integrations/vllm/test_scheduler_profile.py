@@ -13,6 +13,8 @@ traces are the first requests of ``examples/traces`` so that each case takes sec
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import attrs
 import pytest
 
@@ -24,6 +26,11 @@ from kvcore.simulation.profiles.vllm import VllmProfile
 from kvcore.simulation.simulator import simulate
 from tests.integrations.vllm.scheduler_cases import BATCH, CASES, GIB, align_mode_differs, vllm_plan, workload
 from tests.zoo import NEMOTRON_H_LIKE, synthetic
+
+if TYPE_CHECKING:
+    from kvcore.plan import KVCachePlan
+    from kvcore.simulation.result import SimulationResult
+    from kvcore.simulation.workload import Workload
 
 REGISTRY = Registry.default()
 
@@ -101,15 +108,7 @@ def test_readmitted_long_prompts_hit_chunked_local_groups_from_their_chunk_as_vl
     ours = simulate(plan, requests, scheduler=profile, prefix_caching=True, max_num_batched_tokens=BATCH)
     theirs = run_vllm_scheduler(plan, requests, profile, max_num_batched_tokens=BATCH, prefix_caching=True)
     assert ours.preemptions > 0 and ours.cached_tokens > 8192  # the case's premise: hits past a chunk
-    assert (ours.steps, ours.running, ours.preemptions, ours.total_tokens, ours.recomputed_tokens) == (
-        theirs.steps,
-        theirs.running,
-        theirs.preemptions,
-        theirs.total_tokens,
-        theirs.recomputed_tokens,
-    )
-    assert ours.pool_usage == pytest.approx(theirs.pool_usage, abs=1e-12)
-    assert (ours.cached_tokens, ours.mean_queue_delay) == (theirs.cached_tokens, theirs.mean_queue_delay)
+    _assert_vllms_figures(ours, theirs)
 
 
 @pytest.mark.parametrize("retention", [0, None])
@@ -127,25 +126,7 @@ def test_a_jamba_plan_hits_its_mamba_states_as_vllm_does(mode, retention):
     plan = vllm_plan("ai21labs/AI21-Jamba-1.5-Mini", GIB, 4096, asynchronous=asynchronous, registry=REGISTRY)
     requests = workload("chat-system-prompts", 40)
     profile = VllmProfile(async_scheduling=asynchronous, prefix_cache_retention_interval=retention)
-    theirs = run_vllm_scheduler(plan, requests, profile, max_num_batched_tokens=BATCH, prefix_caching=True)
-    for reference in (False, True):
-        ours = simulate(
-            plan,
-            requests,
-            scheduler=attrs.evolve(profile, reference=reference),
-            prefix_caching=True,
-            max_num_batched_tokens=BATCH,
-        )
-        assert ours.cached_tokens > 0  # the case's premise: the Mamba states hit
-        assert (ours.steps, ours.running, ours.preemptions, ours.total_tokens, ours.recomputed_tokens) == (
-            theirs.steps,
-            theirs.running,
-            theirs.preemptions,
-            theirs.total_tokens,
-            theirs.recomputed_tokens,
-        )
-        assert ours.pool_usage == pytest.approx(theirs.pool_usage, abs=1e-12)
-        assert (ours.cached_tokens, ours.mean_queue_delay) == (theirs.cached_tokens, theirs.mean_queue_delay)
+    _assert_both_paths_hit_as_vllm(plan, requests, profile)
 
 
 def test_the_profiles_retention_default_is_the_installed_vllms():
@@ -182,6 +163,26 @@ def test_a_nemotron_h_like_plan_takes_its_prefill_checkpoints_as_vllm_does(mode,
     plan = plan_for_vllm(rules.request(specs, 8 * GIB), rules, registry=REGISTRY)
     requests = workload("chat-system-prompts", 40)
     profile = VllmProfile(async_scheduling=asynchronous, prefix_cache_retention_interval=retention)
+    _assert_both_paths_hit_as_vllm(plan, requests, profile)
+
+
+def _assert_vllms_figures(ours: SimulationResult, theirs: SimulationResult) -> None:
+    """Steps, running requests, preemptions, tokens computed, recomputed and hit, pool usage and
+    queue delay: the profile's run is vLLM's."""
+    assert (ours.steps, ours.running, ours.preemptions, ours.total_tokens, ours.recomputed_tokens) == (
+        theirs.steps,
+        theirs.running,
+        theirs.preemptions,
+        theirs.total_tokens,
+        theirs.recomputed_tokens,
+    )
+    assert ours.pool_usage == pytest.approx(theirs.pool_usage, abs=1e-12)
+    assert (ours.cached_tokens, ours.mean_queue_delay) == (theirs.cached_tokens, theirs.mean_queue_delay)
+
+
+def _assert_both_paths_hit_as_vllm(plan: KVCachePlan, requests: Workload, profile: VllmProfile) -> None:
+    """The fast path and the reference, prefix caching on, each hit (the case's premise: the
+    states hit) and give vLLM's scheduler's figures."""
     theirs = run_vllm_scheduler(plan, requests, profile, max_num_batched_tokens=BATCH, prefix_caching=True)
     for reference in (False, True):
         ours = simulate(
@@ -191,13 +192,5 @@ def test_a_nemotron_h_like_plan_takes_its_prefill_checkpoints_as_vllm_does(mode,
             prefix_caching=True,
             max_num_batched_tokens=BATCH,
         )
-        assert ours.cached_tokens > 0  # the Mamba-2 states hit
-        assert (ours.steps, ours.running, ours.preemptions, ours.total_tokens, ours.recomputed_tokens) == (
-            theirs.steps,
-            theirs.running,
-            theirs.preemptions,
-            theirs.total_tokens,
-            theirs.recomputed_tokens,
-        )
-        assert ours.pool_usage == pytest.approx(theirs.pool_usage, abs=1e-12)
-        assert (ours.cached_tokens, ours.mean_queue_delay) == (theirs.cached_tokens, theirs.mean_queue_delay)
+        assert ours.cached_tokens > 0
+        _assert_vllms_figures(ours, theirs)
