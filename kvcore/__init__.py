@@ -41,6 +41,7 @@ from kvcore.errors import (
     PolicyNotApplicableError as PolicyNotApplicableError,
     SimulationWarning as SimulationWarning,
     SpecMismatchError as SpecMismatchError,
+    StaleBuildError as StaleBuildError,
     StoreUnavailableError as StoreUnavailableError,
     UnknownGpuError as UnknownGpuError,
     UnknownModelError as UnknownModelError,

@@ -131,6 +131,12 @@ class MissingDependencyError(KVCoreError, ImportError):
         self.extra = extra
 
 
+class StaleBuildError(KVCoreError, ImportError):
+    """kvcore's compiled simulator modules (built with ``KVCORE_MYPYC=1``) were built from other
+    sources than those beside them; the message names the changed sources and how to rebuild
+    or delete the compiled modules (:mod:`kvcore.simulation.compiled`)."""
+
+
 class UnknownGpuError(KVCoreError, LookupError):
     """The GPU catalogue (``kvcore/data/gpus.json``) has no GPU of that name; the message lists
     the names it has and the closest one."""

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from kvcore.errors import InvalidInputError
 from kvcore.limits import MAX_TOKENS, check_at_most
+from kvcore.simulation.compiled import check_compiled_sources, mypyc_attr
 from kvcore.simulation.load import ArrivalLoad, arrival_load
 from kvcore.simulation.profile_reach import ReachTally
 from kvcore.simulation.result import SimulationResult, percentile
@@ -26,15 +27,18 @@ if TYPE_CHECKING:
     from kvcore.plan import KVCachePlan
     from kvcore.simulation.workload import Request, Workload
 
+# every profile imports this module: compiled modules built from other sources stop here
+check_compiled_sources()
 
-def step_budget(plan: KVCachePlan, tokens: int | None) -> int:
+
+def step_budget(plan: KVCachePlan, tokens: object) -> int:
     """The tokens one step may schedule: ``tokens``, else the plan's ``max_num_batched_tokens``.
 
     Raises:
         InvalidInputError: it is not an int from 1 to ``kvcore.limits.MAX_TOKENS``.
     """
-    budget = plan.context.max_num_batched_tokens if tokens is None else tokens
-    check_int(budget, "'max_num_batched_tokens'", minimum=1)
+    given = plan.context.max_num_batched_tokens if tokens is None else tokens
+    budget = check_int(given, "'max_num_batched_tokens'", minimum=1)
     check_at_most(budget, MAX_TOKENS, "'max_num_batched_tokens' (kvcore.limits.MAX_TOKENS)", "give fewer")
     return budget
 
@@ -55,6 +59,9 @@ def check_lengths(plan: KVCachePlan, requests: Sequence[Request]) -> None:
             )
 
 
+# the vllm profile's stepper subclasses it compiled (kvcore.simulation.compiled), the other
+# profiles' interpreted: mypyc lets an interpreted class subclass a compiled one when told
+@mypyc_attr(allow_interpreted_subclasses=True)
 class StepperState:
     """The clock, counters and figures of one replay (see the module docstring).
 
@@ -70,7 +77,7 @@ class StepperState:
     plan: KVCachePlan
     requests: tuple[Request, ...]
     caching: bool
-    _running: Sequence[int]
+    _running: list[int]
     _waiting: Sequence[int]
     _first: list[int]
 

@@ -128,6 +128,13 @@ def test_the_budget_is_checked(budget):
         simulate(plan, _same(1, 10, 1), max_num_batched_tokens=budget)
 
 
+def test_the_caching_switch_is_checked():
+    """The vllm profile's simulator (compiled in the KVCORE_MYPYC=1 build) is given a bool."""
+    plan = _plan(ONE_LAYER, 320, num_blocks=100)
+    with pytest.raises(InvalidInputError, match="'prefix_caching' is True or False, not 1"):
+        _simulate(plan, _same(1, 10, 1), prefix_caching=1)
+
+
 def test_percentile_is_the_nearest_rank():
     assert percentile(list(range(1, 101)), 99) == 99
     assert percentile([5], 99) == 5

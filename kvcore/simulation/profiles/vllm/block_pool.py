@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, cast
 
+from kvcore.simulation.compiled import mypyc_attr
 from kvcore.simulation.profiles.vllm.free_queue import Run
 from kvcore.simulation.profiles.vllm.state import VllmState
 
@@ -27,6 +28,8 @@ def is_partial(key: Hashable) -> bool:
     return isinstance(key, tuple) and len(key) > 1 and key[1] == "partial"
 
 
+# every base of VllmSimulator allows what it allows (kvcore.simulation.compiled)
+@mypyc_attr(allow_interpreted_subclasses=True)
 class BlockPools(VllmState):
     """The block pools' operations (see the module docstring), over :class:`VllmState`'s
     tables."""

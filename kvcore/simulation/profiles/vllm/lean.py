@@ -9,10 +9,13 @@ from __future__ import annotations
 
 from itertools import repeat
 
+from kvcore.simulation.compiled import mypyc_attr
 from kvcore.simulation.profiles.vllm.shared import SharedRuns
 from kvcore.simulation.profiles.vllm.state import HELD
 
 
+# every base of VllmSimulator allows what it allows (kvcore.simulation.compiled)
+@mypyc_attr(allow_interpreted_subclasses=True)
 class LeanPaths(SharedRuns):
     """The lean boundary call and finish (see the module docstring)."""
 

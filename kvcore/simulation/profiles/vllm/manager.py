@@ -9,11 +9,14 @@ from __future__ import annotations
 from itertools import repeat
 from typing import cast
 
+from kvcore.simulation.compiled import mypyc_attr
 from kvcore.simulation.profiles.vllm.prefix_cache import PrefixCache
 from kvcore.simulation.profiles.vllm.state import HELD, NEVER, WAITING
 from kvcore.simulation.profiles.vllm_groups import ManagerGroup, pages as _pages
 
 
+# every base of VllmSimulator allows what it allows (kvcore.simulation.compiled)
+@mypyc_attr(allow_interpreted_subclasses=True)
 class KVCacheManager(PrefixCache):
     """The KV-cache manager's operations (see the module docstring)."""
 

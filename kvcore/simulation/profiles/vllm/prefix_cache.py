@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from kvcore.simulation.compiled import mypyc_attr
 from kvcore.simulation.profiles.vllm.block_pool import BlockPools, is_partial
 from kvcore.simulation.profiles.vllm.state import WAITING
 from kvcore.spec import cdiv
@@ -20,6 +21,8 @@ if TYPE_CHECKING:
     from collections.abc import Hashable
 
 
+# every base of VllmSimulator allows what it allows (kvcore.simulation.compiled)
+@mypyc_attr(allow_interpreted_subclasses=True)
 class PrefixCache(BlockPools):
     """Hashing and hits (see the module docstring)."""
 

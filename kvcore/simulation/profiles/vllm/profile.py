@@ -8,7 +8,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
 
+from kvcore.errors import InvalidInputError
 from kvcore.simulation.profile import BuiltInProfile
+from kvcore.simulation.stepper import step_budget
 from kvcore.validators import int_at_least
 
 if TYPE_CHECKING:
@@ -103,4 +105,10 @@ class VllmProfile(BuiltInProfile):
             return VllmReferenceScheduler(plan, workload, self, **options)
         from kvcore.simulation.profiles.vllm.scheduler import VllmSimulator
 
+        # what the caller gave is checked here: compiled (kvcore.simulation.compiled), the
+        # simulator would take a float budget or a non-bool switch for a TypeError
+        step_budget(plan, options.get("max_num_batched_tokens"))
+        caching = options.get("prefix_caching", False)
+        if not isinstance(caching, bool):
+            raise InvalidInputError(f"'prefix_caching' is True or False, not {caching!r}")
         return VllmSimulator(plan, workload, self, **options)

@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from kvcore.simulation.compiled import mypyc_attr
 from kvcore.simulation.profiles.vllm.steady import SteadyDecoders
 from kvcore.simulation.profiles.vllm_groups import align_state_block, is_state, scheduler_block
 from kvcore.spec import cdiv
@@ -65,6 +66,8 @@ def thinned_windows(
     return thinned
 
 
+# every base of VllmSimulator allows what it allows (kvcore.simulation.compiled)
+@mypyc_attr(allow_interpreted_subclasses=True)
 class SparseRetention(SteadyDecoders):
     """Hashing a thinned window's blocks only where a hit can end (see the module docstring)."""
 

@@ -5,12 +5,15 @@
 from __future__ import annotations
 
 from kvcore.errors import InvalidInputError
+from kvcore.simulation.compiled import mypyc_attr
 from kvcore.simulation.profiles.vllm.state import FINISHED, PREEMPTED, RUNNING
 from kvcore.simulation.profiles.vllm.state_groups import AlignStates
 from kvcore.simulation.profiles.vllm_groups import usable_text
 from kvcore.simulation.steps import StepRecord
 
 
+# compiled (kvcore.simulation.compiled), it stays a class a test or a plugin may subclass
+@mypyc_attr(allow_interpreted_subclasses=True)
 class VllmSimulator(AlignStates):
     """vLLM's scheduler and KV-cache manager over a kvcore plan, one :meth:`step` at a time
     (the arguments are :class:`~kvcore.simulation.profiles.vllm.state.VllmState`'s)."""

@@ -25,6 +25,7 @@ from __future__ import annotations
 from itertools import repeat
 from typing import TYPE_CHECKING
 
+from kvcore.simulation.compiled import mypyc_attr
 from kvcore.simulation.profiles.vllm.manager import KVCacheManager
 from kvcore.simulation.profiles.vllm.state import WAITING
 
@@ -32,6 +33,8 @@ if TYPE_CHECKING:
     from kvcore.simulation.profiles.vllm.free_queue import Pool
 
 
+# every base of VllmSimulator allows what it allows (kvcore.simulation.compiled)
+@mypyc_attr(allow_interpreted_subclasses=True)
 class SharedRuns(KVCacheManager):
     """The window's free and the finish of tables with shared blocks (see the module
     docstring)."""

@@ -58,6 +58,7 @@ from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
 from kvcore.errors import InvalidInputError
+from kvcore.simulation.compiled import mypyc_attr
 from kvcore.simulation.profiles.vllm.free_queue import Pool, Run
 from kvcore.simulation.profiles.vllm_groups import (
     chunks_off_scheduler_block,
@@ -101,6 +102,8 @@ SPEED_PATHS = (
 )
 
 
+# every base of VllmSimulator allows what it allows (kvcore.simulation.compiled)
+@mypyc_attr(allow_interpreted_subclasses=True)
 class VllmState(StepperState):
     """The state of one replay (see the module docstring); the layers above it step it.
 

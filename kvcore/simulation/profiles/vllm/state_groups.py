@@ -37,6 +37,7 @@ import math
 from collections.abc import Collection, Hashable
 from typing import TYPE_CHECKING
 
+from kvcore.simulation.compiled import mypyc_attr
 from kvcore.simulation.profiles.vllm.retention import SparseRetention
 from kvcore.simulation.profiles.vllm.state import SPEED_PATHS
 from kvcore.simulation.profiles.vllm_groups import (
@@ -74,6 +75,8 @@ def steps_aside(plan: KVCachePlan, *, prefix_caching: bool) -> bool:
     return prefix_caching and align_state_block(plan) > 0
 
 
+# every base of VllmSimulator allows what it allows (kvcore.simulation.compiled)
+@mypyc_attr(allow_interpreted_subclasses=True)
 class AlignStates(SparseRetention):
     """State groups in align mode over the fast path (see the module docstring); a plan without
     them under prefix caching runs as before."""

@@ -4,10 +4,13 @@ visited, until the first step one of its event bounds is reached."""
 
 from __future__ import annotations
 
+from kvcore.simulation.compiled import mypyc_attr
 from kvcore.simulation.profiles.vllm.lean import LeanPaths
 from kvcore.simulation.profiles.vllm.state import RUNNING
 
 
+# every base of VllmSimulator allows what it allows (kvcore.simulation.compiled)
+@mypyc_attr(allow_interpreted_subclasses=True)
 class SteadyDecoders(LeanPaths):
     """Making a decoder steady and bringing it up to date (see the module docstring)."""
 
