@@ -27,6 +27,9 @@ requests in < 8 s. Run it with ``taskset -c 0``::
     taskset -c 0 python benchmarks/simulation_speed.py --all-counts --counts 1000 3000
     taskset -c 0 python benchmarks/simulation_speed.py --shared-only --counts 100000
     taskset -c 0 python benchmarks/simulation_speed.py --shared-only --retention-interval dense
+
+It says first which build it runs: pure Python, or the simulator compiled by mypyc
+(``KVCORE_MYPYC=1``, :mod:`kvcore.simulation.compiled`); ``benchmarks/README.md`` gives both.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from kvcore.plan import KVCachePlan
 from kvcore.planning.manager import get_plugin_manager
 from kvcore.planning.planner import plan_kv_cache
 from kvcore.planning.registry import Registry
+from kvcore.simulation.compiled import COMPILED_MODULES, compiled_modules
 from kvcore.simulation.gpus import find_gpu
 from kvcore.simulation.profiles.vllm import VllmProfile
 from kvcore.simulation.simulator import simulate
@@ -90,6 +94,12 @@ def main() -> None:
         "or dense (every sliding-window block cached, the profile's behaviour before 0.3.0's fix)",
     )
     args = parser.parse_args()
+    compiled = compiled_modules()
+    print(
+        f"build: {len(compiled)} of {len(COMPILED_MODULES)} modules compiled by mypyc (KVCORE_MYPYC=1)"
+        if compiled
+        else "build: pure Python (KVCORE_MYPYC=1 python setup.py build_ext --inplace compiles the simulator)"
+    )
     global VLLM
     interval = None if args.retention_interval == "dense" else int(args.retention_interval)
     VLLM = VllmProfile(prefix_cache_retention_interval=interval)
