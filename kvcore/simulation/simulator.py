@@ -70,11 +70,9 @@ simulation; other kinds are asked at every step.
 
 from __future__ import annotations
 
-import gc
 import inspect
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import attrs
@@ -163,31 +161,12 @@ def simulate(
     simulator = profile.simulator(
         plan, workload, max_num_batched_tokens=max_num_batched_tokens, prefix_caching=prefix_caching, **timed
     )
-    with collector_paused():
-        while not simulator.done:
-            simulator.step()
-            if on_step is not None:
-                on_step(simulator.steps, simulator.finished)
+    while not simulator.done:
+        simulator.step()
+        if on_step is not None:
+            on_step(simulator.steps, simulator.finished)
     result: SimulationResult = simulator.result()
     return result
-
-
-@contextmanager
-def collector_paused() -> Iterator[None]:
-    """Pause Python's cyclic garbage collector for a replay, as it was before afterwards.
-
-    Why: a replay allocates millions of short-lived tuples and lists and makes no cycles, while
-    the collector, triggered by every few hundred allocations, walks the simulator's long-lived
-    tables again each time (about a tenth of a replay's CPU seconds; reference counting still
-    frees everything as it goes).
-    """
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 class Simulator(StepperState):
