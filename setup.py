@@ -39,7 +39,7 @@ class RecordedBuildExt(build_ext):
         record.write_text(json.dumps(digests, indent=1, sort_keys=True) + "\n")
 
 
-def compiled_extensions() -> list:  # type: ignore[type-arg]
+def compiled_extensions() -> list:
     """mypyc's extension modules of the compiled build, or none (the pure-Python build)."""
     if os.environ.get("KVCORE_MYPYC", "0").strip() in ("", "0"):
         return []
