@@ -52,7 +52,10 @@ def compiled_extensions() -> list:
             "without isolation (pip wheel --no-build-isolation), or unset KVCORE_MYPYC for the "
             "pure-Python build"
         )
-    return mypycify(list(COMPILED["COMPILED_MODULES"]), opt_level="3", group_name="kvcore_simulation")
+    # mypyc's shared runtime inside the package (kvcore/simulation/mypyc_runtime__mypyc*): at the
+    # top level, an editable install run from another directory would not find it
+    modules = list(COMPILED["COMPILED_MODULES"])
+    return mypycify(modules, opt_level="3", group_name="kvcore.simulation.mypyc_runtime")
 
 
 setup(ext_modules=compiled_extensions(), cmdclass={"build_ext": RecordedBuildExt})

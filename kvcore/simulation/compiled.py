@@ -99,7 +99,7 @@ def check_compiled_sources() -> None:
             f"kvcore's compiled simulator modules were built from other sources than those beside "
             f"them ({', '.join(changed)} changed since the build, {len(compiled)} modules compiled): "
             "rebuild them in place (KVCORE_MYPYC=1 python setup.py build_ext -i) or delete them "
-            f"(find {_ROOT / 'kvcore'} -name '*.so' -delete; rm {_ROOT}/kvcore_simulation__mypyc*)"
+            f"(find {_ROOT / 'kvcore'} -name '*.so' -delete)"
         )
 
 
