@@ -12,7 +12,7 @@ holder).
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from bisect import bisect_right
 from typing import TYPE_CHECKING, Any, cast
 
 from kvcore.simulation.compiled import mypyc_attr
@@ -103,21 +103,24 @@ class BlockPools(VllmState):
     def _touch(self, p: int, blocks: list[int | None]) -> None:
         """``BlockPool.touch``: a hit block leaves the free queue when nobody held it."""
         pool, ref = self.pools[p], self._ref
-        for block in blocks:
+        for block in cast("list[object]", blocks):  # (ids not narrowed to int: see BlockKey)
             if block is None:
                 continue
             held = ref.get(block, 1)  # no entry: one holder
             if held == 0:
-                key = self._run_of.pop(block, None)
-                if key is None:
-                    pool.cached_span -= pool.cached_free.pop(block)
+                span = pool.cached_free.pop(block, 0)
+                if span:
+                    pool.cached_span -= span
                 else:  # a member of an expanded run: taken from its middle
+                    member = cast("int", block)
+                    key = self._member_runs[bisect_right(self._member_firsts, member) - 1]
                     run = self._runs[key]
-                    assert run.members is not None
-                    del run.members[block]
+                    run.taken.add(member)
+                    run.left -= 1
+                    self._hash_of[block] = run.contents[member - run.first]  # in a table now
                     pool.cached_span -= run.span
                     pool.cached_free[key] -= run.span
-                    if not run.members:
+                    if not run.left:
                         del pool.cached_free[key], self._runs[key]
             ref[block] = held + 1
 
@@ -137,8 +140,8 @@ class BlockPools(VllmState):
                     used = ids
                 pool.cached_span -= used
                 pool.uncached += used
-                if run.members is not None:  # expanded: hashed blocks, each evicted as one
-                    self._evict_members(p, run.members, used // span)
+                if run.first >= 0:  # expanded: hashed blocks, each evicted as one
+                    self._evict_members(p, run, used // span)
                 run.consumed += used // span
                 if used < ids:  # the rest stays at the front
                     cached_free[key] = ids - used
@@ -274,7 +277,7 @@ class BlockPools(VllmState):
                 run is not None
                 and run.span == span
                 and run.owner == owner
-                and run.members is None
+                and run.first < 0
                 and not run.deferred
             ):
                 cached_free[last] += count * span
@@ -304,55 +307,60 @@ class BlockPools(VllmState):
         run = self._runs.get(key)
         if run is None:  # evicted whole
             return
-        members: OrderedDict[int, None] = OrderedDict()
+        run.first = run.front = self._next_id
         skip = run.consumed
         for groups, top, count in run.segments:
             for g in groups:
                 if skip >= count:
                     skip -= count
                     continue
-                self._hash_members(key, members, g, r, range(top - skip, top - count, -1))
+                self._hash_members(run.contents, g, r, range(top - skip, top - count, -1))
                 skip = 0
-        run.members = members
+        run.left = len(run.contents)
+        self._member_firsts.append(run.first)  # ids only grow: the list stays sorted
+        self._member_runs.append(key)
         run.owner = -1
         run.segments = []
         self._own_hashed.add(r)
 
     def _hash_members(
-        self, key: int, members: OrderedDict[int, None], g: int, r: int, positions: range
+        self, contents: list[tuple[int, bool, int, int]], g: int, r: int, positions: range
     ) -> None:
         """Hash request ``r``'s own blocks of group ``g`` at table ``positions``, each a fresh id
-        (the freed one is in no table any more) and a member of run ``key`` (:meth:`_hash` of
-        each, inlined: a request's own content makes no version of a shared prefix)."""
-        hashes, hash_of, held = self._hashes[self.groups[g].pool], self._hash_of, self._held_by_class
-        ref, run_of, c = self._ref, self._run_of, self._class_of[g]
+        (the freed one is in no table any more), the next members of a run, their contents
+        appended to its ``contents`` (:meth:`_hash` of each, inlined, with no ``_hash_of`` entry
+        while it is a member: a request's own content makes no version of a shared prefix)."""
+        hashes, held = self._hashes[self.groups[g].pool], self._held_by_class
+        ref, c = self._ref, self._class_of[g]
         block = self._next_id
         for j in positions:
-            members[block] = None
+            key = cast("object", block)  # boxed once (see BlockKey)
             content = (g, False, r, j)
-            hash_of[block] = content
+            contents.append(content)
             holders = hashes.get(content)
             if holders is None:
-                hashes[content] = {block: None}
+                hashes[content] = {key: None}
                 by_class = (c, False, r, j)
                 held[by_class] = held.get(by_class, 0) + 1
             else:
-                holders[block] = None
-            ref[block] = 0
-            run_of[block] = key
+                holders[key] = None
+            ref[key] = 0
             block += 1
         self._next_id = block
 
-    def _evict_members(self, p: int, members: OrderedDict[int, None], count: int) -> None:
-        """Evict the first ``count`` members of an expanded run of pool ``p`` (:meth:`_unhash` of
-        each, inlined: a run holds a request's own content, which makes no version)."""
-        hashes, hash_of, held = self._hashes[p], self._hash_of, self._held_by_class
-        ref, run_of, of_class = self._ref, self._run_of, self._class_of
+    def _evict_members(self, p: int, run: Run, count: int) -> None:
+        """Evict the first ``count`` members left of an expanded run of pool ``p`` (:meth:`_unhash`
+        of each, inlined: a run holds a request's own content, which makes no version)."""
+        hashes, held, ref, of_class = self._hashes[p], self._held_by_class, self._ref, self._class_of
+        block, first, contents, taken = run.front, run.first, run.contents, run.taken
         for _ in range(count):
-            block, _ = members.popitem(last=False)
-            content = cast("tuple[int, bool, int, int]", hash_of.pop(block))
+            while taken and block in taken:  # taken from the middle by a hit: not in the queue
+                taken.discard(block)
+                block += 1
+            key = cast("object", block)  # boxed once (see BlockKey)
+            content = contents[block - first]
             holders = hashes[content]
-            del holders[block]
+            del holders[key]
             if not holders:
                 del hashes[content]
                 by_class = (of_class[content[0]], False, content[2], content[3])
@@ -361,4 +369,18 @@ class BlockPools(VllmState):
                     held[by_class] = left
                 else:
                     del held[by_class]
-            del ref[block], run_of[block]
+            del ref[key]
+            block += 1
+        run.front = block
+        run.left -= count
+
+    def _content_of(self, block: int) -> Hashable | None:
+        """The content ``block`` is cached with, if any (a member of an expanded run has no
+        ``_hash_of`` entry until a hit takes it)."""
+        content = self._hash_of.get(block)
+        if content is not None or not self._member_firsts or block < self._member_firsts[0]:
+            return content
+        run = self._runs.get(self._member_runs[bisect_right(self._member_firsts, block) - 1])
+        if run is None or block < run.front or block in run.taken or block >= run.first + len(run.contents):
+            return None
+        return run.contents[block - run.first]

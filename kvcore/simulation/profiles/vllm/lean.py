@@ -11,7 +11,7 @@ from itertools import repeat
 
 from kvcore.simulation.compiled import mypyc_attr
 from kvcore.simulation.profiles.vllm.shared import SharedRuns
-from kvcore.simulation.profiles.vllm.state import HELD
+from kvcore.simulation.profiles.vllm.state import HELD, leading_nulls
 
 
 # every base of VllmSimulator allows what it allows (kvcore.simulation.compiled)
@@ -184,7 +184,7 @@ class LeanPaths(SharedRuns):
         below: list[int] = []  # per class: pages below the hashed count, still held
         for c, (g, _) in enumerate(self._classes):
             table = tables[g]
-            first = table.count(None)  # freed pages lead a table
+            first = leading_nulls(table)  # freed pages lead a table
             queued = self._lazy_count(r, c, first, min(hashed[c], len(table)))
             below.append(queued)
             for p, span in self._class_spans[c]:

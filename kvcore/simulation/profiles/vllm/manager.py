@@ -11,7 +11,7 @@ from typing import cast
 
 from kvcore.simulation.compiled import mypyc_attr
 from kvcore.simulation.profiles.vllm.prefix_cache import PrefixCache
-from kvcore.simulation.profiles.vllm.state import HELD, NEVER, WAITING
+from kvcore.simulation.profiles.vllm.state import HELD, NEVER, WAITING, leading_nulls
 from kvcore.simulation.profiles.vllm_groups import ManagerGroup, pages as _pages
 
 
@@ -51,7 +51,7 @@ class KVCacheManager(PrefixCache):
             if freed and first_retained is not None:
                 # the pages freed before the window: a table's None entries lead it (freed from
                 # the start, hits from a window's end), so their count is the first block's index
-                target = (table.count(None) + 1) * per_page
+                target = (leading_nulls(table) + 1) * per_page
                 known = freeing.get((g, target))
                 free = min(free, self._first_freeing(g, target) if known is None else known)
             if cached and hashes:
@@ -214,8 +214,12 @@ class KVCacheManager(PrefixCache):
                 skipped = group.spec.first_retained_token(computed) // group.tokens_per_page
             start = max(0, skipped - len(tables[g]))
             for i in ids:
-                # (a null block, None, has no count: ref.get gives None, not 0)
-                evictable = [*map(ref.get, hit_blocks[i][start:])].count(0)  # type: ignore[arg-type]
+                evictable = 0
+                # why a plain loop: compiled, it is native (a map's calls are not); a null block,
+                # None, has no entry (ids stay objects: see BlockKey)
+                for block in hit_blocks[i][start:]:
+                    if ref.get(block, 1) == 0:
+                        evictable += 1
                 need[groups[i].pool] += evictable * groups[i].span
         return need
 
@@ -332,14 +336,14 @@ class KVCacheManager(PrefixCache):
                     and self._lazy
                     and (
                         own
-                        or table.count(None) * groups[g].tokens_per_page >= own_from
+                        or leading_nulls(table) * groups[g].tokens_per_page >= own_from
                         or (ref.keys().isdisjoint(table) and hash_of.keys().isdisjoint(table))
                     )
                 ):
                     # the usual finish: the request's own blocks only, those above its hashed
                     # count back among the uncached, those below as one run (as _release does)
                     group = groups[g]
-                    first = table.count(None)  # freed pages lead a table
+                    first = leading_nulls(table)  # freed pages lead a table
                     below = self._lazy_count(
                         r, self._class_of[g], first, min(hashed[self._class_of[g]], len(table))
                     )
@@ -360,7 +364,7 @@ class KVCacheManager(PrefixCache):
                 self._queue_run(run_pool, run_span, run_count, -1)
         else:  # the class's one table (see _allocate)
             for c, (g, _) in enumerate(self._classes):
-                held = len(tables[g]) - tables[g].count(None)
+                held = len(tables[g]) - leading_nulls(tables[g])
                 for p, span in self._class_spans[c]:
                     self.pools[p].uncached += held * span
         self._forget(r, live=live)

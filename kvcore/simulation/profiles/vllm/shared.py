@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 from kvcore.simulation.compiled import mypyc_attr
 from kvcore.simulation.profiles.vllm.manager import KVCacheManager
-from kvcore.simulation.profiles.vllm.state import WAITING
+from kvcore.simulation.profiles.vllm.state import WAITING, leading_nulls
 
 if TYPE_CHECKING:
     from kvcore.simulation.profiles.vllm.free_queue import Pool
@@ -104,7 +104,7 @@ class SharedRuns(KVCacheManager):
             pool, span = self.pools[group.pool], group.span
             for g in members:
                 table = tables[g]
-                block: int = table[low]  # type: ignore[assignment]
+                block = table[low]  # (not narrowed to int: see BlockKey)
                 table[low] = None
                 held = ref.get(block, 1)  # no entry: one holder
                 if held > 1:
@@ -125,7 +125,7 @@ class SharedRuns(KVCacheManager):
                 batch.append(g)
             queued: list[int] = []  # the shared pages no other request holds, last first
             for index in range(mid - low - 1, -1, -1):
-                block = shared[index]  # type: ignore[assignment]
+                block = shared[index]
                 held = ref.get(block, 1)  # no entry: one holder
                 if held > 1:
                     ref[block] = held - 1
@@ -146,9 +146,9 @@ class SharedRuns(KVCacheManager):
         ref = self._ref
         last: list[int] = []
         for index in range(len(blocks) - 1, -1, -1):
-            held = ref.get(blocks[index], 1)  # type: ignore[arg-type]  # no entry: one holder
+            held = ref.get(blocks[index], 1)  # no entry: one holder
             if held > 1:
-                ref[blocks[index]] = held - 1  # type: ignore[index]
+                ref[blocks[index]] = held - 1
             else:
                 last.append(index)
         return last
@@ -208,7 +208,7 @@ class SharedRuns(KVCacheManager):
         key = (0, 0, 0, 0)  # its pool, span, pages below the hashed count and first own page
         for g, table in enumerate(tables):
             group, c = self.groups[g], self._class_of[g]
-            first = table.count(None)  # freed pages lead a table
+            first = leading_nulls(table)  # freed pages lead a table
             mid = self._own_from(r, group.tokens_per_page, first, len(table))
             runs = self._lazy_runs(r, c, mid, min(hashed[c], len(table)))
             # own pages above the hashed count (or a thinned window's not kept): the uncached
@@ -324,7 +324,7 @@ class SharedRuns(KVCacheManager):
         ``live``): its own pages above its hashed count back among the uncached, those below
         hashed now (it may hit them once admitted again) and queued, then its shared pages."""
         group, c = self.groups[g], self._class_of[g]
-        first = table.count(None)  # freed pages lead a table
+        first = leading_nulls(table)  # freed pages lead a table
         mid = self._own_from(r, group.tokens_per_page, first, len(table))
         runs = self._lazy_runs(r, c, mid, min(self._hashed[r][c], len(table)))
         kept = sum(end - start for start, end in runs)
@@ -365,7 +365,7 @@ class SharedRuns(KVCacheManager):
         shape: list[tuple[int, int, int, int, list[tuple[int, int]]]] = []
         for c, (g, _) in enumerate(self._classes):
             table = tables[g]
-            first = table.count(None)  # freed pages lead a table
+            first = leading_nulls(table)  # freed pages lead a table
             mid = self._own_from(r, groups[g].tokens_per_page, first, len(table))
             below = self._lazy_count(r, c, mid, min(hashed[c], len(table)))
             lazy = [

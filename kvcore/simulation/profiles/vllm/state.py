@@ -59,7 +59,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvcore.errors import InvalidInputError
 from kvcore.simulation.compiled import mypyc_attr
-from kvcore.simulation.profiles.vllm.free_queue import Pool, Run
+from kvcore.simulation.profiles.vllm.free_queue import BlockKey, Pool, Run
 from kvcore.simulation.profiles.vllm_groups import (
     chunks_off_scheduler_block,
     manager_group,
@@ -100,6 +100,21 @@ SPEED_PATHS = (
     "hit_memo",
     "unread_runs",
 )
+
+
+def leading_nulls(table: list[int | None]) -> int:
+    """How many ``None`` lead ``table``: its pages freed before a window (a hit from a window's
+    end leaves ``None`` before it too). Every ``None`` of a table leads it, so the count is
+    where its first page held is, found by halving (``table.count(None)`` reads every page).
+    """
+    low, high = 0, len(table)
+    while low < high:
+        mid = (low + high) // 2
+        if table[mid] is None:
+            low = mid + 1
+        else:
+            high = mid
+    return low
 
 
 # every base of VllmSimulator allows what it allows (kvcore.simulation.compiled)
@@ -296,8 +311,8 @@ class VllmState(StepperState):
         #: the hit blocks, computed tokens and evictable block ids per pool that the last
         #: _to_allocate of the allocation in progress counted (see _to_allocate)
         self._evictable: tuple[list[list[int | None]], int, list[int]] | None = None
-        self._hashes: list[dict[Hashable, dict[int, None]]] = [{} for _ in self.pools]
-        self._hash_of: dict[int, Hashable] = {}
+        self._hashes: list[dict[Hashable, dict[BlockKey, None]]] = [{} for _ in self.pools]
+        self._hash_of: dict[BlockKey, Hashable] = {}
         #: per content of a class ``(class, kind, owner, j)``: the class's groups that have a
         #: cached block of it (a hit is looked up once per class, not once per group)
         self._held_by_class: dict[Hashable, int] = {}
@@ -309,11 +324,13 @@ class VllmState(StepperState):
         self._hit_rows: dict[Hashable, tuple[int, list[list[int | None]]]] = {}
         #: holders of a block that is cached or shared (0: in the free queue); a block with no
         #: entry has one holder
-        self._ref: dict[int, int] = {}
+        self._ref: dict[BlockKey, int] = {}
         #: the free queue's runs of blocks (keys below 0; see free_queue.Run)
         self._runs: dict[int, Run] = {}
-        #: the run each block of an expanded run lies in
-        self._run_of: dict[int, int] = {}
+        #: the expanded runs' first member ids (ascending) and, at the same index, their keys:
+        #: the run a member lies in is the last that starts at or below it
+        self._member_firsts: list[int] = []
+        self._member_runs: list[int] = []
         self._next_run = 0
         self._next_id = 0
 

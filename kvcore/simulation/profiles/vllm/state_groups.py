@@ -259,7 +259,7 @@ class AlignStates(SparseRetention):
             if hits and hit_blocks is not None:
                 for i in ids:
                     last = hit_blocks[i][-1]
-                    if last is not None and self._hash_of.get(last) in self._cached_this_step:
+                    if last is not None and self._content_of(last) in self._cached_this_step:
                         need[group.pool] += self.pools[group.pool].usable + 1
                         break
         return need
