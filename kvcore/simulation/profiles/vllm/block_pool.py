@@ -16,7 +16,7 @@ from bisect import bisect_right
 from typing import TYPE_CHECKING, Any, cast
 
 from kvcore.simulation.compiled import mypyc_attr
-from kvcore.simulation.profiles.vllm.free_queue import Run
+from kvcore.simulation.profiles.vllm.free_queue import BlockKey, Run
 from kvcore.simulation.profiles.vllm.state import VllmState
 
 if TYPE_CHECKING:
@@ -34,7 +34,7 @@ class BlockPools(VllmState):
     """The block pools' operations (see the module docstring), over :class:`VllmState`'s
     tables."""
 
-    def _hash(self, p: int, block: int, key: Hashable) -> None:
+    def _hash(self, p: int, block: BlockKey, key: Hashable) -> None:
         """Cache ``block`` of pool ``p`` with content ``key``."""
         self._hash_of[block] = key
         holders = self._hashes[p].get(key)
@@ -44,7 +44,7 @@ class BlockPools(VllmState):
         else:
             holders[block] = None
 
-    def _hash_own(self, r: int, p: int, block: int, key: Hashable) -> None:
+    def _hash_own(self, r: int, p: int, block: BlockKey, key: Hashable) -> None:
         """:meth:`_hash` of request ``r``'s own content: its runs a lookup read unexpanded (see
         ``Run.deferred``) are hashed first, as they would have been at that lookup."""
         if r not in self._own_hashed:
@@ -80,14 +80,14 @@ class BlockPools(VllmState):
     def _keyed(self, key: Any) -> None:
         """A first block of content ``key`` (``(group, kind, owner, j)``) is cached: count it for
         the group's class (and a shared prefix's content makes a new version of it)."""
-        by_class = (self._class_of[key[0]], key[1], key[2], key[3])
+        by_class: Hashable = (self._class_of[key[0]], key[1], key[2], key[3])  # (boxed once)
         self._held_by_class[by_class] = self._held_by_class.get(by_class, 0) + 1
         if key[1] is True:
             self._bump(key[2])
 
     def _unkeyed(self, key: Any) -> None:
         """The last block of content ``key`` left the cache."""
-        by_class = (self._class_of[key[0]], key[1], key[2], key[3])
+        by_class: Hashable = (self._class_of[key[0]], key[1], key[2], key[3])  # (boxed once)
         left = self._held_by_class[by_class] - 1
         if left:
             self._held_by_class[by_class] = left
@@ -199,7 +199,7 @@ class BlockPools(VllmState):
                 self._queue_run(group.pool, span, len(run), -1)
                 self._release(r, g, blocks[end:], top - end, live=live)
                 return
-        for index, block in enumerate(blocks):
+        for index, block in enumerate(cast("list[object]", blocks)):  # (not narrowed: see BlockKey)
             left = ref.get(block, 1) - 1  # no entry: one holder
             if left:
                 ref[block] = left
@@ -323,9 +323,7 @@ class BlockPools(VllmState):
         run.segments = []
         self._own_hashed.add(r)
 
-    def _hash_members(
-        self, contents: list[tuple[int, bool, int, int]], g: int, r: int, positions: range
-    ) -> None:
+    def _hash_members(self, contents: list[Hashable], g: int, r: int, positions: range) -> None:
         """Hash request ``r``'s own blocks of group ``g`` at table ``positions``, each a fresh id
         (the freed one is in no table any more), the next members of a run, their contents
         appended to its ``contents`` (:meth:`_hash` of each, inlined, with no ``_hash_of`` entry
@@ -335,12 +333,12 @@ class BlockPools(VllmState):
         block = self._next_id
         for j in positions:
             key = cast("object", block)  # boxed once (see BlockKey)
-            content = (g, False, r, j)
+            content: Hashable = (g, False, r, j)  # (boxed once: a tuple local is a C struct)
             contents.append(content)
             holders = hashes.get(content)
             if holders is None:
                 hashes[content] = {key: None}
-                by_class = (c, False, r, j)
+                by_class: Hashable = (c, False, r, j)
                 held[by_class] = held.get(by_class, 0) + 1
             else:
                 holders[key] = None
@@ -363,7 +361,8 @@ class BlockPools(VllmState):
             del holders[key]
             if not holders:
                 del hashes[content]
-                by_class = (of_class[content[0]], False, content[2], content[3])
+                g, _, owner, j = cast("tuple[int, bool, int, int]", content)
+                by_class: Hashable = (of_class[g], False, owner, j)
                 left = held[by_class] - 1
                 if left:
                     held[by_class] = left

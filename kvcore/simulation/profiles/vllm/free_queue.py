@@ -4,7 +4,10 @@ and a :class:`Run` of blocks that lie in the queue as one entry (lazy hashing)."
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from collections.abc import Hashable
 
 #: A block id as the key of a map. Tables hold ids as ``int`` objects; compiled (mypyc), code
 #: that narrowed one to ``int`` would unbox it and box it afresh, an allocation and a slower
@@ -69,7 +72,7 @@ class Run:
         self.first = -1
         self.front = -1  # the next member eviction takes (those before it are evicted or taken)
         self.left = 0  # members neither evicted nor taken
-        self.contents: list[tuple[int, bool, int, int]] = []
+        self.contents: list[Hashable] = []  # (each a (group, False, owner, position) tuple)
         self.taken: set[int] = set()  # members a hit took from the middle
 
     @property

@@ -10,7 +10,7 @@ of a shared prefix, ``(group, False, request, j)`` for a request's own block.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from kvcore.simulation.compiled import mypyc_attr
 from kvcore.simulation.profiles.vllm.block_pool import BlockPools, is_partial
@@ -82,7 +82,7 @@ class PrefixCache(BlockPools):
                 self._unhash(group.pool, block)  # the full block's hash replaces the partial one
             self._exposed[r] = True
             # _hash of _content, inlined: the one loop over every block hashed
-            key = (g, True, request.prefix_id, j) if j < shared else (g, False, r, j)
+            key: Hashable = (g, True, request.prefix_id, j) if j < shared else (g, False, r, j)
             hash_of[block] = key
             holders = hashes.get(key)
             if holders is None:
@@ -166,11 +166,11 @@ class PrefixCache(BlockPools):
         if hit <= 0:
             return 0, None
         request = self.requests[r]
-        memo = None
+        memo: Hashable | None = None
         if hit <= request.prefix_tokens:
             # a hit inside the shared prefix: its blocks are the prefix's first cached holders,
             # the same for every request of the prefix until its version changes (_bump)
-            memo = (request.prefix_id, hit, tuple(stretches))
+            memo = cast("Hashable", (request.prefix_id, hit, tuple(stretches)))  # (boxed once)
             version = self._prefix_versions.get(request.prefix_id, 0)
             known = self._hit_rows.get(memo)
             if known is not None and known[0] == version:

@@ -30,6 +30,8 @@ from kvcore.simulation.profiles.vllm.manager import KVCacheManager
 from kvcore.simulation.profiles.vllm.state import WAITING, leading_nulls
 
 if TYPE_CHECKING:
+    from collections.abc import Hashable
+
     from kvcore.simulation.profiles.vllm.free_queue import Pool
 
 
@@ -257,7 +259,7 @@ class SharedRuns(KVCacheManager):
         # it is the last such request's while the prefix's cached blocks stay as they were
         # (a prefix's requests may share more or less of it: the memo is per length too)
         version = self._prefix_versions.get(request.prefix_id, 0)
-        memo = (request.prefix_id, request.prefix_tokens)
+        memo: Hashable = (request.prefix_id, request.prefix_tokens)
         known = self._prefix_hits.get(memo)
         if known is not None and known[0] == version:
             return known[1], known[2]
@@ -336,12 +338,12 @@ class SharedRuns(KVCacheManager):
         for start, end in reversed(runs):
             for j in range(end - 1, start - 1, -1):
                 block: int = table[j]  # type: ignore[assignment]
-                key = (g, False, r, j)
+                key: Hashable = (g, False, r, j)  # (boxed once: a tuple local is a C struct)
                 hash_of[block] = key
                 holders = hashes.get(key)
                 if holders is None:
                     hashes[key] = {block: None}
-                    by_class = (c, False, r, j)
+                    by_class: Hashable = (c, False, r, j)
                     held[by_class] = held.get(by_class, 0) + 1
                 else:
                     holders[block] = None
