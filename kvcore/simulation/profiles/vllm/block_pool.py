@@ -140,7 +140,7 @@ class BlockPools(VllmState):
                     used = ids
                 pool.cached_span -= used
                 pool.uncached += used
-                if run.first >= 0:  # expanded: hashed blocks, each evicted as one
+                if run.expanded:  # hashed blocks, each evicted as one
                     self._evict_members(p, run, used // span)
                 run.consumed += used // span
                 if used < ids:  # the rest stays at the front
@@ -277,7 +277,7 @@ class BlockPools(VllmState):
                 run is not None
                 and run.span == span
                 and run.owner == owner
-                and run.first < 0
+                and not run.expanded
                 and not run.deferred
             ):
                 cached_free[last] += count * span
