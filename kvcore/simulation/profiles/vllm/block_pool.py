@@ -113,7 +113,7 @@ class BlockPools(VllmState):
                     pool.cached_span -= span
                 else:  # a member of an expanded run: taken from its middle
                     member = cast("int", block)
-                    key = self._member_runs[bisect_right(self._member_firsts, member) - 1]
+                    key = self._member_run(member)
                     run = self._runs[key]
                     run.taken.add(member)
                     run.left -= 1
@@ -373,13 +373,18 @@ class BlockPools(VllmState):
         run.front = block
         run.left -= count
 
+    def _member_run(self, block: int) -> int:
+        """The key of the expanded run whose members include ``block`` (the last to start at or
+        below it: fresh ids only grow)."""
+        return self._member_runs[bisect_right(self._member_firsts, block) - 1]
+
     def _content_of(self, block: int) -> Hashable | None:
         """The content ``block`` is cached with, if any (a member of an expanded run has no
         ``_hash_of`` entry until a hit takes it)."""
         content = self._hash_of.get(block)
         if content is not None or not self._member_firsts or block < self._member_firsts[0]:
             return content
-        run = self._runs.get(self._member_runs[bisect_right(self._member_firsts, block) - 1])
+        run = self._runs.get(self._member_run(block))
         if run is None or block < run.front or block in run.taken or block >= run.first + len(run.contents):
             return None
         return run.contents[block - run.first]

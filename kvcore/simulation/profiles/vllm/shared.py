@@ -337,7 +337,7 @@ class SharedRuns(KVCacheManager):
         held, cached_free = self._held_by_class, pool.cached_free
         for start, end in reversed(runs):
             for j in range(end - 1, start - 1, -1):
-                block: int = table[j]  # type: ignore[assignment]
+                block = table[j]  # (not narrowed to int: see BlockKey)
                 key: Hashable = (g, False, r, j)  # (boxed once: a tuple local is a C struct)
                 hash_of[block] = key
                 holders = hashes.get(key)
